@@ -1,0 +1,30 @@
+"""vllm_lite: a lean LLM inference engine with vLLM's V1 architecture.
+
+Public names are imported lazily, so `import vllm_lite.core` (torch-free) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "LLM": "vllm_lite.entrypoints.llm",
+    "SamplingParams": "vllm_lite.sampling_params",
+    "RequestOutputKind": "vllm_lite.sampling_params",
+    "EngineArgs": "vllm_lite.config",
+    "RequestOutput": "vllm_lite.outputs",
+    "CompletionOutput": "vllm_lite.outputs",
+    "Logprob": "vllm_lite.outputs",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vllm_lite' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

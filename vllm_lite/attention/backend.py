@@ -1,0 +1,53 @@
+"""The attention backend interface.
+
+Per step the model runner builds one `CommonAttentionMetadata` (host + device tensors), the
+backend turns it into its own metadata once (`build`), and every layer's forward receives that
+object explicitly; there is no global per-step context.
+
+KV cache per layer: `[num_blocks, 2, block_size, num_kv_heads, head_dim]` (index 0 = K, 1 = V).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class CommonAttentionMetadata:
+    """Sequences are the scheduled rows, in batch order; tokens are laid out sequence after
+    sequence (sequence i owns tokens query_start_loc[i]:query_start_loc[i+1])."""
+
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs], context + new tokens
+    block_table: torch.Tensor  # int32 [num_seqs, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [num_tokens], -1 = padding (not written)
+    query_start_loc_np: np.ndarray
+    seq_lens_np: np.ndarray
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def build(self, common: CommonAttentionMetadata) -> Any:
+        """Backend-specific metadata, computed once per step and shared by all layers."""
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: Any, scale: float) -> torch.Tensor:
+        """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D]. Writes key/value into the
+        cache at the metadata's slots before attending (so sequences in the same step can read
+        each other's freshly cached prefix blocks)."""
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    return (num_blocks, 2, block_size, num_kv_heads, head_dim)

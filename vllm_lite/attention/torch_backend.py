@@ -1,0 +1,119 @@
+"""Reference attention over the paged KV cache in plain torch (CPU and CUDA).
+
+Decode sequences (one query token) are attended in one batched SDPA call over their gathered
+blocks with a key-padding mask; prefill sequences (chunks, possibly after a prefix-cache hit)
+one SDPA call each with a causal mask offset by their context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+
+
+@dataclass(slots=True)
+class PrefillSeq:
+    token_start: int
+    query_len: int
+    seq_len: int
+    block_ids: torch.Tensor  # [num_blocks_used]
+    mask: torch.Tensor | None  # bool [query_len, seq_len]; None = plain causal (no context)
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_blocks: torch.Tensor  # [num_tokens] block index of each new token
+    slot_offsets: torch.Tensor  # [num_tokens] offset inside the block
+    decode_token_idx: torch.Tensor | None  # [num_decodes]
+    decode_block_table: torch.Tensor | None  # [num_decodes, max_blocks]
+    decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size]
+    prefills: list[PrefillSeq]
+    num_tokens: int
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        bs = common.block_size
+        slots = common.slot_mapping[: common.num_actual_tokens]
+        if bool((slots < 0).any()):
+            raise ValueError("the torch backend does not take padded slot mappings")
+        qsl = common.query_start_loc_np
+        query_lens = qsl[1:] - qsl[:-1]
+        decode_rows = (query_lens == 1).nonzero()[0]
+        metadata = TorchAttentionMetadata(
+            slot_blocks=slots // bs, slot_offsets=slots % bs, decode_token_idx=None,
+            decode_block_table=None, decode_mask=None, prefills=[],
+            num_tokens=common.num_actual_tokens,
+        )
+        if len(decode_rows):
+            self._build_decodes(common, decode_rows, metadata)
+        for row in (query_lens > 1).nonzero()[0].tolist():
+            metadata.prefills.append(self._build_prefill(common, row))
+        return metadata
+
+    @staticmethod
+    def _build_decodes(common: CommonAttentionMetadata, rows, metadata: TorchAttentionMetadata) -> None:
+        bs = common.block_size
+        rows_t = torch.from_numpy(rows).to(common.block_table.device)
+        seq_lens = common.seq_lens[rows_t]
+        max_blocks = -(-int(common.seq_lens_np[rows].max()) // bs)
+        metadata.decode_token_idx = common.query_start_loc[:-1][rows_t].long()
+        metadata.decode_block_table = common.block_table[rows_t, :max_blocks].long()
+        positions = torch.arange(max_blocks * bs, device=seq_lens.device)
+        metadata.decode_mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+
+    @staticmethod
+    def _build_prefill(common: CommonAttentionMetadata, row: int) -> PrefillSeq:
+        bs = common.block_size
+        start, end = int(common.query_start_loc_np[row]), int(common.query_start_loc_np[row + 1])
+        query_len, seq_len = end - start, int(common.seq_lens_np[row])
+        block_ids = common.block_table[row, : -(-seq_len // bs)].long()
+        mask = None
+        if seq_len != query_len:
+            context = seq_len - query_len
+            q_pos = torch.arange(query_len, device=block_ids.device)[:, None] + context
+            mask = torch.arange(seq_len, device=block_ids.device)[None, :] <= q_pos
+        return PrefillSeq(start, query_len, seq_len, block_ids, mask)
+
+    def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale):
+        n = metadata.num_tokens
+        kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n]
+        kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n]
+        out = torch.empty_like(query)
+        if metadata.decode_token_idx is not None:
+            out[metadata.decode_token_idx] = _decode_attention(query, kv_cache, metadata, scale)
+        for seq in metadata.prefills:
+            end = seq.token_start + seq.query_len
+            out[seq.token_start:end] = _prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+        return out
+
+
+def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int) -> torch.Tensor:
+    """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim]."""
+    blocks = kv_cache[block_ids, which]  # [..., nb, bs, H, D]
+    merged = blocks.flatten(-4, -3)  # [..., nb * bs, H, D]
+    return merged.transpose(-3, -2)
+
+
+def _decode_attention(query, kv_cache, metadata: TorchAttentionMetadata, scale) -> torch.Tensor:
+    q = query[metadata.decode_token_idx].unsqueeze(2)  # [B, Hq, 1, D]
+    k = _gather(kv_cache, metadata.decode_block_table, 0)  # [B, Hkv, S, D]
+    v = _gather(kv_cache, metadata.decode_block_table, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=metadata.decode_mask, scale=scale,
+                                         enable_gqa=True)
+    return out.squeeze(2)
+
+
+def _prefill_attention(query, kv_cache, seq: PrefillSeq, scale) -> torch.Tensor:
+    q = query.transpose(0, 1)  # [Hq, L, D]
+    k = _gather(kv_cache, seq.block_ids, 0)[:, : seq.seq_len]
+    v = _gather(kv_cache, seq.block_ids, 1)[:, : seq.seq_len]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=seq.mask, is_causal=seq.mask is None,
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)

@@ -1,0 +1,287 @@
+"""Engine configuration: `EngineArgs` (what users pass) -> `VllmConfig` (frozen, validated).
+
+This module never imports torch at module level: `vllm_lite.core` imports it and must stay
+torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_lite.model.registry import check_supported
+
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEVICE_NAMES = ("auto", "cpu", "cuda")
+_HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
+DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class HFModelConfig:
+    """The subset of a Hugging Face `config.json` the model code needs."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    hidden_act: str
+    torch_dtype: str
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @staticmethod
+    def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any]) -> HFModelConfig:
+        archs = cfg.get("architectures") or []
+        _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
+        num_heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        rope_theta, rope_scaling = _read_rope(cfg)
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "float32"
+        return HFModelConfig(
+            architecture=archs[0],
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=num_heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases and writes no flag for it.
+            attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+            hidden_act=cfg.get("hidden_act", "silu"),
+            torch_dtype=_HF_DTYPE_ALIASES.get(str(dtype), str(dtype)),
+            eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
+            bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
+        )
+
+
+def _read_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """Both rope forms: top-level `rope_theta` + `rope_scaling`, and transformers-5
+    `rope_parameters` (which holds rope_theta and the scaling type together)."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        scaling = None if rope_type == "default" else dict(params, rope_type=rope_type)
+        return float(theta), scaling
+    scaling = cfg.get("rope_scaling")
+    if scaling is not None:
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        scaling = None if rope_type == "default" else dict(scaling, rope_type=rope_type)
+    return float(cfg.get("rope_theta", 10000.0)), scaling
+
+
+def _merge_ids(*values: int | list[int] | None) -> tuple[int, ...]:
+    ids: list[int] = []
+    for value in values:
+        for token_id in [value] if isinstance(value, int) else (value or []):
+            if token_id not in ids:
+                ids.append(int(token_id))
+    return tuple(ids)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str
+    tokenizer: str
+    dtype: str
+    max_model_len: int
+    seed: int
+    hf: HFModelConfig
+
+    @property
+    def dtype_size(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int
+    num_kv_blocks: int | None
+    kv_cache_memory_bytes: int | None
+    enable_prefix_caching: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    tensor_parallel_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    device: str  # resolved: "cpu" or "cuda"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device_config: DeviceConfig
+
+    def kv_block_bytes(self) -> int:
+        """Bytes one KV block takes across all layers (K and V)."""
+        hf = self.model_config.hf
+        per_layer = 2 * self.cache_config.block_size * hf.num_key_value_heads * hf.head_dim
+        return per_layer * hf.num_hidden_layers * self.model_config.dtype_size
+
+    def num_kv_blocks(self) -> int:
+        """The KV cache size in blocks: the override, else what the memory budget holds, capped at
+        what `max_num_seqs` full-length sequences could ever use (more would be dead memory)."""
+        cache = self.cache_config
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
+        budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        sched = self.scheduler_config
+        useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size)
+        blocks = min(budget // self.kv_block_bytes(), useful)
+        _check(blocks >= 1, f"kv_cache_memory_bytes={budget} holds no KV block "
+                            f"(one block takes {self.kv_block_bytes()} bytes)")
+        return int(blocks)
+
+
+@dataclass(slots=True)
+class EngineArgs:
+    """User-facing engine knobs, with vLLM's names and meaning."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    device: str = "auto"
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def create_engine_config(self) -> VllmConfig:
+        device = _resolve_device(self.device)
+        model_config = self._model_config(device)
+        max_len = model_config.max_model_len
+        return VllmConfig(
+            model_config=model_config,
+            cache_config=self._cache_config(),
+            scheduler_config=self._scheduler_config(max_len),
+            parallel_config=self._parallel_config(),
+            device_config=DeviceConfig(device=device),
+        )
+
+    def _model_config(self, device: str) -> ModelConfig:
+        model_dir = Path(self.model) if self.model else _demo_model_dir()
+        _check(model_dir.is_dir(), f"model: folder '{model_dir}' does not exist")
+        cfg_path = model_dir / "config.json"
+        _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
+        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
+        check_supported(hf.architecture)
+        _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        max_len = self.max_model_len or hf.max_position_embeddings
+        _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
+        _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
+               f"max_model_len={max_len} exceeds the model's max_position_embeddings="
+               f"{hf.max_position_embeddings}")
+        return ModelConfig(
+            model=str(model_dir),
+            tokenizer=self.tokenizer or str(model_dir),
+            dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
+            max_model_len=max_len,
+            seed=self.seed,
+            hf=hf,
+        )
+
+    def _cache_config(self) -> CacheConfig:
+        bs = self.block_size
+        _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
+        _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+               f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+               f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
+        return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes,
+                           self.enable_prefix_caching)
+
+    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        default_tokens = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
+        max_tokens = self.max_num_batched_tokens or default_tokens
+        _check(max_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {max_tokens}")
+        _check(self.enable_chunked_prefill or max_tokens >= max_model_len,
+               f"max_num_batched_tokens={max_tokens} is smaller than max_model_len={max_model_len}; "
+               "enable chunked prefill or raise max_num_batched_tokens")
+        return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill)
+
+    def _parallel_config(self) -> ParallelConfig:
+        _check(self.tensor_parallel_size == 1,
+               f"tensor_parallel_size must be 1 in this build, got {self.tensor_parallel_size}")
+        return ParallelConfig(self.tensor_parallel_size)
+
+
+def _resolve_device(device: str) -> str:
+    _check(device in DEVICE_NAMES, f"device must be one of {DEVICE_NAMES}, got {device!r}")
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
+    """`auto` takes the checkpoint's dtype on CUDA. On CPU it takes float32: half-precision
+    matmuls are emulated (slow) on CPUs without AMX/AVX512-BF16, and fp32 is what parity needs."""
+    if dtype != "auto":
+        return dtype
+    if device == "cpu" or model_dtype not in DTYPE_SIZES:
+        return "float32"
+    return model_dtype
+
+
+def _demo_model_dir() -> Path:
+    from vllm_lite.model.gguf_convert import ensure_demo_model
+
+    return ensure_demo_model()

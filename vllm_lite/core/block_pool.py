@@ -1,0 +1,130 @@
+"""KV-cache blocks, the free queue, and the prefix-cache map from block hash to block."""
+
+from __future__ import annotations
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: int | None = None  # set once the block is full and cached
+        self.prev_free: KVCacheBlock | None = None
+        self.next_free: KVCacheBlock | None = None
+
+
+class FreeBlockQueue:
+    """Doubly linked list of blocks with ref_cnt == 0, in eviction order.
+
+    Invariants:
+    - a block is in the queue iff its ref_cnt is 0;
+    - the head is the next block to hand out (and so to evict, if it holds a cached hash);
+      freed blocks go to the tail, so cached blocks are evicted least recently used first;
+    - `remove` unlinks a block from the middle in O(1) (a prefix-cache hit on a free block).
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free = len(blocks)
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        prev = self._head
+        for block in blocks:
+            prev.next_free, block.prev_free = block, prev
+            prev = block
+        prev.next_free, self._tail.prev_free = self._tail, prev
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise ValueError("no free KV-cache block")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        assert prev is not None and nxt is not None, "block is not in the free queue"
+        prev.next_free, nxt.prev_free = nxt, prev
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free, block.prev_free = block, last
+        block.next_free, self._tail.prev_free = self._tail, block
+        self.num_free += 1
+
+
+class BlockPool:
+    """Owns every block. Allocation takes from the free queue's head and, if that block still
+    holds a cached hash, evicts it from the hash map first. Block 0 is never handed out: it is
+    the padding slot target, so a stray write never lands in a live block."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (one is reserved), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.cached_blocks: dict[int, KVCacheBlock] = {}
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+        return self.cached_blocks.get(block_hash)
+
+    def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
+        if num_blocks > self.free_queue.num_free:
+            raise ValueError(f"cannot allocate {num_blocks} blocks, {self.free_queue.num_free} free")
+        blocks = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            blocks.append(block)
+        return blocks
+
+    def touch(self, blocks: list[KVCacheBlock]) -> None:
+        """Take a reference on prefix-cache hits, pulling free ones out of the queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free(self, blocks: list[KVCacheBlock]) -> None:
+        """Drop a reference. Callers pass a request's blocks tail first, so the tail of a
+        sequence (least likely to be shared) is evicted before its prefix."""
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+        if block.block_hash is not None:
+            return
+        if block_hash in self.cached_blocks:
+            return  # an identical block is cached already; this one stays private
+        block.block_hash = block_hash
+        self.cached_blocks[block_hash] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; only possible when no block is in use."""
+        if self.free_queue.num_free != self.num_usable_blocks:
+            return False
+        for block in self.cached_blocks.values():
+            block.block_hash = None
+        self.cached_blocks.clear()
+        return True
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached_blocks.get(block.block_hash) is block:
+                del self.cached_blocks[block.block_hash]
+            block.block_hash = None

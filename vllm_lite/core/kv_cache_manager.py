@@ -1,0 +1,107 @@
+"""Per-request KV block allocation and prefix-cache lookup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_lite.core.block_pool import BlockPool, KVCacheBlock
+from vllm_lite.core.request import Request
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0  # tokens looked up
+    hits: int = 0  # tokens found cached
+
+
+class KVCacheManager:
+    """Maps each request to its blocks. A full block is identified by a chained hash
+    `hash(parent_hash, its tokens)`, so equal hashes mean equal whole prefixes; blocks are
+    registered in the cache as soon as slots for all their tokens are allocated (their KV is
+    written in that same step, before any later step can read it)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.block_pool.num_usable_blocks
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of full blocks. At most num_tokens - 1 tokens can hit: the last
+        token must be computed to produce logits."""
+        if not self.enable_caching:
+            return [], 0
+        self._update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+        """Blocks for `num_new_tokens` more tokens after the computed ones; None if they don't fit
+        (nothing is changed then)."""
+        computed = new_computed_blocks or []
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
+        num_required = -(-num_tokens // self.block_size)
+        num_new_blocks = max(num_required - len(blocks) - len(computed), 0)
+        # Hits on free blocks take them out of the free queue, so they don't count as free.
+        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
+            return None
+        self.block_pool.touch(computed)
+        new_blocks = self.block_pool.allocate(num_new_blocks)
+        if request.request_id not in self.req_to_blocks:
+            self.req_to_blocks[request.request_id] = []
+            self.num_cached_blocks[request.request_id] = len(computed)
+        blocks = self.req_to_blocks[request.request_id]
+        blocks.extend(computed)
+        blocks.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_full_blocks(request, blocks, num_tokens)
+        return new_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
+    def free(self, request: Request) -> None:
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.block_pool.free(reversed(blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        start = self.num_cached_blocks[request.request_id]
+        if num_full <= start:
+            return
+        self._update_block_hashes(request)
+        for i in range(start, num_full):
+            self.block_pool.cache_block(blocks[i], request.block_hashes[i])
+        self.num_cached_blocks[request.request_id] = num_full
+
+    def _update_block_hashes(self, request: Request) -> None:
+        hashes = request.block_hashes
+        bs = self.block_size
+        parent = hashes[-1] if hashes else None
+        for start in range(len(hashes) * bs, request.num_tokens - bs + 1, bs):
+            parent = hash((parent, request.token_ids[start:start + bs].tobytes()))
+            hashes.append(parent)

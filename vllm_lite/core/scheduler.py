@@ -1,0 +1,211 @@
+"""Continuous batching: one token budget per step shared by decodes and (chunked) prefills.
+
+Order of service each step:
+1. running requests, in admission order; when blocks run out, the most recently admitted
+   running request is preempted (recompute: its blocks are freed and it returns to the front of
+   the waiting queue);
+2. waiting requests, FCFS, while budget, sequence slots and blocks last (not in a step that
+   preempted: there is no room).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.core.kv_cache_manager import KVCacheManager
+from vllm_lite.core.request import Request, RequestStatus
+from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 num_kv_blocks: int) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- requests in and out ----
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self._check_fits(request)
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._free(request)
+            aborted.append(FinishedRequest(request_id, FinishReason.ABORT))
+        return aborted
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ---- one step ----
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        cached_ids: list[str] = []
+        cached_new_blocks: list[list[int]] = []
+        cached_num_computed: list[int] = []
+        preempted: set[str] = set()
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            new_blocks = self._allocate_or_preempt(request, num_new, preempted)
+            if new_blocks is None:
+                break
+            num_scheduled[request.request_id] = num_new
+            cached_ids.append(request.request_id)
+            cached_new_blocks.append([block.block_id for block in new_blocks])
+            cached_num_computed.append(request.num_computed_tokens)
+            budget -= num_new
+            index += 1
+
+        new_reqs: list[NewRequestData] = []
+        if not preempted:
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
+
+        for request_id, num_tokens in num_scheduled.items():
+            self.requests[request_id].num_computed_tokens += num_tokens
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed),
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
+            finished_req_ids=frozenset(self.finished_req_ids),
+            preempted_req_ids=frozenset(preempted),
+        )
+        self.finished_req_ids.clear()
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
+                           sampled_token_ids: np.ndarray, num_sampled: np.ndarray) -> EngineCoreOutputs:
+        """Append each row's sampled token (rows with num_sampled == 0 were mid-prefill) and
+        check stop conditions. Returns the step's outputs column-wise."""
+        rows = np.flatnonzero(num_sampled)
+        tokens = sampled_token_ids[rows, 0]
+        out_req_ids: list[str] = []
+        keep = np.ones(len(rows), dtype=bool)
+        finished: list[FinishedRequest] = []
+        max_model_len = self.config.max_model_len
+        for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
+            request = self.requests.get(req_ids[row])
+            if request is None or request.status != RequestStatus.RUNNING:
+                keep[i] = False  # aborted or preempted while the step ran
+                continue
+            request.append_token(token_id)
+            out_req_ids.append(request.request_id)
+            stop = request.check_stop(token_id, max_model_len)
+            if stop is not None:
+                self.running.remove(request)
+                self._free(request)
+                finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
+        new_token_ids = tokens if keep.all() else tokens[keep]
+        return EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished)
+
+    # ---- stats and cache control ----
+    def get_stats(self) -> dict[str, Any]:
+        kv = self.kv_cache_manager
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions": self.num_preemptions,
+            "prefix_cache_queries": kv.stats.queries,
+            "prefix_cache_hits": kv.stats.hits,
+            "kv_blocks_total": kv.num_usable_blocks,
+            "kv_blocks_free": kv.get_num_free_blocks(),
+        }
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # ---- helpers ----
+    def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
+                          new_reqs: list[NewRequestData]) -> int:
+        kv = self.kv_cache_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_computed = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_computed
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if kv.allocate_slots(request, num_new, computed_blocks) is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            new_reqs.append(NewRequestData(
+                req_id=request.request_id,
+                token_ids=request.all_token_ids,
+                num_prompt_tokens=request.num_prompt_tokens,
+                sampling_params=request.sampling_params,
+                block_ids=kv.get_block_ids(request.request_id),
+                num_computed_tokens=num_computed,
+            ))
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: set[str]):
+        """Allocate slots for `request`, preempting from the back of `running` until they fit.
+        Returns the new blocks, or None when `request` itself had to be preempted."""
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.add(victim.request_id)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _free(self, request: Request) -> None:
+        request.status = RequestStatus.FINISHED
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+    def _check_fits(self, request: Request) -> None:
+        """Reject a request that could never fit the KV cache even alone (it would preempt
+        itself forever)."""
+        max_len = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
+        needed = -(-max_len // self.block_size)
+        total = self.kv_cache_manager.num_usable_blocks
+        if needed > total:
+            raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
+                             f"({max_len} tokens) but the cache has {total}")

