@@ -21,12 +21,13 @@ from vllm_lite.model.layers.rotary import RotaryEmbedding
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
                                           config.num_key_value_heads, config.attention_bias, tp)
-        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, False, tp)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
+                                        config.attention_bias and o_proj_bias, tp)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size, self.head_dim = self.qkv_proj.q_size, self.qkv_proj.kv_size, d
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
@@ -63,9 +64,9 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm)
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias)
         self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -77,12 +78,12 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -95,6 +96,7 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
+    o_proj_bias = True  # o_proj has a bias whenever `attention_bias` is set (not so in Qwen2)
 
     # checkpoint name fragment -> (our fused parameter fragment, shard id)
     stacked_params_mapping = (
@@ -109,7 +111,7 @@ class LlamaForCausalLM(nn.Module):
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm)
+        self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm, self.o_proj_bias)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)

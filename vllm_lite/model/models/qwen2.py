@@ -4,4 +4,7 @@ from vllm_lite.model.models.llama import LlamaForCausalLM
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Llama with q/k/v biases (`attention_bias` is read as True for Qwen2 configs)."""
+    """Llama with q/k/v biases (`attention_bias` is read as True for Qwen2 configs) and no
+    o_proj bias."""
+
+    o_proj_bias = False

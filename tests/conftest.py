@@ -1,0 +1,128 @@
+"""Shared fixtures: tiny random-weight HF checkpoints built once per session.
+
+All model fixtures return the checkpoint directory (``pathlib.Path``) holding
+config.json, generation_config.json, safetensors weights and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Must happen before torch/triton are imported anywhere.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from hf_reference import build_prompts, build_tiny_model, build_tokenizer  # noqa: E402
+
+torch.set_num_threads(1)
+hf_logging.disable_progress_bar()
+
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def _build(factory: pytest.TempPathFactory, name: str, arch: str, **kwargs) -> Path:
+    return build_tiny_model(factory.mktemp(name), arch, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out_dir = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tokenizer(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama, GQA 4 q-heads / 2 kv-heads, untied lm_head, no attention bias."""
+    return _build(tmp_path_factory, "tiny_llama", "llama", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_tied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Llama, MQA 4 / 1, tied embeddings, attention_bias=True (q/k/v/o biases)."""
+    return _build(
+        tmp_path_factory,
+        "tiny_llama_tied",
+        "llama",
+        tie_word_embeddings=True,
+        attention_bias=True,
+        num_kv_heads=1,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2, GQA 4 / 2, untied, q/k/v bias (no o_proj bias)."""
+    return _build(tmp_path_factory, "tiny_qwen2", "qwen2", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3, GQA 4 / 2, tied, q_norm/k_norm, head_dim=32 != hidden/heads (16)."""
+    return _build(
+        tmp_path_factory, "tiny_qwen3", "qwen3", tie_word_embeddings=True, head_dim=32
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same config and weights as ``tiny_llama``, split into ~14 safetensors shards
+    listed in model.safetensors.index.json."""
+    return _build(
+        tmp_path_factory,
+        "tiny_llama_sharded",
+        "llama",
+        tie_word_embeddings=False,
+        max_shard_size="20KB",
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_rope(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_llama`` weights plus llama3 rope scaling (factor 8, original max
+    positions 64); ignoring the scaling changes the greedy output."""
+    return _build(
+        tmp_path_factory,
+        "tiny_llama3_rope",
+        "llama",
+        tie_word_embeddings=False,
+        rope_scaling=dict(LLAMA3_ROPE_SCALING),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(
+    tiny_llama: Path, tiny_llama_tied: Path, tiny_qwen2: Path, tiny_qwen3: Path
+) -> dict[str, Path]:
+    """The four main tiny checkpoints by fixture name, for parametrized parity tests."""
+    return {
+        "tiny_llama": tiny_llama,
+        "tiny_llama_tied": tiny_llama_tied,
+        "tiny_qwen2": tiny_qwen2,
+        "tiny_qwen3": tiny_qwen3,
+    }
+
+
+@pytest.fixture(scope="session")
+def _prompt_ids(tiny_tokenizer_dir: Path) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(ids) for ids in build_prompts(tiny_tokenizer_dir))
+
+
+@pytest.fixture
+def prompts_token_ids(_prompt_ids: tuple[tuple[int, ...], ...]) -> list[list[int]]:
+    """8 deterministic prompts of 3, 7, 12, 20, 33, 50, 64 and 90 tokens (fresh lists per test)."""
+    return [list(ids) for ids in _prompt_ids]

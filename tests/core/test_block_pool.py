@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from vllm_lite.core.block_pool import BlockPool
+
+
+def free_order(pool: BlockPool) -> list[int]:
+    ids, block = [], pool.free_queue._head.next_free
+    while block is not pool.free_queue._tail:
+        ids.append(block.block_id)
+        block = block.next_free
+    return ids
+
+
+def test_block_zero_is_reserved_and_allocation_is_fifo() -> None:
+    pool = BlockPool(5, enable_caching=True)
+    assert pool.num_usable_blocks == 4
+    assert [b.block_id for b in pool.allocate(2)] == [1, 2]
+    assert pool.get_num_free_blocks() == 2
+
+
+def test_free_appends_in_given_order_for_lru_eviction() -> None:
+    pool = BlockPool(5, enable_caching=True)
+    blocks = pool.allocate(4)
+    pool.free(reversed(blocks))
+    assert free_order(pool) == [4, 3, 2, 1]
+
+
+def test_touch_removes_from_the_middle_and_ref_counts() -> None:
+    pool = BlockPool(6, enable_caching=True)
+    blocks = pool.allocate(5)
+    pool.free(blocks)
+    pool.touch([blocks[2]])
+    assert free_order(pool) == [1, 2, 4, 5]
+    pool.touch([blocks[2]])
+    assert blocks[2].ref_cnt == 2
+    pool.free([blocks[2]])
+    assert 3 not in free_order(pool)
+    pool.free([blocks[2]])
+    assert free_order(pool) == [1, 2, 4, 5, 3]
+
+
+def test_allocating_a_cached_free_block_evicts_its_hash() -> None:
+    pool = BlockPool(3, enable_caching=True)
+    a, b = pool.allocate(2)
+    pool.cache_block(a, 111)
+    pool.free([a, b])
+    assert pool.get_cached_block(111) is a
+    pool.allocate(1)  # takes `a`, the least recently freed
+    assert pool.get_cached_block(111) is None and a.block_hash is None
+
+
+def test_over_allocation_raises() -> None:
+    pool = BlockPool(3, enable_caching=False)
+    with pytest.raises(ValueError, match="cannot allocate 3 blocks, 2 free"):
+        pool.allocate(3)
+
+
+def test_reset_prefix_cache_only_when_idle() -> None:
+    pool = BlockPool(3, enable_caching=True)
+    (a,) = pool.allocate(1)
+    pool.cache_block(a, 5)
+    assert not pool.reset_prefix_cache()
+    pool.free([a])
+    assert pool.reset_prefix_cache() and pool.get_cached_block(5) is None

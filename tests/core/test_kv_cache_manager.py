@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_lite.core.kv_cache_manager import KVCacheManager
+from vllm_lite.core.request import Request
+from vllm_lite.sampling_params import SamplingParams
+
+
+def make_request(request_id: str, tokens: list[int]) -> Request:
+    return Request(request_id, np.array(tokens, dtype=np.int32), SamplingParams(), (0,), max_tokens=16)
+
+
+def admit(manager: KVCacheManager, request: Request):
+    hits, num_computed = manager.get_computed_blocks(request)
+    new = manager.allocate_slots(request, request.num_tokens - num_computed, hits)
+    request.num_computed_tokens = request.num_tokens
+    return hits, num_computed, new
+
+
+def test_prefix_hit_over_full_blocks_only() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True)
+    first = make_request("a", list(range(10)))  # 2 full blocks + 2 tokens
+    admit(manager, first)
+    second = make_request("b", list(range(8)) + [99, 98, 97])
+    hits, num_computed, _ = admit(manager, second)
+    assert num_computed == 8 and [b.block_id for b in hits] == manager.get_block_ids("a")[:2]
+    assert manager.stats.hits == 8
+
+
+def test_longest_hit_leaves_the_last_token_to_compute() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True)
+    admit(manager, make_request("a", list(range(8))))
+    _, num_computed, _ = admit(manager, make_request("b", list(range(8))))
+    assert num_computed == 4  # 8 tokens cached, but at most num_tokens - 1 = 7 may hit
+
+
+def test_hash_chain_distinguishes_equal_blocks_after_different_prefixes() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=2, enable_caching=True)
+    admit(manager, make_request("a", [1, 2, 3, 4, 5]))
+    _, num_computed, _ = admit(manager, make_request("b", [9, 9, 3, 4, 5]))
+    assert num_computed == 0
+
+
+def test_free_returns_blocks_and_keeps_them_cached() -> None:
+    manager = KVCacheManager(num_blocks=10, block_size=4, enable_caching=True)
+    request = make_request("a", list(range(9)))
+    admit(manager, request)
+    assert manager.get_num_free_blocks() == 9 - 3
+    manager.free(request)
+    assert manager.get_num_free_blocks() == 9
+    _, num_computed, _ = admit(manager, make_request("b", list(range(9))))
+    assert num_computed == 8
+
+
+def test_allocation_failure_changes_nothing() -> None:
+    manager = KVCacheManager(num_blocks=4, block_size=4, enable_caching=True)
+    request = make_request("a", list(range(20)))
+    assert manager.allocate_slots(request, 20) is None
+    assert manager.get_num_free_blocks() == 3 and "a" not in manager.req_to_blocks

@@ -1,0 +1,399 @@
+"""Tiny random-weight Hugging Face models and a transformers reference for tests.
+
+Everything here runs offline: the tokenizer is trained locally on a generated
+corpus and the models are random-weight configs built with ``from_config``.
+
+Builders:
+    build_tokenizer(out_dir)                -> byte-level BPE + ChatML template
+    build_tiny_model(out_dir, arch, ...)    -> llama / qwen2 / qwen3 checkpoint
+    build_prompts(tokenizer_dir, lengths)   -> deterministic prompt token ids
+Reference:
+    hf_greedy(model_dir, prompts, n)        -> exactly n greedy tokens per prompt
+    hf_logits(model_dir, token_ids)         -> full-sequence fp32 logits
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
+ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
+
+TOKENIZER_VOCAB_SIZE = 1000
+PROMPT_LENGTHS = (3, 7, 12, 20, 33, 50, 64, 90)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Linear/embedding std. At 0.08 the tied models collapse into 1-4 distinct tokens
+# per 32 greedy steps; at 0.2 the seed-0 fixtures give >= 22 with |logits| < ~9.
+WEIGHT_STD = 0.2
+BIAS_STD = 0.02
+NORM_SPREAD = 0.1
+
+# --------------------------------------------------------------------------- #
+# Corpus
+# --------------------------------------------------------------------------- #
+
+_WORDS = (
+    "the a an of to and in on for with from by at as is was are were be been "
+    "this that these those it its they them their we our you your he she his her "
+    "time year day night morning evening week month people world life hand part "
+    "child eye woman man place work case point government company number group "
+    "problem fact river mountain city village house garden window door table "
+    "book story letter music song language science history market engine model "
+    "token memory cache block kernel batch request server client network signal "
+    "quick brown fox jumps over lazy dog bright silver moon quiet ocean ancient "
+    "forest small large early late young old great little different important "
+    "run walk read write think know make take see come give find tell ask seem "
+    "feel try leave call keep begin show hear play move live believe bring happen "
+    "always never often sometimes quickly slowly carefully together however "
+    "because although while after before during between under above through"
+).split()
+_ACCENTED = "café naïve héllo wörld Zürich façade jalapeño crème brûlée São Paulo résumé".split()
+_CJK = ("你好", "世界", "你好世界", "日本語", "東京", "中文", "学习", "今天天气很好", "谢谢", "안녕하세요")
+_EMOJI = ("🙂", "🚀", "🎉", "👍", "🌍", "🔥", "😀", "✨")
+_PUNCT = (".", ",", "!", "?", ";", ":", " -", "...")
+
+
+def _sentence(rng: random.Random) -> str:
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
+    if rng.random() < 0.3:
+        words.insert(rng.randrange(len(words)), rng.choice(_ACCENTED))
+    if rng.random() < 0.2:
+        words.insert(rng.randrange(len(words)), str(rng.randint(0, 99999)))
+    words[0] = words[0].capitalize()
+    return " ".join(words) + rng.choice(_PUNCT)
+
+
+def _special_line(rng: random.Random) -> str:
+    kind = rng.randrange(5)
+    if kind == 0:
+        return f"In {rng.randint(1900, 2030)}, about {rng.randint(1, 999)}.{rng.randint(0, 99):02d}% changed."
+    if kind == 1:
+        return f"{rng.choice(_CJK)}{rng.choice(_CJK)}，{rng.choice(_CJK)}。"
+    if kind == 2:
+        return f"{_sentence(rng)} {rng.choice(_EMOJI)}{rng.choice(_EMOJI)}"
+    if kind == 3:
+        return f"x = f({rng.randint(0, 9)}, [{rng.randint(10, 99)}, {rng.randint(100, 999)}]) # {rng.choice(_WORDS)}"
+    return f"Price: ${rng.randint(1, 500)}.{rng.randint(0, 99):02d} at {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}"
+
+
+def generate_corpus(num_lines: int = 400, seed: int = 1234) -> list[str]:
+    """Deterministic varied text: English, digits, punctuation, accents, CJK, emoji."""
+    rng = random.Random(seed)
+    return [_special_line(rng) if rng.random() < 0.3 else _sentence(rng) for _ in range(num_lines)]
+
+
+# --------------------------------------------------------------------------- #
+# Tokenizer
+# --------------------------------------------------------------------------- #
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_tokenizer_json() -> str:
+    """Train the byte-level BPE once per process; returns its serialized JSON."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(generate_corpus(), trainer=trainer)
+    return tok.to_str()
+
+
+def build_tokenizer(out_dir: Path) -> None:
+    """Save a ChatML byte-level BPE tokenizer loadable with AutoTokenizer offline."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(_trained_tokenizer_json())
+    for token_id, token in enumerate(SPECIAL_TOKENS):
+        assert backend.token_to_id(token) == token_id, token
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=ENDOFTEXT,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        clean_up_tokenization_spaces=False,
+        model_max_length=512,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def tokenizer_vocab_size() -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_trained_tokenizer_json()).get_vocab_size(with_added_tokens=True)
+
+
+# --------------------------------------------------------------------------- #
+# Models
+# --------------------------------------------------------------------------- #
+
+
+def _make_config(
+    arch: str,
+    *,
+    vocab_size: int,
+    tie_word_embeddings: bool,
+    attention_bias: bool,
+    num_kv_heads: int,
+    num_heads: int,
+    hidden_size: int,
+    num_layers: int,
+    head_dim: int | None,
+    rope_scaling: dict | None,
+):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim if head_dim is not None else hidden_size // num_heads,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=IM_END_ID,
+        pad_token_id=ENDOFTEXT_ID,
+        dtype="float32",
+    )
+    if arch == "llama":
+        return LlamaConfig(attention_bias=attention_bias, **common)
+    if arch == "qwen2":  # q/k/v bias is hard-wired in Qwen2; o_proj has none.
+        return Qwen2Config(**common)
+    if arch == "qwen3":
+        return Qwen3Config(attention_bias=attention_bias, **common)
+    raise ValueError(f"unknown arch {arch!r}; expected llama, qwen2 or qwen3")
+
+
+def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm."""
+    seen: set[int] = set()
+    for module in model.modules():
+        is_norm = "norm" in type(module).__name__.lower()
+        for pname, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if is_norm:
+                yield "norm", param
+            elif pname == "bias":
+                yield "bias", param
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                yield "weight", param
+            else:
+                raise TypeError(f"unexpected parameter {pname} on {type(module).__name__}")
+
+
+@torch.no_grad()
+def _redraw_weights(model: nn.Module, seed: int) -> None:
+    """Wider-than-default init so greedy decoding does not collapse into repeats."""
+    gen = torch.Generator().manual_seed(seed)
+    for kind, param in _params_to_redraw(model):
+        if kind == "norm":
+            fresh = 1.0 + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
+        else:
+            std = BIAS_STD if kind == "bias" else WEIGHT_STD
+            fresh = std * torch.randn(param.shape, generator=gen)
+        param.copy_(fresh)
+
+
+def _add_legacy_config_keys(model_dir: Path) -> None:
+    """transformers 5 writes only ``rope_parameters``/``dtype``; hub checkpoints
+    carry ``rope_theta``/``rope_scaling``/``torch_dtype``. Write both forms
+    (transformers 5 loads this fine) so raw-JSON config parsers see real-world keys."""
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    rope = dict(cfg.get("rope_parameters") or {})
+    cfg["rope_theta"] = rope.pop("rope_theta", 10000.0)
+    cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+    cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _write_generation_config(model_dir: Path) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=[IM_END_ID, ENDOFTEXT_ID],
+        pad_token_id=ENDOFTEXT_ID,
+        do_sample=False,
+    ).save_pretrained(model_dir)
+
+
+def build_tiny_model(
+    out_dir: Path,
+    arch: str,
+    *,
+    tie_word_embeddings: bool,
+    attention_bias: bool = False,
+    num_kv_heads: int = 2,
+    num_heads: int = 4,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    head_dim: int | None = None,
+    rope_scaling: dict | None = None,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+) -> Path:
+    """Write a random-weight fp32 safetensors checkpoint + tokenizer to out_dir.
+
+    ``max_shard_size`` (e.g. "20KB") writes a sharded checkpoint with
+    ``model.safetensors.index.json``; ``None`` writes a single model.safetensors.
+    """
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    config = _make_config(
+        arch,
+        vocab_size=tokenizer_vocab_size(),
+        tie_word_embeddings=tie_word_embeddings,
+        attention_bias=attention_bias,
+        num_kv_heads=num_kv_heads,
+        num_heads=num_heads,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        head_dim=head_dim,
+        rope_scaling=rope_scaling,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _redraw_weights(model, seed)
+    shard_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, safe_serialization=True, **shard_kwargs)
+    _add_legacy_config_keys(out_dir)
+    _write_generation_config(out_dir)
+    build_tokenizer(out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------- #
+# Prompts
+# --------------------------------------------------------------------------- #
+
+
+_FILLER_WORDS = (" the", " of", " and", " a", " to", " in")  # single tokens in the tiny vocab
+
+
+def _canonical_prompt(tokenizer, text: str, length: int, rng: random.Random) -> list[int]:
+    """First ``length`` tokens of ``text`` cut at a pre-token (word) boundary and
+    topped up with single-token filler words, so encode(decode(ids)) == ids."""
+    enc = tokenizer(text, add_special_tokens=False)
+    word_ids = enc.word_ids()
+    boundaries = [k for k in range(1, len(word_ids)) if word_ids[k] != word_ids[k - 1]]
+    cut = max((k for k in boundaries if k <= length), default=0)
+    ids = list(enc.input_ids[:cut])
+    while len(ids) < length:
+        (filler,) = tokenizer.encode(rng.choice(_FILLER_WORDS), add_special_tokens=False)
+        ids.append(filler)
+    return ids
+
+
+def build_prompts(tokenizer_dir: Path, lengths: Sequence[int] = PROMPT_LENGTHS) -> list[list[int]]:
+    """One prompt per length, each from a different generated passage, with exactly
+    that many tokens; every prompt survives a decode -> encode round trip."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompts = []
+    for i, length in enumerate(lengths):
+        seed = 1000 + 7919 * i
+        text = " ".join(generate_corpus(num_lines=length // 4 + 4, seed=seed))
+        ids = _canonical_prompt(tokenizer, text, length, random.Random(seed))
+        assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+        prompts.append(ids)
+    return prompts
+
+
+# --------------------------------------------------------------------------- #
+# Reference
+# --------------------------------------------------------------------------- #
+
+
+@functools.lru_cache(maxsize=16)
+def _load_model(model_dir: str):
+    """Load once per process. EOS is removed from the model's own generation
+    config, because generate() fills any ``None`` field of a passed config from it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    model.generation_config = _greedy_no_eos_config(model.generation_config.pad_token_id)
+    return model
+
+
+def _greedy_no_eos_config(pad_token_id: int | None, max_new_tokens: int | None = None):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=None,
+        pad_token_id=ENDOFTEXT_ID if pad_token_id is None else pad_token_id,
+        max_new_tokens=max_new_tokens,
+        use_cache=True,
+    )
+
+
+def _model(model_dir: Path):
+    return _load_model(str(Path(model_dir).resolve()))
+
+
+@torch.inference_mode()
+def hf_greedy(model_dir: Path, prompts_token_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuation of each prompt (run one at a time, no padding) with
+    EOS disabled, so exactly ``max_new_tokens`` new token ids come back per prompt."""
+    model = _model(model_dir)
+    gen_config = _greedy_no_eos_config(model.generation_config.pad_token_id, max_new_tokens)
+    outputs = []
+    for prompt in prompts_token_ids:
+        input_ids = torch.tensor([prompt], dtype=torch.long)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=gen_config,
+        )
+        new_tokens = out[0, len(prompt) :].tolist()
+        assert len(new_tokens) == max_new_tokens, (len(new_tokens), max_new_tokens)
+        outputs.append(new_tokens)
+    return outputs
+
+
+@torch.inference_mode()
+def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    """fp32 logits of shape [len(token_ids), vocab_size] from one full forward pass."""
+    model = _model(model_dir)
+    input_ids = torch.tensor([token_ids], dtype=torch.long)
+    logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+    return logits[0].float().clone()

@@ -1,0 +1,70 @@
+"""Bad input gets a clear error naming the problem, never a crash."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vllm_lite import LLM, SamplingParams
+
+
+def test_unknown_architecture_lists_supported(tiny_llama: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["GPTNeoXForCausalLM"]
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
+        LLM(str(model), multiprocess=False)
+
+
+def test_missing_model_folder(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model: folder .*does not exist"):
+        LLM(str(tmp_path / "nope"), multiprocess=False)
+
+
+def test_prompt_longer_than_max_model_len(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=32, multiprocess=False)
+    with pytest.raises(ValueError, match="40 tokens, more than max_model_len=32"):
+        llm.generate({"prompt_token_ids": list(range(3, 43))}, use_tqdm=False)
+    # The engine still serves after the rejection.
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=4), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_max_tokens_below_one() -> None:
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        SamplingParams(max_tokens=0)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("block_size", 12, "block_size must be a power of two"),
+    ("max_num_seqs", 0, "max_num_seqs must be >= 1"),
+    ("dtype", "float8", "dtype must be one of"),
+    ("device", "tpu", "device must be one of"),
+    ("max_model_len", 4096, "max_model_len=4096 exceeds"),
+])
+def test_engine_args_validation(tiny_llama: Path, field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_llama), multiprocess=False, **{field: value})
+
+
+def test_unknown_engine_argument(tiny_llama: Path) -> None:
+    with pytest.raises(TypeError, match="max_num_sequences"):
+        LLM(str(tiny_llama), max_num_sequences=4, multiprocess=False)
+
+
+def test_token_id_outside_vocabulary(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=64, multiprocess=False)
+    with pytest.raises(ValueError, match="prompt_token_ids must be in"):
+        llm.generate({"prompt_token_ids": [1, 10**6]}, use_tqdm=False)
+
+
+def test_request_too_large_for_kv_cache(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), max_model_len=256, num_kv_blocks=3, multiprocess=False)
+    with pytest.raises(ValueError, match="needs up to .* KV blocks"):
+        llm.generate({"prompt_token_ids": list(range(3, 60))}, SamplingParams(max_tokens=8), use_tqdm=False)
+    assert llm.stats()["kv_blocks_free"] == llm.stats()["kv_blocks_total"]

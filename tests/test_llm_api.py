@@ -1,0 +1,60 @@
+"""The LLM API surface: prompts of both forms, params lists, output order, chat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_lite import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3: Path) -> LLM:
+    return LLM(str(tiny_qwen3), max_model_len=128, multiprocess=False)
+
+
+def test_string_and_token_prompts_agree(llm: LLM) -> None:
+    text = "The quick brown fox"
+    token_ids = llm.get_tokenizer().encode(text)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    by_text, by_ids = llm.generate([text, {"prompt_token_ids": token_ids}], params, use_tqdm=False)
+    assert by_text.prompt == text and by_text.prompt_token_ids == token_ids
+    assert by_ids.prompt is None
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    assert by_text.outputs[0].text == llm.get_tokenizer().decode(by_text.outputs[0].token_ids)
+    assert by_text.outputs[0].finish_reason == "length"
+
+
+def test_outputs_in_input_order_with_param_list(llm: LLM) -> None:
+    prompts = [{"prompt_token_ids": [5 + i] * (i + 1)} for i in range(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=i + 1, ignore_eos=True) for i in range(6)]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 2, 3, 4, 5, 6]
+    assert [o.prompt_token_ids for o in outputs] == [p["prompt_token_ids"] for p in prompts]
+
+
+def test_param_list_length_mismatch(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="sampling_params has 2 entries but there are 3 prompts"):
+        llm.generate(["a", "b", "c"], [SamplingParams(), SamplingParams()], use_tqdm=False)
+
+
+def test_chat_applies_template(llm: LLM) -> None:
+    out = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=4), use_tqdm=False)[0]
+    assert out.prompt.startswith("<|im_start|>user\nhello<|im_end|>")
+    assert out.prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_seeded_sampling_is_reproducible(llm: LLM) -> None:
+    params = SamplingParams(temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+    first = llm.generate("Once upon", params, use_tqdm=False)[0].outputs[0].token_ids
+    crowd = [SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True)] * 3 + [params]
+    batch = llm.generate(["x", "y z", "w", "Once upon"], crowd, use_tqdm=False)
+    assert batch[-1].outputs[0].token_ids == first
+
+
+def test_stats_fields(llm: LLM) -> None:
+    stats = llm.stats()
+    for key in ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
+                "kv_blocks_total", "kv_blocks_free"):
+        assert isinstance(stats[key], int)

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_lite.core.scheduler_output import NewRequestData
+from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.worker.input_batch import InputBatch
+
+
+def new_request(i: int, num_tokens: int) -> NewRequestData:
+    tokens = np.arange(num_tokens, dtype=np.int32) + 1000 * i
+    blocks = list(range(10 * i, 10 * i + (num_tokens + 15) // 16))
+    return NewRequestData(f"r{i}", tokens, num_tokens - 1, SamplingParams(temperature=0.1 * i),
+                          blocks, num_tokens // 2)
+
+
+def make_batch(max_model_len: int, lengths: list[int]) -> InputBatch:
+    batch = InputBatch(max_num_reqs=16, max_model_len=max_model_len,
+                       max_num_blocks_per_req=(max_model_len + 15) // 16)
+    for i, n in enumerate(lengths):
+        batch.add_request(new_request(i, n))
+    return batch
+
+
+def assert_row_holds(batch: InputBatch, row: int, i: int, num_tokens: int) -> None:
+    expected = new_request(i, num_tokens)
+    assert batch.req_ids[row] == expected.req_id and batch.req_id_to_index[expected.req_id] == row
+    assert np.array_equal(batch.token_ids[row, :num_tokens], expected.token_ids)
+    assert batch.num_tokens[row] == num_tokens
+    assert batch.num_prompt_tokens[row] == expected.num_prompt_tokens
+    assert batch.num_computed_tokens[row] == expected.num_computed_tokens
+    assert batch.temperature[row] == np.float32(expected.sampling_params.temperature)
+    n_blocks = batch.block_table.num_blocks[row]
+    assert list(batch.block_table.block_ids[row, :n_blocks]) == expected.block_ids
+
+
+LENGTHS = [5, 40, 17, 90, 3, 64]
+
+
+def test_swap_states_keeps_every_row_right() -> None:
+    batch = make_batch(256, LENGTHS)
+    batch.swap_states(1, 3)
+    batch.swap_states(0, 5)
+    order = [5, 3, 2, 1, 4, 0]
+    for row, i in enumerate(order):
+        assert_row_holds(batch, row, i, LENGTHS[i])
+
+
+def test_condense_fills_holes_with_the_last_rows() -> None:
+    batch = make_batch(256, LENGTHS)
+    batch.remove_request("r1")
+    batch.remove_request("r4")
+    batch.condense()
+    assert batch.num_reqs == 4
+    assert batch.live_req_ids == ["r0", "r5", "r2", "r3"]
+    for row, i in enumerate([0, 5, 2, 3]):
+        assert_row_holds(batch, row, i, LENGTHS[i])
+    batch.add_request(new_request(7, 12))
+    assert_row_holds(batch, 4, 7, 12)
+
+
+def test_removing_the_tail_needs_no_moves() -> None:
+    batch = make_batch(256, LENGTHS)
+    moved = batch.num_elements_moved
+    batch.remove_request("r5")
+    batch.condense()
+    assert batch.num_reqs == 5 and batch.num_elements_moved == moved
+
+
+@pytest.mark.parametrize("operation", ["swap", "condense"])
+def test_elements_moved_do_not_depend_on_max_model_len(operation: str) -> None:
+    counts = []
+    for max_model_len in (256, 32768):
+        batch = make_batch(max_model_len, LENGTHS)
+        if operation == "swap":
+            for a, b in [(0, 3), (1, 5), (2, 4)]:
+                batch.swap_states(a, b)
+        else:
+            batch.remove_request("r0")
+            batch.remove_request("r2")
+            batch.condense()
+        counts.append(batch.num_elements_moved)
+    assert counts[0] == counts[1] > 0
+    assert counts[0] < 2 * sum(LENGTHS) + 100
