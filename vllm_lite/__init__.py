@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "LLM": "vllm_lite.entrypoints.llm",
+    "AsyncLLM": "vllm_lite.engine.async_llm",
+    "EngineDeadError": "vllm_lite.engine.exceptions",
     "SamplingParams": "vllm_lite.sampling_params",
     "RequestOutputKind": "vllm_lite.sampling_params",
     "EngineArgs": "vllm_lite.config",

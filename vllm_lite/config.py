@@ -18,8 +18,11 @@ from vllm_lite.model.registry import check_supported
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
+# auto: triton on CUDA; on CPU the csrc native ops when built, else torch (the reference).
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 
 
 def _check(condition: bool, message: str) -> None:
@@ -118,6 +121,9 @@ class ModelConfig:
     max_model_len: int
     seed: int
     hf: HFModelConfig
+    max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
+    attention_backend: str = "auto"  # one of ATTENTION_BACKENDS, resolved by the worker
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
 
     @property
     def dtype_size(self) -> int:
@@ -142,7 +148,25 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ParallelConfig:
+    """Tensor parallelism over `nnodes` hosts, `tensor_parallel_size // nnodes` ranks on each.
+    Node 0 runs the engine core and ranks 0..ranks_per_node-1; node k runs the next ranks
+    (`vllm-lite worker`). The torch.distributed rendezvous (a TCPStore) is hosted by the engine
+    core at master_addr:master_port; master_port None picks a free port at start (one node)."""
+
     tensor_parallel_size: int
+    distributed_executor_backend: str = "uni"  # one of EXECUTOR_BACKENDS
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +183,11 @@ class VllmConfig:
     device_config: DeviceConfig
 
     def kv_block_bytes(self) -> int:
-        """Bytes one KV block takes across all layers (K and V)."""
+        """Bytes one KV block takes on one rank across all layers (K and V). A rank holds its
+        share of the KV heads, or one replicated head when there are fewer heads than ranks."""
         hf = self.model_config.hf
-        per_layer = 2 * self.cache_config.block_size * hf.num_key_value_heads * hf.head_dim
+        kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
+        per_layer = 2 * self.cache_config.block_size * kv_heads * hf.head_dim
         return per_layer * hf.num_hidden_layers * self.model_config.dtype_size
 
     def num_kv_blocks(self) -> int:
@@ -195,8 +221,16 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     seed: int = 0
+    max_logprobs: int = 20
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: "mp" when tensor_parallel_size > 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port (one node only)
     device: str = "auto"
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -210,7 +244,7 @@ class EngineArgs:
             model_config=model_config,
             cache_config=self._cache_config(),
             scheduler_config=self._scheduler_config(max_len),
-            parallel_config=self._parallel_config(),
+            parallel_config=self._parallel_config(model_config.hf),
             device_config=DeviceConfig(device=device),
         )
 
@@ -221,7 +255,10 @@ class EngineArgs:
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
         check_supported(hf.architecture)
+        _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        _check(self.attention_backend in ATTENTION_BACKENDS,
+               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         max_len = self.max_model_len or hf.max_position_embeddings
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
@@ -234,6 +271,9 @@ class EngineArgs:
             max_model_len=max_len,
             seed=self.seed,
             hf=hf,
+            max_logprobs=self.max_logprobs,
+            attention_backend=self.attention_backend,
+            enforce_eager=self.enforce_eager,
         )
 
     def _cache_config(self) -> CacheConfig:
@@ -256,10 +296,39 @@ class EngineArgs:
                "enable chunked prefill or raise max_num_batched_tokens")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill)
 
-    def _parallel_config(self) -> ParallelConfig:
-        _check(self.tensor_parallel_size == 1,
-               f"tensor_parallel_size must be 1 in this build, got {self.tensor_parallel_size}")
-        return ParallelConfig(self.tensor_parallel_size)
+    def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
+        tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port
+        _check(tp >= 1, f"tensor_parallel_size must be >= 1, got {tp}")
+        _check(nnodes >= 1, f"nnodes must be >= 1, got {nnodes}")
+        _check(0 <= self.node_rank < nnodes, f"node_rank must be in [0, {nnodes}), got {self.node_rank}")
+        _check(tp % nnodes == 0, f"tensor_parallel_size={tp} must be a multiple of nnodes={nnodes} "
+                                 "(every node runs the same number of ranks)")
+        _check(port is None or 1 <= port <= 65535, f"master_port must be in [1, 65535], got {port}")
+        _check(nnodes == 1 or port is not None, "master_port must be set when nnodes > 1: the other "
+                                                "nodes join the rendezvous there")
+        _check(bool(self.master_addr), "master_addr must not be empty")
+        backend = self.distributed_executor_backend or ("mp" if tp > 1 else "uni")
+        _check(backend in EXECUTOR_BACKENDS,
+               f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, got {backend!r}")
+        _check(backend == "mp" or (tp == 1 and nnodes == 1),
+               f"distributed_executor_backend='uni' runs a single worker; tensor_parallel_size={tp} "
+               f"and nnodes={nnodes} need 'mp'")
+        check_tensor_parallel_split(hf, tp)
+        return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
+
+
+def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
+    """Refuse a model whose layers cannot be split over `tp` ranks, naming the dimension.
+    The vocabulary always splits (it is padded); KV heads are replicated when fewer than ranks."""
+    for name, value in (("num_attention_heads", hf.num_attention_heads),
+                        ("intermediate_size", hf.intermediate_size)):
+        _check(value % tp == 0, f"{name}={value} is not divisible by tensor_parallel_size={tp}")
+    kv = hf.num_key_value_heads
+    if kv >= tp:
+        _check(kv % tp == 0, f"num_key_value_heads={kv} is not divisible by tensor_parallel_size={tp}")
+    else:
+        _check(tp % kv == 0, f"tensor_parallel_size={tp} is not a multiple of num_key_value_heads={kv} "
+                             "(KV heads are replicated over ranks only when the count divides)")
 
 
 def _resolve_device(device: str) -> str:

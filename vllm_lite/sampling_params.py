@@ -1,12 +1,26 @@
-"""SamplingParams with vLLM's field names and meaning, validated on construction."""
+"""SamplingParams with vLLM's field names and meaning, validated on construction.
+
+Limits that depend on the engine (`logprobs` <= the engine's `max_logprobs`, token ids inside
+the vocabulary) are checked by the InputProcessor, which knows them.
+"""
 
 from __future__ import annotations
 
 import enum
+import logging
+import math
 
 import msgspec
 
-MAX_LOGPROBS = 20
+logger = logging.getLogger(__name__)
+
+# Below this temperature a request is greedy; vLLM's _SAMPLING_EPS.
+SAMPLING_EPS = 1e-5
+# Positive temperatures are raised to this: dividing logits by less overflows float32.
+MIN_RANDOM_TEMPERATURE = 1e-2
+# OpenAI's range for logit_bias values; larger values are clamped.
+MAX_LOGIT_BIAS = 100.0
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -16,6 +30,26 @@ class RequestOutputKind(enum.IntEnum):
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=False):
+    """Field meanings follow vLLM:
+
+    | field | meaning | allowed |
+    |---|---|---|
+    | n | samples returned for the prompt | >= 1 |
+    | temperature | 0 = greedy | >= 0 |
+    | top_p | smallest set of tokens whose probability sum reaches top_p | (0, 1] |
+    | top_k | keep the k most likely tokens; 0 or -1 = off | -1, 0 or >= 1 |
+    | min_p | drop tokens below min_p * p(most likely token) | [0, 1] |
+    | repetition_penalty | divides positive / multiplies negative logits of tokens seen in prompt or output | > 0 |
+    | frequency_penalty | subtracted once per occurrence in the output | [-2, 2] |
+    | presence_penalty | subtracted once if the token occurs in the output | [-2, 2] |
+    | seed | per-request random seed | 64-bit |
+    | max_tokens | most output tokens; None = up to max_model_len | >= 1 or None |
+    | min_tokens | EOS and stop_token_ids are suppressed before this many outputs | [0, max_tokens] |
+    | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
+    | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
+    | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
+    """
+
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -39,11 +73,48 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
         if self.top_k == -1:
             self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._validate()
+        if 0.0 < self.temperature < MIN_RANDOM_TEMPERATURE:
+            logger.warning("temperature %s is below %s; it is raised to %s to avoid overflow",
+                           self.temperature, MIN_RANDOM_TEMPERATURE, MIN_RANDOM_TEMPERATURE)
+            self.temperature = MIN_RANDOM_TEMPERATURE
+        if self.is_greedy:
+            # Truncation cannot change an argmax; clearing it keeps greedy rows off those paths.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _check_types(self) -> None:
+        for name in ("n", "top_k", "min_tokens"):
+            _require(_is_int(getattr(self, name)), name, f"must be an int, got {getattr(self, name)!r}")
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(value is None or _is_int(value), name, f"must be an int or None, got {value!r}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty"):
+            value = getattr(self, name)
+            _require(_is_number(value) and math.isfinite(value), name,
+                     f"must be a finite number, got {value!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+            _require(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
+        _require(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",
+                 f"must be a string or a list of strings, got {self.stop!r}")
+        _require(self.stop_token_ids is None or (isinstance(self.stop_token_ids, (list, tuple))
+                                                 and all(_is_int(t) and t >= 0 for t in self.stop_token_ids)),
+                 "stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+        _require(self.logit_bias is None or isinstance(self.logit_bias, dict), "logit_bias",
+                 f"must be a dict of token id -> bias, got {self.logit_bias!r}")
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise ValueError(f"SamplingParams.output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
 
     def _validate(self) -> None:
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
@@ -58,25 +129,66 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         _require(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
                  f"must be in [-2, 2], got {self.presence_penalty}")
         _require(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-                 f"must be >= 1, got {self.max_tokens}")
+                 f"must be >= 1 or None, got {self.max_tokens}")
         _require(self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens}")
         _require(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _require(value is None or 0 <= value <= MAX_LOGPROBS, name,
-                     f"must be in [0, {MAX_LOGPROBS}], got {value}")
+            _require(value is None or value >= 0, name, f"must be >= 0 or None, got {value}")
         _require(not self.stop or all(isinstance(s, str) and s for s in self.stop), "stop",
-                 "must be a list of non-empty strings")
-        _require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed",
-                 f"must fit in 64 bits, got {self.seed}")
+                 f"must be a list of non-empty strings, got {self.stop!r}")
+        _require(not self.stop or self.detokenize, "stop",
+                 "needs detokenize=True (stop strings are matched on the text)")
+        _require(self.seed is None or _SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1], "seed",
+                 f"must be in [{_SEED_RANGE[0]}, {_SEED_RANGE[1]}], got {self.seed}")
+
+    def check_engine_limits(self, vocab_size: int, max_logprobs: int) -> None:
+        """The limits that depend on the engine: logprobs counts and token ids in the vocabulary."""
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(value is None or value <= max_logprobs, name,
+                     f"must be <= {max_logprobs} (the engine's max_logprobs; raise it with "
+                     f"EngineArgs.max_logprobs), got {value}")
+        for name in ("logit_bias", "stop_token_ids"):
+            bad = sorted(t for t in getattr(self, name) or () if t >= vocab_size)
+            _require(not bad, name, f"has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature < 1e-5
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
 
     def clone_with(self, **changes: object) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _normalize_logit_bias(bias: dict) -> dict[int, float]:
+    """Keys may arrive as strings (OpenAI JSON); values are clamped to OpenAI's [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token_id = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"SamplingParams.logit_bias keys must be token ids, got {key!r}") from None
+        _require(token_id >= 0 and not isinstance(key, (bool, float)), "logit_bias",
+                 f"keys must be token ids >= 0, got {key!r}")
+        _require(_is_number(value) and math.isfinite(value), "logit_bias",
+                 f"values must be finite numbers, got {value!r} for token {key!r}")
+        out[token_id] = max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(value)))
+    return out
 
 
 def _require(condition: bool, field: str, message: str) -> None:

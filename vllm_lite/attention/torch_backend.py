@@ -54,7 +54,7 @@ class TorchAttentionBackend(AttentionBackend):
         if len(decode_rows):
             self._build_decodes(common, decode_rows, metadata)
         for row in (query_lens > 1).nonzero()[0].tolist():
-            metadata.prefills.append(self._build_prefill(common, row))
+            metadata.prefills.append(self.build_prefill(common, row))
         return metadata
 
     @staticmethod
@@ -69,7 +69,7 @@ class TorchAttentionBackend(AttentionBackend):
         metadata.decode_mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
 
     @staticmethod
-    def _build_prefill(common: CommonAttentionMetadata, row: int) -> PrefillSeq:
+    def build_prefill(common: CommonAttentionMetadata, row: int) -> PrefillSeq:
         bs = common.block_size
         start, end = int(common.query_start_loc_np[row]), int(common.query_start_loc_np[row + 1])
         query_len, seq_len = end - start, int(common.seq_lens_np[row])
@@ -90,7 +90,7 @@ class TorchAttentionBackend(AttentionBackend):
             out[metadata.decode_token_idx] = _decode_attention(query, kv_cache, metadata, scale)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
-            out[seq.token_start:end] = _prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
         return out
 
 
@@ -110,7 +110,7 @@ def _decode_attention(query, kv_cache, metadata: TorchAttentionMetadata, scale) 
     return out.squeeze(2)
 
 
-def _prefill_attention(query, kv_cache, seq: PrefillSeq, scale) -> torch.Tensor:
+def prefill_attention(query, kv_cache, seq: PrefillSeq, scale) -> torch.Tensor:
     q = query.transpose(0, 1)  # [Hq, L, D]
     k = _gather(kv_cache, seq.block_ids, 0)[:, : seq.seq_len]
     v = _gather(kv_cache, seq.block_ids, 1)[:, : seq.seq_len]

@@ -37,8 +37,9 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of full blocks. At most num_tokens - 1 tokens can hit: the last
-        token must be computed to produce logits."""
-        if not self.enable_caching:
+        token must be computed to produce logits. A request that wants prompt logprobs reads no
+        cache (as in vLLM): every prompt position must go through the model."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         self._update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -20,6 +20,7 @@ from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.outputs import LogprobsArrays
 
 
 class Scheduler:
@@ -34,6 +35,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self._no_blocks: list[int] = []  # shared, never mutated (SchedulerOutput is read-only)
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -81,7 +83,9 @@ class Scheduler:
                 break
             num_scheduled[request.request_id] = num_new
             cached_ids.append(request.request_id)
-            cached_new_blocks.append([block.block_id for block in new_blocks])
+            # Most decode steps add no block: sharing one empty list keeps the step free of a
+            # container per request (1,024 of them set off a gen-0 collection every step).
+            cached_new_blocks.append([block.block_id for block in new_blocks] if new_blocks else self._no_blocks)
             cached_num_computed.append(request.num_computed_tokens)
             budget -= num_new
             index += 1
@@ -104,9 +108,15 @@ class Scheduler:
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
-                           sampled_token_ids: np.ndarray, num_sampled: np.ndarray) -> EngineCoreOutputs:
+                           sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
+                           logprobs: LogprobsArrays | None = None,
+                           prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None,
+                           ) -> EngineCoreOutputs:
         """Append each row's sampled token (rows with num_sampled == 0 were mid-prefill) and
-        check stop conditions. Returns the step's outputs column-wise."""
+        check stop conditions. Returns the step's outputs column-wise. `logprobs` rows are
+        batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
+        position of its first row and its rows."""
+        prompt_columns = self._prompt_logprobs_columns(prompt_logprobs) if prompt_logprobs else {}
         rows = np.flatnonzero(num_sampled)
         tokens = sampled_token_ids[rows, 0]
         out_req_ids: list[str] = []
@@ -126,7 +136,32 @@ class Scheduler:
                 self._free(request)
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
         new_token_ids = tokens if keep.all() else tokens[keep]
-        return EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished)
+        outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
+                                    **prompt_columns)
+        if logprobs is not None:
+            kept_rows = rows[keep]
+            outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
+            outputs.logprobs = logprobs.logprobs[kept_rows]
+            outputs.logprob_ranks = logprobs.ranks[kept_rows]
+        return outputs
+
+    def _prompt_logprobs_columns(self, prompt_logprobs: dict[str, tuple[int, LogprobsArrays]]
+                                 ) -> dict[str, Any]:
+        """Concatenate the per-request prompt-logprob chunks of live requests column-wise."""
+        req_ids = [r for r in prompt_logprobs if r in self.requests]
+        if not req_ids:
+            return {}
+        chunks = [prompt_logprobs[r][1] for r in req_ids]
+        offsets = np.zeros(len(req_ids) + 1, dtype=np.int32)
+        offsets[1:] = np.cumsum([len(chunk.token_ids) for chunk in chunks])
+        return {
+            "prompt_logprobs_req_ids": req_ids,
+            "prompt_logprobs_starts": np.array([prompt_logprobs[r][0] for r in req_ids], dtype=np.int32),
+            "prompt_logprobs_offsets": offsets,
+            "prompt_logprob_token_ids": np.concatenate([c.token_ids for c in chunks]),
+            "prompt_logprobs": np.concatenate([c.logprobs for c in chunks]),
+            "prompt_logprob_ranks": np.concatenate([c.ranks for c in chunks]),
+        }
 
     # ---- stats and cache control ----
     def get_stats(self) -> dict[str, Any]:
@@ -168,6 +203,7 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=kv.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
+                eos_token_ids=tuple(sorted(request.eos_token_ids)),
             ))
             num_scheduled[request.request_id] = num_new
             budget -= num_new

@@ -21,6 +21,9 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # EOS ids that end this request (none with ignore_eos): with stop_token_ids, the tokens the
+    # sampler suppresses until min_tokens outputs exist.
+    eos_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,3 +29,11 @@ class TensorParallelGroup:
 
 
 SINGLE_RANK = TensorParallelGroup()
+
+
+def init_tensor_parallel_group(store: dist.Store, rank: int, world_size: int,
+                               device: str) -> TensorParallelGroup:
+    """Join the default process group through `store` (gloo on CPU, NCCL on CUDA)."""
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    return TensorParallelGroup(rank=rank, size=world_size, group=dist.group.WORLD)

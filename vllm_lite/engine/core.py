@@ -1,19 +1,52 @@
-"""EngineCore: scheduler + executor, one `step()` at a time."""
+"""EngineCore: scheduler + executor, one `step()` at a time. EngineCoreProc: the same core in
+its own process, serving clients over ZMQ (`run_engine_core` is the process entry point)."""
 
 from __future__ import annotations
 
-from typing import Any
+import gc
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
-from vllm_lite.engine.protocol import EngineCoreOutputs, EngineCoreRequest
-from vllm_lite.executor.abstract import Executor
+from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
+from vllm_lite.engine.protocol import (
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    OutputType,
+    RequestError,
+    RequestType,
+    UtilityRequest,
+    UtilityResult,
+)
+
+if TYPE_CHECKING:
+    from vllm_lite.executor.abstract import Executor
+
+logger = logging.getLogger(__name__)
 
 
 def make_executor(vllm_config: VllmConfig) -> Executor:
+    """`uni`: the worker runs in this process; `mp` (the default for tensor_parallel_size > 1):
+    one worker process per rank."""
+    if vllm_config.parallel_config.distributed_executor_backend == "mp":
+        from vllm_lite.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor(vllm_config)
     from vllm_lite.executor.uniproc import UniProcExecutor
 
     return UniProcExecutor(vllm_config)
@@ -24,11 +57,39 @@ class EngineCore:
         self.vllm_config = vllm_config
         self.executor = make_executor(vllm_config)
         num_blocks = vllm_config.num_kv_blocks()
-        self.executor.initialize_kv_cache(num_blocks)
+        try:
+            self.executor.initialize_kv_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()  # worker processes must not outlive a failed start
+            raise
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks)
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_request(request)
         self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def _check_request(self, request: EngineCoreRequest) -> None:
+        """Requests may come off the wire from any client: what would break a step is refused."""
+        tokens = request.prompt_token_ids
+        model_config = self.vllm_config.model_config
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ValueError(f"prompt_token_ids must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
+        if not 0 < len(tokens) <= model_config.max_model_len:
+            raise ValueError(f"prompt has {len(tokens)} tokens; it needs 1 to max_model_len="
+                             f"{model_config.max_model_len}")
+        if tokens.min() < 0 or tokens.max() >= model_config.hf.vocab_size:
+            raise ValueError(f"prompt_token_ids must be in [0, {model_config.hf.vocab_size})")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        params = request.sampling_params
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > model_config.max_logprobs:
+                raise ValueError(f"{name}={value} exceeds max_logprobs={model_config.max_logprobs}")
+        token_ids = [*(params.logit_bias or ()), *(params.stop_token_ids or ())]
+        if token_ids and max(token_ids) >= model_config.hf.vocab_size:
+            raise ValueError(f"logit_bias / stop_token_ids must be in [0, {model_config.hf.vocab_size})")
+        request.sampling_params.check_engine_limits(model_config.hf.vocab_size, model_config.max_logprobs)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
@@ -38,7 +99,8 @@ class EngineCore:
         if sched.is_empty:
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
         out = self.executor.execute_model(sched)
-        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled)
+        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
+                                                 out.logprobs, out.prompt_logprobs)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -52,3 +114,270 @@ class EngineCore:
     def shutdown(self) -> None:
         self.executor.shutdown()
 
+
+# ---------------------------------------------------------------------------------------------
+# The engine core in its own process
+# ---------------------------------------------------------------------------------------------
+
+
+class EngineCoreProc:
+    """EngineCore serving clients over ZMQ (see core_io.py for the two I/O threads).
+
+    The busy loop: take every queued input (blocking only while there is no work), step, hand
+    the step's outputs to the output thread. Clients are told apart by their socket identity;
+    each gets only the outputs of its own requests, and may abort only those."""
+
+    def __init__(self, vllm_config: VllmConfig, address: str) -> None:
+        self.input_queue: queue.Queue = queue.Queue()
+        self.output_queue: queue.Queue = queue.Queue()
+        self.io = EngineCoreIO(address, self.input_queue, self.output_queue)  # binds now
+        try:
+            self.engine_core = EngineCore(vllm_config)
+        except BaseException:
+            self.io.close()
+            raise
+        self.vllm_config = vllm_config
+        self.owners: dict[str, bytes] = {}  # request id -> client identity
+        self.client_requests: dict[bytes, set[str]] = {}  # client identity -> its live requests
+        self.num_steps = 0
+        self.utilities: dict[str, Callable[..., Any]] = {
+            "get_stats": self.get_stats,
+            "is_healthy": lambda: True,
+            "reset_prefix_cache": self.engine_core.reset_prefix_cache,
+            "engine_info": self.engine_info,
+        }
+
+    @property
+    def address(self) -> str:
+        return self.io.address
+
+    def serve(self) -> int:
+        """Run until SIGTERM/SIGINT (SystemExit) or a fatal error; returns the exit code."""
+        gc.collect()
+        gc.freeze()  # start-up objects (model, tokenizer tables ...) are never scanned again
+        self.io.start()
+        try:
+            self.run_busy_loop()
+        except SystemExit:
+            return 0
+        except Exception as exc:
+            logger.exception("engine core: fatal error in the busy loop")
+            self._broadcast_dead(f"the engine core failed: {type(exc).__name__}: {exc}")
+            return 1
+        finally:
+            self.shutdown()
+        return 0
+
+    def run_busy_loop(self) -> None:
+        while True:
+            self._process_input_queue()
+            self._process_engine_step()
+
+    def shutdown(self) -> None:
+        self.io.close()
+        self.engine_core.shutdown()
+
+    # ---- the loop, one level down ----
+    def _process_input_queue(self) -> None:
+        if not self.engine_core.has_unfinished_requests():
+            self._handle_input(*self.input_queue.get())  # idle: block until a client speaks
+        while not self.input_queue.empty():  # (only this thread takes from the queue)
+            self._handle_input(*self.input_queue.get_nowait())
+
+    def _process_engine_step(self) -> None:
+        if not self.engine_core.has_unfinished_requests():
+            return
+        outputs = self.engine_core.step()
+        self.num_steps += 1
+        if _has_content(outputs):
+            self._send_outputs(outputs)
+
+    def _handle_input(self, identity: bytes, request_type: bytes, message: Any) -> None:
+        if request_type == RequestType.ADD:
+            self._add_request(identity, message)
+        elif request_type == RequestType.ABORT:
+            self._abort_requests(identity, message.request_ids)
+        elif request_type == RequestType.UTILITY:
+            self.output_queue.put((identity, OutputType.UTILITY_RESULT, self._call_utility(message)))
+        elif request_type == CLIENT_GONE:
+            self._abort_requests(identity, list(self.client_requests.get(identity, ())))
+
+    def _add_request(self, identity: bytes, request: EngineCoreRequest) -> None:
+        try:
+            self.engine_core.add_request(request)
+        except Exception as exc:  # a refused request is answered, never fatal
+            if not isinstance(exc, (ValueError, TypeError)):
+                logger.exception("engine core: unexpected error adding request %r", request.request_id)
+            self.output_queue.put((identity, OutputType.ERROR, RequestError(request.request_id, str(exc))))
+            return
+        self.owners[request.request_id] = identity
+        self.client_requests.setdefault(identity, set()).add(request.request_id)
+
+    def _abort_requests(self, identity: bytes, request_ids: list[str]) -> None:
+        owned = [rid for rid in request_ids if self.owners.get(rid) == identity]
+        if owned:
+            self.engine_core.abort_requests(owned)
+            self._release(owned)
+
+    def _call_utility(self, call: UtilityRequest) -> UtilityResult:
+        method = self.utilities.get(call.method)
+        if method is None:
+            return UtilityResult(call.call_id, error=f"unknown utility method {call.method!r}; "
+                                                     f"known: {sorted(self.utilities)}")
+        try:
+            return UtilityResult(call.call_id, method(*call.args))
+        except Exception as exc:  # a failed call is answered, never fatal
+            return UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
+
+    # ---- outputs to their clients ----
+    def _send_outputs(self, outputs: EngineCoreOutputs) -> None:
+        if len(self.client_requests) == 1:
+            (identity,) = self.client_requests
+            self.output_queue.put((identity, OutputType.OUTPUTS, outputs))
+        else:
+            for identity, request_ids in self.client_requests.items():
+                part = select_requests(outputs, request_ids)
+                if _has_content(part):
+                    self.output_queue.put((identity, OutputType.OUTPUTS, part))
+        if outputs.finished:
+            self._release([finished.request_id for finished in outputs.finished])
+
+    def _release(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            identity = self.owners.pop(request_id, None)
+            owned = self.client_requests.get(identity)
+            if owned is not None:
+                owned.discard(request_id)
+                if not owned:
+                    del self.client_requests[identity]
+
+    def _broadcast_dead(self, message: str) -> None:
+        """Clients with requests in flight hear it at once; the others on their next call."""
+        for identity in self.client_requests:
+            self.output_queue.put((identity, OutputType.ENGINE_DEAD, EngineDead(message)))
+
+    # ---- utilities ----
+    def get_stats(self) -> dict[str, Any]:
+        """The scheduler's stats plus busy-loop and garbage-collector counters
+        (benchmarks/engine_gc.py reads the latter)."""
+        stats = self.engine_core.get_stats()
+        stats["num_steps"] = self.num_steps
+        stats["num_clients"] = len(self.client_requests)
+        stats["gc_collections"] = [generation["collections"] for generation in gc.get_stats()]
+        stats["gc_count"] = list(gc.get_count())
+        stats["gc_threshold"] = list(gc.get_threshold())
+        return stats
+
+    def engine_info(self) -> dict[str, Any]:
+        """What an attaching client needs to build a matching input side."""
+        model_config = self.vllm_config.model_config
+        return {"model": model_config.model, "tokenizer": model_config.tokenizer,
+                "max_model_len": model_config.max_model_len, "pid": os.getpid()}
+
+
+def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> EngineCoreOutputs:
+    """The part of a step's outputs that belongs to `request_ids` (one client's requests).
+    Knows every field of EngineCoreOutputs (tests/engine/test_protocol.py checks that)."""
+    rows = [i for i, request_id in enumerate(outputs.req_ids) if request_id in request_ids]
+    index = np.asarray(rows, dtype=np.intp)
+    changes: dict[str, Any] = {
+        "req_ids": [outputs.req_ids[i] for i in rows],
+        "finished": [f for f in outputs.finished if f.request_id in request_ids],
+    }
+    for name in _ROW_ARRAYS:
+        value = getattr(outputs, name)
+        if value is not None:
+            changes[name] = value[index]
+    if outputs.prompt_logprobs_req_ids:
+        changes.update(_select_prompt_logprobs(outputs, request_ids))
+    return msgspec.structs.replace(outputs, **changes)
+
+
+# Arrays with one row per entry of `req_ids`.
+_ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
+# Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
+_PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
+SELECTED_FIELDS = frozenset(("req_ids", "finished", "client_index", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
+                             "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
+
+
+def _select_prompt_logprobs(outputs: EngineCoreOutputs, request_ids: set[str]) -> dict[str, Any]:
+    keep = [j for j, r in enumerate(outputs.prompt_logprobs_req_ids) if r in request_ids]
+    if not keep:
+        return {name: None for name in (*_PROMPT_ROW_ARRAYS, "prompt_logprobs_starts",
+                                         "prompt_logprobs_offsets")} | {"prompt_logprobs_req_ids": []}
+    offsets = outputs.prompt_logprobs_offsets
+    rows = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in keep])
+    lengths = np.array([offsets[j + 1] - offsets[j] for j in keep], dtype=np.int32)
+    changes: dict[str, Any] = {name: getattr(outputs, name)[rows] for name in _PROMPT_ROW_ARRAYS
+                               if getattr(outputs, name) is not None}
+    changes["prompt_logprobs_req_ids"] = [outputs.prompt_logprobs_req_ids[j] for j in keep]
+    changes["prompt_logprobs_starts"] = outputs.prompt_logprobs_starts[keep]
+    changes["prompt_logprobs_offsets"] = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    return changes
+
+
+def _has_content(outputs: EngineCoreOutputs) -> bool:
+    # Prompt logprobs of a prefill chunk can come without any sampled token.
+    return bool(outputs.req_ids or outputs.finished or outputs.prompt_logprobs_req_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def run_engine_core(vllm_config: VllmConfig, address: str, ready: Callable[[bytes], None] | None = None,
+                    standalone: bool = False) -> int:
+    """Build an EngineCoreProc at `address` and serve until told to stop; returns the exit code.
+
+    `ready` is called once with the start-up report: msgpack `{}` when serving, or
+    `{"error_type": ..., "message": ...}` when start-up failed."""
+    _set_up_process(vllm_config, standalone)
+    try:
+        proc = EngineCoreProc(vllm_config, address)
+    except BaseException as exc:  # SystemExit too: a SIGTERM during start-up
+        logger.exception("engine core: start-up failed")
+        if ready is not None:
+            ready(msgspec.msgpack.encode({"error_type": type(exc).__name__, "message": str(exc)}))
+        return 1
+    if ready is not None:
+        ready(msgspec.msgpack.encode({"address": proc.address}))
+    return proc.serve()
+
+
+def spawned_engine_core_main(vllm_config: VllmConfig, address: str, ready_pipe: Connection) -> None:
+    """Target of the process a client spawns: report start-up on `ready_pipe`; stop when told
+    (SIGTERM) or when the parent dies."""
+    _watch_parent()
+    code = run_engine_core(vllm_config, address, ready_pipe.send_bytes)
+    ready_pipe.close()
+    sys.exit(code)
+
+
+def _set_up_process(vllm_config: VllmConfig, standalone: bool) -> None:
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    # A spawned engine core ignores Ctrl-C (its client decides when it stops); a standalone one
+    # stops on it.
+    signal.signal(signal.SIGINT, stop if standalone else signal.SIG_IGN)
+    if vllm_config.device_config.device == "cpu":
+        import torch
+
+        # One thread unless OMP_NUM_THREADS says otherwise: the engine shares the cores with its
+        # clients, and oversubscribed torch threads slow a step down by 10x or more.
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+
+
+def _watch_parent() -> None:
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait_for_parent() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait_for_parent, name="engine-core-parent-watch", daemon=True).start()

@@ -1,12 +1,68 @@
-"""Clients of the engine core. `InprocClient` runs the core in this process."""
+"""Clients of the engine core.
+
+| client | engine core | used by |
+|---|---|---|
+| InprocClient | in this process, stepped by the caller | `LLM(..., multiprocess=False)`, tests |
+| SyncMPClient | own process (spawned) or attached at an address | `LLM` |
+| AsyncMPClient | own process (spawned) or attached at an address | `AsyncLLM` |
+
+A multi-process client talks to the engine core over one DEALER socket (engine side: a
+ROUTER). It notices a dead engine within `_POLL_S` when it spawned the process (a thread waits
+on the process sentinel) and after `heartbeat_timeout_s` of silence when it attached (it sends
+`is_healthy` calls while it hears nothing). From then on every pending and every new call
+raises EngineDeadError.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import itertools
+import logging
+import multiprocessing.connection
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.engine.core import EngineCore
-from vllm_lite.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.engine.launch import (
+    EngineLaunch,
+    fetch_engine_info,
+    launch_engine_core,
+    stop_process,
+    utility_value,
+)
+from vllm_lite.engine.protocol import (
+    OUTPUT_STRUCTS,
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    MsgpackDecoder,
+    MsgpackEncoder,
+    RequestError,
+    RequestType,
+    UtilityRequest,
+    UtilityResult,
+)
+from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.1  # how often a waiting sync client re-checks that the engine lives
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 10.0
 
 
 class InprocClient:
@@ -30,3 +86,347 @@ class InprocClient:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+
+
+def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str | None = None,
+                launch: EngineLaunch | None = None) -> InprocClient | SyncMPClient:
+    if engine_address is not None or multiprocess:
+        return SyncMPClient(vllm_config, engine_address, launch=launch)
+    return InprocClient(vllm_config)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a multi-process client must release
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Resources:
+    """Owned jointly by a client, its finalizer and its process watcher; it never refers to
+    the client, so a client that is dropped without shutdown() is still collected (and the
+    finalizer then stops the engine-core process it spawned)."""
+
+    ctx: zmq.Context
+    proc: BaseProcess | None = None
+    address: EngineAddress | None = None
+    engine_dead: bool = False
+    dead_reason: str = ""
+    shutting_down: bool = False
+    sockets: list[zmq.Socket] = field(default_factory=list)
+
+    def mark_dead(self, reason: str) -> None:
+        if not self.engine_dead:
+            self.engine_dead, self.dead_reason = True, reason
+
+    def __call__(self) -> None:
+        self.shutting_down = True
+        if self.proc is not None:
+            stop_process(self.proc)
+        for sock in self.sockets:
+            sock.close(linger=0)
+        self.ctx.destroy(linger=0)
+        if self.address is not None:
+            self.address.cleanup()
+
+
+def _watch_process(proc: BaseProcess, resources: _Resources, on_death: weakref.WeakMethod) -> None:
+    multiprocessing.connection.wait([proc.sentinel])
+    if resources.shutting_down:
+        return
+    resources.mark_dead(f"the engine core process died (exit code {proc.exitcode})")
+    callback = on_death()
+    if callback is not None:
+        callback()
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-process clients
+# ---------------------------------------------------------------------------------------------
+
+
+class MPClient:
+    """What the sync and async clients share: start or attach, one DEALER socket, the codec,
+    death detection and cleanup."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_address: str | None, ctx: zmq.Context,
+                 launch: EngineLaunch | None = None,
+                 heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
+        self.resources = _Resources(ctx)
+        self._finalizer = weakref.finalize(self, self.resources)
+        atexit.register(self._finalizer)  # runs before multiprocessing's exit hook joins children
+        self.attached = engine_address is not None
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.engine_info: dict[str, Any] = {}
+        try:
+            self.address = self._start_or_attach(vllm_config, engine_address, launch)
+            self.identity = uuid.uuid4().hex.encode()
+            self.socket = make_socket(ctx, zmq.DEALER, connect=self.address, identity=self.identity)
+        except BaseException:
+            MPClient.shutdown(self)
+            raise
+        self.resources.sockets.append(self.socket)
+        self.encoder = MsgpackEncoder()
+        self.decoders = {tag: MsgpackDecoder(struct) for tag, struct in OUTPUT_STRUCTS.items()}
+        self._call_ids = itertools.count()
+        self._last_heard = time.monotonic()
+
+    @property
+    def engine_pid(self) -> int | None:
+        proc = self.resources.proc
+        return proc.pid if proc is not None else self.engine_info.get("pid")
+
+    @property
+    def is_engine_dead(self) -> bool:
+        return self.resources.engine_dead
+
+    def shutdown(self) -> None:
+        """Stop the engine-core process this client spawned (an attached engine keeps running),
+        close the socket, remove the private ipc directory."""
+        self._finalizer()
+        atexit.unregister(self._finalizer)
+
+    def _start_or_attach(self, vllm_config: VllmConfig, engine_address: str | None,
+                         launch: EngineLaunch | None) -> str:
+        if engine_address is not None:
+            address = normalize_address(engine_address)
+            self.engine_info = fetch_engine_info(address)
+            return address
+        launch = launch or launch_engine_core(vllm_config)
+        self.resources.proc, self.resources.address = launch.proc, launch.address
+        launch.wait_ready()
+        threading.Thread(target=_watch_process, name="engine-core-watch", daemon=True,
+                         args=(launch.proc, self.resources, weakref.WeakMethod(self._on_engine_death))).start()
+        return launch.address.address
+
+    def _on_engine_death(self) -> None:
+        """Called on the watcher thread once the spawned process is gone."""
+
+    def _check_alive(self) -> None:
+        if self.resources.engine_dead:
+            raise EngineDeadError(self.resources.dead_reason)
+        if self.resources.shutting_down:
+            raise EngineDeadError("the engine client was shut down")
+
+    def _frames(self, request_type: bytes, message: Any) -> list[Any]:
+        return [request_type, *self.encoder.encode(message)]
+
+    def _decode(self, frames: list[zmq.Frame]) -> Any:
+        """One engine message, or None (logged) if it cannot be read."""
+        self._last_heard = time.monotonic()
+        decoder = self.decoders.get(frames[0].bytes)
+        try:
+            if decoder is None:
+                raise msgspec.DecodeError(f"unknown message type {frames[0].bytes!r}")
+            return decoder.decode(frames[1:])
+        except msgspec.DecodeError as exc:
+            logger.error("engine client: dropped an unreadable engine message: %s", exc)
+            return None
+
+    def _silence_s(self, since: float) -> float:
+        return time.monotonic() - max(self._last_heard, since)
+
+
+class SyncMPClient(MPClient):
+    """For `LLM`: one caller thread sends and receives (not thread-safe)."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None, *,
+                 launch: EngineLaunch | None = None, **kwargs: Any) -> None:
+        super().__init__(vllm_config, engine_address, zmq.Context(), launch, **kwargs)
+        self._pending: deque[Any] = deque()  # outputs that arrived while a utility call waited
+        self._last_ping = 0.0
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._send(RequestType.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self.resources.engine_dead and not self.resources.shutting_down:
+            self._send(RequestType.ABORT, AbortRequests(list(request_ids)))
+
+    def get_output(self) -> EngineCoreOutputs:
+        """The next step's outputs (blocks). A request the engine core rejected raises
+        RequestRejectedError."""
+        while True:
+            message = self._pending.popleft() if self._pending else self._receive()
+            if isinstance(message, EngineCoreOutputs):
+                return message
+            if isinstance(message, RequestError):
+                raise RequestRejectedError(message.request_id, message.message)
+            # Anything else is a utility answer nobody waits for (a heartbeat's).
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        call_id = next(self._call_ids)
+        self._send(RequestType.UTILITY, UtilityRequest(call_id, method, list(args)))
+        while True:
+            message = self._receive()
+            if isinstance(message, UtilityResult):
+                if message.call_id == call_id:
+                    return utility_value(message)
+            else:
+                self._pending.append(message)
+
+    def get_stats(self) -> dict[str, Any]:
+        return self.call_utility("get_stats")
+
+    def reset_prefix_cache(self) -> bool:
+        return self.call_utility("reset_prefix_cache")
+
+    def is_healthy(self) -> bool:
+        return self.call_utility("is_healthy")
+
+    def _send(self, request_type: bytes, message: Any) -> None:
+        self._check_alive()
+        self.socket.send_multipart(self._frames(request_type, message), copy=False)
+
+    def _receive(self) -> Any:
+        since = time.monotonic()
+        while True:
+            self._check_alive()
+            if self.socket.poll(int(_POLL_S * 1000)):
+                message = self._decode(self.socket.recv_multipart(copy=False))
+                if isinstance(message, EngineDead):
+                    self.resources.mark_dead(message.message)
+                elif message is not None:
+                    return message
+            elif self.attached:
+                self._heartbeat(since)
+
+    def _heartbeat(self, since: float) -> None:
+        silence = self._silence_s(since)
+        if silence > self.heartbeat_timeout_s:
+            self.resources.mark_dead(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+        elif silence > self.heartbeat_interval_s and self._silence_s(self._last_ping) > self.heartbeat_interval_s:
+            self._last_ping = time.monotonic()
+            self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+
+
+class AsyncMPClient(MPClient):
+    """For `AsyncLLM`: lives on one asyncio event loop (the first one that uses it). A reader
+    task moves engine messages to `get_output_async()` and answers utility calls."""
+
+    def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None, *,
+                 launch: EngineLaunch | None = None, **kwargs: Any) -> None:
+        super().__init__(vllm_config, engine_address, zmq.asyncio.Context(), launch, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outputs: asyncio.Queue | None = None
+        self._utility_futures: dict[int, asyncio.Future] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        await self._send(RequestType.ADD, request)
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        self.abort_requests_nowait(request_ids)
+
+    def abort_requests_nowait(self, request_ids: list[str]) -> None:
+        """Safe where awaiting is not (a generator's cleanup); a no-op once the engine is gone."""
+        if not request_ids or self.resources.engine_dead or self.resources.shutting_down:
+            return
+        sent = self.socket.send_multipart(self._frames(RequestType.ABORT, AbortRequests(list(request_ids))),
+                                          copy=False)
+        sent.add_done_callback(_log_send_failure)
+
+    async def get_output_async(self) -> EngineCoreOutputs | RequestError:
+        """The next engine message for requests: a step's outputs, or a rejected request."""
+        self._ensure_started()
+        message = await self._outputs.get()
+        if isinstance(message, BaseException):
+            self._outputs.put_nowait(message)  # every later caller learns it too
+            raise message
+        return message
+
+    async def call_utility_async(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        self._ensure_started()
+        call_id = next(self._call_ids)
+        future = self._loop.create_future()
+        self._utility_futures[call_id] = future
+        try:
+            await self._send(RequestType.UTILITY, UtilityRequest(call_id, method, list(args)))
+            return utility_value(await asyncio.wait_for(future, timeout_s))
+        finally:
+            self._utility_futures.pop(call_id, None)
+
+    async def get_stats_async(self) -> dict[str, Any]:
+        return await self.call_utility_async("get_stats")
+
+    async def reset_prefix_cache_async(self) -> bool:
+        return await self.call_utility_async("reset_prefix_cache")
+
+    async def is_healthy_async(self) -> bool:
+        return await self.call_utility_async("is_healthy")
+
+    def shutdown(self) -> None:
+        for task in self._tasks:
+            if not task.get_loop().is_closed():
+                task.cancel()
+        self._fail_pending(EngineDeadError("the engine client was shut down"))
+        super().shutdown()
+
+    # ---- background tasks ----
+    def _ensure_started(self) -> None:
+        self._check_alive()
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._outputs = asyncio.Queue()
+        self._tasks.append(self._loop.create_task(self._read_loop(), name="engine-core-reader"))
+        if self.attached:
+            self._tasks.append(self._loop.create_task(self._heartbeat_loop(), name="engine-core-heartbeat"))
+
+    async def _send(self, request_type: bytes, message: Any) -> None:
+        self._ensure_started()
+        await self.socket.send_multipart(self._frames(request_type, message), copy=False)
+
+    async def _read_loop(self) -> None:
+        while True:
+            message = self._decode(await self.socket.recv_multipart(copy=False))
+            if isinstance(message, UtilityResult):
+                future = self._utility_futures.pop(message.call_id, None)
+                if future is not None and not future.done():
+                    future.set_result(message)
+            elif isinstance(message, EngineDead):
+                self._engine_died(message.message)
+                return
+            elif message is not None:
+                self._outputs.put_nowait(message)
+
+    async def _heartbeat_loop(self) -> None:
+        since = time.monotonic()
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            silence = self._silence_s(since)
+            if silence > self.heartbeat_timeout_s:
+                self._engine_died(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+                return
+            if silence >= self.heartbeat_interval_s:
+                await self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+
+    # ---- death ----
+    def _on_engine_death(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._engine_died, self.resources.dead_reason)
+
+    def _engine_died(self, reason: str) -> None:
+        """On the loop: fail everything waiting, stop the background tasks."""
+        self.resources.mark_dead(reason)
+        self._fail_pending(EngineDeadError(self.resources.dead_reason))
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+
+    def _fail_pending(self, error: EngineDeadError) -> None:
+        if self._outputs is not None:
+            self._outputs.put_nowait(error)
+        for future in self._utility_futures.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(error.reason))
+        self._utility_futures.clear()
+
+
+def _log_send_failure(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("engine client: a send failed: %s", future.exception())
+

@@ -1,5 +1,10 @@
 """Incremental detokenization: text grows token by token and never ends in a partial
-UTF-8 character (the replacement character is held back until the next token completes it)."""
+UTF-8 character (the replacement character is held back until the next token completes it).
+
+Invariant: `tokens[prefix_offset:read_offset]` decodes to text that ends on a whole character
+and has been emitted; only text after it is new. So the concatenation of everything emitted
+(plus `flush()` at the end) equals decoding all the tokens at once.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +30,23 @@ class IncrementalDetokenizer:
         new_text = ""
         for token_id in token_ids:
             self.tokens.append(token_id)
-            new_text += self._step()
+            new_text += self._step(final=False)
         self.text += new_text
         return new_text
 
-    def _step(self) -> str:
+    def flush(self) -> str:
+        """At the end of generation, emit what was held back (an incomplete or invalid UTF-8
+        tail decodes to replacement characters, as `tokenizer.decode` gives it)."""
+        new_text = self._step(final=True)
+        self.text += new_text
+        return new_text
+
+    def _step(self, final: bool) -> str:
+        if self.read_offset == len(self.tokens):
+            return ""
         prefix = self._decode(self.tokens[self.prefix_offset:self.read_offset])
         full = self._decode(self.tokens[self.prefix_offset:])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.tokens)

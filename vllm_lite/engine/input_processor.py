@@ -46,6 +46,7 @@ class InputProcessor:
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= vocab:
             raise ValueError(f"prompt_token_ids must be in [0, {vocab}) (the vocabulary size)")
+        params.check_engine_limits(vocab, self.model_config.max_logprobs)
         remaining = max_len - num_prompt
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         return EngineCoreRequest(

@@ -1,47 +1,68 @@
-"""The synchronous engine behind `LLM`: input processing, an engine-core client, output
-processing."""
+"""The synchronous engine behind `LLM`: input processing, an engine-core client (in this
+process, in a spawned process, or attached at an address), output processing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
-from vllm_lite.engine.core_client import InprocClient
+from vllm_lite.engine.core_client import make_client
+from vllm_lite.engine.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
+from vllm_lite.engine.launch import launch_engine_core
 from vllm_lite.engine.output_processor import OutputProcessor
+from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, multiprocess: bool = False,
+                 engine_address: str | None = None) -> None:
         self.vllm_config = vllm_config
-        self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
+        # A spawned engine core loads its model while this process loads the tokenizer.
+        launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
+        try:
+            self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
+        except BaseException:
+            if launch is not None:
+                launch.abort()
+            raise
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = InprocClient(vllm_config)
+        self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        return cls(engine_args.create_engine_config())
+    def from_engine_args(cls, engine_args: EngineArgs, multiprocess: bool = False,
+                         engine_address: str | None = None) -> LLMEngine:
+        return cls(engine_args.create_engine_config(), multiprocess, engine_address)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
+        """n > 1 fans out into n engine-core requests (see parallel_sampling)."""
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params)
-        self.output_processor.add_request(request_id, text, token_ids, params)
+        added = []
         try:
-            self.engine_core.add_request(request)
+            for child, parent, index in fan_out(request):
+                self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
+                                                  parent=parent, index=index)
+                added.append(child.request_id)
+                self.engine_core.add_request(child)
         except Exception:
-            self.output_processor.abort_requests([request_id])
+            self.abort_request(added)
             raise
 
     def abort_request(self, request_ids: list[str]) -> None:
-        self.output_processor.abort_requests(request_ids)
-        self.engine_core.abort_requests(request_ids)
+        aborted = self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests([state.request_id for state in aborted])
 
     def step(self) -> list[RequestOutput]:
-        outputs = self.engine_core.get_output()
+        try:
+            outputs = self.engine_core.get_output()
+        except RequestRejectedError as exc:  # multi-process: the rejection comes back later
+            self.output_processor.abort_requests([exc.request_id])
+            raise
         states, to_abort = self.output_processor.process_outputs(outputs)
         if to_abort:
             self.engine_core.abort_requests(to_abort)

@@ -1,5 +1,6 @@
 """EngineCoreOutputs -> RequestOutput on the client side: detokenize incrementally, apply stop
-strings, and emit cumulative, delta or final-only outputs."""
+strings, attach logprobs, fold n > 1 children into their parent, and emit cumulative, delta or
+final-only outputs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_lite.engine.detokenizer import IncrementalDetokenizer
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishReason
+from vllm_lite.engine.logprobs import LogprobsState
+from vllm_lite.engine.parallel_sampling import ParentRequest
+from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -19,33 +22,49 @@ class RequestState:
     prompt_token_ids: list[int]
     params: SamplingParams
     detokenizer: IncrementalDetokenizer | None
+    logprobs: LogprobsState | None = None  # None unless logprobs or prompt_logprobs were asked
+    parent: ParentRequest | None = None
+    index: int = 0  # this sample's index among the parent's n
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     sent_tokens: int = 0
     sent_text: int = 0
+    sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add_tokens(self, token_ids: list[int]) -> None:
+    def add_tokens(self, token_ids: list[int], stop_terminated: bool = False) -> None:
+        """`stop_terminated`: the last token is the EOS/stop token that ended the request; its
+        text is left out unless include_stop_str_in_output (vLLM's rule)."""
+        num_before = len(self.token_ids)
         self.token_ids.extend(token_ids)
         if self.detokenizer is None:
             return
-        before = len(self.text)
-        self.text += self.detokenizer.add_tokens(token_ids)
-        if self.params.stop:
-            self._check_stop_strings(before)
+        if stop_terminated and not self.params.include_stop_str_in_output:
+            token_ids = token_ids[:-1]
+        for num_output, token_id in enumerate(token_ids, start=num_before + 1):
+            check_from = len(self.text)
+            self.text += self.detokenizer.add_tokens([token_id])
+            if self.params.stop and num_output > self.params.min_tokens:
+                self._check_stop_strings(check_from)
+                if self.finished:
+                    return
 
     def finish(self, reason: FinishReason, stop_reason: int | None) -> None:
-        if not self.finished:
-            self.finish_reason, self.stop_reason = str(reason), stop_reason
+        if self.finished:
+            return
+        if self.detokenizer is not None:
+            self.text += self.detokenizer.flush()
+        self.finish_reason, self.stop_reason = str(reason), stop_reason
 
     def _check_stop_strings(self, new_from: int) -> None:
-        """Stop strings may span token boundaries: search from just before the new text."""
+        """Stop strings may span token boundaries: search from just before the new text. Text
+        made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
         longest = max(len(s) for s in self.params.stop)
         start = max(0, new_from - longest + 1)
         hit = None
@@ -74,39 +93,84 @@ class RequestState:
         if delta and token_start == len(self.token_ids) and text_start == text_end and not self.finished:
             return None
         completion = CompletionOutput(
-            index=0,
+            index=self.index,
             text=self.text[text_start:text_end],
             token_ids=self.token_ids[token_start:],
+            cumulative_logprob=self._cumulative_logprob(),
+            logprobs=self._sample_logprobs(token_start),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
         )
         self.sent_tokens, self.sent_text = len(self.token_ids), text_end
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], self.finished)
+        prompt_logprobs = self._prompt_logprobs(delta)
+        if self.parent is None:
+            return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
+                                 self.finished, prompt_logprobs=prompt_logprobs)
+        return self._parent_output(completion, prompt_logprobs)
+
+    def _parent_output(self, completion: CompletionOutput, prompt_logprobs: Any) -> RequestOutput | None:
+        parent = self.parent
+        if prompt_logprobs is not None:
+            parent.prompt_logprobs = prompt_logprobs
+        completions, finished = parent.get_outputs(self.request_id, completion)
+        if not completions:
+            return None
+        return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
+                             prompt_logprobs=parent.prompt_logprobs)
+
+    def _cumulative_logprob(self) -> float | None:
+        if self.logprobs is None or self.params.logprobs is None:
+            return None
+        return self.logprobs.cumulative_logprob
+
+    def _sample_logprobs(self, start: int) -> list | None:
+        if self.logprobs is None or self.params.logprobs is None:
+            return None
+        return self.logprobs.logprobs[start:]
+
+    def _prompt_logprobs(self, delta: bool) -> list | None:
+        """Sent with every output, or only the first one in delta mode."""
+        if self.logprobs is None or (delta and self.sent_prompt_logprobs):
+            return None
+        self.sent_prompt_logprobs = True
+        return self.logprobs.prompt_logprobs()
 
 
 class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
+        self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, queue: Any = None) -> RequestState:
+                    params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
+                    index: int = 0) -> RequestState:
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         detokenizer = None
         if params.detokenize:
             detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
-        state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, queue=queue)
+        logprobs = None
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            decode = self._decode_token if params.detokenize else _no_text
+            logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
+        state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
+                             parent=parent, index=index, queue=queue)
         self.request_states[request_id] = state
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
         return state
 
     def abort_requests(self, request_ids: list[str]) -> list[RequestState]:
+        """Ids may name a parent (n > 1): all its unfinished children are aborted."""
         aborted = []
-        for request_id in request_ids:
+        for request_id in self._expand_parents(request_ids):
             state = self.request_states.pop(request_id, None)
             if state is not None:
                 state.finish(FinishReason.ABORT, None)
                 aborted.append(state)
+                self._drop_parent_if_done(state)
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -115,13 +179,19 @@ class OutputProcessor:
     def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[RequestState], list[str]]:
         """Returns the states that changed this step and the ids whose generation a stop string
         ended here (the caller aborts those in the engine core)."""
-        touched: dict[str, RequestState] = {}
         states = self.request_states
-        for request_id, token_id in zip(outputs.req_ids, outputs.new_token_ids.tolist()):
+        finished_in_core = {f.request_id: f for f in outputs.finished}
+        self._add_prompt_logprobs(outputs)
+        touched: dict[str, RequestState] = {}
+        for i, (request_id, token_id) in enumerate(zip(outputs.req_ids, outputs.new_token_ids.tolist())):
             state = states.get(request_id)
-            if state is not None and not state.finished:
-                state.add_tokens([token_id])
-                touched[request_id] = state
+            if state is None or state.finished:
+                continue
+            if state.logprobs is not None and state.params.logprobs is not None and outputs.logprobs is not None:
+                state.logprobs.add_sample_row(outputs.logprob_token_ids[i], outputs.logprobs[i],
+                                              outputs.logprob_ranks[i])
+            state.add_tokens([token_id], _stop_terminated(finished_in_core.get(request_id)))
+            touched[request_id] = state
         stopped_by_string = [rid for rid, s in touched.items() if s.finished]
         for finished in outputs.finished:
             state = states.get(finished.request_id)
@@ -131,5 +201,46 @@ class OutputProcessor:
         for request_id, state in touched.items():
             if state.finished:
                 del states[request_id]
-        finished_in_core = {f.request_id for f in outputs.finished}
+                self._drop_parent_if_done(state)
         return list(touched.values()), [r for r in stopped_by_string if r not in finished_in_core]
+
+    def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
+        offsets = outputs.prompt_logprobs_offsets
+        for j, request_id in enumerate(outputs.prompt_logprobs_req_ids):
+            state = self.request_states.get(request_id)
+            if state is None or state.logprobs is None or state.params.prompt_logprobs is None:
+                continue
+            rows = slice(int(offsets[j]), int(offsets[j + 1]))
+            state.logprobs.add_prompt_rows(int(outputs.prompt_logprobs_starts[j]),
+                                           outputs.prompt_logprob_token_ids[rows],
+                                           outputs.prompt_logprobs[rows], outputs.prompt_logprob_ranks[rows])
+
+    def _expand_parents(self, request_ids: list[str]) -> list[str]:
+        expanded = []
+        for request_id in request_ids:
+            parent = self.parent_requests.get(request_id)
+            if parent is None:
+                expanded.append(request_id)
+            else:
+                expanded.extend(parent.child_id(i) for i in range(parent.params.n))
+        return expanded
+
+    def _drop_parent_if_done(self, state: RequestState) -> None:
+        parent = state.parent
+        if parent is not None and not any(parent.child_id(i) in self.request_states
+                                          for i in range(parent.params.n)):
+            self.parent_requests.pop(parent.request_id, None)
+
+    def _decode_token(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def _stop_terminated(finished: FinishedRequest | None) -> bool:
+    return finished is not None and finished.finish_reason == FinishReason.STOP
+
+
+def _no_text(token_id: int) -> None:
+    return None

@@ -20,7 +20,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            kind = str if f.name in ("model", "tokenizer", "dtype", "device") else int
+            kind = str if f.type.split(" | ")[0] == "str" else int  # annotations are strings here
             parser.add_argument(flag, type=kind, default=default)
     if model_positional:
         parser.add_argument("model_tag", nargs="?", default=None, help="model folder (default: the demo model)")
@@ -55,6 +55,72 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run this node's tensor-parallel ranks of an engine whose core runs on node 0."""
+    from vllm_lite.executor.worker_proc import run_worker_node
+
+    return run_worker_node(engine_args_from(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vllm_lite.entrypoints.openai.api_server import run_server
+
+    run_server(args)
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    """Serve a standalone engine core until SIGINT/SIGTERM. Clients attach with
+    `LLM(engine_address=...)` or `AsyncLLM.connect(...)`."""
+    import msgspec
+
+    from vllm_lite.engine.core import run_engine_core
+    from vllm_lite.engine.zmq_utils import EngineAddress, check_ipc_free, normalize_address, private_ipc_address
+
+    if args.address:
+        check_ipc_free(normalize_address(args.address))  # before the slow part
+    vllm_config = engine_args_from(args).create_engine_config()
+    address = EngineAddress(normalize_address(args.address)) if args.address else private_ipc_address()
+    served = False
+
+    def report(startup: bytes) -> None:
+        nonlocal served
+        info = msgspec.msgpack.decode(startup)
+        if "address" in info:
+            served = True
+            print(f"vllm-lite engine core serving at {info['address']}", flush=True)
+        else:
+            print(f"error: engine core failed to start: {info['error_type']}: {info['message']}", file=sys.stderr)
+
+    try:
+        return run_engine_core(vllm_config, address.address, report, standalone=True)
+    finally:
+        if served or address.private_dir is not None:  # never remove another engine's socket
+            address.cleanup()
+
+
+def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
+    engine = sub.add_parser("engine", help="serve a standalone engine core that clients attach to")
+    add_engine_args(engine)
+    engine.add_argument("--address", default=None,
+                        help="ipc:///path or tcp://host:port (host defaults to 127.0.0.1, port 0 = any); "
+                             "default: a private ipc path, printed at start-up")
+    engine.set_defaults(func=cmd_engine)
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)")
+    add_engine_args(serve, model_positional=True)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1/*")
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="model name(s) clients use (default: the model argument)")
+    serve.add_argument("--uvicorn-log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    serve.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-lite", description="vllm_lite: LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(generate)
     _add_sampling_args(generate)
     generate.set_defaults(func=cmd_generate)
+    worker = sub.add_parser("worker", help="run this node's ranks of a multi-node engine (node_rank >= 1)")
+    add_engine_args(worker)
+    worker.set_defaults(func=cmd_worker)
+    from vllm_lite.entrypoints.bench import add_bench_parser
+    from vllm_lite.entrypoints.chat import add_chat_parser
+
+    _add_serve_parser(sub)
+    _add_engine_parser(sub)
+    add_chat_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

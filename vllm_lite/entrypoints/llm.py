@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,18 +11,31 @@ from tqdm import tqdm
 
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
+from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+    """`multiprocess=True` (default) runs the engine core in its own process; False keeps it in
+    this one. `engine_address` attaches to an engine core started on its own (`vllm-lite engine
+    --address ...`); the model, tokenizer and max_model_len left out are then the engine's.
+    `shutdown()` stops a spawned engine core (so does garbage collection or interpreter exit)."""
+
+    def __init__(self, model: str | None = None, *, multiprocess: bool = True,
+                 engine_address: str | None = None, **engine_args: Any) -> None:
         unknown = set(engine_args) - set(EngineArgs.field_names())
         if unknown:
             raise TypeError(f"LLM() got unknown engine arguments: {sorted(unknown)}")
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **engine_args))
+        if engine_address is not None:
+            args = attached_engine_args(engine_address, model, engine_args)
+        else:
+            args = EngineArgs(model=model, **engine_args)
+        self.llm_engine = LLMEngine.from_engine_args(args, multiprocess, engine_address)
         self._request_counter = itertools.count()
+        # Request ids are unique per engine core, and an attached one may serve other clients.
+        self._request_prefix = f"{uuid.uuid4().hex[:12]}-" if engine_address is not None else ""
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
@@ -34,7 +48,7 @@ class LLM:
         request_ids = []
         try:
             for prompt, params in zip(prompt_list, params_list):
-                request_id = str(next(self._request_counter))
+                request_id = f"{self._request_prefix}{next(self._request_counter)}"
                 final_only = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
                 self.llm_engine.add_request(request_id, prompt, final_only)
                 request_ids.append(request_id)

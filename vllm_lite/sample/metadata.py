@@ -1,16 +1,78 @@
-"""Per-batch sampling state, rebuilt only when the batch's composition changes."""
+"""Per-batch sampling state, rebuilt only when the batch's composition changes.
+
+Every optional part is None when no row in the batch uses it, so the sampler can skip that
+work entirely; an all-greedy batch without logprobs, penalties, bias or min_tokens carries
+nothing but `all_greedy=True`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+@dataclass(slots=True)
+class TokenHistory:
+    """Live views of the persistent batch's token buffers: read at sampling time, they hold
+    every token so far (`token_ids[row, :num_tokens[row]]`, the prompt first), so metadata that
+    keeps them stays valid while the batch's rows stay put."""
+
+    token_ids: np.ndarray  # int32 [max_num_reqs, max_len]
+    num_prompt_tokens: np.ndarray  # int32 [max_num_reqs]
+    num_tokens: np.ndarray  # int32 [max_num_reqs]
+
+
+@dataclass(slots=True)
+class PenaltyMetadata:
+    """Rows with a repetition, frequency or presence penalty (the others are not touched)."""
+
+    logits_rows: torch.Tensor  # int64 [m] rows of the logits
+    batch_rows: np.ndarray  # [m] the same rows in the persistent batch
+    repetition: torch.Tensor  # float32 [m, 1]
+    frequency: torch.Tensor  # float32 [m, 1]
+    presence: torch.Tensor  # float32 [m, 1]
+    history: TokenHistory
+    all_rows: bool  # every logits row is penalized, in order: no gather/scatter needed
+
+
+@dataclass(slots=True)
+class LogitBiasMetadata:
+    """logit_bias of all rows as (row, token, bias) triples."""
+
+    rows: torch.Tensor  # int64 [nnz]
+    token_ids: torch.Tensor  # int64 [nnz]
+    values: torch.Tensor  # float32 [nnz]
+
+
+@dataclass(slots=True)
+class MinTokensMetadata:
+    """Rows with min_tokens > 0 and, as (row, token) pairs, the EOS/stop ids to suppress."""
+
+    batch_rows: np.ndarray  # [m]
+    min_tokens: np.ndarray  # int32 [m]
+    pair_index: np.ndarray  # [num_pairs] index into the m rows
+    pair_logits_rows: np.ndarray  # int64 [num_pairs]
+    pair_token_ids: np.ndarray  # int64 [num_pairs]
+    history: TokenHistory
 
 
 @dataclass(slots=True)
 class SamplingMetadata:
     all_greedy: bool
     all_random: bool
-    temperature: torch.Tensor | None  # float32 [num_rows, 1]; None when all greedy
-    greedy_mask: torch.Tensor | None  # bool [num_rows]; None unless greedy and random mix
-    generators: dict[int, torch.Generator]  # row -> per-request generator (seeded requests)
+    temperature: torch.Tensor | None  # float32 [num_rows, 1] (1.0 on greedy rows); None when all greedy
+    greedy_mask: torch.Tensor | None  # bool [num_rows]; None unless greedy and random rows mix
+    generators: dict[int, torch.Generator]  # logits row -> its request's generator (seeded, random rows)
+    top_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
+    top_k: torch.Tensor | None = None  # int64 [num_rows], 0 = off; None when no random row uses it
+    min_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
+    max_num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = no row asked
+    penalties: PenaltyMetadata | None = None
+    logit_bias: LogitBiasMetadata | None = None
+    min_tokens: MinTokensMetadata | None = None
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        return self.penalties is not None or self.logit_bias is not None or self.min_tokens is not None

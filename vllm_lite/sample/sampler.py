@@ -1,31 +1,72 @@
-"""Token sampling. An all-greedy batch is one argmax over the logits, with no copy."""
+"""Token sampling. An all-greedy batch is one argmax over the logits, with no copy.
+
+Order (vLLM's): raw logprobs (if asked) -> min_tokens, logit_bias, penalties -> greedy argmax
+-> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py).
+
+The sampler owns `logits`: float32 logits are edited in place, half-precision ones are copied
+to float32 once, and only when something has to edit them.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
+from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from vllm_lite.sample.ops.penalties import apply_penalties
+from vllm_lite.sample.ops.topk_topp import apply_min_p
+from vllm_lite.sample.ops.topk_topp import sample as random_sample
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # int64 [num_rows]
+    logprobs: LogprobsTensors | None  # None when no row asked for logprobs
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """logits [num_rows, vocab] -> sampled token ids int64 [num_rows]."""
-        if metadata.all_greedy:
-            return logits.argmax(dim=-1)
-        probs = torch.softmax(logits.float() / metadata.temperature, dim=-1)
-        sampled = self._random_sample(probs, metadata.generators)
-        if metadata.greedy_mask is None:
-            return sampled
-        return torch.where(metadata.greedy_mask, logits.argmax(dim=-1), sampled)
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked)."""
+        # vLLM's default: logprobs of the model's own distribution, before any processing.
+        raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs >= 0 else None
+        if metadata.needs_logits_processing or not metadata.all_greedy:
+            logits = logits.to(torch.float32)  # no-op for float32 logits
+            self._process_logits(logits, metadata)
+        sampled = self._sample(logits, metadata)
+        if raw_logprobs is None:
+            return SamplerOutput(sampled, None)
+        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled))
 
     @staticmethod
-    def _random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-        """Exponential-race sampling (argmax p / q, q ~ Exp(1)) equals a categorical draw and
-        needs no cumulative sum; seeded rows draw q from their own generator, so their tokens
-        do not depend on the rest of the batch."""
-        q = torch.empty_like(probs)
-        if len(generators) < probs.shape[0]:
-            q.exponential_()
+    def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
+        if metadata.min_tokens is not None:
+            apply_min_tokens(logits, metadata.min_tokens)
+        if metadata.logit_bias is not None:
+            apply_logit_bias(logits, metadata.logit_bias)
+        if metadata.penalties is not None:
+            apply_penalties(logits, metadata.penalties)
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.all_greedy:
+            return logits.argmax(dim=-1)
+        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+        logits.div_(metadata.temperature)
+        if metadata.min_p is not None:
+            apply_min_p(logits, metadata.min_p)
+        uniforms = self._uniforms(logits.shape[0], metadata.generators, logits.device)
+        sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms)
+        if greedy is None:
+            return sampled
+        return torch.where(metadata.greedy_mask, greedy, sampled)
+
+    @staticmethod
+    def _uniforms(num_rows: int, generators: dict[int, torch.Generator], device: torch.device) -> torch.Tensor:
+        """One uniform number per row and step; seeded rows draw theirs from their own
+        generator, so their tokens do not depend on the rest of the batch."""
+        uniforms = torch.rand(num_rows, device=device)
         for row, generator in generators.items():
-            q[row].exponential_(generator=generator)
-        return probs.div_(q).argmax(dim=-1)
+            uniforms[row] = torch.rand(1, generator=generator, device=device)
+        return uniforms

@@ -24,6 +24,16 @@ class InputBatch:
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
+        self.top_p = np.ones(max_num_reqs, dtype=np.float32)
+        self.top_k = np.zeros(max_num_reqs, dtype=np.int32)  # 0 = off
+        self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
+        self.repetition_penalty = np.ones(max_num_reqs, dtype=np.float32)
+        self.frequency_penalty = np.zeros(max_num_reqs, dtype=np.float32)
+        self.presence_penalty = np.zeros(max_num_reqs, dtype=np.float32)
+        self.min_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)  # -1 = none asked
+        self.num_prompt_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)  # -1 = none asked
+        self.has_logit_bias = np.zeros(max_num_reqs, dtype=bool)  # the bias itself: sampling_params
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
@@ -35,7 +45,10 @@ class InputBatch:
 
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
     def row_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.temperature)
+        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.temperature,
+                self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
+                self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
+                self.has_logit_bias)
 
     @property
     def live_req_ids(self) -> list[str]:
@@ -50,13 +63,26 @@ class InputBatch:
         self.num_tokens[row] = n
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
-        self.temperature[row] = new.sampling_params.temperature
+        self._set_sampling_params(row, new.sampling_params)
         self.block_table.add_row(row, new.block_ids)
         self.req_ids[row] = new.req_id
         self.sampling_params[row] = new.sampling_params
         self.req_id_to_index[new.req_id] = row
         self.version += 1
         return row
+
+    def _set_sampling_params(self, row: int, params: SamplingParams) -> None:
+        self.temperature[row] = params.temperature
+        self.top_p[row] = params.top_p
+        self.top_k[row] = params.top_k
+        self.min_p[row] = params.min_p
+        self.repetition_penalty[row] = params.repetition_penalty
+        self.frequency_penalty[row] = params.frequency_penalty
+        self.presence_penalty[row] = params.presence_penalty
+        self.min_tokens[row] = params.min_tokens
+        self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
+        self.num_prompt_logprobs[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        self.has_logit_bias[row] = bool(params.logit_bias)
 
     def remove_request(self, req_id: str) -> int | None:
         row = self.req_id_to_index.pop(req_id, None)

@@ -9,14 +9,18 @@ import numpy as np
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
-from vllm_lite.attention.torch_backend import TorchAttentionBackend
+from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig
-from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.core.scheduler_output import NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.loader import load_model
+from vllm_lite.outputs import LogprobsArrays
 from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
 from vllm_lite.sample.sampler import Sampler
+from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.worker.sampling_inputs import build_sampling_metadata
 
 
 @dataclass(slots=True)
@@ -24,6 +28,9 @@ class ModelRunnerOutput:
     req_ids: list[str]  # batch rows, in order
     sampled_token_ids: np.ndarray  # int32 [num_rows, 1]
     num_sampled: np.ndarray  # int32 [num_rows]; 0 for rows still mid-prefill (or unscheduled)
+    logprobs: LogprobsArrays | None = None  # rows are batch rows; None when no row asked
+    # request -> (prompt position of the first row, logprobs of the next prompt tokens)
+    prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None
 
 
 @dataclass(slots=True)
@@ -33,6 +40,9 @@ class StepInputs:
     attn_metadata: object
     logits_indices: torch.Tensor
     sample_rows: np.ndarray  # batch rows that sample this step
+    rows: np.ndarray  # batch rows scheduled this step, in token order
+    query_starts: np.ndarray  # index of each scheduled row's first token in the flat batch
+    query_lens: np.ndarray  # tokens of each scheduled row this step
 
 
 class ModelRunner:
@@ -42,7 +52,8 @@ class ModelRunner:
         self.config = vllm_config
         self.device = device
         self.block_size = vllm_config.cache_config.block_size
-        self.attn_backend = attn_backend or TorchAttentionBackend()
+        self.attn_backend = attn_backend or get_attn_backend(
+            vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
         self.tp = tp
         model_config = vllm_config.model_config
@@ -51,7 +62,9 @@ class ModelRunner:
                                       model_config.max_model_len, max_blocks)
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
+        self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
 
@@ -62,36 +75,51 @@ class ModelRunner:
         dtype = getattr(torch, self.config.model_config.dtype)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(hf.num_hidden_layers)]
+        self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
+                                                     self.kv_caches, self.device)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
-        sampled_out = np.zeros((num_rows, 1), dtype=np.int32)
-        num_sampled = np.zeros(num_rows, dtype=np.int32)
+        output = ModelRunnerOutput(list(batch.live_req_ids), np.zeros((num_rows, 1), dtype=np.int32),
+                                   np.zeros(num_rows, dtype=np.int32))
         if scheduler_output.total_num_scheduled_tokens > 0:
             inputs = self._prepare_inputs(scheduler_output)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
+                hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows):
-                logits = self.model.compute_logits(hidden[inputs.logits_indices])
-                sampled = self.sampler(logits, self._sampling_metadata_for(inputs.sample_rows))
-                tokens = sampled.to(torch.int32).cpu().numpy()
-                self._append_sampled(inputs.sample_rows, tokens)
-                sampled_out[inputs.sample_rows, 0] = tokens
-                num_sampled[inputs.sample_rows] = 1
-        return ModelRunnerOutput(list(batch.live_req_ids), sampled_out, num_sampled)
+                self._sample(hidden, inputs, output)
+        return output
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput) -> None:
+        rows = inputs.sample_rows
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        sampled = self.sampler(logits, self._sampling_metadata_for(rows))
+        tokens = sampled.sampled_token_ids.to(torch.int32).cpu().numpy()
+        self._append_sampled(rows, tokens)
+        output.sampled_token_ids[rows, 0] = tokens
+        output.num_sampled[rows] = 1
+        if sampled.logprobs is not None:
+            output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), rows, len(output.num_sampled))
 
     # ---- persistent batch upkeep ----
     def _update_states(self, sched: SchedulerOutput) -> None:
         batch = self.input_batch
-        for req_id in sched.finished_req_ids | sched.preempted_req_ids:
+        for req_id in sched.finished_req_ids:
             batch.remove_request(req_id)
             self.generators.pop(req_id, None)
+            self.min_tokens_stop_ids.pop(req_id, None)
+        for req_id in sched.preempted_req_ids:
+            # Its generator stays: the request resumes its random stream where it stopped.
+            batch.remove_request(req_id)
         for new in sched.scheduled_new_reqs:
             batch.add_request(new)
-            if new.sampling_params.seed is not None:
-                self.generators[new.req_id] = torch.Generator(self.device).manual_seed(new.sampling_params.seed)
+            self._add_sampling_state(new)
         cached = sched.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                        cached.num_computed_tokens):
@@ -99,6 +127,13 @@ class ModelRunner:
             batch.block_table.append_row(row, new_block_ids)
             batch.num_computed_tokens[row] = num_computed
         batch.condense()
+
+    def _add_sampling_state(self, new: NewRequestData) -> None:
+        params = new.sampling_params
+        if params.seed is not None and new.req_id not in self.generators:
+            self.generators[new.req_id] = torch.Generator(self.device).manual_seed(params.seed)
+        if params.min_tokens > 0:
+            self.min_tokens_stop_ids[new.req_id] = tuple(set(new.eos_token_ids) | set(params.stop_token_ids or ()))
 
     # ---- inputs ----
     def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
@@ -142,6 +177,9 @@ class ModelRunner:
             attn_metadata=self.attn_backend.build(common),
             logits_indices=self._to_device((cu_lens[samples] - 1).astype(np.int64)),
             sample_rows=rows[samples],
+            rows=rows,
+            query_starts=cu_lens - query_lens,
+            query_lens=query_lens,
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -152,30 +190,39 @@ class ModelRunner:
         """Cached while the batch is unchanged and the same rows sample (steady decode)."""
         key = (self.input_batch.version, len(rows))
         if self._sampling_metadata is None or key != self._sampling_key or len(rows) != self.input_batch.num_reqs:
-            self._sampling_metadata = self._build_sampling_metadata(rows)
+            self._sampling_metadata = build_sampling_metadata(self.input_batch, rows, self.generators,
+                                                              self.min_tokens_stop_ids, self.device)
             self._sampling_key = key
         return self._sampling_metadata
-
-    def _build_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
-        batch = self.input_batch
-        temperature = batch.temperature[rows]
-        greedy = temperature < 1e-5
-        all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
-        generators = {}
-        for i, row in enumerate(rows.tolist()):
-            generator = self.generators.get(batch.req_ids[row])
-            if generator is not None and not greedy[i]:
-                generators[i] = generator
-        return SamplingMetadata(
-            all_greedy=all_greedy,
-            all_random=all_random,
-            temperature=None if all_greedy else self._to_device(np.where(greedy, 1.0, temperature)
-                                                                  .astype(np.float32)[:, None]),
-            greedy_mask=None if all_greedy or all_random else self._to_device(greedy),
-            generators=generators,
-        )
 
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         batch = self.input_batch
         batch.token_ids[rows, batch.num_tokens[rows]] = tokens
         batch.num_tokens[rows] += 1
+
+    # ---- prompt logprobs ----
+    def _prompt_logprobs(self, hidden: torch.Tensor,
+                         inputs: StepInputs) -> dict[str, tuple[int, LogprobsArrays]] | None:
+        """Logprobs of each prompt token given its prefix, for the prompt positions this step
+        computes. Hidden state at position p predicts token p + 1, so positions run up to
+        num_prompt_tokens - 2; a recomputed chunk (after preemption) yields the same rows again."""
+        batch = self.input_batch
+        rows = inputs.rows
+        asked = batch.num_prompt_logprobs[rows] >= 0
+        if not asked.any():
+            return None
+        starts = batch.num_computed_tokens[rows]
+        ends = np.minimum(starts + inputs.query_lens, batch.num_prompt_tokens[rows] - 1)
+        wanted = np.flatnonzero(asked & (ends > starts))
+        if len(wanted) == 0:
+            return None
+        counts = ends[wanted] - starts[wanted]
+        firsts = np.cumsum(counts) - counts
+        offsets = np.arange(int(counts.sum())) - np.repeat(firsts, counts)
+        hidden_index = np.repeat(inputs.query_starts[wanted], counts) + offsets
+        targets = batch.token_ids[np.repeat(rows[wanted], counts), np.repeat(starts[wanted], counts) + offsets + 1]
+        logprobs = compute_logprobs(self.model.compute_logits(hidden[self._to_device(hidden_index)]))
+        k = int(batch.num_prompt_logprobs[rows[wanted]].max())
+        arrays = gather_logprobs(logprobs, k, self._to_device(targets.astype(np.int64))).to_numpy()
+        return {batch.req_ids[rows[i]]: (int(starts[i]), arrays.slice_rows(first, first + count))
+                for i, first, count in zip(wanted.tolist(), firsts.tolist(), counts.tolist())}

@@ -1,0 +1,128 @@
+"""CPU attention: the csrc native ops (vllm_lite._C) against the torch reference backend, on the
+demo model's shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, block size 16,
+30 layers), float32.
+
+Per case it times one step's metadata build and one layer's forward (cache write + attention),
+and reports the step's attention cost, build + 30 layers. Results also go to
+benchmarks/results/attention_cpu.json.
+
+    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.ops import cpu_native
+from vllm_lite.attention.torch_backend import TorchAttentionBackend
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_LAYERS = 9, 3, 64, 16, 30
+RESULTS = Path(__file__).parent / "results" / "attention_cpu.json"
+
+# name -> (number of decode rows, context range, prefill rows: (context, query_len) each)
+CASES = {
+    "decode 64 seqs, ctx 256-512": (64, (256, 512), []),
+    "decode 8 seqs, ctx 256-512": (8, (256, 512), []),
+    "decode 16 seqs, ctx 1024-2048": (16, (1024, 2048), []),
+    "mixed: 60 decodes + 2x128 prefill": (60, (256, 512), [(0, 128), (64, 128)]),
+}
+
+
+def make_step(num_decodes: int, context_range: tuple[int, int], prefills: list[tuple[int, int]],
+              seed: int = 0) -> tuple[CommonAttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A scheduled step as the model runner builds it: prefill rows first, then decodes, each
+    sequence on randomly placed blocks of a cache just large enough."""
+    rng = np.random.default_rng(seed)
+    specs = list(prefills) + [(int(c), 1) for c in rng.integers(*context_range, size=num_decodes)]
+    blocks_per_seq = [-(-(c + q) // BLOCK_SIZE) for c, q in specs]
+    num_blocks = 1 + sum(blocks_per_seq)
+    free = list(rng.permutation(np.arange(1, num_blocks)))
+    block_table = np.zeros((len(specs), max(blocks_per_seq)), dtype=np.int32)
+    slots, query_lens, seq_lens = [], [], []
+    for row, ((context, query_len), nb) in enumerate(zip(specs, blocks_per_seq)):
+        block_table[row, :nb] = [free.pop() for _ in range(nb)]
+        pos = np.arange(context, context + query_len)
+        slots.append(block_table[row, pos // BLOCK_SIZE].astype(np.int64) * BLOCK_SIZE + pos % BLOCK_SIZE)
+        query_lens.append(query_len)
+        seq_lens.append(context + query_len)
+    query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    seq_lens_np = np.array(seq_lens, dtype=np.int32)
+    num_tokens = int(query_start_loc[-1])
+    common = CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(query_start_loc), seq_lens=torch.from_numpy(seq_lens_np),
+        block_table=torch.from_numpy(block_table), slot_mapping=torch.from_numpy(np.concatenate(slots)),
+        query_start_loc_np=query_start_loc, seq_lens_np=seq_lens_np, num_actual_tokens=num_tokens,
+        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=BLOCK_SIZE,
+    )
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(num_tokens, NUM_Q_HEADS, HEAD_DIM, generator=gen)
+    key = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    value = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    kv_cache = torch.randn(num_blocks, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
+    return common, query, key, value, kv_cache
+
+
+def time_backend(backend: AttentionBackend, step, iters: int) -> tuple[float, float, torch.Tensor]:
+    """Median seconds of (build, one layer's forward), and the output."""
+    common, query, key, value, kv_cache = step
+    scale = HEAD_DIM ** -0.5
+    builds, forwards = [], []
+    for _ in range(iters + 2):  # the first two are warm-up
+        start = time.perf_counter()
+        metadata = backend.build(common)
+        built = time.perf_counter()
+        out = backend.forward(query, key, value, kv_cache, metadata, scale)
+        done = time.perf_counter()
+        builds.append(built - start)
+        forwards.append(done - built)
+    return statistics.median(builds[2:]), statistics.median(forwards[2:]), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--iters", type=int, default=20)
+    args = parser.parse_args()
+    if not cpu_native.is_available():
+        raise SystemExit("vllm_lite._C is not built (make setup, or python setup.py build_ext --inplace); "
+                         "without it the CPU backend is the torch reference and there is nothing to compare")
+    from vllm_lite.attention.cpu_native_backend import CpuNativeAttentionBackend
+
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for name, (num_decodes, context_range, prefills) in CASES.items():
+            step = make_step(num_decodes, context_range, prefills)
+            t_build, t_fwd, ref = time_backend(TorchAttentionBackend(), step, args.iters)
+            n_build, n_fwd, out = time_backend(CpuNativeAttentionBackend(), step, args.iters)
+            torch_step, native_step = t_build + NUM_LAYERS * t_fwd, n_build + NUM_LAYERS * n_fwd
+            rows.append({
+                "case": name, "threads": threads,
+                "torch_layer_ms": 1e3 * t_fwd, "native_layer_ms": 1e3 * n_fwd,
+                "torch_step_ms": 1e3 * torch_step, "native_step_ms": 1e3 * native_step,
+                "speedup": torch_step / native_step,
+                "max_abs_diff": (out - ref).abs().max().item(),
+            })
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"shapes": dict(q_heads=NUM_Q_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+                                                  block_size=BLOCK_SIZE, layers=NUM_LAYERS), "rows": rows}, indent=1))
+    header = (f"{'case':<36} {'thr':>3} {'torch/layer':>12} {'native/layer':>13} "
+              f"{'torch/step':>11} {'native/step':>12} {'speed-up':>9} {'max|diff|':>10}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['case']:<36} {r['threads']:>3} {r['torch_layer_ms']:>10.3f}ms {r['native_layer_ms']:>11.3f}ms "
+              f"{r['torch_step_ms']:>9.1f}ms {r['native_step_ms']:>10.1f}ms {r['speedup']:>8.1f}x "
+              f"{r['max_abs_diff']:>10.1e}")
+
+
+if __name__ == "__main__":
+    main()

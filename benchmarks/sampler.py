@@ -1,0 +1,105 @@
+"""Sampler cost per step for a batch of 256 requests over a 49,152-token vocabulary:
+all-greedy vs all-top-p vs one request with penalties (the rest greedy), side by side.
+
+Besides time, it counts the tensors of the logits' size each path allocates (a
+TorchDispatchMode that sees every op): the all-greedy path must make none.
+
+    python benchmarks/sampler.py [--batch 256] [--vocab 49152] [--iters 20] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_lite.core.scheduler_output import NewRequestData
+from vllm_lite.sample.copy_counter import LogitsCopyCounter
+from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.sampler import Sampler
+from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.worker.sampling_inputs import build_sampling_metadata
+
+PROMPT_LEN, OUTPUT_LEN = 128, 64
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    params_for_row: Callable[[int], SamplingParams]
+
+
+CASES = (
+    Case("all-greedy", lambda row: SamplingParams(temperature=0.0)),
+    Case("all-top-p (p=0.9, T=1)", lambda row: SamplingParams(temperature=1.0, top_p=0.9)),
+    Case("1 req with penalties", lambda row: SamplingParams(
+        temperature=0.0, repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.5)
+        if row == 0 else SamplingParams(temperature=0.0)),
+)
+
+
+def build_metadata(case: Case, batch_size: int, vocab: int) -> SamplingMetadata:
+    rng = np.random.default_rng(0)
+    batch = InputBatch(batch_size, PROMPT_LEN + OUTPUT_LEN + 1, 1)
+    for row in range(batch_size):
+        tokens = rng.integers(0, vocab, PROMPT_LEN + OUTPUT_LEN, dtype=np.int32)
+        batch.add_request(NewRequestData(f"r{row}", tokens, PROMPT_LEN, case.params_for_row(row), [], 0))
+    rows = np.arange(batch_size)
+    return build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"))
+
+
+@torch.inference_mode()
+def time_case(metadata: SamplingMetadata, logits: torch.Tensor, iters: int) -> list[float]:
+    sampler = Sampler()
+    times = []
+    for i in range(iters + 3):
+        fresh = logits.clone()  # the sampler may edit its logits in place
+        start = time.perf_counter()
+        sampler(fresh, metadata)
+        if i >= 3:  # warm-up
+            times.append(time.perf_counter() - start)
+    return times
+
+
+@torch.inference_mode()
+def count_copies(metadata: SamplingMetadata, logits: torch.Tensor) -> LogitsCopyCounter:
+    fresh = logits.clone()
+    with LogitsCopyCounter(fresh) as counter:
+        Sampler()(fresh, metadata)
+    return counter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    logits = torch.randn(args.batch, args.vocab) * 4
+    print(f"batch {args.batch} x vocab {args.vocab} float32 logits, {args.iters} timed steps, "
+          f"torch threads {torch.get_num_threads()}")
+    rows = []
+    for case in CASES:
+        metadata = build_metadata(case, args.batch, args.vocab)
+        times = time_case(metadata, logits, args.iters)
+        counter = count_copies(metadata, logits)
+        ops = ", ".join(f"{name} x{n}" for name, n in sorted(counter.ops.items())) or "-"
+        rows.append((case.name, statistics.median(times) * 1e3, min(times) * 1e3, counter.num_copies, ops))
+    print()
+    print(f"{'case':<26} {'median ms':>10} {'min ms':>8} {'logits-size copies':>19}  ops")
+    for name, median, best, copies, ops in rows:
+        print(f"{name:<26} {median:>10.2f} {best:>8.2f} {copies:>19}  {ops}")
+
+
+if __name__ == "__main__":
+    main()

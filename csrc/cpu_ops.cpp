@@ -1,0 +1,302 @@
+// Native CPU ops for the attention hot path on machines without a GPU:
+//
+//   reshape_and_cache(key, value, kv_cache, slot_mapping)
+//       write new keys/values into the paged cache; slot -1 (padding) is skipped.
+//   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale)
+//       one query token per sequence (decode) over the sequence's cached blocks.
+//
+// KV cache per layer: [num_blocks, 2, block_size, num_kv_heads, head_dim] (0 = K, 1 = V).
+// Registered as torch.ops.vllm_lite_C.*; `import vllm_lite._C` loads them. OpenMP splits the
+// (sequence, kv head) pairs across torch's intra-op threads; the inner loops use GCC vector
+// extensions, compiled once per ISA level (AVX-512, AVX2+FMA, baseline) and picked at load time
+// by target_clones, so the build stays portable without -march=native.
+
+#include <Python.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VLLM_LITE_MULTIVERSION \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define VLLM_LITE_MULTIVERSION
+#endif
+
+#define VLLM_LITE_INLINE inline __attribute__((always_inline))
+
+constexpr int64_t kLanes = 16;
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+
+VLLM_LITE_INLINE vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+VLLM_LITE_INLINE void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// Sum of the lanes as a tree (halving the vector), not a serial chain of scalar adds.
+VLLM_LITE_INLINE float hsum(vfloat v) {
+  typedef float half8 __attribute__((vector_size(8 * sizeof(float))));
+  typedef float half4 __attribute__((vector_size(4 * sizeof(float))));
+  half8 a, b;
+  std::memcpy(&a, &v, sizeof a);
+  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+  a += b;
+  half4 c, e;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&e, reinterpret_cast<const char*>(&a) + sizeof c, sizeof e);
+  c += e;
+  return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+VLLM_LITE_INLINE float dot(const float* a, const float* b, int64_t n) {
+  vfloat acc = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) acc += load(a + d) * load(b + d);
+  float sum = 0.f;
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum + hsum(acc);
+}
+
+VLLM_LITE_INLINE void axpy(float* y, float a, const float* x, int64_t n) {  // y += a * x
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) store(y + d, load(y + d) + a * load(x + d));
+  for (; d < n; ++d) y[d] += a * x[d];
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the max), vectorized: x = n ln2 + r with
+// |r| <= ln2/2, exp(r) by a degree-6 Taylor polynomial (rel. error < 2e-7), 2^n by exponent bits.
+VLLM_LITE_INLINE vfloat exp_nonpositive(vfloat x) {
+  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  const vfloat zero = {};
+  const vfloat keep = x < -87.f ? zero : zero + 1.f;  // exp underflows to 0 below -87
+  x = x < -87.f ? zero - 87.f : x;
+  // Round to nearest: x <= 0, and the conversion truncates toward zero.
+  const vint n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vint);
+  const vfloat n = __builtin_convertvector(n_int, vfloat);
+  const vfloat r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+  vfloat p = zero + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const vint bits = (n_int + 127) << 23;
+  vfloat scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale * keep;
+}
+
+// In place: logits[0:n] -> exp(logits - max); returns their sum.
+VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) max = std::max(max, logits[t]);
+  vfloat vsum = {};
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) {
+    const vfloat e = exp_nonpositive(load(logits + t) - max);
+    store(logits + t, e);
+    vsum += e;
+  }
+  float sum = hsum(vsum);
+  for (; t < n; ++t) {
+    logits[t] = std::exp(logits[t] - max);
+    sum += logits[t];
+  }
+  return sum;
+}
+
+struct CacheLayout {
+  int64_t block_size, stride_block, stride_kv, stride_offset, stride_head;
+};
+
+// One sequence, KV heads [kv_begin, kv_end) and their query heads: the scores for the whole
+// context (`logits`, [heads, seq_len]), softmax, then the weighted sum of values. Both passes
+// walk each block's token rows in memory order (all the item's heads of a row together; with a
+// decode batch this is memory-bound). `out`/`query` point at the first query head.
+// Multiversioned here rather than in the caller: OpenMP outlines the parallel region into a
+// function target_clones would not reach.
+VLLM_LITE_MULTIVERSION
+void decode_one(float* out, const float* query, int64_t q_stride_h, const float* cache,
+                const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
+                int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
+                std::vector<float>& scratch) {
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  if (seq_len <= 0) {  // a padded row: nothing to attend to
+    std::fill(out, out + num_heads * head_dim, 0.f);
+    return;
+  }
+  scratch.resize(num_heads * (seq_len + head_dim + 1));
+  float* logits = scratch.data();
+  float* q = logits + num_heads * seq_len;
+  float* inv_sum = q + num_heads * head_dim;
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < head_dim; ++d) q[h * head_dim + d] = query[h * q_stride_h + d] * scale;
+
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  const int64_t row_offset = kv_begin * c.stride_head;  // the item's heads within a token row
+  for (int64_t which = 0; which < 2; ++which) {  // 0: scores over K, 1: weighted sum over V
+    if (which == 1) {
+      for (int64_t h = 0; h < num_heads; ++h)
+        inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+      std::fill(out, out + num_heads * head_dim, 0.f);
+    }
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* rows = cache + blocks[b] * c.stride_block + which * c.stride_kv + row_offset;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* row = rows + i * c.stride_offset;
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const float* kv = row + (h / group) * c.stride_head;
+          float* logit = logits + h * seq_len + start + i;
+          if (which == 0)
+            *logit = dot(q + h * head_dim, kv, head_dim);
+          else
+            axpy(out + h * head_dim, *logit, kv, head_dim);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] *= inv_sum[h];
+}
+
+// Work items: whole sequences when there are enough to keep every thread busy (each token row
+// is then read once, contiguously), else (sequence, kv head) pairs.
+void decode_attention_f32(float* out, const float* query, const float* cache,
+                          const int32_t* block_table, const int32_t* seq_lens, int64_t num_seqs,
+                          int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                          int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
+                          CacheLayout layout, float scale, int num_threads) {
+  const int64_t group = num_q_heads / num_kv_heads;
+  const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
+  const int64_t items_per_seq = num_kv_heads / heads_per_item;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
+      const int64_t s = item / items_per_seq;
+      const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
+      decode_one(out + (s * num_q_heads + kv_begin * group) * head_dim,
+                 query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
+                 block_table + s * bt_stride, seq_lens[s], kv_begin, kv_begin + heads_per_item,
+                 group, head_dim, layout, scale, scratch);
+    }
+  }
+}
+
+void check_cache(const at::Tensor& kv_cache) {
+  TORCH_CHECK(kv_cache.device().is_cpu(), "kv_cache must be a CPU tensor");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2,
+              "kv_cache must be [num_blocks, 2, block_size, num_kv_heads, head_dim]");
+  TORCH_CHECK(kv_cache.stride(4) == 1, "kv_cache needs a contiguous last dimension");
+}
+
+void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+                       const at::Tensor& slot_mapping) {
+  check_cache(kv_cache);
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "key/value must be [T, H, D]");
+  TORCH_CHECK(key.scalar_type() == kv_cache.scalar_type() &&
+                  value.scalar_type() == kv_cache.scalar_type(),
+              "key/value dtype must match kv_cache");
+  TORCH_CHECK(key.size(1) == kv_cache.size(3) && key.size(2) == kv_cache.size(4),
+              "key/value heads and head_dim must match kv_cache");
+  TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1,
+              "key/value need a contiguous last dimension");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  const int64_t num_tokens = slot_mapping.size(0);
+  TORCH_CHECK(key.size(0) >= num_tokens, "slot_mapping is longer than key");
+  const int64_t block_size = kv_cache.size(2), num_heads = key.size(1);
+  const int64_t num_slots = kv_cache.size(0) * block_size;
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tokens; ++t)
+    TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "]=", slots[t], " is out of range");
+  const int64_t elem = kv_cache.element_size(), row_bytes = key.size(2) * elem;
+  char* cache = static_cast<char*>(kv_cache.data_ptr());
+  const char* k = static_cast<const char*>(key.data_ptr());
+  const char* v = static_cast<const char*>(value.data_ptr());
+  const int64_t cs0 = kv_cache.stride(0), cs1 = kv_cache.stride(1), cs2 = kv_cache.stride(2),
+                cs3 = kv_cache.stride(3);
+  const int64_t ks0 = key.stride(0), ks1 = key.stride(1), vs0 = value.stride(0),
+                vs1 = value.stride(1);
+  const int threads = num_tokens * num_heads * row_bytes >= (1 << 20) ? at::get_num_threads() : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t base = (slot / block_size) * cs0 + (slot % block_size) * cs2;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      std::memcpy(cache + (base + h * cs3) * elem, k + (t * ks0 + h * ks1) * elem, row_bytes);
+      std::memcpy(cache + (base + cs1 + h * cs3) * elem, v + (t * vs0 + h * vs1) * elem, row_bytes);
+    }
+  }
+}
+
+void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_table, const at::Tensor& seq_lens,
+                            double scale) {
+  check_cache(kv_cache);
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && query.scalar_type() == at::kFloat &&
+                  out.scalar_type() == at::kFloat,
+              "paged_attention_decode supports float32 only");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
+              "query must be [num_seqs, num_q_heads, head_dim] with a contiguous last dimension");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(),
+              "out must be contiguous and shaped like query");
+  const int64_t num_seqs = query.size(0), num_q_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_kv_heads = kv_cache.size(3);
+  TORCH_CHECK(head_dim == kv_cache.size(4), "head_dim differs between query and kv_cache");
+  TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
+                  block_table.stride(1) == 1 && block_table.size(0) == num_seqs,
+              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() &&
+                  seq_lens.size(0) == num_seqs,
+              "seq_lens must be contiguous int32 [num_seqs]");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t block_size = kv_cache.size(2);
+  for (int64_t s = 0; s < num_seqs; ++s)
+    TORCH_CHECK(lens[s] <= block_table.size(1) * block_size, "seq_lens[", s, "]=", lens[s],
+                " needs more blocks than block_table has");
+  const CacheLayout layout{block_size, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+                           kv_cache.stride(3)};
+  decode_attention_f32(out.data_ptr<float>(), query.data_ptr<float>(), kv_cache.data_ptr<float>(),
+                       block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads,
+                       head_dim, query.stride(0), query.stride(1), block_table.stride(0), layout,
+                       static_cast<float>(scale), at::get_num_threads());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(vllm_lite_C, m) {
+  m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention_decode(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, "
+      "Tensor seq_lens, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) {
+  m.impl("reshape_and_cache", &reshape_and_cache);
+  m.impl("paged_attention_decode", &paged_attention_decode);
+}
+
+// `import vllm_lite._C` runs the registrations above; the module itself is empty.
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}

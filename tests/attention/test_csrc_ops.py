@@ -1,0 +1,120 @@
+"""The csrc native CPU ops against the torch reference backend (fp32, max abs error <= 1e-5).
+
+Skipped when the extension is not built, unless it should have been: with a C++ compiler
+present and VLLM_LITE_BUILD_CSRC not "0", a missing extension fails (build it with
+`make setup`, or `python setup.py build_ext --inplace`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+
+import pytest
+import torch
+from paged_inputs import make_paged_batch, reference_forward
+
+from vllm_lite.attention.ops import cpu_native
+from vllm_lite.attention.selector import get_attn_backend
+from vllm_lite.attention.torch_backend import TorchAttentionBackend
+
+ATOL = 1e-5
+
+
+def _compiler_present() -> bool:
+    compiler = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    return shutil.which(compiler.split()[0]) is not None
+
+
+def test_extension_built_where_it_can_be():
+    if os.environ.get("VLLM_LITE_BUILD_CSRC", "1") == "0" or not _compiler_present():
+        pytest.skip("csrc build is switched off or there is no C++ compiler")
+    assert cpu_native.is_available(), "a C++ compiler is present but vllm_lite._C is not built"
+
+
+native = pytest.mark.skipif(not cpu_native.is_available(), reason="vllm_lite._C is not built")
+
+
+def _native_backend():
+    backend = get_attn_backend("cpu_native", torch.device("cpu"), torch.float32)
+    assert backend.name == "cpu_native"
+    return backend
+
+
+@native
+def test_reshape_and_cache_skips_padding_any_dtype():
+    for dtype in (torch.float32, torch.bfloat16):
+        batch = make_paged_batch([(5, 3), (0, 9)], 4, 2, 16, block_size=4, seed=2, num_padded=2, dtype=dtype)
+        slots = batch.common.slot_mapping
+        real = slots >= 0
+        expected = batch.kv_cache.clone()
+        expected[slots[real] // 4, 0, slots[real] % 4] = batch.key[real]
+        expected[slots[real] // 4, 1, slots[real] % 4] = batch.value[real]
+        cache = batch.kv_cache.clone()
+        cpu_native.reshape_and_cache(batch.key, batch.value, cache, slots)
+        assert torch.equal(cache, expected)
+
+
+@native
+def test_reshape_and_cache_rejects_out_of_range_slot():
+    batch = make_paged_batch([(0, 2)], 2, 2, 16, block_size=4)
+    bad = torch.tensor([0, batch.kv_cache.shape[0] * 4], dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu_native.reshape_and_cache(batch.key, batch.value, batch.kv_cache, bad)
+
+
+@native
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(2, 2, 64), (4, 1, 32), (7, 1, 24), (9, 3, 64)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_paged_attention_decode(num_q_heads, num_kv_heads, head_dim, block_size):
+    # Ragged contexts, partially filled last blocks, a one-token prompt, a long context.
+    specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=block_size)
+    ref_out, ref_cache = reference_forward(batch)
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.empty_like(batch.query)
+    cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    assert torch.equal(cache, ref_cache)
+    assert (out - ref_out).abs().max().item() <= ATOL
+
+
+@native
+def test_padded_rows_are_zero():
+    batch = make_paged_batch([(12, 1)], 4, 2, 32, block_size=4, num_padded=2)
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    ref_out, _ = reference_forward(batch)
+    assert (out[:1] - ref_out).abs().max().item() <= ATOL
+    assert torch.equal(out[1:], torch.zeros_like(out[1:]))
+
+
+@native
+@pytest.mark.parametrize("specs", [
+    [(0, 5), (13, 1), (20, 7), (3, 1), (0, 1), (9, 2)],  # mixed: decode rows native, prefills SDPA
+    [(40, 1), (7, 1), (0, 1)],  # decode only
+    [(0, 17), (16, 4)],  # prefill only, with a prefix-cache hit
+], ids=["mixed", "decode", "prefill"])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (4, 1), (7, 1)])
+def test_cpu_native_backend_matches_torch_backend(specs, num_q_heads, num_kv_heads):
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, 32, block_size=8, seed=5)
+    ref_out, ref_cache = reference_forward(batch)
+    backend = _native_backend()
+    cache = batch.kv_cache.clone()
+    out = backend.forward(batch.query, batch.key, batch.value, cache, backend.build(batch.common), batch.scale)
+    assert torch.equal(cache, ref_cache)
+    assert (out - ref_out).abs().max().item() <= ATOL
+
+
+def test_selector_falls_back_to_torch():
+    assert isinstance(get_attn_backend("torch", torch.device("cpu"), torch.float32), TorchAttentionBackend)
+    # Native decode is float32 only.
+    assert isinstance(get_attn_backend("cpu_native", torch.device("cpu"), torch.bfloat16), TorchAttentionBackend)
+    auto = get_attn_backend("auto", torch.device("cpu"), torch.float32)
+    assert auto.name == ("cpu_native" if cpu_native.is_available() else "torch")
+    with pytest.raises(ValueError, match="attention_backend"):
+        get_attn_backend("nope", torch.device("cpu"), torch.float32)

@@ -1,0 +1,76 @@
+"""A stand-in for AsyncLLM with its interface and predictable outputs, so the HTTP layer can
+be tested in-process in milliseconds: sample i of a request emits tokens 10 + i, 11 + i, ...
+as delta outputs, one per step, each with logprobs when asked."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
+from vllm_lite.sampling_params import SamplingParams
+
+
+class FakeEngine:
+    def __init__(self, tokenizer: Any, max_model_len: int = 64, step_delay_s: float = 0.0) -> None:
+        self.tokenizer = tokenizer
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="fake/model", max_model_len=max_model_len))
+        self.step_delay_s = step_delay_s
+        self.dead = False
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.params: list[SamplingParams] = []
+
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+        if self.dead:
+            raise EngineDeadError("the engine core died")
+        if params.logprobs is not None and params.logprobs > 20:
+            raise ValueError(f"SamplingParams.logprobs must be <= 20, got {params.logprobs}")
+        self.params.append(params)
+        self.running.add(request_id)
+        num_steps = params.max_tokens or 8
+        finished = False
+        try:
+            for step in range(num_steps):
+                await asyncio.sleep(self.step_delay_s)
+                if self.dead:
+                    raise EngineDeadError("the engine core died")
+                finished = step == num_steps - 1
+                outputs = [self._sample(i, step, finished, params) for i in range(params.n)]
+                yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, finished)
+        finally:
+            self.running.discard(request_id)
+            if not finished:  # AsyncLLM's contract: a generator closed early aborts its request
+                self.aborted.append(request_id)
+
+    def _sample(self, index: int, step: int, last: bool, params: SamplingParams) -> CompletionOutput:
+        token_id = 10 + index + step
+        logprobs = None
+        if params.logprobs is not None:
+            entry = {token_id: Logprob(-0.5, 2, self.tokenizer.decode([token_id]))}
+            for rank in range(1, params.logprobs + 1):
+                top_id = 100 + rank
+                entry.setdefault(top_id, Logprob(-0.1 * rank, rank, self.tokenizer.decode([top_id])))
+            logprobs = [entry]
+        return CompletionOutput(index=index, text=self.tokenizer.decode([token_id]), token_ids=[token_id],
+                                logprobs=logprobs, finish_reason="length" if last else None)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def check_health(self) -> None:
+        if self.dead:
+            raise EngineDeadError("the engine core died")
+
+    async def get_stats(self) -> dict[str, int]:
+        if self.dead:
+            raise EngineDeadError("the engine core died")
+        return {"num_running": len(self.running), "num_waiting": 0, "num_preemptions": 0,
+                "prefix_cache_queries": 10, "prefix_cache_hits": 4, "kv_blocks_total": 8,
+                "kv_blocks_free": 8 - len(self.running)}
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,247 @@
+"""The HTTP layer in-process (httpx ASGI transport) over a fake engine: OpenAI's response and
+error shapes, SSE framing, metrics, and aborting requests whose consumer goes away. The live
+server with the real engine is tested in test_openai_server.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_engine import FakeEngine
+from transformers import AutoTokenizer
+
+from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.entrypoints.openai.serving import merge_streams, start_stream, tracked_generate
+from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
+
+API_KEY = "sk-test"
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture
+def engine(tokenizer: Any) -> FakeEngine:
+    return FakeEngine(tokenizer, max_model_len=64)
+
+
+async def _request(engine: FakeEngine, method: str, path: str, api_key: str | None = API_KEY,
+                   **kwargs: Any) -> httpx.Response:
+    app = build_app(engine, [MODEL], api_key=API_KEY)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                 headers=headers) as client:
+        return await client.request(method, path, **kwargs)
+
+
+def request(engine: FakeEngine, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return asyncio.run(_request(engine, method, path, **kwargs))
+
+
+def sse_payloads(response: httpx.Response) -> list[Any]:
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+def test_completion_shape_n_and_logprobs(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 3, "n": 2, "logprobs": 2}
+    response = request(engine, "POST", "/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert data["object"] == "text_completion" and data["model"] == MODEL and data["id"].startswith("cmpl-")
+    assert [c["index"] for c in data["choices"]] == [0, 1]
+    for choice in data["choices"]:
+        assert choice["finish_reason"] == "length"
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 3
+        assert "".join(logprobs["tokens"]) == choice["text"]
+        assert logprobs["text_offset"] == [0, 1, 2]
+    usage = data["usage"]
+    assert usage["completion_tokens"] == 6 and usage["total_tokens"] == usage["prompt_tokens"] + 6
+    sent = engine.params[-1]
+    assert sent.n == 2 and sent.logprobs == 2 and sent.output_kind == RequestOutputKind.DELTA
+
+
+def test_batch_prompts_index_by_prompt_then_sample(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": [[4, 5], [5, 6, 7]], "max_tokens": 2, "n": 2, "stream": True}
+    chunks = sse_payloads(request(engine, "POST", "/v1/completions", json=body))
+    finished = sorted(c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"])
+    assert finished == [0, 1, 2, 3]
+
+
+def test_echo_prepends_the_prompt_once(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": "hello world", "max_tokens": 2, "echo": True}
+    text = request(engine, "POST", "/v1/completions", json=body).json()["choices"][0]["text"]
+    chunks = sse_payloads(request(engine, "POST", "/v1/completions", json={**body, "stream": True}))
+    assert text.startswith("hello world") and "".join(c["choices"][0]["text"] for c in chunks) == text
+
+
+def test_vllm_extra_fields_reach_sampling_params(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
+            "min_tokens": 1, "ignore_eos": True, "seed": 3, "stop": ["\n"], "presence_penalty": 0.5,
+            "frequency_penalty": 0.25, "logit_bias": {"7": 5.0}, "user": "u1", "temperature": 0.5, "top_p": 0.9}
+    assert request(engine, "POST", "/v1/completions", json=body).status_code == 200
+    p = engine.params[-1]
+    assert (p.top_k, p.min_p, p.repetition_penalty, p.min_tokens, p.ignore_eos, p.seed) == (5, 0.1, 1.2, 1, True, 3)
+    assert (p.stop, p.presence_penalty, p.frequency_penalty, p.logit_bias) == (["\n"], 0.5, 0.25, {7: 5.0})
+    assert (p.temperature, p.top_p) == (0.5, 0.9)
+
+
+def test_chat_stream_role_content_usage_done(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
+            "stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2}
+    chunks = sse_payloads(request(engine, "POST", "/v1/chat/completions", json=body))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = chunks[1:-1]
+    assert all(c["object"] == "chat.completion.chunk" and "usage" not in c for c in chunks[:-1])
+    assert [c["choices"][0]["finish_reason"] for c in content] == [None, None, "length"]
+    top = content[0]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert [t["logprob"] for t in top] == [-0.1, -0.5]  # ranks 1 and 2, most likely first
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert engine.params[-1].max_tokens == 3
+
+
+def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> None:
+    body = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 2, "n": 2}
+    data = request(engine, "POST", "/v1/chat/completions", json=body).json()
+    assert data["object"] == "chat.completion" and len(data["choices"]) == 2
+    assert data["choices"][1]["message"]["role"] == "assistant"
+    text = tokenizer.apply_chat_template([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                                         tokenize=False, add_generation_prompt=True)
+    assert data["usage"]["prompt_tokens"] == len(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"max_tokens": -1}, "max_tokens", "max_tokens must be >= 1"),
+    ({"temperature": -1}, "temperature", "temperature must be >= 0"),
+    ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
+    ({"max_tokens": 60, "prompt": "word " * 10}, "max_tokens", "maximum context length is 64"),
+    ({"logprobs": 9}, "logprobs", "logprobs must be in [0, 5]"),
+    ({"n": "two"}, "n", "n: Input should be a valid integer"),
+])
+def test_invalid_completion_params_are_400_naming_the_field(engine: FakeEngine, body: dict, param: str,
+                                                            words: str) -> None:
+    response = request(engine, "POST", "/v1/completions", json={"model": MODEL, "prompt": "x", **body})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == param
+    assert words in error["message"]
+
+
+def test_streaming_errors_come_before_the_stream(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "logprobs": True, "top_logprobs": 30}
+    response = request(engine, "POST", "/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+
+
+def test_malformed_json_auth_and_unknown_model(engine: FakeEngine) -> None:
+    response = request(engine, "POST", "/v1/completions", content=b'{"prompt": ', headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "malformed JSON" in response.json()["error"]["message"]
+    response = request(engine, "POST", "/v1/completions", api_key="wrong", json={"prompt": "x"})
+    assert response.status_code == 401 and response.json()["error"]["type"] == "AuthenticationError"
+    assert request(engine, "GET", "/v1/models", api_key=None).status_code == 401
+    assert request(engine, "GET", "/health", api_key=None).status_code == 200  # only /v1 needs the key
+    response = request(engine, "POST", "/v1/completions", json={"model": "gpt-4", "prompt": "x"})
+    assert response.status_code == 404 and "`gpt-4` does not exist" in response.json()["error"]["message"]
+
+
+def test_dead_engine_is_503(engine: FakeEngine) -> None:
+    engine.dead = True
+    assert request(engine, "GET", "/health").status_code == 503
+    response = request(engine, "POST", "/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "ServiceUnavailableError"
+    response = request(engine, "POST", "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+    assert response.status_code == 503
+
+
+def test_models_tokenize_detokenize(engine: FakeEngine, tokenizer: Any) -> None:
+    models = request(engine, "GET", "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == MODEL
+    assert models["data"][0]["max_model_len"] == 64
+    tokens = request(engine, "POST", "/tokenize", json={"prompt": "hello world"}).json()
+    assert tokens["tokens"] == tokenizer.encode("hello world") and tokens["count"] == len(tokens["tokens"])
+    text = request(engine, "POST", "/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
+    assert text == "hello world"
+    response = request(engine, "POST", "/detokenize", json={"tokens": [10**7]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tokens"
+    chat = request(engine, "POST", "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert tokenizer.decode(chat["tokens"]).endswith("<|im_start|>assistant\n")
+
+
+def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
+    async def run() -> str:
+        app = build_app(engine, [MODEL])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            await client.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 4})
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(run())
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"):
+        assert f"{name}{{" in text, name
+    assert f'vllm:generation_tokens_total{{model_name="{MODEL}"}} 4.0' in text
+    assert f'vllm:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}} 1.0' in text
+
+
+def test_two_apps_keep_separate_registries(engine: FakeEngine) -> None:
+    first, second = build_app(engine, ["a"]), build_app(engine, ["b"])
+    assert first.state.ctx.metrics.registry is not second.state.ctx.metrics.registry
+
+
+# ---- consumers that stop early abort their requests ----
+
+
+def _ctx(engine: FakeEngine) -> Any:
+    return build_app(engine, [MODEL]).state.ctx
+
+
+async def _consume_some(stream: AsyncIterator[Any], count: int) -> None:
+    async for _ in stream:
+        count -= 1
+        if count == 0:
+            break
+
+
+def test_closed_stream_aborts_request(engine: FakeEngine) -> None:
+    async def run() -> None:
+        ctx = _ctx(engine)
+        params = SamplingParams(max_tokens=50, output_kind=RequestOutputKind.DELTA)
+        stream = await start_stream(tracked_generate(ctx, {"prompt_token_ids": [1, 2]}, params, "r1"))
+        await _consume_some(stream, 3)
+        await stream.aclose()
+        await asyncio.sleep(0)
+        assert engine.aborted == ["r1"] and not engine.running
+
+    asyncio.run(run())
+
+
+def test_cancelled_consumer_aborts_every_merged_request(engine: FakeEngine) -> None:
+    async def run() -> None:
+        ctx = _ctx(engine)
+        engine.step_delay_s = 0.01
+        params = SamplingParams(max_tokens=1000, output_kind=RequestOutputKind.DELTA)
+        streams = [tracked_generate(ctx, {"prompt_token_ids": [1]}, params, f"r{i}") for i in range(3)]
+        task = asyncio.ensure_future(_consume_some(merge_streams(streams), 10**6))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0)
+        assert sorted(engine.aborted) == ["r0", "r1", "r2"] and not engine.running
+
+    asyncio.run(run())

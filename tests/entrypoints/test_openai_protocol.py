@@ -1,0 +1,60 @@
+"""Request bodies -> SamplingParams: OpenAI's defaults and field names, vLLM's extras."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestParamError
+from vllm_lite.sampling_params import RequestOutputKind
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def test_unset_fields_keep_defaults_and_outputs_are_deltas() -> None:
+    params = CompletionRequest(prompt="x").to_sampling_params()
+    assert (params.max_tokens, params.temperature, params.n, params.logprobs) == (16, 1.0, 1, None)
+    assert params.output_kind == RequestOutputKind.DELTA
+    assert ChatCompletionRequest(messages=CHAT).to_sampling_params().max_tokens is None  # up to the context
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
+    request = ChatCompletionRequest(messages=CHAT, max_tokens=5, max_completion_tokens=7)
+    assert request.to_sampling_params().max_tokens == 7
+    assert ChatCompletionRequest(messages=CHAT, max_tokens=5).to_sampling_params().max_tokens == 5
+
+
+def test_chat_logprobs_flag_and_top_logprobs() -> None:
+    assert ChatCompletionRequest(messages=CHAT, logprobs=True).to_sampling_params().logprobs == 0
+    assert ChatCompletionRequest(messages=CHAT, logprobs=True, top_logprobs=4).to_sampling_params().logprobs == 4
+    assert ChatCompletionRequest(messages=CHAT).to_sampling_params().logprobs is None
+    with pytest.raises(RequestParamError, match="top_logprobs needs logprobs=true") as info:
+        ChatCompletionRequest(messages=CHAT, top_logprobs=2).to_sampling_params()
+    assert info.value.param == "top_logprobs"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"best_of": 3}, "best_of"),
+    ({"suffix": "x"}, "suffix"),
+    ({"echo": True, "logprobs": 1}, "echo"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream=true
+])
+def test_unsupported_completion_fields_are_rejected(fields: dict, param: str) -> None:
+    with pytest.raises(RequestParamError) as info:
+        CompletionRequest(prompt="x", **fields).to_sampling_params()
+    assert info.value.param == param
+
+
+def test_string_stop_and_logit_bias_keys() -> None:
+    params = CompletionRequest(prompt="x", stop="\n\n", logit_bias={"12": 200}).to_sampling_params()
+    assert params.stop == ["\n\n"] and params.logit_bias == {12: 100.0}  # OpenAI's clamp
+
+
+def test_text_content_parts_and_unknown_fields() -> None:
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                           {"type": "text", "text": "b"}]}],
+                                    frobnicate=True)
+    assert request.conversation() == [{"role": "user", "content": "a\nb"}]
+    assert request.unknown_fields() == ["frobnicate"]
+    image = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    with pytest.raises(RequestParamError, match="only text content parts"):
+        image.conversation()

@@ -1,0 +1,196 @@
+"""Tensor parallelism on CPU (gloo): one worker process per rank, the multiproc executor.
+
+Every engine here is shut down by a finalizer, and each test checks that no rank outlives it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hf_reference import hf_greedy
+from llm_factory import make_llm
+from vllm_lite import LLM, SamplingParams
+from vllm_lite.engine.exceptions import EngineDeadError
+
+NEW_TOKENS = 24
+MAX_MODEL_LEN = 128
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def rank_processes() -> list[multiprocessing.process.BaseProcess]:
+    return [p for p in multiprocessing.active_children() if p.name.startswith("vllm_lite-rank")]
+
+
+def assert_gone(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.fixture
+def tp_llm() -> Iterator[Callable[..., LLM]]:
+    """Builds in-process-core LLMs with tensor_parallel_size=2; shuts all of them down after the
+    test and checks that their rank processes are gone."""
+    llms: list[LLM] = []
+    pids: list[int] = []
+
+    def build(model: Path, **engine_args) -> LLM:
+        before = {p.pid for p in rank_processes()}
+        llm = make_llm(model, tensor_parallel_size=2, max_model_len=MAX_MODEL_LEN, **engine_args)
+        llms.append(llm)
+        pids.extend(p.pid for p in rank_processes() if p.pid not in before)
+        return llm
+
+    yield build
+    for llm in llms:
+        llm.shutdown()
+    assert_gone(pids)
+
+
+def run_greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    return [out.outputs[0].token_ids for out in outputs]
+
+
+def shared_prefix_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    shared = prompts[-1][:48]  # three full blocks of 16: prefix-cache hits from the second one on
+    return [shared + p[:10] for p in prompts[:4]]
+
+
+# ---- 1. parity: TP=2 == TP=1 == transformers ----
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_llama_tied", "tiny_qwen2", "tiny_qwen3"])
+def test_tp2_greedy_matches_tp1_and_transformers(name: str, tiny_models: dict[str, Path],
+                                                 prompts_token_ids: list[list[int]],
+                                                 tp_llm: Callable[..., LLM]) -> None:
+    """Chunked prefill (16-token budget splits every prompt over 20 tokens) and prefix caching
+    (shared 48-token prefix) on; tiny_llama_tied has 1 KV head, replicated over the 2 ranks."""
+    model = tiny_models[name]
+    prompts = prompts_token_ids + shared_prefix_prompts(prompts_token_ids)
+    expected = hf_greedy(model, prompts, NEW_TOKENS)
+    tp1 = make_llm(model, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=16)
+    try:
+        assert run_greedy(tp1, prompts) == expected
+    finally:
+        tp1.shutdown()
+    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True)
+    assert run_greedy(tp2, prompts) == expected
+    stats = tp2.stats()
+    assert stats["prefix_cache_hits"] >= 48 * 3, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
+
+
+# ---- 2. two engines on one host ----
+
+def test_two_tp2_engines_run_at_the_same_time(tiny_llama: Path, tiny_qwen2: Path,
+                                              prompts_token_ids: list[list[int]],
+                                              tp_llm: Callable[..., LLM]) -> None:
+    prompts = prompts_token_ids[:4]
+    llms = {tiny_llama: tp_llm(tiny_llama), tiny_qwen2: tp_llm(tiny_qwen2)}
+    results: dict[Path, list[list[int]]] = {}
+    errors: list[BaseException] = []
+
+    def generate(model: Path) -> None:
+        try:
+            results[model] = run_greedy(llms[model], prompts)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=generate, args=(model,)) for model in llms]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    for model in llms:
+        assert results[model] == hf_greedy(model, prompts, NEW_TOKENS)
+    executors = [llm.llm_engine.engine_core.engine_core.executor for llm in llms.values()]
+    assert executors[0]._store.port != executors[1]._store.port
+
+
+# ---- 3. a rank killed mid-generation ----
+
+def test_sigkill_of_a_rank_fails_pending_requests_within_5s(tiny_llama: Path,
+                                                           prompts_token_ids: list[list[int]],
+                                                           tp_llm: Callable[..., LLM]) -> None:
+    llm = tp_llm(tiny_llama, max_num_batched_tokens=16)  # ~350 steps of prefill alone: still busy at the kill
+    run_greedy(llm, prompts_token_ids[:1])  # warm
+    (victim,) = [p for p in rank_processes() if p.name == "vllm_lite-rank1"]
+    killed_at: list[float] = []
+
+    def kill() -> None:
+        killed_at.append(time.monotonic())
+        os.kill(victim.pid, signal.SIGKILL)
+
+    long_run = SamplingParams(temperature=0.0, max_tokens=MAX_MODEL_LEN - 91, ignore_eos=True)
+    timer = threading.Timer(0.3, kill)
+    timer.start()
+    with pytest.raises(EngineDeadError, match="rank1"):
+        llm.generate([{"prompt_token_ids": p} for p in prompts_token_ids * 16], long_run, use_tqdm=False)
+    failed_at = time.monotonic()
+    timer.join()
+    assert killed_at and failed_at - killed_at[0] < 5.0
+    with pytest.raises(EngineDeadError):  # and so does every later request
+        run_greedy(llm, prompts_token_ids[:1])
+    llm.shutdown()
+    assert not rank_processes()
+
+
+# ---- 4. two "nodes" on localhost ----
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_lite.entrypoints.cli", *args]
+
+
+def test_two_node_launch_matches_single_node(tiny_qwen3: Path, tp_llm: Callable[..., LLM]) -> None:
+    prompts = ["The quick brown fox", "Once upon a time in a village"]
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    single = tp_llm(tiny_qwen3).generate(prompts, params, use_tqdm=False)
+    expected = [f"{out.prompt!r} -> {out.outputs[0].text!r}" for out in single]
+
+    port = str(free_port())
+    common = ["--model", str(tiny_qwen3), "--tensor-parallel-size", "2", "--nnodes", "2",
+              "--master-addr", "127.0.0.1", "--master-port", port, "--max-model-len", str(MAX_MODEL_LEN)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
+    node1 = subprocess.Popen(cli("worker", *common, "--node-rank", "1"), env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node0 = subprocess.Popen(cli("generate", *prompts, *common, "--node-rank", "0", "--max-tokens", "16"),
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out0, err0 = node0.communicate(timeout=150)
+        out1, _ = node1.communicate(timeout=30)
+    finally:
+        for proc in (node0, node1):
+            proc.kill()
+            proc.wait()
+    assert node0.returncode == 0, err0
+    assert node1.returncode == 0, out1
+    assert out0.splitlines() == expected
+
+
+def test_a_rank_that_fails_to_start_fails_the_engine_start(tiny_llama: Path, tmp_path: Path) -> None:
+    for item in tiny_llama.iterdir():  # everything but the weights: the ranks fail to load
+        if not item.name.endswith(".safetensors"):
+            shutil.copy(item, tmp_path / item.name)
+    with pytest.raises(EngineDeadError, match="rank"):
+        make_llm(tmp_path, tensor_parallel_size=2, max_model_len=MAX_MODEL_LEN)
+    assert not rank_processes()

@@ -1,0 +1,70 @@
+"""CPU attention with the csrc native ops (vllm_lite._C): the cache write and decode attention
+run natively; prefill rows (chunks, prefix-cache hits) use the torch reference's SDPA path.
+In a mixed batch the decode rows go to the native op together and each prefill row to SDPA.
+
+Needs the extension and float32; `selector.get_attn_backend` falls back to the torch backend
+otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.ops import cpu_native
+from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, prefill_attention
+
+
+@dataclass(slots=True)
+class CpuNativeAttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    num_tokens: int
+    decode_block_table: torch.Tensor | None = None  # int32 [num_decodes, max_blocks]
+    decode_seq_lens: torch.Tensor | None = None  # int32 [num_decodes]
+    decode_token_idx: torch.Tensor | None = None  # int64 [num_decodes]; None = every token
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+class CpuNativeAttentionBackend(AttentionBackend):
+    name = "cpu_native"
+
+    def __init__(self) -> None:
+        if not cpu_native.is_available():
+            raise RuntimeError("the csrc extension vllm_lite._C is not built")
+
+    def build(self, common: CommonAttentionMetadata) -> CpuNativeAttentionMetadata:
+        n = common.num_actual_tokens
+        metadata = CpuNativeAttentionMetadata(common.slot_mapping[:n], n)
+        qsl = common.query_start_loc_np
+        is_decode = (qsl[1:] - qsl[:-1]) == 1  # one new token: it sees every cached key
+        block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
+        if is_decode.all():
+            metadata.decode_block_table, metadata.decode_seq_lens = block_table, seq_lens
+        elif is_decode.any():
+            rows = torch.from_numpy(is_decode.nonzero()[0])
+            metadata.decode_block_table = block_table[rows].contiguous()
+            metadata.decode_seq_lens = seq_lens[rows]
+            metadata.decode_token_idx = common.query_start_loc[:-1][rows].long()
+        for row in (~is_decode).nonzero()[0].tolist():
+            metadata.prefills.append(TorchAttentionBackend.build_prefill(common, row))
+        return metadata
+
+    def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale):
+        cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype)
+        if metadata.decode_seq_lens is not None:
+            idx = metadata.decode_token_idx
+            if idx is None:
+                cpu_native.paged_attention_decode(out, query, kv_cache, metadata.decode_block_table,
+                                                  metadata.decode_seq_lens, scale)
+            else:
+                decode_out = torch.empty((len(idx), *query.shape[1:]), dtype=query.dtype)
+                cpu_native.paged_attention_decode(decode_out, query[idx], kv_cache,
+                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale)
+                out[idx] = decode_out
+        for seq in metadata.prefills:
+            end = seq.token_start + seq.query_len
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+        return out

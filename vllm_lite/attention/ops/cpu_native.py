@@ -1,0 +1,37 @@
+"""The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present).
+
+`is_available()` says whether they loaded; callers fall back to the torch reference when not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def is_available() -> bool:
+    try:
+        import vllm_lite._C  # noqa: F401 - registers torch.ops.vllm_lite_C.*
+    except ImportError as exc:
+        logger.debug("vllm_lite._C not loaded (%s); using the torch attention path", exc)
+        return False
+    return True
+
+
+def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """key/value `[T, Hkv, D]` (strided rows allowed) -> `kv_cache` at `slot_mapping` (int64,
+    -1 = skip), in place. Any dtype, as long as key, value and cache agree."""
+    torch.ops.vllm_lite_C.reshape_and_cache(key, value, kv_cache, slot_mapping)
+
+
+def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> None:
+    """One query token per sequence: query `[S, Hq, D]` -> `out` (contiguous, same shape) over
+    the `seq_lens[s]` cached tokens of `block_table[s]` (int32). float32 only."""
+    torch.ops.vllm_lite_C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale)

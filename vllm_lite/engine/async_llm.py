@@ -1,0 +1,181 @@
+"""AsyncLLM: asyncio streaming over a multi-process engine core.
+
+```python
+engine = AsyncLLM.from_engine_args(EngineArgs(model=...))     # spawns the engine core
+engine = AsyncLLM.connect("ipc:///run/engine.sock")            # or attaches to a running one
+async for out in engine.generate(prompt, params, request_id):  # cumulative, delta or final only
+    ...
+```
+
+One output-handler task reads EngineCoreOutputs, runs the OutputProcessor (detokenize, stop
+strings) and puts each RequestOutput on its request's asyncio.Queue, where `generate` picks it
+up. A generator that ends early (cancelled task, `break`, closed) aborts its request in the
+engine core, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.engine.core_client import AsyncMPClient
+from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.engine.input_processor import InputProcessor, PromptType
+from vllm_lite.engine.launch import attached_engine_args, launch_engine_core
+from vllm_lite.engine.output_processor import OutputProcessor, RequestState
+from vllm_lite.engine.parallel_sampling import fan_out
+from vllm_lite.engine.protocol import EngineCoreOutputs, RequestError
+from vllm_lite.engine.tokenizer import load_tokenizer
+from vllm_lite.outputs import RequestOutput
+from vllm_lite.sampling_params import SamplingParams
+
+
+class AsyncLLM:
+    def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None,
+                 **client_kwargs: Any) -> None:
+        self.vllm_config = vllm_config
+        launch = launch_engine_core(vllm_config) if engine_address is None else None
+        try:
+            self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
+        except BaseException:
+            if launch is not None:
+                launch.abort()
+            raise
+        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
+        self._output_handler: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **client_kwargs: Any) -> AsyncLLM:
+        """Spawn an engine core for `engine_args` and serve it."""
+        return cls(engine_args.create_engine_config(), **client_kwargs)
+
+    @classmethod
+    def connect(cls, address: str, model: str | None = None, **engine_args: Any) -> AsyncLLM:
+        """Attach to an engine core started on its own (`vllm-lite engine --address ...`). The
+        model, tokenizer and max_model_len left out are the engine's. Client options
+        (heartbeat_interval_s, heartbeat_timeout_s) may be passed too."""
+        client_kwargs = {k: engine_args.pop(k) for k in ("heartbeat_interval_s", "heartbeat_timeout_s")
+                         if k in engine_args}
+        args = attached_engine_args(address, model, engine_args)
+        return cls(args.create_engine_config(), engine_address=address, **client_kwargs)
+
+    @property
+    def errored(self) -> bool:
+        return self.engine_core.is_engine_dead
+
+    # ---- requests ----
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str) -> AsyncGenerator[RequestOutput, None]:
+        """Stream the request's outputs (as `sampling_params.output_kind` says) until it
+        finishes. Raises EngineDeadError if the engine core dies, RequestRejectedError (a
+        ValueError) if it refuses the request."""
+        queue = await self.add_request(request_id, prompt, sampling_params)
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                if isinstance(output, BaseException):
+                    finished = True  # nothing left to abort
+                    raise output
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self._abort_now([request_id])
+
+    async def add_request(self, request_id: str, prompt: PromptType,
+                          params: SamplingParams) -> asyncio.Queue:
+        """Send the request (n > 1 fans out); its outputs arrive on the returned queue."""
+        self._start_output_handler()
+        text, token_ids = self.input_processor.tokenize(prompt)
+        request = self.input_processor.process(request_id, token_ids, params)
+        queue: asyncio.Queue = asyncio.Queue()
+        added = []
+        try:
+            for child, parent, index in fan_out(request):
+                self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
+                                                  queue=queue, parent=parent, index=index)
+                added.append(child.request_id)
+                await self.engine_core.add_request_async(child)
+        except BaseException:
+            self._abort_now(added)
+            raise
+        return queue
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Stop requests; each one's generator gets a last output with finish_reason 'abort'."""
+        request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for state in self._abort_now(request_ids):
+            output = state.make_output()
+            if output is not None and state.queue is not None:
+                state.queue.put_nowait(output)
+
+    def _abort_now(self, request_ids: list[str]) -> list[RequestState]:
+        aborted = self.output_processor.abort_requests(request_ids)
+        self.engine_core.abort_requests_nowait([state.request_id for state in aborted])
+        return aborted
+
+    # ---- engine-wide calls ----
+    async def get_stats(self) -> dict[str, Any]:
+        return await self.engine_core.get_stats_async()
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.engine_core.reset_prefix_cache_async()
+
+    async def check_health(self) -> None:
+        """Raises EngineDeadError unless the engine core answers."""
+        if not await self.engine_core.is_healthy_async():
+            raise EngineDeadError("the engine core reports itself unhealthy")
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def shutdown(self) -> None:
+        """Stop the output handler and the engine core this AsyncLLM spawned (an attached engine
+        keeps running). Pending generators raise EngineDeadError."""
+        if self._output_handler is not None and not self._output_handler.get_loop().is_closed():
+            self._output_handler.cancel()
+        self._fail_all(EngineDeadError("the engine was shut down"))
+        self.engine_core.shutdown()
+
+    # ---- the output handler ----
+    def _start_output_handler(self) -> None:
+        if self._output_handler is None:
+            self._output_handler = asyncio.get_running_loop().create_task(
+                self._run_output_handler(), name="async-llm-output-handler")
+
+    async def _run_output_handler(self) -> None:
+        try:
+            while True:
+                message = await self.engine_core.get_output_async()
+                if isinstance(message, RequestError):
+                    self._reject(message)
+                else:
+                    self._process_outputs(message)
+        except EngineDeadError as exc:
+            self._fail_all(exc)
+
+    def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
+        states, stopped_by_string = self.output_processor.process_outputs(outputs)
+        for state in states:
+            output = state.make_output()
+            if output is not None:
+                state.queue.put_nowait(output)
+        self.engine_core.abort_requests_nowait(stopped_by_string)
+
+    def _reject(self, error: RequestError) -> None:
+        states = self.output_processor.abort_requests([error.request_id])
+        for state in states:
+            if state.parent is not None:  # n > 1: the siblings cannot finish the request alone
+                self._abort_now([state.parent.request_id])
+            state.queue.put_nowait(RequestRejectedError(error.request_id, error.message))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        states = list(self.output_processor.request_states.values())
+        self.output_processor.abort_requests([state.request_id for state in states])
+        for state in states:
+            state.queue.put_nowait(EngineDeadError(error.reason))

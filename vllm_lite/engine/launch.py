@@ -1,0 +1,138 @@
+"""Starting an engine-core process, and attaching to one that runs already.
+
+A spawned engine core reports on a pipe once it serves (or why it could not start: that error
+is raised here, in the client). An attaching client first asks the engine who it is
+(`engine_info`), which also proves something answers at the address.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import msgspec
+import zmq
+
+from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.engine.core import spawned_engine_core_main
+from vllm_lite.engine.exceptions import EngineStartupError
+from vllm_lite.engine.protocol import (
+    MsgpackDecoder,
+    MsgpackEncoder,
+    OutputType,
+    RequestType,
+    UtilityRequest,
+    UtilityResult,
+)
+from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address, private_ipc_address
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large model can take minutes
+HANDSHAKE_TIMEOUT_S = 10.0
+# Start-up errors re-raised with their own type (others become EngineStartupError).
+_STARTUP_ERROR_TYPES: dict[str, type[Exception]] = {
+    "ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError,
+    "MemoryError": MemoryError,
+}
+
+
+@dataclass(slots=True)
+class EngineLaunch:
+    """An engine-core process being started. `launch_engine_core` returns at once, so the caller
+    can do its own start-up (load the tokenizer) meanwhile; `wait_ready` then blocks."""
+
+    proc: BaseProcess
+    address: EngineAddress
+    ready_reader: Connection
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        stop_process(self.proc)
+        self.address.cleanup()
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        ready = multiprocessing.connection.wait([self.ready_reader, self.proc.sentinel], timeout_s)
+        if not ready:
+            raise EngineStartupError(f"engine core did not start within {timeout_s:.0f} s")
+        try:
+            report = msgspec.msgpack.decode(self.ready_reader.recv_bytes())
+        except EOFError:
+            self.proc.join(5)
+            raise EngineStartupError(f"engine core process exited with code {self.proc.exitcode} "
+                                     "while starting") from None
+        finally:
+            self.ready_reader.close()
+        if "error_type" in report:
+            error_type = _STARTUP_ERROR_TYPES.get(report["error_type"], EngineStartupError)
+            raise error_type(f"engine core failed to start: {report['error_type']}: {report['message']}")
+
+
+def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
+    """Spawn an engine-core process listening on a fresh private ipc path."""
+    address = private_ipc_address()
+    context = multiprocessing.get_context("spawn")
+    reader, writer = context.Pipe(duplex=False)
+    proc = context.Process(target=spawned_engine_core_main, args=(vllm_config, address.address, writer),
+                           name="vllm-lite-engine-core")
+    try:
+        proc.start()
+    except BaseException:
+        address.cleanup()
+        raise
+    writer.close()
+    return EngineLaunch(proc, address, reader)
+
+
+def fetch_engine_info(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> dict[str, Any]:
+    """Ask the engine core at `address` who it is (model, max_model_len, pid)."""
+    address = normalize_address(address)
+    ctx = zmq.Context()
+    try:
+        sock = make_socket(ctx, zmq.DEALER, connect=address)
+        sock.send_multipart([RequestType.UTILITY, *MsgpackEncoder().encode(UtilityRequest(0, "engine_info"))])
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no engine core answered at {address} within {timeout_s:.0f} s")
+        frames = sock.recv_multipart(copy=False)
+    finally:
+        ctx.destroy(linger=0)
+    if frames[0].bytes != OutputType.UTILITY_RESULT:
+        raise ConnectionError(f"{address} answered, but not like an engine core")
+    return utility_value(MsgpackDecoder(UtilityResult).decode(frames[1:]))
+
+
+def attached_engine_args(address: str, model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
+    """EngineArgs for a client of the engine core at `address`: the model, tokenizer and
+    max_model_len the user left out are the engine's."""
+    info = fetch_engine_info(address)
+    values = dict(engine_args)
+    values.setdefault("tokenizer", None)
+    values.setdefault("max_model_len", None)
+    if values["tokenizer"] is None and model is None:
+        values["tokenizer"] = info["tokenizer"]
+    if values["max_model_len"] is None:
+        values["max_model_len"] = info["max_model_len"]
+    return EngineArgs(model=model or info["model"], **values)
+
+
+def stop_process(proc: BaseProcess, timeout_s: float = 5.0) -> None:
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout_s)
+    if proc.is_alive():
+        proc.kill()
+    proc.join(timeout_s)  # reaps it: no zombie left
+
+
+def utility_value(result: UtilityResult) -> Any:
+    if result.error is not None:
+        raise RuntimeError(f"engine core utility call failed: {result.error}")
+    return result.result

@@ -1,0 +1,121 @@
+"""Prometheus metrics of one server, in a registry of its own (never the global one), with
+vLLM's metric names so existing dashboards work.
+
+Two sources:
+- the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache
+  queries and hits, preemptions), read at scrape time by `EngineStatsCollector`;
+- what the server sees of each request's outputs (token counters, time to first token,
+  inter-token latency, finished and aborted requests), recorded by `RequestTracker`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from vllm_lite.outputs import RequestOutput
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+class EngineStatsCollector:
+    """Turns the engine's last `get_stats()` snapshot into gauges and counters. The /metrics
+    handler refreshes the snapshot (an awaitable call) just before it renders the registry."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        total = stats.get("kv_blocks_total", 0)
+        free = stats.get("kv_blocks_free", total)
+        queries = stats.get("prefix_cache_queries", 0)
+        hits = stats.get("prefix_cache_hits", 0)
+        yield self._gauge("vllm:num_requests_running", "Requests in the running batch.",
+                          stats.get("num_running", 0))
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                          stats.get("num_waiting", 0))
+        yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+                          (total - free) / total if total else 0.0)
+        yield self._gauge("vllm:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens.",
+                          hits / queries if queries else 0.0)
+        yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                            queries)
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)
+        yield self._counter("vllm:num_preemptions", "Requests preempted (KV blocks ran out).",
+                            stats.get("num_preemptions", 0))
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        metric = GaugeMetricFamily(name, doc, labels=["model_name"])
+        metric.add_metric([self.model_name], value)
+        return metric
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        metric = CounterMetricFamily(name, doc, labels=["model_name"])
+        metric.add_metric([self.model_name], value)
+        return metric
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.engine_stats = EngineStatsCollector(model_name)
+        self.registry.register(self.engine_stats)
+        labels = ["model_name"]
+        reg = self.registry
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens received.", labels,
+                                     registry=reg).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels,
+                                         registry=reg).labels(model_name)
+        self.time_to_first_token = Histogram(
+            "vllm:time_to_first_token_seconds", "Seconds from arrival to the first output token.",
+            labels, buckets=_TTFT_BUCKETS, registry=reg).labels(model_name)
+        self.inter_token_latency = Histogram(
+            "vllm:inter_token_latency_seconds", "Seconds between consecutive output tokens.",
+            labels, buckets=_ITL_BUCKETS, registry=reg).labels(model_name)
+        self._request_success = Counter("vllm:request_success", "Finished sequences by finish reason.",
+                                        labels + ["finished_reason"], registry=reg)
+        self.requests_aborted = Counter("vllm:request_aborted", "Requests aborted before they finished "
+                                        "(client gone, cancelled).", labels, registry=reg).labels(model_name)
+        self.model_name = model_name
+
+    def request_finished(self, finish_reason: str) -> None:
+        self._request_success.labels(self.model_name, finish_reason).inc()
+
+    def render(self, engine_stats: dict[str, Any]) -> bytes:
+        self.engine_stats.stats = engine_stats
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Per-request bookkeeping: call `observe` with every (delta) output of the request."""
+
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
+        self.metrics = metrics
+        self.arrival = time.monotonic()
+        self.last_token_time: dict[int, float] = {}  # per sample index
+        metrics.prompt_tokens.inc(num_prompt_tokens)
+
+    def observe(self, output: RequestOutput) -> None:
+        now = time.monotonic()
+        metrics = self.metrics
+        for completion in output.outputs:
+            num_new = len(completion.token_ids)
+            if num_new:
+                last = self.last_token_time.get(completion.index)
+                if not self.last_token_time:
+                    metrics.time_to_first_token.observe(now - self.arrival)
+                elif last is not None:
+                    metrics.inter_token_latency.observe((now - last) / num_new)
+                self.last_token_time[completion.index] = now
+                metrics.generation_tokens.inc(num_new)
+            if completion.finish_reason is not None:
+                metrics.request_finished(completion.finish_reason)

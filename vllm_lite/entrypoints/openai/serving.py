@@ -1,0 +1,317 @@
+"""What the completion and chat handlers share: the engine they talk to, prompt checks, a
+tracked `generate` that aborts requests whose consumer goes away, SSE framing, and the
+accumulation of delta outputs into whole choices."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from starlette.types import Send
+
+from vllm_lite.config import VllmConfig
+from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from vllm_lite.entrypoints.openai.protocol import RequestParamError
+from vllm_lite.outputs import Logprob, RequestOutput
+from vllm_lite.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+SSE_DONE = "data: [DONE]\n\n"
+_FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")
+
+
+class EngineClient(Protocol):
+    """The part of AsyncLLM the server uses. `generate` yields outputs as the params'
+    output_kind says, and closing its generator early aborts the request."""
+
+    vllm_config: VllmConfig
+    tokenizer: Any
+
+    def generate(self, prompt: Any, sampling_params: SamplingParams,
+                 request_id: str) -> AsyncGenerator[RequestOutput, None]: ...
+
+    async def check_health(self) -> None: ...
+
+    async def get_stats(self) -> dict[str, Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's JSON shape with `status_code`."""
+
+    def __init__(self, status_code: int, err_type: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code, self.err_type, self.message, self.param = status_code, err_type, message, param
+
+
+@dataclass(frozen=True, slots=True)
+class ServingContext:
+    """Everything a handler needs, built once by `build_app` and kept on `app.state`."""
+
+    engine: EngineClient
+    tokenizer: Any
+    model_names: tuple[str, ...]
+    model_path: str
+    max_model_len: int
+    metrics: ServerMetrics
+
+    def served_model(self, requested: str | None) -> str:
+        """The name to answer with; an unknown name is a 404, as with OpenAI."""
+        if requested is None:
+            return self.model_names[0]
+        if requested not in self.model_names:
+            raise ApiError(404, "NotFoundError", f"The model `{requested}` does not exist.", "model")
+        return requested
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True) -> dict[str, Any]:
+    """The engine prompt: text and token ids (tokenized as `LLM.generate` does)."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "prompt_token_ids": ctx.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)}
+    return {"prompt": None, "prompt_token_ids": list(prompt)}
+
+
+def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    tokenizer = ctx.tokenizer
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template; pass "
+                       "`chat_template` in the request", "chat_template")
+    try:
+        return tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}))
+    except Exception as exc:  # a template error is the request's problem, not the server's
+        raise ApiError(400, "BadRequestError", f"the chat template failed on these messages: {exc}",
+                       "messages") from exc
+
+
+def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | None) -> None:
+    max_len = ctx.max_model_len
+    if num_prompt_tokens > max_len:
+        raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
+                       f"However, your prompt has {num_prompt_tokens} tokens. Please reduce the length "
+                       "of the prompt.", "prompt")
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
+        raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
+                       f"However, you requested {num_prompt_tokens + max_tokens} tokens "
+                       f"({num_prompt_tokens} in the prompt, {max_tokens} for the completion). Please "
+                       "reduce the length of the prompt or max_tokens.", "max_tokens")
+
+
+# --------------------------------------------------------------------------- generation
+
+
+async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], params: SamplingParams,
+                           request_id: str) -> AsyncGenerator[RequestOutput, None]:
+    """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
+    closed generator) closes the engine's generator, which aborts the request in the engine
+    core and so frees its KV blocks (AsyncLLM's contract)."""
+    tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]))
+    finished = False
+    try:
+        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id)) as outputs:
+            async for output in outputs:
+                tracker.observe(output)
+                finished = output.finished
+                yield output
+    finally:
+        if not finished:
+            ctx.metrics.requests_aborted.inc()
+
+
+async def start_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    """Pulls the first item now, so that errors of adding the request (invalid parameters, a
+    dead engine) are raised before a streaming response has begun; returns a generator of all
+    the items."""
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        return stream  # exhausted: iterating it yields nothing
+    return _prepend(first, stream)
+
+
+async def _prepend(first: T, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+    async with contextlib.aclosing(rest):
+        yield first
+        async for item in rest:
+            yield item
+
+
+async def start_streams(streams: list[AsyncGenerator[T, None]]) -> list[AsyncGenerator[T, None]]:
+    """`start_stream` for each; if one fails, the ones already started are closed (aborted)."""
+    started: list[AsyncGenerator[T, None]] = []
+    try:
+        for stream in streams:
+            started.append(await start_stream(stream))
+    except BaseException:
+        for stream in started:
+            await stream.aclose()
+        raise
+    return started
+
+
+async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
+    """Items of several streams as they come, tagged with the stream's index. Closing the merged
+    iterator cancels (and so aborts) the streams still running."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((index, item))
+        except Exception as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+        finally:
+            queue.put_nowait((index, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def cancel_on_disconnect(work: Awaitable[T], raw_request: Request) -> T:
+    """Runs `work` (a non-streaming request) but cancels it when the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ApiError(499, "ClientClosedRequest", "the client disconnected")
+    return task.result()
+
+
+async def _wait_for_disconnect(raw_request: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect.
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(slots=True)
+class ChoiceAccumulator:
+    """One choice built up from delta outputs (non-streaming responses)."""
+
+    text_parts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[ChoiceAccumulator]:
+    """All (delta) outputs of one request folded into its n choices."""
+    choices = [ChoiceAccumulator() for _ in range(n)]
+    async for output in stream:
+        for completion in output.outputs:
+            choice = choices[completion.index]
+            choice.text_parts.append(completion.text)
+            choice.token_ids.extend(completion.token_ids)
+            choice.logprobs.extend(completion.logprobs or ())
+            if completion.finish_reason is not None:
+                choice.finish_reason, choice.stop_reason = completion.finish_reason, completion.stop_reason
+    return choices
+
+
+def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return tokenizer.decode([token_id])
+
+
+def top_logprobs(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    """The k most likely tokens of one position (by rank), most likely first."""
+    ranked = sorted(((tid, lp) for tid, lp in entry.items() if lp.rank is not None), key=lambda x: x[1].rank)
+    return [(tid, lp) for tid, lp in ranked if lp.rank <= k][:k]
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events. The event generator is closed as soon as streaming stops (a client
+    that disconnected included), which aborts the requests it was reading."""
+
+    def __init__(self, events: AsyncGenerator[str, None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.events = events
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.events.aclose()
+
+
+def describe_error(exc: Exception) -> tuple[int, str, str, str | None]:
+    """(status, type, message, param) of an exception, in OpenAI's terms."""
+    if isinstance(exc, ApiError):
+        return exc.status_code, exc.err_type, exc.message, exc.param
+    if isinstance(exc, EngineDeadError):
+        return 503, "ServiceUnavailableError", f"the engine is dead: {exc}", None
+    if isinstance(exc, RequestParamError):
+        return 400, "BadRequestError", str(exc), exc.param
+    if isinstance(exc, (ValueError, TypeError)):
+        match = _FIELD_IN_MESSAGE.match(str(exc))
+        if match:  # "SamplingParams.top_p must be ..." -> param "top_p", "top_p must be ..."
+            return 400, "BadRequestError", str(exc)[len("SamplingParams."):], match.group(1)
+        return 400, "BadRequestError", str(exc), None
+    return 500, "InternalServerError", f"{type(exc).__name__}: {exc}", None
+
+
+def sse_error(exc: Exception) -> str:
+    """An error met after a stream began: one error event (the stream then ends with [DONE])."""
+    if describe_error(exc)[0] == 500:
+        logger.exception("error while streaming", exc_info=exc)
+    return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n"
+
+
+def sse_event(chunk: BaseModel) -> str:
+    return f"data: {chunk.model_dump_json()}\n\n"
+
+
+def error_body(status_code: int, err_type: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}

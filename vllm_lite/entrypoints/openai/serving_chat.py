@@ -1,0 +1,139 @@
+"""POST /v1/chat/completions: the messages go through the model's chat template, then one
+engine request with n choices."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm_lite.entrypoints.openai.protocol import (
+    ChatChoiceLogprobs,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    ChatTopLogprob,
+    DeltaMessage,
+    UsageInfo,
+    random_id,
+)
+from vllm_lite.entrypoints.openai.serving import (
+    SSE_DONE,
+    ServingContext,
+    SSEResponse,
+    cancel_on_disconnect,
+    check_length,
+    collect_choices,
+    decode_token,
+    render_chat,
+    sse_error,
+    sse_event,
+    start_stream,
+    top_logprobs,
+    tracked_generate,
+)
+from vllm_lite.outputs import Logprob, RequestOutput
+
+_MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest,
+                                 raw_request: Request) -> Response:
+    model = ctx.served_model(request.model)
+    params = request.to_sampling_params()
+    prompt = chat_prompt(ctx, request)
+    num_prompt_tokens = len(prompt["prompt_token_ids"])
+    check_length(ctx, num_prompt_tokens, params.max_tokens)
+    request_id = random_id("chatcmpl")
+    stream = tracked_generate(ctx, prompt, params, request_id)
+    if request.stream:
+        started = await start_stream(stream)
+        return SSEResponse(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started))
+    response = await cancel_on_disconnect(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream),
+                                          raw_request)
+    return JSONResponse(response.model_dump())
+
+
+def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
+    """The templated text and its token ids (the template adds the special tokens itself)."""
+    text = render_chat(ctx, request.conversation(), add_generation_prompt=request.add_generation_prompt,
+                       continue_final_message=request.continue_final_message,
+                       chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
+    return {"prompt": text, "prompt_token_ids": ctx.tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _num_top(request: ChatCompletionRequest) -> int | None:
+    return (request.top_logprobs or 0) if request.logprobs else None
+
+
+async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
+                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> ChatCompletionResponse:
+    accumulated = await collect_choices(stream, request.n)
+    num_top = _num_top(request)
+    choices = []
+    for index, acc in enumerate(accumulated):
+        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top)
+        choices.append(ChatCompletionResponseChoice(index=index, message=ChatResponseMessage(content=acc.text),
+                                                    logprobs=logprobs, finish_reason=acc.finish_reason,
+                                                    stop_reason=acc.stop_reason))
+    num_generated = sum(len(acc.token_ids) for acc in accumulated)
+    usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
+                      total_tokens=num_prompt_tokens + num_generated)
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+
+async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
+                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
+    created = int(time.time())
+    num_top = _num_top(request)
+    num_generated = 0
+
+    def chunk(choice: ChatCompletionStreamChoice) -> str:
+        return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice]))
+
+    try:
+        for index in range(request.n):
+            yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+        async for output in stream:
+            for completion in output.outputs:
+                num_generated += len(completion.token_ids)
+                if not completion.text and completion.finish_reason is None and num_top is None:
+                    continue
+                logprobs = None
+                if num_top is not None:
+                    logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
+                yield chunk(ChatCompletionStreamChoice(
+                    index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
+                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
+        if request.include_usage:
+            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
+                              total_tokens=num_prompt_tokens + num_generated)
+            yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
+                                                         choices=[], usage=usage))
+    except Exception as exc:
+        yield sse_error(exc)
+    yield SSE_DONE
+
+
+def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
+                  num_top: int) -> ChatChoiceLogprobs:
+    """Chat's shape: per token its text, logprob, UTF-8 bytes and the `num_top` most likely tokens."""
+    content = []
+    for token_id, entry in zip(token_ids, logprobs):
+        sampled = entry.get(token_id)
+        token = decode_token(tokenizer, token_id, sampled)
+        top = [_top_entry(decode_token(tokenizer, tid, lp), lp) for tid, lp in top_logprobs(entry, num_top)]
+        logprob = max(sampled.logprob, _MIN_LOGPROB) if sampled is not None else _MIN_LOGPROB
+        content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
+    return ChatChoiceLogprobs(content=content)
+
+
+def _top_entry(token: str, logprob: Logprob) -> ChatTopLogprob:
+    return ChatTopLogprob(token=token, logprob=max(logprob.logprob, _MIN_LOGPROB), bytes=list(token.encode()))

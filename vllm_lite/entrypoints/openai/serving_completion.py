@@ -1,0 +1,160 @@
+"""POST /v1/completions: one engine request per prompt (a list of prompts is a batch), n
+choices per prompt; choice `index` is prompt_index * n + sample_index, as in vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm_lite.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    RequestParamError,
+    UsageInfo,
+    random_id,
+)
+from vllm_lite.entrypoints.openai.serving import (
+    SSE_DONE,
+    ServingContext,
+    SSEResponse,
+    cancel_on_disconnect,
+    check_length,
+    collect_choices,
+    decode_token,
+    encode_prompt,
+    merge_streams,
+    sse_error,
+    sse_event,
+    start_streams,
+    tracked_generate,
+)
+from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
+
+_MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
+    model = ctx.served_model(request.model)
+    params = request.to_sampling_params()
+    prompts = _engine_prompts(ctx, request.prompt)
+    for prompt in prompts:
+        check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
+    request_id = random_id("cmpl")
+    streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    if request.stream:
+        started = await start_streams(streams)
+        return SSEResponse(_stream_events(ctx, request, model, request_id, prompts, started))
+    response = await cancel_on_disconnect(_full_response(ctx, request, model, request_id, prompts, streams),
+                                          raw_request)
+    return JSONResponse(response.model_dump())
+
+
+def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[dict[str, Any]]:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        items: list[Any] = [prompt]
+    else:
+        items = list(prompt)
+    if not items:
+        raise RequestParamError("prompt", "prompt must not be empty")
+    return [encode_prompt(ctx, item) for item in items]
+
+
+def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
+    return prompt["prompt"] if prompt["prompt"] is not None else ctx.tokenizer.decode(prompt["prompt_token_ids"])
+
+
+async def _full_response(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
+                         prompts: list[dict[str, Any]], streams: list[AsyncGenerator[RequestOutput, None]]) -> CompletionResponse:
+    tasks = [asyncio.ensure_future(collect_choices(stream, request.n)) for stream in streams]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    choices, usage = [], UsageInfo()
+    for i, (accumulated, prompt) in enumerate(zip(results, prompts)):
+        usage.prompt_tokens += len(prompt["prompt_token_ids"])
+        echo = _prompt_text(ctx, prompt) if request.echo else ""
+        for j, acc in enumerate(accumulated):
+            usage.completion_tokens += len(acc.token_ids)
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = completion_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, request.logprobs, 0)
+            choices.append(CompletionResponseChoice(index=i * request.n + j, text=echo + acc.text,
+                                                    logprobs=logprobs, finish_reason=acc.finish_reason,
+                                                    stop_reason=acc.stop_reason))
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+
+@dataclass(slots=True)
+class _StreamedChoice:
+    echo: str  # the prompt text while it is still to be sent (echo=true), else ""
+    num_tokens: int = 0
+    text_offset: int = 0
+
+    def chunk_choice(self, tokenizer: Any, index: int, completion: CompletionOutput,
+                     num_logprobs: int | None) -> CompletionResponseChoice:
+        text, self.echo = self.echo + completion.text, ""
+        logprobs = None
+        if num_logprobs is not None:
+            logprobs = completion_logprobs(tokenizer, completion.token_ids, completion.logprobs or [],
+                                           num_logprobs, self.text_offset)
+        self.num_tokens += len(completion.token_ids)
+        self.text_offset += len(text)
+        return CompletionResponseChoice(index=index, text=text, logprobs=logprobs,
+                                        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+
+
+async def _stream_events(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
+                         prompts: list[dict[str, Any]], streams: list[AsyncGenerator[RequestOutput, None]]
+                         ) -> AsyncGenerator[str, None]:
+    choices = [_StreamedChoice(_prompt_text(ctx, prompt) if request.echo else "")
+               for prompt in prompts for _ in range(request.n)]
+    created = int(time.time())
+    try:
+        async for i, output in merge_streams(streams):
+            for completion in output.outputs:
+                if not completion.token_ids and not completion.text and completion.finish_reason is None:
+                    continue
+                index = i * request.n + completion.index
+                choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, request.logprobs)
+                yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
+                                                         choices=[choice]))
+        if request.include_usage:
+            prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+            completion_tokens = sum(choice.num_tokens for choice in choices)
+            usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                              total_tokens=prompt_tokens + completion_tokens)
+            yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
+                                                     choices=[], usage=usage))
+    except Exception as exc:
+        yield sse_error(exc)
+    yield SSE_DONE
+
+
+def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
+                        num_top: int, text_offset: int) -> CompletionLogProbs:
+    """The legacy completions shape: per token its text, offset, logprob and a dict of the
+    sampled token plus the `num_top` most likely ones (vLLM's rule)."""
+    out = CompletionLogProbs()
+    for token_id, entry in zip(token_ids, logprobs):
+        sampled = entry.get(token_id)
+        token = decode_token(tokenizer, token_id, sampled)
+        out.tokens.append(token)
+        out.token_logprobs.append(max(sampled.logprob, _MIN_LOGPROB) if sampled is not None else None)
+        out.text_offset.append(text_offset)
+        out.top_logprobs.append({decode_token(tokenizer, tid, lp): max(lp.logprob, _MIN_LOGPROB)
+                                 for tid, lp in list(entry.items())[:num_top + 1]})
+        text_offset += len(token)
+    return out

@@ -1,0 +1,213 @@
+"""MultiprocExecutor: one worker process per tensor-parallel rank.
+
+```
+ engine core (this process)                          rank processes (spawned; other nodes: `vllm-lite worker`)
+ ┌─────────────────────────────┐  XPUB ── StepDiff ──▶ SUB   every rank (ipc:// in a private 0700 dir;
+ │ MultiprocExecutor           │                             tcp:// on master_addr with nnodes > 1)
+ │                             │  PULL ◀─ WorkerReply ─ PUSH  rank 0 only: the step's ModelRunnerOutput
+ │ TCPStore (rendezvous)       │ ◀──── init_process_group ──── every rank; gloo (CPU) / NCCL (CUDA)
+ │ monitor thread              │  watches the rank processes; a death becomes an error reply
+ └─────────────────────────────┘
+```
+
+One message per step, serialized once and fanned out by ZMQ. Ranks run in lockstep (their
+collectives synchronize them), so at most one step is in flight. Ready means subscribed: the
+XPUB socket sees one subscription per rank once its model shard is loaded.
+
+Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
+logits with the same seeds and keeps its persistent batch in step; only rank 0 replies.
+
+Failure: the monitor thread waits on the rank processes' sentinels; when one dies it posts an
+error reply into the reply channel, so a step waiting for rank 0 wakes and raises
+`EngineDeadError` (within milliseconds), as does every later call. Ranks on other nodes are not
+watched from here: their death surfaces on node 0 when rank 0's next collective fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+
+import msgspec
+import zmq
+
+from vllm_lite.config import ParallelConfig, VllmConfig
+from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.executor.abstract import Executor
+from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, StepDiff, WorkerReply
+from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
+from vllm_lite.executor.worker_proc import start_worker_processes, stop_processes
+from vllm_lite.worker.model_runner import ModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT_S = 600.0  # model loading on every rank, other nodes included
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config)
+        parallel = vllm_config.parallel_config
+        if parallel.node_rank != 0:
+            raise ValueError(f"node_rank={parallel.node_rank}: the engine core runs on node 0; "
+                             "other nodes run only their ranks (`vllm-lite worker`)")
+        self.world_size = parallel.world_size
+        self.codec = MessageCodec()
+        self.bytes_broadcast = 0  # payload bytes sent to the ranks so far (all messages)
+        self._dead_reason: str | None = None
+        self._closing = threading.Event()
+        stop_r, stop_w = os.pipe()
+        # mkdtemp makes the directory 0700: the ipc sockets in it are private to this user.
+        self._res = _Resources(tempfile.mkdtemp(prefix="vllm_lite_"), zmq.Context(), stop_r, stop_w)
+        self._res.ctx.setsockopt(zmq.LINGER, 0)
+        self._finalizer = weakref.finalize(self, self._res.release, 0.0)
+        try:
+            self._start(parallel)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def procs(self) -> list[BaseProcess]:
+        return self._res.procs
+
+    # ---- start-up ----
+    def _start(self, parallel: ParallelConfig) -> None:
+        ctx = self._res.ctx
+        self._steps, steps_addr = self._bind_steps(ctx, parallel)
+        self._replies = ctx.socket(zmq.PULL)
+        replies_addr = f"ipc://{self._res.tmp_dir}/replies"
+        self._replies.bind(replies_addr)
+        self._store = host_store(parallel)
+        publish(self._store, self.vllm_config, Endpoints(steps_addr, replies_addr))
+        start_worker_processes(self.vllm_config, self._store.port, self._res.procs)
+        self._res.monitor = threading.Thread(target=self._monitor_workers, args=(replies_addr,),
+                                             daemon=True, name="vllm_lite-executor-monitor")
+        self._res.monitor.start()
+        self._wait_until_ready()
+
+    def _bind_steps(self, ctx: zmq.Context, parallel: ParallelConfig) -> tuple[zmq.Socket, str]:
+        steps = ctx.socket(zmq.XPUB)
+        steps.setsockopt(zmq.XPUB_VERBOSE, 1)  # one subscription message per rank, not per topic
+        steps.setsockopt(zmq.XPUB_NODROP, 1)  # block rather than drop a step
+        if parallel.nnodes == 1:
+            address = f"ipc://{self._res.tmp_dir}/steps"
+            steps.bind(address)
+            return steps, address
+        host = socket.gethostbyname(parallel.master_addr)
+        port = steps.bind_to_random_port(f"tcp://{host}")
+        return steps, f"tcp://{host}:{port}"
+
+    def _wait_until_ready(self) -> None:
+        """Until every rank subscribed to the step broadcast (its model is loaded)."""
+        poller = zmq.Poller()
+        poller.register(self._steps, zmq.POLLIN)
+        poller.register(self._replies, zmq.POLLIN)
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        subscribed = 0
+        while subscribed < self.world_size:
+            events = dict(poller.poll(max(0.0, (deadline - time.monotonic()) * 1000)))
+            if not events:
+                raise TimeoutError(f"{subscribed} of {self.world_size} ranks joined within "
+                                   f"{WORKER_START_TIMEOUT_S:.0f} s; with nnodes > 1, is `vllm-lite "
+                                   "worker` running on every other node?")
+            if self._replies in events:
+                self._receive_reply()  # before any step, only a death notice comes here: raises
+            if self._steps in events and self._steps.recv()[:1] == b"\x01":
+                subscribed += 1
+
+    # ---- the executor interface ----
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self._broadcast(InitKVCache(num_blocks))
+        self._receive_reply()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._broadcast(StepDiff.from_scheduler_output(scheduler_output))
+        return self._receive_reply().output
+
+    def shutdown(self) -> None:
+        """Ask the ranks to exit and make sure they did (SIGTERM, then SIGKILL); idempotent."""
+        if not self._finalizer.alive:
+            return
+        self._closing.set()
+        grace = 0.0
+        if self._dead_reason is None and self._res.procs:
+            try:
+                self._steps.send(self.codec.encode(Shutdown()), zmq.NOBLOCK)
+                grace = SHUTDOWN_TIMEOUT_S
+            except zmq.ZMQError:
+                pass
+        self._dead_reason = self._dead_reason or "the executor was shut down"
+        self._finalizer.detach()
+        self._res.release(grace)
+        self._store = None  # stops the rendezvous server
+
+    # ---- channels ----
+    def _broadcast(self, message: msgspec.Struct) -> None:
+        self._check_alive()
+        payload = self.codec.encode(message)
+        self.bytes_broadcast += len(payload)
+        self._steps.send(payload)
+
+    def _receive_reply(self) -> WorkerReply:
+        reply = self.codec.to_engine.decode(self._replies.recv(copy=False).buffer)
+        if reply.error is not None:
+            self._dead_reason = reply.error
+            self._check_alive()
+        return reply
+
+    def _check_alive(self) -> None:
+        if self._dead_reason is not None:
+            raise EngineDeadError(f"the engine's workers are gone: {self._dead_reason}")
+
+    # ---- failure detection ----
+    def _monitor_workers(self, replies_addr: str) -> None:
+        """Runs until shutdown or the first rank death, which it turns into an error reply."""
+        by_sentinel = {proc.sentinel: proc for proc in self._res.procs}
+        ready = multiprocessing.connection.wait([*by_sentinel, self._res.stop_r])
+        if self._res.stop_r in ready or self._closing.is_set():
+            return
+        dead = [by_sentinel[s] for s in ready if s in by_sentinel]
+        reason = "; ".join(f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}" for proc in dead)
+        logger.error("tensor-parallel worker died: %s", reason)
+        self._dead_reason = reason
+        notice = self._res.ctx.socket(zmq.PUSH)
+        notice.connect(replies_addr)
+        notice.send(msgspec.msgpack.encode(WorkerReply(error=reason)))
+        notice.close(linger=1000)
+
+
+@dataclass(slots=True)
+class _Resources:
+    """What an executor must release, kept apart from it so that `weakref.finalize` can release
+    it at interpreter exit when nobody called `shutdown`."""
+
+    tmp_dir: str
+    ctx: zmq.Context
+    stop_r: int  # a pipe that wakes the monitor thread at shutdown
+    stop_w: int
+    procs: list[BaseProcess] = field(default_factory=list)
+    monitor: threading.Thread | None = None
+
+    def release(self, grace: float) -> None:
+        """Stop the monitor, give the ranks `grace` seconds to exit, then end them; close the
+        sockets and remove the ipc directory."""
+        os.write(self.stop_w, b"x")
+        if self.monitor is not None:
+            self.monitor.join(SHUTDOWN_TIMEOUT_S)
+        stop_processes(self.procs, grace)
+        self.ctx.destroy(linger=0)
+        os.close(self.stop_r)
+        os.close(self.stop_w)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)

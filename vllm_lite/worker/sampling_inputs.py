@@ -1,0 +1,117 @@
+"""Builds SamplingMetadata from the persistent batch's per-row arrays (array code over the rows
+that sample; Python loops only over rows that use logit_bias or min_tokens)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
+                                       SamplingMetadata, TokenHistory)
+from vllm_lite.sampling_params import SAMPLING_EPS
+from vllm_lite.worker.input_batch import InputBatch
+
+
+def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Mapping[str, torch.Generator],
+                            min_tokens_stop_ids: Mapping[str, tuple[int, ...]],
+                            device: torch.device) -> SamplingMetadata:
+    """`rows`: the batch rows that sample, in logits-row order."""
+    temperature = batch.temperature[rows]
+    greedy = temperature < SAMPLING_EPS
+    all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
+    random_rows = ~greedy
+    history = TokenHistory(batch.token_ids, batch.num_prompt_tokens, batch.num_tokens)
+    top_p, top_k, min_p = batch.top_p[rows], batch.top_k[rows], batch.min_p[rows]
+    return SamplingMetadata(
+        all_greedy=all_greedy,
+        all_random=all_random,
+        temperature=None if all_greedy else _to(np.where(greedy, 1.0, temperature)
+                                                .astype(np.float32)[:, None], device),
+        greedy_mask=None if all_greedy or all_random else _to(greedy, device),
+        generators=_row_generators(batch, rows, random_rows, generators),
+        top_p=_to(top_p, device) if (top_p[random_rows] < 1.0).any() else None,
+        top_k=_to(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
+        min_p=_to(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
+        max_num_logprobs=int(batch.num_logprobs[rows].max(initial=-1)),
+        penalties=_penalties(batch, rows, history, device),
+        logit_bias=_logit_bias(batch, rows, device),
+        min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids),
+    )
+
+
+def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray,
+                    generators: Mapping[str, torch.Generator]) -> dict[int, torch.Generator]:
+    if not generators:
+        return {}
+    out = {}
+    for i in np.flatnonzero(random_rows).tolist():
+        generator = generators.get(batch.req_ids[rows[i]])
+        if generator is not None:
+            out[i] = generator
+    return out
+
+
+def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
+               device: torch.device) -> PenaltyMetadata | None:
+    repetition = batch.repetition_penalty[rows]
+    frequency = batch.frequency_penalty[rows]
+    presence = batch.presence_penalty[rows]
+    used = np.flatnonzero((repetition != 1.0) | (frequency != 0.0) | (presence != 0.0))
+    if len(used) == 0:
+        return None
+    return PenaltyMetadata(
+        logits_rows=_to(used.astype(np.int64), device),
+        batch_rows=rows[used],
+        repetition=_to(repetition[used][:, None], device),
+        frequency=_to(frequency[used][:, None], device),
+        presence=_to(presence[used][:, None], device),
+        history=history,
+        all_rows=len(used) == len(rows),
+    )
+
+
+def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device) -> LogitBiasMetadata | None:
+    used = np.flatnonzero(batch.has_logit_bias[rows])
+    if len(used) == 0:
+        return None
+    logits_rows: list[int] = []
+    token_ids: list[int] = []
+    values: list[float] = []
+    for i in used.tolist():
+        bias = batch.sampling_params[rows[i]].logit_bias
+        logits_rows.extend([i] * len(bias))
+        token_ids.extend(bias.keys())
+        values.extend(bias.values())
+    return LogitBiasMetadata(
+        rows=_to(np.array(logits_rows, dtype=np.int64), device),
+        token_ids=_to(np.array(token_ids, dtype=np.int64), device),
+        values=_to(np.array(values, dtype=np.float32), device),
+    )
+
+
+def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
+                stop_ids: Mapping[str, tuple[int, ...]]) -> MinTokensMetadata | None:
+    used = np.flatnonzero(batch.min_tokens[rows] > 0)
+    pair_index: list[int] = []
+    pair_token_ids: list[int] = []
+    for j, i in enumerate(used.tolist()):
+        ids = stop_ids.get(batch.req_ids[rows[i]], ())
+        pair_index.extend([j] * len(ids))
+        pair_token_ids.extend(ids)
+    if not pair_index:
+        return None
+    pair_index_np = np.array(pair_index, dtype=np.int64)
+    return MinTokensMetadata(
+        batch_rows=rows[used],
+        min_tokens=batch.min_tokens[rows[used]],
+        pair_index=pair_index_np,
+        pair_logits_rows=used[pair_index_np].astype(np.int64),
+        pair_token_ids=np.array(pair_token_ids, dtype=np.int64),
+        history=history,
+    )
