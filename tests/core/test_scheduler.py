@@ -112,3 +112,13 @@ def test_max_num_seqs_limits_admission() -> None:
         scheduler.add_request(make_request(str(i), 2))
     out, _ = step(scheduler)
     assert len(out.scheduled_new_reqs) == 2 and len(scheduler.waiting) == 1
+
+
+def test_finished_ids_reach_the_next_nonempty_step() -> None:
+    scheduler = make_scheduler()
+    scheduler.add_request(make_request("a", 3, max_tokens=1))
+    step(scheduler)  # "a" finishes
+    assert scheduler.schedule().is_empty  # nothing to run: workers see nothing this step
+    scheduler.add_request(make_request("b", 3))
+    out, _ = step(scheduler)
+    assert "a" in out.finished_req_ids

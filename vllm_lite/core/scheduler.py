@@ -104,7 +104,12 @@ class Scheduler:
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(preempted),
         )
-        self.finished_req_ids.clear()
+        if output.is_empty:
+            # No worker runs this step, so none sees these ids: hand them to the next step
+            # (a preempted request's state is dropped just like a finished one's).
+            self.finished_req_ids |= preempted
+        else:
+            self.finished_req_ids.clear()
         return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
