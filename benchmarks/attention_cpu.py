@@ -3,10 +3,11 @@ demo model's shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, block
 30 layers), float32.
 
 Per case it times one step's metadata build and one layer's forward (cache write + attention),
-and reports the step's attention cost, build + 30 layers. Results also go to
-benchmarks/results/attention_cpu.json.
+and reports the step's attention cost, build + 30 layers. With --e2e it also runs the demo
+model itself (64 prompts of 256-511 random tokens, 32 greedy tokens each) with each backend.
+Results also go to benchmarks/results/attention_cpu.json.
 
-    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20]
+    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20] [--e2e]
 """
 
 from __future__ import annotations
@@ -86,10 +87,28 @@ def time_backend(backend: AttentionBackend, step, iters: int) -> tuple[float, fl
     return statistics.median(builds[2:]), statistics.median(forwards[2:]), out
 
 
+def run_demo_model(backend: str, threads: int) -> float:
+    """Output tokens per second of the demo model (SmolLM2-135M) with one attention backend."""
+    from vllm_lite import LLM, SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(None, max_model_len=1024, max_num_seqs=64, attention_backend=backend, multiprocess=False)
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_token_ids": rng.integers(100, 20000, size=int(rng.integers(256, 512))).tolist()}
+               for _ in range(64)]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    llm.shutdown()
+    return 64 * 32 / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--e2e", action="store_true", help="also time the demo model end to end (minutes)")
     args = parser.parse_args()
     if not cpu_native.is_available():
         raise SystemExit("vllm_lite._C is not built (make setup, or python setup.py build_ext --inplace); "
@@ -111,9 +130,14 @@ def main() -> None:
                 "speedup": torch_step / native_step,
                 "max_abs_diff": (out - ref).abs().max().item(),
             })
+    e2e = {}
+    if args.e2e:
+        threads = max(args.threads)
+        e2e = {"threads": threads, **{backend: run_demo_model(backend, threads) for backend in ("torch", "cpu_native")}}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"shapes": dict(q_heads=NUM_Q_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                                                  block_size=BLOCK_SIZE, layers=NUM_LAYERS), "rows": rows}, indent=1))
+                                                  block_size=BLOCK_SIZE, layers=NUM_LAYERS),
+                                   "rows": rows, "demo_model_tokens_per_s": e2e}, indent=1))
     header = (f"{'case':<36} {'thr':>3} {'torch/layer':>12} {'native/layer':>13} "
               f"{'torch/step':>11} {'native/step':>12} {'speed-up':>9} {'max|diff|':>10}")
     print(header)
@@ -122,6 +146,12 @@ def main() -> None:
         print(f"{r['case']:<36} {r['threads']:>3} {r['torch_layer_ms']:>10.3f}ms {r['native_layer_ms']:>11.3f}ms "
               f"{r['torch_step_ms']:>9.1f}ms {r['native_step_ms']:>10.1f}ms {r['speedup']:>8.1f}x "
               f"{r['max_abs_diff']:>10.1e}")
+    if e2e:
+        print(f"\ndemo model, 64 prompts x 32 tokens, {e2e['threads']} threads (prefill included):")
+        print(f"{'backend':<12} {'tok/s':>8}")
+        for backend in ("torch", "cpu_native"):
+            print(f"{backend:<12} {e2e[backend]:>8.1f}")
+        print(f"{'speed-up':<12} {e2e['cpu_native'] / e2e['torch']:>7.1f}x")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,10 @@ from vllm_lite.engine.protocol import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
-PROMPT_LEN = 8
+# Prompt lengths 8 .. 23: requests cross KV-block boundaries (16 tokens) on different steps, as
+# in real traffic. The last run is the worst case, lockstep: every request gets its next block in
+# the same step.
+PROMPT_LEN, BLOCK_SIZE = 8, 16
 WARMUP_TOKENS = 16  # every request has decoded this many tokens before the window opens
 
 
@@ -48,6 +51,7 @@ def max_tokens_for(num_steps: int) -> int:
 @dataclass(frozen=True, slots=True)
 class GCReport:
     num_requests: int
+    lockstep: bool
     steps: int
     gen0: int
     gen1: int
@@ -72,20 +76,21 @@ def build_model(out_dir: Path, max_len: int) -> Path:
 
 
 def start_engine(model_dir: Path, num_requests: int, num_steps: int) -> SyncMPClient:
-    max_len = PROMPT_LEN + max_tokens_for(num_steps)
-    blocks_per_request = -(-max_len // 16)
-    args = EngineArgs(model=str(model_dir), max_model_len=max_len, max_num_seqs=num_requests,
-                      num_kv_blocks=num_requests * blocks_per_request + 1,
-                      max_num_batched_tokens=max(2048, num_requests * PROMPT_LEN), device="cpu")
+    max_len = PROMPT_LEN + BLOCK_SIZE + max_tokens_for(num_steps)
+    blocks_per_request = -(-max_len // BLOCK_SIZE)
+    args = EngineArgs(model=str(model_dir), max_model_len=max_len, block_size=BLOCK_SIZE,
+                      max_num_seqs=num_requests, num_kv_blocks=num_requests * blocks_per_request + 1,
+                      max_num_batched_tokens=max(2048, num_requests * (PROMPT_LEN + BLOCK_SIZE)), device="cpu")
     return SyncMPClient(args.create_engine_config())
 
 
-def add_requests(client: SyncMPClient, num_requests: int, max_tokens: int) -> list[str]:
+def add_requests(client: SyncMPClient, num_requests: int, max_tokens: int, lockstep: bool) -> list[str]:
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     request_ids = [f"gc-{i}" for i in range(num_requests)]
-    for request_id in request_ids:
-        prompt = rng.integers(3, 1000, PROMPT_LEN, dtype=np.int32)
+    for i, request_id in enumerate(request_ids):
+        length = PROMPT_LEN if lockstep else PROMPT_LEN + i % BLOCK_SIZE
+        prompt = rng.integers(3, 1000, length, dtype=np.int32)
         client.add_request(EngineCoreRequest(request_id, prompt, params, (), time.time(), max_tokens))
     return request_ids
 
@@ -98,17 +103,17 @@ def decode_until(client: SyncMPClient, counts: dict[str, int], min_tokens: int) 
             counts[request_id] += 1
 
 
-def measure(model_dir: Path, num_requests: int, num_steps: int) -> GCReport:
+def measure(model_dir: Path, num_requests: int, num_steps: int, lockstep: bool = False) -> GCReport:
     client = start_engine(model_dir, num_requests, num_steps)
     try:
-        request_ids = add_requests(client, num_requests, max_tokens_for(num_steps))
+        request_ids = add_requests(client, num_requests, max_tokens_for(num_steps), lockstep)
         counts = dict.fromkeys(request_ids, 0)
         decode_until(client, counts, WARMUP_TOKENS)
         before, start = client.get_stats(), time.perf_counter()
         after = run_window(client, counts, before, num_steps)
         elapsed = time.perf_counter() - start
         client.abort_requests(request_ids)
-        return window_report(num_requests, before, after, elapsed)
+        return window_report(num_requests, before, after, elapsed, lockstep)
     finally:
         client.shutdown()
 
@@ -127,20 +132,22 @@ def run_window(client: SyncMPClient, counts: dict[str, int], before: dict[str, A
             return after
 
 
-def window_report(num_requests: int, before: dict[str, Any], after: dict[str, Any], elapsed_s: float) -> GCReport:
+def window_report(num_requests: int, before: dict[str, Any], after: dict[str, Any], elapsed_s: float,
+                  lockstep: bool = False) -> GCReport:
     steps = after["num_steps"] - before["num_steps"]
     gen0, gen1, gen2 = (a - b for a, b in zip(after["gc_collections"], before["gc_collections"]))
     allocs = (gen0 + gen1 + gen2) * (after["gc_threshold"][0] + 1) + after["gc_count"][0] - before["gc_count"][0]
-    return GCReport(num_requests, steps, gen0, gen1, gen2, allocs / max(steps, 1), steps / elapsed_s)
+    return GCReport(num_requests, lockstep, steps, gen0, gen1, gen2, allocs / max(steps, 1), steps / elapsed_s)
 
 
 def print_table(reports: list[GCReport]) -> None:
-    header = f"{'requests':>8} {'steps':>6} {'gen0':>6} {'gen1':>5} {'gen2':>5} {'gen0/1k steps':>13} " \
-             f"{'gc allocs/step':>14} {'steps/s':>8}"
+    header = f"{'requests':>8} {'prompts':>8} {'steps':>6} {'gen0':>6} {'gen1':>5} {'gen2':>5} " \
+             f"{'gen0/1k steps':>13} {'gc allocs/step':>14} {'steps/s':>8}"
     print(header)
     print("-" * len(header))
     for r in reports:
-        print(f"{r.num_requests:>8} {r.steps:>6} {r.gen0:>6} {r.gen1:>5} {r.gen2:>5} "
+        print(f"{r.num_requests:>8} {'lockstep' if r.lockstep else 'spread':>8} {r.steps:>6} {r.gen0:>6} "
+              f"{r.gen1:>5} {r.gen2:>5} "
               f"{1000 * r.gen0 / max(r.steps, 1):>13.1f} {r.allocs_per_step:>14.1f} {r.steps_per_s:>8.1f}")
 
 
@@ -152,10 +159,12 @@ def main() -> None:
     parser.add_argument("--scaling-steps", type=int, default=200)
     args = parser.parse_args()
     scaling = [int(n) for n in args.scaling.split(",") if n]
-    max_len = PROMPT_LEN + max_tokens_for(max(args.steps, args.scaling_steps))
+    max_len = PROMPT_LEN + BLOCK_SIZE + max_tokens_for(max(args.steps, args.scaling_steps))
     model_dir = build_model(RESULTS / "engine_gc_model", max_len=max(2048, max_len))
     reports = [measure(model_dir, args.requests, args.steps)]
     reports += [measure(model_dir, n, args.scaling_steps) for n in scaling]
+    if scaling:
+        reports.append(measure(model_dir, max(scaling), args.scaling_steps, lockstep=True))
     (RESULTS / "engine_gc.json").write_text(json.dumps([asdict(r) for r in reports], indent=2) + "\n")
     print_table(reports)
 

@@ -8,6 +8,8 @@ import gc
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -219,3 +221,26 @@ def test_requests_of_a_departed_client_are_aborted(mp_llm: LLM) -> None:
     assert wait_until(lambda: mp_llm.stats()["num_running"] == 0)
     stats = mp_llm.stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_engine_core_exits_when_its_client_is_killed(tiny_llama: Path) -> None:
+    """SIGKILL of the client process: the engine core notices its parent is gone, exits and
+    removes its private ipc directory (no orphan process, no socket file)."""
+    script = ("import sys, time\nfrom vllm_lite import LLM\n"
+              "if __name__ == '__main__':\n"
+              f"    llm = LLM({str(tiny_llama)!r}, max_model_len=64, num_kv_blocks=16)\n"
+              "    client = llm.llm_engine.engine_core\n"
+              "    print(client.engine_pid, client.address, flush=True)\n"
+              "    time.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pid, address = client.stdout.readline().split()
+        ipc_dir = os.path.dirname(address[len("ipc://"):])
+        assert not process_gone(int(pid)) and os.path.isdir(ipc_dir)
+    finally:
+        client.kill()
+        client.wait()
+        client.stdout.close()
+    assert wait_until(lambda: process_gone(int(pid)), timeout_s=10)
+    assert not os.path.exists(ipc_dir)

@@ -5,6 +5,7 @@ Every engine here is shut down by a finalizer, and each test checks that no rank
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -46,18 +47,25 @@ def tp_llm() -> Iterator[Callable[..., LLM]]:
     test and checks that their rank processes are gone."""
     llms: list[LLM] = []
     pids: list[int] = []
+    ipc_dirs: list[Path] = []
 
     def build(model: Path, **engine_args) -> LLM:
         before = {p.pid for p in rank_processes()}
         llm = make_llm(model, tensor_parallel_size=2, max_model_len=MAX_MODEL_LEN, **engine_args)
         llms.append(llm)
         pids.extend(p.pid for p in rank_processes() if p.pid not in before)
+        ipc_dirs.append(Path(executor_of(llm)._res.tmp_dir))
         return llm
 
     yield build
     for llm in llms:
         llm.shutdown()
     assert_gone(pids)
+    assert not [d for d in ipc_dirs if d.exists()]
+
+
+def executor_of(llm: LLM):
+    return llm.llm_engine.engine_core.engine_core.executor  # the in-process engine core's
 
 
 def run_greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -117,8 +125,8 @@ def test_two_tp2_engines_run_at_the_same_time(tiny_llama: Path, tiny_qwen2: Path
     assert not errors, errors
     for model in llms:
         assert results[model] == hf_greedy(model, prompts, NEW_TOKENS)
-    executors = [llm.llm_engine.engine_core.engine_core.executor for llm in llms.values()]
-    assert executors[0]._store.port != executors[1]._store.port
+    first, second = (executor_of(llm) for llm in llms.values())
+    assert first._store.port != second._store.port and first._res.tmp_dir != second._res.tmp_dir
 
 
 # ---- 3. a rank killed mid-generation ----
@@ -161,7 +169,8 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "vllm_lite.entrypoints.cli", *args]
 
 
-def test_two_node_launch_matches_single_node(tiny_qwen3: Path, tp_llm: Callable[..., LLM]) -> None:
+def test_two_node_launch_matches_single_node(tiny_qwen3: Path, tmp_path: Path,
+                                             tp_llm: Callable[..., LLM]) -> None:
     prompts = ["The quick brown fox", "Once upon a time in a village"]
     params = SamplingParams(temperature=0.0, max_tokens=16)
     single = tp_llm(tiny_qwen3).generate(prompts, params, use_tqdm=False)
@@ -171,19 +180,22 @@ def test_two_node_launch_matches_single_node(tiny_qwen3: Path, tp_llm: Callable[
     common = ["--model", str(tiny_qwen3), "--tensor-parallel-size", "2", "--nnodes", "2",
               "--master-addr", "127.0.0.1", "--master-port", port, "--max-model-len", str(MAX_MODEL_LEN)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
-    node1 = subprocess.Popen(cli("worker", *common, "--node-rank", "1"), env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    node0 = subprocess.Popen(cli("generate", *prompts, *common, "--node-rank", "0", "--max-tokens", "16"),
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out0, err0 = node0.communicate(timeout=150)
-        out1, _ = node1.communicate(timeout=30)
-    finally:
-        for proc in (node0, node1):
-            proc.kill()
-            proc.wait()
-    assert node0.returncode == 0, err0
-    assert node1.returncode == 0, out1
+    log0, log1 = tmp_path / "node0.log", tmp_path / "node1.log"  # files: a full pipe would block
+    with log0.open("w") as err0, log1.open("w") as err1:
+        node1 = subprocess.Popen(cli("worker", *common, "--node-rank", "1"), env=env,
+                                 stdout=err1, stderr=subprocess.STDOUT)
+        node0 = subprocess.Popen(cli("generate", *prompts, *common, "--node-rank", "0", "--max-tokens", "16"),
+                                 env=env, stdout=subprocess.PIPE, stderr=err0, text=True)
+        try:
+            out0, _ = node0.communicate(timeout=150)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a rank left over fails below
+                node1.wait(timeout=30)  # node 1 leaves when node 0's engine shuts down
+        finally:
+            for proc in (node0, node1):
+                proc.kill()
+                proc.wait()
+    assert node0.returncode == 0, log0.read_text()[-5000:]
+    assert node1.returncode == 0, log1.read_text()[-5000:]
     assert out0.splitlines() == expected
 
 

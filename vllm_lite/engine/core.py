@@ -33,11 +33,14 @@ from vllm_lite.engine.protocol import (
     UtilityRequest,
     UtilityResult,
 )
+from vllm_lite.engine.zmq_utils import EngineAddress
 
 if TYPE_CHECKING:
     from vllm_lite.executor.abstract import Executor
 
 logger = logging.getLogger(__name__)
+
+_STOP = b"engine-stop"  # input-queue marker (never on the wire): SIGTERM/SIGINT came
 
 
 def make_executor(vllm_config: VllmConfig) -> Executor:
@@ -201,6 +204,8 @@ class EngineCoreProc:
             self.output_queue.put((identity, OutputType.UTILITY_RESULT, self._call_utility(message)))
         elif request_type == CLIENT_GONE:
             self._abort_requests(identity, list(self.client_requests.get(identity, ())))
+        elif request_type == _STOP:
+            raise SystemExit(0)
 
     def _add_request(self, identity: bytes, request: EngineCoreRequest) -> None:
         try:
@@ -331,38 +336,78 @@ def run_engine_core(vllm_config: VllmConfig, address: str, ready: Callable[[byte
                     standalone: bool = False) -> int:
     """Build an EngineCoreProc at `address` and serve until told to stop; returns the exit code.
 
-    `ready` is called once with the start-up report: msgpack `{}` when serving, or
-    `{"error_type": ..., "message": ...}` when start-up failed."""
-    _set_up_process(vllm_config, standalone)
+    `ready` is called once with the start-up report: msgpack `{"address": ...}` when serving,
+    or `{"error_type": ..., "message": ...}` when start-up failed."""
+    stop = StopSignals(standalone)
+    _watch_parent(stop)
+    _set_torch_threads(vllm_config)
     try:
         proc = EngineCoreProc(vllm_config, address)
-    except BaseException as exc:  # SystemExit too: a SIGTERM during start-up
+    except BaseException as exc:  # a bad model, an address in use, KeyboardInterrupt ...
         logger.exception("engine core: start-up failed")
         if ready is not None:
             ready(msgspec.msgpack.encode({"error_type": type(exc).__name__, "message": str(exc)}))
         return 1
     if ready is not None:
         ready(msgspec.msgpack.encode({"address": proc.address}))
+    stop.notify(proc.input_queue)
     return proc.serve()
 
 
-def spawned_engine_core_main(vllm_config: VllmConfig, address: str, ready_pipe: Connection) -> None:
+def spawned_engine_core_main(vllm_config: VllmConfig, address: EngineAddress, ready_pipe: Connection) -> None:
     """Target of the process a client spawns: report start-up on `ready_pipe`; stop when told
-    (SIGTERM) or when the parent dies."""
-    _watch_parent()
-    code = run_engine_core(vllm_config, address, ready_pipe.send_bytes)
+    (SIGTERM) or when the parent dies, and then remove the private ipc directory (the client
+    does too, unless it was killed)."""
+    try:
+        code = run_engine_core(vllm_config, address.address, ready_pipe.send_bytes)
+    finally:
+        address.cleanup()
     ready_pipe.close()
     sys.exit(code)
 
 
-def _set_up_process(vllm_config: VllmConfig, standalone: bool) -> None:
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(0)
+class StopSignals:
+    """SIGTERM (and, for a standalone engine core, SIGINT) stop the engine core, as does the
+    death of the client that spawned it. Whichever thread the kernel hands a signal to, the C
+    handler writes its number to a wakeup pipe; a watcher thread reads it and tells the busy
+    loop through the input queue. (A Python handler runs only on the main thread, and a main
+    thread blocked on the queue would not wake up for a signal delivered to another thread.)"""
 
-    signal.signal(signal.SIGTERM, stop)
-    # A spawned engine core ignores Ctrl-C (its client decides when it stops); a standalone one
-    # stops on it.
-    signal.signal(signal.SIGINT, stop if standalone else signal.SIG_IGN)
+    def __init__(self, standalone: bool) -> None:
+        self.signals = {signal.SIGTERM, signal.SIGINT} if standalone else {signal.SIGTERM}
+        if not standalone:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the client to handle
+        for signum in self.signals:
+            signal.signal(signum, _no_python_handler)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self.received = threading.Event()
+        self._input_queue: queue.Queue | None = None
+        threading.Thread(target=self._wait, args=(read_fd,), name="engine-core-signals", daemon=True).start()
+
+    def notify(self, input_queue: queue.Queue) -> None:
+        """From now on a stop goes to `input_queue` (at once if one came during start-up)."""
+        self._input_queue = input_queue
+        if self.received.is_set():
+            input_queue.put((b"", _STOP, None))
+
+    def request(self) -> None:
+        self.received.set()
+        if self._input_queue is not None:
+            self._input_queue.put((b"", _STOP, None))
+
+    def _wait(self, read_fd: int) -> None:
+        while not any(signum in self.signals for signum in os.read(read_fd, 16)):
+            pass
+        self.request()
+
+
+def _no_python_handler(signum: int, frame: Any) -> None:
+    """Installed so that the C handler runs (and writes the wakeup pipe); StopSignals acts."""
+
+
+def _set_torch_threads(vllm_config: VllmConfig) -> None:
     if vllm_config.device_config.device == "cpu":
         import torch
 
@@ -371,13 +416,14 @@ def _set_up_process(vllm_config: VllmConfig, standalone: bool) -> None:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
 
 
-def _watch_parent() -> None:
+def _watch_parent(stop: StopSignals) -> None:
+    """A spawned engine core stops when the process that spawned it dies (even by SIGKILL)."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def wait_for_parent() -> None:
         multiprocessing.connection.wait([parent.sentinel])
-        os.kill(os.getpid(), signal.SIGTERM)
+        stop.request()
 
     threading.Thread(target=wait_for_parent, name="engine-core-parent-watch", daemon=True).start()

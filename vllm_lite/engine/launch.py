@@ -67,8 +67,10 @@ class EngineLaunch:
             report = msgspec.msgpack.decode(self.ready_reader.recv_bytes())
         except EOFError:
             self.proc.join(5)
-            raise EngineStartupError(f"engine core process exited with code {self.proc.exitcode} "
-                                     "while starting") from None
+            raise EngineStartupError(
+                f"engine core process exited with code {self.proc.exitcode} while starting (its error is "
+                "above; a script that starts an engine needs an `if __name__ == '__main__':` guard, "
+                "since the engine core process is spawned)") from None
         finally:
             self.ready_reader.close()
         if "error_type" in report:
@@ -81,7 +83,7 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
     address = private_ipc_address()
     context = multiprocessing.get_context("spawn")
     reader, writer = context.Pipe(duplex=False)
-    proc = context.Process(target=spawned_engine_core_main, args=(vllm_config, address.address, writer),
+    proc = context.Process(target=spawned_engine_core_main, args=(vllm_config, address, writer),
                            name="vllm-lite-engine-core")
     try:
         proc.start()

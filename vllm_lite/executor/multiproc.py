@@ -179,6 +179,8 @@ class MultiprocExecutor(Executor):
         if self._res.stop_r in ready or self._closing.is_set():
             return
         dead = [by_sentinel[s] for s in ready if s in by_sentinel]
+        for proc in dead:
+            proc.join(1.0)  # its pipes close a moment before its exit code exists
         reason = "; ".join(f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}" for proc in dead)
         logger.error("tensor-parallel worker died: %s", reason)
         self._dead_reason = reason

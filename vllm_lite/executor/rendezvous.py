@@ -9,6 +9,8 @@ store listens on port 0, so the OS picks a free port and two engines never clash
 from __future__ import annotations
 
 import datetime
+import socket
+import time
 
 import msgspec
 import torch.distributed as dist
@@ -34,6 +36,21 @@ def host_store(parallel: ParallelConfig) -> dist.TCPStore:
 def join_store(master_addr: str, master_port: int) -> dist.TCPStore:
     """Connect to an engine core's store, retrying until it is up or STORE_TIMEOUT passes."""
     return dist.TCPStore(master_addr, master_port, None, False, timeout=STORE_TIMEOUT)
+
+
+def wait_for_store(master_addr: str, master_port: int) -> None:
+    """Wait quietly until the store accepts connections (a node started before node 0): torch's
+    own retries log a C++ stack trace for every attempt."""
+    deadline = time.monotonic() + STORE_TIMEOUT.total_seconds()
+    while True:
+        try:
+            socket.create_connection((master_addr, master_port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no rendezvous at {master_addr}:{master_port} within "
+                                   f"{STORE_TIMEOUT.total_seconds():.0f} s: is node 0 running?") from None
+            time.sleep(0.2)
 
 
 def publish(store: dist.Store, vllm_config: VllmConfig, endpoints: Endpoints) -> None:

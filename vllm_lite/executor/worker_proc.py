@@ -8,8 +8,9 @@ subscribes to the step broadcast, and from then on runs every message it receive
     Shutdown    -> leave the process group and exit
 
 Every rank samples from the same all-gathered logits with the same seeds, so all ranks append the
-same tokens to their persistent batches; only rank 0's output goes back. A rank exits at once
-when its parent dies or the broadcast connection drops (the engine core went away).
+same tokens to their persistent batches; only rank 0's output goes back. A rank exits when its
+parent dies (at once) or the broadcast connection drops without a Shutdown (after a grace):
+the engine core went away, so nothing is left running.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ import zmq
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, WorkerReply
-from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints
+from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
 from vllm_lite.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,6 @@ class WorkerProcArgs:
 
 def run_worker(args: WorkerProcArgs) -> None:
     """Process entry of one rank."""
-    import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True)
     stopping = threading.Event()  # set on Shutdown: the watchdogs stand down
     _start_watchdog(_wait_for_parent_death, stopping, grace=0.0)
     config = args.vllm_config
@@ -65,7 +66,9 @@ def run_worker(args: WorkerProcArgs) -> None:
     worker = Worker(config, tp, args.local_rank)
     proc = WorkerProc(worker, endpoints.steps, endpoints.replies if args.rank == 0 else None, stopping)
     proc.serve()
-    dist.destroy_process_group()
+    _exit_within(DISCONNECT_GRACE_S)  # a teardown stuck on a peer that is already gone must not
+    dist.destroy_process_group()      # keep this rank alive
+    _exit_now()  # skips the interpreter's teardown of torch (~1 s): the engine core waits on it
 
 
 class WorkerProc:
@@ -124,6 +127,18 @@ def _start_watchdog(wait: Callable[[], object], stopping: threading.Event, grace
     threading.Thread(target=watch, daemon=True, name="vllm_lite-worker-watchdog").start()
 
 
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _exit_within(seconds: float) -> None:
+    timer = threading.Timer(seconds, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+
+
 def _wait_for_parent_death() -> None:
     multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])  # spawned: has one
 
@@ -169,6 +184,7 @@ def run_worker_node(engine_args: EngineArgs) -> int:
                          f"(node 0 runs the engine core), got {engine_args.node_rank}")
     if engine_args.master_port is None:
         raise ValueError("master_port must be set: the port of node 0's rendezvous")
+    wait_for_store(engine_args.master_addr, engine_args.master_port)
     config = _node_config(engine_args, read_config(join_store(engine_args.master_addr, engine_args.master_port)))
     procs: list[BaseProcess] = []
     try:
