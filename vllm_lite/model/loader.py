@@ -76,4 +76,8 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     with torch.device("cpu"):
         model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
     load_weights(model, Path(model_config.model))
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    for module in model.modules():
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
+    return model

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.linear import materialize, narrow_loaded
+from vllm_lite.model.layers.linear import can_prepack, materialize, narrow_loaded, packed_linear, prepack
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,11 +42,24 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, bias: bool = False,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__(vocab_size, hidden_size, tp)
+        self.packed_weight: torch.Tensor | None = None
+        self.tied = False
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
+        self.tied = True
+
+    def process_weights_after_loading(self) -> None:
+        """As for linear layers; a tied weight stays row-major too, for the embedding lookup."""
+        if can_prepack(self.weight):
+            self.packed_weight = prepack(self.weight)
+            if not self.tied:
+                self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_states, self.weight)
+        if self.packed_weight is not None:
+            logits = packed_linear(hidden_states, self.packed_weight)
+        else:
+            logits = F.linear(hidden_states, self.weight)
         logits = self.tp.all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]

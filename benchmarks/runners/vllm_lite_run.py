@@ -1,0 +1,44 @@
+"""Benchmark runner: vllm_lite's `LLM` (engine core in its own process) on a job file.
+
+    python benchmarks/runners/vllm_lite_run.py JOB.json RESULT.json
+
+The job and result formats are those of benchmarks/benchlib.py (run_engine / engine_job).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from vllm_lite import LLM, SamplingParams
+
+
+def main(job_path: str, result_path: str) -> None:
+    job = json.loads(Path(job_path).read_text())
+    llm = LLM(job["model"], dtype="float32", max_model_len=job["max_model_len"], max_num_seqs=job["max_num_seqs"],
+              max_num_batched_tokens=job["max_num_batched_tokens"],
+              kv_cache_memory_bytes=job["kv_cache_gib"] * 1024 ** 3, seed=0)
+    try:
+        detokenize = job.get("detokenize", True)
+        prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize)
+                  for n in job["max_tokens"]]
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    finally:
+        llm.shutdown()
+    token_ids = [[int(t) for t in out.outputs[0].token_ids] for out in outputs]
+    Path(result_path).write_text(json.dumps({
+        "elapsed_s": elapsed, "num_requests": len(outputs),
+        "input_tokens": sum(len(p) for p in job["prompts"]),
+        "output_tokens": sum(len(t) for t in token_ids),
+        "outputs": token_ids[:job.get("keep_outputs", 0)],
+    }))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
