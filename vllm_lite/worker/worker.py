@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import torch
 
 from vllm_lite.config import VllmConfig
@@ -19,6 +22,7 @@ class Worker:
             self.device = torch.device("cuda", local_rank)
         else:
             self.device = torch.device("cpu")
+            keep_freed_memory_in_heap()
         torch.manual_seed(vllm_config.model_config.seed)
         self.model_runner = ModelRunner(vllm_config, self.device, tp)
 
@@ -27,3 +31,25 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+
+# glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def keep_freed_memory_in_heap() -> None:
+    """Make glibc reuse freed activation buffers instead of returning them to the OS.
+
+    By default every buffer above 128 KiB-32 MiB gets fresh pages from mmap and gives them back
+    on free, so each step's activations page-fault in again: on the demo model this made an
+    elementwise op over a prefill's activations 10x slower (rms_norm 3.7 ms -> 0.26 ms for
+    2,048 x 576 once fixed). The heap then keeps its peak size, as an inference process wants.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:  # not glibc (musl has no mallopt)
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest allowed value on 64-bit
+    mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)
+    mallopt(_M_TOP_PAD, 64 << 20)

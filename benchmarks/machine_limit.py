@@ -1,0 +1,93 @@
+"""Benchmark 5: the machine's limit, and how close the demo model gets to it.
+
+Measures fp32 matmul FLOP/s (a large square torch.mm) and memory bandwidth (reading and copying
+a 512 MiB tensor) with the given threads, then runs vllm_lite on the demo model twice:
+
+* throughput: benchmark 1's workload (64 requests, inputs 64-512, outputs 64-256, greedy);
+  FLOPs = 2 x parameters per processed token (prompt and output tokens both);
+* single-stream decode: 1 request, 128 output tokens; each step reads every weight once, so
+  tokens/s x weight bytes is the bandwidth decode reaches.
+
+    python benchmarks/machine_limit.py [--threads 2] [--num-requests 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from benchlib import (EngineLimits, RunResult, Workload, count_parameters, demo_model, engine_job, machine_line,
+                      print_table, random_workload, run_engine, write_results)
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    return 2 * n ** 3 / best_of(lambda: torch.mm(a, b, out=out), repeats)
+
+
+def memory_bandwidth(num_bytes: int = 512 * 1024 ** 2, repeats: int = 10) -> tuple[float, float]:
+    """(read bytes/s, copy bytes/s counting read + write)."""
+    src = torch.ones(num_bytes // 4)
+    dst = torch.empty_like(src)
+    read = num_bytes / best_of(lambda: src.sum(), repeats)
+    copy = 2 * num_bytes / best_of(lambda: dst.copy_(src), repeats)
+    return read, copy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-requests", type=int, default=64)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    flops = matmul_flops()
+    read_bw, copy_bw = memory_bandwidth()
+
+    model = demo_model()
+    params = count_parameters(model)
+    weight_bytes = 4 * params
+    limits = EngineLimits(max_model_len=768, max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_gib=2,
+                          threads=args.threads)
+    workload = random_workload(args.num_requests, (64, 512), (64, 256), vocab_size=49152)
+    throughput = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, workload, limits))
+    single = Workload(workload.prompts[:1], [128])
+    decode = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, single, limits))
+
+    rows = [("fp32 matmul (2048^3, torch.mm)", f"{flops / 1e9:.1f} GFLOP/s", "", ""),
+            ("memory read (512 MiB sum)", f"{read_bw / 1e9:.1f} GB/s", "", ""),
+            ("memory copy (512 MiB, read+write)", f"{copy_bw / 1e9:.1f} GB/s", "", "")]
+    report = {"args": vars(args), "matmul_flops": flops, "read_bytes_per_s": read_bw, "copy_bytes_per_s": copy_bw,
+              "parameters": params}
+    if isinstance(throughput, RunResult):
+        processed = throughput.input_tokens + throughput.output_tokens
+        achieved = 2 * params * processed / throughput.elapsed_s
+        rows.append((f"demo model, {args.num_requests} requests", f"{throughput.tokens_per_s:.1f} output tok/s",
+                     f"{achieved / 1e9:.1f} GFLOP/s", f"{achieved / flops:.0%} of matmul peak"))
+        report["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved}
+    if isinstance(decode, RunResult):
+        reached = decode.tokens_per_s * weight_bytes
+        rows.append(("demo model, 1 request decode", f"{decode.tokens_per_s:.1f} output tok/s",
+                     f"{reached / 1e9:.1f} GB/s of weights", f"{reached / read_bw:.0%} of read bandwidth"))
+        report["single_decode"] = {"tokens_per_s": decode.tokens_per_s, "weight_bytes_per_s": reached}
+    write_results("machine_limit", report)
+    print(machine_line())
+    print(f"demo model: {params / 1e6:.1f} M parameters, {weight_bytes / 1e6:.0f} MB of fp32 weights; "
+          f"{args.threads} threads\n")
+    print_table(("measure", "value", "work rate", "fraction"), rows)
+
+
+if __name__ == "__main__":
+    main()
