@@ -15,7 +15,7 @@ utility (step counter, gc.get_stats() collections per generation, gc.get_count()
 The model is a tiny random Llama built into benchmarks/results/ (nothing is written elsewhere;
 the engine's ipc socket lives in a private temporary directory removed at shutdown).
 
-    python benchmarks/engine_gc.py [--steps 1000] [--requests 256] [--scaling 64,1024 --scaling-steps 200]
+    python benchmarks/engine_gc.py [--requests 64,1024] [--steps 1000] [--no-lockstep]
 """
 
 from __future__ import annotations
@@ -153,20 +153,22 @@ def print_table(reports: list[GCReport]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--scaling", default="64,1024", help="request counts for the per-step comparison")
-    parser.add_argument("--scaling-steps", type=int, default=200)
+    parser.add_argument("--requests", default="64,1024", help="concurrent request counts, comma-separated")
+    parser.add_argument("--steps", type=int, default=1000, help="decode steps in each measured window")
+    parser.add_argument("--no-lockstep", action="store_true", help="skip the lockstep run at the largest count")
     args = parser.parse_args()
-    scaling = [int(n) for n in args.scaling.split(",") if n]
-    max_len = PROMPT_LEN + BLOCK_SIZE + max_tokens_for(max(args.steps, args.scaling_steps))
+    counts = [int(n) for n in args.requests.split(",") if n]
+    max_len = PROMPT_LEN + BLOCK_SIZE + max_tokens_for(args.steps)
     model_dir = build_model(RESULTS / "engine_gc_model", max_len=max(2048, max_len))
-    reports = [measure(model_dir, args.requests, args.steps)]
-    reports += [measure(model_dir, n, args.scaling_steps) for n in scaling]
-    if scaling:
-        reports.append(measure(model_dir, max(scaling), args.scaling_steps, lockstep=True))
+    reports = [measure(model_dir, n, args.steps) for n in counts]
+    if not args.no_lockstep:
+        reports.append(measure(model_dir, max(counts), args.steps, lockstep=True))
     (RESULTS / "engine_gc.json").write_text(json.dumps([asdict(r) for r in reports], indent=2) + "\n")
     print_table(reports)
+    base = reports[0]
+    for r in reports[1:]:
+        print(f"gc allocs/step at {r.num_requests} ({'lockstep' if r.lockstep else 'spread'}) vs "
+              f"{base.num_requests}: {r.allocs_per_step:.2f} vs {base.allocs_per_step:.2f}")
 
 
 if __name__ == "__main__":

@@ -174,6 +174,134 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
     for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] *= inv_sum[h];
 }
 
+// ---- head_dim = C * kLanes (32, 64, 128): tiles of 16 tokens, no per-token horizontal sum ----
+
+// Pairwise-sum step of a transposing reduction: lane i of the result is x[2i] + x[2i+1] where
+// x is the 32 lanes of (a, b). Four rounds turn 16 accumulators into one vector of their sums.
+VLLM_LITE_INLINE vfloat pair_sums(vfloat a, vfloat b) {
+  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+  const vint even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const vint odd = even + 1;
+  return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+}
+
+// acc[j] holds token j's partial products; returns the vector of their 16 sums, in order.
+VLLM_LITE_INLINE vfloat transpose_sums(vfloat* acc) {
+#pragma GCC unroll 4
+  for (int width = 16; width > 1; width /= 2)
+#pragma GCC unroll 8
+    for (int j = 0; j < width / 2; ++j) acc[j] = pair_sums(acc[2 * j], acc[2 * j + 1]);
+  return acc[0];
+}
+
+// Scores of one query head against up to 16 token rows of one KV head. kFull: all 16 rows
+// exist (the loops then unroll completely and the accumulators stay in registers).
+template <int C, bool kFull>
+VLLM_LITE_INLINE void score_tile(float* logits, const vfloat* q, const float* rows, int64_t row_stride,
+                                 int64_t n) {
+  vfloat acc[kLanes];
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kLanes; ++j) {
+    vfloat sum = {};
+    if (kFull || j < n) {
+      const float* k = rows + j * row_stride;
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) sum += q[c] * load(k + c * kLanes);
+    }
+    acc[j] = sum;
+  }
+  const vfloat sums = transpose_sums(acc);
+  if (kFull || n == kLanes) {
+    store(logits, sums);
+  } else {
+    for (int64_t j = 0; j < n; ++j) logits[j] = sums[j];
+  }
+}
+
+template <int C>
+VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h,
+                                       const float* cache, const int32_t* blocks, int64_t seq_len,
+                                       int64_t kv_begin, int64_t kv_end, int64_t group,
+                                       const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  constexpr int64_t head_dim = C * kLanes;
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  scratch.resize(num_heads * seq_len);
+  float* logits = scratch.data();
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    vfloat q[C];
+    for (int k = 0; k < C; ++k) q[k] = load(query + h * q_stride_h + k * kLanes) * scale;
+    const int64_t kv_head = kv_begin + h / group;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* rows = cache + blocks[b] * c.stride_block + kv_head * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        float* tile_logits = logits + h * seq_len + start + t;
+        const float* tile_rows = rows + t * c.stride_offset;
+        if (n - t >= kLanes)
+          score_tile<C, true>(tile_logits, q, tile_rows, c.stride_offset, kLanes);
+        else
+          score_tile<C, false>(tile_logits, q, tile_rows, c.stride_offset, n - t);
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* p = logits + h * seq_len;
+    const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+    const int64_t kv_head = kv_begin + h / group;
+    vfloat acc[C] = {};
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* rows = cache + blocks[b] * c.stride_block + c.stride_kv + kv_head * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t i = 0; i < n; ++i) {
+        const float* v = rows + i * c.stride_offset;
+        const float weight = p[start + i];
+#pragma GCC unroll 8
+        for (int k = 0; k < C; ++k) acc[k] += weight * load(v + k * kLanes);
+      }
+    }
+    for (int k = 0; k < C; ++k) store(out + h * head_dim + k * kLanes, acc[k] * inv_sum);
+  }
+}
+
+#define VLLM_LITE_DECODE_TILED(C)                                                                \
+  VLLM_LITE_MULTIVERSION                                                                         \
+  void decode_one_tiled_##C(float* out, const float* query, int64_t q_stride_h,                  \
+                            const float* cache, const int32_t* blocks, int64_t seq_len,          \
+                            int64_t kv_begin, int64_t kv_end, int64_t group,                     \
+                            const CacheLayout& c, float scale, std::vector<float>& scratch) {    \
+    decode_one_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, \
+                        c, scale, scratch);                                                      \
+  }
+VLLM_LITE_DECODE_TILED(2)
+VLLM_LITE_DECODE_TILED(4)
+VLLM_LITE_DECODE_TILED(8)
+#undef VLLM_LITE_DECODE_TILED
+
+// The tiled kernel for head_dim 32, 64 and 128 (query rows contiguous), else the general one.
+void decode_item(float* out, const float* query, int64_t q_stride_h, const float* cache,
+                 const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
+                 int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
+                 std::vector<float>& scratch) {
+  if (seq_len > 0) {
+    switch (head_dim) {
+      case 2 * kLanes:
+        return decode_one_tiled_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                                  group, c, scale, scratch);
+      case 4 * kLanes:
+        return decode_one_tiled_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                                  group, c, scale, scratch);
+      case 8 * kLanes:
+        return decode_one_tiled_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                                  group, c, scale, scratch);
+      default:
+        break;
+    }
+  }
+  decode_one(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c,
+             scale, scratch);
+}
+
 // Work items: whole sequences when there are enough to keep every thread busy (each token row
 // is then read once, contiguously), else (sequence, kv head) pairs.
 void decode_attention_f32(float* out, const float* query, const float* cache,
@@ -191,7 +319,7 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
       const int64_t s = item / items_per_seq;
       const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
-      decode_one(out + (s * num_q_heads + kv_begin * group) * head_dim,
+      decode_item(out + (s * num_q_heads + kv_begin * group) * head_dim,
                  query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
                  block_table + s * bt_stride, seq_lens[s], kv_begin, kv_begin + heads_per_item,
                  group, head_dim, layout, scale, scratch);

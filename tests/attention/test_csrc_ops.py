@@ -64,8 +64,11 @@ def test_reshape_and_cache_rejects_out_of_range_slot():
 
 
 @native
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(2, 2, 64), (4, 1, 32), (7, 1, 24), (9, 3, 64)])
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+# head_dim 32/64/128 take the tiled kernel (partial tiles with block sizes 1 and 4, two tiles per
+# block with 32); 24 takes the general one.
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim",
+                         [(2, 2, 64), (4, 1, 32), (7, 1, 24), (9, 3, 64), (8, 2, 128)])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 def test_paged_attention_decode(num_q_heads, num_kv_heads, head_dim, block_size):
     # Ragged contexts, partially filled last blocks, a one-token prompt, a long context.
     specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
