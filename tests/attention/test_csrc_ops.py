@@ -121,3 +121,21 @@ def test_selector_falls_back_to_torch():
     assert auto.name == ("cpu_native" if cpu_native.is_available() else "torch")
     with pytest.raises(ValueError, match="attention_backend"):
         get_attn_backend("nope", torch.device("cpu"), torch.float32)
+
+
+@native
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 15), (4, 16), (5, 33), (64, 8192), (300, 1000)])
+def test_argmax_rows_matches_torch(rows, vocab):
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab))
+    assert torch.equal(cpu_native.argmax_rows(logits), logits.argmax(dim=-1))
+
+
+@native
+def test_argmax_rows_first_maximum_wins_and_strided_rows():
+    logits = torch.zeros(4, 100)
+    logits[:, [97, 40, 7]] = 1.0  # ties in different lanes and in the scalar tail
+    logits[1] = -float("inf")
+    assert cpu_native.argmax_rows(logits).tolist() == [7, 0, 7, 7]
+    wide = torch.randn(6, 70)
+    view = wide[:, 3:53]  # rows with a stride larger than their length
+    assert torch.equal(cpu_native.argmax_rows(view), view.argmax(dim=-1))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_lite.attention.ops import cpu_native
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
 from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
@@ -51,8 +52,8 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
-            return logits.argmax(dim=-1)
-        greedy = None if metadata.all_random else logits.argmax(dim=-1)
+            return greedy_tokens(logits)
+        greedy = None if metadata.all_random else greedy_tokens(logits)
         logits.div_(metadata.temperature)
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
@@ -70,3 +71,12 @@ class Sampler:
         for row, generator in generators.items():
             uniforms[row] = torch.rand(1, generator=generator, device=device)
         return uniforms
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary; on CPU the native op when it is built (torch's argmax is
+    single-threaded and a sizeable part of a small model's step)."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.stride(-1) == 1 and cpu_native.is_available()):
+        return cpu_native.argmax_rows(logits)
+    return logits.argmax(dim=-1)
