@@ -15,7 +15,7 @@ utility (step counter, gc.get_stats() collections per generation, gc.get_count()
 The model is a tiny random Llama built into benchmarks/results/ (nothing is written elsewhere;
 the engine's ipc socket lives in a private temporary directory removed at shutdown).
 
-    python benchmarks/engine_gc.py [--requests 64,1024] [--steps 1000] [--no-lockstep]
+    python benchmarks/engine_gc.py [--requests 256,64,1024] [--steps 1000] [--no-lockstep]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def print_table(reports: list[GCReport]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", default="64,1024", help="concurrent request counts, comma-separated")
+    parser.add_argument("--requests", default="256,64,1024", help="concurrent request counts, comma-separated")
     parser.add_argument("--steps", type=int, default=1000, help="decode steps in each measured window")
     parser.add_argument("--no-lockstep", action="store_true", help="skip the lockstep run at the largest count")
     args = parser.parse_args()
@@ -165,8 +165,10 @@ def main() -> None:
         reports.append(measure(model_dir, max(counts), args.steps, lockstep=True))
     (RESULTS / "engine_gc.json").write_text(json.dumps([asdict(r) for r in reports], indent=2) + "\n")
     print_table(reports)
-    base = reports[0]
-    for r in reports[1:]:
+    base = min(reports, key=lambda r: r.num_requests)
+    for r in reports:
+        if r is base:
+            continue
         print(f"gc allocs/step at {r.num_requests} ({'lockstep' if r.lockstep else 'spread'}) vs "
               f"{base.num_requests}: {r.allocs_per_step:.2f} vs {base.allocs_per_step:.2f}")
 
