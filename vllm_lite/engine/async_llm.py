@@ -23,11 +23,11 @@ from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import AsyncMPClient
 from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
-from vllm_lite.engine.launch import attached_engine_args, launch_engine_core
+from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
+                                    load_tokenizer_while_launching)
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.engine.protocol import EngineCoreOutputs, RequestError
-from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -37,12 +37,7 @@ class AsyncLLM:
                  **client_kwargs: Any) -> None:
         self.vllm_config = vllm_config
         launch = launch_engine_core(vllm_config) if engine_address is None else None
-        try:
-            self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
-        except BaseException:
-            if launch is not None:
-                launch.abort()
-            raise
+        self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)

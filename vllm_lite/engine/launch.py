@@ -28,6 +28,7 @@ from vllm_lite.engine.protocol import (
     UtilityRequest,
     UtilityResult,
 )
+from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address, private_ipc_address
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large model can take minutes
@@ -92,6 +93,17 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
         raise
     writer.close()
     return EngineLaunch(proc, address, reader)
+
+
+def load_tokenizer_while_launching(vllm_config: VllmConfig, launch: EngineLaunch | None) -> Any:
+    """The client's tokenizer, loaded while a spawned engine core (if any) loads its model; if
+    loading fails, the launch is stopped rather than left running."""
+    try:
+        return load_tokenizer(vllm_config.model_config.tokenizer)
+    except BaseException:
+        if launch is not None:
+            launch.abort()
+        raise
 
 
 def fetch_engine_info(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> dict[str, Any]:

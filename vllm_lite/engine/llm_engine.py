@@ -9,10 +9,9 @@ from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import make_client
 from vllm_lite.engine.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
-from vllm_lite.engine.launch import launch_engine_core
+from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
-from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -23,12 +22,7 @@ class LLMEngine:
         self.vllm_config = vllm_config
         # A spawned engine core loads its model while this process loads the tokenizer.
         launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
-        try:
-            self.tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
-        except BaseException:
-            if launch is not None:
-                launch.abort()
-            raise
+        self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
