@@ -43,7 +43,8 @@ def keep_freed_memory_in_heap() -> None:
     By default every buffer above 128 KiB-32 MiB gets fresh pages from mmap and gives them back
     on free, so each step's activations page-fault in again: on the demo model this made an
     elementwise op over a prefill's activations 10x slower (rms_norm 3.7 ms -> 0.26 ms for
-    2,048 x 576 once fixed). The heap then keeps its peak size, as an inference process wants.
+    2,048 x 576 once fixed). The heap then keeps its peak size, as an inference process wants;
+    with `LLM(..., multiprocess=False)` that process is the application's own.
     """
     if not sys.platform.startswith("linux"):
         return

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.linear import can_prepack, materialize, narrow_loaded, packed_linear, prepack
+from vllm_lite.model.layers.linear import can_prepack, linear, materialize, narrow_loaded, prepack
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -57,9 +57,5 @@ class ParallelLMHead(VocabParallelEmbedding):
                 self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is not None:
-            logits = packed_linear(hidden_states, self.packed_weight)
-        else:
-            logits = F.linear(hidden_states, self.weight)
-        logits = self.tp.all_gather(logits, dim=-1)
+        logits = self.tp.all_gather(linear(hidden_states, self.weight, self.packed_weight), dim=-1)
         return logits[..., : self.vocab_size]

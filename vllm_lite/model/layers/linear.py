@@ -45,8 +45,11 @@ def prepack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PREPACK_BATCH_HINT)
 
 
-def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` for a weight made by `prepack`."""
+def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: torch.Tensor | None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`, through the weight made by `prepack` when there is one."""
+    if packed_weight is None:
+        return F.linear(x, weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])
@@ -80,13 +83,8 @@ class LinearBase(nn.Module):
             self.packed_weight = prepack(self.weight)
             self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.packed_weight is not None:
-            return packed_linear(x, self.packed_weight, bias)
-        return F.linear(x, self.weight, bias)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, self.bias)
+        return linear(x, self.weight, self.packed_weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -171,5 +169,5 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(materialize(narrow_loaded(loaded, 1, self.tp.rank * size, size)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(self.matmul(x, None))
+        out = self.tp.all_reduce(linear(x, self.weight, self.packed_weight))
         return out if self.bias is None else out + self.bias
