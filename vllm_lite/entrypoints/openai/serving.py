@@ -259,6 +259,14 @@ async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[
     return choices
 
 
+MIN_JSON_LOGPROB = -9999.0  # JSON has no -inf
+
+
+def json_logprob(logprob: Logprob) -> float:
+    """A logprob as JSON can carry it (-inf, a masked token, becomes MIN_JSON_LOGPROB)."""
+    return max(logprob.logprob, MIN_JSON_LOGPROB)
+
+
 def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None) -> str:
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token

@@ -25,6 +25,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
+    MIN_JSON_LOGPROB,
     SSE_DONE,
     ServingContext,
     SSEResponse,
@@ -32,6 +33,7 @@ from vllm_lite.entrypoints.openai.serving import (
     check_length,
     collect_choices,
     decode_token,
+    json_logprob,
     render_chat,
     sse_error,
     sse_event,
@@ -40,8 +42,6 @@ from vllm_lite.entrypoints.openai.serving import (
     tracked_generate,
 )
 from vllm_lite.outputs import Logprob, RequestOutput
-
-_MIN_LOGPROB = -9999.0  # JSON has no -inf
 
 
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest,
@@ -130,10 +130,10 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
         sampled = entry.get(token_id)
         token = decode_token(tokenizer, token_id, sampled)
         top = [_top_entry(decode_token(tokenizer, tid, lp), lp) for tid, lp in top_logprobs(entry, num_top)]
-        logprob = max(sampled.logprob, _MIN_LOGPROB) if sampled is not None else _MIN_LOGPROB
+        logprob = json_logprob(sampled) if sampled is not None else MIN_JSON_LOGPROB
         content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
     return ChatChoiceLogprobs(content=content)
 
 
 def _top_entry(token: str, logprob: Logprob) -> ChatTopLogprob:
-    return ChatTopLogprob(token=token, logprob=max(logprob.logprob, _MIN_LOGPROB), bytes=list(token.encode()))
+    return ChatTopLogprob(token=token, logprob=json_logprob(logprob), bytes=list(token.encode()))

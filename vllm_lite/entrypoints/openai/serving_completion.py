@@ -31,6 +31,7 @@ from vllm_lite.entrypoints.openai.serving import (
     collect_choices,
     decode_token,
     encode_prompt,
+    json_logprob,
     merge_streams,
     sse_error,
     sse_event,
@@ -38,8 +39,6 @@ from vllm_lite.entrypoints.openai.serving import (
     tracked_generate,
 )
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
-
-_MIN_LOGPROB = -9999.0  # JSON has no -inf
 
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
@@ -152,9 +151,9 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
         sampled = entry.get(token_id)
         token = decode_token(tokenizer, token_id, sampled)
         out.tokens.append(token)
-        out.token_logprobs.append(max(sampled.logprob, _MIN_LOGPROB) if sampled is not None else None)
+        out.token_logprobs.append(json_logprob(sampled) if sampled is not None else None)
         out.text_offset.append(text_offset)
-        out.top_logprobs.append({decode_token(tokenizer, tid, lp): max(lp.logprob, _MIN_LOGPROB)
+        out.top_logprobs.append({decode_token(tokenizer, tid, lp): json_logprob(lp)
                                  for tid, lp in list(entry.items())[:num_top + 1]})
         text_offset += len(token)
     return out
