@@ -4,6 +4,10 @@ all-greedy vs all-top-p vs one request with penalties (the rest greedy), side by
 Besides time, it counts the tensors of the logits' size each path allocates (a
 TorchDispatchMode that sees every op): the all-greedy path must make none.
 
+A second table checks that cost does not depend on what it should not (64 rows): top-p on flat
+vs peaked logits, and penalties on every row at 256 vs 4,096 tokens of history, in steady decode
+(one token appended per row and step, the occurrence counts kept across steps).
+
     python benchmarks/sampler.py [--batch 256] [--vocab 49152] [--iters 20] [--threads N]
 """
 
@@ -75,6 +79,52 @@ def count_copies(metadata: SamplingMetadata, logits: torch.Tensor) -> LogitsCopy
     return counter
 
 
+SCALING_ROWS = 64
+
+
+def top_p_step_ms(logits_scale: float, vocab: int, iters: int) -> float:
+    case = Case("top-p", lambda row: SamplingParams(temperature=1.0, top_p=0.9))
+    metadata = build_metadata(case, SCALING_ROWS, vocab)
+    logits = torch.randn(SCALING_ROWS, vocab, generator=torch.Generator().manual_seed(1)) * logits_scale
+    return statistics.median(time_case(metadata, logits, iters)) * 1e3
+
+
+@torch.inference_mode()
+def penalties_step_ms(history_len: int, vocab: int, iters: int) -> float:
+    """Every row penalized; each timed step appends one token per row first (steady decode)."""
+    rng = np.random.default_rng(0)
+    batch = InputBatch(SCALING_ROWS, history_len + iters + 8, 1)
+    params = SamplingParams(temperature=0.0, repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.5)
+    for row in range(SCALING_ROWS):
+        tokens = rng.integers(0, vocab, history_len, dtype=np.int32)
+        batch.add_request(NewRequestData(f"r{row}", tokens, history_len // 2, params, [], 0))
+    rows = np.arange(SCALING_ROWS)
+    metadata = build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"))
+    logits = torch.randn(SCALING_ROWS, vocab, generator=torch.Generator().manual_seed(2))
+    sampler = Sampler()
+    times = []
+    for i in range(iters + 3):
+        batch.token_ids[rows, batch.num_tokens[rows]] = rng.integers(0, vocab, SCALING_ROWS, dtype=np.int32)
+        batch.num_tokens[rows] += 1
+        fresh = logits.clone()
+        start = time.perf_counter()
+        sampler(fresh, metadata)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def print_scaling(vocab: int, iters: int) -> None:
+    flat, peaked = top_p_step_ms(0.05, vocab, iters), top_p_step_ms(8.0, vocab, iters)
+    short, long = penalties_step_ms(256, vocab, iters), penalties_step_ms(4096, vocab, iters)
+    print()
+    print(f"{SCALING_ROWS} rows x vocab {vocab}      {'median ms':>10}")
+    print(f"{'top-p 0.9, flat logits':<30} {flat:>10.2f}")
+    print(f"{'top-p 0.9, peaked logits':<30} {peaked:>10.2f}   flat/peaked {flat / peaked:.2f}x (target <= 1.5x)")
+    print(f"{'penalties, 256-token history':<30} {short:>10.2f}")
+    print(f"{'penalties, 4096-token history':<30} {long:>10.2f}   4096/256 {long / short:.2f}x (target <= 1.2x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=256)
@@ -99,6 +149,7 @@ def main() -> None:
     print(f"{'case':<26} {'median ms':>10} {'min ms':>8} {'logits-size copies':>19}  ops")
     for name, median, best, copies, ops in rows:
         print(f"{name:<26} {median:>10.2f} {best:>8.2f} {copies:>19}  {ops}")
+    print_scaling(args.vocab, args.iters)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ transformers end to end."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, GenerationConfig, MinNewTokensLengthLogitsProcessor,
@@ -15,8 +16,9 @@ from llm_factory import make_llm
 from sampling_fixtures import make_batch, make_metadata
 from vllm_lite import SamplingParams
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
-from vllm_lite.sample.ops.penalties import apply_penalties
+from vllm_lite.sample.ops.penalties import TokenOccurrences, apply_penalties
 from vllm_lite.sample.sampler import Sampler
+from vllm_lite.worker.sampling_inputs import build_sampling_metadata
 
 VOCAB = 64
 
@@ -82,6 +84,38 @@ def test_repetition_penalty_sees_tokens_appended_after_metadata_was_built() -> N
     expected = _hf_repetition(logits[0], prompt, output + [9], 1.5)
     apply_penalties(logits, metadata.penalties)
     torch.testing.assert_close(logits[0], expected, rtol=0, atol=1e-6)
+
+
+def test_occurrences_kept_incrementally_across_steps_and_rebuilt_after_release() -> None:
+    """Steady decode: the state counts only the tokens added since the last step (rewriting an
+    already-counted token changes nothing), and a released request is rebuilt from its history."""
+    histories = [_history(20 + i, 6 + i, 2) for i in range(3)]
+    params = SamplingParams(repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3)
+    batch = make_batch([(p, o, params) for p, o in histories])
+    occurrences = TokenOccurrences(torch.device("cpu"))
+    rows = np.arange(3)
+    metadata = build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"), occurrences)
+    for step in range(5):
+        for row, (prompt, output) in enumerate(histories):
+            token = (7 * step + row) % 40
+            output.append(token)
+            batch.token_ids[row, batch.num_tokens[row]] = token
+            batch.num_tokens[row] += 1
+        logits = _logits(3)
+        apply_penalties(logits, metadata.penalties)
+        expected = torch.stack([_openai_frequency_presence(_hf_repetition(_logits(3)[row], p, o, 1.4), o, 0.6, 0.3)
+                                for row, (p, o) in enumerate(histories)])
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    batch.token_ids[0, 0] = 63  # already counted: the incremental state does not read it again
+    before = _logits(3)
+    apply_penalties(before, metadata.penalties)
+    torch.testing.assert_close(before, expected, rtol=0, atol=1e-5)
+    occurrences.release("r0")  # as on preemption: the next use rebuilds r0 from its history
+    rebuilt = _logits(3)
+    apply_penalties(rebuilt, metadata.penalties)
+    prompt0, output0 = histories[0]
+    fresh = _hf_repetition(_logits(3)[0], [63] + prompt0[1:], output0, 1.4)
+    torch.testing.assert_close(rebuilt[0], _openai_frequency_presence(fresh, output0, 0.6, 0.3), rtol=0, atol=1e-5)
 
 
 def test_logit_bias_matches_sequence_bias_processor() -> None:
@@ -186,3 +220,14 @@ def test_frequency_presence_greedy_matches_openai_formula(llm, tiny_llama, promp
         output.append(int(logits.argmax()))
     assert _generate(llm, [prompt], params) == [output]
     assert _generate(llm, [prompt], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)) != [output]
+
+
+def test_penalties_survive_preemption_and_chunked_prefill(tiny_llama, llm, prompts_token_ids) -> None:
+    """Preempted requests drop their occurrence rows and rebuild them when they come back."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=1.5,
+                            frequency_penalty=0.7, presence_penalty=0.4)
+    prompts = [prompts_token_ids[i] for i in range(3, 8)]
+    expected = [_generate(llm, [p], params)[0] for p in prompts]
+    small = make_llm(tiny_llama, num_kv_blocks=24, block_size=8, max_num_batched_tokens=32)
+    assert _generate(small, prompts, params) == expected
+    assert small.stats()["num_preemptions"] > 0

@@ -158,3 +158,21 @@ def test_seed_survives_preemption_and_chunked_prefill(tiny_llama, llm, prompts_t
     small = make_llm(tiny_llama, num_kv_blocks=24, block_size=8, max_num_batched_tokens=32)
     assert _run(small, requests) == expected
     assert small.stats()["num_preemptions"] > 0
+
+
+def test_logprobs_computed_only_for_rows_that_asked() -> None:
+    asked = {1: 0, 4: 3, 6: 2}  # row -> logprobs
+    batch = make_batch([([1], [], SamplingParams(temperature=0.0, logprobs=asked.get(row)))
+                        for row in range(8)])
+    logits = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
+    with LogitsCopyCounter(logits) as counter:
+        out = Sampler()(logits, make_metadata(batch))
+    assert out.logprobs_rows.tolist() == sorted(asked)
+    assert counter.num_copies == 0, counter.ops  # log_softmax ran on the 3 rows only
+    full = logits.log_softmax(-1)
+    assert out.logprobs.logprobs.shape == (3, 4)
+    for i, row in enumerate(sorted(asked)):
+        chosen = int(out.sampled_token_ids[row])
+        assert int(out.logprobs.token_ids[i, 0]) == chosen
+        torch.testing.assert_close(out.logprobs.logprobs[i, 0], full[row, chosen])
+        torch.testing.assert_close(out.logprobs.logprobs[i, 1:], full[row].topk(3).values)

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from vllm_lite.sample.ops.penalties import TokenOccurrences
 
 
 @dataclass(slots=True)
@@ -30,10 +35,12 @@ class PenaltyMetadata:
 
     logits_rows: torch.Tensor  # int64 [m] rows of the logits
     batch_rows: np.ndarray  # [m] the same rows in the persistent batch
+    req_ids: list[str]  # [m] their requests: keys of the incrementally kept occurrences
     repetition: torch.Tensor  # float32 [m, 1]
     frequency: torch.Tensor  # float32 [m, 1]
     presence: torch.Tensor  # float32 [m, 1]
     history: TokenHistory
+    occurrences: TokenOccurrences  # outlives the metadata: kept by the model runner
     all_rows: bool  # every logits row is penalized, in order: no gather/scatter needed
 
 
@@ -69,6 +76,7 @@ class SamplingMetadata:
     top_k: torch.Tensor | None = None  # int64 [num_rows], 0 = off; None when no random row uses it
     min_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
     max_num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = no row asked
+    logprobs_rows: np.ndarray | None = None  # logits rows that asked, when not all of them do
     penalties: PenaltyMetadata | None = None
     logit_bias: LogitBiasMetadata | None = None
     min_tokens: MinTokensMetadata | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_lite.attention.ops import cpu_native
@@ -26,20 +27,27 @@ from vllm_lite.sample.ops.topk_topp import sample as random_sample
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # int64 [num_rows]
     logprobs: LogprobsTensors | None  # None when no row asked for logprobs
+    logprobs_rows: np.ndarray | None = None  # the rows `logprobs` holds; None = all rows
 
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked)."""
-        # vLLM's default: logprobs of the model's own distribution, before any processing.
-        raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs >= 0 else None
+        # vLLM's default: logprobs of the model's own distribution, before any processing, and
+        # only for the rows that asked.
+        asked = metadata.logprobs_rows
+        raw_logprobs = None
+        if metadata.max_num_logprobs >= 0:
+            index = None if asked is None else torch.from_numpy(asked).to(logits.device)
+            raw_logprobs = compute_logprobs(logits if index is None else logits.index_select(0, index))
         if metadata.needs_logits_processing or not metadata.all_greedy:
             logits = logits.to(torch.float32)  # no-op for float32 logits
             self._process_logits(logits, metadata)
         sampled = self._sample(logits, metadata)
         if raw_logprobs is None:
             return SamplerOutput(sampled, None)
-        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled))
+        chosen = sampled if index is None else sampled.index_select(0, index)
+        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, metadata.max_num_logprobs, chosen), asked)
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> None:

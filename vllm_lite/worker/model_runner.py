@@ -17,6 +17,7 @@ from vllm_lite.model.loader import load_model
 from vllm_lite.outputs import LogprobsArrays
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
+from vllm_lite.sample.ops.penalties import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
@@ -62,6 +63,7 @@ class ModelRunner:
                                       model_config.max_model_len, max_blocks)
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
@@ -105,7 +107,8 @@ class ModelRunner:
         output.sampled_token_ids[rows, 0] = tokens
         output.num_sampled[rows] = 1
         if sampled.logprobs is not None:
-            output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), rows, len(output.num_sampled))
+            asked = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
+            output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), asked, len(output.num_sampled))
 
     # ---- persistent batch upkeep ----
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -114,9 +117,11 @@ class ModelRunner:
             batch.remove_request(req_id)
             self.generators.pop(req_id, None)
             self.min_tokens_stop_ids.pop(req_id, None)
+            self.token_occurrences.release(req_id)
         for req_id in sched.preempted_req_ids:
             # Its generator stays: the request resumes its random stream where it stopped.
             batch.remove_request(req_id)
+            self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
         for new in sched.scheduled_new_reqs:
             batch.add_request(new)
             self._add_sampling_state(new)
@@ -191,7 +196,8 @@ class ModelRunner:
         key = (self.input_batch.version, len(rows))
         if self._sampling_metadata is None or key != self._sampling_key or len(rows) != self.input_batch.num_reqs:
             self._sampling_metadata = build_sampling_metadata(self.input_batch, rows, self.generators,
-                                                              self.min_tokens_stop_ids, self.device)
+                                                              self.min_tokens_stop_ids, self.device,
+                                                              self.token_occurrences)
             self._sampling_key = key
         return self._sampling_metadata
 

@@ -10,14 +10,17 @@ import torch
 
 from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
                                        SamplingMetadata, TokenHistory)
+from vllm_lite.sample.ops.penalties import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
 from vllm_lite.worker.input_batch import InputBatch
 
 
 def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Mapping[str, torch.Generator],
                             min_tokens_stop_ids: Mapping[str, tuple[int, ...]],
-                            device: torch.device) -> SamplingMetadata:
-    """`rows`: the batch rows that sample, in logits-row order."""
+                            device: torch.device,
+                            occurrences: TokenOccurrences | None = None) -> SamplingMetadata:
+    """`rows`: the batch rows that sample, in logits-row order. `occurrences`: the penalty
+    state kept across steps (the model runner's); a fresh one is built from the history if None."""
     temperature = batch.temperature[rows]
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
@@ -35,7 +38,8 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         top_k=_to(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
         min_p=_to(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
         max_num_logprobs=int(batch.num_logprobs[rows].max(initial=-1)),
-        penalties=_penalties(batch, rows, history, device),
+        logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),
+        penalties=_penalties(batch, rows, history, device, occurrences),
         logit_bias=_logit_bias(batch, rows, device),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids),
     )
@@ -43,6 +47,11 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
 
 def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+def _logprobs_rows(num_logprobs: np.ndarray) -> np.ndarray | None:
+    asked = num_logprobs >= 0
+    return None if asked.all() or not asked.any() else np.flatnonzero(asked)
 
 
 def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray,
@@ -57,8 +66,8 @@ def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray
     return out
 
 
-def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
-               device: torch.device) -> PenaltyMetadata | None:
+def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, device: torch.device,
+               occurrences: TokenOccurrences | None) -> PenaltyMetadata | None:
     repetition = batch.repetition_penalty[rows]
     frequency = batch.frequency_penalty[rows]
     presence = batch.presence_penalty[rows]
@@ -68,10 +77,12 @@ def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
     return PenaltyMetadata(
         logits_rows=_to(used.astype(np.int64), device),
         batch_rows=rows[used],
+        req_ids=[batch.req_ids[row] for row in rows[used].tolist()],
         repetition=_to(repetition[used][:, None], device),
         frequency=_to(frequency[used][:, None], device),
         presence=_to(presence[used][:, None], device),
         history=history,
+        occurrences=occurrences if occurrences is not None else TokenOccurrences(device),
         all_rows=len(used) == len(rows),
     )
 

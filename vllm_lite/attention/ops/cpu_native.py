@@ -42,3 +42,11 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(dim=-1)` for float32 `[rows, vocab]` with a contiguous last dimension (the
     first maximum wins, as in torch), rows in parallel: ~15x torch's on a [256, 8192] batch."""
     return torch.ops.vllm_lite_C.argmax_rows(logits)
+
+
+def top_k_top_p_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       uniforms: torch.Tensor) -> torch.Tensor:
+    """Random draw per row of float32 `[rows, vocab]` logits after top-k (int64, 0 = off) and
+    top-p (float32, 1.0 = off) truncation, with one uniform per row: expected O(vocab) per row
+    whatever the distribution (selection, not sorting). Rule: sample/ops/topk_topp.py."""
+    return torch.ops.vllm_lite_C.top_k_top_p_sample(logits, top_k, top_p, uniforms)

@@ -1,21 +1,22 @@
 """Random sampling with min-p, top-k and top-p, vectorized over the batch.
 
 Every random row draws exactly one uniform number u per step (from its own generator when it
-has a seed) and takes the token where its cumulative distribution first exceeds u. A row's
-token therefore depends only on its own logits, its own parameters and its own u, never on the
-other rows of the batch or their order. Which order the distribution is walked in is a row's
-own choice too: vocabulary order for untruncated rows, most-likely-first for top-k/top-p rows.
+has a seed) and takes the first token, in vocabulary order, whose cumulative kept probability
+exceeds u times the kept mass. A row's token therefore depends only on its own logits, its own
+parameters and its own u, never on the other rows of the batch or their order.
 
-top-k/top-p never sort the whole vocabulary: the kept tokens are the most likely ones, so a
-partial top-K (K = 256 and up) holds them all unless a row's nucleus is larger, in which case
-that row alone is retried with a 4x larger K.
+Truncation keeps the tokens whose probability is at least a threshold (ties at a threshold are
+all kept): top-k's is the k-th largest probability, top-p's the largest t such that the tokens
+with p >= t hold at least top_p of the top-k-kept mass. The cost is bounded whatever the
+distribution: on CPU the native op finds both thresholds by selection (expected O(vocab) per
+row); elsewhere one sort per truncated row (a top-k alone needs only a partial top-k).
 """
 
 from __future__ import annotations
 
 import torch
 
-INITIAL_CANDIDATES = 256
+from vllm_lite.attention.ops import cpu_native
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
@@ -34,58 +35,49 @@ def sample(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
     n = logits.shape[0]
     top_k = top_k if top_k is not None else torch.zeros(n, dtype=torch.long, device=logits.device)
     top_p = top_p if top_p is not None else torch.ones(n, device=logits.device)
+    if _native_applies(logits):
+        return cpu_native.top_k_top_p_sample(logits, top_k.contiguous(), top_p.contiguous(),
+                                             uniforms.contiguous())
     truncated = (top_k > 0) | (top_p < 1.0)
     if bool(truncated.all()):
-        return _sample_top_k_top_p(logits, top_k, top_p, uniforms, INITIAL_CANDIDATES)
-    out = torch.empty(n, dtype=torch.long, device=logits.device)
-    rows = truncated.nonzero().squeeze(1)
-    out[rows] = _sample_top_k_top_p(logits[rows], top_k[rows], top_p[rows], uniforms[rows],
-                                    INITIAL_CANDIDATES)
-    rows = (~truncated).nonzero().squeeze(1)
-    out[rows] = _sample_full(logits[rows], uniforms[rows])
-    return out
+        mask_top_k_top_p(logits, top_k, top_p)
+    else:
+        rows = truncated.nonzero().squeeze(1)
+        sub = logits.index_select(0, rows)
+        mask_top_k_top_p(sub, top_k[rows], top_p[rows])
+        logits.index_copy_(0, rows, sub)
+    return _sample_full(logits, uniforms)
+
+
+def _native_applies(logits: torch.Tensor) -> bool:
+    return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.stride(-1) == 1 and cpu_native.is_available())
+
+
+def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Sets the logits of the tokens outside each row's top-k / top-p to -inf, in place (the
+    torch rule the native op also follows, see the module docstring)."""
+    vocab = logits.shape[1]
+    probs = logits.softmax(dim=-1)
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+    if bool((top_p >= 1.0).all()):
+        ranked = probs.topk(int(k.max()), dim=-1).values  # most likely first
+        threshold = ranked.gather(1, (k - 1).unsqueeze(1))
+    else:
+        ranked = probs.sort(dim=-1, descending=True).values
+        k_threshold = ranked.gather(1, (k - 1).unsqueeze(1))
+        kept_mass = (ranked * (ranked >= k_threshold)).cumsum_(dim=-1)
+        boundary = torch.searchsorted(kept_mass, top_p.unsqueeze(1) * kept_mass[:, -1:])
+        p_threshold = ranked.gather(1, boundary.clamp_(max=vocab - 1))
+        threshold = torch.where(top_p.unsqueeze(1) < 1.0, torch.maximum(k_threshold, p_threshold),
+                                k_threshold)
+    logits.masked_fill_(probs < threshold, float("-inf"))
 
 
 def _sample_full(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse CDF over the vocabulary in its own order."""
     cdf = logits.softmax(dim=-1).cumsum_(dim=-1)
     return _search(cdf, uniforms).clamp_(max=logits.shape[1] - 1)
-
-
-def _sample_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                        uniforms: torch.Tensor, num_candidates: int,
-                        log_total: torch.Tensor | None = None) -> torch.Tensor:
-    """Keep the k most likely tokens, then the smallest most-likely-first prefix whose mass
-    reaches p (a token stays while the mass before it is < p, so the top token always does);
-    draw from what is kept, renormalized. `log_total`: each row's logsumexp, if known."""
-    vocab = logits.shape[1]
-    if log_total is None:
-        log_total = _logsumexp(logits)
-    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-    pure_top_k = bool((top_p >= 1.0).all())  # then max(k) candidates are exactly enough
-    num = min(vocab, int(k.max()) if pure_top_k else num_candidates)
-    values, token_ids = logits.topk(num, dim=-1)  # most likely first
-    probs = (values - log_total).exp_()
-    mass = probs.cumsum(dim=-1)
-    positions = torch.arange(num, device=logits.device)
-    keep = ((mass - probs) < top_p.unsqueeze(1)) & (positions < k.unsqueeze(1))
-    kept_cdf = probs.mul_(keep).cumsum_(dim=-1)
-    index = _search(kept_cdf, uniforms).clamp_(max=num - 1)
-    out = token_ids.gather(1, index.unsqueeze(1)).squeeze(1)
-    # A row whose last candidate is kept might keep tokens beyond the candidates: retry it wider.
-    uncovered = keep[:, -1] & (k > num)
-    if num < vocab and bool(uncovered.any()):
-        rows = uncovered.nonzero().squeeze(1)
-        out[rows] = _sample_top_k_top_p(logits[rows], top_k[rows], top_p[rows], uniforms[rows], 4 * num,
-                                        log_total[rows])
-    return out
-
-
-def _logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """torch.logsumexp spelled out: it makes the same full-size temporary, but inside one
-    kernel, where LogitsCopyCounter could not see it."""
-    peak = logits.amax(dim=-1, keepdim=True)
-    return (logits - peak).exp_().sum(dim=-1, keepdim=True).log_().add_(peak)
 
 
 def _search(cdf: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""top-k / top-p truncation: the native CPU op and the torch rule keep the same tokens and draw
+the same token from the same uniform, on flat, peaked, tied and partly masked distributions;
+and the kept set is what the definition says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_lite.attention.ops import cpu_native
+from vllm_lite.sample.ops.topk_topp import _sample_full, mask_top_k_top_p, sample
+
+VOCAB = 3000
+ROWS = 48
+
+
+def _logits(kind: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed({"flat": 1, "peaked": 2, "tied": 3, "masked": 4}[kind])
+    if kind == "flat":
+        return torch.randn(ROWS, VOCAB, generator=gen) * 0.05
+    if kind == "peaked":
+        return torch.randn(ROWS, VOCAB, generator=gen) * 6
+    if kind == "tied":  # few distinct values: thresholds land on ties
+        return torch.randint(0, 4, (ROWS, VOCAB), generator=gen).float()
+    logits = torch.randn(ROWS, VOCAB, generator=gen) * 2
+    logits[:, ::3] = float("-inf")  # as min-p leaves them
+    return logits
+
+
+def _params() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(9)
+    top_k = torch.tensor([0, 1, 5, 50, 0, 2999, 3000, 7] * (ROWS // 8), dtype=torch.long)
+    top_p = torch.tensor([0.5, 1.0, 0.9, 1.0, 0.99, 0.3, 0.7, 1e-6] * (ROWS // 8))
+    return top_k, top_p, torch.rand(ROWS, generator=gen)
+
+
+def _kept_by_definition(logits: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """Sort-based reference, one row: probability >= the k-th largest, then the smallest
+    most-likely-first prefix holding p of the kept mass, ties at either cut kept."""
+    probs = logits.softmax(-1)
+    values = probs.sort(descending=True).values
+    k_cut = values[k - 1] if 0 < k < len(values) else values[-1]
+    kept = probs >= k_cut
+    if p < 1.0:
+        kept_values = values[values >= k_cut]
+        mass = kept_values.double().cumsum(0)
+        boundary = int(torch.searchsorted(mass, p * mass[-1]))
+        kept &= probs >= kept_values[min(boundary, len(kept_values) - 1)]
+    return kept & (probs > 0)
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "masked"])
+def test_torch_rule_keeps_the_defined_set(kind: str) -> None:
+    logits = _logits(kind)
+    top_k, top_p, _ = _params()
+    masked = logits.clone()
+    mask_top_k_top_p(masked, top_k, top_p)
+    for row in range(ROWS):
+        expected = _kept_by_definition(logits[row], int(top_k[row]), float(top_p[row]))
+        assert torch.equal(masked[row] > float("-inf"), expected), f"row {row}"
+
+
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+@pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "masked"])
+def test_native_op_draws_what_the_torch_rule_draws(kind: str) -> None:
+    logits = _logits(kind)
+    top_k, top_p, uniforms = _params()
+    native = cpu_native.top_k_top_p_sample(logits.clone(), top_k, top_p, uniforms)
+    masked = logits.clone()
+    mask_top_k_top_p(masked, top_k, top_p)
+    assert torch.equal(native, _sample_full(masked, uniforms))
+    assert torch.equal(sample(logits.clone(), top_k, top_p, uniforms), native)  # the dispatch
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
+    logits = _logits("peaked")
+    uniforms = torch.rand(ROWS, generator=torch.Generator().manual_seed(5))
+    greedy = logits.argmax(-1)
+    assert torch.equal(sample(logits.clone(), torch.ones(ROWS, dtype=torch.long), None, uniforms), greedy)
+    assert torch.equal(sample(logits.clone(), None, torch.full((ROWS,), 1e-6), uniforms), greedy)
