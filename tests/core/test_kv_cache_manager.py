@@ -14,6 +14,7 @@ def make_request(request_id: str, tokens: list[int]) -> Request:
 def admit(manager: KVCacheManager, request: Request):
     hits, num_computed = manager.get_computed_blocks(request)
     new = manager.allocate_slots(request, request.num_tokens - num_computed, hits)
+    manager.record_admission(request, num_computed)
     request.num_computed_tokens = request.num_tokens
     return hits, num_computed, new
 

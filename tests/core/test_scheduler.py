@@ -122,3 +122,34 @@ def test_finished_ids_reach_the_next_nonempty_step() -> None:
     scheduler.add_request(make_request("b", 3))
     out, _ = step(scheduler)
     assert "a" in out.finished_req_ids
+
+
+def test_prefix_lookup_of_a_blocked_request_is_kept_and_counted_once() -> None:
+    """A request that cannot be admitted for many steps (no blocks) is looked up once per change
+    of the cached set, and counted in the prefix-cache stats once, when it is admitted."""
+    scheduler = make_scheduler(num_blocks=9, max_tokens=64)  # 8 usable blocks of 4 tokens
+    scheduler.add_request(make_request("a", 24, max_tokens=8))  # 6 blocks, 8 with its outputs
+    step(scheduler)
+    blocked = make_request("b", 12, max_tokens=4)
+    scheduler.add_request(blocked)
+    kv = scheduler.kv_cache_manager
+    lookups = 0
+    original = kv._update_block_hashes
+
+    def counting(request):
+        nonlocal lookups
+        lookups += request is blocked
+        original(request)
+
+    kv._update_block_hashes = counting
+    versions = set()
+    for _ in range(6):  # "a" decodes; "b" waits for blocks every step
+        versions.add(kv.block_pool.cache_version)
+        out, _ = step(scheduler)
+        assert "b" not in out.num_scheduled_tokens
+    assert lookups == len(versions) < 6  # looked up again only after the cached set changed
+    assert scheduler.get_stats()["prefix_cache_queries"] == 24
+    for _ in range(10):  # "a" finishes and frees its blocks; then "b" is admitted
+        step(scheduler)
+    assert "b" not in scheduler.requests  # it ran to completion
+    assert scheduler.get_stats()["prefix_cache_queries"] == 24 + 12

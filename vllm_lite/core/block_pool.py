@@ -69,6 +69,9 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached_blocks: dict[int, KVCacheBlock] = {}
+        # Bumped whenever `cached_blocks` gains or loses an entry: a prefix lookup made at the
+        # same version would find the same blocks.
+        self.cache_version = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -113,6 +116,7 @@ class BlockPool:
             return  # an identical block is cached already; this one stays private
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
+        self.cache_version += 1
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is in use."""
@@ -121,10 +125,12 @@ class BlockPool:
         for block in self.cached_blocks.values():
             block.block_hash = None
         self.cached_blocks.clear()
+        self.cache_version += 1
         return True
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is not None:
             if self.cached_blocks.get(block.block_hash) is block:
                 del self.cached_blocks[block.block_hash]
+                self.cache_version += 1
             block.block_hash = None

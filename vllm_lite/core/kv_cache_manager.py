@@ -38,9 +38,14 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of full blocks. At most num_tokens - 1 tokens can hit: the last
         token must be computed to produce logits. A request that wants prompt logprobs reads no
-        cache (as in vLLM): every prompt position must go through the model."""
+        cache (as in vLLM): every prompt position must go through the model. A request blocked
+        at the head of the queue asks every step: the answer is kept until the cached set of
+        blocks changes."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
+        version = self.block_pool.cache_version
+        if request.prefix_lookup is not None and request.prefix_lookup[0] == version:
+            return request.prefix_lookup[1], request.prefix_lookup[2]
         self._update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
@@ -49,9 +54,15 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.stats.queries += request.num_tokens
-        self.stats.hits += len(hits) * self.block_size
+        request.prefix_lookup = (version, hits, len(hits) * self.block_size)
         return hits, len(hits) * self.block_size
+
+    def record_admission(self, request: Request, num_cached_tokens: int) -> None:
+        """Counts one prefix-cache query per admission (not per step a request waits)."""
+        request.prefix_lookup = None
+        if self.enable_caching and request.sampling_params.prompt_logprobs is None:
+            self.stats.queries += request.num_tokens
+            self.stats.hits += num_cached_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:

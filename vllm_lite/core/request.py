@@ -26,6 +26,7 @@ class Request:
         "request_id", "sampling_params", "client_index", "arrival_time", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_preemptions",
+        "prefix_lookup",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -47,6 +48,8 @@ class Request:
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.block_hashes: list[int] = []
+        # (block pool cache version, hit blocks, hit tokens) of the last lookup while waiting
+        self.prefix_lookup: tuple[int, list, int] | None = None
         self.num_preemptions = 0
 
     @classmethod

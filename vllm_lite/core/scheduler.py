@@ -197,6 +197,7 @@ class Scheduler:
             num_new = min(num_new, budget)
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
+            kv.record_admission(request, num_computed)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
