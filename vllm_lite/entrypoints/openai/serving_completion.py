@@ -28,6 +28,7 @@ from vllm_lite.entrypoints.openai.serving import (
     SSEResponse,
     cancel_on_disconnect,
     check_length,
+    check_n,
     collect_choices,
     decode_token,
     encode_prompt,
@@ -43,8 +44,9 @@ from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
+    check_n(ctx, request.n)
     params = request.to_sampling_params()
-    prompts = _engine_prompts(ctx, request.prompt)
+    prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt)
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
     request_id = random_id("cmpl")
@@ -57,14 +59,22 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     return JSONResponse(response.model_dump())
 
 
-def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[dict[str, Any]]:
+async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
+                         cache_salt: str | None) -> list[dict[str, Any]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items: list[Any] = [prompt]
     else:
         items = list(prompt)
     if not items:
         raise RequestParamError("prompt", "prompt must not be empty")
-    return [encode_prompt(ctx, item) for item in items]
+    if len(items) > ctx.options.max_n_sequences:
+        raise RequestParamError("prompt", f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
+                                f"(--max-n-sequences), got {len(items)}")
+    prompts = [await encode_prompt(ctx, item) for item in items]
+    if cache_salt is not None:
+        for engine_prompt in prompts:
+            engine_prompt["cache_salt"] = cache_salt
+    return prompts
 
 
 def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
