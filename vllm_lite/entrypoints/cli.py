@@ -123,6 +123,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
+    serve.add_argument("--chat-template-timeout", type=float, default=5.0,
+                       help="seconds a chat template may render before the request gets 400")
     serve.add_argument("--health-check-timeout", type=float, default=5.0,
                        help="seconds /health waits for the engine before answering 503")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,

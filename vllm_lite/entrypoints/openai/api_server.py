@@ -154,7 +154,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(status, _HTTP_ERROR_TYPES.get(status, "HTTPError"), message),
                             status_code=status, headers=exc.headers)
 
-    for exc_type in (ApiError, EngineDeadError, ValueError, TypeError, RecursionError, Exception):
+    for exc_type in (ApiError, EngineDeadError, ValueError, TypeError, RecursionError):
         app.add_exception_handler(exc_type, known_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
@@ -214,10 +214,9 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
                            f"{ctx.options.health_check_timeout_s:g} s") from None
         return Response(status_code=200)
 
-    @app.api_route("/ping", methods=["GET", "POST"])
-    async def ping() -> Response:
-        """vLLM's (SageMaker's) liveness route: /health under another name."""
-        return await health()
+    # vLLM's (SageMaker's) liveness route: /health under another name, GET or POST.
+    app.get("/ping", operation_id="ping_get")(health)
+    app.post("/ping", operation_id="ping_post")(health)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -265,7 +264,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,
                          health_check_timeout_s=args.health_check_timeout,
-                         shutdown_timeout_s=args.shutdown_timeout)
+                         shutdown_timeout_s=args.shutdown_timeout,
+                         chat_template_timeout_s=args.chat_template_timeout)
 
 
 async def _serve(args: argparse.Namespace) -> int:

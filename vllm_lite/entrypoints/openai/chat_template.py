@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 JINJA_TEMPLATE_FILENAME = "<template>"
-DEFAULT_RENDER_TIMEOUT_S = 5.0
 
 
 class TemplateRenderTimeout(Exception):
@@ -50,7 +49,7 @@ def call_with_deadline(fn: Callable[[], T], timeout_s: float) -> T:
 
 
 def render_chat_template(tokenizer: Any, conversation: list[dict[str, str]], *, max_chars: int,
-                         timeout_s: float = DEFAULT_RENDER_TIMEOUT_S, **kwargs: Any) -> str:
+                         timeout_s: float, **kwargs: Any) -> str:
     """`tokenizer.apply_chat_template(..., tokenize=False)` under the deadline; a result longer
     than `max_chars` is refused (ValueError) before anyone tokenizes it."""
     text = call_with_deadline(

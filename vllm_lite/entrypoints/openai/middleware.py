@@ -1,10 +1,12 @@
 """The gate every HTTP request passes before FastAPI parses it: the API key (every route but
 /health and /ping), the refusal of new requests while the server drains, and the body-size
-limit. It runs before the body is read, so an unauthenticated or oversized body costs nothing."""
+limit. It runs before the body is read, so an unauthenticated or oversized body costs nothing.
+It is also the last catch: an exception no handler knew becomes a JSON 500 (a bug, logged once)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
+
+logger = logging.getLogger(__name__)
 
 # Liveness probes answer without a key, as in vLLM (a load balancer has none).
 UNAUTHENTICATED_PATHS = frozenset(("/health", "/ping"))
@@ -46,7 +50,22 @@ class RequestGate:
             if body is None:
                 return
             receive = _replay(body, receive)
-        await self.app(scope, receive, send)
+        await self._call_app(scope, receive, send)
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            logger.exception("unexpected error while handling %s %s", scope["method"], scope["path"])
+            if not started:  # else the client sees the response end early
+                await _send_error(send, 500, "InternalServerError", f"{type(exc).__name__}: {exc}")
 
     def _authorized(self, scope: Scope) -> bool:
         if self._expected_auth is None:

@@ -26,6 +26,7 @@ class ServerOptions:
     | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
     | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
     | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
+    | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
     """
 
     api_key: str | None = None
@@ -34,12 +35,13 @@ class ServerOptions:
     trust_request_chat_template: bool = False
     health_check_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0
+    chat_template_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_n_sequences"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("health_check_timeout_s", "shutdown_timeout_s"):
+        for name in ("health_check_timeout_s", "shutdown_timeout_s", "chat_template_timeout_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 

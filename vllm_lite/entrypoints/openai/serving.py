@@ -154,7 +154,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     try:
         return await off_loop(ctx, render_chat_template, ctx.tokenizer, conversation,
-                              max_chars=ctx.max_prompt_chars, chat_template=chat_template,
+                              max_chars=ctx.max_prompt_chars, timeout_s=ctx.options.chat_template_timeout_s,
+                              chat_template=chat_template,
                               add_generation_prompt=add_generation_prompt,
                               continue_final_message=continue_final_message, **kwargs)
     except TemplateRenderTimeout as exc:
