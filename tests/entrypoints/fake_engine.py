@@ -23,6 +23,7 @@ class FakeEngine:
         self.dead = False
         self.running: set[str] = set()
         self.aborted: list[str] = []
+        self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
@@ -39,6 +40,12 @@ class FakeEngine:
                 await asyncio.sleep(self.step_delay_s)
                 if self.dead:
                     raise EngineDeadError("the engine core died")
+                if request_id in self.abort_requested:  # AsyncLLM.abort: one last output, 'abort'
+                    finished = True
+                    outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason="abort")
+                               for i in range(params.n)]
+                    yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, True)
+                    return
                 finished = step == num_steps - 1
                 outputs = [self._sample(i, step, finished, params) for i in range(params.n)]
                 yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, finished)
@@ -59,8 +66,10 @@ class FakeEngine:
         return CompletionOutput(index=index, text=self.tokenizer.decode([token_id]), token_ids=[token_id],
                                 logprobs=logprobs, finish_reason="length" if last else None)
 
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
+    async def abort(self, request_id: str | list[str]) -> None:
+        request_ids = [request_id] if isinstance(request_id, str) else request_id
+        self.aborted.extend(request_ids)
+        self.abort_requested.update(request_ids)
 
     async def check_health(self) -> None:
         if self.dead:

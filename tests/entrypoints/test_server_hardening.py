@@ -17,7 +17,7 @@ from fake_engine import FakeEngine
 from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.cli import build_parser
-from vllm_lite.entrypoints.openai.api_server import build_app, server_options_from
+from vllm_lite.entrypoints.openai.api_server import begin_drain, build_app, server_options_from
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, call_with_deadline
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
 
@@ -309,3 +309,46 @@ def test_openapi_documents_the_error_shape(engine: FakeEngine) -> None:
     responses = schema["paths"]["/v1/completions"]["post"]["responses"]
     assert {"400", "401", "413", "500", "503"} <= set(responses)
     assert "ErrorResponse" in schema["components"]["schemas"]
+
+
+# --------------------------------------------------------------------------- finding 9 (the drain)
+
+
+def test_drain_finishes_short_requests_and_ends_the_rest_with_errors(tokenizer: Any) -> None:
+    """After SIGTERM (begin_drain): a new request gets 503, a request that ends within
+    --shutdown-timeout ends normally, and those still running then are aborted: a stream ends
+    with an error event and [DONE], a non-streaming request gets a 503 body. The live server's
+    signal wiring is tested in test_server_lifecycle.py."""
+    engine = FakeEngine(tokenizer, max_model_len=100_000, step_delay_s=0.01)
+    options = ServerOptions(api_key=API_KEY, shutdown_timeout_s=1.0)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, str, httpx.Response]:
+        app = build_app(engine, [MODEL], options=options)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test",
+                                     headers=AUTH, timeout=60) as client:
+            async def stream_long() -> str:
+                body = {"model": MODEL, "prompt": "x", "max_tokens": 10_000, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    return "".join([line + "\n" async for line in response.aiter_lines()])
+
+            long_stream = asyncio.ensure_future(stream_long())
+            long_full = asyncio.ensure_future(client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "x", "max_tokens": 10_000}))
+            short = asyncio.ensure_future(client.post("/v1/completions", json={
+                "model": MODEL, "prompt": "x", "max_tokens": 5}))
+            while len(engine.running) < 3:
+                await asyncio.sleep(0.01)
+            begin_drain(app.state.ctx)
+            refused = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+            return refused, await short, await long_stream, await long_full
+
+    refused, short, long_stream, long_full = asyncio.run(scenario())
+    assert_openai_error(refused, 503, None, "shutting down")
+    assert short.status_code == 200 and short.json()["choices"][0]["finish_reason"] == "length"
+    events = [line[len("data: "):] for line in long_stream.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 503 and "--shutdown-timeout" in error["message"]
+    assert len(events) > 3  # it streamed tokens before the deadline
+    assert_openai_error(long_full, 503, None, "--shutdown-timeout")
+    assert engine.running == set()

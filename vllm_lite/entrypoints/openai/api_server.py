@@ -304,19 +304,16 @@ class DrainingServer(uvicorn.Server):
         self.ctx = ctx
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        ctx = self.ctx
-        asyncio.get_event_loop().call_soon_threadsafe(ctx.drain.begin, ctx.options.shutdown_timeout_s,
-                                                      _aborter(ctx))
+        asyncio.get_event_loop().call_soon_threadsafe(begin_drain, self.ctx)
         super().handle_exit(sig, frame)
 
 
-def _aborter(ctx: ServingContext) -> Callable[[list[str]], None]:
+def begin_drain(ctx: ServingContext) -> None:
+    """Refuse new requests; abort the ones in flight once --shutdown-timeout has passed."""
     def abort(request_ids: list[str]) -> None:
-        abort_async = getattr(ctx.engine, "abort", None)
-        if abort_async is not None:
-            asyncio.get_running_loop().create_task(abort_async(request_ids))
+        asyncio.get_running_loop().create_task(ctx.engine.abort(request_ids))
 
-    return abort
+    ctx.drain.begin(ctx.options.shutdown_timeout_s, abort)
 
 
 async def _exit_when_engine_dies(server: Any, engine: EngineClient, interval_s: float = 0.5) -> None:
