@@ -35,7 +35,9 @@ from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai.middleware import RequestGate, error_body
 from vllm_lite.entrypoints.openai.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
@@ -184,13 +186,20 @@ def _log_unknown_fields(request: OpenAIBaseModel) -> None:
 # --------------------------------------------------------------------------- routes
 
 
+def _generation_responses(model: type[OpenAIBaseModel]) -> dict[int | str, dict[str, Any]]:
+    """200 is the JSON response, or server-sent events when the request streams."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                  "description": "the response, or its chunks as server-sent events (stream: true)"}}
+
+
 def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
         return await create_completion(ctx, request, raw_request)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None,
+              responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
         return await create_chat_completion(ctx, request, raw_request)
@@ -202,7 +211,7 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 
 def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={200: {"description": "the engine answers"}})
     async def health() -> Response:
         """200 when the engine answers a health check within --health-check-timeout, else 503."""
         if engine_is_dead(ctx.engine):
@@ -215,10 +224,12 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
         return Response(status_code=200)
 
     # vLLM's (SageMaker's) liveness route: /health under another name, GET or POST.
-    app.get("/ping", operation_id="ping_get")(health)
-    app.post("/ping", operation_id="ping_post")(health)
+    no_body = {"response_class": Response, "responses": {200: {"description": "the engine answers"}}}
+    app.get("/ping", operation_id="ping_get", **no_body)(health)
+    app.post("/ping", operation_id="ping_post", **no_body)(health)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {
+        "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         stats = await ctx.engine.get_stats()
         return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

@@ -32,6 +32,12 @@ from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# apply_chat_template's own arguments: chat_template_kwargs may not set them (they would change
+# what it returns, not what the template sees).
+_RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs"))
 SSE_DONE = "data: [DONE]\n\n"
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")
 
@@ -111,7 +117,11 @@ async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_specia
         if check_fits:
             check_prompt_chars(ctx, len(prompt), param)
         token_ids = await off_loop(ctx, ctx.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
+        if check_fits and not token_ids:
+            raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
         return {"prompt": prompt, "prompt_token_ids": token_ids}
+    if check_fits and not prompt:
+        raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
     if check_fits:
         check_length(ctx, len(prompt), None, param)
     check_token_ids(ctx, prompt, param)
@@ -147,6 +157,10 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
     """The conversation through the chat template, off the event loop, with a deadline and a
     size limit. A template from the request is used only with --trust-request-chat-template."""
     kwargs = dict(chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ApiError(400, "BadRequestError", f"chat_template_kwargs may not set {', '.join(reserved)}",
+                       "chat_template_kwargs")
     if chat_template is not None or "chat_template" in kwargs:
         if not ctx.options.trust_request_chat_template:
             raise ApiError(400, "BadRequestError", "chat_template in a request is refused unless the server "
