@@ -25,6 +25,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
+        self.prompts: list[dict[str, Any]] = []
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         if self.dead:
@@ -32,6 +33,7 @@ class FakeEngine:
         if params.logprobs is not None and params.logprobs > 20:
             raise ValueError(f"SamplingParams.logprobs must be <= 20, got {params.logprobs}")
         self.params.append(params)
+        self.prompts.append(prompt)
         self.running.add(request_id)
         num_steps = params.max_tokens or 8
         finished = False

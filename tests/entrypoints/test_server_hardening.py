@@ -352,3 +352,17 @@ def test_drain_finishes_short_requests_and_ends_the_rest_with_errors(tokenizer: 
     assert len(events) > 3  # it streamed tokens before the deadline
     assert_openai_error(long_full, 503, None, "--shutdown-timeout")
     assert engine.running == set()
+
+
+# --------------------------------------------------------------------------- finding 13 (the server half)
+
+
+def test_cache_salt_reaches_the_engine_prompt(engine: FakeEngine) -> None:
+    body = {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1, "cache_salt": "tenant-a"}
+    assert send(engine, "POST", "/v1/completions", json=body).status_code == 200
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": "t-b"}
+    assert send(engine, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    assert send(engine, "POST", "/v1/completions", json={"model": MODEL, "prompt": "c", "max_tokens": 1}).status_code == 200
+    assert [p.get("cache_salt") for p in engine.prompts] == ["tenant-a", "tenant-a", "t-b", None]
+    empty = send(engine, "POST", "/v1/completions", json={**body, "cache_salt": ""})
+    assert_openai_error(empty, 400, "cache_salt")
