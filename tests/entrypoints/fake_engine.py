@@ -21,6 +21,7 @@ class FakeEngine:
             model="fake/model", max_model_len=max_model_len, hf=SimpleNamespace(vocab_size=len(tokenizer))))
         self.step_delay_s = step_delay_s
         self.dead = False
+        self.errored = False  # AsyncLLM's: the engine is gone for good
         self.running: set[str] = set()
         self.aborted: list[str] = []
         self.abort_requested: set[str] = set()

@@ -32,16 +32,18 @@ def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_huge_prompts_do_not_stall_health(server: LiveServer) -> None:
-    """A 10 MB completion prompt and chat message are refused (400) before they are tokenized;
-    a 2 MB text sent to /tokenize is tokenized off the event loop, so /health, sent while it
-    runs, is answered first."""
+    """A 10 MB body is refused (413) before it is read; 3 MB completion prompts and chat messages
+    are refused (400) before they are tokenized; a 2 MB text sent to /tokenize is tokenized off
+    the event loop, so /health, sent while it runs, is answered first."""
     async def scenario() -> list[str]:
         order: list[str] = []
         async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=120) as http:
             async def completion() -> None:
                 response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 10_000_000})
+                assert response.status_code == 413 and response.json()["error"]["param"] == "body"
+                response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 3_000_000})
                 assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
-                messages = [{"role": "user", "content": "x" * 10_000_000}]
+                messages = [{"role": "user", "content": "x" * 3_000_000}]
                 response = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
                 assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
 

@@ -117,8 +117,9 @@ def _lifespan(ctx: ServingContext, owns_engine: bool) -> Callable[[FastAPI], con
 
 
 def engine_is_dead(engine: EngineClient) -> bool:
-    """The one place the server asks whether its engine is gone for good (AsyncLLM.errored)."""
-    return bool(getattr(engine, "errored", False))
+    """The one place the server asks whether its engine is gone for good (AsyncLLM.errored:
+    the engine core's death today; with issue 13, the output handler's death too)."""
+    return engine.errored
 
 
 # --------------------------------------------------------------------------- errors

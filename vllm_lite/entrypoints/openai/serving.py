@@ -49,6 +49,11 @@ class EngineClient(Protocol):
     vllm_config: VllmConfig
     tokenizer: Any
 
+    @property
+    def errored(self) -> bool:
+        """True once the engine is gone for good (the server then exits)."""
+        ...
+
     def generate(self, prompt: Any, sampling_params: SamplingParams,
                  request_id: str) -> AsyncGenerator[RequestOutput, None]: ...
 
