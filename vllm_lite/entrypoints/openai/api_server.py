@@ -32,7 +32,8 @@ from starlette.exceptions import HTTPException
 from vllm_lite import __version__
 from vllm_lite.engine.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
-from vllm_lite.entrypoints.openai.middleware import RequestGate, error_body
+from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
+from vllm_lite.entrypoints.openai.middleware import RequestGate
 from vllm_lite.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -48,11 +49,9 @@ from vllm_lite.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ApiError,
     EngineClient,
     ServingContext,
     check_token_ids,
-    describe_error,
     encode_prompt,
     off_loop,
     render_chat,
@@ -136,10 +135,7 @@ _HTTP_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "P
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def known_error(request: Request, exc: Exception) -> JSONResponse:
-        status, *rest = describe_error(exc)
-        if status == 500:
-            logger.exception("error while handling %s", request.url.path, exc_info=exc)
-        return _error_response(status, *rest)
+        return _error_response(*describe_error(exc))
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vllm_lite.entrypoints.openai.errors import error_body
 from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
 
 logger = logging.getLogger(__name__)
@@ -20,11 +21,6 @@ logger = logging.getLogger(__name__)
 # Liveness probes answer without a key, as in vLLM (a load balancer has none).
 UNAUTHENTICATED_PATHS = frozenset(("/health", "/ping"))
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
-
-
-def error_body(status_code: int, err_type: str, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
 
 
 class RequestGate:

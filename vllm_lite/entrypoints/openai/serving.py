@@ -9,7 +9,6 @@ import contextlib
 import functools
 import json
 import logging
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,11 +20,9 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
-from vllm_lite.engine.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
+from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
-from vllm_lite.entrypoints.openai.middleware import error_body
-from vllm_lite.entrypoints.openai.protocol import RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
 from vllm_lite.outputs import Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
@@ -39,7 +36,6 @@ _RESERVED_TEMPLATE_KWARGS = frozenset((
     "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
     "tokenizer_kwargs"))
 SSE_DONE = "data: [DONE]\n\n"
-_FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")
 
 
 class EngineClient(Protocol):
@@ -64,14 +60,6 @@ class EngineClient(Protocol):
     async def get_stats(self) -> dict[str, Any]: ...
 
     def shutdown(self) -> None: ...
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's JSON shape with `status_code`."""
-
-    def __init__(self, status_code: int, err_type: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status_code, self.err_type, self.message, self.param = status_code, err_type, message, param
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,24 +373,6 @@ class SSEResponse(StreamingResponse):
             await super().stream_response(send)
         finally:
             await self.events.aclose()
-
-
-def describe_error(exc: Exception) -> tuple[int, str, str, str | None]:
-    """(status, type, message, param) of an exception, in OpenAI's terms."""
-    if isinstance(exc, ApiError):
-        return exc.status_code, exc.err_type, exc.message, exc.param
-    if isinstance(exc, EngineDeadError):
-        return 503, "ServiceUnavailableError", f"the engine is dead: {exc}", None
-    if isinstance(exc, RequestParamError):
-        return 400, "BadRequestError", str(exc), exc.param
-    if isinstance(exc, (ValueError, TypeError)):
-        match = _FIELD_IN_MESSAGE.match(str(exc))
-        if match:  # "SamplingParams.top_p must be ..." -> param "top_p", "top_p must be ..."
-            return 400, "BadRequestError", str(exc)[len("SamplingParams."):], match.group(1)
-        return 400, "BadRequestError", str(exc), None
-    if isinstance(exc, RecursionError):  # a structure nested too deeply to walk
-        return 400, "BadRequestError", "the request is nested too deeply", None
-    return 500, "InternalServerError", f"{type(exc).__name__}: {exc}", None
 
 
 def sse_error(exc: Exception) -> str:
