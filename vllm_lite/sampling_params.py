@@ -47,7 +47,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | top_p | smallest set of tokens whose probability sum reaches top_p | (0, 1] |
     | top_k | keep the k most likely tokens; 0 or -1 = off | -1, 0 or >= 1 |
     | min_p | drop tokens below min_p * p(most likely token) | [0, 1] |
-    | repetition_penalty | divides positive / multiplies negative logits of tokens seen in prompt or output | [0.01, 100] |
+    | repetition_penalty | divides positive / multiplies negative logits of tokens seen before | [0.01, 100] |
     | frequency_penalty | subtracted once per occurrence in the output | [-2, 2] |
     | presence_penalty | subtracted once if the token occurs in the output | [-2, 2] |
     | seed | per-request random seed | 64-bit |

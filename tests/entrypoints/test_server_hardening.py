@@ -136,7 +136,8 @@ def test_absurd_numbers_are_400_naming_field_and_range(engine: FakeEngine, field
 @pytest.mark.parametrize("literal", ["1e400", "NaN", "-Infinity"])
 def test_non_finite_json_numbers_are_400(engine: FakeEngine, literal: str) -> None:
     body = f'{{"model": "tiny", "prompt": "x", "temperature": {literal}}}'.encode()
-    response = send(engine, "POST", "/v1/completions", content=body, headers={**AUTH, "content-type": "application/json"})
+    response = send(engine, "POST", "/v1/completions", content=body,
+                    headers={**AUTH, "content-type": "application/json"})
     assert_openai_error(response, 400, "temperature")
 
 
@@ -362,7 +363,8 @@ def test_cache_salt_reaches_the_engine_prompt(engine: FakeEngine) -> None:
     assert send(engine, "POST", "/v1/completions", json=body).status_code == 200
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "cache_salt": "t-b"}
     assert send(engine, "POST", "/v1/chat/completions", json=chat).status_code == 200
-    assert send(engine, "POST", "/v1/completions", json={"model": MODEL, "prompt": "c", "max_tokens": 1}).status_code == 200
+    plain = {"model": MODEL, "prompt": "c", "max_tokens": 1}
+    assert send(engine, "POST", "/v1/completions", json=plain).status_code == 200
     assert [p.get("cache_salt") for p in engine.prompts] == ["tenant-a", "tenant-a", "t-b", None]
     empty = send(engine, "POST", "/v1/completions", json={**body, "cache_salt": ""})
     assert_openai_error(empty, 400, "cache_salt")

@@ -102,7 +102,10 @@ def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
     return (max_model_len + 1) * max(longest_token, 1)
 
 
-def _lifespan(ctx: ServingContext, owns_engine: bool) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
