@@ -55,6 +55,31 @@ def test_prefix_caching_shared_prefix(tiny_qwen3: Path, prompts_token_ids: list[
     assert llm.stats()["prefix_cache_hits"] > stats["prefix_cache_hits"]
 
 
+def test_cache_salt_separates_prefix_caches(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
+    """Finding 13: `cache_salt` (vLLM's prompt key) reaches the engine core and is mixed into the
+    first block's key: equal prompts share cached blocks only under the same salt, and the
+    output stays the transformers output either way."""
+    prompt = prompts_token_ids[-1][:64]  # four full blocks of 16
+    expected = hf_greedy(tiny_qwen3, [prompt], NEW_TOKENS)[0]
+    llm = LLM(str(tiny_qwen3), max_model_len=256, multiprocess=False)
+
+    def hits_after(salt: str | None) -> int:
+        before = llm.stats()["prefix_cache_hits"]
+        item = {"prompt_token_ids": prompt, **({"cache_salt": salt} if salt is not None else {})}
+        output = llm.generate([item], GREEDY, use_tqdm=False)[0]
+        assert output.outputs[0].token_ids == expected
+        return llm.stats()["prefix_cache_hits"] - before
+
+    assert hits_after(None) == 0
+    assert hits_after("tenant-a") == 0  # the unsalted blocks are not shared with a salted request
+    assert hits_after("tenant-b") == 0
+    assert hits_after("tenant-a") == 48  # same salt: 3 full blocks hit (the 4th holds the last token)
+    assert hits_after(None) == 48
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        llm.generate([{"prompt_token_ids": prompt, "cache_salt": ""}], GREEDY, use_tqdm=False)
+    assert_no_leaked_blocks(llm)
+
+
 def test_chunked_prefill(tiny_llama: Path, prompts_token_ids: list[list[int]]) -> None:
     llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=16, multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_llama, prompts_token_ids, NEW_TOKENS)

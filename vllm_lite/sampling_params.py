@@ -21,6 +21,14 @@ MIN_RANDOM_TEMPERATURE = 1e-2
 # OpenAI's range for logit_bias values; larger values are clamped.
 MAX_LOGIT_BIAS = 100.0
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+# Counts live in int32 arrays of the worker's batch (top_k, min_tokens, max_tokens, ...).
+MAX_INT32 = 2**31 - 1
+# vLLM sets no upper limit on temperature (OpenAI's is 2); past 100 a float32 softmax of any
+# realistic logits is uniform already, and 1e308 would overflow float32 to inf.
+MAX_TEMPERATURE = 100.0
+# repetition_penalty divides or multiplies logits: vLLM asks only > 0; these bounds keep the
+# products finite in float32.
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -35,16 +43,19 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | field | meaning | allowed |
     |---|---|---|
     | n | samples returned for the prompt | >= 1 |
-    | temperature | 0 = greedy | >= 0 |
+    | temperature | 0 = greedy | [0, 100] |
     | top_p | smallest set of tokens whose probability sum reaches top_p | (0, 1] |
     | top_k | keep the k most likely tokens; 0 or -1 = off | -1, 0 or >= 1 |
     | min_p | drop tokens below min_p * p(most likely token) | [0, 1] |
-    | repetition_penalty | divides positive / multiplies negative logits of tokens seen in prompt or output | > 0 |
+    | repetition_penalty | divides positive / multiplies negative logits of tokens seen before | [0.01, 100] |
     | frequency_penalty | subtracted once per occurrence in the output | [-2, 2] |
     | presence_penalty | subtracted once if the token occurs in the output | [-2, 2] |
     | seed | per-request random seed | 64-bit |
     | max_tokens | most output tokens; None = up to max_model_len | >= 1 or None |
     | min_tokens | EOS and stop_token_ids are suppressed before this many outputs | [0, max_tokens] |
+
+    Every count (n, top_k, max_tokens, min_tokens, logprobs, prompt_logprobs) is at most
+    2**31 - 1: they are stored in int32 arrays.
     | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
@@ -117,13 +128,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             raise ValueError(f"SamplingParams.output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
 
     def _validate(self) -> None:
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(value is None or value <= MAX_INT32, name, f"must be <= {MAX_INT32}, got {value}")
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
-        _require(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _require(0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+                 f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.top_k >= 0, "top_k", f"must be -1 (off), 0 (off) or >= 1, got {self.top_k}")
         _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
-        _require(self.repetition_penalty > 0.0, "repetition_penalty",
-                 f"must be > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        _require(low <= self.repetition_penalty <= high, "repetition_penalty",
+                 f"must be in [{low:g}, {high:g}], got {self.repetition_penalty}")
         _require(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
                  f"must be in [-2, 2], got {self.frequency_penalty}")
         _require(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
-from vllm_lite.core.kv_cache_manager import KVCacheManager
+from vllm_lite.core.kv_cache_manager import UNSALTED_ROOT_KEY, KVCacheManager, block_key, root_block_key
 from vllm_lite.core.request import Request
 from vllm_lite.sampling_params import SamplingParams
 
@@ -59,3 +61,41 @@ def test_allocation_failure_changes_nothing() -> None:
     request = make_request("a", list(range(20)))
     assert manager.allocate_slots(request, 20) is None
     assert manager.get_num_free_blocks() == 3 and "a" not in manager.req_to_blocks
+
+
+def make_salted_request(request_id: str, tokens: list[int], cache_salt: str | None) -> Request:
+    return Request(request_id, np.array(tokens, dtype=np.int32), SamplingParams(), (0,), max_tokens=16,
+                   cache_salt=cache_salt)
+
+
+def test_block_keys_are_sha256_of_parent_and_tokens() -> None:
+    # Finding 13: keys were Python's 64-bit hash() of (parent, bytes); now each is a 32-byte SHA-256
+    # digest over the 32-byte parent key and the block's int32 tokens.
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True)
+    request = make_request("a", list(range(9)))
+    admit(manager, request)
+    first = hashlib.sha256(bytes(32) + np.arange(4, dtype=np.int32).tobytes()).digest()
+    second = hashlib.sha256(first + np.arange(4, 8, dtype=np.int32).tobytes()).digest()
+    assert request.block_hashes == [first, second]
+
+
+def test_colliding_blocks_of_the_old_scheme_get_different_keys() -> None:
+    # hash() of a small int is the int itself and hash(-1) == hash(-2) in CPython, so the old
+    # key hash((parent, tokens)) was forgeable in principle; bytes that differ in one token must
+    # now give different keys and no prefix hit.
+    manager = KVCacheManager(num_blocks=20, block_size=2, enable_caching=True)
+    admit(manager, make_request("a", [1, 2, 3]))
+    other = make_request("b", [1, 3, 3])
+    _, num_computed, _ = admit(manager, other)
+    assert num_computed == 0
+    assert len({block_key(UNSALTED_ROOT_KEY, bytes(8)), block_key(UNSALTED_ROOT_KEY, bytes(7) + b"\x01")}) == 2
+
+
+def test_cache_salt_separates_prefix_caches() -> None:
+    manager = KVCacheManager(num_blocks=30, block_size=4, enable_caching=True)
+    tokens = list(range(9))
+    admit(manager, make_salted_request("salted", tokens, "tenant-a"))
+    assert admit(manager, make_salted_request("unsalted", tokens, None))[1] == 0
+    assert admit(manager, make_salted_request("other-salt", tokens, "tenant-b"))[1] == 0
+    assert admit(manager, make_salted_request("same-salt", tokens, "tenant-a"))[1] == 8
+    assert root_block_key("tenant-a") != UNSALTED_ROOT_KEY

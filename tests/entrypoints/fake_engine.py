@@ -17,12 +17,16 @@ from vllm_lite.sampling_params import SamplingParams
 class FakeEngine:
     def __init__(self, tokenizer: Any, max_model_len: int = 64, step_delay_s: float = 0.0) -> None:
         self.tokenizer = tokenizer
-        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="fake/model", max_model_len=max_model_len))
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(
+            model="fake/model", max_model_len=max_model_len, hf=SimpleNamespace(vocab_size=len(tokenizer))))
         self.step_delay_s = step_delay_s
         self.dead = False
+        self.errored = False  # AsyncLLM's: the engine is gone for good
         self.running: set[str] = set()
         self.aborted: list[str] = []
+        self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
+        self.prompts: list[dict[str, Any]] = []
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         if self.dead:
@@ -30,6 +34,7 @@ class FakeEngine:
         if params.logprobs is not None and params.logprobs > 20:
             raise ValueError(f"SamplingParams.logprobs must be <= 20, got {params.logprobs}")
         self.params.append(params)
+        self.prompts.append(prompt)
         self.running.add(request_id)
         num_steps = params.max_tokens or 8
         finished = False
@@ -38,6 +43,12 @@ class FakeEngine:
                 await asyncio.sleep(self.step_delay_s)
                 if self.dead:
                     raise EngineDeadError("the engine core died")
+                if request_id in self.abort_requested:  # AsyncLLM.abort: one last output, 'abort'
+                    finished = True
+                    outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason="abort")
+                               for i in range(params.n)]
+                    yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, True)
+                    return
                 finished = step == num_steps - 1
                 outputs = [self._sample(i, step, finished, params) for i in range(params.n)]
                 yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, finished)
@@ -58,8 +69,10 @@ class FakeEngine:
         return CompletionOutput(index=index, text=self.tokenizer.decode([token_id]), token_ids=[token_id],
                                 logprobs=logprobs, finish_reason="length" if last else None)
 
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
+    async def abort(self, request_id: str | list[str]) -> None:
+        request_ids = [request_id] if isinstance(request_id, str) else request_id
+        self.aborted.extend(request_ids)
+        self.abort_requested.update(request_ids)
 
     async def check_health(self) -> None:
         if self.dead:

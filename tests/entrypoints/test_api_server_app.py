@@ -124,7 +124,7 @@ def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> No
 
 @pytest.mark.parametrize("body, param, words", [
     ({"max_tokens": -1}, "max_tokens", "max_tokens must be >= 1"),
-    ({"temperature": -1}, "temperature", "temperature must be >= 0"),
+    ({"temperature": -1}, "temperature", "temperature must be in [0, 100]"),
     ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
     ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
     ({"max_tokens": 60, "prompt": "word " * 10}, "max_tokens", "maximum context length is 64"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# A full block's prefix-cache key: kv_cache_manager.block_key's 32-byte SHA-256 digest.
+BlockHash = bytes
+
 
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
@@ -9,7 +12,7 @@ class KVCacheBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: int | None = None  # set once the block is full and cached
+        self.block_hash: BlockHash | None = None  # set once the block is full and cached
         self.prev_free: KVCacheBlock | None = None
         self.next_free: KVCacheBlock | None = None
 
@@ -68,7 +71,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
-        self.cached_blocks: dict[int, KVCacheBlock] = {}
+        self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}
         # Bumped whenever `cached_blocks` gains or loses an entry: a prefix lookup made at the
         # same version would find the same blocks.
         self.cache_version = 0
@@ -80,7 +83,7 @@ class BlockPool:
     def get_num_free_blocks(self) -> int:
         return self.free_queue.num_free
 
-    def get_cached_block(self, block_hash: int) -> KVCacheBlock | None:
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_blocks.get(block_hash)
 
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -109,7 +112,7 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: int) -> None:
+    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
         if block.block_hash is not None:
             return
         if block_hash in self.cached_blocks:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
-from vllm_lite.core.block_pool import BlockPool, KVCacheBlock
+from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
+
+# The parent key of a request's first block when it has no cache_salt. Every key is a 32-byte
+# SHA-256 digest, so a salted root (the digest of the salt) can equal this only by a preimage.
+UNSALTED_ROOT_KEY: BlockHash = bytes(32)
 
 
 @dataclass(slots=True)
@@ -15,8 +20,9 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    """Maps each request to its blocks. A full block is identified by a chained hash
-    `hash(parent_hash, its tokens)`, so equal hashes mean equal whole prefixes; blocks are
+    """Maps each request to its blocks. A full block is identified by a chained key
+    `sha256(parent key || its int32 tokens)`: 32-byte parent, fixed-size token bytes, so equal
+    keys mean equal whole prefixes (and equal cache_salt) unless SHA-256 collides; blocks are
     registered in the cache as soon as slots for all their tokens are allocated (their KV is
     written in that same step, before any later step can read it)."""
 
@@ -113,7 +119,20 @@ class KVCacheManager:
     def _update_block_hashes(self, request: Request) -> None:
         hashes = request.block_hashes
         bs = self.block_size
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
         for start in range(len(hashes) * bs, request.num_tokens - bs + 1, bs):
-            parent = hash((parent, request.token_ids[start:start + bs].tobytes()))
+            parent = block_key(parent, request.token_ids[start:start + bs].tobytes())
             hashes.append(parent)
+
+
+def root_block_key(cache_salt: str | None) -> BlockHash:
+    """The parent key of the first block: the salt goes into the first block's key only, and
+    through the chain into every later one (as vLLM mixes `cache_salt` into the first block)."""
+    if cache_salt is None:
+        return UNSALTED_ROOT_KEY
+    return hashlib.sha256(b"vllm_lite cache_salt\0" + cache_salt.encode()).digest()
+
+
+def block_key(parent: BlockHash, token_bytes: bytes) -> BlockHash:
+    """One full block's key: SHA-256 over the parent's 32-byte key and the block's int32 tokens."""
+    return hashlib.sha256(parent + token_bytes).digest()

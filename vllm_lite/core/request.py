@@ -25,13 +25,13 @@ class Request:
     __slots__ = (
         "request_id", "sampling_params", "client_index", "arrival_time", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
-        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_preemptions",
+        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_preemptions", "cache_salt",
         "prefix_lookup",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
                  eos_token_ids: tuple[int, ...], max_tokens: int, arrival_time: float = 0.0,
-                 client_index: int = 0) -> None:
+                 client_index: int = 0, cache_salt: str | None = None) -> None:
         num_prompt = len(prompt_token_ids)
         self.request_id = request_id
         self.sampling_params = sampling_params
@@ -47,7 +47,8 @@ class Request:
         self.min_tokens = sampling_params.min_tokens
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
-        self.block_hashes: list[int] = []
+        self.cache_salt = cache_salt  # mixed into the first prefix-cache block key
+        self.block_hashes: list[bytes] = []
         # (block pool cache version, hit blocks, hit tokens) of the last lookup while waiting
         self.prefix_lookup: tuple[int, list, int] | None = None
         self.num_preemptions = 0
@@ -55,7 +56,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.max_tokens, req.arrival_time, req.client_index)
+                   req.max_tokens, req.arrival_time, req.client_index, req.cache_salt)
 
     @property
     def num_output_tokens(self) -> int:

@@ -87,7 +87,8 @@ class AsyncLLM:
         """Send the request (n > 1 fans out); its outputs arrive on the returned queue."""
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, params)
+        request = self.input_processor.process(request_id, token_ids, params,
+                                              InputProcessor.cache_salt(prompt))
         queue: asyncio.Queue = asyncio.Queue()
         added = []
         try:

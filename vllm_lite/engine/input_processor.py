@@ -34,8 +34,17 @@ class InputProcessor:
         raise TypeError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [...]}, "
                         f"got {type(prompt).__name__}")
 
+    @staticmethod
+    def cache_salt(prompt: PromptType) -> str | None:
+        """vLLM's optional `cache_salt` prompt key: a non-empty string that keeps this prompt's
+        prefix-cache entries apart from those of prompts without the same salt."""
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if salt is not None and not (isinstance(salt, str) and salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+        return salt
+
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams) -> EngineCoreRequest:
+                params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
         max_len = self.model_config.max_model_len
         vocab = self.model_config.hf.vocab_size
         num_prompt = len(prompt_token_ids)
@@ -56,4 +65,5 @@ class InputProcessor:
             eos_token_ids=self.eos_token_ids,
             arrival_time=time.time(),
             max_tokens=max_tokens,
+            cache_salt=cache_salt,
         )

@@ -35,7 +35,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
         """n > 1 fans out into n engine-core requests (see parallel_sampling)."""
         text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, params)
+        request = self.input_processor.process(request_id, token_ids, params,
+                                              InputProcessor.cache_salt(prompt))
         added = []
         try:
             for child, parent, index in fan_out(request):

@@ -49,6 +49,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     arrival_time: float
     max_tokens: int
     client_index: int = 0
+    cache_salt: str | None = None  # separates this request's prefix-cache entries (vLLM's field)
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

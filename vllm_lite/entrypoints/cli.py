@@ -65,8 +65,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from vllm_lite.entrypoints.openai.api_server import run_server
 
-    run_server(args)
-    return 0
+    return run_server(args)
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -109,11 +108,28 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    from vllm_lite.entrypoints.openai.server_state import DEFAULT_MAX_N_SEQUENCES, DEFAULT_MAX_REQUEST_BODY_BYTES
+
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)")
     add_engine_args(serve, model_positional=True)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer <key>` on /v1/*")
+    serve.add_argument("--api-key", default=None,
+                       help="require `Authorization: Bearer <key>` on every route but /health and /ping "
+                            "(default: $VLLM_LITE_API_KEY)")
+    serve.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       help="larger request bodies get 413 before they are read")
+    serve.add_argument("--max-n-sequences", type=int, default=DEFAULT_MAX_N_SEQUENCES,
+                       help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="accept `chat_template` in requests (refused by default, as in vLLM)")
+    serve.add_argument("--chat-template-timeout", type=float, default=5.0,
+                       help="seconds a chat template may render before the request gets 400")
+    serve.add_argument("--health-check-timeout", type=float, default=5.0,
+                       help="seconds /health waits for the engine before answering 503")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="after SIGTERM: seconds in-flight requests may run on before they are ended "
+                            "with an error")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients use (default: the model argument)")
     serve.add_argument("--uvicorn-log-level", default="info",

@@ -2,9 +2,12 @@
 `run_server` serves it with uvicorn (`vllm-lite serve`).
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics, GET /version, POST /tokenize, POST /detokenize. Errors use OpenAI's shape
+GET|POST /ping, GET /metrics, GET /version, POST /tokenize, POST /detokenize (and FastAPI's
+/docs, /openapi.json). Every answer other than 2xx uses OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`: 400 invalid parameters (the field named),
-401 a wrong API key, 404 an unknown model, 503 a dead engine.
+401 a wrong API key (every route but /health and /ping), 404 an unknown model or route, 413 a
+body over --max-request-body-bytes, 503 a dead engine or a server shutting down, 500 only for
+a bug. When the engine dies the server exits with status 1, so a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -12,23 +15,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import FrameType
+from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from vllm_lite import __version__
 from vllm_lite.engine.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
+from vllm_lite.entrypoints.openai.middleware import RequestGate
 from vllm_lite.entrypoints.openai.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    ErrorResponse,
     ModelCard,
     ModelList,
     OpenAIBaseModel,
@@ -36,49 +49,79 @@ from vllm_lite.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ApiError,
     EngineClient,
     ServingContext,
-    describe_error,
+    check_token_ids,
     encode_prompt,
-    error_body,
+    off_loop,
     render_chat,
 )
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
 from vllm_lite.entrypoints.openai.serving_chat import create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger(__name__)
 
 
+# Documented on every route of /openapi.json: the error answers a client must expect.
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": description}
+    for code, description in ((400, "invalid request"), (401, "wrong or missing API key"),
+                              (404, "unknown model"), (413, "body too large"),
+                              (500, "server bug"), (503, "engine dead or server shutting down"))}
+
+
 def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_key: str | None = None, *,
-              owns_engine: bool = False) -> FastAPI:
+              owns_engine: bool = False, options: ServerOptions | None = None) -> FastAPI:
     """`engine` is an AsyncLLM (or anything with its interface). `owns_engine`: shut the engine
-    down when the app's lifespan ends (what `run_server` wants)."""
+    down when the app's lifespan ends (what `run_server` wants). `api_key` overrides
+    `options.api_key`."""
+    options = options or ServerOptions()
+    if api_key:
+        options = dataclasses.replace(options, api_key=api_key)
     model_config = engine.vllm_config.model_config
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
-                         metrics=ServerMetrics(names[0]))
-    lifespan = _shutdown_on_exit(engine) if owns_engine else None
-    app = FastAPI(title="vllm_lite", version=__version__, lifespan=lifespan)
+                         metrics=ServerMetrics(names[0]), vocab_size=model_config.hf.vocab_size,
+                         max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
+                         options=options)
+    app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
+                  responses=_ERROR_RESPONSES)
     app.state.ctx = ctx
     _add_error_handlers(app)
-    if api_key:
-        app.middleware("http")(_require_api_key(api_key))
+    app.add_middleware(RequestGate, options=options, drain=ctx.drain)
     _add_openai_routes(app, ctx)
     _add_server_routes(app, ctx)
     return app
 
 
-def _shutdown_on_exit(engine: EngineClient) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
+    """No text of max_model_len tokens is longer than max_model_len times the longest token."""
+    longest_token = max(map(len, tokenizer.get_vocab()), default=1)
+    return (max_model_len + 1) * max(longest_token, 1)
+
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            engine.shutdown()
+            ctx.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+            if owns_engine:
+                ctx.engine.shutdown()
 
     return lifespan
+
+
+def engine_is_dead(engine: EngineClient) -> bool:
+    """The one place the server asks whether its engine is gone for good (AsyncLLM.errored:
+    the engine core's death today; with issue 13, the output handler's death too)."""
+    return engine.errored
 
 
 # --------------------------------------------------------------------------- errors
@@ -86,6 +129,11 @@ def _shutdown_on_exit(engine: EngineClient) -> Callable[[FastAPI], contextlib.Ab
 
 def _error_response(status_code: int, err_type: str, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status_code, err_type, message, param), status_code=status_code)
+
+
+_HTTP_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+                     404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError",
+                     422: "UnprocessableEntityError"}
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -97,9 +145,21 @@ def _add_error_handlers(app: FastAPI) -> None:
         message, param = _validation_message(exc)
         return _error_response(400, "BadRequestError", message, param)
 
-    for exc_type in (ApiError, EngineDeadError, ValueError, TypeError):
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own answers (unknown route, wrong method, unparsable body) in OpenAI's shape.
+        assert isinstance(exc, HTTPException)
+        status = exc.status_code if exc.status_code >= 400 else 400
+        if exc.status_code == 400:
+            message = f"the request body is not valid JSON: {exc.detail}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(status, _HTTP_ERROR_TYPES.get(status, "HTTPError"), message),
+                            status_code=status, headers=exc.headers)
+
+    for exc_type in (ApiError, EngineDeadError, ValueError, TypeError, RecursionError):
         app.add_exception_handler(exc_type, known_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -118,19 +178,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(first_error.values()), param
 
 
-def _require_api_key(api_key: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    expected = f"Bearer {api_key}".encode()
-
-    async def check_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.method != "OPTIONS" and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):
-                return _error_response(401, "AuthenticationError", "Incorrect API key provided.", "api_key")
-        return await call_next(request)
-
-    return check_api_key
-
-
 def _log_unknown_fields(request: OpenAIBaseModel) -> None:
     if request.unknown_fields():
         logger.warning("ignored unknown request fields: %s", request.unknown_fields())
@@ -139,13 +186,20 @@ def _log_unknown_fields(request: OpenAIBaseModel) -> None:
 # --------------------------------------------------------------------------- routes
 
 
+def _generation_responses(model: type[OpenAIBaseModel]) -> dict[int | str, dict[str, Any]]:
+    """200 is the JSON response, or server-sent events when the request streams."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                  "description": "the response, or its chunks as server-sent events (stream: true)"}}
+
+
 def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
         return await create_completion(ctx, request, raw_request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=None,
+              responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
         return await create_chat_completion(ctx, request, raw_request)
@@ -157,12 +211,25 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
 
 
 def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={200: {"description": "the engine answers"}})
     async def health() -> Response:
-        await ctx.engine.check_health()
+        """200 when the engine answers a health check within --health-check-timeout, else 503."""
+        if engine_is_dead(ctx.engine):
+            raise EngineDeadError("the engine is dead")
+        try:
+            await asyncio.wait_for(ctx.engine.check_health(), ctx.options.health_check_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "ServiceUnavailableError", "the engine did not answer a health check within "
+                           f"{ctx.options.health_check_timeout_s:g} s") from None
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    # vLLM's (SageMaker's) liveness route: /health under another name, GET or POST.
+    no_body = {"response_class": Response, "responses": {200: {"description": "the engine answers"}}}
+    app.get("/ping", operation_id="ping_get", **no_body)(health)
+    app.post("/ping", operation_id="ping_post", **no_body)(health)
+
+    @app.get("/metrics", response_class=Response, responses={200: {
+        "description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
         stats = await ctx.engine.get_stats()
         return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
@@ -175,11 +242,12 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         ctx.served_model(request.model)
         if request.messages is not None:
-            text = render_chat(ctx, [{"role": m.role, "content": m.text()} for m in request.messages],
-                               add_generation_prompt=request.add_generation_prompt)
-            token_ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+            text = await render_chat(ctx, [{"role": m.role, "content": m.text()} for m in request.messages],
+                                     add_generation_prompt=request.add_generation_prompt)
+            token_ids = await off_loop(ctx, ctx.tokenizer.encode, text, add_special_tokens=False)
         elif request.prompt is not None:
-            token_ids = encode_prompt(ctx, request.prompt, request.add_special_tokens)["prompt_token_ids"]
+            prompt = await encode_prompt(ctx, request.prompt, request.add_special_tokens, check_fits=False)
+            token_ids = prompt["prompt_token_ids"]
         else:
             raise ApiError(400, "BadRequestError", "pass `prompt` or `messages`", "prompt")
         return TokenizeResponse(count=len(token_ids), max_model_len=ctx.max_model_len, tokens=token_ids)
@@ -187,37 +255,81 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         ctx.served_model(request.model)
-        vocab_size = len(ctx.tokenizer)
-        bad = [t for t in request.tokens if not 0 <= t < vocab_size]
-        if bad:
-            raise ApiError(400, "BadRequestError", f"tokens outside the vocabulary [0, {vocab_size}): {bad[:8]}",
-                           "tokens")
-        return DetokenizeResponse(prompt=ctx.tokenizer.decode(request.tokens))
+        check_token_ids(ctx, request.tokens, "tokens")
+        return DetokenizeResponse(prompt=await off_loop(ctx, ctx.tokenizer.decode, request.tokens))
 
 
 # --------------------------------------------------------------------------- serving
 
 
-def run_server(args: argparse.Namespace) -> None:
+def run_server(args: argparse.Namespace) -> int:
     """`vllm-lite serve`: build the engine inside the server's event loop, then serve until
-    SIGINT/SIGTERM; the app's lifespan shuts the engine (and its processes) down."""
-    asyncio.run(_serve(args))
+    SIGINT/SIGTERM (a drain: see ShutdownDrain) or until the engine dies. Returns the exit
+    status: 1 when the engine died, else 0."""
+    return asyncio.run(_serve(args))
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    import uvicorn
+def server_options_from(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(api_key=args.api_key or os.environ.get("VLLM_LITE_API_KEY") or None,
+                         max_request_body_bytes=args.max_request_body_bytes,
+                         max_n_sequences=args.max_n_sequences,
+                         trust_request_chat_template=args.trust_request_chat_template,
+                         health_check_timeout_s=args.health_check_timeout,
+                         shutdown_timeout_s=args.shutdown_timeout,
+                         chat_template_timeout_s=args.chat_template_timeout)
 
+
+async def _serve(args: argparse.Namespace) -> int:
     from vllm_lite.engine.async_llm import AsyncLLM
     from vllm_lite.entrypoints.cli import engine_args_from
 
+    options = server_options_from(args)
     engine_args = engine_args_from(args)
     engine = AsyncLLM.from_engine_args(engine_args)
     try:
         names = args.served_model_name or ([engine_args.model] if engine_args.model else [])
-        app = build_app(engine, names, args.api_key, owns_engine=True)
+        app = build_app(engine, names, owns_engine=True, options=options)
+        # The drain ends every request before uvicorn's own grace period (a backstop) runs out.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                timeout_graceful_shutdown=5)
-        await uvicorn.Server(config).serve()
+                                timeout_graceful_shutdown=options.shutdown_timeout_s + 5)
+        server = DrainingServer(config, app.state.ctx)
+        watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))
+        try:
+            await server.serve()
+        finally:
+            watchdog.cancel()
+        if engine_is_dead(engine):
+            logger.error("the engine died; exiting with status 1 so that a supervisor restarts the server")
+            return 1
+        return 0
     finally:
         engine.shutdown()
 
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose SIGINT/SIGTERM also starts the request drain (uvicorn itself stops
+    accepting connections and waits for the open ones)."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ServingContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        asyncio.get_event_loop().call_soon_threadsafe(begin_drain, self.ctx)
+        super().handle_exit(sig, frame)
+
+
+def begin_drain(ctx: ServingContext) -> None:
+    """Refuse new requests; abort the ones in flight once --shutdown-timeout has passed."""
+    def abort(request_ids: list[str]) -> None:
+        asyncio.get_running_loop().create_task(ctx.engine.abort(request_ids))
+
+    ctx.drain.begin(ctx.options.shutdown_timeout_s, abort)
+
+
+async def _exit_when_engine_dies(server: Any, engine: EngineClient, interval_s: float = 0.5) -> None:
+    """vLLM's watchdog: a dead engine ends the server (exit status 1), whose supervisor restarts it."""
+    while not engine_is_dead(engine):
+        await asyncio.sleep(interval_s)
+    logger.error("the engine is dead; shutting the server down")
+    server.should_exit = True

@@ -88,13 +88,19 @@ class _GenerationRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, description=(
+        "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Unset fields keep SamplingParams' defaults; the server reads outputs as deltas."""
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                         max_tokens_field: str = "max_tokens") -> SamplingParams:
+        """Unset fields keep SamplingParams' defaults; the server reads outputs as deltas.
+        `max_tokens_field` is the request field `max_tokens` came from (named in errors)."""
+        _check(max_tokens is None or max_tokens >= 1, max_tokens_field,
+               f"{max_tokens_field} must be >= 1, got {max_tokens}")
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS}
         kwargs = {name: value for name, value in given.items() if value is not None}
         _check(self.stream_options is None or self.stream, "stream_options",
@@ -165,9 +171,12 @@ class ChatCompletionRequest(_GenerationRequest):
                "response_format", "only response_format {'type': 'text'} is supported")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
                "continue_final_message and add_generation_prompt cannot both be true")
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if self.max_completion_tokens is not None:
+            max_tokens, field = self.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs)
+        return self._sampling_params(max_tokens, logprobs, field)
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -19,16 +20,22 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
+from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
-from vllm_lite.entrypoints.openai.protocol import RequestParamError
+from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
 from vllm_lite.outputs import Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# apply_chat_template's own arguments: chat_template_kwargs may not set them (they would change
+# what it returns, not what the template sees).
+_RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize",
+    "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs"))
 SSE_DONE = "data: [DONE]\n\n"
-_FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")
 
 
 class EngineClient(Protocol):
@@ -38,27 +45,30 @@ class EngineClient(Protocol):
     vllm_config: VllmConfig
     tokenizer: Any
 
+    @property
+    def errored(self) -> bool:
+        """True once the engine is gone for good (the server then exits)."""
+        ...
+
     def generate(self, prompt: Any, sampling_params: SamplingParams,
                  request_id: str) -> AsyncGenerator[RequestOutput, None]: ...
 
     async def check_health(self) -> None: ...
+
+    async def abort(self, request_id: str | list[str]) -> None: ...
 
     async def get_stats(self) -> dict[str, Any]: ...
 
     def shutdown(self) -> None: ...
 
 
-class ApiError(Exception):
-    """An error answered in OpenAI's JSON shape with `status_code`."""
-
-    def __init__(self, status_code: int, err_type: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status_code, self.err_type, self.message, self.param = status_code, err_type, message, param
-
-
 @dataclass(frozen=True, slots=True)
 class ServingContext:
-    """Everything a handler needs, built once by `build_app` and kept on `app.state`."""
+    """Everything a handler needs, built once by `build_app` and kept on `app.state`.
+    `tokenizer_thread` runs tokenization, chat templates and large detokenizations off the
+    event loop (one thread, as in vLLM: the tokenizer is not shared between threads).
+    `max_prompt_chars`: a text longer than this cannot fit in max_model_len tokens (no token
+    is longer than the vocabulary's longest), so it is refused before it is tokenized."""
 
     engine: EngineClient
     tokenizer: Any
@@ -66,6 +76,12 @@ class ServingContext:
     model_path: str
     max_model_len: int
     metrics: ServerMetrics
+    vocab_size: int
+    max_prompt_chars: int
+    options: ServerOptions = field(default_factory=ServerOptions)
+    drain: ShutdownDrain = field(default_factory=ShutdownDrain)
+    tokenizer_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 
     def served_model(self, requested: str | None) -> str:
         """The name to answer with; an unknown name is a 404, as with OpenAI."""
@@ -79,36 +95,92 @@ class ServingContext:
 # --------------------------------------------------------------------------- prompts
 
 
-def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True) -> dict[str, Any]:
-    """The engine prompt: text and token ids (tokenized as `LLM.generate` does)."""
+async def off_loop(ctx: ServingContext, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` on the tokenizer thread, so the event loop keeps serving."""
+    return await asyncio.get_running_loop().run_in_executor(ctx.tokenizer_thread,
+                                                            functools.partial(fn, *args, **kwargs))
+
+
+async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True, *,
+                        param: str = "prompt", check_fits: bool = True) -> dict[str, Any]:
+    """The engine prompt: text and token ids (tokenized as `LLM.generate` does, off the event
+    loop). Token ids must lie in the vocabulary; with `check_fits`, a prompt that cannot fit in
+    max_model_len is refused before the work of tokenizing or copying it."""
     if isinstance(prompt, str):
-        return {"prompt": prompt, "prompt_token_ids": ctx.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)}
+        if check_fits:
+            check_prompt_chars(ctx, len(prompt), param)
+        token_ids = await off_loop(ctx, ctx.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
+        if check_fits and not token_ids:
+            raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
+        return {"prompt": prompt, "prompt_token_ids": token_ids}
+    if check_fits and not prompt:
+        raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
+    if check_fits:
+        check_length(ctx, len(prompt), None, param)
+    check_token_ids(ctx, prompt, param)
     return {"prompt": None, "prompt_token_ids": list(prompt)}
 
 
-def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, chat_template: str | None = None,
-                chat_template_kwargs: dict[str, Any] | None = None) -> str:
-    tokenizer = ctx.tokenizer
-    if chat_template is None and not getattr(tokenizer, "chat_template", None):
-        raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template; pass "
-                       "`chat_template` in the request", "chat_template")
+def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> None:
+    vocab_size = ctx.vocab_size
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        shown = ", ".join(str(t) if abs(t) < 10**12 else f"{t:.3e}" for t in bad[:8])
+        raise ApiError(400, "BadRequestError", f"{param} has token ids outside the vocabulary "
+                       f"[0, {vocab_size}): {shown}", param)
+
+
+def check_prompt_chars(ctx: ServingContext, num_chars: int, param: str = "prompt") -> None:
+    if num_chars > ctx.max_prompt_chars:
+        raise ApiError(400, "BadRequestError", f"This model's maximum context length is {ctx.max_model_len} "
+                       f"tokens. However, your {param} has {num_chars} characters, more than any text of "
+                       f"{ctx.max_model_len} tokens can have. Please reduce the length of the {param}.", param)
+
+
+def check_n(ctx: ServingContext, n: int) -> None:
+    limit = ctx.options.max_n_sequences
+    if n > limit:
+        raise ApiError(400, "BadRequestError", f"n must be at most {limit} (the server's "
+                       f"--max-n-sequences), got {n}", "n")
+
+
+async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                      continue_final_message: bool = False, chat_template: str | None = None,
+                      chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    """The conversation through the chat template, off the event loop, with a deadline and a
+    size limit. A template from the request is used only with --trust-request-chat-template."""
+    kwargs = dict(chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise ApiError(400, "BadRequestError", f"chat_template_kwargs may not set {', '.join(reserved)}",
+                       "chat_template_kwargs")
+    if chat_template is not None or "chat_template" in kwargs:
+        if not ctx.options.trust_request_chat_template:
+            raise ApiError(400, "BadRequestError", "chat_template in a request is refused unless the server "
+                           "runs with --trust-request-chat-template", "chat_template")
+        chat_template = kwargs.pop("chat_template", chat_template)
+    if chat_template is None and not getattr(ctx.tokenizer, "chat_template", None):
+        raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     try:
-        return tokenizer.apply_chat_template(
-            conversation, chat_template=chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            **(chat_template_kwargs or {}))
+        return await off_loop(ctx, render_chat_template, ctx.tokenizer, conversation,
+                              max_chars=ctx.max_prompt_chars, timeout_s=ctx.options.chat_template_timeout_s,
+                              chat_template=chat_template,
+                              add_generation_prompt=add_generation_prompt,
+                              continue_final_message=continue_final_message, **kwargs)
+    except TemplateRenderTimeout as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "chat_template") from exc
     except Exception as exc:  # a template error is the request's problem, not the server's
         raise ApiError(400, "BadRequestError", f"the chat template failed on these messages: {exc}",
                        "messages") from exc
 
 
-def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | None) -> None:
+def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | None,
+                 param: str = "prompt") -> None:
     max_len = ctx.max_model_len
     if num_prompt_tokens > max_len:
         raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
-                       f"However, your prompt has {num_prompt_tokens} tokens. Please reduce the length "
-                       "of the prompt.", "prompt")
+                       f"However, your {param} has {num_prompt_tokens} tokens. Please reduce the length "
+                       f"of the {param}.", param)
     if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
         raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
                        f"However, you requested {num_prompt_tokens + max_tokens} tokens "
@@ -126,15 +198,24 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     core and so frees its KV blocks (AsyncLLM's contract)."""
     tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]))
     finished = False
+    ctx.drain.in_flight.add(request_id)
     try:
         async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id)) as outputs:
             async for output in outputs:
+                if ctx.drain.expired and output.finished and _was_aborted(output):
+                    raise ApiError(503, "ServiceUnavailableError", "the server shut down before the request "
+                                   "finished (--shutdown-timeout)")
                 tracker.observe(output)
                 finished = output.finished
                 yield output
     finally:
+        ctx.drain.in_flight.discard(request_id)
         if not finished:
             ctx.metrics.requests_aborted.inc()
+
+
+def _was_aborted(output: RequestOutput) -> bool:
+    return any(completion.finish_reason == "abort" for completion in output.outputs)
 
 
 async def start_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
@@ -294,22 +375,6 @@ class SSEResponse(StreamingResponse):
             await self.events.aclose()
 
 
-def describe_error(exc: Exception) -> tuple[int, str, str, str | None]:
-    """(status, type, message, param) of an exception, in OpenAI's terms."""
-    if isinstance(exc, ApiError):
-        return exc.status_code, exc.err_type, exc.message, exc.param
-    if isinstance(exc, EngineDeadError):
-        return 503, "ServiceUnavailableError", f"the engine is dead: {exc}", None
-    if isinstance(exc, RequestParamError):
-        return 400, "BadRequestError", str(exc), exc.param
-    if isinstance(exc, (ValueError, TypeError)):
-        match = _FIELD_IN_MESSAGE.match(str(exc))
-        if match:  # "SamplingParams.top_p must be ..." -> param "top_p", "top_p must be ..."
-            return 400, "BadRequestError", str(exc)[len("SamplingParams."):], match.group(1)
-        return 400, "BadRequestError", str(exc), None
-    return 500, "InternalServerError", f"{type(exc).__name__}: {exc}", None
-
-
 def sse_error(exc: Exception) -> str:
     """An error met after a stream began: one error event (the stream then ends with [DONE])."""
     if describe_error(exc)[0] == 500:
@@ -320,6 +385,3 @@ def sse_error(exc: Exception) -> str:
 def sse_event(chunk: BaseModel) -> str:
     return f"data: {chunk.model_dump_json()}\n\n"
 
-
-def error_body(status_code: int, err_type: str, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}

@@ -31,8 +31,11 @@ from vllm_lite.entrypoints.openai.serving import (
     SSEResponse,
     cancel_on_disconnect,
     check_length,
+    check_n,
+    check_prompt_chars,
     collect_choices,
     decode_token,
+    encode_prompt,
     json_logprob,
     render_chat,
     sse_error,
@@ -47,8 +50,9 @@ from vllm_lite.outputs import Logprob, RequestOutput
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest,
                                  raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
+    check_n(ctx, request.n)
     params = request.to_sampling_params()
-    prompt = chat_prompt(ctx, request)
+    prompt = await chat_prompt(ctx, request)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     check_length(ctx, num_prompt_tokens, params.max_tokens)
     request_id = random_id("chatcmpl")
@@ -61,12 +65,17 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     return JSONResponse(response.model_dump())
 
 
-def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
+async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
     """The templated text and its token ids (the template adds the special tokens itself)."""
-    text = render_chat(ctx, request.conversation(), add_generation_prompt=request.add_generation_prompt,
-                       continue_final_message=request.continue_final_message,
-                       chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
-    return {"prompt": text, "prompt_token_ids": ctx.tokenizer.encode(text, add_special_tokens=False)}
+    conversation = request.conversation()
+    check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
+    text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
+                             continue_final_message=request.continue_final_message,
+                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
+    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages")
+    if request.cache_salt is not None:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:

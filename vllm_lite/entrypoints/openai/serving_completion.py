@@ -28,11 +28,13 @@ from vllm_lite.entrypoints.openai.serving import (
     SSEResponse,
     cancel_on_disconnect,
     check_length,
+    check_n,
     collect_choices,
     decode_token,
     encode_prompt,
     json_logprob,
     merge_streams,
+    off_loop,
     sse_error,
     sse_event,
     start_streams,
@@ -43,36 +45,50 @@ from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
+    check_n(ctx, request.n)
     params = request.to_sampling_params()
-    prompts = _engine_prompts(ctx, request.prompt)
+    prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt)
+    echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
     request_id = random_id("cmpl")
     streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
     if request.stream:
         started = await start_streams(streams)
-        return SSEResponse(_stream_events(ctx, request, model, request_id, prompts, started))
-    response = await cancel_on_disconnect(_full_response(ctx, request, model, request_id, prompts, streams),
-                                          raw_request)
+        return SSEResponse(_stream_events(ctx, request, model, request_id, prompts, echoed, started))
+    response = await cancel_on_disconnect(
+        _full_response(ctx, request, model, request_id, prompts, echoed, streams), raw_request)
     return JSONResponse(response.model_dump())
 
 
-def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[dict[str, Any]]:
+async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
+                         cache_salt: str | None) -> list[dict[str, Any]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items: list[Any] = [prompt]
     else:
         items = list(prompt)
     if not items:
         raise RequestParamError("prompt", "prompt must not be empty")
-    return [encode_prompt(ctx, item) for item in items]
+    if len(items) > ctx.options.max_n_sequences:
+        raise RequestParamError("prompt", f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
+                                f"(--max-n-sequences), got {len(items)}")
+    prompts = [await encode_prompt(ctx, item) for item in items]
+    if cache_salt is not None:
+        for engine_prompt in prompts:
+            engine_prompt["cache_salt"] = cache_salt
+    return prompts
 
 
-def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
-    return prompt["prompt"] if prompt["prompt"] is not None else ctx.tokenizer.decode(prompt["prompt_token_ids"])
+async def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
+    """The prompt as text (echo): token-id prompts are decoded on the tokenizer thread."""
+    if prompt["prompt"] is not None:
+        return prompt["prompt"]
+    return await off_loop(ctx, ctx.tokenizer.decode, prompt["prompt_token_ids"])
 
 
 async def _full_response(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
-                         prompts: list[dict[str, Any]], streams: list[AsyncGenerator[RequestOutput, None]]) -> CompletionResponse:
+                         prompts: list[dict[str, Any]], echoed: list[str],
+                         streams: list[AsyncGenerator[RequestOutput, None]]) -> CompletionResponse:
     tasks = [asyncio.ensure_future(collect_choices(stream, request.n)) for stream in streams]
     try:
         results = await asyncio.gather(*tasks)
@@ -83,7 +99,7 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, model:
     choices, usage = [], UsageInfo()
     for i, (accumulated, prompt) in enumerate(zip(results, prompts)):
         usage.prompt_tokens += len(prompt["prompt_token_ids"])
-        echo = _prompt_text(ctx, prompt) if request.echo else ""
+        echo = echoed[i]
         for j, acc in enumerate(accumulated):
             usage.completion_tokens += len(acc.token_ids)
             logprobs = None
@@ -116,10 +132,9 @@ class _StreamedChoice:
 
 
 async def _stream_events(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
-                         prompts: list[dict[str, Any]], streams: list[AsyncGenerator[RequestOutput, None]]
-                         ) -> AsyncGenerator[str, None]:
-    choices = [_StreamedChoice(_prompt_text(ctx, prompt) if request.echo else "")
-               for prompt in prompts for _ in range(request.n)]
+                         prompts: list[dict[str, Any]], echoed: list[str],
+                         streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[str, None]:
+    choices = [_StreamedChoice(echo) for echo in echoed for _ in range(request.n)]
     created = int(time.time())
     try:
         async for i, output in merge_streams(streams):

@@ -1,0 +1,119 @@
+"""The gate every HTTP request passes before FastAPI parses it: the API key (every route but
+/health and /ping), the refusal of new requests while the server drains, and the body-size
+limit. It runs before the body is read, so an unauthenticated or oversized body costs nothing.
+It is also the last catch: an exception no handler knew becomes a JSON 500 (a bug, logged once)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from vllm_lite.entrypoints.openai.errors import error_body
+from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
+
+logger = logging.getLogger(__name__)
+
+# Liveness probes answer without a key, as in vLLM (a load balancer has none).
+UNAUTHENTICATED_PATHS = frozenset(("/health", "/ping"))
+_BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
+
+
+class RequestGate:
+    def __init__(self, app: ASGIApp, options: ServerOptions, drain: ShutdownDrain) -> None:
+        self.app = app
+        self.options = options
+        self.drain = drain
+        self._expected_auth = f"Bearer {options.api_key}".encode() if options.api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if path not in UNAUTHENTICATED_PATHS and method != "OPTIONS" and not self._authorized(scope):
+            await _send_error(send, 401, "AuthenticationError", "Incorrect API key provided.", "api_key")
+            return
+        if self.drain.stopping and path not in UNAUTHENTICATED_PATHS:
+            await _send_error(send, 503, "ServiceUnavailableError", "the server is shutting down")
+            return
+        if method in _BODY_METHODS:
+            body = await self._read_body(scope, receive, send)
+            if body is None:
+                return
+            receive = _replay(body, receive)
+        await self._call_app(scope, receive, send)
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            logger.exception("unexpected error while handling %s %s", scope["method"], scope["path"])
+            if not started:  # else the client sees the response end early
+                await _send_error(send, 500, "InternalServerError", f"{type(exc).__name__}: {exc}")
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._expected_auth is None:
+            return True
+        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        return secrets.compare_digest(given, self._expected_auth)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None after answering 413 (as soon as the declared or received
+        size passes the limit, without reading the rest)."""
+        limit = self.options.max_request_body_bytes
+        declared = next((value for name, value in scope["headers"] if name == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_too_large(send, limit)
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _send_too_large(send, limit)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Callable[[], Any]:
+    """A `receive` that hands the buffered body over once, then defers to the connection (whose
+    next message is the client's disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _send_too_large(send: Send, limit: int) -> None:
+    await _send_error(send, 413, "RequestEntityTooLargeError",
+                      f"the request body is larger than {limit} bytes (--max-request-body-bytes)", "body")
+
+
+async def _send_error(send: Send, status_code: int, err_type: str, message: str, param: str | None = None) -> None:
+    payload = json.dumps(error_body(status_code, err_type, message, param)).encode()
+    await send({"type": "http.response.start", "status": status_code,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})

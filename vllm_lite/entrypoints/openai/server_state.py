@@ -1,0 +1,73 @@
+"""What the server knows beyond the engine: its limits (`ServerOptions`, one flag each) and the
+drain that SIGTERM starts (`ShutdownDrain`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+# FastAPI parses and validates JSON on the event loop: a body of 4 MiB of token ids takes ~0.3 s
+# there, and the limit bounds that stall. 4 MiB holds a 128k-token prompt several times over.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
+# vLLM bounds `n` with VLLM_MAX_N_SEQUENCES (16384 by default); on a CPU engine a few hundred
+# samples already occupy every sequence slot, so the server's default is lower.
+DEFAULT_MAX_N_SEQUENCES = 128
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """| option | flag | meaning |
+    |---|---|---|
+    | api_key | --api-key / VLLM_LITE_API_KEY | `Authorization: Bearer <key>` on every route but /health and /ping |
+    | max_request_body_bytes | --max-request-body-bytes | larger bodies get 413 before they are parsed |
+    | max_n_sequences | --max-n-sequences | the largest `n` a request may ask for |
+    | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
+    | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
+    | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
+    | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
+    """
+
+    api_key: str | None = None
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
+    trust_request_chat_template: bool = False
+    health_check_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 30.0
+    chat_template_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_body_bytes", "max_n_sequences"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("health_check_timeout_s", "shutdown_timeout_s", "chat_template_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class ShutdownDrain:
+    """SIGTERM -> `begin`: new requests get 503 while the ones in flight run on; after
+    `shutdown_timeout_s`, `expire` aborts those still running, and each of them ends with an
+    error (an SSE error event then [DONE], or a 503 body)."""
+
+    in_flight: set[str] = field(default_factory=set)
+    stopping: bool = False
+    expired: bool = False
+    _timer: asyncio.TimerHandle | None = None
+
+    def begin(self, timeout_s: float, abort: Callable[[list[str]], None]) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        logger.info("draining %d in-flight request(s) for up to %.1f s", len(self.in_flight), timeout_s)
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self.expire, abort)
+
+    def expire(self, abort: Callable[[list[str]], None]) -> None:
+        self.expired = True
+        if self.in_flight:
+            logger.warning("shutdown timeout: aborting %d request(s) still running", len(self.in_flight))
+            abort(sorted(self.in_flight))
