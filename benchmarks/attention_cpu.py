@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_LAYERS = 9, 3, 64, 16, 30

@@ -21,7 +21,7 @@ import zmq
 from engine_utils import ENGINE_ARGS, process_gone, token_prompts, wait_until
 from vllm_lite import LLM, EngineDeadError, SamplingParams
 from vllm_lite.engine.core_client import SyncMPClient
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     MsgpackDecoder,
     MsgpackEncoder,
     OutputType,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from vllm_lite.model import gguf_convert
-from vllm_lite.model.gguf_convert import (
+from vllm_lite.gguf_convert import (
     DEMO_MODEL_NAME,
     OUTPUT_FILES,
     ensure_demo_model,

@@ -6,7 +6,7 @@ import enum
 
 import numpy as np
 
-from vllm_lite.engine.protocol import EngineCoreRequest, FinishReason
+from vllm_lite.wire import EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
 

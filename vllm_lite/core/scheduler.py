@@ -19,8 +19,8 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
-from vllm_lite.outputs import LogprobsArrays
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.wire import LogprobsArrays
 
 
 class Scheduler:

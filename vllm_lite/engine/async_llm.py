@@ -21,13 +21,13 @@ from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import AsyncMPClient
-from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
-from vllm_lite.engine.protocol import EngineCoreOutputs, RequestError
+from vllm_lite.wire import EngineCoreOutputs, RequestError
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 

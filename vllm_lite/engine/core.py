@@ -23,7 +23,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,

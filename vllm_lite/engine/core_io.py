@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     REQUEST_STRUCTS,
     MsgpackDecoder,
     MsgpackEncoder,

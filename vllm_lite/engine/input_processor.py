@@ -8,7 +8,7 @@ from typing import Any, Union
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]

@@ -10,7 +10,7 @@ from typing import Any
 from vllm_lite.engine.detokenizer import IncrementalDetokenizer
 from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.parallel_sampling import ParentRequest
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 

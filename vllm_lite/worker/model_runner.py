@@ -14,23 +14,13 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.loader import load_model
-from vllm_lite.outputs import LogprobsArrays
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
 from vllm_lite.sample.sampler import Sampler
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata
-
-
-@dataclass(slots=True)
-class ModelRunnerOutput:
-    req_ids: list[str]  # batch rows, in order
-    sampled_token_ids: np.ndarray  # int32 [num_rows, 1]
-    num_sampled: np.ndarray  # int32 [num_rows]; 0 for rows still mid-prefill (or unscheduled)
-    logprobs: LogprobsArrays | None = None  # rows are batch rows; None when no row asked
-    # request -> (prompt position of the first row, logprobs of the next prompt tokens)
-    prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from vllm_lite import __version__
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.version import __version__
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -208,7 +208,7 @@ async def _serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from vllm_lite.engine.async_llm import AsyncLLM
-    from vllm_lite.entrypoints.cli import engine_args_from
+    from vllm_lite.entrypoints.cli_args import engine_args_from
 
     engine_args = engine_args_from(args)
     engine = AsyncLLM.from_engine_args(engine_args)

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import RequestParamError
 from vllm_lite.outputs import Logprob, RequestOutput
