@@ -12,6 +12,7 @@ import queue
 import signal
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_STOP = b"engine-stop"  # input-queue marker (never on the wire): SIGTERM/SIGINT came
+_STOP_ENGINE = b"engine-stop"  # input-queue marker (never on the wire): SIGTERM/SIGINT came
+MAX_RECENT_CLIENTS = 1024
 
 
 def make_executor(vllm_config: VllmConfig) -> Executor:
@@ -142,6 +144,8 @@ class EngineCoreProc:
         self.vllm_config = vllm_config
         self.owners: dict[str, bytes] = {}  # request id -> client identity
         self.client_requests: dict[bytes, set[str]] = {}  # client identity -> its live requests
+        # Clients heard from lately, idle ones included (told when the engine stops); bounded.
+        self.recent_clients: OrderedDict[bytes, None] = OrderedDict()
         self.num_steps = 0
         self.utilities: dict[str, Callable[..., Any]] = {
             "get_stats": self.get_stats,
@@ -162,6 +166,7 @@ class EngineCoreProc:
         try:
             self.run_busy_loop()
         except SystemExit:
+            self._broadcast_dead("the engine core was stopped")
             return 0
         except Exception as exc:
             logger.exception("engine core: fatal error in the busy loop")
@@ -196,6 +201,7 @@ class EngineCoreProc:
             self._send_outputs(outputs)
 
     def _handle_input(self, identity: bytes, request_type: bytes, message: Any) -> None:
+        self._remember_client(identity, request_type)
         if request_type == RequestType.ADD:
             self._add_request(identity, message)
         elif request_type == RequestType.ABORT:
@@ -204,8 +210,17 @@ class EngineCoreProc:
             self.output_queue.put((identity, OutputType.UTILITY_RESULT, self._call_utility(message)))
         elif request_type == CLIENT_GONE:
             self._abort_requests(identity, list(self.client_requests.get(identity, ())))
-        elif request_type == _STOP:
+        elif request_type == _STOP_ENGINE:
             raise SystemExit(0)
+
+    def _remember_client(self, identity: bytes, request_type: bytes) -> None:
+        if request_type == CLIENT_GONE:
+            self.recent_clients.pop(identity, None)
+        elif identity:
+            self.recent_clients[identity] = None
+            self.recent_clients.move_to_end(identity)
+            if len(self.recent_clients) > MAX_RECENT_CLIENTS:
+                self.recent_clients.popitem(last=False)
 
     def _add_request(self, identity: bytes, request: EngineCoreRequest) -> None:
         try:
@@ -257,8 +272,9 @@ class EngineCoreProc:
                     del self.client_requests[identity]
 
     def _broadcast_dead(self, message: str) -> None:
-        """Clients with requests in flight hear it at once; the others on their next call."""
-        for identity in self.client_requests:
+        """Every client with requests in flight, and every client heard from lately (idle
+        attached ones too), hears it at once; any other on its next call."""
+        for identity in dict.fromkeys([*self.client_requests, *self.recent_clients]):
             self.output_queue.put((identity, OutputType.ENGINE_DEAD, EngineDead(message)))
 
     # ---- utilities ----
@@ -390,12 +406,12 @@ class StopSignals:
         """From now on a stop goes to `input_queue` (at once if one came during start-up)."""
         self._input_queue = input_queue
         if self.received.is_set():
-            input_queue.put((b"", _STOP, None))
+            input_queue.put((b"", _STOP_ENGINE, None))
 
     def request(self) -> None:
         self.received.set()
         if self._input_queue is not None:
-            self._input_queue.put((b"", _STOP, None))
+            self._input_queue.put((b"", _STOP_ENGINE, None))
 
     def _wait(self, read_fd: int) -> None:
         while not any(signum in self.signals for signum in os.read(read_fd, 16)):

@@ -210,7 +210,7 @@ class MPClient:
             if decoder is None:
                 raise msgspec.DecodeError(f"unknown message type {frames[0].bytes!r}")
             return decoder.decode(frames[1:])
-        except msgspec.DecodeError as exc:
+        except Exception as exc:  # msgspec.DecodeError, RecursionError ...: costs this message only
             logger.error("engine client: dropped an unreadable engine message: %s", exc)
             return None
 

@@ -83,6 +83,8 @@ class MsgpackDecoder:
             raise
         except (ValueError, TypeError, IndexError) as exc:
             raise msgspec.DecodeError(f"malformed message: {exc}") from exc
+        except RecursionError:
+            raise msgspec.DecodeError("malformed message: nested too deeply") from None
         finally:
             self._frames = ()
 
