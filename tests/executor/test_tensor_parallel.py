@@ -65,7 +65,7 @@ def tp_llm() -> Iterator[Callable[..., LLM]]:
 
 
 def executor_of(llm: LLM):
-    return llm.llm_engine.engine_core.engine_core.executor  # the in-process engine core's
+    return llm.llm_engine.engine_core.executor  # the in-process engine core's
 
 
 def run_greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

@@ -58,27 +58,12 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 10.0
 
 
-class InprocClient:
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        self.engine_core = EngineCore(vllm_config)
-
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self.engine_core.add_request(request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self.engine_core.abort_requests(request_ids)
+class InprocClient(EngineCore):
+    """The engine core itself, stepped by the caller: the client calls (add_request,
+    abort_requests, get_stats, reset_prefix_cache, shutdown) are EngineCore's own."""
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()
-
-    def get_stats(self) -> dict[str, Any]:
-        return self.engine_core.get_stats()
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine_core.reset_prefix_cache()
-
-    def shutdown(self) -> None:
-        self.engine_core.shutdown()
+        return self.step()
 
 
 def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str | None = None,
