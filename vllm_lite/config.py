@@ -149,6 +149,12 @@ class CacheConfig:
     enable_prefix_caching: bool
 
 
+def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
+    """Block-table width of one sequence: room for `max_model_len + 1` tokens (the last step
+    writes the KV of the token it samples at position max_model_len)."""
+    return -(-(max_model_len + 1) // block_size)
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int

@@ -23,19 +23,16 @@ class Request:
     amortized and no Python int objects are kept per token."""
 
     __slots__ = (
-        "request_id", "sampling_params", "client_index", "arrival_time", "status",
+        "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
-        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_preemptions",
+        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...], max_tokens: int, arrival_time: float = 0.0,
-                 client_index: int = 0) -> None:
+                 eos_token_ids: tuple[int, ...], max_tokens: int) -> None:
         num_prompt = len(prompt_token_ids)
         self.request_id = request_id
         self.sampling_params = sampling_params
-        self.client_index = client_index
-        self.arrival_time = arrival_time
         self.status = RequestStatus.WAITING
         self.token_ids = np.empty(num_prompt + min(max_tokens, 64), dtype=np.int32)
         self.token_ids[:num_prompt] = prompt_token_ids
@@ -47,12 +44,11 @@ class Request:
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.block_hashes: list[int] = []
-        self.num_preemptions = 0
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.max_tokens, req.arrival_time, req.client_index)
+                   req.max_tokens)
 
     @property
     def num_output_tokens(self) -> int:

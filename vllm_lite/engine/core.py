@@ -318,7 +318,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-SELECTED_FIELDS = frozenset(("req_ids", "finished", "client_index", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
+SELECTED_FIELDS = frozenset(("req_ids", "finished", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
 
 

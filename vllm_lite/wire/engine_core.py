@@ -46,7 +46,6 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     eos_token_ids: tuple[int, ...]
     arrival_time: float
     max_tokens: int
-    client_index: int = 0
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -62,7 +61,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     req_ids: list[str]
     new_token_ids: np.ndarray  # int32 [num_reqs]
     finished: list[FinishedRequest] = []
-    client_index: int = 0
     # Sample logprobs, present when some request in the step asked for them. Column 0 is the
     # sampled token, columns 1..k the top-k (k = the largest request's), so ranks are 1..k there.
     logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k + 1]
