@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Logprob:
@@ -26,6 +26,19 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class RequestStateStats:
+    """Per-request timings, as vLLM's RequestStateStats: `arrival_time` is wall-clock
+    (time.time()); the `*_ts` timestamps are time.monotonic(), for intervals."""
+
+    arrival_time: float = 0.0
+    arrival_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0  # seconds from arrival to the first output token
+    num_generation_tokens: int = 0
+
+
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -33,5 +46,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    num_cached_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: RequestStateStats | None = None

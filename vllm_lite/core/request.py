@@ -25,7 +25,7 @@ class Request:
     __slots__ = (
         "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
-        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes",
+        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -44,6 +44,7 @@ class Request:
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.block_hashes: list[int] = []
+        self.num_cached_tokens = -1  # prompt tokens found in the prefix cache; -1 until scheduled
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:

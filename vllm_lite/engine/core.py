@@ -304,6 +304,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
     changes: dict[str, Any] = {
         "req_ids": [outputs.req_ids[i] for i in rows],
         "finished": [f for f in outputs.finished if f.request_id in request_ids],
+        "num_cached_tokens": {r: n for r, n in outputs.num_cached_tokens.items() if r in request_ids},
     }
     for name in _ROW_ARRAYS:
         value = getattr(outputs, name)
@@ -318,7 +319,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-SELECTED_FIELDS = frozenset(("req_ids", "finished", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
+SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
 
 

@@ -61,6 +61,9 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     req_ids: list[str]
     new_token_ids: np.ndarray  # int32 [num_reqs]
     finished: list[FinishedRequest] = []
+    # Requests whose first output token is in this step -> how many of their prompt tokens were
+    # prefix-cache hits (RequestOutput.num_cached_tokens).
+    num_cached_tokens: dict[str, int] = {}
     # Sample logprobs, present when some request in the step asked for them. Column 0 is the
     # sampled token, columns 1..k the top-k (k = the largest request's), so ranks are 1..k there.
     logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k + 1]
