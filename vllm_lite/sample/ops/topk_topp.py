@@ -6,9 +6,10 @@ token therefore depends only on its own logits, its own parameters and its own u
 other rows of the batch or their order. Which order the distribution is walked in is a row's
 own choice too: vocabulary order for untruncated rows, most-likely-first for top-k/top-p rows.
 
-top-k/top-p never sort the whole vocabulary: the kept tokens are the most likely ones, so a
-partial top-K (K = 256 and up) holds them all unless a row's nucleus is larger, in which case
-that row alone is retried with a 4x larger K.
+top-k/top-p start from a partial top-K instead of sorting the vocabulary: the kept tokens are the
+most likely ones, so a top-K of K = 256 holds them all unless a row's nucleus is larger, in which
+case that row alone is retried with a 4x larger K. Pure top-k takes K = the largest k. So the
+whole vocabulary is sorted only for a row whose k or nucleus really spans it.
 """
 
 from __future__ import annotations
