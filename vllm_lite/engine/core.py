@@ -24,6 +24,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
+from vllm_lite.engine.request_checks import check_request
 from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -70,31 +71,8 @@ class EngineCore:
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_request(request)
+        check_request(request, self.vllm_config.model_config)
         self.scheduler.add_request(Request.from_engine_core_request(request))
-
-    def _check_request(self, request: EngineCoreRequest) -> None:
-        """Requests may come off the wire from any client: what would break a step is refused."""
-        tokens = request.prompt_token_ids
-        model_config = self.vllm_config.model_config
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise ValueError(f"prompt_token_ids must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
-        if not 0 < len(tokens) <= model_config.max_model_len:
-            raise ValueError(f"prompt has {len(tokens)} tokens; it needs 1 to max_model_len="
-                             f"{model_config.max_model_len}")
-        if tokens.min() < 0 or tokens.max() >= model_config.hf.vocab_size:
-            raise ValueError(f"prompt_token_ids must be in [0, {model_config.hf.vocab_size})")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-        params = request.sampling_params
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > model_config.max_logprobs:
-                raise ValueError(f"{name}={value} exceeds max_logprobs={model_config.max_logprobs}")
-        token_ids = [*(params.logit_bias or ()), *(params.stop_token_ids or ())]
-        if token_ids and max(token_ids) >= model_config.hf.vocab_size:
-            raise ValueError(f"logit_bias / stop_token_ids must be in [0, {model_config.hf.vocab_size})")
-        request.sampling_params.check_engine_limits(model_config.hf.vocab_size, model_config.max_logprobs)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
