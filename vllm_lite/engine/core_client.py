@@ -145,6 +145,7 @@ class MPClient:
         self.decoders = {tag: MsgpackDecoder(struct) for tag, struct in OUTPUT_STRUCTS.items()}
         self._call_ids = itertools.count()
         self._last_heard = time.monotonic()
+        self._last_ping = 0.0
 
     @property
     def engine_pid(self) -> int | None:
@@ -202,6 +203,18 @@ class MPClient:
     def _silence_s(self, since: float) -> float:
         return time.monotonic() - max(self._last_heard, since)
 
+    def _check_heartbeat(self, since: float) -> UtilityRequest | None:
+        """An attached client's heartbeat, sync or async: after `heartbeat_timeout_s` of silence
+        the engine is marked dead; after `heartbeat_interval_s` a ping is due (returned, for the
+        caller to send its own way)."""
+        silence = self._silence_s(since)
+        if silence > self.heartbeat_timeout_s:
+            self.state.mark_dead(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+        elif silence > self.heartbeat_interval_s and self._silence_s(self._last_ping) > self.heartbeat_interval_s:
+            self._last_ping = time.monotonic()
+            return UtilityRequest(next(self._call_ids), "is_healthy")
+        return None
+
 
 class SyncMPClient(MPClient):
     """For `LLM`: one caller thread sends and receives (not thread-safe)."""
@@ -210,7 +223,6 @@ class SyncMPClient(MPClient):
                  launch: EngineLaunch | None = None, **kwargs: Any) -> None:
         super().__init__(vllm_config, engine_address, zmq.Context(), launch, **kwargs)
         self._pending: deque[Any] = deque()  # outputs that arrived while a utility call waited
-        self._last_ping = 0.0
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(RequestType.ADD, request)
@@ -264,16 +276,8 @@ class SyncMPClient(MPClient):
                     self.state.mark_dead(message.message)
                 elif message is not None:
                     return message
-            elif self.attached:
-                self._heartbeat(since)
-
-    def _heartbeat(self, since: float) -> None:
-        silence = self._silence_s(since)
-        if silence > self.heartbeat_timeout_s:
-            self.state.mark_dead(f"the engine core at {self.address} has not answered for {silence:.1f} s")
-        elif silence > self.heartbeat_interval_s and self._silence_s(self._last_ping) > self.heartbeat_interval_s:
-            self._last_ping = time.monotonic()
-            self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+            elif self.attached and (ping := self._check_heartbeat(since)) is not None:
+                self._send(RequestType.UTILITY, ping)
 
 
 class AsyncMPClient(MPClient):
@@ -370,12 +374,12 @@ class AsyncMPClient(MPClient):
         since = time.monotonic()
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            silence = self._silence_s(since)
-            if silence > self.heartbeat_timeout_s:
-                self._engine_died(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+            ping = self._check_heartbeat(since)
+            if self.state.engine_dead:
+                self._engine_died(self.state.dead_reason)
                 return
-            if silence >= self.heartbeat_interval_s:
-                await self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+            if ping is not None:
+                await self._send(RequestType.UTILITY, ping)
 
     # ---- death ----
     def _on_engine_death(self) -> None:
