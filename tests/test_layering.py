@@ -42,17 +42,17 @@ def _unit(module: str) -> str:
     return first
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _imports(path: Path) -> Iterator[tuple[int, str]]:
+def _imports(path: Path, package_root: Path = PACKAGE) -> Iterator[tuple[int, str]]:
     """(line, imported vllm_lite module) for every import in the file, at any depth."""
-    module = _module_name(path)
+    module = _module_name(path, package_root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -68,16 +68,16 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
             if target.startswith("vllm_lite"):
                 for alias in node.names:
                     submodule = f"{target}.{alias.name}"
-                    yield node.lineno, submodule if _is_module(submodule) else target
+                    yield node.lineno, submodule if _is_module(submodule, package_root) else target
 
 
-def _is_module(name: str) -> bool:
-    path = PACKAGE.parent.joinpath(*name.split("."))
+def _is_module(name: str, package_root: Path = PACKAGE) -> bool:
+    path = package_root.parent.joinpath(*name.split("."))
     return path.is_dir() or path.with_suffix(".py").exists() or any(path.parent.glob(path.name + ".*.so"))
 
 
-def _modules() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
+def _modules(package_root: Path = PACKAGE) -> list[Path]:
+    return sorted(package_root.rglob("*.py"))
 
 
 def test_every_package_has_a_layer() -> None:
@@ -85,16 +85,19 @@ def test_every_package_has_a_layer() -> None:
     assert units <= set(LAYERS), f"declare a layer for: {sorted(units - set(LAYERS))}"
 
 
-def test_no_module_imports_a_higher_or_sibling_layer() -> None:
+def _layer_violations(package_root: Path = PACKAGE) -> list[str]:
     violations = []
-    for path in _modules():
-        source = _unit(_module_name(path))
-        for line, target in _imports(path):
+    for path in _modules(package_root):
+        source = _unit(_module_name(path, package_root))
+        for line, target in _imports(path, package_root):
             dest = _unit(target)
-            if dest == source:
-                continue
-            if LAYERS[dest] >= LAYERS[source]:
-                violations.append(f"{path.relative_to(PACKAGE)}:{line} ({source}) imports {target} ({dest})")
+            if dest != source and LAYERS[dest] >= LAYERS[source]:
+                violations.append(f"{path.relative_to(package_root)}:{line} ({source}) imports {target} ({dest})")
+    return violations
+
+
+def test_no_module_imports_a_higher_or_sibling_layer() -> None:
+    violations = _layer_violations()
     assert not violations, "imports against the layering:\n" + "\n".join(violations)
 
 
@@ -137,9 +140,28 @@ def test_no_import_cycles_between_modules() -> None:
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
-    """Guard against a checker that cannot fail: a core module importing the engine is caught."""
-    fake = PACKAGE / "core" / "scheduler.py"
-    tree = ast.parse("from vllm_lite.engine.core import EngineCore\n")
-    node = tree.body[0]
-    assert isinstance(node, ast.ImportFrom)
-    assert LAYERS[_unit(node.module)] > LAYERS[_unit(_module_name(fake))]
+    """Guard against a checker that cannot fail: in a fake package, core importing the engine,
+    the worker importing the engine (relative import) and sample importing attention are found."""
+    root = tmp_path / "vllm_lite"
+    files = {
+        "__init__.py": "",
+        "wire/__init__.py": "",
+        "core/__init__.py": "",
+        "core/scheduler.py": "from vllm_lite.wire import X\nfrom vllm_lite.engine.core import EngineCore\n",
+        "engine/__init__.py": "",
+        "engine/core.py": "from vllm_lite.core.scheduler import Scheduler\n",
+        "worker/__init__.py": "",
+        "worker/worker.py": "def f():\n    from ..engine import core\n",
+        "sample/__init__.py": "",
+        "sample/sampler.py": "from vllm_lite.attention import ops\n",
+        "attention/__init__.py": "",
+        "attention/ops.py": "",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    found = "\n".join(_layer_violations(root))
+    assert "core/scheduler.py:2 (core) imports vllm_lite.engine.core (engine)" in found
+    assert "worker/worker.py:2 (worker) imports vllm_lite.engine" in found
+    assert "sample/sampler.py:1 (sample) imports vllm_lite.attention" in found
+    assert "engine/core.py" not in found and "wire" not in found
