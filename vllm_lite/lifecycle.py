@@ -107,6 +107,20 @@ class DeathWatch:
         self._on_death(dead)
 
 
+def on_parent_death(callback: Callable[[], None], name: str) -> None:
+    """In a spawned child: call `callback` on a daemon thread once the process that spawned it
+    is gone (even by SIGKILL). Nothing happens in a process nobody spawned."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        callback()
+
+    threading.Thread(target=wait, name=name, daemon=True).start()
+
+
 def describe_exit(procs: Sequence[BaseProcess]) -> str:
     return "; ".join(f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}" for proc in procs)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import queue
 import signal
@@ -36,6 +34,7 @@ from vllm_lite.wire import (
     UtilityResult,
 )
 from vllm_lite.engine.zmq_utils import EngineAddress
+from vllm_lite.lifecycle import on_parent_death
 
 if TYPE_CHECKING:
     from vllm_lite.executor.abstract import Executor
@@ -413,12 +412,4 @@ def _set_torch_threads(vllm_config: VllmConfig) -> None:
 
 def _watch_parent(stop: StopSignals) -> None:
     """A spawned engine core stops when the process that spawned it dies (even by SIGKILL)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def wait_for_parent() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        stop.request()
-
-    threading.Thread(target=wait_for_parent, name="engine-core-parent-watch", daemon=True).start()
+    on_parent_death(stop.request, name="engine-core-parent-watch")

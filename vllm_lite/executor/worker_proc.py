@@ -35,7 +35,7 @@ from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
-from vllm_lite.lifecycle import spawn, stop_processes
+from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
 from vllm_lite.wire import InitKVCache, Shutdown, WorkerReply
 from vllm_lite.worker.worker import Worker
 
@@ -55,7 +55,7 @@ class WorkerProcArgs:
 def run_worker(args: WorkerProcArgs) -> None:
     """Process entry of one rank."""
     stopping = threading.Event()  # set on Shutdown: the watchdogs stand down
-    _start_watchdog(_wait_for_parent_death, stopping, grace=0.0)
+    on_parent_death(lambda: stopping.is_set() or os._exit(1), name="vllm_lite-worker-parent-watch")
     config = args.vllm_config
     parallel = config.parallel_config
     _limit_threads(parallel.ranks_per_node)
@@ -117,8 +117,8 @@ def _limit_threads(ranks_per_node: int) -> None:
 
 def _start_watchdog(wait: Callable[[], object], stopping: threading.Event, grace: float) -> None:
     """When `wait()` returns, exit, unless the engine core says Shutdown within `grace` seconds
-    (then the main thread is on its way out). Two watch a rank: its parent's death (from the
-    start) and the broadcast connection dropping (ranks on other nodes: the engine core left)."""
+    (then the main thread is on its way out): the broadcast connection dropping (ranks on other
+    nodes: the engine core left). A rank's parent dying ends it at once (`on_parent_death`)."""
 
     def watch() -> None:
         wait()
@@ -138,10 +138,6 @@ def _exit_within(seconds: float) -> None:
     timer = threading.Timer(seconds, os._exit, args=(0,))
     timer.daemon = True
     timer.start()
-
-
-def _wait_for_parent_death() -> None:
-    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])  # spawned: has one
 
 
 # ---- starting and stopping a node's ranks ----
