@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_LAYERS = 9, 3, 64, 16, 30
@@ -61,7 +61,7 @@ def make_step(num_decodes: int, context_range: tuple[int, int], prefills: list[t
         query_start_loc=torch.from_numpy(query_start_loc), seq_lens=torch.from_numpy(seq_lens_np),
         block_table=torch.from_numpy(block_table), slot_mapping=torch.from_numpy(np.concatenate(slots)),
         query_start_loc_np=query_start_loc, seq_lens_np=seq_lens_np, num_actual_tokens=num_tokens,
-        max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=BLOCK_SIZE,
+        max_query_len=max(query_lens), block_size=BLOCK_SIZE,
     )
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(num_tokens, NUM_Q_HEADS, HEAD_DIM, generator=gen)

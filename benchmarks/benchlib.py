@@ -123,7 +123,7 @@ def engine_job(model: Path, workload: Workload, limits: EngineLimits, **options:
 
 def demo_model() -> Path:
     """The converted demo model (SmolLM2-135M-Instruct, fp32 safetensors + tokenizer)."""
-    from vllm_lite.model.gguf_convert import ensure_demo_model
+    from vllm_lite.gguf_convert import ensure_demo_model
 
     return ensure_demo_model()
 

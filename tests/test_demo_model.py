@@ -12,7 +12,7 @@ from vllm_lite import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def demo_dir() -> Path:
-    from vllm_lite.model.gguf_convert import ensure_demo_model
+    from vllm_lite.gguf_convert import ensure_demo_model
 
     return ensure_demo_model()
 

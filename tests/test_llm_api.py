@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,27 @@ def test_stats_fields(llm: LLM) -> None:
     for key in ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
                 "kv_blocks_total", "kv_blocks_free"):
         assert isinstance(stats[key], int)
+
+
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_num_cached_tokens_and_metrics(tiny_qwen3: Path, multiprocess: bool) -> None:
+    """num_cached_tokens is the prompt's prefix-cache hits (whole blocks), carried from the
+    engine core; metrics are vLLM's RequestStateStats fields, filled on the client."""
+    engine = LLM(str(tiny_qwen3), max_model_len=128, multiprocess=multiprocess, block_size=16,
+                 enable_prefix_caching=True)
+    try:
+        prompt = {"prompt_token_ids": list(range(5, 5 + 40))}  # 2 full blocks + 8 tokens
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        started = time.time()
+        first = engine.generate(prompt, params, use_tqdm=False)[0]
+        second = engine.generate(prompt, params, use_tqdm=False)[0]
+        assert first.num_cached_tokens == 0
+        assert second.num_cached_tokens == 32
+        assert second.outputs[0].token_ids == first.outputs[0].token_ids
+        stats = second.metrics
+        assert stats.num_generation_tokens == 6
+        assert started <= first.metrics.arrival_time <= stats.arrival_time <= time.time()
+        assert stats.arrival_ts <= stats.first_token_ts <= stats.last_token_ts
+        assert stats.first_token_latency == pytest.approx(stats.first_token_ts - stats.arrival_ts)
+    finally:
+        engine.shutdown()

@@ -9,7 +9,7 @@ import pytest
 
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
-from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import RequestOutputKind
 
 INVALID = [

@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from vllm_lite.version import __version__  # noqa: F401 - re-exported
 
 _EXPORTS = {
     "LLM": "vllm_lite.entrypoints.llm",
     "AsyncLLM": "vllm_lite.engine.async_llm",
-    "EngineDeadError": "vllm_lite.engine.exceptions",
+    "EngineDeadError": "vllm_lite.exceptions",
     "SamplingParams": "vllm_lite.sampling_params",
     "RequestOutputKind": "vllm_lite.sampling_params",
     "EngineArgs": "vllm_lite.config",

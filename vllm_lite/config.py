@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.model.registry import check_supported
-
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
@@ -22,6 +20,19 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+# config.json `architectures[0]` -> "module:class" (model/registry.py imports the class on use).
+MODEL_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
+    "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
+}
+
+
+def check_supported(architecture: str) -> None:
+    if architecture not in MODEL_ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(sorted(MODEL_ARCHITECTURES))}")
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 
 
@@ -136,6 +147,12 @@ class CacheConfig:
     num_kv_blocks: int | None
     kv_cache_memory_bytes: int | None
     enable_prefix_caching: bool
+
+
+def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
+    """Block-table width of one sequence: room for `max_model_len + 1` tokens (the last step
+    writes the KV of the token it samples at position max_model_len)."""
+    return -(-(max_model_len + 1) // block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +368,6 @@ def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
 
 
 def _demo_model_dir() -> Path:
-    from vllm_lite.model.gguf_convert import ensure_demo_model
+    from vllm_lite.gguf_convert import ensure_demo_model
 
     return ensure_demo_model()

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
-
+from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Logprob:
@@ -29,6 +26,19 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
+class RequestStateStats:
+    """Per-request timings, as vLLM's RequestStateStats: `arrival_time` is wall-clock
+    (time.time()); the `*_ts` timestamps are time.monotonic(), for intervals."""
+
+    arrival_time: float = 0.0
+    arrival_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0  # seconds from arrival to the first output token
+    num_generation_tokens: int = 0
+
+
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -36,20 +46,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
-    num_cached_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class LogprobsArrays:
-    """Logprobs of a group of positions, column-wise (what workers hand to the engine core).
-
-    Column 0 is the sampled (or, for prompt logprobs, the actual next prompt) token; columns
-    1..k are the k most likely tokens, most likely first, so their ranks are 1..k."""
-
-    token_ids: np.ndarray  # int32 [num_positions, k + 1]
-    logprobs: np.ndarray  # float32 [num_positions, k + 1]
-    ranks: np.ndarray  # int32 [num_positions, k + 1]
-
-    def slice_rows(self, start: int, stop: int) -> LogprobsArrays:
-        return LogprobsArrays(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: RequestStateStats | None = None

@@ -174,11 +174,6 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     def is_greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
-    @property
-    def uses_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
-
     def clone_with(self, **changes: object) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)
 

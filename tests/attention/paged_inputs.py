@@ -63,7 +63,6 @@ def make_paged_batch(specs: list[tuple[int, int]], num_q_heads: int, num_kv_head
         seq_lens_np=seq_lens_np,
         num_actual_tokens=num_tokens,
         max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
         block_size=block_size,
     )
     return PagedBatch(
@@ -86,7 +85,7 @@ def reference_forward(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         query_start_loc=common.query_start_loc[: real + 1], seq_lens=common.seq_lens[:real],
         block_table=common.block_table[:real], slot_mapping=common.slot_mapping[:n],
         query_start_loc_np=common.query_start_loc_np[: real + 1], seq_lens_np=common.seq_lens_np[:real],
-        num_actual_tokens=n, max_query_len=common.max_query_len, max_seq_len=common.max_seq_len,
+        num_actual_tokens=n, max_query_len=common.max_query_len,
         block_size=common.block_size,
     )
     backend = TorchAttentionBackend()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vllm_lite import LLM, EngineArgs, SamplingParams
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from paged_inputs import make_paged_batch, reference_forward
 
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 

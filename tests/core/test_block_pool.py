@@ -14,21 +14,21 @@ def free_order(pool: BlockPool) -> list[int]:
 
 
 def test_block_zero_is_reserved_and_allocation_is_fifo() -> None:
-    pool = BlockPool(5, enable_caching=True)
+    pool = BlockPool(5)
     assert pool.num_usable_blocks == 4
     assert [b.block_id for b in pool.allocate(2)] == [1, 2]
     assert pool.get_num_free_blocks() == 2
 
 
 def test_free_appends_in_given_order_for_lru_eviction() -> None:
-    pool = BlockPool(5, enable_caching=True)
+    pool = BlockPool(5)
     blocks = pool.allocate(4)
     pool.free(reversed(blocks))
     assert free_order(pool) == [4, 3, 2, 1]
 
 
 def test_touch_removes_from_the_middle_and_ref_counts() -> None:
-    pool = BlockPool(6, enable_caching=True)
+    pool = BlockPool(6)
     blocks = pool.allocate(5)
     pool.free(blocks)
     pool.touch([blocks[2]])
@@ -42,7 +42,7 @@ def test_touch_removes_from_the_middle_and_ref_counts() -> None:
 
 
 def test_allocating_a_cached_free_block_evicts_its_hash() -> None:
-    pool = BlockPool(3, enable_caching=True)
+    pool = BlockPool(3)
     a, b = pool.allocate(2)
     pool.cache_block(a, 111)
     pool.free([a, b])
@@ -52,13 +52,13 @@ def test_allocating_a_cached_free_block_evicts_its_hash() -> None:
 
 
 def test_over_allocation_raises() -> None:
-    pool = BlockPool(3, enable_caching=False)
+    pool = BlockPool(3)
     with pytest.raises(ValueError, match="cannot allocate 3 blocks, 2 free"):
         pool.allocate(3)
 
 
 def test_reset_prefix_cache_only_when_idle() -> None:
-    pool = BlockPool(3, enable_caching=True)
+    pool = BlockPool(3)
     (a,) = pool.allocate(1)
     pool.cache_block(a, 5)
     assert not pool.reset_prefix_cache()

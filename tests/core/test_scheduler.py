@@ -5,7 +5,7 @@ import numpy as np
 from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
-from vllm_lite.engine.protocol import FinishReason
+from vllm_lite.wire import FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
 

@@ -144,6 +144,40 @@ def test_engine_side_rejection_reaches_the_generator(engine: AsyncLLM, loop: asy
     loop.run_until_complete(engine.check_health())  # the attached client's shutdown left it running
 
 
+def test_output_handler_failure_fails_every_request_and_later_calls(
+        tiny_llama: Path, loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only EngineDeadError: any exception in the output handler reaches every waiting
+    generator and every later call at once, and the engine reports itself errored."""
+    engine = start_engine(tiny_llama)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("detokenizer exploded")
+
+    monkeypatch.setattr(engine.output_processor, "process_outputs", broken)
+
+    async def consume(i: int) -> BaseException | None:
+        try:
+            async for _ in engine.generate({"prompt_token_ids": [5, 6, 7 + i]}, greedy(), f"h-{i}"):
+                pass
+        except BaseException as exc:  # noqa: BLE001 - returned for the assertions
+            return exc
+        return None
+
+    async def scenario() -> list[BaseException | None]:
+        errors = await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(3))), 60)
+        errors.append(await consume(99))
+        with pytest.raises(EngineDeadError, match="output handler failed"):
+            await engine.check_health()
+        return errors
+
+    try:
+        errors = loop.run_until_complete(scenario())
+        assert all(isinstance(e, EngineDeadError) and "detokenizer exploded" in str(e) for e in errors), errors
+        assert engine.errored and "detokenizer exploded" in str(engine.dead_error)
+    finally:
+        stop_engine(engine, loop)
+
+
 def test_sigkill_fails_every_pending_generator_within_2s(tiny_llama: Path,
                                                          loop: asyncio.AbstractEventLoop) -> None:
     engine = start_engine(tiny_llama)

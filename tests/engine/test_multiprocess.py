@@ -21,7 +21,7 @@ import zmq
 from engine_utils import ENGINE_ARGS, process_gone, token_prompts, wait_until
 from vllm_lite import LLM, EngineDeadError, SamplingParams
 from vllm_lite.engine.core_client import SyncMPClient
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     MsgpackDecoder,
     MsgpackEncoder,
     OutputType,
@@ -125,6 +125,30 @@ def test_malformed_frames_do_not_stop_the_engine(mp_llm: LLM, reference: list[li
         sock.send_multipart([RequestType.UTILITY, *MsgpackEncoder().encode(UtilityRequest(1, "no_such"))])
         assert sock.poll(10_000)
         assert b"unknown utility method" in sock.recv_multipart()[1]
+    finally:
+        ctx.destroy(linger=0)
+    assert generate_ids(mp_llm, prompts) == reference
+
+
+def test_deeply_nested_frame_does_not_deafen_the_engine(mp_llm: LLM, reference: list[list[int]],
+                                                        prompts: list[dict[str, list[int]]]) -> None:
+    """A msgpack frame nested 100,000 deep (RecursionError in the decoder) costs only itself:
+    the socket thread answers an error where the request id is readable and keeps serving."""
+    deep = b"\x91" * 100_000 + b"\xc0"
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(client_of(mp_llm).address)
+    try:
+        sock.send_multipart([RequestType.ADD, deep])
+        sock.send_multipart([RequestType.UTILITY, deep])
+        sock.send_multipart([RequestType.ABORT, deep])
+        sock.send_multipart([RequestType.ADD, b"\x92\xa7deep-id" + deep])  # readable id, then the nest
+        assert sock.poll(10_000), "the engine answered nothing"
+        tag, *frames = sock.recv_multipart()
+        assert tag == OutputType.ERROR
+        error = MsgpackDecoder(RequestError).decode(frames)
+        assert error.request_id == "deep-id" and "malformed" in error.message
     finally:
         ctx.destroy(linger=0)
     assert generate_ids(mp_llm, prompts) == reference

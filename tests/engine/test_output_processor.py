@@ -13,7 +13,7 @@ from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.engine.detokenizer import IncrementalDetokenizer
 from vllm_lite.engine.output_processor import OutputProcessor
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.sampling_params import RequestOutputKind
 
 TEXTS = ["🙂🚀🎉 👍🌍✨", "你好世界，今天天气很好。", "안녕하세요 龍龜鑫 東京", "héllo wörld naïve 🇯🇵 x=1.5e-3 ∑"]

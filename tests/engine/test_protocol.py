@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vllm_lite.engine.core import SELECTED_FIELDS, select_requests
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     INLINE_ARRAY_MAX_BYTES,
     OUTPUT_STRUCTS,
     REQUEST_STRUCTS,

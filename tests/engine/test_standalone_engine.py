@@ -109,6 +109,34 @@ def test_sigterm_stops_it_cleanly(standalone: StandaloneEngine) -> None:
     assert not os.path.exists(standalone.socket_path)
 
 
+def test_sigterm_tells_attached_clients_at_once(standalone: StandaloneEngine) -> None:
+    """A busy attached client and an idle one both learn of the stop from the engine itself
+    (an EngineDead message), not from a heartbeat timing out ("has not answered")."""
+    idle = LLM(engine_address=standalone.address)
+    assert idle.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2), use_tqdm=False)
+
+    async def scenario() -> None:
+        engine = AsyncLLM.connect(standalone.address, heartbeat_timeout_s=60.0)
+        params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+        try:
+            stream = engine.generate({"prompt_token_ids": [5, 6]}, params, "busy")
+            await stream.__anext__()
+            standalone.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(EngineDeadError, match="was stopped"):
+                async for _ in stream:
+                    pass
+        finally:
+            engine.shutdown()
+
+    try:
+        asyncio.run(scenario())
+        assert standalone.proc.wait(10) == 0
+        with pytest.raises(EngineDeadError, match="was stopped"):
+            idle.generate({"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2), use_tqdm=False)
+    finally:
+        idle.shutdown()
+
+
 def test_second_engine_on_the_same_path_is_refused(standalone: StandaloneEngine, tiny_llama: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "vllm_lite.entrypoints.cli", "engine", "--model", str(tiny_llama),
                            "--max-model-len", "64", "--num-kv-blocks", "8", "--address", standalone.address],

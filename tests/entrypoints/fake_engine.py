@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 

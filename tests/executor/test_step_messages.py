@@ -11,10 +11,10 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, StepDiff, WorkerReply
-from vllm_lite.outputs import LogprobsArrays
+from vllm_lite.executor.messages import MessageCodec, StepDiff, payload_bytes
+from vllm_lite.wire import InitKVCache, LogprobsArrays, Shutdown, WorkerReply
 from vllm_lite.sampling_params import SamplingParams
-from vllm_lite.worker.model_runner import ModelRunnerOutput
+from vllm_lite.wire import ModelRunnerOutput
 
 BLOCK_SIZE = 16
 NUM_REQUESTS = 256
@@ -55,7 +55,7 @@ def decode_step_bytes(prompt_len: int, num_steps: int) -> list[int]:
     for _ in range(num_steps):
         sched = step(scheduler)
         assert not sched.scheduled_new_reqs and len(sched.scheduled_cached_reqs.req_ids) == NUM_REQUESTS
-        sizes.append(len(codec.encode(StepDiff.from_scheduler_output(sched))))
+        sizes.append(payload_bytes(codec.encode_to_worker(StepDiff.from_scheduler_output(sched))))
     return sizes
 
 
@@ -76,7 +76,7 @@ def test_scheduler_output_round_trip() -> None:
     codec = MessageCodec()
     for _ in range(6):  # prefill, decodes, finishes
         sched = step(scheduler)
-        decoded = codec.to_worker.decode(codec.encode(StepDiff.from_scheduler_output(sched)))
+        decoded = codec.decode_to_worker(codec.encode_to_worker(StepDiff.from_scheduler_output(sched)))
         assert_same_scheduler_output(decoded.to_scheduler_output(), sched)
 
 
@@ -99,17 +99,18 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
 
 def test_control_messages_and_replies() -> None:
     codec = MessageCodec()
-    assert codec.to_worker.decode(codec.encode(InitKVCache(123))) == InitKVCache(123)
-    assert isinstance(codec.to_worker.decode(codec.encode(Shutdown())), Shutdown)
+    assert codec.decode_to_worker(codec.encode_to_worker(InitKVCache(123))) == InitKVCache(123)
+    assert isinstance(codec.decode_to_worker(codec.encode_to_worker(Shutdown())), Shutdown)
     logprobs = LogprobsArrays(np.arange(6, dtype=np.int32).reshape(2, 3),
                               -np.ones((2, 3), dtype=np.float32), np.ones((2, 3), dtype=np.int32))
     output = ModelRunnerOutput(["a", "b"], np.array([[7], [0]], dtype=np.int32),
                                np.array([1, 0], dtype=np.int32), logprobs, {"b": (3, logprobs)})
-    got = codec.to_engine.decode(codec.encode(WorkerReply(output))).output
+    got = codec.decode_reply(codec.encode_reply(WorkerReply(output))).output
     assert got.req_ids == ["a", "b"] and got.sampled_token_ids.tolist() == [[7], [0]]
-    assert got.sampled_token_ids.dtype == np.int32 and got.sampled_token_ids.flags.writeable
+    # One codec for every boundary: received arrays are views of their frames, never copied.
+    assert got.sampled_token_ids.dtype == np.int32 and not got.sampled_token_ids.flags.owndata
     assert got.num_sampled.tolist() == [1, 0]
     assert np.array_equal(got.logprobs.logprobs, logprobs.logprobs)
     start, chunk = got.prompt_logprobs["b"]
     assert start == 3 and np.array_equal(chunk.token_ids, logprobs.token_ids)
-    assert codec.to_engine.decode(codec.encode(WorkerReply(error="rank 1 died"))).error == "rank 1 died"
+    assert codec.decode_reply(codec.encode_reply(WorkerReply(error="rank 1 died"))).error == "rank 1 died"

@@ -23,7 +23,7 @@ import pytest
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import LLM, SamplingParams
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError
 
 NEW_TOKENS = 24
 MAX_MODEL_LEN = 128
@@ -54,7 +54,7 @@ def tp_llm() -> Iterator[Callable[..., LLM]]:
         llm = make_llm(model, tensor_parallel_size=2, max_model_len=MAX_MODEL_LEN, **engine_args)
         llms.append(llm)
         pids.extend(p.pid for p in rank_processes() if p.pid not in before)
-        ipc_dirs.append(Path(executor_of(llm)._res.tmp_dir))
+        ipc_dirs.append(Path(executor_of(llm)._tmp_dir))
         return llm
 
     yield build
@@ -65,7 +65,7 @@ def tp_llm() -> Iterator[Callable[..., LLM]]:
 
 
 def executor_of(llm: LLM):
-    return llm.llm_engine.engine_core.engine_core.executor  # the in-process engine core's
+    return llm.llm_engine.engine_core.executor  # the in-process engine core's
 
 
 def run_greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
@@ -126,7 +126,7 @@ def test_two_tp2_engines_run_at_the_same_time(tiny_llama: Path, tiny_qwen2: Path
     for model in llms:
         assert results[model] == hf_greedy(model, prompts, NEW_TOKENS)
     first, second = (executor_of(llm) for llm in llms.values())
-    assert first._store.port != second._store.port and first._res.tmp_dir != second._res.tmp_dir
+    assert first._store.port != second._store.port and first._tmp_dir != second._tmp_dir
 
 
 # ---- 3. a rank killed mid-generation ----

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vllm_lite.model import gguf_convert
-from vllm_lite.model.gguf_convert import (
+from vllm_lite import gguf_convert
+from vllm_lite.gguf_convert import (
     DEMO_MODEL_NAME,
     OUTPUT_FILES,
     ensure_demo_model,

@@ -16,7 +16,8 @@ from llm_factory import make_llm
 from sampling_fixtures import make_batch, make_metadata
 from vllm_lite import SamplingParams
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
-from vllm_lite.sample.ops.penalties import TokenOccurrences, apply_penalties
+from vllm_lite.sample.occurrences import TokenOccurrences
+from vllm_lite.sample.ops.penalties import apply_penalties
 from vllm_lite.sample.sampler import Sampler
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.sample.ops.topk_topp import _sample_full, mask_top_k_top_p, sample
 
 VOCAB = 3000

@@ -67,7 +67,7 @@ def _decode_step(n: int, width: int) -> CommonAttentionMetadata:
         query_start_loc=torch.from_numpy(qsl), seq_lens=torch.from_numpy(seq_lens),
         block_table=torch.from_numpy(block_table), slot_mapping=torch.from_numpy(slot_mapping),
         query_start_loc_np=qsl, seq_lens_np=seq_lens, num_actual_tokens=n, max_query_len=1,
-        max_seq_len=int(seq_lens.max()), block_size=16,
+        block_size=16,
     )
 
 

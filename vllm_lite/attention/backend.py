@@ -30,7 +30,6 @@ class CommonAttentionMetadata:
     seq_lens_np: np.ndarray
     num_actual_tokens: int
     max_query_len: int
-    max_seq_len: int
     block_size: int
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, prefill_attention
 
 

@@ -18,7 +18,7 @@ import os
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
 logger = logging.getLogger(__name__)

@@ -64,11 +64,10 @@ class BlockPool:
     holds a cached hash, evicts it from the hash map first. Block 0 is never handed out: it is
     the padding slot target, so a stray write never lands in a live block."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2 (one is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}

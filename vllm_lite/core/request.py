@@ -6,7 +6,7 @@ import enum
 
 import numpy as np
 
-from vllm_lite.engine.protocol import EngineCoreRequest, FinishReason
+from vllm_lite.wire import EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -23,20 +23,17 @@ class Request:
     amortized and no Python int objects are kept per token."""
 
     __slots__ = (
-        "request_id", "sampling_params", "client_index", "arrival_time", "status",
+        "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
-        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_preemptions", "cache_salt",
-        "prefix_lookup",
+        "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
+        "cache_salt", "prefix_lookup",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...], max_tokens: int, arrival_time: float = 0.0,
-                 client_index: int = 0, cache_salt: str | None = None) -> None:
+                 eos_token_ids: tuple[int, ...], max_tokens: int, cache_salt: str | None = None) -> None:
         num_prompt = len(prompt_token_ids)
         self.request_id = request_id
         self.sampling_params = sampling_params
-        self.client_index = client_index
-        self.arrival_time = arrival_time
         self.status = RequestStatus.WAITING
         self.token_ids = np.empty(num_prompt + min(max_tokens, 64), dtype=np.int32)
         self.token_ids[:num_prompt] = prompt_token_ids
@@ -49,14 +46,14 @@ class Request:
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.cache_salt = cache_salt  # mixed into the first prefix-cache block key
         self.block_hashes: list[bytes] = []
+        self.num_cached_tokens = -1  # prompt tokens found in the prefix cache; -1 until scheduled
         # (block pool cache version, hit blocks, hit tokens) of the last lookup while waiting
         self.prefix_lookup: tuple[int, list, int] | None = None
-        self.num_preemptions = 0
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.max_tokens, req.arrival_time, req.client_index, req.cache_salt)
+                   req.max_tokens, req.cache_salt)
 
     @property
     def num_output_tokens(self) -> int:

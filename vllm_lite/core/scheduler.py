@@ -19,8 +19,8 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
-from vllm_lite.outputs import LogprobsArrays
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.wire import LogprobsArrays
 
 
 class Scheduler:
@@ -127,6 +127,7 @@ class Scheduler:
         out_req_ids: list[str] = []
         keep = np.ones(len(rows), dtype=bool)
         finished: list[FinishedRequest] = []
+        num_cached: dict[str, int] = {}
         max_model_len = self.config.max_model_len
         for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
             request = self.requests.get(req_ids[row])
@@ -135,6 +136,8 @@ class Scheduler:
                 continue
             request.append_token(token_id)
             out_req_ids.append(request.request_id)
+            if request.num_output_tokens == 1:
+                num_cached[request.request_id] = request.num_cached_tokens
             stop = request.check_stop(token_id, max_model_len)
             if stop is not None:
                 self.running.remove(request)
@@ -142,7 +145,7 @@ class Scheduler:
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
         new_token_ids = tokens if keep.all() else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
-                                    **prompt_columns)
+                                    num_cached, **prompt_columns)
         if logprobs is not None:
             kept_rows = rows[keep]
             outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
@@ -202,6 +205,8 @@ class Scheduler:
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:  # first scheduled (not a return from preemption)
+                request.num_cached_tokens = num_computed
             new_reqs.append(NewRequestData(
                 req_id=request.request_id,
                 token_ids=request.all_token_ids,
@@ -232,7 +237,6 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 

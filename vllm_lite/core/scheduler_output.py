@@ -1,5 +1,9 @@
-"""What the scheduler decided for one step. Immutable and shared (never deep-copied): workers
-copy what they need into their own state."""
+"""What the scheduler decided for one step: frozen and shared (never deep-copied); nobody
+downstream mutates it, and workers copy what they need into their own state.
+
+Not deeply immutable: `NewRequestData.token_ids` is a view of the request's live token buffer
+(no copy per step). It is valid while the step runs; the engine core appends to that buffer
+only after `execute_model` returns, and a multi-process executor serializes it before then."""
 
 from __future__ import annotations
 

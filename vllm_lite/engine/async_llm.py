@@ -16,20 +16,23 @@ engine core, which frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import AsyncMPClient
-from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
-from vllm_lite.engine.protocol import EngineCoreOutputs, RequestError
+from vllm_lite.wire import EngineCoreOutputs, RequestError
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncLLM:
@@ -42,6 +45,7 @@ class AsyncLLM:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
         self._output_handler: asyncio.Task | None = None
+        self._handler_error: EngineDeadError | None = None  # the output handler failed
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **client_kwargs: Any) -> AsyncLLM:
@@ -60,7 +64,15 @@ class AsyncLLM:
 
     @property
     def errored(self) -> bool:
-        return self.engine_core.is_engine_dead
+        """True once this engine can serve no more requests (as vLLM's AsyncLLM.errored)."""
+        return self._handler_error is not None or self.engine_core.is_engine_dead
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        """What later calls raise once `errored` (as vLLM's AsyncLLM.dead_error)."""
+        if self._handler_error is not None:
+            return self._handler_error
+        return EngineDeadError(self.engine_core.state.dead_reason or "the engine core died")
 
     # ---- requests ----
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
@@ -85,6 +97,8 @@ class AsyncLLM:
     async def add_request(self, request_id: str, prompt: PromptType,
                           params: SamplingParams) -> asyncio.Queue:
         """Send the request (n > 1 fans out); its outputs arrive on the returned queue."""
+        if self.errored:
+            raise self.dead_error
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
@@ -124,6 +138,8 @@ class AsyncLLM:
 
     async def check_health(self) -> None:
         """Raises EngineDeadError unless the engine core answers."""
+        if self._handler_error is not None:
+            raise self._handler_error
         if not await self.engine_core.is_healthy_async():
             raise EngineDeadError("the engine core reports itself unhealthy")
 
@@ -145,6 +161,8 @@ class AsyncLLM:
                 self._run_output_handler(), name="async-llm-output-handler")
 
     async def _run_output_handler(self) -> None:
+        """Any failure here ends this engine: every waiting request gets the error at once, and
+        so does every later call (`errored`, `dead_error`), instead of waiting forever."""
         try:
             while True:
                 message = await self.engine_core.get_output_async()
@@ -154,6 +172,10 @@ class AsyncLLM:
                     self._process_outputs(message)
         except EngineDeadError as exc:
             self._fail_all(exc)
+        except Exception as exc:
+            logger.exception("AsyncLLM: the output handler failed")
+            self._handler_error = EngineDeadError(f"the output handler failed: {type(exc).__name__}: {exc}")
+            self._fail_all(self._handler_error)
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
         states, stopped_by_string = self.output_processor.process_outputs(outputs)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import queue
 import signal
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,8 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
-from vllm_lite.engine.protocol import (
+from vllm_lite.engine.request_checks import check_request
+from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
@@ -34,13 +34,15 @@ from vllm_lite.engine.protocol import (
     UtilityResult,
 )
 from vllm_lite.engine.zmq_utils import EngineAddress
+from vllm_lite.lifecycle import on_parent_death
 
 if TYPE_CHECKING:
     from vllm_lite.executor.abstract import Executor
 
 logger = logging.getLogger(__name__)
 
-_STOP = b"engine-stop"  # input-queue marker (never on the wire): SIGTERM/SIGINT came
+_STOP_ENGINE = b"engine-stop"  # input-queue marker (never on the wire): SIGTERM/SIGINT came
+MAX_RECENT_CLIENTS = 1024
 
 
 def make_executor(vllm_config: VllmConfig) -> Executor:
@@ -68,31 +70,8 @@ class EngineCore:
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_request(request)
+        check_request(request, self.vllm_config.model_config)
         self.scheduler.add_request(Request.from_engine_core_request(request))
-
-    def _check_request(self, request: EngineCoreRequest) -> None:
-        """Requests may come off the wire from any client: what would break a step is refused."""
-        tokens = request.prompt_token_ids
-        model_config = self.vllm_config.model_config
-        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise ValueError(f"prompt_token_ids must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
-        if not 0 < len(tokens) <= model_config.max_model_len:
-            raise ValueError(f"prompt has {len(tokens)} tokens; it needs 1 to max_model_len="
-                             f"{model_config.max_model_len}")
-        if tokens.min() < 0 or tokens.max() >= model_config.hf.vocab_size:
-            raise ValueError(f"prompt_token_ids must be in [0, {model_config.hf.vocab_size})")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-        params = request.sampling_params
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > model_config.max_logprobs:
-                raise ValueError(f"{name}={value} exceeds max_logprobs={model_config.max_logprobs}")
-        token_ids = [*(params.logit_bias or ()), *(params.stop_token_ids or ())]
-        if token_ids and max(token_ids) >= model_config.hf.vocab_size:
-            raise ValueError(f"logit_bias / stop_token_ids must be in [0, {model_config.hf.vocab_size})")
-        request.sampling_params.check_engine_limits(model_config.hf.vocab_size, model_config.max_logprobs)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
@@ -142,6 +121,8 @@ class EngineCoreProc:
         self.vllm_config = vllm_config
         self.owners: dict[str, bytes] = {}  # request id -> client identity
         self.client_requests: dict[bytes, set[str]] = {}  # client identity -> its live requests
+        # Clients heard from lately, idle ones included (told when the engine stops); bounded.
+        self.recent_clients: OrderedDict[bytes, None] = OrderedDict()
         self.num_steps = 0
         self.utilities: dict[str, Callable[..., Any]] = {
             "get_stats": self.get_stats,
@@ -162,6 +143,7 @@ class EngineCoreProc:
         try:
             self.run_busy_loop()
         except SystemExit:
+            self._broadcast_dead("the engine core was stopped")
             return 0
         except Exception as exc:
             logger.exception("engine core: fatal error in the busy loop")
@@ -196,6 +178,7 @@ class EngineCoreProc:
             self._send_outputs(outputs)
 
     def _handle_input(self, identity: bytes, request_type: bytes, message: Any) -> None:
+        self._remember_client(identity, request_type)
         if request_type == RequestType.ADD:
             self._add_request(identity, message)
         elif request_type == RequestType.ABORT:
@@ -204,8 +187,17 @@ class EngineCoreProc:
             self.output_queue.put((identity, OutputType.UTILITY_RESULT, self._call_utility(message)))
         elif request_type == CLIENT_GONE:
             self._abort_requests(identity, list(self.client_requests.get(identity, ())))
-        elif request_type == _STOP:
+        elif request_type == _STOP_ENGINE:
             raise SystemExit(0)
+
+    def _remember_client(self, identity: bytes, request_type: bytes) -> None:
+        if request_type == CLIENT_GONE:
+            self.recent_clients.pop(identity, None)
+        elif identity:
+            self.recent_clients[identity] = None
+            self.recent_clients.move_to_end(identity)
+            if len(self.recent_clients) > MAX_RECENT_CLIENTS:
+                self.recent_clients.popitem(last=False)
 
     def _add_request(self, identity: bytes, request: EngineCoreRequest) -> None:
         try:
@@ -257,8 +249,9 @@ class EngineCoreProc:
                     del self.client_requests[identity]
 
     def _broadcast_dead(self, message: str) -> None:
-        """Clients with requests in flight hear it at once; the others on their next call."""
-        for identity in self.client_requests:
+        """Every client with requests in flight, and every client heard from lately (idle
+        attached ones too), hears it at once; any other on its next call."""
+        for identity in dict.fromkeys([*self.client_requests, *self.recent_clients]):
             self.output_queue.put((identity, OutputType.ENGINE_DEAD, EngineDead(message)))
 
     # ---- utilities ----
@@ -288,6 +281,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
     changes: dict[str, Any] = {
         "req_ids": [outputs.req_ids[i] for i in rows],
         "finished": [f for f in outputs.finished if f.request_id in request_ids],
+        "num_cached_tokens": {r: n for r, n in outputs.num_cached_tokens.items() if r in request_ids},
     }
     for name in _ROW_ARRAYS:
         value = getattr(outputs, name)
@@ -302,7 +296,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-SELECTED_FIELDS = frozenset(("req_ids", "finished", "client_index", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
+SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
 
 
@@ -390,12 +384,12 @@ class StopSignals:
         """From now on a stop goes to `input_queue` (at once if one came during start-up)."""
         self._input_queue = input_queue
         if self.received.is_set():
-            input_queue.put((b"", _STOP, None))
+            input_queue.put((b"", _STOP_ENGINE, None))
 
     def request(self) -> None:
         self.received.set()
         if self._input_queue is not None:
-            self._input_queue.put((b"", _STOP, None))
+            self._input_queue.put((b"", _STOP_ENGINE, None))
 
     def _wait(self, read_fd: int) -> None:
         while not any(signum in self.signals for signum in os.read(read_fd, 16)):
@@ -418,12 +412,4 @@ def _set_torch_threads(vllm_config: VllmConfig) -> None:
 
 def _watch_parent(stop: StopSignals) -> None:
     """A spawned engine core stops when the process that spawned it dies (even by SIGKILL)."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def wait_for_parent() -> None:
-        multiprocessing.connection.wait([parent.sentinel])
-        stop.request()
-
-    threading.Thread(target=wait_for_parent, name="engine-core-parent-watch", daemon=True).start()
+    on_parent_death(stop.request, name="engine-core-parent-watch")

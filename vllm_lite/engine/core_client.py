@@ -19,13 +19,11 @@ import asyncio
 import atexit
 import itertools
 import logging
-import multiprocessing.connection
-import threading
 import time
 import uuid
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -35,15 +33,9 @@ import zmq.asyncio
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.engine.core import EngineCore
-from vllm_lite.engine.exceptions import EngineDeadError, RequestRejectedError
-from vllm_lite.engine.launch import (
-    EngineLaunch,
-    fetch_engine_info,
-    launch_engine_core,
-    stop_process,
-    utility_value,
-)
-from vllm_lite.engine.protocol import (
+from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.engine.launch import EngineLaunch, fetch_engine_info, launch_engine_core, utility_value
+from vllm_lite.wire import (
     OUTPUT_STRUCTS,
     AbortRequests,
     EngineCoreOutputs,
@@ -56,7 +48,8 @@ from vllm_lite.engine.protocol import (
     UtilityRequest,
     UtilityResult,
 )
-from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address
+from vllm_lite.engine.zmq_utils import make_socket, normalize_address
+from vllm_lite.lifecycle import DeathWatch, ProcessResources
 
 logger = logging.getLogger(__name__)
 
@@ -65,27 +58,12 @@ HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 10.0
 
 
-class InprocClient:
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        self.engine_core = EngineCore(vllm_config)
-
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self.engine_core.add_request(request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self.engine_core.abort_requests(request_ids)
+class InprocClient(EngineCore):
+    """The engine core itself, stepped by the caller: the client calls (add_request,
+    abort_requests, get_stats, reset_prefix_cache, shutdown) are EngineCore's own."""
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()
-
-    def get_stats(self) -> dict[str, Any]:
-        return self.engine_core.get_stats()
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine_core.reset_prefix_cache()
-
-    def shutdown(self) -> None:
-        self.engine_core.shutdown()
+        return self.step()
 
 
 def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str | None = None,
@@ -101,42 +79,37 @@ def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str
 
 
 @dataclass(slots=True, eq=False)
-class _Resources:
-    """Owned jointly by a client, its finalizer and its process watcher; it never refers to
-    the client, so a client that is dropped without shutdown() is still collected (and the
+class _EngineState:
+    """Whether the engine core is gone; shared by a client and its death watch (never refers
+    to the client, so a client dropped without shutdown() is still collected, and its
     finalizer then stops the engine-core process it spawned)."""
 
-    ctx: zmq.Context
-    proc: BaseProcess | None = None
-    address: EngineAddress | None = None
     engine_dead: bool = False
     dead_reason: str = ""
     shutting_down: bool = False
-    sockets: list[zmq.Socket] = field(default_factory=list)
 
     def mark_dead(self, reason: str) -> None:
         if not self.engine_dead:
             self.engine_dead, self.dead_reason = True, reason
 
-    def __call__(self) -> None:
-        self.shutting_down = True
-        if self.proc is not None:
-            stop_process(self.proc)
-        for sock in self.sockets:
-            sock.close(linger=0)
-        self.ctx.destroy(linger=0)
-        if self.address is not None:
-            self.address.cleanup()
+
+class _OnEngineDeath:
+    """The death watch's callback: marks the engine dead and tells the client, if it lives."""
+
+    def __init__(self, state: _EngineState, on_death: weakref.WeakMethod) -> None:
+        self.state = state
+        self.on_death = on_death
+
+    def __call__(self, dead: list[BaseProcess]) -> None:
+        self.state.mark_dead(f"the engine core process died (exit code {dead[0].exitcode})")
+        callback = self.on_death()
+        if callback is not None:
+            callback()
 
 
-def _watch_process(proc: BaseProcess, resources: _Resources, on_death: weakref.WeakMethod) -> None:
-    multiprocessing.connection.wait([proc.sentinel])
-    if resources.shutting_down:
-        return
-    resources.mark_dead(f"the engine core process died (exit code {proc.exitcode})")
-    callback = on_death()
-    if callback is not None:
-        callback()
+def _release(state: _EngineState, resources: ProcessResources) -> None:
+    state.shutting_down = True
+    resources.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +125,9 @@ class MPClient:
                  launch: EngineLaunch | None = None,
                  heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
                  heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
-        self.resources = _Resources(ctx)
-        self._finalizer = weakref.finalize(self, self.resources)
+        self.state = _EngineState()
+        self.resources = ProcessResources(ctx)
+        self._finalizer = weakref.finalize(self, _release, self.state, self.resources)
         atexit.register(self._finalizer)  # runs before multiprocessing's exit hook joins children
         self.attached = engine_address is not None
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -171,15 +145,16 @@ class MPClient:
         self.decoders = {tag: MsgpackDecoder(struct) for tag, struct in OUTPUT_STRUCTS.items()}
         self._call_ids = itertools.count()
         self._last_heard = time.monotonic()
+        self._last_ping = 0.0
 
     @property
     def engine_pid(self) -> int | None:
-        proc = self.resources.proc
-        return proc.pid if proc is not None else self.engine_info.get("pid")
+        procs = self.resources.procs
+        return procs[0].pid if procs else self.engine_info.get("pid")
 
     @property
     def is_engine_dead(self) -> bool:
-        return self.resources.engine_dead
+        return self.state.engine_dead
 
     def shutdown(self) -> None:
         """Stop the engine-core process this client spawned (an attached engine keeps running),
@@ -194,19 +169,20 @@ class MPClient:
             self.engine_info = fetch_engine_info(address)
             return address
         launch = launch or launch_engine_core(vllm_config)
-        self.resources.proc, self.resources.address = launch.proc, launch.address
+        self.resources.procs.append(launch.proc)
+        self.resources.cleanups.append(launch.address.cleanup)
         launch.wait_ready()
-        threading.Thread(target=_watch_process, name="engine-core-watch", daemon=True,
-                         args=(launch.proc, self.resources, weakref.WeakMethod(self._on_engine_death))).start()
+        self.resources.watch = DeathWatch([launch.proc], _OnEngineDeath(self.state, weakref.WeakMethod(
+            self._on_engine_death)), name="engine-core-watch")
         return launch.address.address
 
     def _on_engine_death(self) -> None:
         """Called on the watcher thread once the spawned process is gone."""
 
     def _check_alive(self) -> None:
-        if self.resources.engine_dead:
-            raise EngineDeadError(self.resources.dead_reason)
-        if self.resources.shutting_down:
+        if self.state.engine_dead:
+            raise EngineDeadError(self.state.dead_reason)
+        if self.state.shutting_down:
             raise EngineDeadError("the engine client was shut down")
 
     def _frames(self, request_type: bytes, message: Any) -> list[Any]:
@@ -220,12 +196,24 @@ class MPClient:
             if decoder is None:
                 raise msgspec.DecodeError(f"unknown message type {frames[0].bytes!r}")
             return decoder.decode(frames[1:])
-        except msgspec.DecodeError as exc:
+        except Exception as exc:  # msgspec.DecodeError, RecursionError ...: costs this message only
             logger.error("engine client: dropped an unreadable engine message: %s", exc)
             return None
 
     def _silence_s(self, since: float) -> float:
         return time.monotonic() - max(self._last_heard, since)
+
+    def _check_heartbeat(self, since: float) -> UtilityRequest | None:
+        """An attached client's heartbeat, sync or async: after `heartbeat_timeout_s` of silence
+        the engine is marked dead; after `heartbeat_interval_s` a ping is due (returned, for the
+        caller to send its own way)."""
+        silence = self._silence_s(since)
+        if silence > self.heartbeat_timeout_s:
+            self.state.mark_dead(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+        elif silence > self.heartbeat_interval_s and self._silence_s(self._last_ping) > self.heartbeat_interval_s:
+            self._last_ping = time.monotonic()
+            return UtilityRequest(next(self._call_ids), "is_healthy")
+        return None
 
 
 class SyncMPClient(MPClient):
@@ -235,13 +223,12 @@ class SyncMPClient(MPClient):
                  launch: EngineLaunch | None = None, **kwargs: Any) -> None:
         super().__init__(vllm_config, engine_address, zmq.Context(), launch, **kwargs)
         self._pending: deque[Any] = deque()  # outputs that arrived while a utility call waited
-        self._last_ping = 0.0
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(RequestType.ADD, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        if request_ids and not self.resources.engine_dead and not self.resources.shutting_down:
+        if request_ids and not self.state.engine_dead and not self.state.shutting_down:
             self._send(RequestType.ABORT, AbortRequests(list(request_ids)))
 
     def get_output(self) -> EngineCoreOutputs:
@@ -286,19 +273,11 @@ class SyncMPClient(MPClient):
             if self.socket.poll(int(_POLL_S * 1000)):
                 message = self._decode(self.socket.recv_multipart(copy=False))
                 if isinstance(message, EngineDead):
-                    self.resources.mark_dead(message.message)
+                    self.state.mark_dead(message.message)
                 elif message is not None:
                     return message
-            elif self.attached:
-                self._heartbeat(since)
-
-    def _heartbeat(self, since: float) -> None:
-        silence = self._silence_s(since)
-        if silence > self.heartbeat_timeout_s:
-            self.resources.mark_dead(f"the engine core at {self.address} has not answered for {silence:.1f} s")
-        elif silence > self.heartbeat_interval_s and self._silence_s(self._last_ping) > self.heartbeat_interval_s:
-            self._last_ping = time.monotonic()
-            self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+            elif self.attached and (ping := self._check_heartbeat(since)) is not None:
+                self._send(RequestType.UTILITY, ping)
 
 
 class AsyncMPClient(MPClient):
@@ -321,7 +300,7 @@ class AsyncMPClient(MPClient):
 
     def abort_requests_nowait(self, request_ids: list[str]) -> None:
         """Safe where awaiting is not (a generator's cleanup); a no-op once the engine is gone."""
-        if not request_ids or self.resources.engine_dead or self.resources.shutting_down:
+        if not request_ids or self.state.engine_dead or self.state.shutting_down:
             return
         sent = self.socket.send_multipart(self._frames(RequestType.ABORT, AbortRequests(list(request_ids))),
                                           copy=False)
@@ -395,23 +374,23 @@ class AsyncMPClient(MPClient):
         since = time.monotonic()
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
-            silence = self._silence_s(since)
-            if silence > self.heartbeat_timeout_s:
-                self._engine_died(f"the engine core at {self.address} has not answered for {silence:.1f} s")
+            ping = self._check_heartbeat(since)
+            if self.state.engine_dead:
+                self._engine_died(self.state.dead_reason)
                 return
-            if silence >= self.heartbeat_interval_s:
-                await self._send(RequestType.UTILITY, UtilityRequest(next(self._call_ids), "is_healthy"))
+            if ping is not None:
+                await self._send(RequestType.UTILITY, ping)
 
     # ---- death ----
     def _on_engine_death(self) -> None:
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._engine_died, self.resources.dead_reason)
+            loop.call_soon_threadsafe(self._engine_died, self.state.dead_reason)
 
     def _engine_died(self, reason: str) -> None:
         """On the loop: fail everything waiting, stop the background tasks."""
-        self.resources.mark_dead(reason)
-        self._fail_pending(EngineDeadError(self.resources.dead_reason))
+        self.state.mark_dead(reason)
+        self._fail_pending(EngineDeadError(self.state.dead_reason))
         current = asyncio.current_task()
         for task in self._tasks:
             if task is not current:

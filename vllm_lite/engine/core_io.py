@@ -19,10 +19,9 @@ import queue
 import threading
 from typing import Any
 
-import msgspec
 import zmq
 
-from vllm_lite.engine.protocol import (
+from vllm_lite.wire import (
     REQUEST_STRUCTS,
     MsgpackDecoder,
     MsgpackEncoder,
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 # Put on the input queue (never sent on the wire) when a client's socket is gone.
 CLIENT_GONE = b"client-gone"
-_STOP = b"stop"
+_PIPE_STOP = b"stop"
 _FLUSH_MS = 500  # how long closing waits for queued outputs to leave
 
 
@@ -87,23 +86,35 @@ class EngineCoreIO:
             if self.pipe_in in ready:
                 frames = self.pipe_in.recv_multipart(copy=False)
                 if len(frames) == 1:
-                    return  # _STOP: everything queued before it has been sent
+                    return  # _PIPE_STOP: everything queued before it has been sent
                 self._send(frames)
             if self.router in ready:
                 self._receive(self.router.recv_multipart(copy=False))
 
     def _send(self, frames: list[Any]) -> None:
+        """Never blocks: a client that stopped reading (its high-water mark is full) or left is
+        told to the busy loop, which aborts its requests (idempotent: a step or two of outputs
+        may still fail after this one); other clients are not held up."""
+        identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0]
         try:
-            self.router.send_multipart(frames, copy=False)
+            self.router.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            logger.warning("engine core: client %s stopped reading; aborting its requests", identity.hex()[:8])
+            self.input_queue.put((identity, CLIENT_GONE, None))
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            # The busy loop aborts the client's requests (idempotent: a step or two of outputs
-            # may still fail after this one).
-            identity = frames[0].bytes if isinstance(frames[0], zmq.Frame) else frames[0]
+                logger.error("engine core: dropped an output for client %s: %s", identity.hex()[:8], exc)
             self.input_queue.put((identity, CLIENT_GONE, None))
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
+        """Handle one client message; whatever goes wrong (a frame nested too deeply, garbage,
+        a bug) is logged and costs only this message, never the socket thread."""
+        try:
+            self._decode(frames)
+        except Exception:
+            logger.exception("engine core: dropped a client message that could not be handled")
+
+    def _decode(self, frames: list[zmq.Frame]) -> None:
         """Decode one client message. Anything malformed is logged and dropped; the client is
         told when the request id can still be read."""
         if len(frames) < 3:
@@ -116,7 +127,7 @@ class EngineCoreIO:
             return
         try:
             message = decoder.decode(frames[2:])
-        except msgspec.DecodeError as exc:
+        except Exception as exc:  # msgspec.DecodeError, RecursionError from deep nesting ...
             self._reject_malformed(identity, tag, frames[2], exc)
             return
         self.input_queue.put((identity, tag, message))
@@ -135,12 +146,12 @@ class EngineCoreIO:
         while True:
             item = self.output_queue.get()
             if item is None:
-                self.pipe_out.send(_STOP)
+                self.pipe_out.send(_PIPE_STOP)
                 return
             identity, tag, message = item
             try:
                 frames = encoder.encode(message)
-            except (TypeError, ValueError, OverflowError) as exc:
+            except Exception as exc:  # an unencodable result costs only its own message
                 logger.error("engine core: cannot encode a %s: %s", type(message).__name__, exc)
                 if tag != OutputType.UTILITY_RESULT:
                     continue

@@ -23,7 +23,6 @@ class IncrementalDetokenizer:
         self.tokens: list[int] = list(context)
         self.prefix_offset = 0
         self.read_offset = len(context)
-        self.text = ""
 
     def add_tokens(self, token_ids: list[int]) -> str:
         """Append tokens; returns the text they completed (possibly empty)."""
@@ -31,15 +30,12 @@ class IncrementalDetokenizer:
         for token_id in token_ids:
             self.tokens.append(token_id)
             new_text += self._step(final=False)
-        self.text += new_text
         return new_text
 
     def flush(self) -> str:
         """At the end of generation, emit what was held back (an incomplete or invalid UTF-8
         tail decodes to replacement characters, as `tokenizer.decode` gives it)."""
-        new_text = self._step(final=True)
-        self.text += new_text
-        return new_text
+        return self._step(final=True)
 
     def _step(self, final: bool) -> str:
         if self.read_offset == len(self.tokens):

@@ -8,7 +8,8 @@ from typing import Any, Union
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.engine.request_checks import check_prompt
+from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
@@ -45,18 +46,10 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
-        max_len = self.model_config.max_model_len
-        vocab = self.model_config.hf.vocab_size
-        num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise ValueError("prompt is empty: at least one prompt token is needed")
-        if num_prompt > max_len:
-            raise ValueError(f"prompt has {num_prompt} tokens, more than max_model_len={max_len}")
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise ValueError(f"prompt_token_ids must be in [0, {vocab}) (the vocabulary size)")
-        params.check_engine_limits(vocab, self.model_config.max_logprobs)
-        remaining = max_len - num_prompt
+        check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
+        params.check_engine_limits(self.model_config.hf.vocab_size, self.model_config.max_logprobs)
+        remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         return EngineCoreRequest(
             request_id=request_id,

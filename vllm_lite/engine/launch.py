@@ -7,8 +7,6 @@ is raised here, in the client). An attaching client first asks the engine who it
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.connection
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -19,8 +17,8 @@ import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core import spawned_engine_core_main
-from vllm_lite.engine.exceptions import EngineStartupError
-from vllm_lite.engine.protocol import (
+from vllm_lite.exceptions import EngineStartupError
+from vllm_lite.wire import (
     MsgpackDecoder,
     MsgpackEncoder,
     OutputType,
@@ -30,6 +28,7 @@ from vllm_lite.engine.protocol import (
 )
 from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address, private_ipc_address
+from vllm_lite.lifecycle import ready_pipe, spawn, stop_processes, wait_ready_report
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large model can take minutes
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -57,23 +56,20 @@ class EngineLaunch:
             raise
 
     def abort(self) -> None:
-        stop_process(self.proc)
+        stop_processes([self.proc])
         self.address.cleanup()
 
     def _wait_ready(self, timeout_s: float) -> None:
-        ready = multiprocessing.connection.wait([self.ready_reader, self.proc.sentinel], timeout_s)
-        if not ready:
-            raise EngineStartupError(f"engine core did not start within {timeout_s:.0f} s")
         try:
-            report = msgspec.msgpack.decode(self.ready_reader.recv_bytes())
-        except EOFError:
-            self.proc.join(5)
+            raw = wait_ready_report(self.ready_reader, self.proc, timeout_s)
+        except TimeoutError:
+            raise EngineStartupError(f"engine core did not start within {timeout_s:.0f} s") from None
+        if raw is None:
             raise EngineStartupError(
                 f"engine core process exited with code {self.proc.exitcode} while starting (its error is "
                 "above; a script that starts an engine needs an `if __name__ == '__main__':` guard, "
-                "since the engine core process is spawned)") from None
-        finally:
-            self.ready_reader.close()
+                "since the engine core process is spawned)")
+        report = msgspec.msgpack.decode(raw)
         if "error_type" in report:
             error_type = _STARTUP_ERROR_TYPES.get(report["error_type"], EngineStartupError)
             raise error_type(f"engine core failed to start: {report['error_type']}: {report['message']}")
@@ -82,12 +78,9 @@ class EngineLaunch:
 def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
     """Spawn an engine-core process listening on a fresh private ipc path."""
     address = private_ipc_address()
-    context = multiprocessing.get_context("spawn")
-    reader, writer = context.Pipe(duplex=False)
-    proc = context.Process(target=spawned_engine_core_main, args=(vllm_config, address, writer),
-                           name="vllm-lite-engine-core")
+    reader, writer = ready_pipe()
     try:
-        proc.start()
+        proc = spawn(spawned_engine_core_main, (vllm_config, address, writer), name="vllm-lite-engine-core")
     except BaseException:
         address.cleanup()
         raise
@@ -135,15 +128,6 @@ def attached_engine_args(address: str, model: str | None, engine_args: dict[str,
     if values["max_model_len"] is None:
         values["max_model_len"] = info["max_model_len"]
     return EngineArgs(model=model or info["model"], **values)
-
-
-def stop_process(proc: BaseProcess, timeout_s: float = 5.0) -> None:
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(timeout_s)
-    if proc.is_alive():
-        proc.kill()
-    proc.join(timeout_s)  # reaps it: no zombie left
 
 
 def utility_value(result: UtilityResult) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import make_client
-from vllm_lite.engine.exceptions import RequestRejectedError
+from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor

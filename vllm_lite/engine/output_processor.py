@@ -4,14 +4,16 @@ final-only outputs."""
 
 from __future__ import annotations
 
+import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_lite.engine.detokenizer import IncrementalDetokenizer
 from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.parallel_sampling import ParentRequest
-from vllm_lite.engine.protocol import EngineCoreOutputs, FinishedRequest, FinishReason
-from vllm_lite.outputs import CompletionOutput, RequestOutput
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -33,6 +35,8 @@ class RequestState:
     sent_text: int = 0
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
+    num_cached_tokens: int = 0  # from the engine core, with the first output token
+    stats: RequestStateStats = field(default_factory=RequestStateStats)
 
     @property
     def finished(self) -> bool:
@@ -105,7 +109,8 @@ class RequestState:
         prompt_logprobs = self._prompt_logprobs(delta)
         if self.parent is None:
             return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
-                                 self.finished, prompt_logprobs=prompt_logprobs)
+                                 self.finished, prompt_logprobs=prompt_logprobs,
+                                 num_cached_tokens=self.num_cached_tokens, metrics=copy.copy(self.stats))
         return self._parent_output(completion, prompt_logprobs)
 
     def _parent_output(self, completion: CompletionOutput, prompt_logprobs: Any) -> RequestOutput | None:
@@ -116,7 +121,8 @@ class RequestState:
         if not completions:
             return None
         return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
-                             prompt_logprobs=parent.prompt_logprobs)
+                             prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=self.num_cached_tokens,
+                             metrics=copy.copy(self.stats))
 
     def _cumulative_logprob(self) -> float | None:
         if self.logprobs is None or self.params.logprobs is None:
@@ -156,7 +162,8 @@ class OutputProcessor:
             decode = self._decode_token if params.detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, queue=queue)
+                             parent=parent, index=index, queue=queue,
+                             stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
@@ -183,6 +190,11 @@ class OutputProcessor:
         finished_in_core = {f.request_id: f for f in outputs.finished}
         self._add_prompt_logprobs(outputs)
         touched: dict[str, RequestState] = {}
+        now = time.monotonic()
+        for request_id, num_cached in outputs.num_cached_tokens.items():
+            state = states.get(request_id)
+            if state is not None:
+                state.num_cached_tokens = num_cached
         for i, (request_id, token_id) in enumerate(zip(outputs.req_ids, outputs.new_token_ids.tolist())):
             state = states.get(request_id)
             if state is None or state.finished:
@@ -191,6 +203,7 @@ class OutputProcessor:
                 state.logprobs.add_sample_row(outputs.logprob_token_ids[i], outputs.logprobs[i],
                                               outputs.logprob_ranks[i])
             state.add_tokens([token_id], _stop_terminated(finished_in_core.get(request_id)))
+            _record_token(state.stats, now)
             touched[request_id] = state
         stopped_by_string = [rid for rid, s in touched.items() if s.finished]
         for finished in outputs.finished:
@@ -236,6 +249,14 @@ class OutputProcessor:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
+
+
+def _record_token(stats: RequestStateStats, now: float) -> None:
+    if stats.num_generation_tokens == 0:
+        stats.first_token_ts = now
+        stats.first_token_latency = now - stats.arrival_ts
+    stats.last_token_ts = now
+    stats.num_generation_tokens += 1
 
 
 def _stop_terminated(finished: FinishedRequest | None) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from vllm_lite.engine.protocol import EngineCoreRequest
+from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.outputs import CompletionOutput
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 

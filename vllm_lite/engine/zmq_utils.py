@@ -72,14 +72,19 @@ def check_ipc_free(address: str) -> None:
     raise ValueError(f"engine address {address!r} is in use by another engine core")
 
 
+# Messages a socket buffers per peer and direction. Finite, so a peer that stops reading cannot
+# make us buffer without limit; large, so a burst (thousands of requests added before the first
+# output is read) never reaches it. No deadlock: the engine core's socket thread always reads
+# its clients, and sends to them without blocking (a full client is aborted, see core_io.py).
+SOCKET_HWM = 10_000
+
+
 def make_socket(ctx: zmq.Context, socket_type: int, *, bind: str | None = None,
                 connect: str | None = None, identity: bytes | None = None,
-                linger_ms: int = 0) -> zmq.Socket:
-    """Unbounded high-water marks: the number of messages in flight is bounded by the requests
-    in flight, and a bounded queue would block (or drop) instead."""
+                linger_ms: int = 0, hwm: int = SOCKET_HWM) -> zmq.Socket:
     sock = ctx.socket(socket_type)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.LINGER, linger_ms)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lite.entrypoints.cli import add_engine_args, engine_args_from
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
 from vllm_lite.sampling_params import SamplingParams
 
 _WORDS = ("the of and to in is was for on are with as by at from this that have it be or an which "
@@ -69,7 +69,7 @@ def print_table(title: str, rows: Sequence[tuple[str, Any] | str]) -> None:
 
 
 def run_throughput(args: argparse.Namespace) -> int:
-    from vllm_lite import LLM
+    from vllm_lite.entrypoints.llm import LLM
 
     engine_args = engine_args_from(args)
     prompts, params = _random_workload(args, engine_args.create_engine_config().model_config)

@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 
-from vllm_lite.entrypoints.cli import add_engine_args, engine_args_from
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
 
 Conversation = list[dict[str, str]]
 Replier = Callable[[Conversation], Iterator[str]]
@@ -58,7 +58,8 @@ def _read_turns() -> Iterator[str]:
 
 
 def _local_replier(args: argparse.Namespace) -> Replier:
-    from vllm_lite import LLM, SamplingParams
+    from vllm_lite.entrypoints.llm import LLM
+    from vllm_lite.sampling_params import SamplingParams
     from vllm_lite.sampling_params import RequestOutputKind
 
     llm = LLM(**dataclasses.asdict(engine_args_from(args)))

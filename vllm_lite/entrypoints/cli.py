@@ -8,29 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_lite.config import EngineArgs
-
-
-def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
-    """One `--flag` per EngineArgs field (vLLM's spelling: --max-model-len ...)."""
-    defaults = EngineArgs()
-    for f in dataclasses.fields(EngineArgs):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        else:
-            kind = str if f.type.split(" | ")[0] == "str" else int  # annotations are strings here
-            parser.add_argument(flag, type=kind, default=default)
-    if model_positional:
-        parser.add_argument("model_tag", nargs="?", default=None, help="model folder (default: the demo model)")
-
-
-def engine_args_from(namespace: argparse.Namespace) -> EngineArgs:
-    values = {name: getattr(namespace, name) for name in EngineArgs.field_names()}
-    if getattr(namespace, "model_tag", None):
-        values["model"] = namespace.model_tag
-    return EngineArgs(**values)
+from vllm_lite.entrypoints.bench import add_bench_parser
+from vllm_lite.entrypoints.chat import add_chat_parser
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +21,8 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from vllm_lite import LLM, SamplingParams
+    from vllm_lite.entrypoints.llm import LLM
+    from vllm_lite.sampling_params import SamplingParams
 
     engine_args = engine_args_from(args)
     llm = LLM(**dataclasses.asdict(engine_args))
@@ -148,9 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run this node's ranks of a multi-node engine (node_rank >= 1)")
     add_engine_args(worker)
     worker.set_defaults(func=cmd_worker)
-    from vllm_lite.entrypoints.bench import add_bench_parser
-    from vllm_lite.entrypoints.chat import add_chat_parser
-
     _add_serve_parser(sub)
     _add_engine_parser(sub)
     add_chat_parser(sub)

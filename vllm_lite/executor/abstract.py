@@ -4,7 +4,7 @@ from abc import ABC, abstractmethod
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.worker.model_runner import ModelRunnerOutput
+from vllm_lite.wire import ModelRunnerOutput
 
 
 class Executor(ABC):

@@ -8,30 +8,24 @@ fixed-width int32 arrays, so the bytes of a decode step do not depend on prompt 
 Rank 0 -> engine core: `WorkerReply` with the step's `ModelRunnerOutput`, or an error when a
 worker died (posted by the executor's monitor thread into the same channel).
 
-Numpy arrays travel as (dtype, shape, raw bytes).
+Framing: `[kind, msgpack frame, *array frames]` to the ranks, `[msgpack frame, *array frames]`
+back, by the one wire codec (`vllm_lite.wire.codec`): arrays are never copied on receipt.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Sequence
 
 import msgspec
 import numpy as np
 
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.worker.model_runner import ModelRunnerOutput
+from vllm_lite.wire import (Frame, InitKVCache, MsgpackDecoder, MsgpackEncoder, Shutdown,
+                            WorkerReply)
 
 
-class InitKVCache(msgspec.Struct, tag=True, array_like=True, gc=False):
-    num_blocks: int
-
-
-class Shutdown(msgspec.Struct, tag=True, array_like=True, gc=False):
-    pass
-
-
-class StepDiff(msgspec.Struct, tag=True, array_like=True, gc=False):
+class StepDiff(msgspec.Struct, array_like=True, gc=False):
     """A `SchedulerOutput` in wire form. Row i of every `cached_*` array belongs to
     `cached_req_ids[i]`; its new block ids are the next `cached_num_new_blocks[i]` entries of
     `cached_new_block_ids`."""
@@ -84,38 +78,41 @@ class StepDiff(msgspec.Struct, tag=True, array_like=True, gc=False):
 EngineToWorker = InitKVCache | StepDiff | Shutdown
 
 
-class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    output: ModelRunnerOutput | None = None
-    error: str | None = None  # set when a worker died: the engine is dead
-
-
 def _int32(values: list[int]) -> np.ndarray:
     return np.array(values, dtype=np.int32)
 
 
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        array = np.ascontiguousarray(obj)
-        return array.dtype.str, array.shape, memoryview(array).cast("B")
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
-
-
-def _dec_hook(kind: type, obj: Any) -> Any:
-    if kind is np.ndarray:
-        dtype, shape, data = obj
-        return np.frombuffer(data, dtype=dtype).reshape(shape).copy()  # writable, like uniproc's
-    raise NotImplementedError(f"cannot decode {kind}")
+# First frame of an engine core -> rank message (wire.codec frames follow).
+_INIT_KV_CACHE, _STEP, _SHUTDOWN = b"\x00", b"\x01", b"\x02"
+_TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown}
+_KIND = {struct: kind for kind, struct in _TO_WORKER.items()}
 
 
 class MessageCodec:
-    """Encoder and decoders for both directions (one per process; not shared across threads)."""
+    """The wire codec (numpy arrays as uncopied frames) for both directions of the step channel.
+    One per process; not shared across threads. Decoded arrays are read-only views."""
 
     def __init__(self) -> None:
-        self.encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
-        self.to_worker = msgspec.msgpack.Decoder(EngineToWorker, dec_hook=_dec_hook)
-        self.to_engine = msgspec.msgpack.Decoder(WorkerReply, dec_hook=_dec_hook)
+        self.encoder = MsgpackEncoder()
+        self._to_worker = {kind: MsgpackDecoder(struct) for kind, struct in _TO_WORKER.items()}
+        self._to_engine = MsgpackDecoder(WorkerReply)
 
-    def encode(self, message: msgspec.Struct) -> bytes:
-        return self.encoder.encode(message)
+    def encode_to_worker(self, message: EngineToWorker) -> list[Frame]:
+        return [_KIND[type(message)], *self.encoder.encode(message)]
+
+    def encode_reply(self, reply: WorkerReply) -> list[Frame]:
+        return self.encoder.encode(reply)
+
+    def decode_to_worker(self, frames: Sequence[Frame]) -> EngineToWorker:
+        return self._to_worker[_buffer_bytes(frames[0])].decode(frames[1:])
+
+    def decode_reply(self, frames: Sequence[Frame]) -> WorkerReply:
+        return self._to_engine.decode(frames)
+
+
+def payload_bytes(frames: Sequence[Frame]) -> int:
+    return sum(memoryview(getattr(frame, "buffer", frame)).nbytes for frame in frames)
+
+
+def _buffer_bytes(frame: Frame) -> bytes:
+    return bytes(getattr(frame, "buffer", frame))

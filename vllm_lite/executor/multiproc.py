@@ -17,7 +17,7 @@ XPUB socket sees one subscription per rank once its model shard is loaded.
 Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
 logits with the same seeds and keeps its persistent batch in step; only rank 0 replies.
 
-Failure: the monitor thread waits on the rank processes' sentinels; when one dies it posts an
+Failure: a `lifecycle.DeathWatch` waits on the rank processes' sentinels; when one dies it posts an
 error reply into the reply channel, so a step waiting for rank 0 wakes and raises
 `EngineDeadError` (within milliseconds), as does every later call. Ranks on other nodes are not
 watched from here: their death surfaces on node 0 when rank 0's next collective fails.
@@ -26,15 +26,10 @@ watched from here: their death surfaces on node 0 when rank 0's next collective 
 from __future__ import annotations
 
 import logging
-import multiprocessing.connection
-import os
-import shutil
 import socket
 import tempfile
-import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
 import msgspec
@@ -42,12 +37,13 @@ import zmq
 
 from vllm_lite.config import ParallelConfig, VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.executor.abstract import Executor
-from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, StepDiff, WorkerReply
+from vllm_lite.executor.messages import MessageCodec, StepDiff, payload_bytes
 from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
-from vllm_lite.executor.worker_proc import start_worker_processes, stop_processes
-from vllm_lite.worker.model_runner import ModelRunnerOutput
+from vllm_lite.executor.worker_proc import start_worker_processes
+from vllm_lite.lifecycle import DeathWatch, ProcessResources, describe_exit
+from vllm_lite.wire import InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +62,9 @@ class MultiprocExecutor(Executor):
         self.codec = MessageCodec()
         self.bytes_broadcast = 0  # payload bytes sent to the ranks so far (all messages)
         self._dead_reason: str | None = None
-        self._closing = threading.Event()
-        stop_r, stop_w = os.pipe()
         # mkdtemp makes the directory 0700: the ipc sockets in it are private to this user.
-        self._res = _Resources(tempfile.mkdtemp(prefix="vllm_lite_"), zmq.Context(), stop_r, stop_w)
+        self._tmp_dir = tempfile.mkdtemp(prefix="vllm_lite_")
+        self._res = ProcessResources(zmq.Context(), private_dirs=[self._tmp_dir])
         self._res.ctx.setsockopt(zmq.LINGER, 0)
         self._finalizer = weakref.finalize(self, self._res.release, 0.0)
         try:
@@ -87,14 +82,13 @@ class MultiprocExecutor(Executor):
         ctx = self._res.ctx
         self._steps, steps_addr = self._bind_steps(ctx, parallel)
         self._replies = ctx.socket(zmq.PULL)
-        replies_addr = f"ipc://{self._res.tmp_dir}/replies"
+        replies_addr = f"ipc://{self._tmp_dir}/replies"
         self._replies.bind(replies_addr)
         self._store = host_store(parallel)
         publish(self._store, self.vllm_config, Endpoints(steps_addr, replies_addr))
         start_worker_processes(self.vllm_config, self._store.port, self._res.procs)
-        self._res.monitor = threading.Thread(target=self._monitor_workers, args=(replies_addr,),
-                                             daemon=True, name="vllm_lite-executor-monitor")
-        self._res.monitor.start()
+        notify = _DeathNotice(self._res.ctx, replies_addr)
+        self._res.watch = DeathWatch(self._res.procs, notify, name="vllm_lite-executor-monitor")
         self._wait_until_ready()
 
     def _bind_steps(self, ctx: zmq.Context, parallel: ParallelConfig) -> tuple[zmq.Socket, str]:
@@ -102,7 +96,7 @@ class MultiprocExecutor(Executor):
         steps.setsockopt(zmq.XPUB_VERBOSE, 1)  # one subscription message per rank, not per topic
         steps.setsockopt(zmq.XPUB_NODROP, 1)  # block rather than drop a step
         if parallel.nnodes == 1:
-            address = f"ipc://{self._res.tmp_dir}/steps"
+            address = f"ipc://{self._tmp_dir}/steps"
             steps.bind(address)
             return steps, address
         host = socket.gethostbyname(parallel.master_addr)
@@ -140,11 +134,10 @@ class MultiprocExecutor(Executor):
         """Ask the ranks to exit and make sure they did (SIGTERM, then SIGKILL); idempotent."""
         if not self._finalizer.alive:
             return
-        self._closing.set()
         grace = 0.0
         if self._dead_reason is None and self._res.procs:
             try:
-                self._steps.send(self.codec.encode(Shutdown()), zmq.NOBLOCK)
+                self._steps.send_multipart(self.codec.encode_to_worker(Shutdown()), zmq.NOBLOCK)
                 grace = SHUTDOWN_TIMEOUT_S
             except zmq.ZMQError:
                 pass
@@ -156,12 +149,12 @@ class MultiprocExecutor(Executor):
     # ---- channels ----
     def _broadcast(self, message: msgspec.Struct) -> None:
         self._check_alive()
-        payload = self.codec.encode(message)
-        self.bytes_broadcast += len(payload)
-        self._steps.send(payload)
+        frames = self.codec.encode_to_worker(message)
+        self.bytes_broadcast += payload_bytes(frames)
+        self._steps.send_multipart(frames, copy=False)
 
     def _receive_reply(self) -> WorkerReply:
-        reply = self.codec.to_engine.decode(self._replies.recv(copy=False).buffer)
+        reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
         if reply.error is not None:
             self._dead_reason = reply.error
             self._check_alive()
@@ -171,45 +164,19 @@ class MultiprocExecutor(Executor):
         if self._dead_reason is not None:
             raise EngineDeadError(f"the engine's workers are gone: {self._dead_reason}")
 
-    # ---- failure detection ----
-    def _monitor_workers(self, replies_addr: str) -> None:
-        """Runs until shutdown or the first rank death, which it turns into an error reply."""
-        by_sentinel = {proc.sentinel: proc for proc in self._res.procs}
-        ready = multiprocessing.connection.wait([*by_sentinel, self._res.stop_r])
-        if self._res.stop_r in ready or self._closing.is_set():
-            return
-        dead = [by_sentinel[s] for s in ready if s in by_sentinel]
-        for proc in dead:
-            proc.join(1.0)  # its pipes close a moment before its exit code exists
-        reason = "; ".join(f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}" for proc in dead)
+
+class _DeathNotice:
+    """Called on the death watch's thread: turns a rank's death into an error reply, so a step
+    waiting for rank 0 wakes up and raises."""
+
+    def __init__(self, ctx: zmq.Context, replies_addr: str) -> None:
+        self.ctx = ctx
+        self.replies_addr = replies_addr
+
+    def __call__(self, dead: list[BaseProcess]) -> None:
+        reason = describe_exit(dead)
         logger.error("tensor-parallel worker died: %s", reason)
-        self._dead_reason = reason
-        notice = self._res.ctx.socket(zmq.PUSH)
-        notice.connect(replies_addr)
+        notice = self.ctx.socket(zmq.PUSH)
+        notice.connect(self.replies_addr)
         notice.send(msgspec.msgpack.encode(WorkerReply(error=reason)))
         notice.close(linger=1000)
-
-
-@dataclass(slots=True)
-class _Resources:
-    """What an executor must release, kept apart from it so that `weakref.finalize` can release
-    it at interpreter exit when nobody called `shutdown`."""
-
-    tmp_dir: str
-    ctx: zmq.Context
-    stop_r: int  # a pipe that wakes the monitor thread at shutdown
-    stop_w: int
-    procs: list[BaseProcess] = field(default_factory=list)
-    monitor: threading.Thread | None = None
-
-    def release(self, grace: float) -> None:
-        """Stop the monitor, give the ranks `grace` seconds to exit, then end them; close the
-        sockets and remove the ipc directory."""
-        os.write(self.stop_w, b"x")
-        if self.monitor is not None:
-            self.monitor.join(SHUTDOWN_TIMEOUT_S)
-        stop_processes(self.procs, grace)
-        self.ctx.destroy(linger=0)
-        os.close(self.stop_r)
-        os.close(self.stop_w)
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)

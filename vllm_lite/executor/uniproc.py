@@ -3,7 +3,7 @@ from __future__ import annotations
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.executor.abstract import Executor
-from vllm_lite.worker.model_runner import ModelRunnerOutput
+from vllm_lite.wire import ModelRunnerOutput
 from vllm_lite.worker.worker import Worker
 
 

@@ -22,7 +22,6 @@ import multiprocessing.connection
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -34,8 +33,10 @@ import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
-from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, WorkerReply
+from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
+from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
+from vllm_lite.wire import InitKVCache, Shutdown, WorkerReply
 from vllm_lite.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class WorkerProcArgs:
 def run_worker(args: WorkerProcArgs) -> None:
     """Process entry of one rank."""
     stopping = threading.Event()  # set on Shutdown: the watchdogs stand down
-    _start_watchdog(_wait_for_parent_death, stopping, grace=0.0)
+    on_parent_death(lambda: stopping.is_set() or os._exit(1), name="vllm_lite-worker-parent-watch")
     config = args.vllm_config
     parallel = config.parallel_config
     _limit_threads(parallel.ranks_per_node)
@@ -93,13 +94,13 @@ class WorkerProc:
 
     def serve(self) -> None:
         while True:
-            message = self.codec.to_worker.decode(self.steps.recv(copy=False).buffer)
+            message = self.codec.decode_to_worker(self.steps.recv_multipart(copy=False))
             if isinstance(message, Shutdown):
                 self.stopping.set()
                 return
             reply = self._handle(message)
             if self.replies is not None:
-                self.replies.send(self.codec.encode(reply))
+                self.replies.send_multipart(self.codec.encode_reply(reply), copy=False)
 
     def _handle(self, message: object) -> WorkerReply:
         if isinstance(message, InitKVCache):
@@ -116,8 +117,8 @@ def _limit_threads(ranks_per_node: int) -> None:
 
 def _start_watchdog(wait: Callable[[], object], stopping: threading.Event, grace: float) -> None:
     """When `wait()` returns, exit, unless the engine core says Shutdown within `grace` seconds
-    (then the main thread is on its way out). Two watch a rank: its parent's death (from the
-    start) and the broadcast connection dropping (ranks on other nodes: the engine core left)."""
+    (then the main thread is on its way out): the broadcast connection dropping (ranks on other
+    nodes: the engine core left). A rank's parent dying ends it at once (`on_parent_death`)."""
 
     def watch() -> None:
         wait()
@@ -139,10 +140,6 @@ def _exit_within(seconds: float) -> None:
     timer.start()
 
 
-def _wait_for_parent_death() -> None:
-    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])  # spawned: has one
-
-
 # ---- starting and stopping a node's ranks ----
 
 def start_worker_processes(vllm_config: VllmConfig, master_port: int, procs: list[BaseProcess]) -> None:
@@ -151,28 +148,10 @@ def start_worker_processes(vllm_config: VllmConfig, master_port: int, procs: lis
     if vllm_config.device_config.device == "cuda" and torch.cuda.device_count() < parallel.ranks_per_node:
         raise ValueError(f"{parallel.ranks_per_node} ranks on this node need as many GPUs; "
                          f"found {torch.cuda.device_count()}")
-    ctx = multiprocessing.get_context("spawn")
     for local_rank in range(parallel.ranks_per_node):
         rank = parallel.node_rank * parallel.ranks_per_node + local_rank
         args = WorkerProcArgs(vllm_config, master_port, rank, local_rank)
-        proc = ctx.Process(target=run_worker, args=(args,), name=f"vllm_lite-rank{rank}", daemon=True)
-        proc.start()
-        procs.append(proc)
-
-
-def stop_processes(procs: list[BaseProcess], timeout: float) -> None:
-    """Join within `timeout`, then SIGTERM, then SIGKILL whatever still runs."""
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(1.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        procs.append(spawn(run_worker, (args,), name=f"vllm_lite-rank{rank}", daemon=True))
 
 
 def run_worker_node(engine_args: EngineArgs) -> int:
@@ -191,7 +170,7 @@ def run_worker_node(engine_args: EngineArgs) -> int:
         start_worker_processes(config, engine_args.master_port, procs)
         return _wait_for_workers(procs)
     finally:
-        stop_processes(procs, timeout=5.0)
+        stop_processes(procs, grace_s=5.0)
 
 
 def _node_config(engine_args: EngineArgs, published: VllmConfig) -> VllmConfig:

@@ -1,32 +1,15 @@
-"""Architecture name (config.json `architectures[0]`) -> model class.
-
-Kept torch-free (classes are imported on use) so configuration can reject an unknown
-architecture before any worker starts.
-"""
+"""Architecture name (config.json `architectures[0]`) -> model class. The table itself lives
+in config.py (`MODEL_ARCHITECTURES`), so configuration rejects an unknown architecture before
+any worker starts without importing the model layer; classes are imported on use."""
 
 from __future__ import annotations
 
 import importlib
 
-_MODELS: dict[str, str] = {
-    "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
-    "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
-}
-
-
-def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
-
-
-def check_supported(architecture: str) -> None:
-    if architecture not in _MODELS:
-        raise ValueError(f"architecture {architecture!r} is not supported; "
-                         f"supported: {', '.join(supported_architectures())}")
+from vllm_lite.config import MODEL_ARCHITECTURES, check_supported
 
 
 def get_model_class(architecture: str) -> type:
     check_supported(architecture)
-    module_name, class_name = _MODELS[architecture].split(":")
+    module_name, class_name = MODEL_ARCHITECTURES[architecture].split(":")
     return getattr(importlib.import_module(module_name), class_name)

@@ -9,24 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from vllm_lite.sample.ops.penalties import TokenOccurrences
-
-
-@dataclass(slots=True)
-class TokenHistory:
-    """Live views of the persistent batch's token buffers: read at sampling time, they hold
-    every token so far (`token_ids[row, :num_tokens[row]]`, the prompt first), so metadata that
-    keeps them stays valid while the batch's rows stay put."""
-
-    token_ids: np.ndarray  # int32 [max_num_reqs, max_len]
-    num_prompt_tokens: np.ndarray  # int32 [max_num_reqs]
-    num_tokens: np.ndarray  # int32 [max_num_reqs]
+from vllm_lite.sample.occurrences import TokenHistory, TokenOccurrences
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
 from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
-from vllm_lite.config import VllmConfig
+from vllm_lite.config import VllmConfig, max_blocks_per_seq
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def maybe_capture_cuda_graphs(config: VllmConfig, model: nn.Module, backend: Att
             or not getattr(backend, "supports_cuda_graphs", False)):
         return None
     block_size = config.cache_config.block_size
-    max_blocks = -(-(config.model_config.max_model_len + 1) // block_size)  # as the model runner
+    max_blocks = max_blocks_per_seq(config.model_config.max_model_len, block_size)
     runner = CudaGraphRunner(model, backend, kv_caches, config.scheduler_config.max_num_seqs,
                              max_blocks, block_size, device)
     runner.capture()
@@ -86,7 +86,7 @@ class CudaGraphRunner:
             block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size],
             query_start_loc_np=np.arange(size + 1, dtype=np.int32),
             seq_lens_np=np.zeros(size, dtype=np.int32), num_actual_tokens=size, max_query_len=1,
-            max_seq_len=self.block_table.shape[1] * self.block_size, block_size=self.block_size,
+            block_size=self.block_size,
         )
 
     @torch.inference_mode()

@@ -10,28 +10,19 @@ import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
 from vllm_lite.attention.selector import get_attn_backend
-from vllm_lite.config import VllmConfig
+from vllm_lite.config import VllmConfig, max_blocks_per_seq
 from vllm_lite.core.scheduler_output import NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.loader import load_model
-from vllm_lite.outputs import LogprobsArrays
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
-from vllm_lite.sample.ops.penalties import TokenOccurrences
+from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
+from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata
-
-
-@dataclass(slots=True)
-class ModelRunnerOutput:
-    req_ids: list[str]  # batch rows, in order
-    sampled_token_ids: np.ndarray  # int32 [num_rows, 1]
-    num_sampled: np.ndarray  # int32 [num_rows]; 0 for rows still mid-prefill (or unscheduled)
-    logprobs: LogprobsArrays | None = None  # rows are batch rows; None when no row asked
-    # request -> (prompt position of the first row, logprobs of the next prompt tokens)
-    prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None
 
 
 @dataclass(slots=True)
@@ -58,7 +49,7 @@ class ModelRunner:
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
         self.tp = tp
         model_config = vllm_config.model_config
-        max_blocks = -(-(model_config.max_model_len + 1) // self.block_size)
+        max_blocks = max_blocks_per_seq(model_config.max_model_len, self.block_size)
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
                                       model_config.max_model_len, max_blocks)
         self.sampler = Sampler()
@@ -173,7 +164,6 @@ class ModelRunner:
             seq_lens_np=seq_lens,
             num_actual_tokens=total,
             max_query_len=int(query_lens.max()),
-            max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,
         )
         return StepInputs(
@@ -188,7 +178,7 @@ class ModelRunner:
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
+        return host_to_device(array, self.device)
 
     # ---- sampling ----
     def _sampling_metadata_for(self, rows: np.ndarray) -> SamplingMetadata:

@@ -10,8 +10,9 @@ import torch
 
 from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
                                        SamplingMetadata, TokenHistory)
-from vllm_lite.sample.ops.penalties import TokenOccurrences
+from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
+from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
 
 
@@ -30,23 +31,19 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
     return SamplingMetadata(
         all_greedy=all_greedy,
         all_random=all_random,
-        temperature=None if all_greedy else _to(np.where(greedy, 1.0, temperature)
+        temperature=None if all_greedy else host_to_device(np.where(greedy, 1.0, temperature)
                                                 .astype(np.float32)[:, None], device),
-        greedy_mask=None if all_greedy or all_random else _to(greedy, device),
+        greedy_mask=None if all_greedy or all_random else host_to_device(greedy, device),
         generators=_row_generators(batch, rows, random_rows, generators),
-        top_p=_to(top_p, device) if (top_p[random_rows] < 1.0).any() else None,
-        top_k=_to(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
-        min_p=_to(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
+        top_p=host_to_device(top_p, device) if (top_p[random_rows] < 1.0).any() else None,
+        top_k=host_to_device(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
+        min_p=host_to_device(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
         max_num_logprobs=int(batch.num_logprobs[rows].max(initial=-1)),
         logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),
         penalties=_penalties(batch, rows, history, device, occurrences),
         logit_bias=_logit_bias(batch, rows, device),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids),
     )
-
-
-def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 
 def _logprobs_rows(num_logprobs: np.ndarray) -> np.ndarray | None:
@@ -75,12 +72,12 @@ def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, devic
     if len(used) == 0:
         return None
     return PenaltyMetadata(
-        logits_rows=_to(used.astype(np.int64), device),
+        logits_rows=host_to_device(used.astype(np.int64), device),
         batch_rows=rows[used],
         req_ids=[batch.req_ids[row] for row in rows[used].tolist()],
-        repetition=_to(repetition[used][:, None], device),
-        frequency=_to(frequency[used][:, None], device),
-        presence=_to(presence[used][:, None], device),
+        repetition=host_to_device(repetition[used][:, None], device),
+        frequency=host_to_device(frequency[used][:, None], device),
+        presence=host_to_device(presence[used][:, None], device),
         history=history,
         occurrences=occurrences if occurrences is not None else TokenOccurrences(device),
         all_rows=len(used) == len(rows),
@@ -100,9 +97,9 @@ def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device) -> Lo
         token_ids.extend(bias.keys())
         values.extend(bias.values())
     return LogitBiasMetadata(
-        rows=_to(np.array(logits_rows, dtype=np.int64), device),
-        token_ids=_to(np.array(token_ids, dtype=np.int64), device),
-        values=_to(np.array(values, dtype=np.float32), device),
+        rows=host_to_device(np.array(logits_rows, dtype=np.int64), device),
+        token_ids=host_to_device(np.array(token_ids, dtype=np.int64), device),
+        values=host_to_device(np.array(values, dtype=np.float32), device),
     )
 
 

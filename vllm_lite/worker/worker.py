@@ -10,7 +10,8 @@ import torch
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.worker.model_runner import ModelRunner, ModelRunnerOutput
+from vllm_lite.worker.model_runner import ModelRunner
+from vllm_lite.wire import ModelRunnerOutput
 
 
 class Worker:

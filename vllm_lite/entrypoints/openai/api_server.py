@@ -29,8 +29,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from vllm_lite import __version__
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.version import __version__
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate
@@ -281,7 +281,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
 
 async def _serve(args: argparse.Namespace) -> int:
     from vllm_lite.engine.async_llm import AsyncLLM
-    from vllm_lite.entrypoints.cli import engine_args_from
+    from vllm_lite.entrypoints.cli_args import engine_args_from
 
     options = server_options_from(args)
     engine_args = engine_args_from(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vllm_lite.engine.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.protocol import RequestParamError
 
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")

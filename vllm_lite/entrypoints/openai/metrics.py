@@ -1,5 +1,6 @@
-"""Prometheus metrics of one server, in a registry of its own (never the global one), with
-vLLM's metric names so existing dashboards work.
+"""Prometheus metrics of one server, in a registry of its own (never the global one). Names
+carry vLLM's `vllm:` prefix and, where vLLM has the same metric, vLLM's name, so dashboards
+built for vLLM find them; `vllm:prefix_cache_hit_rate` and `vllm:request_aborted` are ours.
 
 Two sources:
 - the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Send
 
@@ -285,6 +285,11 @@ async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerato
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def json_response(body: Awaitable[BaseModel], raw_request: Request) -> JSONResponse:
+    """A non-streaming response, its work cancelled when the client disconnects first."""
+    return JSONResponse((await cancel_on_disconnect(body, raw_request)).model_dump())
+
+
 async def cancel_on_disconnect(work: Awaitable[T], raw_request: Request) -> T:
     """Runs `work` (a non-streaming request) but cancels it when the client disconnects first."""
     task = asyncio.ensure_future(work)
@@ -380,6 +385,19 @@ def sse_error(exc: Exception) -> str:
     if describe_error(exc)[0] == 500:
         logger.exception("error while streaming", exc_info=exc)
     return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n"
+
+
+async def sse_stream(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """Every stream ends the same way: an error met after it began becomes one error event,
+    and [DONE] comes last. Closing this stream (the client left) closes `events` at once."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        yield sse_error(exc)
+    finally:
+        await events.aclose()
+    yield SSE_DONE
 
 
 def sse_event(chunk: BaseModel) -> str:

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from vllm_lite.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
@@ -25,24 +25,9 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    MIN_JSON_LOGPROB,
-    SSE_DONE,
-    ServingContext,
-    SSEResponse,
-    cancel_on_disconnect,
-    check_length,
-    check_n,
-    check_prompt_chars,
-    collect_choices,
-    decode_token,
-    encode_prompt,
-    json_logprob,
-    render_chat,
-    sse_error,
-    sse_event,
-    start_stream,
-    top_logprobs,
-    tracked_generate,
+    MIN_JSON_LOGPROB, ServingContext, SSEResponse, check_length, check_n, check_prompt_chars,
+    collect_choices, decode_token, encode_prompt, json_logprob, json_response, render_chat, sse_event,
+    sse_stream, start_stream, top_logprobs, tracked_generate
 )
 from vllm_lite.outputs import Logprob, RequestOutput
 
@@ -59,10 +44,8 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     stream = tracked_generate(ctx, prompt, params, request_id)
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started))
-    response = await cancel_on_disconnect(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream),
-                                          raw_request)
-    return JSONResponse(response.model_dump())
+        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started)))
+    return await json_response(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream), raw_request)
 
 
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
@@ -93,8 +76,7 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, mo
                                                     logprobs=logprobs, finish_reason=acc.finish_reason,
                                                     stop_reason=acc.stop_reason))
     num_generated = sum(len(acc.token_ids) for acc in accumulated)
-    usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
-                      total_tokens=num_prompt_tokens + num_generated)
+    usage = UsageInfo.of(num_prompt_tokens, num_generated)
     return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
 
@@ -107,28 +89,23 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
     def chunk(choice: ChatCompletionStreamChoice) -> str:
         return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice]))
 
-    try:
-        for index in range(request.n):
-            yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
-        async for output in stream:
-            for completion in output.outputs:
-                num_generated += len(completion.token_ids)
-                if not completion.text and completion.finish_reason is None and num_top is None:
-                    continue
-                logprobs = None
-                if num_top is not None:
-                    logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
-                yield chunk(ChatCompletionStreamChoice(
-                    index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
-                    finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
-        if request.include_usage:
-            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
-                              total_tokens=num_prompt_tokens + num_generated)
-            yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
-                                                         choices=[], usage=usage))
-    except Exception as exc:
-        yield sse_error(exc)
-    yield SSE_DONE
+    for index in range(request.n):
+        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+    async for output in stream:
+        for completion in output.outputs:
+            num_generated += len(completion.token_ids)
+            if not completion.text and completion.finish_reason is None and num_top is None:
+                continue
+            logprobs = None
+            if num_top is not None:
+                logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
+            yield chunk(ChatCompletionStreamChoice(
+                index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
+                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
+    if request.include_usage:
+        usage = UsageInfo.of(num_prompt_tokens, num_generated)
+        yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
+                                                     choices=[], usage=usage))
 
 
 def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],

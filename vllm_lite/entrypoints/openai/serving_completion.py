@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from vllm_lite.entrypoints.openai.protocol import (
     CompletionLogProbs,
@@ -23,22 +23,9 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    SSE_DONE,
-    ServingContext,
-    SSEResponse,
-    cancel_on_disconnect,
-    check_length,
-    check_n,
-    collect_choices,
-    decode_token,
-    encode_prompt,
-    json_logprob,
-    merge_streams,
-    off_loop,
-    sse_error,
-    sse_event,
-    start_streams,
-    tracked_generate,
+    ServingContext, SSEResponse, check_length, check_n, collect_choices, decode_token, encode_prompt,
+    json_logprob, json_response, merge_streams, off_loop, sse_event, sse_stream, start_streams,
+    tracked_generate
 )
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -55,10 +42,9 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
     if request.stream:
         started = await start_streams(streams)
-        return SSEResponse(_stream_events(ctx, request, model, request_id, prompts, echoed, started))
-    response = await cancel_on_disconnect(
-        _full_response(ctx, request, model, request_id, prompts, echoed, streams), raw_request)
-    return JSONResponse(response.model_dump())
+        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, prompts, echoed, started)))
+    return await json_response(_full_response(ctx, request, model, request_id, prompts, echoed, streams),
+                               raw_request)
 
 
 async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
@@ -136,25 +122,20 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, model:
                          streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[str, None]:
     choices = [_StreamedChoice(echo) for echo in echoed for _ in range(request.n)]
     created = int(time.time())
-    try:
-        async for i, output in merge_streams(streams):
-            for completion in output.outputs:
-                if not completion.token_ids and not completion.text and completion.finish_reason is None:
-                    continue
-                index = i * request.n + completion.index
-                choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, request.logprobs)
-                yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
-                                                         choices=[choice]))
-        if request.include_usage:
-            prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
-            completion_tokens = sum(choice.num_tokens for choice in choices)
-            usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=prompt_tokens + completion_tokens)
+    async for i, output in merge_streams(streams):
+        for completion in output.outputs:
+            if not completion.token_ids and not completion.text and completion.finish_reason is None:
+                continue
+            index = i * request.n + completion.index
+            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, request.logprobs)
             yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
-                                                     choices=[], usage=usage))
-    except Exception as exc:
-        yield sse_error(exc)
-    yield SSE_DONE
+                                                     choices=[choice]))
+    if request.include_usage:
+        prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
+        completion_tokens = sum(choice.num_tokens for choice in choices)
+        usage = UsageInfo.of(prompt_tokens, completion_tokens)
+        yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
+                                                 choices=[], usage=usage))
 
 
 def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],

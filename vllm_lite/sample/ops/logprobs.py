@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_lite.outputs import LogprobsArrays
+from vllm_lite.wire import LogprobsArrays
 
 
 @dataclass(slots=True)

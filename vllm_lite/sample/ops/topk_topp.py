@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_lite.attention.ops import cpu_native
+from vllm_lite import _custom_ops as cpu_native
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:

@@ -1,161 +1,19 @@
-"""Wire protocol between clients and the engine core.
-
-A leaf module (msgspec + numpy only): the client side, the engine core and `core/` (which
-produces `EngineCoreOutputs`) all import it. Token ids are int32 numpy arrays.
-
-Framing: every ZMQ message is `[type tag, msgpack frame, *array frames]` (a ROUTER adds the
-peer's identity in front). The tag says which struct the msgpack frame holds:
-
-| direction | tag | struct |
-|---|---|---|
-| client -> engine | ADD `\x00` | EngineCoreRequest |
-| client -> engine | ABORT `\x01` | AbortRequests |
-| client -> engine | UTILITY `\x02` | UtilityRequest |
-| engine -> client | OUTPUTS `\x00` | EngineCoreOutputs |
-| engine -> client | UTILITY_RESULT `\x01` | UtilityResult |
-| engine -> client | ERROR `\x02` | RequestError (a request the engine core rejected) |
-| engine -> client | ENGINE_DEAD `\x03` | EngineDead (the busy loop failed; the engine exits) |
+"""The one msgpack codec for every process boundary (client <-> engine core, engine core ->
+ranks): `obj -> [msgpack frame, *array frames]` and back.
 
 numpy arrays of at least `INLINE_ARRAY_MAX_BYTES` travel as extra frames, uncopied; the msgpack
-frame holds an ext (dtype, shape, frame index) for each. Smaller arrays are inlined. No pickle.
+frame holds an ext (dtype, shape, frame index) for each. Smaller arrays are inlined. Received
+arrays are read-only views of their frames (never copied). No pickle.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from vllm_lite.sampling_params import SamplingParams
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    request_id: str
-    prompt_token_ids: np.ndarray
-    sampling_params: SamplingParams
-    eos_token_ids: tuple[int, ...]
-    arrival_time: float
-    max_tokens: int
-    client_index: int = 0
-    cache_salt: str | None = None  # separates this request's prefix-cache entries (vLLM's field)
-
-
-class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    request_id: str
-    finish_reason: FinishReason
-    stop_reason: int | None = None
-
-
-class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One engine step's results, column-wise: row i of `new_token_ids` (and of the logprob
-    arrays, when requested) belongs to `req_ids[i]`. No per-request objects are built per step."""
-
-    req_ids: list[str]
-    new_token_ids: np.ndarray  # int32 [num_reqs]
-    finished: list[FinishedRequest] = []
-    client_index: int = 0
-    # Sample logprobs, present when some request in the step asked for them. Column 0 is the
-    # sampled token, columns 1..k the top-k (k = the largest request's), so ranks are 1..k there.
-    logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k + 1]
-    logprobs: np.ndarray | None = None  # float32 [num_reqs, k + 1]
-    logprob_ranks: np.ndarray | None = None  # int32 [num_reqs, k + 1]
-    # Prompt logprobs of the prefill chunks computed this step: request j owns rows
-    # prompt_logprobs_offsets[j]:prompt_logprobs_offsets[j+1]; its first row is prompt position
-    # prompt_logprobs_starts[j] (the logprob of the token after it). Column 0 is that token.
-    prompt_logprobs_req_ids: list[str] = []
-    prompt_logprobs_starts: np.ndarray | None = None  # int32 [num_prompt_reqs]
-    prompt_logprobs_offsets: np.ndarray | None = None  # int32 [num_prompt_reqs + 1]
-    prompt_logprob_token_ids: np.ndarray | None = None  # int32 [total_rows, k + 1]
-    prompt_logprobs: np.ndarray | None = None  # float32 [total_rows, k + 1]
-    prompt_logprob_ranks: np.ndarray | None = None  # int32 [total_rows, k + 1]
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.req_ids and not self.finished
-
-
-# ---------------------------------------------------------------------------------------------
-# Messages besides requests and outputs
-# ---------------------------------------------------------------------------------------------
-
-
-class RequestType:
-    """First frame of a client -> engine message."""
-
-    ADD = b"\x00"
-    ABORT = b"\x01"
-    UTILITY = b"\x02"
-
-
-class OutputType:
-    """First frame of an engine -> client message."""
-
-    OUTPUTS = b"\x00"
-    UTILITY_RESULT = b"\x01"
-    ERROR = b"\x02"
-    ENGINE_DEAD = b"\x03"
-
-
-# Utility calls an engine core answers; anything else gets an error result.
-UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info")
-
-
-class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    request_ids: list[str]
-
-
-class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """A call of one of `UTILITY_METHODS`; the answer carries the same `call_id`."""
-
-    call_id: int
-    method: str
-    args: list[Any] = []
-
-
-class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    call_id: int
-    result: Any = None
-    error: str | None = None  # set when the call failed; `result` is then None
-
-
-class RequestError(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """The engine core rejected a request (or could not decode it): it will never run."""
-
-    request_id: str
-    message: str
-
-
-class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    message: str
-
-
-REQUEST_STRUCTS: dict[bytes, type] = {
-    RequestType.ADD: EngineCoreRequest,
-    RequestType.ABORT: AbortRequests,
-    RequestType.UTILITY: UtilityRequest,
-}
-OUTPUT_STRUCTS: dict[bytes, type] = {
-    OutputType.OUTPUTS: EngineCoreOutputs,
-    OutputType.UTILITY_RESULT: UtilityResult,
-    OutputType.ERROR: RequestError,
-    OutputType.ENGINE_DEAD: EngineDead,
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoder / decoder: numpy arrays as extra frames
 # ---------------------------------------------------------------------------------------------
 
 INLINE_ARRAY_MAX_BYTES = 256  # smaller arrays ride inside the msgpack frame
@@ -225,6 +83,8 @@ class MsgpackDecoder:
             raise
         except (ValueError, TypeError, IndexError) as exc:
             raise msgspec.DecodeError(f"malformed message: {exc}") from exc
+        except RecursionError:
+            raise msgspec.DecodeError("malformed message: nested too deeply") from None
         finally:
             self._frames = ()
 

@@ -1,0 +1,156 @@
+"""Child-process lifecycle, in one place for every process the engine starts: the engine core a
+client spawns (engine/launch.py, engine/core_client.py) and the ranks an executor spawns
+(executor/multiproc.py, executor/worker_proc.py).
+
+    spawn -> ready handshake -> death watch -> stop-and-reap -> release resources
+
+`ProcessResources` holds what an owner must release and never refers to the owner, so a
+`weakref.finalize` on the owner can release it when nobody called shutdown.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+
+TERMINATE_TIMEOUT_S = 5.0  # SIGTERM's grace before SIGKILL
+
+
+def spawn(target: Callable[..., Any], args: tuple[Any, ...], name: str, daemon: bool = False) -> BaseProcess:
+    """Start `target(*args)` in a fresh interpreter (spawn: no forked threads or CUDA state)."""
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=daemon)
+    proc.start()
+    return proc
+
+
+def ready_pipe() -> tuple[Connection, Connection]:
+    """(reader, writer) for a child's ready report; pass the writer to the child, then close it."""
+    return multiprocessing.get_context("spawn").Pipe(duplex=False)
+
+
+def wait_ready_report(reader: Connection, proc: BaseProcess, timeout_s: float) -> bytes | None:
+    """The child's ready report, or None when it exited without one (its exit code is then
+    set). Raises TimeoutError when neither happens within `timeout_s`. Closes `reader`."""
+    try:
+        if not multiprocessing.connection.wait([reader, proc.sentinel], timeout_s):
+            raise TimeoutError(f"{proc.name} did not report ready within {timeout_s:.0f} s")
+        try:
+            return reader.recv_bytes()
+        except EOFError:
+            proc.join(TERMINATE_TIMEOUT_S)
+            return None
+    finally:
+        reader.close()
+
+
+def stop_processes(procs: Sequence[BaseProcess], grace_s: float = 0.0,
+                   terminate_timeout_s: float = TERMINATE_TIMEOUT_S) -> None:
+    """Give the processes `grace_s` to exit on their own, then SIGTERM, then SIGKILL; every one
+    is reaped (joined), so no zombie is left, also when it had died already."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + terminate_timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+
+
+class DeathWatch:
+    """A daemon thread that waits on the processes' sentinels and calls `on_death(dead)` once
+    (with the processes that exited, already reaped) unless `stop()` came first."""
+
+    def __init__(self, procs: Sequence[BaseProcess], on_death: Callable[[list[BaseProcess]], None],
+                 name: str) -> None:
+        self._procs = list(procs)
+        self._on_death = on_death
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stand down (idempotent): later deaths are expected, not reported."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        os.write(self._stop_w, b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(TERMINATE_TIMEOUT_S)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _watch(self) -> None:
+        by_sentinel = {proc.sentinel: proc for proc in self._procs}
+        ready = multiprocessing.connection.wait([*by_sentinel, self._stop_r])
+        if self._stopped.is_set():
+            return
+        dead = [by_sentinel[s] for s in ready if s in by_sentinel]
+        for proc in dead:
+            proc.join(1.0)  # its pipes close a moment before its exit code exists
+        self._on_death(dead)
+
+
+def on_parent_death(callback: Callable[[], None], name: str) -> None:
+    """In a spawned child: call `callback` on a daemon thread once the process that spawned it
+    is gone (even by SIGKILL). Nothing happens in a process nobody spawned."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        callback()
+
+    threading.Thread(target=wait, name=name, daemon=True).start()
+
+
+def describe_exit(procs: Sequence[BaseProcess]) -> str:
+    return "; ".join(f"{proc.name} (pid {proc.pid}) exited with code {proc.exitcode}" for proc in procs)
+
+
+@dataclass(slots=True, eq=False)
+class ProcessResources:
+    """What an owner of child processes must release. `release` is idempotent: it stops the
+    death watch first (a stop we cause is not a death), then stops and reaps the processes,
+    closes the sockets and the ZMQ context, and removes private directories."""
+
+    ctx: zmq.Context | None = None
+    procs: list[BaseProcess] = field(default_factory=list)
+    sockets: list[zmq.Socket] = field(default_factory=list)
+    private_dirs: list[str] = field(default_factory=list)
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    watch: DeathWatch | None = None
+    released: bool = False
+
+    def release(self, grace_s: float = 0.0) -> None:
+        if self.released:
+            return
+        self.released = True
+        if self.watch is not None:
+            self.watch.stop()
+        stop_processes(self.procs, grace_s)
+        for sock in self.sockets:
+            sock.close(linger=0)
+        if self.ctx is not None:
+            self.ctx.destroy(linger=0)
+        for cleanup in self.cleanups:
+            cleanup()
+        for directory in self.private_dirs:
+            shutil.rmtree(directory, ignore_errors=True)

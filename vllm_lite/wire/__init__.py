@@ -1,0 +1,38 @@
+"""The leaf of the package: what crosses a process boundary, and the one codec that carries it.
+
+Imports only msgspec, numpy and `vllm_lite.sampling_params`, so every layer (core, engine,
+executor, worker) may import it and dependencies still point one way.
+"""
+
+from vllm_lite.wire.codec import (
+    INLINE_ARRAY_MAX_BYTES,
+    Frame,
+    MsgpackDecoder,
+    MsgpackEncoder,
+    peek_request_id,
+)
+from vllm_lite.wire.engine_core import (
+    OUTPUT_STRUCTS,
+    REQUEST_STRUCTS,
+    UTILITY_METHODS,
+    AbortRequests,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineDead,
+    FinishedRequest,
+    FinishReason,
+    OutputType,
+    RequestError,
+    RequestType,
+    UtilityRequest,
+    UtilityResult,
+)
+from vllm_lite.wire.worker import InitKVCache, LogprobsArrays, ModelRunnerOutput, Shutdown, WorkerReply
+
+__all__ = [
+    "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
+    "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
+    "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
+    "RequestError", "RequestType", "UtilityRequest", "UtilityResult", "InitKVCache",
+    "LogprobsArrays", "ModelRunnerOutput", "Shutdown", "WorkerReply",
+]

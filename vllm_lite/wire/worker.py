@@ -1,0 +1,51 @@
+"""Wire structs between the engine core and its workers (ranks).
+
+Engine core -> every rank: `InitKVCache`, the step (`SchedulerOutput` in the diff form
+`executor/messages.py` gives it), `Shutdown`. Rank 0 -> engine core: `WorkerReply` with the
+step's `ModelRunnerOutput`, or an error when a worker died.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+
+
+@dataclass(slots=True)
+class LogprobsArrays:
+    """Logprobs of a group of positions, column-wise (what workers hand to the engine core).
+
+    Column 0 is the sampled (or, for prompt logprobs, the actual next prompt) token; columns
+    1..k are the k most likely tokens, most likely first, so their ranks are 1..k."""
+
+    token_ids: np.ndarray  # int32 [num_positions, k + 1]
+    logprobs: np.ndarray  # float32 [num_positions, k + 1]
+    ranks: np.ndarray  # int32 [num_positions, k + 1]
+
+    def slice_rows(self, start: int, stop: int) -> LogprobsArrays:
+        return LogprobsArrays(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    req_ids: list[str]  # batch rows, in order
+    sampled_token_ids: np.ndarray  # int32 [num_rows, 1]
+    num_sampled: np.ndarray  # int32 [num_rows]; 0 for rows still mid-prefill (or unscheduled)
+    logprobs: LogprobsArrays | None = None  # rows are batch rows; None when no row asked
+    # request -> (prompt position of the first row, logprobs of the next prompt tokens)
+    prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None
+
+
+class InitKVCache(msgspec.Struct, array_like=True, gc=False):
+    num_blocks: int
+
+
+class Shutdown(msgspec.Struct, array_like=True, gc=False):
+    pass
+
+
+class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    output: ModelRunnerOutput | None = None
+    error: str | None = None  # set when a worker died: the engine is dead
