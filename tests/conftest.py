@@ -126,3 +126,11 @@ def _prompt_ids(tiny_tokenizer_dir: Path) -> tuple[tuple[int, ...], ...]:
 def prompts_token_ids(_prompt_ids: tuple[tuple[int, ...], ...]) -> list[list[int]]:
     """8 deterministic prompts of 3, 7, 12, 20, 33, 50, 64 and 90 tokens (fresh lists per test)."""
     return [list(ids) for ids in _prompt_ids]
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral, GQA 4 / 2, untied, sliding_window=8 on every layer: prompts of 12+ tokens
+    attend differently from full causal attention."""
+    return _build(tmp_path_factory, "tiny_mistral_window", "mistral", tie_word_embeddings=False,
+                  extra_config={"sliding_window": 8})

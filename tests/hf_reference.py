@@ -167,8 +167,9 @@ def _make_config(
     num_layers: int,
     head_dim: int | None,
     rope_scaling: dict | None,
+    extra: dict | None = None,
 ):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -187,6 +188,7 @@ def _make_config(
         eos_token_id=IM_END_ID,
         pad_token_id=ENDOFTEXT_ID,
         dtype="float32",
+        **(extra or {}),
     )
     if arch == "llama":
         return LlamaConfig(attention_bias=attention_bias, **common)
@@ -194,7 +196,9 @@ def _make_config(
         return Qwen2Config(**common)
     if arch == "qwen3":
         return Qwen3Config(attention_bias=attention_bias, **common)
-    raise ValueError(f"unknown arch {arch!r}; expected llama, qwen2 or qwen3")
+    if arch == "mistral":
+        return MistralConfig(**common)
+    raise ValueError(f"unknown arch {arch!r}; expected llama, mistral, qwen2 or qwen3")
 
 
 def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
@@ -267,6 +271,7 @@ def build_tiny_model(
     rope_scaling: dict | None = None,
     seed: int = 0,
     max_shard_size: str | None = None,
+    extra_config: dict | None = None,
 ) -> Path:
     """Write a random-weight fp32 safetensors checkpoint + tokenizer to out_dir.
 
@@ -287,6 +292,7 @@ def build_tiny_model(
         num_layers=num_layers,
         head_dim=head_dim,
         rope_scaling=rope_scaling,
+        extra=extra_config,
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _redraw_weights(model, seed)

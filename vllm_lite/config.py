@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.model.registry import check_supported
+from vllm_lite.config_fields import check_config_fields
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -52,11 +52,15 @@ class HFModelConfig:
     torch_dtype: str
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    mlp_bias: bool = False
+    # per layer: keys a query sees (itself included), None = every earlier key
+    sliding_windows: tuple[int | None, ...] = ()
 
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any]) -> HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
+        check_config_fields(archs[0], cfg)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         rope_theta, rope_scaling = _read_rope(cfg)
@@ -75,13 +79,48 @@ class HFModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            # Qwen2 always has q/k/v biases and writes no flag for it.
-            attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+            attention_bias=_read_attention_bias(archs[0], cfg),
             hidden_act=cfg.get("hidden_act", "silu"),
             torch_dtype=_HF_DTYPE_ALIASES.get(str(dtype), str(dtype)),
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] == "LlamaForCausalLM",
+            sliding_windows=_read_sliding_windows(archs[0], cfg),
         )
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return any(window is not None for window in self.sliding_windows)
+
+
+def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
+    """As transformers builds each family: Qwen2 always has q/k/v biases, Mistral never has
+    any; Llama and Qwen3 follow `attention_bias`."""
+    if architecture == "Qwen2ForCausalLM":
+        return True
+    if architecture == "MistralForCausalLM":
+        return False
+    return bool(cfg.get("attention_bias", False))
+
+
+def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int | None, ...]:
+    """Per-layer window, as transformers reads it: Mistral's `sliding_window` covers every
+    layer; Qwen2/Qwen3 use it only with `use_sliding_window`, on the layers `layer_types` marks
+    sliding (by default those from `max_window_layers` on)."""
+    num_layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window")
+    _check(window is None or (isinstance(window, int) and window >= 1),
+           f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
+    if architecture == "MistralForCausalLM":
+        return (window,) * num_layers
+    if not cfg.get("use_sliding_window", False) or window is None:
+        return (None,) * num_layers
+    layer_types = cfg.get("layer_types") or [
+        "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
+        for i in range(num_layers)]
+    _check(len(layer_types) == num_layers,
+           f"config.json: layer_types has {len(layer_types)} entries for {num_layers} layers")
+    return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
 
 
 def _read_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -254,7 +293,8 @@ class EngineArgs:
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
-        check_supported(hf.architecture)
+        _check(not hf.has_sliding_window, "config.json: sliding_window is not implemented yet; "
+                                          "refusing to load rather than attend past the window")
         _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,

@@ -54,8 +54,8 @@ class LlamaMLP(nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only 'silu')")
         inter = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], False, tp)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], config.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, config.mlp_bias, tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,151 @@
+"""Which Hugging Face `config.json` fields each supported architecture implements, ignores or
+refuses. Nothing in a model's config is dropped silently: loading reads the whole dict and every
+key must be in one of three classes for the architecture, or loading stops naming the key.
+
+| class       | meaning                                                                   |
+|-------------|---------------------------------------------------------------------------|
+| implemented | read and honoured by our model code, any valid value                      |
+| ignored     | does not change the math (metadata, training-only, generation defaults)   |
+| restricted  | changes the math; accepted only at the listed values (absent = accepted)  |
+
+The rope dict (`rope_parameters` / `rope_scaling`) is checked separately: its `rope_type` must be
+one the architecture implements. tests/test_config_fields.py walks the transformers config class
+of every architecture here and fails on any attribute that is not classified.
+
+Torch-free and import-light: the engine configuration checks a model before any worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Metadata, training-only knobs and generation defaults that transformers writes into configs.
+COMMON_IGNORED = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "id2label", "label2id", "num_labels", "problem_type",
+    "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
+    "attention_dropout", "tokenizer_class", "finetuning_task", "prefix", "task_specific_params",
+    "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "_attn_implementation_autoset",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "output_router_logits", "router_aux_loss_coef",
+    "pretraining_tp",  # a training-time slicing of the same matmuls; transformers 5 ignores it
+})
+
+# Changes the math at any non-neutral value; no supported architecture implements these.
+COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "is_encoder_decoder": (False,),
+    "is_decoder": (False, True),  # a decoder-only model is a decoder either way
+    "add_cross_attention": (False,),
+    "cross_attention_hidden_size": (None,),
+    "tie_encoder_decoder": (False,),
+    "quantization_config": (None,),  # quantized checkpoints are not loaded
+    "auto_map": (None,),  # trust_remote_code: custom modelling code is never run
+}
+
+# Core dense-decoder fields every architecture here reads.
+DENSE_IMPLEMENTED = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+})
+ROPE_KEYS_IGNORED = frozenset({"rope_type", "type", "rope_theta"})
+ROPE_KEYS_BY_TYPE: Mapping[str, frozenset[str]] = {
+    "default": frozenset(),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}),
+}
+SLIDING_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPolicy:
+    implemented: frozenset[str]
+    ignored: frozenset[str] = frozenset()
+    restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    rope_types: tuple[str, ...] = ("default", "llama3")
+
+    def all_fields(self) -> frozenset[str]:
+        return (self.implemented | self.ignored | COMMON_IGNORED | frozenset(self.restricted)
+                | frozenset(COMMON_RESTRICTED))
+
+
+_LLAMA = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "mlp_bias"},
+    restricted={"hidden_act": ("silu",)},
+)
+_MISTRAL = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window"},
+    # transformers' Mistral has no q/k/v/o or MLP biases whatever these say (it never reads them)
+    ignored=frozenset({"attention_bias", "mlp_bias"}),
+    restricted={"hidden_act": ("silu",), "layer_types": (None,)},
+)
+_QWEN2 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"use_sliding_window", "sliding_window", "max_window_layers",
+                                     "layer_types"},
+    # q/k/v always have biases in Qwen2 (and o_proj none): transformers never reads the flag
+    ignored=frozenset({"attention_bias"}),
+    restricted={"hidden_act": ("silu",)},
+)
+_QWEN3 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
+                                     "max_window_layers", "layer_types"},
+    restricted={"hidden_act": ("silu",)},
+)
+
+POLICIES: Mapping[str, FieldPolicy] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _MISTRAL,
+    "Qwen2ForCausalLM": _QWEN2,
+    "Qwen3ForCausalLM": _QWEN3,
+}
+
+
+def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first field of `cfg` that `architecture` neither implements,
+    ignores, nor accepts at its present value."""
+    policy = POLICIES.get(architecture)
+    if policy is None:
+        raise ValueError(f"architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(sorted(POLICIES))}")
+    restricted = {**COMMON_RESTRICTED, **policy.restricted}
+    for name, value in cfg.items():
+        if name in restricted:
+            if value not in restricted[name]:
+                raise ValueError(f"config.json: {name}={value!r} is not supported for {architecture} "
+                                 f"(supported: {_describe(restricted[name])})")
+        elif name not in policy.implemented and name not in policy.ignored and name not in COMMON_IGNORED:
+            raise ValueError(f"config.json: field {name!r} is not implemented for {architecture}; "
+                             "refusing to load rather than ignore it")
+    for name in ("rope_parameters", "rope_scaling"):
+        if isinstance(cfg.get(name), Mapping):
+            check_rope_fields(architecture, name, cfg[name], policy.rope_types)
+    for layer_type in cfg.get("layer_types") or ():
+        if layer_type not in SLIDING_LAYER_TYPES:
+            raise ValueError(f"config.json: layer_types entry {layer_type!r} is not supported for "
+                             f"{architecture} (supported: {', '.join(SLIDING_LAYER_TYPES)})")
+
+
+def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
+                      rope_types: tuple[str, ...]) -> None:
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in rope_types or rope_type not in ROPE_KEYS_BY_TYPE:
+        raise ValueError(f"config.json: {name} rope_type {rope_type!r} is not supported for "
+                         f"{architecture} (supported: {', '.join(rope_types)})")
+    known = ROPE_KEYS_IGNORED | ROPE_KEYS_BY_TYPE[rope_type]
+    for key, value in rope.items():
+        if key == "partial_rotary_factor" and value == 1.0:
+            continue
+        if key not in known:
+            raise ValueError(f"config.json: {name}.{key}={value!r} is not implemented for "
+                             f"{architecture} with rope_type {rope_type!r}")
+
+
+def _describe(values: tuple[Any, ...]) -> str:
+    return ", ".join("absent" if v is None else repr(v) for v in values)
