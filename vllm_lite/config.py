@@ -92,6 +92,13 @@ class HFModelConfig:
     def has_sliding_window(self) -> bool:
         return any(window is not None for window in self.sliding_windows)
 
+    @property
+    def all_layers_window(self) -> int | None:
+        """The widest window when every layer slides, else None."""
+        if not self.sliding_windows or None in self.sliding_windows:
+            return None
+        return max(self.sliding_windows)
+
 
 def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
     """As transformers builds each family: Qwen2 always has q/k/v biases, Mistral never has
@@ -175,6 +182,9 @@ class CacheConfig:
     num_kv_blocks: int | None
     kv_cache_memory_bytes: int | None
     enable_prefix_caching: bool
+    # Every layer slides over at most this many keys: older blocks are freed. None when some
+    # layer attends to everything (then every block stays needed).
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +291,7 @@ class EngineArgs:
         max_len = model_config.max_model_len
         return VllmConfig(
             model_config=model_config,
-            cache_config=self._cache_config(),
+            cache_config=self._cache_config(model_config.hf),
             scheduler_config=self._scheduler_config(max_len),
             parallel_config=self._parallel_config(model_config.hf),
             device_config=DeviceConfig(device=device),
@@ -293,8 +303,6 @@ class EngineArgs:
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
-        _check(not hf.has_sliding_window, "config.json: sliding_window is not implemented yet; "
-                                          "refusing to load rather than attend past the window")
         _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
@@ -316,7 +324,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
         )
 
-    def _cache_config(self) -> CacheConfig:
+    def _cache_config(self, hf: HFModelConfig) -> CacheConfig:
         bs = self.block_size
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
@@ -324,7 +332,7 @@ class EngineArgs:
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
         return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes,
-                           self.enable_prefix_caching)
+                           self.enable_prefix_caching, hf.all_layers_window)
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

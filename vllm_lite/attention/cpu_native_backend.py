@@ -51,20 +51,23 @@ class CpuNativeAttentionBackend(AttentionBackend):
             metadata.prefills.append(TorchAttentionBackend.build_prefill(common, row))
         return metadata
 
-    def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale):
+    def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                sliding_window=None):
         cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
         if metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
             if idx is None:
                 cpu_native.paged_attention_decode(out, query, kv_cache, metadata.decode_block_table,
-                                                  metadata.decode_seq_lens, scale)
+                                                  metadata.decode_seq_lens, scale, sliding_window)
             else:
                 decode_out = torch.empty((len(idx), *query.shape[1:]), dtype=query.dtype)
                 cpu_native.paged_attention_decode(decode_out, query[idx], kv_cache,
-                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale)
+                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale,
+                                                  sliding_window)
                 out[idx] = decode_out
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
-            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
+                                                         sliding_window)
         return out

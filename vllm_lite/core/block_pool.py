@@ -59,7 +59,8 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns every block. Allocation takes from the free queue's head and, if that block still
     holds a cached hash, evicts it from the hash map first. Block 0 is never handed out: it is
-    the padding slot target, so a stray write never lands in a live block."""
+    the padding slot target, so a stray write never lands in a live block, and the null block
+    that replaces blocks freed outside a sliding window."""
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 2:
@@ -67,6 +68,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Stands in a request's block list for blocks freed outside a sliding window.
+        self.null_block = self.blocks[0]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached_blocks: dict[int, KVCacheBlock] = {}
 

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral-style configs, SmolLM2). Qwen2 and Qwen3 reuse it:
+"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2 and Qwen3 reuse it:
 Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from vllm_lite.model.layers.rotary import RotaryEmbedding
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -33,7 +34,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
@@ -64,9 +65,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool, layer_idx: int) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias)
+        window = config.sliding_windows[layer_idx] if config.sliding_windows else None
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias, window)
         self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -83,7 +85,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias, i)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
