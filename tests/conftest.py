@@ -134,3 +134,19 @@ def tiny_mistral_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
     attend differently from full causal attention."""
     return _build(tmp_path_factory, "tiny_mistral_window", "mistral", tie_word_embeddings=False,
                   extra_config={"sliding_window": 8})
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mixtral, 4 experts, top-2 (always renormalised), GQA 4 / 2."""
+    return _build(tmp_path_factory, "tiny_mixtral", "mixtral", tie_word_embeddings=False,
+                  extra_config={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3-MoE, 4 experts of width 32, top-2 without renormalisation (norm_topk_prob False);
+    layer 0 dense (mlp_only_layers), layer 1 sparse; qk-norm, head_dim 32."""
+    return _build(tmp_path_factory, "tiny_qwen3_moe", "qwen3_moe", tie_word_embeddings=False, head_dim=32,
+                  extra_config={"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "norm_topk_prob": False, "mlp_only_layers": [0]})

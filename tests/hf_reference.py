@@ -198,6 +198,14 @@ def _make_config(
         return Qwen3Config(attention_bias=attention_bias, **common)
     if arch == "mistral":
         return MistralConfig(**common)
+    if arch == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(**common)
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(attention_bias=attention_bias, **common)
     raise ValueError(f"unknown arch {arch!r}; expected llama, mistral, qwen2 or qwen3")
 
 
@@ -214,8 +222,8 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
                 yield "norm", param
             elif pname == "bias":
                 yield "bias", param
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                yield "weight", param
+            elif isinstance(module, (nn.Linear, nn.Embedding)) or param.dim() >= 2:
+                yield "weight", param  # also stacked expert weights and router matrices
             else:
                 raise TypeError(f"unexpected parameter {pname} on {type(module).__name__}")
 

@@ -55,6 +55,8 @@ class HFModelConfig:
     mlp_bias: bool = False
     # per layer: keys a query sees (itself included), None = every earlier key
     sliding_windows: tuple[int | None, ...] = ()
+    # the whole config.json, for family-specific fields (vllm_lite/config_fields.py lists them)
+    raw: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any]) -> HFModelConfig:
@@ -86,6 +88,7 @@ class HFModelConfig:
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] == "LlamaForCausalLM",
             sliding_windows=_read_sliding_windows(archs[0], cfg),
+            raw=dict(cfg),
         )
 
     @property
@@ -105,7 +108,7 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
     any; Llama and Qwen3 follow `attention_bias`."""
     if architecture == "Qwen2ForCausalLM":
         return True
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
         return False
     return bool(cfg.get("attention_bias", False))
 
@@ -118,10 +121,12 @@ def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int |
     window = cfg.get("sliding_window")
     _check(window is None or (isinstance(window, int) and window >= 1),
            f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
         return (window,) * num_layers
     if not cfg.get("use_sliding_window", False) or window is None:
         return (None,) * num_layers
+    if architecture == "Qwen3MoeForCausalLM":
+        return (window,) * num_layers
     layer_types = cfg.get("layer_types") or [
         "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
         for i in range(num_layers)]
@@ -369,7 +374,8 @@ def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
     """Refuse a model whose layers cannot be split over `tp` ranks, naming the dimension.
     The vocabulary always splits (it is padded); KV heads are replicated when fewer than ranks."""
     for name, value in (("num_attention_heads", hf.num_attention_heads),
-                        ("intermediate_size", hf.intermediate_size)):
+                        ("intermediate_size", hf.intermediate_size),
+                        ("moe_intermediate_size", hf.raw.get("moe_intermediate_size") or 0)):
         _check(value % tp == 0, f"{name}={value} is not divisible by tensor_parallel_size={tp}")
     kv = hf.num_key_value_heads
     if kv >= tp:

@@ -99,11 +99,29 @@ _QWEN3 = FieldPolicy(
     restricted={"hidden_act": ("silu",)},
 )
 
+_MIXTRAL = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+    # no attention or MLP biases in transformers' Mixtral; router jitter is training-only
+    ignored=frozenset({"attention_bias", "mlp_bias", "router_jitter_noise"}),
+    restricted={"hidden_act": ("silu",)},
+)
+_QWEN3_MOE = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
+                                     "num_experts", "num_local_experts", "num_experts_per_tok",
+                                     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                     "mlp_only_layers"},
+    # transformers' Qwen3-MoE slides every layer when use_sliding_window: it never reads this
+    ignored=frozenset({"max_window_layers"}),
+    restricted={"hidden_act": ("silu",)},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _MISTRAL,
+    "MixtralForCausalLM": _MIXTRAL,
     "Qwen2ForCausalLM": _QWEN2,
     "Qwen3ForCausalLM": _QWEN3,
+    "Qwen3MoeForCausalLM": _QWEN3_MOE,
 }
 
 

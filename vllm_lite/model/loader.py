@@ -59,6 +59,10 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str, Any]:
+    hook = getattr(model, "map_checkpoint_name", None)
+    mapped = hook(name) if hook is not None else None
+    if mapped is not None:
+        return mapped
     for ckpt_fragment, param_fragment, shard_id in getattr(model, "stacked_params_mapping", ()):
         if ckpt_fragment in name:
             return name.replace(ckpt_fragment, param_fragment), shard_id
