@@ -150,3 +150,27 @@ def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "tiny_qwen3_moe", "qwen3_moe", tie_word_embeddings=False, head_dim=32,
                   extra_config={"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                 "norm_topk_prob": False, "mlp_only_layers": [0]})
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 2: local (window 8) then global layer, attention soft cap 3 and final soft cap 5
+    (the final cap changes logprobs, never a greedy token), query_pre_attn_scalar 24 != head_dim
+    16. Untied: tied random embeddings scaled by sqrt(hidden) make greedy output one token."""
+    return _build(tmp_path_factory, "tiny_gemma2", "gemma2", tie_word_embeddings=False,
+                  extra_config={"sliding_window": 8, "query_pre_attn_scalar": 24,
+                                "attn_logit_softcapping": 3.0, "final_logit_softcapping": 5.0})
+
+
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}}
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 text: q/k norms, local (window 8, rope base 1e4) then global layer (base 1e6,
+    linear scaling 4), final soft cap 5, head_dim 32, untied (as tiny_gemma2)."""
+    return _build(tmp_path_factory, "tiny_gemma3", "gemma3", tie_word_embeddings=False, head_dim=32,
+                  extra_config={"sliding_window": 8, "query_pre_attn_scalar": 32,
+                                "final_logit_softcapping": 5.0, "rope_parameters": GEMMA3_ROPE,
+                                "layer_types": ["sliding_attention", "full_attention"]})

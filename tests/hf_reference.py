@@ -188,8 +188,10 @@ def _make_config(
         eos_token_id=IM_END_ID,
         pad_token_id=ENDOFTEXT_ID,
         dtype="float32",
-        **(extra or {}),
     )
+    if extra and "rope_parameters" in extra:  # given whole (e.g. one per layer type)
+        del common["rope_theta"], common["rope_scaling"]
+    common.update(extra or {})
     if arch == "llama":
         return LlamaConfig(attention_bias=attention_bias, **common)
     if arch == "qwen2":  # q/k/v bias is hard-wired in Qwen2; o_proj has none.
@@ -198,6 +200,14 @@ def _make_config(
         return Qwen3Config(attention_bias=attention_bias, **common)
     if arch == "mistral":
         return MistralConfig(**common)
+    if arch == "gemma2":
+        from transformers import Gemma2Config
+
+        return Gemma2Config(attention_bias=attention_bias, **common)
+    if arch == "gemma3":
+        from transformers import Gemma3TextConfig
+
+        return Gemma3TextConfig(attention_bias=attention_bias, **common)
     if arch == "mixtral":
         from transformers import MixtralConfig
 
@@ -210,7 +220,7 @@ def _make_config(
 
 
 def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm."""
+    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm/offset_norm."""
     seen: set[int] = set()
     for module in model.modules():
         is_norm = "norm" in type(module).__name__.lower()
@@ -218,7 +228,9 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if is_norm:
+            if is_norm and type(module).__name__.startswith("Gemma"):
+                yield "offset_norm", param  # Gemma scales by (1 + weight)
+            elif is_norm:
                 yield "norm", param
             elif pname == "bias":
                 yield "bias", param
@@ -233,8 +245,8 @@ def _redraw_weights(model: nn.Module, seed: int) -> None:
     """Wider-than-default init so greedy decoding does not collapse into repeats."""
     gen = torch.Generator().manual_seed(seed)
     for kind, param in _params_to_redraw(model):
-        if kind == "norm":
-            fresh = 1.0 + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
+        if kind in ("norm", "offset_norm"):
+            fresh = (kind == "norm") + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
         else:
             std = BIAS_STD if kind == "bias" else WEIGHT_STD
             fresh = std * torch.randn(param.shape, generator=gen)

@@ -14,10 +14,14 @@ from vllm_lite.config_fields import POLICIES
 from vllm_lite.model.registry import supported_architectures
 
 
+CONFIG_CLASS_NAMES = {"Gemma3ForCausalLM": "Gemma3TextConfig"}  # else <Family>Config
+
+
 def _config_classes() -> dict[str, type]:
     import transformers
 
-    return {arch: getattr(transformers, arch.replace("ForCausalLM", "Config")) for arch in POLICIES}
+    return {arch: getattr(transformers, CONFIG_CLASS_NAMES.get(arch, arch.replace("ForCausalLM", "Config")))
+            for arch in POLICIES}
 
 
 def _attributes(config_cls: type) -> set[str]:
@@ -55,7 +59,7 @@ REFUSED = [
     ("quantization_config", {"quant_method": "gptq", "bits": 4}),
     ("auto_map", {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
-    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
     ("num_local_experts", 8),
     ("layer_types", ["full_attention", "sliding_attention"]),
     ("is_encoder_decoder", True),
@@ -105,3 +109,20 @@ def test_engine_refuses_a_model_with_an_unimplemented_field(tiny_llama: Path, tm
     (model_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         EngineArgs(model=str(model_dir)).create_engine_config()
+
+
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+@pytest.mark.parametrize("architecture", sorted(POLICIES))
+def test_fields_left_out_read_as_transformers_defaults(architecture: str) -> None:
+    """A config.json that leaves fields out means transformers' defaults for them."""
+    full = _config_classes()[architecture]().to_dict()
+    full["architectures"] = [architecture]
+    minimal = {name: full[name] for name in ("architectures", *REQUIRED) if name in full}
+    ours, theirs = HFModelConfig.from_dict(minimal, {}), HFModelConfig.from_dict(full, {})
+    for name in HFModelConfig.__dataclass_fields__:
+        if name not in ("raw", "eos_token_ids", "bos_token_id", "torch_dtype"):
+            assert getattr(ours, name) == getattr(theirs, name), name
+    for name in POLICIES[architecture].defaults:
+        assert ours.raw[name] == theirs.raw[name], name

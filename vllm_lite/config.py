@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.config_fields import check_config_fields
+from vllm_lite.config_fields import check_config_fields, gemma_layer_types, with_defaults
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -63,6 +63,7 @@ class HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
         check_config_fields(archs[0], cfg)
+        cfg = with_defaults(archs[0], cfg)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         rope_theta, rope_scaling = _read_rope(cfg)
@@ -114,15 +115,19 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
 
 
 def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int | None, ...]:
-    """Per-layer window, as transformers reads it: Mistral's `sliding_window` covers every
-    layer; Qwen2/Qwen3 use it only with `use_sliding_window`, on the layers `layer_types` marks
-    sliding (by default those from `max_window_layers` on)."""
+    """Per-layer window, as transformers reads it: Mistral's and Mixtral's `sliding_window`
+    covers every layer; Gemma's the layers `layer_types` marks sliding; Qwen2/Qwen3 use it only
+    with `use_sliding_window`, on the layers `layer_types` marks sliding (by default those from
+    `max_window_layers` on), Qwen3-MoE then on every layer."""
     num_layers = cfg["num_hidden_layers"]
     window = cfg.get("sliding_window")
     _check(window is None or (isinstance(window, int) and window >= 1),
            f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
     if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
         return (window,) * num_layers
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        return tuple(window if kind == "sliding_attention" else None
+                     for kind in gemma_layer_types(cfg, architecture))
     if not cfg.get("use_sliding_window", False) or window is None:
         return (None,) * num_layers
     if architecture == "Qwen3MoeForCausalLM":

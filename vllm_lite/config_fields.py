@@ -58,6 +58,7 @@ DENSE_IMPLEMENTED = frozenset({
 ROPE_KEYS_IGNORED = frozenset({"rope_type", "type", "rope_theta"})
 ROPE_KEYS_BY_TYPE: Mapping[str, frozenset[str]] = {
     "default": frozenset(),
+    "linear": frozenset({"factor"}),
     "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings"}),
 }
@@ -69,7 +70,10 @@ class FieldPolicy:
     implemented: frozenset[str]
     ignored: frozenset[str] = frozenset()
     restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    rope_types: tuple[str, ...] = ("default", "llama3")
+    rope_types: tuple[str, ...] = ("default", "linear", "llama3")
+    # transformers' value for a field a config.json may leave out, where it is not the one the
+    # generic reader assumes (no window, untied embeddings, no soft cap, ...)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def all_fields(self) -> frozenset[str]:
         return (self.implemented | self.ignored | COMMON_IGNORED | frozenset(self.restricted)
@@ -82,6 +86,7 @@ _LLAMA = FieldPolicy(
 )
 _MISTRAL = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"sliding_window"},
+    defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
     # transformers' Mistral has no q/k/v/o or MLP biases whatever these say (it never reads them)
     ignored=frozenset({"attention_bias", "mlp_bias"}),
     restricted={"hidden_act": ("silu",), "layer_types": (None,)},
@@ -92,11 +97,13 @@ _QWEN2 = FieldPolicy(
     # q/k/v always have biases in Qwen2 (and o_proj none): transformers never reads the flag
     ignored=frozenset({"attention_bias"}),
     restricted={"hidden_act": ("silu",)},
+    defaults={"max_position_embeddings": 32768},
 )
 _QWEN3 = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
                                      "max_window_layers", "layer_types"},
     restricted={"hidden_act": ("silu",)},
+    defaults={"max_position_embeddings": 32768},
 )
 
 _MIXTRAL = FieldPolicy(
@@ -104,6 +111,8 @@ _MIXTRAL = FieldPolicy(
     # no attention or MLP biases in transformers' Mixtral; router jitter is training-only
     ignored=frozenset({"attention_bias", "mlp_bias", "router_jitter_noise"}),
     restricted={"hidden_act": ("silu",)},
+    defaults={"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+              "max_position_embeddings": 131072, "num_local_experts": 8, "num_experts_per_tok": 2},
 )
 _QWEN3_MOE = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
@@ -113,9 +122,35 @@ _QWEN3_MOE = FieldPolicy(
     # transformers' Qwen3-MoE slides every layer when use_sliding_window: it never reads this
     ignored=frozenset({"max_window_layers"}),
     restricted={"hidden_act": ("silu",)},
+    defaults={"num_key_value_heads": 4, "max_position_embeddings": 32768, "num_experts": 128,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
+              "decoder_sparse_step": 1},
+)
+
+_GEMMA_IMPLEMENTED = DENSE_IMPLEMENTED | {
+    "attention_bias", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+    "attn_logit_softcapping", "final_logit_softcapping"}
+_GEMMA_DEFAULTS = {"tie_word_embeddings": True, "head_dim": 256, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}
+_GEMMA2 = FieldPolicy(
+    implemented=_GEMMA_IMPLEMENTED,
+    # transformers' Gemma reads hidden_activation; hub configs carry hidden_act beside it
+    ignored=frozenset({"hidden_act", "cache_implementation"}),
+    restricted={"hidden_activation": ("gelu_pytorch_tanh",), "use_bidirectional_attention": (None, False)},
+    defaults={**_GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+              "num_key_value_heads": 4, "max_position_embeddings": 8192},
+)
+_GEMMA3 = FieldPolicy(
+    implemented=_GEMMA_IMPLEMENTED | {"rope_local_base_freq", "sliding_window_pattern",
+                                      "_sliding_window_pattern"},
+    ignored=frozenset({"hidden_act", "cache_implementation"}),
+    restricted={"hidden_activation": ("gelu_pytorch_tanh",), "use_bidirectional_attention": (None, False)},
+    defaults={**_GEMMA_DEFAULTS, "num_key_value_heads": 4, "max_position_embeddings": 131072},
 )
 
 POLICIES: Mapping[str, FieldPolicy] = {
+    "Gemma2ForCausalLM": _GEMMA2,
+    "Gemma3ForCausalLM": _GEMMA3,
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _MISTRAL,
     "MixtralForCausalLM": _MIXTRAL,
@@ -142,8 +177,12 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
             raise ValueError(f"config.json: field {name!r} is not implemented for {architecture}; "
                              "refusing to load rather than ignore it")
     for name in ("rope_parameters", "rope_scaling"):
-        if isinstance(cfg.get(name), Mapping):
-            check_rope_fields(architecture, name, cfg[name], policy.rope_types)
+        rope = cfg.get(name)
+        if isinstance(rope, Mapping) and set(rope) <= set(SLIDING_LAYER_TYPES):  # one per layer type
+            for layer_type, sub in rope.items():
+                check_rope_fields(architecture, f"{name}.{layer_type}", sub, policy.rope_types)
+        elif isinstance(rope, Mapping):
+            check_rope_fields(architecture, name, rope, policy.rope_types)
     for layer_type in cfg.get("layer_types") or ():
         if layer_type not in SLIDING_LAYER_TYPES:
             raise ValueError(f"config.json: layer_types entry {layer_type!r} is not supported for "
@@ -167,3 +206,21 @@ def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
 
 def _describe(values: tuple[Any, ...]) -> str:
     return ", ".join("absent" if v is None else repr(v) for v in values)
+
+
+def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` with transformers' defaults filled in for the fields it leaves out."""
+    policy = POLICIES.get(architecture)
+    return {**(policy.defaults if policy else {}), **cfg}
+
+
+def gemma_layer_types(cfg: Mapping[str, Any], architecture: str) -> list[str]:
+    """`layer_types`, or transformers' default: Gemma 2 alternates local/global from a local
+    layer; Gemma 3 makes every `sliding_window_pattern`-th layer global."""
+    num_layers = cfg["num_hidden_layers"]
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])
+    if architecture == "Gemma2ForCausalLM":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]

@@ -14,7 +14,7 @@ import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite.attention.ops import cpu_native
-from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, prefill_attention
+from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
 
 
 @dataclass(slots=True)
@@ -52,10 +52,12 @@ class CpuNativeAttentionBackend(AttentionBackend):
         return metadata
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
-                sliding_window=None):
+                sliding_window=None, logits_soft_cap=None):
         cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
-        if metadata.decode_seq_lens is not None:
+        if metadata.decode_seq_lens is not None and logits_soft_cap is not None:
+            self._soft_capped_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
+        elif metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
             if idx is None:
                 cpu_native.paged_attention_decode(out, query, kv_cache, metadata.decode_block_table,
@@ -69,5 +71,25 @@ class CpuNativeAttentionBackend(AttentionBackend):
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
-                                                         sliding_window)
+                                                         sliding_window, logits_soft_cap)
         return out
+
+    @staticmethod
+    def _soft_capped_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                             sliding_window, logits_soft_cap) -> None:
+        """The native decode op has no soft cap: such layers (Gemma 2) take the torch path."""
+        idx = metadata.decode_token_idx
+        rows = query if idx is None else query[idx]
+        seq_lens = metadata.decode_seq_lens.long()
+        bs = kv_cache.shape[2]
+        max_blocks = -(-int(seq_lens.max()) // bs)
+        positions = torch.arange(max_blocks * bs)
+        mask = positions[None, :] < seq_lens[:, None]
+        if sliding_window is not None:
+            mask &= positions[None, :] >= (seq_lens - sliding_window)[:, None]
+        decoded = decode_attention(rows, kv_cache, metadata.decode_block_table[:, :max_blocks].long(),
+                                   mask[:, None, None, :], scale, logits_soft_cap)
+        if idx is None:
+            out.copy_(decoded)
+        else:
+            out[idx] = decoded

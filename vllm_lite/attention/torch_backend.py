@@ -111,18 +111,19 @@ class TorchAttentionBackend(AttentionBackend):
         return PrefillSeq(start, query_len, seq_len, block_ids, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,
-                sliding_window=None):
+                sliding_window=None, logits_soft_cap=None):
         n = metadata.num_tokens
         kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n]
         kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n]
         out = torch.empty_like(query)
         if metadata.decode_token_idx is not None:
-            out[metadata.decode_token_idx] = _decode_attention(query, kv_cache, metadata, scale,
-                                                               sliding_window)
+            out[metadata.decode_token_idx] = decode_attention(
+                query[metadata.decode_token_idx], kv_cache, metadata.decode_block_table,
+                metadata.decode_mask_for(sliding_window), scale, logits_soft_cap)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
-                                                         sliding_window)
+                                                         sliding_window, logits_soft_cap)
         return out
 
 
@@ -133,24 +134,39 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int) -> torc
     return merged.transpose(-3, -2)
 
 
-def _decode_attention(query, kv_cache, metadata: TorchAttentionMetadata, scale,
-                      sliding_window: int | None = None) -> torch.Tensor:
-    q = query[metadata.decode_token_idx].unsqueeze(2)  # [B, Hq, 1, D]
-    k = _gather(kv_cache, metadata.decode_block_table, 0)  # [B, Hkv, S, D]
-    v = _gather(kv_cache, metadata.decode_block_table, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=metadata.decode_mask_for(sliding_window), scale=scale,
-                                         enable_gqa=True)
-    return out.squeeze(2)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           logits_soft_cap: float | None) -> torch.Tensor:
+    """SDPA over [..., H, L, D] (GQA: fewer k/v heads), causal when `mask` is None. With a soft
+    cap the scores are `cap * tanh(score / cap)` before the mask (Gemma 2), computed explicitly."""
+    if logits_soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              scale=scale, enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                     mask: torch.Tensor, scale: float, logits_soft_cap: float | None = None) -> torch.Tensor:
+    """One query token per row: query [B, Hq, D] over `block_table` [B, nb] (int64) with a key
+    mask [B, 1, 1, nb * block_size]."""
+    q = query.unsqueeze(2)  # [B, Hq, 1, D]
+    k = _gather(kv_cache, block_table, 0)  # [B, Hkv, S, D]
+    v = _gather(kv_cache, block_table, 1)
+    return attend(q, k, v, mask, scale, logits_soft_cap).squeeze(2)
 
 
 def prefill_attention(query, kv_cache, seq: PrefillSeq, scale,
-                      sliding_window: int | None = None) -> torch.Tensor:
+                      sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
     q = query.transpose(0, 1)  # [Hq, L, D]
     k = _gather(kv_cache, seq.block_ids, 0)[:, : seq.seq_len]
     v = _gather(kv_cache, seq.block_ids, 1)[:, : seq.seq_len]
     # With a batch dimension CPU torch takes its flash-attention kernel; 3-D inputs fall to the
     # math path, 2-5x slower at prompt lengths of 300-2,048 (measured, torch 2.13).
-    mask = seq.mask_for(sliding_window)
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                         is_causal=mask is None, scale=scale, enable_gqa=True)
+    out = attend(q[None], k[None], v[None], seq.mask_for(sliding_window), scale, logits_soft_cap)
     return out[0].transpose(0, 1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, str] = {
+    "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "vllm_lite.model.models.gemma:Gemma3ForCausalLM",
     "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
     "MixtralForCausalLM": "vllm_lite.model.models.moe:MixtralForCausalLM",

@@ -43,12 +43,13 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
 
 @triton.jit
 def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
-                  tile_begin, tile_end, seq_len, query_pos, scale, window,
+                  tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
                   stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   TILE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online softmax over key tiles [tile_begin, tile_end) of one sequence and one KV head;
-    window > 0 hides keys more than window - 1 positions before each query."""
+    window > 0 hides keys more than window - 1 positions before each query; softcap > 0 maps
+    scores to softcap * tanh(score / softcap)."""
     offs_t = tl.arange(0, TILE_SIZE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -63,6 +64,8 @@ def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
         v = tl.load(cache_ptr + stride_c_kv + base[:, None] + offs_d[None, :],
                     mask=key_valid[:, None] & d_valid[None, :], other=0.0)  # [TILE, D]
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [M, TILE] fp32
+        if softcap > 0:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # tanh
         visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
         if window > 0:
             visible = visible & (key_pos[None, :] > query_pos[:, None] - window)
@@ -116,7 +119,7 @@ def _first_tile(first_query_pos, window, TILE_SIZE: tl.constexpr):
 @triton.jit
 def _unified_attention_kernel(
     out_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale, num_seqs, window,
+    scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -134,7 +137,7 @@ def _unified_attention_kernel(
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
         _first_tile(tl.min(tl.where(row_valid, query_pos, seq_len), axis=0), window, TILE_SIZE),
-        tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale, window,
+        tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale, window, softcap,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
         HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -146,7 +149,7 @@ def _unified_attention_kernel(
 @triton.jit
 def _split_kv_attention_kernel(
     segm_out_ptr, segm_max_ptr, segm_sum_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr,
-    query_start_loc_ptr, scale, num_seqs, window,
+    query_start_loc_ptr, scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_Q_HEADS: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -170,7 +173,7 @@ def _split_kv_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
-        tile_begin, tile_end, seq_len, query_pos, scale, window,
+        tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
         HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
     # Partials: [T, NUM_Q_HEADS, NUM_SEGMENTS] (+ HEAD_DIM_PAD for acc), every entry written.
@@ -226,7 +229,7 @@ def _check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
 def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                       block_table: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, scale: float, tile_size: int = 32,
-                      sliding_window: int | None = None) -> None:
+                      sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
     """query/out `[T, Hq, D]`, kv_cache `[num_blocks, 2, block_size, Hkv, D]`, block_table int32
     `[num_seqs, max_blocks]`, seq_lens int32 `[num_seqs]` (context + new tokens),
     query_start_loc int32 `[num_seqs + 1]`. Writes `out` in place; no host synchronization.
@@ -237,6 +240,7 @@ def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Te
     grid = (query.shape[0] // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3])
     _unified_attention_kernel[grid](
         out, query, kv_cache, block_table, seq_lens, query_start_loc, scale, num_seqs, sliding_window or 0,
+        float(logits_soft_cap or 0.0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         TILE_SIZE=tile_size, **params,
@@ -246,7 +250,8 @@ def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Te
 def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                        block_table: torch.Tensor, seq_lens: torch.Tensor,
                        query_start_loc: torch.Tensor, scale: float, num_segments: int = 16,
-                       tile_size: int = 16, sliding_window: int | None = None) -> None:
+                       tile_size: int = 16, sliding_window: int | None = None,
+                       logits_soft_cap: float | None = None) -> None:
     """Same contract as `unified_attention`; meant for decode batches with few sequences.
     `num_segments` must be a power of two."""
     _check_inputs(query, kv_cache, block_table)
@@ -262,7 +267,7 @@ def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.T
     grid = (num_tokens // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3], num_segments)
     _split_kv_attention_kernel[grid](
         segm_out, segm_max, segm_sum, query, kv_cache, block_table, seq_lens, query_start_loc,
-        scale, num_seqs, sliding_window or 0, query.stride(0), query.stride(1), block_table.stride(0),
+        scale, num_seqs, sliding_window or 0, float(logits_soft_cap or 0.0), query.stride(0), query.stride(1), block_table.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_Q_HEADS=num_q_heads, TILE_SIZE=tile_size, NUM_SEGMENTS=num_segments, **params,
     )

@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / rotate-half style), with llama3 frequency scaling."""
+"""Rotary position embedding (neox / rotate-half style), with linear and llama3 frequency scaling."""
 
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ class RotaryEmbedding(nn.Module):
         rope_type = (rope_scaling or {}).get("rope_type", "default")
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        elif rope_type == "linear":  # positions divided by the factor
+            inv_freq = inv_freq / rope_scaling["factor"]
         elif rope_type != "default":
             raise ValueError(f"rope_scaling type {rope_type!r} is not supported "
-                             "(supported: default, llama3)")
+                             "(supported: default, linear, llama3)")
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)

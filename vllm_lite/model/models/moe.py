@@ -20,7 +20,8 @@ _EXPERT_SHARDS = {"w1": "gate", "w3": "up", "w2": "down",
 
 def num_experts(config: HFModelConfig) -> int:
     raw = config.raw
-    return int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
+    count = raw.get("num_local_experts")  # transformers 5's name; hub Qwen3-MoE configs: num_experts
+    return int(count if count is not None else raw.get("num_experts", 0))
 
 
 def _expert_name(name: str, moe_fragment: str) -> tuple[str, Any] | None:
