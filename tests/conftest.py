@@ -174,3 +174,17 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   extra_config={"sliding_window": 8, "query_pre_attn_scalar": 32,
                                 "final_logit_softcapping": 5.0, "rope_parameters": GEMMA3_ROPE,
                                 "layer_types": ["sliding_attention", "full_attention"]})
+
+
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                 "long_factor": [1.0, 1.5, 2.2, 3.0, 4.0, 5.5, 7.0, 9.0],
+                 "original_max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Phi-3 with fused qkv_proj / gate_up_proj tensors and LongRoPE (short factors up to the
+    original 256 positions, attention factor from max_position_embeddings 512 / 256)."""
+    return _build(tmp_path_factory, "tiny_phi3", "phi3", tie_word_embeddings=False,
+                  extra_config={"rope_parameters": PHI3_LONGROPE, "original_max_position_embeddings": 256})

@@ -200,6 +200,10 @@ def _make_config(
         return Qwen3Config(attention_bias=attention_bias, **common)
     if arch == "mistral":
         return MistralConfig(**common)
+    if arch == "phi3":
+        from transformers import Phi3Config
+
+        return Phi3Config(**common)
     if arch == "gemma2":
         from transformers import Gemma2Config
 

@@ -109,7 +109,7 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
     any; Llama and Qwen3 follow `attention_bias`."""
     if architecture == "Qwen2ForCausalLM":
         return True
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return False
     return bool(cfg.get("attention_bias", False))
 
@@ -123,7 +123,7 @@ def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int |
     window = cfg.get("sliding_window")
     _check(window is None or (isinstance(window, int) and window >= 1),
            f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM"):
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return (window,) * num_layers
     if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         return tuple(window if kind == "sliding_attention" else None
@@ -143,6 +143,14 @@ def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int |
 def _read_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Both rope forms: top-level `rope_theta` + `rope_scaling`, and transformers-5
     `rope_parameters` (which holds rope_theta and the scaling type together)."""
+    theta, scaling = _read_rope_dict(cfg)
+    if scaling is not None and scaling["rope_type"] in ("longrope", "su"):  # Phi-3 keeps these top-level
+        scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        scaling["max_position_embeddings"] = cfg.get("max_position_embeddings")
+    return theta, scaling
+
+
+def _read_rope_dict(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     params = cfg.get("rope_parameters")
     if isinstance(params, dict):
         theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))

@@ -59,6 +59,10 @@ ROPE_KEYS_IGNORED = frozenset({"rope_type", "type", "rope_theta"})
 ROPE_KEYS_BY_TYPE: Mapping[str, frozenset[str]] = {
     "default": frozenset(),
     "linear": frozenset({"factor"}),
+    "longrope": frozenset({"long_factor", "short_factor", "factor", "attention_factor",
+                           "original_max_position_embeddings"}),
+    "su": frozenset({"long_factor", "short_factor", "factor", "attention_factor",
+                     "original_max_position_embeddings"}),
     "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings"}),
 }
@@ -148,7 +152,18 @@ _GEMMA3 = FieldPolicy(
     defaults={**_GEMMA_DEFAULTS, "num_key_value_heads": 4, "max_position_embeddings": 131072},
 )
 
+_PHI3 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window", "original_max_position_embeddings"},
+    # dropouts are training-only; transformers' Phi-3 has no attention or MLP biases
+    ignored=frozenset({"embd_pdrop", "resid_pdrop", "attention_bias", "mlp_bias"}),
+    restricted={"hidden_act": ("silu",), "partial_rotary_factor": (1.0,)},
+    rope_types=("default", "longrope", "su"),
+    defaults={"max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+              "original_max_position_embeddings": 4096},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
+    "Phi3ForCausalLM": _PHI3,
     "Gemma2ForCausalLM": _GEMMA2,
     "Gemma3ForCausalLM": _GEMMA3,
     "LlamaForCausalLM": _LLAMA,

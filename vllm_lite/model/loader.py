@@ -43,7 +43,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
-    for name, weight in iterate_weights(model_dir):
+    split = getattr(model, "split_checkpoint_tensor", None)
+    for name, weight in _split_fused(iterate_weights(model_dir), split):
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
             continue
         target, shard_id = _map_name(model, name)
@@ -56,6 +57,15 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     missing = {n for n in params if n not in loaded and not (tied and n.startswith("lm_head."))}
     if missing:
         raise ValueError(f"checkpoint in '{model_dir}' lacks weights for: {sorted(missing)[:5]}")
+
+
+def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
+    """A checkpoint that fuses projections (Phi-3's qkv_proj, gate_up_proj) is read as the
+    separate tensors the model's weight loaders take: `split(name, weight)` returns them, or
+    None for a tensor that is not fused."""
+    for name, weight in weights:
+        parts = split(name, weight) if split is not None else None
+        yield from parts if parts is not None else [(name, weight)]
 
 
 def _map_name(model: nn.Module, name: str) -> tuple[str, Any]:
