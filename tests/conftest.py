@@ -188,3 +188,18 @@ def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     original 256 positions, attention factor from max_position_embeddings 512 / 256)."""
     return _build(tmp_path_factory, "tiny_phi3", "phi3", tie_word_embeddings=False,
                   extra_config={"rope_parameters": PHI3_LONGROPE, "original_max_position_embeddings": 256})
+
+
+@pytest.fixture(scope="session")
+def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OPT: learned positions, ReLU, biases, pre-LayerNorm, word embeddings of 32 projected in
+    and out of the hidden size 64 (project_in / project_out), tied LM head."""
+    return _build(tmp_path_factory, "tiny_opt", "opt", tie_word_embeddings=True,
+                  extra_config={"word_embed_proj_dim": 32})
+
+
+@pytest.fixture(scope="session")
+def tiny_opt_post_norm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OPT-350m style: LayerNorm after attention and MLP (do_layer_norm_before=False), untied."""
+    return _build(tmp_path_factory, "tiny_opt_post_norm", "opt", tie_word_embeddings=False,
+                  extra_config={"do_layer_norm_before": False})

@@ -200,6 +200,14 @@ def _make_config(
         return Qwen3Config(attention_bias=attention_bias, **common)
     if arch == "mistral":
         return MistralConfig(**common)
+    if arch == "opt":
+        from transformers import OPTConfig
+
+        return OPTConfig(vocab_size=vocab_size, hidden_size=hidden_size, ffn_dim=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                         max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
+                         bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
+                         dtype="float32", **(extra or {}))
     if arch == "phi3":
         from transformers import Phi3Config
 
@@ -232,12 +240,12 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if is_norm and type(module).__name__.startswith("Gemma"):
+            if pname == "bias":
+                yield "bias", param  # also LayerNorm's shift
+            elif is_norm and type(module).__name__.startswith("Gemma"):
                 yield "offset_norm", param  # Gemma scales by (1 + weight)
             elif is_norm:
                 yield "norm", param
-            elif pname == "bias":
-                yield "bias", param
             elif isinstance(module, (nn.Linear, nn.Embedding)) or param.dim() >= 2:
                 yield "weight", param  # also stacked expert weights and router matrices
             else:
@@ -263,6 +271,10 @@ def _add_legacy_config_keys(model_dir: Path) -> None:
     (transformers 5 loads this fine) so raw-JSON config parsers see real-world keys."""
     path = model_dir / "config.json"
     cfg = json.loads(path.read_text())
+    if "rope_parameters" not in cfg:  # no rotary embedding (OPT)
+        cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        return
     rope = dict(cfg.get("rope_parameters") or {})
     cfg["rope_theta"] = rope.pop("rope_theta", 10000.0)
     cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None

@@ -111,7 +111,7 @@ def test_engine_refuses_a_model_with_an_unimplemented_field(tiny_llama: Path, tm
         EngineArgs(model=str(model_dir)).create_engine_config()
 
 
-REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "ffn_dim", "num_hidden_layers", "num_attention_heads")
 
 
 @pytest.mark.parametrize("architecture", sorted(POLICIES))

@@ -162,7 +162,19 @@ _PHI3 = FieldPolicy(
               "original_max_position_embeddings": 4096},
 )
 
+_OPT = FieldPolicy(
+    implemented=frozenset({"vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers",
+                           "num_attention_heads", "max_position_embeddings", "tie_word_embeddings",
+                           "do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim",
+                           "enable_bias", "layer_norm_elementwise_affine"}),
+    ignored=frozenset({"dropout", "activation_dropout", "layerdrop", "init_std"}),  # training-only
+    restricted={"activation_function": ("relu",)},
+    rope_types=(),
+    defaults={"tie_word_embeddings": True, "max_position_embeddings": 2048},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
+    "OPTForCausalLM": _OPT,
     "Phi3ForCausalLM": _PHI3,
     "Gemma2ForCausalLM": _GEMMA2,
     "Gemma3ForCausalLM": _GEMMA3,

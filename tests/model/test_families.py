@@ -12,7 +12,8 @@ from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
-FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_mixtral", "tiny_phi3", "tiny_qwen3_moe"]
+FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_mixtral", "tiny_opt", "tiny_opt_post_norm", "tiny_phi3",
+            "tiny_qwen3_moe"]
 
 
 @pytest.mark.parametrize("fixture", FAMILIES)
