@@ -203,3 +203,20 @@ def tiny_opt_post_norm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """OPT-350m style: LayerNorm after attention and MLP (do_layer_norm_before=False), untied."""
     return _build(tmp_path_factory, "tiny_opt_post_norm", "opt", tie_word_embeddings=False,
                   extra_config={"do_layer_norm_before": False})
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_neox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-NeoX (no native implementation: the Transformers fallback): partial rotary (25% of
+    each head), parallel residual, LayerNorm with biases."""
+    return _build(tmp_path_factory, "tiny_gpt_neox", "gpt_neox", tie_word_embeddings=False,
+                  extra_config={"rotary_pct": 0.25})
+
+
+@pytest.fixture(scope="session")
+def tiny_granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Granite (the Transformers fallback): Llama with embedding, residual, attention and logits
+    multipliers, all away from 1 (the attention one reaches our attention as its scale)."""
+    return _build(tmp_path_factory, "tiny_granite", "granite", tie_word_embeddings=False,
+                  extra_config={"embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+                                "attention_multiplier": 0.1, "logits_scaling": 2.0})

@@ -200,6 +200,18 @@ def _make_config(
         return Qwen3Config(attention_bias=attention_bias, **common)
     if arch == "mistral":
         return MistralConfig(**common)
+    if arch == "gpt_neox":
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                             num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                             max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
+                             bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
+                             dtype="float32", **(extra or {}))
+    if arch == "granite":
+        from transformers import GraniteConfig
+
+        return GraniteConfig(**common)
     if arch == "opt":
         from transformers import OPTConfig
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.config_fields import check_config_fields, gemma_layer_types, with_defaults
+from vllm_lite.config_fields import (
+    check_config_fields,
+    check_fallback_fields,
+    gemma_layer_types,
+    resolve_model_impl,
+    with_defaults,
+)
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -23,6 +29,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
+# auto: our implementation when there is one, else transformers' modelling code on our KV cache
+MODEL_IMPLS = ("auto", "vllm", "transformers")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -57,13 +65,18 @@ class HFModelConfig:
     sliding_windows: tuple[int | None, ...] = ()
     # the whole config.json, for family-specific fields (vllm_lite/config_fields.py lists them)
     raw: dict[str, Any] = field(default_factory=dict)
+    model_impl: str = "vllm"  # resolved: "vllm" (native) or "transformers" (the fallback)
 
     @staticmethod
-    def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any]) -> HFModelConfig:
+    def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any], model_impl: str = "auto") -> HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
-        check_config_fields(archs[0], cfg)
-        cfg = with_defaults(archs[0], cfg)
+        model_impl = resolve_model_impl(model_impl, archs[0])
+        if model_impl == "vllm":
+            check_config_fields(archs[0], cfg)
+            cfg = with_defaults(archs[0], cfg)
+        else:
+            check_fallback_fields(archs[0], cfg)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         rope_theta, rope_scaling = _read_rope(cfg)
@@ -72,7 +85,7 @@ class HFModelConfig:
             architecture=archs[0],
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=cfg.get("intermediate_size") or cfg["ffn_dim"],  # ffn_dim: OPT
+            intermediate_size=cfg.get("intermediate_size") or cfg.get("ffn_dim") or 0,  # ffn_dim: OPT
             num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=num_heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or num_heads,
@@ -88,8 +101,10 @@ class HFModelConfig:
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] == "LlamaForCausalLM",
-            sliding_windows=_read_sliding_windows(archs[0], cfg),
+            # the fallback's windows reach our attention from transformers' own modules
+            sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
             raw=dict(cfg),
+            model_impl=model_impl,
         )
 
     @property
@@ -298,6 +313,7 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    model_impl: str = "auto"  # one of MODEL_IMPLS
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -320,7 +336,9 @@ class EngineArgs:
         _check(model_dir.is_dir(), f"model: folder '{model_dir}' does not exist")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
-        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
+        _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"),
+                                     self.model_impl)
         _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,

@@ -251,3 +251,32 @@ def gemma_layer_types(cfg: Mapping[str, Any], architecture: str) -> list[str]:
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+
+
+def resolve_model_impl(model_impl: str, architecture: str) -> str:
+    """"vllm" (a native implementation) or "transformers" (the fallback)."""
+    if model_impl == "vllm" and architecture not in POLICIES:
+        raise ValueError(f"architecture {architecture!r} has no native implementation (native: "
+                         f"{', '.join(sorted(POLICIES))}); model_impl='auto' or 'transformers' runs "
+                         "it through transformers' modelling code")
+    if model_impl == "auto":
+        return "vllm" if architecture in POLICIES else "transformers"
+    return model_impl
+
+
+def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
+    """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
+    only what bypasses it is refused (custom code, quantized weights, encoder-decoders)."""
+    for name, allowed in COMMON_RESTRICTED.items():
+        if name in cfg and cfg[name] not in allowed:
+            raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
+                             f"(supported: {_describe(allowed)})")
+    if not architecture.endswith("ForCausalLM"):
+        raise ValueError(f"architecture {architecture!r} is not a decoder-only *ForCausalLM model")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"architecture {architecture!r} (model_type {model_type!r}) is not supported: "
+                         f"no native implementation (native: {', '.join(sorted(POLICIES))}) and "
+                         "transformers has no causal-LM class for it")

@@ -54,7 +54,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
         loader = getattr(param, "weight_loader", _default_loader)
         loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
         loaded.add(target)
-    missing = {n for n in params if n not in loaded and not (tied and n.startswith("lm_head."))}
+    loaded_tensors = {id(params[n]) for n in loaded}  # a tied weight is loaded under either name
+    missing = {n for n, p in params.items() if id(p) not in loaded_tensors and not (tied and n.startswith("lm_head."))}
     if missing:
         raise ValueError(f"checkpoint in '{model_dir}' lacks weights for: {sorted(missing)[:5]}")
 
@@ -85,11 +86,14 @@ def _default_loader(param: nn.Parameter, loaded: Any) -> None:
 
 def load_model(model_config: ModelConfig, backend: AttentionBackend, device: torch.device,
                tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
-    model_cls = get_model_class(model_config.hf.architecture)
+    model_cls = get_model_class(model_config.hf.architecture, model_config.hf.model_impl)
     dtype = getattr(torch, model_config.dtype)
-    with torch.device("cpu"):
-        model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
-    load_weights(model, Path(model_config.model))
+    if model_config.hf.model_impl == "transformers":  # transformers reads its own checkpoint
+        model = model_cls(model_config.hf, Path(model_config.model), backend, tp)
+    else:
+        with torch.device("cpu"):
+            model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
+        load_weights(model, Path(model_config.model))
     model = model.to(device=device, dtype=dtype).eval()
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):

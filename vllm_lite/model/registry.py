@@ -32,7 +32,11 @@ def check_supported(architecture: str) -> None:
                          f"supported: {', '.join(supported_architectures())}")
 
 
-def get_model_class(architecture: str) -> type:
+def get_model_class(architecture: str, model_impl: str = "vllm") -> type:
+    if model_impl == "transformers":
+        from vllm_lite.model.models.transformers_fallback import TransformersForCausalLM
+
+        return TransformersForCausalLM
     check_supported(architecture)
     module_name, class_name = _MODELS[architecture].split(":")
     return getattr(importlib.import_module(module_name), class_name)
