@@ -20,6 +20,7 @@ from vllm_lite.config_fields import (
     resolve_model_impl,
     with_defaults,
 )
+from vllm_lite.hub import resolve_model_path
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -314,6 +315,8 @@ class EngineArgs:
     attention_backend: str = "auto"
     enforce_eager: bool = False
     model_impl: str = "auto"  # one of MODEL_IMPLS
+    revision: str | None = None  # hub branch, tag or commit when `model` is a hub id
+    download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -332,8 +335,9 @@ class EngineArgs:
         )
 
     def _model_config(self, device: str) -> ModelConfig:
-        model_dir = Path(self.model) if self.model else _demo_model_dir()
-        _check(model_dir.is_dir(), f"model: folder '{model_dir}' does not exist")
+        model_dir = (resolve_model_path(self.model, self.revision, self.download_dir) if self.model
+                     else _demo_model_dir())
+        _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
@@ -350,7 +354,8 @@ class EngineArgs:
                f"{hf.max_position_embeddings}")
         return ModelConfig(
             model=str(model_dir),
-            tokenizer=self.tokenizer or str(model_dir),
+            tokenizer=str(resolve_model_path(self.tokenizer, self.revision, self.download_dir))
+            if self.tokenizer else str(model_dir),
             dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
             max_model_len=max_len,
             seed=self.seed,

@@ -195,6 +195,7 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"architecture {architecture!r} is not supported; "
                          f"supported: {', '.join(sorted(POLICIES))}")
     restricted = {**COMMON_RESTRICTED, **policy.restricted}
+    _refuse_remote_code(cfg)
     for name, value in cfg.items():
         if name in restricted:
             if value not in restricted[name]:
@@ -267,6 +268,7 @@ def resolve_model_impl(model_impl: str, architecture: str) -> str:
 def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
     only what bypasses it is refused (custom code, quantized weights, encoder-decoders)."""
+    _refuse_remote_code(cfg)
     for name, allowed in COMMON_RESTRICTED.items():
         if name in cfg and cfg[name] not in allowed:
             raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
@@ -280,3 +282,9 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"architecture {architecture!r} (model_type {model_type!r}) is not supported: "
                          f"no native implementation (native: {', '.join(sorted(POLICIES))}) and "
                          "transformers has no causal-LM class for it")
+
+
+def _refuse_remote_code(cfg: Mapping[str, Any]) -> None:
+    if cfg.get("auto_map"):
+        raise ValueError("config.json: auto_map names custom modelling code (a trust_remote_code model); "
+                         "vllm_lite never runs code from a model repository")
