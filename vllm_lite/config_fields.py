@@ -278,10 +278,11 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = cfg.get("model_type")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    built = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if built != architecture:
         raise ValueError(f"architecture {architecture!r} (model_type {model_type!r}) is not supported: "
-                         f"no native implementation (native: {', '.join(sorted(POLICIES))}) and "
-                         "transformers has no causal-LM class for it")
+                         f"no native implementation (supported: {', '.join(sorted(POLICIES))}) and "
+                         f"transformers builds {built or 'no causal-LM class'} for that model_type")
 
 
 def _refuse_remote_code(cfg: Mapping[str, Any]) -> None:
