@@ -337,7 +337,9 @@ class EngineArgs:
     def _model_config(self, device: str) -> ModelConfig:
         model_dir = (resolve_model_path(self.model, self.revision, self.download_dir) if self.model
                      else _demo_model_dir())
-        _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder")
+        if model_dir.is_file() and model_dir.suffix == ".gguf":
+            model_dir = _gguf_model_dir(model_dir)
+        _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder (nor a .gguf file)")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
@@ -438,6 +440,12 @@ def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
     if device == "cpu" or model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
+
+
+def _gguf_model_dir(gguf_path: Path) -> Path:
+    from vllm_lite.model.gguf_convert import gguf_model_dir
+
+    return gguf_model_dir(gguf_path)
 
 
 def _demo_model_dir() -> Path:
