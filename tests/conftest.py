@@ -220,3 +220,11 @@ def tiny_granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "tiny_granite", "granite", tie_word_embeddings=False,
                   extra_config={"embedding_multiplier": 2.0, "residual_multiplier": 0.5,
                                 "attention_multiplier": 0.1, "logits_scaling": 2.0})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2 with use_sliding_window: layer 0 global, layer 1 local with window 8
+    (max_window_layers=1); mixed layers, so no KV block is freed."""
+    return _build(tmp_path_factory, "tiny_qwen2_window", "qwen2", tie_word_embeddings=False,
+                  extra_config={"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1})

@@ -14,6 +14,7 @@ otherwise lose it silently. One rank only: tensor parallelism needs a native imp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +71,21 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
 
 
-class _KVSpec:
-    """What the model runner reads to size the KV cache (`model.layers[0].self_attn`)."""
+@dataclass(frozen=True, slots=True)
+class _AttentionSpec:
+    num_kv_heads: int
 
-    def __init__(self, num_kv_heads: int) -> None:
-        self.self_attn = type("AttnSpec", (), {"num_kv_heads": num_kv_heads})()
+
+@dataclass(frozen=True, slots=True)
+class _LayerSpec:
+    self_attn: _AttentionSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _LayersView:
+    """What the model runner reads to size the KV cache: `model.model.layers[0].self_attn`."""
+
+    layers: tuple[_LayerSpec, ...]
 
 
 class TransformersForCausalLM(nn.Module):
@@ -97,11 +108,11 @@ class TransformersForCausalLM(nn.Module):
                              "ALiBi biases through the mask), so it cannot run on the paged KV cache")
         self.config = config
         self.backend = backend
-        self.layers_spec = [_KVSpec(config.num_key_value_heads)]
+        self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
 
     @property
-    def model(self) -> Any:  # the model runner sizes the KV cache from `model.model.layers`
-        return type("LayersView", (), {"layers": self.layers_spec})()
+    def model(self) -> _LayersView:
+        return self._layers_view
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
         base = self.hf_model.base_model
