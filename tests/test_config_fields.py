@@ -57,7 +57,6 @@ REFUSED = [
     ("attn_logit_softcapping", 50.0),
     ("final_logit_softcapping", 30.0),
     ("quantization_config", {"quant_method": "gptq", "bits": 4}),
-    ("auto_map", {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}),
     ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
     ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
     ("num_local_experts", 8),
@@ -126,3 +125,11 @@ def test_fields_left_out_read_as_transformers_defaults(architecture: str) -> Non
             assert getattr(ours, name) == getattr(theirs, name), name
     for name in POLICIES[architecture].defaults:
         assert ours.raw[name] == theirs.raw[name], name
+
+
+def test_auto_map_of_a_natively_supported_model_is_not_used(tiny_llama: Path) -> None:
+    """Phi-3 and others still carry auto_map from their remote-code days; like transformers
+    without trust_remote_code, the native implementation runs."""
+    cfg = _tiny_config(tiny_llama)
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_llama.LlamaForCausalLM"}
+    assert HFModelConfig.from_dict(cfg, {}).model_impl == "vllm"

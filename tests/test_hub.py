@@ -70,7 +70,8 @@ def test_not_a_folder_nor_a_hub_id() -> None:
 def test_trust_remote_code_models_are_refused(tmp_path: Path, tiny_llama: Path) -> None:
     snapshot = add_snapshot(tmp_path / "hub", "tiny-org/custom", tiny_llama, COMMIT_A)
     cfg = json.loads((snapshot / "config.json").read_text())
-    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    cfg.update(architectures=["CustomForCausalLM"], model_type="custom",
+               auto_map={"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"})
     (snapshot / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="trust_remote_code"):
         EngineArgs(model="tiny-org/custom", download_dir=str(tmp_path / "hub")).create_engine_config()

@@ -36,6 +36,9 @@ COMMON_IGNORED = frozenset({
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
     "suppress_tokens", "begin_suppress_tokens", "output_router_logits", "router_aux_loss_coef",
     "pretraining_tp",  # a training-time slicing of the same matmuls; transformers 5 ignores it
+    # custom-code classes a repository offers; with a native (or transformers') implementation
+    # they are not used (as with transformers' trust_remote_code=False); see _refuse_remote_code
+    "auto_map",
 })
 
 # Changes the math at any non-neutral value; no supported architecture implements these.
@@ -46,7 +49,6 @@ COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "cross_attention_hidden_size": (None,),
     "tie_encoder_decoder": (False,),
     "quantization_config": (None,),  # quantized checkpoints are not loaded
-    "auto_map": (None,),  # trust_remote_code: custom modelling code is never run
 }
 
 # Core dense-decoder fields every architecture here reads.
@@ -195,7 +197,6 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"architecture {architecture!r} is not supported; "
                          f"supported: {', '.join(sorted(POLICIES))}")
     restricted = {**COMMON_RESTRICTED, **policy.restricted}
-    _refuse_remote_code(cfg)
     for name, value in cfg.items():
         if name in restricted:
             if value not in restricted[name]:
@@ -268,7 +269,6 @@ def resolve_model_impl(model_impl: str, architecture: str) -> str:
 def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
     only what bypasses it is refused (custom code, quantized weights, encoder-decoders)."""
-    _refuse_remote_code(cfg)
     for name, allowed in COMMON_RESTRICTED.items():
         if name in cfg and cfg[name] not in allowed:
             raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
@@ -279,13 +279,12 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
 
     model_type = cfg.get("model_type")
     built = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if built is None and cfg.get("auto_map"):
+        raise ValueError(f"architecture {architecture!r} exists only as custom code in its repository "
+                         "(config.json auto_map: a trust_remote_code model); vllm_lite never runs code "
+                         "from a model repository")
     if built != architecture:
         raise ValueError(f"architecture {architecture!r} (model_type {model_type!r}) is not supported: "
                          f"no native implementation (supported: {', '.join(sorted(POLICIES))}) and "
                          f"transformers builds {built or 'no causal-LM class'} for that model_type")
 
-
-def _refuse_remote_code(cfg: Mapping[str, Any]) -> None:
-    if cfg.get("auto_map"):
-        raise ValueError("config.json: auto_map names custom modelling code (a trust_remote_code model); "
-                         "vllm_lite never runs code from a model repository")

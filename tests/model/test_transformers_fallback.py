@@ -42,7 +42,6 @@ def _with_config(src: Path, dst: Path, **changes) -> Path:
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("auto_map", {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}, "auto_map"),
     ("quantization_config", {"quant_method": "awq"}, "quantization_config"),
     ("model_type", "no_such_model", "no_such_model"),
 ])
