@@ -133,3 +133,8 @@ def test_auto_map_of_a_natively_supported_model_is_not_used(tiny_llama: Path) ->
     cfg = _tiny_config(tiny_llama)
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_llama.LlamaForCausalLM"}
     assert HFModelConfig.from_dict(cfg, {}).model_impl == "vllm"
+
+
+def test_longrope_past_the_original_context_is_refused(tiny_phi3: Path) -> None:
+    with pytest.raises(ValueError, match="original_max_position_embeddings=256.*max_model_len <= 256"):
+        EngineArgs(model=str(tiny_phi3), max_model_len=300).create_engine_config()

@@ -354,6 +354,7 @@ class EngineArgs:
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
                f"{hf.max_position_embeddings}")
+        _check_longrope_length(hf, max_len)
         return ModelConfig(
             model=str(model_dir),
             tokenizer=str(resolve_model_path(self.tokenizer, self.revision, self.download_dir))
@@ -406,6 +407,17 @@ class EngineArgs:
                f"and nnodes={nnodes} need 'mp'")
         check_tensor_parallel_split(hf, tp)
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
+
+
+def _check_longrope_length(hf: HFModelConfig, max_len: int) -> None:
+    """LongRoPE's long factors (past `original_max_position_embeddings`) are not implemented:
+    transformers switches a whole sequence to them once it grows past that length."""
+    scaling = hf.rope_scaling or {}
+    if hf.model_impl == "vllm" and scaling.get("rope_type") in ("longrope", "su"):
+        original = scaling["original_max_position_embeddings"]
+        _check(max_len <= original, f"max_model_len={max_len} exceeds original_max_position_embeddings="
+                                    f"{original} of this longrope model; its long_factor scaling is not "
+                                    f"implemented: set max_model_len <= {original}")
 
 
 def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
