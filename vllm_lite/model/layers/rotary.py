@@ -54,8 +54,6 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = _inv_freq(head_dim, base)
         rope_type = (rope_scaling or {}).get("rope_type", "default")
-        if rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
         mscale = 1.0
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
