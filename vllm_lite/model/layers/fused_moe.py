@@ -16,13 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.linear import ReplicatedLinear, materialize, narrow_loaded
-
-
-def _divide(numerator: int, denominator: int, what: str) -> int:
-    if numerator % denominator:
-        raise ValueError(f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}")
-    return numerator // denominator
+from vllm_lite.model.layers.linear import ReplicatedLinear, _divide, materialize, narrow_loaded
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
