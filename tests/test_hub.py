@@ -14,6 +14,7 @@ from hf_reference import hf_greedy
 from test_parity import run_greedy
 from vllm_lite import LLM, SamplingParams
 from vllm_lite.config import EngineArgs
+from vllm_lite.hub import weight_patterns
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 
@@ -75,3 +76,15 @@ def test_trust_remote_code_models_are_refused(tmp_path: Path, tiny_llama: Path) 
     (snapshot / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="trust_remote_code"):
         EngineArgs(model="tiny-org/custom", download_dir=str(tmp_path / "hub")).create_engine_config()
+
+
+def test_sharded_snapshot_reads_the_index(tmp_path: Path, tiny_llama_sharded: Path) -> None:
+    cache = tmp_path / "hub"
+    add_snapshot(cache, "tiny-org/sharded", tiny_llama_sharded, COMMIT_A)
+    config = EngineArgs(model="tiny-org/sharded", download_dir=str(cache)).create_engine_config()
+    snapshot = Path(config.model_config.model)
+    assert (snapshot / "model.safetensors.index.json").is_file()
+    # only the shards the index names are fetched (not, e.g., a consolidated copy beside them)
+    shards = sorted(p.name for p in snapshot.glob("*.safetensors"))
+    (snapshot / "consolidated.safetensors").write_bytes(b"")
+    assert weight_patterns(snapshot) == shards
