@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 
-def export_gguf(model_dir: Path, out_path: Path, arch: str) -> Path:
+def export_gguf(model_dir: Path, out_path: Path, arch: str, quantize_q8: bool = False) -> Path:
+    """`quantize_q8`: matrices stored as Q8_0 (blocks of 32 int8 values with one scale)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -32,7 +33,13 @@ def export_gguf(model_dir: Path, out_path: Path, arch: str) -> Path:
     names = gguf.get_tensor_name_map(model_arch, cfg["num_hidden_layers"])
     for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
         base, suffix = name.rsplit(".", 1)
-        writer.add_tensor(f"{names.get_name(base)}.{suffix}", np.ascontiguousarray(tensor, dtype=np.float32))
+        gguf_name = f"{names.get_name(base)}.{suffix}"
+        data = np.ascontiguousarray(tensor, dtype=np.float32)
+        if quantize_q8 and data.ndim == 2 and data.shape[1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(gguf_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
