@@ -1,6 +1,7 @@
 """TP=2 greedy parity with transformers for Gemma 3 (local/global layers, qk-norm), Phi-3
-(fused checkpoint tensors split per rank) and the mixture-of-experts families (each expert's
-intermediate dimension split over the ranks), with chunked prefill and prefix caching."""
+(fused checkpoint tensors split per rank), Mistral with a sliding window (blocks freed) and the
+mixture-of-experts families (each expert's intermediate dimension split over the ranks), with
+chunked prefill and prefix caching."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_tensor_parallel import NEW_TOKENS, run_greedy, shared_prefix_prompts, 
 from vllm_lite import LLM
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gemma3", "tiny_phi3", "tiny_mixtral", "tiny_qwen3_moe"])
+@pytest.mark.parametrize("fixture", ["tiny_gemma3", "tiny_phi3", "tiny_mixtral", "tiny_qwen3_moe", "tiny_mistral_window"])
 def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRequest,
                                          prompts_token_ids: list[list[int]],
                                          tp_llm: Callable[..., LLM]) -> None:  # noqa: F811
