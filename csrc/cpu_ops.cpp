@@ -2,8 +2,9 @@
 //
 //   reshape_and_cache(key, value, kv_cache, slot_mapping)
 //       write new keys/values into the paged cache; slot -1 (padding) is skipped.
-//   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale)
-//       one query token per sequence (decode) over the sequence's cached blocks.
+//   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale, sliding_window=0)
+//       one query token per sequence (decode) over the sequence's cached blocks (the last
+//       `sliding_window` of them when > 0).
 //   argmax_rows(logits) -> int64 [rows]
 //       greedy sampling: the first index of each row's maximum (torch.argmax's rule), rows in
 //       parallel; torch's argmax over a [rows, vocab] batch runs at ~8 GB/s here.
@@ -123,6 +124,12 @@ VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
   return sum;
 }
 
+// The first `n` scores drop out of the softmax (keys before a sliding window within its
+// first block).
+inline void mask_leading(float* logits, int64_t n) {
+  std::fill(logits, logits + n, -std::numeric_limits<float>::infinity());
+}
+
 struct CacheLayout {
   int64_t block_size, stride_block, stride_kv, stride_offset, stride_head;
 };
@@ -135,8 +142,8 @@ struct CacheLayout {
 // function target_clones would not reach.
 VLLM_LITE_MULTIVERSION
 void decode_one(float* out, const float* query, int64_t q_stride_h, const float* cache,
-                const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
-                int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
+                const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
+                int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
                 std::vector<float>& scratch) {
   const int64_t num_heads = (kv_end - kv_begin) * group;
   if (seq_len <= 0) {  // a padded row: nothing to attend to
@@ -154,8 +161,10 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
   const int64_t row_offset = kv_begin * c.stride_head;  // the item's heads within a token row
   for (int64_t which = 0; which < 2; ++which) {  // 0: scores over K, 1: weighted sum over V
     if (which == 1) {
-      for (int64_t h = 0; h < num_heads; ++h)
+      for (int64_t h = 0; h < num_heads; ++h) {
+        mask_leading(logits + h * seq_len, num_masked);
         inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+      }
       std::fill(out, out + num_heads * head_dim, 0.f);
     }
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -225,7 +234,7 @@ VLLM_LITE_INLINE void score_tile(float* logits, const vfloat* q, const float* ro
 template <int C>
 VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h,
                                        const float* cache, const int32_t* blocks, int64_t seq_len,
-                                       int64_t kv_begin, int64_t kv_end, int64_t group,
+                                       int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,
                                        const CacheLayout& c, float scale, std::vector<float>& scratch) {
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_heads = (kv_end - kv_begin) * group;
@@ -251,6 +260,7 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
   }
   for (int64_t h = 0; h < num_heads; ++h) {
     const float* p = logits + h * seq_len;
+    mask_leading(logits + h * seq_len, num_masked);
     const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
     const int64_t kv_head = kv_begin + h / group;
     vfloat acc[C] = {};
@@ -272,10 +282,10 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
   VLLM_LITE_MULTIVERSION                                                                         \
   void decode_one_tiled_##C(float* out, const float* query, int64_t q_stride_h,                  \
                             const float* cache, const int32_t* blocks, int64_t seq_len,          \
-                            int64_t kv_begin, int64_t kv_end, int64_t group,                     \
+                            int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group, \
                             const CacheLayout& c, float scale, std::vector<float>& scratch) {    \
-    decode_one_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, \
-                        c, scale, scratch);                                                      \
+    decode_one_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin,    \
+                        kv_end, group, c, scale, scratch);                                       \
   }
 VLLM_LITE_DECODE_TILED(2)
 VLLM_LITE_DECODE_TILED(4)
@@ -283,27 +293,37 @@ VLLM_LITE_DECODE_TILED(8)
 #undef VLLM_LITE_DECODE_TILED
 
 // The tiled kernel for head_dim 32, 64 and 128 (query rows contiguous), else the general one.
+// With a sliding window only the blocks from the one holding the window's first key are read
+// (earlier ones may already belong to other sequences); keys before the window in that block
+// are masked out of the softmax. window <= 0: every key.
 void decode_item(float* out, const float* query, int64_t q_stride_h, const float* cache,
-                 const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
-                 int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
+                 const int32_t* blocks, int64_t seq_len, int64_t window, int64_t kv_begin,
+                 int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
                  std::vector<float>& scratch) {
+  int64_t num_masked = 0;
+  if (window > 0 && seq_len > window) {
+    const int64_t first_block = (seq_len - window) / c.block_size;
+    blocks += first_block;
+    seq_len -= first_block * c.block_size;
+    num_masked = seq_len - window;
+  }
   if (seq_len > 0) {
     switch (head_dim) {
       case 2 * kLanes:
-        return decode_one_tiled_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                                  group, c, scale, scratch);
+        return decode_one_tiled_2(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
+                                  kv_begin, kv_end, group, c, scale, scratch);
       case 4 * kLanes:
-        return decode_one_tiled_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                                  group, c, scale, scratch);
+        return decode_one_tiled_4(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
+                                  kv_begin, kv_end, group, c, scale, scratch);
       case 8 * kLanes:
-        return decode_one_tiled_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                                  group, c, scale, scratch);
+        return decode_one_tiled_8(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
+                                  kv_begin, kv_end, group, c, scale, scratch);
       default:
         break;
     }
   }
-  decode_one(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c,
-             scale, scratch);
+  decode_one(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end, group,
+             head_dim, c, scale, scratch);
 }
 
 // Work items: whole sequences when there are enough to keep every thread busy (each token row
@@ -312,7 +332,7 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
                           const int32_t* block_table, const int32_t* seq_lens, int64_t num_seqs,
                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                           int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
-                          CacheLayout layout, float scale, int num_threads) {
+                          CacheLayout layout, float scale, int64_t window, int num_threads) {
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
@@ -325,7 +345,7 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
       const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
       decode_item(out + (s * num_q_heads + kv_begin * group) * head_dim,
                  query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
-                 block_table + s * bt_stride, seq_lens[s], kv_begin, kv_begin + heads_per_item,
+                 block_table + s * bt_stride, seq_lens[s], window, kv_begin, kv_begin + heads_per_item,
                  group, head_dim, layout, scale, scratch);
     }
   }
@@ -433,7 +453,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 
 void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_table, const at::Tensor& seq_lens,
-                            double scale) {
+                            double scale, int64_t sliding_window) {
   check_cache(kv_cache);
   TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && query.scalar_type() == at::kFloat &&
                   out.scalar_type() == at::kFloat,
@@ -462,7 +482,7 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
   decode_attention_f32(out.data_ptr<float>(), query.data_ptr<float>(), kv_cache.data_ptr<float>(),
                        block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads,
                        head_dim, query.stride(0), query.stride(1), block_table.stride(0), layout,
-                       static_cast<float>(scale), at::get_num_threads());
+                       static_cast<float>(scale), sliding_window, at::get_num_threads());
 }
 
 }  // namespace
@@ -471,7 +491,7 @@ TORCH_LIBRARY(vllm_lite_C, m) {
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_attention_decode(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, "
-      "Tensor seq_lens, float scale) -> ()");
+      "Tensor seq_lens, float scale, int sliding_window=0) -> ()");
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 

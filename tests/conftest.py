@@ -126,3 +126,105 @@ def _prompt_ids(tiny_tokenizer_dir: Path) -> tuple[tuple[int, ...], ...]:
 def prompts_token_ids(_prompt_ids: tuple[tuple[int, ...], ...]) -> list[list[int]]:
     """8 deterministic prompts of 3, 7, 12, 20, 33, 50, 64 and 90 tokens (fresh lists per test)."""
     return [list(ids) for ids in _prompt_ids]
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral, GQA 4 / 2, untied, sliding_window=8 on every layer: prompts of 12+ tokens
+    attend differently from full causal attention."""
+    return _build(tmp_path_factory, "tiny_mistral_window", "mistral", tie_word_embeddings=False,
+                  extra_config={"sliding_window": 8})
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mixtral, 4 experts, top-2 (always renormalised), GQA 4 / 2."""
+    return _build(tmp_path_factory, "tiny_mixtral", "mixtral", tie_word_embeddings=False,
+                  extra_config={"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3-MoE, 4 experts of width 32, top-2 without renormalisation (norm_topk_prob False);
+    layer 0 dense (mlp_only_layers), layer 1 sparse; qk-norm, head_dim 32."""
+    return _build(tmp_path_factory, "tiny_qwen3_moe", "qwen3_moe", tie_word_embeddings=False, head_dim=32,
+                  extra_config={"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "norm_topk_prob": False, "mlp_only_layers": [0]})
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 2: local (window 8) then global layer, attention soft cap 3 and final soft cap 5
+    (the final cap changes logprobs, never a greedy token), query_pre_attn_scalar 24 != head_dim
+    16. Untied: tied random embeddings scaled by sqrt(hidden) make greedy output one token."""
+    return _build(tmp_path_factory, "tiny_gemma2", "gemma2", tie_word_embeddings=False,
+                  extra_config={"sliding_window": 8, "query_pre_attn_scalar": 24,
+                                "attn_logit_softcapping": 3.0, "final_logit_softcapping": 5.0})
+
+
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0}}
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 text: q/k norms, local (window 8, rope base 1e4) then global layer (base 1e6,
+    linear scaling 4), final soft cap 5, head_dim 32, untied (as tiny_gemma2)."""
+    return _build(tmp_path_factory, "tiny_gemma3", "gemma3", tie_word_embeddings=False, head_dim=32,
+                  extra_config={"sliding_window": 8, "query_pre_attn_scalar": 32,
+                                "final_logit_softcapping": 5.0, "rope_parameters": GEMMA3_ROPE,
+                                "layer_types": ["sliding_attention", "full_attention"]})
+
+
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                 "long_factor": [1.0, 1.5, 2.2, 3.0, 4.0, 5.5, 7.0, 9.0],
+                 "original_max_position_embeddings": 256}
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Phi-3 with fused qkv_proj / gate_up_proj tensors and LongRoPE (short factors up to the
+    original 256 positions, attention factor from max_position_embeddings 512 / 256)."""
+    return _build(tmp_path_factory, "tiny_phi3", "phi3", tie_word_embeddings=False,
+                  extra_config={"rope_parameters": PHI3_LONGROPE, "original_max_position_embeddings": 256})
+
+
+@pytest.fixture(scope="session")
+def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OPT: learned positions, ReLU, biases, pre-LayerNorm, word embeddings of 32 projected in
+    and out of the hidden size 64 (project_in / project_out), tied LM head."""
+    return _build(tmp_path_factory, "tiny_opt", "opt", tie_word_embeddings=True,
+                  extra_config={"word_embed_proj_dim": 32})
+
+
+@pytest.fixture(scope="session")
+def tiny_opt_post_norm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OPT-350m style: LayerNorm after attention and MLP (do_layer_norm_before=False), untied."""
+    return _build(tmp_path_factory, "tiny_opt_post_norm", "opt", tie_word_embeddings=False,
+                  extra_config={"do_layer_norm_before": False})
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_neox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-NeoX (no native implementation: the Transformers fallback): partial rotary (25% of
+    each head), parallel residual, LayerNorm with biases."""
+    return _build(tmp_path_factory, "tiny_gpt_neox", "gpt_neox", tie_word_embeddings=False,
+                  extra_config={"rotary_pct": 0.25})
+
+
+@pytest.fixture(scope="session")
+def tiny_granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Granite (the Transformers fallback): Llama with embedding, residual, attention and logits
+    multipliers, all away from 1 (the attention one reaches our attention as its scale)."""
+    return _build(tmp_path_factory, "tiny_granite", "granite", tie_word_embeddings=False,
+                  extra_config={"embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+                                "attention_multiplier": 0.1, "logits_scaling": 2.0})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2 with use_sliding_window: layer 0 global, layer 1 local with window 8
+    (max_window_layers=1); mixed layers, so no KV block is freed."""
+    return _build(tmp_path_factory, "tiny_qwen2_window", "qwen2", tie_word_embeddings=False,
+                  extra_config={"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1})

@@ -167,8 +167,9 @@ def _make_config(
     num_layers: int,
     head_dim: int | None,
     rope_scaling: dict | None,
+    extra: dict | None = None,
 ):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -188,17 +189,62 @@ def _make_config(
         pad_token_id=ENDOFTEXT_ID,
         dtype="float32",
     )
+    if extra and "rope_parameters" in extra:  # given whole (e.g. one per layer type)
+        del common["rope_theta"], common["rope_scaling"]
+    common.update(extra or {})
     if arch == "llama":
         return LlamaConfig(attention_bias=attention_bias, **common)
     if arch == "qwen2":  # q/k/v bias is hard-wired in Qwen2; o_proj has none.
         return Qwen2Config(**common)
     if arch == "qwen3":
         return Qwen3Config(attention_bias=attention_bias, **common)
-    raise ValueError(f"unknown arch {arch!r}; expected llama, qwen2 or qwen3")
+    if arch == "mistral":
+        return MistralConfig(**common)
+    if arch == "gpt_neox":
+        from transformers import GPTNeoXConfig
+
+        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                             num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                             max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
+                             bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
+                             dtype="float32", **(extra or {}))
+    if arch == "granite":
+        from transformers import GraniteConfig
+
+        return GraniteConfig(**common)
+    if arch == "opt":
+        from transformers import OPTConfig
+
+        return OPTConfig(vocab_size=vocab_size, hidden_size=hidden_size, ffn_dim=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                         max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
+                         bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
+                         dtype="float32", **(extra or {}))
+    if arch == "phi3":
+        from transformers import Phi3Config
+
+        return Phi3Config(**common)
+    if arch == "gemma2":
+        from transformers import Gemma2Config
+
+        return Gemma2Config(attention_bias=attention_bias, **common)
+    if arch == "gemma3":
+        from transformers import Gemma3TextConfig
+
+        return Gemma3TextConfig(attention_bias=attention_bias, **common)
+    if arch == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(**common)
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(attention_bias=attention_bias, **common)
+    raise ValueError(f"unknown arch {arch!r}; expected llama, mistral, qwen2 or qwen3")
 
 
 def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm."""
+    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm/offset_norm."""
     seen: set[int] = set()
     for module in model.modules():
         is_norm = "norm" in type(module).__name__.lower()
@@ -206,12 +252,14 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if is_norm:
+            if pname == "bias":
+                yield "bias", param  # also LayerNorm's shift
+            elif is_norm and type(module).__name__.startswith("Gemma"):
+                yield "offset_norm", param  # Gemma scales by (1 + weight)
+            elif is_norm:
                 yield "norm", param
-            elif pname == "bias":
-                yield "bias", param
-            elif isinstance(module, (nn.Linear, nn.Embedding)):
-                yield "weight", param
+            elif isinstance(module, (nn.Linear, nn.Embedding)) or param.dim() >= 2:
+                yield "weight", param  # also stacked expert weights and router matrices
             else:
                 raise TypeError(f"unexpected parameter {pname} on {type(module).__name__}")
 
@@ -221,8 +269,8 @@ def _redraw_weights(model: nn.Module, seed: int) -> None:
     """Wider-than-default init so greedy decoding does not collapse into repeats."""
     gen = torch.Generator().manual_seed(seed)
     for kind, param in _params_to_redraw(model):
-        if kind == "norm":
-            fresh = 1.0 + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
+        if kind in ("norm", "offset_norm"):
+            fresh = (kind == "norm") + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
         else:
             std = BIAS_STD if kind == "bias" else WEIGHT_STD
             fresh = std * torch.randn(param.shape, generator=gen)
@@ -235,6 +283,10 @@ def _add_legacy_config_keys(model_dir: Path) -> None:
     (transformers 5 loads this fine) so raw-JSON config parsers see real-world keys."""
     path = model_dir / "config.json"
     cfg = json.loads(path.read_text())
+    if "rope_parameters" not in cfg:  # no rotary embedding (OPT)
+        cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
+        path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        return
     rope = dict(cfg.get("rope_parameters") or {})
     cfg["rope_theta"] = rope.pop("rope_theta", 10000.0)
     cfg["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
@@ -267,6 +319,7 @@ def build_tiny_model(
     rope_scaling: dict | None = None,
     seed: int = 0,
     max_shard_size: str | None = None,
+    extra_config: dict | None = None,
 ) -> Path:
     """Write a random-weight fp32 safetensors checkpoint + tokenizer to out_dir.
 
@@ -287,6 +340,7 @@ def build_tiny_model(
         num_layers=num_layers,
         head_dim=head_dim,
         rope_scaling=rope_scaling,
+        extra=extra_config,
     )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _redraw_weights(model, seed)

@@ -15,14 +15,14 @@ def test_unknown_architecture_lists_supported(tiny_llama: Path, tmp_path: Path) 
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
     config = json.loads((model / "config.json").read_text())
-    config["architectures"] = ["GPTNeoXForCausalLM"]
+    config["architectures"] = ["GPTNeoXForCausalLM"]  # but model_type llama: no fallback either
     (model / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(model), multiprocess=False)
 
 
 def test_missing_model_folder(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="model: folder .*does not exist"):
+    with pytest.raises(ValueError, match="model: .*nope' is neither an existing folder"):
         LLM(str(tmp_path / "nope"), multiprocess=False)
 
 

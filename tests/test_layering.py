@@ -28,7 +28,8 @@ LAYERS: dict[str, int] = {
     "entrypoints": 7,
     "__init__": 8,  # the public API re-exports from every layer
 }
-BASE_MODULES = {"wire", "config", "sampling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_custom_ops", "gguf_convert", "version"}
+BASE_MODULES = {"wire", "config", "sampling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_custom_ops", "gguf_convert", "version",
+                "config_fields", "hub"}
 
 
 def _unit(module: str) -> str:

@@ -32,10 +32,13 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
 
 
 def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
-                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> None:
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           sliding_window: int | None = None) -> None:
     """One query token per sequence: query `[S, Hq, D]` -> `out` (contiguous, same shape) over
-    the `seq_lens[s]` cached tokens of `block_table[s]` (int32). float32 only."""
-    torch.ops.vllm_lite_C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale)
+    the `seq_lens[s]` cached tokens of `block_table[s]` (int32), only the last `sliding_window`
+    of them when given (blocks before the window are not read). float32 only."""
+    torch.ops.vllm_lite_C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
+                                                 sliding_window or 0)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

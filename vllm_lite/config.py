@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_lite.config_fields import (
+    check_config_fields,
+    check_fallback_fields,
+    gemma_layer_types,
+    resolve_model_impl,
+    with_defaults,
+)
+from vllm_lite.hub import resolve_model_path
+
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
@@ -20,20 +29,9 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
-# config.json `architectures[0]` -> "module:class" (model/registry.py imports the class on use).
-MODEL_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
-    "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
-    "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
-    "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
-}
-
-
-def check_supported(architecture: str) -> None:
-    if architecture not in MODEL_ARCHITECTURES:
-        raise ValueError(f"architecture {architecture!r} is not supported; "
-                         f"supported: {', '.join(sorted(MODEL_ARCHITECTURES))}")
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
+# auto: our implementation when there is one, else transformers' modelling code on our KV cache
+MODEL_IMPLS = ("auto", "vllm", "transformers")
 
 
 def _check(condition: bool, message: str) -> None:
@@ -63,11 +61,23 @@ class HFModelConfig:
     torch_dtype: str
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    mlp_bias: bool = False
+    # per layer: keys a query sees (itself included), None = every earlier key
+    sliding_windows: tuple[int | None, ...] = ()
+    # the whole config.json, for family-specific fields (vllm_lite/config_fields.py lists them)
+    raw: dict[str, Any] = field(default_factory=dict)
+    model_impl: str = "vllm"  # resolved: "vllm" (native) or "transformers" (the fallback)
 
     @staticmethod
-    def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any]) -> HFModelConfig:
+    def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any], model_impl: str = "auto") -> HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
+        model_impl = resolve_model_impl(model_impl, archs[0])
+        if model_impl == "vllm":
+            check_config_fields(archs[0], cfg)
+            cfg = with_defaults(archs[0], cfg)
+        else:
+            check_fallback_fields(archs[0], cfg)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         rope_theta, rope_scaling = _read_rope(cfg)
@@ -76,7 +86,7 @@ class HFModelConfig:
             architecture=archs[0],
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
+            intermediate_size=cfg.get("intermediate_size") or cfg.get("ffn_dim") or 0,  # ffn_dim: OPT
             num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=num_heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or num_heads,
@@ -86,18 +96,77 @@ class HFModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            # Qwen2 always has q/k/v biases and writes no flag for it.
-            attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+            attention_bias=_read_attention_bias(archs[0], cfg),
             hidden_act=cfg.get("hidden_act", "silu"),
             torch_dtype=_HF_DTYPE_ALIASES.get(str(dtype), str(dtype)),
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] == "LlamaForCausalLM",
+            # the fallback's windows reach our attention from transformers' own modules
+            sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
+            raw=dict(cfg),
+            model_impl=model_impl,
         )
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return any(window is not None for window in self.sliding_windows)
+
+    @property
+    def all_layers_window(self) -> int | None:
+        """The widest window when every layer slides, else None."""
+        if not self.sliding_windows or None in self.sliding_windows:
+            return None
+        return max(self.sliding_windows)
+
+
+def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
+    """As transformers builds each family: Qwen2 always has q/k/v biases, Mistral never has
+    any; Llama and Qwen3 follow `attention_bias`."""
+    if architecture == "Qwen2ForCausalLM":
+        return True
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        return False
+    return bool(cfg.get("attention_bias", False))
+
+
+def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int | None, ...]:
+    """Per-layer window, as transformers reads it: Mistral's and Mixtral's `sliding_window`
+    covers every layer; Gemma's the layers `layer_types` marks sliding; Qwen2/Qwen3 use it only
+    with `use_sliding_window`, on the layers `layer_types` marks sliding (by default those from
+    `max_window_layers` on), Qwen3-MoE then on every layer."""
+    num_layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window")
+    _check(window is None or (isinstance(window, int) and window >= 1),
+           f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+        return (window,) * num_layers
+    if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        return tuple(window if kind == "sliding_attention" else None
+                     for kind in gemma_layer_types(cfg, architecture))
+    if not cfg.get("use_sliding_window", False) or window is None:
+        return (None,) * num_layers
+    if architecture == "Qwen3MoeForCausalLM":
+        return (window,) * num_layers
+    layer_types = cfg.get("layer_types") or [
+        "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
+        for i in range(num_layers)]
+    _check(len(layer_types) == num_layers,
+           f"config.json: layer_types has {len(layer_types)} entries for {num_layers} layers")
+    return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
 
 
 def _read_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Both rope forms: top-level `rope_theta` + `rope_scaling`, and transformers-5
     `rope_parameters` (which holds rope_theta and the scaling type together)."""
+    theta, scaling = _read_rope_dict(cfg)
+    if scaling is not None and scaling["rope_type"] in ("longrope", "su"):  # Phi-3 keeps these top-level
+        scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        scaling["max_position_embeddings"] = cfg.get("max_position_embeddings")
+    return theta, scaling
+
+
+def _read_rope_dict(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     params = cfg.get("rope_parameters")
     if isinstance(params, dict):
         theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
@@ -147,6 +216,9 @@ class CacheConfig:
     num_kv_blocks: int | None
     kv_cache_memory_bytes: int | None
     enable_prefix_caching: bool
+    # Every layer slides over at most this many keys: older blocks are freed. None when some
+    # layer attends to everything (then every block stays needed).
+    sliding_window: int | None = None
 
 
 def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
@@ -248,6 +320,9 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    model_impl: str = "auto"  # one of MODEL_IMPLS
+    revision: str | None = None  # hub branch, tag or commit when `model` is a hub id
+    download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -259,19 +334,23 @@ class EngineArgs:
         max_len = model_config.max_model_len
         return VllmConfig(
             model_config=model_config,
-            cache_config=self._cache_config(),
+            cache_config=self._cache_config(model_config.hf),
             scheduler_config=self._scheduler_config(max_len),
             parallel_config=self._parallel_config(model_config.hf),
             device_config=DeviceConfig(device=device),
         )
 
     def _model_config(self, device: str) -> ModelConfig:
-        model_dir = Path(self.model) if self.model else _demo_model_dir()
-        _check(model_dir.is_dir(), f"model: folder '{model_dir}' does not exist")
+        model_dir = (resolve_model_path(self.model, self.revision, self.download_dir) if self.model
+                     else _demo_model_dir())
+        if model_dir.is_file() and model_dir.suffix == ".gguf":
+            model_dir = _gguf_model_dir(model_dir)
+        _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder (nor a .gguf file)")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
-        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"))
-        check_supported(hf.architecture)
+        _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"),
+                                     self.model_impl)
         _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
@@ -281,9 +360,11 @@ class EngineArgs:
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
                f"{hf.max_position_embeddings}")
+        _check_longrope_length(hf, max_len)
         return ModelConfig(
             model=str(model_dir),
-            tokenizer=self.tokenizer or str(model_dir),
+            tokenizer=str(resolve_model_path(self.tokenizer, self.revision, self.download_dir))
+            if self.tokenizer else str(model_dir),
             dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
             max_model_len=max_len,
             seed=self.seed,
@@ -293,7 +374,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
         )
 
-    def _cache_config(self) -> CacheConfig:
+    def _cache_config(self, hf: HFModelConfig) -> CacheConfig:
         bs = self.block_size
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
@@ -301,7 +382,7 @@ class EngineArgs:
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
         return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes,
-                           self.enable_prefix_caching)
+                           self.enable_prefix_caching, hf.all_layers_window)
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
@@ -334,11 +415,23 @@ class EngineArgs:
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
 
 
+def _check_longrope_length(hf: HFModelConfig, max_len: int) -> None:
+    """LongRoPE's long factors (past `original_max_position_embeddings`) are not implemented:
+    transformers switches a whole sequence to them once it grows past that length."""
+    scaling = hf.rope_scaling or {}
+    if hf.model_impl == "vllm" and scaling.get("rope_type") in ("longrope", "su"):
+        original = scaling["original_max_position_embeddings"]
+        _check(max_len <= original, f"max_model_len={max_len} exceeds original_max_position_embeddings="
+                                    f"{original} of this longrope model; its long_factor scaling is not "
+                                    f"implemented: set max_model_len <= {original}")
+
+
 def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
     """Refuse a model whose layers cannot be split over `tp` ranks, naming the dimension.
     The vocabulary always splits (it is padded); KV heads are replicated when fewer than ranks."""
     for name, value in (("num_attention_heads", hf.num_attention_heads),
-                        ("intermediate_size", hf.intermediate_size)):
+                        ("intermediate_size", hf.intermediate_size),
+                        ("moe_intermediate_size", hf.raw.get("moe_intermediate_size") or 0)):
         _check(value % tp == 0, f"{name}={value} is not divisible by tensor_parallel_size={tp}")
     kv = hf.num_key_value_heads
     if kv >= tp:
@@ -365,6 +458,12 @@ def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
     if device == "cpu" or model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
+
+
+def _gguf_model_dir(gguf_path: Path) -> Path:
+    from vllm_lite.gguf_convert import gguf_model_dir
+
+    return gguf_model_dir(gguf_path)
 
 
 def _demo_model_dir() -> Path:

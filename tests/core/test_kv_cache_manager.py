@@ -99,3 +99,41 @@ def test_cache_salt_separates_prefix_caches() -> None:
     assert admit(manager, make_salted_request("other-salt", tokens, "tenant-b"))[1] == 0
     assert admit(manager, make_salted_request("same-salt", tokens, "tenant-a"))[1] == 8
     assert root_block_key("tenant-a") != UNSALTED_ROOT_KEY
+
+
+def test_sliding_window_frees_blocks_outside_the_window() -> None:
+    """Window 8, blocks of 4: after computing 40 tokens the next query (position 40) sees keys
+    33..40, so blocks 0-7 (tokens 0..31) are freed and read as the null block 0."""
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True, sliding_window=8)
+    request = make_request("a", list(range(40)))
+    admit(manager, request)
+    assert manager.get_num_free_blocks() == 19 - 10
+    request.append_token(7)
+    manager.allocate_slots(request, 1)
+    block_ids = manager.get_block_ids("a")
+    assert block_ids[:8] == [0] * 8 and 0 not in block_ids[8:]
+    assert manager.get_num_free_blocks() == 19 - 3
+    manager.free(request)
+    assert manager.get_num_free_blocks() == 19
+
+
+def test_no_freeing_without_a_window() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True)
+    request = make_request("a", list(range(40)))
+    admit(manager, request)
+    manager.allocate_slots(request, 1)
+    assert 0 not in manager.get_block_ids("a") and manager.get_num_free_blocks() == 19 - 11
+
+
+def test_sliding_window_takes_only_the_prefix_hits_it_can_see() -> None:
+    manager = KVCacheManager(num_blocks=20, block_size=4, enable_caching=True, sliding_window=8)
+    first = make_request("a", list(range(40)))
+    admit(manager, first)
+    manager.free(first)
+    second = make_request("b", list(range(40)) + [99])
+    _, num_computed, _ = admit(manager, second)
+    # 40 cached tokens hit; the query at 40 sees 33..40: blocks 8 and 9 are held, 0-7 are not.
+    assert num_computed == 40
+    assert manager.get_block_ids("b")[:8] == [0] * 8
+    assert manager.get_num_free_blocks() == 19 - 3
+    assert manager.max_blocks_needed(1000, max_chunk=12) == 6  # ceil((7 + 12) / 4) + 1

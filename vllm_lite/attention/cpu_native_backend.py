@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite import _custom_ops as cpu_native
-from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, prefill_attention
+from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
 
 
 @dataclass(slots=True)
@@ -51,20 +51,45 @@ class CpuNativeAttentionBackend(AttentionBackend):
             metadata.prefills.append(TorchAttentionBackend.build_prefill(common, row))
         return metadata
 
-    def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale):
+    def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                sliding_window=None, logits_soft_cap=None):
         cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
-        if metadata.decode_seq_lens is not None:
+        if metadata.decode_seq_lens is not None and logits_soft_cap is not None:
+            self._soft_capped_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
+        elif metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
             if idx is None:
                 cpu_native.paged_attention_decode(out, query, kv_cache, metadata.decode_block_table,
-                                                  metadata.decode_seq_lens, scale)
+                                                  metadata.decode_seq_lens, scale, sliding_window)
             else:
                 decode_out = torch.empty((len(idx), *query.shape[1:]), dtype=query.dtype)
                 cpu_native.paged_attention_decode(decode_out, query[idx], kv_cache,
-                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale)
+                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale,
+                                                  sliding_window)
                 out[idx] = decode_out
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
-            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
+                                                         sliding_window, logits_soft_cap)
         return out
+
+    @staticmethod
+    def _soft_capped_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                             sliding_window, logits_soft_cap) -> None:
+        """The native decode op has no soft cap: such layers (Gemma 2) take the torch path."""
+        idx = metadata.decode_token_idx
+        rows = query if idx is None else query[idx]
+        seq_lens = metadata.decode_seq_lens.long()
+        bs = kv_cache.shape[2]
+        max_blocks = -(-int(seq_lens.max()) // bs)
+        positions = torch.arange(max_blocks * bs)
+        mask = positions[None, :] < seq_lens[:, None]
+        if sliding_window is not None:
+            mask &= positions[None, :] >= (seq_lens - sliding_window)[:, None]
+        decoded = decode_attention(rows, kv_cache, metadata.decode_block_table[:, :max_blocks].long(),
+                                   mask[:, None, None, :], scale, logits_soft_cap)
+        if idx is None:
+            out.copy_(decoded)
+        else:
+            out[idx] = decoded

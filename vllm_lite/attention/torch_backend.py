@@ -7,7 +7,7 @@ one SDPA call each with a causal mask offset by their context length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,21 @@ class PrefillSeq:
     seq_len: int
     block_ids: torch.Tensor  # [num_blocks_used]
     mask: torch.Tensor | None  # bool [query_len, seq_len]; None = plain causal (no context)
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> mask
+
+    def mask_for(self, sliding_window: int | None) -> torch.Tensor | None:
+        """The causal mask, narrowed to the last `sliding_window` keys of each query (built
+        once per step and window, shared by the layers with that window)."""
+        if sliding_window is None or sliding_window >= self.seq_len:
+            return self.mask
+        mask = self.window_masks.get(sliding_window)
+        if mask is None:
+            device = self.block_ids.device
+            q_pos = torch.arange(self.query_len, device=device)[:, None] + (self.seq_len - self.query_len)
+            k_pos = torch.arange(self.seq_len, device=device)[None, :]
+            mask = (k_pos <= q_pos) & (k_pos > q_pos - sliding_window)
+            self.window_masks[sliding_window] = mask
+        return mask
 
 
 @dataclass(slots=True)
@@ -33,6 +48,19 @@ class TorchAttentionMetadata:
     decode_mask: torch.Tensor | None  # bool [num_decodes, 1, 1, max_blocks * block_size]
     prefills: list[PrefillSeq]
     num_tokens: int
+    decode_seq_lens: torch.Tensor | None = None  # [num_decodes]
+    decode_window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def decode_mask_for(self, sliding_window: int | None) -> torch.Tensor | None:
+        if sliding_window is None:
+            return self.decode_mask
+        mask = self.decode_window_masks.get(sliding_window)
+        if mask is None:
+            positions = torch.arange(self.decode_mask.shape[-1], device=self.decode_mask.device)
+            first = (self.decode_seq_lens - sliding_window)[:, None, None, None]
+            mask = self.decode_mask & (positions >= first)
+            self.decode_window_masks[sliding_window] = mask
+        return mask
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -67,6 +95,7 @@ class TorchAttentionBackend(AttentionBackend):
         metadata.decode_block_table = common.block_table[rows_t, :max_blocks].long()
         positions = torch.arange(max_blocks * bs, device=seq_lens.device)
         metadata.decode_mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+        metadata.decode_seq_lens = seq_lens
 
     @staticmethod
     def build_prefill(common: CommonAttentionMetadata, row: int) -> PrefillSeq:
@@ -81,16 +110,20 @@ class TorchAttentionBackend(AttentionBackend):
             mask = torch.arange(seq_len, device=block_ids.device)[None, :] <= q_pos
         return PrefillSeq(start, query_len, seq_len, block_ids, mask)
 
-    def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale):
+    def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,
+                sliding_window=None, logits_soft_cap=None):
         n = metadata.num_tokens
         kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n]
         kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n]
         out = torch.empty_like(query)
         if metadata.decode_token_idx is not None:
-            out[metadata.decode_token_idx] = _decode_attention(query, kv_cache, metadata, scale)
+            out[metadata.decode_token_idx] = decode_attention(
+                query[metadata.decode_token_idx], kv_cache, metadata.decode_block_table,
+                metadata.decode_mask_for(sliding_window), scale, logits_soft_cap)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
-            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale)
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
+                                                         sliding_window, logits_soft_cap)
         return out
 
 
@@ -101,21 +134,39 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int) -> torc
     return merged.transpose(-3, -2)
 
 
-def _decode_attention(query, kv_cache, metadata: TorchAttentionMetadata, scale) -> torch.Tensor:
-    q = query[metadata.decode_token_idx].unsqueeze(2)  # [B, Hq, 1, D]
-    k = _gather(kv_cache, metadata.decode_block_table, 0)  # [B, Hkv, S, D]
-    v = _gather(kv_cache, metadata.decode_block_table, 1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=metadata.decode_mask, scale=scale,
-                                         enable_gqa=True)
-    return out.squeeze(2)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           logits_soft_cap: float | None) -> torch.Tensor:
+    """SDPA over [..., H, L, D] (GQA: fewer k/v heads), causal when `mask` is None. With a soft
+    cap the scores are `cap * tanh(score / cap)` before the mask (Gemma 2), computed explicitly."""
+    if logits_soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              scale=scale, enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
-def prefill_attention(query, kv_cache, seq: PrefillSeq, scale) -> torch.Tensor:
+def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                     mask: torch.Tensor, scale: float, logits_soft_cap: float | None = None) -> torch.Tensor:
+    """One query token per row: query [B, Hq, D] over `block_table` [B, nb] (int64) with a key
+    mask [B, 1, 1, nb * block_size]."""
+    q = query.unsqueeze(2)  # [B, Hq, 1, D]
+    k = _gather(kv_cache, block_table, 0)  # [B, Hkv, S, D]
+    v = _gather(kv_cache, block_table, 1)
+    return attend(q, k, v, mask, scale, logits_soft_cap).squeeze(2)
+
+
+def prefill_attention(query, kv_cache, seq: PrefillSeq, scale,
+                      sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
     q = query.transpose(0, 1)  # [Hq, L, D]
     k = _gather(kv_cache, seq.block_ids, 0)[:, : seq.seq_len]
     v = _gather(kv_cache, seq.block_ids, 1)[:, : seq.seq_len]
     # With a batch dimension CPU torch takes its flash-attention kernel; 3-D inputs fall to the
     # math path, 2-5x slower at prompt lengths of 300-2,048 (measured, torch 2.13).
-    out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=seq.mask,
-                                         is_causal=seq.mask is None, scale=scale, enable_gqa=True)
+    out = attend(q[None], k[None], v[None], seq.mask_for(sliding_window), scale, logits_soft_cap)
     return out[0].transpose(0, 1)

@@ -44,13 +44,15 @@ class TritonAttentionBackend(AttentionBackend):
             max_query_len=common.max_query_len,
         )
 
-    def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale):
+    def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale,
+                sliding_window=None, logits_soft_cap=None):
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         args = (out, query, kv_cache, metadata.block_table, metadata.seq_lens,
                 metadata.query_start_loc, scale)
         if metadata.max_query_len == 1 and metadata.num_seqs * kv_cache.shape[3] < SPLIT_KV_MAX_PROGRAMS:
-            split_kv_attention(*args, num_segments=NUM_SEGMENTS)
+            split_kv_attention(*args, num_segments=NUM_SEGMENTS, sliding_window=sliding_window,
+                               logits_soft_cap=logits_soft_cap)
         else:
-            unified_attention(*args)
+            unified_attention(*args, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
         return out

@@ -62,13 +62,16 @@ class FreeBlockQueue:
 class BlockPool:
     """Owns every block. Allocation takes from the free queue's head and, if that block still
     holds a cached hash, evicts it from the hash map first. Block 0 is never handed out: it is
-    the padding slot target, so a stray write never lands in a live block."""
+    the padding slot target, so a stray write never lands in a live block, and the null block
+    that replaces blocks freed outside a sliding window."""
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2 (one is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Stands in a request's block list for blocks freed outside a sliding window.
+        self.null_block = self.blocks[0]
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}
         # Bumped whenever `cached_blocks` gains or loses an entry: a prefix lookup made at the

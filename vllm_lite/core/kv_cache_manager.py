@@ -26,9 +26,11 @@ class KVCacheManager:
     registered in the cache as soon as slots for all their tokens are allocated (their KV is
     written in that same step, before any later step can read it)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 sliding_window: int | None = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_window = sliding_window  # set only when every layer slides
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
@@ -73,17 +75,20 @@ class KVCacheManager:
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones; None if they don't fit
-        (nothing is changed then)."""
-        computed = new_computed_blocks or []
+        (nothing else is changed then). Blocks that fell out of the sliding window are freed
+        first, in either case."""
+        self.remove_skipped_blocks(request)
+        computed = self._drop_hits_outside_window(request, new_computed_blocks or [])
         blocks = self.req_to_blocks.get(request.request_id, [])
         num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_required = -(-num_tokens // self.block_size)
         num_new_blocks = max(num_required - len(blocks) - len(computed), 0)
         # Hits on free blocks take them out of the free queue, so they don't count as free.
-        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0)
+        null = self.block_pool.null_block
+        num_free_hits = sum(1 for block in computed if block.ref_cnt == 0 and block is not null)
         if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hits:
             return None
-        self.block_pool.touch(computed)
+        self.block_pool.touch([block for block in computed if block is not null])
         new_blocks = self.block_pool.allocate(num_new_blocks)
         if request.request_id not in self.req_to_blocks:
             self.req_to_blocks[request.request_id] = []
@@ -101,7 +106,46 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free(reversed(blocks))
+        null = self.block_pool.null_block
+        self.block_pool.free([block for block in reversed(blocks) if block is not null])
+
+    def max_blocks_needed(self, num_tokens: int, max_chunk: int) -> int:
+        """Most blocks a request of `num_tokens` tokens holds at once, computing at most
+        `max_chunk` tokens a step: all of them, or with a sliding window the window's blocks
+        plus the chunk's."""
+        needed = -(-num_tokens // self.block_size)
+        if self.sliding_window is None:
+            return needed
+        return min(needed, -(-(self.sliding_window - 1 + max_chunk) // self.block_size) + 1)
+
+    def _drop_hits_outside_window(self, request: Request,
+                                  hits: list[KVCacheBlock]) -> list[KVCacheBlock]:
+        """Prefix-cache hits the next query can no longer see are not taken: null blocks stand
+        in for them (so a long cached prefix costs only its last window of blocks)."""
+        if self.sliding_window is None or not hits:
+            return hits
+        first_needed = request.num_computed_tokens + len(hits) * self.block_size - self.sliding_window + 1
+        num_skipped = min(max(first_needed, 0) // self.block_size, len(hits))
+        return [self.block_pool.null_block] * num_skipped + hits[num_skipped:]
+
+    def remove_skipped_blocks(self, request: Request) -> None:
+        """With every layer sliding over `sliding_window` keys, the next query (position
+        `num_computed_tokens`) and all later ones see keys from `num_computed_tokens - window + 1`
+        on: blocks wholly before that are read by no layer again. They are freed (tail first)
+        and replaced by the null block, so block i still covers tokens i*bs .. (i+1)*bs - 1.
+        Invariant: a request's null blocks are a prefix of its block list."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if self.sliding_window is None or not blocks:
+            return
+        first_needed = max(request.num_computed_tokens - self.sliding_window + 1, 0)
+        null = self.block_pool.null_block
+        freed = []
+        for i in range(min(first_needed // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[i] is null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = null
+        self.block_pool.free(freed)
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
@@ -113,7 +157,8 @@ class KVCacheManager:
             return
         self._update_block_hashes(request)
         for i in range(start, num_full):
-            self.block_pool.cache_block(blocks[i], request.block_hashes[i])
+            if blocks[i] is not self.block_pool.null_block:
+                self.block_pool.cache_block(blocks[i], request.block_hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
     def _update_block_hashes(self, request: Request) -> None:

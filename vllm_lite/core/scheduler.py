@@ -29,7 +29,8 @@ class Scheduler:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+                                               cache_config.enable_prefix_caching,
+                                               cache_config.sliding_window)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -250,7 +251,7 @@ class Scheduler:
         """Reject a request that could never fit the KV cache even alone (it would preempt
         itself forever)."""
         max_len = min(request.num_prompt_tokens + request.max_tokens, self.config.max_model_len)
-        needed = -(-max_len // self.block_size)
+        needed = self.kv_cache_manager.max_blocks_needed(max_len, self.config.max_num_batched_tokens)
         total = self.kv_cache_manager.num_usable_blocks
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "

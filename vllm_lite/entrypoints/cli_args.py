@@ -21,7 +21,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
             kind = str if f.type.split(" | ")[0] == "str" else int  # annotations are strings here
             parser.add_argument(flag, type=kind, default=default)
     if model_positional:
-        parser.add_argument("model_tag", nargs="?", default=None, help="model folder (default: the demo model)")
+        parser.add_argument("model_tag", nargs="?", default=None,
+                            help="model folder, .gguf file or hub id org/name (default: the demo model)")
 
 
 def engine_args_from(namespace: argparse.Namespace) -> EngineArgs:

@@ -43,7 +43,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
-    for name, weight in iterate_weights(model_dir):
+    split = getattr(model, "split_checkpoint_tensor", None)
+    for name, weight in _split_fused(iterate_weights(model_dir), split):
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
             continue
         target, shard_id = _map_name(model, name)
@@ -53,12 +54,26 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
         loader = getattr(param, "weight_loader", _default_loader)
         loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
         loaded.add(target)
-    missing = {n for n in params if n not in loaded and not (tied and n.startswith("lm_head."))}
+    loaded_tensors = {id(params[n]) for n in loaded}  # a tied weight is loaded under either name
+    missing = {n for n, p in params.items() if id(p) not in loaded_tensors and not (tied and n.startswith("lm_head."))}
     if missing:
         raise ValueError(f"checkpoint in '{model_dir}' lacks weights for: {sorted(missing)[:5]}")
 
 
+def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
+    """A checkpoint that fuses projections (Phi-3's qkv_proj, gate_up_proj) is read as the
+    separate tensors the model's weight loaders take: `split(name, weight)` returns them, or
+    None for a tensor that is not fused."""
+    for name, weight in weights:
+        parts = split(name, weight) if split is not None else None
+        yield from parts if parts is not None else [(name, weight)]
+
+
 def _map_name(model: nn.Module, name: str) -> tuple[str, Any]:
+    hook = getattr(model, "map_checkpoint_name", None)
+    mapped = hook(name) if hook is not None else None
+    if mapped is not None:
+        return mapped
     for ckpt_fragment, param_fragment, shard_id in getattr(model, "stacked_params_mapping", ()):
         if ckpt_fragment in name:
             return name.replace(ckpt_fragment, param_fragment), shard_id
@@ -71,11 +86,14 @@ def _default_loader(param: nn.Parameter, loaded: Any) -> None:
 
 def load_model(model_config: ModelConfig, backend: AttentionBackend, device: torch.device,
                tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
-    model_cls = get_model_class(model_config.hf.architecture)
+    model_cls = get_model_class(model_config.hf.architecture, model_config.hf.model_impl)
     dtype = getattr(torch, model_config.dtype)
-    with torch.device("cpu"):
-        model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
-    load_weights(model, Path(model_config.model))
+    if model_config.hf.model_impl == "transformers":  # transformers reads its own checkpoint
+        model = model_cls(model_config.hf, Path(model_config.model), backend, tp)
+    else:
+        with torch.device("cpu"):
+            model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
+        load_weights(model, Path(model_config.model))
     model = model.to(device=device, dtype=dtype).eval()
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):

@@ -1,15 +1,40 @@
-"""Architecture name (config.json `architectures[0]`) -> model class. The table itself lives
-in config.py (`MODEL_ARCHITECTURES`), so configuration rejects an unknown architecture before
-any worker starts without importing the model layer; classes are imported on use."""
+"""Architecture name (config.json `architectures[0]`) -> model class, imported on use.
+Configuration rejects an unknown architecture before any worker starts without importing this
+layer: config_fields.py's per-architecture field policies are the same list (a test checks)."""
 
 from __future__ import annotations
 
 import importlib
 
-from vllm_lite.config import MODEL_ARCHITECTURES, check_supported
+_MODELS: dict[str, str] = {
+    "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",
+    "Gemma3ForCausalLM": "vllm_lite.model.models.gemma:Gemma3ForCausalLM",
+    "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
+    "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
+    "MixtralForCausalLM": "vllm_lite.model.models.moe:MixtralForCausalLM",
+    "OPTForCausalLM": "vllm_lite.model.models.opt:OPTForCausalLM",
+    "Phi3ForCausalLM": "vllm_lite.model.models.phi3:Phi3ForCausalLM",
+    "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "vllm_lite.model.models.moe:Qwen3MoeForCausalLM",
+}
 
 
-def get_model_class(architecture: str) -> type:
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def check_supported(architecture: str) -> None:
+    if architecture not in _MODELS:
+        raise ValueError(f"architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(supported_architectures())}")
+
+
+def get_model_class(architecture: str, model_impl: str = "vllm") -> type:
+    if model_impl == "transformers":
+        from vllm_lite.model.models.transformers_fallback import TransformersForCausalLM
+
+        return TransformersForCausalLM
     check_supported(architecture)
-    module_name, class_name = MODEL_ARCHITECTURES[architecture].split(":")
+    module_name, class_name = _MODELS[architecture].split(":")
     return getattr(importlib.import_module(module_name), class_name)

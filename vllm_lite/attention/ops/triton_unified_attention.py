@@ -43,11 +43,13 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
 
 @triton.jit
 def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
-                  tile_begin, tile_end, seq_len, query_pos, scale,
+                  tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
                   stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                   TILE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online softmax over key tiles [tile_begin, tile_end) of one sequence and one KV head."""
+    """Online softmax over key tiles [tile_begin, tile_end) of one sequence and one KV head;
+    window > 0 hides keys more than window - 1 positions before each query; softcap > 0 maps
+    scores to softcap * tanh(score / softcap)."""
     offs_t = tl.arange(0, TILE_SIZE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -62,7 +64,11 @@ def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
         v = tl.load(cache_ptr + stride_c_kv + base[:, None] + offs_d[None, :],
                     mask=key_valid[:, None] & d_valid[None, :], other=0.0)  # [TILE, D]
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [M, TILE] fp32
+        if softcap > 0:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # tanh
         visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+        if window > 0:
+            visible = visible & (key_pos[None, :] > query_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked row so far
@@ -103,9 +109,17 @@ def _query_block(q_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs, stride_q_t,
 
 
 @triton.jit
+def _first_tile(first_query_pos, window, TILE_SIZE: tl.constexpr):
+    """The first key tile any query of the block sees: 0, or with a sliding window the tile of
+    the first query's oldest visible key (tiles before it may hold other sequences' data)."""
+    first_key = tl.maximum(first_query_pos - window + 1, 0)
+    return tl.where(window > 0, first_key // TILE_SIZE, 0)
+
+
+@triton.jit
 def _unified_attention_kernel(
     out_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    scale, num_seqs,
+    scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -122,7 +136,8 @@ def _unified_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
-        0, tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale,
+        _first_tile(tl.min(tl.where(row_valid, query_pos, seq_len), axis=0), window, TILE_SIZE),
+        tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale, window, softcap,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
         HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -134,7 +149,7 @@ def _unified_attention_kernel(
 @triton.jit
 def _split_kv_attention_kernel(
     segm_out_ptr, segm_max_ptr, segm_sum_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr,
-    query_start_loc_ptr, scale, num_seqs,
+    query_start_loc_ptr, scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_Q_HEADS: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -148,16 +163,17 @@ def _split_kv_attention_kernel(
     if is_empty:
         return
     segment = tl.program_id(2)
-    num_tiles = tl.cdiv(num_keys, TILE_SIZE)
+    first_tile = _first_tile(tl.min(tl.where(row_valid, query_pos, seq_len), axis=0), window, TILE_SIZE)
+    num_tiles = tl.cdiv(num_keys, TILE_SIZE) - first_tile
     tiles_per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
-    tile_begin = segment * tiles_per_segment
-    tile_end = tl.minimum(tile_begin + tiles_per_segment, num_tiles)
+    tile_begin = first_tile + segment * tiles_per_segment
+    tile_end = tl.minimum(tile_begin + tiles_per_segment, first_tile + num_tiles)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
-        tile_begin, tile_end, seq_len, query_pos, scale,
+        tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
         HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
     # Partials: [T, NUM_Q_HEADS, NUM_SEGMENTS] (+ HEAD_DIM_PAD for acc), every entry written.
@@ -212,16 +228,19 @@ def _check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
 
 def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                       block_table: torch.Tensor, seq_lens: torch.Tensor,
-                      query_start_loc: torch.Tensor, scale: float, tile_size: int = 32) -> None:
+                      query_start_loc: torch.Tensor, scale: float, tile_size: int = 32,
+                      sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
     """query/out `[T, Hq, D]`, kv_cache `[num_blocks, 2, block_size, Hkv, D]`, block_table int32
     `[num_seqs, max_blocks]`, seq_lens int32 `[num_seqs]` (context + new tokens),
-    query_start_loc int32 `[num_seqs + 1]`. Writes `out` in place; no host synchronization."""
+    query_start_loc int32 `[num_seqs + 1]`. Writes `out` in place; no host synchronization.
+    `sliding_window` W: each query sees its last W keys (itself included) only."""
     _check_inputs(query, kv_cache, block_table)
     params = _shape_params(query, kv_cache)
     num_seqs = seq_lens.shape[0]
     grid = (query.shape[0] // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3])
     _unified_attention_kernel[grid](
-        out, query, kv_cache, block_table, seq_lens, query_start_loc, scale, num_seqs,
+        out, query, kv_cache, block_table, seq_lens, query_start_loc, scale, num_seqs, sliding_window or 0,
+        float(logits_soft_cap or 0.0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         TILE_SIZE=tile_size, **params,
@@ -231,7 +250,8 @@ def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Te
 def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                        block_table: torch.Tensor, seq_lens: torch.Tensor,
                        query_start_loc: torch.Tensor, scale: float, num_segments: int = 16,
-                       tile_size: int = 16) -> None:
+                       tile_size: int = 16, sliding_window: int | None = None,
+                       logits_soft_cap: float | None = None) -> None:
     """Same contract as `unified_attention`; meant for decode batches with few sequences.
     `num_segments` must be a power of two."""
     _check_inputs(query, kv_cache, block_table)
@@ -247,7 +267,7 @@ def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.T
     grid = (num_tokens // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3], num_segments)
     _split_kv_attention_kernel[grid](
         segm_out, segm_max, segm_sum, query, kv_cache, block_table, seq_lens, query_start_loc,
-        scale, num_seqs, query.stride(0), query.stride(1), block_table.stride(0),
+        scale, num_seqs, sliding_window or 0, float(logits_soft_cap or 0.0), query.stride(0), query.stride(1), block_table.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_Q_HEADS=num_q_heads, TILE_SIZE=tile_size, NUM_SEGMENTS=num_segments, **params,
     )

@@ -11,3 +11,11 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """gelu_tanh(gate) * up (transformers' `gelu_pytorch_tanh`), for a fused gate_up output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

@@ -11,15 +11,20 @@ from vllm_lite.attention.backend import AttentionBackend
 class Attention(nn.Module):
     """Paged attention for one layer; the backend, KV cache and metadata come in explicitly."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend,
+                 sliding_window: int | None = None, scale: float | None = None,
+                 logits_soft_cap: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.sliding_window = sliding_window  # keys a query sees, itself included; None = all
+        self.logits_soft_cap = logits_soft_cap
         self.backend = backend
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
-        out = self.backend.forward(query, key, value, kv_cache, attn_metadata, self.scale)
+        out = self.backend.forward(query, key, value, kv_cache, attn_metadata, self.scale,
+                                   self.sliding_window, self.logits_soft_cap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -87,6 +87,13 @@ class LinearBase(nn.Module):
         return linear(x, self.weight, self.packed_weight, self.bias)
 
 
+class ReplicatedLinear(LinearBase):
+    """The whole weight on every rank (an MoE router)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias, SINGLE_RANK)
+
+
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication."""
 

@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / rotate-half style), with llama3 frequency scaling."""
+"""Rotary position embedding (neox / rotate-half style), with linear, llama3 and longrope scaling."""
 
 from __future__ import annotations
 
@@ -28,22 +28,47 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _longrope_inv_freq(head_dim: int, base: float, max_model_len: int,
+                       scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: per-frequency divisors (`short_factor` up to the original context) and
+    cos/sin scaled by sqrt(1 + ln(factor) / ln(original)). transformers switches the whole
+    sequence to `long_factor` once it grows past the original context, recomputing nothing
+    already cached; that is not reproduced here, so longer contexts are refused."""
+    original = scaling["original_max_position_embeddings"]
+    if max_model_len > original:
+        raise ValueError(f"rope_scaling longrope: max_model_len={max_model_len} exceeds "
+                         f"original_max_position_embeddings={original}; long_factor scaling is not "
+                         f"implemented, set max_model_len <= {original}")
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
+    mscale = scaling.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    short = torch.tensor(scaling["short_factor"], dtype=torch.float32)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (short * base ** exponents), float(mscale)
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
                  rope_scaling: dict[str, Any] | None) -> None:
         super().__init__()
         inv_freq = _inv_freq(head_dim, base)
         rope_type = (rope_scaling or {}).get("rope_type", "default")
+        mscale = 1.0
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        elif rope_type == "linear":  # positions divided by the factor
+            inv_freq = inv_freq / rope_scaling["factor"]
+        elif rope_type in ("longrope", "su"):
+            inv_freq, mscale = _longrope_inv_freq(head_dim, base, max_position - 1, rope_scaling)
         elif rope_type != "default":
             raise ValueError(f"rope_scaling type {rope_type!r} is not supported "
-                             "(supported: default, llama3)")
+                             "(supported: default, linear, llama3, longrope)")
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cache", emb.cos(), persistent=False)
-        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        self.register_buffer("cos_cache", emb.cos() * mscale, persistent=False)
+        self.register_buffer("sin_cache", emb.sin() * mscale, persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,9 @@
-"""Llama-family decoder (Llama 2/3, Mistral-style configs, SmolLM2). Qwen2 and Qwen3 reuse it:
+"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2 and Qwen3 reuse it:
 Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,8 @@ from vllm_lite.model.layers.rotary import RotaryEmbedding
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -33,7 +35,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
@@ -54,20 +56,29 @@ class LlamaMLP(nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only 'silu')")
         inter = config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], False, tp)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], config.mlp_bias, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, config.mlp_bias, tp)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+MLPFactory = Callable[[HFModelConfig, int, TensorParallelGroup], nn.Module]  # (config, layer, tp)
+
+
+def dense_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) -> nn.Module:
+    return LlamaMLP(config, tp)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool, layer_idx: int,
+                 mlp_factory: MLPFactory = dense_mlp) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias)
-        self.mlp = LlamaMLP(config, tp)
+        window = config.sliding_windows[layer_idx] if config.sliding_windows else None
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias, window)
+        self.mlp = mlp_factory(config, layer_idx, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -78,12 +89,14 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
+                 mlp_factory: MLPFactory = dense_mlp) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias, i, mlp_factory)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -111,10 +124,20 @@ class LlamaForCausalLM(nn.Module):
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm, self.o_proj_bias)
+        self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm, self.o_proj_bias,
+                                self.build_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
+
+    @staticmethod
+    def build_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) -> nn.Module:
+        return LlamaMLP(config, tp)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
+        """(parameter name, shard id) for checkpoint names the fragment table cannot map
+        (per-expert tensors); None: use `stacked_params_mapping`."""
+        return None
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, attn_metadata)

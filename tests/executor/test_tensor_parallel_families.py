@@ -1,0 +1,28 @@
+"""TP=2 greedy parity with transformers for Gemma 3 (local/global layers, qk-norm), Phi-3
+(fused checkpoint tensors split per rank), Mistral with a sliding window (blocks freed) and the
+mixture-of-experts families (each expert's intermediate dimension split over the ranks), with
+chunked prefill and prefix caching."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hf_reference import hf_greedy
+from test_tensor_parallel import NEW_TOKENS, run_greedy, shared_prefix_prompts, tp_llm  # noqa: F401
+from vllm_lite import LLM
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gemma3", "tiny_phi3", "tiny_mixtral", "tiny_qwen3_moe", "tiny_mistral_window"])
+def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRequest,
+                                         prompts_token_ids: list[list[int]],
+                                         tp_llm: Callable[..., LLM]) -> None:  # noqa: F811
+    model: Path = request.getfixturevalue(fixture)
+    prompts = prompts_token_ids + shared_prefix_prompts(prompts_token_ids)
+    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True)
+    assert run_greedy(tp2, prompts) == hf_greedy(model, prompts, NEW_TOKENS)
+    stats = tp2.stats()
+    assert stats["prefix_cache_hits"] >= 48 * 3, stats
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats

@@ -1,0 +1,52 @@
+"""The Transformers fallback: transformers' modelling code, our scheduler, paged KV cache and
+attention (vllm_lite/model/models/transformers_fallback.py). Parity for the architectures without
+a native implementation runs in tests/model/test_families.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hf_reference import hf_greedy
+from test_parity import NEW_TOKENS, run_greedy
+from vllm_lite import LLM
+from vllm_lite.config import EngineArgs
+
+
+def test_native_architecture_through_transformers_on_request(tiny_qwen3: Path,
+                                                             prompts_token_ids: list[list[int]]) -> None:
+    llm = LLM(str(tiny_qwen3), max_model_len=256, model_impl="transformers", max_num_batched_tokens=16,
+              multiprocess=False)
+    assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3, prompts_token_ids, NEW_TOKENS)
+
+
+def test_auto_picks_native_then_fallback(tiny_llama: Path, tiny_gpt_neox: Path) -> None:
+    assert EngineArgs(model=str(tiny_llama)).create_engine_config().model_config.hf.model_impl == "vllm"
+    assert EngineArgs(model=str(tiny_gpt_neox)).create_engine_config().model_config.hf.model_impl == "transformers"
+
+
+def test_native_only_refuses_an_architecture_without_one(tiny_gpt_neox: Path) -> None:
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM.*no native implementation"):
+        EngineArgs(model=str(tiny_gpt_neox), model_impl="vllm").create_engine_config()
+
+
+def _with_config(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("quantization_config", {"quant_method": "awq"}, "quantization_config"),
+    ("model_type", "no_such_model", "no_such_model"),
+])
+def test_fallback_refuses_what_transformers_cannot_run_here(tiny_gpt_neox: Path, tmp_path: Path,
+                                                           field: str, value, message: str) -> None:
+    model = _with_config(tiny_gpt_neox, tmp_path / "m", **{field: value})
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=str(model)).create_engine_config()

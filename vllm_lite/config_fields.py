@@ -1,0 +1,290 @@
+"""Which Hugging Face `config.json` fields each supported architecture implements, ignores or
+refuses. Nothing in a model's config is dropped silently: loading reads the whole dict and every
+key must be in one of three classes for the architecture, or loading stops naming the key.
+
+| class       | meaning                                                                   |
+|-------------|---------------------------------------------------------------------------|
+| implemented | read and honoured by our model code, any valid value                      |
+| ignored     | does not change the math (metadata, training-only, generation defaults)   |
+| restricted  | changes the math; accepted only at the listed values (absent = accepted)  |
+
+The rope dict (`rope_parameters` / `rope_scaling`) is checked separately: its `rope_type` must be
+one the architecture implements. tests/test_config_fields.py walks the transformers config class
+of every architecture here and fails on any attribute that is not classified.
+
+Torch-free and import-light: the engine configuration checks a model before any worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Metadata, training-only knobs and generation defaults that transformers writes into configs.
+COMMON_IGNORED = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "id2label", "label2id", "num_labels", "problem_type",
+    "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
+    "attention_dropout", "tokenizer_class", "finetuning_task", "prefix", "task_specific_params",
+    "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "_attn_implementation_autoset",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "output_router_logits", "router_aux_loss_coef",
+    "pretraining_tp",  # a training-time slicing of the same matmuls; transformers 5 ignores it
+    # custom-code classes a repository offers; with a native (or transformers') implementation
+    # they are not used (as with transformers' trust_remote_code=False); see _refuse_remote_code
+    "auto_map",
+})
+
+# Changes the math at any non-neutral value; no supported architecture implements these.
+COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "is_encoder_decoder": (False,),
+    "is_decoder": (False, True),  # a decoder-only model is a decoder either way
+    "add_cross_attention": (False,),
+    "cross_attention_hidden_size": (None,),
+    "tie_encoder_decoder": (False,),
+    "quantization_config": (None,),  # quantized checkpoints are not loaded
+}
+
+# Core dense-decoder fields every architecture here reads.
+DENSE_IMPLEMENTED = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+})
+ROPE_KEYS_IGNORED = frozenset({"rope_type", "type", "rope_theta"})
+ROPE_KEYS_BY_TYPE: Mapping[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "longrope": frozenset({"long_factor", "short_factor", "factor", "attention_factor",
+                           "original_max_position_embeddings"}),
+    "su": frozenset({"long_factor", "short_factor", "factor", "attention_factor",
+                     "original_max_position_embeddings"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}),
+}
+SLIDING_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPolicy:
+    implemented: frozenset[str]
+    ignored: frozenset[str] = frozenset()
+    restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    rope_types: tuple[str, ...] = ("default", "linear", "llama3")
+    # transformers' value for a field a config.json may leave out, where it is not the one the
+    # generic reader assumes (no window, untied embeddings, no soft cap, ...)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def all_fields(self) -> frozenset[str]:
+        return (self.implemented | self.ignored | COMMON_IGNORED | frozenset(self.restricted)
+                | frozenset(COMMON_RESTRICTED))
+
+
+_LLAMA = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "mlp_bias"},
+    restricted={"hidden_act": ("silu",)},
+)
+_MISTRAL = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window"},
+    defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
+    # transformers' Mistral has no q/k/v/o or MLP biases whatever these say (it never reads them)
+    ignored=frozenset({"attention_bias", "mlp_bias"}),
+    restricted={"hidden_act": ("silu",), "layer_types": (None,)},
+)
+_QWEN2 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"use_sliding_window", "sliding_window", "max_window_layers",
+                                     "layer_types"},
+    # q/k/v always have biases in Qwen2 (and o_proj none): transformers never reads the flag
+    ignored=frozenset({"attention_bias"}),
+    restricted={"hidden_act": ("silu",)},
+    defaults={"max_position_embeddings": 32768},
+)
+_QWEN3 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
+                                     "max_window_layers", "layer_types"},
+    restricted={"hidden_act": ("silu",)},
+    defaults={"max_position_embeddings": 32768},
+)
+
+_MIXTRAL = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+    # no attention or MLP biases in transformers' Mixtral; router jitter is training-only
+    ignored=frozenset({"attention_bias", "mlp_bias", "router_jitter_noise"}),
+    restricted={"hidden_act": ("silu",)},
+    defaults={"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+              "max_position_embeddings": 131072, "num_local_experts": 8, "num_experts_per_tok": 2},
+)
+_QWEN3_MOE = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "use_sliding_window", "sliding_window",
+                                     "num_experts", "num_local_experts", "num_experts_per_tok",
+                                     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                     "mlp_only_layers"},
+    # transformers' Qwen3-MoE slides every layer when use_sliding_window: it never reads this
+    ignored=frozenset({"max_window_layers"}),
+    restricted={"hidden_act": ("silu",)},
+    defaults={"num_key_value_heads": 4, "max_position_embeddings": 32768, "num_experts": 128,
+              "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
+              "decoder_sparse_step": 1},
+)
+
+_GEMMA_IMPLEMENTED = DENSE_IMPLEMENTED | {
+    "attention_bias", "hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+    "attn_logit_softcapping", "final_logit_softcapping"}
+_GEMMA_DEFAULTS = {"tie_word_embeddings": True, "head_dim": 256, "query_pre_attn_scalar": 256,
+                   "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}
+_GEMMA2 = FieldPolicy(
+    implemented=_GEMMA_IMPLEMENTED,
+    # transformers' Gemma reads hidden_activation; hub configs carry hidden_act beside it
+    ignored=frozenset({"hidden_act", "cache_implementation"}),
+    restricted={"hidden_activation": ("gelu_pytorch_tanh",), "use_bidirectional_attention": (None, False)},
+    defaults={**_GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+              "num_key_value_heads": 4, "max_position_embeddings": 8192},
+)
+_GEMMA3 = FieldPolicy(
+    implemented=_GEMMA_IMPLEMENTED | {"rope_local_base_freq", "sliding_window_pattern",
+                                      "_sliding_window_pattern"},
+    ignored=frozenset({"hidden_act", "cache_implementation"}),
+    restricted={"hidden_activation": ("gelu_pytorch_tanh",), "use_bidirectional_attention": (None, False)},
+    defaults={**_GEMMA_DEFAULTS, "num_key_value_heads": 4, "max_position_embeddings": 131072},
+)
+
+_PHI3 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"sliding_window", "original_max_position_embeddings"},
+    # dropouts are training-only; transformers' Phi-3 has no attention or MLP biases
+    ignored=frozenset({"embd_pdrop", "resid_pdrop", "attention_bias", "mlp_bias"}),
+    restricted={"hidden_act": ("silu",), "partial_rotary_factor": (1.0,)},
+    rope_types=("default", "longrope", "su"),
+    defaults={"max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+              "original_max_position_embeddings": 4096},
+)
+
+_OPT = FieldPolicy(
+    implemented=frozenset({"vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers",
+                           "num_attention_heads", "max_position_embeddings", "tie_word_embeddings",
+                           "do_layer_norm_before", "_remove_final_layer_norm", "word_embed_proj_dim",
+                           "enable_bias", "layer_norm_elementwise_affine"}),
+    ignored=frozenset({"dropout", "activation_dropout", "layerdrop", "init_std"}),  # training-only
+    restricted={"activation_function": ("relu",)},
+    rope_types=(),
+    defaults={"tie_word_embeddings": True, "max_position_embeddings": 2048},
+)
+
+POLICIES: Mapping[str, FieldPolicy] = {
+    "OPTForCausalLM": _OPT,
+    "Phi3ForCausalLM": _PHI3,
+    "Gemma2ForCausalLM": _GEMMA2,
+    "Gemma3ForCausalLM": _GEMMA3,
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _MISTRAL,
+    "MixtralForCausalLM": _MIXTRAL,
+    "Qwen2ForCausalLM": _QWEN2,
+    "Qwen3ForCausalLM": _QWEN3,
+    "Qwen3MoeForCausalLM": _QWEN3_MOE,
+}
+
+
+def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first field of `cfg` that `architecture` neither implements,
+    ignores, nor accepts at its present value."""
+    policy = POLICIES.get(architecture)
+    if policy is None:
+        raise ValueError(f"architecture {architecture!r} is not supported; "
+                         f"supported: {', '.join(sorted(POLICIES))}")
+    restricted = {**COMMON_RESTRICTED, **policy.restricted}
+    for name, value in cfg.items():
+        if name in restricted:
+            if value not in restricted[name]:
+                raise ValueError(f"config.json: {name}={value!r} is not supported for {architecture} "
+                                 f"(supported: {_describe(restricted[name])})")
+        elif name not in policy.implemented and name not in policy.ignored and name not in COMMON_IGNORED:
+            raise ValueError(f"config.json: field {name!r} is not implemented for {architecture}; "
+                             "refusing to load rather than ignore it")
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = cfg.get(name)
+        if isinstance(rope, Mapping) and set(rope) <= set(SLIDING_LAYER_TYPES):  # one per layer type
+            for layer_type, sub in rope.items():
+                check_rope_fields(architecture, f"{name}.{layer_type}", sub, policy.rope_types)
+        elif isinstance(rope, Mapping):
+            check_rope_fields(architecture, name, rope, policy.rope_types)
+    for layer_type in cfg.get("layer_types") or ():
+        if layer_type not in SLIDING_LAYER_TYPES:
+            raise ValueError(f"config.json: layer_types entry {layer_type!r} is not supported for "
+                             f"{architecture} (supported: {', '.join(SLIDING_LAYER_TYPES)})")
+
+
+def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
+                      rope_types: tuple[str, ...]) -> None:
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in rope_types or rope_type not in ROPE_KEYS_BY_TYPE:
+        raise ValueError(f"config.json: {name} rope_type {rope_type!r} is not supported for "
+                         f"{architecture} (supported: {', '.join(rope_types)})")
+    known = ROPE_KEYS_IGNORED | ROPE_KEYS_BY_TYPE[rope_type]
+    for key, value in rope.items():
+        if key == "partial_rotary_factor" and value == 1.0:
+            continue
+        if key not in known:
+            raise ValueError(f"config.json: {name}.{key}={value!r} is not implemented for "
+                             f"{architecture} with rope_type {rope_type!r}")
+
+
+def _describe(values: tuple[Any, ...]) -> str:
+    return ", ".join("absent" if v is None else repr(v) for v in values)
+
+
+def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` with transformers' defaults filled in for the fields it leaves out."""
+    policy = POLICIES.get(architecture)
+    return {**(policy.defaults if policy else {}), **cfg}
+
+
+def gemma_layer_types(cfg: Mapping[str, Any], architecture: str) -> list[str]:
+    """`layer_types`, or transformers' default: Gemma 2 alternates local/global from a local
+    layer; Gemma 3 makes every `sliding_window_pattern`-th layer global."""
+    num_layers = cfg["num_hidden_layers"]
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])
+    if architecture == "Gemma2ForCausalLM":
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+
+
+def resolve_model_impl(model_impl: str, architecture: str) -> str:
+    """"vllm" (a native implementation) or "transformers" (the fallback)."""
+    if model_impl == "vllm" and architecture not in POLICIES:
+        raise ValueError(f"architecture {architecture!r} has no native implementation (native: "
+                         f"{', '.join(sorted(POLICIES))}); model_impl='auto' or 'transformers' runs "
+                         "it through transformers' modelling code")
+    if model_impl == "auto":
+        return "vllm" if architecture in POLICIES else "transformers"
+    return model_impl
+
+
+def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
+    """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
+    only what bypasses it is refused (custom code, quantized weights, encoder-decoders)."""
+    for name, allowed in COMMON_RESTRICTED.items():
+        if name in cfg and cfg[name] not in allowed:
+            raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
+                             f"(supported: {_describe(allowed)})")
+    if not architecture.endswith("ForCausalLM"):
+        raise ValueError(f"architecture {architecture!r} is not a decoder-only *ForCausalLM model")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = cfg.get("model_type")
+    built = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if built is None and cfg.get("auto_map"):
+        raise ValueError(f"architecture {architecture!r} exists only as custom code in its repository "
+                         "(config.json auto_map: a trust_remote_code model); vllm_lite never runs code "
+                         "from a model repository")
+    if built != architecture:
+        raise ValueError(f"architecture {architecture!r} (model_type {model_type!r}) is not supported: "
+                         f"no native implementation (supported: {', '.join(sorted(POLICIES))}) and "
+                         f"transformers builds {built or 'no causal-LM class'} for that model_type")
+

@@ -1,0 +1,158 @@
+"""Gemma 2 and Gemma 3 (text): pre- and post-norms around attention and MLP, (1 + w) RMSNorm,
+embeddings scaled by sqrt(hidden_size), gelu-tanh MLP, attention scaled by
+`query_pre_attn_scalar`, local (sliding) and global layers per `layer_types`, soft-capped
+attention scores (Gemma 2) and final logits. Gemma 3 adds per-head q/k norms and a separate
+rope base (and scaling) for local and global layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import HFModelConfig
+from vllm_lite.config_fields import gemma_layer_types
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.activation import GeluTanhAndMul
+from vllm_lite.model.layers.attention import Attention
+from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm_lite.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm_lite.model.layers.norm import GemmaRMSNorm
+from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.llama import LlamaForCausalLM
+
+SLIDING = "sliding_attention"
+
+
+def gemma3_rope(raw: dict[str, Any], layer_type: str) -> tuple[float, dict[str, Any] | None]:
+    """(base, scaling) for one layer type: transformers-5 `rope_parameters` keyed by layer type,
+    or the older `rope_theta` + `rope_scaling` (global) and `rope_local_base_freq` (local)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and layer_type in params:
+        rope = params[layer_type]
+        kind = rope.get("rope_type", "default")
+        return float(rope["rope_theta"]), None if kind == "default" else dict(rope, rope_type=kind)
+    if layer_type == SLIDING:
+        return float(raw.get("rope_local_base_freq", 10000.0)), None
+    scaling = raw.get("rope_scaling")
+    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return float(raw.get("rope_theta", 1_000_000.0)), scaling
+
+
+class GemmaAttention(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup, window: int | None, qk_norm: bool) -> None:
+        super().__init__()
+        raw, d = config.raw, config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
+                                          config.num_key_value_heads, config.attention_bias, tp)
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
+                                        config.attention_bias, tp)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size, self.head_dim = self.qkv_proj.q_size, self.qkv_proj.kv_size, d
+        self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = rotary
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, window,
+                              scale=raw["query_pre_attn_scalar"] ** -0.5,
+                              logits_soft_cap=raw.get("attn_logit_softcapping"))
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], False, tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, False, tp)
+        self.act_fn = GeluTanhAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup, window: int | None, qk_norm: bool) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = GemmaAttention(config, rotary, backend, tp, window, qk_norm)
+        self.mlp = GemmaMLP(config, tp)
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        hidden = hidden + self.post_attention_layernorm(attn)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+        super().__init__()
+        raw = config.raw
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embed_scale = config.hidden_size ** 0.5
+        layer_types = gemma_layer_types(raw, config.architecture)
+        rotaries = {kind: self._rotary(config, max_position, kind, qk_norm) for kind in set(layer_types)}
+        self.rotaries = nn.ModuleList(rotaries.values())  # buffers follow the model's device
+        self.layers = nn.ModuleList(
+            GemmaDecoderLayer(config, rotaries[kind], backend, tp, config.sliding_windows[i], qk_norm)
+            for i, kind in enumerate(layer_types))
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @staticmethod
+    def _rotary(config: HFModelConfig, max_position: int, layer_type: str, per_type: bool) -> RotaryEmbedding:
+        if per_type:  # Gemma 3
+            base, scaling = gemma3_rope(config.raw, layer_type)
+            return RotaryEmbedding(config.head_dim, max_position, base, scaling)
+        return RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class Gemma2ForCausalLM(nn.Module):
+    qk_norm = False
+    stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
+
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.config = config
+        self.model = GemmaModel(config, max_position, backend, tp, self.qk_norm)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+        self.final_logit_softcapping = config.raw.get("final_logit_softcapping")
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head.compute_logits(hidden_states)
+        cap = self.final_logit_softcapping
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    qk_norm = True

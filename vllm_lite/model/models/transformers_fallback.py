@@ -1,0 +1,125 @@
+"""The Transformers fallback (vLLM's `model_impl="transformers"`): a decoder-only `*ForCausalLM`
+that transformers can build runs with transformers' own modelling code, while its attention is
+ours: the model is built with `attn_implementation="vllm_lite"`, an attention function
+registered in transformers' AttentionInterface that writes each layer's keys and values into
+our paged KV cache and attends through our backend. The scheduler feeds the whole step's
+tokens as one sequence (batch 1, our positions); the attention metadata says where each
+request starts, so the causal mask transformers would build is not needed (a mask function
+that builds none is registered beside it).
+
+Only models whose attention goes entirely through that interface qualify (transformers marks
+them `_supports_attention_backend`): a model that adds a bias through the mask (ALiBi) would
+otherwise lose it silently. One rank only: tensor parallelism needs a native implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import HFModelConfig
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+
+ATTN_IMPLEMENTATION = "vllm_lite"
+# keyword arguments transformers' attention modules pass that need nothing from us
+_NEUTRAL_KWARGS = {"dropout": (0.0, None), "is_causal": (True, None), "position_ids": None,
+                   "cache_position": None, "output_attentions": (False, None), "use_cache": None,
+                   "past_key_values": (None,), "position_embeddings": None}
+
+
+def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: Any, scaling: float | None = None, **kwargs: Any):
+    """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None), through the
+    backend with this layer's cache; `kv_caches` and `attn_metadata` ride in the kwargs."""
+    kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
+    backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
+    sliding_window, soft_cap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
+    _refuse_unknown(kwargs)
+    scale = module.head_dim ** -0.5 if scaling is None else scaling
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+    out = backend.forward(q, k.contiguous(), v.contiguous(), kv_caches[module.layer_idx], metadata,
+                          scale, sliding_window, soft_cap)
+    return out.unsqueeze(0), None
+
+
+def _refuse_unknown(kwargs: dict[str, Any]) -> None:
+    for name, value in kwargs.items():
+        allowed = _NEUTRAL_KWARGS.get(name, ())
+        if name in _NEUTRAL_KWARGS and (allowed is None or value in allowed):
+            continue
+        if name.startswith("vllm_lite_") or value is None:
+            continue
+        raise ValueError(f"model_impl='transformers': the attention of this model passes {name}={value!r}, "
+                         "which the vllm_lite attention does not implement")
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def register_attention() -> None:
+    """Idempotent: transformers keeps the registry for the process."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _vllm_lite_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
+
+
+@dataclass(frozen=True, slots=True)
+class _AttentionSpec:
+    num_kv_heads: int
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerSpec:
+    self_attn: _AttentionSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _LayersView:
+    """What the model runner reads to size the KV cache: `model.model.layers[0].self_attn`."""
+
+    layers: tuple[_LayerSpec, ...]
+
+
+class TransformersForCausalLM(nn.Module):
+    def __init__(self, config: HFModelConfig, model_dir: Path, backend: AttentionBackend,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        """Transformers loads the checkpoint itself (it knows each family's tensor names and
+        conversions)."""
+        super().__init__()
+        if tp.size > 1:
+            raise ValueError("model_impl='transformers' runs on one rank; tensor_parallel_size > 1 needs "
+                             f"a native implementation of {config.architecture}")
+        from transformers import AutoModelForCausalLM
+
+        register_attention()
+        self.hf_model = AutoModelForCausalLM.from_pretrained(
+            model_dir, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+        if not type(self.hf_model)._supports_attention_backend:
+            raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
+                             "of its attention through transformers' attention interface (e.g. it adds "
+                             "ALiBi biases through the mask), so it cannot run on the paged KV cache")
+        self.config = config
+        self.backend = backend
+        self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
+
+    @property
+    def model(self) -> _LayersView:
+        return self._layers_view
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        base = self.hf_model.base_model
+        out = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
+                   vllm_lite_kv_caches=kv_caches, vllm_lite_attn_metadata=attn_metadata,
+                   vllm_lite_backend=self.backend)
+        return out.last_hidden_state[0]
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.hf_model.get_output_embeddings()(hidden_states)
