@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_lite.model.registry import check_supported
+
+logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -341,11 +344,20 @@ def _resolve_device(device: str) -> str:
 
 
 def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
-    """`auto` takes the checkpoint's dtype on CUDA. On CPU it takes float32: half-precision
-    matmuls are emulated (slow) on CPUs without AMX/AVX512-BF16, and fp32 is what parity needs."""
+    """`auto` takes the checkpoint's dtype on CUDA. On CPU it takes bfloat16 where the CPU has
+    bf16 dot products in hardware (avx512_bf16 or AMX), else float32: elsewhere half-precision
+    matmuls are emulated and slower than fp32. An explicit `dtype` always wins; the parity
+    tests ask for float32."""
     if dtype != "auto":
         return dtype
-    if device == "cpu" or model_dtype not in DTYPE_SIZES:
+    if device == "cpu":
+        from vllm_lite.cpu_info import has_native_bf16
+
+        chosen = "bfloat16" if has_native_bf16() else "float32"
+        logger.info("dtype='auto' on CPU: %s (%s); pass dtype= to override", chosen,
+                    "native bf16 dot products" if chosen == "bfloat16" else "no native bf16 dot products")
+        return chosen
+    if model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
 

@@ -2,7 +2,7 @@
 run natively; prefill rows (chunks, prefix-cache hits) use the torch reference's SDPA path.
 In a mixed batch the decode rows go to the native op together and each prefill row to SDPA.
 
-Needs the extension and float32; `selector.get_attn_backend` falls back to the torch backend
+Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise.
 """
 

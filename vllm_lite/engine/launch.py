@@ -18,6 +18,7 @@ import msgspec
 import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.cpu_info import openmp_child_env
 from vllm_lite.engine.core import spawned_engine_core_main
 from vllm_lite.engine.exceptions import EngineStartupError
 from vllm_lite.engine.protocol import (
@@ -87,7 +88,8 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
     proc = context.Process(target=spawned_engine_core_main, args=(vllm_config, address, writer),
                            name="vllm-lite-engine-core")
     try:
-        proc.start()
+        with openmp_child_env():
+            proc.start()
     except BaseException:
         address.cleanup()
         raise

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.cpu_info import openmp_child_env
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.executor.messages import InitKVCache, MessageCodec, Shutdown, WorkerReply
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
@@ -156,7 +157,8 @@ def start_worker_processes(vllm_config: VllmConfig, master_port: int, procs: lis
         rank = parallel.node_rank * parallel.ranks_per_node + local_rank
         args = WorkerProcArgs(vllm_config, master_port, rank, local_rank)
         proc = ctx.Process(target=run_worker, args=(args,), name=f"vllm_lite-rank{rank}", daemon=True)
-        proc.start()
+        with openmp_child_env():
+            proc.start()
         procs.append(proc)
 
 

@@ -34,7 +34,8 @@ def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Te
 def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> None:
     """One query token per sequence: query `[S, Hq, D]` -> `out` (contiguous, same shape) over
-    the `seq_lens[s]` cached tokens of `block_table[s]` (int32). float32 only."""
+    the `seq_lens[s]` cached tokens of `block_table[s]` (int32). float32, or bfloat16 for query,
+    out and cache alike (fp32 scores, softmax and accumulation inside)."""
     torch.ops.vllm_lite_C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale)
 
 
