@@ -14,4 +14,7 @@ PY="$VENV_DIR/bin/python"
 # The CPU wheel of torch from local disk first, so optimum's export pulls nothing heavier.
 "$PY" -m pip install -q torch==2.13.0
 "$PY" -m pip install -q openvino-genai openvino-tokenizers "optimum-intel[openvino]" "transformers<5" numpy torch==2.13.0
-"$PY" -c "import openvino_genai as g; print('openvino_genai', g.__version__, 'ready in', '$VENV_DIR')"
+# torchvision (pulled in by optimum) does not load against this torch and breaks transformers'
+# model imports; text export does not need it.
+"$PY" -m pip uninstall -q -y torchvision torchaudio 2>/dev/null || true
+"$PY" -c "import transformers.modeling_utils; import openvino_genai as g; print('openvino_genai', g.__version__, 'ready in', '$VENV_DIR')"
