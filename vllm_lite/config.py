@@ -25,6 +25,8 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+# int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
+QUANTIZATION_METHODS = ("int8",)
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 
 
@@ -127,6 +129,7 @@ class ModelConfig:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS, resolved by the worker
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    quantization: str | None = None  # one of QUANTIZATION_METHODS: linear layers quantized at load
 
     @property
     def dtype_size(self) -> int:
@@ -234,6 +237,7 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    quantization: str | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -262,6 +266,10 @@ class EngineArgs:
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _check(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+               f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
+        _check(self.quantization is None or device == "cpu",
+               f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
         max_len = self.max_model_len or hf.max_position_embeddings
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
@@ -277,6 +285,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
+            quantization=self.quantization,
         )
 
     def _cache_config(self) -> CacheConfig:
