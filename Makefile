@@ -29,11 +29,12 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 # Benchmarks (benchmarks/RESULTS.md): each prints a table last. The peers they compare with are
-# optional: `make bench-peers` builds vLLM's CPU build in its own environment (~3.5 GB).
+# optional: `make bench-peers` builds vLLM's CPU build and OpenVINO GenAI in their own environments.
 BENCH := $(PY) benchmarks
 
 bench-peers:
 	bash benchmarks/peers/make_vllm_cpu_venv.sh
+	bash benchmarks/peers/make_openvino_venv.sh
 
 bench-throughput: $(STAMP)
 	$(BENCH)/throughput_demo.py
