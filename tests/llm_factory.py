@@ -1,4 +1,5 @@
-"""Builds an in-process LLM for tests (the engine core in this process, when the option exists)."""
+"""Builds an in-process LLM for tests (the engine core in this process, when the option exists),
+in float32 unless a test asks otherwise: on a CPU with native bf16, dtype="auto" means bf16."""
 
 from __future__ import annotations
 
@@ -16,4 +17,5 @@ def make_llm(model: Path, **engine_args: Any) -> LLM:
     if accepts_multiprocess:
         engine_args.setdefault("multiprocess", False)
     engine_args.setdefault("max_model_len", 256)
+    engine_args.setdefault("dtype", "float32")  # parity with transformers is an fp32 claim
     return LLM(str(model), **engine_args)

@@ -19,7 +19,7 @@ def demo_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def demo_llm(demo_dir: Path) -> LLM:
-    return LLM(str(demo_dir), max_model_len=512, multiprocess=False)
+    return LLM(str(demo_dir), max_model_len=512, dtype="float32", multiprocess=False)
 
 
 def test_demo_model_greedy_parity(demo_dir: Path, demo_llm: LLM) -> None:

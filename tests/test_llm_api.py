@@ -12,7 +12,7 @@ from vllm_lite import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3: Path) -> LLM:
-    return LLM(str(tiny_qwen3), max_model_len=128, multiprocess=False)
+    return LLM(str(tiny_qwen3), max_model_len=128, dtype="float32", multiprocess=False)
 
 
 def test_string_and_token_prompts_agree(llm: LLM) -> None:

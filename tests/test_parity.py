@@ -27,7 +27,7 @@ def assert_no_leaked_blocks(llm: LLM) -> None:
 def test_greedy_matches_transformers(name: str, tiny_models: dict[str, Path],
                                      prompts_token_ids: list[list[int]]) -> None:
     model = tiny_models[name]
-    llm = LLM(str(model), max_model_len=256, multiprocess=False)
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(model, prompts_token_ids, NEW_TOKENS)
     assert_no_leaked_blocks(llm)
 
@@ -36,14 +36,14 @@ def test_greedy_matches_transformers(name: str, tiny_models: dict[str, Path],
 def test_sharded_checkpoint_and_llama3_rope(fixture: str, request: pytest.FixtureRequest,
                                             prompts_token_ids: list[list[int]]) -> None:
     model = request.getfixturevalue(fixture)
-    llm = LLM(str(model), max_model_len=256, multiprocess=False)
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(model, prompts_token_ids, NEW_TOKENS)
 
 
 def test_prefix_caching_shared_prefix(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
     shared = prompts_token_ids[-1][:48]  # three full blocks of 16
     prompts = [shared + p[:12] for p in prompts_token_ids]
-    llm = LLM(str(tiny_qwen3), max_model_len=256, multiprocess=False)
+    llm = LLM(str(tiny_qwen3), max_model_len=256, dtype="float32", multiprocess=False)
     expected = hf_greedy(tiny_qwen3, prompts, NEW_TOKENS)
     assert run_greedy(llm, prompts[:1]) == expected[:1]
     assert run_greedy(llm, prompts) == expected
@@ -81,21 +81,21 @@ def test_cache_salt_separates_prefix_caches(tiny_qwen3: Path, prompts_token_ids:
 
 
 def test_chunked_prefill(tiny_llama: Path, prompts_token_ids: list[list[int]]) -> None:
-    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=16, multiprocess=False)
+    llm = LLM(str(tiny_llama), max_model_len=256, max_num_batched_tokens=16, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_llama, prompts_token_ids, NEW_TOKENS)
     assert_no_leaked_blocks(llm)
 
 
 def test_chunked_prefill_without_prefix_caching(tiny_qwen2: Path, prompts_token_ids: list[list[int]]) -> None:
     llm = LLM(str(tiny_qwen2), max_model_len=256, max_num_batched_tokens=16,
-              enable_prefix_caching=False, multiprocess=False)
+              enable_prefix_caching=False, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen2, prompts_token_ids, NEW_TOKENS)
     assert llm.stats()["prefix_cache_hits"] == 0
 
 
 def test_preemption(tiny_llama_tied: Path, prompts_token_ids: list[list[int]]) -> None:
     # 17 usable blocks of 16 tokens: the longest request alone needs 8 (90 + 32 tokens).
-    llm = LLM(str(tiny_llama_tied), max_model_len=256, num_kv_blocks=18, multiprocess=False)
+    llm = LLM(str(tiny_llama_tied), max_model_len=256, num_kv_blocks=18, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_llama_tied, prompts_token_ids, NEW_TOKENS)
     assert llm.stats()["num_preemptions"] > 0
     assert_no_leaked_blocks(llm)
@@ -103,6 +103,6 @@ def test_preemption(tiny_llama_tied: Path, prompts_token_ids: list[list[int]]) -
 
 def test_no_chunked_prefill(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
     llm = LLM(str(tiny_qwen3), max_model_len=128, enable_chunked_prefill=False,
-              max_num_batched_tokens=128, max_num_seqs=3, multiprocess=False)
+              max_num_batched_tokens=128, max_num_seqs=3, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3, prompts_token_ids, NEW_TOKENS)
     assert_no_leaked_blocks(llm)

@@ -36,7 +36,8 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: tor
                            sliding_window: int | None = None) -> None:
     """One query token per sequence: query `[S, Hq, D]` -> `out` (contiguous, same shape) over
     the `seq_lens[s]` cached tokens of `block_table[s]` (int32), only the last `sliding_window`
-    of them when given (blocks before the window are not read). float32 only."""
+    of them when given (blocks before the window are not read; float32 only). float32, or
+    bfloat16 for query, out and cache alike (fp32 scores, softmax and accumulation inside)."""
     torch.ops.vllm_lite_C.paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale,
                                                  sliding_window or 0)
 

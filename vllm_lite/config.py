@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from vllm_lite.config_fields import (
 )
 from vllm_lite.hub import resolve_model_path
 
+logger = logging.getLogger(__name__)
+
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
@@ -29,6 +32,8 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+# int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
+QUANTIZATION_METHODS = ("int8",)
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
 MODEL_IMPLS = ("auto", "vllm", "transformers")
@@ -204,6 +209,7 @@ class ModelConfig:
     max_logprobs: int = 20  # most logprobs / prompt_logprobs a request may ask for
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS, resolved by the worker
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    quantization: str | None = None  # one of QUANTIZATION_METHODS: linear layers quantized at load
 
     @property
     def dtype_size(self) -> int:
@@ -323,6 +329,7 @@ class EngineArgs:
     model_impl: str = "auto"  # one of MODEL_IMPLS
     revision: str | None = None  # hub branch, tag or commit when `model` is a hub id
     download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
+    quantization: str | None = None  # one of QUANTIZATION_METHODS
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -355,6 +362,10 @@ class EngineArgs:
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        _check(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+               f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
+        _check(self.quantization is None or device == "cpu",
+               f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
         max_len = self.max_model_len or hf.max_position_embeddings
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
@@ -372,6 +383,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
+            quantization=self.quantization,
         )
 
     def _cache_config(self, hf: HFModelConfig) -> CacheConfig:
@@ -451,11 +463,20 @@ def _resolve_device(device: str) -> str:
 
 
 def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
-    """`auto` takes the checkpoint's dtype on CUDA. On CPU it takes float32: half-precision
-    matmuls are emulated (slow) on CPUs without AMX/AVX512-BF16, and fp32 is what parity needs."""
+    """`auto` takes the checkpoint's dtype on CUDA. On CPU it takes bfloat16 where the CPU has
+    bf16 dot products in hardware (avx512_bf16 or AMX), else float32: elsewhere half-precision
+    matmuls are emulated and slower than fp32. An explicit `dtype` always wins; the parity
+    tests ask for float32."""
     if dtype != "auto":
         return dtype
-    if device == "cpu" or model_dtype not in DTYPE_SIZES:
+    if device == "cpu":
+        from vllm_lite.cpu_info import has_native_bf16
+
+        chosen = "bfloat16" if has_native_bf16() else "float32"
+        logger.info("dtype='auto' on CPU: %s (%s); pass dtype= to override", chosen,
+                    "native bf16 dot products" if chosen == "bfloat16" else "no native bf16 dot products")
+        return chosen
+    if model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
 

@@ -24,13 +24,17 @@ from typing import Any
 
 import zmq
 
+from vllm_lite.cpu_info import openmp_child_env
+
 TERMINATE_TIMEOUT_S = 5.0  # SIGTERM's grace before SIGKILL
 
 
 def spawn(target: Callable[..., Any], args: tuple[Any, ...], name: str, daemon: bool = False) -> BaseProcess:
-    """Start `target(*args)` in a fresh interpreter (spawn: no forked threads or CUDA state)."""
+    """Start `target(*args)` in a fresh interpreter (spawn: no forked threads or CUDA state),
+    with the OpenMP defaults that keep its threads from spin-waiting (cpu_info.py)."""
     proc = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=daemon)
-    proc.start()
+    with openmp_child_env():
+        proc.start()
     return proc
 
 

@@ -23,7 +23,7 @@ def main(job_path: str, result_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     detokenize = job.get("detokenize", True)
-    llm = LLM(model=job["model"], dtype="float32", max_model_len=job["max_model_len"],
+    llm = LLM(model=job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
               enforce_eager=True, seed=0, skip_tokenizer_init=not detokenize)
     prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]

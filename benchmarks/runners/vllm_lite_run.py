@@ -17,9 +17,10 @@ from vllm_lite import LLM, SamplingParams
 
 def main(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    llm = LLM(job["model"], dtype="float32", max_model_len=job["max_model_len"], max_num_seqs=job["max_num_seqs"],
-              max_num_batched_tokens=job["max_num_batched_tokens"],
-              kv_cache_memory_bytes=job["kv_cache_gib"] * 1024 ** 3, seed=0)
+    optional = {"quantization": job["quantization"]} if job.get("quantization") else {}
+    llm = LLM(job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
+              max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
+              kv_cache_memory_bytes=job["kv_cache_gib"] * 1024 ** 3, seed=0, **optional)
     try:
         detokenize = job.get("detokenize", True)
         prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]

@@ -19,7 +19,7 @@ def _make_llm(model: Path, **engine_args) -> LLM:
                             or "multiprocess" in inspect.signature(LLM.__init__).parameters)
     if accepts_multiprocess:
         engine_args["multiprocess"] = False  # in-process, so the op counter below sees the calls
-    return LLM(str(model), max_model_len=256, max_num_batched_tokens=48, **engine_args)
+    return LLM(str(model), max_model_len=256, max_num_batched_tokens=48, dtype="float32", **engine_args)
 
 
 def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:

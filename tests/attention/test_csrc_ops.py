@@ -6,13 +6,14 @@ present and VLLM_LITE_BUILD_CSRC not "0", a missing extension fails (build it wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sysconfig
 
 import pytest
 import torch
-from paged_inputs import make_paged_batch, reference_forward
+from paged_inputs import PagedBatch, make_paged_batch, reference_forward
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.selector import get_attn_backend
@@ -83,6 +84,33 @@ def test_paged_attention_decode(num_q_heads, num_kv_heads, head_dim, block_size)
     assert (out - ref_out).abs().max().item() <= ATOL
 
 
+def _as_float32(batch: PagedBatch) -> PagedBatch:
+    """The same values in float32 (bf16 -> fp32 is exact): the reference for a bf16 batch."""
+    return dataclasses.replace(batch, query=batch.query.float(), key=batch.key.float(),
+                               value=batch.value.float(), kv_cache=batch.kv_cache.float())
+
+
+@native
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim",
+                         [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_size):
+    """bf16 cache, query and output: scores, softmax and sums in fp32, so the result is the fp32
+    attention over the same bf16 values, rounded once to bf16 (relative error <= 2^-8)."""
+    specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=block_size,
+                             dtype=torch.bfloat16)
+    ref_out, _ = reference_forward(_as_float32(batch))
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.empty_like(batch.query)
+    cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    assert out.dtype == torch.bfloat16
+    error = (out.float() - ref_out).abs()
+    assert (error <= ref_out.abs() * 2 ** -8 + 1e-6).all(), error.max().item()
+
+
 @native
 def test_padded_rows_are_zero():
     batch = make_paged_batch([(12, 1)], 4, 2, 32, block_size=4, num_padded=2)
@@ -115,10 +143,11 @@ def test_cpu_native_backend_matches_torch_backend(specs, num_q_heads, num_kv_hea
 
 def test_selector_falls_back_to_torch():
     assert isinstance(get_attn_backend("torch", torch.device("cpu"), torch.float32), TorchAttentionBackend)
-    # Native decode is float32 only.
-    assert isinstance(get_attn_backend("cpu_native", torch.device("cpu"), torch.bfloat16), TorchAttentionBackend)
-    auto = get_attn_backend("auto", torch.device("cpu"), torch.float32)
-    assert auto.name == ("cpu_native" if cpu_native.is_available() else "torch")
+    # Native decode reads float32 and bfloat16 only.
+    assert isinstance(get_attn_backend("cpu_native", torch.device("cpu"), torch.float16), TorchAttentionBackend)
+    for dtype in (torch.float32, torch.bfloat16):
+        auto = get_attn_backend("auto", torch.device("cpu"), dtype)
+        assert auto.name == ("cpu_native" if cpu_native.is_available() else "torch")
     with pytest.raises(ValueError, match="attention_backend"):
         get_attn_backend("nope", torch.device("cpu"), torch.float32)
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 # Quick to start: a short context and a small KV cache.
-ENGINE_ARGS = {"max_model_len": 256, "num_kv_blocks": 256}
+ENGINE_ARGS = {"max_model_len": 256, "num_kv_blocks": 256, "dtype": "float32"}
 
 
 def process_gone(pid: int) -> bool:

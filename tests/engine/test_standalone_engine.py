@@ -45,7 +45,8 @@ def start_standalone(model: Path, directory: str) -> StandaloneEngine:
     address = f"ipc://{directory}/engine.sock"
     args = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "engine", "--model", str(model),
             "--max-model-len", str(ENGINE_ARGS["max_model_len"]),
-            "--num-kv-blocks", str(ENGINE_ARGS["num_kv_blocks"]), "--address", address]
+            "--num-kv-blocks", str(ENGINE_ARGS["num_kv_blocks"]), "--dtype", ENGINE_ARGS["dtype"],
+            "--address", address]
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else ""

@@ -35,7 +35,7 @@ CHAT = [{"role": "user", "content": "Tell me about the river and the mountain."}
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", str(MAX_MODEL_LEN)))
+                      ("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32"))
     try:
         live.wait_healthy()
         yield live

@@ -178,7 +178,8 @@ def test_two_node_launch_matches_single_node(tiny_qwen3: Path, tmp_path: Path,
 
     port = str(free_port())
     common = ["--model", str(tiny_qwen3), "--tensor-parallel-size", "2", "--nnodes", "2",
-              "--master-addr", "127.0.0.1", "--master-port", port, "--max-model-len", str(MAX_MODEL_LEN)]
+              "--master-addr", "127.0.0.1", "--master-port", port, "--max-model-len", str(MAX_MODEL_LEN),
+              "--dtype", "float32"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
     log0, log1 = tmp_path / "node0.log", tmp_path / "node1.log"  # files: a full pipe would block
     with log0.open("w") as err0, log1.open("w") as err1:

@@ -2,7 +2,7 @@
 run natively; prefill rows (chunks, prefix-cache hits) use the torch reference's SDPA path.
 In a mixed batch the decode rows go to the native op together and each prefill row to SDPA.
 
-Needs the extension and float32; `selector.get_attn_backend` falls back to the torch backend
+Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise.
 """
 
@@ -55,8 +55,9 @@ class CpuNativeAttentionBackend(AttentionBackend):
                 sliding_window=None, logits_soft_cap=None):
         cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
-        if metadata.decode_seq_lens is not None and logits_soft_cap is not None:
-            self._soft_capped_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
+        native_decode = logits_soft_cap is None and (sliding_window is None or query.dtype == torch.float32)
+        if metadata.decode_seq_lens is not None and not native_decode:
+            self._torch_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
         elif metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
             if idx is None:
@@ -75,9 +76,10 @@ class CpuNativeAttentionBackend(AttentionBackend):
         return out
 
     @staticmethod
-    def _soft_capped_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
-                             sliding_window, logits_soft_cap) -> None:
-        """The native decode op has no soft cap: such layers (Gemma 2) take the torch path."""
+    def _torch_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                       sliding_window, logits_soft_cap) -> None:
+        """The native decode op has no soft cap (Gemma 2) and no bf16 sliding window: such
+        layers take the torch path."""
         idx = metadata.decode_token_idx
         rows = query if idx is None else query[idx]
         seq_lens = metadata.decode_seq_lens.long()

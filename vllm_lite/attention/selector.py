@@ -3,7 +3,7 @@
 | name       | device | what runs                                                          |
 |------------|--------|--------------------------------------------------------------------|
 | auto       | cuda   | triton (torch if triton is missing)                                 |
-| auto       | cpu    | cpu_native when vllm_lite._C is built and the dtype is float32, else torch |
+| auto       | cpu    | cpu_native when vllm_lite._C is built and the dtype is float32 or bfloat16, else torch |
 | torch      | any    | the reference: SDPA over gathered blocks                            |
 | triton     | cuda   | Triton kernels (CPU only under TRITON_INTERPRET=1, for tests)       |
 | cpu_native | cpu    | csrc ops; falls back to torch (with a warning) when unavailable     |
@@ -23,6 +23,8 @@ from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
 logger = logging.getLogger(__name__)
 
+CPU_NATIVE_DTYPES = (torch.float32, torch.bfloat16)  # what the csrc decode kernel reads
+
 
 def get_attn_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     if name == "auto":
@@ -36,12 +38,13 @@ def get_attn_backend(name: str, device: torch.device, dtype: torch.dtype) -> Att
     if name == "cpu_native":
         if device.type != "cpu":
             raise ValueError(f"attention_backend='cpu_native' runs on CPU only, not {device.type}")
-        if cpu_native.is_available() and dtype == torch.float32:
+        if cpu_native.is_available() and dtype in CPU_NATIVE_DTYPES:
             from vllm_lite.attention.cpu_native_backend import CpuNativeAttentionBackend
 
             return CpuNativeAttentionBackend()
         logger.warning("attention_backend='cpu_native': %s; using the torch backend",
-                       "vllm_lite._C is not built" if dtype == torch.float32 else f"{dtype} is not float32")
+                       "vllm_lite._C is not built" if dtype in CPU_NATIVE_DTYPES
+                       else f"{dtype} is not float32 or bfloat16")
         return TorchAttentionBackend()
     if name != "torch":
         raise ValueError(f"unknown attention_backend {name!r}")
@@ -51,4 +54,4 @@ def get_attn_backend(name: str, device: torch.device, dtype: torch.dtype) -> Att
 def _auto_backend(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cuda":
         return "triton" if importlib.util.find_spec("triton") is not None else "torch"
-    return "cpu_native" if cpu_native.is_available() and dtype == torch.float32 else "torch"
+    return "cpu_native" if cpu_native.is_available() and dtype in CPU_NATIVE_DTYPES else "torch"

@@ -15,6 +15,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.registry import get_model_class
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -95,6 +96,8 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
         load_weights(model, Path(model_config.model))
     model = model.to(device=device, dtype=dtype).eval()
+    if model_config.quantization is not None:
+        quantize_model(model, model_config.quantization)
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()

@@ -57,5 +57,6 @@ class ParallelLMHead(VocabParallelEmbedding):
                 self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """float32 logits whatever the model dtype: sampling and logprobs work in fp32."""
         logits = self.tp.all_gather(linear(hidden_states, self.weight, self.packed_weight), dim=-1)
-        return logits[..., : self.vocab_size]
+        return logits[..., : self.vocab_size].float()

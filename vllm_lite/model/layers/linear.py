@@ -1,7 +1,7 @@
 """Linear layers in vLLM's tensor-parallel form. With one rank they are plain `F.linear`.
 
 Weight loaders take either a tensor or a lazy safetensors slice and read only this rank's part.
-On CPU, fp32 weights are repacked once after loading into oneDNN's blocked layout
+On CPU, fp32 and bf16 weights are repacked once after loading into oneDNN's blocked layout
 (`process_weights_after_loading`): decode-sized matmuls then run 1.5-3.5x faster than
 `F.linear` on a plain row-major weight (benchmarks/RESULTS.md).
 """
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
 
 def narrow_loaded(loaded: Any, dim: int, start: int, size: int) -> torch.Tensor:
@@ -35,9 +36,13 @@ def materialize(loaded: Any) -> torch.Tensor:
 PREPACK_BATCH_HINT = 512
 
 
+PREPACK_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def can_prepack(weight: torch.Tensor) -> bool:
-    """Whether `weight` can be repacked for oneDNN's CPU matmul (fp32 on CPU, with oneDNN built in)."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+    """Whether `weight` can be repacked for oneDNN's CPU matmul (fp32 or bf16 on CPU, with oneDNN
+    built in). bf16 runs on avx512_bf16 / AMX where the CPU has them (fp32 accumulation)."""
+    return (weight.device.type == "cpu" and weight.dtype in PREPACK_DTYPES
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
@@ -45,11 +50,13 @@ def prepack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PREPACK_BATCH_HINT)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: torch.Tensor | None,
+def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: torch.Tensor | Int8Weight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, through the weight made by `prepack` when there is one."""
+    """`F.linear`, through the weight made by `prepack` (or int8 quantization) when there is one."""
     if packed_weight is None:
         return F.linear(x, weight, bias)
+    if isinstance(packed_weight, Int8Weight):
+        return int8_linear(x, packed_weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight, bias, "none", [], "")
     return out.view(*x.shape[:-1], out.shape[-1])
@@ -71,7 +78,7 @@ class LinearBase(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
-        self.packed_weight: torch.Tensor | None = None
+        self.packed_weight: torch.Tensor | Int8Weight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         param.data.copy_(materialize(loaded))
@@ -79,9 +86,15 @@ class LinearBase(nn.Module):
     def process_weights_after_loading(self) -> None:
         """Repack the weight for the CPU matmul where that is faster; the row-major copy is
         released (a meta tensor keeps its shape for whoever asks)."""
-        if can_prepack(self.weight):
+        if self.packed_weight is None and can_prepack(self.weight):
             self.packed_weight = prepack(self.weight)
             self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
+
+    def quantize_int8(self) -> None:
+        """quantization="int8": the weight becomes int8 (layers/quantization.py), the original
+        released as in packing."""
+        self.packed_weight = Int8Weight.quantize(self.weight)
+        self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.packed_weight, self.bias)

@@ -1,0 +1,39 @@
+"""CPU feature detection, dtype="auto" on CPU, and the OpenMP environment of spawned processes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vllm_lite import cpu_info
+from vllm_lite.config import EngineArgs
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\n")
+    assert {"avx512_bf16", "avx512_vnni", "fpu"} <= cpu_info.cpu_flags(info)
+    assert cpu_info.cpu_flags(tmp_path / "missing") == frozenset()
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_auto_dtype_on_cpu_follows_native_bf16(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+                                               native: bool, expected: str) -> None:
+    monkeypatch.setattr(cpu_info, "has_native_bf16", lambda: native)
+    config = EngineArgs(model=str(tiny_llama), device="cpu").create_engine_config()
+    assert config.model_config.dtype == expected
+    explicit = EngineArgs(model=str(tiny_llama), device="cpu", dtype="float32").create_engine_config()
+    assert explicit.model_config.dtype == "float32"
+
+
+def test_openmp_child_env_sets_defaults_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with cpu_info.openmp_child_env():
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice wins
+    with cpu_info.openmp_child_env():
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -1,0 +1,78 @@
+"""Reduced precision against float32 on the same weights: greedy agreement and teacher-forced
+logprobs, for bf16 and for int8 W8A8 (quantization="int8") over bf16.
+
+bf16 cannot be token-for-token equal to fp32: each bf16 rounding moves a logit by ~0.4% of its
+size, so wherever the top two logits of a step are closer than that the argmax may flip, and
+after a flip the sequences continue from different tokens (they may never meet again). So the
+greedy check is statistical: most prompts agree on their first tokens, and the first divergence
+of each prompt is reported. The teacher-forced check feeds the fp32 sequence to both models and
+bounds the mean |logprob difference| of the tokens fp32 chose; it does not compound, so its
+bound is tight. The random tiny models here draw weights with a large spread (conftest), which
+makes them more sensitive to rounding than trained models, not less.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llm_factory import make_llm
+from vllm_lite import LLM, SamplingParams
+
+NEW_TOKENS = 16
+AGREE_PREFIX = 4  # first tokens compared for agreement
+# Bounds per precision, with about 2x room over what these models measured (first-4 agreement
+# bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073).
+MIN_AGREEING_FRACTION = {"bfloat16": 0.75, "bfloat16+int8": 0.5}  # prompts agreeing on AGREE_PREFIX
+MAX_MEAN_ABS_LOGPROB_DIFF = {"bfloat16": 0.05, "bfloat16+int8": 0.15}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    """Index of the first differing token; the shorter length when one is a prefix of the other."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def teacher_forced_logprobs(llm: LLM, sequences: list[list[int]], skip: list[int]) -> list[list[float]]:
+    """The logprob of each token of `sequences` after the first `skip[i]` (the prompt), given
+    everything before it."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    result = []
+    for seq, start, out in zip(sequences, skip, outputs):
+        entries = out.prompt_logprobs
+        result.append([entries[i][seq[i]].logprob for i in range(start, len(seq))])
+    return result
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "bfloat16+int8"])
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
+def test_reduced_precision_close_to_fp32(name: str, precision: str, tiny_models: dict[str, Path],
+                                          prompts_token_ids: list[list[int]]) -> None:
+    model = tiny_models[name]
+    dtype, _, quantization = precision.partition("+")
+    reference_llm = make_llm(model, dtype="float32")
+    reduced_llm = make_llm(model, dtype=dtype, quantization=quantization or None)
+    reference = greedy(reference_llm, prompts_token_ids)
+    reduced = greedy(reduced_llm, prompts_token_ids)
+    divergence = [first_divergence(a, b) for a, b in zip(reduced, reference)]
+    print(f"{name} {precision}: first divergence per prompt (of {NEW_TOKENS}): {divergence}")
+    agreeing = sum(d >= AGREE_PREFIX for d in divergence)
+    assert agreeing >= MIN_AGREEING_FRACTION[precision] * len(prompts_token_ids), divergence
+
+    sequences = [p + r for p, r in zip(prompts_token_ids, reference)]
+    skip = [len(p) for p in prompts_token_ids]
+    ref_lp = teacher_forced_logprobs(reference_llm, sequences, skip)
+    red_lp = teacher_forced_logprobs(reduced_llm, sequences, skip)
+    diffs = [abs(a - b) for ra, rb in zip(ref_lp, red_lp) for a, b in zip(ra, rb)]
+    mean_diff = sum(diffs) / len(diffs)
+    print(f"{name} {precision}: mean |dlogprob| {mean_diff:.4f}, max {max(diffs):.4f} over {len(diffs)} tokens")
+    assert mean_diff < MAX_MEAN_ABS_LOGPROB_DIFF[precision]
+    # A sanity floor: the reduced model really ran in reduced precision.
+    assert mean_diff > 0.0

@@ -1,0 +1,59 @@
+"""What the host CPU computes natively, read once from the kernel's CPU flags (torch-free).
+
+`torch.backends.cpu.get_cpu_capability()` says only "AVX512" on a CPU with avx512_bf16, so the
+flags are read from /proc/cpuinfo (Linux); elsewhere nothing is assumed native.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 dot products in hardware
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products in hardware
+
+
+@functools.cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def has_native_bf16() -> bool:
+    return any(flag in cpu_flags() for flag in BF16_FLAGS)
+
+
+def has_native_int8() -> bool:
+    return any(flag in cpu_flags() for flag in INT8_FLAGS)
+
+
+# OpenMP settings a spawned engine-core or worker process starts with, unless the user's
+# environment sets them. libgomp reads them once, when torch loads it, so they must be in the
+# child's environment before its first `import torch`. PASSIVE: a thread waiting for work sleeps
+# instead of spinning (GOMP's default spins ~300k iterations first); with another process busy
+# on the same cores, spinning threads steal the time the working thread needs. No pinning here:
+# OMP_PROC_BIND / GOMP_CPU_AFFINITY pin threads when the user sets them.
+OPENMP_CHILD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@contextlib.contextmanager
+def openmp_child_env() -> Iterator[None]:
+    """Around `Process.start()` of a spawned child: OPENMP_CHILD_DEFAULTS in os.environ (which the
+    child inherits) for the duration, the parent's environment restored after."""
+    added = [name for name in OPENMP_CHILD_DEFAULTS if name not in os.environ]
+    for name in added:
+        os.environ[name] = OPENMP_CHILD_DEFAULTS[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)

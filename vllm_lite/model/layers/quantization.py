@@ -1,0 +1,63 @@
+"""Online int8 quantization of linear layers (`quantization="int8"`): dynamic W8A8 on CPU.
+
+At load, each linear layer's weight becomes int8 with one symmetric scale per output channel
+(max |w| / 127). Per step, each token's activations get their own scale (max |x| / 127), the
+int8 x int8 product accumulates in int32 (`torch._int_mm`: oneDNN, VNNI dot products where the CPU
+has them), and the result is rescaled by token scale x channel scale into the model dtype. The
+LM head and the embedding stay in the model dtype (as in vLLM's online fp8), so sampling sees
+unquantized logits. Weight-only int8 (`torch._weight_int8pack_mm`) is not offered: on these
+CPUs it measured slower than the packed bf16 matmul it would replace (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+INT8_MAX = 127.0
+# A row of zeros quantizes to zeros with any scale; this keeps its scale finite.
+MIN_SCALE = 1e-12
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Weight:
+    """An int8 weight ready for `torch._int_mm`: `qweight_t` is `[in, out]` (a transposed view of
+    a contiguous `[out, in]` tensor), `scale` float32 `[out]`."""
+
+    qweight_t: torch.Tensor
+    scale: torch.Tensor
+
+    @staticmethod
+    def quantize(weight: torch.Tensor) -> Int8Weight:
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / INT8_MAX).clamp_min(MIN_SCALE)
+        q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        return Int8Weight(q.t(), scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8: (int8 [M, K], float32 scales [M, 1])."""
+    scale = (x.abs().amax(dim=1, keepdim=True).float() / INT8_MAX).clamp_min(MIN_SCALE)
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    xq, x_scale = quantize_rows(flat)
+    acc = torch._int_mm(xq, weight.qweight_t)  # int32 [M, out]
+    out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
+    torch.mul(acc * x_scale, weight.scale, out=out)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def quantize_model(model: nn.Module, method: str) -> None:
+    """Quantize every linear layer of `model` in place (before CPU weight packing)."""
+    if method != "int8":
+        raise ValueError(f"quantization={method!r} is not supported (supported: 'int8')")
+    for module in model.modules():
+        if hasattr(module, "quantize_int8"):
+            module.quantize_int8()
