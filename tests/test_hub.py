@@ -40,7 +40,7 @@ def hub_cache(tmp_path: Path, tiny_llama: Path, tiny_qwen2: Path) -> Path:
 
 def test_generates_from_a_cached_hub_id(hub_cache: Path, tiny_llama: Path,
                                         prompts_token_ids: list[list[int]]) -> None:
-    llm = LLM("tiny-org/tiny-model", download_dir=str(hub_cache), max_model_len=256, multiprocess=False)
+    llm = LLM("tiny-org/tiny-model", download_dir=str(hub_cache), max_model_len=256, dtype="float32", multiprocess=False)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert run_greedy(llm, prompts_token_ids[:3], params) == hf_greedy(tiny_llama, prompts_token_ids[:3], 8)
 

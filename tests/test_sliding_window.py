@@ -30,7 +30,7 @@ def test_the_window_changes_the_result(tiny_mistral_window: Path, prompts_token_
     (full / "config.json").write_text(json.dumps(cfg))
     without_window = hf_greedy(full, prompts_token_ids, NEW_TOKENS)
     assert sum(a != b for a, b in zip(expected, without_window)) >= 4
-    llm = LLM(str(tiny_mistral_window), max_model_len=256, multiprocess=False)
+    llm = LLM(str(tiny_mistral_window), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) != without_window
 
 
@@ -41,7 +41,7 @@ BACKENDS = ["torch"] + (["cpu_native"] if cpu_native.is_available() else [])
 def test_mistral_window_matches_transformers(backend: str, tiny_mistral_window: Path,
                                              prompts_token_ids: list[list[int]],
                                              expected: list[list[int]]) -> None:
-    llm = LLM(str(tiny_mistral_window), max_model_len=256, attention_backend=backend, multiprocess=False)
+    llm = LLM(str(tiny_mistral_window), max_model_len=256, dtype="float32", attention_backend=backend, multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     assert_no_leaked_blocks(llm)
 
@@ -50,7 +50,7 @@ def test_window_with_chunked_prefill_prefix_caching_and_preemption(
         tiny_mistral_window: Path, prompts_token_ids: list[list[int]], expected: list[list[int]]) -> None:
     # block_size 4 (two blocks per window), 12-token chunks: a request holds at most 6 blocks at
     # once (its window's and its chunk's; 31 without freeing), 8 requests share 15.
-    llm = LLM(str(tiny_mistral_window), max_model_len=256, block_size=4, num_kv_blocks=16,
+    llm = LLM(str(tiny_mistral_window), max_model_len=256, dtype="float32", block_size=4, num_kv_blocks=16,
               max_num_batched_tokens=12, multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     assert run_greedy(llm, prompts_token_ids) == expected  # again, over prefix-cache hits

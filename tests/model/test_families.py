@@ -23,11 +23,11 @@ def test_family_matches_transformers(fixture: str, request: pytest.FixtureReques
                                      prompts_token_ids: list[list[int]]) -> None:
     model: Path = request.getfixturevalue(fixture)
     expected = hf_greedy(model, prompts_token_ids, NEW_TOKENS)
-    llm = LLM(str(model), max_model_len=256, multiprocess=False)
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     llm.shutdown()
     # 17 usable blocks of 16 tokens (the longest request needs 8), chunks of 16 tokens.
-    llm = LLM(str(model), max_model_len=256, num_kv_blocks=18, max_num_batched_tokens=16,
+    llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, max_num_batched_tokens=16,
               multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     assert run_greedy(llm, prompts_token_ids) == expected

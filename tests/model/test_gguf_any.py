@@ -22,7 +22,7 @@ def test_gguf_file_matches_its_source_checkpoint(fixture: str, arch: str, reques
     monkeypatch.setenv("VLLM_LITE_CACHE", str(tmp_path / "cache"))
     source: Path = request.getfixturevalue(fixture)
     gguf_file = export_gguf(source, tmp_path / f"tiny-{arch}.gguf", arch)
-    llm = LLM(str(gguf_file), max_model_len=256, multiprocess=False)
+    llm = LLM(str(gguf_file), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(source, prompts_token_ids, NEW_TOKENS)
     converted = list((tmp_path / "cache" / "gguf").iterdir())
     assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
@@ -37,7 +37,7 @@ def test_quantized_gguf_is_dequantized_at_load(tiny_qwen2: Path, tmp_path: Path,
 
     monkeypatch.setenv("VLLM_LITE_CACHE", str(tmp_path / "cache"))
     gguf_file = export_gguf(tiny_qwen2, tmp_path / "tiny-qwen2-q8.gguf", "qwen2", quantize_q8=True)
-    llm = LLM(str(gguf_file), max_model_len=256, multiprocess=False)
+    llm = LLM(str(gguf_file), max_model_len=256, dtype="float32", multiprocess=False)
     (converted,) = (tmp_path / "cache" / "gguf").iterdir()
     name = "model.layers.0.mlp.down_proj.weight"
     original = load_file(str(tiny_qwen2 / "model.safetensors"))[name]

@@ -18,7 +18,7 @@ from vllm_lite.config import EngineArgs
 
 def test_native_architecture_through_transformers_on_request(tiny_qwen3: Path,
                                                              prompts_token_ids: list[list[int]]) -> None:
-    llm = LLM(str(tiny_qwen3), max_model_len=256, model_impl="transformers", max_num_batched_tokens=16,
+    llm = LLM(str(tiny_qwen3), max_model_len=256, dtype="float32", model_impl="transformers", max_num_batched_tokens=16,
               multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3, prompts_token_ids, NEW_TOKENS)
 
