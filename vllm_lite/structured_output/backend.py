@@ -21,11 +21,12 @@ GrammarKey = tuple[str, str, bool]
 
 
 def grammar_spec(params: StructuredOutputsParams) -> GrammarKey:
-    """The canonical text of a constraint: dict schemas as sorted JSON, choices as a grammar."""
+    """The text of a constraint: dict schemas as JSON (key order kept: it is the order the
+    properties are generated in), choices as a grammar."""
     kind = params.kind
     value: Any = getattr(params, kind)
     if kind == "json":
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        text = value if isinstance(value, str) else json.dumps(value)
     elif kind == "json_object":
         text = ""
     elif kind == "choice":

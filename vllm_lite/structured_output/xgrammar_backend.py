@@ -74,8 +74,9 @@ class XgrammarBackend(StructuredOutputBackend):
         compiler = self._compiler
         if kind == "json":
             compiled = compiler.compile_json_schema(text, any_whitespace=not disable_any_whitespace)
-        elif kind == "json_object":
-            compiled = compiler.compile_builtin_json_grammar()
+        elif kind == "json_object":  # an object (OpenAI's JSON mode), not any JSON value
+            compiled = compiler.compile_json_schema('{"type": "object"}',
+                                                    any_whitespace=not disable_any_whitespace)
         elif kind == "regex":
             compiled = compiler.compile_regex(text)
         elif kind == "grammar":
