@@ -274,6 +274,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          max_request_body_bytes=args.max_request_body_bytes,
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,
+                         enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
+                         tool_call_parser=getattr(args, "tool_call_parser", None),
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

@@ -7,6 +7,7 @@ which does the range checks (its ValueErrors name the field and become 400 respo
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -155,6 +156,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a `tool` turn: the call it answers
 
     def text(self) -> str:
         """The message's text; content parts must all be text parts."""
@@ -188,7 +191,6 @@ class ChatCompletionRequest(_GenerationRequest):
                "top_logprobs needs logprobs=true")
         _check(self.top_logprobs is None or 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS,
                "top_logprobs", f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}")
-        _check(not self.tools or self.tool_choice == "none", "tools", "tools are not supported")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
                "continue_final_message and add_generation_prompt cannot both be true")
         if self.max_completion_tokens is not None:
@@ -198,8 +200,32 @@ class ChatCompletionRequest(_GenerationRequest):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, field)
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as chat templates read them (tool calls' arguments as objects, as the
+        templates of Qwen, Llama and Hermes expect)."""
+        return [_template_message(m) for m in self.messages]
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments)
+                except ValueError:
+                    raise RequestParamError("messages", "tool_calls[].function.arguments must be JSON text, "
+                                            f"got {arguments[:80]!r}") from None
+            calls.append({**call, "function": function})
+        out["tool_calls"] = calls
+    return out
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -294,6 +320,7 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -316,6 +343,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = Field(default=None, exclude_if=_omit_if_none)
     content: str | None = Field(default=None, exclude_if=_omit_if_none)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):
