@@ -1,11 +1,13 @@
 """Tool calling: the parsers on known model outputs, tool_choice planning, templates that see
 tool calls and results, and a live server through the official `openai` client (named and
 required calls enforced by the grammar backend, auto calls parsed by the hermes parser,
-parallel calls, streamed deltas, a multi-turn conversation with tool results)."""
+parallel calls, streamed deltas, a multi-turn conversation with tool results), and the qwen3
+reasoning parser (`<think>` text as reasoning_content) on the same server."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from transformers import AutoTokenizer
 from vllm_lite.entrypoints.openai.chat_template import render_chat_template
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
 from vllm_lite.entrypoints.openai.serving_tools import plan_tools
 from vllm_lite.entrypoints.openai.tool_parsers import TOOL_PARSERS, required_calls_schema
 from vllm_lite.engine.request_checks import check_structured_outputs
@@ -98,7 +101,8 @@ def test_tool_calls_and_results_reach_the_template(tiny_qwen3: Path) -> None:
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"))
+                      ("--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                       "--reasoning-parser", "qwen3"))
     try:
         live.wait_healthy()
         yield live
@@ -194,3 +198,37 @@ def test_tool_choice_conflicts_are_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="not in tools"):
         client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=8,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+# ---- reasoning parser ----
+
+@pytest.mark.parametrize(("parser", "text", "want"), [
+    ("qwen3", "<think>\nhmm</think>\n\nAnswer", ("\nhmm", "Answer")),
+    ("qwen3", "plain <think> text", (None, "plain <think> text")),
+    ("qwen3", "<think>cut short", ("cut short", None)),
+    ("deepseek_r1", "hmm</think>Answer", ("hmm", "Answer")),
+    ("deepseek_r1", "<think>hmm</think>", ("hmm", None)),
+])
+def test_reasoning_split_whole_and_streamed(parser: str, text: str, want: tuple) -> None:
+    assert split_reasoning(parser, text) == want
+    for size in (1, 2, 5):
+        stream, reasoning, content = ReasoningStream(parser), "", ""
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        for i, piece in enumerate(pieces):
+            r, c = stream.feed(piece, final=i == len(pieces) - 1)
+            reasoning, content = reasoning + (r or ""), content + (c or "")
+        assert (reasoning or None, content or None) == want, size
+
+
+def test_reasoning_content_served(client: openai.OpenAI) -> None:
+    regex = r"<think>[a-z]{2,8}( [a-z]{2,8}){0,3}</think>\n\n[A-Z][a-z]{2,8}"
+    out = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
+                                         extra_body={"structured_outputs": {"regex": regex}})
+    message = out.choices[0].message
+    reasoning, content = message.model_extra["reasoning_content"], message.content
+    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,3}", reasoning) and re.fullmatch(r"[A-Z][a-z]{2,8}", content)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
+                                                 stream=True, extra_body={"structured_outputs": {"regex": regex}}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == content

@@ -276,6 +276,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          trust_request_chat_template=args.trust_request_chat_template,
                          enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                          tool_call_parser=getattr(args, "tool_call_parser", None),
+                         reasoning_parser=getattr(args, "reasoning_parser", None),
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

@@ -320,6 +320,7 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)  # --reasoning-parser
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -343,6 +344,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = Field(default=None, exclude_if=_omit_if_none)
     content: str | None = Field(default=None, exclude_if=_omit_if_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)
     tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_omit_if_none)
 
 

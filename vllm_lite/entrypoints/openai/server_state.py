@@ -31,6 +31,7 @@ class ServerOptions:
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
     | enable_auto_tool_choice | --enable-auto-tool-choice | tool_choice "auto" (the default with tools) is served |
     | tool_call_parser | --tool-call-parser | how tool calls are read from the text (tool_parsers.py) |
+    | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as reasoning_content (reasoning_parsers.py) |
     """
 
     api_key: str | None = None
@@ -42,6 +43,7 @@ class ServerOptions:
     chat_template_timeout_s: float = 5.0
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_n_sequences"):

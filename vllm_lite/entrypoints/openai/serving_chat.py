@@ -31,6 +31,7 @@ from vllm_lite.entrypoints.openai.serving import (
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
                                                         plan_tools)
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
 from vllm_lite.outputs import Logprob, RequestOutput
 
 
@@ -80,9 +81,12 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, mo
     choices = []
     for index, acc in enumerate(accumulated):
         logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top)
-        calls, content = extract_tool_calls(tools, acc.text) if tools.parses_output else ([], acc.text)
-        choices.append(ChatCompletionResponseChoice(index=index,
-                                                    message=ChatResponseMessage(content=content, tool_calls=calls),
+        reasoning, text = None, acc.text
+        if ctx.options.reasoning_parser is not None:
+            reasoning, text = split_reasoning(ctx.options.reasoning_parser, acc.text)
+        calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
+        message = ChatResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        choices.append(ChatCompletionResponseChoice(index=index, message=message,
                                                     logprobs=logprobs,
                                                     finish_reason=finish_reason(tools, calls, acc.finish_reason),
                                                     stop_reason=acc.stop_reason))
@@ -96,6 +100,8 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
                          tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[str, None]:
     created = int(time.time())
     held = [""] * request.n  # tool-call requests: each choice's text until it finishes
+    parser = ctx.options.reasoning_parser
+    reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
     num_top = _num_top(request)
     num_generated = 0
 
@@ -112,14 +118,23 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
-            delta, reason = DeltaMessage(content=completion.text), completion.finish_reason
+            reasoning, text = None, completion.text
+            if reasoning_streams is not None:
+                reasoning, text = reasoning_streams[completion.index].feed(completion.text,
+                                                                           completion.finish_reason is not None)
+                if reasoning is None and text is None and completion.finish_reason is None and num_top is None:
+                    continue  # a piece of a possible tag: held until the next delta
+            delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
             if tools.parses_output:
-                held[completion.index] += completion.text
+                held[completion.index] += text or ""
+                if reasoning is not None and completion.finish_reason is None:
+                    yield chunk(ChatCompletionStreamChoice(index=completion.index,
+                                                           delta=DeltaMessage(reasoning_content=reasoning)))
                 if completion.finish_reason is None:
                     continue
                 calls, content = extract_tool_calls(tools, held[completion.index])
-                delta = DeltaMessage(content=content, tool_calls=[{"index": i, **call} for i, call in enumerate(calls)]
-                                     or None)
+                delta = DeltaMessage(content=content, reasoning_content=reasoning,
+                                     tool_calls=[{"index": i, **call} for i, call in enumerate(calls)] or None)
                 reason = finish_reason(tools, calls, completion.finish_reason)
                 logprobs = None
             yield chunk(ChatCompletionStreamChoice(
