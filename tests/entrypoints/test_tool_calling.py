@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from live_server import LiveServer
@@ -232,3 +233,10 @@ def test_reasoning_content_served(client: openai.OpenAI) -> None:
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == content
+
+
+def test_responses_api_is_refused_clearly(server: LiveServer) -> None:
+    response = httpx.post(f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "hi"},
+                          headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert response.status_code == 501
+    assert "not implemented" in response.json()["error"]["message"]
