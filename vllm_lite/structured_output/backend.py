@@ -57,10 +57,6 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """The grammar reached its end (its stop token was accepted)."""
 
-    @abstractmethod
-    def reset(self) -> None:
-        """Back to the start of the grammar (to replay a request's tokens)."""
-
 
 class CompiledGrammar(ABC):
     @abstractmethod

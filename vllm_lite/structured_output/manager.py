@@ -51,13 +51,6 @@ class StructuredOutputRequest:
             self.matcher = self.future.result().matcher()
         return True
 
-    def replay(self, token_ids: np.ndarray) -> None:
-        """Reset the matcher and feed it `token_ids` (the request's outputs so far)."""
-        assert self.matcher is not None
-        self.matcher.reset()
-        for token_id in token_ids.tolist():
-            self.matcher.accept_token(token_id)
-
 
 class StructuredOutputManager:
     """Built by the engine core; the backend (and the tokenizer it needs) only when the first

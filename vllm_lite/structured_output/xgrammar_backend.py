@@ -27,9 +27,6 @@ class XgrammarMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
 
-    def reset(self) -> None:
-        self._matcher.reset()
-
 
 class XgrammarCompiledGrammar(CompiledGrammar):
     def __init__(self, compiled: Any) -> None:
