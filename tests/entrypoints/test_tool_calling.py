@@ -238,5 +238,5 @@ def test_reasoning_content_served(client: openai.OpenAI) -> None:
 def test_responses_api_is_refused_clearly(server: LiveServer) -> None:
     response = httpx.post(f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "hi"},
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
-    assert response.status_code == 501
+    assert response.status_code == 400
     assert "not implemented" in response.json()["error"]["message"]

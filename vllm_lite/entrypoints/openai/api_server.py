@@ -198,9 +198,10 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         _log_unknown_fields(request)
         return await create_completion(ctx, request, raw_request)
 
-    @app.post("/v1/responses", response_model=None, status_code=501)
+    # A 400, not a 5xx: the server is fine, the request asks for an API it does not offer.
+    @app.post("/v1/responses", response_model=None, status_code=400)
     async def responses() -> Response:
-        raise ApiError(501, "NotImplementedError", "/v1/responses (the Responses API) is not implemented by "
+        raise ApiError(400, "BadRequestError", "/v1/responses (the Responses API) is not implemented by "
                        "this server yet; use /v1/chat/completions (tools and response_format are supported there)")
 
     @app.post("/v1/chat/completions", response_model=None,
