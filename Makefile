@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-structured
 
 setup: $(STAMP)
 
@@ -56,7 +56,10 @@ bench-sampler: $(STAMP)
 bench-attention: $(STAMP)
 	$(BENCH)/attention_cpu.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention
+bench-structured: $(STAMP)
+	$(BENCH)/structured.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-structured
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so
