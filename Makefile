@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured
 
 setup: $(STAMP)
 
@@ -60,7 +60,10 @@ bench-attention: $(STAMP)
 bench-accuracy: $(STAMP)
 	$(BENCH)/precision_accuracy.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy
+bench-structured: $(STAMP)
+	$(BENCH)/structured.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "distributed": 2,
     "model": 3,
     "sample": 2,
+    "structured_output": 2,
     "worker": 4,
     "executor": 5,
     "engine": 6,

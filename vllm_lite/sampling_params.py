@@ -37,6 +37,61 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True):
+    """vLLM's form of a structured-output constraint: exactly one of the kinds is set.
+
+    | field | constraint |
+    |---|---|
+    | json | a JSON schema (dict or JSON text) |
+    | json_object | any JSON object |
+    | regex | a regular expression the whole output matches |
+    | choice | one of these strings |
+    | grammar | an EBNF/GBNF grammar (`root ::= ...`) |
+    | structural_tag | xgrammar's structural tag (JSON text) |
+
+    `disable_any_whitespace`: JSON without free whitespace between tokens. Whether a schema,
+    regex or grammar compiles is checked where the request enters the engine (and before
+    sending, by the client), with the grammar backend.
+    """
+
+    json: str | dict | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = self.kinds()
+        if len(kinds) != 1:
+            raise ValueError("SamplingParams.structured_outputs must set exactly one of json, json_object, "
+                             f"regex, choice, grammar, structural_tag; got {kinds or 'none'}")
+        _require(self.json_object in (None, True), "structured_outputs.json_object",
+                 f"must be true when set, got {self.json_object!r}")
+        _require(self.choice is None or (isinstance(self.choice, list) and self.choice
+                                         and all(isinstance(c, str) and c for c in self.choice)),
+                 "structured_outputs.choice", f"must be a non-empty list of non-empty strings, got {self.choice!r}")
+        for name in ("regex", "grammar", "structural_tag"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, str) and value), f"structured_outputs.{name}",
+                     f"must be a non-empty string, got {value!r}")
+        _require(self.json is None or isinstance(self.json, (str, dict)), "structured_outputs.json",
+                 f"must be a JSON schema (dict or JSON text), got {type(self.json).__name__}")
+        _require(isinstance(self.disable_any_whitespace, bool), "structured_outputs.disable_any_whitespace",
+                 f"must be a bool, got {self.disable_any_whitespace!r}")
+
+    def kinds(self) -> list[str]:
+        return [name for name in STRUCTURED_OUTPUT_KINDS if getattr(self, name) is not None]
+
+    @property
+    def kind(self) -> str:
+        return self.kinds()[0]
+
+
+STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=False):
     """Field meanings follow vLLM:
 
@@ -59,6 +114,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
+    | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
     """
 
     n: int = 1
@@ -82,9 +138,17 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     skip_special_tokens: bool = True
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise ValueError(f"SamplingParams.structured_outputs: {exc}") from None
+        _require(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+                 "structured_outputs", f"must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif isinstance(self.stop, tuple):

@@ -84,7 +84,12 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
     # The wire form knows these fields; a new SchedulerOutput field must be added to StepDiff.
     assert {f.name for f in dataclasses.fields(SchedulerOutput)} == {
         "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
-        "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids"}
+        "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids",
+        "structured_output_req_ids", "grammar_bitmask"}
+    assert got.structured_output_req_ids == want.structured_output_req_ids
+    assert (got.grammar_bitmask is None) == (want.grammar_bitmask is None)
+    if want.grammar_bitmask is not None:
+        assert np.array_equal(got.grammar_bitmask, want.grammar_bitmask)
     assert got.num_scheduled_tokens == want.num_scheduled_tokens
     assert got.scheduled_cached_reqs == want.scheduled_cached_reqs
     assert got.total_num_scheduled_tokens == want.total_num_scheduled_tokens

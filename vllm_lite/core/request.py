@@ -15,6 +15,7 @@ class RequestStatus(enum.IntEnum):
     RUNNING = 1
     PREEMPTED = 2
     FINISHED = 3
+    WAITING_FOR_GRAMMAR = 4  # waiting, but not schedulable until its grammar is compiled
 
 
 class Request:
@@ -26,7 +27,7 @@ class Request:
         "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
-        "cache_salt", "prefix_lookup",
+        "cache_salt", "prefix_lookup", "structured_output_request",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -49,6 +50,9 @@ class Request:
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache; -1 until scheduled
         # (block pool cache version, hit blocks, hit tokens) of the last lookup while waiting
         self.prefix_lookup: tuple[int, list, int] | None = None
+        # The grammar state of a structured-output request (structured_output.manager's
+        # StructuredOutputRequest, set by the engine core); None for every other request.
+        self.structured_output_request = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:

@@ -5,11 +5,17 @@ Order of service each step:
    running request is preempted (recompute: its blocks are freed and it returns to the front of
    the waiting queue);
 2. waiting requests, FCFS, while budget, sequence slots and blocks last (not in a step that
-   preempted: there is no room).
+   preempted: there is no room). A request whose grammar is still compiling
+   (WAITING_FOR_GRAMMAR) is passed over, keeping its place, without holding up the others.
+
+Structured outputs: a constrained request's matcher advances exactly when a token is appended
+to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
+step, the constrained requests that will sample get a row of the grammar bitmask.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
@@ -22,10 +28,12 @@ from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, S
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
+logger = logging.getLogger(__name__)
+
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_kv_blocks: int) -> None:
+                 num_kv_blocks: int, structured_output_manager: Any = None) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
@@ -37,6 +45,10 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._no_blocks: list[int] = []  # shared, never mutated (SchedulerOutput is read-only)
+        # Structured outputs (structured_output.StructuredOutputManager): grammar bitmasks.
+        self.structured_output_manager = structured_output_manager
+        self.structured_req_ids: set[str] = set()  # live requests with a grammar
+        self.failed: list[FinishedRequest] = []  # grammar failures not yet reported
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -45,6 +57,9 @@ class Scheduler:
         self._check_fits(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.structured_output_request is not None:
+            self.structured_req_ids.add(request.request_id)
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
@@ -97,6 +112,7 @@ class Scheduler:
 
         for request_id, num_tokens in num_scheduled.items():
             self.requests[request_id].num_computed_tokens += num_tokens
+        structured_ids, bitmask = self._grammar_bitmask(num_scheduled) if self.structured_req_ids else ((), None)
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed),
@@ -104,6 +120,8 @@ class Scheduler:
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(preempted),
+            structured_output_req_ids=structured_ids,
+            grammar_bitmask=bitmask,
         )
         if output.is_empty:
             # No worker runs this step, so none sees these ids: hand them to the next step
@@ -140,6 +158,8 @@ class Scheduler:
             if request.num_output_tokens == 1:
                 num_cached[request.request_id] = request.num_cached_tokens
             stop = request.check_stop(token_id, max_model_len)
+            if request.structured_output_request is not None:
+                stop = self._advance_grammar(request, token_id, stop)
             if stop is not None:
                 self.running.remove(request)
                 self._free(request)
@@ -172,6 +192,39 @@ class Scheduler:
             "prompt_logprob_ranks": np.concatenate([c.ranks for c in chunks]),
         }
 
+    # ---- structured outputs ----
+    def _grammar_bitmask(self, num_scheduled: dict[str, int]) -> tuple[tuple[str, ...], np.ndarray | None]:
+        """The constrained requests that sample this step (all their known tokens computed
+        after it) and their bitmask rows. Loops over the constrained requests only."""
+        req_ids = tuple(r for r in self.structured_req_ids
+                        if r in num_scheduled and self.requests[r].num_computed_tokens == self.requests[r].num_tokens)
+        if not req_ids:
+            return (), None
+        grammars = [self.requests[r].structured_output_request for r in req_ids]
+        return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
+
+    @staticmethod
+    def _advance_grammar(request: Request, token_id: int,
+                         stop: tuple[FinishReason, int | None] | None) -> tuple[FinishReason, int | None] | None:
+        """Feed the token to the request's matcher; a grammar that reached its end stops the
+        request (`stop`)."""
+        matcher = request.structured_output_request.matcher
+        if not matcher.accept_token(token_id) and stop is None:
+            logger.error("request %r: token %d is outside its grammar; the request is stopped",
+                         request.request_id, token_id)
+            return FinishReason.ABORT, None
+        if stop is None and matcher.is_terminated():
+            return FinishReason.STOP, None
+        return stop
+
+    def take_failed(self) -> list[FinishedRequest]:
+        """Requests that ended while waiting (their grammar did not compile), once each."""
+        failed, self.failed = self.failed, []
+        return failed
+
+    def waiting_grammars(self) -> list[Any]:
+        return [r.structured_output_request for r in self.waiting if r.status == RequestStatus.WAITING_FOR_GRAMMAR]
+
     # ---- stats and cache control ----
     def get_stats(self) -> dict[str, Any]:
         kv = self.kv_cache_manager
@@ -192,8 +245,14 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData]) -> int:
         kv = self.kv_cache_manager
+        passed_over: list[Request] = []  # still compiling their grammar: they keep their place
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_GRAMMAR and not self._grammar_ready(request):
+                self.waiting.popleft()
+                if not request.is_finished:  # (a failed grammar finished it)
+                    passed_over.append(request)
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -219,7 +278,22 @@ class Scheduler:
             ))
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+        self.waiting.extendleft(reversed(passed_over))
         return budget
+
+    def _grammar_ready(self, request: Request) -> bool:
+        """Whether `request` may be scheduled now; a request whose grammar failed to compile
+        is finished (reported by `take_failed`) and taken out of the queue."""
+        grammar = request.structured_output_request
+        if not grammar.is_ready():
+            return False
+        if grammar.error is not None:
+            logger.error("request %r: %s", request.request_id, grammar.error)
+            self._free(request)
+            self.failed.append(FinishedRequest(request.request_id, FinishReason.ABORT))
+            return False
+        request.status = RequestStatus.WAITING
+        return True
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: set[str]):
         """Allocate slots for `request`, preempting from the back of `running` until they fit.
@@ -246,6 +320,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+        self.structured_req_ids.discard(request.request_id)
 
     def _check_fits(self, request: Request) -> None:
         """Reject a request that could never fit the KV cache even alone (it would preempt

@@ -51,6 +51,11 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: frozenset[str]  # finished or aborted since the last step: drop their state
     preempted_req_ids: frozenset[str]  # preempted this step: drop their state, they come back new
+    # Structured outputs: the constrained requests that sample this step and, row i for
+    # structured_output_req_ids[i], their allowed next tokens (int32 [m, ceil(vocab / 32)],
+    # bit t % 32 of word t // 32 = token t). None / empty when no sampling request is constrained.
+    structured_output_req_ids: tuple[str, ...] = ()
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def is_empty(self) -> bool:

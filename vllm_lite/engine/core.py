@@ -23,6 +23,8 @@ from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
+from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
+from vllm_lite.structured_output.backend import GrammarKey
 from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -67,22 +69,41 @@ class EngineCore:
         except BaseException:
             self.executor.shutdown()  # worker processes must not outlive a failed start
             raise
-        self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks)
+        self.structured_output_manager = make_structured_output_manager(vllm_config)
+        self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
+                                   self.structured_output_manager)
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
-        self.scheduler.add_request(Request.from_engine_core_request(request))
+        core_request = Request.from_engine_core_request(request)
+        structured = request.sampling_params.structured_outputs
+        if structured is not None:  # compiles on the manager's thread; the request waits for it
+            core_request.structured_output_request = self.structured_output_manager.make_request(structured)
+        self.scheduler.add_request(core_request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
 
     def step(self) -> EngineCoreOutputs:
         sched = self.scheduler.schedule()
+        failed = self.scheduler.take_failed() if self.scheduler.failed else []
         if sched.is_empty:
-            return EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
+            self._wait_for_grammars()
+            return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
         out = self.executor.execute_model(sched)
-        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
-                                                 out.logprobs, out.prompt_logprobs)
+        outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
+                                                    out.logprobs, out.prompt_logprobs)
+        if failed:
+            outputs.finished.extend(failed)
+        return outputs
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing could run: when requests wait for their grammar, sleep until one compiles
+        (at most a few ms, so new inputs are still taken promptly) instead of spinning."""
+        if self.scheduler.structured_req_ids:
+            pending = self.scheduler.waiting_grammars()
+            if pending:
+                self.structured_output_manager.wait_for_any(pending, timeout=0.005)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -94,7 +115,31 @@ class EngineCore:
         return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        self.structured_output_manager.shutdown()
         self.executor.shutdown()
+
+
+def make_structured_output_manager(vllm_config: VllmConfig) -> StructuredOutputManager:
+    """The backend, and the tokenizer vocabulary it needs, are loaded (on the compile thread)
+    only when the first structured-output request arrives."""
+    model_config = vllm_config.model_config
+
+    def make_backend() -> StructuredOutputBackend:
+        from vllm_lite.engine.tokenizer import load_tokenizer
+        from vllm_lite.structured_output.xgrammar_backend import XgrammarBackend
+
+        tokenizer = load_tokenizer(model_config.tokenizer)
+        stop_ids = list(model_config.hf.eos_token_ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop_ids:
+            stop_ids.append(tokenizer.eos_token_id)
+        return XgrammarBackend(tokenizer, model_config.hf.vocab_size, stop_ids)
+
+    def validate(key: GrammarKey) -> None:
+        from vllm_lite.structured_output.xgrammar_backend import XgrammarBackend
+
+        XgrammarBackend.validate(key)
+
+    return StructuredOutputManager(make_backend, vllm_config.scheduler_config.max_num_seqs, validate)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_lite.config import ModelConfig
+from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.structured_output import grammar_spec
 from vllm_lite.wire import EngineCoreRequest
 
 
@@ -30,3 +32,13 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
     if request.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
     request.sampling_params.check_engine_limits(model_config.hf.vocab_size, model_config.max_logprobs)
+    check_structured_outputs(request.sampling_params)
+
+
+def check_structured_outputs(params: SamplingParams) -> None:
+    """A schema, regex or grammar that cannot compile is refused with the backend's reason
+    (parsing only: compiling against the tokenizer happens later, off the busy loop)."""
+    if params.structured_outputs is not None:
+        from vllm_lite.structured_output.xgrammar_backend import XgrammarBackend
+
+        XgrammarBackend.validate(grammar_spec(params.structured_outputs))

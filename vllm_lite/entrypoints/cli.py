@@ -102,6 +102,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="larger request bodies get 413 before they are read")
     serve.add_argument("--max-n-sequences", type=int, default=DEFAULT_MAX_N_SEQUENCES,
                        help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='serve tool_choice "auto" (needs --tool-call-parser)')
+    serve.add_argument("--tool-call-parser", choices=("hermes", "qwen3", "llama3_json", "mistral", "pythonic"),
+                       default=None, help="how tool calls are read from the model's text")
+    serve.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
+                       help="return the <think> part of chat replies as reasoning_content")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
     serve.add_argument("--chat-template-timeout", type=float, default=5.0,

@@ -40,6 +40,8 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]
     preempted_req_ids: list[str]
+    structured_output_req_ids: list[str]
+    grammar_bitmask: np.ndarray | None
 
     @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> StepDiff:
@@ -56,6 +58,8 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
             total_num_scheduled_tokens=sched.total_num_scheduled_tokens,
             finished_req_ids=list(sched.finished_req_ids),
             preempted_req_ids=list(sched.preempted_req_ids),
+            structured_output_req_ids=list(sched.structured_output_req_ids),
+            grammar_bitmask=sched.grammar_bitmask,
         )
 
     def to_scheduler_output(self) -> SchedulerOutput:
@@ -72,6 +76,8 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
             total_num_scheduled_tokens=self.total_num_scheduled_tokens,
             finished_req_ids=frozenset(self.finished_req_ids),
             preempted_req_ids=frozenset(self.preempted_req_ids),
+            structured_output_req_ids=tuple(self.structured_output_req_ids),
+            grammar_bitmask=self.grammar_bitmask,
         )
 
 

@@ -1,6 +1,7 @@
 """Token sampling. An all-greedy batch is one argmax over the logits, with no copy.
 
-Order (vLLM's): raw logprobs (if asked) -> min_tokens, logit_bias, penalties -> greedy argmax
+Order (vLLM's): grammar bitmask (structured outputs, constrained rows only) -> raw logprobs
+(if asked) -> min_tokens, logit_bias, penalties -> greedy argmax
 -> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py).
 
 The sampler owns `logits`: float32 logits are edited in place, half-precision ones are copied
@@ -16,6 +17,7 @@ import torch
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
 from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from vllm_lite.sample.ops.penalties import apply_penalties
@@ -31,8 +33,13 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked)."""
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                 grammar: GrammarBitmask | None = None) -> SamplerOutput:
+        """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked).
+        `grammar`: the allowed tokens of the structured-output rows (None: no such row)."""
+        if grammar is not None:  # as in vLLM, before everything else (logprobs included)
+            logits = logits.to(torch.float32)  # no-op for float32 logits
+            apply_grammar_bitmask(logits, grammar)
         # vLLM's default: logprobs of the model's own distribution, before any processing, and
         # only for the rows that asked.
         asked = metadata.logprobs_rows

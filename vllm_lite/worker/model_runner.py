@@ -15,6 +15,7 @@ from vllm_lite.core.scheduler_output import NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.loader import load_model
 from vllm_lite.sample.metadata import SamplingMetadata
+from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler
@@ -86,13 +87,14 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows):
-                self._sample(hidden, inputs, output)
+                self._sample(hidden, inputs, output, self._grammar_bitmask(scheduler_output, inputs.sample_rows))
         return output
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput) -> None:
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput,
+                grammar: GrammarBitmask | None = None) -> None:
         rows = inputs.sample_rows
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        sampled = self.sampler(logits, self._sampling_metadata_for(rows))
+        sampled = self.sampler(logits, self._sampling_metadata_for(rows), grammar)
         tokens = sampled.sampled_token_ids.to(torch.int32).cpu().numpy()
         self._append_sampled(rows, tokens)
         output.sampled_token_ids[rows, 0] = tokens
@@ -191,6 +193,17 @@ class ModelRunner:
             self._sampling_key = key
         return self._sampling_metadata
 
+    def _grammar_bitmask(self, sched: SchedulerOutput, sample_rows: np.ndarray) -> GrammarBitmask | None:
+        """The scheduler's bitmask rows, placed at the logits rows of their requests
+        (`sample_rows` is ascending: the rows of a flatnonzero)."""
+        if sched.grammar_bitmask is None:
+            return None
+        batch_rows = np.array([self.input_batch.req_id_to_index[r] for r in sched.structured_output_req_ids])
+        logits_rows = np.searchsorted(sample_rows, batch_rows)
+        assert (sample_rows[logits_rows] == batch_rows).all(), "a constrained request does not sample"
+        return GrammarBitmask(self._to_device(logits_rows.astype(np.int64)),
+                              torch.from_numpy(_writable(sched.grammar_bitmask)))
+
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         batch = self.input_batch
         batch.token_ids[rows, batch.num_tokens[rows]] = tokens
@@ -222,3 +235,8 @@ class ModelRunner:
         arrays = gather_logprobs(logprobs, k, self._to_device(targets.astype(np.int64))).to_numpy()
         return {batch.req_ids[rows[i]]: (int(starts[i]), arrays.slice_rows(first, first + count))
                 for i, first, count in zip(wanted.tolist(), firsts.tolist(), counts.tolist())}
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    """torch wants writable memory; arrays decoded off the wire are read-only views."""
+    return array if array.flags.writeable and array.flags.c_contiguous else np.array(array)

@@ -198,6 +198,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         _log_unknown_fields(request)
         return await create_completion(ctx, request, raw_request)
 
+    # A 400, not a 5xx: the server is fine, the request asks for an API it does not offer.
+    @app.post("/v1/responses", response_model=None, status_code=400)
+    async def responses() -> Response:
+        raise ApiError(400, "BadRequestError", "/v1/responses (the Responses API) is not implemented by "
+                       "this server yet; use /v1/chat/completions (tools and response_format are supported there)")
+
     @app.post("/v1/chat/completions", response_model=None,
               responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
@@ -274,6 +280,9 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          max_request_body_bytes=args.max_request_body_bytes,
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,
+                         enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
+                         tool_call_parser=getattr(args, "tool_call_parser", None),
+                         reasoning_parser=getattr(args, "reasoning_parser", None),
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

@@ -7,13 +7,16 @@ which does the range checks (its ValueErrors name the field and become 400 respo
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
+from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
+                                                             structured_outputs_from_fields)
+from vllm_lite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 # The largest `logprobs` OpenAI accepts on /v1/completions and `top_logprobs` on chat.
 MAX_COMPLETION_LOGPROBS = 5
@@ -90,6 +93,16 @@ class _GenerationRequest(OpenAIBaseModel):
     skip_special_tokens: bool | None = None
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
+    # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its legacy guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -106,7 +119,18 @@ class _GenerationRequest(OpenAIBaseModel):
         _check(self.stream_options is None or self.stream, "stream_options",
                "stream_options is only allowed when stream is true")
         return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=logprobs,
-                              output_kind=RequestOutputKind.DELTA)
+                              output_kind=RequestOutputKind.DELTA,
+                              structured_outputs=self._structured_outputs())
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        _check(self.guided_whitespace_pattern is None, "guided_whitespace_pattern",
+               "guided_whitespace_pattern is not supported")
+        legacy = {name: getattr(self, name) for name in LEGACY_FIELDS if getattr(self, name) is not None}
+        try:
+            return structured_outputs_from_fields(self.response_format, self.structured_outputs, legacy,
+                                                  self.guided_decoding_backend)
+        except StructuredFieldError as exc:
+            raise RequestParamError(exc.param, str(exc)) from None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -132,6 +156,8 @@ class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a `tool` turn: the call it answers
 
     def text(self) -> str:
         """The message's text; content parts must all be text parts."""
@@ -151,7 +177,6 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     # vLLM's extras.
@@ -166,9 +191,6 @@ class ChatCompletionRequest(_GenerationRequest):
                "top_logprobs needs logprobs=true")
         _check(self.top_logprobs is None or 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS,
                "top_logprobs", f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}")
-        _check(not self.tools or self.tool_choice == "none", "tools", "tools are not supported")
-        _check(self.response_format is None or self.response_format.get("type") == "text",
-               "response_format", "only response_format {'type': 'text'} is supported")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
                "continue_final_message and add_generation_prompt cannot both be true")
         if self.max_completion_tokens is not None:
@@ -178,8 +200,32 @@ class ChatCompletionRequest(_GenerationRequest):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, field)
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as chat templates read them (tool calls' arguments as objects, as the
+        templates of Qwen, Llama and Hermes expect)."""
+        return [_template_message(m) for m in self.messages]
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            function = dict(call.get("function") or {})
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    function["arguments"] = json.loads(arguments)
+                except ValueError:
+                    raise RequestParamError("messages", "tool_calls[].function.arguments must be JSON text, "
+                                            f"got {arguments[:80]!r}") from None
+            calls.append({**call, "function": function})
+        out["tool_calls"] = calls
+    return out
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -274,6 +320,8 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)  # --reasoning-parser
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -296,6 +344,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = Field(default=None, exclude_if=_omit_if_none)
     content: str | None = Field(default=None, exclude_if=_omit_if_none)
+    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):

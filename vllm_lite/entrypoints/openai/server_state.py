@@ -29,6 +29,9 @@ class ServerOptions:
     | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
     | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
+    | enable_auto_tool_choice | --enable-auto-tool-choice | tool_choice "auto" (the default with tools) is served |
+    | tool_call_parser | --tool-call-parser | how tool calls are read from the text (tool_parsers.py) |
+    | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as reasoning_content (reasoning_parsers.py) |
     """
 
     api_key: str | None = None
@@ -38,6 +41,9 @@ class ServerOptions:
     health_check_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     chat_template_timeout_s: float = 5.0
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_n_sequences"):

@@ -29,6 +29,9 @@ from vllm_lite.entrypoints.openai.serving import (
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, render_chat, sse_event,
     sse_stream, start_stream, top_logprobs, tracked_generate
 )
+from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
+                                                        plan_tools)
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
 from vllm_lite.outputs import Logprob, RequestOutput
 
 
@@ -37,6 +40,8 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
     params = request.to_sampling_params()
+    tools = plan_tools(request, ctx.options)
+    params = constrain(params, request, tools)
     prompt = await chat_prompt(ctx, request)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     check_length(ctx, num_prompt_tokens, params.max_tokens)
@@ -44,8 +49,10 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     stream = tracked_generate(ctx, prompt, params, request_id)
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started)))
-    return await json_response(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream), raw_request)
+        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started,
+                                                     tools)))
+    return await json_response(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream, tools),
+                               raw_request)
 
 
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
@@ -54,7 +61,8 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
     check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
-                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
+                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
+                             tools=request.tools)
     prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages")
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
@@ -66,14 +74,21 @@ def _num_top(request: ChatCompletionRequest) -> int | None:
 
 
 async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> ChatCompletionResponse:
+                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None],
+                         tools: ToolPlan = ToolPlan("none")) -> ChatCompletionResponse:
     accumulated = await collect_choices(stream, request.n)
     num_top = _num_top(request)
     choices = []
     for index, acc in enumerate(accumulated):
         logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top)
-        choices.append(ChatCompletionResponseChoice(index=index, message=ChatResponseMessage(content=acc.text),
-                                                    logprobs=logprobs, finish_reason=acc.finish_reason,
+        reasoning, text = None, acc.text
+        if ctx.options.reasoning_parser is not None:
+            reasoning, text = split_reasoning(ctx.options.reasoning_parser, acc.text)
+        calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
+        message = ChatResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        choices.append(ChatCompletionResponseChoice(index=index, message=message,
+                                                    logprobs=logprobs,
+                                                    finish_reason=finish_reason(tools, calls, acc.finish_reason),
                                                     stop_reason=acc.stop_reason))
     num_generated = sum(len(acc.token_ids) for acc in accumulated)
     usage = UsageInfo.of(num_prompt_tokens, num_generated)
@@ -81,8 +96,12 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, mo
 
 
 async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
+                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None],
+                         tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[str, None]:
     created = int(time.time())
+    held = [""] * request.n  # tool-call requests: each choice's text until it finishes
+    parser = ctx.options.reasoning_parser
+    reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
     num_top = _num_top(request)
     num_generated = 0
 
@@ -99,9 +118,28 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
+            reasoning, text = None, completion.text
+            if reasoning_streams is not None:
+                reasoning, text = reasoning_streams[completion.index].feed(completion.text,
+                                                                           completion.finish_reason is not None)
+                if reasoning is None and text is None and completion.finish_reason is None and num_top is None:
+                    continue  # a piece of a possible tag: held until the next delta
+            delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
+            if tools.parses_output:
+                held[completion.index] += text or ""
+                if reasoning is not None and completion.finish_reason is None:
+                    yield chunk(ChatCompletionStreamChoice(index=completion.index,
+                                                           delta=DeltaMessage(reasoning_content=reasoning)))
+                if completion.finish_reason is None:
+                    continue
+                calls, content = extract_tool_calls(tools, held[completion.index])
+                delta = DeltaMessage(content=content, reasoning_content=reasoning,
+                                     tool_calls=[{"index": i, **call} for i, call in enumerate(calls)] or None)
+                reason = finish_reason(tools, calls, completion.finish_reason)
+                logprobs = None
             yield chunk(ChatCompletionStreamChoice(
-                index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
-                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
+                index=completion.index, delta=delta, logprobs=logprobs,
+                finish_reason=reason, stop_reason=completion.stop_reason))
     if request.include_usage:
         usage = UsageInfo.of(num_prompt_tokens, num_generated)
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,

@@ -1,0 +1,242 @@
+"""Tool calling: the parsers on known model outputs, tool_choice planning, templates that see
+tool calls and results, and a live server through the official `openai` client (named and
+required calls enforced by the grammar backend, auto calls parsed by the hermes parser,
+parallel calls, streamed deltas, a multi-turn conversation with tool results), and the qwen3
+reasoning parser (`<think>` text as reasoning_content) on the same server."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from live_server import LiveServer
+from transformers import AutoTokenizer
+
+from vllm_lite.entrypoints.openai.chat_template import render_chat_template
+from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
+from vllm_lite.entrypoints.openai.serving_tools import plan_tools
+from vllm_lite.entrypoints.openai.tool_parsers import TOOL_PARSERS, required_calls_schema
+from vllm_lite.engine.request_checks import check_structured_outputs
+from vllm_lite.sampling_params import SamplingParams, StructuredOutputsParams
+
+MODEL = "tiny-qwen3"
+API_KEY = "sk-tools"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+TOOLS = [WEATHER, TIME]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+# ---- parsers ----
+
+@pytest.mark.parametrize(("parser", "text", "calls", "content"), [
+    ("hermes", 'Let me see.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+               '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
+     [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "UTC"})], "Let me see."),
+    ("hermes", "no calls here", [], "no calls here"),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>', [],
+     '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>'),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; '
+                    '{"name": "get_time", "parameters": {"zone": "CET"}}',
+     [("get_weather", {"city": "Rome"}), ("get_time", {"zone": "CET"})], None),
+    ("mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]', [("get_time", {"zone": "UTC"})],
+     None),
+    ("pythonic", '[get_weather(city="Oslo", days=2), get_time(zone="UTC")]',
+     [("get_weather", {"city": "Oslo", "days": 2}), ("get_time", {"zone": "UTC"})], None),
+    ("pythonic", "[not a call", [], "[not a call"),
+])
+def test_parsers(parser: str, text: str, calls: list, content: str | None) -> None:
+    parsed = TOOL_PARSERS[parser](text)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
+    assert parsed.content == content
+
+
+def test_required_schema_compiles() -> None:
+    check_structured_outputs(SamplingParams(structured_outputs=StructuredOutputsParams(
+        json=required_calls_schema(TOOLS))))
+
+
+@pytest.mark.parametrize(("choice", "options", "words"), [
+    ("auto", ServerOptions(), "--enable-auto-tool-choice"),
+    ({"type": "function", "function": {"name": "nope"}}, ServerOptions(), "not in tools"),
+    ("sometimes", ServerOptions(), "tool_choice must be"),
+])
+def test_bad_tool_choice(choice, options: ServerOptions, words: str) -> None:
+    request = ChatCompletionRequest(messages=ASK, tools=TOOLS, tool_choice=choice)
+    with pytest.raises(RequestParamError, match=words):
+        plan_tools(request, options)
+
+
+def test_tool_calls_and_results_reach_the_template(tiny_qwen3: Path) -> None:
+    template = ("{% for t in tools or [] %}[tool {{ t.function.name }}]{% endfor %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+                "{% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}"
+                "{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}{% endfor %}")
+    request = ChatCompletionRequest(messages=[
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ], tools=TOOLS)
+    text = render_chat_template(AutoTokenizer.from_pretrained(tiny_qwen3), request.conversation(), max_chars=10_000,
+                                timeout_s=5.0, chat_template=template, tools=request.tools)
+    assert text == ("[tool get_weather][tool get_time]<user>What is the weather in Paris?"
+                    "<assistant>get_weather(Paris)<tool>sunny, 21 C#call_1")
+
+
+# ---- live server ----
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
+                      ("--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                       "--reasoning-parser", "qwen3"))
+    try:
+        live.wait_healthy()
+        yield live
+    finally:
+        live.stop()
+        live.kill_group()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def _weather_ok(arguments: str) -> bool:
+    value = json.loads(arguments, strict=False)
+    return set(value) == {"city", "days"} and isinstance(value["city"], str) and 1 <= value["days"] <= 7
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_named_function(client: openai.OpenAI, temperature: float) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=150,
+                                         temperature=temperature, seed=1,
+                                         tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    message = out.choices[0].message
+    assert out.choices[0].finish_reason == "stop", message
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather" and call.type == "function" and call.id
+    assert _weather_ok(call.function.arguments), call.function.arguments
+
+
+def test_required_streamed(client: openai.OpenAI) -> None:
+    for seed in range(3):
+        stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=200,
+                                                temperature=1.0, seed=seed, tool_choice="required", stream=True)
+        arguments: dict[int, str] = {}
+        names: dict[int, str] = {}
+        finish = None
+        for chunk in stream:
+            choice = chunk.choices[0]
+            for call in choice.delta.tool_calls or []:
+                arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+                if call.function.name:
+                    names[call.index] = call.function.name
+            finish = choice.finish_reason or finish
+        if finish == "length":
+            continue  # cut mid-array: no calls can be parsed
+        assert finish == "tool_calls" and names
+        for index, name in names.items():
+            assert name in ("get_weather", "get_time")
+            value = json.loads(arguments[index], strict=False)
+            assert _weather_ok(arguments[index]) if name == "get_weather" else value["zone"] in ("UTC", "CET")
+
+
+def test_auto_parallel_calls_parsed_by_hermes(client: openai.OpenAI) -> None:
+    """The model's text is forced (a regex) into two hermes calls: both come back as calls."""
+    call = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "days": [1-7]\}\}</tool_call>'
+    for stream in (False, True):
+        response = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=200, temperature=0.0,
+            stream=stream, extra_body={"structured_outputs": {"regex": r"Sure\." + call + call}})
+        if stream:
+            chunks = list(response)
+            calls = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
+            content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+            finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices[0].finish_reason]
+            arguments = [c.function.arguments for c in calls]
+        else:
+            message = response.choices[0].message
+            calls, content, finish = message.tool_calls, message.content, [response.choices[0].finish_reason]
+            arguments = [c.function.arguments for c in calls]
+        assert finish == ["tool_calls"]
+        assert content == "Sure."
+        assert [c.function.name for c in calls] == ["get_weather", "get_weather"]
+        assert all(_weather_ok(a) for a in arguments)
+
+
+def test_multi_turn_with_tool_results(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=150, temperature=0.0,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = first.choices[0].message.tool_calls[0]
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=8,
+                                            temperature=0.0, tool_choice="none")
+    assert second.choices[0].message.tool_calls in (None, [])
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens  # the tool result is in the prompt
+
+
+def test_tool_choice_conflicts_are_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="cannot be combined"):
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=8,
+                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.BadRequestError, match="not in tools"):
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=8,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+# ---- reasoning parser ----
+
+@pytest.mark.parametrize(("parser", "text", "want"), [
+    ("qwen3", "<think>\nhmm</think>\n\nAnswer", ("\nhmm", "Answer")),
+    ("qwen3", "plain <think> text", (None, "plain <think> text")),
+    ("qwen3", "<think>cut short", ("cut short", None)),
+    ("deepseek_r1", "hmm</think>Answer", ("hmm", "Answer")),
+    ("deepseek_r1", "<think>hmm</think>", ("hmm", None)),
+])
+def test_reasoning_split_whole_and_streamed(parser: str, text: str, want: tuple) -> None:
+    assert split_reasoning(parser, text) == want
+    for size in (1, 2, 5):
+        stream, reasoning, content = ReasoningStream(parser), "", ""
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        for i, piece in enumerate(pieces):
+            r, c = stream.feed(piece, final=i == len(pieces) - 1)
+            reasoning, content = reasoning + (r or ""), content + (c or "")
+        assert (reasoning or None, content or None) == want, size
+
+
+def test_reasoning_content_served(client: openai.OpenAI) -> None:
+    regex = r"<think>[a-z]{2,8}( [a-z]{2,8}){0,3}</think>\n\n[A-Z][a-z]{2,8}"
+    out = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
+                                         extra_body={"structured_outputs": {"regex": regex}})
+    message = out.choices[0].message
+    reasoning, content = message.model_extra["reasoning_content"], message.content
+    assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,3}", reasoning) and re.fullmatch(r"[A-Z][a-z]{2,8}", content)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
+                                                 stream=True, extra_body={"structured_outputs": {"regex": regex}}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == content
+
+
+def test_responses_api_is_refused_clearly(server: LiveServer) -> None:
+    response = httpx.post(f"{server.base_url}/v1/responses", json={"model": MODEL, "input": "hi"},
+                          headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert response.status_code == 400
+    assert "not implemented" in response.json()["error"]["message"]

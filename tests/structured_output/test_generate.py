@@ -1,0 +1,126 @@
+"""Structured outputs end to end on a random-weight tiny model (in-process engine core): every
+kind, greedy and random; mixed with unconstrained requests whose tokens must not change; a
+preempted constrained request; invalid specs refused with the problem named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from structured_checks import KINDS
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.sampling_params import StructuredOutputsParams
+
+NUM_PER_KIND = 50
+MAX_TOKENS = 120
+
+
+def constrained(kind: str, index: int, max_tokens: int = MAX_TOKENS) -> SamplingParams:
+    structured = KINDS[kind][0]
+    if index % 2 == 0:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=structured)
+    return SamplingParams(temperature=1.0, seed=index, max_tokens=max_tokens, structured_outputs=structured)
+
+
+def assert_accepted(kind: str, text: str, finish_reason: str) -> None:
+    _, check, bounded = KINDS[kind]
+    if bounded or finish_reason == "stop":
+        assert finish_reason == "stop", (kind, text)
+        assert check(text), (kind, text)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama: Path):
+    return make_llm(tiny_llama)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_greedy_and_random(llm, kind: str, prompts_token_ids: list[list[int]]) -> None:
+    prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(8)]
+    outputs = llm.generate(prompts, [constrained(kind, i) for i in range(8)], use_tqdm=False)
+    for out in outputs:
+        assert_accepted(kind, out.outputs[0].text, out.outputs[0].finish_reason)
+    if kind == "json_object":  # unbounded: at least the greedy ones must close their object here
+        assert any(out.outputs[0].finish_reason == "stop" for out in outputs)
+
+
+def test_mixed_batch_keeps_unconstrained_tokens(llm, prompts_token_ids: list[list[int]]) -> None:
+    """50 requests of every kind in one batch with unconstrained greedy and seeded random ones:
+    the unconstrained tokens equal those of a run without the constrained requests."""
+    free = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True) if i % 2 == 0 else
+            SamplingParams(temperature=0.9, top_p=0.9, seed=100 + i, max_tokens=24, ignore_eos=True)
+            for i in range(12)]
+    free_prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(12)]
+    alone = [o.outputs[0].token_ids for o in llm.generate(free_prompts, free, use_tqdm=False)]
+
+    kinds = [kind for kind in KINDS for _ in range(NUM_PER_KIND)]
+    params = [constrained(kind, i, max_tokens=60 if kind == "json_object" else MAX_TOKENS)
+              for i, kind in enumerate(kinds)]
+    prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(len(kinds))]
+    # the unconstrained requests are spread through the batch
+    order = list(range(len(kinds) + len(free)))
+    mixed_prompts, mixed_params, slots = [], [], {}
+    step = len(order) // len(free)
+    free_positions = {step * j + 1: j for j in range(len(free))}
+    constrained_iter = iter(range(len(kinds)))
+    for position in order:
+        if position in free_positions:
+            j = free_positions[position]
+            slots[position] = ("free", j)
+            mixed_prompts.append(free_prompts[j])
+            mixed_params.append(free[j])
+        else:
+            i = next(constrained_iter)
+            slots[position] = ("constrained", i)
+            mixed_prompts.append(prompts[i])
+            mixed_params.append(params[i])
+    outputs = llm.generate(mixed_prompts, mixed_params, use_tqdm=False)
+    for position, out in enumerate(outputs):
+        what, index = slots[position]
+        if what == "free":
+            assert out.outputs[0].token_ids == alone[index], index
+        else:
+            assert_accepted(kinds[index], out.outputs[0].text, out.outputs[0].finish_reason)
+
+
+def test_preempted_constrained_requests_stay_valid(tiny_llama: Path, prompts_token_ids: list[list[int]]) -> None:
+    # 13 usable blocks of 16 tokens: one request needs at most 12 (90 + 100 tokens)
+    llm = make_llm(tiny_llama, num_kv_blocks=14)
+    kinds = [kind for kind in KINDS if KINDS[kind][2] for _ in range(4)]
+    params = [constrained(kind, i, max_tokens=100) for i, kind in enumerate(kinds)]
+    prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(len(params))]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["num_preemptions"] > 0
+    for kind, out in zip(kinds, outputs):
+        assert_accepted(kind, out.outputs[0].text, out.outputs[0].finish_reason)
+
+
+@pytest.mark.parametrize(("structured", "named"), [
+    (dict(json="{not json"), "structured_outputs.json is invalid"),
+    (dict(json={"type": "no-such-type"}), "structured_outputs.json is invalid"),
+    (dict(regex="(a"), "structured_outputs.regex is invalid"),
+    (dict(grammar="root ::= "), "structured_outputs.grammar is invalid"),
+])
+def test_invalid_spec_is_refused_with_its_problem(llm, structured: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        llm.generate("hi", SamplingParams(structured_outputs=StructuredOutputsParams(**structured)), use_tqdm=False)
+    # the engine still serves
+    assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(("structured", "named"), [
+    (dict(), "exactly one of"),
+    (dict(regex="a", choice=["b"]), "exactly one of"),
+    (dict(choice=[]), "structured_outputs.choice"),
+    (dict(json_object=False), "structured_outputs.json_object"),
+])
+def test_structured_outputs_params_checks(structured: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        StructuredOutputsParams(**structured)
+
+
+def test_unknown_structured_outputs_field_is_refused() -> None:
+    with pytest.raises(ValueError, match="whitespace_patern"):
+        SamplingParams(structured_outputs={"regex": "a", "whitespace_patern": " "})

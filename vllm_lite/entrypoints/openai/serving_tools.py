@@ -1,0 +1,100 @@
+"""Tool calling on /v1/chat/completions, as vLLM's server does it:
+
+| tool_choice | what happens |
+|---|---|
+| none (or no tools) | plain text; the tools are still shown to the chat template |
+| auto (the default with tools) | needs `--enable-auto-tool-choice` and `--tool-call-parser`: the model's text is parsed for calls |
+| required | the output is constrained (grammar) to a JSON array of `{"name", "parameters"}`: the arguments always parse |
+| {"type": "function", "function": {"name": f}} | the output is constrained to f's parameters schema |
+
+Streaming sends a tool-call request's deltas when its choice finishes (the calls need the whole
+text to be parsed): one delta with the content, if any, and the calls with their full arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.entrypoints.openai.tool_parsers import (TOOL_PARSERS, ParsedToolCall, function_of,
+                                                       parameters_schema, parse_required_calls,
+                                                       required_calls_schema)
+from vllm_lite.sampling_params import SamplingParams, StructuredOutputsParams
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    mode: str  # none | auto | required | named
+    function_name: str | None = None
+    parser: str | None = None
+
+    @property
+    def parses_output(self) -> bool:
+        return self.mode != "none"
+
+
+def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPlan:
+    tools, choice = request.tools, request.tool_choice
+    if not tools:
+        _check(choice in (None, "none"), "tool_choice", "tool_choice needs tools")
+        return ToolPlan("none")
+    try:
+        names = [function_of(tool)["name"] for tool in tools]
+    except ValueError as exc:
+        raise RequestParamError("tools", str(exc)) from None
+    if choice == "none":
+        return ToolPlan("none")
+    if choice is None or choice == "auto":
+        _check(options.enable_auto_tool_choice and options.tool_call_parser is not None, "tool_choice",
+               '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+        return ToolPlan("auto", parser=options.tool_call_parser)
+    if choice == "required":
+        return ToolPlan("required")
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
+        else None
+    _check(isinstance(name, str), "tool_choice", "tool_choice must be none, auto, required or "
+           f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}")
+    _check(name in names, "tool_choice", f"tool_choice names the function {name!r}, which is not in tools")
+    return ToolPlan("named", function_name=name)
+
+
+def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: ToolPlan) -> SamplingParams:
+    """required / named: the output must be the calls' JSON (a grammar on the request)."""
+    if plan.mode not in ("required", "named"):
+        return params
+    _check(params.structured_outputs is None, "tool_choice",
+           f'tool_choice "{plan.mode}" cannot be combined with response_format or structured_outputs')
+    if plan.mode == "required":
+        schema = required_calls_schema(request.tools)
+    else:
+        schema = parameters_schema(next(function_of(t) for t in request.tools
+                                        if function_of(t)["name"] == plan.function_name))
+    # Compact JSON: free whitespace adds nothing to arguments, and a weak model can spend its
+    # whole budget on it.
+    return params.clone_with(structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+
+
+def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], str | None]:
+    """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text."""
+    if plan.mode == "named":
+        return [ParsedToolCall(plan.function_name, text).to_openai()], None
+    if plan.mode == "required":
+        try:
+            return [call.to_openai() for call in parse_required_calls(text)], None
+        except (ValueError, KeyError, TypeError):  # cut by max_tokens: not complete JSON
+            return [], text
+    if plan.mode == "auto":
+        parsed = TOOL_PARSERS[plan.parser](text)
+        return [call.to_openai() for call in parsed.tool_calls], parsed.content
+    return [], text
+
+
+def finish_reason(plan: ToolPlan, calls: list[dict[str, Any]], reason: str | None) -> str | None:
+    return "tool_calls" if calls and plan.mode in ("auto", "required") and reason == "stop" else reason
+
+
+def _check(condition: bool, param: str, message: str) -> None:
+    if not condition:
+        raise RequestParamError(param, message)

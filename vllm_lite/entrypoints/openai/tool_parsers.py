@@ -1,0 +1,179 @@
+"""Tool calls in a model's text, by the formats vLLM's `--tool-call-parser` names, and the JSON
+schemas that make `tool_choice: "required"` / a named function hold by construction.
+
+| parser | the model writes |
+|---|---|
+| hermes (Qwen2.5/3, Hermes) | `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number |
+| llama3_json | `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several joined by `;` |
+| mistral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` |
+| pythonic (Llama 4, Qwen3-coder style) | `[get_weather(city="Paris"), ...]` |
+
+A parser returns the calls and the text outside them (the message `content`, None when empty).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedToolCall:
+    name: str
+    arguments: str  # JSON text of an object
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedOutput:
+    tool_calls: list[ParsedToolCall]
+    content: str | None
+
+
+def _call(name: Any, arguments: Any) -> ParsedToolCall | None:
+    if not isinstance(name, str) or not isinstance(arguments, (dict, str)):
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _content(text: str) -> str | None:
+    return text if text.strip() else None
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def parse_hermes(text: str) -> ParsedOutput:
+    calls = []
+    for match in _HERMES.finditer(text):
+        value = _json_object(match.group(1))
+        call = _call(value.get("name"), value.get("arguments", {})) if isinstance(value, dict) else None
+        if call is None:
+            return ParsedOutput([], text)  # not well formed: it stays text, as vLLM does
+        calls.append(call)
+    if not calls:
+        return ParsedOutput([], text)
+    return ParsedOutput(calls, _content(text[: text.index("<tool_call>")]))
+
+
+def parse_llama3_json(text: str) -> ParsedOutput:
+    body = text.strip()
+    body = body.removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return ParsedOutput([], text)
+    calls = []
+    decoder = json.JSONDecoder()
+    position = 0
+    while position < len(body):
+        try:
+            value, end = decoder.raw_decode(body, position)
+        except ValueError:
+            return ParsedOutput([], text)
+        call = _call(value.get("name"), value.get("parameters", value.get("arguments", {}))) \
+            if isinstance(value, dict) else None
+        if call is None:
+            return ParsedOutput([], text)
+        calls.append(call)
+        position = end
+        while position < len(body) and body[position] in " \t\r\n;":
+            position += 1
+    return ParsedOutput(calls, None)
+
+
+def parse_mistral(text: str) -> ParsedOutput:
+    marker = "[TOOL_CALLS]"
+    if marker not in text:
+        return ParsedOutput([], text)
+    before, _, after = text.partition(marker)
+    value = _json_object(after.strip())
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        return ParsedOutput([], text)
+    calls = [_call(v.get("name"), v.get("arguments", {})) if isinstance(v, dict) else None for v in value]
+    if not calls or None in calls:
+        return ParsedOutput([], text)
+    return ParsedOutput(calls, _content(before))  # type: ignore[arg-type]
+
+
+def parse_pythonic(text: str) -> ParsedOutput:
+    body = text.strip().removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return ParsedOutput([], text)
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except SyntaxError:
+        return ParsedOutput([], text)
+    if not isinstance(tree, ast.List):
+        return ParsedOutput([], text)
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
+            return ParsedOutput([], text)
+        try:
+            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
+        except ValueError:
+            return ParsedOutput([], text)
+        calls.append(ParsedToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+    return ParsedOutput(calls, None)
+
+
+TOOL_PARSERS: dict[str, Callable[[str], ParsedOutput]] = {
+    "hermes": parse_hermes,
+    "qwen3": parse_hermes,  # Qwen3 writes the hermes format
+    "llama3_json": parse_llama3_json,
+    "mistral": parse_mistral,
+    "pythonic": parse_pythonic,
+}
+
+
+# ---- tool_choice "required" / named: the output is the calls' JSON, enforced by a schema ----
+
+def function_of(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ValueError("tools entries must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
+    return function
+
+
+def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
+    schema = function.get("parameters")
+    return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
+
+
+def required_calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """A JSON array of one or more `{"name": <a tool>, "parameters": <its arguments>}`
+    (vLLM's form for tool_choice "required")."""
+    variants = []
+    for tool in tools:
+        function = function_of(tool)
+        variants.append({"type": "object",
+                         "properties": {"name": {"type": "string", "enum": [function["name"]]},
+                                        "parameters": parameters_schema(function)},
+                         "required": ["name", "parameters"]})
+    return {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+
+
+def parse_required_calls(text: str) -> list[ParsedToolCall]:
+    value = json.loads(text, strict=False)
+    return [ParsedToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in value]

@@ -1,0 +1,31 @@
+"""Structured outputs: the grammar bitmask applied to the constrained rows' logits.
+
+Bitmask layout (xgrammar's, the engine core fills it): int32 [m, ceil(vocab / 32)], bit
+`t % 32` of word `t // 32` set = token `t` allowed. Only the m constrained rows are touched;
+a batch without them never reaches this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class GrammarBitmask:
+    logits_rows: torch.Tensor  # int64 [m] rows of the logits the bitmask rows belong to
+    bitmask: torch.Tensor  # int32 [m, ceil(vocab / 32)]
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask) -> None:
+    """Set the disallowed tokens of the constrained rows to -inf, in place (one vectorized
+    unpack of the bits, one masked fill over the m rows)."""
+    vocab = logits.shape[1]
+    bitmask = grammar.bitmask.to(logits.device, non_blocking=True)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).to(torch.bool).flatten(1)
+    if allowed.shape[1] < vocab:  # logits padded past the tokenizer's vocabulary: never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    rows = grammar.logits_rows
+    logits[rows] = logits[rows].masked_fill_(~allowed[:, :vocab], float("-inf"))
