@@ -128,7 +128,10 @@ def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> No
     ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
     ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
     ({"max_tokens": 60, "prompt": "word " * 10}, "max_tokens", "maximum context length is 64"),
-    ({"logprobs": 9}, "logprobs", "logprobs must be in [0, 5]"),
+    ({"logprobs": 21}, "logprobs", "logprobs must be <= 20"),
+    ({"logprobs": -2}, "logprobs", "logprobs must be a positive value or -1"),
+    ({"prompt_logprobs": -3}, "prompt_logprobs", "prompt_logprobs must be a positive value or -1"),
+    ({"truncate_prompt_tokens": 65}, "truncate_prompt_tokens", "greater than max_model_len (64)"),
     ({"n": "two"}, "n", "n: Input should be a valid integer"),
 ])
 def test_invalid_completion_params_are_400_naming_the_field(engine: FakeEngine, body: dict, param: str,
@@ -144,7 +147,8 @@ def test_streaming_errors_come_before_the_stream(engine: FakeEngine) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "logprobs": True, "top_logprobs": 30}
     response = request(engine, "POST", "/v1/chat/completions", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+    # The engine's max_logprobs (20) refuses it, naming the sampling field top_logprobs becomes.
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
 
 
 def test_malformed_json_auth_and_unknown_model(engine: FakeEngine) -> None:

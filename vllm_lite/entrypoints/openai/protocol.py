@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
-# The largest `logprobs` OpenAI accepts on /v1/completions and `top_logprobs` on chat.
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHAT_TOP_LOGPROBS = 20
+# `logprobs` / `top_logprobs` / `prompt_logprobs` of -1 mean "the whole vocabulary" (vLLM's rule);
+# the engine's max_logprobs then decides whether that many are allowed.
+ALL_VOCAB_LOGPROBS = -1
 
 
 def random_id(prefix: str) -> str:
@@ -90,23 +90,39 @@ class _GenerationRequest(OpenAIBaseModel):
     skip_special_tokens: bool | None = None
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
+    prompt_logprobs: int | None = Field(default=None, description=(
+        "vLLM: top-k logprobs per prompt token (-1 = whole vocabulary, within the server's max_logprobs)"))
+    return_token_ids: bool = Field(default=False, description=(
+        "vLLM: choices carry the generated `token_ids` and the prompt's `prompt_token_ids`"))
+    return_tokens_as_token_ids: bool | None = Field(default=None, description=(
+        "vLLM: logprob tokens are written as 'token_id:<int>' instead of their text"))
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, description=(
+        "vLLM: keep only this many prompt tokens (-1 = max_model_len)"))
+    truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
+        "which end truncate_prompt_tokens cuts: 'left' (the default, as vLLM: the last tokens are kept) "
+        "or 'right'"))
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                         max_tokens_field: str = "max_tokens") -> SamplingParams:
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
+                         max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None) -> SamplingParams:
         """Unset fields keep SamplingParams' defaults; the server reads outputs as deltas.
-        `max_tokens_field` is the request field `max_tokens` came from (named in errors)."""
+        `max_tokens_field` is the request field `max_tokens` came from (named in errors);
+        -1 logprob counts become `vocab_size`."""
         _check(max_tokens is None or max_tokens >= 1, max_tokens_field,
                f"{max_tokens_field} must be >= 1, got {max_tokens}")
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS}
         kwargs = {name: value for name, value in given.items() if value is not None}
         _check(self.stream_options is None or self.stream, "stream_options",
                "stream_options is only allowed when stream is true")
-        return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=logprobs,
-                              output_kind=RequestOutputKind.DELTA)
+        _check_logprob_count(self.prompt_logprobs, "prompt_logprobs")
+        _check(not (self.stream and self.prompt_logprobs), "prompt_logprobs",
+               "prompt_logprobs are not available when stream is true")
+        prompt_count = _max_count(_whole_vocab(self.prompt_logprobs, vocab_size), prompt_logprobs)
+        return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=_whole_vocab(logprobs, vocab_size),
+                              prompt_logprobs=prompt_count, output_kind=RequestOutputKind.DELTA)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -117,15 +133,15 @@ class CompletionRequest(_GenerationRequest):
     best_of: int | None = None
     suffix: str | None = None
 
-    def to_sampling_params(self) -> SamplingParams:
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS, "logprobs",
-               f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {self.logprobs}")
+    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
+        _check_logprob_count(self.logprobs, "logprobs")
         _check(self.best_of is None or self.best_of == self.n, "best_of",
                f"best_of must equal n (other values are not supported), got {self.best_of}")
         _check(self.suffix is None, "suffix", "suffix is not supported")
-        _check(not (self.echo and self.logprobs is not None), "echo",
-               "echo together with logprobs is not supported")
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        # echo with logprobs: the echoed prompt tokens get logprobs too, from prompt logprobs.
+        echo_count = self.logprobs if self.echo and self.logprobs is not None else None
+        return self._sampling_params(self.max_tokens, self.logprobs, vocab_size,
+                                     prompt_logprobs=_whole_vocab(echo_count, vocab_size))
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -160,12 +176,11 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
         _check(self.top_logprobs is None or self.logprobs, "top_logprobs",
                "top_logprobs needs logprobs=true")
-        _check(self.top_logprobs is None or 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS,
-               "top_logprobs", f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}")
+        _check_logprob_count(self.top_logprobs, "top_logprobs")
         _check(not self.tools or self.tool_choice == "none", "tools", "tools are not supported")
         _check(self.response_format is None or self.response_format.get("type") == "text",
                "response_format", "only response_format {'type': 'text'} is supported")
@@ -176,7 +191,7 @@ class ChatCompletionRequest(_GenerationRequest):
         else:
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, field)
+        return self._sampling_params(max_tokens, logprobs, vocab_size, field)
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -210,6 +225,24 @@ def _check(condition: bool, param: str, message: str) -> None:
         raise RequestParamError(param, message)
 
 
+def _check_logprob_count(count: int | None, param: str) -> None:
+    _check(count is None or count >= 0 or count == ALL_VOCAB_LOGPROBS, param,
+           f"{param} must be a positive value or -1, got {count}")
+
+
+def _whole_vocab(count: int | None, vocab_size: int | None) -> int | None:
+    """-1 (the whole vocabulary) as the vocabulary's size."""
+    if count != ALL_VOCAB_LOGPROBS:
+        return count
+    if vocab_size is None:
+        raise RequestParamError("logprobs", "-1 (the whole vocabulary) needs the model's vocabulary size")
+    return vocab_size
+
+
+def _max_count(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 # --------------------------------------------------------------------------- responses
 
 
@@ -231,12 +264,28 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class LogprobEntry(OpenAIBaseModel):
+    """One token's logprob in vLLM's `prompt_logprobs` shape ({token_id: entry} per position)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, LogprobEntry] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # vLLM's extras: prompt_logprobs on request; the token ids with return_token_ids (in a
+    # stream, prompt_token_ids come with a choice's first chunk).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -282,6 +331,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -291,6 +341,9 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    # vLLM puts these at the response level for chat (one prompt per request).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -304,6 +357,7 @@ class ChatCompletionStreamChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):
@@ -313,6 +367,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = Field(default=None, exclude_if=_omit_if_none)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ModelCard(OpenAIBaseModel):

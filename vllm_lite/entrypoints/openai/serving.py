@@ -23,6 +23,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
 from vllm_lite.outputs import Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
@@ -101,24 +102,56 @@ async def off_loop(ctx: ServingContext, fn: Callable[..., T], *args: Any, **kwar
                                                             functools.partial(fn, *args, **kwargs))
 
 
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """vLLM's truncate_prompt_tokens: keep `num_tokens` prompt tokens, cutting the `side` end."""
+
+    num_tokens: int
+    side: str = "left"
+
+    def apply(self, token_ids: list[int]) -> list[int]:
+        if len(token_ids) <= self.num_tokens:
+            return token_ids
+        return token_ids[len(token_ids) - self.num_tokens:] if self.side == "left" else token_ids[:self.num_tokens]
+
+
+def truncation(ctx: ServingContext, truncate_prompt_tokens: int | None, side: str | None) -> Truncation | None:
+    """The request's truncation, -1 meaning max_model_len; more than max_model_len is refused (as vLLM)."""
+    if truncate_prompt_tokens is None:
+        return None
+    if truncate_prompt_tokens == -1:
+        truncate_prompt_tokens = ctx.max_model_len
+    if truncate_prompt_tokens > ctx.max_model_len:
+        raise ApiError(400, "BadRequestError", f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
+                       f"greater than max_model_len ({ctx.max_model_len}). Please, select a smaller "
+                       "truncation size.", "truncate_prompt_tokens")
+    return Truncation(truncate_prompt_tokens, side or "left")
+
+
 async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True, *,
-                        param: str = "prompt", check_fits: bool = True) -> dict[str, Any]:
+                        param: str = "prompt", check_fits: bool = True,
+                        truncate: Truncation | None = None) -> dict[str, Any]:
     """The engine prompt: text and token ids (tokenized as `LLM.generate` does, off the event
     loop). Token ids must lie in the vocabulary; with `check_fits`, a prompt that cannot fit in
-    max_model_len is refused before the work of tokenizing or copying it."""
+    max_model_len is refused before the work of tokenizing or copying it (unless it is to be
+    truncated). A truncated prompt keeps no text (its text is no longer the prompt's)."""
     if isinstance(prompt, str):
-        if check_fits:
+        if check_fits and truncate is None:
             check_prompt_chars(ctx, len(prompt), param)
         token_ids = await off_loop(ctx, ctx.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
-        if check_fits and not token_ids:
-            raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
-        return {"prompt": prompt, "prompt_token_ids": token_ids}
-    if check_fits and not prompt:
+        text: str | None = prompt
+    else:
+        token_ids, text = list(prompt), None
+        if check_fits and truncate is None and token_ids:
+            check_length(ctx, len(token_ids), None, param)  # before the scan of a huge list
+        check_token_ids(ctx, token_ids, param)
+    if truncate is not None and len(token_ids) > truncate.num_tokens:
+        token_ids, text = truncate.apply(token_ids), None
+    if check_fits and not token_ids:
         raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
-    if check_fits:
-        check_length(ctx, len(prompt), None, param)
-    check_token_ids(ctx, prompt, param)
-    return {"prompt": None, "prompt_token_ids": list(prompt)}
+    if check_fits and text is None:
+        check_length(ctx, len(token_ids), None, param)
+    return {"prompt": text, "prompt_token_ids": token_ids}
 
 
 def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> None:
@@ -331,10 +364,21 @@ class ChoiceAccumulator:
         return "".join(self.text_parts)
 
 
-async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[ChoiceAccumulator]:
+@dataclass(slots=True)
+class CollectedRequest:
+    """One request's whole result: its n choices and, when asked, its prompt's logprobs."""
+
+    choices: list[ChoiceAccumulator]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> CollectedRequest:
     """All (delta) outputs of one request folded into its n choices."""
-    choices = [ChoiceAccumulator() for _ in range(n)]
+    collected = CollectedRequest([ChoiceAccumulator() for _ in range(n)])
+    choices = collected.choices
     async for output in stream:
+        if output.prompt_logprobs is not None and collected.prompt_logprobs is None:
+            collected.prompt_logprobs = output.prompt_logprobs
         for completion in output.outputs:
             choice = choices[completion.index]
             choice.text_parts.append(completion.text)
@@ -342,7 +386,7 @@ async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[
             choice.logprobs.extend(completion.logprobs or ())
             if completion.finish_reason is not None:
                 choice.finish_reason, choice.stop_reason = completion.finish_reason, completion.stop_reason
-    return choices
+    return collected
 
 
 MIN_JSON_LOGPROB = -9999.0  # JSON has no -inf
@@ -353,10 +397,25 @@ def json_logprob(logprob: Logprob) -> float:
     return max(logprob.logprob, MIN_JSON_LOGPROB)
 
 
-def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None) -> str:
+def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None, as_token_id: bool = False) -> str:
+    """A logprob's token as text, or as 'token_id:<int>' (vLLM's return_tokens_as_token_ids)."""
+    if as_token_id:
+        return f"token_id:{token_id}"
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return tokenizer.decode([token_id])
+
+
+def prompt_logprobs_json(tokenizer: Any, entries: list[dict[int, Logprob] | None] | None,
+                         as_token_id: bool = False) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs` field: per prompt position (the first is None) a dict of token
+    id -> {logprob, rank, decoded_token}."""
+    if entries is None:
+        return None
+    return [None if entry is None else {
+        token_id: LogprobEntry(logprob=json_logprob(lp), rank=lp.rank,
+                               decoded_token=decode_token(tokenizer, token_id, lp, as_token_id))
+        for token_id, lp in entry.items()} for entry in entries]
 
 
 def top_logprobs(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:

@@ -26,8 +26,8 @@ from vllm_lite.entrypoints.openai.protocol import (
 )
 from vllm_lite.entrypoints.openai.serving import (
     MIN_JSON_LOGPROB, ServingContext, SSEResponse, check_length, check_n, check_prompt_chars,
-    collect_choices, decode_token, encode_prompt, json_logprob, json_response, render_chat, sse_event,
-    sse_stream, start_stream, top_logprobs, tracked_generate
+    collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
+    render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
 )
 from vllm_lite.outputs import Logprob, RequestOutput
 
@@ -36,61 +36,75 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
                                  raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params()
+    params = request.to_sampling_params(ctx.vocab_size)
     prompt = await chat_prompt(ctx, request)
-    num_prompt_tokens = len(prompt["prompt_token_ids"])
-    check_length(ctx, num_prompt_tokens, params.max_tokens)
+    prompt_token_ids = prompt["prompt_token_ids"]
+    check_length(ctx, len(prompt_token_ids), params.max_tokens)
     request_id = random_id("chatcmpl")
     stream = tracked_generate(ctx, prompt, params, request_id)
+    num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started)))
-    return await json_response(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream), raw_request)
+        return SSEResponse(sse_stream(_stream_events(ctx, request, num_top, model, request_id, prompt_token_ids,
+                                                     started)))
+    return await json_response(_full_response(ctx, request, num_top, model, request_id, prompt_token_ids, stream),
+                               raw_request)
 
 
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
     """The templated text and its token ids (the template adds the special tokens itself)."""
     conversation = request.conversation()
-    check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
+    if request.truncate_prompt_tokens is None:  # a prompt to be truncated may be longer than the context
+        check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
                              chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
-    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages")
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt
 
 
-def _num_top(request: ChatCompletionRequest) -> int | None:
-    return (request.top_logprobs or 0) if request.logprobs else None
-
-
-async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> ChatCompletionResponse:
-    accumulated = await collect_choices(stream, request.n)
-    num_top = _num_top(request)
+async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
+                         request_id: str, prompt_token_ids: list[int],
+                         stream: AsyncGenerator[RequestOutput, None]) -> ChatCompletionResponse:
+    collected = await collect_choices(stream, request.n)
+    as_ids = bool(request.return_tokens_as_token_ids)
     choices = []
-    for index, acc in enumerate(accumulated):
-        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top)
+    for index, acc in enumerate(collected.choices):
+        logprobs = None
+        if num_top is not None:
+            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
         choices.append(ChatCompletionResponseChoice(index=index, message=ChatResponseMessage(content=acc.text),
                                                     logprobs=logprobs, finish_reason=acc.finish_reason,
-                                                    stop_reason=acc.stop_reason))
-    num_generated = sum(len(acc.token_ids) for acc in accumulated)
-    usage = UsageInfo.of(num_prompt_tokens, num_generated)
-    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+                                                    stop_reason=acc.stop_reason,
+                                                    token_ids=acc.token_ids if request.return_token_ids else None))
+    num_generated = sum(len(acc.token_ids) for acc in collected.choices)
+    usage = UsageInfo.of(len(prompt_token_ids), num_generated)
+    prompt_logprobs = None
+    if request.prompt_logprobs is not None:
+        prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
+                                  prompt_logprobs=prompt_logprobs,
+                                  prompt_token_ids=prompt_token_ids if request.return_token_ids else None)
 
 
-async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
+async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
+                         request_id: str, prompt_token_ids: list[int],
+                         stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
     created = int(time.time())
-    num_top = _num_top(request)
     num_generated = 0
+    as_ids = bool(request.return_tokens_as_token_ids)
 
-    def chunk(choice: ChatCompletionStreamChoice) -> str:
-        return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice]))
+    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> str:
+        return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
+                                                      prompt_token_ids=prompt_ids))
 
+    first_prompt_ids = prompt_token_ids if request.return_token_ids else None
     for index in range(request.n):
-        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
+                    first_prompt_ids if index == 0 else None)
     async for output in stream:
         for completion in output.outputs:
             num_generated += len(completion.token_ids)
@@ -98,24 +112,28 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
                 continue
             logprobs = None
             if num_top is not None:
-                logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
+                logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top,
+                                         as_ids)
             yield chunk(ChatCompletionStreamChoice(
                 index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
-                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason))
+                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+                token_ids=completion.token_ids if request.return_token_ids else None))
     if request.include_usage:
-        usage = UsageInfo.of(num_prompt_tokens, num_generated)
+        usage = UsageInfo.of(len(prompt_token_ids), num_generated)
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 
 
 def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                  num_top: int) -> ChatChoiceLogprobs:
-    """Chat's shape: per token its text, logprob, UTF-8 bytes and the `num_top` most likely tokens."""
+                  num_top: int, tokens_as_ids: bool = False) -> ChatChoiceLogprobs:
+    """Chat's shape: per token its text (or 'token_id:<int>'), logprob, UTF-8 bytes and the
+    `num_top` most likely tokens."""
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         sampled = entry.get(token_id)
-        token = decode_token(tokenizer, token_id, sampled)
-        top = [_top_entry(decode_token(tokenizer, tid, lp), lp) for tid, lp in top_logprobs(entry, num_top)]
+        token = decode_token(tokenizer, token_id, sampled, tokens_as_ids)
+        top = [_top_entry(decode_token(tokenizer, tid, lp, tokens_as_ids), lp)
+               for tid, lp in top_logprobs(entry, num_top)]
         logprob = json_logprob(sampled) if sampled is not None else MIN_JSON_LOGPROB
         content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
     return ChatChoiceLogprobs(content=content)

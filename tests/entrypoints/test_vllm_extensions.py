@@ -1,0 +1,230 @@
+"""vLLM's OpenAI-server extensions (issue 14) against a live `vllm-lite serve`: token ids in
+and out, logprob tokens as ids, truncate_prompt_tokens, prompt_logprobs and echo with logprobs.
+Raw HTTP for the fields the `openai` client does not type, the client where it does."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from live_server import LiveServer
+from transformers import AutoTokenizer
+
+MODEL = "tiny-qwen3"
+API_KEY = "sk-ext-test"
+MAX_MODEL_LEN = 128
+PROMPT = "The quick brown fox jumps over"
+CHAT = [{"role": "user", "content": "Tell me about the river."}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("ext_server") / "server.log", MODEL, API_KEY,
+                      ("--max-model-len", str(MAX_MODEL_LEN)))
+    try:
+        live.wait_healthy()
+        yield live
+    finally:
+        live.stop()
+        live.kill_group()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_qwen3: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_qwen3)
+
+
+def _post(server: LiveServer, route: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{route}", json={"model": MODEL, **body}, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"})
+
+
+def _stream_chunks(server: LiveServer, route: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    chunks = []
+    with httpx.stream("POST", f"{server.base_url}{route}", json={"model": MODEL, "stream": True, **body},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: "):]))
+    return chunks
+
+
+def _error(response: httpx.Response, param: str) -> str:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+    return error["message"]
+
+
+# ---- token ids in and out ----
+
+
+def test_completion_return_token_ids(server: LiveServer, tokenizer: Any) -> None:
+    data = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.0,
+                                             "return_token_ids": True}).json()
+    choice = data["choices"][0]
+    assert choice["prompt_token_ids"] == tokenizer.encode(PROMPT)
+    assert len(choice["token_ids"]) == data["usage"]["completion_tokens"] == 12
+    assert tokenizer.decode(choice["token_ids"]) == choice["text"]
+    plain = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.0}).json()
+    assert plain["choices"][0]["token_ids"] is None and plain["choices"][0]["prompt_token_ids"] is None
+
+
+def test_completion_token_id_prompt_round_trips(server: LiveServer, client: openai.OpenAI) -> None:
+    first = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0,
+                                              "return_token_ids": True}).json()["choices"][0]
+    again = client.completions.create(model=MODEL, prompt=first["prompt_token_ids"], max_tokens=6, temperature=0.0,
+                                      extra_body={"return_token_ids": True}).choices[0]
+    assert again.token_ids == first["token_ids"] and again.prompt_token_ids == first["prompt_token_ids"]
+
+
+def test_streamed_token_ids_equal_the_whole_response(server: LiveServer) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0.0, "return_token_ids": True}
+    whole = _post(server, "/v1/completions", body).json()["choices"][0]
+    chunks = _stream_chunks(server, "/v1/completions", body)
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert choices[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert all(c["prompt_token_ids"] is None for c in choices[1:])
+    assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
+
+
+def test_chat_return_token_ids_prompt_ids_at_response_level(server: LiveServer, tokenizer: Any) -> None:
+    body = {"messages": CHAT, "max_tokens": 8, "temperature": 0.0, "return_token_ids": True}
+    data = _post(server, "/v1/chat/completions", body).json()
+    templated = tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    assert data["prompt_token_ids"] == tokenizer.encode(templated, add_special_tokens=False)
+    assert len(data["prompt_token_ids"]) == data["usage"]["prompt_tokens"]
+    choice = data["choices"][0]
+    assert len(choice["token_ids"]) == data["usage"]["completion_tokens"]
+    chunks = _stream_chunks(server, "/v1/chat/completions", body)
+    assert chunks[0]["prompt_token_ids"] == data["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids") or []] == choice["token_ids"]
+
+
+def test_return_tokens_as_token_ids(server: LiveServer) -> None:
+    data = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "logprobs": 2,
+                                             "return_token_ids": True, "return_tokens_as_token_ids": True}).json()
+    choice = data["choices"][0]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in choice["token_ids"]]
+    for top in choice["logprobs"]["top_logprobs"]:
+        assert all(key.startswith("token_id:") and key[len("token_id:"):].isdigit() for key in top)
+    chat = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "temperature": 0.0,
+                                                  "logprobs": True, "top_logprobs": 2, "return_token_ids": True,
+                                                  "return_tokens_as_token_ids": True}).json()["choices"][0]
+    content = chat["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["token_ids"]]
+    assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"].startswith("token_id:") for c in content)
+
+
+def test_logprobs_minus_one_is_the_whole_vocabulary_and_above_max_logprobs(server: LiveServer) -> None:
+    # -1 asks for every token's logprob; the server's max_logprobs (20) is smaller than the vocabulary.
+    message = _error(_post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "logprobs": -1}),
+                     "logprobs")
+    assert "20" in message
+    _error(_post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "logprobs": True,
+                                                  "top_logprobs": -1}), "logprobs")
+    message = _error(_post(server, "/v1/chat/completions", {"messages": CHAT, "logprobs": True,
+                                                            "top_logprobs": -5}), "top_logprobs")
+    assert "positive value or -1" in message
+
+
+@pytest.mark.parametrize("side, keep", [(None, slice(-3, None)), ("left", slice(-3, None)), ("right", slice(0, 3))])
+def test_truncate_prompt_tokens(server: LiveServer, tokenizer: Any, side: str | None, keep: slice) -> None:
+    body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0.0, "truncate_prompt_tokens": 3,
+                            "return_token_ids": True}
+    if side is not None:
+        body["truncation_side"] = side
+    data = _post(server, "/v1/completions", body).json()
+    expected = tokenizer.encode(PROMPT)[keep]
+    assert data["choices"][0]["prompt_token_ids"] == expected and data["usage"]["prompt_tokens"] == 3
+    direct = _post(server, "/v1/completions", {"prompt": expected, "max_tokens": 4, "temperature": 0.0}).json()
+    assert direct["choices"][0]["text"] == data["choices"][0]["text"]
+
+
+def test_truncate_prompt_tokens_lets_a_too_long_prompt_in_and_checks_its_range(server: LiveServer) -> None:
+    long_prompt = list(range(10, 10 + MAX_MODEL_LEN + 40))
+    data = _post(server, "/v1/completions", {"prompt": long_prompt, "max_tokens": 1,
+                                             "truncate_prompt_tokens": 100}).json()
+    assert data["usage"]["prompt_tokens"] == 100
+    chat = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "truncate_prompt_tokens": 5,
+                                                  "return_token_ids": True}).json()
+    assert chat["usage"]["prompt_tokens"] == 5 and len(chat["prompt_token_ids"]) == 5
+    message = _error(_post(server, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": MAX_MODEL_LEN + 1}),
+                     "truncate_prompt_tokens")
+    assert f"max_model_len ({MAX_MODEL_LEN})" in message
+    response = _post(server, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": -2})
+    assert response.status_code == 400 and "truncate_prompt_tokens" in response.text
+
+
+# ---- prompt_logprobs and echo with logprobs ----
+
+
+def test_completion_prompt_logprobs_choice_level(server: LiveServer, client: openai.OpenAI, tokenizer: Any) -> None:
+    prompt_ids = tokenizer.encode(PROMPT)
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0.0,
+                                         extra_body={"prompt_logprobs": 3})
+    prompt_logprobs = response.choices[0].prompt_logprobs
+    assert len(prompt_logprobs) == len(prompt_ids) and prompt_logprobs[0] is None
+    for token_id, entry in zip(prompt_ids[1:], prompt_logprobs[1:]):
+        entry = {int(k): v for k, v in entry.items()}
+        assert token_id in entry and 3 <= len(entry) <= 4  # the prompt token plus the top 3
+        ranked = sorted((v for v in entry.values() if v["rank"] <= 3), key=lambda v: v["rank"])
+        assert [v["rank"] for v in ranked] == [1, 2, 3]
+        assert ranked[0]["logprob"] >= ranked[1]["logprob"] >= ranked[2]["logprob"]
+        assert entry[token_id]["decoded_token"] == tokenizer.decode([token_id])
+        total = sum(math.exp(v["logprob"]) for v in ranked)
+        assert 0 < total <= 1.0 + 1e-4
+
+
+def test_chat_prompt_logprobs_response_level(server: LiveServer) -> None:
+    data = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "prompt_logprobs": 0}).json()
+    assert len(data["prompt_logprobs"]) == data["usage"]["prompt_tokens"]
+    assert data["prompt_logprobs"][0] is None and all(len(e) == 1 for e in data["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in data["choices"][0]
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": -1}),
+    ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}),
+    ("/v1/chat/completions", {"messages": CHAT, "prompt_logprobs": 100}),
+    ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 2, "stream": True}),
+])
+def test_bad_prompt_logprobs_are_400(server: LiveServer, route: str, body: dict[str, Any]) -> None:
+    _error(_post(server, route, body), "prompt_logprobs")
+
+
+def test_echo_with_logprobs_covers_the_prompt(server: LiveServer, tokenizer: Any) -> None:
+    prompt_ids = tokenizer.encode(PROMPT)
+    data = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0, "echo": True,
+                                             "logprobs": 2, "return_token_ids": True}).json()
+    choice, n_prompt = data["choices"][0], len(prompt_ids)
+    logprobs = choice["logprobs"]
+    assert choice["text"].startswith(PROMPT)
+    assert len(logprobs["tokens"]) == n_prompt + 5
+    assert logprobs["tokens"][:n_prompt] == [tokenizer.decode([t]) for t in prompt_ids]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(isinstance(v, float) for v in logprobs["token_logprobs"][1:])
+    assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"] == sorted(logprobs["text_offset"])
+    # The echoed tokens' logprobs are the prompt logprobs of the same prompt.
+    with_prompt = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 2}).json()
+    expected = [entry[str(t)]["logprob"] for t, entry in zip(prompt_ids[1:], with_prompt["choices"][0]["prompt_logprobs"][1:])]
+    assert logprobs["token_logprobs"][1:n_prompt] == pytest.approx(expected, abs=1e-4)
+    # Streaming gives the same tokens and logprobs.
+    chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0,
+                                                        "echo": True, "logprobs": 2})
+    streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
+    assert [t for s in streamed for t in s["tokens"]] == logprobs["tokens"]
+    assert [v for s in streamed for v in s["token_logprobs"]] == pytest.approx(logprobs["token_logprobs"], abs=1e-4)
