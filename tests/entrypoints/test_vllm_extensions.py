@@ -228,3 +228,60 @@ def test_echo_with_logprobs_covers_the_prompt(server: LiveServer, tokenizer: Any
     streamed = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]]
     assert [t for s in streamed for t in s["tokens"]] == logprobs["tokens"]
     assert [v for s in streamed for v in s["token_logprobs"]] == pytest.approx(logprobs["token_logprobs"], abs=1e-4)
+
+
+# ---- usage in streams ----
+
+
+def test_continuous_usage_stats_on_every_completion_chunk(server: LiveServer) -> None:
+    chunks = _stream_chunks(server, "/v1/completions", {
+        "prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "return_token_ids": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    *content, last = chunks
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    seen = 0
+    for chunk in content:
+        seen += len(chunk["choices"][0]["token_ids"])
+        usage = chunk["usage"]
+        assert usage["prompt_tokens"] == last["usage"]["prompt_tokens"] and usage["completion_tokens"] == seen
+        assert usage["total_tokens"] == usage["prompt_tokens"] + seen
+
+
+def test_continuous_usage_stats_in_chat_counts_per_choice(server: LiveServer) -> None:
+    chunks = _stream_chunks(server, "/v1/chat/completions", {
+        "messages": CHAT, "max_tokens": 5, "n": 2, "seed": 3, "return_token_ids": True,
+        "stream_options": {"continuous_usage_stats": True}})  # include_usage defaults to true, as vLLM
+    *content, last = chunks
+    assert last["usage"]["completion_tokens"] == 10
+    seen = [0, 0]
+    for chunk in content:
+        choice = chunk["choices"][0]
+        seen[choice["index"]] += len(choice.get("token_ids") or [])
+        assert chunk["usage"]["completion_tokens"] == seen[choice["index"]]
+        assert chunk["usage"]["prompt_tokens"] == last["usage"]["prompt_tokens"]
+    assert seen == [5, 5]
+
+
+def test_no_usage_chunk_unless_asked(server: LiveServer) -> None:
+    chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+    assert all("usage" not in chunk for chunk in chunks)
+    chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3,
+                                                        "stream_options": {"include_usage": False,
+                                                                           "continuous_usage_stats": True}})
+    assert all("usage" not in chunk for chunk in chunks)
+
+
+def test_enable_force_include_usage(tiny_qwen3: Path, tmp_path: Path) -> None:
+    live = LiveServer(tiny_qwen3, tmp_path / "server.log", MODEL, API_KEY,
+                      ("--max-model-len", str(MAX_MODEL_LEN), "--enable-force-include-usage"))
+    try:
+        live.wait_healthy()
+        chunks = _stream_chunks(live, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4})
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+        assert all("usage" not in chunk for chunk in chunks[:-1])
+        chunks = _stream_chunks(live, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                          "stream_options": {"include_usage": False}})
+        assert chunks[-1]["usage"]["completion_tokens"] == 4
+    finally:
+        live.stop()
+        live.kill_group()

@@ -274,6 +274,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          max_request_body_bytes=args.max_request_body_bytes,
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,
+                         enable_force_include_usage=args.enable_force_include_usage,
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

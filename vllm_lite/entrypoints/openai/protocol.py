@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -61,7 +62,15 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_
 
 
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = False
+    # vLLM's defaults: `stream_options: {}` asks for the final usage chunk.
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False  # vLLM: usage on every chunk too
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUsage:
+    final: bool  # a last chunk with the whole request's usage
+    every_chunk: bool  # continuous_usage_stats: each chunk carries the usage so far
 
 
 class _GenerationRequest(OpenAIBaseModel):
@@ -102,9 +111,14 @@ class _GenerationRequest(OpenAIBaseModel):
         "which end truncate_prompt_tokens cuts: 'left' (the default, as vLLM: the last tokens are kept) "
         "or 'right'"))
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def stream_usage(self, force_include_usage: bool) -> StreamUsage:
+        """Which usage a stream carries (vLLM's rule; `force_include_usage` is the server's
+        --enable-force-include-usage)."""
+        options = self.stream_options
+        if options is None:
+            return StreamUsage(final=force_include_usage, every_chunk=False)
+        final = force_include_usage or bool(options.include_usage)
+        return StreamUsage(final=final, every_chunk=final and bool(options.continuous_usage_stats))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
                          max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None) -> SamplingParams:

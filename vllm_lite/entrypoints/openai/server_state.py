@@ -26,6 +26,7 @@ class ServerOptions:
     | max_request_body_bytes | --max-request-body-bytes | larger bodies get 413 before they are parsed |
     | max_n_sequences | --max-n-sequences | the largest `n` a request may ask for |
     | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
+    | enable_force_include_usage | --enable-force-include-usage | streams end with usage even when not asked |
     | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
     | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
@@ -35,6 +36,7 @@ class ServerOptions:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     trust_request_chat_template: bool = False
+    enable_force_include_usage: bool = False
     health_check_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     chat_template_timeout_s: float = 5.0

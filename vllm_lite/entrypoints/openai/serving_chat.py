@@ -94,12 +94,15 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                          request_id: str, prompt_token_ids: list[int],
                          stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[str, None]:
     created = int(time.time())
-    num_generated = 0
+    num_prompt_tokens = len(prompt_token_ids)
+    per_choice = [0] * request.n  # tokens generated so far, per choice
     as_ids = bool(request.return_tokens_as_token_ids)
+    usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
 
     def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> str:
+        usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index]) if usage_mode.every_chunk else None
         return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
-                                                      prompt_token_ids=prompt_ids))
+                                                      prompt_token_ids=prompt_ids, usage=usage))
 
     first_prompt_ids = prompt_token_ids if request.return_token_ids else None
     for index in range(request.n):
@@ -107,9 +110,10 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                     first_prompt_ids if index == 0 else None)
     async for output in stream:
         for completion in output.outputs:
-            num_generated += len(completion.token_ids)
-            if not completion.text and completion.finish_reason is None and num_top is None:
-                continue
+            per_choice[completion.index] += len(completion.token_ids)
+            carries_ids = request.return_token_ids and completion.token_ids
+            if not completion.text and completion.finish_reason is None and num_top is None and not carries_ids:
+                continue  # tokens still held back by the detokenizer (no text yet)
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top,
@@ -118,8 +122,8 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                 index=completion.index, delta=DeltaMessage(content=completion.text), logprobs=logprobs,
                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
                 token_ids=completion.token_ids if request.return_token_ids else None))
-    if request.include_usage:
-        usage = UsageInfo.of(len(prompt_token_ids), num_generated)
+    if usage_mode.final:
+        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice))
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 

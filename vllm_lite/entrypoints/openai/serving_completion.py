@@ -164,6 +164,7 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
     choices = [_StreamedChoice(echo, prompt["prompt_token_ids"])
                for echo, prompt in zip(echoed, prompts) for _ in range(request.n)]
     prompt_logprobs: list[list[dict[int, Logprob] | None] | None] = [None] * len(prompts)
+    usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     created = int(time.time())
     async for i, output in merge_streams(streams):
         if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
@@ -173,9 +174,12 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
                 continue
             index = i * request.n + completion.index
             choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i])
+            usage = None
+            if usage_mode.every_chunk:  # vLLM: the prompt's tokens and this choice's tokens so far
+                usage = UsageInfo.of(len(prompts[i]["prompt_token_ids"]), choices[index].num_tokens)
             yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
-                                                     choices=[choice]))
-    if request.include_usage:
+                                                     choices=[choice], usage=usage))
+    if usage_mode.final:
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         completion_tokens = sum(choice.num_tokens for choice in choices)
         usage = UsageInfo.of(prompt_tokens, completion_tokens)
