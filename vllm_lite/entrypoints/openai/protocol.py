@@ -189,6 +189,10 @@ class ChatCompletionRequest(_GenerationRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = Field(default=None, description=(
+        "vLLM: documents for RAG chat templates (passed to the template as `documents`)"))
+    echo: bool = Field(default=False, description=(
+        "vLLM: the reply starts with the last message's content when that message has the reply's role"))
 
     def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
@@ -199,7 +203,7 @@ class ChatCompletionRequest(_GenerationRequest):
         _check(self.response_format is None or self.response_format.get("type") == "text",
                "response_format", "only response_format {'type': 'text'} is supported")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
-               "continue_final_message and add_generation_prompt cannot both be true")
+               "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         if self.max_completion_tokens is not None:
             max_tokens, field = self.max_completion_tokens, "max_completion_tokens"
         else:
@@ -209,6 +213,16 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def echoed_text(self) -> str:
+        """With `echo`, what the reply starts with (vLLM's rule): the last message's content when
+        its role is the reply's role ('assistant' with add_generation_prompt, else the last
+        message's own role, so always with continue_final_message)."""
+        if not self.echo or not self.messages:
+            return ""
+        last = self.messages[-1]
+        reply_role = "assistant" if self.add_generation_prompt else last.role
+        return last.text() if last.role == reply_role else ""
 
 
 class TokenizeRequest(OpenAIBaseModel):

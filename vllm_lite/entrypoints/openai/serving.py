@@ -179,7 +179,8 @@ def check_n(ctx: ServingContext, n: int) -> None:
 
 async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
                       continue_final_message: bool = False, chat_template: str | None = None,
-                      chat_template_kwargs: dict[str, Any] | None = None) -> str:
+                      chat_template_kwargs: dict[str, Any] | None = None,
+                      documents: list[dict[str, str]] | None = None) -> str:
     """The conversation through the chat template, off the event loop, with a deadline and a
     size limit. A template from the request is used only with --trust-request-chat-template."""
     kwargs = dict(chat_template_kwargs or {})
@@ -199,7 +200,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
                               max_chars=ctx.max_prompt_chars, timeout_s=ctx.options.chat_template_timeout_s,
                               chat_template=chat_template,
                               add_generation_prompt=add_generation_prompt,
-                              continue_final_message=continue_final_message, **kwargs)
+                              continue_final_message=continue_final_message,
+                              **({"documents": documents} if documents is not None else {}), **kwargs)
     except TemplateRenderTimeout as exc:
         raise ApiError(400, "BadRequestError", str(exc), "chat_template") from exc
     except Exception as exc:  # a template error is the request's problem, not the server's

@@ -58,7 +58,8 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
         check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
-                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
+                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
+                             documents=request.documents)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
     if request.cache_salt is not None:
@@ -76,7 +77,8 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
         logprobs = None
         if num_top is not None:
             logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
-        choices.append(ChatCompletionResponseChoice(index=index, message=ChatResponseMessage(content=acc.text),
+        content = request.echoed_text() + acc.text
+        choices.append(ChatCompletionResponseChoice(index=index, message=ChatResponseMessage(content=content),
                                                     logprobs=logprobs, finish_reason=acc.finish_reason,
                                                     stop_reason=acc.stop_reason,
                                                     token_ids=acc.token_ids if request.return_token_ids else None))
@@ -105,9 +107,12 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                                                       prompt_token_ids=prompt_ids, usage=usage))
 
     first_prompt_ids = prompt_token_ids if request.return_token_ids else None
+    echoed = request.echoed_text()
     for index in range(request.n):
         yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
                     first_prompt_ids if index == 0 else None)
+        if echoed:
+            yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
     async for output in stream:
         for completion in output.outputs:
             per_choice[completion.index] += len(completion.token_ids)
