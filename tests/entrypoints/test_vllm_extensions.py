@@ -285,3 +285,13 @@ def test_enable_force_include_usage(tiny_qwen3: Path, tmp_path: Path) -> None:
     finally:
         live.stop()
         live.kill_group()
+
+
+def test_invocations_on_the_real_engine_equals_the_routes_it_dispatches_to(server: LiveServer) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    via = _post(server, "/invocations", body).json()
+    assert via["choices"][0]["text"] == _post(server, "/v1/completions", body).json()["choices"][0]["text"]
+    chat = {"messages": CHAT, "max_tokens": 6, "temperature": 0.0}
+    via = _post(server, "/invocations", chat).json()
+    direct = _post(server, "/v1/chat/completions", chat).json()
+    assert via["choices"][0]["message"] == direct["choices"][0]["message"]

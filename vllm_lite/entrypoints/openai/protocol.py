@@ -233,6 +233,7 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
 
 
 class DetokenizeRequest(OpenAIBaseModel):
@@ -416,6 +417,7 @@ class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(OpenAIBaseModel):

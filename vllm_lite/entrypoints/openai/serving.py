@@ -24,7 +24,7 @@ from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, re
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
-from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
+from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.outputs import Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -81,6 +81,7 @@ class ServingContext:
     max_prompt_chars: int
     options: ServerOptions = field(default_factory=ServerOptions)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
+    load: ServerLoad = field(default_factory=ServerLoad)
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 
@@ -433,12 +434,15 @@ class SSEResponse(StreamingResponse):
     def __init__(self, events: AsyncGenerator[str, None]) -> None:
         super().__init__(events, media_type="text/event-stream")
         self.events = events
+        self.on_close: list[Callable[[], None]] = []  # run once the stream has ended
 
     async def stream_response(self, send: Send) -> None:
         try:
             await super().stream_response(send)
         finally:
             await self.events.aclose()
+            for callback in self.on_close:
+                callback()
 
 
 def sse_error(exc: Exception) -> str:
