@@ -295,3 +295,46 @@ def test_invocations_on_the_real_engine_equals_the_routes_it_dispatches_to(serve
     via = _post(server, "/invocations", chat).json()
     direct = _post(server, "/v1/chat/completions", chat).json()
     assert via["choices"][0]["message"] == direct["choices"][0]["message"]
+
+
+# ---- beam search ----
+
+
+def test_use_beam_search_equals_llm_beam_search(server: LiveServer, tiny_qwen3: Path) -> None:
+    from llm_factory import make_llm
+
+    from vllm_lite.entrypoints.beam_search import BeamSearchParams
+
+    body = {"prompt": PROMPT, "max_tokens": 6, "n": 3, "use_beam_search": True, "ignore_eos": True}
+    data = _post(server, "/v1/completions", body).json()
+    assert len(data["choices"]) == 3
+    assert _post(server, "/v1/completions", body).json()["choices"] == data["choices"]  # deterministic
+    llm = make_llm(tiny_qwen3, max_model_len=MAX_MODEL_LEN)
+    try:
+        offline = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
+    finally:
+        llm.shutdown()
+    assert [c["text"] for c in data["choices"]] == [s.text for s in offline.sequences]
+    assert data["usage"]["completion_tokens"] == 18
+    greedy = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0,
+                                               "ignore_eos": True}).json()["choices"][0]["text"]
+    one = _post(server, "/v1/completions", {**body, "n": 1}).json()["choices"][0]["text"]
+    assert one == greedy
+
+
+def test_use_beam_search_in_chat_and_streaming(server: LiveServer) -> None:
+    body = {"messages": CHAT, "max_tokens": 5, "n": 2, "use_beam_search": True, "length_penalty": 0.5}
+    data = _post(server, "/v1/chat/completions", body).json()
+    assert [c["index"] for c in data["choices"]] == [0, 1] and data["usage"]["completion_tokens"] <= 10
+    chunks = _stream_chunks(server, "/v1/chat/completions", body)
+    streamed = ["".join(c["choices"][0]["delta"].get("content", "") for c in chunks
+                        if c["choices"] and c["choices"][0]["index"] == i) for i in range(2)]
+    assert streamed == [c["message"]["content"] for c in data["choices"]]
+
+
+@pytest.mark.parametrize("extra, param", [({"stop": ["x"]}, "stop"), ({"logprobs": 2}, "logprobs"),
+                                          ({"top_p": 0.5}, "top_p")])
+def test_use_beam_search_refuses_fields_it_does_not_use(server: LiveServer, extra: dict, param: str) -> None:
+    message = _error(_post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "use_beam_search": True,
+                                                       **extra}), param)
+    assert "use_beam_search" in message

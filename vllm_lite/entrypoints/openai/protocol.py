@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 # `logprobs` / `top_logprobs` / `prompt_logprobs` of -1 mean "the whole vocabulary" (vLLM's rule);
@@ -59,6 +60,10 @@ class ErrorResponse(OpenAIBaseModel):
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
+
+
+# What beam search reads of the sampling fields; the others are refused with it.
+_BEAM_SEARCH_FIELDS = ("n", "temperature", "ignore_eos", "skip_special_tokens")
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -107,9 +112,27 @@ class _GenerationRequest(OpenAIBaseModel):
         "vLLM: logprob tokens are written as 'token_id:<int>' instead of their text"))
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1, description=(
         "vLLM: keep only this many prompt tokens (-1 = max_model_len)"))
+    use_beam_search: bool = Field(default=False, description=(
+        "vLLM: beam search of width n (the n best beams are the choices)"))
+    length_penalty: float = Field(default=1.0, description="vLLM: beam score = logprob / length ** length_penalty")
     truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
         "which end truncate_prompt_tokens cuts: 'left' (the default, as vLLM: the last tokens are kept) "
         "or 'right'"))
+
+    def beam_search_params(self, max_tokens: int | None, logprobs: Any) -> BeamSearchParams | None:
+        """With use_beam_search, its parameters (beam width = n, as vLLM); sampling fields beam
+        search does not use are refused by name rather than ignored."""
+        if not self.use_beam_search:
+            return None
+        unused = [name for name in _SAMPLING_FIELDS if name not in _BEAM_SEARCH_FIELDS
+                  and getattr(self, name) is not None]
+        if logprobs or self.prompt_logprobs is not None:
+            unused.append("logprobs" if logprobs else "prompt_logprobs")
+        _check(not unused, unused[0] if unused else "use_beam_search",
+               f"{', '.join(unused)} cannot be used with use_beam_search")
+        _check(max_tokens is not None, "max_tokens", "max_tokens is needed with use_beam_search")
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos),
+                                temperature=self.temperature or 0.0, length_penalty=self.length_penalty)
 
     def stream_usage(self, force_include_usage: bool) -> StreamUsage:
         """Which usage a stream carries (vLLM's rule; `force_include_usage` is the server's

@@ -20,12 +20,13 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
+from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
-from vllm_lite.outputs import Logprob, RequestOutput
+from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -468,3 +469,31 @@ async def sse_stream(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, N
 def sse_event(chunk: BaseModel) -> str:
     return f"data: {chunk.model_dump_json()}\n\n"
 
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any], params: BeamSearchParams,
+                             request_id: str) -> AsyncGenerator[RequestOutput, None]:
+    """vLLM's server-side beam search: every step sends each live beam to the engine for one
+    token (BeamSearch decides what to keep), then yields one finished RequestOutput whose
+    outputs are the beam_width best beams, best first, so the handlers treat it as any
+    request's output."""
+    prompt_ids = engine_prompt["prompt_token_ids"]
+    search = BeamSearch([prompt_ids], params, ctx.tokenizer.eos_token_id)
+    step_params = params.step_params()
+    step = 0
+    while batch := search.pending():
+        step_streams = [tracked_generate(ctx, {**engine_prompt, "prompt": None, "prompt_token_ids": tokens},
+                                         step_params, f"{request_id}-beam{step}-{i}") for i, tokens in enumerate(batch)]
+        collected = await asyncio.gather(*(collect_choices(stream, 1) for stream in step_streams))
+        search.advance([c.choices[0].logprobs[0] for c in collected])
+        step += 1
+    outputs = []
+    for index, beam in enumerate(search.results()[0]):
+        generated = search.generated(0, beam)
+        text = await off_loop(ctx, ctx.tokenizer.decode, generated, skip_special_tokens=True)
+        outputs.append(CompletionOutput(index=index, text=text, token_ids=generated, cumulative_logprob=beam.cum_logprob,
+                                        finish_reason=beam.finish_reason))
+    yield RequestOutput(request_id, engine_prompt.get("prompt"), prompt_ids, outputs, True)

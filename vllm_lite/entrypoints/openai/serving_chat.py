@@ -25,7 +25,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    MIN_JSON_LOGPROB, ServingContext, SSEResponse, check_length, check_n, check_prompt_chars,
+    MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
     render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
 )
@@ -41,7 +41,11 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     prompt_token_ids = prompt["prompt_token_ids"]
     check_length(ctx, len(prompt_token_ids), params.max_tokens)
     request_id = random_id("chatcmpl")
-    stream = tracked_generate(ctx, prompt, params, request_id)
+    beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
+    if beam is not None:
+        stream = beam_search_stream(ctx, prompt, beam, request_id)
+    else:
+        stream = tracked_generate(ctx, prompt, params, request_id)
     num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)

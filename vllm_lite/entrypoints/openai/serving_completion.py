@@ -23,7 +23,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ServingContext, SSEResponse, Truncation, check_length, check_n, collect_choices, decode_token,
+    ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
     sse_stream, start_streams, tracked_generate, truncation
 )
@@ -40,7 +40,11 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
     request_id = random_id("cmpl")
-    streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    beam = request.beam_search_params(params.max_tokens, request.logprobs is not None)
+    if beam is not None:
+        streams = [beam_search_stream(ctx, prompt, beam, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    else:
+        streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
     shape = _ChoiceShape.of(request, params.logprobs)
     if request.stream:
         started = await start_streams(streams)
