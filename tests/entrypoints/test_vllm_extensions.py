@@ -338,3 +338,22 @@ def test_use_beam_search_refuses_fields_it_does_not_use(server: LiveServer, extr
     message = _error(_post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "use_beam_search": True,
                                                        **extra}), param)
     assert "use_beam_search" in message
+
+
+# ---- batched chat ----
+
+
+def test_batch_chat_answers_each_conversation_as_chat_does(server: LiveServer) -> None:
+    conversations = [CHAT, [{"role": "user", "content": "And the mountain?"}]]
+    body = {"messages": conversations, "max_tokens": 6, "temperature": 0.0, "return_token_ids": True}
+    data = _post(server, "/v1/chat/completions/batch", body).json()
+    assert [c["index"] for c in data["choices"]] == [0, 1]
+    singles = [_post(server, "/v1/chat/completions", {**body, "messages": conversation}).json()
+               for conversation in conversations]
+    assert [c["message"]["content"] for c in data["choices"]] == [s["choices"][0]["message"]["content"] for s in singles]
+    assert [c["token_ids"] for c in data["choices"]] == [s["choices"][0]["token_ids"] for s in singles]
+    assert data["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert data["usage"]["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in singles)
+    _error(_post(server, "/v1/chat/completions/batch", {**body, "stream": True}), "stream")
+    _error(_post(server, "/v1/chat/completions/batch", {**body, "n": 2}), "n")
+    _error(_post(server, "/v1/chat/completions/batch", {**body, "messages": []}), "messages")

@@ -36,6 +36,7 @@ from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate
 from vllm_lite.entrypoints.openai.protocol import (
+    BatchChatCompletionRequest,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -59,7 +60,7 @@ from vllm_lite.entrypoints.openai.serving import (
     render_chat,
 )
 from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions
-from vllm_lite.entrypoints.openai.serving_chat import create_chat_completion
+from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger(__name__)
@@ -231,6 +232,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
         return await _load_aware(ctx, create_chat_completion(ctx, request, raw_request))
+
+    @app.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse)
+    async def batch_chat_completions(request: BatchChatCompletionRequest, raw_request: Request) -> Response:
+        """vLLM's batch endpoint: several conversations in one call, one choice per conversation."""
+        _log_unknown_fields(request)
+        return await _load_aware(ctx, create_batch_chat_completion(ctx, request, raw_request))
 
     @app.post("/invocations", response_model=None, responses=_generation_responses(ChatCompletionResponse))
     async def invocations(raw_request: Request) -> Response:

@@ -248,6 +248,20 @@ class ChatCompletionRequest(_GenerationRequest):
         return last.text() if last.role == reply_role else ""
 
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """vLLM's POST /v1/chat/completions/batch: the fields of a chat request, with `messages` a
+    list of conversations; the response has one choice per conversation (not streamed)."""
+
+    messages: list[list[ChatMessage]]  # type: ignore[assignment]
+
+    def conversation_requests(self) -> list[ChatCompletionRequest]:
+        _check(bool(self.messages), "messages", "messages must hold at least one conversation")
+        _check(not self.stream, "stream", "the batch endpoint does not stream")
+        _check(self.n == 1, "n", f"the batch endpoint answers one choice per conversation: n must be 1, got {self.n}")
+        return [ChatCompletionRequest.model_validate({**self.model_dump(exclude={"messages"}), "messages": []})
+                .model_copy(update={"messages": conversation}) for conversation in self.messages]
+
+
 class TokenizeRequest(OpenAIBaseModel):
     """`prompt` (completions-style) or `messages` (chat-style, the chat template applied)."""
 

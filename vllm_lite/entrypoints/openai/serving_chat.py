@@ -3,6 +3,7 @@ engine request with n choices."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -11,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vllm_lite.entrypoints.openai.protocol import (
+    BatchChatCompletionRequest,
     ChatChoiceLogprobs,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -154,3 +156,46 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
 
 def _top_entry(token: str, logprob: Logprob) -> ChatTopLogprob:
     return ChatTopLogprob(token=token, logprob=json_logprob(logprob), bytes=list(token.encode()))
+
+
+async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCompletionRequest,
+                                       raw_request: Request) -> Response:
+    """vLLM's batch endpoint: each conversation is one engine request (all run together), and
+    choice i answers conversation i; usage sums them."""
+    model = ctx.served_model(request.model)
+    requests = request.conversation_requests()
+    prompts, streams = [], []
+    request_id = random_id("chatcmpl")
+    for i, single in enumerate(requests):
+        params = single.to_sampling_params(ctx.vocab_size)
+        prompt = await chat_prompt(ctx, single)
+        check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
+        prompts.append(prompt)
+        streams.append(tracked_generate(ctx, prompt, params, f"{request_id}-{i}"))
+    return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams), raw_request)
+
+
+async def _batch_response(ctx: ServingContext, request: BatchChatCompletionRequest, model: str, request_id: str,
+                          prompts: list[dict[str, Any]],
+                          streams: list[AsyncGenerator[RequestOutput, None]]) -> ChatCompletionResponse:
+    tasks = [asyncio.ensure_future(collect_choices(stream, 1)) for stream in streams]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    num_top = (request.top_logprobs or 0) if request.logprobs else None
+    as_ids = bool(request.return_tokens_as_token_ids)
+    choices, usage = [], UsageInfo()
+    for index, (collected, prompt) in enumerate(zip(results, prompts)):
+        acc = collected.choices[0]
+        usage.prompt_tokens += len(prompt["prompt_token_ids"])
+        usage.completion_tokens += len(acc.token_ids)
+        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
+        choices.append(ChatCompletionResponseChoice(
+            index=index, message=ChatResponseMessage(content=acc.text), logprobs=logprobs,
+            finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,
+            token_ids=acc.token_ids if request.return_token_ids else None))
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
