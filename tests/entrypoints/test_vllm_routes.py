@@ -91,3 +91,20 @@ def test_version_is_the_package_version(tokenizer: Any) -> None:
         async with _client(FakeEngine(tokenizer, max_model_len=64)) as client:
             return await client.get("/version")
     assert asyncio.run(go()).json() == {"version": __version__}
+
+
+def test_validation_messages_like_vllms(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=64)
+    vocab = len(tokenizer)
+    bias = {"1": 1.0, "x": 2.0, "-3": 1.0, "y": 0.5}
+    error = _post(engine, "/v1/completions", {"prompt": "hi", "logit_bias": bias}).json()["error"]
+    assert error["param"] == "logit_bias" and "'x'" in error["message"] and "'y'" in error["message"]
+    assert "'-3'" in error["message"]
+    bias = {str(vocab): 1.0, "2": 1.0, str(vocab + 5): 1.0}
+    error = _post(engine, "/v1/completions", {"prompt": "hi", "logit_bias": bias}).json()["error"]
+    assert error["message"] == (f"token_id(s) [{vocab}, {vocab + 5}] in logit_bias contain out-of-vocab token ids. "
+                                f"Vocabulary size: {vocab}")
+    error = _post(engine, "/v1/completions", {"prompt": [1, vocab + 2, vocab]}).json()["error"]
+    assert error["message"].startswith(f"Token id {vocab + 2} is out of vocabulary") and error["param"] == "prompt"
+    error = _post(engine, "/v1/completions", {"prompt": ""}).json()["error"]
+    assert error["message"].startswith("The decoder prompt cannot be empty") and error["param"] == "prompt"

@@ -155,6 +155,7 @@ class _GenerationRequest(OpenAIBaseModel):
         _check(self.stream_options is None or self.stream, "stream_options",
                "stream_options is only allowed when stream is true")
         _check_logprob_count(self.prompt_logprobs, "prompt_logprobs")
+        _check_logit_bias(self.logit_bias, vocab_size)
         _check(not (self.stream and self.prompt_logprobs), "prompt_logprobs",
                "prompt_logprobs are not available when stream is true")
         prompt_count = _max_count(_whole_vocab(self.prompt_logprobs, vocab_size), prompt_logprobs)
@@ -289,6 +290,18 @@ class RequestParamError(ValueError):
 def _check(condition: bool, param: str, message: str) -> None:
     if not condition:
         raise RequestParamError(param, message)
+
+
+def _check_logit_bias(logit_bias: dict[str, float] | None, vocab_size: int | None) -> None:
+    """Every bad key is named (as vLLM): keys that are not token ids, then ids outside the vocabulary."""
+    if not logit_bias:
+        return
+    not_ids = [key for key in logit_bias if not key.strip().isdigit()]
+    _check(not not_ids, "logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {not_ids}")
+    if vocab_size is not None:
+        out_of_vocab = [int(key) for key in logit_bias if int(key) >= vocab_size]
+        _check(not out_of_vocab, "logit_bias", f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab "
+               f"token ids. Vocabulary size: {vocab_size}")
 
 
 def _check_logprob_count(count: int | None, param: str) -> None:

@@ -150,7 +150,7 @@ async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_specia
     if truncate is not None and len(token_ids) > truncate.num_tokens:
         token_ids, text = truncate.apply(token_ids), None
     if check_fits and not token_ids:
-        raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
+        raise ApiError(400, "BadRequestError", f"The decoder prompt cannot be empty ({param} has no tokens)", param)
     if check_fits and text is None:
         check_length(ctx, len(token_ids), None, param)
     return {"prompt": text, "prompt_token_ids": token_ids}
@@ -161,8 +161,8 @@ def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> No
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
         shown = ", ".join(str(t) if abs(t) < 10**12 else f"{t:.3e}" for t in bad[:8])
-        raise ApiError(400, "BadRequestError", f"{param} has token ids outside the vocabulary "
-                       f"[0, {vocab_size}): {shown}", param)
+        raise ApiError(400, "BadRequestError", f"Token id {max(bad)} is out of vocabulary: {param} has token ids "
+                       f"outside the vocabulary [0, {vocab_size}): {shown}", param)
 
 
 def check_prompt_chars(ctx: ServingContext, num_chars: int, param: str = "prompt") -> None:
