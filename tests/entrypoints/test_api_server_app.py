@@ -195,11 +195,16 @@ def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
 
     text = asyncio.run(run())
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+                 "vllm_lite:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"):
         assert f"{name}{{" in text, name
     assert f'vllm:generation_tokens_total{{model_name="{MODEL}"}} 4.0' in text
-    assert f'vllm:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm_lite:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}} 1.0' in text
+    assert f'vllm:request_generation_tokens_sum{{model_name="{MODEL}"}} 4.0' in text
+    vllm_names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                  if line.startswith("vllm:")}
+    assert not {name for name in vllm_names if "prefix_cache_hit_rate" in name or "aborted" in name}
     assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}} 1.0' in text
 
 

@@ -357,3 +357,15 @@ def test_batch_chat_answers_each_conversation_as_chat_does(server: LiveServer) -
     _error(_post(server, "/v1/chat/completions/batch", {**body, "stream": True}), "stream")
     _error(_post(server, "/v1/chat/completions/batch", {**body, "n": 2}), "n")
     _error(_post(server, "/v1/chat/completions/batch", {**body, "messages": []}), "messages")
+
+
+# ---- metrics ----
+
+
+def test_metrics_use_only_vllms_names_under_vllm_prefix(server: LiveServer) -> None:
+    _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+    text = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("vllm:")}
+    assert "vllm:e2e_request_latency_seconds_count" in names and "vllm:request_prompt_tokens_sum" in names
+    assert 'block_size="' in next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
+    assert not any("hit_rate" in name or "aborted" in name for name in names)

@@ -87,7 +87,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
-                         metrics=ServerMetrics(names[0]), vocab_size=model_config.hf.vocab_size,
+                         metrics=ServerMetrics(names[0], model_config.max_model_len, _cache_info(engine)),
+                         vocab_size=model_config.hf.vocab_size,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking))
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
@@ -194,6 +195,14 @@ def _generation_responses(model: type[OpenAIBaseModel]) -> dict[int | str, dict[
     """200 is the JSON response, or server-sent events when the request streams."""
     return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
                   "description": "the response, or its chunks as server-sent events (stream: true)"}}
+
+
+def _cache_info(engine: EngineClient) -> dict[str, str] | None:
+    """The KV-cache configuration's fields as strings (vllm:cache_config_info's labels)."""
+    cache_config = getattr(engine.vllm_config, "cache_config", None)
+    if cache_config is None or not dataclasses.is_dataclass(cache_config):
+        return None
+    return {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
 
 
 def _validate(model: type[T], body: dict[str, Any]) -> T:
