@@ -128,7 +128,10 @@ def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> No
     ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
     ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
     ({"max_tokens": 60, "prompt": "word " * 10}, "max_tokens", "maximum context length is 64"),
-    ({"logprobs": 9}, "logprobs", "logprobs must be in [0, 5]"),
+    ({"logprobs": 21}, "logprobs", "logprobs must be <= 20"),
+    ({"logprobs": -2}, "logprobs", "logprobs must be a positive value or -1"),
+    ({"prompt_logprobs": -3}, "prompt_logprobs", "prompt_logprobs must be a positive value or -1"),
+    ({"truncate_prompt_tokens": 65}, "truncate_prompt_tokens", "greater than max_model_len (64)"),
     ({"n": "two"}, "n", "n: Input should be a valid integer"),
 ])
 def test_invalid_completion_params_are_400_naming_the_field(engine: FakeEngine, body: dict, param: str,
@@ -144,7 +147,8 @@ def test_streaming_errors_come_before_the_stream(engine: FakeEngine) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
             "logprobs": True, "top_logprobs": 30}
     response = request(engine, "POST", "/v1/chat/completions", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+    # The engine's max_logprobs (20) refuses it, naming the sampling field top_logprobs becomes.
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
 
 
 def test_malformed_json_auth_and_unknown_model(engine: FakeEngine) -> None:
@@ -191,11 +195,16 @@ def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
 
     text = asyncio.run(run())
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+                 "vllm_lite:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"):
         assert f"{name}{{" in text, name
     assert f'vllm:generation_tokens_total{{model_name="{MODEL}"}} 4.0' in text
-    assert f'vllm:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm_lite:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}} 1.0' in text
+    assert f'vllm:request_generation_tokens_sum{{model_name="{MODEL}"}} 4.0' in text
+    vllm_names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                  if line.startswith("vllm:")}
+    assert not {name for name in vllm_names if "prefix_cache_hit_rate" in name or "aborted" in name}
     assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}} 1.0' in text
 
 

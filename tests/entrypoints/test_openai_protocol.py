@@ -35,7 +35,6 @@ def test_chat_logprobs_flag_and_top_logprobs() -> None:
 @pytest.mark.parametrize("fields, param", [
     ({"best_of": 3}, "best_of"),
     ({"suffix": "x"}, "suffix"),
-    ({"echo": True, "logprobs": 1}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # only with stream=true
 ])
 def test_unsupported_completion_fields_are_rejected(fields: dict, param: str) -> None:
@@ -58,3 +57,13 @@ def test_text_content_parts_and_unknown_fields() -> None:
     image = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
     with pytest.raises(RequestParamError, match="only text content parts"):
         image.conversation()
+
+
+def test_echo_with_logprobs_asks_prompt_logprobs_and_minus_one_is_the_vocabulary() -> None:
+    params = CompletionRequest(prompt="x", echo=True, logprobs=2).to_sampling_params()
+    assert params.logprobs == 2 and params.prompt_logprobs == 2
+    assert CompletionRequest(prompt="x", logprobs=2).to_sampling_params().prompt_logprobs is None
+    params = CompletionRequest(prompt="x", logprobs=-1, prompt_logprobs=-1).to_sampling_params(vocab_size=300)
+    assert params.logprobs == 300 and params.prompt_logprobs == 300
+    chat = ChatCompletionRequest(messages=CHAT, logprobs=True, top_logprobs=-1).to_sampling_params(vocab_size=300)
+    assert chat.logprobs == 300

@@ -64,7 +64,7 @@ def _metrics(server: LiveServer) -> dict[str, float]:
     text = httpx.get(f"{server.base_url}/metrics", headers=_headers(), timeout=10).text
     values = {}
     for line in text.splitlines():
-        match = re.match(r"^(vllm:[\w:]+)\{([^}]*)\} (\S+)$", line)
+        match = re.match(r"^((?:vllm|vllm_lite):[\w:]+)\{([^}]*)\} (\S+)$", line)
         if match:
             labels = ",".join(p for p in match.group(2).split(",") if not p.startswith("model_name="))
             values[match.group(1) + (f"{{{labels}}}" if labels else "")] = float(match.group(3))
@@ -196,7 +196,7 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server: LiveServer) -> None:
         # Leaving the block closes the connection mid-stream.
     after = _wait_for(lambda: _settled(server))
     assert after["vllm:kv_cache_usage_perc"] == 0 and after["vllm:num_requests_running"] == 0
-    assert after["vllm:request_aborted_total"] == before["vllm:request_aborted_total"] + 1
+    assert after["vllm_lite:request_aborted_total"] == before["vllm_lite:request_aborted_total"] + 1
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < 240
 
@@ -211,7 +211,7 @@ def test_disconnect_before_non_streaming_response_aborts(server: LiveServer) -> 
         _wait_for(lambda: True if _metrics(server)["vllm:num_requests_running"] == 1 else None)
     # The socket is closed while the server is still generating.
     after = _wait_for(lambda: _settled(server))
-    assert after["vllm:request_aborted_total"] == before["vllm:request_aborted_total"] + 1
+    assert after["vllm_lite:request_aborted_total"] == before["vllm_lite:request_aborted_total"] + 1
 
 
 def _settled(server: LiveServer) -> dict[str, float] | None:

@@ -110,6 +110,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="return the <think> part of chat replies as reasoning_content")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
+    serve.add_argument("--enable-force-include-usage", action="store_true",
+                       help="streams end with a usage chunk even when stream_options does not ask (vLLM's flag)")
+    serve.add_argument("--enable-server-load-tracking", action="store_true",
+                       help="GET /load reports the generation requests in flight (vLLM's flag)")
     serve.add_argument("--chat-template-timeout", type=float, default=5.0,
                        help="seconds a chat template may render before the request gets 400")
     serve.add_argument("--health-check-timeout", type=float, default=5.0,

@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
@@ -71,6 +72,30 @@ class LLM:
             token_ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's `LLM.beam_search`: per prompt, the `beam_width` best sequences (best first), found
+        by stepping every live beam one token at a time through `generate` (see beam_search.py)."""
+        tokenizer = self.get_tokenizer()
+        token_prompts = [self._prompt_token_ids(prompt) for prompt in prompts]
+        search = BeamSearch(token_prompts, params, tokenizer.eos_token_id)
+        step = params.step_params()
+        while batch := search.pending():
+            outputs = self.generate([{"prompt_token_ids": tokens} for tokens in batch], step, use_tqdm=use_tqdm)
+            search.advance([output.outputs[0].logprobs[0] for output in outputs])
+        results = []
+        for index, beams in enumerate(search.results()):
+            for beam in beams:
+                beam.text = tokenizer.decode(search.generated(index, beam), skip_special_tokens=True)
+            results.append(BeamSearchOutput(beams))
+        return results
+
+    def _prompt_token_ids(self, prompt: PromptType) -> list[int]:
+        if isinstance(prompt, dict) and prompt.get("prompt_token_ids") is not None:
+            return list(prompt["prompt_token_ids"])
+        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
+        return self.get_tokenizer().encode(text)
 
     def stats(self) -> dict[str, Any]:
         return self.llm_engine.get_stats()

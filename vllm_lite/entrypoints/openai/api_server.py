@@ -18,15 +18,16 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from vllm_lite.version import __version__
@@ -35,6 +36,7 @@ from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate
 from vllm_lite.entrypoints.openai.protocol import (
+    BatchChatCompletionRequest,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -51,16 +53,18 @@ from vllm_lite.entrypoints.openai.protocol import (
 from vllm_lite.entrypoints.openai.serving import (
     EngineClient,
     ServingContext,
+    SSEResponse,
     check_token_ids,
     encode_prompt,
     off_loop,
     render_chat,
 )
-from vllm_lite.entrypoints.openai.server_state import ServerOptions
-from vllm_lite.entrypoints.openai.serving_chat import create_chat_completion
+from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions
+from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T", bound=BaseModel)
 
 
 # Documented on every route of /openapi.json: the error answers a client must expect.
@@ -83,9 +87,10 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
-                         metrics=ServerMetrics(names[0]), vocab_size=model_config.hf.vocab_size,
+                         metrics=ServerMetrics(names[0], model_config.max_model_len, _cache_info(engine)),
+                         vocab_size=model_config.hf.vocab_size,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
-                         options=options)
+                         options=options, load=ServerLoad(enabled=options.enable_server_load_tracking))
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES)
     app.state.ctx = ctx
@@ -186,17 +191,55 @@ def _log_unknown_fields(request: OpenAIBaseModel) -> None:
 # --------------------------------------------------------------------------- routes
 
 
+_SSE_EVENT_SCHEMA = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                     "required": ["data"]}
+
+
 def _generation_responses(model: type[OpenAIBaseModel]) -> dict[int | str, dict[str, Any]]:
-    """200 is the JSON response, or server-sent events when the request streams."""
-    return {200: {"model": model, "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    """200 is the JSON response, or server-sent events when the request streams (each event's
+    `data` is a JSON chunk, an error object, or `[DONE]`)."""
+    return {200: {"model": model, "content": {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}},
                   "description": "the response, or its chunks as server-sent events (stream: true)"}}
+
+
+def _cache_info(engine: EngineClient) -> dict[str, str] | None:
+    """The KV-cache configuration's fields as strings (vllm:cache_config_info's labels)."""
+    cache_config = getattr(engine.vllm_config, "cache_config", None)
+    if cache_config is None or not dataclasses.is_dataclass(cache_config):
+        return None
+    return {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
+
+
+def _validate(model: type[T], body: dict[str, Any]) -> T:
+    """A body read by hand, validated as FastAPI validates a typed one (the same 400)."""
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
+    _log_unknown_fields(request)
+    return request
+
+
+async def _load_aware(ctx: ServingContext, handler: Awaitable[Response]) -> Response:
+    """The handler counted in the server load until its response is done (a stream: until it ends)."""
+    ctx.load.start()
+    try:
+        response = await handler
+    except BaseException:
+        ctx.load.end()
+        raise
+    if isinstance(response, SSEResponse):
+        response.on_close.append(ctx.load.end)
+    else:
+        ctx.load.end()
+    return response
 
 
 def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
-        return await create_completion(ctx, request, raw_request)
+        return await _load_aware(ctx, create_completion(ctx, request, raw_request))
 
     # A 400, not a 5xx: the server is fine, the request asks for an API it does not offer.
     @app.post("/v1/responses", response_model=None, status_code=400)
@@ -208,7 +251,32 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
               responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
         _log_unknown_fields(request)
-        return await create_chat_completion(ctx, request, raw_request)
+        return await _load_aware(ctx, create_chat_completion(ctx, request, raw_request))
+
+    @app.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse)
+    async def batch_chat_completions(request: BatchChatCompletionRequest, raw_request: Request) -> Response:
+        """vLLM's batch endpoint: several conversations in one call, one choice per conversation."""
+        _log_unknown_fields(request)
+        return await _load_aware(ctx, create_batch_chat_completion(ctx, request, raw_request))
+
+    @app.post("/invocations", response_model=None, responses=_generation_responses(ChatCompletionResponse))
+    async def invocations(raw_request: Request) -> Response:
+        """SageMaker's route (as vLLM): a chat completion body (`messages`) or a completion body
+        (`prompt`), told apart by their fields."""
+        body = await raw_request.json()
+        if isinstance(body, dict) and "messages" in body:
+            chat = _validate(ChatCompletionRequest, body)
+            return await _load_aware(ctx, create_chat_completion(ctx, chat, raw_request))
+        if isinstance(body, dict) and "prompt" in body:
+            completion = _validate(CompletionRequest, body)
+            return await _load_aware(ctx, create_completion(ctx, completion, raw_request))
+        raise ApiError(400, "BadRequestError", "/invocations takes a chat completion request (with `messages`) "
+                       "or a completion request (with `prompt`)", None)
+
+    @app.get("/load")
+    async def load() -> dict[str, int]:
+        """vLLM's server load: generation requests in flight (0 unless --enable-server-load-tracking)."""
+        return {"server_load": ctx.load.in_flight}
 
     @app.get("/v1/models")
     async def models() -> ModelList:
@@ -256,7 +324,11 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
             token_ids = prompt["prompt_token_ids"]
         else:
             raise ApiError(400, "BadRequestError", "pass `prompt` or `messages`", "prompt")
-        return TokenizeResponse(count=len(token_ids), max_model_len=ctx.max_model_len, tokens=token_ids)
+        token_strs = None
+        if request.return_token_strs:
+            token_strs = await off_loop(ctx, ctx.tokenizer.convert_ids_to_tokens, token_ids)
+        return TokenizeResponse(count=len(token_ids), max_model_len=ctx.max_model_len, tokens=token_ids,
+                                token_strs=token_strs)
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
@@ -283,6 +355,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                          tool_call_parser=getattr(args, "tool_call_parser", None),
                          reasoning_parser=getattr(args, "reasoning_parser", None),
+                         enable_force_include_usage=args.enable_force_include_usage,
+                         enable_server_load_tracking=args.enable_server_load_tracking,
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

@@ -1,6 +1,7 @@
-"""Prometheus metrics of one server, in a registry of its own (never the global one). Names
-carry vLLM's `vllm:` prefix and, where vLLM has the same metric, vLLM's name, so dashboards
-built for vLLM find them; `vllm:prefix_cache_hit_rate` and `vllm:request_aborted` are ours.
+"""Prometheus metrics of one server, in a registry of its own (never the global one). A metric
+vLLM also has carries vLLM's name (`vllm:` prefix), so dashboards built for vLLM find it; the
+ones vLLM does not have are `vllm_lite:` (`vllm_lite:prefix_cache_hit_rate`,
+`vllm_lite:request_aborted`): no `vllm:` name that vLLM lacks.
 
 Two sources:
 - the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache
@@ -15,13 +16,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from vllm_lite.outputs import RequestOutput
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)
+_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
                 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 
@@ -46,7 +49,7 @@ class EngineStatsCollector:
                           stats.get("num_waiting", 0))
         yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
                           (total - free) / total if total else 0.0)
-        yield self._gauge("vllm:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens.",
+        yield self._gauge("vllm_lite:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens.",
                           hits / queries if queries else 0.0)
         yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                             queries)
@@ -65,8 +68,21 @@ class EngineStatsCollector:
         return metric
 
 
+def _token_buckets(max_model_len: int) -> list[float]:
+    """vLLM's 1-2-5 series up to max_model_len."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_model_len:
+                return buckets
+            buckets.append(float(mantissa * scale))
+        scale *= 10
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    """`cache_info`: the KV-cache configuration as label -> value strings (vllm:cache_config_info)."""
+
+    def __init__(self, model_name: str, max_model_len: int = 2048, cache_info: dict[str, str] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.engine_stats = EngineStatsCollector(model_name)
         self.registry.register(self.engine_stats)
@@ -84,8 +100,22 @@ class ServerMetrics:
             labels, buckets=_ITL_BUCKETS, registry=reg).labels(model_name)
         self._request_success = Counter("vllm:request_success", "Finished sequences by finish reason.",
                                         labels + ["finished_reason"], registry=reg)
-        self.requests_aborted = Counter("vllm:request_aborted", "Requests aborted before they finished "
+        self.requests_aborted = Counter("vllm_lite:request_aborted", "Requests aborted before they finished "
                                         "(client gone, cancelled).", labels, registry=reg).labels(model_name)
+        # vLLM's per-request histograms, observed when a request finishes (as vLLM does).
+        self.e2e_request_latency = Histogram(
+            "vllm:e2e_request_latency_seconds", "Seconds from arrival to the last output token.", labels,
+            buckets=_REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per finished request.", labels,
+            buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Generated tokens per finished request.", labels,
+            buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        if cache_info:
+            info = Gauge("vllm:cache_config_info", "The KV-cache configuration (labels; value 1).",
+                         sorted(cache_info), registry=reg)
+            info.labels(**cache_info).set(1)
         self.model_name = model_name
 
     def request_finished(self, finish_reason: str) -> None:
@@ -101,6 +131,8 @@ class RequestTracker:
 
     def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
         self.metrics = metrics
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_generated = 0
         self.arrival = time.monotonic()
         self.last_token_time: dict[int, float] = {}  # per sample index
         metrics.prompt_tokens.inc(num_prompt_tokens)
@@ -118,5 +150,10 @@ class RequestTracker:
                     metrics.inter_token_latency.observe((now - last) / num_new)
                 self.last_token_time[completion.index] = now
                 metrics.generation_tokens.inc(num_new)
+                self.num_generated += num_new
             if completion.finish_reason is not None:
                 metrics.request_finished(completion.finish_reason)
+        if output.finished:
+            metrics.e2e_request_latency.observe(now - self.arrival)
+            metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
+            metrics.request_generation_tokens.observe(self.num_generated)

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-# The largest `logprobs` OpenAI accepts on /v1/completions and `top_logprobs` on chat.
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHAT_TOP_LOGPROBS = 20
+# `logprobs` / `top_logprobs` / `prompt_logprobs` of -1 mean "the whole vocabulary" (vLLM's rule);
+# the engine's max_logprobs then decides whether that many are allowed.
+ALL_VOCAB_LOGPROBS = -1
 
 
 def random_id(prefix: str) -> str:
@@ -63,8 +65,20 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
 
 
+# What beam search reads of the sampling fields; the others are refused with it.
+_BEAM_SEARCH_FIELDS = ("n", "temperature", "ignore_eos", "skip_special_tokens")
+
+
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool = False
+    # vLLM's defaults: `stream_options: {}` asks for the final usage chunk.
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False  # vLLM: usage on every chunk too
+
+
+@dataclass(frozen=True, slots=True)
+class StreamUsage:
+    final: bool  # a last chunk with the whole request's usage
+    every_chunk: bool  # continuous_usage_stats: each chunk carries the usage so far
 
 
 class _GenerationRequest(OpenAIBaseModel):
@@ -103,23 +117,63 @@ class _GenerationRequest(OpenAIBaseModel):
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
+    prompt_logprobs: int | None = Field(default=None, description=(
+        "vLLM: top-k logprobs per prompt token (-1 = whole vocabulary, within the server's max_logprobs)"))
+    return_token_ids: bool = Field(default=False, description=(
+        "vLLM: choices carry the generated `token_ids` and the prompt's `prompt_token_ids`"))
+    return_tokens_as_token_ids: bool | None = Field(default=None, description=(
+        "vLLM: logprob tokens are written as 'token_id:<int>' instead of their text"))
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1, description=(
+        "vLLM: keep only this many prompt tokens (-1 = max_model_len)"))
+    use_beam_search: bool = Field(default=False, description=(
+        "vLLM: beam search of width n (the n best beams are the choices)"))
+    length_penalty: float = Field(default=1.0, description="vLLM: beam score = logprob / length ** length_penalty")
+    truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
+        "which end truncate_prompt_tokens cuts: 'left' (the default, as vLLM: the last tokens are kept) "
+        "or 'right'"))
 
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+    def beam_search_params(self, max_tokens: int | None, logprobs: Any) -> BeamSearchParams | None:
+        """With use_beam_search, its parameters (beam width = n, as vLLM); sampling fields beam
+        search does not use are refused by name rather than ignored."""
+        if not self.use_beam_search:
+            return None
+        unused = [name for name in _SAMPLING_FIELDS if name not in _BEAM_SEARCH_FIELDS
+                  and getattr(self, name) is not None]
+        if logprobs or self.prompt_logprobs is not None:
+            unused.append("logprobs" if logprobs else "prompt_logprobs")
+        _check(not unused, unused[0] if unused else "use_beam_search",
+               f"{', '.join(unused)} cannot be used with use_beam_search")
+        _check(max_tokens is not None, "max_tokens", "max_tokens is needed with use_beam_search")
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos),
+                                temperature=self.temperature or 0.0, length_penalty=self.length_penalty)
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                         max_tokens_field: str = "max_tokens") -> SamplingParams:
+    def stream_usage(self, force_include_usage: bool) -> StreamUsage:
+        """Which usage a stream carries (vLLM's rule; `force_include_usage` is the server's
+        --enable-force-include-usage)."""
+        options = self.stream_options
+        if options is None:
+            return StreamUsage(final=force_include_usage, every_chunk=False)
+        final = force_include_usage or bool(options.include_usage)
+        return StreamUsage(final=final, every_chunk=final and bool(options.continuous_usage_stats))
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
+                         max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None) -> SamplingParams:
         """Unset fields keep SamplingParams' defaults; the server reads outputs as deltas.
-        `max_tokens_field` is the request field `max_tokens` came from (named in errors)."""
+        `max_tokens_field` is the request field `max_tokens` came from (named in errors);
+        -1 logprob counts become `vocab_size`."""
         _check(max_tokens is None or max_tokens >= 1, max_tokens_field,
                f"{max_tokens_field} must be >= 1, got {max_tokens}")
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS}
         kwargs = {name: value for name, value in given.items() if value is not None}
         _check(self.stream_options is None or self.stream, "stream_options",
                "stream_options is only allowed when stream is true")
-        return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=logprobs,
-                              output_kind=RequestOutputKind.DELTA,
+        _check_logprob_count(self.prompt_logprobs, "prompt_logprobs")
+        _check_logit_bias(self.logit_bias, vocab_size)
+        _check(not (self.stream and self.prompt_logprobs), "prompt_logprobs",
+               "prompt_logprobs are not available when stream is true")
+        prompt_count = _max_count(_whole_vocab(self.prompt_logprobs, vocab_size), prompt_logprobs)
+        return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=_whole_vocab(logprobs, vocab_size),
+                              prompt_logprobs=prompt_count, output_kind=RequestOutputKind.DELTA,
                               structured_outputs=self._structured_outputs())
 
     def _structured_outputs(self) -> StructuredOutputsParams | None:
@@ -141,15 +195,15 @@ class CompletionRequest(_GenerationRequest):
     best_of: int | None = None
     suffix: str | None = None
 
-    def to_sampling_params(self) -> SamplingParams:
-        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_COMPLETION_LOGPROBS, "logprobs",
-               f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {self.logprobs}")
+    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
+        _check_logprob_count(self.logprobs, "logprobs")
         _check(self.best_of is None or self.best_of == self.n, "best_of",
                f"best_of must equal n (other values are not supported), got {self.best_of}")
         _check(self.suffix is None, "suffix", "suffix is not supported")
-        _check(not (self.echo and self.logprobs is not None), "echo",
-               "echo together with logprobs is not supported")
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        # echo with logprobs: the echoed prompt tokens get logprobs too, from prompt logprobs.
+        echo_count = self.logprobs if self.echo and self.logprobs is not None else None
+        return self._sampling_params(self.max_tokens, self.logprobs, vocab_size,
+                                     prompt_logprobs=_whole_vocab(echo_count, vocab_size))
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -184,26 +238,39 @@ class ChatCompletionRequest(_GenerationRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = Field(default=None, description=(
+        "vLLM: documents for RAG chat templates (passed to the template as `documents`)"))
+    echo: bool = Field(default=False, description=(
+        "vLLM: the reply starts with the last message's content when that message has the reply's role"))
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
         _check(self.top_logprobs is None or self.logprobs, "top_logprobs",
                "top_logprobs needs logprobs=true")
-        _check(self.top_logprobs is None or 0 <= self.top_logprobs <= MAX_CHAT_TOP_LOGPROBS,
-               "top_logprobs", f"top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {self.top_logprobs}")
+        _check_logprob_count(self.top_logprobs, "top_logprobs")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
-               "continue_final_message and add_generation_prompt cannot both be true")
+               "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         if self.max_completion_tokens is not None:
             max_tokens, field = self.max_completion_tokens, "max_completion_tokens"
         else:
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, field)
+        return self._sampling_params(max_tokens, logprobs, vocab_size, field)
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as chat templates read them (tool calls' arguments as objects, as the
         templates of Qwen, Llama and Hermes expect)."""
         return [_template_message(m) for m in self.messages]
+
+    def echoed_text(self) -> str:
+        """With `echo`, what the reply starts with (vLLM's rule): the last message's content when
+        its role is the reply's role ('assistant' with add_generation_prompt, else the last
+        message's own role, so always with continue_final_message)."""
+        if not self.echo or not self.messages:
+            return ""
+        last = self.messages[-1]
+        reply_role = "assistant" if self.add_generation_prompt else last.role
+        return last.text() if last.role == reply_role else ""
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
@@ -227,6 +294,19 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
         out["tool_calls"] = calls
     return out
 
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """vLLM's POST /v1/chat/completions/batch: the fields of a chat request, with `messages` a
+    list of conversations; the response has one choice per conversation (not streamed)."""
+
+    messages: list[list[ChatMessage]]  # type: ignore[assignment]
+
+    def conversation_requests(self) -> list[ChatCompletionRequest]:
+        _check(bool(self.messages), "messages", "messages must hold at least one conversation")
+        _check(not self.stream, "stream", "the batch endpoint does not stream")
+        _check(self.n == 1, "n", f"the batch endpoint answers one choice per conversation: n must be 1, got {self.n}")
+        return [ChatCompletionRequest.model_validate({**self.model_dump(exclude={"messages"}), "messages": []})
+                .model_copy(update={"messages": conversation}) for conversation in self.messages]
+
 
 class TokenizeRequest(OpenAIBaseModel):
     """`prompt` (completions-style) or `messages` (chat-style, the chat template applied)."""
@@ -236,6 +316,7 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
 
 
 class DetokenizeRequest(OpenAIBaseModel):
@@ -254,6 +335,36 @@ class RequestParamError(ValueError):
 def _check(condition: bool, param: str, message: str) -> None:
     if not condition:
         raise RequestParamError(param, message)
+
+
+def _check_logit_bias(logit_bias: dict[str, float] | None, vocab_size: int | None) -> None:
+    """Every bad key is named (as vLLM): keys that are not token ids, then ids outside the vocabulary."""
+    if not logit_bias:
+        return
+    not_ids = [key for key in logit_bias if not key.strip().isdigit()]
+    _check(not not_ids, "logit_bias", f"logit_bias keys must be token ids (integers >= 0), got {not_ids}")
+    if vocab_size is not None:
+        out_of_vocab = [int(key) for key in logit_bias if int(key) >= vocab_size]
+        _check(not out_of_vocab, "logit_bias", f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab "
+               f"token ids. Vocabulary size: {vocab_size}")
+
+
+def _check_logprob_count(count: int | None, param: str) -> None:
+    _check(count is None or count >= 0 or count == ALL_VOCAB_LOGPROBS, param,
+           f"{param} must be a positive value or -1, got {count}")
+
+
+def _whole_vocab(count: int | None, vocab_size: int | None) -> int | None:
+    """-1 (the whole vocabulary) as the vocabulary's size."""
+    if count != ALL_VOCAB_LOGPROBS:
+        return count
+    if vocab_size is None:
+        raise RequestParamError("logprobs", "-1 (the whole vocabulary) needs the model's vocabulary size")
+    return vocab_size
+
+
+def _max_count(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 # --------------------------------------------------------------------------- responses
@@ -277,12 +388,28 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class LogprobEntry(OpenAIBaseModel):
+    """One token's logprob in vLLM's `prompt_logprobs` shape ({token_id: entry} per position)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, LogprobEntry] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # vLLM's extras: prompt_logprobs on request; the token ids with return_token_ids (in a
+    # stream, prompt_token_ids come with a choice's first chunk).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -330,6 +457,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -339,6 +467,9 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    # vLLM puts these at the response level for chat (one prompt per request).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -354,6 +485,7 @@ class ChatCompletionStreamChoice(OpenAIBaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):
@@ -363,6 +495,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = Field(default=None, exclude_if=_omit_if_none)
+    prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_if_none)
 
 
 class ModelCard(OpenAIBaseModel):
@@ -383,6 +516,7 @@ class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(OpenAIBaseModel):

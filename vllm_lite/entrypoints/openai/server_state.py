@@ -18,6 +18,23 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_N_SEQUENCES = 128
 
 
+@dataclass(slots=True)
+class ServerLoad:
+    """vLLM's server load (--enable-server-load-tracking, reported by GET /load): generation
+    requests in flight, a streamed one until its stream ends. Stays 0 when not enabled."""
+
+    enabled: bool = False
+    in_flight: int = 0
+
+    def start(self) -> None:
+        if self.enabled:
+            self.in_flight += 1
+
+    def end(self) -> None:
+        if self.enabled:
+            self.in_flight -= 1
+
+
 @dataclass(frozen=True, slots=True)
 class ServerOptions:
     """| option | flag | meaning |
@@ -26,6 +43,8 @@ class ServerOptions:
     | max_request_body_bytes | --max-request-body-bytes | larger bodies get 413 before they are parsed |
     | max_n_sequences | --max-n-sequences | the largest `n` a request may ask for |
     | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
+    | enable_force_include_usage | --enable-force-include-usage | streams end with usage even when not asked |
+    | enable_server_load_tracking | --enable-server-load-tracking | /load counts generation requests in flight |
     | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
     | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
@@ -38,6 +57,8 @@ class ServerOptions:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     trust_request_chat_template: bool = False
+    enable_force_include_usage: bool = False
+    enable_server_load_tracking: bool = False
     health_check_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     chat_template_timeout_s: float = 5.0

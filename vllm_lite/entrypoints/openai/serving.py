@@ -20,11 +20,13 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
+from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
-from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
-from vllm_lite.outputs import Logprob, RequestOutput
+from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
+from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
+from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class ServingContext:
     max_prompt_chars: int
     options: ServerOptions = field(default_factory=ServerOptions)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
+    load: ServerLoad = field(default_factory=ServerLoad)
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 
@@ -101,24 +104,56 @@ async def off_loop(ctx: ServingContext, fn: Callable[..., T], *args: Any, **kwar
                                                             functools.partial(fn, *args, **kwargs))
 
 
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """vLLM's truncate_prompt_tokens: keep `num_tokens` prompt tokens, cutting the `side` end."""
+
+    num_tokens: int
+    side: str = "left"
+
+    def apply(self, token_ids: list[int]) -> list[int]:
+        if len(token_ids) <= self.num_tokens:
+            return token_ids
+        return token_ids[len(token_ids) - self.num_tokens:] if self.side == "left" else token_ids[:self.num_tokens]
+
+
+def truncation(ctx: ServingContext, truncate_prompt_tokens: int | None, side: str | None) -> Truncation | None:
+    """The request's truncation, -1 meaning max_model_len; more than max_model_len is refused (as vLLM)."""
+    if truncate_prompt_tokens is None:
+        return None
+    if truncate_prompt_tokens == -1:
+        truncate_prompt_tokens = ctx.max_model_len
+    if truncate_prompt_tokens > ctx.max_model_len:
+        raise ApiError(400, "BadRequestError", f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
+                       f"greater than max_model_len ({ctx.max_model_len}). Please, select a smaller "
+                       "truncation size.", "truncate_prompt_tokens")
+    return Truncation(truncate_prompt_tokens, side or "left")
+
+
 async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True, *,
-                        param: str = "prompt", check_fits: bool = True) -> dict[str, Any]:
+                        param: str = "prompt", check_fits: bool = True,
+                        truncate: Truncation | None = None) -> dict[str, Any]:
     """The engine prompt: text and token ids (tokenized as `LLM.generate` does, off the event
     loop). Token ids must lie in the vocabulary; with `check_fits`, a prompt that cannot fit in
-    max_model_len is refused before the work of tokenizing or copying it."""
+    max_model_len is refused before the work of tokenizing or copying it (unless it is to be
+    truncated). A truncated prompt keeps no text (its text is no longer the prompt's)."""
     if isinstance(prompt, str):
-        if check_fits:
+        if check_fits and truncate is None:
             check_prompt_chars(ctx, len(prompt), param)
         token_ids = await off_loop(ctx, ctx.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
-        if check_fits and not token_ids:
-            raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
-        return {"prompt": prompt, "prompt_token_ids": token_ids}
-    if check_fits and not prompt:
-        raise ApiError(400, "BadRequestError", f"{param} is empty: at least one token is needed", param)
-    if check_fits:
-        check_length(ctx, len(prompt), None, param)
-    check_token_ids(ctx, prompt, param)
-    return {"prompt": None, "prompt_token_ids": list(prompt)}
+        text: str | None = prompt
+    else:
+        token_ids, text = list(prompt), None
+        if check_fits and truncate is None and token_ids:
+            check_length(ctx, len(token_ids), None, param)  # before the scan of a huge list
+        check_token_ids(ctx, token_ids, param)
+    if truncate is not None and len(token_ids) > truncate.num_tokens:
+        token_ids, text = truncate.apply(token_ids), None
+    if check_fits and not token_ids:
+        raise ApiError(400, "BadRequestError", f"The decoder prompt cannot be empty ({param} has no tokens)", param)
+    if check_fits and text is None:
+        check_length(ctx, len(token_ids), None, param)
+    return {"prompt": text, "prompt_token_ids": token_ids}
 
 
 def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> None:
@@ -126,8 +161,8 @@ def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> No
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
         shown = ", ".join(str(t) if abs(t) < 10**12 else f"{t:.3e}" for t in bad[:8])
-        raise ApiError(400, "BadRequestError", f"{param} has token ids outside the vocabulary "
-                       f"[0, {vocab_size}): {shown}", param)
+        raise ApiError(400, "BadRequestError", f"Token id {max(bad)} is out of vocabulary: {param} has token ids "
+                       f"outside the vocabulary [0, {vocab_size}): {shown}", param)
 
 
 def check_prompt_chars(ctx: ServingContext, num_chars: int, param: str = "prompt") -> None:
@@ -147,7 +182,8 @@ def check_n(ctx: ServingContext, n: int) -> None:
 async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
                       continue_final_message: bool = False, chat_template: str | None = None,
                       chat_template_kwargs: dict[str, Any] | None = None,
-                      tools: list[dict[str, Any]] | None = None) -> str:
+                      tools: list[dict[str, Any]] | None = None,
+                      documents: list[dict[str, str]] | None = None) -> str:
     """The conversation through the chat template, off the event loop, with a deadline and a
     size limit. A template from the request is used only with --trust-request-chat-template."""
     kwargs = dict(chat_template_kwargs or {})
@@ -168,7 +204,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
                               chat_template=chat_template,
                               add_generation_prompt=add_generation_prompt,
                               continue_final_message=continue_final_message,
-                              **({"tools": tools} if tools else {}), **kwargs)
+                              **({"tools": tools} if tools else {}),
+                              **({"documents": documents} if documents is not None else {}), **kwargs)
     except TemplateRenderTimeout as exc:
         raise ApiError(400, "BadRequestError", str(exc), "chat_template") from exc
     except Exception as exc:  # a template error is the request's problem, not the server's
@@ -333,10 +370,21 @@ class ChoiceAccumulator:
         return "".join(self.text_parts)
 
 
-async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[ChoiceAccumulator]:
+@dataclass(slots=True)
+class CollectedRequest:
+    """One request's whole result: its n choices and, when asked, its prompt's logprobs."""
+
+    choices: list[ChoiceAccumulator]
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+
+
+async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> CollectedRequest:
     """All (delta) outputs of one request folded into its n choices."""
-    choices = [ChoiceAccumulator() for _ in range(n)]
+    collected = CollectedRequest([ChoiceAccumulator() for _ in range(n)])
+    choices = collected.choices
     async for output in stream:
+        if output.prompt_logprobs is not None and collected.prompt_logprobs is None:
+            collected.prompt_logprobs = output.prompt_logprobs
         for completion in output.outputs:
             choice = choices[completion.index]
             choice.text_parts.append(completion.text)
@@ -344,7 +392,7 @@ async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> list[
             choice.logprobs.extend(completion.logprobs or ())
             if completion.finish_reason is not None:
                 choice.finish_reason, choice.stop_reason = completion.finish_reason, completion.stop_reason
-    return choices
+    return collected
 
 
 MIN_JSON_LOGPROB = -9999.0  # JSON has no -inf
@@ -355,10 +403,25 @@ def json_logprob(logprob: Logprob) -> float:
     return max(logprob.logprob, MIN_JSON_LOGPROB)
 
 
-def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None) -> str:
+def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None, as_token_id: bool = False) -> str:
+    """A logprob's token as text, or as 'token_id:<int>' (vLLM's return_tokens_as_token_ids)."""
+    if as_token_id:
+        return f"token_id:{token_id}"
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return tokenizer.decode([token_id])
+
+
+def prompt_logprobs_json(tokenizer: Any, entries: list[dict[int, Logprob] | None] | None,
+                         as_token_id: bool = False) -> PromptLogprobs | None:
+    """vLLM's `prompt_logprobs` field: per prompt position (the first is None) a dict of token
+    id -> {logprob, rank, decoded_token}."""
+    if entries is None:
+        return None
+    return [None if entry is None else {
+        token_id: LogprobEntry(logprob=json_logprob(lp), rank=lp.rank,
+                               decoded_token=decode_token(tokenizer, token_id, lp, as_token_id))
+        for token_id, lp in entry.items()} for entry in entries]
 
 
 def top_logprobs(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
@@ -374,12 +437,15 @@ class SSEResponse(StreamingResponse):
     def __init__(self, events: AsyncGenerator[str, None]) -> None:
         super().__init__(events, media_type="text/event-stream")
         self.events = events
+        self.on_close: list[Callable[[], None]] = []  # run once the stream has ended
 
     async def stream_response(self, send: Send) -> None:
         try:
             await super().stream_response(send)
         finally:
             await self.events.aclose()
+            for callback in self.on_close:
+                callback()
 
 
 def sse_error(exc: Exception) -> str:
@@ -405,3 +471,31 @@ async def sse_stream(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, N
 def sse_event(chunk: BaseModel) -> str:
     return f"data: {chunk.model_dump_json()}\n\n"
 
+
+
+# --------------------------------------------------------------------------- beam search
+
+
+async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any], params: BeamSearchParams,
+                             request_id: str) -> AsyncGenerator[RequestOutput, None]:
+    """vLLM's server-side beam search: every step sends each live beam to the engine for one
+    token (BeamSearch decides what to keep), then yields one finished RequestOutput whose
+    outputs are the beam_width best beams, best first, so the handlers treat it as any
+    request's output."""
+    prompt_ids = engine_prompt["prompt_token_ids"]
+    search = BeamSearch([prompt_ids], params, ctx.tokenizer.eos_token_id)
+    step_params = params.step_params()
+    step = 0
+    while batch := search.pending():
+        step_streams = [tracked_generate(ctx, {**engine_prompt, "prompt": None, "prompt_token_ids": tokens},
+                                         step_params, f"{request_id}-beam{step}-{i}") for i, tokens in enumerate(batch)]
+        collected = await asyncio.gather(*(collect_choices(stream, 1) for stream in step_streams))
+        search.advance([c.choices[0].logprobs[0] for c in collected])
+        step += 1
+    outputs = []
+    for index, beam in enumerate(search.results()[0]):
+        generated = search.generated(0, beam)
+        text = await off_loop(ctx, ctx.tokenizer.decode, generated, skip_special_tokens=True)
+        outputs.append(CompletionOutput(index=index, text=text, token_ids=generated, cumulative_logprob=beam.cum_logprob,
+                                        finish_reason=beam.finish_reason))
+    yield RequestOutput(request_id, engine_prompt.get("prompt"), prompt_ids, outputs, True)

@@ -3,6 +3,7 @@ engine request with n choices."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -11,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from vllm_lite.entrypoints.openai.protocol import (
+    BatchChatCompletionRequest,
     ChatChoiceLogprobs,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -25,9 +27,9 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    MIN_JSON_LOGPROB, ServingContext, SSEResponse, check_length, check_n, check_prompt_chars,
-    collect_choices, decode_token, encode_prompt, json_logprob, json_response, render_chat, sse_event,
-    sse_stream, start_stream, top_logprobs, tracked_generate
+    MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
+    collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
+    render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
                                                         plan_tools)
@@ -39,90 +41,117 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
                                  raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params()
+    params = request.to_sampling_params(ctx.vocab_size)
     tools = plan_tools(request, ctx.options)
     params = constrain(params, request, tools)
     prompt = await chat_prompt(ctx, request)
-    num_prompt_tokens = len(prompt["prompt_token_ids"])
-    check_length(ctx, num_prompt_tokens, params.max_tokens)
+    prompt_token_ids = prompt["prompt_token_ids"]
+    check_length(ctx, len(prompt_token_ids), params.max_tokens)
     request_id = random_id("chatcmpl")
-    stream = tracked_generate(ctx, prompt, params, request_id)
+    beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
+    if beam is not None:
+        stream = beam_search_stream(ctx, prompt, beam, request_id)
+    else:
+        stream = tracked_generate(ctx, prompt, params, request_id)
+    num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, num_prompt_tokens, started,
-                                                     tools)))
-    return await json_response(_full_response(ctx, request, model, request_id, num_prompt_tokens, stream, tools),
+        return SSEResponse(sse_stream(_stream_events(ctx, request, num_top, model, request_id, prompt_token_ids,
+                                                     started, tools)))
+    return await json_response(_full_response(ctx, request, num_top, model, request_id, prompt_token_ids, stream,
+                                              tools),
                                raw_request)
 
 
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
     """The templated text and its token ids (the template adds the special tokens itself)."""
     conversation = request.conversation()
-    check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
+    if request.truncate_prompt_tokens is None:  # a prompt to be truncated may be longer than the context
+        check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
                              chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
-                             tools=request.tools)
-    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages")
+                             tools=request.tools, documents=request.documents)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt
 
 
-def _num_top(request: ChatCompletionRequest) -> int | None:
-    return (request.top_logprobs or 0) if request.logprobs else None
-
-
-async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None],
+async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
+                         request_id: str, prompt_token_ids: list[int],
+                         stream: AsyncGenerator[RequestOutput, None],
                          tools: ToolPlan = ToolPlan("none")) -> ChatCompletionResponse:
-    accumulated = await collect_choices(stream, request.n)
-    num_top = _num_top(request)
+    collected = await collect_choices(stream, request.n)
+    as_ids = bool(request.return_tokens_as_token_ids)
     choices = []
-    for index, acc in enumerate(accumulated):
-        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top)
+    for index, acc in enumerate(collected.choices):
+        logprobs = None
+        if num_top is not None:
+            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
         reasoning, text = None, acc.text
         if ctx.options.reasoning_parser is not None:
             reasoning, text = split_reasoning(ctx.options.reasoning_parser, acc.text)
         calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
+        if content is not None:
+            content = request.echoed_text() + content
         message = ChatResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
-        choices.append(ChatCompletionResponseChoice(index=index, message=message,
-                                                    logprobs=logprobs,
+        choices.append(ChatCompletionResponseChoice(index=index, message=message, logprobs=logprobs,
                                                     finish_reason=finish_reason(tools, calls, acc.finish_reason),
-                                                    stop_reason=acc.stop_reason))
-    num_generated = sum(len(acc.token_ids) for acc in accumulated)
-    usage = UsageInfo.of(num_prompt_tokens, num_generated)
-    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+                                                    stop_reason=acc.stop_reason,
+                                                    token_ids=acc.token_ids if request.return_token_ids else None))
+    num_generated = sum(len(acc.token_ids) for acc in collected.choices)
+    usage = UsageInfo.of(len(prompt_token_ids), num_generated)
+    prompt_logprobs = None
+    if request.prompt_logprobs is not None:
+        prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
+                                  prompt_logprobs=prompt_logprobs,
+                                  prompt_token_ids=prompt_token_ids if request.return_token_ids else None)
 
 
-async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, model: str, request_id: str,
-                         num_prompt_tokens: int, stream: AsyncGenerator[RequestOutput, None],
+async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
+                         request_id: str, prompt_token_ids: list[int],
+                         stream: AsyncGenerator[RequestOutput, None],
                          tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[str, None]:
     created = int(time.time())
+    num_prompt_tokens = len(prompt_token_ids)
+    per_choice = [0] * request.n  # tokens generated so far, per choice
+    as_ids = bool(request.return_tokens_as_token_ids)
+    usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     held = [""] * request.n  # tool-call requests: each choice's text until it finishes
     parser = ctx.options.reasoning_parser
     reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
-    num_top = _num_top(request)
-    num_generated = 0
 
-    def chunk(choice: ChatCompletionStreamChoice) -> str:
-        return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice]))
+    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> str:
+        usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index]) if usage_mode.every_chunk else None
+        return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
+                                                      prompt_token_ids=prompt_ids, usage=usage))
 
+    first_prompt_ids = prompt_token_ids if request.return_token_ids else None
+    echoed = request.echoed_text()
     for index in range(request.n):
-        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
+        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
+                    first_prompt_ids if index == 0 else None)
+        if echoed:
+            yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
     async for output in stream:
         for completion in output.outputs:
-            num_generated += len(completion.token_ids)
-            if not completion.text and completion.finish_reason is None and num_top is None:
-                continue
+            per_choice[completion.index] += len(completion.token_ids)
+            carries_ids = request.return_token_ids and completion.token_ids
+            if not completion.text and completion.finish_reason is None and num_top is None and not carries_ids:
+                continue  # tokens still held back by the detokenizer (no text yet)
             logprobs = None
             if num_top is not None:
-                logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top)
+                logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top,
+                                         as_ids)
             reasoning, text = None, completion.text
             if reasoning_streams is not None:
                 reasoning, text = reasoning_streams[completion.index].feed(completion.text,
                                                                            completion.finish_reason is not None)
-                if reasoning is None and text is None and completion.finish_reason is None and num_top is None:
+                if (reasoning is None and text is None and completion.finish_reason is None and num_top is None
+                        and not carries_ids):
                     continue  # a piece of a possible tag: held until the next delta
             delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
             if tools.parses_output:
@@ -139,21 +168,24 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, mo
                 logprobs = None
             yield chunk(ChatCompletionStreamChoice(
                 index=completion.index, delta=delta, logprobs=logprobs,
-                finish_reason=reason, stop_reason=completion.stop_reason))
-    if request.include_usage:
-        usage = UsageInfo.of(num_prompt_tokens, num_generated)
+                finish_reason=reason, stop_reason=completion.stop_reason,
+                token_ids=completion.token_ids if request.return_token_ids else None))
+    if usage_mode.final:
+        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice))
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 
 
 def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                  num_top: int) -> ChatChoiceLogprobs:
-    """Chat's shape: per token its text, logprob, UTF-8 bytes and the `num_top` most likely tokens."""
+                  num_top: int, tokens_as_ids: bool = False) -> ChatChoiceLogprobs:
+    """Chat's shape: per token its text (or 'token_id:<int>'), logprob, UTF-8 bytes and the
+    `num_top` most likely tokens."""
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         sampled = entry.get(token_id)
-        token = decode_token(tokenizer, token_id, sampled)
-        top = [_top_entry(decode_token(tokenizer, tid, lp), lp) for tid, lp in top_logprobs(entry, num_top)]
+        token = decode_token(tokenizer, token_id, sampled, tokens_as_ids)
+        top = [_top_entry(decode_token(tokenizer, tid, lp, tokens_as_ids), lp)
+               for tid, lp in top_logprobs(entry, num_top)]
         logprob = json_logprob(sampled) if sampled is not None else MIN_JSON_LOGPROB
         content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
     return ChatChoiceLogprobs(content=content)
@@ -161,3 +193,46 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
 
 def _top_entry(token: str, logprob: Logprob) -> ChatTopLogprob:
     return ChatTopLogprob(token=token, logprob=json_logprob(logprob), bytes=list(token.encode()))
+
+
+async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCompletionRequest,
+                                       raw_request: Request) -> Response:
+    """vLLM's batch endpoint: each conversation is one engine request (all run together), and
+    choice i answers conversation i; usage sums them."""
+    model = ctx.served_model(request.model)
+    requests = request.conversation_requests()
+    prompts, streams = [], []
+    request_id = random_id("chatcmpl")
+    for i, single in enumerate(requests):
+        params = single.to_sampling_params(ctx.vocab_size)
+        prompt = await chat_prompt(ctx, single)
+        check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
+        prompts.append(prompt)
+        streams.append(tracked_generate(ctx, prompt, params, f"{request_id}-{i}"))
+    return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams), raw_request)
+
+
+async def _batch_response(ctx: ServingContext, request: BatchChatCompletionRequest, model: str, request_id: str,
+                          prompts: list[dict[str, Any]],
+                          streams: list[AsyncGenerator[RequestOutput, None]]) -> ChatCompletionResponse:
+    tasks = [asyncio.ensure_future(collect_choices(stream, 1)) for stream in streams]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+    num_top = (request.top_logprobs or 0) if request.logprobs else None
+    as_ids = bool(request.return_tokens_as_token_ids)
+    choices, usage = [], UsageInfo()
+    for index, (collected, prompt) in enumerate(zip(results, prompts)):
+        acc = collected.choices[0]
+        usage.prompt_tokens += len(prompt["prompt_token_ids"])
+        usage.completion_tokens += len(acc.token_ids)
+        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
+        choices.append(ChatCompletionResponseChoice(
+            index=index, message=ChatResponseMessage(content=acc.text), logprobs=logprobs,
+            finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,
+            token_ids=acc.token_ids if request.return_token_ids else None))
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)

@@ -23,9 +23,9 @@ from vllm_lite.entrypoints.openai.protocol import (
     random_id,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ServingContext, SSEResponse, check_length, check_n, collect_choices, decode_token, encode_prompt,
-    json_logprob, json_response, merge_streams, off_loop, sse_event, sse_stream, start_streams,
-    tracked_generate
+    ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
+    encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
+    sse_stream, start_streams, tracked_generate, truncation
 )
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
@@ -33,22 +33,47 @@ from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params()
-    prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt)
+    params = request.to_sampling_params(ctx.vocab_size)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt, truncate)
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
     request_id = random_id("cmpl")
-    streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    beam = request.beam_search_params(params.max_tokens, request.logprobs is not None)
+    if beam is not None:
+        streams = [beam_search_stream(ctx, prompt, beam, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    else:
+        streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+    shape = _ChoiceShape.of(request, params.logprobs)
     if request.stream:
         started = await start_streams(streams)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, model, request_id, prompts, echoed, started)))
-    return await json_response(_full_response(ctx, request, model, request_id, prompts, echoed, streams),
+        return SSEResponse(sse_stream(_stream_events(ctx, request, shape, model, request_id, prompts, echoed,
+                                                     started)))
+    return await json_response(_full_response(ctx, request, shape, model, request_id, prompts, echoed, streams),
                                raw_request)
 
 
+@dataclass(frozen=True, slots=True)
+class _ChoiceShape:
+    """What each choice carries, from the request: `num_logprobs` is the request's logprobs
+    (-1 already the vocabulary size), None when not asked."""
+
+    num_logprobs: int | None
+    echo_logprobs: bool  # echo with logprobs: the prompt's tokens get logprobs too
+    token_ids: bool
+    tokens_as_ids: bool
+    prompt_logprobs: bool
+
+    @classmethod
+    def of(cls, request: CompletionRequest, num_logprobs: int | None) -> _ChoiceShape:
+        return cls(num_logprobs=num_logprobs, echo_logprobs=request.echo and num_logprobs is not None,
+                   token_ids=request.return_token_ids, tokens_as_ids=bool(request.return_tokens_as_token_ids),
+                   prompt_logprobs=request.prompt_logprobs is not None)
+
+
 async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
-                         cache_salt: str | None) -> list[dict[str, Any]]:
+                          cache_salt: str | None, truncate: Truncation | None) -> list[dict[str, Any]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items: list[Any] = [prompt]
     else:
@@ -58,7 +83,7 @@ async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[in
     if len(items) > ctx.options.max_n_sequences:
         raise RequestParamError("prompt", f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
                                 f"(--max-n-sequences), got {len(items)}")
-    prompts = [await encode_prompt(ctx, item) for item in items]
+    prompts = [await encode_prompt(ctx, item, truncate=truncate) for item in items]
     if cache_salt is not None:
         for engine_prompt in prompts:
             engine_prompt["cache_salt"] = cache_salt
@@ -72,8 +97,8 @@ async def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
     return await off_loop(ctx, ctx.tokenizer.decode, prompt["prompt_token_ids"])
 
 
-async def _full_response(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
-                         prompts: list[dict[str, Any]], echoed: list[str],
+async def _full_response(ctx: ServingContext, request: CompletionRequest, shape: _ChoiceShape, model: str,
+                         request_id: str, prompts: list[dict[str, Any]], echoed: list[str],
                          streams: list[AsyncGenerator[RequestOutput, None]]) -> CompletionResponse:
     tasks = [asyncio.ensure_future(collect_choices(stream, request.n)) for stream in streams]
     try:
@@ -83,17 +108,26 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, model:
             task.cancel()
         raise
     choices, usage = [], UsageInfo()
-    for i, (accumulated, prompt) in enumerate(zip(results, prompts)):
-        usage.prompt_tokens += len(prompt["prompt_token_ids"])
-        echo = echoed[i]
-        for j, acc in enumerate(accumulated):
+    for i, (collected, prompt) in enumerate(zip(results, prompts)):
+        prompt_ids = prompt["prompt_token_ids"]
+        usage.prompt_tokens += len(prompt_ids)
+        prompt_logprobs = collected.prompt_logprobs or [None] * len(prompt_ids)
+        for j, acc in enumerate(collected.choices):
             usage.completion_tokens += len(acc.token_ids)
             logprobs = None
-            if request.logprobs is not None:
-                logprobs = completion_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, request.logprobs, 0)
-            choices.append(CompletionResponseChoice(index=i * request.n + j, text=echo + acc.text,
-                                                    logprobs=logprobs, finish_reason=acc.finish_reason,
-                                                    stop_reason=acc.stop_reason))
+            if shape.num_logprobs is not None:
+                token_ids, entries = acc.token_ids, acc.logprobs
+                if shape.echo_logprobs:
+                    token_ids, entries = prompt_ids + token_ids, prompt_logprobs + entries
+                logprobs = completion_logprobs(ctx.tokenizer, token_ids, entries, shape.num_logprobs, 0,
+                                               shape.tokens_as_ids)
+            choices.append(CompletionResponseChoice(
+                index=i * request.n + j, text=echoed[i] + acc.text, logprobs=logprobs,
+                finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,
+                prompt_logprobs=(prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, shape.tokens_as_ids)
+                                 if shape.prompt_logprobs else None),
+                prompt_token_ids=prompt_ids if shape.token_ids else None,
+                token_ids=acc.token_ids if shape.token_ids else None))
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
@@ -101,36 +135,55 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, model:
 @dataclass(slots=True)
 class _StreamedChoice:
     echo: str  # the prompt text while it is still to be sent (echo=true), else ""
+    prompt_token_ids: list[int]
+    first: bool = True
     num_tokens: int = 0
     text_offset: int = 0
 
-    def chunk_choice(self, tokenizer: Any, index: int, completion: CompletionOutput,
-                     num_logprobs: int | None) -> CompletionResponseChoice:
+    def chunk_choice(self, tokenizer: Any, index: int, completion: CompletionOutput, shape: _ChoiceShape,
+                     prompt_logprobs: list[dict[int, Logprob] | None] | None) -> CompletionResponseChoice:
         text, self.echo = self.echo + completion.text, ""
         logprobs = None
-        if num_logprobs is not None:
-            logprobs = completion_logprobs(tokenizer, completion.token_ids, completion.logprobs or [],
-                                           num_logprobs, self.text_offset)
+        if shape.num_logprobs is not None:
+            token_ids, entries = completion.token_ids, completion.logprobs or []
+            if shape.echo_logprobs and self.first:
+                prompt_entries = prompt_logprobs or [None] * len(self.prompt_token_ids)
+                token_ids, entries = self.prompt_token_ids + token_ids, prompt_entries + entries
+            logprobs = completion_logprobs(tokenizer, token_ids, entries, shape.num_logprobs, self.text_offset,
+                                           shape.tokens_as_ids)
         self.num_tokens += len(completion.token_ids)
         self.text_offset += len(text)
-        return CompletionResponseChoice(index=index, text=text, logprobs=logprobs,
-                                        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+        choice = CompletionResponseChoice(
+            index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+            prompt_token_ids=self.prompt_token_ids if shape.token_ids and self.first else None,
+            token_ids=completion.token_ids if shape.token_ids else None)
+        self.first = False
+        return choice
 
 
-async def _stream_events(ctx: ServingContext, request: CompletionRequest, model: str, request_id: str,
-                         prompts: list[dict[str, Any]], echoed: list[str],
+async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape: _ChoiceShape, model: str,
+                         request_id: str, prompts: list[dict[str, Any]], echoed: list[str],
                          streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[str, None]:
-    choices = [_StreamedChoice(echo) for echo in echoed for _ in range(request.n)]
+    choices = [_StreamedChoice(echo, prompt["prompt_token_ids"])
+               for echo, prompt in zip(echoed, prompts) for _ in range(request.n)]
+    prompt_logprobs: list[list[dict[int, Logprob] | None] | None] = [None] * len(prompts)
+    usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     created = int(time.time())
     async for i, output in merge_streams(streams):
+        if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
+            prompt_logprobs[i] = output.prompt_logprobs
         for completion in output.outputs:
             if not completion.token_ids and not completion.text and completion.finish_reason is None:
                 continue
             index = i * request.n + completion.index
-            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, request.logprobs)
+            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i])
+            usage = None
+            if usage_mode.every_chunk:  # vLLM: the prompt's tokens and this choice's tokens so far
+                usage = UsageInfo.of(len(prompts[i]["prompt_token_ids"]), choices[index].num_tokens)
             yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
-                                                     choices=[choice]))
-    if request.include_usage:
+                                                     choices=[choice], usage=usage))
+    if usage_mode.final:
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         completion_tokens = sum(choice.num_tokens for choice in choices)
         usage = UsageInfo.of(prompt_tokens, completion_tokens)
@@ -138,18 +191,19 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, model:
                                                  choices=[], usage=usage))
 
 
-def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                        num_top: int, text_offset: int) -> CompletionLogProbs:
+def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob] | None],
+                        num_top: int, text_offset: int, tokens_as_ids: bool = False) -> CompletionLogProbs:
     """The legacy completions shape: per token its text, offset, logprob and a dict of the
-    sampled token plus the `num_top` most likely ones (vLLM's rule)."""
+    sampled token plus the `num_top` most likely ones (vLLM's rule). A position without
+    logprobs (the first echoed prompt token) has None for its logprob and its top dict."""
     out = CompletionLogProbs()
     for token_id, entry in zip(token_ids, logprobs):
-        sampled = entry.get(token_id)
-        token = decode_token(tokenizer, token_id, sampled)
-        out.tokens.append(token)
+        sampled = entry.get(token_id) if entry is not None else None
+        out.tokens.append(decode_token(tokenizer, token_id, sampled, tokens_as_ids))
         out.token_logprobs.append(json_logprob(sampled) if sampled is not None else None)
         out.text_offset.append(text_offset)
-        out.top_logprobs.append({decode_token(tokenizer, tid, lp): json_logprob(lp)
-                                 for tid, lp in list(entry.items())[:num_top + 1]})
-        text_offset += len(token)
+        out.top_logprobs.append(None if entry is None else {
+            decode_token(tokenizer, tid, lp, tokens_as_ids): json_logprob(lp)
+            for tid, lp in list(entry.items())[:num_top + 1]})
+        text_offset += len(decode_token(tokenizer, token_id, sampled))
     return out

@@ -1,0 +1,110 @@
+"""vLLM's extra routes in-process over the fake engine: /invocations (SageMaker) dispatching by
+body shape, /load with --enable-server-load-tracking, /tokenize with return_token_strs and
+/version. (/invocations against the real engine: test_vllm_extensions.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_engine import FakeEngine
+from transformers import AutoTokenizer
+
+from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.version import __version__
+
+API_KEY = "sk-routes"
+MODEL = "tiny"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_tokenizer_dir: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def _client(engine: FakeEngine, **options: Any) -> httpx.AsyncClient:
+    app = build_app(engine, [MODEL], options=ServerOptions(api_key=API_KEY, **options))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", headers=AUTH)
+
+
+def _post(engine: FakeEngine, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with _client(engine) as client:
+            return await client.post(path, json=body)
+    return asyncio.run(go())
+
+
+def test_invocations_dispatches_chat_and_completion_bodies(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=64)
+    chat = _post(engine, "/invocations", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    completion = _post(engine, "/invocations", {"prompt": "hello", "max_tokens": 2})
+    assert completion.status_code == 200 and completion.json()["object"] == "text_completion"
+    neither = _post(engine, "/invocations", {"input": "hello"})
+    assert neither.status_code == 400 and "messages" in neither.json()["error"]["message"]
+    bad = _post(engine, "/invocations", {"prompt": "hello", "max_tokens": "many"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+
+def test_invocations_needs_the_api_key(tokenizer: Any) -> None:
+    async def go() -> httpx.Response:
+        async with _client(FakeEngine(tokenizer, max_model_len=64)) as client:
+            return await client.post("/invocations", json={"prompt": "x"}, headers={"Authorization": "Bearer no"})
+    assert asyncio.run(go()).status_code == 401
+
+
+@pytest.mark.parametrize("tracking", [True, False])
+def test_load_counts_generation_requests_in_flight(tokenizer: Any, tracking: bool) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=64, step_delay_s=0.05)
+
+    async def go() -> tuple[list[int], int, int]:
+        async with _client(engine, enable_server_load_tracking=tracking) as client:
+            body = {"model": MODEL, "prompt": "hello", "max_tokens": 8}
+            tasks = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(3)]
+            seen = []
+            while not all(task.done() for task in tasks):
+                seen.append((await client.get("/load")).json()["server_load"])
+                await asyncio.sleep(0.02)
+            after = (await client.get("/load")).json()["server_load"]
+            await client.post("/v1/completions", json={**body, "stream": True})
+            return seen, after, (await client.get("/load")).json()["server_load"]
+
+    seen, after, after_stream = asyncio.run(go())
+    assert (max(seen) == 3) if tracking else (set(seen) == {0})
+    assert after == 0 and after_stream == 0
+
+
+def test_tokenize_returns_token_strs_when_asked(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=64)
+    data = _post(engine, "/tokenize", {"prompt": "hello world", "return_token_strs": True}).json()
+    assert data["token_strs"] == tokenizer.convert_ids_to_tokens(data["tokens"]) and data["count"] >= 2
+    assert _post(engine, "/tokenize", {"prompt": "hello world"}).json()["token_strs"] is None
+
+
+def test_version_is_the_package_version(tokenizer: Any) -> None:
+    async def go() -> httpx.Response:
+        async with _client(FakeEngine(tokenizer, max_model_len=64)) as client:
+            return await client.get("/version")
+    assert asyncio.run(go()).json() == {"version": __version__}
+
+
+def test_validation_messages_like_vllms(tokenizer: Any) -> None:
+    engine = FakeEngine(tokenizer, max_model_len=64)
+    vocab = len(tokenizer)
+    bias = {"1": 1.0, "x": 2.0, "-3": 1.0, "y": 0.5}
+    error = _post(engine, "/v1/completions", {"prompt": "hi", "logit_bias": bias}).json()["error"]
+    assert error["param"] == "logit_bias" and "'x'" in error["message"] and "'y'" in error["message"]
+    assert "'-3'" in error["message"]
+    bias = {str(vocab): 1.0, "2": 1.0, str(vocab + 5): 1.0}
+    error = _post(engine, "/v1/completions", {"prompt": "hi", "logit_bias": bias}).json()["error"]
+    assert error["message"] == (f"token_id(s) [{vocab}, {vocab + 5}] in logit_bias contain out-of-vocab token ids. "
+                                f"Vocabulary size: {vocab}")
+    error = _post(engine, "/v1/completions", {"prompt": [1, vocab + 2, vocab]}).json()["error"]
+    assert error["message"].startswith(f"Token id {vocab + 2} is out of vocabulary") and error["param"] == "prompt"
+    error = _post(engine, "/v1/completions", {"prompt": ""}).json()["error"]
+    assert error["message"].startswith("The decoder prompt cannot be empty") and error["param"] == "prompt"
