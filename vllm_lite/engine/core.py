@@ -68,6 +68,8 @@ class EngineCore:
             self.executor.shutdown()  # worker processes must not outlive a failed start
             raise
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks)
+        # Requests a step failed on (attributably): freed already, their clients not yet told.
+        self.failed_requests: list[RequestError] = []
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
@@ -81,8 +83,17 @@ class EngineCore:
         if sched.is_empty:
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
         out = self.executor.execute_model(sched)
+        if out.failed:
+            self._fail_requests(out.failed)
         return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
                                                  out.logprobs, out.prompt_logprobs)
+
+    def _fail_requests(self, failed: dict[str, str]) -> None:
+        """A worker could not run these requests (each failure its own): free them (the
+        workers drop them with the next step's finished ids) and queue an error for each."""
+        self.scheduler.abort_requests(list(failed))
+        self.failed_requests.extend(RequestError(request_id, f"the request failed in the worker: {message}")
+                                    for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -176,6 +187,16 @@ class EngineCoreProc:
         self.num_steps += 1
         if _has_content(outputs):
             self._send_outputs(outputs)
+        if self.engine_core.failed_requests:
+            self._send_failures()
+
+    def _send_failures(self) -> None:
+        errors, self.engine_core.failed_requests = self.engine_core.failed_requests, []
+        for error in errors:
+            identity = self.owners.get(error.request_id)
+            if identity is not None:
+                self.output_queue.put((identity, OutputType.ERROR, error))
+        self._release([error.request_id for error in errors])
 
     def _handle_input(self, identity: bytes, request_type: bytes, message: Any) -> None:
         self._remember_client(identity, request_type)
