@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak
 
 setup: $(STAMP)
 
@@ -67,3 +67,6 @@ bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sam
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so
+
+bench-soak: $(STAMP)
+	$(BENCH)/soak.py

@@ -268,3 +268,35 @@ def test_engine_core_exits_when_its_client_is_killed(tiny_llama: Path) -> None:
         client.stdout.close()
     assert wait_until(lambda: process_gone(int(pid)), timeout_s=10)
     assert not os.path.exists(ipc_dir)
+
+
+def test_out_of_range_request_on_the_wire_is_refused_alone(mp_llm: LLM, reference: list[list[int]],
+                                                          prompts: list[dict[str, list[int]]]) -> None:
+    """Issue 12, findings 1 and 2 on the engine protocol: an EOS id outside the vocabulary with
+    min_tokens > 0, and a top_k past int32, sent as raw frames, get an error for themselves
+    alone; the engine serves the next greedy request unchanged."""
+    import msgspec
+
+    eos = msgspec.structs.replace(_request(mp_llm, "eos-1"), eos_token_ids=(10**6,),
+                                  sampling_params=SamplingParams(min_tokens=2, max_tokens=8))
+    top_k = MsgpackEncoder().encode(_request(mp_llm, "top-k-1"))
+    fields = msgspec.msgpack.decode(top_k[0])
+    fields[2] = {"temperature": 1.0, "top_k": 2**31}  # SamplingParams as a map
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(client_of(mp_llm).address)
+    try:
+        sock.send_multipart([RequestType.ADD, *MsgpackEncoder().encode(eos)])
+        sock.send_multipart([RequestType.ADD, msgspec.msgpack.encode(fields), *top_k[1:]])
+        errors = {}
+        for _ in range(2):
+            assert sock.poll(10_000), "the engine answered nothing"
+            tag, *frames = sock.recv_multipart()
+            assert tag == OutputType.ERROR
+            error = MsgpackDecoder(RequestError).decode(frames)
+            errors[error.request_id] = error.message
+    finally:
+        ctx.destroy(linger=0)
+    assert "eos_token_ids" in errors["eos-1"] and "top_k" in errors["top-k-1"]
+    assert generate_ids(mp_llm, prompts) == reference

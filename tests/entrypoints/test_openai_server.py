@@ -301,6 +301,24 @@ def test_chat_cli_quick_against_server(server: LiveServer, capsys: pytest.Captur
 # ---- last: a dead engine ends the server (exit status 1) and leaves no processes behind ----
 
 
+def test_int32_edge_requests_fail_alone_through_http(server: LiveServer) -> None:
+    """Issue 12, finding 1 through the real server and engine: top_k 2**31 (temperature > 0)
+    and min_tokens 2**31 without max_tokens are 400s naming the field; the largest allowed values
+    run; the engine serves the next greedy request unchanged."""
+    def complete(**body: Any) -> httpx.Response:
+        return httpx.post(f"{server.base_url}/v1/completions", headers=_headers(), timeout=60,
+                          json={"model": MODEL, "prompt": [5, 6, 7, 8], **body})
+
+    greedy = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    before = complete(**greedy).json()["choices"][0]["text"]
+    for field, body in (("top_k", {"top_k": 2**31, "temperature": 1.0}), ("min_tokens", {"min_tokens": 2**31})):
+        response = complete(**body)
+        assert response.status_code == 400 and field in response.json()["error"]["message"]
+    assert complete(top_k=2**31 - 1, temperature=1.0, max_tokens=4).status_code == 200
+    assert complete(min_tokens=2**31 - 1, max_tokens=None).status_code == 200  # runs to max_model_len
+    assert complete(**greedy).json()["choices"][0]["text"] == before
+
+
 def test_dead_engine_core_exits_the_server_with_status_1(server: LiveServer) -> None:
     """Finding 8: the server does not stay up answering 503 forever; it exits non-zero so
     that its supervisor restarts it (vLLM's behaviour), and its children are reaped."""

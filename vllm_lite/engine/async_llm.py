@@ -8,8 +8,9 @@ async for out in engine.generate(prompt, params, request_id):  # cumulative, del
 ```
 
 One output-handler task reads EngineCoreOutputs, runs the OutputProcessor (detokenize, stop
-strings) and puts each RequestOutput on its request's asyncio.Queue, where `generate` picks it
-up. A generator that ends early (cancelled task, `break`, closed) aborts its request in the
+strings) and puts each RequestOutput in its request's RequestOutputCollector, where `generate`
+picks it up; a slow consumer finds its outputs merged into one (bounded memory), and one that
+stops reading for `max_unread_outputs` steps has its request aborted. A generator that ends early (cancelled task, `break`, closed) aborts its request in the
 engine core, which frees its KV blocks.
 """
 
@@ -26,6 +27,8 @@ from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
+from vllm_lite.engine.output_collector import (DEFAULT_MAX_UNREAD_OUTPUTS, ConsumerStoppedReadingError,
+                                               RequestOutputCollector)
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
@@ -37,8 +40,11 @@ logger = logging.getLogger(__name__)
 
 class AsyncLLM:
     def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None,
-                 **client_kwargs: Any) -> None:
+                 max_unread_outputs: int = DEFAULT_MAX_UNREAD_OUTPUTS, **client_kwargs: Any) -> None:
+        if max_unread_outputs < 1:
+            raise ValueError(f"max_unread_outputs must be >= 1, got {max_unread_outputs}")
         self.vllm_config = vllm_config
+        self.max_unread_outputs = max_unread_outputs
         launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
@@ -95,15 +101,15 @@ class AsyncLLM:
                 self._abort_now([request_id])
 
     async def add_request(self, request_id: str, prompt: PromptType,
-                          params: SamplingParams) -> asyncio.Queue:
-        """Send the request (n > 1 fans out); its outputs arrive on the returned queue."""
+                          params: SamplingParams) -> RequestOutputCollector:
+        """Send the request (n > 1 fans out); its outputs arrive in the returned collector."""
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
                                               InputProcessor.cache_salt(prompt))
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)
         added = []
         try:
             for child, parent, index in fan_out(request):
@@ -170,6 +176,7 @@ class AsyncLLM:
                     self._reject(message)
                 else:
                     self._process_outputs(message)
+                await asyncio.sleep(0)  # consumers take this step's outputs before the next one's
         except EngineDeadError as exc:
             self._fail_all(exc)
         except Exception as exc:
@@ -179,11 +186,27 @@ class AsyncLLM:
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
         states, stopped_by_string = self.output_processor.process_outputs(outputs)
+        stopped_reading: list[RequestState] = []
         for state in states:
             output = state.make_output()
-            if output is not None:
-                state.queue.put_nowait(output)
+            if output is not None and not state.queue.put(output):
+                stopped_reading.append(state)
         self.engine_core.abort_requests_nowait(stopped_by_string)
+        if stopped_reading:
+            self._abort_unread(stopped_reading)
+
+    def _abort_unread(self, states: list[RequestState]) -> None:
+        """Requests whose consumers stopped reading: aborted (n > 1: the whole parent), each
+        consumer finds an error when it reads again."""
+        request_ids = list(dict.fromkeys(state.parent.request_id if state.parent is not None
+                                         else state.request_id for state in states))
+        logger.warning("AsyncLLM: aborting %d request(s) whose consumers left more than %d outputs "
+                       "unread", len(request_ids), self.max_unread_outputs)
+        self._abort_now(request_ids)
+        for state in states:
+            state.queue.put(ConsumerStoppedReadingError(
+                f"request {state.request_id!r} was aborted: its consumer left more than "
+                f"{self.max_unread_outputs} outputs unread"))
 
     def _reject(self, error: RequestError) -> None:
         states = self.output_processor.abort_requests([error.request_id])

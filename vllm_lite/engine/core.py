@@ -72,6 +72,8 @@ class EngineCore:
         self.structured_output_manager = make_structured_output_manager(vllm_config)
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
                                    self.structured_output_manager)
+        # Requests a step failed on (attributably): freed already, their clients not yet told.
+        self.failed_requests: list[RequestError] = []
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
@@ -91,6 +93,8 @@ class EngineCore:
             self._wait_for_grammars()
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
         out = self.executor.execute_model(sched)
+        if out.failed:
+            self._fail_requests(out.failed)
         outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
                                                     out.logprobs, out.prompt_logprobs)
         if failed:
@@ -104,6 +108,13 @@ class EngineCore:
             pending = self.scheduler.waiting_grammars()
             if pending:
                 self.structured_output_manager.wait_for_any(pending, timeout=0.005)
+
+    def _fail_requests(self, failed: dict[str, str]) -> None:
+        """A worker could not run these requests (each failure its own): free them (the
+        workers drop them with the next step's finished ids) and queue an error for each."""
+        self.scheduler.abort_requests(list(failed))
+        self.failed_requests.extend(RequestError(request_id, f"the request failed in the worker: {message}")
+                                    for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -221,6 +232,16 @@ class EngineCoreProc:
         self.num_steps += 1
         if _has_content(outputs):
             self._send_outputs(outputs)
+        if self.engine_core.failed_requests:
+            self._send_failures()
+
+    def _send_failures(self) -> None:
+        errors, self.engine_core.failed_requests = self.engine_core.failed_requests, []
+        for error in errors:
+            identity = self.owners.get(error.request_id)
+            if identity is not None:
+                self.output_queue.put((identity, OutputType.ERROR, error))
+        self._release([error.request_id for error in errors])
 
     def _handle_input(self, identity: bytes, request_type: bytes, message: Any) -> None:
         self._remember_client(identity, request_type)

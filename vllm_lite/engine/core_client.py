@@ -63,6 +63,11 @@ class InprocClient(EngineCore):
     abort_requests, get_stats, reset_prefix_cache, shutdown) are EngineCore's own."""
 
     def get_output(self) -> EngineCoreOutputs:
+        """A request a step failed on raises (as a multi-process client's rejection does) on
+        the call after that step."""
+        if self.failed_requests:
+            error = self.failed_requests.pop(0)
+            raise RequestRejectedError(error.request_id, error.message)
         return self.step()
 
 

@@ -8,7 +8,7 @@ from typing import Any, Union
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.request_checks import check_prompt, check_structured_outputs
+from vllm_lite.engine.request_checks import check_prompt, check_sampling_params, check_structured_outputs
 from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
@@ -48,7 +48,7 @@ class InputProcessor:
                 params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
-        params.check_engine_limits(self.model_config.hf.vocab_size, self.model_config.max_logprobs)
+        check_sampling_params(params, self.model_config)
         check_structured_outputs(params)
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))

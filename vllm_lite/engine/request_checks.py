@@ -1,16 +1,38 @@
 """The checks a request passes where it enters the engine core (`EngineCore.add_request`): the
 one place prompt and engine-dependent limits are written. The client side (`InputProcessor`)
 runs the same functions before sending, so a bad prompt fails at once in the caller's thread
-rather than one round trip later; nothing behind the boundary re-validates."""
+rather than one round trip later; nothing behind the boundary re-validates.
+
+`SamplingParams` checks its own ranges (int32 counts, finite float32 values) when it is built,
+also when msgspec decodes it off the wire. What needs the engine's knowledge is here:
+
+| field | limit |
+|---|---|
+| prompt_token_ids | 1 to max_model_len ids, each in [0, vocab) |
+| eos_token_ids | at most MAX_EOS_TOKEN_IDS ids, each in [0, vocab) |
+| max_tokens | [1, 2**31 - 1] (an int32 count in the worker's batch) |
+| sampling_params.n | 1: the client fans n out into n engine-core requests |
+| sampling_params.stop_token_ids | at most MAX_STOP_TOKEN_IDS ids, each in [0, vocab) |
+| sampling_params.stop | at most MAX_STOP_STRINGS strings |
+| sampling_params.logit_bias | at most MAX_LOGIT_BIAS_ENTRIES entries, keys in [0, vocab) |
+| sampling_params.logprobs, prompt_logprobs | <= the engine's max_logprobs |
+| request_id, cache_salt | at most MAX_ID_CHARS characters |
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
 from vllm_lite.wire import EngineCoreRequest
+
+MAX_EOS_TOKEN_IDS = 64
+MAX_STOP_TOKEN_IDS = 1024
+MAX_STOP_STRINGS = 64
+MAX_LOGIT_BIAS_ENTRIES = 1024  # a dense bias over the vocabulary is a different feature
+MAX_ID_CHARS = 1024
 
 
 def check_prompt(tokens: np.ndarray, model_config: ModelConfig) -> None:
@@ -28,11 +50,46 @@ def check_prompt(tokens: np.ndarray, model_config: ModelConfig) -> None:
 
 def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None:
     """Requests may come off the wire from any client: what would break a step is refused."""
+    vocab = model_config.hf.vocab_size
+    _check_chars("request_id", request.request_id)
+    if request.cache_salt is not None:
+        _check_chars("cache_salt", request.cache_salt)
     check_prompt(request.prompt_token_ids, model_config)
-    if request.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-    request.sampling_params.check_engine_limits(model_config.hf.vocab_size, model_config.max_logprobs)
+    if not 1 <= request.max_tokens <= MAX_INT32:
+        raise ValueError(f"max_tokens must be in [1, {MAX_INT32}], got {request.max_tokens}")
+    check_token_ids("eos_token_ids", request.eos_token_ids, vocab, MAX_EOS_TOKEN_IDS)
+    if request.sampling_params.n != 1:
+        raise ValueError(f"SamplingParams.n must be 1 in an engine-core request (the client fans n "
+                         f"out into n requests), got {request.sampling_params.n}")
+    check_sampling_params(request.sampling_params, model_config)
     check_structured_outputs(request.sampling_params)
+
+
+def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> None:
+    """Sizes, token ids and logprob counts of a request's sampling parameters (the client side
+    runs this before fanning n out)."""
+    vocab = model_config.hf.vocab_size
+    check_token_ids("SamplingParams.stop_token_ids", params.stop_token_ids or (), vocab, MAX_STOP_TOKEN_IDS)
+    check_token_ids("SamplingParams.logit_bias", list(params.logit_bias or ()), vocab, MAX_LOGIT_BIAS_ENTRIES)
+    if params.stop is not None and len(params.stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(params.stop)}")
+    params.check_engine_limits(vocab, model_config.max_logprobs)
+
+
+def check_token_ids(field: str, token_ids: object, vocab_size: int, max_count: int) -> None:
+    """A sequence of at most `max_count` int token ids, each in [0, vocab_size)."""
+    if not isinstance(token_ids, (list, tuple)):
+        raise ValueError(f"{field} must be a list of token ids, got {type(token_ids).__name__}")
+    if len(token_ids) > max_count:
+        raise ValueError(f"{field} may hold at most {max_count} token ids, got {len(token_ids)}")
+    bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{field} has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+
+
+def _check_chars(field: str, value: object) -> None:
+    if not isinstance(value, str) or len(value) > MAX_ID_CHARS:
+        raise ValueError(f"{field} must be a string of at most {MAX_ID_CHARS} characters")
 
 
 def check_structured_outputs(params: SamplingParams) -> None:

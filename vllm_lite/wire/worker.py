@@ -36,6 +36,9 @@ class ModelRunnerOutput:
     logprobs: LogprobsArrays | None = None  # rows are batch rows; None when no row asked
     # request -> (prompt position of the first row, logprobs of the next prompt tokens)
     prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None
+    # request -> why the worker could not take it into its batch this step (it ran without it;
+    # the engine core fails and frees it). None on almost every step.
+    failed: dict[str, str] | None = None
 
 
 class InitKVCache(msgspec.Struct, array_like=True, gc=False):

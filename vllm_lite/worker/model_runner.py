@@ -3,6 +3,7 @@ code, run the model, sample, and append the sampled tokens to the batch."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,8 @@ from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -74,11 +77,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(scheduler_output)
+        failed = self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
         output = ModelRunnerOutput(list(batch.live_req_ids), np.zeros((num_rows, 1), dtype=np.int32),
-                                   np.zeros(num_rows, dtype=np.int32))
+                                   np.zeros(num_rows, dtype=np.int32), failed=failed)
         if scheduler_output.total_num_scheduled_tokens > 0:
             inputs = self._prepare_inputs(scheduler_output)
             if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
@@ -104,20 +107,16 @@ class ModelRunner:
             output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), asked, len(output.num_sampled))
 
     # ---- persistent batch upkeep ----
-    def _update_states(self, sched: SchedulerOutput) -> None:
+    def _update_states(self, sched: SchedulerOutput) -> dict[str, str] | None:
+        """Returns the new requests that could not be taken into the batch (see _add_new)."""
         batch = self.input_batch
         for req_id in sched.finished_req_ids:
-            batch.remove_request(req_id)
-            self.generators.pop(req_id, None)
-            self.min_tokens_stop_ids.pop(req_id, None)
-            self.token_occurrences.release(req_id)
+            self._drop_request(req_id)
         for req_id in sched.preempted_req_ids:
             # Its generator stays: the request resumes its random stream where it stopped.
             batch.remove_request(req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
-        for new in sched.scheduled_new_reqs:
-            batch.add_request(new)
-            self._add_sampling_state(new)
+        failed = self._add_new(sched.scheduled_new_reqs) if sched.scheduled_new_reqs else None
         cached = sched.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                        cached.num_computed_tokens):
@@ -125,6 +124,38 @@ class ModelRunner:
             batch.block_table.append_row(row, new_block_ids)
             batch.num_computed_tokens[row] = num_computed
         batch.condense()
+        return failed
+
+    def _add_new(self, new_reqs: list[NewRequestData]) -> dict[str, str] | None:
+        """Add the step's new requests to the batch. A request whose addition raises is dropped
+        from this worker and reported, and the others go on: one `try` per step, re-entered only
+        after a failure, so the common path costs nothing per request."""
+        failed: dict[str, str] | None = None
+        start = 0
+        while start < len(new_reqs):
+            index = start
+            try:
+                for index in range(start, len(new_reqs)):
+                    self._add_one(new_reqs[index])
+                return failed
+            except Exception as exc:  # attributable to new_reqs[index] alone
+                req_id = new_reqs[index].req_id
+                logger.exception("worker: request %r failed while joining the batch", req_id)
+                self._drop_request(req_id)
+                failed = failed or {}
+                failed[req_id] = f"{type(exc).__name__}: {exc}"
+                start = index + 1
+        return failed
+
+    def _add_one(self, new: NewRequestData) -> None:
+        self.input_batch.add_request(new)
+        self._add_sampling_state(new)
+
+    def _drop_request(self, req_id: str) -> None:
+        self.input_batch.remove_request(req_id)
+        self.generators.pop(req_id, None)
+        self.min_tokens_stop_ids.pop(req_id, None)
+        self.token_occurrences.release(req_id)
 
     def _add_sampling_state(self, new: NewRequestData) -> None:
         params = new.sampling_params
@@ -139,7 +170,9 @@ class ModelRunner:
         index = batch.req_id_to_index
         num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
         for req_id, n in sched.num_scheduled_tokens.items():
-            num_scheduled[index[req_id]] = n
+            row = index.get(req_id)  # None: a request that failed to join the batch this step
+            if row is not None:
+                num_scheduled[row] = n
         rows = np.flatnonzero(num_scheduled)
         query_lens = num_scheduled[rows]
         cu_lens = np.cumsum(query_lens, dtype=np.int32)

@@ -1,0 +1,159 @@
+"""Soak: many short requests through `vllm-lite serve`; RSS of the server and of its engine
+core at checkpoints (issue 12, acceptance 3). Pass: RSS growth of each over the last half of the
+run under 2 %, and at the end no request running or waiting and every KV block free.
+
+    python benchmarks/soak.py --requests 20000 --concurrency 32 --max-tokens 4
+
+The model is a tiny random-weight Llama (benchlib.tiny_llama) so the run measures the
+engine's bookkeeping, not the model; prompts are 8-24 random token ids, outputs ignore EOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import RESULTS_DIR, print_table, tiny_llama, write_results  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children += [int(c) for c in text]
+    return children + [d for c in children for d in descendants(c)]
+
+
+def engine_core_pid(server_pid: int) -> int:
+    """The server's descendant with the largest RSS (the multiprocessing resource tracker is small)."""
+    return max(descendants(server_pid), key=rss_mib)
+
+
+def start_server(model: Path, port: int, log: Path, extra: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(port),
+               "--max-model-len", "256", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not become healthy in 300 s")
+
+
+async def soak(base_url: str, model: str, args: argparse.Namespace, server_pid: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    checkpoints = sorted(set(args.checkpoints) | {args.requests})
+    rows: list[dict] = []
+    done = 0
+    next_request = 0
+    failures = 0
+    lock = asyncio.Lock()
+    reached = asyncio.Event()
+    start = time.monotonic()
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal done, next_request, failures
+        while True:
+            async with lock:
+                if next_request >= args.requests:
+                    return
+                next_request += 1
+            prompt = rng.integers(100, 8000, int(rng.integers(8, 25))).tolist()
+            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0,
+                    "ignore_eos": True, "stream": bool(done % 2)}
+            response = await client.post("/v1/completions", json=body)
+            failures += response.status_code != 200
+            done += 1
+            if checkpoints and done >= checkpoints[0]:
+                checkpoints.pop(0)
+                core = engine_core_pid(server_pid)
+                rows.append({"requests": done, "seconds": round(time.monotonic() - start, 1),
+                             "server_rss_mib": round(rss_mib(server_pid), 1),
+                             "engine_core_rss_mib": round(rss_mib(core), 1), "failures": failures})
+                print(rows[-1], flush=True)
+
+    limits = httpx.Limits(max_connections=args.concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
+        await asyncio.gather(*(worker(client) for _ in range(args.concurrency)))
+        metrics = (await client.get("/metrics")).text
+    rows.append({"final_metrics": [line for line in metrics.splitlines()
+                                   if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                       "vllm:kv_cache_usage_perc"))]})
+    return rows
+
+
+def growth(rows: list[dict], key: str) -> float:
+    points = [r for r in rows if key in r]
+    half = min(points, key=lambda r: abs(r["requests"] - points[-1]["requests"] / 2))
+    return 100.0 * (points[-1][key] - half[key]) / half[key]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--checkpoints", type=int, nargs="*", default=[2_000, 10_000, 20_000])
+    parser.add_argument("--server-arg", action="append", default=[], help="extra `serve` flag (repeatable)")
+    args = parser.parse_args()
+    model = tiny_llama(RESULTS_DIR.parent / "results" / "models" / "soak-llama")
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        server = start_server(model, port, log, args.server_arg)
+        try:
+            rows = asyncio.run(soak(f"http://127.0.0.1:{port}", str(model), args, server.pid))
+        finally:
+            server.terminate()
+            server.wait(60)
+    points = [r for r in rows if "requests" in r]
+    print_table(["requests", "seconds", "server RSS MiB", "engine core RSS MiB", "failures"],
+                [[r["requests"], r["seconds"], r["server_rss_mib"], r["engine_core_rss_mib"], r["failures"]]
+                 for r in points])
+    summary = {"server_growth_last_half_pct": round(growth(rows, "server_rss_mib"), 2),
+               "engine_core_growth_last_half_pct": round(growth(rows, "engine_core_rss_mib"), 2),
+               "final": rows[-1]["final_metrics"]}
+    print(summary)
+    write_results("soak", {"args": vars(args), "rows": rows, "summary": summary})
+    ok = (abs(summary["server_growth_last_half_pct"]) < 2 and abs(summary["engine_core_growth_last_half_pct"]) < 2
+          and all(line.endswith((" 0.0", " 0")) for line in summary["final"]))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
