@@ -91,7 +91,10 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
     if want.grammar_bitmask is not None:
         assert np.array_equal(got.grammar_bitmask, want.grammar_bitmask)
     assert got.num_scheduled_tokens == want.num_scheduled_tokens
-    assert got.scheduled_cached_reqs == want.scheduled_cached_reqs
+    got_cached, want_cached = got.scheduled_cached_reqs, want.scheduled_cached_reqs
+    assert got_cached.req_ids == want_cached.req_ids
+    assert [list(b) for b in got_cached.new_block_ids] == want_cached.new_block_ids
+    assert list(got_cached.num_computed_tokens) == want_cached.num_computed_tokens
     assert got.total_num_scheduled_tokens == want.total_num_scheduled_tokens
     assert got.finished_req_ids == want.finished_req_ids
     assert got.preempted_req_ids == want.preempted_req_ids

@@ -35,8 +35,9 @@ class CachedRequestData:
     """Requests the workers already hold: only what changed (the diff) is sent."""
 
     req_ids: list[str]
-    new_block_ids: list[list[int]]
-    num_computed_tokens: list[int]  # before this step
+    # lists in the engine core; int32 views of the step message's arrays on a TP rank
+    new_block_ids: list[list[int]] | list[np.ndarray]
+    num_computed_tokens: list[int] | np.ndarray  # before this step
 
     @staticmethod
     def empty() -> CachedRequestData:

@@ -63,15 +63,15 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
     def to_scheduler_output(self) -> SchedulerOutput:
-        ends = np.cumsum(self.cached_num_new_blocks).tolist()
-        flat = self.cached_new_block_ids.tolist()
-        new_block_ids = [flat[end - n:end] for end, n in zip(ends, self.cached_num_new_blocks.tolist())]
+        """Views of the received arrays, not lists: a request's new block ids are a slice of
+        `cached_new_block_ids`, its counters an element of `cached_num_computed`."""
+        new_block_ids = (np.split(self.cached_new_block_ids, np.cumsum(self.cached_num_new_blocks)[:-1])
+                         if self.cached_req_ids else [])
         req_ids = self.cached_req_ids + [new.req_id for new in self.new_reqs]
-        counts = self.cached_num_scheduled.tolist() + self.new_num_scheduled.tolist()
+        counts = np.concatenate([self.cached_num_scheduled, self.new_num_scheduled]).tolist()
         return SchedulerOutput(
             scheduled_new_reqs=self.new_reqs,
-            scheduled_cached_reqs=CachedRequestData(self.cached_req_ids, new_block_ids,
-                                                    self.cached_num_computed.tolist()),
+            scheduled_cached_reqs=CachedRequestData(self.cached_req_ids, new_block_ids, self.cached_num_computed),
             num_scheduled_tokens=dict(zip(req_ids, counts)),
             total_num_scheduled_tokens=self.total_num_scheduled_tokens,
             finished_req_ids=frozenset(self.finished_req_ids),

@@ -17,8 +17,8 @@ class BlockTable:
         self.num_blocks[row] = 0
         self.append_row(row, block_ids)
 
-    def append_row(self, row: int, block_ids: list[int]) -> None:
-        if not block_ids:
+    def append_row(self, row: int, block_ids: list[int] | np.ndarray) -> None:
+        if len(block_ids) == 0:
             return
         start = self.num_blocks[row]
         self.block_ids[row, start:start + len(block_ids)] = block_ids
