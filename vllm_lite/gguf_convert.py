@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -104,15 +105,7 @@ def ensure_demo_model(cache_dir: Path | None = None) -> Path:
     target = cache / DEMO_MODEL_NAME
     if is_converted(target):
         return target
-    gguf_path = find_demo_gguf()
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_MODEL_NAME}.tmp-", dir=cache))
-    try:
-        convert_gguf_to_hf(gguf_path, tmp)
-        _publish(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return _convert_once(lambda tmp: convert_gguf_to_hf(find_demo_gguf(), tmp), cache, target)
 
 
 def gguf_model_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
@@ -124,10 +117,15 @@ def gguf_model_dir(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     target = cache / f"{gguf_path.stem}-{stat.st_size:x}-{stat.st_mtime_ns:x}"
     if is_converted(target):
         return target
+    return _convert_once(lambda tmp: convert_any_gguf(gguf_path, tmp), cache, target)
+
+
+def _convert_once(convert: Callable[[Path], object], cache: Path, target: Path) -> Path:
+    """Converts into a private temporary folder, then publishes it as `target` atomically."""
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{gguf_path.stem}.tmp-", dir=cache))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=cache))
     try:
-        convert_any_gguf(gguf_path, tmp)
+        convert(tmp)
         _publish(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

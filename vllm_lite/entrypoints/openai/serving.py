@@ -324,6 +324,16 @@ async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerato
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def gather_or_cancel(tasks: list[asyncio.Future[T]]) -> list[T]:
+    """All results, or the first error with the other tasks cancelled."""
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+
+
 async def json_response(body: Awaitable[BaseModel], raw_request: Request) -> JSONResponse:
     """A non-streaming response, its work cancelled when the client disconnects first."""
     return JSONResponse((await cancel_on_disconnect(body, raw_request)).model_dump())

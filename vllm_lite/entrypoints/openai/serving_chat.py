@@ -28,6 +28,7 @@ from vllm_lite.entrypoints.openai.protocol import (
 )
 from vllm_lite.entrypoints.openai.serving import (
     MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
+    gather_or_cancel,
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
     render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
 )
@@ -216,12 +217,7 @@ async def _batch_response(ctx: ServingContext, request: BatchChatCompletionReque
                           prompts: list[dict[str, Any]],
                           streams: list[AsyncGenerator[RequestOutput, None]]) -> ChatCompletionResponse:
     tasks = [asyncio.ensure_future(collect_choices(stream, 1)) for stream in streams]
-    try:
-        results = await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
+    results = await gather_or_cancel(tasks)
     num_top = (request.top_logprobs or 0) if request.logprobs else None
     as_ids = bool(request.return_tokens_as_token_ids)
     choices, usage = [], UsageInfo()

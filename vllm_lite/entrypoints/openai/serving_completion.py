@@ -24,6 +24,7 @@ from vllm_lite.entrypoints.openai.protocol import (
 )
 from vllm_lite.entrypoints.openai.serving import (
     ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
+    gather_or_cancel,
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
     sse_stream, start_streams, tracked_generate, truncation
 )
@@ -101,12 +102,7 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, shape:
                          request_id: str, prompts: list[dict[str, Any]], echoed: list[str],
                          streams: list[AsyncGenerator[RequestOutput, None]]) -> CompletionResponse:
     tasks = [asyncio.ensure_future(collect_choices(stream, request.n)) for stream in streams]
-    try:
-        results = await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
+    results = await gather_or_cancel(tasks)
     choices, usage = [], UsageInfo()
     for i, (collected, prompt) in enumerate(zip(results, prompts)):
         prompt_ids = prompt["prompt_token_ids"]

@@ -21,7 +21,7 @@ from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from vllm_lite.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.norm import GemmaRMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.llama import LlamaForCausalLM
+from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 SLIDING = "sliding_attention"
 
@@ -60,15 +60,8 @@ class GemmaAttention(nn.Module):
                               scale=raw["query_pre_attn_scalar"] ** -0.5,
                               logits_soft_cap=raw.get("attn_logit_softcapping"))
 
-    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
+    # Same projections, norms and rotary as Llama's; only the scale and soft cap (set above) differ.
+    forward = LlamaAttention.forward
 
 
 class GemmaMLP(nn.Module):
