@@ -62,6 +62,8 @@ class LiveServer:
         command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model),
                    "--port", str(self.port), "--served-model-name", served_model_name,
                    "--api-key", api_key, "--uvicorn-log-level", "warning", *extra_args]
+        if "--dtype" not in extra_args:  # outputs are compared with fp32 references (auto is bf16 on some CPUs)
+            command += ["--dtype", "float32"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         self._log = open(log_path, "wb")
