@@ -5,12 +5,15 @@ engine-core processes it spawned, even when a graceful shutdown fails."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -117,3 +120,16 @@ class LiveServer:
                 return left
             time.sleep(0.1)
         return {pid for pid in self.children if alive(pid)}
+
+
+@contextlib.contextmanager
+def running_server(model: Path, log_path: Path, served_model_name: str, api_key: str,
+                   extra_args: tuple[str, ...] = ()) -> Iterator[LiveServer]:
+    """A healthy server for the `with` block; stopped and its process group reaped after."""
+    live = LiveServer(model, log_path, served_model_name, api_key, extra_args)
+    try:
+        live.wait_healthy()
+        yield live
+    finally:
+        live.stop()
+        live.kill_group()

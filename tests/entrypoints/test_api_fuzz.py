@@ -14,7 +14,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from live_server import LiveServer
+from live_server import LiveServer, running_server
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -33,14 +33,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # Small n and max_model_len keep every generated request cheap on 2 cores.
-    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("fuzz") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", "64", "--max-n-sequences", "2"))
-    try:
-        live.wait_healthy()
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("fuzz") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "64", "--max-n-sequences", "2")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, running_server
 from llm_factory import make_llm
 from transformers import AutoTokenizer
 
@@ -34,14 +34,9 @@ CHAT = [{"role": "user", "content": "Tell me about the river and the mountain."}
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32"))
-    try:
-        live.wait_healthy()
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
 
 
 @pytest.fixture(scope="module")

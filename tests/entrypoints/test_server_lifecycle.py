@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, running_server
 
 MODEL = "tiny-qwen3"
 API_KEY = "sk-lifecycle"
@@ -21,14 +21,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("lifecycle") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", "512", "--shutdown-timeout", "0.25"))
-    try:
-        live.wait_healthy()
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("lifecycle") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "512", "--shutdown-timeout", "0.25")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
 
 
 def test_huge_prompts_do_not_stall_health(server: LiveServer) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, running_server
 from structured_checks import CHOICES, PERSON_SCHEMA, REGEX, KINDS
 
 MODEL = "tiny-qwen3"
@@ -21,14 +21,9 @@ CHAT = [{"role": "user", "content": "Describe a person."}]
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", "256"))
-    try:
-        live.wait_healthy()
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from live_server import LiveServer
+from live_server import LiveServer, running_server
 from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.chat_template import render_chat_template
@@ -101,15 +101,10 @@ def test_tool_calls_and_results_reach_the_template(tiny_qwen3: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    live = LiveServer(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
-                      ("--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                       "--reasoning-parser", "qwen3"))
-    try:
-        live.wait_healthy()
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                         "--reasoning-parser", "qwen3")) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
 
 
 @pytest.fixture(scope="module")
