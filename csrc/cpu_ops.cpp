@@ -30,14 +30,9 @@
 #include <limits>
 #include <vector>
 
-namespace {
+#include "cpu_multiversion.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VLLM_LITE_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define VLLM_LITE_MULTIVERSION
-#endif
+namespace {
 
 #define VLLM_LITE_INLINE inline __attribute__((always_inline))
 

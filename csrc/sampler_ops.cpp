@@ -25,16 +25,11 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_multiversion.h"
+
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VLLM_LITE_MULTIVERSION \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define VLLM_LITE_MULTIVERSION
-#endif
-
-// out[i] = exp(x[i] - shift) for x[i] <= shift, 0 for -inf; returns the largest x. libm's expf
+// out[i] = exp(x[i] - shift) for x[i] <= shift, 0 for -inf. libm's expf
 // does not vectorize without -ffast-math, so 2^t is split as 2^floor(t) (exponent bits) times a
 // degree-6 polynomial for 2^frac (relative error ~2e-7, plenty for sampling).
 VLLM_LITE_MULTIVERSION
