@@ -192,6 +192,10 @@ def _make_config(
     if extra and "rope_parameters" in extra:  # given whole (e.g. one per layer type)
         del common["rope_theta"], common["rope_scaling"]
     common.update(extra or {})
+    # GPT-NeoX and OPT: no GQA, head_dim, RMSNorm or rope fields; each adds its own MLP width.
+    without_kv_heads = {name: common[name] for name in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
+        "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "dtype")} | dict(extra or {})
     if arch == "llama":
         return LlamaConfig(attention_bias=attention_bias, **common)
     if arch == "qwen2":  # q/k/v bias is hard-wired in Qwen2; o_proj has none.
@@ -203,11 +207,7 @@ def _make_config(
     if arch == "gpt_neox":
         from transformers import GPTNeoXConfig
 
-        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                             num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                             max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
-                             bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
-                             dtype="float32", **(extra or {}))
+        return GPTNeoXConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
     if arch == "granite":
         from transformers import GraniteConfig
 
@@ -215,11 +215,7 @@ def _make_config(
     if arch == "opt":
         from transformers import OPTConfig
 
-        return OPTConfig(vocab_size=vocab_size, hidden_size=hidden_size, ffn_dim=2 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                         max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings,
-                         bos_token_id=ENDOFTEXT_ID, eos_token_id=IM_END_ID, pad_token_id=ENDOFTEXT_ID,
-                         dtype="float32", **(extra or {}))
+        return OPTConfig(ffn_dim=2 * hidden_size, **without_kv_heads)
     if arch == "phi3":
         from transformers import Phi3Config
 

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import FakeEngine
-from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.api_server import build_app
 from vllm_lite.entrypoints.openai.serving import merge_streams, start_stream, tracked_generate
@@ -21,16 +20,6 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 API_KEY = "sk-test"
 MODEL = "tiny"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-
-
-@pytest.fixture
-def engine(tokenizer: Any) -> FakeEngine:
-    return FakeEngine(tokenizer, max_model_len=64)
 
 
 async def _request(engine: FakeEngine, method: str, path: str, api_key: str | None = API_KEY,

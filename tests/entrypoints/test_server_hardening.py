@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import FakeEngine
-from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.cli import build_parser
 from vllm_lite.entrypoints.openai.api_server import begin_drain, build_app, server_options_from
@@ -25,16 +24,6 @@ API_KEY = "sk-hardening"
 MODEL = "tiny"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LOOPING_TEMPLATE = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}x"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-
-
-@pytest.fixture
-def engine(tokenizer: Any) -> FakeEngine:
-    return FakeEngine(tokenizer, max_model_len=64)
 
 
 async def _send(engine: Any, requests: list[tuple[str, str, dict[str, Any]]],

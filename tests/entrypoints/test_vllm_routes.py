@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import FakeEngine
-from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.api_server import build_app
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
@@ -20,11 +19,6 @@ from vllm_lite.version import __version__
 API_KEY = "sk-routes"
 MODEL = "tiny"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_tokenizer_dir: Path) -> Any:
-    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
 
 
 def _client(engine: FakeEngine, **options: Any) -> httpx.AsyncClient:
