@@ -1,6 +1,14 @@
-"""Errors a client of the engine core raises."""
+"""Errors a client of the engine core raises, and the helpers that contain a failure to the
+request it belongs to (engine core and workers)."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -23,3 +31,31 @@ class RequestRejectedError(ValueError):
 class EngineStartupError(RuntimeError):
     """The engine-core process failed while starting (loading the model, allocating the KV
     cache ...); the message carries the original error."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """How a contained failure is told to the request's client: the type and the message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_each_contained(items: Sequence[T], action: Callable[[T], object], req_id: Callable[[T], str],
+                       what: str) -> dict[str, str] | None:
+    """`action` on every item; an item whose action raises is logged and skipped, and the
+    others go on. Returns {request id: why} for the items that failed (None when none did).
+    One `try` per call, re-entered only after a failure, so the common path costs nothing per
+    item. `what` says in the log where it happened ("while joining the batch")."""
+    failed: dict[str, str] | None = None
+    start = 0
+    while start < len(items):
+        index = start
+        try:
+            for index in range(start, len(items)):
+                action(items[index])
+            return failed
+        except Exception as exc:  # attributable to items[index] alone
+            failed_id = req_id(items[index])
+            logger.exception("request %r failed %s", failed_id, what)
+            failed = failed or {}
+            failed[failed_id] = describe_error(exc)
+            start = index + 1
+    return failed

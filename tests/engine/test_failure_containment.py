@@ -1,25 +1,33 @@
-"""Failure containment (issue 12): an exception a worker can pin on one request (here injected
-while that request joins the persistent batch) fails and frees that request alone: its client
-gets an error, the scheduler frees its blocks, the worker drops it, and the requests stepped
-beside it finish with the same greedy tokens as without it."""
+"""Failure containment (issue 12): an exception that can be pinned on one request, wherever it
+happens in a step (joining the worker's batch, its row's update, its sampling metadata, its
+grammar bitmask row, taking its sampled token and checking its stop conditions), fails and
+frees that request alone: its client gets an error naming the problem, the scheduler frees its
+blocks, the worker drops it, and the requests stepped beside it finish with the same greedy
+tokens as without it. Faults are injected with monkeypatch for the request id "poison" only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from vllm_lite import LLM, SamplingParams
+from vllm_lite.core.request import Request
 from vllm_lite.exceptions import RequestRejectedError
+from vllm_lite.sampling_params import StructuredOutputsParams
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+# 5 prompt tokens + 24 outputs cross a 16-token block: every request gets a block mid-decode.
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 4], [9, 10, 11, 3, 2], [12, 13, 14, 15, 16]]
+CONSTRAINED = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
 
 
-def run(llm: LLM, request_ids: list[str]) -> tuple[dict[str, list[int]], list[RequestRejectedError]]:
+def run(llm: LLM, request_ids: list[str], poison_params: SamplingParams = GREEDY
+        ) -> tuple[dict[str, list[int]], list[RequestRejectedError]]:
     engine = llm.llm_engine
-    for request_id, prompt in zip(request_ids, PROMPTS + PROMPTS):
-        engine.add_request(request_id, {"prompt_token_ids": prompt}, GREEDY)
+    for request_id, prompt in zip(request_ids, PROMPTS):
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, poison_params if request_id == "poison" else GREEDY)
     tokens: dict[str, list[int]] = {}
     errors: list[RequestRejectedError] = []
     while engine.has_unfinished_requests():
@@ -32,27 +40,128 @@ def run(llm: LLM, request_ids: list[str]) -> tuple[dict[str, list[int]], list[Re
     return tokens, errors
 
 
-def test_a_request_failing_in_the_worker_fails_alone(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256)
-    try:
-        reference, _ = run(llm, ["a", "b", "c"])
-        batch = llm.llm_engine.engine_core.executor.worker.model_runner.input_batch
-        add_request = batch.add_request
+def _model_runner(llm: LLM):
+    return llm.llm_engine.engine_core.executor.worker.model_runner
 
-        def faulty_add_request(new):  # the fault, for one request id only
-            if new.req_id == "poison":
-                raise RuntimeError("injected fault")
-            return add_request(new)
 
-        monkeypatch.setattr(batch, "add_request", faulty_add_request)
-        tokens, errors = run(llm, ["a2", "poison", "c2"])
-        assert [(e.request_id, "injected fault" in str(e)) for e in errors] == [("poison", True)]
-        assert tokens == {"a2": reference["a"], "c2": reference["c"]}
-        assert "poison" not in batch.req_id_to_index
-        stats = llm.stats()
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0
-        monkeypatch.undo()
-        again, errors = run(llm, ["a3", "b3", "c3"])
-        assert not errors and again == {"a3": reference["a"], "b3": reference["b"], "c3": reference["c"]}
-    finally:
-        llm.shutdown()
+def fault_joining_the_batch(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = _model_runner(llm).input_batch
+    add_request = batch.add_request
+
+    def faulty(new):
+        if new.req_id == "poison":
+            raise RuntimeError("injected fault")
+        return add_request(new)
+
+    monkeypatch.setattr(batch, "add_request", faulty)
+
+
+def fault_updating_its_row(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the running request gets its next block (not when it joins)."""
+    batch = _model_runner(llm).input_batch
+    append_row = batch.block_table.append_row
+
+    def faulty(row, block_ids):
+        if batch.req_ids[row] == "poison" and len(block_ids) and batch.block_table.num_blocks[row] > 0:
+            raise RuntimeError("injected fault")
+        return append_row(row, block_ids)
+
+    monkeypatch.setattr(batch.block_table, "append_row", faulty)
+
+
+def fault_building_its_sampling_metadata(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm_lite.worker.model_runner as model_runner
+
+    build = model_runner.build_sampling_metadata
+
+    def faulty(batch, rows, *args, **kwargs):
+        if "poison" in [batch.req_ids[row] for row in rows.tolist()]:
+            raise RuntimeError("injected fault")
+        return build(batch, rows, *args, **kwargs)
+
+    monkeypatch.setattr(model_runner, "build_sampling_metadata", faulty)
+
+
+def fault_checking_its_stop(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_stop = Request.check_stop
+
+    def faulty(self, token_id, max_model_len):
+        if self.request_id == "poison" and self.num_output_tokens == 3:
+            raise RuntimeError("injected fault")
+        return check_stop(self, token_id, max_model_len)
+
+    monkeypatch.setattr(Request, "check_stop", faulty)
+
+
+def fault_filling_its_grammar_bitmask(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only "poison" is constrained here."""
+    manager = llm.llm_engine.engine_core.structured_output_manager
+
+    def faulty(requests):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(manager, "grammar_bitmask", faulty)
+
+
+CASES: dict[str, tuple[Callable[[LLM, pytest.MonkeyPatch], None], SamplingParams]] = {
+    "joining the batch": (fault_joining_the_batch, GREEDY),
+    "joining the batch, constrained": (fault_joining_the_batch, CONSTRAINED),
+    "updating its row": (fault_updating_its_row, GREEDY),
+    "building its sampling metadata": (fault_building_its_sampling_metadata, GREEDY),
+    "building its sampling metadata, constrained": (fault_building_its_sampling_metadata, CONSTRAINED),
+    "checking its stop": (fault_checking_its_stop, GREEDY),
+    "filling its grammar bitmask": (fault_filling_its_grammar_bitmask, CONSTRAINED),
+}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama: Path):
+    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256, dtype="float32")
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(llm: LLM) -> dict[str, list[int]]:
+    tokens, errors = run(llm, ["a", "b", "c"])
+    assert not errors and len(tokens["a"]) == GREEDY.max_tokens
+    return tokens
+
+
+def assert_idle(llm: LLM) -> None:
+    stats = llm.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == stats["num_waiting"] == 0
+    assert "poison" not in _model_runner(llm).input_batch.req_id_to_index  # (the others leave it next step)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_request_failing_in_a_step_fails_alone(llm: LLM, reference: dict[str, list[int]], case: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    install, poison_params = CASES[case]
+    install(llm, monkeypatch)
+    tokens, errors = run(llm, ["a2", "poison", "c2"], poison_params)
+    assert [(e.request_id, "injected fault" in str(e)) for e in errors] == [("poison", True)]
+    assert tokens == {"a2": reference["a"], "c2": reference["c"]}
+    assert_idle(llm)
+    monkeypatch.undo()
+    again, errors = run(llm, ["a3", "b3", "c3"])
+    assert not errors and again == {"a3": reference["a"], "b3": reference["b"], "c3": reference["c"]}
+
+
+def test_an_out_of_vocabulary_token_the_boundary_missed_fails_its_request_alone(
+        llm: LLM, reference: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth behind engine/request_checks.py (switched off here): a logit_bias token
+    outside the vocabulary fails its request while its sampling metadata is built, not inside
+    the batched logits op (an IndexError there could not be pinned on a row)."""
+    import vllm_lite.engine.core as core
+    import vllm_lite.engine.input_processor as input_processor
+
+    monkeypatch.setattr(core, "check_request", lambda request, model_config: None)
+    monkeypatch.setattr(input_processor, "check_sampling_params", lambda params, model_config: None)
+    vocab_size = llm.llm_engine.engine_core.vllm_config.model_config.hf.vocab_size
+    poison_params = SamplingParams(temperature=0.0, max_tokens=4, logit_bias={vocab_size + 5: 1.0})
+    tokens, errors = run(llm, ["a4", "poison", "c4"], poison_params)
+    assert [e.request_id for e in errors] == ["poison"]
+    assert "logit_bias" in str(errors[0]) and f"[0, {vocab_size})" in str(errors[0])
+    assert tokens == {"a4": reference["a"], "c4": reference["c"]}
+    assert_idle(llm)

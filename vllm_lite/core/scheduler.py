@@ -11,6 +11,11 @@ Order of service each step:
 Structured outputs: a constrained request's matcher advances exactly when a token is appended
 to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
 step, the constrained requests that will sample get a row of the grammar bitmask.
+
+Failure containment: an exception in one request's own work (its bitmask row, appending its
+token, its stop checks, advancing its matcher) fails that request alone. It is recorded in
+`step_failures` ({request id: why}) for the engine core, which frees it and sends its client an
+error; a request that failed in `update_from_output` is already freed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
@@ -49,6 +55,7 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         self.structured_req_ids: set[str] = set()  # live requests with a grammar
         self.failed: list[FinishedRequest] = []  # grammar failures not yet reported
+        self.step_failures: dict[str, str] = {}  # request id -> why it failed this step
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -153,13 +160,15 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING:
                 keep[i] = False  # aborted or preempted while the step ran
                 continue
-            request.append_token(token_id)
+            try:
+                stop = self._append_and_check(request, token_id, max_model_len)
+            except Exception as exc:  # this request's alone (a zero-cost `try` when nothing raises)
+                self._fail_running(request, exc, "while taking its sampled token")
+                keep[i] = False
+                continue
             out_req_ids.append(request.request_id)
             if request.num_output_tokens == 1:
                 num_cached[request.request_id] = request.num_cached_tokens
-            stop = request.check_stop(token_id, max_model_len)
-            if request.structured_output_request is not None:
-                stop = self._advance_grammar(request, token_id, stop)
             if stop is not None:
                 self.running.remove(request)
                 self._free(request)
@@ -173,6 +182,24 @@ class Scheduler:
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
+
+    def _append_and_check(self, request: Request, token_id: int,
+                          max_model_len: int) -> tuple[FinishReason, int | None] | None:
+        request.append_token(token_id)
+        stop = request.check_stop(token_id, max_model_len)
+        if request.structured_output_request is not None:
+            stop = self._advance_grammar(request, token_id, stop)
+        return stop
+
+    def _fail_running(self, request: Request, exc: Exception, what: str) -> None:
+        logger.exception("request %r failed %s", request.request_id, what)
+        self.running.remove(request)
+        self._free(request)
+        self.step_failures[request.request_id] = describe_error(exc)
+
+    def take_step_failures(self) -> dict[str, str]:
+        failures, self.step_failures = self.step_failures, {}
+        return failures
 
     def _prompt_logprobs_columns(self, prompt_logprobs: dict[str, tuple[int, LogprobsArrays]]
                                  ) -> dict[str, Any]:
@@ -201,7 +228,23 @@ class Scheduler:
         if not req_ids:
             return (), None
         grammars = [self.requests[r].structured_output_request for r in req_ids]
-        return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
+        try:
+            return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
+        except Exception:
+            return self._grammar_bitmask_without_culprits(req_ids)
+
+    def _grammar_bitmask_without_culprits(self, req_ids: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray | None]:
+        """Filling the bitmask failed: fill each request's row alone to find the ones that
+        fail (they sample unconstrained this step, and the engine core fails them before their
+        token is taken), then the others' together."""
+        manager = self.structured_output_manager
+        failed = run_each_contained(req_ids, lambda r: manager.grammar_bitmask([self.requests[r].structured_output_request]),
+                                    lambda r: r, "while filling its grammar bitmask") or {}
+        self.step_failures.update(failed)
+        kept = tuple(r for r in req_ids if r not in failed)
+        if not kept:
+            return (), None
+        return kept, manager.grammar_bitmask([self.requests[r].structured_output_request for r in kept])
 
     @staticmethod
     def _advance_grammar(request: Request, token_id: int,

@@ -27,6 +27,22 @@ class TensorParallelGroup:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
+    def union_of_failures(self, failed: dict[str, str] | None) -> dict[str, str] | None:
+        """Every rank's {request id: why} merged, on every rank: the requests a rank could not
+        take into its batch must leave every rank's batch before the forward pass, or the ranks'
+        collectives would disagree on the number of tokens. One one-element all-reduce per call;
+        the dictionaries travel only when some rank has a failure."""
+        if self.size == 1:
+            return failed
+        device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
+        any_failed = torch.tensor([1 if failed else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(any_failed, op=dist.ReduceOp.MAX, group=self.group)
+        if not any_failed.item():
+            return None
+        every_rank: list[dict[str, str] | None] = [None] * self.size
+        dist.all_gather_object(every_rank, failed, group=self.group)
+        return {req_id: why for part in every_rank if part for req_id, why in part.items()}
+
 
 SINGLE_RANK = TensorParallelGroup()
 

@@ -93,10 +93,15 @@ class EngineCore:
             self._wait_for_grammars()
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
         out = self.executor.execute_model(sched)
+        # Requests that failed on their own this step, before their tokens are taken.
+        if self.scheduler.step_failures:
+            self._fail_requests(self.scheduler.take_step_failures(), "in the engine core")
         if out.failed:
-            self._fail_requests(out.failed)
+            self._fail_requests(out.failed, "in the worker")
         outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
                                                     out.logprobs, out.prompt_logprobs)
+        if self.scheduler.step_failures:  # failed while taking their tokens (freed already)
+            self._fail_requests(self.scheduler.take_step_failures(), "in the engine core")
         if failed:
             outputs.finished.extend(failed)
         return outputs
@@ -109,11 +114,11 @@ class EngineCore:
             if pending:
                 self.structured_output_manager.wait_for_any(pending, timeout=0.005)
 
-    def _fail_requests(self, failed: dict[str, str]) -> None:
-        """A worker could not run these requests (each failure its own): free them (the
-        workers drop them with the next step's finished ids) and queue an error for each."""
+    def _fail_requests(self, failed: dict[str, str], where: str) -> None:
+        """These requests failed on their own (each failure its own): free them (the workers
+        drop them with the next step's finished ids) and queue an error for each."""
         self.scheduler.abort_requests(list(failed))
-        self.failed_requests.extend(RequestError(request_id, f"the request failed in the worker: {message}")
+        self.failed_requests.extend(RequestError(request_id, f"the request failed {where}: {message}")
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:

@@ -55,9 +55,9 @@ class InputBatch:
         return self.req_ids[: self.num_reqs]  # type: ignore[return-value]
 
     def add_request(self, new: NewRequestData) -> int:
-        row = self._holes.pop() if self._holes else self.num_reqs
-        if row == self.num_reqs:
-            self.num_reqs += 1
+        """All or nothing: a request whose row cannot be written (a value that does not fit its
+        array) raises and leaves the batch as it was; the row's bookkeeping is committed last."""
+        row = self._holes[-1] if self._holes else self.num_reqs
         n = len(new.token_ids)
         self.token_ids[row, :n] = new.token_ids
         self.num_tokens[row] = n
@@ -65,6 +65,10 @@ class InputBatch:
         self.num_computed_tokens[row] = new.num_computed_tokens
         self._set_sampling_params(row, new.sampling_params)
         self.block_table.add_row(row, new.block_ids)
+        if self._holes:
+            self._holes.pop()
+        else:
+            self.num_reqs += 1
         self.req_ids[row] = new.req_id
         self.sampling_params[row] = new.sampling_params
         self.req_id_to_index[new.req_id] = row

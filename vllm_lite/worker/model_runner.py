@@ -12,8 +12,9 @@ import torch
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig, max_blocks_per_seq
-from vllm_lite.core.scheduler_output import NewRequestData, SchedulerOutput
+from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.exceptions import run_each_contained
 from vllm_lite.model.loader import load_model
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
@@ -77,6 +78,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Failure containment: a request whose own step work raises (joining the batch, its
+        row's update, its sampling metadata) is left out of the step and reported in
+        `ModelRunnerOutput.failed`; the engine core fails and frees it, the others go on."""
         failed = self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
@@ -90,14 +94,24 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows):
-                self._sample(hidden, inputs, output, self._grammar_bitmask(scheduler_output, inputs.sample_rows))
+                self._sample(hidden, inputs, output, scheduler_output)
         return output
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput,
-                grammar: GrammarBitmask | None = None) -> None:
+                sched: SchedulerOutput) -> None:
         rows = inputs.sample_rows
+        # Every sampling row's logits (under TP a collective: the same rows on every rank).
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        sampled = self.sampler(logits, self._sampling_metadata_for(rows), grammar)
+        metadata, failed = self._sampling_metadata_for(rows, logits.shape[-1])
+        if failed:  # those rows sample nothing; their requests fail (this rank's choice alone)
+            output.failed = {**(output.failed or {}), **failed}
+            kept = np.flatnonzero([self.input_batch.req_ids[row] not in failed for row in rows.tolist()])
+            rows = rows[kept]
+            logits = logits.index_select(0, self._to_device(kept.astype(np.int64)))
+            if len(rows) == 0:
+                return
+        grammar = self._grammar_bitmask(sched, rows, output.failed)
+        sampled = self.sampler(logits, metadata, grammar)
         tokens = sampled.sampled_token_ids.to(torch.int32).cpu().numpy()
         self._append_sampled(rows, tokens)
         output.sampled_token_ids[rows, 0] = tokens
@@ -108,7 +122,8 @@ class ModelRunner:
 
     # ---- persistent batch upkeep ----
     def _update_states(self, sched: SchedulerOutput) -> dict[str, str] | None:
-        """Returns the new requests that could not be taken into the batch (see _add_new)."""
+        """Returns the requests that could not be taken into (or kept up to date in) the batch,
+        on any rank: they are left out of this step on every rank."""
         batch = self.input_batch
         for req_id in sched.finished_req_ids:
             self._drop_request(req_id)
@@ -116,36 +131,34 @@ class ModelRunner:
             # Its generator stays: the request resumes its random stream where it stopped.
             batch.remove_request(req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
-        failed = self._add_new(sched.scheduled_new_reqs) if sched.scheduled_new_reqs else None
+        new_reqs = sched.scheduled_new_reqs
+        failed = (run_each_contained(new_reqs, self._add_one, _new_req_id, self._where("while joining the batch"))
+                  if new_reqs else None)
         cached = sched.scheduled_cached_reqs
-        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
-                                                       cached.num_computed_tokens):
-            row = batch.req_id_to_index[req_id]
-            batch.block_table.append_row(row, new_block_ids)
-            batch.num_computed_tokens[row] = num_computed
+        if cached.req_ids:
+            failed_cached = run_each_contained(range(len(cached.req_ids)), lambda i: self._update_cached(cached, i),
+                                               lambda i: cached.req_ids[i], self._where("while updating its row"))
+            if failed_cached:
+                failed = {**(failed or {}), **failed_cached}
+        failed = self.tp.union_of_failures(self._rank_named(failed))
+        for req_id in failed or ():
+            self._drop_request(req_id)
         batch.condense()
         return failed
 
-    def _add_new(self, new_reqs: list[NewRequestData]) -> dict[str, str] | None:
-        """Add the step's new requests to the batch. A request whose addition raises is dropped
-        from this worker and reported, and the others go on: one `try` per step, re-entered only
-        after a failure, so the common path costs nothing per request."""
-        failed: dict[str, str] | None = None
-        start = 0
-        while start < len(new_reqs):
-            index = start
-            try:
-                for index in range(start, len(new_reqs)):
-                    self._add_one(new_reqs[index])
-                return failed
-            except Exception as exc:  # attributable to new_reqs[index] alone
-                req_id = new_reqs[index].req_id
-                logger.exception("worker: request %r failed while joining the batch", req_id)
-                self._drop_request(req_id)
-                failed = failed or {}
-                failed[req_id] = f"{type(exc).__name__}: {exc}"
-                start = index + 1
-        return failed
+    def _update_cached(self, cached: CachedRequestData, i: int) -> None:
+        batch = self.input_batch
+        row = batch.req_id_to_index[cached.req_ids[i]]
+        batch.block_table.append_row(row, cached.new_block_ids[i])
+        batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
+
+    def _where(self, what: str) -> str:
+        return what if self.tp.size == 1 else f"{what} on rank {self.tp.rank}"
+
+    def _rank_named(self, failed: dict[str, str] | None) -> dict[str, str] | None:
+        if not failed or self.tp.size == 1:
+            return failed
+        return {req_id: f"rank {self.tp.rank}: {why}" for req_id, why in failed.items()}
 
     def _add_one(self, new: NewRequestData) -> None:
         self.input_batch.add_request(new)
@@ -216,26 +229,53 @@ class ModelRunner:
         return host_to_device(array, self.device)
 
     # ---- sampling ----
-    def _sampling_metadata_for(self, rows: np.ndarray) -> SamplingMetadata:
-        """Cached while the batch is unchanged and the same rows sample (steady decode)."""
+    def _sampling_metadata_for(self, rows: np.ndarray, vocab_size: int) -> tuple[SamplingMetadata, dict[str, str] | None]:
+        """Cached while the batch is unchanged and the same rows sample (steady decode). When
+        the batch's metadata cannot be built, the rows whose own metadata fails are found and
+        returned as failed; the metadata is then for the other rows (and not cached)."""
         key = (self.input_batch.version, len(rows))
-        if self._sampling_metadata is None or key != self._sampling_key or len(rows) != self.input_batch.num_reqs:
-            self._sampling_metadata = build_sampling_metadata(self.input_batch, rows, self.generators,
-                                                              self.min_tokens_stop_ids, self.device,
-                                                              self.token_occurrences)
-            self._sampling_key = key
-        return self._sampling_metadata
+        if self._sampling_metadata is not None and key == self._sampling_key and len(rows) == self.input_batch.num_reqs:
+            return self._sampling_metadata, None
+        try:
+            metadata = self._build_sampling_metadata(rows, vocab_size)
+        except Exception:
+            return self._sampling_metadata_without_culprits(rows, vocab_size)
+        self._sampling_metadata, self._sampling_key = metadata, key
+        return metadata, None
 
-    def _grammar_bitmask(self, sched: SchedulerOutput, sample_rows: np.ndarray) -> GrammarBitmask | None:
+    def _build_sampling_metadata(self, rows: np.ndarray, vocab_size: int) -> SamplingMetadata:
+        return build_sampling_metadata(self.input_batch, rows, self.generators, self.min_tokens_stop_ids,
+                                       self.device, self.token_occurrences, vocab_size)
+
+    def _sampling_metadata_without_culprits(self, rows: np.ndarray, vocab_size: int
+                                            ) -> tuple[SamplingMetadata, dict[str, str] | None]:
+        """Each row's metadata alone, to find the rows that fail; then the others' together (a
+        failure there is no single request's: it propagates)."""
+        batch = self.input_batch
+        failed = run_each_contained(rows.tolist(), lambda row: self._build_sampling_metadata(np.array([row]), vocab_size),
+                                    lambda row: batch.req_ids[row], self._where("while building its sampling metadata"))
+        failed = self._rank_named(failed) or {}
+        kept = rows[[batch.req_ids[row] not in failed for row in rows.tolist()]]
+        self._sampling_metadata, self._sampling_key = None, (-1, -1)
+        return self._build_sampling_metadata(kept, vocab_size), failed
+
+    def _grammar_bitmask(self, sched: SchedulerOutput, sample_rows: np.ndarray,
+                         failed: dict[str, str] | None) -> GrammarBitmask | None:
         """The scheduler's bitmask rows, placed at the logits rows of their requests
-        (`sample_rows` is ascending: the rows of a flatnonzero)."""
+        (`sample_rows` is ascending: the rows of a flatnonzero). A constrained request that
+        failed this step keeps no row."""
         if sched.grammar_bitmask is None:
             return None
-        batch_rows = np.array([self.input_batch.req_id_to_index[r] for r in sched.structured_output_req_ids])
+        req_ids, bitmask = sched.structured_output_req_ids, sched.grammar_bitmask
+        if failed:
+            kept = [i for i, req_id in enumerate(req_ids) if req_id not in failed]
+            if not kept:
+                return None
+            req_ids, bitmask = [req_ids[i] for i in kept], bitmask[kept]
+        batch_rows = np.array([self.input_batch.req_id_to_index[r] for r in req_ids])
         logits_rows = np.searchsorted(sample_rows, batch_rows)
         assert (sample_rows[logits_rows] == batch_rows).all(), "a constrained request does not sample"
-        return GrammarBitmask(self._to_device(logits_rows.astype(np.int64)),
-                              torch.from_numpy(_writable(sched.grammar_bitmask)))
+        return GrammarBitmask(self._to_device(logits_rows.astype(np.int64)), torch.from_numpy(_writable(bitmask)))
 
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         batch = self.input_batch
@@ -268,6 +308,10 @@ class ModelRunner:
         arrays = gather_logprobs(logprobs, k, self._to_device(targets.astype(np.int64))).to_numpy()
         return {batch.req_ids[rows[i]]: (int(starts[i]), arrays.slice_rows(first, first + count))
                 for i, first, count in zip(wanted.tolist(), firsts.tolist(), counts.tolist())}
+
+
+def _new_req_id(new: NewRequestData) -> str:
+    return new.req_id
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

@@ -1,5 +1,9 @@
 """Builds SamplingMetadata from the persistent batch's per-row arrays (array code over the rows
-that sample; Python loops only over rows that use logit_bias or min_tokens)."""
+that sample; Python loops only over rows that use logit_bias or min_tokens).
+
+The build states the preconditions of the sampler's batched ops that depend on a row's own data
+(every token id it indexes the logits with lies inside them), so that a bad row fails here, where
+the model runner can tell which row it was, and never inside a batched op."""
 
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ from vllm_lite.worker.input_batch import InputBatch
 def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Mapping[str, torch.Generator],
                             min_tokens_stop_ids: Mapping[str, tuple[int, ...]],
                             device: torch.device,
-                            occurrences: TokenOccurrences | None = None) -> SamplingMetadata:
+                            occurrences: TokenOccurrences | None = None,
+                            vocab_size: int | None = None) -> SamplingMetadata:
     """`rows`: the batch rows that sample, in logits-row order. `occurrences`: the penalty
-    state kept across steps (the model runner's); a fresh one is built from the history if None."""
+    state kept across steps (the model runner's); a fresh one is built from the history if None.
+    `vocab_size`: the logits' width; a token id of a row outside it raises ValueError."""
     temperature = batch.temperature[rows]
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
@@ -41,8 +47,8 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         max_num_logprobs=int(batch.num_logprobs[rows].max(initial=-1)),
         logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),
         penalties=_penalties(batch, rows, history, device, occurrences),
-        logit_bias=_logit_bias(batch, rows, device),
-        min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids),
+        logit_bias=_logit_bias(batch, rows, device, vocab_size),
+        min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
     )
 
 
@@ -84,7 +90,14 @@ def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, devic
     )
 
 
-def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device) -> LogitBiasMetadata | None:
+def _check_token_ids(token_ids: np.ndarray, vocab_size: int | None, field: str) -> None:
+    if vocab_size is not None and len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+        bad = token_ids[(token_ids < 0) | (token_ids >= vocab_size)][0]
+        raise ValueError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device,
+                vocab_size: int | None = None) -> LogitBiasMetadata | None:
     used = np.flatnonzero(batch.has_logit_bias[rows])
     if len(used) == 0:
         return None
@@ -96,15 +109,17 @@ def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device) -> Lo
         logits_rows.extend([i] * len(bias))
         token_ids.extend(bias.keys())
         values.extend(bias.values())
+    token_ids_np = np.array(token_ids, dtype=np.int64)
+    _check_token_ids(token_ids_np, vocab_size, "logit_bias")
     return LogitBiasMetadata(
         rows=host_to_device(np.array(logits_rows, dtype=np.int64), device),
-        token_ids=host_to_device(np.array(token_ids, dtype=np.int64), device),
+        token_ids=host_to_device(token_ids_np, device),
         values=host_to_device(np.array(values, dtype=np.float32), device),
     )
 
 
 def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
-                stop_ids: Mapping[str, tuple[int, ...]]) -> MinTokensMetadata | None:
+                stop_ids: Mapping[str, tuple[int, ...]], vocab_size: int | None = None) -> MinTokensMetadata | None:
     used = np.flatnonzero(batch.min_tokens[rows] > 0)
     pair_index: list[int] = []
     pair_token_ids: list[int] = []
@@ -115,11 +130,13 @@ def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
     if not pair_index:
         return None
     pair_index_np = np.array(pair_index, dtype=np.int64)
+    pair_token_ids_np = np.array(pair_token_ids, dtype=np.int64)
+    _check_token_ids(pair_token_ids_np, vocab_size, "eos_token_ids / stop_token_ids (min_tokens)")
     return MinTokensMetadata(
         batch_rows=rows[used],
         min_tokens=batch.min_tokens[rows[used]],
         pair_index=pair_index_np,
         pair_logits_rows=used[pair_index_np].astype(np.int64),
-        pair_token_ids=np.array(pair_token_ids, dtype=np.int64),
+        pair_token_ids=pair_token_ids_np,
         history=history,
     )
