@@ -23,7 +23,7 @@ import pytest
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import LLM, SamplingParams
-from vllm_lite.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 
 NEW_TOKENS = 24
 MAX_MODEL_LEN = 128
@@ -207,3 +207,83 @@ def test_a_rank_that_fails_to_start_fails_the_engine_start(tiny_llama: Path, tmp
     with pytest.raises(EngineDeadError, match="rank"):
         make_llm(tmp_path, tensor_parallel_size=2, max_model_len=MAX_MODEL_LEN)
     assert not rank_processes()
+
+
+# ---- 5. a failure on one rank ----
+
+def _run_beside_poison(llm: LLM, request_ids: list[str], prompts: list[list[int]]
+                       ) -> tuple[dict[str, list[int]], list[RequestRejectedError]]:
+    engine = llm.llm_engine
+    for request_id, prompt in zip(request_ids, prompts):
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    errors: list[RequestRejectedError] = []
+    while engine.has_unfinished_requests():
+        try:
+            outputs = engine.step()
+        except RequestRejectedError as exc:
+            errors.append(exc)
+            continue
+        tokens.update({out.request_id: out.outputs[0].token_ids for out in outputs if out.finished})
+    return tokens, errors
+
+
+@pytest.fixture
+def rank1_fault(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Arms a fault (rank_faults.FAULTS) on rank 1 of the engines built afterwards."""
+    import rank_faults
+    from vllm_lite.executor import worker_proc
+
+    def arm(fault: str) -> None:
+        monkeypatch.setenv(rank_faults.RANK_FAULT_ENV, f"1:{fault}")
+        monkeypatch.setattr(worker_proc, "run_worker", rank_faults.run_worker_with_fault)
+
+    return arm
+
+
+@pytest.mark.parametrize("fault", ["join", "sampling"])
+def test_a_request_failing_on_rank_1_only_fails_alone(fault: str, tiny_llama: Path,
+                                                      prompts_token_ids: list[list[int]],
+                                                      tp_llm: Callable[..., LLM],
+                                                      rank1_fault: Callable[[str], None]) -> None:
+    """Joining the batch (before the forward pass: the ranks agree to leave it out) or building
+    its sampling metadata (after it: rank 1 reports it) fails on rank 1 alone; the request's
+    client gets the error with the rank named, the others' tokens are those without it."""
+    rank1_fault(fault)
+    llm = tp_llm(tiny_llama)
+    prompts = prompts_token_ids[:3]
+    reference, errors = _run_beside_poison(llm, ["a", "b", "c"], prompts)
+    assert not errors
+    tokens, errors = _run_beside_poison(llm, ["a2", "poison", "c2"], prompts)
+    assert [e.request_id for e in errors] == ["poison"]
+    assert "rank 1" in str(errors[0]) and "RuntimeError: injected fault" in str(errors[0])
+    assert tokens == {"a2": reference["a"], "c2": reference["c"]}
+    stats = llm.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0
+    again, errors = _run_beside_poison(llm, ["a3", "b3", "c3"], prompts)
+    assert not errors and again == {"a3": reference["a"], "b3": reference["b"], "c3": reference["c"]}
+
+
+def test_a_failing_step_on_rank_1_is_reported_with_the_rank_and_the_error(
+        tiny_llama: Path, prompts_token_ids: list[list[int]], tp_llm: Callable[..., LLM],
+        rank1_fault: Callable[[str], None]) -> None:
+    """Not attributable to a request (rank 1's whole step raised): the engine dies, and the
+    error every caller gets names the rank and what it raised, not only that a process exited."""
+    rank1_fault("step")
+    llm = tp_llm(tiny_llama)
+    run_greedy(llm, prompts_token_ids[:1])
+    with pytest.raises(EngineDeadError, match="rank 1: RuntimeError: injected fault"):
+        _run_beside_poison(llm, ["a", "poison"], prompts_token_ids[:2])
+    with pytest.raises(EngineDeadError, match="rank 1: RuntimeError: injected fault"):
+        run_greedy(llm, prompts_token_ids[:1])
+
+
+def test_a_batch_after_finished_requests_gives_the_tokens_of_the_first(
+        tiny_llama: Path, prompts_token_ids: list[list[int]], tp_llm: Callable[..., LLM]) -> None:
+    """The finished requests leave every rank's batch in that rank's own set order; the new
+    ones must still take the same rows on every rank (they once did not: garbage tokens)."""
+    llm = tp_llm(tiny_llama, enable_prefix_caching=False)
+    prompts = prompts_token_ids[:3]
+    first, _ = _run_beside_poison(llm, ["a", "b", "c"], prompts)
+    second, _ = _run_beside_poison(llm, ["a2", "b2", "c2"], prompts)
+    assert [second["a2"], second["b2"], second["c2"]] == [first["a"], first["b"], first["c"]]

@@ -60,6 +60,34 @@ def test_condense_fills_holes_with_the_last_rows() -> None:
     assert_row_holds(batch, 4, 7, 12)
 
 
+def test_rows_of_new_requests_do_not_depend_on_the_order_of_removal() -> None:
+    """Under TP every rank removes the step's finished requests in its own set order (string
+    hashing is seeded per process) and must still give each new request the same row."""
+    layouts = []
+    for removal_order in (["r0", "r2", "r4"], ["r4", "r0", "r2"], ["r2", "r4", "r0"]):
+        batch = make_batch(256, LENGTHS)
+        for req_id in removal_order:
+            batch.remove_request(req_id)
+        for i in (6, 7):
+            batch.add_request(new_request(i, 9))
+        batch.condense()
+        layouts.append(batch.live_req_ids)
+    assert layouts[0] == layouts[1] == layouts[2]
+
+
+def test_a_request_that_cannot_be_written_leaves_the_batch_as_it_was() -> None:
+    batch = make_batch(256, LENGTHS)
+    batch.remove_request("r1")
+    before = (list(batch.req_ids), batch.num_reqs, dict(batch.req_id_to_index))
+    too_long = new_request(8, 300)  # longer than a row (max_model_len + 1)
+    with pytest.raises(ValueError):
+        batch.add_request(too_long)
+    assert (list(batch.req_ids), batch.num_reqs, dict(batch.req_id_to_index)) == before
+    batch.add_request(new_request(9, 12))  # the hole is still there for the next one
+    batch.condense()
+    assert batch.num_reqs == len(LENGTHS) and batch.req_id_to_index["r9"] == 1
+
+
 def test_removing_the_tail_needs_no_moves() -> None:
     batch = make_batch(256, LENGTHS)
     moved = batch.num_elements_moved

@@ -4,7 +4,7 @@
  engine core (this process)                          rank processes (spawned; other nodes: `vllm-lite worker`)
  ┌─────────────────────────────┐  XPUB ── StepDiff ──▶ SUB   every rank (ipc:// in a private 0700 dir;
  │ MultiprocExecutor           │                             tcp:// on master_addr with nnodes > 1)
- │                             │  PULL ◀─ WorkerReply ─ PUSH  rank 0 only: the step's ModelRunnerOutput
+ │                             │  PULL ◀─ WorkerReply ─ PUSH  every rank: rank 0's carries the output
  │ TCPStore (rendezvous)       │ ◀──── init_process_group ──── every rank; gloo (CPU) / NCCL (CUDA)
  │ monitor thread              │  watches the rank processes; a death becomes an error reply
  └─────────────────────────────┘
@@ -15,12 +15,18 @@ collectives synchronize them), so at most one step is in flight. Ready means sub
 XPUB socket sees one subscription per rank once its model shard is loaded.
 
 Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
-logits with the same seeds and keeps its persistent batch in step; only rank 0 replies.
+logits with the same seeds and keeps its persistent batch in step; only rank 0's reply carries
+the output, the others' the requests that failed on them.
 
-Failure: a `lifecycle.DeathWatch` waits on the rank processes' sentinels; when one dies it posts an
-error reply into the reply channel, so a step waiting for rank 0 wakes and raises
-`EngineDeadError` (within milliseconds), as does every later call. Ranks on other nodes are not
-watched from here: their death surfaces on node 0 when rank 0's next collective fails.
+Failure: every rank replies to every message, and the executor waits for all of them. A request
+that fails on any rank fails alone (the ranks agree before the forward pass on the requests that
+could not join; one whose sampling failed on a rank is reported by that rank, and the engine
+core frees it before the next step). A rank whose step raises replies with the error, its rank
+named, and exits: the step raises `EngineDeadError` with that error. A `lifecycle.DeathWatch`
+waits on the rank processes' sentinels; when one dies it posts an error reply into the reply
+channel, so a waiting step wakes and raises (within milliseconds), as does every later call.
+Ranks on other nodes are not watched from here: their death surfaces on node 0 when rank 0's
+next collective fails.
 """
 
 from __future__ import annotations
@@ -82,8 +88,7 @@ class MultiprocExecutor(Executor):
         ctx = self._res.ctx
         self._steps, steps_addr = self._bind_steps(ctx, parallel)
         self._replies = ctx.socket(zmq.PULL)
-        replies_addr = f"ipc://{self._tmp_dir}/replies"
-        self._replies.bind(replies_addr)
+        replies_addr = self._bind(self._replies, "replies", parallel)
         self._store = host_store(parallel)
         publish(self._store, self.vllm_config, Endpoints(steps_addr, replies_addr))
         start_worker_processes(self.vllm_config, self._store.port, self._res.procs)
@@ -95,13 +100,17 @@ class MultiprocExecutor(Executor):
         steps = ctx.socket(zmq.XPUB)
         steps.setsockopt(zmq.XPUB_VERBOSE, 1)  # one subscription message per rank, not per topic
         steps.setsockopt(zmq.XPUB_NODROP, 1)  # block rather than drop a step
+        return steps, self._bind(steps, "steps", parallel)
+
+    def _bind(self, sock: zmq.Socket, name: str, parallel: ParallelConfig) -> str:
+        """ipc:// in the private directory on one node; tcp:// on master_addr across nodes."""
         if parallel.nnodes == 1:
-            address = f"ipc://{self._tmp_dir}/steps"
-            steps.bind(address)
-            return steps, address
+            address = f"ipc://{self._tmp_dir}/{name}"
+            sock.bind(address)
+            return address
         host = socket.gethostbyname(parallel.master_addr)
-        port = steps.bind_to_random_port(f"tcp://{host}")
-        return steps, f"tcp://{host}:{port}"
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        return f"tcp://{host}:{port}"
 
     def _wait_until_ready(self) -> None:
         """Until every rank subscribed to the step broadcast (its model is loaded)."""
@@ -124,11 +133,16 @@ class MultiprocExecutor(Executor):
     # ---- the executor interface ----
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._broadcast(InitKVCache(num_blocks))
-        self._receive_reply()
+        self._receive_replies()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._broadcast(StepDiff.from_scheduler_output(scheduler_output))
-        return self._receive_reply().output
+        replies = self._receive_replies()
+        output = replies[0].output
+        for reply in replies[1:]:
+            if reply.failed:  # this rank's own failures (agreed ones are in rank 0's already)
+                output.failed = {**reply.failed, **(output.failed or {})}
+        return output
 
     def shutdown(self) -> None:
         """Ask the ranks to exit and make sure they did (SIGTERM, then SIGKILL); idempotent."""
@@ -152,6 +166,15 @@ class MultiprocExecutor(Executor):
         frames = self.codec.encode_to_worker(message)
         self.bytes_broadcast += payload_bytes(frames)
         self._steps.send_multipart(frames, copy=False)
+
+    def _receive_replies(self) -> list[WorkerReply]:
+        """One reply from every rank, by rank; the first error (a rank that failed or died)
+        raises at once, without waiting for ranks that may be stuck in a collective."""
+        replies: list[WorkerReply | None] = [None] * self.world_size
+        for _ in range(self.world_size):
+            reply = self._receive_reply()
+            replies[reply.rank] = reply
+        return replies  # type: ignore[return-value]
 
     def _receive_reply(self) -> WorkerReply:
         reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))

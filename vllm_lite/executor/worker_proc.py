@@ -3,12 +3,15 @@
 A rank joins the process group through the engine core's store, loads its shard of the model,
 subscribes to the step broadcast, and from then on runs every message it receives:
 
-    InitKVCache -> allocate this rank's KV cache      (rank 0 replies when done)
-    StepDiff    -> ModelRunner.execute_model           (rank 0 replies with the output)
+    InitKVCache -> allocate this rank's KV cache      (every rank replies when done)
+    StepDiff    -> ModelRunner.execute_model           (rank 0 replies with the output, the
+                                                        others with the requests failed on them)
     Shutdown    -> leave the process group and exit
 
 Every rank samples from the same all-gathered logits with the same seeds, so all ranks append the
-same tokens to their persistent batches; only rank 0's output goes back. A rank exits when its
+same tokens to their persistent batches; only rank 0's output goes back. A rank whose handling of
+a message raises replies with the error, its rank named, and exits: the engine core learns which
+rank failed and why, not only that a process died. A rank exits when its
 parent dies (at once) or the broadcast connection drops without a Shutdown (after a grace):
 the engine core went away, so nothing is left running.
 """
@@ -33,6 +36,7 @@ import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
+from vllm_lite.exceptions import describe_error
 from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
 from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
@@ -65,7 +69,7 @@ def run_worker(args: WorkerProcArgs) -> None:
     tp = init_tensor_parallel_group(store, args.rank, parallel.world_size, config.device_config.device)
     endpoints = read_endpoints(store)
     worker = Worker(config, tp, args.local_rank)
-    proc = WorkerProc(worker, endpoints.steps, endpoints.replies if args.rank == 0 else None, stopping)
+    proc = WorkerProc(worker, endpoints.steps, endpoints.replies, stopping, args.rank)
     proc.serve()
     _exit_within(DISCONNECT_GRACE_S)  # a teardown stuck on a peer that is already gone must not
     dist.destroy_process_group()      # keep this rank alive
@@ -73,9 +77,10 @@ def run_worker(args: WorkerProcArgs) -> None:
 
 
 class WorkerProc:
-    def __init__(self, worker: Worker, steps_addr: str, replies_addr: str | None,
-                 stopping: threading.Event) -> None:
+    def __init__(self, worker: Worker, steps_addr: str, replies_addr: str,
+                 stopping: threading.Event, rank: int = 0) -> None:
         self.worker = worker
+        self.rank = rank
         self.codec = MessageCodec()
         self.stopping = stopping
         self.ctx = zmq.Context()
@@ -87,10 +92,8 @@ class WorkerProc:
         _start_watchdog(monitor.recv_multipart, stopping, grace=DISCONNECT_GRACE_S)
         self.steps.setsockopt(zmq.SUBSCRIBE, b"")
         self.steps.connect(steps_addr)  # the engine core counts subscriptions as "ready"
-        self.replies = None
-        if replies_addr is not None:
-            self.replies = self.ctx.socket(zmq.PUSH)
-            self.replies.connect(replies_addr)
+        self.replies = self.ctx.socket(zmq.PUSH)
+        self.replies.connect(replies_addr)
 
     def serve(self) -> None:
         while True:
@@ -98,15 +101,28 @@ class WorkerProc:
             if isinstance(message, Shutdown):
                 self.stopping.set()
                 return
-            reply = self._handle(message)
-            if self.replies is not None:
-                self.replies.send_multipart(self.codec.encode_reply(reply), copy=False)
+            try:
+                reply = self._handle(message)
+            except Exception as exc:
+                logger.exception("rank %d failed", self.rank)
+                self._send_error(f"rank {self.rank}: {describe_error(exc)}")
+                raise
+            self.replies.send_multipart(self.codec.encode_reply(reply), copy=False)
 
     def _handle(self, message: object) -> WorkerReply:
         if isinstance(message, InitKVCache):
             self.worker.initialize_kv_cache(message.num_blocks)
-            return WorkerReply()
-        return WorkerReply(self.worker.execute_model(message.to_scheduler_output()))
+            return WorkerReply(rank=self.rank)
+        output = self.worker.execute_model(message.to_scheduler_output())
+        if self.rank == 0:
+            return WorkerReply(output)
+        return WorkerReply(rank=self.rank, failed=output.failed)
+
+    def _send_error(self, error: str) -> None:
+        """The last message of this rank: sent before the process exits (the context's
+        linger is 0, so the socket is closed with a linger of its own)."""
+        self.replies.send_multipart(self.codec.encode_reply(WorkerReply(rank=self.rank, error=error)))
+        self.replies.close(linger=int(DISCONNECT_GRACE_S * 1000))
 
 
 def _limit_threads(ranks_per_node: int) -> None:

@@ -1,8 +1,8 @@
 """Wire structs between the engine core and its workers (ranks).
 
 Engine core -> every rank: `InitKVCache`, the step (`SchedulerOutput` in the diff form
-`executor/messages.py` gives it), `Shutdown`. Rank 0 -> engine core: `WorkerReply` with the
-step's `ModelRunnerOutput`, or an error when a worker died.
+`executor/messages.py` gives it), `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
+with the step's `ModelRunnerOutput`; an error (naming the rank) when a rank failed or died.
 """
 
 from __future__ import annotations
@@ -50,5 +50,11 @@ class Shutdown(msgspec.Struct, array_like=True, gc=False):
 
 
 class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Every rank replies to every message. Rank 0's reply to a step carries the output; the
+    other ranks' carry only the requests that failed on them (already in `output.failed` when
+    every rank agreed on them before the forward pass)."""
+
     output: ModelRunnerOutput | None = None
-    error: str | None = None  # set when a worker died: the engine is dead
+    error: str | None = None  # a rank failed (its rank named) or died: the engine is dead
+    rank: int = 0
+    failed: dict[str, str] | None = None  # ranks > 0: request id -> why it failed on this rank

@@ -1,7 +1,9 @@
 """The persistent batch: one row per live request, kept in numpy buffers across steps.
 
 Row-order invariant: rows `0 .. num_reqs-1` are live after `condense()`; removals leave holes
-that `condense()` fills by moving the last live rows down. Moves copy only a row's *active
+that `condense()` fills by moving the last live rows down. A new request takes the lowest hole,
+so the rows depend only on which requests left and came, never on the order of removal (every
+tensor-parallel rank must lay its batch out alike). Moves copy only a row's *active
 prefix* (`token_ids[row, :num_tokens[row]]`, `block_ids[row, :num_blocks[row]]`) and its
 scalars, never the whole `max_model_len` row; `num_elements_moved` counts what was copied.
 """
@@ -57,6 +59,11 @@ class InputBatch:
     def add_request(self, new: NewRequestData) -> int:
         """All or nothing: a request whose row cannot be written (a value that does not fit its
         array) raises and leaves the batch as it was; the row's bookkeeping is committed last."""
+        if len(self._holes) > 1:
+            # The lowest hole, whatever order the rows were removed in: under TP every rank
+            # must give a request the same row, and the removals come from sets whose order
+            # differs between processes (string hashing is seeded per process).
+            self._holes.sort(reverse=True)
         row = self._holes[-1] if self._holes else self.num_reqs
         n = len(new.token_ids)
         self.token_ids[row, :n] = new.token_ids
