@@ -123,6 +123,11 @@ class BlockPool:
         self.cached_blocks[block_hash] = block
         self.cache_version += 1
 
+    def uncache(self, blocks: list[KVCacheBlock]) -> None:
+        """Forget these blocks' hashes (they stay where they are in the free queue)."""
+        for block in blocks:
+            self._evict(block)
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; only possible when no block is in use."""
         if self.free_queue.num_free != self.num_usable_blocks:

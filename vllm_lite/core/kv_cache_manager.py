@@ -103,11 +103,17 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, uncache: bool = False) -> None:
+        """`uncache`: for a request that failed, whose latest blocks may be cached without their
+        KV ever written (the worker left it out of the step): its blocks that nobody else holds
+        leave the prefix cache."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
         null = self.block_pool.null_block
-        self.block_pool.free([block for block in reversed(blocks) if block is not null])
+        blocks = [block for block in reversed(blocks) if block is not null]
+        self.block_pool.free(blocks)
+        if uncache:
+            self.block_pool.uncache([block for block in blocks if block.ref_cnt == 0])
 
     def max_blocks_needed(self, num_tokens: int, max_chunk: int) -> int:
         """Most blocks a request of `num_tokens` tokens holds at once, computing at most

@@ -68,7 +68,8 @@ class Scheduler:
             self.structured_req_ids.add(request.request_id)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
 
-    def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
+    def abort_requests(self, request_ids: list[str], failed: bool = False) -> list[FinishedRequest]:
+        """`failed`: they failed in a step (see `KVCacheManager.free(uncache=True)`)."""
         aborted = []
         for request_id in request_ids:
             request = self.requests.get(request_id)
@@ -78,7 +79,7 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
-            self._free(request)
+            self._free(request, uncache=failed)
             aborted.append(FinishedRequest(request_id, FinishReason.ABORT))
         return aborted
 
@@ -194,7 +195,7 @@ class Scheduler:
     def _fail_running(self, request: Request, exc: Exception, what: str) -> None:
         logger.exception("request %r failed %s", request.request_id, what)
         self.running.remove(request)
-        self._free(request)
+        self._free(request, uncache=True)
         self.step_failures[request.request_id] = describe_error(exc)
 
     def take_step_failures(self) -> dict[str, str]:
@@ -358,9 +359,9 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _free(self, request: Request) -> None:
+    def _free(self, request: Request, uncache: bool = False) -> None:
         request.status = RequestStatus.FINISHED
-        self.kv_cache_manager.free(request)
+        self.kv_cache_manager.free(request, uncache)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
         self.structured_req_ids.discard(request.request_id)

@@ -117,7 +117,7 @@ class EngineCore:
     def _fail_requests(self, failed: dict[str, str], where: str) -> None:
         """These requests failed on their own (each failure its own): free them (the workers
         drop them with the next step's finished ids) and queue an error for each."""
-        self.scheduler.abort_requests(list(failed))
+        self.scheduler.abort_requests(list(failed), failed=True)
         self.failed_requests.extend(RequestError(request_id, f"the request failed {where}: {message}")
                                     for request_id, message in failed.items())
 
