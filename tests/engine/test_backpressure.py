@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from engine_utils import ENGINE_ARGS, wait_until
 from vllm_lite import AsyncLLM, EngineArgs, SamplingParams
 from vllm_lite.engine.output_collector import ConsumerStoppedReadingError, RequestOutputCollector
+from vllm_lite.entrypoints.openai.serving import merge_streams
 from vllm_lite.outputs import CompletionOutput, RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind
 
@@ -77,6 +80,54 @@ def test_unread_streams_are_aborted_beside_a_normal_client(tiny_llama: Path) -> 
         assert wait_until(engine_idle, timeout_s=30)
         assert loop.run_until_complete(read("after")) == alone
     finally:
+        engine.shutdown()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+
+
+def test_an_unread_merged_stream_is_aborted_beside_a_normal_client(tiny_llama: Path) -> None:
+    """The server merges the streams of a completion request with several prompts: when its
+    client stops reading, the merge stops reading too, so the requests are aborted as a single
+    unread stream is, and reading again raises the error; the client beside it is unaffected."""
+    loop = asyncio.new_event_loop()
+    engine = AsyncLLM(EngineArgs(model=str(tiny_llama), **ENGINE_ARGS).create_engine_config(),
+                      max_unread_outputs=8)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, output_kind=DELTA)
+    prompt = {"prompt_token_ids": [5, 6, 7, 8, 9]}
+
+    async def read(request_id: str) -> list[int]:
+        tokens: list[int] = []
+        async for out in engine.generate(prompt, params, request_id):
+            tokens += out.outputs[0].token_ids
+        return tokens
+
+    long_run = params.clone_with(max_tokens=200)
+    merged = merge_streams([engine.generate({"prompt_token_ids": [3 + i, 4, 5]}, long_run, f"merged-{i}")
+                            for i in range(3)])
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        alone = await read("alone")
+        await anext(merged)  # then nothing: the client stopped reading
+        beside = await read("beside")
+        return alone, beside
+
+    def engine_idle() -> bool:
+        stats = loop.run_until_complete(engine.get_stats())
+        return (stats["num_running"] == stats["num_waiting"] == 0
+                and stats["kv_blocks_free"] == stats["kv_blocks_total"])
+
+    async def read_the_rest() -> None:
+        async for _ in merged:
+            pass
+
+    try:
+        alone, beside = loop.run_until_complete(scenario())
+        assert beside == alone and len(alone) == 24
+        assert wait_until(engine_idle, timeout_s=30)
+        with pytest.raises(ConsumerStoppedReadingError):
+            loop.run_until_complete(read_the_rest())
+    finally:
+        loop.run_until_complete(merged.aclose())
         engine.shutdown()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()

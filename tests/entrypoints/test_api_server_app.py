@@ -243,3 +243,28 @@ def test_cancelled_consumer_aborts_every_merged_request(engine: FakeEngine) -> N
         assert sorted(engine.aborted) == ["r0", "r1", "r2"] and not engine.running
 
     asyncio.run(run())
+
+
+def test_merged_streams_are_read_only_as_fast_as_the_consumer_reads() -> None:
+    """A consumer that stops reading a merged stream stops the streams too (at most about one
+    item per stream waits in the merge): their outputs stay in each request's own collector,
+    where AsyncLLM merges them and aborts the request past its limit (test_backpressure.py)."""
+    produced = [0, 0, 0]
+
+    async def stream(index: int) -> AsyncIterator[int]:
+        for item in range(1000):
+            produced[index] += 1
+            yield item
+            await asyncio.sleep(0)
+
+    async def run() -> None:
+        merged = merge_streams([stream(i) for i in range(3)])
+        await anext(merged)
+        for _ in range(5000):  # the pumps get every chance to run ahead
+            await asyncio.sleep(0)
+        assert sum(produced) <= 2 * 3 + 1
+        taken = 1 + len([item async for item in merged])
+        assert taken == sum(produced) == 3000
+        await merged.aclose()
+
+    asyncio.run(run())

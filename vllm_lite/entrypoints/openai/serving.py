@@ -290,22 +290,28 @@ async def start_streams(streams: list[AsyncGenerator[T, None]]) -> list[AsyncGen
 
 async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
     """Items of several streams as they come, tagged with the stream's index. Closing the merged
-    iterator cancels (and so aborts) the streams still running."""
+    iterator cancels (and so aborts) the streams still running.
+
+    Bounded: the queue holds at most one item per stream, and a stream is read again only once
+    the consumer took from the queue. A consumer that falls behind leaves the outputs in each
+    request's own collector (merged there, and the request aborted past AsyncLLM's
+    `max_unread_outputs`), exactly as with a single stream, instead of in this queue."""
     if len(streams) == 1:
         async for item in streams[0]:
             yield 0, item
         return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=len(streams))
     done = object()
 
     async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
+        end: object = done
         try:
-            async for item in stream:
-                queue.put_nowait((index, item))
+            async with contextlib.aclosing(stream):  # cancelled while waiting to put: closed
+                async for item in stream:
+                    await queue.put((index, item))
         except Exception as exc:  # handed to the consumer, which raises it
-            queue.put_nowait((index, exc))
-        finally:
-            queue.put_nowait((index, done))
+            end = exc
+        await queue.put((index, end))  # (not when cancelled: nobody reads any more)
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
     try:
