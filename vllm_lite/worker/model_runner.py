@@ -140,11 +140,25 @@ class ModelRunner:
                                                lambda i: cached.req_ids[i], self._where("while updating its row"))
             if failed_cached:
                 failed = {**(failed or {}), **failed_cached}
-        failed = self.tp.union_of_failures(self._rank_named(failed))
+        failed = self._agree_on_failures(self._rank_named(failed), bool(new_reqs))
         for req_id in failed or ():
             self._drop_request(req_id)
         batch.condense()
         return failed
+
+    def _agree_on_failures(self, failed: dict[str, str] | None, has_new_reqs: bool) -> dict[str, str] | None:
+        """Under TP, the requests left out of the forward pass must be the same on every rank.
+        The ranks agree (one small collective) only in steps that add requests, where joining
+        can fail; a decode step stays free of it, and a row update failing there on a rank is
+        that rank's failure (the engine stops, the rank named)."""
+        if self.tp.size == 1:
+            return failed
+        if has_new_reqs:
+            return self.tp.union_of_failures(failed)
+        if failed:
+            raise RuntimeError(f"the rows of {sorted(failed)} could not be updated on rank {self.tp.rank} "
+                               f"in a step without new requests: {failed}")
+        return None
 
     def _update_cached(self, cached: CachedRequestData, i: int) -> None:
         batch = self.input_batch
