@@ -1,9 +1,10 @@
 """Failure containment (issue 12): an exception that can be pinned on one request, wherever it
-happens in a step (joining the worker's batch, its row's update, its sampling metadata, its
-grammar bitmask row, taking its sampled token and checking its stop conditions), fails and
-frees that request alone: its client gets an error naming the problem, the scheduler frees its
-blocks, the worker drops it, and the requests stepped beside it finish with the same greedy
-tokens as without it. Faults are injected with monkeypatch for the request id "poison" only."""
+happens in a step (joining the worker's batch, its row's update, its sampling metadata, a
+batched sampler op, its grammar bitmask row, taking its sampled token and checking its stop
+conditions), fails and frees that request alone: its client gets an error naming the problem,
+the scheduler frees its blocks, the worker drops it, and the requests stepped beside it (one
+greedy, one seeded random) finish with the same tokens as without it. Faults are injected with
+monkeypatch for the request id "poison" only."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from vllm_lite.sampling_params import StructuredOutputsParams
 # not be served to the next request with its prompt: their KV may never have been written);
 # + 24 outputs cross the next block boundary: every request gets a block mid-decode.
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=24, ignore_eos=True)  # for "c"
 PROMPTS = {name: list(range(5 + 20 * i, 25 + 20 * i)) for i, name in enumerate(["a", "b", "c", "poison"])}
 PROMPTS["d"] = PROMPTS["poison"]
 CONSTRAINED = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
@@ -31,7 +33,8 @@ def run(llm: LLM, request_ids: list[str], poison_params: SamplingParams = GREEDY
     engine = llm.llm_engine
     for request_id in request_ids:
         prompt = PROMPTS[request_id.rstrip("0123456789")]
-        engine.add_request(request_id, {"prompt_token_ids": prompt}, poison_params if request_id == "poison" else GREEDY)
+        params = poison_params if request_id == "poison" else SEEDED if request_id.startswith("c") else GREEDY
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
     tokens: dict[str, list[int]] = {}
     errors: list[RequestRejectedError] = []
     while engine.has_unfinished_requests():
@@ -107,6 +110,17 @@ def fault_filling_its_grammar_bitmask(llm: LLM, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(manager, "grammar_bitmask", faulty)
 
 
+def fault_in_the_batched_sampler(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a batched op, where the rows are not told apart: only "poison" has a logit_bias
+    here. The worker samples each row alone to find it."""
+    import vllm_lite.sample.sampler as sampler
+
+    def faulty(logits, bias):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(sampler, "apply_logit_bias", faulty)
+
+
 CASES: dict[str, tuple[Callable[[LLM, pytest.MonkeyPatch], None], SamplingParams]] = {
     "joining the batch": (fault_joining_the_batch, GREEDY),
     "joining the batch, constrained": (fault_joining_the_batch, CONSTRAINED),
@@ -115,6 +129,9 @@ CASES: dict[str, tuple[Callable[[LLM, pytest.MonkeyPatch], None], SamplingParams
     "building its sampling metadata, constrained": (fault_building_its_sampling_metadata, CONSTRAINED),
     "checking its stop": (fault_checking_its_stop, GREEDY),
     "filling its grammar bitmask": (fault_filling_its_grammar_bitmask, CONSTRAINED),
+    "in the batched sampler": (fault_in_the_batched_sampler, GREEDY.clone_with(logit_bias={7: 0.5})),
+    "in the batched sampler, constrained": (fault_in_the_batched_sampler,
+                                            CONSTRAINED.clone_with(logit_bias={7: 0.5})),
 }
 
 

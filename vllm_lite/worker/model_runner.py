@@ -20,7 +20,7 @@ from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
 from vllm_lite.sample.occurrences import TokenOccurrences
-from vllm_lite.sample.sampler import Sampler
+from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
@@ -102,7 +102,8 @@ class ModelRunner:
         rows = inputs.sample_rows
         # Every sampling row's logits (under TP a collective: the same rows on every rank).
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        metadata, failed = self._sampling_metadata_for(rows, logits.shape[-1])
+        vocab_size = logits.shape[-1]
+        metadata, failed = self._sampling_metadata_for(rows, vocab_size)
         if failed:  # those rows sample nothing; their requests fail (this rank's choice alone)
             output.failed = {**(output.failed or {}), **failed}
             kept = np.flatnonzero([self.input_batch.req_ids[row] not in failed for row in rows.tolist()])
@@ -110,8 +111,20 @@ class ModelRunner:
             logits = logits.index_select(0, self._to_device(kept.astype(np.int64)))
             if len(rows) == 0:
                 return
-        grammar = self._grammar_bitmask(sched, rows, output.failed)
-        sampled = self.sampler(logits, metadata, grammar)
+        try:
+            sampled = self.sampler(logits, metadata,
+                                   self._grammar_bitmask(sched, rows, every_planned_row=not output.failed))
+        except Exception:
+            if self.tp.size > 1:  # a probe would need fresh logits: a collective only this rank enters
+                raise
+            failed = self._probe_sampling(hidden, inputs, rows, sched, vocab_size)
+            if not failed:
+                raise  # no row fails alone: the batch's failure
+            output.failed = {**(output.failed or {}), **failed}
+            rows = rows[[self.input_batch.req_ids[row] not in failed for row in rows.tolist()]]
+            if len(rows) == 0:
+                return
+            sampled = self._sample_rows(hidden, inputs, rows, sched, vocab_size)
         tokens = sampled.sampled_token_ids.to(torch.int32).cpu().numpy()
         self._append_sampled(rows, tokens)
         output.sampled_token_ids[rows, 0] = tokens
@@ -119,6 +132,44 @@ class ModelRunner:
         if sampled.logprobs is not None:
             asked = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
             output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), asked, len(output.num_sampled))
+
+    def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray,
+                     sched: SchedulerOutput, vocab_size: int) -> SamplerOutput:
+        """Sample `rows` (some of the step's sampling rows) on their own, from fresh logits."""
+        positions = np.searchsorted(inputs.sample_rows, rows)
+        logits = self.model.compute_logits(hidden[inputs.logits_indices[self._to_device(positions.astype(np.int64))]])
+        return self.sampler(logits, self._build_sampling_metadata(rows, vocab_size),
+                            self._grammar_bitmask(sched, rows, every_planned_row=False))
+
+    def _probe_sampling(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray,
+                        sched: SchedulerOutput, vocab_size: int) -> dict[str, str] | None:
+        """The batched sampler raised (one rank): sample each row alone to find the rows that
+        fail by themselves. The random state is put back after each probe, so the rows sampled
+        afterwards draw what they would have drawn (for seeded rows, whatever the batch)."""
+        batch = self.input_batch
+        saved = self._random_state()
+
+        def probe(row: int) -> None:
+            try:
+                self._sample_rows(hidden, inputs, np.array([row]), sched, vocab_size)
+            finally:
+                self._set_random_state(saved)
+
+        return self._rank_named(run_each_contained(rows.tolist(), probe, lambda row: batch.req_ids[row],
+                                                   self._where("while being sampled")))
+
+    def _random_state(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        default = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
+        return default, {req_id: generator.get_state() for req_id, generator in self.generators.items()}
+
+    def _set_random_state(self, state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
+        default, generators = state
+        if self.device.type == "cuda":
+            torch.cuda.set_rng_state(default, self.device)
+        else:
+            torch.set_rng_state(default)
+        for req_id, generator_state in generators.items():
+            self.generators[req_id].set_state(generator_state)
 
     # ---- persistent batch upkeep ----
     def _update_states(self, sched: SchedulerOutput) -> dict[str, str] | None:
@@ -274,21 +325,23 @@ class ModelRunner:
         return self._build_sampling_metadata(kept, vocab_size), failed
 
     def _grammar_bitmask(self, sched: SchedulerOutput, sample_rows: np.ndarray,
-                         failed: dict[str, str] | None) -> GrammarBitmask | None:
+                         every_planned_row: bool = True) -> GrammarBitmask | None:
         """The scheduler's bitmask rows, placed at the logits rows of their requests
-        (`sample_rows` is ascending: the rows of a flatnonzero). A constrained request that
-        failed this step keeps no row."""
+        (`sample_rows` is ascending). When not every row the scheduler planned samples
+        (`every_planned_row` False: some requests failed this step, or a probe), the bitmask rows
+        of the absent ones are left out."""
         if sched.grammar_bitmask is None:
             return None
+        index = self.input_batch.req_id_to_index
         req_ids, bitmask = sched.structured_output_req_ids, sched.grammar_bitmask
-        if failed:
-            kept = [i for i, req_id in enumerate(req_ids) if req_id not in failed]
-            if not kept:
+        batch_rows = np.array([index.get(r, -1) for r in req_ids])
+        logits_rows = np.minimum(np.searchsorted(sample_rows, batch_rows), len(sample_rows) - 1)
+        present = sample_rows[logits_rows] == batch_rows
+        if not present.all():
+            assert not every_planned_row, "a constrained request does not sample"
+            if not present.any():
                 return None
-            req_ids, bitmask = [req_ids[i] for i in kept], bitmask[kept]
-        batch_rows = np.array([self.input_batch.req_id_to_index[r] for r in req_ids])
-        logits_rows = np.searchsorted(sample_rows, batch_rows)
-        assert (sample_rows[logits_rows] == batch_rows).all(), "a constrained request does not sample"
+            logits_rows, bitmask = logits_rows[present], bitmask[present]
         return GrammarBitmask(self._to_device(logits_rows.astype(np.int64)), torch.from_numpy(_writable(bitmask)))
 
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
