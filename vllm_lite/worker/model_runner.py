@@ -14,7 +14,7 @@ from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig, max_blocks_per_seq
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.exceptions import run_each_contained
+from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.model.loader import load_model
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
@@ -186,11 +186,9 @@ class ModelRunner:
         failed = (run_each_contained(new_reqs, self._add_one, _new_req_id, self._where("while joining the batch"))
                   if new_reqs else None)
         cached = sched.scheduled_cached_reqs
-        if cached.req_ids:
-            failed_cached = run_each_contained(range(len(cached.req_ids)), lambda i: self._update_cached(cached, i),
-                                               lambda i: cached.req_ids[i], self._where("while updating its row"))
-            if failed_cached:
-                failed = {**(failed or {}), **failed_cached}
+        failed_cached = self._update_cached(cached) if cached.req_ids else None
+        if failed_cached:
+            failed = {**(failed or {}), **failed_cached}
         failed = self._agree_on_failures(self._rank_named(failed), bool(new_reqs))
         for req_id in failed or ():
             self._drop_request(req_id)
@@ -211,11 +209,23 @@ class ModelRunner:
                                f"in a step without new requests: {failed}")
         return None
 
-    def _update_cached(self, cached: CachedRequestData, i: int) -> None:
+    def _update_cached(self, cached: CachedRequestData) -> dict[str, str] | None:
+        """Every decode step runs this for every running request: an inline loop, its `try`
+        free when nothing raises (Python 3.11)."""
         batch = self.input_batch
-        row = batch.req_id_to_index[cached.req_ids[i]]
-        batch.block_table.append_row(row, cached.new_block_ids[i])
-        batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
+        index, block_table, num_computed_tokens = batch.req_id_to_index, batch.block_table, batch.num_computed_tokens
+        failed: dict[str, str] | None = None
+        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                       cached.num_computed_tokens):
+            try:
+                row = index[req_id]
+                block_table.append_row(row, new_block_ids)
+                num_computed_tokens[row] = num_computed
+            except Exception as exc:  # this request's alone
+                logger.exception("request %r failed %s", req_id, self._where("while updating its row"))
+                failed = failed or {}
+                failed[req_id] = describe_error(exc)
+        return failed
 
     def _where(self, what: str) -> str:
         return what if self.tp.size == 1 else f"{what} on rank {self.tp.rank}"
