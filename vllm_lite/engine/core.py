@@ -93,15 +93,13 @@ class EngineCore:
             self._wait_for_grammars()
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
         out = self.executor.execute_model(sched)
-        # Requests that failed on their own this step, before their tokens are taken.
-        if self.scheduler.step_failures:
-            self._fail_requests(self.scheduler.take_step_failures(), "in the engine core")
-        if out.failed:
-            self._fail_requests(out.failed, "in the worker")
+        if self.scheduler.step_failures or out.failed:  # before their tokens are taken
+            self._fail_requests({**_where(self.scheduler.take_step_failures(), "in the engine core"),
+                                 **_where(out.failed, "in the worker")})
         outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
                                                     out.logprobs, out.prompt_logprobs)
         if self.scheduler.step_failures:  # failed while taking their tokens (freed already)
-            self._fail_requests(self.scheduler.take_step_failures(), "in the engine core")
+            self._fail_requests(_where(self.scheduler.take_step_failures(), "in the engine core"))
         if failed:
             outputs.finished.extend(failed)
         return outputs
@@ -114,11 +112,11 @@ class EngineCore:
             if pending:
                 self.structured_output_manager.wait_for_any(pending, timeout=0.005)
 
-    def _fail_requests(self, failed: dict[str, str], where: str) -> None:
+    def _fail_requests(self, failed: dict[str, str]) -> None:
         """These requests failed on their own (each failure its own): free them (the workers
         drop them with the next step's finished ids) and queue an error for each."""
         self.scheduler.abort_requests(list(failed), failed=True)
-        self.failed_requests.extend(RequestError(request_id, f"the request failed {where}: {message}")
+        self.failed_requests.extend(RequestError(request_id, f"the request failed {message}")
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
@@ -133,6 +131,10 @@ class EngineCore:
     def shutdown(self) -> None:
         self.structured_output_manager.shutdown()
         self.executor.shutdown()
+
+
+def _where(failed: dict[str, str] | None, where: str) -> dict[str, str]:
+    return {request_id: f"{where}: {why}" for request_id, why in (failed or {}).items()}
 
 
 def make_structured_output_manager(vllm_config: VllmConfig) -> StructuredOutputManager:
