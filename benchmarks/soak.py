@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -107,7 +106,8 @@ async def soak(base_url: str, model: str, args: argparse.Namespace, server_pid: 
                              "engine_core_rss_mib": round(rss_mib(core), 1), "failures": failures})
                 print(rows[-1], flush=True)
 
-    limits = httpx.Limits(max_connections=args.concurrency)
+    # Idle connections expire before uvicorn closes them (5 s): no keep-alive race reads as a failure.
+    limits = httpx.Limits(max_connections=args.concurrency, keepalive_expiry=1.0)
     async with httpx.AsyncClient(base_url=base_url, timeout=120, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(args.concurrency)))
         metrics = (await client.get("/metrics")).text
@@ -133,14 +133,14 @@ def main() -> int:
     args = parser.parse_args()
     model = tiny_llama(RESULTS_DIR.parent / "results" / "models" / "soak-llama")
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "server.log"
-        server = start_server(model, port, log, args.server_arg)
-        try:
-            rows = asyncio.run(soak(f"http://127.0.0.1:{port}", str(model), args, server.pid))
-        finally:
-            server.terminate()
-            server.wait(60)
+    # The server's log stays beside the results: a failed soak is diagnosed from it.
+    log = RESULTS_DIR / "soak-server.log"
+    server = start_server(model, port, log, args.server_arg)
+    try:
+        rows = asyncio.run(soak(f"http://127.0.0.1:{port}", str(model), args, server.pid))
+    finally:
+        server.terminate()
+        server.wait(60)
     points = [r for r in rows if "requests" in r]
     print_table(["requests", "seconds", "server RSS MiB", "engine core RSS MiB", "failures"],
                 [[r["requests"], r["seconds"], r["server_rss_mib"], r["engine_core_rss_mib"], r["failures"]]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
 
@@ -58,7 +59,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: torch.Tensor | 
     if isinstance(packed_weight, Int8Weight):
         return int8_linear(x, packed_weight, bias)
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.ops.mkldnn._linear_pointwise(flat, packed_weight, bias, "none", [], "")
+    out = matmul_bucketed(
+        flat, lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, "none", [], ""))
     return out.view(*x.shape[:-1], out.shape[-1])
 
 

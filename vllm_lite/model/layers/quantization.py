@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vllm_lite.model.layers.matmul_rows import matmul_bucketed
+
 INT8_MAX = 127.0
 # A row of zeros quantizes to zeros with any scale; this keeps its scale finite.
 MIN_SCALE = 1e-12
@@ -46,7 +48,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
     xq, x_scale = quantize_rows(flat)
-    acc = torch._int_mm(xq, weight.qweight_t)  # int32 [M, out]
+    acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))  # int32 [M, out]
     out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
     torch.mul(acc * x_scale, weight.scale, out=out)
     if bias is not None:
