@@ -29,6 +29,13 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
                 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 
 
+def kv_cache_usage(stats: dict[str, Any]) -> float:
+    """vllm:kv_cache_usage_perc from the engine's get_stats(): the fraction of blocks in use."""
+    total = stats.get("kv_blocks_total", 0)
+    free = stats.get("kv_blocks_free", total)
+    return (total - free) / total if total else 0.0
+
+
 class EngineStatsCollector:
     """Turns the engine's last `get_stats()` snapshot into gauges and counters. The /metrics
     handler refreshes the snapshot (an awaitable call) just before it renders the registry."""
@@ -39,8 +46,6 @@ class EngineStatsCollector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats
-        total = stats.get("kv_blocks_total", 0)
-        free = stats.get("kv_blocks_free", total)
         queries = stats.get("prefix_cache_queries", 0)
         hits = stats.get("prefix_cache_hits", 0)
         yield self._gauge("vllm:num_requests_running", "Requests in the running batch.",
@@ -48,7 +53,7 @@ class EngineStatsCollector:
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
                           stats.get("num_waiting", 0))
         yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-                          (total - free) / total if total else 0.0)
+                          kv_cache_usage(stats))
         yield self._gauge("vllm_lite:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens.",
                           hits / queries if queries else 0.0)
         yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
