@@ -201,3 +201,50 @@ def test_openai_client_requests_with_every_common_field_pass(client: openai.Open
     chunks = list(client.chat.completions.create(messages=CHAT, stream=True, stream_options={"include_usage": True},
                                                  **common))
     assert chunks[-1].usage is not None
+
+
+# ---- metrics counted as vLLM counts them ----
+
+
+def _samples(server: LiveServer) -> dict[str, float]:
+    """`name{labels}` -> value of every vllm: sample (labels as written, model_name dropped)."""
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            key, value = line.rsplit(" ", 1)
+            out[key.replace(f'model_name="{MODEL}"', "").replace("{,", "{").replace(",}", "}").replace("{}", "")] = \
+                float(value)
+    return out
+
+
+def test_engine_timed_metrics_count_as_vllms(server: LiveServer, client: openai.OpenAI) -> None:
+    """Two requests of 5 tokens each: two observations per request histogram, 4 inter-token
+    latencies each, every prompt token and generated token in iteration_tokens_total; decode =
+    the request's inter-token latencies and inference = prefill + decode (engine-core times)."""
+    before = _samples(server)
+    prompt_tokens = 0
+    for prompt in (PROMPT, "A river runs"):
+        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0.0,
+                                          extra_body={"ignore_eos": True})
+        prompt_tokens += reply.usage.prompt_tokens
+    after = _samples(server)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert delta(f"vllm:request_{phase}_time_seconds_count") == 2
+    assert delta("vllm:request_time_per_output_token_seconds_count") == 2
+    assert delta("vllm:inter_token_latency_seconds_count") == 2 * 4
+    assert delta("vllm:iteration_tokens_total_sum") == prompt_tokens + 2 * 5
+    assert delta("vllm:request_decode_time_seconds_sum") == pytest.approx(
+        delta("vllm:inter_token_latency_seconds_sum"), abs=1e-6)
+    assert delta("vllm:request_inference_time_seconds_sum") == pytest.approx(
+        delta("vllm:request_prefill_time_seconds_sum") + delta("vllm:request_decode_time_seconds_sum"), abs=1e-6)
+    assert delta("vllm:request_prefill_time_seconds_sum") > 0
+    assert delta("vllm:request_time_per_output_token_seconds_sum") == pytest.approx(
+        delta("vllm:request_decode_time_seconds_sum") / 4, abs=1e-6)
+    waiting = {reason: after[f'vllm:num_requests_waiting_by_reason{{reason="{reason}"}}']
+               for reason in ("capacity", "deferred")}
+    assert sum(waiting.values()) == after["vllm:num_requests_waiting"] == 0

@@ -99,6 +99,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path)
     app.state.ctx = ctx
+    engine.stat_loggers.append(ctx.metrics.record_iteration)
     _add_error_handlers(app)
     app.add_middleware(RequestGate, options=options, drain=ctx.drain)
     _add_openai_routes(app, ctx)
@@ -121,6 +122,7 @@ def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
         try:
             yield
         finally:
+            ctx.engine.stat_loggers.remove(ctx.metrics.record_iteration)
             ctx.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
             if owns_engine:
                 ctx.engine.shutdown()

@@ -23,6 +23,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
+from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
@@ -46,6 +47,7 @@ class EngineClient(Protocol):
 
     vllm_config: VllmConfig
     tokenizer: Any
+    stat_loggers: list[StatLogger]  # called with each engine step's IterationStats
 
     @property
     def errored(self) -> bool:
