@@ -236,6 +236,8 @@ def test_engine_timed_metrics_count_as_vllms(server: LiveServer, client: openai.
     for phase in ("queue", "prefill", "decode", "inference"):
         assert delta(f"vllm:request_{phase}_time_seconds_count") == 2
     assert delta("vllm:request_time_per_output_token_seconds_count") == 2
+    assert delta("vllm:request_params_n_count") == delta("vllm:request_params_max_tokens_count") == 2
+    assert delta("vllm:request_params_max_tokens_sum") == 2 * 5
     assert delta("vllm:inter_token_latency_seconds_count") == 2 * 4
     assert delta("vllm:iteration_tokens_total_sum") == prompt_tokens + 2 * 5
     assert delta("vllm:request_decode_time_seconds_sum") == pytest.approx(
@@ -248,3 +250,22 @@ def test_engine_timed_metrics_count_as_vllms(server: LiveServer, client: openai.
     waiting = {reason: after[f'vllm:num_requests_waiting_by_reason{{reason="{reason}"}}']
                for reason in ("capacity", "deferred")}
     assert sum(waiting.values()) == after["vllm:num_requests_waiting"] == 0
+
+
+# The names vLLM 0.32's /metrics test expects after one completion (all of them apply to vllm_lite).
+VLLM_METRIC_NAMES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total", "vllm:iteration_tokens_total", "vllm:cache_config_info",
+    "vllm:request_success_total", *(f"vllm:{histogram}_{suffix}" for suffix in ("sum", "bucket", "count")
+                                     for histogram in (
+        "request_prompt_tokens", "request_generation_tokens", "request_params_n", "request_params_max_tokens",
+        "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+        "request_queue_time_seconds", "request_inference_time_seconds", "request_prefill_time_seconds",
+        "request_decode_time_seconds")))
+
+
+def test_every_metric_name_vllm_expects(server: LiveServer) -> None:
+    _post(server, "/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 5, "temperature": 0.0})
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
+    assert [name for name in VLLM_METRIC_NAMES if name not in text] == []

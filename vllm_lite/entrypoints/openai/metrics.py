@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from vllm_lite.engine.stats import IterationStats
 from vllm_lite.outputs import RequestOutput
+from vllm_lite.sampling_params import SamplingParams
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)
@@ -144,6 +145,12 @@ class ServerMetrics:
         self.request_generation_tokens = Histogram(
             "vllm:request_generation_tokens", "Generated tokens per finished request.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        self.request_params_n = Histogram(
+            "vllm:request_params_n", "The n request parameter.", labels, buckets=(1, 2, 5, 10, 20),
+            registry=reg).labels(model_name)
+        self.request_params_max_tokens = Histogram(
+            "vllm:request_params_max_tokens", "The max_tokens request parameter.", labels,
+            buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
         if cache_info:
             info = Gauge("vllm:cache_config_info", "The KV-cache configuration (labels; value 1).",
                          sorted(cache_info), registry=reg)
@@ -174,9 +181,10 @@ class ServerMetrics:
 class RequestTracker:
     """Per-request bookkeeping: call `observe` with every (delta) output of the request."""
 
-    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, params: SamplingParams | None = None) -> None:
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
+        self.params = params
         self.num_generated = 0
         self.arrival = time.monotonic()
         self.started = False
@@ -199,3 +207,7 @@ class RequestTracker:
             metrics.e2e_request_latency.observe(now - self.arrival)
             metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
             metrics.request_generation_tokens.observe(self.num_generated)
+            if self.params is not None:  # vLLM's request_params_* histograms
+                metrics.request_params_n.observe(self.params.n)
+                if self.params.max_tokens is not None:
+                    metrics.request_params_max_tokens.observe(self.params.max_tokens)

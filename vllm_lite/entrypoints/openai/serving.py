@@ -237,7 +237,7 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
-    tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]))
+    tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
