@@ -115,9 +115,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     2**31 - 1: they are stored in int32 arrays.
     | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
-    | logprob_token_ids | logprobs of these token ids per output token, plus the sampled token (vLLM's); `logprobs` becomes their count | 1 to 128 ids in the vocabulary; `logprobs`, if given, equal to their count |
+    | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
+
+    With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
 
     n: int = 1

@@ -227,7 +227,9 @@ async def _batch_response(ctx: ServingContext, request: BatchChatCompletionReque
         acc = collected.choices[0]
         usage.prompt_tokens += len(prompt["prompt_token_ids"])
         usage.completion_tokens += len(acc.token_ids)
-        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
+        logprobs = None
+        if num_top is not None:
+            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
                                      request.logprob_token_ids is not None)
         choices.append(ChatCompletionResponseChoice(
             index=index, message=ChatResponseMessage(content=acc.text), logprobs=logprobs,
