@@ -269,3 +269,15 @@ def test_every_metric_name_vllm_expects(server: LiveServer) -> None:
     _post(server, "/v1/completions", {"prompt": "Hello, my name is", "max_tokens": 5, "temperature": 0.0})
     text = httpx.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
     assert [name for name in VLLM_METRIC_NAMES if name not in text] == []
+
+
+@pytest.mark.parametrize("route, body, field, value", [
+    ("/v1/chat/completions", {"messages": CHAT}, "add_special_tokens", False),
+    ("/v1/completions", {"prompt": PROMPT}, "add_special_tokens", True),
+    ("/v1/completions", {"prompt": PROMPT}, "priority", 0),
+    ("/v1/chat/completions", {"messages": CHAT}, "parallel_tool_calls", True),
+])
+def test_vllm_fields_with_the_value_that_changes_nothing_pass(server: LiveServer, route: str, body: dict,
+                                                              field: str, value: Any) -> None:
+    assert _post(server, route, {**body, "max_tokens": 2, field: value}).status_code == 200
+    assert "not supported" in _error(_post(server, route, {**body, "max_tokens": 2, field: not value}), field)

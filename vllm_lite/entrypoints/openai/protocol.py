@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,13 +48,19 @@ class OpenAIBaseModel(BaseModel):
 
 
 # Request fields vLLM's server accepts that vllm_lite does not implement: refused by name (a
-# field that changes the result is never dropped). Other unknown fields are refused as unknown.
+# field that changes the result is never dropped), unless given with the value that changes
+# nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs", "request_id",
     "thinking_token_budget", "repetition_detection", "include_reasoning", "reasoning_effort",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "spaces_between_special_tokens": (True,), "priority": (0,), "include_reasoning": (True,),
+    "parallel_tool_calls": (True,), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
+}
 
 
 class RequestModel(OpenAIBaseModel):
@@ -62,9 +68,13 @@ class RequestModel(OpenAIBaseModel):
     (`refuse_unknown_fields`); the schema says so (additionalProperties: false)."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = _NO_OP_VALUES
 
     def refuse_unknown_fields(self) -> None:
-        unknown = self.unknown_fields()
+        extra = self.model_extra or {}
+        unknown = [name for name in self.unknown_fields()
+                   if not any(extra[name] == value and type(extra[name]) is type(value)
+                              for value in self.no_op_values.get(name, ()))]
         if not unknown:
             return
         not_implemented = [name for name in unknown if name in VLLM_FIELDS_NOT_IMPLEMENTED]
@@ -228,6 +238,8 @@ class _GenerationRequest(RequestModel):
 
 
 class CompletionRequest(_GenerationRequest):
+    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (True,)}  # the prompt gets them
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
@@ -268,6 +280,8 @@ class ChatMessage(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(_GenerationRequest):
+    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (False,)}  # the template adds them
+
     messages: list[ChatMessage]
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
