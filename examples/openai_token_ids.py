@@ -1,6 +1,7 @@
 """vLLM's token-id extensions with the official openai client (vllm-lite serve speaks them too):
 token ids out (`return_token_ids`), token ids in (a prompt of ids), logprob tokens as ids
-(`return_tokens_as_token_ids`) and prompt truncation (`truncate_prompt_tokens`).
+(`return_tokens_as_token_ids`), the logprobs of chosen ids (`logprob_token_ids`, e.g. to score
+labels) and prompt truncation (`truncate_prompt_tokens`).
 
     vllm-lite serve /path/to/model --port 8000   # in another shell
     python examples/openai_token_ids.py http://127.0.0.1:8000
@@ -26,6 +27,13 @@ def main() -> None:
                                       temperature=0.0, logprobs=2,
                                       extra_body={"return_tokens_as_token_ids": True}).choices[0]
     print("logprob tokens as ids ->", again.logprobs.tokens)
+
+    # Score two candidate first tokens: each position lists the sampled token, then exactly these ids.
+    labels = first.token_ids[:1] + first.prompt_token_ids[:1]
+    scored = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=1, logprobs=True,
+        extra_body={"logprob_token_ids": labels, "return_tokens_as_token_ids": True})
+    print("label logprobs ->", {e.token: round(e.logprob, 3) for e in scored.choices[0].logprobs.content[0].top_logprobs})
 
     chat = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "A very long question " * 50}], max_tokens=8,

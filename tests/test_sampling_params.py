@@ -94,7 +94,17 @@ def test_token_ids_outside_vocabulary(llm, field: str) -> None:
 
 def test_max_logprobs_engine_arg_validated(tiny_llama) -> None:
     with pytest.raises(ValueError, match="max_logprobs"):
-        make_llm(tiny_llama, max_logprobs=-1)
+        make_llm(tiny_llama, max_logprobs=-2)
+
+
+def test_max_logprobs_minus_one_is_the_vocabulary(tiny_llama) -> None:
+    """vLLM's -1: no limit, so logprobs may cover the whole vocabulary."""
+    llm = make_llm(tiny_llama, max_logprobs=-1)
+    vocab = llm.llm_engine.vllm_config.model_config.hf.vocab_size
+    assert llm.llm_engine.vllm_config.model_config.max_logprobs == vocab
+    out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=1, logprobs=vocab),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs[0]) == vocab
 
 
 def test_engine_core_checks_requests_that_skip_the_input_processor(llm) -> None:

@@ -358,7 +358,8 @@ class EngineArgs:
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"),
                                      self.model_impl)
-        _check(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "
+               f"as vLLM), got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
@@ -380,7 +381,7 @@ class EngineArgs:
             max_model_len=max_len,
             seed=self.seed,
             hf=hf,
-            max_logprobs=self.max_logprobs,
+            max_logprobs=hf.vocab_size if self.max_logprobs == -1 else self.max_logprobs,
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
             quantization=self.quantization,

@@ -28,10 +28,14 @@ class CompletionOutput:
 @dataclass(slots=True)
 class RequestStateStats:
     """Per-request timings, as vLLM's RequestStateStats: `arrival_time` is wall-clock
-    (time.time()); the `*_ts` timestamps are time.monotonic(), for intervals."""
+    (time.time()); the `*_ts` timestamps are time.monotonic(), for intervals: `arrival_ts` the
+    client's, the others the engine core's (queued, first scheduled, first and last token;
+    one clock on one host)."""
 
     arrival_time: float = 0.0
     arrival_ts: float = 0.0
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
     first_token_latency: float = 0.0  # seconds from arrival to the first output token

@@ -29,6 +29,8 @@ MAX_TEMPERATURE = 100.0
 # repetition_penalty divides or multiplies logits: vLLM asks only > 0; these bounds keep the
 # products finite in float32.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
+# vLLM's bound on `logprob_token_ids` (the width of the logprob rows a request can ask for).
+MAX_LOGPROB_TOKEN_IDS = 128
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -113,8 +115,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     2**31 - 1: they are stored in int32 arrays.
     | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
+    | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
+
+    With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
 
     n: int = 1
@@ -133,6 +138,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -158,6 +164,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._validate()
+        if self.logprob_token_ids is not None:
+            self._take_logprob_token_ids()
         if 0.0 < self.temperature < MIN_RANDOM_TEMPERATURE:
             logger.warning("temperature %s is below %s; it is raised to %s to avoid overflow",
                            self.temperature, MIN_RANDOM_TEMPERATURE, MIN_RANDOM_TEMPERATURE)
@@ -223,14 +231,31 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         _require(self.seed is None or _SEED_RANGE[0] <= self.seed <= _SEED_RANGE[1], "seed",
                  f"must be in [{_SEED_RANGE[0]}, {_SEED_RANGE[1]}], got {self.seed}")
 
+    def _take_logprob_token_ids(self) -> None:
+        """vLLM's rules: a non-empty list of at most MAX_LOGPROB_TOKEN_IDS ids; `logprobs`, when
+        given, equals its length. `logprobs` is then that length: each output token carries the
+        sampled token plus these ids (instead of the top-k)."""
+        ids = self.logprob_token_ids
+        _require(isinstance(ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in ids), "logprob_token_ids",
+                 f"must be a list of token ids >= 0, got {ids!r}")
+        _require(0 < len(ids) <= MAX_LOGPROB_TOKEN_IDS, "logprob_token_ids",
+                 f"must hold 1 to {MAX_LOGPROB_TOKEN_IDS} token ids, got {len(ids)}")
+        _require(self.logprobs is None or self.logprobs == len(ids), "logprob_token_ids",
+                 f"needs logprobs=None or logprobs=len(logprob_token_ids)={len(ids)}, got logprobs={self.logprobs}")
+        self.logprob_token_ids = list(ids)
+        self.logprobs = len(ids)
+
     def check_engine_limits(self, vocab_size: int, max_logprobs: int) -> None:
-        """The limits that depend on the engine: logprobs counts and token ids in the vocabulary."""
+        """The limits that depend on the engine: logprobs counts and token ids in the vocabulary.
+        (`logprobs` set by `logprob_token_ids` is bounded by MAX_LOGPROB_TOKEN_IDS instead.)"""
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
+            if name == "logprobs" and self.logprob_token_ids is not None:
+                continue
             _require(value is None or value <= max_logprobs, name,
                      f"must be <= {max_logprobs} (the engine's max_logprobs; raise it with "
                      f"EngineArgs.max_logprobs), got {value}")
-        for name in ("logit_bias", "stop_token_ids"):
+        for name in ("logit_bias", "stop_token_ids", "logprob_token_ids"):
             bad = sorted(t for t in getattr(self, name) or () if t >= vocab_size)
             _require(not bad, name, f"has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
 

@@ -153,3 +153,16 @@ def test_prefix_lookup_of_a_blocked_request_is_kept_and_counted_once() -> None:
         step(scheduler)
     assert "b" not in scheduler.requests  # it ran to completion
     assert scheduler.get_stats()["prefix_cache_queries"] == 24 + 12
+
+
+def test_scheduling_times_come_with_the_first_token() -> None:
+    """The engine-core times the metrics need (vLLM's QUEUED / SCHEDULED events): sent once,
+    with the request's first output token, on the step's clock."""
+    scheduler = make_scheduler()
+    request = make_request("a", 6, max_tokens=3)
+    scheduler.add_request(request)
+    out, outputs = step(scheduler)
+    assert outputs.scheduling_times == {"a": (request.queued_ts, request.scheduled_ts)}
+    assert 0 < request.queued_ts <= request.scheduled_ts <= outputs.timestamp
+    _, later = step(scheduler)
+    assert later.scheduling_times == {} and later.timestamp >= outputs.timestamp

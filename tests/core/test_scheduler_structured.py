@@ -59,6 +59,8 @@ def test_a_compiling_grammar_holds_up_only_its_request() -> None:
     assert [r.req_id for r in out.scheduled_new_reqs] == ["free"]
     assert out.grammar_bitmask is None and out.structured_output_req_ids == ()
     assert scheduler.waiting[0] is constrained  # kept its place
+    stats = scheduler.get_stats()  # vllm:num_requests_waiting_by_reason's "deferred"
+    assert stats["num_waiting"] == stats["num_waiting_deferred"] == 1
 
     grammar.ready = True
     out, _ = step(scheduler, token=5)  # its prefill samples: it has a bitmask row

@@ -27,6 +27,7 @@ class FakeEngine:
         self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
         self.prompts: list[dict[str, Any]] = []
+        self.stat_loggers: list[Any] = []  # AsyncLLM's: the fake engine has no steps to report
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
         if self.dead:

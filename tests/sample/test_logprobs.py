@@ -102,3 +102,47 @@ def test_gather_logprobs_ranks() -> None:
     assert out.token_ids.tolist() == [[2, 1, 3], [0, 0, 1]]
     assert out.ranks.tolist() == [[3, 1, 2], [1, 1, 2]]
     torch.testing.assert_close(out.logprobs[:, 0], logprobs[[0, 1], [2, 0]])
+
+
+def test_logprob_token_ids_in_a_mixed_batch_match_hf(tiny_llama, prompts_token_ids) -> None:
+    """vLLM's logprob_token_ids: each output token carries the sampled token then exactly the
+    given ids (ranks over the whole vocabulary), whatever the other rows of the batch ask: a
+    top-k row of another width, a row without logprobs, a row with one given id."""
+    llm = make_llm(tiny_llama)
+    prompt = prompts_token_ids[2]
+    given, single = [7, 300, 3, 511, 42], [9]
+    params = [SamplingParams(temperature=0.0, max_tokens=4, logprob_token_ids=given),
+              SamplingParams(temperature=0.0, max_tokens=4, logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=4),
+              SamplingParams(temperature=0.7, seed=3, max_tokens=4, logprob_token_ids=single, logprobs=1)]
+    outs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": prompt}] * 4, params, use_tqdm=False)]
+    for completion, ids in ((outs[0], given), (outs[3], single)):
+        ref = _reference(tiny_llama, prompt + completion.token_ids)
+        for i, (token_id, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+            row = ref[len(prompt) - 1 + i]
+            assert list(entry) == list(dict.fromkeys([token_id, *ids]))
+            for tid in entry:
+                assert entry[tid].logprob == pytest.approx(float(row[tid]), abs=ATOL)
+                assert entry[tid].rank == _rank(row, tid)
+    ref = _reference(tiny_llama, prompt + outs[1].token_ids)
+    for i, (token_id, entry) in enumerate(zip(outs[1].token_ids, outs[1].logprobs)):
+        _check_entry(entry, token_id, ref[len(prompt) - 1 + i], 2)
+    assert outs[2].logprobs is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"logprob_token_ids": []}, "1 to 128"),
+    ({"logprob_token_ids": list(range(129))}, "1 to 128"),
+    ({"logprob_token_ids": [1, 2], "logprobs": 3}, "logprobs=len"),
+    ({"logprob_token_ids": [-1]}, ">= 0"),
+])
+def test_logprob_token_ids_checks(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        SamplingParams(**kwargs)
+    assert "logprob_token_ids" in str(info.value)
+
+
+def test_logprob_token_ids_outside_the_vocabulary(tiny_llama) -> None:
+    llm = make_llm(tiny_llama)
+    with pytest.raises(ValueError, match="logprob_token_ids has token ids outside the vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(logprob_token_ids=[10**6]), use_tqdm=False)

@@ -27,7 +27,7 @@ class Request:
         "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
-        "cache_salt", "prefix_lookup", "structured_output_request",
+        "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -53,6 +53,10 @@ class Request:
         # The grammar state of a structured-output request (structured_output.manager's
         # StructuredOutputRequest, set by the engine core); None for every other request.
         self.structured_output_request = None
+        # Engine-core time.monotonic() when the scheduler queued it and first scheduled it (vLLM's
+        # QUEUED / SCHEDULED events; 0.0 until then), for the queue / prefill time metrics.
+        self.queued_ts = 0.0
+        self.scheduled_ts = 0.0
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:

@@ -21,6 +21,7 @@ error; a request that failed in `update_from_output` is already freed.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -64,6 +65,7 @@ class Scheduler:
         self._check_fits(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        request.queued_ts = time.monotonic()
         if request.structured_output_request is not None:
             self.structured_req_ids.add(request.request_id)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
@@ -155,6 +157,7 @@ class Scheduler:
         keep = np.ones(len(rows), dtype=bool)
         finished: list[FinishedRequest] = []
         num_cached: dict[str, int] = {}
+        scheduling_times: dict[str, tuple[float, float]] = {}
         max_model_len = self.config.max_model_len
         for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
             request = self.requests.get(req_ids[row])
@@ -170,13 +173,15 @@ class Scheduler:
             out_req_ids.append(request.request_id)
             if request.num_output_tokens == 1:
                 num_cached[request.request_id] = request.num_cached_tokens
+                scheduling_times[request.request_id] = (request.queued_ts, request.scheduled_ts)
             if stop is not None:
                 self.running.remove(request)
                 self._free(request)
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
         new_token_ids = tokens if keep.all() else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
-                                    num_cached, **prompt_columns)
+                                    num_cached, timestamp=time.monotonic(), scheduling_times=scheduling_times,
+                                    **prompt_columns)
         if logprobs is not None:
             kept_rows = rows[keep]
             outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
@@ -275,6 +280,9 @@ class Scheduler:
         return {
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),
+            # vLLM's "deferred" waiting requests: held by a transient constraint (here: a grammar
+            # still compiling), not by capacity.
+            "num_waiting_deferred": sum(1 for r in self.waiting if r.status == RequestStatus.WAITING_FOR_GRAMMAR),
             "num_preemptions": self.num_preemptions,
             "prefix_cache_queries": kv.stats.queries,
             "prefix_cache_hits": kv.stats.hits,
@@ -311,6 +319,7 @@ class Scheduler:
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:  # first scheduled (not a return from preemption)
                 request.num_cached_tokens = num_computed
+                request.scheduled_ts = time.monotonic()
             new_reqs.append(NewRequestData(
                 req_id=request.request_id,
                 token_ids=request.all_token_ids,

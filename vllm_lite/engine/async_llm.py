@@ -29,6 +29,7 @@ from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
 from vllm_lite.engine.output_collector import (DEFAULT_MAX_UNREAD_OUTPUTS, ConsumerStoppedReadingError,
                                                RequestOutputCollector)
+from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
@@ -52,6 +53,9 @@ class AsyncLLM:
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None  # the output handler failed
+        # Called with each step's IterationStats (the server's Prometheus metrics); while the
+        # list is empty no stats are collected.
+        self.stat_loggers: list[StatLogger] = []
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **client_kwargs: Any) -> AsyncLLM:
@@ -185,7 +189,11 @@ class AsyncLLM:
             self._fail_all(self._handler_error)
 
     def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
-        states, stopped_by_string = self.output_processor.process_outputs(outputs)
+        iteration_stats = IterationStats() if self.stat_loggers else None
+        states, stopped_by_string = self.output_processor.process_outputs(outputs, iteration_stats)
+        if iteration_stats is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger(iteration_stats)
         stopped_reading: list[RequestState] = []
         for state in states:
             output = state.make_output()

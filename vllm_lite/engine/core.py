@@ -355,6 +355,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
         "req_ids": [outputs.req_ids[i] for i in rows],
         "finished": [f for f in outputs.finished if f.request_id in request_ids],
         "num_cached_tokens": {r: n for r, n in outputs.num_cached_tokens.items() if r in request_ids},
+        "scheduling_times": {r: t for r, t in outputs.scheduling_times.items() if r in request_ids},
     }
     for name in _ROW_ARRAYS:
         value = getattr(outputs, name)
@@ -369,7 +370,9 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
+# `timestamp` is the step's, the same for every client.
+SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp",
+                             *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
 
 

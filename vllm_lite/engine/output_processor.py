@@ -12,6 +12,7 @@ from typing import Any
 from vllm_lite.engine.detokenizer import IncrementalDetokenizer
 from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.parallel_sampling import ParentRequest
+from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -183,18 +184,24 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
-    def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[RequestState], list[str]]:
+    def process_outputs(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None = None
+                        ) -> tuple[list[RequestState], list[str]]:
         """Returns the states that changed this step and the ids whose generation a stop string
-        ended here (the caller aborts those in the engine core)."""
+        ended here (the caller aborts those in the engine core). `iteration_stats`, when given,
+        collects the step's numbers for the metrics (engine/stats.py)."""
         states = self.request_states
         finished_in_core = {f.request_id: f for f in outputs.finished}
         self._add_prompt_logprobs(outputs)
         touched: dict[str, RequestState] = {}
-        now = time.monotonic()
+        now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         for request_id, num_cached in outputs.num_cached_tokens.items():
             state = states.get(request_id)
             if state is not None:
                 state.num_cached_tokens = num_cached
+        for request_id, (queued_ts, scheduled_ts) in outputs.scheduling_times.items():
+            state = states.get(request_id)
+            if state is not None:
+                state.stats.queued_ts, state.stats.scheduled_ts = queued_ts, scheduled_ts
         for i, (request_id, token_id) in enumerate(zip(outputs.req_ids, outputs.new_token_ids.tolist())):
             state = states.get(request_id)
             if state is None or state.finished:
@@ -203,6 +210,8 @@ class OutputProcessor:
                 state.logprobs.add_sample_row(outputs.logprob_token_ids[i], outputs.logprobs[i],
                                               outputs.logprob_ranks[i])
             state.add_tokens([token_id], _stop_terminated(finished_in_core.get(request_id)))
+            if iteration_stats is not None:
+                _count_token(iteration_stats, state, now)
             _record_token(state.stats, now)
             touched[request_id] = state
         stopped_by_string = [rid for rid, s in touched.items() if s.finished]
@@ -215,6 +224,9 @@ class OutputProcessor:
             if state.finished:
                 del states[request_id]
                 self._drop_parent_if_done(state)
+                if iteration_stats is not None:
+                    iteration_stats.finished_requests.append(
+                        FinishedRequestStats.of(state.stats, state.finish_reason, len(state.prompt_token_ids)))
         return list(touched.values()), [r for r in stopped_by_string if r not in finished_in_core]
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
@@ -251,10 +263,20 @@ class OutputProcessor:
         return text
 
 
+def _count_token(iteration_stats: IterationStats, state: RequestState, now: float) -> None:
+    """vLLM's per-step counting: a first token brings its prompt's tokens, a later one an
+    inter-token latency."""
+    iteration_stats.num_generation_tokens += 1
+    if state.stats.num_generation_tokens == 0:
+        iteration_stats.num_prompt_tokens += len(state.prompt_token_ids)
+    else:
+        iteration_stats.inter_token_latencies.append(now - state.stats.last_token_ts)
+
+
 def _record_token(stats: RequestStateStats, now: float) -> None:
     if stats.num_generation_tokens == 0:
         stats.first_token_ts = now
-        stats.first_token_latency = now - stats.arrival_ts
+        stats.first_token_latency = time.monotonic() - stats.arrival_ts
     stats.last_token_ts = now
     stats.num_generation_tokens += 1
 

@@ -114,6 +114,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="streams end with a usage chunk even when stream_options does not ask (vLLM's flag)")
     serve.add_argument("--enable-server-load-tracking", action="store_true",
                        help="GET /load reports the generation requests in flight (vLLM's flag)")
+    serve.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                       help="serve GET /tokenizer_info: the tokenizer's configuration (vLLM's flag; it may "
+                            "expose the chat template and special tokens)")
+    serve.add_argument("--root-path", default="",
+                       help="the path prefix a reverse proxy serves the app under, e.g. /llm (vLLM's flag); "
+                            "routes answer with and without it")
     serve.add_argument("--chat-template-timeout", type=float, default=5.0,
                        help="seconds a chat template may render before the request gets 400")
     serve.add_argument("--health-check-timeout", type=float, default=5.0,

@@ -52,6 +52,14 @@ class MinTokensMetadata:
 
 
 @dataclass(slots=True)
+class RequestedLogprobsMetadata:
+    """Rows with `logprob_token_ids`: their logprob columns 1..n are these ids, not the top-k."""
+
+    rows: torch.Tensor  # int64 [m] rows of the logprobs (the rows that asked for logprobs)
+    token_ids: torch.Tensor  # int64 [m, max n]; a row shorter than max n repeats its last id
+
+
+@dataclass(slots=True)
 class SamplingMetadata:
     all_greedy: bool
     all_random: bool
@@ -61,8 +69,9 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
     top_k: torch.Tensor | None = None  # int64 [num_rows], 0 = off; None when no random row uses it
     min_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
-    max_num_logprobs: int = -1  # largest `logprobs` in the batch; -1 = no row asked
+    max_num_logprobs: int = -1  # top-k width: largest `logprobs` of the rows without given ids; -1 = no row asked
     logprobs_rows: np.ndarray | None = None  # logits rows that asked, when not all of them do
+    requested_logprobs: RequestedLogprobsMetadata | None = None  # None: no row gave logprob_token_ids
     penalties: PenaltyMetadata | None = None
     logit_bias: LogitBiasMetadata | None = None
     min_tokens: MinTokensMetadata | None = None

@@ -19,7 +19,8 @@ from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
-from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from vllm_lite.sample.ops.logprobs import (LogprobsTensors, compute_logprobs, gather_logprobs,
+                                           with_requested_ids)
 from vllm_lite.sample.ops.penalties import apply_penalties
 from vllm_lite.sample.ops.topk_topp import apply_min_p
 from vllm_lite.sample.ops.topk_topp import sample as random_sample
@@ -54,7 +55,11 @@ class Sampler:
         if raw_logprobs is None:
             return SamplerOutput(sampled, None)
         chosen = sampled if index is None else sampled.index_select(0, index)
-        return SamplerOutput(sampled, gather_logprobs(raw_logprobs, metadata.max_num_logprobs, chosen), asked)
+        logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, chosen)
+        requested = metadata.requested_logprobs
+        if requested is not None:  # rows with logprob_token_ids: their ids instead of the top-k
+            logprobs = with_requested_ids(logprobs, raw_logprobs, requested.rows, requested.token_ids)
+        return SamplerOutput(sampled, logprobs, asked)
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> None:

@@ -65,6 +65,11 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # Requests whose first output token is in this step -> how many of their prompt tokens were
     # prefix-cache hits (RequestOutput.num_cached_tokens).
     num_cached_tokens: dict[str, int] = {}
+    # Engine-core time.monotonic() of this step's tokens (vLLM's engine-core timestamp: the
+    # first/last token times and inter-token latencies of the metrics).
+    timestamp: float = 0.0
+    # Requests whose first output token is in this step -> (queued, first scheduled) times, same clock.
+    scheduling_times: dict[str, tuple[float, float]] = {}
     # Sample logprobs, present when some request in the step asked for them. Column 0 is the
     # sampled token, columns 1..k the top-k (k = the largest request's), so ranks are 1..k there.
     logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k + 1]

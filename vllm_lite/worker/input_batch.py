@@ -36,6 +36,8 @@ class InputBatch:
         self.num_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)  # -1 = none asked
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)  # -1 = none asked
         self.has_logit_bias = np.zeros(max_num_reqs, dtype=bool)  # the bias itself: sampling_params
+        # logprob_token_ids: these rows' logprobs are of given ids (the ids: sampling_params)
+        self.has_logprob_token_ids = np.zeros(max_num_reqs, dtype=bool)
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
@@ -50,7 +52,7 @@ class InputBatch:
         return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.temperature,
                 self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
-                self.has_logit_bias)
+                self.has_logit_bias, self.has_logprob_token_ids)
 
     @property
     def live_req_ids(self) -> list[str]:
@@ -94,6 +96,7 @@ class InputBatch:
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self.num_prompt_logprobs[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
         self.has_logit_bias[row] = bool(params.logit_bias)
+        self.has_logprob_token_ids[row] = params.logprob_token_ids is not None
 
     def remove_request(self, req_id: str) -> int | None:
         row = self.req_id_to_index.pop(req_id, None)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
-                                       SamplingMetadata, TokenHistory)
+                                       RequestedLogprobsMetadata, SamplingMetadata, TokenHistory)
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
 from vllm_lite.worker.host_to_device import host_to_device
@@ -44,8 +44,9 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         top_p=host_to_device(top_p, device) if (top_p[random_rows] < 1.0).any() else None,
         top_k=host_to_device(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
         min_p=host_to_device(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
-        max_num_logprobs=int(batch.num_logprobs[rows].max(initial=-1)),
+        max_num_logprobs=_max_num_logprobs(batch, rows),
         logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),
+        requested_logprobs=_requested_logprobs(batch, rows, device),
         penalties=_penalties(batch, rows, history, device, occurrences),
         logit_bias=_logit_bias(batch, rows, device, vocab_size),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
@@ -55,6 +56,28 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
 def _logprobs_rows(num_logprobs: np.ndarray) -> np.ndarray | None:
     asked = num_logprobs >= 0
     return None if asked.all() or not asked.any() else np.flatnonzero(asked)
+
+
+def _max_num_logprobs(batch: InputBatch, rows: np.ndarray) -> int:
+    """The top-k width: rows with logprob_token_ids need none (their columns are their ids)."""
+    num_logprobs = batch.num_logprobs[rows]
+    if not batch.has_logprob_token_ids[rows].any():
+        return int(num_logprobs.max(initial=-1))
+    return int(np.where(batch.has_logprob_token_ids[rows], 0, num_logprobs).max(initial=-1))
+
+
+def _requested_logprobs(batch: InputBatch, rows: np.ndarray,
+                        device: torch.device) -> RequestedLogprobsMetadata | None:
+    given = batch.has_logprob_token_ids[rows]
+    if not given.any():
+        return None
+    asked = batch.num_logprobs[rows] >= 0  # logprobs rows are the asked rows, in order
+    positions = np.flatnonzero(given[asked])
+    id_lists = [batch.sampling_params[row].logprob_token_ids for row in rows[given].tolist()]
+    width = max(len(ids) for ids in id_lists)
+    padded = np.array([ids + ids[-1:] * (width - len(ids)) for ids in id_lists], dtype=np.int64)
+    return RequestedLogprobsMetadata(rows=host_to_device(positions.astype(np.int64), device),
+                                     token_ids=host_to_device(padded, device))
 
 
 def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray,

@@ -1,9 +1,10 @@
 """The OpenAI-compatible server: `build_app` makes a FastAPI app around an engine (AsyncLLM),
 `run_server` serves it with uvicorn (`vllm-lite serve`).
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET|POST /ping, GET /metrics, GET /version, POST /tokenize, POST /detokenize (and FastAPI's
-/docs, /openapi.json). Every answer other than 2xx uses OpenAI's shape
+Routes: POST /v1/completions, POST /v1/chat/completions (and /batch), GET /v1/models, GET /health,
+GET|POST /ping, GET /metrics, GET /version, GET /load, POST /invocations, POST /tokenize,
+POST /detokenize, GET /tokenizer_info (--enable-tokenizer-info-endpoint) (and FastAPI's
+/docs, /openapi.json); with --root-path, each also under that prefix. Every answer other than 2xx uses OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`: 400 invalid parameters (the field named),
 401 a wrong API key (every route but /health and /ping), 404 an unknown model or route, 413 a
 body over --max-request-body-bytes, 503 a dead engine or a server shutting down, 500 only for
@@ -18,7 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -27,12 +28,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate
 from vllm_lite.entrypoints.openai.protocol import (
@@ -47,8 +49,11 @@ from vllm_lite.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
     OpenAIBaseModel,
+    RequestModel,
     TokenizeRequest,
     TokenizeResponse,
+    TokenizerInfoResponse,
+    tokenizer_config,
 )
 from vllm_lite.entrypoints.openai.serving import (
     EngineClient,
@@ -64,7 +69,7 @@ from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completi
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T", bound=RequestModel)
 
 
 # Documented on every route of /openapi.json: the error answers a client must expect.
@@ -92,8 +97,9 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking))
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
-                  responses=_ERROR_RESPONSES)
+                  responses=_ERROR_RESPONSES, root_path=options.root_path)
     app.state.ctx = ctx
+    engine.stat_loggers.append(ctx.metrics.record_iteration)
     _add_error_handlers(app)
     app.add_middleware(RequestGate, options=options, drain=ctx.drain)
     _add_openai_routes(app, ctx)
@@ -116,6 +122,7 @@ def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
         try:
             yield
         finally:
+            ctx.engine.stat_loggers.remove(ctx.metrics.record_iteration)
             ctx.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
             if owns_engine:
                 ctx.engine.shutdown()
@@ -183,9 +190,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(first_error.values()), param
 
 
-def _log_unknown_fields(request: OpenAIBaseModel) -> None:
-    if request.unknown_fields():
-        logger.warning("ignored unknown request fields: %s", request.unknown_fields())
 
 
 # --------------------------------------------------------------------------- routes
@@ -216,12 +220,26 @@ def _validate(model: type[T], body: dict[str, Any]) -> T:
         request = model.model_validate(body)
     except ValidationError as exc:
         raise RequestValidationError([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
-    _log_unknown_fields(request)
+    request.refuse_unknown_fields()
     return request
 
 
-async def _load_aware(ctx: ServingContext, handler: Awaitable[Response]) -> Response:
-    """The handler counted in the server load until its response is done (a stream: until it ends)."""
+async def _load_aware(ctx: ServingContext, handler: Coroutine[Any, Any, Response], raw_request: Request) -> Response:
+    """The handler counted in the server load until its response is done (a stream: until it
+    ends); a non-streamed response carries the ORCA load report when the request asks for one."""
+    try:
+        report_format = orca.requested_format(raw_request.headers)
+    except ApiError:
+        handler.close()
+        raise
+    response = await _counted(ctx, handler)
+    if report_format is not None and not isinstance(response, SSEResponse):
+        metrics = orca.named_metrics(await ctx.engine.get_stats())
+        response.headers.update(orca.orca_header(report_format, metrics))
+    return response
+
+
+async def _counted(ctx: ServingContext, handler: Awaitable[Response]) -> Response:
     ctx.load.start()
     try:
         response = await handler
@@ -238,8 +256,8 @@ async def _load_aware(ctx: ServingContext, handler: Awaitable[Response]) -> Resp
 def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
-        _log_unknown_fields(request)
-        return await _load_aware(ctx, create_completion(ctx, request, raw_request))
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_completion(ctx, request, raw_request), raw_request)
 
     # A 400, not a 5xx: the server is fine, the request asks for an API it does not offer.
     @app.post("/v1/responses", response_model=None, status_code=400)
@@ -250,14 +268,14 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/chat/completions", response_model=None,
               responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        _log_unknown_fields(request)
-        return await _load_aware(ctx, create_chat_completion(ctx, request, raw_request))
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_chat_completion(ctx, request, raw_request), raw_request)
 
     @app.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse)
     async def batch_chat_completions(request: BatchChatCompletionRequest, raw_request: Request) -> Response:
         """vLLM's batch endpoint: several conversations in one call, one choice per conversation."""
-        _log_unknown_fields(request)
-        return await _load_aware(ctx, create_batch_chat_completion(ctx, request, raw_request))
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_batch_chat_completion(ctx, request, raw_request), raw_request)
 
     @app.post("/invocations", response_model=None, responses=_generation_responses(ChatCompletionResponse))
     async def invocations(raw_request: Request) -> Response:
@@ -266,10 +284,10 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         body = await raw_request.json()
         if isinstance(body, dict) and "messages" in body:
             chat = _validate(ChatCompletionRequest, body)
-            return await _load_aware(ctx, create_chat_completion(ctx, chat, raw_request))
+            return await _load_aware(ctx, create_chat_completion(ctx, chat, raw_request), raw_request)
         if isinstance(body, dict) and "prompt" in body:
             completion = _validate(CompletionRequest, body)
-            return await _load_aware(ctx, create_completion(ctx, completion, raw_request))
+            return await _load_aware(ctx, create_completion(ctx, completion, raw_request), raw_request)
         raise ApiError(400, "BadRequestError", "/invocations takes a chat completion request (with `messages`) "
                        "or a completion request (with `prompt`)", None)
 
@@ -314,6 +332,7 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        request.refuse_unknown_fields()
         ctx.served_model(request.model)
         if request.messages is not None:
             text = await render_chat(ctx, [{"role": m.role, "content": m.text()} for m in request.messages],
@@ -332,9 +351,17 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        request.refuse_unknown_fields()
         ctx.served_model(request.model)
         check_token_ids(ctx, request.tokens, "tokens")
         return DetokenizeResponse(prompt=await off_loop(ctx, ctx.tokenizer.decode, request.tokens))
+
+    if ctx.options.enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info() -> TokenizerInfoResponse:
+            """vLLM's: the tokenizer's configuration (tokenizer_config.json's fields, file paths
+            left out), its class, and the chat template when there is one."""
+            return TokenizerInfoResponse(**tokenizer_config(ctx.tokenizer))
 
 
 # --------------------------------------------------------------------------- serving
@@ -357,6 +384,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          reasoning_parser=getattr(args, "reasoning_parser", None),
                          enable_force_include_usage=args.enable_force_include_usage,
                          enable_server_load_tracking=args.enable_server_load_tracking,
+                         enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),
+                         root_path=getattr(args, "root_path", ""),
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
                          chat_template_timeout_s=args.chat_template_timeout)

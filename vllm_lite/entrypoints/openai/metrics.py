@@ -3,11 +3,14 @@ vLLM also has carries vLLM's name (`vllm:` prefix), so dashboards built for vLLM
 ones vLLM does not have are `vllm_lite:` (`vllm_lite:prefix_cache_hit_rate`,
 `vllm_lite:request_aborted`): no `vllm:` name that vLLM lacks.
 
-Two sources:
+Three sources, each counted where vLLM counts it:
 - the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache
   queries and hits, preemptions), read at scrape time by `EngineStatsCollector`;
-- what the server sees of each request's outputs (token counters, time to first token,
-  inter-token latency, finished and aborted requests), recorded by `RequestTracker`.
+- each engine step's IterationStats (engine/stats.py: engine-core timestamps), passed to
+  `record_iteration` by AsyncLLM: tokens per step, inter-token latency, and for finished
+  requests the queue / prefill / decode / inference times and time per output token;
+- what the server sees of each request's outputs (token counters, time to first token, e2e
+  latency, finished and aborted requests), recorded by `RequestTracker`.
 """
 
 from __future__ import annotations
@@ -19,14 +22,24 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from vllm_lite.engine.stats import IterationStats
 from vllm_lite.outputs import RequestOutput
+from vllm_lite.sampling_params import SamplingParams
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0)
 _REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                             120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
-                0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+_ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def kv_cache_usage(stats: dict[str, Any]) -> float:
+    """vllm:kv_cache_usage_perc from the engine's get_stats(): the fraction of blocks in use."""
+    total = stats.get("kv_blocks_total", 0)
+    free = stats.get("kv_blocks_free", total)
+    return (total - free) / total if total else 0.0
 
 
 class EngineStatsCollector:
@@ -39,16 +52,22 @@ class EngineStatsCollector:
 
     def collect(self) -> Iterator[Metric]:
         stats = self.stats
-        total = stats.get("kv_blocks_total", 0)
-        free = stats.get("kv_blocks_free", total)
         queries = stats.get("prefix_cache_queries", 0)
         hits = stats.get("prefix_cache_hits", 0)
         yield self._gauge("vllm:num_requests_running", "Requests in the running batch.",
                           stats.get("num_running", 0))
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
                           stats.get("num_waiting", 0))
+        deferred = stats.get("num_waiting_deferred", 0)
+        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by reason: "
+                                      "'capacity' = waiting for room in the batch; 'deferred' = held by a "
+                                      "transient constraint (a grammar still compiling). Sum of all reasons "
+                                      "equals vllm:num_requests_waiting.", labels=["model_name", "reason"])
+        by_reason.add_metric([self.model_name, "capacity"], stats.get("num_waiting", 0) - deferred)
+        by_reason.add_metric([self.model_name, "deferred"], deferred)
+        yield by_reason
         yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-                          (total - free) / total if total else 0.0)
+                          kv_cache_usage(stats))
         yield self._gauge("vllm_lite:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens.",
                           hits / queries if queries else 0.0)
         yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
@@ -96,8 +115,12 @@ class ServerMetrics:
             "vllm:time_to_first_token_seconds", "Seconds from arrival to the first output token.",
             labels, buckets=_TTFT_BUCKETS, registry=reg).labels(model_name)
         self.inter_token_latency = Histogram(
-            "vllm:inter_token_latency_seconds", "Seconds between consecutive output tokens.",
-            labels, buckets=_ITL_BUCKETS, registry=reg).labels(model_name)
+            "vllm:inter_token_latency_seconds", "Seconds between a request's consecutive engine steps "
+            "with an output token.", labels, buckets=_ITL_BUCKETS, registry=reg).labels(model_name)
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total", "Tokens per engine step (prompts of requests whose first token "
+            "came in it, plus tokens generated).", labels, buckets=_ITERATION_TOKENS_BUCKETS,
+            registry=reg).labels(model_name)
         self._request_success = Counter("vllm:request_success", "Finished sequences by finish reason.",
                                         labels + ["finished_reason"], registry=reg)
         self.requests_aborted = Counter("vllm_lite:request_aborted", "Requests aborted before they finished "
@@ -106,17 +129,46 @@ class ServerMetrics:
         self.e2e_request_latency = Histogram(
             "vllm:e2e_request_latency_seconds", "Seconds from arrival to the last output token.", labels,
             buckets=_REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.request_phase_times = {phase: Histogram(
+            f"vllm:request_{phase}_time_seconds", f"Seconds a request spent {doc}.", labels,
+            buckets=_REQUEST_LATENCY_BUCKETS, registry=reg).labels(model_name)
+            for phase, doc in (("queue", "waiting before it was first scheduled"),
+                               ("prefill", "from first scheduled to its first token"),
+                               ("decode", "from its first token to its last"),
+                               ("inference", "from first scheduled to its last token"))}
+        self.time_per_output_token = Histogram(
+            "vllm:request_time_per_output_token_seconds", "Decode time / (generated tokens - 1), per request.",
+            labels, buckets=_ITL_BUCKETS, registry=reg).labels(model_name)
         self.request_prompt_tokens = Histogram(
             "vllm:request_prompt_tokens", "Prompt tokens per finished request.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
         self.request_generation_tokens = Histogram(
             "vllm:request_generation_tokens", "Generated tokens per finished request.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        self.request_params_n = Histogram(
+            "vllm:request_params_n", "The n request parameter.", labels, buckets=(1, 2, 5, 10, 20),
+            registry=reg).labels(model_name)
+        self.request_params_max_tokens = Histogram(
+            "vllm:request_params_max_tokens", "The max_tokens request parameter.", labels,
+            buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
         if cache_info:
             info = Gauge("vllm:cache_config_info", "The KV-cache configuration (labels; value 1).",
                          sorted(cache_info), registry=reg)
             info.labels(**cache_info).set(1)
         self.model_name = model_name
+
+    def record_iteration(self, stats: IterationStats) -> None:
+        """One engine step's numbers (AsyncLLM calls this for every EngineCoreOutputs)."""
+        self.iteration_tokens.observe(stats.num_tokens)
+        for latency in stats.inter_token_latencies:
+            self.inter_token_latency.observe(latency)
+        phases = self.request_phase_times
+        for finished in stats.finished_requests:
+            phases["queue"].observe(finished.queued_time)
+            phases["prefill"].observe(finished.prefill_time)
+            phases["decode"].observe(finished.decode_time)
+            phases["inference"].observe(finished.inference_time)
+            self.time_per_output_token.observe(finished.mean_time_per_output_token)
 
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self.model_name, finish_reason).inc()
@@ -129,12 +181,13 @@ class ServerMetrics:
 class RequestTracker:
     """Per-request bookkeeping: call `observe` with every (delta) output of the request."""
 
-    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int) -> None:
+    def __init__(self, metrics: ServerMetrics, num_prompt_tokens: int, params: SamplingParams | None = None) -> None:
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
+        self.params = params
         self.num_generated = 0
         self.arrival = time.monotonic()
-        self.last_token_time: dict[int, float] = {}  # per sample index
+        self.started = False
         metrics.prompt_tokens.inc(num_prompt_tokens)
 
     def observe(self, output: RequestOutput) -> None:
@@ -143,12 +196,9 @@ class RequestTracker:
         for completion in output.outputs:
             num_new = len(completion.token_ids)
             if num_new:
-                last = self.last_token_time.get(completion.index)
-                if not self.last_token_time:
+                if not self.started:
                     metrics.time_to_first_token.observe(now - self.arrival)
-                elif last is not None:
-                    metrics.inter_token_latency.observe((now - last) / num_new)
-                self.last_token_time[completion.index] = now
+                    self.started = True
                 metrics.generation_tokens.inc(num_new)
                 self.num_generated += num_new
             if completion.finish_reason is not None:
@@ -157,3 +207,7 @@ class RequestTracker:
             metrics.e2e_request_latency.observe(now - self.arrival)
             metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
             metrics.request_generation_tokens.observe(self.num_generated)
+            if self.params is not None:  # vLLM's request_params_* histograms
+                metrics.request_params_n.observe(self.params.n)
+                if self.params.max_tokens is not None:
+                    metrics.request_params_max_tokens.observe(self.params.max_tokens)

@@ -34,7 +34,7 @@ class RequestGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path, method = scope["path"], scope["method"]
+        path, method = route_path(scope), scope["method"]
         if path not in UNAUTHENTICATED_PATHS and method != "OPTIONS" and not self._authorized(scope):
             await _send_error(send, 401, "AuthenticationError", "Incorrect API key provided.", "api_key")
             return
@@ -90,6 +90,15 @@ class RequestGate:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def route_path(scope: Scope) -> str:
+    """The path the routes see: without --root-path's prefix when the request carries it
+    (Starlette's rule), so /llm/health is /health."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] in ("/", ""):
+        return path[len(root):] or "/"
+    return path
 
 
 def _replay(body: bytes, receive: Receive) -> Callable[[], Any]:

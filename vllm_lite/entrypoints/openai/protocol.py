@@ -11,14 +11,15 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
-from vllm_lite.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vllm_lite.sampling_params import (MAX_LOGPROB_TOKEN_IDS, RequestOutputKind, SamplingParams,
+                                       StructuredOutputsParams)
 
 # `logprobs` / `top_logprobs` / `prompt_logprobs` of -1 mean "the whole vocabulary" (vLLM's rule);
 # the engine's max_logprobs then decides whether that many are allowed.
@@ -38,12 +39,53 @@ def _omit_if_none(value: Any) -> bool:
 
 
 class OpenAIBaseModel(BaseModel):
-    # Unknown fields are accepted (clients send fields of newer API versions) and reported in
-    # the server log, as vLLM does.
+    # Unknown fields are kept (model_extra): a request body refuses them (RequestModel), nested
+    # objects such as chat messages carry fields of newer API versions that no result depends on.
     model_config = ConfigDict(extra="allow")
 
     def unknown_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
+
+
+# Request fields vLLM's server accepts that vllm_lite does not implement: refused by name (a
+# field that changes the result is never dropped), unless given with the value that changes
+# nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
+VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
+    "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
+    "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs", "request_id",
+    "thinking_token_budget", "repetition_detection", "include_reasoning", "reasoning_effort",
+    "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
+    "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "spaces_between_special_tokens": (True,), "priority": (0,), "include_reasoning": (True,),
+    "parallel_tool_calls": (True,), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
+}
+
+
+class RequestModel(OpenAIBaseModel):
+    """A request body: a top-level field it does not define is refused with a 400 naming it
+    (`refuse_unknown_fields`); the schema says so (additionalProperties: false)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+    no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = _NO_OP_VALUES
+
+    def refuse_unknown_fields(self) -> None:
+        extra = self.model_extra or {}
+        unknown = [name for name in self.unknown_fields()
+                   if not any(extra[name] == value and type(extra[name]) is type(value)
+                              for value in self.no_op_values.get(name, ()))]
+        if not unknown:
+            return
+        not_implemented = [name for name in unknown if name in VLLM_FIELDS_NOT_IMPLEMENTED]
+        others = [name for name in unknown if name not in VLLM_FIELDS_NOT_IMPLEMENTED]
+        parts = []
+        if not_implemented:
+            parts.append(f"vLLM's {', '.join(not_implemented)} {'is' if len(not_implemented) == 1 else 'are'} "
+                         "not supported by vllm_lite")
+        if others:
+            parts.append(f"unknown field{'s' if len(others) > 1 else ''}: {', '.join(others)}")
+        raise RequestParamError(unknown[0], "; ".join(parts))
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -81,7 +123,7 @@ class StreamUsage:
     every_chunk: bool  # continuous_usage_stats: each chunk carries the usage so far
 
 
-class _GenerationRequest(OpenAIBaseModel):
+class _GenerationRequest(RequestModel):
     """Fields completions and chat completions share."""
 
     model: str | None = None
@@ -119,6 +161,9 @@ class _GenerationRequest(OpenAIBaseModel):
     guided_whitespace_pattern: str | None = None
     prompt_logprobs: int | None = Field(default=None, description=(
         "vLLM: top-k logprobs per prompt token (-1 = whole vocabulary, within the server's max_logprobs)"))
+    logprob_token_ids: list[int] | None = Field(default=None, description=(
+        "vLLM: per output token, the logprobs of these token ids (and of the sampled token) instead of "
+        "the top-k; needs logprobs; at most 128 ids"))
     return_token_ids: bool = Field(default=False, description=(
         "vLLM: choices carry the generated `token_ids` and the prompt's `prompt_token_ids`"))
     return_tokens_as_token_ids: bool | None = Field(default=None, description=(
@@ -139,6 +184,8 @@ class _GenerationRequest(OpenAIBaseModel):
             return None
         unused = [name for name in _SAMPLING_FIELDS if name not in _BEAM_SEARCH_FIELDS
                   and getattr(self, name) is not None]
+        _check(not self.logprob_token_ids, "logprob_token_ids",
+               "`logprob_token_ids` is not supported with beam search.")
         if logprobs or self.prompt_logprobs is not None:
             unused.append("logprobs" if logprobs else "prompt_logprobs")
         _check(not unused, unused[0] if unused else "use_beam_search",
@@ -172,6 +219,9 @@ class _GenerationRequest(OpenAIBaseModel):
         _check(not (self.stream and self.prompt_logprobs), "prompt_logprobs",
                "prompt_logprobs are not available when stream is true")
         prompt_count = _max_count(_whole_vocab(self.prompt_logprobs, vocab_size), prompt_logprobs)
+        if self.logprob_token_ids is not None:  # vLLM: the given ids replace the top-k
+            _check_logprob_token_ids(self.logprob_token_ids, vocab_size)
+            kwargs["logprob_token_ids"], logprobs = self.logprob_token_ids, None
         return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=_whole_vocab(logprobs, vocab_size),
                               prompt_logprobs=prompt_count, output_kind=RequestOutputKind.DELTA,
                               structured_outputs=self._structured_outputs())
@@ -188,6 +238,8 @@ class _GenerationRequest(OpenAIBaseModel):
 
 
 class CompletionRequest(_GenerationRequest):
+    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (True,)}  # the prompt gets them
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
@@ -197,6 +249,8 @@ class CompletionRequest(_GenerationRequest):
 
     def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
         _check_logprob_count(self.logprobs, "logprobs")
+        _check(not self.logprob_token_ids or self.logprobs is not None, "logprob_token_ids",
+               "when using `logprob_token_ids`, `logprobs` must be set.")
         _check(self.best_of is None or self.best_of == self.n, "best_of",
                f"best_of must equal n (other values are not supported), got {self.best_of}")
         _check(self.suffix is None, "suffix", "suffix is not supported")
@@ -226,6 +280,8 @@ class ChatMessage(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(_GenerationRequest):
+    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (False,)}  # the template adds them
+
     messages: list[ChatMessage]
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
@@ -248,6 +304,8 @@ class ChatCompletionRequest(_GenerationRequest):
         _check(self.top_logprobs is None or self.logprobs, "top_logprobs",
                "top_logprobs needs logprobs=true")
         _check_logprob_count(self.top_logprobs, "top_logprobs")
+        _check(not self.logprob_token_ids or self.logprobs, "logprob_token_ids",
+               "when using `logprob_token_ids`, `logprobs` must be set to true.")
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         if self.max_completion_tokens is not None:
@@ -308,7 +366,7 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
                 .model_copy(update={"messages": conversation}) for conversation in self.messages]
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestModel):
     """`prompt` (completions-style) or `messages` (chat-style, the chat template applied)."""
 
     model: str | None = None
@@ -319,7 +377,7 @@ class TokenizeRequest(OpenAIBaseModel):
     return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
 
@@ -352,6 +410,17 @@ def _check_logit_bias(logit_bias: dict[str, float] | None, vocab_size: int | Non
 def _check_logprob_count(count: int | None, param: str) -> None:
     _check(count is None or count >= 0 or count == ALL_VOCAB_LOGPROBS, param,
            f"{param} must be a positive value or -1, got {count}")
+
+
+def _check_logprob_token_ids(token_ids: list[int], vocab_size: int | None) -> None:
+    """vLLM's checks and messages."""
+    _check(bool(token_ids), "logprob_token_ids", "`logprob_token_ids` must not be an empty list.")
+    _check(len(token_ids) <= MAX_LOGPROB_TOKEN_IDS, "logprob_token_ids",
+           f"Requested logprob_token_ids of length {len(token_ids)}, which is greater than max allowed: "
+           f"{MAX_LOGPROB_TOKEN_IDS}")
+    bad = [t for t in token_ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    _check(not bad, "logprob_token_ids", f"token_id(s) {bad} in logprob_token_ids contain out-of-vocab token ids. "
+           f"Vocabulary size: {vocab_size}")
 
 
 def _whole_vocab(count: int | None, vocab_size: int | None) -> int | None:
@@ -521,3 +590,37 @@ class TokenizeResponse(OpenAIBaseModel):
 
 class DetokenizeResponse(OpenAIBaseModel):
     prompt: str
+
+
+class TokenizerInfoResponse(OpenAIBaseModel):
+    """vLLM's /tokenizer_info: tokenizer_config.json's fields (extra keys) and the class."""
+
+    tokenizer_class: str
+
+
+# tokenizer_config.json entries that are paths on the server's disk (vLLM leaves them out too).
+_TOKENIZER_FILE_FIELDS = ("vocab_file", "merges_file", "tokenizer_file", "name_or_path")
+
+
+def tokenizer_config(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's init kwargs as JSON values (added tokens as their text), its class name
+    and its chat template."""
+    config = {key: _json_value(value) for key, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+              if key not in _TOKENIZER_FILE_FIELDS}
+    config["tokenizer_class"] = type(tokenizer).__name__
+    chat_template = getattr(tokenizer, "chat_template", None)
+    if isinstance(chat_template, str) and chat_template:
+        config["chat_template"] = chat_template
+    return config
+
+
+def _json_value(value: Any) -> Any:
+    if hasattr(value, "content"):  # an AddedToken
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -51,6 +51,8 @@ class ServerOptions:
     | enable_auto_tool_choice | --enable-auto-tool-choice | tool_choice "auto" (the default with tools) is served |
     | tool_call_parser | --tool-call-parser | how tool calls are read from the text (tool_parsers.py) |
     | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as reasoning_content (reasoning_parsers.py) |
+    | enable_tokenizer_info_endpoint | --enable-tokenizer-info-endpoint | GET /tokenizer_info (the tokenizer's configuration) |
+    | root_path | --root-path | the path prefix a proxy serves the app under (routes answer with and without it) |
     """
 
     api_key: str | None = None
@@ -65,6 +67,8 @@ class ServerOptions:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    enable_tokenizer_info_endpoint: bool = False
+    root_path: str = ""
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_n_sequences"):
@@ -73,6 +77,8 @@ class ServerOptions:
         for name in ("health_check_timeout_s", "shutdown_timeout_s", "chat_template_timeout_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise ValueError(f"root_path must start with '/' and not end with one, got {self.root_path!r}")
 
 
 @dataclass(slots=True)

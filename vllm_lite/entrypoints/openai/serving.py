@@ -23,6 +23,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
+from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
@@ -46,6 +47,7 @@ class EngineClient(Protocol):
 
     vllm_config: VllmConfig
     tokenizer: Any
+    stat_loggers: list[StatLogger]  # called with each engine step's IterationStats
 
     @property
     def errored(self) -> bool:
@@ -235,7 +237,7 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
-    tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]))
+    tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:

@@ -90,7 +90,8 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
     for index, acc in enumerate(collected.choices):
         logprobs = None
         if num_top is not None:
-            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
+            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
+                                     request.logprob_token_ids is not None)
         reasoning, text = None, acc.text
         if ctx.options.reasoning_parser is not None:
             reasoning, text = split_reasoning(ctx.options.reasoning_parser, acc.text)
@@ -146,7 +147,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
             logprobs = None
             if num_top is not None:
                 logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top,
-                                         as_ids)
+                                         as_ids, request.logprob_token_ids is not None)
             reasoning, text = None, completion.text
             if reasoning_streams is not None:
                 reasoning, text = reasoning_streams[completion.index].feed(completion.text,
@@ -178,15 +179,16 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
 
 
 def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]],
-                  num_top: int, tokens_as_ids: bool = False) -> ChatChoiceLogprobs:
+                  num_top: int, tokens_as_ids: bool = False, list_all: bool = False) -> ChatChoiceLogprobs:
     """Chat's shape: per token its text (or 'token_id:<int>'), logprob, UTF-8 bytes and the
-    `num_top` most likely tokens."""
+    `num_top` most likely tokens; with `list_all` (logprob_token_ids, as vLLM) every token the
+    entry holds instead: the sampled token, then the requested ids."""
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         sampled = entry.get(token_id)
         token = decode_token(tokenizer, token_id, sampled, tokens_as_ids)
         top = [_top_entry(decode_token(tokenizer, tid, lp, tokens_as_ids), lp)
-               for tid, lp in top_logprobs(entry, num_top)]
+               for tid, lp in (entry.items() if list_all else top_logprobs(entry, num_top))]
         logprob = json_logprob(sampled) if sampled is not None else MIN_JSON_LOGPROB
         content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
     return ChatChoiceLogprobs(content=content)
@@ -225,7 +227,10 @@ async def _batch_response(ctx: ServingContext, request: BatchChatCompletionReque
         acc = collected.choices[0]
         usage.prompt_tokens += len(prompt["prompt_token_ids"])
         usage.completion_tokens += len(acc.token_ids)
-        logprobs = None if num_top is None else chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids)
+        logprobs = None
+        if num_top is not None:
+            logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
+                                     request.logprob_token_ids is not None)
         choices.append(ChatCompletionResponseChoice(
             index=index, message=ChatResponseMessage(content=acc.text), logprobs=logprobs,
             finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,

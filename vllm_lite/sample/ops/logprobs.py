@@ -45,6 +45,33 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     )
 
 
+def with_requested_ids(gathered: LogprobsTensors, logprobs: torch.Tensor, rows: torch.Tensor,
+                       token_ids: torch.Tensor) -> LogprobsTensors:
+    """Rows `rows` of `logprobs` report the given `token_ids` [m, n] in columns 1..n (vLLM's
+    logprob_token_ids) instead of the top-k, with their ranks over the whole vocabulary; the
+    result is widened to n + 1 columns when the top-k is narrower."""
+    width = max(gathered.token_ids.shape[1], token_ids.shape[1] + 1)
+    out = LogprobsTensors(_widen(gathered.token_ids, width), _widen(gathered.logprobs, width),
+                          _widen(gathered.ranks, width))
+    row_logprobs = logprobs.index_select(0, rows)
+    values = row_logprobs.gather(1, token_ids)
+    ascending = row_logprobs.sort(dim=-1).values
+    at_least_as_likely = row_logprobs.shape[1] - torch.searchsorted(ascending, values, side="left")
+    columns = slice(1, token_ids.shape[1] + 1)
+    out.token_ids[rows, columns] = token_ids
+    out.logprobs[rows, columns] = values
+    out.ranks[rows, columns] = at_least_as_likely
+    return out
+
+
+def _widen(values: torch.Tensor, width: int) -> torch.Tensor:
+    if values.shape[1] == width:
+        return values.clone()
+    out = values.new_zeros((values.shape[0], width))
+    out[:, : values.shape[1]] = values
+    return out
+
+
 def scatter_rows(arrays: LogprobsArrays, rows: np.ndarray, num_rows: int) -> LogprobsArrays:
     """Place per-sample rows at their batch rows (other rows zero)."""
     def place(values: np.ndarray) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""What one engine step's outputs tell the metrics (vLLM's IterationStats and
+FinishedRequestStats), built by the OutputProcessor only when a stat logger listens (the server's
+/metrics does; `LLM` does not): numbers and one list of floats per step, nothing per token.
+
+Timings use the engine core's clock (EngineCoreOutputs.timestamp and the scheduling times), as
+vLLM's do:
+
+| metric | interval |
+|---|---|
+| queue time | queued -> first scheduled |
+| prefill time | first scheduled -> first token |
+| decode time | first token -> last token |
+| inference time | first scheduled -> last token |
+| time per output token | decode time / (generated tokens - 1) |
+| inter-token latency | a request's token's step -> its previous token's step |
+| iteration tokens | prompt tokens of the requests whose first token came this step + tokens generated |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm_lite.outputs import RequestStateStats
+
+
+@dataclass(slots=True)
+class FinishedRequestStats:
+    finish_reason: str
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    queued_time: float
+    prefill_time: float
+    decode_time: float
+    inference_time: float
+
+    @property
+    def mean_time_per_output_token(self) -> float:
+        return self.decode_time / (self.num_generation_tokens - 1) if self.num_generation_tokens > 1 else 0.0
+
+    @classmethod
+    def of(cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int) -> FinishedRequestStats:
+        return cls(finish_reason, num_prompt_tokens, stats.num_generation_tokens,
+                   queued_time=max(stats.scheduled_ts - stats.queued_ts, 0.0),
+                   prefill_time=max(stats.first_token_ts - stats.scheduled_ts, 0.0),
+                   decode_time=max(stats.last_token_ts - stats.first_token_ts, 0.0),
+                   inference_time=max(stats.last_token_ts - stats.scheduled_ts, 0.0))
+
+
+@dataclass(slots=True)
+class IterationStats:
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """vllm:iteration_tokens_total's observation."""
+        return self.num_prompt_tokens + self.num_generation_tokens
+
+
+StatLogger = Callable[[IterationStats], None]
