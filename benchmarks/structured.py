@@ -94,9 +94,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person as JSON."}],
-                                           tokenize=True, add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person as JSON."}],
+                                         tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
     workload = Workload([prompt] * args.requests, [args.max_tokens] * args.requests)
     limits = EngineLimits(max_model_len=512, max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_gib=1,
                           threads=args.threads)
