@@ -79,3 +79,9 @@ def test_a_partial_tag_is_held_back_from_content() -> None:
     assert stream.feed("Sure.<tool_", final=False) == ("Sure.", [])
     content, calls = stream.feed('call>{"name": "f", "arguments": {}}</tool_call>', final=True)
     assert content is None and [(c.name, c.arguments) for c in calls] == [("f", "{}")]
+
+
+def test_arguments_given_as_a_json_string_arrive_at_the_end() -> None:
+    text = '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>'
+    content, names, arguments, _ = _stream(ToolPlan("auto", parser="hermes"), text, 3)
+    assert names == {0: "f"} and json.loads(arguments[0]) == {"a": 1} and not content

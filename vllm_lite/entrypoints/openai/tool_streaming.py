@@ -147,6 +147,10 @@ class ToolCallStream:
             self.sent_content += rest
             return rest, []
         pieces = []
+        for index, sent in enumerate(self.sent_calls[: len(calls)]):
+            if not sent.arguments:  # announced, but its arguments were not an object (a JSON string)
+                sent.arguments = calls[index]["function"]["arguments"]
+                pieces.append(ToolCallDelta(index, sent.arguments))
         for index in range(len(self.sent_calls), len(calls)):
             function = calls[index]["function"]
             call_id = calls[index]["id"]
