@@ -20,6 +20,7 @@ from live_server import LiveServer, running_server
 from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerOptions
 from vllm_lite.outputs import CompletionOutput, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
@@ -214,21 +215,25 @@ def test_auto_tool_choice_needs_the_parser_flags(client: openai.OpenAI) -> None:
 class ScriptedEngine(FakeEngine):
     """Every request's reply is `script`, one piece per step."""
 
-    def __init__(self, tokenizer: Any, script: list[str]) -> None:
+    def __init__(self, tokenizer: Any, script: list[str], fail_after: int | None = None) -> None:
         super().__init__(tokenizer, max_model_len=512)
         self.script = script
+        self.fail_after = fail_after  # raise EngineDeadError after this many pieces
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         for step, piece in enumerate(self.script):
+            if step == self.fail_after:
+                raise EngineDeadError("the engine core died")
             last = step == len(self.script) - 1
             output = CompletionOutput(index=0, text=piece, token_ids=[7], finish_reason="stop" if last else None)
             yield RequestOutput(request_id, None, prompt["prompt_token_ids"], [output], last)
             await asyncio.sleep(0)
 
 
-def _scripted_events(tokenizer_dir: Path, script: list[str], **body: Any) -> list[Any]:
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(tokenizer_dir), script)
+def _scripted_events(tokenizer_dir: Path, script: list[str], fail_after: int | None = None,
+                     **body: Any) -> list[Any]:
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(tokenizer_dir), script, fail_after)
     engine.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     options = ServerOptions(api_key=API_KEY, reasoning_parser="qwen3", enable_auto_tool_choice=True,
                             tool_call_parser="hermes")
@@ -270,6 +275,11 @@ def test_hermes_calls_streamed_in_pieces(tiny_tokenizer_dir: Path) -> None:
                   and e.item_id == item.id]
         assert len(deltas) > 3 and "".join(deltas) == item.arguments and _weather_ok(item.arguments)
     assert [json.loads(i.arguments) for i in whole.output[1:]] == [json.loads(i.arguments) for i in final[1:]]
+
+
+def test_an_error_after_the_stream_began_is_an_error_event(tiny_tokenizer_dir: Path) -> None:
+    with pytest.raises(openai.APIError, match="engine is dead"):
+        _scripted_events(tiny_tokenizer_dir, ["Hello", " there", " friend"], fail_after=2)
 
 
 def test_response_store_forgets_the_least_recently_used() -> None:
