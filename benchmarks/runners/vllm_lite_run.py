@@ -2,7 +2,8 @@
 
     python benchmarks/runners/vllm_lite_run.py JOB.json RESULT.json
 
-The job and result formats are those of benchmarks/benchlib.py (run_engine / engine_job).
+The job and result formats are those of benchmarks/benchlib.py (run_engine / engine_job); a job
+with `json_schema` constrains its first `num_constrained` requests to it (structured outputs).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from vllm_lite import LLM, SamplingParams
+from vllm_lite.sampling_params import StructuredOutputsParams
 
 
 def main(job_path: str, result_path: str) -> None:
@@ -24,9 +26,13 @@ def main(job_path: str, result_path: str) -> None:
     try:
         detokenize = job.get("detokenize", True)
         prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize)
-                  for n in job["max_tokens"]]
-        llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+        structured = StructuredOutputsParams(json=job["json_schema"]) if job.get("json_schema") else None
+        num_constrained = job.get("num_constrained", 0) if structured else 0
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize,
+                                 structured_outputs=structured if i < num_constrained else None)
+                  for i, n in enumerate(job["max_tokens"])]
+        # Warm-up (with the grammar, when there is one: its compilation is cached, as in vLLM).
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4, structured_outputs=structured), use_tqdm=False)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start

@@ -1,5 +1,6 @@
 """The grammar bitmask op: only the constrained rows change, exactly their disallowed tokens
-become -inf (checked against xgrammar's own op), sampling stays inside the allowed set, and a
+become -inf (checked against xgrammar's own op), the csrc op equals the torch fallback (padded
+vocabularies, all-allowed words, strided logits), sampling stays inside the allowed set, and a
 batch without constrained rows is not copied."""
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ import xgrammar
 
 from sampling_fixtures import make_batch, make_metadata
 from vllm_lite.sample.copy_counter import LogitsCopyCounter
-from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
+from vllm_lite import _custom_ops as cpu_native
+from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask, apply_grammar_bitmask_torch
 from vllm_lite.sample.sampler import Sampler
 from vllm_lite.sampling_params import SamplingParams
 
 VOCAB = 70  # not a multiple of 32: the last word is partly padding
 
 
-def random_bitmask(num_rows: int, seed: int) -> torch.Tensor:
-    words = -(-VOCAB // 32)
+def random_bitmask(num_rows: int, seed: int, vocab: int = VOCAB) -> torch.Tensor:
+    words = -(-vocab // 32)
     bits = torch.randint(0, 2, (num_rows, words * 32), generator=torch.Generator().manual_seed(seed))
     bits[:, 3] = 1  # at least one allowed token per row
     weights = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
@@ -40,6 +42,25 @@ def test_matches_xgrammar_and_touches_only_constrained_rows() -> None:
     untouched = torch.tensor([0, 2, 3, 5])
     assert torch.equal(ours[untouched], logits[untouched])
     assert torch.isinf(ours[rows]).any()
+
+
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+@pytest.mark.parametrize(("vocab", "logits_vocab"), [(70, 70), (70, 100), (49152, 49152), (1000, 1024)])
+def test_csrc_op_equals_the_torch_fallback(vocab: int, logits_vocab: int) -> None:
+    """logits_vocab > vocab: logits padded past the mask's words, never allowed."""
+    generator = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, logits_vocab + 5, generator=generator)[:, :logits_vocab]  # strided rows
+    bitmask = random_bitmask(4, seed=3, vocab=vocab)
+    bitmask[1] = -1  # every token allowed: the row stays as it was
+    bitmask[2, ::2] = 0  # whole words disallowed
+    grammar = GrammarBitmask(torch.tensor([8, 0, 3, 5]), bitmask)
+    native, reference = logits.clone(), logits.clone()
+    cpu_native.apply_token_bitmask_inplace(native, bitmask, grammar.logits_rows)
+    apply_grammar_bitmask_torch(reference, grammar)
+    assert torch.equal(native, reference)
+    assert torch.equal(native[0, : bitmask.shape[1] * 32], logits[0, : bitmask.shape[1] * 32])
+    with pytest.raises(RuntimeError, match="outside the logits"):
+        cpu_native.apply_token_bitmask_inplace(native, bitmask, torch.tensor([0, 1, 2, 9]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

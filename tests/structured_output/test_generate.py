@@ -124,3 +124,23 @@ def test_structured_outputs_params_checks(structured: dict, named: str) -> None:
 def test_unknown_structured_outputs_field_is_refused() -> None:
     with pytest.raises(ValueError, match="whitespace_patern"):
         SamplingParams(structured_outputs={"regex": "a", "whitespace_patern": " "})
+
+
+@pytest.mark.parametrize(("structured", "accepted"), [({"json": {"type": "boolean"}}, {"true", "false"}),
+                                                      ({"choice": ["yes", "no"]}, {"yes", "no"})])
+def test_grammar_complete_before_min_tokens_stops(llm, structured: dict, accepted: set[str],
+                                                  prompts_token_ids: list[list[int]]) -> None:
+    """vLLM's rule: a grammar that allows nothing but EOS before min_tokens is reached wins over
+    min_tokens (which would leave nothing to sample): the request ends with `stop`, its output
+    the complete value, while an unconstrained request in the same batch still runs to min_tokens."""
+    params = [SamplingParams(temperature=temperature, seed=3, max_tokens=40, min_tokens=20,
+                             structured_outputs=StructuredOutputsParams(**structured))
+              for temperature in (0.0, 1.0)]
+    free = SamplingParams(temperature=0.0, max_tokens=40, min_tokens=20)
+    prompts = [{"prompt_token_ids": prompts_token_ids[i]} for i in range(3)]
+    *outs, free_out = llm.generate(prompts, [*params, free], use_tqdm=False)
+    for out in outs:
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", completion
+        assert completion.text in accepted and len(completion.token_ids) < 20
+    assert len(free_out.outputs[0].token_ids) >= 20

@@ -89,7 +89,8 @@ def _add_engine_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    from vllm_lite.entrypoints.openai.server_state import DEFAULT_MAX_N_SEQUENCES, DEFAULT_MAX_REQUEST_BODY_BYTES
+    from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_N_SEQUENCES, DEFAULT_MAX_REQUEST_BODY_BYTES,
+                                                          DEFAULT_MAX_STORED_RESPONSES)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)")
     add_engine_args(serve, model_positional=True)
@@ -102,6 +103,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="larger request bodies get 413 before they are read")
     serve.add_argument("--max-n-sequences", type=int, default=DEFAULT_MAX_N_SEQUENCES,
                        help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
+    serve.add_argument("--max-stored-responses", type=int, default=DEFAULT_MAX_STORED_RESPONSES,
+                       help="/v1/responses: how many stored responses previous_response_id can continue "
+                            "(the oldest are forgotten first)")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='serve tool_choice "auto" (needs --tool-call-parser)')
     serve.add_argument("--tool-call-parser", choices=("hermes", "qwen3", "llama3_json", "mistral", "pythonic"),

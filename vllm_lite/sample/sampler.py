@@ -50,7 +50,7 @@ class Sampler:
             raw_logprobs = compute_logprobs(logits if index is None else logits.index_select(0, index))
         if metadata.needs_logits_processing or not metadata.all_greedy:
             logits = logits.to(torch.float32)  # no-op for float32 logits
-            self._process_logits(logits, metadata)
+            self._process_logits(logits, metadata, None if grammar is None else grammar.logits_rows)
         sampled = self._sample(logits, metadata)
         if raw_logprobs is None:
             return SamplerOutput(sampled, None)
@@ -62,9 +62,10 @@ class Sampler:
         return SamplerOutput(sampled, logprobs, asked)
 
     @staticmethod
-    def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
+    def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata,
+                        grammar_rows: torch.Tensor | None) -> None:
         if metadata.min_tokens is not None:
-            apply_min_tokens(logits, metadata.min_tokens)
+            apply_min_tokens(logits, metadata.min_tokens, grammar_rows)
         if metadata.logit_bias is not None:
             apply_logit_bias(logits, metadata.logit_bias)
         if metadata.penalties is not None:

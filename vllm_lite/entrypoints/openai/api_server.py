@@ -64,7 +64,10 @@ from vllm_lite.entrypoints.openai.serving import (
     off_loop,
     render_chat,
 )
-from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions
+from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
+                                                       ServerOptions)
+from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
+from vllm_lite.entrypoints.openai.serving_responses import create_response, retrieve_response
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
@@ -95,7 +98,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          metrics=ServerMetrics(names[0], model_config.max_model_len, _cache_info(engine)),
                          vocab_size=model_config.hf.vocab_size,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
-                         options=options, load=ServerLoad(enabled=options.enable_server_load_tracking))
+                         options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
+                         responses=ResponseStore(options.max_stored_responses))
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path)
     app.state.ctx = ctx
@@ -259,11 +263,15 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         request.refuse_unknown_fields()
         return await _load_aware(ctx, create_completion(ctx, request, raw_request), raw_request)
 
-    # A 400, not a 5xx: the server is fine, the request asks for an API it does not offer.
-    @app.post("/v1/responses", response_model=None, status_code=400)
-    async def responses() -> Response:
-        raise ApiError(400, "BadRequestError", "/v1/responses (the Responses API) is not implemented by "
-                       "this server yet; use /v1/chat/completions (tools and response_format are supported there)")
+    @app.post("/v1/responses", response_model=None)
+    async def responses(request: ResponsesRequest, raw_request: Request) -> Response:
+        """The Responses API (serving_responses.py); unknown fields are refused by name."""
+        return await _load_aware(ctx, create_response(ctx, request, raw_request))
+
+    @app.get("/v1/responses/{response_id}", response_model=None)
+    async def retrieve(response_id: str) -> Response:
+        """A stored response (`store: true`), within --max-stored-responses."""
+        return await retrieve_response(ctx, response_id)
 
     @app.post("/v1/chat/completions", response_model=None,
               responses=_generation_responses(ChatCompletionResponse))
@@ -382,6 +390,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                          tool_call_parser=getattr(args, "tool_call_parser", None),
                          reasoning_parser=getattr(args, "reasoning_parser", None),
+                         max_stored_responses=getattr(args, "max_stored_responses", DEFAULT_MAX_STORED_RESPONSES),
                          enable_force_include_usage=args.enable_force_include_usage,
                          enable_server_load_tracking=args.enable_server_load_tracking,
                          enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),

@@ -4,9 +4,12 @@ drain that SIGTERM starts (`ShutdownDrain`)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +19,8 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
 # vLLM bounds `n` with VLLM_MAX_N_SEQUENCES (16384 by default); on a CPU engine a few hundred
 # samples already occupy every sequence slot, so the server's default is lower.
 DEFAULT_MAX_N_SEQUENCES = 128
+# /v1/responses: a stored response holds its conversation (text), so a few thousand stay small.
+DEFAULT_MAX_STORED_RESPONSES = 1024
 
 
 @dataclass(slots=True)
@@ -53,6 +58,7 @@ class ServerOptions:
     | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as reasoning_content (reasoning_parsers.py) |
     | enable_tokenizer_info_endpoint | --enable-tokenizer-info-endpoint | GET /tokenizer_info (the tokenizer's configuration) |
     | root_path | --root-path | the path prefix a proxy serves the app under (routes answer with and without it) |
+    | max_stored_responses | --max-stored-responses | /v1/responses kept for previous_response_id (oldest forgotten first) |
     """
 
     api_key: str | None = None
@@ -69,9 +75,10 @@ class ServerOptions:
     reasoning_parser: str | None = None
     enable_tokenizer_info_endpoint: bool = False
     root_path: str = ""
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
 
     def __post_init__(self) -> None:
-        for name in ("max_request_body_bytes", "max_n_sequences"):
+        for name in ("max_request_body_bytes", "max_n_sequences", "max_stored_responses"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("health_check_timeout_s", "shutdown_timeout_s", "chat_template_timeout_s"):
@@ -79,6 +86,39 @@ class ServerOptions:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ValueError(f"root_path must start with '/' and not end with one, got {self.root_path!r}")
+
+
+@dataclass(slots=True)
+class ResponseStore:
+    """Responses of /v1/responses kept for previous_response_id and GET /v1/responses/{id}:
+    each one's body and the conversation (chat messages, instructions left out) that a later
+    response continues. At most `capacity`; the least recently used are forgotten first."""
+
+    capacity: int = DEFAULT_MAX_STORED_RESPONSES
+    _entries: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(default_factory=OrderedDict)
+
+    def put(self, response_id: str, conversation: list[dict[str, Any]], body: dict[str, Any]) -> None:
+        self._entries[response_id] = (conversation, body)
+        self._entries.move_to_end(response_id)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def history(self, response_id: str | None) -> list[dict[str, Any]] | None:
+        """The conversation that `response_id` ends ([] for None; None when not stored)."""
+        if response_id is None:
+            return []
+        entry = self._entries.get(response_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(response_id)
+        return copy.deepcopy(entry[0])
+
+    def body(self, response_id: str) -> dict[str, Any] | None:
+        entry = self._entries.get(response_id)
+        return None if entry is None else entry[1]
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 @dataclass(slots=True)

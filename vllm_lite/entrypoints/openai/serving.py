@@ -26,7 +26,7 @@ from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_
 from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
-from vllm_lite.entrypoints.openai.server_state import ServerLoad, ServerOptions, ShutdownDrain
+from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -85,6 +85,7 @@ class ServingContext:
     options: ServerOptions = field(default_factory=ServerOptions)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
+    responses: ResponseStore = field(default_factory=ResponseStore)
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 

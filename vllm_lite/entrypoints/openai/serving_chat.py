@@ -34,6 +34,7 @@ from vllm_lite.entrypoints.openai.serving import (
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
                                                         plan_tools)
+from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
 from vllm_lite.outputs import Logprob, RequestOutput
 
@@ -122,7 +123,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     per_choice = [0] * request.n  # tokens generated so far, per choice
     as_ids = bool(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
-    held = [""] * request.n  # tool-call requests: each choice's text until it finishes
+    tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
     parser = ctx.options.reasoning_parser
     reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
 
@@ -156,17 +157,16 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                         and not carries_ids):
                     continue  # a piece of a possible tag: held until the next delta
             delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
-            if tools.parses_output:
-                held[completion.index] += text or ""
-                if reasoning is not None and completion.finish_reason is None:
-                    yield chunk(ChatCompletionStreamChoice(index=completion.index,
-                                                           delta=DeltaMessage(reasoning_content=reasoning)))
-                if completion.finish_reason is None:
-                    continue
-                calls, content = extract_tool_calls(tools, held[completion.index])
+            if tool_streams is not None:
+                final = completion.finish_reason is not None
+                content, calls = tool_streams[completion.index].feed(text or "", final)
+                if content is None and not calls and reasoning is None and not final:
+                    continue  # nothing certain yet (a call's name, a possible tag)
                 delta = DeltaMessage(content=content, reasoning_content=reasoning,
-                                     tool_calls=[{"index": i, **call} for i, call in enumerate(calls)] or None)
-                reason = finish_reason(tools, calls, completion.finish_reason)
+                                     tool_calls=[call.to_openai() for call in calls] or None)
+                if final:
+                    whole_calls, _ = extract_tool_calls(tools, tool_streams[completion.index].text)
+                    reason = finish_reason(tools, whole_calls, completion.finish_reason)
                 logprobs = None
             yield chunk(ChatCompletionStreamChoice(
                 index=completion.index, delta=delta, logprobs=logprobs,

@@ -7,8 +7,8 @@
 | required | the output is constrained (grammar) to a JSON array of `{"name", "parameters"}`: the arguments always parse |
 | {"type": "function", "function": {"name": f}} | the output is constrained to f's parameters schema |
 
-Streaming sends a tool-call request's deltas when its choice finishes (the calls need the whole
-text to be parsed): one delta with the content, if any, and the calls with their full arguments.
+Streaming sends content and each call's arguments as they are generated (tool_streaming.py);
+the finish reason is decided on the whole text, as without streaming.
 """
 
 from __future__ import annotations

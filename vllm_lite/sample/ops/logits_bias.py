@@ -11,8 +11,13 @@ def apply_logit_bias(logits: torch.Tensor, bias: LogitBiasMetadata) -> None:
     logits.index_put_((bias.rows, bias.token_ids), bias.values, accumulate=True)
 
 
-def apply_min_tokens(logits: torch.Tensor, min_tokens: MinTokensMetadata) -> None:
-    """-inf on EOS and stop_token_ids for rows with fewer than min_tokens outputs so far."""
+def apply_min_tokens(logits: torch.Tensor, min_tokens: MinTokensMetadata,
+                     grammar_rows: torch.Tensor | None = None) -> None:
+    """-inf on EOS and stop_token_ids for rows with fewer than min_tokens outputs so far.
+    `grammar_rows`: the logits rows of structured-output requests. One of them whose grammar
+    allows nothing but its stop tokens (the value is complete) keeps them: as in vLLM, min_tokens
+    yields to the grammar rather than leave the row nothing to sample, and the request ends
+    with `stop` below min_tokens."""
     history = min_tokens.history
     rows = min_tokens.batch_rows
     num_output = history.num_tokens[rows] - history.num_prompt_tokens[rows]
@@ -22,4 +27,22 @@ def apply_min_tokens(logits: torch.Tensor, min_tokens: MinTokensMetadata) -> Non
     device = logits.device
     logits_rows = torch.from_numpy(min_tokens.pair_logits_rows[active]).to(device)
     token_ids = torch.from_numpy(min_tokens.pair_token_ids[active]).to(device)
+    saved = logits[logits_rows, token_ids] if grammar_rows is not None else None
     logits.index_put_((logits_rows, token_ids), torch.tensor(float("-inf"), device=device))
+    if grammar_rows is not None:
+        _restore_emptied_rows(logits, logits_rows, token_ids, saved, grammar_rows)
+
+
+def _restore_emptied_rows(logits: torch.Tensor, logits_rows: torch.Tensor, token_ids: torch.Tensor,
+                          saved: torch.Tensor, grammar_rows: torch.Tensor) -> None:
+    """Puts back the stop-token logits of constrained rows that the suppression left all -inf
+    (only those rows are scanned)."""
+    constrained = torch.isin(logits_rows, grammar_rows)
+    if not constrained.any():
+        return
+    rows = torch.unique(logits_rows[constrained])
+    emptied = rows[~(logits[rows] > float("-inf")).any(dim=1)]
+    if emptied.numel() == 0:
+        return
+    restore = torch.isin(logits_rows, emptied)
+    logits[logits_rows[restore], token_ids[restore]] = saved[restore]

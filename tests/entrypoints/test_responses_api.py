@@ -1,0 +1,293 @@
+"""The Responses API (/v1/responses) through the official `openai` client: against a live server
+on a random-weight tiny Qwen3 (text, instructions, max_output_tokens, text.format json_schema,
+function tools enforced by the grammar backend, previous_response_id, store, streaming event
+order, refusals by name), and in-process over a scripted engine for the parsers' side
+(reasoning items, hermes tool calls streamed in pieces)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fake_engine import FakeEngine
+from live_server import LiveServer, running_server
+from transformers import AutoTokenizer
+
+from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.exceptions import EngineDeadError
+from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerOptions
+from vllm_lite.outputs import CompletionOutput, RequestOutput
+from vllm_lite.sampling_params import SamplingParams
+
+MODEL = "tiny-qwen3"
+API_KEY = "sk-responses"
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                           "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                          "required": ["city", "days"], "additionalProperties": False}}
+TEXT_EVENTS = ["response.created", "response.in_progress", "response.output_item.added",
+               "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+               "response.content_part.done", "response.output_item.done", "response.completed"]
+
+
+def _weather_ok(arguments: str) -> bool:
+    value = json.loads(arguments)
+    return set(value) == {"city", "days"} and isinstance(value["city"], str) and 1 <= value["days"] <= 7
+
+
+def _collapse(types: list[str]) -> list[str]:
+    """Event types with repeats of one delta type shown once."""
+    return [t for i, t in enumerate(types) if not (i and t == types[i - 1] and t.endswith(".delta"))]
+
+
+# ---- live server ----
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "512", "--max-stored-responses", "2")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+def test_text_response_matches_chat_completion(client: openai.OpenAI) -> None:
+    """The same conversation through both APIs gives the same greedy text and token counts."""
+    response = client.responses.create(model=MODEL, input="Tell me a story", instructions="Be brief.",
+                                       max_output_tokens=12, temperature=0.0)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=12, temperature=0.0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"}])
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens == 12
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.instructions == "Be brief." and response.max_output_tokens == 12
+
+
+def test_streamed_events_rebuild_the_response(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(model=MODEL, input="Tell me a story", max_output_tokens=12,
+                                          temperature=0.0, stream=True))
+    assert _collapse([e.type for e in events]) == TEXT_EVENTS
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output_text == deltas == next(e.text for e in events if e.type == "response.output_text.done")
+    whole = client.responses.create(model=MODEL, input="Tell me a story", max_output_tokens=12, temperature=0.0)
+    assert whole.output_text == deltas
+    item_ids = {e.item_id for e in events if hasattr(e, "item_id")}
+    assert item_ids == {final.output[0].id}
+
+
+def test_json_schema_text_format(client: openai.OpenAI) -> None:
+    """text.format json_schema constrains the output as chat's response_format does (the same
+    greedy text); a finished output follows the schema, one cut by max_output_tokens is the start
+    of an object (a random-weight model may not close it)."""
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "score": {"type": "integer"}},
+              "required": ["answer", "score"], "additionalProperties": False}
+    response = client.responses.create(
+        model=MODEL, input="Rate this", max_output_tokens=60, temperature=0.0,
+        text={"format": {"type": "json_schema", "name": "rating", "schema": schema, "strict": True}})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Rate this"}], max_tokens=60, temperature=0.0,
+        response_format={"type": "json_schema", "json_schema": {"name": "rating", "schema": schema, "strict": True}})
+    assert response.output_text == chat.choices[0].message.content
+    if response.status == "completed":
+        value = json.loads(response.output_text)
+        assert value["answer"] in ("yes", "no") and isinstance(value["score"], int)
+    else:
+        assert response.output_text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_function_call(client: openai.OpenAI, stream: bool) -> None:
+    kwargs = dict(model=MODEL, input="Weather in Paris?", tools=[WEATHER], max_output_tokens=120,
+                  temperature=1.0, tool_choice={"type": "function", "name": "get_weather"})
+    if not stream:
+        response = client.responses.create(**kwargs)
+        (call,) = response.output
+        assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+        assert _weather_ok(call.arguments)
+        return
+    events = list(client.responses.create(**kwargs, stream=True))
+    types = _collapse([e.type for e in events])
+    assert types == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.completed"]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1, "the arguments are streamed as they are generated"
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert "".join(deltas) == done.arguments and _weather_ok(done.arguments)
+    (call,) = events[-1].response.output
+    assert call.arguments == done.arguments and call.id == done.item_id
+
+
+def test_required_tool_call_then_its_result(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER], max_output_tokens=150,
+                                    temperature=0.0, tool_choice="required")
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and all(c.name == "get_weather" and _weather_ok(c.arguments) for c in calls)
+    second = client.responses.create(
+        model=MODEL, previous_response_id=first.id, max_output_tokens=4, temperature=0.0, tools=[WEATHER],
+        tool_choice="none", input=[{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"}
+                                   for c in calls])
+    assert second.previous_response_id == first.id
+    # The same conversation as a chat completion: the calls and their results reach the template.
+    chat_tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    chat = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0.0, tools=chat_tools,
+                                          tool_choice="none", messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]},
+        *[{"role": "tool", "tool_call_id": c.call_id, "content": "sunny"} for c in calls]])
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert second.output_text == chat.choices[0].message.content
+
+
+def test_previous_response_id_continues_the_conversation(client: openai.OpenAI) -> None:
+    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=6, temperature=0.0)
+    second = client.responses.create(model=MODEL, input="And then?", previous_response_id=first.id,
+                                     max_output_tokens=6, temperature=0.0)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=6, temperature=0.0, messages=[
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And then?"}])
+    assert second.output_text == chat.choices[0].message.content
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert client.responses.retrieve(second.id).output_text == second.output_text
+
+
+def test_store_false_and_the_bounded_store(client: openai.OpenAI) -> None:
+    unstored = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError, match=unstored.id):
+        client.responses.create(model=MODEL, input="Hi", previous_response_id=unstored.id, max_output_tokens=2)
+    oldest = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    for _ in range(2):  # the server keeps 2 (--max-stored-responses)
+        client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(oldest.id)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"background": True}, "background"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"text": {"format": {"type": "json_object"}, "verbosity": "low"}}, "text.verbosity"),
+    ({"text": {"format": {"type": "grammar"}}}, "text.format"),
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+])
+def test_unsupported_fields_are_refused_by_name(server: LiveServer, extra: dict[str, Any], param: str) -> None:
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra}
+    response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_invalid_schema_is_400_naming_the_problem(server: LiveServer) -> None:
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 2,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}
+    response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 400 and "nope" in response.json()["error"]["message"], response.text
+
+
+def test_auto_tool_choice_needs_the_parser_flags(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice"):
+        client.responses.create(model=MODEL, input="hi", tools=[WEATHER], max_output_tokens=2)
+
+
+# ---- in-process, over a scripted engine: the parsers' side ----
+
+class ScriptedEngine(FakeEngine):
+    """Every request's reply is `script`, one piece per step."""
+
+    def __init__(self, tokenizer: Any, script: list[str], fail_after: int | None = None) -> None:
+        super().__init__(tokenizer, max_model_len=512)
+        self.script = script
+        self.fail_after = fail_after  # raise EngineDeadError after this many pieces
+
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        for step, piece in enumerate(self.script):
+            if step == self.fail_after:
+                raise EngineDeadError("the engine core died")
+            last = step == len(self.script) - 1
+            output = CompletionOutput(index=0, text=piece, token_ids=[7], finish_reason="stop" if last else None)
+            yield RequestOutput(request_id, None, prompt["prompt_token_ids"], [output], last)
+            await asyncio.sleep(0)
+
+
+def _scripted_events(tokenizer_dir: Path, script: list[str], fail_after: int | None = None,
+                     **body: Any) -> list[Any]:
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(tokenizer_dir), script, fail_after)
+    engine.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    options = ServerOptions(api_key=API_KEY, reasoning_parser="qwen3", enable_auto_tool_choice=True,
+                            tool_call_parser="hermes")
+
+    async def go() -> list[Any]:
+        app = build_app(engine, [MODEL], options=options)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test/v1")
+        async with openai.AsyncOpenAI(base_url="http://test/v1", api_key=API_KEY, http_client=http) as client:
+            stream = await client.responses.create(model=MODEL, input="hi", stream=True, **body)
+            events = [event async for event in stream]
+            whole = await client.responses.create(model=MODEL, input="hi", **body)
+            return [*events, whole]
+    return asyncio.run(go())
+
+
+def test_reasoning_and_text_items(tiny_tokenizer_dir: Path) -> None:
+    script = ["<th", "ink>Let me ", "think.</th", "ink>\n\nThe ans", "wer."]
+    *events, whole = _scripted_events(tiny_tokenizer_dir, script)
+    assert _collapse([e.type for e in events]) == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.output_item.done", *TEXT_EVENTS[2:]]
+    reasoning, message = events[-1].response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "Let me think."
+    assert message.type == "message" and message.content[0].text == "The answer."
+    assert [(item.type, getattr(item, "content")) for item in whole.output] == \
+        [(item.type, item.content) for item in events[-1].response.output]
+
+
+def test_hermes_calls_streamed_in_pieces(tiny_tokenizer_dir: Path) -> None:
+    text = ('Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}</tool_call>')
+    script = [text[i:i + 4] for i in range(0, len(text), 4)]
+    *events, whole = _scripted_events(tiny_tokenizer_dir, script, tools=[WEATHER])
+    final = events[-1].response.output
+    assert [item.type for item in final] == ["message", "function_call", "function_call"]
+    assert final[0].content[0].text == "Sure."
+    for item in final[1:]:
+        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"
+                  and e.item_id == item.id]
+        assert len(deltas) > 3 and "".join(deltas) == item.arguments and _weather_ok(item.arguments)
+    assert [json.loads(i.arguments) for i in whole.output[1:]] == [json.loads(i.arguments) for i in final[1:]]
+
+
+def test_an_error_after_the_stream_began_is_an_error_event(tiny_tokenizer_dir: Path) -> None:
+    with pytest.raises(openai.APIError, match="engine is dead"):
+        _scripted_events(tiny_tokenizer_dir, ["Hello", " there", " friend"], fail_after=2)
+
+
+def test_response_store_forgets_the_least_recently_used() -> None:
+    store = ResponseStore(capacity=2)
+    store.put("a", [{"role": "user", "content": "1"}], {"id": "a"})
+    store.put("b", [], {"id": "b"})
+    assert store.history("a") == [{"role": "user", "content": "1"}]  # a is now the most recent
+    store.put("c", [], {"id": "c"})
+    assert store.body("b") is None and store.body("a") == {"id": "a"} and len(store) == 2
+    store.history("a")[0]["content"] = "changed"  # callers get copies
+    assert store.history("a") == [{"role": "user", "content": "1"}]

@@ -1,0 +1,239 @@
+"""The Responses API's request (`POST /v1/responses`) as vLLM serves it for non-harmony models,
+turned into the chat completion request it runs as, and the output items of its answer.
+
+| request field | becomes |
+|---|---|
+| input (a string, or message / function_call / function_call_output / reasoning items) | the chat messages after the stored conversation |
+| instructions | a system message first (not carried over by previous_response_id, as OpenAI) |
+| previous_response_id | the stored conversation of that response (its input and its output) |
+| tools (`{"type": "function", "name", "parameters"}`), tool_choice | chat tools and tool_choice (serving_tools.py) |
+| text.format (`json_schema`, `json_object`, `text`) | response_format (structured outputs) |
+| max_output_tokens, temperature, top_p, top_k, logit_bias, cache_salt | the chat fields of those names |
+| store, stream, metadata, user, model | kept / echoed |
+
+Fields this server cannot honour (`background`, `include`, `reasoning`, `prompt`, `max_tool_calls`,
+`truncation: auto`, `top_logprobs`, `parallel_tool_calls: false`, hosted tools) and unknown
+fields are refused with their name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import Field
+
+from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIBaseModel, RequestParamError
+
+_INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
+_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+
+
+class ResponsesRequest(OpenAIBaseModel):
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool | None = True
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    service_tier: Literal["auto", "default"] = "auto"
+    # Accepted only at the values that change nothing (refused by name otherwise).
+    background: bool | None = False
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    truncation: Literal["disabled", "auto"] | None = "disabled"
+    top_logprobs: int | None = None
+    # vLLM's extras.
+    top_k: int | None = None
+    logit_bias: dict[str, float] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
+
+    def check_supported(self) -> None:
+        """Unknown fields and values this server does not serve are refused, each by name."""
+        unknown = self.unknown_fields()
+        _check(not unknown, unknown[0] if unknown else "", f"unknown or unsupported field(s) for /v1/responses: "
+               f"{', '.join(unknown)}")
+        _check(not self.background, "background", "background responses are not supported")
+        _check(not self.include, "include", f"include is not supported, got {self.include}")
+        _check(self.reasoning is None, "reasoning", "reasoning options are not supported (the reasoning "
+               "parser is the server's --reasoning-parser)")
+        _check(self.prompt is None, "prompt", "prompt templates are not supported")
+        _check(self.max_tool_calls is None, "max_tool_calls", "max_tool_calls is not supported")
+        _check(self.truncation in (None, "disabled"), "truncation", 'truncation must be "disabled" (a prompt '
+               "longer than the context is refused)")
+        _check(not self.top_logprobs, "top_logprobs", "top_logprobs is not supported")
+        _check(self.parallel_tool_calls in (None, True), "parallel_tool_calls",
+               "parallel_tool_calls: false is not supported")
+        _check(self.max_output_tokens is None or self.max_output_tokens >= 1, "max_output_tokens",
+               f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+
+    def chat_request(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """The chat completion request this runs as; `history` is the stored conversation of
+        previous_response_id (its messages, in chat form)."""
+        return ChatCompletionRequest(
+            messages=[*self.instruction_messages(), *history, *self.input_messages()],
+            max_completion_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt,
+            tools=[_chat_tool(tool) for tool in self.tools] or None,
+            tool_choice=_chat_tool_choice(self.tool_choice) if self.tools else _no_tools_choice(self.tool_choice),
+            response_format=_response_format(self.text))
+
+    def instruction_messages(self) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": self.instructions}] if self.instructions else []
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        """`input` as chat messages (consecutive function_call items are one assistant turn)."""
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        messages: list[dict[str, Any]] = []
+        for index, item in enumerate(self.input):
+            _check(isinstance(item, dict), "input", f"input[{index}] must be an object")
+            kind = item.get("type", "message")
+            if kind == "message":
+                messages.append(_input_message(item, index))
+            elif kind == "function_call":
+                call = _function_call(item, index)
+                if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+                    messages[-1]["tool_calls"].append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                _check(isinstance(item.get("call_id"), str) and isinstance(item.get("output"), str), "input",
+                       f"input[{index}]: a function_call_output needs call_id and output strings")
+                messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            elif kind != "reasoning":  # earlier reasoning is not shown to the model again (as vLLM)
+                raise RequestParamError("input", f"input[{index}]: items of type {kind!r} are not supported "
+                                        "(message, function_call, function_call_output, reasoning)")
+        _check(bool(messages), "input", "input must hold at least one message")
+        return messages
+
+
+def _check(condition: bool, param: str, message: str) -> None:
+    if not condition:
+        raise RequestParamError(param, message)
+
+
+def _input_message(item: dict[str, Any], index: int) -> dict[str, Any]:
+    role, content = item.get("role"), item.get("content")
+    _check(role in _MESSAGE_ROLES, "input", f"input[{index}].role must be one of {', '.join(_MESSAGE_ROLES)}, "
+           f"got {role!r}")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            _check(isinstance(part, dict) and part.get("type") in _INPUT_TEXT_PARTS
+                   and isinstance(part.get("text"), str), "input",
+                   f"input[{index}].content: only text parts are supported, got "
+                   f"{part.get('type') if isinstance(part, dict) else type(part).__name__!r}")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    _check(isinstance(content, str), "input", f"input[{index}].content must be text or a list of text parts")
+    # Chat templates know system, not OpenAI's newer developer role.
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _function_call(item: dict[str, Any], index: int) -> dict[str, Any]:
+    fields = [item.get(name) for name in ("call_id", "name", "arguments")]
+    _check(all(isinstance(value, str) for value in fields), "input",
+           f"input[{index}]: a function_call needs call_id, name and arguments strings")
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                    "arguments": item["arguments"]}}
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    _check(isinstance(tool, dict) and tool.get("type") == "function", "tools",
+           f"only function tools are supported, got a tool of type "
+           f"{tool.get('type') if isinstance(tool, dict) else type(tool).__name__!r}")
+    _check(isinstance(tool.get("name"), str), "tools", "a function tool needs a name")
+    function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        _check(choice in ("none", "auto", "required"), "tool_choice",
+               f"tool_choice must be none, auto, required or {{'type': 'function', 'name': ...}}, got {choice!r}")
+        return choice
+    _check(choice.get("type") == "function" and isinstance(choice.get("name"), str), "tool_choice",
+           f"tool_choice must be none, auto, required or {{'type': 'function', 'name': ...}}, got {choice!r}")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def _no_tools_choice(choice: str | dict[str, Any]) -> str | None:
+    _check(choice in ("auto", "none"), "tool_choice", "tool_choice needs tools")
+    return None
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """text.format as chat's response_format."""
+    if text is None:
+        return None
+    unknown = sorted(set(text) - {"format"})
+    _check(not unknown, f"text.{unknown[0]}" if unknown else "text", f"unsupported field(s) in text: {unknown}")
+    spec = text.get("format")
+    if spec is None:
+        return None
+    _check(isinstance(spec, dict), "text.format", "text.format must be an object")
+    kind = spec.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": spec.get("name"), "schema": spec.get("schema"),
+                                                       "strict": spec.get("strict")}}
+    raise RequestParamError("text.format", f"text.format.type must be text, json_object or json_schema, got {kind!r}")
+
+
+# --------------------------------------------------------------------------- output items
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def reasoning_item(item_id: str, text: str, status: str | None = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [output_text_part(text)] if text is not None else []}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
+                       status: str = "completed") -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+def output_as_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages that continue its conversation (the
+    reasoning left out, as vLLM)."""
+    messages: list[dict[str, Any]] = []
+    for item in output:
+        if item["type"] == "message":
+            messages.append({"role": "assistant", "content": "".join(part["text"] for part in item["content"])})
+        elif item["type"] == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls") is not None:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    return messages

@@ -1,0 +1,309 @@
+"""POST /v1/responses (and GET /v1/responses/{id}): a Responses API request runs as the chat
+completion it describes (responses_protocol.py); its answer is a list of output items
+(reasoning, message, function_call), streamed with the events vLLM emits for non-harmony
+models:
+
+| moment | events |
+|---|---|
+| start | response.created, response.in_progress |
+| reasoning (--reasoning-parser) | output_item.added, reasoning_text.delta..., reasoning_text.done, output_item.done |
+| text | output_item.added, content_part.added, output_text.delta..., output_text.done, content_part.done, output_item.done |
+| each tool call | output_item.added, function_call_arguments.delta..., function_call_arguments.done, output_item.done |
+| end | response.completed (status "incomplete" when max_output_tokens cut it) |
+
+Every event carries its `sequence_number`; an error after the stream began is one `error`
+event. A stored response (`store`, the default) can be continued with previous_response_id
+for the server's lifetime, within --max-stored-responses (the oldest are forgotten first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm_lite.entrypoints.openai.errors import ApiError
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
+from vllm_lite.entrypoints.openai.responses_protocol import (ResponsesRequest, function_call_item, message_item,
+                                                             new_id, output_as_messages, output_text_part,
+                                                             reasoning_item)
+from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, cancel_on_disconnect, check_length,
+                                                  collect_choices, sse_error, start_stream, tracked_generate)
+from vllm_lite.entrypoints.openai.serving_chat import chat_prompt
+from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, constrain, extract_tool_calls, plan_tools
+from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
+from vllm_lite.outputs import RequestOutput
+
+
+@dataclass(slots=True)
+class ResponseTurn:
+    """What a response's body needs besides its output."""
+
+    request: ResponsesRequest
+    response_id: str
+    model: str
+    max_output_tokens: int
+    history: list[dict[str, Any]]  # the conversation before this turn (no instructions)
+    tools: ToolPlan
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        request = self.request
+        return {"id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
+                "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "instructions": request.instructions, "max_output_tokens": self.max_output_tokens,
+                "model": self.model, "output": output, "parallel_tool_calls": True,
+                "previous_response_id": request.previous_response_id, "reasoning": None, "store": request.store,
+                "temperature": 1.0 if request.temperature is None else request.temperature,
+                "top_p": 1.0 if request.top_p is None else request.top_p,
+                "text": request.text or {"format": {"type": "text"}}, "tool_choice": request.tool_choice,
+                "tools": request.tools, "truncation": "disabled", "usage": usage, "user": request.user,
+                "metadata": request.metadata, "background": False, "service_tier": request.service_tier}
+
+
+async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_request: Request) -> Response:
+    request.check_supported()
+    model = ctx.served_model(request.model)
+    history = ctx.responses.history(request.previous_response_id)
+    if history is None:
+        raise ApiError(404, "NotFoundError", f"Response with id '{request.previous_response_id}' not found.",
+                       "previous_response_id")
+    chat = request.chat_request(history)
+    params = chat.to_sampling_params(ctx.vocab_size)
+    tools = plan_tools(chat, ctx.options)
+    params = constrain(params, chat, tools)
+    prompt = await chat_prompt(ctx, chat)
+    num_prompt_tokens = len(prompt["prompt_token_ids"])
+    check_length(ctx, num_prompt_tokens, params.max_tokens, "input")
+    turn = ResponseTurn(request, new_id("resp"), model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
+                        history, tools)
+    stream = tracked_generate(ctx, prompt, params, turn.response_id)
+    if request.stream:
+        started = await start_stream(stream)
+        return SSEResponse(_sse(_stream_events(ctx, turn, started)))
+    return JSONResponse(await cancel_on_disconnect(_full_response(ctx, turn, stream), raw_request))
+
+
+async def retrieve_response(ctx: ServingContext, response_id: str) -> JSONResponse:
+    body = ctx.responses.body(response_id)
+    if body is None:
+        raise ApiError(404, "NotFoundError", f"Response with id '{response_id}' not found.", "response_id")
+    return JSONResponse(body)
+
+
+# --------------------------------------------------------------------------- whole response
+
+
+async def _full_response(ctx: ServingContext, turn: ResponseTurn,
+                         stream: AsyncGenerator[RequestOutput, None]) -> dict[str, Any]:
+    usage = _Usage()
+    collected = await collect_choices(usage.counting(stream), 1)
+    choice = collected.choices[0]
+    incomplete = choice.finish_reason == "length"
+    output = _output_items(ctx, turn.tools, choice.text, incomplete)
+    return _finish(ctx, turn, output, incomplete, usage)
+
+
+def _output_items(ctx: ServingContext, tools: ToolPlan, text: str, incomplete: bool) -> list[dict[str, Any]]:
+    reasoning, content = None, text
+    if ctx.options.reasoning_parser is not None:
+        reasoning, content = split_reasoning(ctx.options.reasoning_parser, text)
+    calls: list[dict[str, Any]] = []
+    if tools.parses_output:
+        calls, content = extract_tool_calls(tools, content or "")
+    items = []
+    if reasoning:
+        items.append(reasoning_item(new_id("rs"), reasoning))
+    if content and content.strip():
+        items.append(message_item(new_id("msg"), content, "incomplete" if incomplete else "completed"))
+    for call in calls:
+        items.append(function_call_item(new_id("fc"), call["id"], call["function"]["name"],
+                                        call["function"]["arguments"]))
+    return items
+
+
+@dataclass(slots=True)
+class _Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+
+    async def counting(self, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
+        async with contextlib.aclosing(stream):
+            async for output in stream:
+                self.input_tokens = len(output.prompt_token_ids)
+                self.cached_tokens = output.num_cached_tokens
+                self.output_tokens += sum(len(completion.token_ids) for completion in output.outputs)
+                yield output
+
+    def json(self) -> dict[str, Any]:
+        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
+                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": self.input_tokens + self.output_tokens}
+
+
+def _finish(ctx: ServingContext, turn: ResponseTurn, output: list[dict[str, Any]], incomplete: bool,
+            usage: _Usage) -> dict[str, Any]:
+    """The final body; stored (with the conversation it continues) when the request asks."""
+    body = turn.body(output, "incomplete" if incomplete else "completed", usage.json())
+    if turn.request.store:
+        conversation = [*turn.history, *turn.request.input_messages(), *output_as_messages(output)]
+        ctx.responses.put(turn.response_id, conversation, body)
+    return body
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+async def _sse(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[str, None]:
+    """Each event as `event: <type>` + its JSON; an error met after the stream began is an
+    `error` event (the openai client raises it)."""
+    try:
+        async for event in events:
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    except Exception as exc:
+        yield f"event: error\n{sse_error(exc)}"
+    finally:
+        await events.aclose()
+
+
+@dataclass(slots=True)
+class _OpenItem:
+    kind: str  # reasoning | message | function_call
+    item: dict[str, Any]
+    text: str = ""
+
+
+@dataclass(slots=True)
+class _EventWriter:
+    """The stream's output items, opened and closed in order, as events."""
+
+    sequence_number: int = 0
+    done: list[dict[str, Any]] = field(default_factory=list)
+    current: _OpenItem | None = None
+    pending_space: str = ""  # text that is only whitespace so far: no message for it yet
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self.sequence_number, **fields}
+        self.sequence_number += 1
+        return event
+
+    def _where(self) -> dict[str, Any]:
+        assert self.current is not None
+        return {"item_id": self.current.item["id"], "output_index": len(self.done)}
+
+    def _open(self, kind: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self.close()
+        self.current = _OpenItem(kind, item)
+        events.append(self.event("response.output_item.added", output_index=len(self.done), item=dict(item)))
+        if kind == "message":
+            events.append(self.event("response.content_part.added", **self._where(), content_index=0,
+                                     part=output_text_part("")))
+        return events
+
+    def reasoning(self, delta: str) -> list[dict[str, Any]]:
+        events = [] if self.current is not None and self.current.kind == "reasoning" else \
+            self._open("reasoning", reasoning_item(new_id("rs"), "", "in_progress"))
+        self.current.text += delta
+        events.append(self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=delta))
+        return events
+
+    def text(self, delta: str) -> list[dict[str, Any]]:
+        if self.current is None or self.current.kind != "message":
+            if not (self.pending_space + delta).strip():
+                self.pending_space += delta
+                return []
+            delta, self.pending_space = self.pending_space + delta, ""
+            events = self._open("message", message_item(new_id("msg"), None, "in_progress"))
+        else:
+            events = []
+        self.current.text += delta
+        events.append(self.event("response.output_text.delta", **self._where(), content_index=0, delta=delta,
+                                 logprobs=[]))
+        return events
+
+    def call(self, name: str | None, call_id: str | None, delta: str) -> list[dict[str, Any]]:
+        events = []
+        if name is not None:
+            events = self._open("function_call", function_call_item(new_id("fc"), call_id or new_id("call"), name, "",
+                                                                    "in_progress"))
+        assert self.current is not None and self.current.kind == "function_call"
+        self.current.text += delta
+        if delta:
+            events.append(self.event("response.function_call_arguments.delta", **self._where(), delta=delta))
+        return events
+
+    def close(self, incomplete: bool = False) -> list[dict[str, Any]]:
+        """Closes the open item: its done events."""
+        current, events = self.current, []
+        if current is None:
+            return events
+        where = self._where()
+        if current.kind == "reasoning":
+            events.append(self.event("response.reasoning_text.done", **where, content_index=0, text=current.text))
+            item = reasoning_item(current.item["id"], current.text)
+        elif current.kind == "message":
+            part = output_text_part(current.text)
+            events.append(self.event("response.output_text.done", **where, content_index=0, text=current.text,
+                                     logprobs=[]))
+            events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
+            item = message_item(current.item["id"], current.text, "incomplete" if incomplete else "completed")
+        else:
+            item = function_call_item(current.item["id"], current.item["call_id"], current.item["name"],
+                                      current.text)
+            events.append(self.event("response.function_call_arguments.done", **where, arguments=current.text))
+        events.append(self.event("response.output_item.done", output_index=len(self.done), item=item))
+        self.done.append(item)
+        self.current = None
+        return events
+
+
+async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
+                         stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[dict[str, Any], None]:
+    writer, usage = _EventWriter(), _Usage()
+    started = turn.body([], "in_progress", None)
+    yield writer.event("response.created", response=started)
+    yield writer.event("response.in_progress", response=started)
+    parser = ctx.options.reasoning_parser
+    pieces = _PieceSplitter(ReasoningStream(parser) if parser else None,
+                            ToolCallStream(turn.tools) if turn.tools.parses_output else None)
+    finish_reason = None
+    async with contextlib.aclosing(usage.counting(stream)) as outputs:
+        async for output in outputs:
+            completion = output.outputs[0]
+            finish_reason = completion.finish_reason or finish_reason
+            for event in pieces.events(writer, completion.text, completion.finish_reason is not None):
+                yield event
+    incomplete = finish_reason == "length"
+    for event in writer.close(incomplete):
+        yield event
+    yield writer.event("response.completed", response=_finish(ctx, turn, writer.done, incomplete, usage))
+
+
+@dataclass(slots=True)
+class _PieceSplitter:
+    """A delta of text -> its reasoning, content and tool-call pieces, as events."""
+
+    reasoning_stream: ReasoningStream | None
+    tool_stream: ToolCallStream | None
+
+    def events(self, writer: _EventWriter, delta: str, final: bool) -> list[dict[str, Any]]:
+        reasoning, text = None, delta
+        if self.reasoning_stream is not None:
+            reasoning, text = self.reasoning_stream.feed(delta, final)
+        events = writer.reasoning(reasoning) if reasoning else []
+        calls = []
+        if self.tool_stream is not None:
+            text, calls = self.tool_stream.feed(text or "", final)
+        if text:
+            events += writer.text(text)
+        for call in calls:
+            events += writer.call(call.name, call.call_id, call.arguments)
+        return events
