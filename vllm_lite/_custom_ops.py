@@ -1,5 +1,6 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
-attention ops and, for the sampler, a row-wise argmax.
+attention ops, for the sampler a row-wise argmax and top-k/top-p draw, and the GGUF block matmul
+and dequantization.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -54,3 +55,15 @@ def top_k_top_p_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     top-p (float32, 1.0 = off) truncation, with one uniform per row: expected O(vocab) per row
     whatever the distribution (selection, not sorting). Rule: sample/ops/topk_topp.py."""
     return torch.ops.vllm_lite_C.top_k_top_p_sample(logits, top_k, top_p, uniforms)
+
+
+def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """float32 `x [M, K] @ W.T` for a weight kept in GGUF blocks: `qweight` uint8 `[N, K / 32 *
+    block bytes]` of ggml type `qtype` (3 = Q4_1, 8 = Q8_0); blocks widened to fp32 in registers,
+    fp32 accumulation. Meant for decode-sized M (the weight is read once per 4 rows)."""
+    return torch.ops.vllm_lite_C.gguf_gemm(x, qweight, qtype)
+
+
+def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """float32 `[N, K]` from GGUF blocks (as `gguf_gemm` takes them)."""
+    return torch.ops.vllm_lite_C.gguf_dequantize(qweight, qtype)
