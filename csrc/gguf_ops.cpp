@@ -41,6 +41,14 @@ constexpr int64_t kMaxRowsAtOnce = 4;
 
 typedef uint8_t vbyte __attribute__((vector_size(16)));
 typedef int8_t vsbyte __attribute__((vector_size(16)));
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+// Bytes -> int32 lanes (a sign / zero extension) -> float: GCC turns a direct byte -> float
+// conversion into 16 scalar conversions.
+template <typename Bytes>
+VLLM_LITE_INLINE vfloat to_float(Bytes bytes) {
+  return __builtin_convertvector(__builtin_convertvector(bytes, vint), vfloat);
+}
 
 int64_t block_bytes(int64_t qtype) {
   TORCH_CHECK(qtype == kTypeQ4_1 || qtype == kTypeQ8_0,
@@ -62,14 +70,14 @@ VLLM_LITE_INLINE void widen_block(const uint8_t* block, vfloat& lo, vfloat& hi) 
     vsbyte q0, q1;
     std::memcpy(&q0, block + 2, sizeof q0);
     std::memcpy(&q1, block + 2 + 16, sizeof q1);
-    lo = __builtin_convertvector(q0, vfloat) * d;
-    hi = __builtin_convertvector(q1, vfloat) * d;
+    lo = to_float(q0) * d;
+    hi = to_float(q1) * d;
   } else {
     const float d = half_at(block), m = half_at(block + 2);
     vbyte qs;
     std::memcpy(&qs, block + 4, sizeof qs);
-    lo = __builtin_convertvector(qs & 15, vfloat) * d + m;
-    hi = __builtin_convertvector(qs >> 4, vfloat) * d + m;
+    lo = to_float(qs & 15) * d + m;
+    hi = to_float(qs >> 4) * d + m;
   }
 }
 

@@ -30,7 +30,7 @@ BLOCK_BYTES: Mapping[int, int] = {GGML_TYPE_Q4_1: 20, GGML_TYPE_Q8_0: 34}
 KEPT_TYPE_NAMES: Mapping[int, str] = {GGML_TYPE_Q4_1: "Q4_1", GGML_TYPE_Q8_0: "Q8_0"}
 # Above this many rows the weight is dequantized once per call and multiplied by a matmul: the
 # kernel re-reads the weight for every 4 rows.
-GEMM_MAX_ROWS = 16
+GEMM_MAX_ROWS = 8
 
 
 @dataclass(frozen=True, slots=True)
