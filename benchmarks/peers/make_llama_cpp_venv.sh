@@ -2,8 +2,9 @@
 # Builds the llama.cpp peer environment for benchmarks/gguf_decode.py: llama-cpp-python compiled
 # from its sdist (CPU only) in its own virtual environment. Usage:
 #   bash benchmarks/peers/make_llama_cpp_venv.sh [VENV_DIR]
-# Needs cmake and a C/C++ compiler. The build compiles llama.cpp and ggml (15-30 min on 2 cores);
-# CMAKE_BUILD_PARALLEL_LEVEL sets its jobs. GGML_NATIVE builds for this CPU (AVX-512, VNNI, bf16).
+# Needs cmake and a C/C++ compiler. The build compiles llama.cpp, ggml and its mtmd tools (about an
+# hour on 2 cores shared with other work); CMAKE_BUILD_PARALLEL_LEVEL sets its jobs. GGML_NATIVE
+# builds for this CPU (AVX-512, VNNI, bf16); CMAKE_ARGS replaces the flags below.
 set -euo pipefail
 VENV_DIR="${1:-$(dirname "$0")/.venv-llama-cpp}"
 PYTHON="${PYTHON:-python3}"
