@@ -4,11 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf
 
 setup: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp csrc/sampler_ops.cpp csrc/grammar_ops.cpp csrc/cpu_multiversion.h
+$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp csrc/sampler_ops.cpp csrc/grammar_ops.cpp csrc/gguf_ops.cpp csrc/cpu_multiversion.h csrc/cpu_vec.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned first so nothing below pulls another build: on these CPU machines pip takes the
@@ -29,12 +29,13 @@ test: $(STAMP)
 	$(PY) -m pytest tests
 
 # Benchmarks (benchmarks/RESULTS.md): each prints a table last. The peers they compare with are
-# optional: `make bench-peers` builds vLLM's CPU build and OpenVINO GenAI in their own environments.
+# optional: `make bench-peers` builds vLLM's CPU build, OpenVINO GenAI and llama.cpp in their own environments.
 BENCH := $(PY) benchmarks
 
 bench-peers:
 	bash benchmarks/peers/make_vllm_cpu_venv.sh
 	bash benchmarks/peers/make_openvino_venv.sh
+	bash benchmarks/peers/make_llama_cpp_venv.sh
 
 bench-throughput: $(STAMP)
 	$(BENCH)/throughput_demo.py
@@ -63,7 +64,10 @@ bench-accuracy: $(STAMP)
 bench-structured: $(STAMP)
 	$(BENCH)/structured.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured
+bench-gguf: $(STAMP)
+	$(BENCH)/gguf_decode.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

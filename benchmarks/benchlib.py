@@ -27,6 +27,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 RUNNERS_DIR = BENCH_DIR / "runners"
 VLLM_CPU_VENV = BENCH_DIR / "peers" / ".venv-vllm-cpu"
 OPENVINO_VENV = BENCH_DIR / "peers" / ".venv-openvino"
+LLAMA_CPP_VENV = BENCH_DIR / "peers" / ".venv-llama-cpp"
 KIB, GIB = 1024, 1024 ** 3
 
 
@@ -101,6 +102,13 @@ def openvino_python() -> Path | None:
     return python if python.is_file() else None
 
 
+def llama_cpp_python() -> Path | None:
+    """The llama.cpp peer's interpreter (LLAMA_CPP_PYTHON, or the one the peers/ script makes)."""
+    configured = os.environ.get("LLAMA_CPP_PYTHON")
+    python = Path(configured) if configured else LLAMA_CPP_VENV / "bin" / "python"
+    return python if python.is_file() else None
+
+
 BUSY_LOOP = "while True:\n    pass\n"
 
 
@@ -119,9 +127,9 @@ def background_load(enabled: bool) -> Iterator[None]:
         proc.wait()
 
 
-def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
-               timeout_s: float = 3600) -> RunResult | Skipped:
-    """Run benchmarks/runners/<runner> on `job` in a subprocess and read its result."""
+def run_runner(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
+               timeout_s: float = 3600) -> dict[str, Any] | Skipped:
+    """Run benchmarks/runners/<runner> on `job` in a subprocess; its result (JSON) as a dict."""
     python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="vllm-lite-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
@@ -136,9 +144,18 @@ def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str |
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             print(f"[{name}] failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
             return Skipped(name, f"runner failed with exit code {proc.returncode} (log above)")
-        result = RunResult(name=name, **json.loads(out_path.read_text()))
-    print(f"[{name}] {result.output_tokens} tokens in {result.elapsed_s:.1f} s", file=sys.stderr, flush=True)
-    return result
+        return json.loads(out_path.read_text())
+
+
+def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
+               timeout_s: float = 3600) -> RunResult | Skipped:
+    """Run a throughput runner on `job` in a subprocess and read its result."""
+    result = run_runner(name, runner, job, python, timeout_s)
+    if isinstance(result, Skipped):
+        return result
+    run = RunResult(name=name, **result)
+    print(f"[{name}] {run.output_tokens} tokens in {run.elapsed_s:.1f} s", file=sys.stderr, flush=True)
+    return run
 
 
 def engine_job(model: Path, workload: Workload, limits: EngineLimits, **options: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
-attention ops and, for the sampler, a row-wise argmax, top-k/top-p sampling and the grammar
-bitmask.
+attention ops; for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
+bitmask; and the GGUF block matmul and dequantization.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -63,3 +63,15 @@ def apply_token_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, row
     (bit t % 32 of word t // 32 = token t allowed; tokens past words * 32 never are). The rule
     of sample/ops/grammar_mask.py's torch fallback, without its [m, vocab] temporaries."""
     torch.ops.vllm_lite_C.apply_token_bitmask_inplace(logits, bitmask, rows)
+
+
+def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """float32 `x [M, K] @ W.T` for a weight kept in GGUF blocks: `qweight` uint8 `[N, K / 32 *
+    block bytes]` of ggml type `qtype` (3 = Q4_1, 8 = Q8_0); blocks widened to fp32 in registers,
+    fp32 accumulation. Meant for decode-sized M (the weight is read once per 4 rows)."""
+    return torch.ops.vllm_lite_C.gguf_gemm(x, qweight, qtype)
+
+
+def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """float32 `[N, K]` from GGUF blocks (as `gguf_gemm` takes them)."""
+    return torch.ops.vllm_lite_C.gguf_dequantize(qweight, qtype)

@@ -33,7 +33,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
-QUANTIZATION_METHODS = ("int8",)
+# gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
+QUANTIZATION_METHODS = ("int8", "gguf")
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
 MODEL_IMPLS = ("auto", "vllm", "transformers")
@@ -210,6 +211,7 @@ class ModelConfig:
     attention_backend: str = "auto"  # one of ATTENTION_BACKENDS, resolved by the worker
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     quantization: str | None = None  # one of QUANTIZATION_METHODS: linear layers quantized at load
+    gguf_file: str | None = None  # the .gguf file `model` was converted from, if any
 
     @property
     def dtype_size(self) -> int:
@@ -349,9 +351,10 @@ class EngineArgs:
 
     def _model_config(self, device: str) -> ModelConfig:
         model_dir = (resolve_model_path(self.model, self.revision, self.download_dir) if self.model
-                     else _demo_model_dir())
-        if model_dir.is_file() and model_dir.suffix == ".gguf":
-            model_dir = _gguf_model_dir(model_dir)
+                     else _demo_gguf())
+        gguf_file = model_dir if model_dir.is_file() and model_dir.suffix == ".gguf" else None
+        if gguf_file is not None:
+            model_dir = _gguf_model_dir(gguf_file) if self.model else _demo_model_dir()
         _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder (nor a .gguf file)")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
@@ -367,6 +370,8 @@ class EngineArgs:
                f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
         _check(self.quantization is None or device == "cpu",
                f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
+        quantization = _resolve_gguf_quantization(self.quantization, gguf_file, device, self.tensor_parallel_size,
+                                                  hf.model_impl)
         max_len = self.max_model_len or hf.max_position_embeddings
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
@@ -384,7 +389,8 @@ class EngineArgs:
             max_logprobs=hf.vocab_size if self.max_logprobs == -1 else self.max_logprobs,
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
-            quantization=self.quantization,
+            quantization=quantization,
+            gguf_file=str(gguf_file) if gguf_file is not None else None,
         )
 
     def _cache_config(self, hf: HFModelConfig) -> CacheConfig:
@@ -480,6 +486,36 @@ def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
     if model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
+
+
+def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None, device: str,
+                               tensor_parallel_size: int, model_impl: str) -> str | None:
+    """A llama .gguf model on CPU implies quantization="gguf" (as vLLM infers it from the file);
+    other architectures, CUDA and the Transformers fallback load it dequantized. To run a GGUF file dequantized on CPU, pass
+    its converted folder (`vllm_lite.gguf_convert.gguf_model_dir`)."""
+    if quantization not in (None, "gguf"):
+        return quantization
+    if gguf_file is None:
+        _check(quantization is None, "quantization='gguf' needs a .gguf model file")
+        return None
+    from vllm_lite.gguf_convert import supports_kept_quantized
+
+    keepable = supports_kept_quantized(gguf_file) and model_impl != "transformers"
+    _check(quantization is None or keepable,
+           f"quantization='gguf': '{gguf_file}' is not a llama GGUF file run by our model code; other "
+           "architectures and model_impl='transformers' load it dequantized (leave quantization unset)")
+    if device != "cpu" or not keepable:
+        return None
+    _check(tensor_parallel_size == 1, f"quantization='gguf' runs on one rank, got tensor_parallel_size="
+                                      f"{tensor_parallel_size}; pass the converted folder to shard it")
+    logger.info("quantization='gguf': %s keeps its Q4_1 / Q8_0 tensors in their blocks", gguf_file.name)
+    return "gguf"
+
+
+def _demo_gguf() -> Path:
+    from vllm_lite.gguf_convert import find_demo_gguf
+
+    return find_demo_gguf()
 
 
 def _gguf_model_dir(gguf_path: Path) -> Path:

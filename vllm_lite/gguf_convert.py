@@ -16,7 +16,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -313,12 +313,52 @@ def _dequantize(tensor: Any) -> np.ndarray:
 
 
 def _convert_tensor(tensor: Any, config: Mapping[str, Any]) -> tuple[str, np.ndarray]:
-    weight = _dequantize(tensor)
-    if ".attn_q." in tensor.name:
-        weight = unpermute_rotary_rows(weight, config["num_attention_heads"])
-    elif ".attn_k." in tensor.name:
-        weight = unpermute_rotary_rows(weight, config["num_key_value_heads"])
-    return hf_tensor_name(tensor.name), weight
+    return hf_tensor_name(tensor.name), _unpermute_if_rotary(tensor.name, _dequantize(tensor), config)
+
+
+def supports_kept_quantized(gguf_path: Path) -> bool:
+    """Whether our converter maps this file's tensors (llama files), so they can be loaded straight
+    from the GGUF file with quantized tensors kept in their blocks (`quantization="gguf"`)."""
+    import gguf
+
+    arch = gguf.GGUFReader(str(gguf_path)).fields.get("general.architecture")
+    return arch is not None and arch.contents() in _ARCHITECTURES
+
+
+def gguf_tensor_types(gguf_path: Path) -> dict[str, tuple[int, int]]:
+    """Hugging Face tensor name -> (GGML type id, row length) for every tensor of the file."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    return {hf_tensor_name(t.name): (int(t.tensor_type), int(t.shape[0])) for t in reader.tensors}
+
+
+def iterate_gguf_weights(gguf_path: Path, config: Mapping[str, Any],
+                         keep_quantized: frozenset[str]) -> Iterator[tuple[str, Any]]:
+    """(Hugging Face name, torch tensor) for every tensor of a llama GGUF file: the tensors named in
+    `keep_quantized` as their raw blocks (uint8 [rows, row_bytes]; q/k rows un-permuted like the
+    dequantized ones: the permutation moves whole rows), every other one dequantized to float32."""
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name not in keep_quantized:
+            name, weight = _convert_tensor(tensor, config)
+            yield name, torch.from_numpy(weight if weight.flags.writeable else weight.copy())
+            continue
+        rows = int(np.prod(tensor.shape[1:]))
+        blocks = np.asarray(tensor.data).reshape(rows, -1)
+        yield name, torch.from_numpy(np.array(_unpermute_if_rotary(tensor.name, blocks, config), copy=True))
+
+
+def _unpermute_if_rotary(gguf_name: str, weight: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
+    if ".attn_q." in gguf_name:
+        return unpermute_rotary_rows(weight, config["num_attention_heads"])
+    if ".attn_k." in gguf_name:
+        return unpermute_rotary_rows(weight, config["num_key_value_heads"])
+    return weight
 
 
 def _save_weights(reader: Any, config: Mapping[str, Any], path: Path) -> None:

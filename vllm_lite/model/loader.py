@@ -1,10 +1,12 @@
 """Build a model from a Hugging Face folder: safetensors (single file or sharded index), mapped
-onto fused parameters through each parameter's `weight_loader`; each rank reads only its slice."""
+onto fused parameters through each parameter's `weight_loader`; each rank reads only its slice.
+With `quantization="gguf"` the weights come from the GGUF file itself, its Q4_1 / Q8_0 tensors
+kept in their blocks (layers/gguf_quant.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,9 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.embedding import VocabParallelEmbedding
+from vllm_lite.model.layers.gguf_quant import can_keep, keep_quantized
+from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.registry import get_model_class
 
@@ -40,12 +45,13 @@ def iterate_weights(model_dir: Path) -> Iterator[tuple[str, Any]]:
                 yield name, f.get_slice(name)
 
 
-def load_weights(model: nn.Module, model_dir: Path) -> None:
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str) -> None:
+    """Load (checkpoint name, tensor or lazy slice) pairs from `source` (named in errors)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
     split = getattr(model, "split_checkpoint_tensor", None)
-    for name, weight in _split_fused(iterate_weights(model_dir), split):
+    for name, weight in _split_fused(iter(weights), split):
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
             continue
         target, shard_id = _map_name(model, name)
@@ -58,7 +64,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     loaded_tensors = {id(params[n]) for n in loaded}  # a tied weight is loaded under either name
     missing = {n for n, p in params.items() if id(p) not in loaded_tensors and not (tied and n.startswith("lm_head."))}
     if missing:
-        raise ValueError(f"checkpoint in '{model_dir}' lacks weights for: {sorted(missing)[:5]}")
+        raise ValueError(f"checkpoint in '{source}' lacks weights for: {sorted(missing)[:5]}")
 
 
 def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
@@ -81,6 +87,38 @@ def _map_name(model: nn.Module, name: str) -> tuple[str, Any]:
     return name, None
 
 
+def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
+    """Weights straight from a llama GGUF file: every linear layer (and the embedding / LM head)
+    whose checkpoint tensors are all Q4_1 or all Q8_0 keeps them in their blocks; the rest (norms,
+    other types, fused layers of mixed types) are dequantized as in the converted folder."""
+    from vllm_lite.gguf_convert import gguf_tensor_types, iterate_gguf_weights
+
+    kept = _kept_gguf_targets(model, gguf_tensor_types(gguf_path))
+    keep_quantized(model, {target: qtype for target, (qtype, _) in kept.items()})
+    names = frozenset(name for _, names in kept.values() for name in names)
+    load_weights(model, iterate_gguf_weights(gguf_path, model.config.raw, names), str(gguf_path))
+
+
+def _kept_gguf_targets(model: nn.Module, types: dict[str, tuple[int, int]]) -> dict[str, tuple[int, list[str]]]:
+    """Parameter name -> (GGML type, checkpoint names) for the weights that stay in blocks."""
+    modules = dict(model.named_modules())
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    by_target: dict[str, list[tuple[str, int, int]]] = {}
+    for name, (qtype, row_len) in types.items():
+        if tied and name.startswith("lm_head."):
+            continue
+        target, _ = _map_name(model, name)
+        by_target.setdefault(target, []).append((name, qtype, row_len))
+    kept: dict[str, tuple[int, list[str]]] = {}
+    for target, shards in by_target.items():
+        module_name, _, attr = target.rpartition(".")
+        qtypes = {qtype for _, qtype, _ in shards}
+        if (attr == "weight" and isinstance(modules.get(module_name), (LinearBase, VocabParallelEmbedding))
+                and len(qtypes) == 1 and all(can_keep(qtype, row_len) for _, qtype, row_len in shards)):
+            kept[target] = (qtypes.pop(), [name for name, _, _ in shards])
+    return kept
+
+
 def _default_loader(param: nn.Parameter, loaded: Any) -> None:
     param.data.copy_(loaded if isinstance(loaded, torch.Tensor) else loaded[:])
 
@@ -94,11 +132,38 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     else:
         with torch.device("cpu"):
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
-        load_weights(model, Path(model_config.model))
-    model = model.to(device=device, dtype=dtype).eval()
-    if model_config.quantization is not None:
+        if model_config.quantization == "gguf":
+            load_gguf_weights(model, Path(model_config.gguf_file))
+        else:
+            load_weights(model, iterate_weights(Path(model_config.model)), model_config.model)
+    model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks keep their dtype
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            module.output_dtype = dtype
+    if model_config.quantization not in (None, "gguf"):
         quantize_model(model, model_config.quantization)
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights occupy: parameters, buffers and the packed / quantized weights
+    layers keep beside them (`packed_weight`), each storage counted once."""
+    tensors: list[torch.Tensor] = [*model.parameters(), *model.buffers()]
+    for module in model.modules():
+        packed = getattr(module, "packed_weight", None)
+        if isinstance(packed, torch.Tensor):
+            tensors.append(packed)
+        elif packed is not None:  # Int8Weight, GGUFWeight: dataclasses of tensors
+            tensors.extend(v for v in (getattr(packed, f) for f in packed.__slots__) if isinstance(v, torch.Tensor))
+    storages: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor.device.type == "meta":
+            continue
+        if tensor.is_mkldnn or tensor.layout != torch.strided:  # oneDNN's packed weights: no storage
+            storages[id(tensor)] = tensor.numel() * tensor.element_size()
+        else:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(storages.values())

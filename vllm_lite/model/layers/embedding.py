@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.linear import can_prepack, linear, materialize, narrow_loaded, prepack
+from vllm_lite.model.layers.gguf_quant import gguf_embedding, gguf_weight_of
+from vllm_lite.model.layers.linear import PackedWeight, can_prepack, linear, materialize, narrow_loaded, prepack
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -22,12 +23,18 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
         self.weight = nn.Parameter(torch.zeros(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        # The dtype of looked-up rows when the table is a GGUF weight kept in its blocks (uint8);
+        # the loader sets it to the model dtype.
+        self.output_dtype = torch.float32
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         rows = self.vocab_end - self.vocab_start
         param.data[:rows].copy_(materialize(narrow_loaded(loaded, 0, self.vocab_start, rows)))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        gguf_weight = gguf_weight_of(self.weight)
+        if gguf_weight is not None:  # one rank only (config refuses GGUF kept quantized with TP)
+            return gguf_embedding(input_ids, gguf_weight, self.output_dtype)
         if self.tp.size == 1:
             return F.embedding(input_ids, self.weight)
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
@@ -42,7 +49,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, bias: bool = False,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__(vocab_size, hidden_size, tp)
-        self.packed_weight: torch.Tensor | None = None
+        self.packed_weight: PackedWeight | None = None
         self.tied = False
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
@@ -50,8 +57,15 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.tied = True
 
     def process_weights_after_loading(self) -> None:
-        """As for linear layers; a tied weight stays row-major too, for the embedding lookup."""
-        if can_prepack(self.weight):
+        """As for linear layers; a tied weight stays row-major too, for the embedding lookup (a
+        GGUF weight kept in its blocks is shared by both, never copied)."""
+        gguf_weight = gguf_weight_of(self.weight)
+        if gguf_weight is not None:
+            self.packed_weight = gguf_weight
+            if not self.tied:
+                self.weight = nn.Parameter(torch.empty(gguf_weight.out_features, gguf_weight.in_features,
+                                                       device="meta"), requires_grad=False)
+        elif can_prepack(self.weight):
             self.packed_weight = prepack(self.weight)
             if not self.tied:
                 self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.gguf_quant import GGUFWeight, gguf_linear, gguf_weight_of
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
@@ -51,13 +52,19 @@ def prepack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PREPACK_BATCH_HINT)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: torch.Tensor | Int8Weight | None,
+PackedWeight = torch.Tensor | Int8Weight | GGUFWeight
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, through the weight made by `prepack` (or int8 quantization) when there is one."""
+    """`F.linear`, through the weight made by `prepack` (or int8 quantization, or a GGUF weight
+    kept in its blocks) when there is one."""
     if packed_weight is None:
         return F.linear(x, weight, bias)
     if isinstance(packed_weight, Int8Weight):
         return int8_linear(x, packed_weight, bias)
+    if isinstance(packed_weight, GGUFWeight):
+        return gguf_linear(x, packed_weight, bias)
     flat = x.reshape(-1, x.shape[-1])
     out = matmul_bucketed(
         flat, lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, "none", [], ""))
@@ -80,15 +87,21 @@ class LinearBase(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
-        self.packed_weight: torch.Tensor | Int8Weight | None = None
+        self.packed_weight: PackedWeight | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         param.data.copy_(materialize(loaded))
 
     def process_weights_after_loading(self) -> None:
         """Repack the weight for the CPU matmul where that is faster; the row-major copy is
-        released (a meta tensor keeps its shape for whoever asks)."""
-        if self.packed_weight is None and can_prepack(self.weight):
+        released (a meta tensor keeps its shape for whoever asks). A GGUF weight kept in its
+        blocks (layers/gguf_quant.py) is used as it is."""
+        gguf_weight = gguf_weight_of(self.weight)
+        if gguf_weight is not None:
+            self.packed_weight = gguf_weight
+            shape = (gguf_weight.out_features, gguf_weight.in_features)
+            self.weight = nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False)
+        elif self.packed_weight is None and can_prepack(self.weight):
             self.packed_weight = prepack(self.weight)
             self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
