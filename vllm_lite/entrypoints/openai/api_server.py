@@ -266,7 +266,7 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/responses", response_model=None)
     async def responses(request: ResponsesRequest, raw_request: Request) -> Response:
         """The Responses API (serving_responses.py); unknown fields are refused by name."""
-        return await _load_aware(ctx, create_response(ctx, request, raw_request))
+        return await _load_aware(ctx, create_response(ctx, request, raw_request), raw_request)
 
     @app.get("/v1/responses/{response_id}", response_model=None)
     async def retrieve(response_id: str) -> Response:
