@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from decode_rate import decode_rates  # this folder (on sys.path when run as a script)
 from llama_cpp import Llama
 
 
@@ -35,12 +36,8 @@ def main(job_path: str, result_path: str) -> None:
     threads, n = job["threads"], job["max_tokens"]
     llm = Llama(model_path=job["gguf"], n_ctx=len(job["prompt"]) + n + 8, n_batch=512, n_threads=threads,
                 n_threads_batch=threads, seed=0, verbose=False)
-    generate(llm, job["prompt"], 4)  # warm-up
-    rates, outputs = [], []
-    for _ in range(job["repeats"]):
-        one, _ = generate(llm, job["prompt"], 1)
-        many, outputs = generate(llm, job["prompt"], n)
-        rates.append((n - 1) / (many - one))
+    rates, outputs = decode_rates(lambda prompt, tokens: generate(llm, prompt, tokens), job["prompt"], n,
+                                  job["repeats"])
     Path(result_path).write_text(json.dumps({"decode_tokens_per_s": rates, "outputs": outputs}))
 
 

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from decode_rate import decode_rates  # this folder (on sys.path when run as a script)
+
 from vllm_lite import LLM, SamplingParams
 
 
@@ -30,12 +32,8 @@ def main(job_path: str, result_path: str) -> None:
     llm = LLM(job["model"], dtype=job["dtype"], max_model_len=len(job["prompt"]) + n + 8, max_num_seqs=1,
               enable_prefix_caching=False, seed=0, **optional)
     try:
-        generate(llm, job["prompt"], 4)  # warm-up
-        rates, outputs = [], []
-        for _ in range(job["repeats"]):
-            one, _ = generate(llm, job["prompt"], 1)
-            many, outputs = generate(llm, job["prompt"], n)
-            rates.append((n - 1) / (many - one))
+        rates, outputs = decode_rates(lambda prompt, tokens: generate(llm, prompt, tokens), job["prompt"], n,
+                                      job["repeats"])
     finally:
         llm.shutdown()
     Path(result_path).write_text(json.dumps({"decode_tokens_per_s": rates, "outputs": outputs}))
