@@ -153,7 +153,7 @@ def test_output_handler_failure_fails_every_request_and_later_calls(
     def broken(*args: object) -> None:
         raise RuntimeError("detokenizer exploded")
 
-    monkeypatch.setattr(engine.output_processor, "process_outputs", broken)
+    monkeypatch.setattr(engine.output_processor, "process_rows", broken)
 
     async def consume(i: int) -> BaseException | None:
         try:

@@ -4,21 +4,31 @@ final-only outputs."""
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lite.engine.detokenizer import IncrementalDetokenizer
+import numpy as np
+
+from vllm_lite.engine.detokenizer import IncrementalDetokenizer, new_detokenizer
 from vllm_lite.engine.logprobs import LogprobsState
+from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
+# Token buffers start this small (or at max_tokens) and double as they fill.
+_INITIAL_TOKEN_CAPACITY = 64
+
+
 @dataclass(slots=True)
 class RequestState:
+    """One engine-core request on the client. Its output token ids live in `token_buf`
+    (`[:num_tokens]`, grown by doubling); they become a list only in the outputs handed to the
+    user, and only the part handed out."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -27,12 +37,13 @@ class RequestState:
     logprobs: LogprobsState | None = None  # None unless logprobs or prompt_logprobs were asked
     parent: ParentRequest | None = None
     index: int = 0  # this sample's index among the parent's n
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    token_buf: np.ndarray = field(default_factory=lambda: np.empty(_INITIAL_TOKEN_CAPACITY, np.int32))
+    num_tokens: int = 0
+    output_text: OutputText | None = None  # None unless detokenize
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    core_finished: FinishedRequest | None = None  # the engine core finished it in the step being processed
     sent_tokens: int = 0
-    sent_text: int = 0
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
@@ -42,76 +53,99 @@ class RequestState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add_tokens(self, token_ids: list[int], stop_terminated: bool = False) -> None:
-        """`stop_terminated`: the last token is the EOS/stop token that ended the request; its
-        text is left out unless include_stop_str_in_output (vLLM's rule)."""
-        num_before = len(self.token_ids)
-        self.token_ids.extend(token_ids)
-        if self.detokenizer is None:
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The output token ids so far (a view)."""
+        return self.token_buf[:self.num_tokens]
+
+    @property
+    def text(self) -> str:
+        return "" if self.output_text is None else "".join(self.output_text.pieces)
+
+    def add_tokens(self, token_ids: np.ndarray, now: float) -> None:
+        """Append this step's tokens (a view of the step's array). When the engine core ended
+        the request with them by EOS or a stop token id, that last token's text is left out
+        unless include_stop_str_in_output (vLLM's rule)."""
+        num_before, count = self.num_tokens, len(token_ids)
+        if num_before + count > len(self.token_buf):
+            self._grow(num_before + count)
+        self.token_buf[num_before:num_before + count] = token_ids
+        self.num_tokens = num_before + count
+        self._record_tokens(now)
+        if self.output_text is None:
             return
-        if stop_terminated and not self.params.include_stop_str_in_output:
-            token_ids = token_ids[:-1]
-        for num_output, token_id in enumerate(token_ids, start=num_before + 1):
-            check_from = len(self.text)
-            self.text += self.detokenizer.add_tokens([token_id])
-            if self.params.stop and num_output > self.params.min_tokens:
-                self._check_stop_strings(check_from)
-                if self.finished:
-                    return
+        if self._stop_terminated() and not self.params.include_stop_str_in_output:
+            count -= 1
+        for offset in range(count):
+            self._add_text(self.detokenizer.add_token(int(token_ids[offset])), num_before + offset + 1)
+            if self.finished:
+                return
+
+    def _add_text(self, piece: str, num_output: int) -> None:
+        """Text made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
+        stop = self.output_text.append(piece, check_stop=num_output > self.params.min_tokens)
+        if stop is not None:
+            self.finish_reason, self.stop_reason = "stop", stop
+
+    def _stop_terminated(self) -> bool:
+        finished = self.core_finished
+        return finished is not None and finished.finish_reason == FinishReason.STOP
+
+    def _grow(self, needed: int) -> None:
+        grown = np.empty(max(needed, 2 * len(self.token_buf)), np.int32)
+        grown[:self.num_tokens] = self.token_buf[:self.num_tokens]
+        self.token_buf = grown
+
+    def _record_tokens(self, now: float) -> None:
+        stats = self.stats
+        if stats.first_token_ts == 0.0:
+            stats.first_token_ts = now
+            stats.first_token_latency = now - stats.arrival_ts
+        stats.last_token_ts = now
 
     def finish(self, reason: FinishReason, stop_reason: int | None) -> None:
         if self.finished:
             return
-        if self.detokenizer is not None:
-            self.text += self.detokenizer.flush()
+        if self.output_text is not None:
+            self.output_text.append(self.detokenizer.flush(), check_stop=False)
         self.finish_reason, self.stop_reason = str(reason), stop_reason
-
-    def _check_stop_strings(self, new_from: int) -> None:
-        """Stop strings may span token boundaries: search from just before the new text. Text
-        made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
-        longest = max(len(s) for s in self.params.stop)
-        start = max(0, new_from - longest + 1)
-        hit = None
-        for stop in self.params.stop:
-            index = self.text.find(stop, start)
-            if index != -1 and (hit is None or index < hit[0]):
-                hit = (index, stop)
-        if hit is None:
-            return
-        index, stop = hit
-        end = index + len(stop) if self.params.include_stop_str_in_output else index
-        self.text = self.text[:end]
-        self.finish_reason, self.stop_reason = "stop", stop
 
     def make_output(self) -> RequestOutput | None:
         kind = self.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not self.finished:
+        finished = self.finish_reason is not None
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        text_end = len(self.text)
-        if self.params.stop and not self.finished and not self.params.include_stop_str_in_output:
-            # Hold back text that could still turn out to be the start of a stop string.
-            text_end = max(self.sent_text, text_end - max(len(s) for s in self.params.stop) + 1)
         delta = kind == RequestOutputKind.DELTA
         token_start = self.sent_tokens if delta else 0
-        text_start = self.sent_text if delta else 0
-        if delta and token_start == len(self.token_ids) and text_start == text_end and not self.finished:
+        text = self._text_out(delta, finished)
+        if delta and token_start == self.num_tokens and not text and not finished:
             return None
         completion = CompletionOutput(
             index=self.index,
-            text=self.text[text_start:text_end],
-            token_ids=self.token_ids[token_start:],
+            text=text,
+            token_ids=self.token_buf[token_start:self.num_tokens].tolist(),
             cumulative_logprob=self._cumulative_logprob(),
             logprobs=self._sample_logprobs(token_start),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
         )
-        self.sent_tokens, self.sent_text = len(self.token_ids), text_end
+        self.sent_tokens = self.num_tokens
         prompt_logprobs = self._prompt_logprobs(delta)
         if self.parent is None:
             return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
-                                 self.finished, prompt_logprobs=prompt_logprobs,
-                                 num_cached_tokens=self.num_cached_tokens, metrics=copy.copy(self.stats))
+                                 finished, prompt_logprobs=prompt_logprobs,
+                                 num_cached_tokens=self.num_cached_tokens, metrics=self._stats_snapshot())
         return self._parent_output(completion, prompt_logprobs)
+
+    def _text_out(self, delta: bool, finished: bool) -> str:
+        if self.output_text is None:
+            return ""
+        return self.output_text.take_delta(finished) if delta else self.output_text.text(finished)
+
+    def _stats_snapshot(self) -> RequestStateStats:
+        s = self.stats
+        return RequestStateStats(s.arrival_time, s.arrival_ts, s.first_token_ts, s.last_token_ts,
+                                 s.first_token_latency, self.num_tokens)
 
     def _parent_output(self, completion: CompletionOutput, prompt_logprobs: Any) -> RequestOutput | None:
         parent = self.parent
@@ -122,7 +156,7 @@ class RequestState:
             return None
         return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
                              prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=self.num_cached_tokens,
-                             metrics=copy.copy(self.stats))
+                             metrics=self._stats_snapshot())
 
     def _cumulative_logprob(self) -> float | None:
         if self.logprobs is None or self.params.logprobs is None:
@@ -154,15 +188,19 @@ class OutputProcessor:
                     index: int = 0) -> RequestState:
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        detokenizer = None
+        detokenizer = output_text = None
         if params.detokenize:
-            detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            output_text = OutputText(params.stop, params.include_stop_str_in_output,
+                                     delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if params.detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
+        capacity = min(params.max_tokens or _INITIAL_TOKEN_CAPACITY, _INITIAL_TOKEN_CAPACITY)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, queue=queue,
+                             parent=parent, index=index, token_buf=np.empty(capacity, np.int32),
+                             output_text=output_text, queue=queue,
                              stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
         if parent is not None:
@@ -185,37 +223,70 @@ class OutputProcessor:
 
     def process_outputs(self, outputs: EngineCoreOutputs) -> tuple[list[RequestState], list[str]]:
         """Returns the states that changed this step and the ids whose generation a stop string
-        ended here (the caller aborts those in the engine core)."""
+        ended here (the caller aborts those in the engine core). The same as `begin_step`,
+        `process_rows` over all rows and `end_step`, which let a caller spread one step's
+        work over several turns of its event loop."""
+        self.begin_step(outputs)
+        states, stopped_by_string = self.process_rows(outputs, 0, len(outputs.req_ids))
+        return states + self.end_step(outputs), stopped_by_string
+
+    def begin_step(self, outputs: EngineCoreOutputs) -> None:
+        """What comes before the step's token rows: prompt logprobs, prefix-cache hits, and which
+        requests the engine core finished (so their last token is handled as the last)."""
+        if outputs.prompt_logprobs_req_ids:
+            self._add_prompt_logprobs(outputs)
         states = self.request_states
-        finished_in_core = {f.request_id: f for f in outputs.finished}
-        self._add_prompt_logprobs(outputs)
-        touched: dict[str, RequestState] = {}
-        now = time.monotonic()
         for request_id, num_cached in outputs.num_cached_tokens.items():
             state = states.get(request_id)
             if state is not None:
                 state.num_cached_tokens = num_cached
-        for i, (request_id, token_id) in enumerate(zip(outputs.req_ids, outputs.new_token_ids.tolist())):
-            state = states.get(request_id)
-            if state is None or state.finished:
-                continue
-            if state.logprobs is not None and state.params.logprobs is not None and outputs.logprobs is not None:
-                state.logprobs.add_sample_row(outputs.logprob_token_ids[i], outputs.logprobs[i],
-                                              outputs.logprob_ranks[i])
-            state.add_tokens([token_id], _stop_terminated(finished_in_core.get(request_id)))
-            _record_token(state.stats, now)
-            touched[request_id] = state
-        stopped_by_string = [rid for rid, s in touched.items() if s.finished]
         for finished in outputs.finished:
             state = states.get(finished.request_id)
             if state is not None:
+                state.core_finished = finished
+
+    def process_rows(self, outputs: EngineCoreOutputs, start: int,
+                     stop: int) -> tuple[list[RequestState], list[str]]:
+        """Rows `start:stop` of the step: each request's new tokens (a view of the step's array),
+        text, stop strings and logprobs; requests that finish here are released."""
+        new_token_ids = outputs.new_token_ids
+        with_logprobs = outputs.logprobs is not None
+        now = time.monotonic()
+        touched: list[RequestState] = []
+        stopped_by_string: list[str] = []
+        row_states = map(self.request_states.get, outputs.req_ids[start:stop])
+        for row, state in enumerate(row_states, start):
+            if state is None or state.finish_reason is not None:
+                continue
+            if with_logprobs and state.logprobs is not None and state.params.logprobs is not None:
+                state.logprobs.add_sample_row(outputs.logprob_token_ids[row], outputs.logprobs[row],
+                                              outputs.logprob_ranks[row])
+            state.add_tokens(new_token_ids[row:row + 1], now)
+            touched.append(state)
+            finished_in_core = state.core_finished
+            if state.finish_reason is not None:
+                if finished_in_core is None:
+                    stopped_by_string.append(state.request_id)
+                self._release(state)
+            elif finished_in_core is not None:
+                state.finish(finished_in_core.finish_reason, finished_in_core.stop_reason)
+                self._release(state)
+        return touched, stopped_by_string
+
+    def end_step(self, outputs: EngineCoreOutputs) -> list[RequestState]:
+        """Requests the engine core finished without a token row this step."""
+        ended = []
+        for finished in outputs.finished:
+            state = self.request_states.get(finished.request_id)
+            if state is not None:
                 state.finish(finished.finish_reason, finished.stop_reason)
-                touched[finished.request_id] = state
-        for request_id, state in touched.items():
-            if state.finished:
-                del states[request_id]
-                self._drop_parent_if_done(state)
-        return list(touched.values()), [r for r in stopped_by_string if r not in finished_in_core]
+                self._release(state)
+                ended.append(state)
+        return ended
+
+    def _release(self, state: RequestState) -> None:
+        del self.request_states[state.request_id]
+        self._drop_parent_if_done(state)
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
         offsets = outputs.prompt_logprobs_offsets
@@ -249,18 +320,6 @@ class OutputProcessor:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
-
-
-def _record_token(stats: RequestStateStats, now: float) -> None:
-    if stats.num_generation_tokens == 0:
-        stats.first_token_ts = now
-        stats.first_token_latency = now - stats.arrival_ts
-    stats.last_token_ts = now
-    stats.num_generation_tokens += 1
-
-
-def _stop_terminated(finished: FinishedRequest | None) -> bool:
-    return finished is not None and finished.finish_reason == FinishReason.STOP
 
 
 def _no_text(token_id: int) -> None:
