@@ -101,8 +101,12 @@ class FastIncrementalDetokenizer:
         return full[len(prefix):] if full.startswith(prefix) else ""
 
     def _restart(self) -> str | None:
-        """A new stream primed with the last emitted text's tokens, fed the pending ones."""
-        self.stream = self._new_stream(self.context)
+        """A new empty stream fed the pending tokens (as vLLM recovers). Text already emitted
+        stays as it was, so the result then differs from decoding everything at once; this
+        happens only for byte sequences that are not valid UTF-8 (e.g. byte-fallback pieces
+        whose group stops decoding when an invalid byte joins it)."""
+        self.stream = self._new_stream([])
+        self.context = []
         return self.stream.step(self.backend, list(self.pending))
 
     def _new_stream(self, context: list[int]) -> Any:

@@ -14,20 +14,17 @@ from vllm_lite.engine.detokenizer import IncrementalDetokenizer, new_detokenizer
 from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
+from vllm_lite.engine.token_store import TokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
-# Token buffers start this small (or at max_tokens) and double as they fill.
-_INITIAL_TOKEN_CAPACITY = 64
-
-
 @dataclass(slots=True)
 class RequestState:
-    """One engine-core request on the client. Its output token ids live in `token_buf`
-    (`[:num_tokens]`, grown by doubling); they become a list only in the outputs handed to the
-    user, and only the part handed out."""
+    """One engine-core request on the client. Its output token ids live in row `slot` of the
+    processor's TokenStore while it runs (in `own_ids` once released); they become a list only
+    in the outputs handed to the user, and only the part handed out."""
 
     request_id: str
     prompt: str | None
@@ -37,7 +34,9 @@ class RequestState:
     logprobs: LogprobsState | None = None  # None unless logprobs or prompt_logprobs were asked
     parent: ParentRequest | None = None
     index: int = 0  # this sample's index among the parent's n
-    token_buf: np.ndarray = field(default_factory=lambda: np.empty(_INITIAL_TOKEN_CAPACITY, np.int32))
+    store: TokenStore | None = None
+    slot: int = -1
+    own_ids: np.ndarray | None = None  # the tokens, once the slot is released
     num_tokens: int = 0
     output_text: OutputText | None = None  # None unless detokenize
     finish_reason: str | None = None
@@ -56,30 +55,25 @@ class RequestState:
     @property
     def token_ids(self) -> np.ndarray:
         """The output token ids so far (a view)."""
-        return self.token_buf[:self.num_tokens]
+        if self.own_ids is not None:
+            return self.own_ids
+        return self.store.ids[self.slot, :self.num_tokens]
 
     @property
     def text(self) -> str:
         return "" if self.output_text is None else "".join(self.output_text.pieces)
 
-    def add_tokens(self, token_ids: np.ndarray, now: float) -> None:
-        """Append this step's tokens (a view of the step's array). When the engine core ended
-        the request with them by EOS or a stop token id, that last token's text is left out
-        unless include_stop_str_in_output (vLLM's rule)."""
-        num_before, count = self.num_tokens, len(token_ids)
-        if num_before + count > len(self.token_buf):
-            self._grow(num_before + count)
-        self.token_buf[num_before:num_before + count] = token_ids
-        self.num_tokens = num_before + count
+    def add_token(self, token_id: int, now: float) -> None:
+        """Account for the step's token (already in the store): stats, text, stop strings. When
+        the engine core ended the request with it by EOS or a stop token id, its text is left
+        out unless include_stop_str_in_output (vLLM's rule)."""
+        self.num_tokens += 1
         self._record_tokens(now)
         if self.output_text is None:
             return
         if self._stop_terminated() and not self.params.include_stop_str_in_output:
-            count -= 1
-        for offset in range(count):
-            self._add_text(self.detokenizer.add_token(int(token_ids[offset])), num_before + offset + 1)
-            if self.finished:
-                return
+            return
+        self._add_text(self.detokenizer.add_token(token_id), self.num_tokens)
 
     def _add_text(self, piece: str, num_output: int) -> None:
         """Text made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
@@ -91,10 +85,11 @@ class RequestState:
         finished = self.core_finished
         return finished is not None and finished.finish_reason == FinishReason.STOP
 
-    def _grow(self, needed: int) -> None:
-        grown = np.empty(max(needed, 2 * len(self.token_buf)), np.int32)
-        grown[:self.num_tokens] = self.token_buf[:self.num_tokens]
-        self.token_buf = grown
+    def release(self) -> None:
+        """Give the store row back, keeping a copy of the tokens."""
+        if self.slot >= 0:
+            self.own_ids = self.store.release(self.slot)
+            self.slot = -1
 
     def _record_tokens(self, now: float) -> None:
         stats = self.stats
@@ -102,6 +97,7 @@ class RequestState:
             stats.first_token_ts = now
             stats.first_token_latency = now - stats.arrival_ts
         stats.last_token_ts = now
+        stats.num_generation_tokens = self.num_tokens
 
     def finish(self, reason: FinishReason, stop_reason: int | None) -> None:
         if self.finished:
@@ -120,32 +116,28 @@ class RequestState:
         text = self._text_out(delta, finished)
         if delta and token_start == self.num_tokens and not text and not finished:
             return None
-        completion = CompletionOutput(
-            index=self.index,
-            text=text,
-            token_ids=self.token_buf[token_start:self.num_tokens].tolist(),
-            cumulative_logprob=self._cumulative_logprob(),
-            logprobs=self._sample_logprobs(token_start),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-        )
+        # The user-facing boundary: only the token ids handed out become a list.
+        token_ids = self.token_ids[token_start:].tolist()
         self.sent_tokens = self.num_tokens
-        prompt_logprobs = self._prompt_logprobs(delta)
+        if self.logprobs is None:
+            completion = CompletionOutput(self.index, text, token_ids, None, None, self.finish_reason,
+                                          self.stop_reason)
+            prompt_logprobs = None
+        else:
+            completion = CompletionOutput(self.index, text, token_ids, self._cumulative_logprob(),
+                                          self._sample_logprobs(token_start), self.finish_reason,
+                                          self.stop_reason)
+            prompt_logprobs = self._prompt_logprobs(delta)
         if self.parent is None:
-            return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
-                                 finished, prompt_logprobs=prompt_logprobs,
-                                 num_cached_tokens=self.num_cached_tokens, metrics=self._stats_snapshot())
+            # `metrics` is the live stats object, as in vLLM.
+            return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], finished,
+                                 prompt_logprobs, self.num_cached_tokens, self.stats)
         return self._parent_output(completion, prompt_logprobs)
 
     def _text_out(self, delta: bool, finished: bool) -> str:
         if self.output_text is None:
             return ""
         return self.output_text.take_delta(finished) if delta else self.output_text.text(finished)
-
-    def _stats_snapshot(self) -> RequestStateStats:
-        s = self.stats
-        return RequestStateStats(s.arrival_time, s.arrival_ts, s.first_token_ts, s.last_token_ts,
-                                 s.first_token_latency, self.num_tokens)
 
     def _parent_output(self, completion: CompletionOutput, prompt_logprobs: Any) -> RequestOutput | None:
         parent = self.parent
@@ -156,7 +148,7 @@ class RequestState:
             return None
         return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
                              prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=self.num_cached_tokens,
-                             metrics=self._stats_snapshot())
+                             metrics=self.stats)
 
     def _cumulative_logprob(self) -> float | None:
         if self.logprobs is None or self.params.logprobs is None:
@@ -180,6 +172,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        self.token_store = TokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
 
@@ -197,9 +190,8 @@ class OutputProcessor:
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if params.detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
-        capacity = min(params.max_tokens or _INITIAL_TOKEN_CAPACITY, _INITIAL_TOKEN_CAPACITY)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, token_buf=np.empty(capacity, np.int32),
+                             parent=parent, index=index, store=self.token_store, slot=self.token_store.acquire(),
                              output_text=output_text, queue=queue,
                              stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
@@ -211,11 +203,11 @@ class OutputProcessor:
         """Ids may name a parent (n > 1): all its unfinished children are aborted."""
         aborted = []
         for request_id in self._expand_parents(request_ids):
-            state = self.request_states.pop(request_id, None)
+            state = self.request_states.get(request_id)
             if state is not None:
                 state.finish(FinishReason.ABORT, None)
                 aborted.append(state)
-                self._drop_parent_if_done(state)
+                self._release(state)
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -247,22 +239,24 @@ class OutputProcessor:
 
     def process_rows(self, outputs: EngineCoreOutputs, start: int,
                      stop: int) -> tuple[list[RequestState], list[str]]:
-        """Rows `start:stop` of the step: each request's new tokens (a view of the step's array),
-        text, stop strings and logprobs; requests that finish here are released."""
-        new_token_ids = outputs.new_token_ids
+        """Rows `start:stop` of the step: the new tokens go into the token store in one scatter;
+        then per request only stats, text (requests that asked for it), stop strings and
+        logprobs (requests that asked); requests that finish here are released."""
+        states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
+        rows = [row for row, state in enumerate(states, start) if state is not None]
+        if len(rows) < len(states):
+            states = [state for state in states if state is not None]
+        token_ids = outputs.new_token_ids[rows]
+        self.token_store.append(np.fromiter([state.slot for state in states], np.int64, len(states)), token_ids)
+        as_ints = token_ids.tolist()  # the detokenizer takes Python ints
         with_logprobs = outputs.logprobs is not None
         now = time.monotonic()
-        touched: list[RequestState] = []
         stopped_by_string: list[str] = []
-        row_states = map(self.request_states.get, outputs.req_ids[start:stop])
-        for row, state in enumerate(row_states, start):
-            if state is None or state.finish_reason is not None:
-                continue
+        for row, state, token_id in zip(rows, states, as_ints):
             if with_logprobs and state.logprobs is not None and state.params.logprobs is not None:
                 state.logprobs.add_sample_row(outputs.logprob_token_ids[row], outputs.logprobs[row],
                                               outputs.logprob_ranks[row])
-            state.add_tokens(new_token_ids[row:row + 1], now)
-            touched.append(state)
+            state.add_token(token_id, now)
             finished_in_core = state.core_finished
             if state.finish_reason is not None:
                 if finished_in_core is None:
@@ -271,7 +265,7 @@ class OutputProcessor:
             elif finished_in_core is not None:
                 state.finish(finished_in_core.finish_reason, finished_in_core.stop_reason)
                 self._release(state)
-        return touched, stopped_by_string
+        return states, stopped_by_string
 
     def end_step(self, outputs: EngineCoreOutputs) -> list[RequestState]:
         """Requests the engine core finished without a token row this step."""
@@ -286,6 +280,7 @@ class OutputProcessor:
 
     def _release(self, state: RequestState) -> None:
         del self.request_states[state.request_id]
+        state.release()
         self._drop_parent_if_done(state)
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
