@@ -121,7 +121,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     per_choice = [0] * request.n  # tokens generated so far, per choice
     as_ids = bool(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
-    held = [""] * request.n  # tool-call requests: each choice's text until it finishes
+    held: list[list[str]] = [[] for _ in range(request.n)]  # tool-call requests: each choice's text pieces until it finishes
     parser = ctx.options.reasoning_parser
     reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
 
@@ -156,13 +156,13 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                     continue  # a piece of a possible tag: held until the next delta
             delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
             if tools.parses_output:
-                held[completion.index] += text or ""
+                held[completion.index].append(text or "")
                 if reasoning is not None and completion.finish_reason is None:
                     yield chunk(ChatCompletionStreamChoice(index=completion.index,
                                                            delta=DeltaMessage(reasoning_content=reasoning)))
                 if completion.finish_reason is None:
                     continue
-                calls, content = extract_tool_calls(tools, held[completion.index])
+                calls, content = extract_tool_calls(tools, "".join(held[completion.index]))
                 delta = DeltaMessage(content=content, reasoning_content=reasoning,
                                      tool_calls=[{"index": i, **call} for i, call in enumerate(calls)] or None)
                 reason = finish_reason(tools, calls, completion.finish_reason)
