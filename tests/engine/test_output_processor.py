@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from hf_reference import IM_END_ID
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
-from vllm_lite.engine.detokenizer import IncrementalDetokenizer
+from vllm_lite.engine.detokenizer import FastIncrementalDetokenizer, SlowIncrementalDetokenizer, fast_backend
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.sampling_params import RequestOutputKind
@@ -79,10 +79,12 @@ def test_incomplete_utf8_tail_is_flushed_at_the_end(tokenizer) -> None:
     assert "".join(o.outputs[0].text for o in outputs) == tokenizer.decode(ids)
 
 
-def test_special_tokens_skipped_or_kept(tokenizer) -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_special_tokens_skipped_or_kept(tokenizer, fast: bool) -> None:
     ids = tokenizer.encode("a b", add_special_tokens=False) + [IM_END_ID] + tokenizer.encode(" c", add_special_tokens=False)
     for skip in (True, False):
-        detok = IncrementalDetokenizer(tokenizer, PROMPT, skip_special_tokens=skip)
+        detok = (FastIncrementalDetokenizer(fast_backend(tokenizer), PROMPT, skip_special_tokens=skip) if fast
+                 else SlowIncrementalDetokenizer(tokenizer, PROMPT, skip_special_tokens=skip))
         text = "".join(detok.add_tokens([t]) for t in ids) + detok.flush()
         assert text == tokenizer.decode(ids, skip_special_tokens=skip)
 

@@ -10,7 +10,10 @@ async for out in engine.generate(prompt, params, request_id):  # cumulative, del
 One output-handler task reads EngineCoreOutputs, runs the OutputProcessor (detokenize, stop
 strings) and puts each RequestOutput in its request's RequestOutputCollector, where `generate`
 picks it up; a slow consumer finds its outputs merged into one (bounded memory), and one that
-stops reading for `max_unread_outputs` steps has its request aborted. A generator that ends early (cancelled task, `break`, closed) aborts its request in the
+stops reading for `max_unread_outputs` steps has its request aborted. One step's outputs are
+processed `output_chunk_size` requests at a time, yielding to the event loop between chunks
+(vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE), so a large batch does not hold the loop for the whole
+step. A generator that ends early (cancelled task, `break`, closed) aborts its request in the
 engine core, which frees its KV blocks.
 """
 
@@ -36,16 +39,23 @@ from vllm_lite.wire import EngineCoreOutputs, RequestError
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
+# Requests whose outputs are processed between two yields to the event loop (vLLM's default).
+DEFAULT_OUTPUT_CHUNK_SIZE = 128
+
 logger = logging.getLogger(__name__)
 
 
 class AsyncLLM:
     def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None,
-                 max_unread_outputs: int = DEFAULT_MAX_UNREAD_OUTPUTS, **client_kwargs: Any) -> None:
+                 max_unread_outputs: int = DEFAULT_MAX_UNREAD_OUTPUTS,
+                 output_chunk_size: int = DEFAULT_OUTPUT_CHUNK_SIZE, **client_kwargs: Any) -> None:
         if max_unread_outputs < 1:
             raise ValueError(f"max_unread_outputs must be >= 1, got {max_unread_outputs}")
+        if output_chunk_size < 1:
+            raise ValueError(f"output_chunk_size must be >= 1, got {output_chunk_size}")
         self.vllm_config = vllm_config
         self.max_unread_outputs = max_unread_outputs
+        self.output_chunk_size = output_chunk_size
         launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
@@ -179,7 +189,7 @@ class AsyncLLM:
                 if isinstance(message, RequestError):
                     self._reject(message)
                 else:
-                    self._process_outputs(message)
+                    await self._process_outputs(message)
                 await asyncio.sleep(0)  # consumers take this step's outputs before the next one's
         except EngineDeadError as exc:
             self._fail_all(exc)
@@ -188,18 +198,32 @@ class AsyncLLM:
             self._handler_error = EngineDeadError(f"the output handler failed: {type(exc).__name__}: {exc}")
             self._fail_all(self._handler_error)
 
-    def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
+    async def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
+        """One step's outputs, `output_chunk_size` rows at a time with a yield between chunks.
+        A request aborted meanwhile is simply not found by the later chunk."""
+        processor = self.output_processor
         iteration_stats = IterationStats() if self.stat_loggers else None
-        states, stopped_by_string = self.output_processor.process_outputs(outputs, iteration_stats)
+        processor.begin_step(outputs)
+        num_rows = len(outputs.req_ids)
+        for start in range(0, num_rows, self.output_chunk_size):
+            if start:
+                await asyncio.sleep(0)
+            states, stopped_by_string = processor.process_rows(outputs, start, start + self.output_chunk_size,
+                                                               iteration_stats)
+            self._hand_out(states)
+            if stopped_by_string:
+                self.engine_core.abort_requests_nowait(stopped_by_string)
+        self._hand_out(processor.end_step(outputs, iteration_stats))
         if iteration_stats is not None:
             for stat_logger in self.stat_loggers:
                 stat_logger(iteration_stats)
+
+    def _hand_out(self, states: list[RequestState]) -> None:
         stopped_reading: list[RequestState] = []
         for state in states:
             output = state.make_output()
             if output is not None and not state.queue.put(output):
                 stopped_reading.append(state)
-        self.engine_core.abort_requests_nowait(stopped_by_string)
         if stopped_reading:
             self._abort_unread(stopped_reading)
 

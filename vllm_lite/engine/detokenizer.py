@@ -1,40 +1,142 @@
-"""Incremental detokenization: text grows token by token and never ends in a partial
-UTF-8 character (the replacement character is held back until the next token completes it).
+"""Incremental detokenization: text grows token by token and never ends in a partial UTF-8
+character (the replacement character is held back until a later token completes it). The
+concatenation of everything emitted, plus `flush()` at the end, equals decoding the context and
+the new tokens at once, minus the context's own text.
 
-Invariant: `tokens[prefix_offset:read_offset]` decodes to text that ends on a whole character
-and has been emitted; only text after it is new. So the concatenation of everything emitted
-(plus `flush()` at the end) equals decoding all the tokens at once.
+Two implementations, as vLLM has them:
+
+* `FastIncrementalDetokenizer`: `tokenizers`' `DecodeStream` (one Rust call per token) over the
+  tokenizer's backend; for every tokenizer built on `tokenizers` (transformers' fast tokenizers).
+* `SlowIncrementalDetokenizer`: two `tokenizer.decode` calls per token over a sliding window of
+  token ids; for any other tokenizer.
+
+`new_detokenizer` picks one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
 
 # Decoding a window that starts a few tokens back keeps the tokenizer's merge/space rules right
 # at the join (e.g. sentencepiece's leading spaces).
 _CONTEXT_TOKENS = 5
+# tokenizers' DecodeStream raises this when a new token changes text it has already returned
+# (possible with some normalizers); the stream is then restarted (vLLM does the same).
+_INVALID_PREFIX = "Invalid prefix encountered"
 
 
-class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        context = prompt_token_ids[-_CONTEXT_TOKENS:]
-        self.tokens: list[int] = list(context)
-        self.prefix_offset = 0
-        self.read_offset = len(context)
+class IncrementalDetokenizer(Protocol):
+    def add_token(self, token_id: int) -> str:
+        """Append one token; returns the text it completed (possibly empty)."""
 
-    def add_tokens(self, token_ids: list[int]) -> str:
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
         """Append tokens; returns the text they completed (possibly empty)."""
-        new_text = ""
-        for token_id in token_ids:
-            self.tokens.append(token_id)
-            new_text += self._step(final=False)
-        return new_text
 
     def flush(self) -> str:
         """At the end of generation, emit what was held back (an incomplete or invalid UTF-8
         tail decodes to replacement characters, as `tokenizer.decode` gives it)."""
+
+
+def new_detokenizer(tokenizer: Any, prompt_token_ids: Sequence[int],
+                    skip_special_tokens: bool) -> IncrementalDetokenizer:
+    backend = fast_backend(tokenizer)
+    if backend is None:
+        return SlowIncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
+    return FastIncrementalDetokenizer(backend, prompt_token_ids, skip_special_tokens)
+
+
+def fast_backend(tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` behind a transformers fast tokenizer (or a bare one), else
+    None."""
+    from tokenizers import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+class FastIncrementalDetokenizer:
+    """`DecodeStream` primed with the prompt's last tokens. The stream keeps back tokens whose
+    text ends in an incomplete character; `pending` mirrors them (with `context`, the tokens of
+    the last emitted text) so that `flush` can decode the tail the stream never returns."""
+
+    __slots__ = ("backend", "skip_special_tokens", "stream", "context", "pending")
+
+    def __init__(self, backend: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool) -> None:
+        self.backend = backend
+        self.skip_special_tokens = skip_special_tokens
+        self.context: list[int] = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
+        self.pending: list[int] = []
+        self.stream = self._new_stream(self.context)
+
+    def add_token(self, token_id: int) -> str:
+        self.pending.append(token_id)
+        try:
+            piece = self.stream.step(self.backend, token_id)
+        except Exception as exc:
+            if not str(exc).startswith(_INVALID_PREFIX):
+                raise
+            logger.warning("detokenizer: DecodeStream reported an invalid prefix; restarting it")
+            piece = self._restart()
+        if piece is None:
+            return ""
+        self.context, self.pending = self.pending, []
+        return piece
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        return "".join([self.add_token(int(t)) for t in token_ids])
+
+    def flush(self) -> str:
+        if not self.pending:
+            return ""
+        pending, self.pending = self.pending, []
+        prefix = self.backend.decode(self.context, skip_special_tokens=self.skip_special_tokens)
+        full = self.backend.decode(self.context + pending, skip_special_tokens=self.skip_special_tokens)
+        self.context = pending
+        return full[len(prefix):] if full.startswith(prefix) else ""
+
+    def _restart(self) -> str | None:
+        """A new empty stream fed the pending tokens (as vLLM recovers). Text already emitted
+        stays as it was, so the result then differs from decoding everything at once; this
+        happens only for byte sequences that are not valid UTF-8 (e.g. byte-fallback pieces
+        whose group stops decoding when an invalid byte joins it)."""
+        self.stream = self._new_stream([])
+        self.context = []
+        return self.stream.step(self.backend, list(self.pending))
+
+    def _new_stream(self, context: list[int]) -> Any:
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(ids=context, skip_special_tokens=self.skip_special_tokens)
+
+
+class SlowIncrementalDetokenizer:
+    """Invariant: `tokens[prefix_offset:read_offset]` decodes to text that ends on a whole
+    character and has been emitted; only text after it is new."""
+
+    __slots__ = ("tokenizer", "skip_special_tokens", "tokens", "prefix_offset", "read_offset")
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        context = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
+        self.tokens: list[int] = context
+        self.prefix_offset = 0
+        self.read_offset = len(context)
+
+    def add_token(self, token_id: int) -> str:
+        self.tokens.append(token_id)
+        return self._step(final=False)
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        return "".join([self.add_token(int(t)) for t in token_ids])
+
+    def flush(self) -> str:
         return self._step(final=True)
 
     def _step(self, final: bool) -> str:
@@ -46,6 +148,11 @@ class IncrementalDetokenizer:
             return ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.tokens)
+        # Only the window is decoded again: tokens before prefix_offset are dropped.
+        if self.prefix_offset > 4 * _CONTEXT_TOKENS:
+            del self.tokens[:self.prefix_offset]
+            self.read_offset -= self.prefix_offset
+            self.prefix_offset = 0
         return full[len(prefix):]
 
     def _decode(self, token_ids: list[int]) -> str:

@@ -2,9 +2,10 @@
 bounded memory (as vLLM's collector of the same name).
 
 A consumer that keeps up takes each output as it comes. One that falls behind finds at most one
-pending output: a new one is merged into it (DELTA: text and tokens appended per completion;
-CUMULATIVE and FINAL_ONLY: the newer completion replaces the older), so memory per request is
-bounded by the request's own output, not by the number of steps. A consumer that has left more
+pending output: a new one is merged into it (DELTA: tokens and logprobs appended in place, text
+pieces collected and joined once when the consumer takes the output; CUMULATIVE and FINAL_ONLY:
+the newer completion replaces the older), so memory per request is bounded by the request's own
+output, not by the number of steps, and merging costs what the new output adds. A consumer that has left more
 than `max_unread` outputs unread is taken to have stopped reading: `put` reports it, and
 AsyncLLM aborts the request (freeing its KV blocks) and leaves an error for the consumer.
 """
@@ -28,6 +29,7 @@ class RequestOutputCollector:
         self.delta = output_kind == RequestOutputKind.DELTA
         self.max_unread = max_unread
         self.pending: RequestOutput | BaseException | None = None
+        self.text_parts: dict[int, list[str]] = {}  # DELTA merges: completion index -> its text pieces
         self.num_unread = 0
         self.ready = asyncio.Event()
 
@@ -37,8 +39,9 @@ class RequestOutputCollector:
         if isinstance(item, BaseException) or self.pending is None or isinstance(self.pending, BaseException):
             if not isinstance(self.pending, BaseException):
                 self.pending = item
+                self.text_parts.clear()
         else:
-            merge_into(self.pending, item, self.delta)
+            merge_into(self.pending, item, self.delta, self.text_parts)
         self.num_unread += 1
         self.ready.set()
         return self.num_unread <= self.max_unread
@@ -51,19 +54,28 @@ class RequestOutputCollector:
             self.ready.clear()
             await self.ready.wait()
         item, self.pending, self.num_unread = self.pending, None, 0
+        if self.text_parts:
+            if isinstance(item, RequestOutput):
+                for completion in item.outputs:
+                    parts = self.text_parts.get(completion.index)
+                    if parts is not None:
+                        completion.text = "".join(parts)
+            self.text_parts.clear()
         return item
 
 
-def merge_into(pending: RequestOutput, new: RequestOutput, delta: bool) -> None:
+def merge_into(pending: RequestOutput, new: RequestOutput, delta: bool,
+               text_parts: dict[int, list[str]]) -> None:
     """Fold `new` into the unread `pending` output of the same request (completions matched by
-    index: with n > 1 the children's outputs share one collector)."""
+    index: with n > 1 the children's outputs share one collector). DELTA text goes to
+    `text_parts` (the pending completion's text first), for the reader to join."""
     by_index = {completion.index: completion for completion in pending.outputs}
     for completion in new.outputs:
         old = by_index.get(completion.index)
         if old is None:
             pending.outputs.append(completion)
         elif delta:
-            _append_delta(old, completion)
+            _append_delta(old, completion, text_parts)
         else:
             pending.outputs[pending.outputs.index(old)] = completion
     pending.finished = new.finished
@@ -73,11 +85,15 @@ def merge_into(pending: RequestOutput, new: RequestOutput, delta: bool) -> None:
     pending.num_cached_tokens = pending.num_cached_tokens or new.num_cached_tokens
 
 
-def _append_delta(old: CompletionOutput, new: CompletionOutput) -> None:
-    old.text += new.text
-    old.token_ids = [*old.token_ids, *new.token_ids]
+def _append_delta(old: CompletionOutput, new: CompletionOutput, text_parts: dict[int, list[str]]) -> None:
+    """`old` is the collector's own (nobody else holds its lists), so they grow in place."""
+    parts = text_parts.get(old.index)
+    if parts is None:
+        parts = text_parts[old.index] = [old.text]
+    parts.append(new.text)
+    old.token_ids.extend(new.token_ids)
     if old.logprobs is not None and new.logprobs is not None:
-        old.logprobs = [*old.logprobs, *new.logprobs]
+        old.logprobs.extend(new.logprobs)
     old.cumulative_logprob = new.cumulative_logprob
     old.finish_reason = new.finish_reason
     old.stop_reason = new.stop_reason

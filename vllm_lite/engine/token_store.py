@@ -1,0 +1,56 @@
+"""The client's output token ids: one int32 row per unfinished request (its slot), so that one
+step's sampled tokens land with a single scatter instead of one append per request.
+
+Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]]`; a slot is in
+`free` iff no request holds it. Rows and the row width grow by doubling (the width only as far
+as the longest output so far), so memory follows what is in flight, never `max_model_len`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_INITIAL_ROWS = 64
+_INITIAL_WIDTH = 64
+
+
+class TokenStore:
+    def __init__(self, rows: int = _INITIAL_ROWS, width: int = _INITIAL_WIDTH) -> None:
+        self.ids = np.zeros((rows, width), dtype=np.int32)
+        self.counts = np.zeros(rows, dtype=np.int64)
+        self.free: list[int] = list(range(rows - 1, -1, -1))
+
+    def acquire(self) -> int:
+        if not self.free:
+            self._grow_rows()
+        slot = self.free.pop()
+        self.counts[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> np.ndarray:
+        """Frees the slot; returns a copy of its tokens (its row will be reused)."""
+        tokens = self.ids[slot, :self.counts[slot]].copy()
+        self.free.append(slot)
+        return tokens
+
+    def append(self, slots: np.ndarray, token_ids: np.ndarray) -> None:
+        """One token for each of `slots` (distinct), `token_ids[i]` to `slots[i]`."""
+        if not len(slots):
+            return
+        positions = self.counts[slots]
+        if int(positions.max()) >= self.ids.shape[1]:
+            self._grow_width(int(positions.max()) + 1)
+        self.ids[slots, positions] = token_ids
+        self.counts[slots] = positions + 1
+
+    def _grow_rows(self) -> None:
+        rows = len(self.counts)
+        self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
+        self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+        self.free.extend(range(2 * rows - 1, rows - 1, -1))
+
+    def _grow_width(self, needed: int) -> None:
+        rows, width = self.ids.shape
+        grown = np.zeros((rows, max(needed, 2 * width)), dtype=np.int32)
+        grown[:, :width] = self.ids
+        self.ids = grown
