@@ -111,6 +111,18 @@ def test_random_ids_after_a_prompt_equal_decode_of_the_whole(tokenizer, kind: st
         assert "".join(pieces) + tail == whole[len(prompt_text):], ids
 
 
+@pytest.mark.parametrize("kind", ["fast", "slow"])
+def test_decode_rest_equals_token_by_token(tokenizer, kind: str) -> None:
+    """A request decoded only at its end gets the text the token-by-token path gives."""
+    rng = np.random.default_rng(13)
+    prompts = [tokenizer.encode("The quick brown fox, 你好 🙂 and", add_special_tokens=False), []]
+    for case in range(NUM_CASES):
+        prompt = prompts[case % 2]
+        ids = _random_ids(tokenizer, rng)
+        pieces, tail = _run(_make(kind, tokenizer, prompt), ids)
+        assert _make(kind, tokenizer, prompt).decode_rest(ids) == "".join(pieces) + tail, ids
+
+
 def test_byte_fallback_invalid_group_recovers() -> None:
     """`<0xD6><0xA0>` decodes to a character, which a following lone `<0xE4>` turns into three
     replacement characters: DecodeStream reports an invalid prefix; the stream restarts and the

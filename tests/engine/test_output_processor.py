@@ -145,6 +145,36 @@ def test_cumulative_and_final_only_kinds(tokenizer) -> None:
         assert outputs[-1].outputs[0].text == " brown fox jumps" and outputs[-1].outputs[0].token_ids == ids
 
 
+@pytest.mark.parametrize("finish", ["length", "eos", "abort"])
+def test_final_only_is_looked_at_only_at_its_first_and_last_token(tokenizer, finish: str) -> None:
+    """A final-only request without stop strings or logprobs costs no Python in the steps
+    between its first and last token; its text, decoded once at the end, and its token ids
+    equal those of the same tokens streamed (EOS's text left out, as when streamed)."""
+    ids = tokenizer.encode(" brown fox jumps over the lazy dog", add_special_tokens=False)
+    finished = {"length": FinishedRequest("r", FinishReason.LENGTH),
+                "eos": FinishedRequest("r", FinishReason.STOP), "abort": None}[finish]
+    results = {}
+    for kind in (RequestOutputKind.CUMULATIVE, RequestOutputKind.FINAL_ONLY):
+        processor = _delta_processor(tokenizer, len(ids), output_kind=kind)
+        looked_at = []
+        for i, token_id in enumerate(ids):
+            last = finished is not None and i == len(ids) - 1
+            step = EngineCoreOutputs(["r"], np.array([token_id], dtype=np.int32), [finished] if last else [])
+            states, _ = processor.process_outputs(step)
+            looked_at.append(len(states))
+        if finish == "abort":
+            states = processor.abort_requests(["r"])
+        results[kind] = (looked_at, states[0].make_output().outputs[0])
+    streamed, final = results[RequestOutputKind.CUMULATIVE][1], results[RequestOutputKind.FINAL_ONLY][1]
+    assert results[RequestOutputKind.CUMULATIVE][0] == [1] * len(ids)
+    ends_in_step = finish != "abort"
+    assert results[RequestOutputKind.FINAL_ONLY][0] == [1] + [0] * (len(ids) - 2) + [int(ends_in_step)]
+    assert (final.text, final.token_ids, final.finish_reason) == (streamed.text, streamed.token_ids,
+                                                                  streamed.finish_reason)
+    assert final.token_ids == ids
+    assert final.text == tokenizer.decode(ids[:-1] if finish == "eos" else ids)
+
+
 def test_abort_finishes_with_reason_abort(tokenizer) -> None:
     processor = _delta_processor(tokenizer, 4)
     (state,) = processor.abort_requests(["r"])

@@ -40,6 +40,10 @@ class IncrementalDetokenizer(Protocol):
         """At the end of generation, emit what was held back (an incomplete or invalid UTF-8
         tail decodes to replacement characters, as `tokenizer.decode` gives it)."""
 
+    def decode_rest(self, token_ids: Sequence[int]) -> str:
+        """At the end of generation, the text of tokens never added one by one, with what was
+        held back: `add_tokens(token_ids) + flush()` in one decode."""
+
 
 def new_detokenizer(tokenizer: Any, prompt_token_ids: Sequence[int],
                     skip_special_tokens: bool) -> IncrementalDetokenizer:
@@ -91,6 +95,17 @@ class FastIncrementalDetokenizer:
     def add_tokens(self, token_ids: Sequence[int]) -> str:
         return "".join([self.add_token(int(t)) for t in token_ids])
 
+    def decode_rest(self, token_ids: Sequence[int]) -> str:
+        if not self.pending:
+            skip = self.skip_special_tokens
+            prefix = self.backend.decode(self.context, skip_special_tokens=skip)
+            full = self.backend.decode(self.context + list(token_ids), skip_special_tokens=skip)
+            if full.startswith(prefix):
+                self.context = list(token_ids[-_CONTEXT_TOKENS:])
+                return full[len(prefix):]
+        # The context's text changes when the output joins it (e.g. it ends inside a character).
+        return self.add_tokens(token_ids) + self.flush()
+
     def flush(self) -> str:
         if not self.pending:
             return ""
@@ -137,6 +152,10 @@ class SlowIncrementalDetokenizer:
         return "".join([self.add_token(int(t)) for t in token_ids])
 
     def flush(self) -> str:
+        return self._step(final=True)
+
+    def decode_rest(self, token_ids: Sequence[int]) -> str:
+        self.tokens.extend(token_ids)
         return self._step(final=True)
 
     def _step(self, final: bool) -> str:

@@ -25,7 +25,12 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 class RequestState:
     """One engine-core request on the client. Its output token ids live in row `slot` of the
     processor's TokenStore while it runs (in `own_ids` once released); they become a list only
-    in the outputs handed to the user, and only the part handed out."""
+    in the outputs handed to the user, and only the part handed out.
+
+    A request that needs nothing per token (`every_token` False: final output only, no stop
+    strings, no sample logprobs) is seen by Python only at its first token and when it ends;
+    its text is decoded once, at the end. `num_tokens` is then brought up to date from the
+    store whenever the request is looked at."""
 
     request_id: str
     prompt: str | None
@@ -39,6 +44,7 @@ class RequestState:
     slot: int = -1
     own_ids: np.ndarray | None = None  # the tokens, once the slot is released
     num_tokens: int = 0
+    every_token: bool = True
     output_text: OutputText | None = None  # None unless detokenize
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -68,9 +74,8 @@ class RequestState:
         """Account for the step's token (already in the store): stats, text, stop strings. When
         the engine core ended the request with it by EOS or a stop token id, its text is left
         out unless include_stop_str_in_output (vLLM's rule)."""
-        self.num_tokens += 1
         self._record_tokens(now)
-        if self.output_text is None:
+        if self.output_text is None or not self.every_token:
             return
         if self._stop_terminated() and not self.params.include_stop_str_in_output:
             return
@@ -91,6 +96,11 @@ class RequestState:
         if self.slot >= 0:
             self.own_ids = self.store.release(self.slot)
             self.slot = -1
+            self.num_tokens = len(self.own_ids)
+
+    def _sync_num_tokens(self) -> None:
+        if self.slot >= 0:
+            self.num_tokens = int(self.store.counts[self.slot])
 
     def _record_tokens(self, now: float) -> None:
         stats = self.stats
@@ -104,8 +114,19 @@ class RequestState:
         if self.finished:
             return
         if self.output_text is not None:
-            self.output_text.append(self.detokenizer.flush(), check_stop=False)
+            self.output_text.append(self._text_tail(), check_stop=False)
         self.finish_reason, self.stop_reason = str(reason), stop_reason
+
+    def _text_tail(self) -> str:
+        """What the detokenizer still holds; for a request decoded only at the end, its whole
+        text (the last token left out when it was EOS or a stop id, as `add_token` does)."""
+        if self.every_token:
+            return self.detokenizer.flush()
+        self._sync_num_tokens()
+        token_ids = self.token_ids
+        if self._stop_terminated() and not self.params.include_stop_str_in_output:
+            token_ids = token_ids[:-1]
+        return self.detokenizer.decode_rest(token_ids.tolist())
 
     def make_output(self) -> RequestOutput | None:
         kind = self.params.output_kind
@@ -191,8 +212,11 @@ class OutputProcessor:
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if params.detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
+        every_token = (params.output_kind != RequestOutputKind.FINAL_ONLY or bool(params.stop)
+                       or params.logprobs is not None)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, store=self.token_store, slot=self.token_store.acquire(),
+                             parent=parent, index=index, store=self.token_store,
+                             slot=self.token_store.acquire(watched=every_token), every_token=every_token,
                              output_text=output_text, queue=queue,
                              stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
@@ -243,23 +267,37 @@ class OutputProcessor:
             state = states.get(finished.request_id)
             if state is not None:
                 state.core_finished = finished
+                self.token_store.watched[state.slot] = True  # its last token is looked at
 
     def process_rows(self, outputs: EngineCoreOutputs, start: int, stop: int,
                      iteration_stats: IterationStats | None = None) -> tuple[list[RequestState], list[str]]:
         """Rows `start:stop` of the step: the new tokens go into the token store in one scatter;
-        then per request only stats, text (requests that asked for it), stop strings and
-        logprobs (requests that asked); requests that finish here are released."""
+        then Python looks only at the requests that need it this step (every token of a stream,
+        of stop strings or logprobs; a first token; a last one) for stats, text, stop strings
+        and logprobs; requests that finish here are released. Returns the states looked at."""
         states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
-        rows = [row for row, state in enumerate(states, start) if state is not None]
-        if len(rows) < len(states):
+        if None in states:
+            rows = [row for row, state in enumerate(states, start) if state is not None]
             states = [state for state in states if state is not None]
-        token_ids = outputs.new_token_ids[rows]
-        self.token_store.append(np.fromiter([state.slot for state in states], np.int64, len(states)), token_ids)
+            token_ids = outputs.new_token_ids[rows]
+        else:
+            rows = range(start, start + len(states))
+            token_ids = outputs.new_token_ids[start:start + len(states)]
+        slots = np.fromiter([state.slot for state in states], np.int64, len(states))
+        store = self.token_store
+        counts = store.append(slots, token_ids)
+        if iteration_stats is None:
+            looked_at = np.flatnonzero(store.watched[slots] | (counts == 1)).tolist()
+            if len(looked_at) < len(states):
+                states = [states[i] for i in looked_at]
+                rows = [rows[i] for i in looked_at]
+                token_ids, counts = token_ids[looked_at], counts[looked_at]
         as_ints = token_ids.tolist()  # the detokenizer takes Python ints
         with_logprobs = outputs.logprobs is not None
         now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         stopped_by_string: list[str] = []
-        for row, state, token_id in zip(rows, states, as_ints):
+        for row, state, token_id, num_tokens in zip(rows, states, as_ints, counts.tolist()):
+            state.num_tokens = num_tokens
             if with_logprobs and state.logprobs is not None and state.params.logprobs is not None:
                 state.logprobs.add_sample_row(outputs.logprob_token_ids[row], outputs.logprobs[row],
                                               outputs.logprob_ranks[row])

@@ -2,7 +2,8 @@
 step's sampled tokens land with a single scatter instead of one append per request.
 
 Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]]`; a slot is in
-`free` iff no request holds it. Rows and the row width grow by doubling (the width only as far
+`free` iff no request holds it. `watched[slot]`: the client looks at each of the slot's tokens
+(false for requests that need Python only at their first and last token). Rows and the row width grow by doubling (the width only as far
 as the longest output so far), so memory follows what is in flight, never `max_model_len`.
 """
 
@@ -18,13 +19,15 @@ class TokenStore:
     def __init__(self, rows: int = _INITIAL_ROWS, width: int = _INITIAL_WIDTH) -> None:
         self.ids = np.zeros((rows, width), dtype=np.int32)
         self.counts = np.zeros(rows, dtype=np.int64)
+        self.watched = np.zeros(rows, dtype=bool)
         self.free: list[int] = list(range(rows - 1, -1, -1))
 
-    def acquire(self) -> int:
+    def acquire(self, watched: bool = True) -> int:
         if not self.free:
             self._grow_rows()
         slot = self.free.pop()
         self.counts[slot] = 0
+        self.watched[slot] = watched
         return slot
 
     def release(self, slot: int) -> np.ndarray:
@@ -33,20 +36,24 @@ class TokenStore:
         self.free.append(slot)
         return tokens
 
-    def append(self, slots: np.ndarray, token_ids: np.ndarray) -> None:
-        """One token for each of `slots` (distinct), `token_ids[i]` to `slots[i]`."""
+    def append(self, slots: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+        """One token for each of `slots` (distinct), `token_ids[i]` to `slots[i]`; returns the
+        slots' new token counts."""
         if not len(slots):
-            return
+            return np.zeros(0, dtype=np.int64)
         positions = self.counts[slots]
         if int(positions.max()) >= self.ids.shape[1]:
             self._grow_width(int(positions.max()) + 1)
         self.ids[slots, positions] = token_ids
-        self.counts[slots] = positions + 1
+        counts = positions + 1
+        self.counts[slots] = counts
+        return counts
 
     def _grow_rows(self) -> None:
         rows = len(self.counts)
         self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
         self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+        self.watched = np.concatenate([self.watched, np.zeros_like(self.watched)])
         self.free.extend(range(2 * rows - 1, rows - 1, -1))
 
     def _grow_width(self, needed: int) -> None:
