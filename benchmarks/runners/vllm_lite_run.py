@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from vllm_lite import LLM, SamplingParams
-from vllm_lite.sampling_params import StructuredOutputsParams
 
 
 def main(job_path: str, result_path: str) -> None:
@@ -26,13 +25,17 @@ def main(job_path: str, result_path: str) -> None:
     try:
         detokenize = job.get("detokenize", True)
         prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
-        structured = StructuredOutputsParams(json=job["json_schema"]) if job.get("json_schema") else None
-        num_constrained = job.get("num_constrained", 0) if structured else 0
+        num_constrained = job.get("num_constrained", 0) if job.get("json_schema") else 0
+        constrained = {}
+        if num_constrained:  # only then: a baseline checkout may predate structured outputs
+            from vllm_lite.sampling_params import StructuredOutputsParams
+
+            constrained = {"structured_outputs": StructuredOutputsParams(json=job["json_schema"])}
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=detokenize,
-                                 structured_outputs=structured if i < num_constrained else None)
+                                 **(constrained if i < num_constrained else {}))
                   for i, n in enumerate(job["max_tokens"])]
         # Warm-up (with the grammar, when there is one: its compilation is cached, as in vLLM).
-        llm.generate(prompts[:1], SamplingParams(max_tokens=4, structured_outputs=structured), use_tqdm=False)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4, **constrained), use_tqdm=False)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
