@@ -77,18 +77,25 @@ def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: Tool
 
 
 def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], str | None]:
-    """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text."""
+    """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text. As
+    vLLM: a named call carries whatever was generated (none when nothing was), a required list
+    cut by max_tokens is no call, and neither leaves content."""
     if plan.mode == "named":
-        return [ParsedToolCall(plan.function_name, text).to_openai()], None
+        return ([ParsedToolCall(plan.function_name, text).to_openai()] if text.strip() else []), None
     if plan.mode == "required":
         try:
             return [call.to_openai() for call in parse_required_calls(text)], None
         except (ValueError, KeyError, TypeError):  # cut by max_tokens: not complete JSON
-            return [], text
+            return [], None
     if plan.mode == "auto":
         parsed = TOOL_PARSERS[plan.parser](text)
         return [call.to_openai() for call in parsed.tool_calls], parsed.content
     return [], text
+
+
+def forced_call_content(plan: ToolPlan, content: str | None) -> str | None:
+    """A forced call's message has empty content, not null (vLLM's reply shape)."""
+    return (content or "") if plan.mode in ("required", "named") else content
 
 
 def finish_reason(plan: ToolPlan, calls: list[dict[str, Any]], reason: str | None) -> str | None:
