@@ -289,3 +289,15 @@ def test_reasoning_tokens_are_counted_between_think_tokens(tiny_tokenizer_dir: P
     assert ReasoningTokenCounter.for_parser("deepseek_r1", tokens).feed([11, 12, tokens.end, 13]) == 2
     assert ReasoningTokenCounter.for_parser("qwen3", tokens).feed([11, 12, 13]) == 0  # no <think>
     assert ReasoningTokenCounter.for_parser("qwen3", None).feed(reply) == 0
+
+
+def test_reasoning_effort_becomes_template_kwargs() -> None:
+    """vLLM's rule: reasoning_effort reaches the template with enable_thinking = effort != "none",
+    unless chat_template_kwargs sets enable_thinking itself."""
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest(**base).template_kwargs() is None
+    assert ChatCompletionRequest(**base, reasoning_effort="none").template_kwargs() == \
+        {"reasoning_effort": "none", "enable_thinking": False}
+    assert ChatCompletionRequest(**base, reasoning_effort="high",
+                                 chat_template_kwargs={"enable_thinking": False, "x": 1}).template_kwargs() == \
+        {"reasoning_effort": "high", "enable_thinking": False, "x": 1}

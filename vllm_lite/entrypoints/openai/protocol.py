@@ -53,7 +53,7 @@ class OpenAIBaseModel(BaseModel):
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs", "request_id",
-    "thinking_token_budget", "repetition_detection", "reasoning_effort",
+    "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -298,6 +298,9 @@ class ChatCompletionRequest(_GenerationRequest):
         "vLLM: documents for RAG chat templates (passed to the template as `documents`)"))
     echo: bool = Field(default=False, description=(
         "vLLM: the reply starts with the last message's content when that message has the reply's role"))
+    reasoning_effort: str | None = Field(default=None, description=(
+        "passed to the chat template as `reasoning_effort`, with `enable_thinking` = effort != 'none' "
+        "unless chat_template_kwargs sets it (as vLLM)"))
     include_reasoning: bool = Field(default=True, description=(
         "vLLM: false leaves the --reasoning-parser's reasoning (and the logprobs and token ids that "
         "would show it) out of the reply"))
@@ -317,6 +320,14 @@ class ChatCompletionRequest(_GenerationRequest):
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, vocab_size, field)
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs with reasoning_effort (vLLM's rule)."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        given = self.chat_template_kwargs or {}
+        extra = {"reasoning_effort": self.reasoning_effort, "enable_thinking": self.reasoning_effort != "none"}
+        return {**extra, **given}
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as chat templates read them (tool calls' arguments as objects, as the

@@ -9,7 +9,7 @@ turned into the chat completion request it runs as, and the output items of its 
 | tools (`{"type": "function", "name", "parameters"}`), tool_choice | chat tools and tool_choice (serving_tools.py) |
 | text.format (`json_schema`, `json_object`, `text`) | response_format (structured outputs) |
 | include `["message.output_text.logprobs"]`, top_logprobs | logprobs, top_logprobs (on the message's output_text) |
-| reasoning.effort | chat_template_kwargs reasoning_effort, and enable_thinking = effort != "none" (as vLLM) |
+| reasoning.effort | chat's reasoning_effort: the template's reasoning_effort, and enable_thinking = effort != "none" (as vLLM) |
 | include_reasoning (vLLM's) | false: no reasoning item (nor logprobs) in the output |
 | max_output_tokens, temperature, top_p, top_k, logit_bias, cache_salt | the chat fields of those names |
 | store, stream, metadata, user, model | kept / echoed |
@@ -102,14 +102,12 @@ class ResponsesRequest(OpenAIBaseModel):
     def chat_request(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
         """The chat completion request this runs as; `history` is the stored conversation of
         previous_response_id (its messages, in chat form)."""
-        effort = self.reasoning_effort()
-        template_kwargs = None if effort is None else {"reasoning_effort": effort, "enable_thinking": effort != "none"}
         return ChatCompletionRequest(
             messages=[*self.instruction_messages(), *history, *self.input_messages()],
             max_completion_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
             top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt,
             logprobs=self.wants_logprobs(), top_logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
-            chat_template_kwargs=template_kwargs,
+            reasoning_effort=self.reasoning_effort(),
             tools=[_chat_tool(tool) for tool in self.tools] or None,
             tool_choice=_chat_tool_choice(self.tool_choice) if self.tools else _no_tools_choice(self.tool_choice),
             response_format=_response_format(self.text))

@@ -72,7 +72,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
         check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
-                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
+                             chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),
                              tools=request.tools, documents=request.documents)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
