@@ -221,6 +221,21 @@ def test_cancel_answers_as_vllm_for_a_synchronous_response(client: openai.OpenAI
         client.responses.cancel("resp_unknown")
 
 
+def test_vllm_sampling_extras_run_as_on_chat(client: openai.OpenAI) -> None:
+    """vLLM's sampling extras on /v1/responses are the chat fields: the same seeded sample."""
+    extras = {"seed": 7, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5}
+    response = client.responses.create(model=MODEL, input="Tell me about the river.", max_output_tokens=8,
+                                       temperature=1.0, extra_body=extras)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me about the river."}],
+                                          max_tokens=8, temperature=1.0, extra_body=extras)
+    assert response.output_text == chat.choices[0].message.content
+    unseeded = {key: value for key, value in extras.items() if key != "seed"}
+    others = {client.responses.create(model=MODEL, input="Tell me about the river.", max_output_tokens=8,
+                                      temperature=1.0, extra_body={**unseeded, "seed": seed}).output_text
+              for seed in (1, 2, 3)}
+    assert len(others | {response.output_text}) > 1  # the seed is honoured, not dropped
+
+
 def test_output_text_logprobs_whole_and_streamed(client: openai.OpenAI) -> None:
     """include message.output_text.logprobs: one entry per generated token with top_logprobs
     of the asked size, the same whole and streamed (greedy), each delta carrying its own."""

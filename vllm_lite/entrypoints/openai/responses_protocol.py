@@ -11,7 +11,7 @@ turned into the chat completion request it runs as, and the output items of its 
 | include `["message.output_text.logprobs"]`, top_logprobs | logprobs, top_logprobs (on the message's output_text) |
 | reasoning.effort | chat's reasoning_effort: the template's reasoning_effort, and enable_thinking = effort != "none" (as vLLM) |
 | include_reasoning (vLLM's) | false: no reasoning item (nor logprobs) in the output |
-| max_output_tokens, temperature, top_p, top_k, logit_bias, cache_salt | the chat fields of those names |
+| max_output_tokens, temperature, top_p, presence/frequency_penalty; vLLM's top_k, min_p, repetition_penalty, seed, stop, stop_token_ids, skip_special_tokens, include_stop_str_in_output, logit_bias, cache_salt, chat_template_kwargs | the chat fields of those names |
 | store, stream, metadata, user, model | kept / echoed |
 
 Fields this server cannot honour (`background`, other `include` values, `prompt`, `max_tool_calls`,
@@ -61,9 +61,19 @@ class ResponsesRequest(OpenAIBaseModel):
     prompt: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     truncation: Literal["disabled", "auto"] | None = "disabled"
-    # vLLM's extras.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # vLLM's extras (the chat fields of the same names).
     include_reasoning: bool = True
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
 
@@ -105,8 +115,11 @@ class ResponsesRequest(OpenAIBaseModel):
         return ChatCompletionRequest(
             messages=[*self.instruction_messages(), *history, *self.input_messages()],
             max_completion_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt,
-            logprobs=self.wants_logprobs(), top_logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
+            top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            chat_template_kwargs=self.chat_template_kwargs, logprobs=self.wants_logprobs(), top_logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
             reasoning_effort=self.reasoning_effort(),
             tools=[_chat_tool(tool) for tool in self.tools] or None,
             tool_choice=_chat_tool_choice(self.tool_choice) if self.tools else _no_tools_choice(self.tool_choice),
