@@ -301,3 +301,34 @@ def test_reasoning_effort_becomes_template_kwargs() -> None:
     assert ChatCompletionRequest(**base, reasoning_effort="high",
                                  chat_template_kwargs={"enable_thinking": False, "x": 1}).template_kwargs() == \
         {"reasoning_effort": "high", "enable_thinking": False, "x": 1}
+
+
+UNIT = {"title": "Unit", "type": "string", "enum": ["celsius", "fahrenheit"]}
+WEATHER_WITH_DEFS = {"type": "function", "function": {
+    "name": "get_weather_in", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"$ref": "#/$defs/Unit"}},
+        "required": ["city", "unit"], "additionalProperties": False, "$defs": {"Unit": UNIT}}}}
+
+
+def test_required_with_defs_references_is_served(client: openai.OpenAI) -> None:
+    """A tool whose parameters use $defs / $ref (pydantic's output) works with "required": its
+    definitions resolve at the root of the calls' schema, as in vLLM; the request's tool is kept."""
+    tools = [WEATHER_WITH_DEFS, TIME]
+    before = json.dumps(tools, sort_keys=True)
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
+                                         max_tokens=120, temperature=0.0)
+    assert json.dumps(tools, sort_keys=True) == before
+    calls = out.choices[0].message.tool_calls or []
+    assert out.choices[0].finish_reason == "length" or calls
+    for call in calls:
+        args = json.loads(call.function.arguments, strict=False)
+        if call.function.name == "get_weather_in":
+            assert set(args) == {"city", "unit"} and args["unit"] in UNIT["enum"]
+    schema = required_calls_schema(tools)
+    assert schema["$defs"] == {"Unit": UNIT} and "$defs" in tools[0]["function"]["parameters"]
+    clash = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}}, "$defs": {"Unit": {"type": "integer"}}}}}
+    with pytest.raises(openai.BadRequestError, match=r"\$defs/Unit") as info:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_WITH_DEFS, clash],
+                                       tool_choice="required", max_tokens=4)
+    assert info.value.body["param"] == "tools"

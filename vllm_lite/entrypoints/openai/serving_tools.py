@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_lite.engine.request_checks import check_structured_outputs
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
 from vllm_lite.entrypoints.openai.tool_parsers import (TOOL_PARSERS, ParsedToolCall, function_of,
@@ -66,14 +67,20 @@ def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: Tool
         return params
     _check(params.structured_outputs is None, "tool_choice",
            f'tool_choice "{plan.mode}" cannot be combined with response_format or structured_outputs')
-    if plan.mode == "required":
-        schema = required_calls_schema(request.tools)
-    else:
-        schema = parameters_schema(next(function_of(t) for t in request.tools
-                                        if function_of(t)["name"] == plan.function_name))
-    # Compact JSON: free whitespace adds nothing to arguments, and a weak model can spend its
-    # whole budget on it.
-    return params.clone_with(structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+    try:
+        if plan.mode == "required":
+            schema = required_calls_schema(request.tools)
+        else:
+            schema = parameters_schema(next(function_of(t) for t in request.tools
+                                            if function_of(t)["name"] == plan.function_name))
+        # Compact JSON: free whitespace adds nothing to arguments, and a weak model can spend its
+        # whole budget on it.
+        structured = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+        check_structured_outputs(SamplingParams(structured_outputs=structured))
+    except ValueError as exc:  # checked here so that the 400 names the tools
+        raise RequestParamError("tools", f"the tools' parameters cannot constrain a {plan.mode} tool call: "
+                                f"{exc}") from None
+    return params.clone_with(structured_outputs=structured)
 
 
 def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], str | None]:
