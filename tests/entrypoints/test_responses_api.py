@@ -179,8 +179,10 @@ def test_store_false_and_the_bounded_store(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"background": True}, "background"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
-    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"background": True, "store": False}, "background"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"reasoning": {"effort": "low", "budget": 3}}, "reasoning.budget"),
     ({"truncation": "auto"}, "truncation"),
     ({"frobnicate": 1}, "frobnicate"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
@@ -197,12 +199,61 @@ def test_unsupported_fields_are_refused_by_name(server: LiveServer, extra: dict[
     assert response.json()["error"]["param"] == param
 
 
-def test_invalid_schema_is_400_naming_the_problem(server: LiveServer) -> None:
+def test_invalid_schema_is_400_naming_the_problem_and_the_field(server: LiveServer) -> None:
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 2,
             "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}
     response = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=30,
                           headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 400 and "nope" in response.json()["error"]["message"], response.text
+    assert response.json()["error"]["param"] == "text.format.schema"  # as OpenAI names it
+
+
+def test_background_without_store_gets_vllms_message(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="background can only be used when `store` is true"):
+        client.responses.create(model=MODEL, input="hi", background=True, store=False, max_output_tokens=2)
+
+
+def test_cancel_answers_as_vllm_for_a_synchronous_response(client: openai.OpenAI) -> None:
+    done = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response."):
+        client.responses.cancel(done.id)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.responses.cancel("resp_unknown")
+
+
+def test_vllm_sampling_extras_run_as_on_chat(client: openai.OpenAI) -> None:
+    """vLLM's sampling extras on /v1/responses are the chat fields: the same seeded sample."""
+    extras = {"seed": 7, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5}
+    response = client.responses.create(model=MODEL, input="Tell me about the river.", max_output_tokens=8,
+                                       temperature=1.0, extra_body=extras)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me about the river."}],
+                                          max_tokens=8, temperature=1.0, extra_body=extras)
+    assert response.output_text == chat.choices[0].message.content
+    unseeded = {key: value for key, value in extras.items() if key != "seed"}
+    others = {client.responses.create(model=MODEL, input="Tell me about the river.", max_output_tokens=8,
+                                      temperature=1.0, extra_body={**unseeded, "seed": seed}).output_text
+              for seed in (1, 2, 3)}
+    assert len(others | {response.output_text}) > 1  # the seed is honoured, not dropped
+
+
+def test_output_text_logprobs_whole_and_streamed(client: openai.OpenAI) -> None:
+    """include message.output_text.logprobs: one entry per generated token with top_logprobs
+    of the asked size, the same whole and streamed (greedy), each delta carrying its own."""
+    body = {"model": MODEL, "input": "Tell me about the river.", "max_output_tokens": 6, "temperature": 0.0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": 3}
+    whole = client.responses.create(**body)
+    logprobs = whole.output[-1].content[0].logprobs
+    assert len(logprobs) == whole.usage.output_tokens
+    assert all(len(lp.top_logprobs) == 3 and lp.logprob <= 0 for lp in logprobs)
+    assert all(lp.top_logprobs[0].logprob >= lp.logprob for lp in logprobs)  # the best is first
+    events = list(client.responses.create(**body, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert deltas and all(e.logprobs for e in deltas)
+    streamed = [lp for e in deltas for lp in e.logprobs]
+    assert [(lp.token, lp.logprob) for lp in streamed] == [(lp.token, lp.logprob) for lp in logprobs]
+    assert events[-1].response.output[-1].content[0].logprobs == logprobs
+    plain = client.responses.create(**{k: v for k, v in body.items() if k not in ("include", "top_logprobs")})
+    assert plain.output[-1].content[0].logprobs == [] and plain.output_text == whole.output_text
 
 
 def test_auto_tool_choice_needs_the_parser_flags(client: openai.OpenAI) -> None:
@@ -291,3 +342,46 @@ def test_response_store_forgets_the_least_recently_used() -> None:
     assert store.body("b") is None and store.body("a") == {"id": "a"} and len(store) == 2
     store.history("a")[0]["content"] = "changed"  # callers get copies
     assert store.history("a") == [{"role": "user", "content": "1"}]
+
+
+class _RecordingScript(ScriptedEngine):
+    """A ScriptedEngine that keeps each request's prompt."""
+
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        self.prompts.append(prompt)
+        async for output in super().generate(prompt, params, request_id):
+            yield output
+
+
+def test_reasoning_effort_reaches_the_template_and_include_reasoning_false_hides_it(
+        tiny_tokenizer_dir: Path) -> None:
+    """reasoning.effort -> the template's reasoning_effort and enable_thinking (as vLLM);
+    vLLM's include_reasoning: false leaves the reasoning item out, whole and streamed."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    engine = _RecordingScript(tokenizer, ["<think>hm", "m</think>", "Answer."])
+    engine.tokenizer.chat_template = ("[{{ reasoning_effort }} {{ enable_thinking }}]"
+                                      "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    options = ServerOptions(api_key=API_KEY, reasoning_parser="qwen3")
+
+    async def go() -> tuple[Any, Any, list[Any]]:
+        app = build_app(engine, [MODEL], options=options)
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test/v1")
+        async with openai.AsyncOpenAI(base_url="http://test/v1", api_key=API_KEY, http_client=http) as client:
+            low = await client.responses.create(model=MODEL, input="hi", reasoning={"effort": "low"})
+            hidden = await client.responses.create(model=MODEL, input="hi", reasoning={"effort": "none"},
+                                                   extra_body={"include_reasoning": False})
+            stream = await client.responses.create(model=MODEL, input="hi", stream=True,
+                                                   extra_body={"include_reasoning": False})
+            return low, hidden, [event async for event in stream]
+
+    low, hidden, events = asyncio.run(go())
+    prompts = [tokenizer.decode(prompt["prompt_token_ids"]) for prompt in engine.prompts]
+    assert prompts[0].startswith("[low True]hi") and prompts[1].startswith("[none False]hi"), prompts
+    assert prompts[2].startswith("[ ]hi"), prompts  # no effort: the template sees neither
+    assert [item.type for item in low.output] == ["reasoning", "message"] and low.reasoning.effort == "low"
+    assert low.output[0].content[0].text == "hmm" and low.output_text == "Answer."
+    assert [item.type for item in hidden.output] == ["message"] and hidden.output_text == "Answer."
+    assert not any("reasoning" in event.type for event in events)
+    assert [item.type for item in events[-1].response.output] == ["message"]
+    assert events[-1].response.output_text == "Answer."

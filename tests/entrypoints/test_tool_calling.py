@@ -2,12 +2,14 @@
 tool calls and results, and a live server through the official `openai` client (named and
 required calls enforced by the grammar backend, auto calls parsed by the hermes parser,
 parallel calls, streamed deltas, a multi-turn conversation with tool results), and the qwen3
-reasoning parser (`<think>` text as reasoning_content) on the same server."""
+reasoning parser (`<think>` text as `reasoning`, include_reasoning, reasoning_tokens) on the same
+server."""
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,8 @@ from transformers import AutoTokenizer
 from vllm_lite.entrypoints.openai.chat_template import render_chat_template
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
-from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
+from vllm_lite.entrypoints.openai.reasoning_parsers import (ReasoningStream, ReasoningTokenCounter, split_reasoning,
+                                                            think_tokens)
 from vllm_lite.entrypoints.openai.serving_tools import plan_tools
 from vllm_lite.entrypoints.openai.tool_parsers import TOOL_PARSERS, required_calls_schema
 from vllm_lite.engine.request_checks import check_structured_outputs
@@ -126,6 +129,21 @@ def test_named_function(client: openai.OpenAI, temperature: float) -> None:
     (call,) = message.tool_calls
     assert call.function.name == "get_weather" and call.type == "function" and call.id
     assert _weather_ok(call.function.arguments), call.function.arguments
+    assert message.content == ""  # vLLM's reply shape for a forced call
+
+
+def test_required_cut_by_max_tokens_has_no_call(client: openai.OpenAI) -> None:
+    """As vLLM: a required list cut short is no call (tool_calls left out), content "", whole
+    and streamed; a plain reply leaves empty tool_calls out too."""
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=1, temperature=0.0,
+                                         tool_choice="required")
+    choice = out.choices[0]
+    assert choice.finish_reason == "length" and choice.message.tool_calls is None and choice.message.content == ""
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=1,
+                                                 temperature=0.0, tool_choice="required", stream=True))
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    assert plain.choices[0].message.tool_calls is None
 
 
 def test_required_streamed(client: openai.OpenAI) -> None:
@@ -220,15 +238,97 @@ def test_reasoning_split_whole_and_streamed(parser: str, text: str, want: tuple)
         assert (reasoning or None, content or None) == want, size
 
 
-def test_reasoning_content_served(client: openai.OpenAI) -> None:
-    regex = r"<think>[a-z]{2,8}( [a-z]{2,8}){0,3}</think>\n\n[A-Z][a-z]{2,8}"
-    out = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
-                                         extra_body={"structured_outputs": {"regex": regex}})
+REASONING_REGEX = r"<think>[a-z]{2,8}( [a-z]{2,8}){0,3}</think>\n\n[A-Z][a-z]{2,8}"
+
+
+def _reasoning_reply(client: openai.OpenAI, stream: bool, **extra: Any) -> Any:
+    return client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0, stream=stream,
+                                          stream_options={"include_usage": True} if stream else None,
+                                          extra_body={"structured_outputs": {"regex": REASONING_REGEX}, **extra})
+
+
+def test_reasoning_served(client: openai.OpenAI) -> None:
+    """vLLM's field name (`reasoning`), whole and streamed, and its usage detail."""
+    out = _reasoning_reply(client, stream=False)
     message = out.choices[0].message
-    reasoning, content = message.model_extra["reasoning_content"], message.content
+    reasoning, content = message.model_extra["reasoning"], message.content
+    assert "reasoning_content" not in message.model_extra
     assert re.fullmatch(r"[a-z]{2,8}( [a-z]{2,8}){0,3}", reasoning) and re.fullmatch(r"[A-Z][a-z]{2,8}", content)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100, temperature=0.0,
-                                                 stream=True, extra_body={"structured_outputs": {"regex": regex}}))
+    # the tiny tokenizer has no <think> token: no token counts as reasoning (as vLLM counts)
+    assert out.usage.completion_tokens_details.reasoning_tokens == 0
+    chunks = list(_reasoning_reply(client, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == reasoning
     assert "".join(d.content or "" for d in deltas) == content
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_include_reasoning_false_hides_the_reasoning(client: openai.OpenAI) -> None:
+    """vLLM's include_reasoning: false: the same content, no reasoning (nor the logprobs and
+    token ids that would show it), whole and streamed."""
+    shown = _reasoning_reply(client, stream=False).choices[0].message
+    out = _reasoning_reply(client, stream=False, include_reasoning=False, logprobs=True, return_token_ids=True)
+    choice = out.choices[0]
+    assert choice.message.content == shown.content and "reasoning" not in choice.message.model_extra
+    assert choice.logprobs is None and (choice.model_extra or {}).get("token_ids") is None
+    chunks = list(_reasoning_reply(client, stream=True, include_reasoning=False))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any((d.model_extra or {}).get("reasoning") for d in deltas)
+    assert "".join(d.content or "" for d in deltas) == shown.content
+
+
+def test_reasoning_tokens_are_counted_between_think_tokens(tiny_tokenizer_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    assert think_tokens(tokenizer) is None
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    tokens = think_tokens(tokenizer)
+    assert tokens is not None and tokenizer.convert_ids_to_tokens([tokens.start, tokens.end]) == ["<think>", "</think>"]
+    reply = [tokens.start, 11, 12, 13, tokens.end, 14, tokens.start, 15, tokens.end]
+    qwen3 = ReasoningTokenCounter.for_parser("qwen3", tokens)
+    assert [qwen3.feed(reply[i:i + 2]) for i in range(0, len(reply), 2)][-1] == 3  # fed in pieces
+    assert ReasoningTokenCounter.for_parser("deepseek_r1", tokens).feed([11, 12, tokens.end, 13]) == 2
+    assert ReasoningTokenCounter.for_parser("qwen3", tokens).feed([11, 12, 13]) == 0  # no <think>
+    assert ReasoningTokenCounter.for_parser("qwen3", None).feed(reply) == 0
+
+
+def test_reasoning_effort_becomes_template_kwargs() -> None:
+    """vLLM's rule: reasoning_effort reaches the template with enable_thinking = effort != "none",
+    unless chat_template_kwargs sets enable_thinking itself."""
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest(**base).template_kwargs() is None
+    assert ChatCompletionRequest(**base, reasoning_effort="none").template_kwargs() == \
+        {"reasoning_effort": "none", "enable_thinking": False}
+    assert ChatCompletionRequest(**base, reasoning_effort="high",
+                                 chat_template_kwargs={"enable_thinking": False, "x": 1}).template_kwargs() == \
+        {"reasoning_effort": "high", "enable_thinking": False, "x": 1}
+
+
+UNIT = {"title": "Unit", "type": "string", "enum": ["celsius", "fahrenheit"]}
+WEATHER_WITH_DEFS = {"type": "function", "function": {
+    "name": "get_weather_in", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"$ref": "#/$defs/Unit"}},
+        "required": ["city", "unit"], "additionalProperties": False, "$defs": {"Unit": UNIT}}}}
+
+
+def test_required_with_defs_references_is_served(client: openai.OpenAI) -> None:
+    """A tool whose parameters use $defs / $ref (pydantic's output) works with "required": its
+    definitions resolve at the root of the calls' schema, as in vLLM; the request's tool is kept."""
+    tools = [WEATHER_WITH_DEFS, TIME]
+    before = json.dumps(tools, sort_keys=True)
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
+                                         max_tokens=120, temperature=0.0)
+    assert json.dumps(tools, sort_keys=True) == before
+    calls = out.choices[0].message.tool_calls or []
+    assert out.choices[0].finish_reason == "length" or calls
+    for call in calls:
+        args = json.loads(call.function.arguments, strict=False)
+        if call.function.name == "get_weather_in":
+            assert set(args) == {"city", "unit"} and args["unit"] in UNIT["enum"]
+    schema = required_calls_schema(tools)
+    assert schema["$defs"] == {"Unit": UNIT} and "$defs" in tools[0]["function"]["parameters"]
+    clash = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}}, "$defs": {"Unit": {"type": "integer"}}}}}
+    with pytest.raises(openai.BadRequestError, match=r"\$defs/Unit") as info:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_WITH_DEFS, clash],
+                                       tool_choice="required", max_tokens=4)
+    assert info.value.body["param"] == "tools"

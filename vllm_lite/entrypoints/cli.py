@@ -111,7 +111,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--tool-call-parser", choices=("hermes", "qwen3", "llama3_json", "mistral", "pythonic"),
                        default=None, help="how tool calls are read from the model's text")
     serve.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
-                       help="return the <think> part of chat replies as reasoning_content")
+                       help="return the <think> part of chat replies as `reasoning`")
+    serve.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
+                       choices=("auto", "xgrammar"), default="auto",
+                       help="vLLM's flag: the structured-output backend (xgrammar, the only one here)")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
     serve.add_argument("--enable-force-include-usage", action="store_true",

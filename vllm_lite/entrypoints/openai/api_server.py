@@ -66,8 +66,9 @@ from vllm_lite.entrypoints.openai.serving import (
 )
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
                                                        ServerOptions)
+from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
-from vllm_lite.entrypoints.openai.serving_responses import create_response, retrieve_response
+from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 
@@ -99,7 +100,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          vocab_size=model_config.hf.vocab_size,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
-                         responses=ResponseStore(options.max_stored_responses))
+                         responses=ResponseStore(options.max_stored_responses),
+                         think_tokens=think_tokens(engine.tokenizer) if options.reasoning_parser else None)
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path)
     app.state.ctx = ctx
@@ -272,6 +274,11 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def retrieve(response_id: str) -> Response:
         """A stored response (`store: true`), within --max-stored-responses."""
         return await retrieve_response(ctx, response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel", response_model=None)
+    async def cancel(response_id: str) -> Response:
+        """vLLM's cancel: a stored response here is never a background one, so it is a 400."""
+        return await cancel_response(ctx, response_id)
 
     @app.post("/v1/chat/completions", response_model=None,
               responses=_generation_responses(ChatCompletionResponse))

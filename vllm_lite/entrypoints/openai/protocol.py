@@ -53,11 +53,11 @@ class OpenAIBaseModel(BaseModel):
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs", "request_id",
-    "thinking_token_budget", "repetition_detection", "include_reasoning", "reasoning_effort",
+    "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "spaces_between_special_tokens": (True,), "priority": (0,), "include_reasoning": (True,),
+    "spaces_between_special_tokens": (True,), "priority": (0,),
     "parallel_tool_calls": (True,), "allowed_token_ids": (None,), "bad_words": (None, []),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
 }
@@ -298,6 +298,12 @@ class ChatCompletionRequest(_GenerationRequest):
         "vLLM: documents for RAG chat templates (passed to the template as `documents`)"))
     echo: bool = Field(default=False, description=(
         "vLLM: the reply starts with the last message's content when that message has the reply's role"))
+    reasoning_effort: str | None = Field(default=None, description=(
+        "passed to the chat template as `reasoning_effort`, with `enable_thinking` = effort != 'none' "
+        "unless chat_template_kwargs sets it (as vLLM)"))
+    include_reasoning: bool = Field(default=True, description=(
+        "vLLM: false leaves the --reasoning-parser's reasoning (and the logprobs and token ids that "
+        "would show it) out of the reply"))
 
     def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
@@ -314,6 +320,14 @@ class ChatCompletionRequest(_GenerationRequest):
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, vocab_size, field)
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs with reasoning_effort (vLLM's rule)."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        given = self.chat_template_kwargs or {}
+        extra = {"reasoning_effort": self.reasoning_effort, "enable_thinking": self.reasoning_effort != "none"}
+        return {**extra, **given}
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as chat templates read them (tool calls' arguments as objects, as the
@@ -439,15 +453,22 @@ def _max_count(a: int | None, b: int | None) -> int | None:
 # --------------------------------------------------------------------------- responses
 
 
+class CompletionTokensDetails(OpenAIBaseModel):
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # Chat with a --reasoning-parser only (as vLLM).
+    completion_tokens_details: CompletionTokensDetails | None = Field(default=None, exclude_if=_omit_if_none)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> UsageInfo:
+        details = None if reasoning_tokens is None else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+                   total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=details)
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -513,11 +534,16 @@ class ChatChoiceLogprobs(OpenAIBaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+def _omit_if_empty(value: list[Any]) -> bool:
+    return not value
+
+
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)  # --reasoning-parser
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    # --reasoning-parser; vLLM's name since it renamed `reasoning_content`.
+    reasoning: str | None = Field(default=None, exclude_if=_omit_if_none)
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list, exclude_if=_omit_if_empty)  # as vLLM
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -544,7 +570,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = Field(default=None, exclude_if=_omit_if_none)
     content: str | None = Field(default=None, exclude_if=_omit_if_none)
-    reasoning_content: str | None = Field(default=None, exclude_if=_omit_if_none)
+    reasoning: str | None = Field(default=None, exclude_if=_omit_if_none)
     tool_calls: list[dict[str, Any]] | None = Field(default=None, exclude_if=_omit_if_none)
 
 

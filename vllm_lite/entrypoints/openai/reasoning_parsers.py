@@ -1,5 +1,5 @@
-"""`--reasoning-parser`: the `<think>...</think>` part of a chat reply as `reasoning_content`,
-the rest as `content` (vLLM's parsers of the same names).
+"""`--reasoning-parser`: the `<think>...</think>` part of a chat reply as `reasoning` (vLLM's
+field, formerly `reasoning_content`), the rest as `content` (vLLM's parsers of the same names).
 
 | parser | reasoning is |
 |---|---|
@@ -8,9 +8,16 @@ the rest as `content` (vLLM's parsers of the same names).
 
 A reply cut before `</think>` is all reasoning. Streaming gives the same split: `ReasoningStream`
 holds back a trailing piece that may be the start of a tag until the next delta decides it.
+
+Usage reports the reasoning in tokens, in vLLM's field (`completion_tokens_details.reasoning_tokens`):
+the generated tokens after a `<think>` token up to the first `</think>` token (deepseek_r1: from
+the start), for tokenizers that have both tags as single tokens; with other tokenizers it is 0.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 START, END = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
@@ -57,3 +64,50 @@ def _partial_tag_length(text: str) -> int:
             if text.endswith(tag[:length]):
                 return length
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkTokens:
+    """The ids of the tokenizer's `<think>` and `</think>` tokens."""
+
+    start: int
+    end: int
+
+
+def think_tokens(tokenizer: Any) -> ThinkTokens | None:
+    """None when the tokenizer lacks either tag as one token."""
+    ids = []
+    for tag in (START, END):
+        token_id = tokenizer.convert_tokens_to_ids(tag)
+        if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != tag:
+            return None
+        ids.append(token_id)
+    return ThinkTokens(*ids)
+
+
+@dataclass(slots=True)
+class ReasoningTokenCounter:
+    """Counts the reasoning tokens of one reply fed in pieces: those after `<think>` (deepseek_r1:
+    from the start) up to the first `</think>`, the span `split_reasoning` calls reasoning."""
+
+    tokens: ThinkTokens | None
+    inside: bool = False
+    ended: bool = False
+    count: int = 0
+
+    @classmethod
+    def for_parser(cls, parser: str, tokens: ThinkTokens | None) -> ReasoningTokenCounter:
+        return cls(tokens, inside=parser == "deepseek_r1")
+
+    def feed(self, token_ids: Any) -> int:
+        if self.tokens is None or self.ended:
+            return self.count
+        for token_id in token_ids:
+            if token_id == self.tokens.end:
+                self.ended = True
+                break
+            if token_id == self.tokens.start:
+                self.inside = True
+            elif self.inside:
+                self.count += 1
+        return self.count

@@ -8,12 +8,15 @@ turned into the chat completion request it runs as, and the output items of its 
 | previous_response_id | the stored conversation of that response (its input and its output) |
 | tools (`{"type": "function", "name", "parameters"}`), tool_choice | chat tools and tool_choice (serving_tools.py) |
 | text.format (`json_schema`, `json_object`, `text`) | response_format (structured outputs) |
-| max_output_tokens, temperature, top_p, top_k, logit_bias, cache_salt | the chat fields of those names |
+| include `["message.output_text.logprobs"]`, top_logprobs | logprobs, top_logprobs (on the message's output_text) |
+| reasoning.effort | chat's reasoning_effort: the template's reasoning_effort, and enable_thinking = effort != "none" (as vLLM) |
+| include_reasoning (vLLM's) | false: no reasoning item (nor logprobs) in the output |
+| max_output_tokens, temperature, top_p, presence/frequency_penalty; vLLM's top_k, min_p, repetition_penalty, seed, stop, stop_token_ids, skip_special_tokens, include_stop_str_in_output, logit_bias, cache_salt, chat_template_kwargs | the chat fields of those names |
 | store, stream, metadata, user, model | kept / echoed |
 
-Fields this server cannot honour (`background`, `include`, `reasoning`, `prompt`, `max_tool_calls`,
-`truncation: auto`, `top_logprobs`, `parallel_tool_calls: false`, hosted tools) and unknown
-fields are refused with their name.
+Fields this server cannot honour (`background`, other `include` values, `prompt`, `max_tool_calls`,
+`truncation: auto`, `parallel_tool_calls: false`, hosted tools) and unknown fields are refused
+with their name.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIB
 
 _INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+_REASONING_FIELDS = ("effort", "summary", "generate_summary")
+# A chat field's error, in the Responses API's terms.
+_RESPONSES_PARAM = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
 
 
 class ResponsesRequest(OpenAIBaseModel):
@@ -46,16 +53,27 @@ class ResponsesRequest(OpenAIBaseModel):
     metadata: dict[str, str] | None = None
     user: str | None = None
     service_tier: Literal["auto", "default"] = "auto"
+    include: list[str] | None = None
+    top_logprobs: int | None = None
+    reasoning: dict[str, Any] | None = None
     # Accepted only at the values that change nothing (refused by name otherwise).
     background: bool | None = False
-    include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     truncation: Literal["disabled", "auto"] | None = "disabled"
-    top_logprobs: int | None = None
-    # vLLM's extras.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # vLLM's extras (the chat fields of the same names).
+    include_reasoning: bool = True
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
 
@@ -64,19 +82,32 @@ class ResponsesRequest(OpenAIBaseModel):
         unknown = self.unknown_fields()
         _check(not unknown, unknown[0] if unknown else "", f"unknown or unsupported field(s) for /v1/responses: "
                f"{', '.join(unknown)}")
+        _check(self.store or not self.background, "background",
+               "background can only be used when `store` is true")
         _check(not self.background, "background", "background responses are not supported")
-        _check(not self.include, "include", f"include is not supported, got {self.include}")
-        _check(self.reasoning is None, "reasoning", "reasoning options are not supported (the reasoning "
-               "parser is the server's --reasoning-parser)")
+        other = [item for item in self.include or [] if item != OUTPUT_LOGPROBS]
+        _check(not other, "include", f"include supports only {OUTPUT_LOGPROBS!r}, got {other}")
+        _check(self.top_logprobs is None or 0 <= self.top_logprobs <= 20, "top_logprobs",
+               f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        unknown = sorted(set(self.reasoning or {}) - set(_REASONING_FIELDS))
+        _check(not unknown, f"reasoning.{unknown[0]}" if unknown else "reasoning",
+               f"unsupported field(s) in reasoning: {unknown}")
+        _check(self.reasoning_effort() is None or isinstance(self.reasoning_effort(), str), "reasoning.effort",
+               f"reasoning.effort must be a string, got {self.reasoning_effort()!r}")
         _check(self.prompt is None, "prompt", "prompt templates are not supported")
         _check(self.max_tool_calls is None, "max_tool_calls", "max_tool_calls is not supported")
         _check(self.truncation in (None, "disabled"), "truncation", 'truncation must be "disabled" (a prompt '
                "longer than the context is refused)")
-        _check(not self.top_logprobs, "top_logprobs", "top_logprobs is not supported")
         _check(self.parallel_tool_calls in (None, True), "parallel_tool_calls",
                "parallel_tool_calls: false is not supported")
         _check(self.max_output_tokens is None or self.max_output_tokens >= 1, "max_output_tokens",
                f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+
+    def wants_logprobs(self) -> bool:
+        return OUTPUT_LOGPROBS in (self.include or [])
+
+    def reasoning_effort(self) -> Any:
+        return (self.reasoning or {}).get("effort")
 
     def chat_request(self, history: list[dict[str, Any]]) -> ChatCompletionRequest:
         """The chat completion request this runs as; `history` is the stored conversation of
@@ -84,10 +115,23 @@ class ResponsesRequest(OpenAIBaseModel):
         return ChatCompletionRequest(
             messages=[*self.instruction_messages(), *history, *self.input_messages()],
             max_completion_tokens=self.max_output_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt,
+            top_k=self.top_k, logit_bias=self.logit_bias, cache_salt=self.cache_salt, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            chat_template_kwargs=self.chat_template_kwargs, logprobs=self.wants_logprobs(), top_logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
+            reasoning_effort=self.reasoning_effort(),
             tools=[_chat_tool(tool) for tool in self.tools] or None,
             tool_choice=_chat_tool_choice(self.tool_choice) if self.tools else _no_tools_choice(self.tool_choice),
             response_format=_response_format(self.text))
+
+    def chat_error(self, exc: RequestParamError) -> RequestParamError:
+        """An error of the chat request this runs as, naming the Responses API's field."""
+        param = _RESPONSES_PARAM.get(exc.param, exc.param)
+        if exc.param == "response_format":
+            kind = ((self.text or {}).get("format") or {}).get("type")
+            param = "text.format.schema" if kind == "json_schema" else "text.format"
+        return RequestParamError(param, str(exc).replace("response_format", "text.format"))
 
     def instruction_messages(self) -> list[dict[str, Any]]:
         return [{"role": "system", "content": self.instructions}] if self.instructions else []
@@ -207,13 +251,14 @@ def reasoning_item(item_id: str, text: str, status: str | None = "completed") ->
     return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+def message_item(item_id: str, text: str | None, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [output_text_part(text)] if text is not None else []}
+            "content": [output_text_part(text, logprobs)] if text is not None else []}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str,

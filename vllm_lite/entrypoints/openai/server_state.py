@@ -55,7 +55,7 @@ class ServerOptions:
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
     | enable_auto_tool_choice | --enable-auto-tool-choice | tool_choice "auto" (the default with tools) is served |
     | tool_call_parser | --tool-call-parser | how tool calls are read from the text (tool_parsers.py) |
-    | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as reasoning_content (reasoning_parsers.py) |
+    | reasoning_parser | --reasoning-parser | `<think>` text of chat replies as `reasoning` (reasoning_parsers.py) |
     | enable_tokenizer_info_endpoint | --enable-tokenizer-info-endpoint | GET /tokenizer_info (the tokenizer's configuration) |
     | root_path | --root-path | the path prefix a proxy serves the app under (routes answer with and without it) |
     | max_stored_responses | --max-stored-responses | /v1/responses kept for previous_response_id (oldest forgotten first) |

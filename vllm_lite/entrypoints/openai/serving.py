@@ -26,6 +26,7 @@ from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_
 from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
+from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
@@ -83,6 +84,7 @@ class ServingContext:
     vocab_size: int
     max_prompt_chars: int
     options: ServerOptions = field(default_factory=ServerOptions)
+    think_tokens: ThinkTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
     responses: ResponseStore = field(default_factory=ResponseStore)

@@ -33,9 +33,9 @@ from vllm_lite.entrypoints.openai.serving import (
     render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
-                                                        plan_tools)
+                                                        forced_call_content, plan_tools)
 from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
-from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, ReasoningTokenCounter, split_reasoning
 from vllm_lite.outputs import Logprob, RequestOutput
 
 
@@ -72,7 +72,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
         check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
-                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs,
+                             chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),
                              tools=request.tools, documents=request.documents)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
@@ -87,25 +87,29 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
                          tools: ToolPlan = ToolPlan("none")) -> ChatCompletionResponse:
     collected = await collect_choices(stream, request.n)
     as_ids = bool(request.return_tokens_as_token_ids)
-    choices = []
+    parser = ctx.options.reasoning_parser
+    hide_reasoning = parser is not None and not request.include_reasoning
+    choices, reasoning_tokens = [], 0
     for index, acc in enumerate(collected.choices):
         logprobs = None
-        if num_top is not None:
+        if num_top is not None and not hide_reasoning:
             logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
                                      request.logprob_token_ids is not None)
         reasoning, text = None, acc.text
-        if ctx.options.reasoning_parser is not None:
-            reasoning, text = split_reasoning(ctx.options.reasoning_parser, acc.text)
+        if parser is not None:
+            reasoning, text = split_reasoning(parser, acc.text)
+            reasoning_tokens += ReasoningTokenCounter.for_parser(parser, ctx.think_tokens).feed(acc.token_ids)
         calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
         if content is not None:
             content = request.echoed_text() + content
-        message = ChatResponseMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
-        choices.append(ChatCompletionResponseChoice(index=index, message=message, logprobs=logprobs,
-                                                    finish_reason=finish_reason(tools, calls, acc.finish_reason),
-                                                    stop_reason=acc.stop_reason,
-                                                    token_ids=acc.token_ids if request.return_token_ids else None))
+        message = ChatResponseMessage(content=forced_call_content(tools, content),
+                                      reasoning=None if hide_reasoning else reasoning, tool_calls=calls)
+        choices.append(ChatCompletionResponseChoice(
+            index=index, message=message, logprobs=logprobs,
+            finish_reason=finish_reason(tools, calls, acc.finish_reason), stop_reason=acc.stop_reason,
+            token_ids=acc.token_ids if request.return_token_ids and not hide_reasoning else None))
     num_generated = sum(len(acc.token_ids) for acc in collected.choices)
-    usage = UsageInfo.of(len(prompt_token_ids), num_generated)
+    usage = UsageInfo.of(len(prompt_token_ids), num_generated, reasoning_tokens if parser is not None else None)
     prompt_logprobs = None
     if request.prompt_logprobs is not None:
         prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
@@ -126,9 +130,16 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
     parser = ctx.options.reasoning_parser
     reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
+    counters = [ReasoningTokenCounter.for_parser(parser, ctx.think_tokens) for _ in range(request.n)] if parser \
+        else None
+    hide_reasoning = parser is not None and not request.include_reasoning
+
+    def reasoning_tokens(indices: range | list[int]) -> int | None:
+        return None if counters is None else sum(counters[i].count for i in indices)
 
     def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> str:
-        usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index]) if usage_mode.every_chunk else None
+        usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index], reasoning_tokens([choice.index])) \
+            if usage_mode.every_chunk else None
         return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
                                                       prompt_token_ids=prompt_ids, usage=usage))
 
@@ -142,27 +153,31 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     async for output in stream:
         for completion in output.outputs:
             per_choice[completion.index] += len(completion.token_ids)
-            carries_ids = request.return_token_ids and completion.token_ids
+            if counters is not None:
+                counters[completion.index].feed(completion.token_ids)
+            carries_ids = request.return_token_ids and completion.token_ids and not hide_reasoning
             if not completion.text and completion.finish_reason is None and num_top is None and not carries_ids:
                 continue  # tokens still held back by the detokenizer (no text yet)
             logprobs = None
-            if num_top is not None:
+            if num_top is not None and not hide_reasoning:
                 logprobs = chat_logprobs(ctx.tokenizer, completion.token_ids, completion.logprobs or [], num_top,
                                          as_ids, request.logprob_token_ids is not None)
             reasoning, text = None, completion.text
             if reasoning_streams is not None:
                 reasoning, text = reasoning_streams[completion.index].feed(completion.text,
                                                                            completion.finish_reason is not None)
-                if (reasoning is None and text is None and completion.finish_reason is None and num_top is None
-                        and not carries_ids):
-                    continue  # a piece of a possible tag: held until the next delta
-            delta, reason = DeltaMessage(content=text, reasoning_content=reasoning), completion.finish_reason
+                if hide_reasoning:
+                    reasoning = None
+                if reasoning is None and text is None and completion.finish_reason is None and logprobs is None \
+                        and not carries_ids:
+                    continue  # a piece of a possible tag (or hidden reasoning): held until the next delta
+            delta, reason = DeltaMessage(content=text, reasoning=reasoning), completion.finish_reason
             if tool_streams is not None:
                 final = completion.finish_reason is not None
                 content, calls = tool_streams[completion.index].feed(text or "", final)
                 if content is None and not calls and reasoning is None and not final:
                     continue  # nothing certain yet (a call's name, a possible tag)
-                delta = DeltaMessage(content=content, reasoning_content=reasoning,
+                delta = DeltaMessage(content=content, reasoning=reasoning,
                                      tool_calls=[call.to_openai() for call in calls] or None)
                 if final:
                     whole_calls, _ = extract_tool_calls(tools, tool_streams[completion.index].text)
@@ -171,9 +186,9 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
             yield chunk(ChatCompletionStreamChoice(
                 index=completion.index, delta=delta, logprobs=logprobs,
                 finish_reason=reason, stop_reason=completion.stop_reason,
-                token_ids=completion.token_ids if request.return_token_ids else None))
+                token_ids=completion.token_ids if request.return_token_ids and not hide_reasoning else None))
     if usage_mode.final:
-        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice))
+        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice), reasoning_tokens(range(request.n)))
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 

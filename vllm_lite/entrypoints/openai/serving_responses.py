@@ -29,16 +29,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vllm_lite.entrypoints.openai.errors import ApiError
-from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, split_reasoning
+from vllm_lite.entrypoints.openai.protocol import RequestParamError
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, ReasoningTokenCounter, split_reasoning
 from vllm_lite.entrypoints.openai.responses_protocol import (ResponsesRequest, function_call_item, message_item,
                                                              new_id, output_as_messages, output_text_part,
                                                              reasoning_item)
 from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, cancel_on_disconnect, check_length,
                                                   collect_choices, sse_error, start_stream, tracked_generate)
-from vllm_lite.entrypoints.openai.serving_chat import chat_prompt
+from vllm_lite.entrypoints.openai.serving_chat import chat_logprobs, chat_prompt
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, constrain, extract_tool_calls, plan_tools
 from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
-from vllm_lite.outputs import RequestOutput
+from vllm_lite.outputs import Logprob, RequestOutput
 
 
 @dataclass(slots=True)
@@ -60,7 +61,8 @@ class ResponseTurn:
                 "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
                 "instructions": request.instructions, "max_output_tokens": self.max_output_tokens,
                 "model": self.model, "output": output, "parallel_tool_calls": True,
-                "previous_response_id": request.previous_response_id, "reasoning": None, "store": request.store,
+                "previous_response_id": request.previous_response_id, "reasoning": request.reasoning,
+                "store": request.store, "top_logprobs": request.top_logprobs or 0,
                 "temperature": 1.0 if request.temperature is None else request.temperature,
                 "top_p": 1.0 if request.top_p is None else request.top_p,
                 "text": request.text or {"format": {"type": "text"}}, "tool_choice": request.tool_choice,
@@ -76,9 +78,12 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
         raise ApiError(404, "NotFoundError", f"Response with id '{request.previous_response_id}' not found.",
                        "previous_response_id")
     chat = request.chat_request(history)
-    params = chat.to_sampling_params(ctx.vocab_size)
-    tools = plan_tools(chat, ctx.options)
-    params = constrain(params, chat, tools)
+    try:
+        params = chat.to_sampling_params(ctx.vocab_size)
+        tools = plan_tools(chat, ctx.options)
+        params = constrain(params, chat, tools)
+    except RequestParamError as exc:
+        raise request.chat_error(exc) from None
     prompt = await chat_prompt(ctx, chat)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     check_length(ctx, num_prompt_tokens, params.max_tokens, "input")
@@ -92,10 +97,21 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
 
 
 async def retrieve_response(ctx: ServingContext, response_id: str) -> JSONResponse:
+    return JSONResponse(_stored_body(ctx, response_id))
+
+
+async def cancel_response(ctx: ServingContext, response_id: str) -> JSONResponse:
+    """POST /v1/responses/{id}/cancel: only background responses can be cancelled (vLLM's
+    answer for the others, the only kind this server runs)."""
+    _stored_body(ctx, response_id)
+    raise ApiError(400, "BadRequestError", "Cannot cancel a synchronous response.", "response_id")
+
+
+def _stored_body(ctx: ServingContext, response_id: str) -> dict[str, Any]:
     body = ctx.responses.body(response_id)
     if body is None:
         raise ApiError(404, "NotFoundError", f"Response with id '{response_id}' not found.", "response_id")
-    return JSONResponse(body)
+    return body
 
 
 # --------------------------------------------------------------------------- whole response
@@ -103,18 +119,36 @@ async def retrieve_response(ctx: ServingContext, response_id: str) -> JSONRespon
 
 async def _full_response(ctx: ServingContext, turn: ResponseTurn,
                          stream: AsyncGenerator[RequestOutput, None]) -> dict[str, Any]:
-    usage = _Usage()
+    usage = _Usage.for_server(ctx)
     collected = await collect_choices(usage.counting(stream), 1)
     choice = collected.choices[0]
     incomplete = choice.finish_reason == "length"
-    output = _output_items(ctx, turn.tools, choice.text, incomplete)
+    logprobs = _logprobs(ctx, turn.request, choice.token_ids, choice.logprobs)
+    output = _output_items(ctx, turn, choice.text, incomplete, logprobs)
     return _finish(ctx, turn, output, incomplete, usage)
 
 
-def _output_items(ctx: ServingContext, tools: ToolPlan, text: str, incomplete: bool) -> list[dict[str, Any]]:
+def _hides_reasoning(ctx: ServingContext, request: ResponsesRequest) -> bool:
+    return ctx.options.reasoning_parser is not None and not request.include_reasoning
+
+
+def _logprobs(ctx: ServingContext, request: ResponsesRequest, token_ids: list[int],
+              logprobs: list[dict[int, Logprob]]) -> list[dict[str, Any]] | None:
+    """The output_text's logprobs, as vLLM gives them: every generated token's (the reasoning's
+    too), none when the reasoning is hidden."""
+    if not request.wants_logprobs() or _hides_reasoning(ctx, request):
+        return None
+    return chat_logprobs(ctx.tokenizer, token_ids, logprobs, request.top_logprobs or 0).model_dump()["content"]
+
+
+def _output_items(ctx: ServingContext, turn: ResponseTurn, text: str, incomplete: bool,
+                  logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    tools = turn.tools
     reasoning, content = None, text
     if ctx.options.reasoning_parser is not None:
         reasoning, content = split_reasoning(ctx.options.reasoning_parser, text)
+    if _hides_reasoning(ctx, turn.request):
+        reasoning = None
     calls: list[dict[str, Any]] = []
     if tools.parses_output:
         calls, content = extract_tool_calls(tools, content or "")
@@ -122,7 +156,7 @@ def _output_items(ctx: ServingContext, tools: ToolPlan, text: str, incomplete: b
     if reasoning:
         items.append(reasoning_item(new_id("rs"), reasoning))
     if content and content.strip():
-        items.append(message_item(new_id("msg"), content, "incomplete" if incomplete else "completed"))
+        items.append(message_item(new_id("msg"), content, "incomplete" if incomplete else "completed", logprobs))
     for call in calls:
         items.append(function_call_item(new_id("fc"), call["id"], call["function"]["name"],
                                         call["function"]["arguments"]))
@@ -131,21 +165,31 @@ def _output_items(ctx: ServingContext, tools: ToolPlan, text: str, incomplete: b
 
 @dataclass(slots=True)
 class _Usage:
+    reasoning: ReasoningTokenCounter | None = None
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+
+    @classmethod
+    def for_server(cls, ctx: ServingContext) -> _Usage:
+        parser = ctx.options.reasoning_parser
+        return cls(None if parser is None else ReasoningTokenCounter.for_parser(parser, ctx.think_tokens))
 
     async def counting(self, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
         async with contextlib.aclosing(stream):
             async for output in stream:
                 self.input_tokens = len(output.prompt_token_ids)
                 self.cached_tokens = output.num_cached_tokens
-                self.output_tokens += sum(len(completion.token_ids) for completion in output.outputs)
+                for completion in output.outputs:
+                    self.output_tokens += len(completion.token_ids)
+                    if self.reasoning is not None:
+                        self.reasoning.feed(completion.token_ids)
                 yield output
 
     def json(self) -> dict[str, Any]:
+        reasoning_tokens = 0 if self.reasoning is None else self.reasoning.count
         return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
-                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                 "total_tokens": self.input_tokens + self.output_tokens}
 
 
@@ -179,6 +223,7 @@ class _OpenItem:
     kind: str  # reasoning | message | function_call
     item: dict[str, Any]
     text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -189,6 +234,7 @@ class _EventWriter:
     done: list[dict[str, Any]] = field(default_factory=list)
     current: _OpenItem | None = None
     pending_space: str = ""  # text that is only whitespace so far: no message for it yet
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # of tokens whose text is not out yet
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.sequence_number, **fields}
@@ -225,8 +271,10 @@ class _EventWriter:
         else:
             events = []
         self.current.text += delta
+        logprobs, self.pending_logprobs = self.pending_logprobs, []
+        self.current.logprobs += logprobs
         events.append(self.event("response.output_text.delta", **self._where(), content_index=0, delta=delta,
-                                 logprobs=[]))
+                                 logprobs=logprobs))
         return events
 
     def call(self, name: str | None, call_id: str | None, delta: str) -> list[dict[str, Any]]:
@@ -250,11 +298,12 @@ class _EventWriter:
             events.append(self.event("response.reasoning_text.done", **where, content_index=0, text=current.text))
             item = reasoning_item(current.item["id"], current.text)
         elif current.kind == "message":
-            part = output_text_part(current.text)
+            part = output_text_part(current.text, current.logprobs)
             events.append(self.event("response.output_text.done", **where, content_index=0, text=current.text,
-                                     logprobs=[]))
+                                     logprobs=current.logprobs))
             events.append(self.event("response.content_part.done", **where, content_index=0, part=part))
-            item = message_item(current.item["id"], current.text, "incomplete" if incomplete else "completed")
+            item = message_item(current.item["id"], current.text, "incomplete" if incomplete else "completed",
+                                current.logprobs)
         else:
             item = function_call_item(current.item["id"], current.item["call_id"], current.item["name"],
                                       current.text)
@@ -267,18 +316,21 @@ class _EventWriter:
 
 async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
                          stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[dict[str, Any], None]:
-    writer, usage = _EventWriter(), _Usage()
+    writer, usage = _EventWriter(), _Usage.for_server(ctx)
     started = turn.body([], "in_progress", None)
     yield writer.event("response.created", response=started)
     yield writer.event("response.in_progress", response=started)
     parser = ctx.options.reasoning_parser
     pieces = _PieceSplitter(ReasoningStream(parser) if parser else None,
-                            ToolCallStream(turn.tools) if turn.tools.parses_output else None)
+                            ToolCallStream(turn.tools) if turn.tools.parses_output else None,
+                            _hides_reasoning(ctx, turn.request))
     finish_reason = None
     async with contextlib.aclosing(usage.counting(stream)) as outputs:
         async for output in outputs:
             completion = output.outputs[0]
             finish_reason = completion.finish_reason or finish_reason
+            writer.pending_logprobs += _logprobs(ctx, turn.request, completion.token_ids,
+                                                 completion.logprobs or []) or []
             for event in pieces.events(writer, completion.text, completion.finish_reason is not None):
                 yield event
     incomplete = finish_reason == "length"
@@ -293,11 +345,14 @@ class _PieceSplitter:
 
     reasoning_stream: ReasoningStream | None
     tool_stream: ToolCallStream | None
+    hide_reasoning: bool = False
 
     def events(self, writer: _EventWriter, delta: str, final: bool) -> list[dict[str, Any]]:
         reasoning, text = None, delta
         if self.reasoning_stream is not None:
             reasoning, text = self.reasoning_stream.feed(delta, final)
+            if self.hide_reasoning:
+                reasoning = None
         events = writer.reasoning(reasoning) if reasoning else []
         calls = []
         if self.tool_stream is not None:

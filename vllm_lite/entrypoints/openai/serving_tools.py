@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_lite.engine.request_checks import check_structured_outputs
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
 from vllm_lite.entrypoints.openai.tool_parsers import (TOOL_PARSERS, ParsedToolCall, function_of,
@@ -66,29 +67,42 @@ def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: Tool
         return params
     _check(params.structured_outputs is None, "tool_choice",
            f'tool_choice "{plan.mode}" cannot be combined with response_format or structured_outputs')
-    if plan.mode == "required":
-        schema = required_calls_schema(request.tools)
-    else:
-        schema = parameters_schema(next(function_of(t) for t in request.tools
-                                        if function_of(t)["name"] == plan.function_name))
-    # Compact JSON: free whitespace adds nothing to arguments, and a weak model can spend its
-    # whole budget on it.
-    return params.clone_with(structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+    try:
+        if plan.mode == "required":
+            schema = required_calls_schema(request.tools)
+        else:
+            schema = parameters_schema(next(function_of(t) for t in request.tools
+                                            if function_of(t)["name"] == plan.function_name))
+        # Compact JSON: free whitespace adds nothing to arguments, and a weak model can spend its
+        # whole budget on it.
+        structured = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+        check_structured_outputs(SamplingParams(structured_outputs=structured))
+    except ValueError as exc:  # checked here so that the 400 names the tools
+        raise RequestParamError("tools", f"the tools' parameters cannot constrain a {plan.mode} tool call: "
+                                f"{exc}") from None
+    return params.clone_with(structured_outputs=structured)
 
 
 def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], str | None]:
-    """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text."""
+    """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text. As
+    vLLM: a named call carries whatever was generated (none when nothing was), a required list
+    cut by max_tokens is no call, and neither leaves content."""
     if plan.mode == "named":
-        return [ParsedToolCall(plan.function_name, text).to_openai()], None
+        return ([ParsedToolCall(plan.function_name, text).to_openai()] if text.strip() else []), None
     if plan.mode == "required":
         try:
             return [call.to_openai() for call in parse_required_calls(text)], None
         except (ValueError, KeyError, TypeError):  # cut by max_tokens: not complete JSON
-            return [], text
+            return [], None
     if plan.mode == "auto":
         parsed = TOOL_PARSERS[plan.parser](text)
         return [call.to_openai() for call in parsed.tool_calls], parsed.content
     return [], text
+
+
+def forced_call_content(plan: ToolPlan, content: str | None) -> str | None:
+    """A forced call's message has empty content, not null (vLLM's reply shape)."""
+    return (content or "") if plan.mode in ("required", "named") else content
 
 
 def finish_reason(plan: ToolPlan, calls: list[dict[str, Any]], reason: str | None) -> str | None:

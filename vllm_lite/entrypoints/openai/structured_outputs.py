@@ -9,8 +9,9 @@ into one `StructuredOutputsParams`:
 | structured_outputs `{json / regex / choice / grammar / json_object / structural_tag}` | vLLM's current form |
 | guided_json / guided_regex / guided_choice / guided_grammar | vLLM's legacy form |
 
-At most one of them may ask; the schema/regex/grammar itself is checked where the request
-enters the engine (its ValueError names the problem and becomes a 400).
+At most one of them may ask. The schema/regex/grammar itself is checked where the request
+enters the engine; the server checks it first too, so that the 400 names the field that asked
+(`param`: response_format, structured_outputs or guided_*), as vLLM and OpenAI do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllm_lite.sampling_params import StructuredOutputsParams
+from vllm_lite.engine.request_checks import check_structured_outputs
+from vllm_lite.sampling_params import SamplingParams, StructuredOutputsParams
 
 LEGACY_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}
@@ -89,8 +91,11 @@ def _from_response_format(response_format: dict[str, Any] | None) -> StructuredO
 
 
 def _build(param: str, fields: dict[str, Any]) -> StructuredOutputsParams:
+    """The constraint `param` asks for, its schema/regex/grammar checked."""
     try:
-        return StructuredOutputsParams(**fields)
+        params = StructuredOutputsParams(**fields)
+        check_structured_outputs(SamplingParams(structured_outputs=params))
+        return params
     except TypeError as exc:  # an unknown field
         raise StructuredFieldError(param, f"{param}: {exc}") from None
     except ValueError as exc:

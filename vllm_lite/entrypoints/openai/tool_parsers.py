@@ -163,15 +163,25 @@ def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
 
 def required_calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     """A JSON array of one or more `{"name": <a tool>, "parameters": <its arguments>}`
-    (vLLM's form for tool_choice "required")."""
-    variants = []
+    (vLLM's form for tool_choice "required"). Each tool's `$defs` move to the array's root,
+    where its `#/$defs/...` references resolve (as vLLM does); two tools defining one name
+    differently are a ValueError. The request's tools are not changed."""
+    variants, defs = [], {}
     for tool in tools:
         function = function_of(tool)
+        parameters = dict(parameters_schema(function))
+        for name, schema in (parameters.pop("$defs", None) or {}).items():
+            if defs.get(name, schema) != schema:
+                raise ValueError(f"tools define $defs/{name} differently, so a required call cannot use both")
+            defs[name] = schema
         variants.append({"type": "object",
                          "properties": {"name": {"type": "string", "enum": [function["name"]]},
-                                        "parameters": parameters_schema(function)},
+                                        "parameters": parameters},
                          "required": ["name", "parameters"]})
-    return {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if defs:
+        schema["$defs"] = defs
+    return schema
 
 
 def parse_required_calls(text: str) -> list[ParsedToolCall]:
