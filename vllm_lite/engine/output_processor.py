@@ -219,6 +219,7 @@ class OutputProcessor:
             state = states.get(finished.request_id)
             if state is not None:
                 state.finish(finished.finish_reason, finished.stop_reason)
+                state.stats.num_preemptions = finished.num_preemptions
                 touched[finished.request_id] = state
         for request_id, state in touched.items():
             if state.finished:

@@ -133,7 +133,7 @@ class _GenerationRequest(RequestModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a torch.long, as vLLM
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -367,14 +367,28 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
 
 
 class TokenizeRequest(RequestModel):
-    """`prompt` (completions-style) or `messages` (chat-style, the chat template applied)."""
+    """`prompt` (completions-style) or `messages` (chat-style, the chat template applied with
+    the chat fields below, as in vLLM's TokenizeChatRequest)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: True for a prompt; False for messages (the template adds them)
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
+
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
+               "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return [_template_message(m) for m in self.messages or ()]
 
 
 class DetokenizeRequest(RequestModel):
@@ -439,15 +453,23 @@ def _max_count(a: int | None, b: int | None) -> int | None:
 # --------------------------------------------------------------------------- responses
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int | None = None
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # vLLM's --enable-prompt-tokens-details: the prompt tokens served from the prefix cache
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> UsageInfo:
+        """`cached_tokens` None: no prompt_tokens_details (the server flag is off)."""
+        details = PromptTokenUsageInfo(cached_tokens=cached_tokens) if cached_tokens is not None else None
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+                   total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 class CompletionLogProbs(OpenAIBaseModel):

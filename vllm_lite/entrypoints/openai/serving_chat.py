@@ -105,7 +105,7 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
                                                     stop_reason=acc.stop_reason,
                                                     token_ids=acc.token_ids if request.return_token_ids else None))
     num_generated = sum(len(acc.token_ids) for acc in collected.choices)
-    usage = UsageInfo.of(len(prompt_token_ids), num_generated)
+    usage = UsageInfo.of(len(prompt_token_ids), num_generated, ctx.cached_tokens_detail(collected.num_cached_tokens))
     prompt_logprobs = None
     if request.prompt_logprobs is not None:
         prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
@@ -121,6 +121,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     created = int(time.time())
     num_prompt_tokens = len(prompt_token_ids)
     per_choice = [0] * request.n  # tokens generated so far, per choice
+    cached_tokens = 0
     as_ids = bool(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
@@ -140,6 +141,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
         if echoed:
             yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
     async for output in stream:
+        cached_tokens = max(cached_tokens, output.num_cached_tokens)
         for completion in output.outputs:
             per_choice[completion.index] += len(completion.token_ids)
             carries_ids = request.return_token_ids and completion.token_ids
@@ -173,7 +175,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                 finish_reason=reason, stop_reason=completion.stop_reason,
                 token_ids=completion.token_ids if request.return_token_ids else None))
     if usage_mode.final:
-        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice))
+        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice), ctx.cached_tokens_detail(cached_tokens))
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 
