@@ -110,7 +110,7 @@ class RemoteOpenAIServer:
         if t.name == "vllm":
             cmd = _vllm_command(t, model, self.port, args)
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [t.peer_site, env.get("PYTHONPATH")]))
+            env["PYTHONPATH"] = t.peer_site  # not the harness: its vllm/ stubs would shadow vLLM
         else:
             cmd = _vllm_lite_command(t, model, self.port, args, api_key)
         log_dir = Path(os.environ.get("VLLM_CONFORMANCE_LOGS", "/tmp"))
