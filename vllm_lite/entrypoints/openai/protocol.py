@@ -112,8 +112,8 @@ _BEAM_SEARCH_FIELDS = ("n", "temperature", "ignore_eos", "skip_special_tokens")
 
 
 class StreamOptions(OpenAIBaseModel):
-    # vLLM's defaults: `stream_options: {}` asks for the final usage chunk.
-    include_usage: bool | None = True
+    # vLLM 0.32's defaults: `stream_options: {}` asks for no usage.
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM: usage on every chunk too
 
 
@@ -195,12 +195,15 @@ class _GenerationRequest(RequestModel):
                                 temperature=self.temperature or 0.0, length_penalty=self.length_penalty)
 
     def stream_usage(self, force_include_usage: bool) -> StreamUsage:
-        """Which usage a stream carries (vLLM's rule; `force_include_usage` is the server's
-        --enable-force-include-usage)."""
+        """Which usage a stream carries (vLLM 0.32's should_include_usage: the server's
+        --enable-force-include-usage means usage on every chunk and at the end, whatever
+        stream_options say)."""
+        if force_include_usage:
+            return StreamUsage(final=True, every_chunk=True)
         options = self.stream_options
         if options is None:
-            return StreamUsage(final=force_include_usage, every_chunk=False)
-        final = force_include_usage or bool(options.include_usage)
+            return StreamUsage(final=False, every_chunk=False)
+        final = bool(options.include_usage)
         return StreamUsage(final=final, every_chunk=final and bool(options.continuous_usage_stats))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
