@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -23,7 +24,9 @@ def server_version() -> str:
     t = target()
     if t.name == "vllm":
         code = "import importlib.util as u; print(open(u.find_spec('vllm').submodule_search_locations[0] + '/_version.py').read())"
-        source = subprocess.run([t.vllm_python, "-c", code], capture_output=True, text=True, check=True).stdout
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the harness's vllm/ is a stub
+        source = subprocess.run([t.vllm_python, "-c", code], capture_output=True, text=True, check=True,
+                                env=env).stdout
     else:
         code = "import vllm_lite.version as v; print(open(v.__file__).read())"
         source = subprocess.run([t.vllm_lite_python, "-c", code], capture_output=True, text=True,
