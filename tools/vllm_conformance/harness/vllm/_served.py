@@ -26,7 +26,7 @@ def server_version() -> str:
         code = "import importlib.util as u; print(open(u.find_spec('vllm').submodule_search_locations[0] + '/_version.py').read())"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the harness's vllm/ is a stub
         source = subprocess.run([t.vllm_python, "-c", code], capture_output=True, text=True, check=True,
-                                env=env).stdout
+                                env=env, cwd="/").stdout  # nor the working folder, which holds them
     else:
         code = "import vllm_lite.version as v; print(open(v.__file__).read())"
         source = subprocess.run([t.vllm_lite_python, "-c", code], capture_output=True, text=True,
