@@ -40,6 +40,7 @@ class RequestStateStats:
     last_token_ts: float = 0.0
     first_token_latency: float = 0.0  # seconds from arrival to the first output token
     num_generation_tokens: int = 0
+    num_preemptions: int = 0  # from the engine core, when the request finishes
 
 
 @dataclass(slots=True)

@@ -122,6 +122,8 @@ def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> No
     ({"prompt_logprobs": -3}, "prompt_logprobs", "prompt_logprobs must be a positive value or -1"),
     ({"truncate_prompt_tokens": 65}, "truncate_prompt_tokens", "greater than max_model_len (64)"),
     ({"n": "two"}, "n", "n: Input should be a valid integer"),
+    ({"seed": 2**63}, "seed", "[type=less_than_equal]"),  # vLLM: a seed is a torch.long
+    ({"seed": -(2**63) - 1}, "seed", "[type=greater_than_equal]"),
 ])
 def test_invalid_completion_params_are_400_naming_the_field(engine: FakeEngine, body: dict, param: str,
                                                             words: str) -> None:

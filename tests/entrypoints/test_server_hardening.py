@@ -114,7 +114,7 @@ def test_max_completion_tokens_is_named_in_its_error(engine: FakeEngine) -> None
     ("top_k", 2**31, "top_k must be <= 2147483647"),
     ("min_tokens", 2**31, "min_tokens must be <= 2147483647"),
     ("max_tokens", 2**70, "max_tokens must be <= 2147483647"),
-    ("seed", 2**70, "seed must be in"),
+    ("seed", 2**70, "seed: Input should be less than or equal to 9223372036854775807"),
 ])
 def test_absurd_numbers_are_400_naming_field_and_range(engine: FakeEngine, field: str, value: Any,
                                                        words: str) -> None:

@@ -281,3 +281,12 @@ def test_vllm_fields_with_the_value_that_changes_nothing_pass(server: LiveServer
                                                               field: str, value: Any) -> None:
     assert _post(server, route, {**body, "max_tokens": 2, field: value}).status_code == 200
     assert "not supported" in _error(_post(server, route, {**body, "max_tokens": 2, field: not value}), field)
+
+
+def test_off_by_default_usage_details_and_request_id(server: LiveServer) -> None:
+    """Without --enable-prompt-tokens-details / --enable-request-id-headers (as vLLM):
+    usage has no prompt_tokens_details and responses carry no X-Request-Id
+    (tests/entrypoints/test_vllm_server_flags.py runs them on)."""
+    reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, {"X-Request-Id": "mine"})
+    assert reply.json()["usage"].get("prompt_tokens_details") is None
+    assert "x-request-id" not in reply.headers

@@ -245,7 +245,7 @@ def test_continuous_usage_stats_on_every_completion_chunk(server: LiveServer) ->
 def test_continuous_usage_stats_in_chat_counts_per_choice(server: LiveServer) -> None:
     chunks = _stream_chunks(server, "/v1/chat/completions", {
         "messages": CHAT, "max_tokens": 5, "n": 2, "seed": 3, "return_token_ids": True,
-        "stream_options": {"continuous_usage_stats": True}})  # include_usage defaults to true, as vLLM
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     *content, last = chunks
     assert last["usage"]["completion_tokens"] == 10
     seen = [0, 0]
@@ -258,8 +258,11 @@ def test_continuous_usage_stats_in_chat_counts_per_choice(server: LiveServer) ->
 
 
 def test_no_usage_chunk_unless_asked(server: LiveServer) -> None:
-    chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
-    assert all("usage" not in chunk for chunk in chunks)
+    """vLLM 0.32: include_usage defaults to false, also inside a given stream_options."""
+    for options in (None, {}, {"continuous_usage_stats": True}):
+        body = {"prompt": PROMPT, "max_tokens": 3, **({"stream_options": options} if options is not None else {})}
+        chunks = _stream_chunks(server, "/v1/completions", body)
+        assert all("usage" not in chunk for chunk in chunks), options
     chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3,
                                                         "stream_options": {"include_usage": False,
                                                                            "continuous_usage_stats": True}})
@@ -271,12 +274,14 @@ def test_enable_force_include_usage(tiny_qwen3: Path, tmp_path: Path) -> None:
                       ("--max-model-len", str(MAX_MODEL_LEN), "--enable-force-include-usage"))
     try:
         live.wait_healthy()
+        # vLLM 0.32: the flag means usage on every chunk (continuous) and a final usage chunk
         chunks = _stream_chunks(live, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4})
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
-        assert all("usage" not in chunk for chunk in chunks[:-1])
+        assert all("usage" in chunk for chunk in chunks)
+        assert chunks[-2]["usage"]["completion_tokens"] == 4
         chunks = _stream_chunks(live, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
                                                           "stream_options": {"include_usage": False}})
-        assert chunks[-1]["usage"]["completion_tokens"] == 4
+        assert chunks[-1]["usage"]["completion_tokens"] == 4 and all("usage" in chunk for chunk in chunks)
     finally:
         live.stop()
         live.kill_group()

@@ -80,6 +80,27 @@ def test_tokenize_returns_token_strs_when_asked(tokenizer: Any) -> None:
     assert _post(engine, "/tokenize", {"prompt": "hello world"}).json()["token_strs"] is None
 
 
+def test_tokenize_chat_takes_vllms_chat_fields(tokenizer: Any) -> None:
+    """vLLM's TokenizeChatRequest: continue_final_message, tools, and add_special_tokens off by
+    default for messages (the template adds them); both generation modes at once is 400."""
+    engine = FakeEngine(tokenizer, max_model_len=64)
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    for fields in ({"add_generation_prompt": False, "continue_final_message": True}, {"tools": tools},
+                   {"add_generation_prompt": False, "add_special_tokens": True}):
+        text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=fields.get("add_generation_prompt", True),
+                                             continue_final_message=fields.get("continue_final_message", False))
+        data = _post(engine, "/tokenize", {"messages": conversation, **fields}).json()
+        assert data["tokens"] == tokenizer.encode(text, add_special_tokens=fields.get("add_special_tokens", False))
+    open_ended = _post(engine, "/tokenize", {"messages": conversation, "add_generation_prompt": False,
+                                             "continue_final_message": True}).json()["tokens"]
+    closed = _post(engine, "/tokenize", {"messages": conversation, "add_generation_prompt": False}).json()["tokens"]
+    assert closed[:len(open_ended)] == open_ended and len(closed) > len(open_ended)
+    both = _post(engine, "/tokenize", {"messages": conversation, "continue_final_message": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+
 def test_version_is_the_package_version(tokenizer: Any) -> None:
     async def go() -> httpx.Response:
         async with _client(FakeEngine(tokenizer, max_model_len=64)) as client:

@@ -28,6 +28,7 @@ class Request:
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
+        "num_preemptions",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -57,6 +58,7 @@ class Request:
         # QUEUED / SCHEDULED events; 0.0 until then), for the queue / prefill time metrics.
         self.queued_ts = 0.0
         self.scheduled_ts = 0.0
+        self.num_preemptions = 0  # times this request was preempted (vllm:request_num_preemptions)
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:

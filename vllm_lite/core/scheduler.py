@@ -82,7 +82,7 @@ class Scheduler:
             else:
                 self.waiting.remove(request)
             self._free(request, uncache=failed)
-            aborted.append(FinishedRequest(request_id, FinishReason.ABORT))
+            aborted.append(FinishedRequest(request_id, FinishReason.ABORT, num_preemptions=request.num_preemptions))
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -177,7 +177,7 @@ class Scheduler:
             if stop is not None:
                 self.running.remove(request)
                 self._free(request)
-                finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
+                finished.append(FinishedRequest(request.request_id, stop[0], stop[1], request.num_preemptions))
         new_token_ids = tokens if keep.all() else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
                                     num_cached, timestamp=time.monotonic(), scheduling_times=scheduling_times,
@@ -366,6 +366,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.num_preemptions += 1
+        request.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _free(self, request: Request, uncache: bool = False) -> None:

@@ -267,6 +267,7 @@ class OutputProcessor:
             state = states.get(finished.request_id)
             if state is not None:
                 state.core_finished = finished
+                state.stats.num_preemptions = finished.num_preemptions
                 self.token_store.watched[state.slot] = True  # its last token is looked at
 
     def process_rows(self, outputs: EngineCoreOutputs, start: int, stop: int,

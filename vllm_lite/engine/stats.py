@@ -33,6 +33,7 @@ class FinishedRequestStats:
     prefill_time: float
     decode_time: float
     inference_time: float
+    num_preemptions: int = 0
 
     @property
     def mean_time_per_output_token(self) -> float:
@@ -44,7 +45,8 @@ class FinishedRequestStats:
                    queued_time=max(stats.scheduled_ts - stats.queued_ts, 0.0),
                    prefill_time=max(stats.first_token_ts - stats.scheduled_ts, 0.0),
                    decode_time=max(stats.last_token_ts - stats.first_token_ts, 0.0),
-                   inference_time=max(stats.last_token_ts - stats.scheduled_ts, 0.0))
+                   inference_time=max(stats.last_token_ts - stats.scheduled_ts, 0.0),
+                   num_preemptions=stats.num_preemptions)
 
 
 @dataclass(slots=True)

@@ -119,6 +119,14 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
     serve.add_argument("--enable-force-include-usage", action="store_true",
                        help="streams end with a usage chunk even when stream_options does not ask (vLLM's flag)")
+    serve.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="usage carries prompt_tokens_details.cached_tokens, the prompt tokens served "
+                            "from the prefix cache (vLLM's flag)")
+    serve.add_argument("--enable-request-id-headers", action="store_true",
+                       help="every response carries X-Request-Id: the request's own, else a new one (vLLM's flag)")
+    serve.add_argument("--show-hidden-metrics-for-version", default=None, metavar="VERSION",
+                       help="vLLM's flag to show metrics it hid after deprecating them; vllm_lite has "
+                            "no hidden metrics, so /metrics is the same with it")
     serve.add_argument("--enable-server-load-tracking", action="store_true",
                        help="GET /load reports the generation requests in flight (vLLM's flag)")
     serve.add_argument("--enable-tokenizer-info-endpoint", action="store_true",

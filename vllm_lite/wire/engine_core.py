@@ -53,6 +53,7 @@ class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     request_id: str
     finish_reason: FinishReason
     stop_reason: int | None = None
+    num_preemptions: int = 0  # times the request was preempted (vllm:request_num_preemptions)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

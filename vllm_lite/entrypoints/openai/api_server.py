@@ -182,7 +182,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """pydantic's errors as one line, one error per field (a union field fails once per
-    member; the first says enough); the first field is `param`."""
+    member; the first says enough), each with pydantic's error type as vLLM's messages carry it
+    (e.g. `[type=less_than_equal]`); the first field is `param`."""
     first_error: dict[str, str] = {}
     for error in exc.errors():
         if error.get("type") == "json_invalid":
@@ -191,7 +192,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
         field = loc[0] if loc else "body"
         detail = ".".join(loc[1:])
-        first_error.setdefault(field, f"{field}{f' ({detail})' if detail else ''}: {error.get('msg', 'invalid')}")
+        kind = f" [type={error['type']}]" if error.get("type") else ""
+        first_error.setdefault(field, f"{field}{f' ({detail})' if detail else ''}: {error.get('msg', 'invalid')}{kind}")
     param = next(iter(first_error), None)
     return "invalid request: " + "; ".join(first_error.values()), param
 
@@ -350,11 +352,13 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
         request.refuse_unknown_fields()
         ctx.served_model(request.model)
         if request.messages is not None:
-            text = await render_chat(ctx, [{"role": m.role, "content": m.text()} for m in request.messages],
-                                     add_generation_prompt=request.add_generation_prompt)
-            token_ids = await off_loop(ctx, ctx.tokenizer.encode, text, add_special_tokens=False)
+            text = await render_chat(ctx, request.conversation(), add_generation_prompt=request.add_generation_prompt,
+                                     continue_final_message=request.continue_final_message,
+                                     chat_template=request.chat_template,
+                                     chat_template_kwargs=request.chat_template_kwargs, tools=request.tools)
+            token_ids = await off_loop(ctx, ctx.tokenizer.encode, text, add_special_tokens=request.special_tokens())
         elif request.prompt is not None:
-            prompt = await encode_prompt(ctx, request.prompt, request.add_special_tokens, check_fits=False)
+            prompt = await encode_prompt(ctx, request.prompt, request.special_tokens(), check_fits=False)
             token_ids = prompt["prompt_token_ids"]
         else:
             raise ApiError(400, "BadRequestError", "pass `prompt` or `messages`", "prompt")
@@ -399,6 +403,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          reasoning_parser=getattr(args, "reasoning_parser", None),
                          max_stored_responses=getattr(args, "max_stored_responses", DEFAULT_MAX_STORED_RESPONSES),
                          enable_force_include_usage=args.enable_force_include_usage,
+                         enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
+                         enable_request_id_headers=getattr(args, "enable_request_id_headers", False),
                          enable_server_load_tracking=args.enable_server_load_tracking,
                          enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),
                          root_path=getattr(args, "root_path", ""),

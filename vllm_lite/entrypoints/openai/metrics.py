@@ -145,6 +145,9 @@ class ServerMetrics:
         self.request_generation_tokens = Histogram(
             "vllm:request_generation_tokens", "Generated tokens per finished request.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        self.request_num_preemptions = Histogram(
+            "vllm:request_num_preemptions", "Times a finished request was preempted.", labels,
+            buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
         self.request_params_n = Histogram(
             "vllm:request_params_n", "The n request parameter.", labels, buckets=(1, 2, 5, 10, 20),
             registry=reg).labels(model_name)
@@ -169,6 +172,7 @@ class ServerMetrics:
             phases["decode"].observe(finished.decode_time)
             phases["inference"].observe(finished.inference_time)
             self.time_per_output_token.observe(finished.mean_time_per_output_token)
+            self.request_num_preemptions.observe(finished.num_preemptions)
 
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self.model_name, finish_reason).inc()

@@ -1,13 +1,16 @@
 """The gate every HTTP request passes before FastAPI parses it: the API key (every route but
 /health and /ping), the refusal of new requests while the server drains, and the body-size
 limit. It runs before the body is read, so an unauthenticated or oversized body costs nothing.
-It is also the last catch: an exception no handler knew becomes a JSON 500 (a bug, logged once)."""
+It is also the last catch: an exception no handler knew becomes a JSON 500 (a bug, logged once).
+With --enable-request-id-headers every response it passes on carries one X-Request-Id: the
+caller's, else a new uuid4 hex (vLLM's XRequestIdMiddleware)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import secrets
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -50,10 +53,14 @@ class RequestGate:
 
     async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
+        request_id = _request_id(scope) if self.options.enable_request_id_headers else None
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if request_id is not None:
+                    message = _with_request_id(message, request_id)
             await send(message)
 
         try:
@@ -90,6 +97,17 @@ class RequestGate:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _request_id(scope: Scope) -> bytes:
+    given = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
+    return given or uuid.uuid4().hex.encode()
+
+
+def _with_request_id(start: Message, request_id: bytes) -> Message:
+    """The response start with exactly one X-Request-Id (any set by a route is replaced)."""
+    headers = [(name, value) for name, value in start.get("headers", []) if name.lower() != b"x-request-id"]
+    return {**start, "headers": [*headers, (b"x-request-id", request_id)]}
 
 
 def route_path(scope: Scope) -> str:

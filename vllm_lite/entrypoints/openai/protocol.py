@@ -112,8 +112,8 @@ _BEAM_SEARCH_FIELDS = ("n", "temperature", "ignore_eos", "skip_special_tokens")
 
 
 class StreamOptions(OpenAIBaseModel):
-    # vLLM's defaults: `stream_options: {}` asks for the final usage chunk.
-    include_usage: bool | None = True
+    # vLLM 0.32's defaults: `stream_options: {}` asks for no usage.
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM: usage on every chunk too
 
 
@@ -133,7 +133,7 @@ class _GenerationRequest(RequestModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a torch.long, as vLLM
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -195,12 +195,15 @@ class _GenerationRequest(RequestModel):
                                 temperature=self.temperature or 0.0, length_penalty=self.length_penalty)
 
     def stream_usage(self, force_include_usage: bool) -> StreamUsage:
-        """Which usage a stream carries (vLLM's rule; `force_include_usage` is the server's
-        --enable-force-include-usage)."""
+        """Which usage a stream carries (vLLM 0.32's should_include_usage: the server's
+        --enable-force-include-usage means usage on every chunk and at the end, whatever
+        stream_options say)."""
+        if force_include_usage:
+            return StreamUsage(final=True, every_chunk=True)
         options = self.stream_options
         if options is None:
-            return StreamUsage(final=force_include_usage, every_chunk=False)
-        final = force_include_usage or bool(options.include_usage)
+            return StreamUsage(final=False, every_chunk=False)
+        final = bool(options.include_usage)
         return StreamUsage(final=final, every_chunk=final and bool(options.continuous_usage_stats))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
@@ -381,14 +384,28 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
 
 
 class TokenizeRequest(RequestModel):
-    """`prompt` (completions-style) or `messages` (chat-style, the chat template applied)."""
+    """`prompt` (completions-style) or `messages` (chat-style, the chat template applied with
+    the chat fields below, as in vLLM's TokenizeChatRequest)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: True for a prompt; False for messages (the template adds them)
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
+
+    def special_tokens(self) -> bool:
+        return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None
+
+    def conversation(self) -> list[dict[str, Any]]:
+        _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
+               "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return [_template_message(m) for m in self.messages or ()]
 
 
 class DetokenizeRequest(RequestModel):
@@ -457,18 +474,28 @@ class CompletionTokensDetails(OpenAIBaseModel):
     reasoning_tokens: int = 0
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    cached_tokens: int | None = None
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     # Chat with a --reasoning-parser only (as vLLM).
     completion_tokens_details: CompletionTokensDetails | None = Field(default=None, exclude_if=_omit_if_none)
+    # vLLM's --enable-prompt-tokens-details: the prompt tokens served from the prefix cache
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> UsageInfo:
-        details = None if reasoning_tokens is None else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
+    def of(cls, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
+           cached_tokens: int | None = None) -> UsageInfo:
+        """`reasoning_tokens` / `cached_tokens` None: no completion / prompt token details."""
+        reasoning = None if reasoning_tokens is None else CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
+        cached = None if cached_tokens is None else PromptTokenUsageInfo(cached_tokens=cached_tokens)
         return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=details)
+                   total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=reasoning,
+                   prompt_tokens_details=cached)
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -49,7 +49,9 @@ class ServerOptions:
     | max_n_sequences | --max-n-sequences | the largest `n` a request may ask for |
     | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
     | enable_force_include_usage | --enable-force-include-usage | streams end with usage even when not asked |
+    | enable_prompt_tokens_details | --enable-prompt-tokens-details | usage carries prompt_tokens_details.cached_tokens |
     | enable_server_load_tracking | --enable-server-load-tracking | /load counts generation requests in flight |
+    | enable_request_id_headers | --enable-request-id-headers | responses carry X-Request-Id (the caller's or a new one) |
     | health_check_timeout_s | --health-check-timeout | /health answers 503 when the engine does not answer in time |
     | shutdown_timeout_s | --shutdown-timeout | after SIGTERM, how long in-flight requests may run on |
     | chat_template_timeout_s | --chat-template-timeout | a chat template still running after this is stopped (400) |
@@ -66,6 +68,8 @@ class ServerOptions:
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     trust_request_chat_template: bool = False
     enable_force_include_usage: bool = False
+    enable_prompt_tokens_details: bool = False
+    enable_request_id_headers: bool = False
     enable_server_load_tracking: bool = False
     health_check_timeout_s: float = 5.0
     shutdown_timeout_s: float = 30.0

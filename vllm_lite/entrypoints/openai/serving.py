@@ -91,6 +91,10 @@ class ServingContext:
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 
+    def cached_tokens_detail(self, num_cached_tokens: int) -> int | None:
+        """usage.prompt_tokens_details.cached_tokens, only with --enable-prompt-tokens-details."""
+        return num_cached_tokens if self.options.enable_prompt_tokens_details else None
+
     def served_model(self, requested: str | None) -> str:
         """The name to answer with; an unknown name is a 404, as with OpenAI."""
         if requested is None:
@@ -397,6 +401,7 @@ class CollectedRequest:
 
     choices: list[ChoiceAccumulator]
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> CollectedRequest:
@@ -406,6 +411,7 @@ async def collect_choices(stream: AsyncIterator[RequestOutput], n: int) -> Colle
     async for output in stream:
         if output.prompt_logprobs is not None and collected.prompt_logprobs is None:
             collected.prompt_logprobs = output.prompt_logprobs
+        collected.num_cached_tokens = max(collected.num_cached_tokens, output.num_cached_tokens)
         for completion in output.outputs:
             choice = choices[completion.index]
             choice.text_parts.append(completion.text)

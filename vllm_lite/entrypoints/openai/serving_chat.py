@@ -109,7 +109,8 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
             finish_reason=finish_reason(tools, calls, acc.finish_reason), stop_reason=acc.stop_reason,
             token_ids=acc.token_ids if request.return_token_ids and not hide_reasoning else None))
     num_generated = sum(len(acc.token_ids) for acc in collected.choices)
-    usage = UsageInfo.of(len(prompt_token_ids), num_generated, reasoning_tokens if parser is not None else None)
+    usage = UsageInfo.of(len(prompt_token_ids), num_generated, reasoning_tokens if parser is not None else None,
+                         cached_tokens=ctx.cached_tokens_detail(collected.num_cached_tokens))
     prompt_logprobs = None
     if request.prompt_logprobs is not None:
         prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
@@ -125,6 +126,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     created = int(time.time())
     num_prompt_tokens = len(prompt_token_ids)
     per_choice = [0] * request.n  # tokens generated so far, per choice
+    cached_tokens = 0
     as_ids = bool(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
@@ -151,6 +153,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
         if echoed:
             yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
     async for output in stream:
+        cached_tokens = max(cached_tokens, output.num_cached_tokens)
         for completion in output.outputs:
             per_choice[completion.index] += len(completion.token_ids)
             if counters is not None:
@@ -188,7 +191,8 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                 finish_reason=reason, stop_reason=completion.stop_reason,
                 token_ids=completion.token_ids if request.return_token_ids and not hide_reasoning else None))
     if usage_mode.final:
-        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice), reasoning_tokens(range(request.n)))
+        usage = UsageInfo.of(num_prompt_tokens, sum(per_choice), reasoning_tokens(range(request.n)),
+                             cached_tokens=ctx.cached_tokens_detail(cached_tokens))
         yield sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model,
                                                      choices=[], usage=usage))
 

@@ -124,7 +124,8 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, shape:
                                  if shape.prompt_logprobs else None),
                 prompt_token_ids=prompt_ids if shape.token_ids else None,
                 token_ids=acc.token_ids if shape.token_ids else None))
-    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    usage = UsageInfo.of(usage.prompt_tokens, usage.completion_tokens,
+                         cached_tokens=ctx.cached_tokens_detail(sum(collected.num_cached_tokens for collected in results)))
     return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
 
@@ -164,11 +165,13 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
     choices = [_StreamedChoice(echo, prompt["prompt_token_ids"])
                for echo, prompt in zip(echoed, prompts) for _ in range(request.n)]
     prompt_logprobs: list[list[dict[int, Logprob] | None] | None] = [None] * len(prompts)
+    cached_tokens = [0] * len(prompts)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     created = int(time.time())
     async for i, output in merge_streams(streams):
         if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
             prompt_logprobs[i] = output.prompt_logprobs
+        cached_tokens[i] = max(cached_tokens[i], output.num_cached_tokens)
         for completion in output.outputs:
             if not completion.token_ids and not completion.text and completion.finish_reason is None:
                 continue
@@ -182,7 +185,7 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
     if usage_mode.final:
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         completion_tokens = sum(choice.num_tokens for choice in choices)
-        usage = UsageInfo.of(prompt_tokens, completion_tokens)
+        usage = UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens=ctx.cached_tokens_detail(sum(cached_tokens)))
         yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
                                                  choices=[], usage=usage))
 
