@@ -27,7 +27,7 @@ class Request:
         "request_id", "sampling_params", "status",
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
-        "cache_salt", "prefix_lookup", "structured_output_request",
+        "cache_salt", "prefix_lookup", "structured_output_request", "num_output_placeholders",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -53,6 +53,9 @@ class Request:
         # The grammar state of a structured-output request (structured_output.manager's
         # StructuredOutputRequest, set by the engine core); None for every other request.
         self.structured_output_request = None
+        # Async scheduling: tokens sampled by scheduled steps whose output has not arrived yet
+        # (computed by the scheduler's count, not yet in `token_ids`); 0 otherwise.
+        self.num_output_placeholders = 0
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -66,6 +69,10 @@ class Request:
     @property
     def all_token_ids(self) -> np.ndarray:
         return self.token_ids[: self.num_tokens]
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return self.num_tokens + self.num_output_placeholders
 
     @property
     def is_finished(self) -> bool:

@@ -11,6 +11,20 @@ Order of service each step:
 Structured outputs: a constrained request's matcher advances exactly when a token is appended
 to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
 step, the constrained requests that will sample get a row of the grammar bitmask.
+
+Async scheduling (`SchedulerConfig.async_scheduling`, vLLM's rules): the engine core schedules
+step N+1 before step N's output arrives, so a request that samples in step N has a placeholder
+(`Request.num_output_placeholders`) for that token: step N+1 computes it (the worker feeds the
+token it sampled itself) and the scheduler learns its value in `update_from_output`. Then:
+- a request whose in-flight tokens surely end it (max_tokens, max_model_len) is not scheduled;
+- a request finished or aborted with a token in flight is freed at once; the rows the steps in
+  flight still return for it are discarded (`stale_req_ids`), even if its id is reused;
+- a request preempted with a token in flight keeps that token when it arrives (it is valid:
+  its KV was computed before the blocks were freed, and the worker runs steps in order);
+- prefix-cache blocks are registered only once their tokens are known (not placeholders);
+- the grammar bitmask needs the matcher to have seen every token, so the engine core takes the
+  output of a step in flight in which a constrained request samples before scheduling the next
+  (and the bitmask buffer, reused every step, is then free again).
 """
 
 from __future__ import annotations
@@ -29,6 +43,8 @@ from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
 logger = logging.getLogger(__name__)
+
+_NO_REQ_IDS: frozenset[str] = frozenset()
 
 
 class Scheduler:
@@ -49,6 +65,9 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         self.structured_req_ids: set[str] = set()  # live requests with a grammar
         self.failed: list[FinishedRequest] = []  # grammar failures not yet reported
+        # Async scheduling: requests freed while a step in flight still computes a token for
+        # them; the next update_from_output discards their rows.
+        self.stale_req_ids: set[str] = set()
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -93,7 +112,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_placeholders and self._ends_with_tokens_in_flight(request):
+                index += 1  # a step would only compute a token nobody will keep
+                continue
+            num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
             new_blocks = self._allocate_or_preempt(request, num_new, preempted)
             if new_blocks is None:
                 break
@@ -110,8 +132,7 @@ class Scheduler:
         if not preempted:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
 
-        for request_id, num_tokens in num_scheduled.items():
-            self.requests[request_id].num_computed_tokens += num_tokens
+        self._advance_computed(num_scheduled)
         structured_ids, bitmask = self._grammar_bitmask(num_scheduled) if self.structured_req_ids else ((), None)
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -131,6 +152,27 @@ class Scheduler:
             self.finished_req_ids.clear()
         return output
 
+    def _advance_computed(self, num_scheduled: dict[str, int]) -> None:
+        """`num_computed_tokens` moves at schedule time (as in vLLM). With async scheduling, a
+        request whose every token (placeholders included) is computed after this step samples
+        one: that token is a placeholder until the step's output arrives."""
+        requests = self.requests
+        if not self.config.async_scheduling:
+            for request_id, num_tokens in num_scheduled.items():
+                requests[request_id].num_computed_tokens += num_tokens
+            return
+        for request_id, num_tokens in num_scheduled.items():
+            request = requests[request_id]
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens == request.num_tokens_with_placeholders:
+                request.num_output_placeholders += 1
+
+    def _ends_with_tokens_in_flight(self, request: Request) -> bool:
+        """Whether the tokens in flight surely finish `request` (check_stop's length rule)."""
+        num_tokens = request.num_tokens_with_placeholders
+        return (num_tokens - request.num_prompt_tokens >= request.max_tokens
+                or num_tokens >= self.config.max_model_len)
+
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
                            logprobs: LogprobsArrays | None = None,
@@ -141,6 +183,7 @@ class Scheduler:
         batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
         position of its first row and its rows."""
         prompt_columns = self._prompt_logprobs_columns(prompt_logprobs) if prompt_logprobs else {}
+        stale = self._take_stale_req_ids()
         rows = np.flatnonzero(num_sampled)
         tokens = sampled_token_ids[rows, 0]
         out_req_ids: list[str] = []
@@ -150,8 +193,13 @@ class Scheduler:
         max_model_len = self.config.max_model_len
         for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
             request = self.requests.get(req_ids[row])
-            if request is None or request.status != RequestStatus.RUNNING:
-                keep[i] = False  # aborted or preempted while the step ran
+            if request is None or request.request_id in stale:
+                keep[i] = False  # finished or aborted while the step ran
+                continue
+            if request.num_output_placeholders:
+                request.num_output_placeholders -= 1
+            if request.status != RequestStatus.RUNNING and request.status != RequestStatus.PREEMPTED:
+                keep[i] = False
                 continue
             request.append_token(token_id)
             out_req_ids.append(request.request_id)
@@ -161,7 +209,8 @@ class Scheduler:
             if request.structured_output_request is not None:
                 stop = self._advance_grammar(request, token_id, stop)
             if stop is not None:
-                self.running.remove(request)
+                # (preempted, async: the token was in flight when its blocks were freed)
+                (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
                 self._free(request)
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
         new_token_ids = tokens if keep.all() else tokens[keep]
@@ -173,6 +222,14 @@ class Scheduler:
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
+
+    def _take_stale_req_ids(self) -> frozenset[str] | set[str]:
+        """The requests freed since the last update whose rows this step still carries; frees
+        from now on belong to the next step."""
+        if not self.stale_req_ids:
+            return _NO_REQ_IDS
+        stale, self.stale_req_ids = self.stale_req_ids, set()
+        return stale
 
     def _prompt_logprobs_columns(self, prompt_logprobs: dict[str, tuple[int, LogprobsArrays]]
                                  ) -> dict[str, Any]:
@@ -316,6 +373,8 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _free(self, request: Request) -> None:
+        if request.num_output_placeholders:
+            self.stale_req_ids.add(request.request_id)
         request.status = RequestStatus.FINISHED
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]

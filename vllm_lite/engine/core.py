@@ -21,6 +21,7 @@ import numpy as np
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
+from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
 from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
@@ -29,6 +30,7 @@ from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
+    ModelRunnerOutput,
     OutputType,
     RequestError,
     RequestType,
@@ -74,6 +76,8 @@ class EngineCore:
                                    self.structured_output_manager)
         # Requests a step failed on (attributably): freed already, their clients not yet told.
         self.failed_requests: list[RequestError] = []
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        self.in_flight: SchedulerOutput | None = None  # async: submitted, output not yet taken
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
@@ -87,19 +91,53 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def step(self) -> EngineCoreOutputs:
+        if self.async_scheduling:
+            return self.step_async()
         sched = self.scheduler.schedule()
         failed = self.scheduler.take_failed() if self.scheduler.failed else []
         if sched.is_empty:
             self._wait_for_grammars()
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
-        out = self.executor.execute_model(sched)
-        if out.failed:
-            self._fail_requests(out.failed)
-        outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
-                                                    out.logprobs, out.prompt_logprobs)
+        outputs = self._update_from_output(sched, self.executor.execute_model(sched))
         if failed:
             outputs.finished.extend(failed)
         return outputs
+
+    def step_async(self) -> EngineCoreOutputs:
+        """Schedule and submit step N+1, then wait for step N and update from its output: the
+        scheduling here, and what the caller does with the outputs before the next call, overlap
+        the model running step N+1. Returns step N's outputs."""
+        drained = None
+        if self.in_flight is not None and self.in_flight.structured_output_req_ids:
+            # Constrained requests sample in it: their next bitmask needs those tokens first.
+            drained = self._finish_in_flight()
+        sched = self.scheduler.schedule()
+        failed = self.scheduler.take_failed() if self.scheduler.failed else []
+        previous, self.in_flight = self.in_flight, None
+        if not sched.is_empty:
+            self.executor.submit_model(sched)
+            self.in_flight = sched
+        if previous is not None:
+            outputs = self._update_from_output(previous, self.executor.take_model_output())
+        elif drained is not None:
+            outputs = drained
+        else:
+            if sched.is_empty:
+                self._wait_for_grammars()
+            outputs = EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
+        if failed:
+            outputs.finished.extend(failed)
+        return outputs
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        sched, self.in_flight = self.in_flight, None
+        return self._update_from_output(sched, self.executor.take_model_output())
+
+    def _update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
+        if out.failed:
+            self._fail_requests(out.failed)
+        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
+                                                 out.logprobs, out.prompt_logprobs)
 
     def _wait_for_grammars(self) -> None:
         """Nothing could run: when requests wait for their grammar, sleep until one compiles
@@ -117,7 +155,8 @@ class EngineCore:
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests not finished, or a step whose output is still to be taken (async)."""
+        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     def get_stats(self) -> dict[str, Any]:
         return self.scheduler.get_stats()

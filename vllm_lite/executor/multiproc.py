@@ -11,7 +11,9 @@
 ```
 
 One message per step, serialized once and fanned out by ZMQ. Ranks run in lockstep (their
-collectives synchronize them), so at most one step is in flight. Ready means subscribed: the
+collectives synchronize them). With async scheduling the engine core broadcasts step N+1 while
+the ranks run step N (it waits in their sockets), then reads step N's reply: replies come in
+step order, so at most two steps are in flight. Ready means subscribed: the
 XPUB socket sees one subscription per rank once its model shard is loaded.
 
 Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
@@ -127,7 +129,15 @@ class MultiprocExecutor(Executor):
         self._receive_reply()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.submit_model(scheduler_output)
+        return self.take_model_output()
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> None:
+        """The ranks queue the step behind the one they run (the broadcast socket buffers it)."""
         self._broadcast(StepDiff.from_scheduler_output(scheduler_output))
+
+    def take_model_output(self) -> ModelRunnerOutput:
+        """Rank 0 replies once per step, in step order."""
         return self._receive_reply().output
 
     def shutdown(self) -> None:

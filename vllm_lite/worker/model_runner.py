@@ -1,5 +1,9 @@
 """Runs one scheduled step on a device: update the persistent batch, build inputs with array
-code, run the model, sample, and append the sampled tokens to the batch."""
+code, run the model, sample, and append the sampled tokens to the batch.
+
+The batch's own copy of the tokens is what the next step reads: with async scheduling the
+engine core schedules a row's next position before it has seen the token sampled there (a
+placeholder), and the step reads that token from the batch, where it already is."""
 
 from __future__ import annotations
 
@@ -120,7 +124,9 @@ class ModelRunner:
         cached = sched.scheduled_cached_reqs
         for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                        cached.num_computed_tokens):
-            row = batch.req_id_to_index[req_id]
+            row = batch.req_id_to_index.get(req_id)
+            if row is None:  # failed to join the batch; async scheduling ran ahead of the news
+                continue
             batch.block_table.append_row(row, new_block_ids)
             batch.num_computed_tokens[row] = num_computed
         batch.condense()
