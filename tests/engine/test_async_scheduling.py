@@ -18,6 +18,7 @@ from structured_checks import KINDS
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core import EngineCore
+from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.wire import EngineCoreRequest
 
 MAX_TOKENS = 24
@@ -166,3 +167,36 @@ def make_core(model: Path, **engine_args: Any) -> EngineCore:
 def core_request(request_id: str, prompt: list[int], max_tokens: int) -> EngineCoreRequest:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     return EngineCoreRequest(request_id, np.array(prompt, dtype=np.int32), params, (), time.time(), max_tokens)
+
+
+def test_a_request_failing_alone_while_its_next_step_is_in_flight(tiny_llama: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only request fails to join the worker's batch: its next step was scheduled before the
+    failure was known; that step runs nothing, the request fails alone, later ones run."""
+    llm = make_llm(tiny_llama, async_scheduling=True)
+    try:
+        batch = llm.llm_engine.engine_core.executor.worker.model_runner.input_batch
+        add_request = batch.add_request
+
+        def faulty_add_request(new):
+            if new.req_id == "poison":
+                raise RuntimeError("injected fault")
+            return add_request(new)
+
+        monkeypatch.setattr(batch, "add_request", faulty_add_request)
+        engine = llm.llm_engine
+        engine.add_request("poison", {"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=8))
+        errors = []
+        while engine.has_unfinished_requests():
+            try:
+                engine.step()
+            except RequestRejectedError as exc:
+                errors.append(exc.request_id)
+        assert errors == ["poison"]
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params, use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 8
+        stats = llm.stats()
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    finally:
+        llm.shutdown()

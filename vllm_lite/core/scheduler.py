@@ -82,16 +82,19 @@ class Scheduler:
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
+        num_running = 0
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is None:
                 continue
             if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
+                num_running += 1
             else:
                 self.waiting.remove(request)
             self._free(request)
             aborted.append(FinishedRequest(request_id, FinishReason.ABORT))
+        if num_running:
+            self._drop_finished_from_running()
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -191,6 +194,7 @@ class Scheduler:
         finished: list[FinishedRequest] = []
         num_cached: dict[str, int] = {}
         max_model_len = self.config.max_model_len
+        num_finished_running = 0
         for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
             request = self.requests.get(req_ids[row])
             if request is None or request.request_id in stale:
@@ -209,10 +213,14 @@ class Scheduler:
             if request.structured_output_request is not None:
                 stop = self._advance_grammar(request, token_id, stop)
             if stop is not None:
-                # (preempted, async: the token was in flight when its blocks were freed)
-                (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
+                if request.status == RequestStatus.RUNNING:
+                    num_finished_running += 1
+                else:  # preempted (async) while its token was in flight
+                    self.waiting.remove(request)
                 self._free(request)
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
+        if num_finished_running:
+            self._drop_finished_from_running()
         new_token_ids = tokens if keep.all() else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
                                     num_cached, **prompt_columns)
@@ -222,6 +230,10 @@ class Scheduler:
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
+
+    def _drop_finished_from_running(self) -> None:
+        """One pass over `running` for all the requests that finished (not one remove each)."""
+        self.running = [request for request in self.running if request.status != RequestStatus.FINISHED]
 
     def _take_stale_req_ids(self) -> frozenset[str] | set[str]:
         """The requests freed since the last update whose rows this step still carries; frees

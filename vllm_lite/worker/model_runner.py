@@ -86,8 +86,8 @@ class ModelRunner:
         num_rows = batch.num_reqs
         output = ModelRunnerOutput(list(batch.live_req_ids), np.zeros((num_rows, 1), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            inputs = self._prepare_inputs(scheduler_output)
+        inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
+        if inputs is not None:
             if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
@@ -171,7 +171,8 @@ class ModelRunner:
             self.min_tokens_stop_ids[new.req_id] = tuple(set(new.eos_token_ids) | set(params.stop_token_ids or ()))
 
     # ---- inputs ----
-    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
+    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
+        """None when no scheduled request is in the batch (every one failed to join it)."""
         batch = self.input_batch
         index = batch.req_id_to_index
         num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
@@ -180,6 +181,8 @@ class ModelRunner:
             if row is not None:
                 num_scheduled[row] = n
         rows = np.flatnonzero(num_scheduled)
+        if len(rows) == 0:
+            return None
         query_lens = num_scheduled[rows]
         cu_lens = np.cumsum(query_lens, dtype=np.int32)
         total = int(cu_lens[-1])
