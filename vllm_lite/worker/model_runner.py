@@ -114,9 +114,12 @@ class ModelRunner:
     def _update_states(self, sched: SchedulerOutput) -> dict[str, str] | None:
         """Returns the new requests that could not be taken into the batch (see _add_new)."""
         batch = self.input_batch
-        for req_id in sched.finished_req_ids:
+        # Sorted: a set's order depends on the process's hash seed, and the rows freed first are
+        # the rows new requests take; every tensor-parallel rank must lay its batch out alike
+        # (the collectives add up the rows of different ranks by position).
+        for req_id in sorted(sched.finished_req_ids):
             self._drop_request(req_id)
-        for req_id in sched.preempted_req_ids:
+        for req_id in sorted(sched.preempted_req_ids):
             # Its generator stays: the request resumes its random stream where it stopped.
             batch.remove_request(req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
