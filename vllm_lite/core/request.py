@@ -20,7 +20,8 @@ class RequestStatus(enum.IntEnum):
 
 class Request:
     """Invariant: `token_ids[:num_tokens]` holds the prompt followed by every output token;
-    `num_computed_tokens <= num_tokens`; the buffer grows by doubling, so appending is O(1)
+    `num_computed_tokens <= num_tokens + num_output_placeholders` (placeholders: async
+    scheduling's tokens in flight, 0 otherwise); the buffer grows by doubling, so appending is O(1)
     amortized and no Python int objects are kept per token."""
 
     __slots__ = (
@@ -28,6 +29,7 @@ class Request:
         "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
+        "num_output_placeholders",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -57,6 +59,9 @@ class Request:
         # QUEUED / SCHEDULED events; 0.0 until then), for the queue / prefill time metrics.
         self.queued_ts = 0.0
         self.scheduled_ts = 0.0
+        # Async scheduling: tokens sampled by scheduled steps whose output has not arrived yet
+        # (computed by the scheduler's count, not yet in `token_ids`); 0 otherwise.
+        self.num_output_placeholders = 0
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -70,6 +75,10 @@ class Request:
     @property
     def all_token_ids(self) -> np.ndarray:
         return self.token_ids[: self.num_tokens]
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        return self.num_tokens + self.num_output_placeholders
 
     @property
     def is_finished(self) -> bool:
