@@ -184,13 +184,18 @@ def test_a_block_ending_in_a_placeholder_is_cached_once_its_token_is_known() -> 
     update(scheduler, s2, r2)
 
 
-def test_sync_scheduling_has_no_placeholders() -> None:
+def test_sync_scheduling_never_schedules_a_placeholder() -> None:
+    """Without async scheduling a step's sampled token is a placeholder only while that step
+    runs: the next step is scheduled after its output, on the known token."""
     scheduler, worker = make_scheduler(async_scheduling=False), FakeWorker()
     scheduler.add_request(make_request("a", 5, max_tokens=4, ignore_eos=True))
     s1 = scheduler.schedule()
-    assert scheduler.requests["a"].num_output_placeholders == 0
+    request = scheduler.requests["a"]
+    assert request.num_output_placeholders == 1
     update(scheduler, s1, worker.execute(s1))
-    assert scheduler.schedule().num_scheduled_tokens == {"a": 1}
+    assert request.num_output_placeholders == 0 and request.num_tokens == 6
+    s2 = scheduler.schedule()
+    assert s2.num_scheduled_tokens == {"a": 1} and s2.scheduled_cached_reqs.num_computed_tokens == [5]
 
 
 def test_a_request_failing_while_its_next_step_is_in_flight_is_freed_once() -> None:

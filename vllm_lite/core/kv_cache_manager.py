@@ -158,10 +158,13 @@ class KVCacheManager:
         return self.block_pool.reset_prefix_cache()
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        # Async scheduling allocates slots for tokens still in flight (placeholders): a block is
-        # registered once its tokens are known, at the request's next allocation.
-        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        num_full = num_tokens // self.block_size
         start = self.num_cached_blocks[request.request_id]
+        if num_full <= start:  # (most steps: no block filled up)
+            return
+        # Slots are allocated for tokens still in flight (placeholders): a block is registered
+        # once its tokens are known, at the request's next allocation.
+        num_full = min(num_full, request.num_tokens // self.block_size)
         if num_full <= start:
             return
         self._update_block_hashes(request)

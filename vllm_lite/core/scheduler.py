@@ -12,6 +12,11 @@ Structured outputs: a constrained request's matcher advances exactly when a toke
 to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
 step, the constrained requests that will sample get a row of the grammar bitmask.
 
+Output update: a running request's tokens live in the token store (core/token_store.py), so a
+step's sampled tokens are appended and its stop conditions checked with array operations over the
+batch; Python touches only the rows that may stop or need it otherwise (a first token, a
+grammar), and finished requests leave `running` in one pass.
+
 Failure containment: an exception in one request's own work (its bitmask row, appending its
 token, its stop checks, advancing its matcher) fails that request alone, as does a failure the
 worker reports for it (`update_from_output(failed=...)`): it is freed at once (its latest blocks
@@ -47,6 +52,7 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.core.token_store import TokenStore
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
@@ -54,6 +60,10 @@ from vllm_lite.wire import LogprobsArrays
 logger = logging.getLogger(__name__)
 
 _NO_REQ_IDS: frozenset[str] = frozenset()
+# A step's row whose request holds no slot in the token store: freed since the step was
+# scheduled (its row is discarded), or live without a slot (preempted with its token in flight).
+_DISCARD = -1
+_UNSLOTTED = -2
 
 
 class Scheduler:
@@ -80,6 +90,9 @@ class Scheduler:
         # request id -> number of updates still to discard its rows.
         self.num_steps_in_flight = 0
         self.stale_req_ids: dict[str, int] = {}
+        # The running requests' tokens and stop limits, for the array code of update_from_output.
+        self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len)
+        self._row_slots: tuple[int, list[str], np.ndarray] | None = None  # see _slots_of
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -88,6 +101,7 @@ class Scheduler:
         self._check_fits(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        request.length_limit = min(request.length_limit, self.config.max_model_len)
         request.queued_ts = time.monotonic()
         if request.structured_output_request is not None:
             self.structured_req_ids.add(request.request_id)
@@ -125,8 +139,8 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if request.num_output_placeholders and self._ends_with_tokens_in_flight(request):
-                index += 1  # a step would only compute a token nobody will keep
+            if request.num_tokens_with_placeholders >= request.length_limit:
+                index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
                 continue
             num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
             new_blocks = self._allocate_or_preempt(request, num_new, preempted)
@@ -171,25 +185,16 @@ class Scheduler:
         return output
 
     def _advance_computed(self, num_scheduled: dict[str, int]) -> None:
-        """`num_computed_tokens` moves at schedule time (as in vLLM). With async scheduling, a
-        request whose every token (placeholders included) is computed after this step samples
-        one: that token is a placeholder until the step's output arrives."""
+        """`num_computed_tokens` moves at schedule time (as in vLLM). A request whose every
+        token (placeholders included) is computed after this step samples one: that token is a
+        placeholder until the step's output arrives (with async scheduling the next step is
+        scheduled meanwhile and computes it)."""
         requests = self.requests
-        if not self.config.async_scheduling:
-            for request_id, num_tokens in num_scheduled.items():
-                requests[request_id].num_computed_tokens += num_tokens
-            return
         for request_id, num_tokens in num_scheduled.items():
             request = requests[request_id]
             request.num_computed_tokens += num_tokens
             if request.num_computed_tokens == request.num_tokens_with_placeholders:
-                request.num_output_placeholders += 1
-
-    def _ends_with_tokens_in_flight(self, request: Request) -> bool:
-        """Whether the tokens in flight surely finish `request` (check_stop's length rule)."""
-        num_tokens = request.num_tokens_with_placeholders
-        return (num_tokens - request.num_prompt_tokens >= request.max_tokens
-                or num_tokens >= self.config.max_model_len)
+                request.num_tokens_with_placeholders += 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
@@ -200,33 +205,43 @@ class Scheduler:
         check stop conditions. Returns the step's outputs column-wise. `logprobs` rows are
         batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
         position of its first row and its rows; `failed`: the requests the worker could not run
-        in this step ({request id: why}), failed before any token is taken."""
+        in this step ({request id: why}), failed before any token is taken.
+
+        Array code over the batch: the tokens are appended in the token store, which also finds
+        the rows that may stop (length, EOS / stop ids) or need Python for another reason (a
+        first token, a grammar); Python looks at those rows only."""
         stale = self._begin_update(failed)
         prompt_columns = self._prompt_logprobs_columns(prompt_logprobs, stale) if prompt_logprobs else {}
         rows = np.flatnonzero(num_sampled)
         tokens = sampled_token_ids[rows, 0]
-        out_req_ids: list[str] = []
-        keep = np.ones(len(rows), dtype=bool)
+        slots = self._slots_of(req_ids, stale)[rows]
+        keep = slots != _DISCARD
+        store = self.token_store
+        # (position among `rows`, request, whether its token is still to be appended)
+        look_at: list[tuple[int, Request, bool]] = []
+        held = np.flatnonzero(slots >= 0)
+        if len(held):
+            attention = held[store.append(slots[held], tokens[held])]
+            requests = store.requests
+            look_at.extend((i, requests[slot], False) for i, slot in zip(attention.tolist(), slots[attention].tolist()))
+        unslotted = np.flatnonzero(slots == _UNSLOTTED)
+        if len(unslotted):  # preempted (async) while their token was in flight
+            look_at.extend((i, self.requests[req_ids[rows[i]]], True) for i in unslotted.tolist())
+            look_at.sort(key=_first)
         finished: list[FinishedRequest] = []
         num_cached: dict[str, int] = {}
         scheduling_times: dict[str, tuple[float, float]] = {}
         max_model_len = self.config.max_model_len
         num_finished_running = 0
-        for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
-            request = self.requests.get(req_ids[row])
-            if request is None or request.request_id in stale:
-                keep[i] = False  # freed while the step ran
-                continue
-            if request.num_output_placeholders:
-                request.num_output_placeholders -= 1
+        for i, request, to_append in look_at:
+            token_id = int(tokens[i])
             try:
-                stop = self._append_and_check(request, token_id, max_model_len)
+                stop = self._take_token(request, token_id, to_append, max_model_len)
             except Exception as exc:  # this request's alone (a zero-cost `try` when nothing raises)
                 logger.exception("request %r failed while taking its sampled token", request.request_id)
                 num_finished_running += self._fail(request, f"in the engine core: {describe_error(exc)}")
                 keep[i] = False
                 continue
-            out_req_ids.append(request.request_id)
             if request.num_output_tokens == 1:
                 num_cached[request.request_id] = request.num_cached_tokens
                 scheduling_times[request.request_id] = (request.queued_ts, request.scheduled_ts)
@@ -237,16 +252,37 @@ class Scheduler:
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1]))
         if num_finished_running:
             self._drop_finished_from_running()
-        new_token_ids = tokens if keep.all() else tokens[keep]
+        kept_rows = rows[keep]
+        out_req_ids = req_ids if len(kept_rows) == len(req_ids) else [req_ids[row] for row in kept_rows.tolist()]
+        new_token_ids = tokens if len(kept_rows) == len(rows) else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
                                     num_cached, timestamp=time.monotonic(), scheduling_times=scheduling_times,
                                     **prompt_columns)
         if logprobs is not None:
-            kept_rows = rows[keep]
             outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
+
+    def _slots_of(self, req_ids: list[str], stale: frozenset[str]) -> np.ndarray:
+        """The token-store slot of each of a step's rows (`_DISCARD`, `_UNSLOTTED` for rows
+        without one). Kept while the rows and the slots' owners stay the same (steady decode)."""
+        store = self.token_store
+        cached = self._row_slots
+        if cached is not None and not stale and cached[0] == store.version and cached[1] == req_ids:
+            return cached[2]
+        slot_of = store.slot_of
+        slots = np.array([slot_of.get(request_id, _DISCARD) for request_id in req_ids], dtype=np.int64)
+        for i in np.flatnonzero(slots == _DISCARD).tolist():
+            if req_ids[i] in self.requests and req_ids[i] not in stale:
+                slots[i] = _UNSLOTTED
+        for request_id in stale:  # freed, and its id already taken by a new request with a slot
+            slot = slot_of.get(request_id)
+            if slot is not None:
+                slots[slots == slot] = _DISCARD
+        if not stale:
+            self._row_slots = (store.version, req_ids, slots)
+        return slots
 
     def _begin_update(self, failed: dict[str, str] | None) -> frozenset[str]:
         """Fail the requests the worker failed, then return the requests whose rows in this
@@ -262,9 +298,12 @@ class Scheduler:
         self.stale_req_ids = {request_id: n - 1 for request_id, n in self.stale_req_ids.items() if n > 1}
         return stale
 
-    def _append_and_check(self, request: Request, token_id: int,
-                          max_model_len: int) -> tuple[FinishReason, int | None] | None:
-        request.append_token(token_id)
+    def _take_token(self, request: Request, token_id: int, to_append: bool,
+                    max_model_len: int) -> tuple[FinishReason, int | None] | None:
+        """Python's part of taking a request's token (appended already unless `to_append`):
+        the exact stop check and the grammar. Returns why it stops, or None."""
+        if to_append:
+            request.append_token(token_id)
         stop = request.check_stop(token_id, max_model_len)
         if request.structured_output_request is not None:
             stop = self._advance_grammar(request, token_id, stop)
@@ -414,6 +453,7 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)
+            self.token_store.assign(request, request.length_limit, request.structured_output_request is not None)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -464,6 +504,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        self.token_store.release(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.num_preemptions += 1
@@ -473,6 +514,8 @@ class Scheduler:
         if self.num_steps_in_flight:  # their rows for it are stale (async: even a reused id's)
             self.stale_req_ids[request.request_id] = self.num_steps_in_flight
         request.status = RequestStatus.FINISHED
+        if request.store is not None:
+            self.token_store.release(request)
         self.kv_cache_manager.free(request, uncache)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
@@ -487,3 +530,7 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
+
+
+def _first(item: tuple[int, Request, bool]) -> int:
+    return item[0]
