@@ -4,15 +4,12 @@ the scheduler's token store while it runs), progress counters."""
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from vllm_lite.wire import EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from vllm_lite.core.token_store import TokenStore
 
 
 class RequestStatus(enum.IntEnum):
@@ -72,7 +69,8 @@ class Request:
         self.length_limit = num_prompt + max_tokens
         # The scheduler's token store and the slot (row) this request holds in it while it runs;
         # `token_ids` is then a view of that row and `num_tokens` lives there too.
-        self.store: TokenStore | None = None
+        # (a core.token_store.TokenStore, not imported here: that module imports this one)
+        self.store: Any = None
         self.slot = -1
 
     @classmethod
@@ -116,7 +114,7 @@ class Request:
         self.token_ids[num_tokens] = token_id
         self._num_tokens = num_tokens + 1
 
-    def hold_slot(self, store: TokenStore, slot: int, row: np.ndarray) -> None:
+    def hold_slot(self, store: Any, slot: int, row: np.ndarray) -> None:
         """Its tokens now live in `store`'s row `slot` (TokenStore.assign copied them)."""
         self.store, self.slot, self.token_ids = store, slot, row
 
