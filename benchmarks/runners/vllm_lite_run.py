@@ -8,6 +8,7 @@ with `json_schema` constrains its first `num_constrained` requests to it (struct
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -19,6 +20,8 @@ from vllm_lite import LLM, SamplingParams
 def main(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     optional = {"quantization": job["quantization"]} if job.get("quantization") else {}
+    if "async_scheduling" in job:  # only then: a baseline checkout may predate the option
+        optional["async_scheduling"] = job["async_scheduling"]
     llm = LLM(job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
               kv_cache_memory_bytes=job["kv_cache_gib"] * 1024 ** 3, seed=0, **optional)
@@ -47,7 +50,16 @@ def main(job_path: str, result_path: str) -> None:
         "input_tokens": sum(len(p) for p in job["prompts"]),
         "output_tokens": sum(len(t) for t in token_ids),
         "outputs": token_ids[:job.get("keep_outputs", 0)],
+        "extra": {"async_scheduling": job.get("async_scheduling", True), "outputs_sha256": outputs_digest(token_ids)},
     }))
+
+
+def outputs_digest(token_ids: list[list[int]]) -> str:
+    """One hash of every request's output tokens: equal digests, equal outputs (run to run)."""
+    digest = hashlib.sha256()
+    for tokens in token_ids:
+        digest.update(json.dumps(tokens).encode() + b"\n")
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":

@@ -101,6 +101,19 @@ def test_tp2_greedy_matches_tp1_and_transformers(name: str, tiny_models: dict[st
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"], stats
 
 
+def test_tp2_async_scheduling_equals_sync_under_preemption(tiny_qwen3: Path, prompts_token_ids: list[list[int]],
+                                                           tp_llm: Callable[..., LLM]) -> None:
+    """The ranks queue step N+1 behind step N; requests preempted (and finished) with a token in
+    flight: the same tokens as with async scheduling off."""
+    prompts = prompts_token_ids * 2
+    outputs = {}
+    for async_scheduling in (True, False):
+        llm = tp_llm(tiny_qwen3, num_kv_blocks=14, async_scheduling=async_scheduling)
+        outputs[async_scheduling] = run_greedy(llm, prompts)
+        assert llm.stats()["num_preemptions"] > 0
+    assert outputs[True] == outputs[False]
+
+
 # ---- 2. two engines on one host ----
 
 def test_two_tp2_engines_run_at_the_same_time(tiny_llama: Path, tiny_qwen2: Path,

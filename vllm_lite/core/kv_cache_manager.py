@@ -24,7 +24,8 @@ class KVCacheManager:
     `sha256(parent key || its int32 tokens)`: 32-byte parent, fixed-size token bytes, so equal
     keys mean equal whole prefixes (and equal cache_salt) unless SHA-256 collides; blocks are
     registered in the cache as soon as slots for all their tokens are allocated (their KV is
-    written in that same step, before any later step can read it)."""
+    written in that same step, before any later step can read it; with async scheduling, once
+    their tokens are known too, i.e. a step later for a block ending in a placeholder)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
                  sliding_window: int | None = None) -> None:
@@ -159,6 +160,11 @@ class KVCacheManager:
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         num_full = num_tokens // self.block_size
         start = self.num_cached_blocks[request.request_id]
+        if num_full <= start:  # (most steps: no block filled up)
+            return
+        # Slots are allocated for tokens still in flight (placeholders): a block is registered
+        # once its tokens are known, at the request's next allocation.
+        num_full = min(num_full, request.num_tokens // self.block_size)
         if num_full <= start:
             return
         self._update_block_hashes(request)

@@ -1,8 +1,10 @@
-"""A request as the scheduler sees it: token ids in a growable numpy buffer, progress counters."""
+"""A request as the scheduler sees it: token ids (in a growable numpy buffer of its own, or in
+the scheduler's token store while it runs), progress counters."""
 
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -20,15 +22,16 @@ class RequestStatus(enum.IntEnum):
 
 class Request:
     """Invariant: `token_ids[:num_tokens]` holds the prompt followed by every output token;
-    `num_computed_tokens <= num_tokens`; the buffer grows by doubling, so appending is O(1)
-    amortized and no Python int objects are kept per token."""
+    `num_computed_tokens <= num_tokens_with_placeholders = num_tokens + num_output_placeholders`
+    (placeholders: tokens sampled by steps whose output has not arrived); its own buffer grows by
+    doubling, so appending is O(1) amortized and no Python int objects are kept per token."""
 
     __slots__ = (
         "request_id", "sampling_params", "status",
-        "token_ids", "num_prompt_tokens", "num_tokens", "num_computed_tokens", "max_tokens",
+        "token_ids", "num_prompt_tokens", "_num_tokens", "num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
-        "num_preemptions",
+        "num_preemptions", "num_tokens_with_placeholders", "length_limit", "store", "slot",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -40,7 +43,7 @@ class Request:
         self.token_ids = np.empty(num_prompt + min(max_tokens, 64), dtype=np.int32)
         self.token_ids[:num_prompt] = prompt_token_ids
         self.num_prompt_tokens = num_prompt
-        self.num_tokens = num_prompt
+        self._num_tokens = num_prompt  # while it holds no slot in a token store
         self.num_computed_tokens = 0
         self.max_tokens = max_tokens
         self.min_tokens = sampling_params.min_tokens
@@ -59,11 +62,29 @@ class Request:
         self.queued_ts = 0.0
         self.scheduled_ts = 0.0
         self.num_preemptions = 0  # times this request was preempted (vllm:request_num_preemptions)
+        # Known tokens plus those sampled by scheduled steps whose output has not arrived yet
+        # (placeholders: one while its step runs; two with async scheduling). The scheduler
+        # counts them when it schedules a sampling step; the output turns them into known ones.
+        self.num_tokens_with_placeholders = num_prompt
+        # The length that stops it (the scheduler caps it with max_model_len).
+        self.length_limit = num_prompt + max_tokens
+        # The scheduler's token store and the slot (row) this request holds in it while it runs;
+        # `token_ids` is then a view of that row and `num_tokens` lives there too.
+        # (a core.token_store.TokenStore, not imported here: that module imports this one)
+        self.store: Any = None
+        self.slot = -1
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
                    req.max_tokens, req.cache_salt)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: the prompt and the outputs that arrived (placeholders not counted)."""
+        if self.store is None:
+            return self._num_tokens
+        return int(self.store.num_tokens[self.slot])
 
     @property
     def num_output_tokens(self) -> int:
@@ -74,16 +95,33 @@ class Request:
         return self.token_ids[: self.num_tokens]
 
     @property
+    def num_output_placeholders(self) -> int:
+        """Tokens sampled by scheduled steps whose output has not arrived yet."""
+        return self.num_tokens_with_placeholders - self.num_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
-        if self.num_tokens == len(self.token_ids):
+        if self.store is not None:
+            self.store.append_one(self.slot, token_id)
+            return
+        num_tokens = self._num_tokens
+        if num_tokens == len(self.token_ids):
             grown = np.empty(2 * len(self.token_ids), dtype=np.int32)
-            grown[: self.num_tokens] = self.token_ids[: self.num_tokens]
+            grown[:num_tokens] = self.token_ids[:num_tokens]
             self.token_ids = grown
-        self.token_ids[self.num_tokens] = token_id
-        self.num_tokens += 1
+        self.token_ids[num_tokens] = token_id
+        self._num_tokens = num_tokens + 1
+
+    def hold_slot(self, store: Any, slot: int, row: np.ndarray) -> None:
+        """Its tokens now live in `store`'s row `slot` (TokenStore.assign copied them)."""
+        self.store, self.slot, self.token_ids = store, slot, row
+
+    def leave_slot(self, token_ids: np.ndarray, num_tokens: int) -> None:
+        """Its tokens are back in a buffer of its own (TokenStore.release)."""
+        self.store, self.slot, self.token_ids, self._num_tokens = None, -1, token_ids, num_tokens
 
     def check_stop(self, token_id: int, max_model_len: int) -> tuple[FinishReason, int | None] | None:
         """Why the request stops after `token_id` was appended, or None to go on.

@@ -12,10 +12,31 @@ Structured outputs: a constrained request's matcher advances exactly when a toke
 to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
 step, the constrained requests that will sample get a row of the grammar bitmask.
 
+Output update: a running request's tokens live in the token store (core/token_store.py), so a
+step's sampled tokens are appended and its stop conditions checked with array operations over the
+batch; Python touches only the rows that may stop or need it otherwise (a first token, a
+grammar), and finished requests leave `running` in one pass.
+
 Failure containment: an exception in one request's own work (its bitmask row, appending its
-token, its stop checks, advancing its matcher) fails that request alone. It is recorded in
-`step_failures` ({request id: why}) for the engine core, which frees it and sends its client an
-error; a request that failed in `update_from_output` is already freed.
+token, its stop checks, advancing its matcher) fails that request alone, as does a failure the
+worker reports for it (`update_from_output(failed=...)`): it is freed at once (its latest blocks
+leave the prefix cache: their KV may never have been written) and recorded in `step_failures`
+({request id: why}), from which the engine core sends its client an error.
+
+Async scheduling (`SchedulerConfig.async_scheduling`, vLLM's rules): the engine core schedules
+step N+1 before step N's output arrives, so a request that samples in step N has a placeholder
+(`Request.num_output_placeholders`) for that token: step N+1 computes it (the worker feeds the
+token it sampled itself) and the scheduler learns its value in `update_from_output`. Then:
+- a request whose in-flight tokens surely end it (max_tokens, max_model_len) is not scheduled;
+- a request finished, aborted or failed while steps are in flight is freed at once; what those
+  steps still return for it (rows, failures, prompt logprobs) is discarded (`stale_req_ids`:
+  id -> number of those steps), even if its id is reused meanwhile;
+- a request preempted with a token in flight keeps that token when it arrives (it is valid:
+  its KV was computed before the blocks were freed, and the worker runs steps in order);
+- prefix-cache blocks are registered only once their tokens are known (not placeholders);
+- the grammar bitmask needs the matcher to have seen every token, so the engine core takes the
+  output of a step in flight in which a constrained request samples before scheduling the next
+  (and the bitmask buffer, reused every step, is then free again).
 """
 
 from __future__ import annotations
@@ -31,11 +52,18 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.core.token_store import TokenStore
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
 logger = logging.getLogger(__name__)
+
+_NO_REQ_IDS: frozenset[str] = frozenset()
+# A step's row whose request holds no slot in the token store: freed since the step was
+# scheduled (its row is discarded), or live without a slot (preempted with its token in flight).
+_DISCARD = -1
+_UNSLOTTED = -2
 
 
 class Scheduler:
@@ -56,7 +84,15 @@ class Scheduler:
         self.structured_output_manager = structured_output_manager
         self.structured_req_ids: set[str] = set()  # live requests with a grammar
         self.failed: list[FinishedRequest] = []  # grammar failures not yet reported
-        self.step_failures: dict[str, str] = {}  # request id -> why it failed this step
+        self.step_failures: dict[str, str] = {}  # request id -> why it failed (freed, not yet reported)
+        # Steps scheduled (non-empty) whose output has not been applied yet: 1 while a step runs,
+        # 2 with async scheduling. Requests freed meanwhile are stale for that many updates:
+        # request id -> number of updates still to discard its rows.
+        self.num_steps_in_flight = 0
+        self.stale_req_ids: dict[str, int] = {}
+        # The running requests' tokens and stop limits, for the array code of update_from_output.
+        self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len)
+        self._row_slots: tuple[int, list[str], np.ndarray] | None = None  # see _slots_of
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -65,24 +101,24 @@ class Scheduler:
         self._check_fits(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        request.length_limit = min(request.length_limit, self.config.max_model_len)
         request.queued_ts = time.monotonic()
         if request.structured_output_request is not None:
             self.structured_req_ids.add(request.request_id)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
 
-    def abort_requests(self, request_ids: list[str], failed: bool = False) -> list[FinishedRequest]:
-        """`failed`: they failed in a step (see `KVCacheManager.free(uncache=True)`)."""
+    def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
+        num_running = 0
         for request_id in request_ids:
             request = self.requests.get(request_id)
             if request is None:
                 continue
-            if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
-            else:
-                self.waiting.remove(request)
-            self._free(request, uncache=failed)
+            num_running += self._leave_queue(request)
+            self._free(request)
             aborted.append(FinishedRequest(request_id, FinishReason.ABORT, num_preemptions=request.num_preemptions))
+        if num_running:
+            self._drop_finished_from_running()
         return aborted
 
     def has_unfinished_requests(self) -> bool:
@@ -103,7 +139,10 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_tokens_with_placeholders >= request.length_limit:
+                index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
+                continue
+            num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
             new_blocks = self._allocate_or_preempt(request, num_new, preempted)
             if new_blocks is None:
                 break
@@ -120,9 +159,10 @@ class Scheduler:
         if not preempted:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
 
-        for request_id, num_tokens in num_scheduled.items():
-            self.requests[request_id].num_computed_tokens += num_tokens
-        structured_ids, bitmask = self._grammar_bitmask(num_scheduled) if self.structured_req_ids else ((), None)
+        self._advance_computed(num_scheduled)
+        bitmask_failures: dict[str, str] = {}
+        structured_ids, bitmask = (self._grammar_bitmask(num_scheduled, bitmask_failures)
+                                   if self.structured_req_ids else ((), None))
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed),
@@ -139,78 +179,175 @@ class Scheduler:
             self.finished_req_ids |= preempted
         else:
             self.finished_req_ids.clear()
+            self.num_steps_in_flight += 1
+        if bitmask_failures:  # they sample unconstrained in this step, whose row for them is stale
+            self._fail_requests(bitmask_failures)
         return output
+
+    def _advance_computed(self, num_scheduled: dict[str, int]) -> None:
+        """`num_computed_tokens` moves at schedule time (as in vLLM). A request whose every
+        token (placeholders included) is computed after this step samples one: that token is a
+        placeholder until the step's output arrives (with async scheduling the next step is
+        scheduled meanwhile and computes it)."""
+        requests = self.requests
+        for request_id, num_tokens in num_scheduled.items():
+            request = requests[request_id]
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens == request.num_tokens_with_placeholders:
+                request.num_tokens_with_placeholders += 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
                            logprobs: LogprobsArrays | None = None,
                            prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None,
-                           ) -> EngineCoreOutputs:
+                           failed: dict[str, str] | None = None) -> EngineCoreOutputs:
         """Append each row's sampled token (rows with num_sampled == 0 were mid-prefill) and
         check stop conditions. Returns the step's outputs column-wise. `logprobs` rows are
         batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
-        position of its first row and its rows."""
-        prompt_columns = self._prompt_logprobs_columns(prompt_logprobs) if prompt_logprobs else {}
+        position of its first row and its rows; `failed`: the requests the worker could not run
+        in this step ({request id: why}), failed before any token is taken.
+
+        Array code over the batch: the tokens are appended in the token store, which also finds
+        the rows that may stop (length, EOS / stop ids) or need Python for another reason (a
+        first token, a grammar); Python looks at those rows only."""
+        stale = self._begin_update(failed)
+        prompt_columns = self._prompt_logprobs_columns(prompt_logprobs, stale) if prompt_logprobs else {}
         rows = np.flatnonzero(num_sampled)
         tokens = sampled_token_ids[rows, 0]
-        out_req_ids: list[str] = []
-        keep = np.ones(len(rows), dtype=bool)
+        slots = self._slots_of(req_ids, stale)[rows]
+        keep = slots != _DISCARD
+        store = self.token_store
+        # (position among `rows`, request, whether its token is still to be appended)
+        look_at: list[tuple[int, Request, bool]] = []
+        held = np.flatnonzero(slots >= 0)
+        if len(held):
+            attention = held[store.append(slots[held], tokens[held])]
+            requests = store.requests
+            look_at.extend((i, requests[slot], False) for i, slot in zip(attention.tolist(), slots[attention].tolist()))
+        unslotted = np.flatnonzero(slots == _UNSLOTTED)
+        if len(unslotted):  # preempted (async) while their token was in flight
+            look_at.extend((i, self.requests[req_ids[rows[i]]], True) for i in unslotted.tolist())
+            look_at.sort(key=_first)
         finished: list[FinishedRequest] = []
         num_cached: dict[str, int] = {}
         scheduling_times: dict[str, tuple[float, float]] = {}
         max_model_len = self.config.max_model_len
-        for i, (row, token_id) in enumerate(zip(rows.tolist(), tokens.tolist())):
-            request = self.requests.get(req_ids[row])
-            if request is None or request.status != RequestStatus.RUNNING:
-                keep[i] = False  # aborted or preempted while the step ran
-                continue
+        num_finished_running = 0
+        for i, request, to_append in look_at:
+            token_id = int(tokens[i])
             try:
-                stop = self._append_and_check(request, token_id, max_model_len)
+                stop = self._take_token(request, token_id, to_append, max_model_len)
             except Exception as exc:  # this request's alone (a zero-cost `try` when nothing raises)
-                self._fail_running(request, exc, "while taking its sampled token")
+                logger.exception("request %r failed while taking its sampled token", request.request_id)
+                num_finished_running += self._fail(request, f"in the engine core: {describe_error(exc)}")
                 keep[i] = False
                 continue
-            out_req_ids.append(request.request_id)
             if request.num_output_tokens == 1:
                 num_cached[request.request_id] = request.num_cached_tokens
                 scheduling_times[request.request_id] = (request.queued_ts, request.scheduled_ts)
             if stop is not None:
-                self.running.remove(request)
+                # A request preempted (async) while its token was in flight leaves the waiting queue.
+                num_finished_running += self._leave_queue(request)
                 self._free(request)
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1], request.num_preemptions))
-        new_token_ids = tokens if keep.all() else tokens[keep]
+        if num_finished_running:
+            self._drop_finished_from_running()
+        kept_rows = rows[keep]
+        out_req_ids = req_ids if len(kept_rows) == len(req_ids) else [req_ids[row] for row in kept_rows.tolist()]
+        new_token_ids = tokens if len(kept_rows) == len(rows) else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
                                     num_cached, timestamp=time.monotonic(), scheduling_times=scheduling_times,
                                     **prompt_columns)
         if logprobs is not None:
-            kept_rows = rows[keep]
             outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
 
-    def _append_and_check(self, request: Request, token_id: int,
-                          max_model_len: int) -> tuple[FinishReason, int | None] | None:
-        request.append_token(token_id)
+    def _slots_of(self, req_ids: list[str], stale: frozenset[str]) -> np.ndarray:
+        """The token-store slot of each of a step's rows (`_DISCARD`, `_UNSLOTTED` for rows
+        without one). Kept while the rows and the slots' owners stay the same (steady decode)."""
+        store = self.token_store
+        cached = self._row_slots
+        if cached is not None and not stale and cached[0] == store.version and cached[1] == req_ids:
+            return cached[2]
+        slot_of = store.slot_of
+        slots = np.array([slot_of.get(request_id, _DISCARD) for request_id in req_ids], dtype=np.int64)
+        for i in np.flatnonzero(slots == _DISCARD).tolist():
+            if req_ids[i] in self.requests and req_ids[i] not in stale:
+                slots[i] = _UNSLOTTED
+        for request_id in stale:  # freed, and its id already taken by a new request with a slot
+            slot = slot_of.get(request_id)
+            if slot is not None:
+                slots[slots == slot] = _DISCARD
+        if not stale:
+            self._row_slots = (store.version, req_ids, slots)
+        return slots
+
+    def _begin_update(self, failed: dict[str, str] | None) -> frozenset[str]:
+        """Fail the requests the worker failed, then return the requests whose rows in this
+        step are stale (freed since it was scheduled) and count this step out of flight."""
+        if failed:  # (one stale here was freed while the step ran: it is told nothing more)
+            self._fail_requests({request_id: f"in the worker: {why}" for request_id, why in failed.items()
+                                 if request_id not in self.stale_req_ids})
+        if self.num_steps_in_flight:
+            self.num_steps_in_flight -= 1
+        if not self.stale_req_ids:
+            return _NO_REQ_IDS
+        stale = frozenset(self.stale_req_ids)
+        self.stale_req_ids = {request_id: n - 1 for request_id, n in self.stale_req_ids.items() if n > 1}
+        return stale
+
+    def _take_token(self, request: Request, token_id: int, to_append: bool,
+                    max_model_len: int) -> tuple[FinishReason, int | None] | None:
+        """Python's part of taking a request's token (appended already unless `to_append`):
+        the exact stop check and the grammar. Returns why it stops, or None."""
+        if to_append:
+            request.append_token(token_id)
         stop = request.check_stop(token_id, max_model_len)
         if request.structured_output_request is not None:
             stop = self._advance_grammar(request, token_id, stop)
         return stop
 
-    def _fail_running(self, request: Request, exc: Exception, what: str) -> None:
-        logger.exception("request %r failed %s", request.request_id, what)
-        self.running.remove(request)
+    def _fail_requests(self, failures: dict[str, str]) -> None:
+        """Fail the live requests among `failures` ({request id: why})."""
+        num_running = 0
+        for request_id, why in failures.items():
+            request = self.requests.get(request_id)
+            if request is not None:
+                num_running += self._fail(request, why)
+        if num_running:
+            self._drop_finished_from_running()
+
+    def _fail(self, request: Request, why: str) -> int:
+        """Free a request that failed in a step; its blocks that nobody else holds leave the
+        prefix cache (see `KVCacheManager.free(uncache=True)`). Returns 1 when it was running
+        (the caller drops the finished from `running` in one pass), else 0."""
+        was_running = self._leave_queue(request)
         self._free(request, uncache=True)
-        self.step_failures[request.request_id] = describe_error(exc)
+        self.step_failures[request.request_id] = why
+        return was_running
 
     def take_step_failures(self) -> dict[str, str]:
         failures, self.step_failures = self.step_failures, {}
         return failures
 
-    def _prompt_logprobs_columns(self, prompt_logprobs: dict[str, tuple[int, LogprobsArrays]]
-                                 ) -> dict[str, Any]:
+    def _leave_queue(self, request: Request) -> int:
+        """Take a request about to be freed out of the waiting queue; a running one stays in
+        `running` (1 is returned: `_drop_finished_from_running` removes all in one pass)."""
+        if request.status == RequestStatus.RUNNING:
+            return 1
+        self.waiting.remove(request)
+        return 0
+
+    def _drop_finished_from_running(self) -> None:
+        """One pass over `running` for all the requests that finished (not one remove each)."""
+        self.running = [request for request in self.running if request.status != RequestStatus.FINISHED]
+
+    def _prompt_logprobs_columns(self, prompt_logprobs: dict[str, tuple[int, LogprobsArrays]],
+                                 stale: frozenset[str]) -> dict[str, Any]:
         """Concatenate the per-request prompt-logprob chunks of live requests column-wise."""
-        req_ids = [r for r in prompt_logprobs if r in self.requests]
+        req_ids = [r for r in prompt_logprobs if r in self.requests and r not in stale]
         if not req_ids:
             return {}
         chunks = [prompt_logprobs[r][1] for r in req_ids]
@@ -226,9 +363,11 @@ class Scheduler:
         }
 
     # ---- structured outputs ----
-    def _grammar_bitmask(self, num_scheduled: dict[str, int]) -> tuple[tuple[str, ...], np.ndarray | None]:
+    def _grammar_bitmask(self, num_scheduled: dict[str, int], failures: dict[str, str]
+                         ) -> tuple[tuple[str, ...], np.ndarray | None]:
         """The constrained requests that sample this step (all their known tokens computed
-        after it) and their bitmask rows. Loops over the constrained requests only."""
+        after it) and their bitmask rows. Loops over the constrained requests only. Requests
+        whose own row cannot be filled are added to `failures` and left out."""
         req_ids = tuple(r for r in self.structured_req_ids
                         if r in num_scheduled and self.requests[r].num_computed_tokens == self.requests[r].num_tokens)
         if not req_ids:
@@ -237,16 +376,17 @@ class Scheduler:
         try:
             return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
         except Exception:
-            return self._grammar_bitmask_without_culprits(req_ids)
+            return self._grammar_bitmask_without_culprits(req_ids, failures)
 
-    def _grammar_bitmask_without_culprits(self, req_ids: tuple[str, ...]) -> tuple[tuple[str, ...], np.ndarray | None]:
+    def _grammar_bitmask_without_culprits(self, req_ids: tuple[str, ...], failures: dict[str, str]
+                                          ) -> tuple[tuple[str, ...], np.ndarray | None]:
         """Filling the bitmask failed: fill each request's row alone to find the ones that
-        fail (they sample unconstrained this step, and the engine core fails them before their
-        token is taken), then the others' together."""
+        fail (they sample unconstrained this step and are failed once it is scheduled), then the
+        others' together."""
         manager = self.structured_output_manager
         failed = run_each_contained(req_ids, lambda r: manager.grammar_bitmask([self.requests[r].structured_output_request]),
                                     lambda r: r, "while filling its grammar bitmask") or {}
-        self.step_failures.update(failed)
+        failures.update((request_id, f"in the engine core: {why}") for request_id, why in failed.items())
         kept = tuple(r for r in req_ids if r not in failed)
         if not kept:
             return (), None
@@ -313,6 +453,7 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)
+            self.token_store.assign(request, request.length_limit, request.structured_output_request is not None)
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -363,6 +504,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        self.token_store.release(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.num_preemptions += 1
@@ -370,7 +512,11 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _free(self, request: Request, uncache: bool = False) -> None:
+        if self.num_steps_in_flight:  # their rows for it are stale (async: even a reused id's)
+            self.stale_req_ids[request.request_id] = self.num_steps_in_flight
         request.status = RequestStatus.FINISHED
+        if request.store is not None:
+            self.token_store.release(request)
         self.kv_cache_manager.free(request, uncache)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
@@ -385,3 +531,7 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
+
+
+def _first(item: tuple[int, Request, bool]) -> int:
+    return item[0]

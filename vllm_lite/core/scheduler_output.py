@@ -2,8 +2,10 @@
 downstream mutates it, and workers copy what they need into their own state.
 
 Not deeply immutable: `NewRequestData.token_ids` is a view of the request's live token buffer
-(no copy per step). It is valid while the step runs; the engine core appends to that buffer
-only after `execute_model` returns, and a multi-process executor serializes it before then."""
+(no copy per step). It is valid while the step runs: the engine core appends to that buffer only
+beyond the view's end (or into a grown copy), and a multi-process executor serializes it at
+submission. With async scheduling the view is read while the engine core updates other requests
+from the previous step; a request that joins the batch in a step has no token in flight then."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import numpy as np
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
+from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
 from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
@@ -29,6 +30,7 @@ from vllm_lite.wire import (
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
+    ModelRunnerOutput,
     OutputType,
     RequestError,
     RequestType,
@@ -74,6 +76,8 @@ class EngineCore:
                                    self.structured_output_manager)
         # Requests a step failed on (attributably): freed already, their clients not yet told.
         self.failed_requests: list[RequestError] = []
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        self.in_flight: SchedulerOutput | None = None  # async: submitted, output not yet taken
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
@@ -87,22 +91,55 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def step(self) -> EngineCoreOutputs:
+        outputs = self._step_async() if self.async_scheduling else self._step_sync()
+        if self.scheduler.step_failures:  # freed by the scheduler; their clients get an error
+            self._report_failures(self.scheduler.take_step_failures())
+        return outputs
+
+    def _step_sync(self) -> EngineCoreOutputs:
         sched = self.scheduler.schedule()
         failed = self.scheduler.take_failed() if self.scheduler.failed else []
         if sched.is_empty:
             self._wait_for_grammars()
             return EngineCoreOutputs([], np.zeros(0, dtype=np.int32), failed)
-        out = self.executor.execute_model(sched)
-        if self.scheduler.step_failures or out.failed:  # before their tokens are taken
-            self._fail_requests({**_where(self.scheduler.take_step_failures(), "in the engine core"),
-                                 **_where(out.failed, "in the worker")})
-        outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
-                                                    out.logprobs, out.prompt_logprobs)
-        if self.scheduler.step_failures:  # failed while taking their tokens (freed already)
-            self._fail_requests(_where(self.scheduler.take_step_failures(), "in the engine core"))
+        outputs = self._update_from_output(sched, self.executor.execute_model(sched))
         if failed:
             outputs.finished.extend(failed)
         return outputs
+
+    def _step_async(self) -> EngineCoreOutputs:
+        """Schedule and submit step N+1, then wait for step N and update from its output: the
+        scheduling here, and what the caller does with the outputs before the next call, overlap
+        the model running step N+1. Returns step N's outputs."""
+        drained = None
+        if self.in_flight is not None and self.in_flight.structured_output_req_ids:
+            # Constrained requests sample in it: their next bitmask needs those tokens first.
+            drained = self._finish_in_flight()
+        sched = self.scheduler.schedule()
+        failed = self.scheduler.take_failed() if self.scheduler.failed else []
+        previous, self.in_flight = self.in_flight, None
+        if not sched.is_empty:
+            self.executor.submit_model(sched)
+            self.in_flight = sched
+        if previous is not None:
+            outputs = self._update_from_output(previous, self.executor.take_model_output())
+        elif drained is not None:
+            outputs = drained
+        else:
+            if sched.is_empty:
+                self._wait_for_grammars()
+            outputs = EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
+        if failed:
+            outputs.finished.extend(failed)
+        return outputs
+
+    def _finish_in_flight(self) -> EngineCoreOutputs:
+        sched, self.in_flight = self.in_flight, None
+        return self._update_from_output(sched, self.executor.take_model_output())
+
+    def _update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
+        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
+                                                 out.logprobs, out.prompt_logprobs, out.failed)
 
     def _wait_for_grammars(self) -> None:
         """Nothing could run: when requests wait for their grammar, sleep until one compiles
@@ -112,15 +149,15 @@ class EngineCore:
             if pending:
                 self.structured_output_manager.wait_for_any(pending, timeout=0.005)
 
-    def _fail_requests(self, failed: dict[str, str]) -> None:
-        """These requests failed on their own (each failure its own): free them (the workers
-        drop them with the next step's finished ids) and queue an error for each."""
-        self.scheduler.abort_requests(list(failed), failed=True)
+    def _report_failures(self, failed: dict[str, str]) -> None:
+        """These requests failed on their own (each failure its own) and the scheduler freed
+        them (the workers drop them with the next step's finished ids): queue an error for each."""
         self.failed_requests.extend(RequestError(request_id, f"the request failed {message}")
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests not finished, or a step whose output is still to be taken (async)."""
+        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     def get_stats(self) -> dict[str, Any]:
         return self.scheduler.get_stats()
@@ -131,10 +168,6 @@ class EngineCore:
     def shutdown(self) -> None:
         self.structured_output_manager.shutdown()
         self.executor.shutdown()
-
-
-def _where(failed: dict[str, str] | None, where: str) -> dict[str, str]:
-    return {request_id: f"{where}: {why}" for request_id, why in (failed or {}).items()}
 
 
 def make_structured_output_manager(vllm_config: VllmConfig) -> StructuredOutputManager:

@@ -8,7 +8,13 @@ from vllm_lite.wire import ModelRunnerOutput
 
 
 class Executor(ABC):
-    """Drives the workers of one engine core."""
+    """Drives the workers of one engine core.
+
+    Two ways to run a step: `execute_model` (blocking), or `submit_model` now and
+    `take_model_output` later (async scheduling: the engine core schedules the next step
+    meanwhile). Submitted steps run in submission order, each after the previous one finished,
+    and their outputs are taken in that order; the two ways are not mixed while a step is
+    submitted and not taken."""
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
@@ -18,6 +24,14 @@ class Executor(ABC):
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    @abstractmethod
+    def submit_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Start running a step; returns without waiting for it."""
+
+    @abstractmethod
+    def take_model_output(self) -> ModelRunnerOutput:
+        """The output of the oldest submitted step not taken yet (waits for it)."""
 
     def shutdown(self) -> None:
         pass

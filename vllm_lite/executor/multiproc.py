@@ -11,7 +11,9 @@
 ```
 
 One message per step, serialized once and fanned out by ZMQ. Ranks run in lockstep (their
-collectives synchronize them), so at most one step is in flight. Ready means subscribed: the
+collectives synchronize them). With async scheduling the engine core broadcasts step N+1 while
+the ranks run step N (it waits in their sockets), then reads step N's replies: each rank
+replies in step order, so at most two steps are in flight. Ready means subscribed: the
 XPUB socket sees one subscription per rank once its model shard is loaded.
 
 Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
@@ -20,8 +22,10 @@ the output, the others' the requests that failed on them.
 
 Failure: every rank replies to every message, and the executor waits for all of them. A request
 that fails on any rank fails alone (the ranks agree before the forward pass on the requests that
-could not join; one whose sampling failed on a rank is reported by that rank, and the engine
-core frees it before the next step). A rank whose step raises replies with the error, its rank
+could not join; one whose sampling failed on a rank is reported by that rank, which appends a
+filler token to its row so that its batch keeps the other ranks' layout in a step already
+queued; the engine core frees the request when the output arrives, and discards what a step in
+flight still returns for it). A rank whose step raises replies with the error, its rank
 named, and exits: the step raises `EngineDeadError` with that error. A `lifecycle.DeathWatch`
 waits on the rank processes' sentinels; when one dies it posts an error reply into the reply
 channel, so a waiting step wakes and raises (within milliseconds), as does every later call.
@@ -36,6 +40,7 @@ import socket
 import tempfile
 import time
 import weakref
+from collections import deque
 from multiprocessing.process import BaseProcess
 
 import msgspec
@@ -68,6 +73,8 @@ class MultiprocExecutor(Executor):
         self.codec = MessageCodec()
         self.bytes_broadcast = 0  # payload bytes sent to the ranks so far (all messages)
         self._dead_reason: str | None = None
+        # Replies that came before another rank's reply to an earlier step (see _receive_replies).
+        self._replies_ahead: list[deque[WorkerReply]] = [deque() for _ in range(self.world_size)]
         # mkdtemp makes the directory 0700: the ipc sockets in it are private to this user.
         self._tmp_dir = tempfile.mkdtemp(prefix="vllm_lite_")
         self._res = ProcessResources(zmq.Context(), private_dirs=[self._tmp_dir])
@@ -136,7 +143,16 @@ class MultiprocExecutor(Executor):
         self._receive_replies()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.submit_model(scheduler_output)
+        return self.take_model_output()
+
+    def submit_model(self, scheduler_output: SchedulerOutput) -> None:
+        """The ranks queue the step behind the one they run (the broadcast socket buffers it)."""
         self._broadcast(StepDiff.from_scheduler_output(scheduler_output))
+
+    def take_model_output(self) -> ModelRunnerOutput:
+        """The oldest submitted step's output: rank 0's, with the requests that failed on the
+        other ranks merged into `failed`."""
         replies = self._receive_replies()
         output = replies[0].output
         for reply in replies[1:]:
@@ -168,12 +184,23 @@ class MultiprocExecutor(Executor):
         self._steps.send_multipart(frames, copy=False)
 
     def _receive_replies(self) -> list[WorkerReply]:
-        """One reply from every rank, by rank; the first error (a rank that failed or died)
-        raises at once, without waiting for ranks that may be stuck in a collective."""
+        """One reply from every rank to the oldest message not answered yet, by rank; the first
+        error (a rank that failed or died) raises at once, without waiting for ranks that may be
+        stuck in a collective. Each rank replies in message order, but with two steps in flight
+        a rank's reply to the next step may come before another rank's reply to this one: it
+        is kept for the next call."""
         replies: list[WorkerReply | None] = [None] * self.world_size
-        for _ in range(self.world_size):
+        for rank, ahead in enumerate(self._replies_ahead):
+            if ahead:
+                replies[rank] = ahead.popleft()
+        missing = replies.count(None)
+        while missing:
             reply = self._receive_reply()
-            replies[reply.rank] = reply
+            if replies[reply.rank] is None:
+                replies[reply.rank] = reply
+                missing -= 1
+            else:
+                self._replies_ahead[reply.rank].append(reply)
         return replies  # type: ignore[return-value]
 
     def _receive_reply(self) -> WorkerReply:

@@ -1,5 +1,9 @@
 """Runs one scheduled step on a device: update the persistent batch, build inputs with array
-code, run the model, sample, and append the sampled tokens to the batch."""
+code, run the model, sample, and append the sampled tokens to the batch.
+
+The batch's own copy of the tokens is what the next step reads: with async scheduling the
+engine core schedules a row's next position before it has seen the token sampled there (a
+placeholder), and the step reads that token from the batch, where it already is."""
 
 from __future__ import annotations
 
@@ -65,6 +69,10 @@ class ModelRunner:
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
+        # Requests dropped from the batch because they failed, until the engine core's finished
+        # ids say it knows: a step it scheduled before it knew (async scheduling) still names
+        # them, and they are passed over there.
+        self.dropped_failed: set[str] = set()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf
@@ -86,8 +94,8 @@ class ModelRunner:
         num_rows = batch.num_reqs
         output = ModelRunnerOutput(list(batch.live_req_ids), np.zeros((num_rows, 1), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            inputs = self._prepare_inputs(scheduler_output)
+        inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
+        if inputs is not None:
             if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
@@ -106,14 +114,14 @@ class ModelRunner:
         metadata, failed = self._sampling_metadata_for(rows, vocab_size)
         if failed:  # those rows sample nothing; their requests fail (this rank's choice alone)
             output.failed = {**(output.failed or {}), **failed}
-            kept = np.flatnonzero([self.input_batch.req_ids[row] not in failed for row in rows.tolist()])
+            kept = self._leave_out_failed(rows, failed)
             rows = rows[kept]
-            logits = logits.index_select(0, self._to_device(kept.astype(np.int64)))
+            logits = logits.index_select(0, self._to_device(np.flatnonzero(kept)))
             if len(rows) == 0:
                 return
+        every_planned_row = not (output.failed or self.dropped_failed)
         try:
-            sampled = self.sampler(logits, metadata,
-                                   self._grammar_bitmask(sched, rows, every_planned_row=not output.failed))
+            sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, rows, every_planned_row))
         except Exception:
             if self.tp.size > 1:  # a probe would need fresh logits: a collective only this rank enters
                 raise
@@ -121,7 +129,7 @@ class ModelRunner:
             if not failed:
                 raise  # no row fails alone: the batch's failure
             output.failed = {**(output.failed or {}), **failed}
-            rows = rows[[self.input_batch.req_ids[row] not in failed for row in rows.tolist()]]
+            rows = rows[self._leave_out_failed(rows, failed)]
             if len(rows) == 0:
                 return
             sampled = self._sample_rows(hidden, inputs, rows, sched, vocab_size)
@@ -132,6 +140,16 @@ class ModelRunner:
         if sampled.logprobs is not None:
             asked = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
             output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), asked, len(output.num_sampled))
+
+    def _leave_out_failed(self, rows: np.ndarray, failed: dict[str, str]) -> np.ndarray:
+        """Which of the sampling `rows` go on (a bool mask). A failed row gets token 0 instead of
+        a sampled one: its request is failed, but a step scheduled before the engine core knew
+        (async scheduling) still runs it, and there the row must read a valid token and sample
+        as on the ranks where it did not fail (under TP, every rank samples the same rows)."""
+        req_ids = self.input_batch.req_ids
+        kept = np.array([req_ids[row] not in failed for row in rows.tolist()], dtype=bool)
+        self._append_sampled(rows[~kept], np.zeros(int((~kept).sum()), dtype=np.int32))
+        return kept
 
     def _sample_rows(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray,
                      sched: SchedulerOutput, vocab_size: int) -> SamplerOutput:
@@ -176,8 +194,12 @@ class ModelRunner:
         """Returns the requests that could not be taken into (or kept up to date in) the batch,
         on any rank: they are left out of this step on every rank."""
         batch = self.input_batch
+        # Removal order does not matter: a new request takes the lowest free row (InputBatch), so
+        # every tensor-parallel rank lays its batch out alike whatever its set order (hash seed).
         for req_id in sched.finished_req_ids:
             self._drop_request(req_id)
+        if self.dropped_failed:
+            self.dropped_failed.difference_update(sched.finished_req_ids)
         for req_id in sched.preempted_req_ids:
             # Its generator stays: the request resumes its random stream where it stopped.
             batch.remove_request(req_id)
@@ -192,6 +214,7 @@ class ModelRunner:
         failed = self._agree_on_failures(self._rank_named(failed), bool(new_reqs))
         for req_id in failed or ():
             self._drop_request(req_id)
+            self.dropped_failed.add(req_id)
         batch.condense()
         return failed
 
@@ -222,6 +245,8 @@ class ModelRunner:
                 block_table.append_row(row, new_block_ids)
                 num_computed_tokens[row] = num_computed
             except Exception as exc:  # this request's alone
+                if req_id in self.dropped_failed and req_id not in index:
+                    continue  # it failed in an earlier step; async scheduling ran ahead of the news
                 logger.exception("request %r failed %s", req_id, self._where("while updating its row"))
                 failed = failed or {}
                 failed[req_id] = describe_error(exc)
@@ -253,15 +278,18 @@ class ModelRunner:
             self.min_tokens_stop_ids[new.req_id] = tuple(set(new.eos_token_ids) | set(params.stop_token_ids or ()))
 
     # ---- inputs ----
-    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs:
+    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
+        """None when no scheduled request is in the batch (every one failed)."""
         batch = self.input_batch
         index = batch.req_id_to_index
         num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
         for req_id, n in sched.num_scheduled_tokens.items():
-            row = index.get(req_id)  # None: a request that failed to join the batch this step
+            row = index.get(req_id)  # None: it failed to join the batch (this step or, async, the last)
             if row is not None:
                 num_scheduled[row] = n
         rows = np.flatnonzero(num_scheduled)
+        if len(rows) == 0:
+            return None
         query_lens = num_scheduled[rows]
         cu_lens = np.cumsum(query_lens, dtype=np.int32)
         total = int(cu_lens[-1])

@@ -1,0 +1,85 @@
+"""The scheduler's token store: running requests' tokens in one array, stop conditions as array
+operations over the batch, and Python only for the rows that need it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.core.request import Request
+from vllm_lite.core.scheduler import Scheduler
+from vllm_lite.core.token_store import TokenStore
+from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.wire import FinishReason
+
+EOS = 7
+
+
+def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) -> Request:
+    start = 100 + 1000 * sum(map(ord, request_id))
+    return Request(request_id, np.arange(start, start + num_prompt, dtype=np.int32), SamplingParams(**params),
+                   (EOS,), max_tokens)
+
+
+def test_a_request_s_tokens_move_into_its_slot_and_back() -> None:
+    store = TokenStore(num_slots=2, max_model_len=32)
+    request = make_request("a", 5, max_tokens=8, stop_token_ids=[9])
+    prompt = request.all_token_ids.copy()
+    store.assign(request, length_limit=13, each_step=False)
+    assert request.slot == 0 and np.shares_memory(request.token_ids, store.token_ids)
+    assert sorted(store.stop_ids.tolist()) == [EOS, 9]
+    request.append_token(3)
+    store.append(np.array([0]), np.array([4], dtype=np.int32))
+    assert request.num_tokens == 7 and request.all_token_ids.tolist() == prompt.tolist() + [3, 4]
+    store.release(request)
+    assert request.store is None and not np.shares_memory(request.token_ids, store.token_ids)
+    assert request.all_token_ids.tolist() == prompt.tolist() + [3, 4] and len(store.stop_ids) == 0
+    request.append_token(5)  # its own buffer grows
+    assert request.all_token_ids.tolist()[-3:] == [3, 4, 5]
+
+
+def test_append_points_at_the_rows_python_must_see() -> None:
+    store = TokenStore(num_slots=5, max_model_len=64)
+    requests = [make_request("first", 4, 10), make_request("long", 4, 2), make_request("eos", 4, 10),
+                make_request("early", 4, 10, min_tokens=5), make_request("plain", 4, 10)]
+    for request in requests:
+        store.assign(request, length_limit=request.length_limit, each_step=False)
+    store.append(np.arange(1, 5), np.array([1, 1, 1, 1], dtype=np.int32))  # everyone's first token but "first"'s
+    slots = np.arange(5)
+    attention = store.append(slots, np.array([1, 1, EOS, EOS, 2], dtype=np.int32))
+    # "first": its first token; "long": max_tokens; "eos": EOS. Not "early" (EOS before min_tokens), not "plain".
+    assert attention.tolist() == [0, 1, 2]
+
+
+def test_python_looks_only_at_rows_that_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler = Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(4, 64, None, True), 64)
+    for i in range(6):
+        scheduler.add_request(make_request(f"r{i}", 5, max_tokens=4 if i == 1 else 10))
+    checked: list[str] = []
+    check_stop = Request.check_stop
+
+    def counting(self, token_id, max_model_len):
+        checked.append(self.request_id)
+        return check_stop(self, token_id, max_model_len)
+
+    monkeypatch.setattr(Request, "check_stop", counting)
+
+    def step(tokens: dict[str, int]):
+        out = scheduler.schedule()
+        ids = list(out.num_scheduled_tokens)
+        sampled = np.array([[tokens.get(r, 1)] for r in ids], dtype=np.int32)
+        return scheduler.update_from_output(out, ids, sampled, np.ones(len(ids), dtype=np.int32))
+
+    step({})
+    assert sorted(checked) == [f"r{i}" for i in range(6)]  # first tokens
+    checked.clear()
+    outputs = step({"r2": EOS})
+    assert checked == ["r2"] and [(f.request_id, f.finish_reason) for f in outputs.finished] == [("r2", FinishReason.STOP)]
+    assert len(outputs.req_ids) == 6 and "r2" not in scheduler.requests
+    checked.clear()
+    step({})
+    step({})
+    assert checked == ["r1"] and "r1" not in scheduler.requests  # its max_tokens (4) reached
+    assert [r.request_id for r in scheduler.running] == ["r0", "r3", "r4", "r5"]
+    assert scheduler.requests["r0"].all_token_ids[5:].tolist() == [1, 1, 1, 1]

@@ -1,0 +1,106 @@
+"""TokenStore: the tokens and stop limits of the scheduler's running requests, one row (slot)
+each in preallocated numpy arrays, so that `Scheduler.update_from_output` appends a step's
+sampled tokens and evaluates the stop conditions with array operations over the batch, and
+Python touches only the requests whose state changed (finished, first token, a grammar).
+
+| array | per slot |
+|---|---|
+| `token_ids[slot, :num_tokens[slot]]` | the request's prompt then output tokens (`Request.token_ids` is a view of the row while it holds the slot) |
+| `num_tokens` | its known tokens (placeholders of async scheduling not counted) |
+| `num_prompt_tokens` | its prompt length (a first output token is reported with cache and timing data) |
+| `length_limit` | `min(num_prompt_tokens + max_tokens, max_model_len)`: reaching it stops the request |
+| `min_stop_len` | `num_prompt_tokens + min_tokens`: an EOS or stop id counts from this length on |
+| `each_step` | Python must see every token (a grammar to advance) |
+
+A request holds a slot from admission until it is preempted or freed, so at most
+`max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
+own. The EOS and stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's
+tokens finds the rows that may stop on one, and Python decides those exactly
+(`Request.check_stop`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_lite.core.request import Request
+
+
+class TokenStore:
+    def __init__(self, num_slots: int, max_model_len: int) -> None:
+        self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
+        self.num_tokens = np.zeros(num_slots, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(num_slots, dtype=np.int64)
+        self.length_limit = np.zeros(num_slots, dtype=np.int64)
+        self.min_stop_len = np.zeros(num_slots, dtype=np.int64)
+        self.each_step = np.zeros(num_slots, dtype=bool)
+        self.requests: list[Request | None] = [None] * num_slots
+        self.slot_of: dict[str, int] = {}
+        self._free_slots = list(range(num_slots - 1, -1, -1))  # lowest slot first
+        # Bumped whenever a slot changes hands: a map from a step's rows to slots is then rebuilt.
+        self.version = 0
+        self._stop_id_refs: dict[int, int] = {}  # EOS / stop id -> slots that stop on it
+        self._stop_ids: np.ndarray | None = np.zeros(0, dtype=np.int32)  # None: to rebuild
+
+    @property
+    def stop_ids(self) -> np.ndarray:
+        if self._stop_ids is None:
+            self._stop_ids = np.fromiter(self._stop_id_refs, dtype=np.int32, count=len(self._stop_id_refs))
+        return self._stop_ids
+
+    def assign(self, request: Request, length_limit: int, each_step: bool) -> None:
+        """Give `request` a slot: its tokens move into the store."""
+        slot = self._free_slots.pop()
+        n = request.num_tokens
+        self.token_ids[slot, :n] = request.token_ids[:n]
+        self.num_tokens[slot] = n
+        self.num_prompt_tokens[slot] = request.num_prompt_tokens
+        self.length_limit[slot] = length_limit
+        self.min_stop_len[slot] = request.num_prompt_tokens + request.min_tokens
+        self.each_step[slot] = each_step
+        self.requests[slot] = request
+        self.slot_of[request.request_id] = slot
+        self.version += 1
+        for token_id in request.eos_token_ids | request.stop_token_ids:
+            refs = self._stop_id_refs.get(token_id, 0)
+            self._stop_id_refs[token_id] = refs + 1
+            if not refs:
+                self._stop_ids = None
+        request.hold_slot(self, slot, self.token_ids[slot])
+
+    def release(self, request: Request) -> None:
+        """Take `request`'s slot back; its tokens go back into a buffer of its own."""
+        slot = request.slot
+        n = int(self.num_tokens[slot])
+        request.leave_slot(self.token_ids[slot, :n].copy(), n)
+        self.requests[slot] = None
+        del self.slot_of[request.request_id]
+        self._free_slots.append(slot)
+        self.version += 1
+        for token_id in request.eos_token_ids | request.stop_token_ids:
+            refs = self._stop_id_refs[token_id] - 1
+            if refs:
+                self._stop_id_refs[token_id] = refs
+            else:
+                del self._stop_id_refs[token_id]
+                self._stop_ids = None
+
+    def append(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Append one token to each of `slots` (distinct). Returns the positions (into `slots`)
+        that Python must look at: the length limit reached, an EOS / stop id past min_tokens,
+        a first output token, or a grammar."""
+        num_tokens = self.num_tokens[slots]
+        self.token_ids[slots, num_tokens] = tokens
+        num_tokens += 1
+        self.num_tokens[slots] = num_tokens
+        attention = ((num_tokens >= self.length_limit[slots]) | self.each_step[slots]
+                     | (num_tokens == self.num_prompt_tokens[slots] + 1))
+        stop_ids = self.stop_ids
+        if len(stop_ids):
+            attention |= np.isin(tokens, stop_ids) & (num_tokens >= self.min_stop_len[slots])
+        return np.flatnonzero(attention)
+
+    def append_one(self, slot: int, token_id: int) -> None:
+        n = int(self.num_tokens[slot])
+        self.token_ids[slot, n] = token_id
+        self.num_tokens[slot] = n + 1
