@@ -12,7 +12,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
-CSRC_SOURCES = ["csrc/cpu_ops.cpp", "csrc/sampler_ops.cpp", "csrc/grammar_ops.cpp", "csrc/gguf_ops.cpp"]
+CSRC_SOURCES = ["csrc/cpu_ops.cpp", "csrc/sampler_ops.cpp", "csrc/grammar_ops.cpp", "csrc/gguf_ops.cpp",
+                "csrc/layer_ops.cpp"]
 
 
 def read_requirements(name: str) -> list[str]:

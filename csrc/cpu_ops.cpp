@@ -325,33 +325,6 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
 // ---- bf16 KV cache (bf16 query and output): rows widened to fp32 as they are read, fp32 scores,
 // softmax and accumulation; the output rounded to bf16 once (round to nearest even). ----
 
-typedef uint16_t vbf16 __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t vu32 __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-
-VLLM_LITE_INLINE vfloat load_bf16(const uint16_t* p) {
-  vbf16 h;
-  std::memcpy(&h, p, sizeof h);
-  const vu32 wide = __builtin_convertvector(h, vu32) << 16;
-  vfloat f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
-}
-
-VLLM_LITE_INLINE float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-VLLM_LITE_INLINE uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 // Scores of one query head (fp32, scaled) against up to 16 bf16 token rows of one KV head.
 template <int C, bool kFull>
 VLLM_LITE_INLINE void score_tile_bf16(float* logits, const vfloat* q, const uint16_t* rows,

@@ -1,5 +1,6 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
-attention ops; for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
+attention ops; the fused decoder-layer ops (RMSNorm with the residual add, rotary embedding,
+SiLU-and-mul); for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
 bitmask; and the GGUF block matmul and dequantization.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
@@ -23,6 +24,39 @@ def is_available() -> bool:
         logger.debug("vllm_lite._C not loaded (%s); using the torch attention path", exc)
         return False
     return True
+
+
+LAYER_OP_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def takes_layer_ops(x: torch.Tensor) -> bool:
+    """Whether the fused layer ops below run on `x`: a float32/bfloat16 CPU tensor with the
+    extension loaded (else the layers keep their torch code)."""
+    return x.device.type == "cpu" and x.dtype in LAYER_OP_DTYPES and is_available()
+
+
+def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """`out = x * rsqrt(mean(x**2, -1) + eps) * weight`; x, out and weight of one dtype, x
+    contiguous (or 2-D with contiguous rows), out contiguous. fp32 arithmetic, one rounding."""
+    torch.ops.vllm_lite_C.rms_norm(out, x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: `residual += x` (rounded to the dtype), then `x = rms_norm(residual)`."""
+    torch.ops.vllm_lite_C.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                     cos_sin_cache: torch.Tensor) -> None:
+    """Neox-style rotary in place on query `[T, Hq, D]` and key `[T, Hkv, D]` (contiguous last
+    dimension; views into a fused qkv output are fine) at int64 `positions [T]`;
+    `cos_sin_cache [max_position, D]` (the query's dtype) holds cos then sin of each pair."""
+    torch.ops.vllm_lite_C.rotary_embedding(positions, query, key, cos_sin_cache)
+
+
+def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
+    """`out [rows, d] = silu(x[:, :d]) * x[:, d:]` for 2-D x with contiguous rows."""
+    torch.ops.vllm_lite_C.silu_and_mul(out, x)
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

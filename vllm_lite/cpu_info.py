@@ -42,6 +42,12 @@ def has_native_int8() -> bool:
 # instead of spinning (GOMP's default spins ~300k iterations first); with another process busy
 # on the same cores, spinning threads steal the time the working thread needs. No pinning here:
 # OMP_PROC_BIND / GOMP_CPU_AFFINITY pin threads when the user sets them.
+# Measured (benchmarks/RESULTS.md, issue 15): on a quiet machine PASSIVE cost the unfused fp32
+# model ~40% against spinning (60 s vs 42 s), while with one busy process beside it spinning
+# collapsed (141 s vs 78 s). The fused layer ops leave no OpenMP region at decode sizes outside the
+# matmuls and attention, which shrinks what PASSIVE costs; a bounded spin did not beat it under
+# load (GOMP_SPINCOUNT=2000: 75 s vs 73 s; 10,000: 246 s at load 18), so PASSIVE stays the one
+# default. GOMP_SPINCOUNT (iterations of ~0.1-0.2 us here) overrides it for a dedicated machine.
 OPENMP_CHILD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

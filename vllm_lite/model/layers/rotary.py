@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_lite import _custom_ops as ops
+
 
 def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -69,13 +71,26 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos() * mscale, persistent=False)
         self.register_buffer("sin_cache", emb.sin() * mscale, persistent=False)
+        # vLLM's layout for the csrc op: cos of each rotated pair, then sin ([max_position, D]);
+        # like the caches above it takes the model's dtype when the model is cast.
+        half = head_dim // 2
+        self.register_buffer("cos_sin_cache", torch.cat((self.cos_cache[:, :half], self.sin_cache[:, :half]), -1),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """query [T, Hq, D], key [T, Hkv, D]."""
+        """query [T, Hq, D], key [T, Hkv, D]; on CPU rotated in place by the csrc op (fp32
+        arithmetic, one rounding), else new tensors from torch ops."""
+        if self._native(positions, query, key):
+            ops.rotary_embedding(positions, query, key, self.cos_sin_cache)
+            return query, key
         cos = self.cos_cache[positions].unsqueeze(1).to(query.dtype)
         sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
         return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+
+    def _native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
+        return (ops.takes_layer_ops(query) and key.dtype == query.dtype == self.cos_sin_cache.dtype
+                and positions.dtype == torch.int64 and query.stride(-1) == 1 and key.stride(-1) == 1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,323 @@
+// Fused elementwise ops of a decoder layer (vLLM's CPU op names and argument order), float32 or
+// bfloat16 storage with fp32 arithmetic inside, each result rounded once:
+//
+//   rms_norm(out, x, weight, eps)                 out = x * rsqrt(mean(x^2) + eps) * weight
+//   fused_add_rms_norm(x, residual, weight, eps)  residual += x; x = rms_norm(residual) (in place)
+//   rotary_embedding(positions, query, key, cos_sin_cache)
+//       neox-style rotary in place on query [T, Hq, D] and key [T, Hkv, D] (strided rows allowed:
+//       views into the fused qkv output); cos_sin_cache [max_position, D] holds cos in its first
+//       half and sin in its second (one value per rotated pair).
+//   silu_and_mul(out, x)                          out = silu(x[:, :d]) * x[:, d:]
+//
+// Why fused: with torch ops each of these is 5-14 kernels, each its own pass over memory, Python
+// dispatch, and (above torch's grain size) its own OpenMP parallel region, whose sleeping threads
+// must be woken under OMP_WAIT_POLICY=PASSIVE. Here each op is one pass and at most ONE parallel
+// region, and none for decode-sized inputs (kParallelElements), where waking a thread costs
+// more than the work.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cpu_multiversion.h"
+#include "cpu_vec.h"
+
+namespace {
+
+using namespace vllm_lite_cpu;  // NOLINT: the vector helpers of cpu_vec.h
+
+// Below this many elements an op runs on the calling thread: ~10-20 us of work, about what
+// waking a sleeping OpenMP thread costs.
+constexpr int64_t kParallelElements = 1 << 16;
+
+int threads_for(int64_t elements) {
+  return elements >= kParallelElements ? at::get_num_threads() : 1;
+}
+
+// ---- RMSNorm ----
+
+// Sum of squares of one row of n elements.
+template <typename T>
+VLLM_LITE_INLINE float sum_squares(const T* x, int64_t n) {
+  vfloat acc = {};
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) {
+    const vfloat v = load_any(x + d);
+    acc += v * v;
+  }
+  float sum = hsum(acc);
+  for (; d < n; ++d) sum += to_float(x[d]) * to_float(x[d]);
+  return sum;
+}
+
+// out = (x * inv_rms) * weight, the order of transformers' LlamaRMSNorm.
+template <typename T>
+VLLM_LITE_INLINE void scale_row(T* out, const T* x, const T* weight, float inv_rms, int64_t n) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) store_any(out + d, load_any(x + d) * inv_rms * load_any(weight + d));
+  for (; d < n; ++d) store_one(out + d, to_float(x[d]) * inv_rms * to_float(weight[d]));
+}
+
+VLLM_LITE_INLINE float inv_rms(float sum_sq, int64_t n, float eps) {
+  return 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+}
+
+template <typename T>
+VLLM_LITE_INLINE void rms_norm_row(T* out, const T* x, const T* weight, int64_t n, float eps) {
+  scale_row(out, x, weight, inv_rms(sum_squares(x, n), n, eps), n);
+}
+
+// residual = x + residual (rounded to T: the stored sum is what is normalized, as when torch adds
+// first), then x = rms_norm(residual).
+template <typename T>
+VLLM_LITE_INLINE void add_rms_norm_row(T* x, T* residual, const T* weight, int64_t n, float eps) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) store_any(residual + d, load_any(x + d) + load_any(residual + d));
+  for (; d < n; ++d) store_one(residual + d, to_float(x[d]) + to_float(residual[d]));
+  scale_row(x, residual, weight, inv_rms(sum_squares(residual, n), n, eps), n);
+}
+
+// Multiversioned per row range (not around the parallel loop: OpenMP outlines the loop body into a
+// function that target_clones would not reach).
+#define VLLM_LITE_NORM_RANGES(T, SUFFIX)                                                         \
+  VLLM_LITE_MULTIVERSION                                                                         \
+  void rms_norm_range_##SUFFIX(T* out, const T* x, const T* weight, int64_t n, int64_t x_stride, \
+                               float eps, int64_t begin, int64_t end) {                          \
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(out + r * n, x + r * x_stride, weight, n, eps); \
+  }                                                                                              \
+  VLLM_LITE_MULTIVERSION                                                                         \
+  void add_rms_norm_range_##SUFFIX(T* x, T* residual, const T* weight, int64_t n, float eps,      \
+                                   int64_t begin, int64_t end) {                                 \
+    for (int64_t r = begin; r < end; ++r) add_rms_norm_row(x + r * n, residual + r * n, weight, n, eps); \
+  }
+VLLM_LITE_NORM_RANGES(float, f32)
+VLLM_LITE_NORM_RANGES(uint16_t, bf16)
+#undef VLLM_LITE_NORM_RANGES
+
+// body(begin, end) over [0, rows): on the calling thread when threads == 1, else in one parallel
+// region handing out chunks of kChunkRows dynamically (a thread that starts late, e.g. behind
+// another process, takes fewer chunks instead of holding up the rest).
+constexpr int64_t kChunkRows = 16;
+
+template <typename Body>
+void for_row_chunks(int64_t rows, int threads, const Body& body) {
+  if (threads <= 1 || rows <= kChunkRows) return body(0, rows);
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t c = 0; c < chunks; ++c) body(c * kChunkRows, std::min(rows, (c + 1) * kChunkRows));
+}
+
+void check_float_cpu(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, op, ": ", name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op, ": ", what, " must have the same dtype (",
+              a.scalar_type(), " vs ", b.scalar_type(), ")");
+}
+
+// Rows of the last dimension: contiguous, or a 2-D tensor with contiguous rows.
+void check_rows(const at::Tensor& t, int64_t n, const char* op, const char* name) {
+  TORCH_CHECK(t.dim() >= 1 && t.size(-1) == n, op, ": ", name, " must end in a dimension of ", n);
+  TORCH_CHECK(t.is_contiguous() || (t.dim() == 2 && t.stride(1) == 1), op, ": ", name,
+              " must be contiguous (or 2-D with contiguous rows)");
+}
+
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  check_float_cpu(x, op, "x");
+  check_same_dtype(x, out, op, "x and out");
+  check_same_dtype(x, weight, op, "x and weight");
+  TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous(), op, ": weight must be contiguous 1-D");
+  const int64_t n = weight.size(0);
+  check_rows(x, n, op, "x");
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes(), op, ": out must be contiguous and shaped like x");
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const int64_t x_stride = x.dim() == 2 ? x.stride(0) : n;
+  const int threads = threads_for(x.numel());
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat) {
+    float* o = out.data_ptr<float>();
+    const float *in = x.data_ptr<float>(), *w = weight.data_ptr<float>();
+    return for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { rms_norm_range_f32(o, in, w, n, x_stride, e, b, end); });
+  }
+  uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
+  const uint16_t *in = static_cast<const uint16_t*>(x.data_ptr()), *w = static_cast<const uint16_t*>(weight.data_ptr());
+  for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { rms_norm_range_bf16(o, in, w, n, x_stride, e, b, end); });
+}
+
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  const char* op = "fused_add_rms_norm";
+  check_float_cpu(x, op, "x");
+  check_same_dtype(x, residual, op, "x and residual");
+  check_same_dtype(x, weight, op, "x and weight");
+  TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous(), op, ": weight must be contiguous 1-D");
+  const int64_t n = weight.size(0);
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && x.sizes() == residual.sizes() &&
+                  x.dim() >= 1 && x.size(-1) == n,
+              op, ": x and residual must be contiguous, alike, and end in a dimension of ", n);
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const int threads = threads_for(x.numel());
+  const float e = static_cast<float>(eps);
+  if (x.scalar_type() == at::kFloat) {
+    float *in = x.data_ptr<float>(), *res = residual.data_ptr<float>();
+    const float* w = weight.data_ptr<float>();
+    return for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { add_rms_norm_range_f32(in, res, w, n, e, b, end); });
+  }
+  uint16_t *in = static_cast<uint16_t*>(x.data_ptr()), *res = static_cast<uint16_t*>(residual.data_ptr());
+  const uint16_t* w = static_cast<const uint16_t*>(weight.data_ptr());
+  for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { add_rms_norm_range_bf16(in, res, w, n, e, b, end); });
+}
+
+// ---- Rotary embedding (neox style: pairs (i, i + D/2)) ----
+
+// One head in place: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (transformers' rotate_half form).
+template <typename T, typename C>
+VLLM_LITE_INLINE void rotate_head(T* x, const C* cos, const C* sin, int64_t half) {
+  T* x2 = x + half;
+  int64_t i = 0;
+  for (; i + kLanes <= half; i += kLanes) {
+    const vfloat a = load_any(x + i), b = load_any(x2 + i), c = load_any(cos + i), s = load_any(sin + i);
+    store_any(x + i, a * c - b * s);
+    store_any(x2 + i, b * c + a * s);
+  }
+  for (; i < half; ++i) {
+    const float a = to_float(x[i]), b = to_float(x2[i]), c = to_float(cos[i]), s = to_float(sin[i]);
+    store_one(x + i, a * c - b * s);
+    store_one(x2 + i, b * c + a * s);
+  }
+}
+
+struct HeadsView {
+  int64_t num_heads, stride_token, stride_head;
+};
+
+template <typename T>
+VLLM_LITE_INLINE void rotary_tokens(const int64_t* positions, T* query, HeadsView q, T* key, HeadsView k,
+                                    const T* cos_sin, int64_t head_dim, int64_t begin, int64_t end) {
+  const int64_t half = head_dim / 2;
+  for (int64_t t = begin; t < end; ++t) {
+    const T* cos = cos_sin + positions[t] * head_dim;
+    const T* sin = cos + half;
+    for (int64_t h = 0; h < q.num_heads; ++h) rotate_head(query + t * q.stride_token + h * q.stride_head, cos, sin, half);
+    for (int64_t h = 0; h < k.num_heads; ++h) rotate_head(key + t * k.stride_token + h * k.stride_head, cos, sin, half);
+  }
+}
+
+#define VLLM_LITE_ROTARY_RANGE(T, SUFFIX)                                                        \
+  VLLM_LITE_MULTIVERSION                                                                         \
+  void rotary_range_##SUFFIX(const int64_t* positions, T* query, HeadsView q, T* key, HeadsView k, \
+                             const T* cos_sin, int64_t head_dim, int64_t begin, int64_t end) {   \
+    rotary_tokens(positions, query, q, key, k, cos_sin, head_dim, begin, end);                   \
+  }
+VLLM_LITE_ROTARY_RANGE(float, f32)
+VLLM_LITE_ROTARY_RANGE(uint16_t, bf16)
+#undef VLLM_LITE_ROTARY_RANGE
+
+HeadsView heads_view(const at::Tensor& t, int64_t num_tokens, int64_t head_dim, const char* name) {
+  TORCH_CHECK(t.dim() == 3 && t.size(0) == num_tokens && t.size(2) == head_dim && t.stride(2) == 1,
+              "rotary_embedding: ", name, " must be [num_tokens=", num_tokens, ", heads, head_dim=", head_dim,
+              "] with a contiguous last dimension");
+  return HeadsView{t.size(1), t.stride(0), t.stride(1)};
+}
+
+void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor& key,
+                      const at::Tensor& cos_sin_cache) {
+  const char* op = "rotary_embedding";
+  check_float_cpu(query, op, "query");
+  check_same_dtype(query, key, op, "query and key");
+  check_same_dtype(query, cos_sin_cache, op, "query and cos_sin_cache");
+  TORCH_CHECK(positions.device().is_cpu() && positions.scalar_type() == at::kLong && positions.dim() == 1 &&
+                  positions.is_contiguous(),
+              op, ": positions must be contiguous int64 [num_tokens] on the CPU");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() && cos_sin_cache.size(1) % 2 == 0,
+              op, ": cos_sin_cache must be contiguous [max_position, head_dim] (head_dim even)");
+  const int64_t num_tokens = positions.size(0), head_dim = cos_sin_cache.size(1);
+  const HeadsView q = heads_view(query, num_tokens, head_dim, "query");
+  const HeadsView k = heads_view(key, num_tokens, head_dim, "key");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t max_position = cos_sin_cache.size(0);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_position, op, ": positions[", t, "]=", pos[t],
+                " is outside the cache's [0, ", max_position, ")");
+  const int threads = threads_for(num_tokens * (q.num_heads + k.num_heads) * head_dim);
+  if (query.scalar_type() == at::kFloat) {
+    float *qd = query.data_ptr<float>(), *kd = key.data_ptr<float>();
+    const float* cs = cos_sin_cache.data_ptr<float>();
+    return for_row_chunks(num_tokens, threads,
+                          [&](int64_t b, int64_t end) { rotary_range_f32(pos, qd, q, kd, k, cs, head_dim, b, end); });
+  }
+  uint16_t *qd = static_cast<uint16_t*>(query.data_ptr()), *kd = static_cast<uint16_t*>(key.data_ptr());
+  const uint16_t* cs = static_cast<const uint16_t*>(cos_sin_cache.data_ptr());
+  for_row_chunks(num_tokens, threads,
+                 [&](int64_t b, int64_t end) { rotary_range_bf16(pos, qd, q, kd, k, cs, head_dim, b, end); });
+}
+
+// ---- SiLU and multiply ----
+
+// out[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
+template <typename T>
+VLLM_LITE_INLINE void silu_and_mul_row(T* out, const T* gate, const T* up, int64_t d) {
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) {
+    const vfloat g = load_any(gate + i);
+    store_any(out + i, g / (1.f + exp_clamped(-g)) * load_any(up + i));
+  }
+  for (; i < d; ++i) {
+    const float g = to_float(gate[i]);
+    store_one(out + i, g / (1.f + std::exp(-g)) * to_float(up[i]));
+  }
+}
+
+#define VLLM_LITE_SILU_RANGE(T, SUFFIX)                                                          \
+  VLLM_LITE_MULTIVERSION                                                                          \
+  void silu_and_mul_range_##SUFFIX(T* out, const T* x, int64_t d, int64_t x_stride, int64_t begin, \
+                                   int64_t end) {                                                 \
+    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(out + r * d, x + r * x_stride, x + r * x_stride + d, d); \
+  }
+VLLM_LITE_SILU_RANGE(float, f32)
+VLLM_LITE_SILU_RANGE(uint16_t, bf16)
+#undef VLLM_LITE_SILU_RANGE
+
+void silu_and_mul(at::Tensor& out, const at::Tensor& x) {
+  const char* op = "silu_and_mul";
+  check_float_cpu(x, op, "x");
+  check_same_dtype(x, out, op, "x and out");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0, op,
+              ": x must be 2-D [rows, 2 * d] with contiguous rows");
+  const int64_t rows = x.size(0), d = x.size(1) / 2;
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == rows && out.size(1) == d, op,
+              ": out must be contiguous [rows, d]");
+  const int threads = threads_for(x.numel());
+  const int64_t stride = x.stride(0);
+  if (x.scalar_type() == at::kFloat) {
+    float* o = out.data_ptr<float>();
+    const float* in = x.data_ptr<float>();
+    return for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { silu_and_mul_range_f32(o, in, d, stride, b, end); });
+  }
+  uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
+  const uint16_t* in = static_cast<const uint16_t*>(x.data_ptr());
+  for_row_chunks(rows, threads, [&](int64_t b, int64_t end) { silu_and_mul_range_bf16(o, in, d, stride, b, end); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(vllm_lite_C, m) {
+  m.def("rms_norm(Tensor(a!) out, Tensor x, Tensor weight, float eps) -> ()");
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  m.def("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!) key, Tensor cos_sin_cache) -> ()");
+  m.def("silu_and_mul(Tensor(a!) out, Tensor x) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("rotary_embedding", &rotary_embedding);
+  m.impl("silu_and_mul", &silu_and_mul);
+}
