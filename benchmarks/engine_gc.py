@@ -56,7 +56,7 @@ class GCReport:
     gen0: int
     gen1: int
     gen2: int
-    allocs_per_step: float
+    allocs_per_step: float  # net: gen-0's count also falls as tracked objects are freed
     steps_per_s: float
 
 

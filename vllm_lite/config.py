@@ -212,6 +212,9 @@ class ModelConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     quantization: str | None = None  # one of QUANTIZATION_METHODS: linear layers quantized at load
     gguf_file: str | None = None  # the .gguf file `model` was converted from, if any
+    # vLLM's skip_tokenizer_init: no tokenizer anywhere; prompts are token ids, outputs token ids
+    # (text ""), and what needs text (stop strings, grammars, chat templates) is refused.
+    skip_tokenizer_init: bool = False
 
     @property
     def dtype_size(self) -> int:
@@ -336,6 +339,7 @@ class EngineArgs:
     revision: str | None = None  # hub branch, tag or commit when `model` is a hub id
     download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
     quantization: str | None = None  # one of QUANTIZATION_METHODS
+    skip_tokenizer_init: bool = False  # token ids in, token ids out: no tokenizer is loaded
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -395,6 +399,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager,
             quantization=quantization,
             gguf_file=str(gguf_file) if gguf_file is not None else None,
+            skip_tokenizer_init=self.skip_tokenizer_init,
         )
 
     def _cache_config(self, hf: HFModelConfig) -> CacheConfig:

@@ -4,6 +4,7 @@ come from inside the engine-core process and the table prints."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -27,7 +28,9 @@ def test_gc_measurement_runs(engine_gc, tmp_path: Path, capsys: pytest.CaptureFi
     report = engine_gc.measure(model, num_requests=4, num_steps=5)
     assert report.num_requests == 4 and report.steps >= 5
     assert min(report.gen0, report.gen1, report.gen2) >= 0 and report.steps_per_s > 0
-    assert report.allocs_per_step >= 0
+    # net tracked allocations: gc's gen-0 count also goes down as tracked objects are freed, so a
+    # window in which requests finish can come out below zero
+    assert math.isfinite(report.allocs_per_step)
     engine_gc.print_table([report])
     assert "gc allocs/step" in capsys.readouterr().out
 

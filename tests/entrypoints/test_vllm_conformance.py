@@ -290,3 +290,27 @@ def test_off_by_default_usage_details_and_request_id(server: LiveServer) -> None
     reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, {"X-Request-Id": "mine"})
     assert reply.json()["usage"].get("prompt_tokens_details") is None
     assert "x-request-id" not in reply.headers
+
+
+def test_cache_config_info_carries_vllms_capacity_labels(server: LiveServer) -> None:
+    """vLLM's test_metrics_exist reads kv_cache_size_tokens and kv_cache_max_concurrency from
+    these labels: the pool in tokens, and how many max_model_len requests it holds at once."""
+    text = httpx.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
+    line = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    labels = dict(pair.split("=", 1) for pair in line[line.index("{") + 1:line.rindex("}")].split(","))
+    labels = {key: value.strip('"') for key, value in labels.items()}
+    blocks, block_size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    assert blocks > 0
+    assert int(labels["kv_cache_size_tokens"]) == blocks * block_size
+    assert float(labels["kv_cache_max_concurrency"]) == pytest.approx(blocks / -(-128 // block_size), abs=0.01)
+
+
+@pytest.mark.parametrize("prompt", [None, ""])
+def test_empty_prompt_gets_vllms_message(client: openai.OpenAI, prompt: str | None) -> None:
+    with pytest.raises(openai.BadRequestError, match="Either prompt or prompt_embeds must be provided and non-empty"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, extra_body={"prompt_embeds": []})
+
+
+def test_prompt_embeds_are_refused_by_name(server: LiveServer) -> None:
+    reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_embeds": "AAAA"})
+    assert "not supported" in _error(reply, "prompt_embeds")

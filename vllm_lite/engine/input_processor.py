@@ -20,20 +20,25 @@ class InputProcessor:
         self.model_config = model_config
         self.tokenizer = tokenizer
         eos = list(model_config.hf.eos_token_ids)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-            eos.append(tokenizer.eos_token_id)
+        tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
+        if tokenizer_eos is not None and tokenizer_eos not in eos:
+            eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            if "prompt" in prompt:
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
+        if isinstance(text, str):
+            return text, self.encode(text)
         raise TypeError("prompt must be a string, {'prompt': str} or {'prompt_token_ids': [...]}, "
                         f"got {type(prompt).__name__}")
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("You cannot pass text prompts when `skip_tokenizer_init=True`: "
+                             "give {'prompt_token_ids': [...]}")
+        return self.tokenizer.encode(text)
 
     @staticmethod
     def cache_salt(prompt: PromptType) -> str | None:

@@ -90,7 +90,9 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
 
 def load_tokenizer_while_launching(vllm_config: VllmConfig, launch: EngineLaunch | None) -> Any:
     """The client's tokenizer, loaded while a spawned engine core (if any) loads its model; if
-    loading fails, the launch is stopped rather than left running."""
+    loading fails, the launch is stopped rather than left running. None with skip_tokenizer_init."""
+    if vllm_config.model_config.skip_tokenizer_init:
+        return None
     try:
         return load_tokenizer(vllm_config.model_config.tokenizer)
     except BaseException:

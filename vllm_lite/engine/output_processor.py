@@ -204,13 +204,16 @@ class OutputProcessor:
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         detokenizer = output_text = None
-        if params.detokenize:
+        # Without a tokenizer (skip_tokenizer_init) the text is "", as vLLM's, and stop strings
+        # were refused by the input checks.
+        detokenize = params.detokenize and self.tokenizer is not None
+        if detokenize:
             detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
             output_text = OutputText(params.stop, params.include_stop_str_in_output,
                                      delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
-            decode = self._decode_token if params.detokenize else _no_text
+            decode = self._decode_token if detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
         every_token = (params.output_kind != RequestOutputKind.FINAL_ONLY or bool(params.stop)
                        or params.logprobs is not None)

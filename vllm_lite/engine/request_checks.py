@@ -74,6 +74,19 @@ def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> 
     if params.stop is not None and len(params.stop) > MAX_STOP_STRINGS:
         raise ValueError(f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(params.stop)}")
     params.check_engine_limits(vocab, model_config.max_logprobs)
+    if model_config.skip_tokenizer_init:
+        _check_without_tokenizer(params)
+
+
+def _check_without_tokenizer(params: SamplingParams) -> None:
+    """Stop strings match text and grammars compile against the vocabulary's strings: without
+    a tokenizer neither can run, so they are refused rather than ignored."""
+    if params.stop:
+        raise ValueError("SamplingParams.stop (stop strings) needs the tokenizer, which is not loaded "
+                         "(skip_tokenizer_init=True); use stop_token_ids")
+    if params.structured_outputs is not None:
+        raise ValueError("SamplingParams.structured_outputs needs the tokenizer, which is not loaded "
+                         "(skip_tokenizer_init=True)")
 
 
 def check_token_ids(field: str, token_ids: object, vocab_size: int, max_count: int) -> None:

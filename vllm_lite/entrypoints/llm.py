@@ -39,6 +39,8 @@ class LLM:
         self._request_prefix = f"{uuid.uuid4().hex[:12]}-" if engine_address is not None else ""
 
     def get_tokenizer(self) -> Any:
+        if self.llm_engine.tokenizer is None:
+            raise ValueError("Unable to get tokenizer because `skip_tokenizer_init=True`")
         return self.llm_engine.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],

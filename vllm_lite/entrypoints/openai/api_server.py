@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import FrameType
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from vllm_lite.config import VllmConfig
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
@@ -93,6 +95,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     if api_key:
         options = dataclasses.replace(options, api_key=api_key)
     model_config = engine.vllm_config.model_config
+    if engine.tokenizer is None:
+        _refuse_text_options(options)
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
@@ -113,8 +117,20 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     return app
 
 
+def _refuse_text_options(options: ServerOptions) -> None:
+    """Options that only work on text cannot be served without a tokenizer: refused at start."""
+    needs_text = {"--reasoning-parser": options.reasoning_parser,
+                  "--enable-auto-tool-choice": options.enable_auto_tool_choice,
+                  "--enable-tokenizer-info-endpoint": options.enable_tokenizer_info_endpoint}
+    given = [flag for flag, value in needs_text.items() if value]
+    if given:
+        raise ValueError(f"{', '.join(given)} need(s) the tokenizer, which --skip-tokenizer-init leaves unloaded")
+
+
 def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
     """No text of max_model_len tokens is longer than max_model_len times the longest token."""
+    if tokenizer is None:  # --skip-tokenizer-init: text is refused where it would be tokenized
+        return sys.maxsize
     longest_token = max(map(len, tokenizer.get_vocab()), default=1)
     return (max_model_len + 1) * max(longest_token, 1)
 
@@ -219,7 +235,22 @@ def _cache_info(engine: EngineClient) -> dict[str, str] | None:
     cache_config = getattr(engine.vllm_config, "cache_config", None)
     if cache_config is None or not dataclasses.is_dataclass(cache_config):
         return None
-    return {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
+    info = {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
+    if isinstance(engine.vllm_config, VllmConfig):
+        info.update(_kv_capacity_labels(engine.vllm_config))
+    return info
+
+
+def _kv_capacity_labels(config: VllmConfig) -> dict[str, str]:
+    """vLLM's capacity labels: the pool's blocks and tokens, and how many requests of
+    max_model_len tokens it holds at once (vLLM's "Maximum concurrency", by its formula)."""
+    num_blocks, block_size = config.num_kv_blocks(), config.cache_config.block_size
+    blocks_per_request = -(-config.model_config.max_model_len // block_size)
+    window = config.cache_config.sliding_window
+    if window is not None:  # older blocks are freed: a request holds about a window's worth
+        blocks_per_request = min(blocks_per_request, -(-window // block_size) + 1)
+    return {"num_gpu_blocks": str(num_blocks), "kv_cache_size_tokens": str(num_blocks * block_size),
+            "kv_cache_max_concurrency": f"{num_blocks / blocks_per_request:.2f}"}
 
 
 def _validate(model: type[T], body: dict[str, Any]) -> T:
@@ -356,7 +387,8 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
                                      continue_final_message=request.continue_final_message,
                                      chat_template=request.chat_template,
                                      chat_template_kwargs=request.chat_template_kwargs, tools=request.tools)
-            token_ids = await off_loop(ctx, ctx.tokenizer.encode, text, add_special_tokens=request.special_tokens())
+            token_ids = await off_loop(ctx, ctx.require_tokenizer("messages").encode, text,
+                                       add_special_tokens=request.special_tokens())
         elif request.prompt is not None:
             prompt = await encode_prompt(ctx, request.prompt, request.special_tokens(), check_fits=False)
             token_ids = prompt["prompt_token_ids"]
@@ -364,7 +396,8 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
             raise ApiError(400, "BadRequestError", "pass `prompt` or `messages`", "prompt")
         token_strs = None
         if request.return_token_strs:
-            token_strs = await off_loop(ctx, ctx.tokenizer.convert_ids_to_tokens, token_ids)
+            token_strs = await off_loop(ctx, ctx.require_tokenizer("return_token_strs").convert_ids_to_tokens,
+                                        token_ids)
         return TokenizeResponse(count=len(token_ids), max_model_len=ctx.max_model_len, tokens=token_ids,
                                 token_strs=token_strs)
 
@@ -373,7 +406,7 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
         request.refuse_unknown_fields()
         ctx.served_model(request.model)
         check_token_ids(ctx, request.tokens, "tokens")
-        return DetokenizeResponse(prompt=await off_loop(ctx, ctx.tokenizer.decode, request.tokens))
+        return DetokenizeResponse(prompt=await off_loop(ctx, ctx.require_tokenizer("tokens").decode, request.tokens))
 
     if ctx.options.enable_tokenizer_info_endpoint:
         @app.get("/tokenizer_info")

@@ -241,9 +241,10 @@ class _GenerationRequest(RequestModel):
 
 
 class CompletionRequest(_GenerationRequest):
-    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (True,)}  # the prompt gets them
+    # add_special_tokens: the prompt gets them; prompt_embeds: none given is no embeddings
+    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (True,), "prompt_embeds": (None, [])}
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -251,6 +252,10 @@ class CompletionRequest(_GenerationRequest):
     suffix: str | None = None
 
     def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
+        # vLLM's message; prompt embeddings are not implemented, so only an empty list of them
+        # gets this far (refuse_unknown_fields refuses others by name).
+        _check(self.prompt is not None and self.prompt != "", "prompt",
+               "Either prompt or prompt_embeds must be provided and non-empty.")
         _check_logprob_count(self.logprobs, "logprobs")
         _check(not self.logprob_token_ids or self.logprobs is not None, "logprob_token_ids",
                "when using `logprob_token_ids`, `logprobs` must be set.")

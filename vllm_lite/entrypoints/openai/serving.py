@@ -95,6 +95,14 @@ class ServingContext:
         """usage.prompt_tokens_details.cached_tokens, only with --enable-prompt-tokens-details."""
         return num_cached_tokens if self.options.enable_prompt_tokens_details else None
 
+    def require_tokenizer(self, param: str) -> Any:
+        """The tokenizer, or a 400 naming the field that needs it when the server runs with
+        --skip-tokenizer-init (token ids in and out only)."""
+        if self.tokenizer is None:
+            raise ApiError(400, "BadRequestError", f"{param} needs the tokenizer, which this server does not "
+                           "load (--skip-tokenizer-init): send token ids", param)
+        return self.tokenizer
+
     def served_model(self, requested: str | None) -> str:
         """The name to answer with; an unknown name is a 404, as with OpenAI."""
         if requested is None:
@@ -147,9 +155,10 @@ async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_specia
     max_model_len is refused before the work of tokenizing or copying it (unless it is to be
     truncated). A truncated prompt keeps no text (its text is no longer the prompt's)."""
     if isinstance(prompt, str):
+        tokenizer = ctx.require_tokenizer(param)
         if check_fits and truncate is None:
             check_prompt_chars(ctx, len(prompt), param)
-        token_ids = await off_loop(ctx, ctx.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
+        token_ids = await off_loop(ctx, tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
         text: str | None = prompt
     else:
         token_ids, text = list(prompt), None
@@ -205,10 +214,11 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
             raise ApiError(400, "BadRequestError", "chat_template in a request is refused unless the server "
                            "runs with --trust-request-chat-template", "chat_template")
         chat_template = kwargs.pop("chat_template", chat_template)
-    if chat_template is None and not getattr(ctx.tokenizer, "chat_template", None):
+    tokenizer = ctx.require_tokenizer("messages")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     try:
-        return await off_loop(ctx, render_chat_template, ctx.tokenizer, conversation,
+        return await off_loop(ctx, render_chat_template, tokenizer, conversation,
                               max_chars=ctx.max_prompt_chars, timeout_s=ctx.options.chat_template_timeout_s,
                               chat_template=chat_template,
                               add_generation_prompt=add_generation_prompt,
@@ -431,8 +441,9 @@ def json_logprob(logprob: Logprob) -> float:
 
 
 def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None, as_token_id: bool = False) -> str:
-    """A logprob's token as text, or as 'token_id:<int>' (vLLM's return_tokens_as_token_ids)."""
-    if as_token_id:
+    """A logprob's token as text, or as 'token_id:<int>' (vLLM's return_tokens_as_token_ids; also
+    the only form a server without a tokenizer has)."""
+    if as_token_id or tokenizer is None:
         return f"token_id:{token_id}"
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
@@ -510,7 +521,8 @@ async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any],
     outputs are the beam_width best beams, best first, so the handlers treat it as any
     request's output."""
     prompt_ids = engine_prompt["prompt_token_ids"]
-    search = BeamSearch([prompt_ids], params, ctx.tokenizer.eos_token_id)
+    tokenizer = ctx.require_tokenizer("use_beam_search")
+    search = BeamSearch([prompt_ids], params, tokenizer.eos_token_id)
     step_params = params.step_params()
     step = 0
     while batch := search.pending():
@@ -522,7 +534,7 @@ async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any],
     outputs = []
     for index, beam in enumerate(search.results()[0]):
         generated = search.generated(0, beam)
-        text = await off_loop(ctx, ctx.tokenizer.decode, generated, skip_special_tokens=True)
+        text = await off_loop(ctx, tokenizer.decode, generated, skip_special_tokens=True)
         outputs.append(CompletionOutput(index=index, text=text, token_ids=generated, cumulative_logprob=beam.cum_logprob,
                                         finish_reason=beam.finish_reason))
     yield RequestOutput(request_id, engine_prompt.get("prompt"), prompt_ids, outputs, True)

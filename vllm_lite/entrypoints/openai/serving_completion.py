@@ -92,9 +92,12 @@ async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[in
 
 
 async def _prompt_text(ctx: ServingContext, prompt: dict[str, Any]) -> str:
-    """The prompt as text (echo): token-id prompts are decoded on the tokenizer thread."""
+    """The prompt as text (echo): token-id prompts are decoded on the tokenizer thread; without
+    a tokenizer (--skip-tokenizer-init) the text is "", as every text is then."""
     if prompt["prompt"] is not None:
         return prompt["prompt"]
+    if ctx.tokenizer is None:
+        return ""
     return await off_loop(ctx, ctx.tokenizer.decode, prompt["prompt_token_ids"])
 
 
