@@ -56,10 +56,18 @@ int64_t block_bytes(int64_t qtype) {
   return qtype == kTypeQ4_1 ? 20 : 34;
 }
 
+// _Float16 lets each target clone convert with the ISA it has (F16C's vcvtph2ps on x86-64-v3/v4);
+// c10's portable bit-twiddling conversion cost more than the rest of a block's work.
 VLLM_LITE_INLINE float half_at(const uint8_t* p) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  _Float16 h;
+  std::memcpy(&h, p, sizeof h);
+  return static_cast<float>(h);
+#else
   uint16_t bits;
   std::memcpy(&bits, p, sizeof bits);
   return c10::detail::fp16_ieee_to_fp32_value(bits);
+#endif
 }
 
 // One block of 32 weights -> two 16-lane fp32 vectors (weights 0-15 and 16-31).
