@@ -47,7 +47,10 @@ def has_native_int8() -> bool:
 # collapsed (141 s vs 78 s). The fused layer ops leave no OpenMP region at decode sizes outside the
 # matmuls and attention, which shrinks what PASSIVE costs; a bounded spin did not beat it under
 # load (GOMP_SPINCOUNT=2000: 75 s vs 73 s; 10,000: 246 s at load 18), so PASSIVE stays the one
-# default. GOMP_SPINCOUNT (iterations of ~0.1-0.2 us here) overrides it for a dedicated machine.
+# default. Quiet and with the fused build, GOMP_SPINCOUNT=2000 ties PASSIVE at 32 requests and wins
+# ~25% on a single stream, but loses ~45% on that stream beside one busy process (RESULTS.md,
+# "Quiet machine, all peers in one run"). GOMP_SPINCOUNT (iterations of ~0.1-0.2 us here)
+# overrides PASSIVE for a dedicated machine.
 OPENMP_CHILD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
