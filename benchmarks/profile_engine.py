@@ -27,8 +27,10 @@ from vllm_lite.wire import EngineCoreRequest
 def main(dtype: str = "float32", num_requests: int = 32) -> None:
     torch.set_num_threads(2)
     workload = random_workload(num_requests, (64, 512), (64, 256), vocab_size=49152)
+    # Async scheduling would run the model on the step thread, where cProfile does not look.
     args = EngineArgs(model=str(demo_model()), dtype=dtype, max_model_len=768, max_num_seqs=256,
-                      max_num_batched_tokens=2048, kv_cache_memory_bytes=2 * 1024**3, device="cpu")
+                      max_num_batched_tokens=2048, kv_cache_memory_bytes=2 * 1024**3, device="cpu",
+                      async_scheduling=False)
     core = EngineCore(args.create_engine_config())
     for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens)):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
