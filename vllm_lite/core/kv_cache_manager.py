@@ -78,6 +78,15 @@ class KVCacheManager:
         """Blocks for `num_new_tokens` more tokens after the computed ones; None if they don't fit
         (nothing else is changed then). Blocks that fell out of the sliding window are freed
         first, in either case."""
+        if new_computed_blocks is None and self.sliding_window is None:
+            blocks = self.req_to_blocks.get(request.request_id)
+            num_tokens = request.num_computed_tokens + num_new_tokens
+            if blocks is not None and num_tokens <= len(blocks) * self.block_size:
+                # Most decode steps: the new tokens fit in the blocks the request holds (what the
+                # general path below would conclude, without its per-call lists and sums).
+                if self.enable_caching:
+                    self._cache_full_blocks(request, blocks, num_tokens)
+                return []
         self.remove_skipped_blocks(request)
         computed = self._drop_hits_outside_window(request, new_computed_blocks or [])
         blocks = self.req_to_blocks.get(request.request_id, [])
