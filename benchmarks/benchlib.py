@@ -12,14 +12,17 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -264,3 +267,40 @@ def machine_line() -> str:
 
     return (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
             f"torch {torch.__version__}, numpy {np.__version__}")
+
+
+# ---- HTTP servers the serving benchmarks start (serve_bench.py, soak.py)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(command: list[str], port: int, log: Path, env: dict[str, str],
+                 timeout_s: float = 600) -> subprocess.Popen:
+    """`command` started with its output in `log`, returned once GET /health answers 200; a
+    server that exits or stays unhealthy for `timeout_s` is stopped and raised with the log's tail."""
+    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"server did not become healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from benchlib import BENCH_DIR, EngineLimits
+from benchlib import BENCH_DIR, EngineLimits, free_port, start_server, stop_server
 
 SITECUSTOMIZE = '''import importlib.metadata as _metadata
 
@@ -47,12 +43,6 @@ class ServeResult:
     output_tokens: int
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def vllm_lite_serve_command(model: Path, port: int, limits: EngineLimits) -> list[str]:
     return [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(port),
             "--dtype", "float32", "--max-model-len", str(limits.max_model_len),
@@ -77,32 +67,6 @@ def peer_env(shim_dir: Path, limits: EngineLimits) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(shim_dir), "OMP_NUM_THREADS": str(limits.threads),
             "VLLM_CPU_KVCACHE_SPACE": str(limits.kv_cache_gib),
             "VLLM_CPU_OMP_THREADS_BIND": f"0-{limits.threads - 1}"}
-
-
-def start_server(command: list[str], port: int, log: Path, env: dict[str, str],
-                 timeout_s: float = 600) -> subprocess.Popen:
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop_server(proc)
-    raise RuntimeError(f"server did not become healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def bench_serve(peer: Path, env: dict[str, str], port: int, model: Path, num_requests: int,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,10 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import RESULTS_DIR, print_table, tiny_llama, write_results  # noqa: E402
+from benchlib import (RESULTS_DIR, free_port, print_table, start_server, stop_server, tiny_llama,  # noqa: E402
+                      write_results)
 
 MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -55,23 +49,10 @@ def engine_core_pid(server_pid: int) -> int:
     return max(descendants(server_pid), key=rss_mib)
 
 
-def start_server(model: Path, port: int, log: Path, extra: list[str]) -> subprocess.Popen:
+def start_soak_server(model: Path, port: int, log: Path, extra: list[str]) -> subprocess.Popen:
     command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(port),
                "--max-model-len", "256", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become healthy in 300 s")
+    return start_server(command, port, log, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout_s=300)
 
 
 async def soak(base_url: str, model: str, args: argparse.Namespace, server_pid: int) -> list[dict]:
@@ -135,12 +116,11 @@ def main() -> int:
     port = free_port()
     # The server's log stays beside the results: a failed soak is diagnosed from it.
     log = RESULTS_DIR / "soak-server.log"
-    server = start_server(model, port, log, args.server_arg)
+    server = start_soak_server(model, port, log, args.server_arg)
     try:
         rows = asyncio.run(soak(f"http://127.0.0.1:{port}", str(model), args, server.pid))
     finally:
-        server.terminate()
-        server.wait(60)
+        stop_server(server)
     points = [r for r in rows if "requests" in r]
     print_table(["requests", "seconds", "server RSS MiB", "engine core RSS MiB", "failures"],
                 [[r["requests"], r["seconds"], r["server_rss_mib"], r["engine_core_rss_mib"], r["failures"]]
