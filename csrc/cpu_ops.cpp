@@ -52,28 +52,15 @@ VLLM_LITE_INLINE void axpy(float* y, float a, const float* x, int64_t n) {  // y
   for (; d < n; ++d) y[d] += a * x[d];
 }
 
-// exp(x) for x <= 0 (softmax after subtracting the max), vectorized: x = n ln2 + r with
-// |r| <= ln2/2, exp(r) by a degree-6 Taylor polynomial (rel. error < 2e-7), 2^n by exponent bits.
+// exp(x) for x <= 0 (softmax after subtracting the max), vectorized (exp_reduced); below -87
+// exp underflows to 0.
 VLLM_LITE_INLINE vfloat exp_nonpositive(vfloat x) {
-  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
   const vfloat zero = {};
-  const vfloat keep = x < -87.f ? zero : zero + 1.f;  // exp underflows to 0 below -87
+  const vfloat keep = x < -87.f ? zero : zero + 1.f;
   x = x < -87.f ? zero - 87.f : x;
   // Round to nearest: x <= 0, and the conversion truncates toward zero.
-  const vint n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vint);
-  const vfloat n = __builtin_convertvector(n_int, vfloat);
-  const vfloat r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-  vfloat p = zero + 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const vint bits = (n_int + 127) << 23;
-  vfloat scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale * keep;
+  const vi32 n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi32);
+  return exp_reduced(x, __builtin_convertvector(n_int, vfloat), n_int) * keep;
 }
 
 // In place: logits[0:n] -> exp(logits - max); returns their sum.
@@ -163,9 +150,8 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
 // Pairwise-sum step of a transposing reduction: lane i of the result is x[2i] + x[2i+1] where
 // x is the 32 lanes of (a, b). Four rounds turn 16 accumulators into one vector of their sums.
 VLLM_LITE_INLINE vfloat pair_sums(vfloat a, vfloat b) {
-  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
-  const vint even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const vint odd = even + 1;
+  const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const vi32 odd = even + 1;
   return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
 }
 
@@ -506,18 +492,17 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
 // (strict >); the answer is the smallest index among lanes holding the overall maximum.
 VLLM_LITE_MULTIVERSION
 int64_t argmax_row(const float* x, int64_t n) {
-  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
   int64_t d = 0;
   float best_value = -std::numeric_limits<float>::infinity();
   int64_t best_index = 0;
   if (n >= kLanes) {
     vfloat best = load(x);
-    vint index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    vint best_idx = index;
+    vi32 index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vi32 best_idx = index;
     for (d = kLanes; d + kLanes <= n; d += kLanes) {
       index += kLanes;
       const vfloat v = load(x + d);
-      const vint greater = v > best;
+      const vi32 greater = v > best;
       best = greater ? v : best;
       best_idx = greater ? index : best_idx;
     }

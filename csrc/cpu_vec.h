@@ -12,6 +12,7 @@ namespace vllm_lite_cpu {
 
 constexpr int64_t kLanes = 16;
 typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vi32 __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 VLLM_LITE_INLINE vfloat load(const float* p) {
   vfloat v;
@@ -87,16 +88,11 @@ VLLM_LITE_INLINE float to_float(uint16_t x) { return bf16_to_float(x); }
 VLLM_LITE_INLINE void store_one(float* p, float x) { *p = x; }
 VLLM_LITE_INLINE void store_one(uint16_t* p, float x) { *p = float_to_bf16(x); }
 
-// exp(x) for any float x: x = n ln2 + r with |r| <= ln2/2 (n rounded to nearest by the 1.5 * 2^23
-// trick), exp(r) by a degree-6 Taylor polynomial (rel. error < 2e-7), 2^n by exponent bits.
-// x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38, exp(88) ~ 1.7e38): callers need no more range.
-VLLM_LITE_INLINE vfloat exp_clamped(vfloat x) {
-  typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+// exp(x) given the integer n (as float `n` and as int `n_int`) with x = n ln2 + r, |r| <= ln2/2:
+// exp(r) by a degree-6 Taylor polynomial (rel. error < 2e-7), 2^n by exponent bits. The callers
+// choose how n is rounded and what range of x they admit.
+VLLM_LITE_INLINE vfloat exp_reduced(vfloat x, vfloat n, vi32 n_int) {
   const vfloat zero = {};
-  x = x < -87.f ? zero - 87.f : x;
-  x = x > 88.f ? zero + 88.f : x;
-  const vfloat magic = zero + 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const vfloat n = (x * 1.44269504088896341f + magic) - magic;
   const vfloat r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
   vfloat p = zero + 1.f / 720.f;
   p = p * r + 1.f / 120.f;
@@ -105,10 +101,21 @@ VLLM_LITE_INLINE vfloat exp_clamped(vfloat x) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
+  const vi32 bits = (n_int + 127) << 23;
   vfloat scale;
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
+}
+
+// exp(x) for any float x, n rounded to nearest by the 1.5 * 2^23 trick. x is clamped to
+// [-87, 88] (exp(-87) ~ 1.6e-38, exp(88) ~ 1.7e38): callers need no more range.
+VLLM_LITE_INLINE vfloat exp_clamped(vfloat x) {
+  const vfloat zero = {};
+  x = x < -87.f ? zero - 87.f : x;
+  x = x > 88.f ? zero + 88.f : x;
+  const vfloat magic = zero + 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const vfloat n = (x * 1.44269504088896341f + magic) - magic;
+  return exp_reduced(x, n, __builtin_convertvector(n, vi32));
 }
 
 }  // namespace vllm_lite_cpu

@@ -41,13 +41,12 @@ constexpr int64_t kMaxRowsAtOnce = 4;
 
 typedef uint8_t vbyte __attribute__((vector_size(16)));
 typedef int8_t vsbyte __attribute__((vector_size(16)));
-typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 // Bytes -> int32 lanes (a sign / zero extension) -> float: GCC turns a direct byte -> float
 // conversion into 16 scalar conversions.
 template <typename Bytes>
 VLLM_LITE_INLINE vfloat to_float(Bytes bytes) {
-  return __builtin_convertvector(__builtin_convertvector(bytes, vint), vfloat);
+  return __builtin_convertvector(__builtin_convertvector(bytes, vi32), vfloat);
 }
 
 int64_t block_bytes(int64_t qtype) {

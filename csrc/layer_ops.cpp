@@ -129,13 +129,18 @@ void check_rows(const at::Tensor& t, int64_t n, const char* op, const char* name
               " must be contiguous (or 2-D with contiguous rows)");
 }
 
-void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const char* op = "rms_norm";
+// x a float32/bf16 CPU tensor, weight a contiguous 1-D tensor of its dtype: returns its length.
+int64_t check_norm_weight(const at::Tensor& x, const at::Tensor& weight, const char* op) {
   check_float_cpu(x, op, "x");
-  check_same_dtype(x, out, op, "x and out");
   check_same_dtype(x, weight, op, "x and weight");
   TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous(), op, ": weight must be contiguous 1-D");
-  const int64_t n = weight.size(0);
+  return weight.size(0);
+}
+
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  const int64_t n = check_norm_weight(x, weight, op);
+  check_same_dtype(x, out, op, "x and out");
   check_rows(x, n, op, "x");
   TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes(), op, ": out must be contiguous and shaped like x");
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
@@ -154,11 +159,8 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   const char* op = "fused_add_rms_norm";
-  check_float_cpu(x, op, "x");
+  const int64_t n = check_norm_weight(x, weight, op);
   check_same_dtype(x, residual, op, "x and residual");
-  check_same_dtype(x, weight, op, "x and weight");
-  TORCH_CHECK(weight.dim() == 1 && weight.is_contiguous(), op, ": weight must be contiguous 1-D");
-  const int64_t n = weight.size(0);
   TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && x.sizes() == residual.sizes() &&
                   x.dim() >= 1 && x.size(-1) == n,
               op, ": x and residual must be contiguous, alike, and end in a dimension of ", n);

@@ -3,8 +3,9 @@ step's sampled tokens land with a single scatter instead of one append per reque
 
 Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]]`; a slot is in
 `free` iff no request holds it. `watched[slot]`: the client looks at each of the slot's tokens
-(false for requests that need Python only at their first and last token). Rows and the row width grow by doubling (the width only as far
-as the longest output so far), so memory follows what is in flight, never `max_model_len`.
+(false for requests that need Python only at their first and last token). Rows and the row
+width grow by doubling (the width only as far as the longest output so far), so memory follows
+what is in flight, never `max_model_len`.
 """
 
 from __future__ import annotations
