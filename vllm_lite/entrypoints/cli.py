@@ -142,6 +142,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="after SIGTERM: seconds in-flight requests may run on before they are ended "
                             "with an error")
+    serve.add_argument("--api-server-count", type=int, default=1,
+                       help="API server processes sharing --port and one engine core (vLLM's flag); "
+                            "/metrics sums them, /load and stored responses are each server's own")
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="model name(s) clients use (default: the model argument)")
     serve.add_argument("--uvicorn-log-level", default="info",

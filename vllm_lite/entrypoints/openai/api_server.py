@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from types import FrameType
@@ -422,8 +423,26 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
 def run_server(args: argparse.Namespace) -> int:
     """`vllm-lite serve`: build the engine inside the server's event loop, then serve until
     SIGINT/SIGTERM (a drain: see ShutdownDrain) or until the engine dies. Returns the exit
-    status: 1 when the engine died, else 0."""
-    return asyncio.run(_serve(args))
+    status: 1 when the engine died, else 0. With --api-server-count N > 1, N server processes
+    share the port and one engine core (api_server_pool.py)."""
+    count = getattr(args, "api_server_count", 1)
+    if count < 1:
+        raise ValueError(f"--api-server-count must be >= 1, got {count}")
+    if count > 1:
+        from vllm_lite.entrypoints.openai.api_server_pool import run_api_server_pool
+
+        return run_api_server_pool(args)
+    return asyncio.run(serve(args, _spawned_engine(args)))
+
+
+def _spawned_engine(args: argparse.Namespace) -> Callable[[], EngineClient]:
+    def make() -> EngineClient:
+        from vllm_lite.engine.async_llm import AsyncLLM
+        from vllm_lite.entrypoints.cli_args import engine_args_from
+
+        return AsyncLLM.from_engine_args(engine_args_from(args))
+
+    return make
 
 
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
@@ -446,23 +465,25 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          chat_template_timeout_s=args.chat_template_timeout)
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from vllm_lite.engine.async_llm import AsyncLLM
+async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],
+                sockets: list[socket.socket] | None = None, server_class: type[DrainingServer] | None = None) -> int:
+    """Serve the engine `make_engine` builds (inside this event loop) on `sockets`, or on
+    --host/--port when none are given, until a signal or the engine's death (exit status 1)."""
     from vllm_lite.entrypoints.cli_args import engine_args_from
 
     options = server_options_from(args)
-    engine_args = engine_args_from(args)
-    engine = AsyncLLM.from_engine_args(engine_args)
+    model = engine_args_from(args).model
+    engine = make_engine()
     try:
-        names = args.served_model_name or ([engine_args.model] if engine_args.model else [])
+        names = args.served_model_name or ([model] if model else [])
         app = build_app(engine, names, owns_engine=True, options=options)
         # The drain ends every request before uvicorn's own grace period (a backstop) runs out.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 timeout_graceful_shutdown=options.shutdown_timeout_s + 5)
-        server = DrainingServer(config, app.state.ctx)
+        server = (server_class or DrainingServer)(config, app.state.ctx)
         watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))
         try:
-            await server.serve()
+            await server.serve(sockets)
         finally:
             watchdog.cancel()
         if engine_is_dead(engine):

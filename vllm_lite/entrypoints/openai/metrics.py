@@ -11,16 +11,21 @@ Three sources, each counted where vLLM counts it:
   requests the queue / prefill / decode / inference times and time per output token;
 - what the server sees of each request's outputs (token counters, time to first token, e2e
   latency, finished and aborted requests), recorded by `RequestTracker`.
+
+In a pool of API servers (--api-server-count) the last two are summed over the pool by
+prometheus_client's multiprocess mode (ServerMetrics._exposition_registry).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from vllm_lite.engine.stats import IterationStats
 from vllm_lite.outputs import RequestOutput
@@ -85,6 +90,20 @@ class EngineStatsCollector:
         metric = CounterMetricFamily(name, doc, labels=["model_name"])
         metric.add_metric([self.model_name], value)
         return metric
+
+
+class CacheConfigCollector:
+    """vllm:cache_config_info: the KV-cache configuration as labels, value 1 (a collector, not a
+    Gauge, so that a pool's multiprocess files do not give one series per process)."""
+
+    def __init__(self, cache_info: dict[str, str]) -> None:
+        self.cache_info = dict(sorted(cache_info.items()))
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("vllm:cache_config_info", "The KV-cache configuration (labels; value 1).",
+                                 labels=list(self.cache_info))
+        info.add_metric(list(self.cache_info.values()), 1)
+        yield info
 
 
 def _token_buckets(max_model_len: int) -> list[float]:
@@ -154,11 +173,24 @@ class ServerMetrics:
         self.request_params_max_tokens = Histogram(
             "vllm:request_params_max_tokens", "The max_tokens request parameter.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
-        if cache_info:
-            info = Gauge("vllm:cache_config_info", "The KV-cache configuration (labels; value 1).",
-                         sorted(cache_info), registry=reg)
-            info.labels(**cache_info).set(1)
         self.model_name = model_name
+        self.exposition = self._exposition_registry(cache_info)
+
+    def _exposition_registry(self, cache_info: dict[str, str] | None) -> CollectorRegistry:
+        """What /metrics renders: this registry; or, when the server is one of a pool
+        (PROMETHEUS_MULTIPROC_DIR set, as prometheus_client's multiprocess mode wants), every
+        pool member's counters and histograms summed from their files. The engine's numbers and
+        the cache configuration are the engine core's, so one collector of each is right."""
+        directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if directory:
+            exposition = CollectorRegistry()
+            MultiProcessCollector(exposition, path=directory)
+            exposition.register(self.engine_stats)
+        else:
+            exposition = self.registry
+        if cache_info:
+            exposition.register(CacheConfigCollector(cache_info))
+        return exposition
 
     def record_iteration(self, stats: IterationStats) -> None:
         """One engine step's numbers (AsyncLLM calls this for every EngineCoreOutputs)."""
@@ -179,7 +211,7 @@ class ServerMetrics:
 
     def render(self, engine_stats: dict[str, Any]) -> bytes:
         self.engine_stats.stats = engine_stats
-        return generate_latest(self.registry)
+        return generate_latest(self.exposition)
 
 
 class RequestTracker:
