@@ -44,6 +44,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """One API server with its engine core, or (--api-server-count N > 1) N API servers sharing
+    the port and one engine core."""
+    if args.api_server_count < 1:
+        raise ValueError(f"--api-server-count must be >= 1, got {args.api_server_count}")
+    if args.api_server_count > 1:
+        from vllm_lite.entrypoints.openai.api_server_pool import run_api_server_pool
+
+        return run_api_server_pool(args)
     from vllm_lite.entrypoints.openai.api_server import run_server
 
     return run_server(args)

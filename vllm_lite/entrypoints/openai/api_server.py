@@ -423,15 +423,7 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
 def run_server(args: argparse.Namespace) -> int:
     """`vllm-lite serve`: build the engine inside the server's event loop, then serve until
     SIGINT/SIGTERM (a drain: see ShutdownDrain) or until the engine dies. Returns the exit
-    status: 1 when the engine died, else 0. With --api-server-count N > 1, N server processes
-    share the port and one engine core (api_server_pool.py)."""
-    count = getattr(args, "api_server_count", 1)
-    if count < 1:
-        raise ValueError(f"--api-server-count must be >= 1, got {count}")
-    if count > 1:
-        from vllm_lite.entrypoints.openai.api_server_pool import run_api_server_pool
-
-        return run_api_server_pool(args)
+    status: 1 when the engine died, else 0. (--api-server-count > 1: api_server_pool.py.)"""
     return asyncio.run(serve(args, _spawned_engine(args)))
 
 
