@@ -53,7 +53,8 @@ _EXIT_GRACE_S = 10.0  # beyond --shutdown-timeout: uvicorn closing connections, 
 
 def run_api_server_pool(args: argparse.Namespace) -> int:
     vllm_config = engine_args_from(args).create_engine_config()
-    port = reserve_port(args.host, args.port)
+    reservation = reserve_port(args.host, args.port)
+    port = reservation.getsockname()[1]
     metrics_dir = tempfile.mkdtemp(prefix="vllm-lite-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the spawned servers
     launch: EngineLaunch | None = None
@@ -79,6 +80,7 @@ def run_api_server_pool(args: argparse.Namespace) -> int:
         if signals is not None:
             signals.close()
         signal.signal(signal.SIGTERM, startup_sigterm)
+        reservation.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
@@ -119,28 +121,32 @@ def supervise(engine: BaseProcess, servers: Sequence[BaseProcess], signals: Sign
     return 1 if failed or not engine.is_alive() else 0
 
 
-def reserve_port(host: str, port: int) -> int:
-    """Check that nothing holds host:port (a bind without SO_REUSEPORT fails if anything does)
-    and return the port (the one the kernel picked, for port 0)."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Hold host:port for the pool: a first bind without SO_REUSEPORT fails if anything holds the
+    port; the socket returned (SO_REUSEPORT, bound, never listening, so it gets no connection)
+    keeps it held until the pool exits. For port 0 it holds the port the kernel picked."""
+    with _socket_for(host) as probe:
         try:
             probe.bind((host, port))
         except OSError as exc:
             raise ValueError(f"--host {host} --port {port}: cannot listen there: {exc.strerror}") from None
-        return probe.getsockname()[1]
+        port = probe.getsockname()[1]
+    return shared_socket(host, port)
 
 
-def shared_listener(host: str, port: int) -> socket.socket:
-    """This server's socket on the pool's port: SO_REUSEPORT, so the kernel balances new
-    connections over the servers' sockets."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def shared_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to the pool's port with SO_REUSEPORT: the kernel spreads new connections
+    over the pool's listening ones."""
+    sock = _socket_for(host)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.set_inheritable(False)
+    return sock
+
+
+def _socket_for(host: str) -> socket.socket:
+    """A TCP socket of the family uvicorn would pick for `host` (IPv6 when it has a colon)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
 
@@ -150,7 +156,7 @@ def api_server_main(args: argparse.Namespace, vllm_config: VllmConfig, engine_ad
     # Ctrl-C reaches the whole process group; the supervisor turns it into one SIGTERM each.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     on_parent_death(lambda: os.kill(os.getpid(), signal.SIGTERM), name="api-server-parent-watch")
-    listener = shared_listener(args.host, port)
+    listener = shared_socket(args.host, port)
     code = asyncio.run(serve(args, lambda: AsyncLLM(vllm_config, engine_address=engine_address),
                              sockets=[listener], server_class=PoolServer))
     sys.exit(code)
