@@ -297,6 +297,12 @@ def start_server(command: list[str], port: int, log: Path, env: dict[str, str],
     raise RuntimeError(f"server did not become healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:

@@ -211,9 +211,11 @@ def throughput_row(num_requests: int, ours: RunResult | Skipped, theirs: RunResu
 def serve_rows(num_requests: int, results: list[ServeResult]) -> list[tuple]:
     by_name = {r.name: r for r in results}
     ours, theirs = by_name.get("vllm_lite"), by_name.get("vLLM_CPU")
-    rows = [(num_requests, r.name, r.output_tokens_per_s, r.mean_ttft_ms, r.mean_itl_ms) for r in results]
+    rows = [(num_requests, r.name, r.output_tokens_per_s, r.mean_ttft_ms, r.mean_itl_ms, r.server_cpu_us_per_token)
+            for r in results]
     if ours and theirs:
-        rows.append((num_requests, "speed-up", ratio(ours.output_tokens_per_s, theirs.output_tokens_per_s), "", ""))
+        rows.append((num_requests, "speed-up", ratio(ours.output_tokens_per_s, theirs.output_tokens_per_s), "", "",
+                     ratio(theirs.server_cpu_us_per_token, ours.server_cpu_us_per_token)))
     return rows
 
 
@@ -279,7 +281,8 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
     if tables["serve"]:
         print(f"\nvllm bench serve (streaming /v1/completions, concurrency = requests, random prompts of "
               f"{SERVE_INPUT_LEN} tokens, ignore_eos):")
-        print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms"), tables["serve"])
+        print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms", "server CPU us/token"),
+                    tables["serve"])
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
     if tables["split"]:

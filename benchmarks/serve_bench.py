@@ -8,6 +8,7 @@ own version; a `sitecustomize.py` on PYTHONPATH answers `importlib.metadata.vers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import BENCH_DIR, EngineLimits, free_port, start_server, stop_server
+from benchlib import BENCH_DIR, EngineLimits, free_port, process_cpu_seconds, start_server, stop_server
 
 SITECUSTOMIZE = '''import importlib.metadata as _metadata
 
@@ -41,6 +42,9 @@ class ServeResult:
     mean_itl_ms: float
     completed: int
     output_tokens: int
+    # CPU time of the server's own process (the API server: HTTP, streams, detokenization; the
+    # engine core is a child and not counted) per output token
+    server_cpu_us_per_token: float = 0.0
 
 
 def vllm_lite_serve_command(model: Path, port: int, limits: EngineLimits) -> list[str]:
@@ -109,8 +113,11 @@ def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, 
             proc = start_server(make_command(model, port, limits), port, log, server_env)
             try:
                 bench_serve(peer, env, port, model, 4, input_len, 8, tmp_path, f"warmup-{name}")
+                cpu_before = process_cpu_seconds(proc.pid)
                 result = bench_serve(peer, env, port, model, num_requests, input_len, output_len, tmp_path,
                                      name.replace(" ", "_"))
+                server_cpu = process_cpu_seconds(proc.pid) - cpu_before
+                result = dataclasses.replace(result, server_cpu_us_per_token=1e6 * server_cpu / result.output_tokens)
             finally:
                 stop_server(proc)
             print(f"[serve {name}] {num_requests} requests: {result.output_tokens_per_s:.0f} tok/s", file=sys.stderr,

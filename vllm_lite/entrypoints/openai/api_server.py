@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 import uvicorn
+import uvloop
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -424,7 +425,7 @@ def run_server(args: argparse.Namespace) -> int:
     """`vllm-lite serve`: build the engine inside the server's event loop, then serve until
     SIGINT/SIGTERM (a drain: see ShutdownDrain) or until the engine dies. Returns the exit
     status: 1 when the engine died, else 0. (--api-server-count > 1: api_server_pool.py.)"""
-    return asyncio.run(serve(args, _spawned_engine(args)))
+    return uvloop.run(serve(args, _spawned_engine(args)))
 
 
 def _spawned_engine(args: argparse.Namespace) -> Callable[[], EngineClient]:

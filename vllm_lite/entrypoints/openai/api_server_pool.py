@@ -24,7 +24,6 @@ supervisor above restarts the whole pool.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import multiprocessing.connection
 import os
@@ -37,6 +36,8 @@ import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from types import FrameType
+
+import uvloop
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.engine.async_llm import AsyncLLM
@@ -157,7 +158,7 @@ def api_server_main(args: argparse.Namespace, vllm_config: VllmConfig, engine_ad
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     on_parent_death(lambda: os.kill(os.getpid(), signal.SIGTERM), name="api-server-parent-watch")
     listener = shared_socket(args.host, port)
-    code = asyncio.run(serve(args, lambda: AsyncLLM(vllm_config, engine_address=engine_address),
+    code = uvloop.run(serve(args, lambda: AsyncLLM(vllm_config, engine_address=engine_address),
                              sockets=[listener], server_class=PoolServer))
     sys.exit(code)
 
