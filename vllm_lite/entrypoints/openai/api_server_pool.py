@@ -6,7 +6,8 @@ engine core, as vLLM's multi-API-server mode.
 
 Each API server binds the port with SO_REUSEPORT, so the kernel spreads new connections over
 them; the supervisor first binds it alone, so a port that anything else holds (another
-vllm-lite pool included) is an error at start, not a silent share. The engine core tells its
+vllm-lite pool included) is an error at start, not a silent share, and then holds it (bound,
+never listening) until it exits. The engine core tells its
 clients apart by socket identity, so each server gets its own requests' outputs.
 
 /metrics answers for the whole pool: the servers' counters and histograms live in
