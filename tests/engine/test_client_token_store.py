@@ -1,15 +1,15 @@
-"""TokenStore: one scatter per step lands each request's token in its own row; rows and width
+"""OutputTokenStore: one scatter per step lands each request's token in its own row; rows and width
 grow as requests and outputs do; a released row's tokens are kept by copy."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from vllm_lite.engine.token_store import TokenStore
+from vllm_lite.engine.output_token_store import OutputTokenStore
 
 
 def test_scatter_growth_and_release() -> None:
-    store = TokenStore(rows=2, width=2)
+    store = OutputTokenStore(rows=2, width=2)
     slots = [store.acquire() for _ in range(5)]  # grows the rows twice
     assert sorted(slots) == list(range(5))
     rng = np.random.default_rng(0)

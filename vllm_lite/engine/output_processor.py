@@ -15,7 +15,7 @@ from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
-from vllm_lite.engine.token_store import TokenStore
+from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -24,7 +24,7 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 @dataclass(slots=True)
 class RequestState:
     """One engine-core request on the client. Its output token ids live in row `slot` of the
-    processor's TokenStore while it runs (in `own_ids` once released); they become a list only
+    processor's OutputTokenStore while it runs (in `own_ids` once released); they become a list only
     in the outputs handed to the user, and only the part handed out.
 
     A request that needs nothing per token (`every_token` False: final output only, no stop
@@ -40,7 +40,7 @@ class RequestState:
     logprobs: LogprobsState | None = None  # None unless logprobs or prompt_logprobs were asked
     parent: ParentRequest | None = None
     index: int = 0  # this sample's index among the parent's n
-    store: TokenStore | None = None
+    store: OutputTokenStore | None = None
     slot: int = -1
     own_ids: np.ndarray | None = None  # the tokens, once the slot is released
     num_tokens: int = 0
@@ -194,7 +194,7 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
-        self.token_store = TokenStore()
+        self.token_store = OutputTokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
 

@@ -1,5 +1,7 @@
 """The client's output token ids: one int32 row per unfinished request (its slot), so that one
-step's sampled tokens land with a single scatter instead of one append per request.
+step's sampled tokens land with a single scatter instead of one append per request. (The
+scheduler's core/token_store.TokenStore is another thing: prompt and output tokens of the
+running requests with their stop limits, fixed at max_num_seqs x max_model_len.)
 
 Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]]`; a slot is in
 `free` iff no request holds it. `watched[slot]`: the client looks at each of the slot's tokens
@@ -16,7 +18,7 @@ _INITIAL_ROWS = 64
 _INITIAL_WIDTH = 64
 
 
-class TokenStore:
+class OutputTokenStore:
     def __init__(self, rows: int = _INITIAL_ROWS, width: int = _INITIAL_WIDTH) -> None:
         self.ids = np.zeros((rows, width), dtype=np.int32)
         self.counts = np.zeros(rows, dtype=np.int64)
