@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -123,6 +124,46 @@ def on_parent_death(callback: Callable[[], None], name: str) -> None:
         callback()
 
     threading.Thread(target=wait, name=name, daemon=True).start()
+
+
+class SignalPipe:
+    """Signals as a file descriptor: their C handler writes each signal's number to a wakeup
+    pipe (`signal.set_wakeup_fd`), so a thread, or `multiprocessing.connection.wait` beside
+    process sentinels, can wait for them. (A Python handler runs only on the main thread, and
+    only once a blocking call there returns.) Main thread only, as `signal.signal` is."""
+
+    def __init__(self, signums: Sequence[int]) -> None:
+        self.signums = frozenset(signums)
+        self.fd, self._write_fd = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._previous = {signum: signal.signal(signum, _wake_only) for signum in self.signums}
+
+    def received(self) -> bool:
+        """Whether one of the signals came since the last call (consumes what the pipe holds)."""
+        try:
+            return any(signum in self.signums for signum in os.read(self.fd, 64))
+        except BlockingIOError:
+            return False
+
+    def wait(self) -> None:
+        """Block until one of the signals comes."""
+        while True:
+            multiprocessing.connection.wait([self.fd])
+            if self.received():
+                return
+
+    def close(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
+        os.close(self.fd)
+        os.close(self._write_fd)
+
+
+def _wake_only(signum: int, frame: Any) -> None:
+    """Installed so that the C handler runs and writes the wakeup pipe; SignalPipe's reader acts."""
 
 
 def describe_exit(procs: Sequence[BaseProcess]) -> str:

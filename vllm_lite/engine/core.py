@@ -38,7 +38,7 @@ from vllm_lite.wire import (
     UtilityResult,
 )
 from vllm_lite.engine.zmq_utils import EngineAddress
-from vllm_lite.lifecycle import on_parent_death
+from vllm_lite.lifecycle import SignalPipe, on_parent_death
 
 if TYPE_CHECKING:
     from vllm_lite.executor.abstract import Executor
@@ -471,23 +471,17 @@ def spawned_engine_core_main(vllm_config: VllmConfig, address: EngineAddress, re
 
 class StopSignals:
     """SIGTERM (and, for a standalone engine core, SIGINT) stop the engine core, as does the
-    death of the client that spawned it. Whichever thread the kernel hands a signal to, the C
-    handler writes its number to a wakeup pipe; a watcher thread reads it and tells the busy
-    loop through the input queue. (A Python handler runs only on the main thread, and a main
-    thread blocked on the queue would not wake up for a signal delivered to another thread.)"""
+    death of the client that spawned it. Whichever thread the kernel hands a signal to, a watcher
+    thread sees it on a SignalPipe and tells the busy loop through the input queue (a main
+    thread blocked on the queue would not wake up for a Python handler)."""
 
     def __init__(self, standalone: bool) -> None:
-        self.signals = {signal.SIGTERM, signal.SIGINT} if standalone else {signal.SIGTERM}
         if not standalone:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the client to handle
-        for signum in self.signals:
-            signal.signal(signum, _no_python_handler)
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self._signals = SignalPipe((signal.SIGTERM, signal.SIGINT) if standalone else (signal.SIGTERM,))
         self.received = threading.Event()
         self._input_queue: queue.Queue | None = None
-        threading.Thread(target=self._wait, args=(read_fd,), name="engine-core-signals", daemon=True).start()
+        threading.Thread(target=self._wait, name="engine-core-signals", daemon=True).start()
 
     def notify(self, input_queue: queue.Queue) -> None:
         """From now on a stop goes to `input_queue` (at once if one came during start-up)."""
@@ -500,14 +494,9 @@ class StopSignals:
         if self._input_queue is not None:
             self._input_queue.put((b"", _STOP_ENGINE, None))
 
-    def _wait(self, read_fd: int) -> None:
-        while not any(signum in self.signals for signum in os.read(read_fd, 16)):
-            pass
+    def _wait(self) -> None:
+        self._signals.wait()
         self.request()
-
-
-def _no_python_handler(signum: int, frame: Any) -> None:
-    """Installed so that the C handler runs (and writes the wakeup pipe); StopSignals acts."""
 
 
 def _set_torch_threads(vllm_config: VllmConfig) -> None:

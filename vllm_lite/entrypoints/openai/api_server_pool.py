@@ -45,7 +45,7 @@ from vllm_lite.engine.async_llm import AsyncLLM
 from vllm_lite.engine.launch import EngineLaunch, launch_engine_core
 from vllm_lite.entrypoints.cli_args import engine_args_from
 from vllm_lite.entrypoints.openai.api_server import DrainingServer, serve
-from vllm_lite.lifecycle import describe_exit, on_parent_death, spawn, stop_processes
+from vllm_lite.lifecycle import SignalPipe, describe_exit, on_parent_death, spawn, stop_processes
 
 logger = logging.getLogger(__name__)
 
@@ -170,33 +170,3 @@ class PoolServer(DrainingServer):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(signal.SIGTERM, frame)
-
-
-class SignalPipe:
-    """The stop signals, readable as a file descriptor that `multiprocessing.connection.wait`
-    can wait on beside process sentinels (a Python handler alone would not wake it)."""
-
-    def __init__(self, signums: Sequence[int]) -> None:
-        self.fd, self._write_fd = os.pipe()
-        os.set_blocking(self.fd, False)
-        os.set_blocking(self._write_fd, False)
-        self._previous_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        self._previous = {signum: signal.signal(signum, _ignore_in_python) for signum in signums}
-
-    def received(self) -> bool:
-        """Whether a signal came since the last call (consumes it)."""
-        try:
-            return bool(os.read(self.fd, 64))
-        except BlockingIOError:
-            return False
-
-    def close(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        signal.set_wakeup_fd(self._previous_wakeup_fd)
-        os.close(self.fd)
-        os.close(self._write_fd)
-
-
-def _ignore_in_python(signum: int, frame: FrameType | None) -> None:
-    """The C-level handler has written the signal to the wakeup fd; SignalPipe acts on it."""
