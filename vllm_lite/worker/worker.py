@@ -35,7 +35,7 @@ class Worker:
 
 
 # glibc mallopt parameters
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
 
 
 def keep_freed_memory_in_heap() -> None:
@@ -44,8 +44,12 @@ def keep_freed_memory_in_heap() -> None:
     By default every buffer above 128 KiB-32 MiB gets fresh pages from mmap and gives them back
     on free, so each step's activations page-fault in again: on the demo model this made an
     elementwise op over a prefill's activations 10x slower (rms_norm 3.7 ms -> 0.26 ms for
-    2,048 x 576 once fixed). The heap then keeps its peak size, as an inference process wants;
-    with `LLM(..., multiprocess=False)` that process is the application's own.
+    2,048 x 576 once fixed). No buffer is mapped on its own, whatever its size: raising the
+    threshold to glibc's largest (32 MiB) left the larger ones (the LM head's logits of 1,024 rows
+    x 8,192 ids are 32 MiB) faulting in 8,192 fresh pages every step, a third of the tiny model's
+    step at 1,024 requests (benchmarks/RESULTS.md). The heap then keeps its peak size, as an
+    inference process wants; with `LLM(..., multiprocess=False)` that process is the
+    application's own.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -53,5 +57,6 @@ def keep_freed_memory_in_heap() -> None:
     if mallopt is None:  # not glibc (musl has no mallopt)
         return
     mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest allowed value on 64-bit
+    mallopt(_M_MMAP_MAX, 0)  # glibc still maps what a thread's arena cannot hold (> 64 MiB)
     mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)
     mallopt(_M_TOP_PAD, 64 << 20)
