@@ -73,6 +73,17 @@ class KVCacheManager:
             self.stats.queries += request.num_tokens
             self.stats.hits += num_cached_tokens
 
+    def fits_held_blocks(self, request: Request, num_tokens: int) -> bool:
+        """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds with no block
+        newly filled (no prefix-cache entry to add): `allocate_slots` would change nothing. Most
+        decode steps; the scheduler's per-request check, so it stays a few dict lookups."""
+        if self.sliding_window is not None:
+            return False
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None or num_tokens > len(blocks) * self.block_size:
+            return False
+        return not self.enable_caching or num_tokens // self.block_size <= self.num_cached_blocks[request.request_id]
+
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
         """Blocks for `num_new_tokens` more tokens after the computed ones; None if they don't fit

@@ -136,22 +136,31 @@ class Scheduler:
         cached_num_computed: list[int] = []
         preempted: set[str] = set()
 
+        kv = self.kv_cache_manager
+        running = self.running
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            if request.num_tokens_with_placeholders >= request.length_limit:
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_known = request.num_tokens_with_placeholders
+            if num_known >= request.length_limit:
                 index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
                 continue
-            num_new = min(request.num_tokens_with_placeholders - request.num_computed_tokens, budget)
-            new_blocks = self._allocate_or_preempt(request, num_new, preempted)
-            if new_blocks is None:
-                break
+            num_computed = request.num_computed_tokens
+            num_new = min(num_known - num_computed, budget)
+            if kv.fits_held_blocks(request, num_computed + num_new):
+                # Most decode steps add no block: sharing one empty list keeps the step free of a
+                # container per request (1,024 of them set off a gen-0 collection every step).
+                new_block_ids = self._no_blocks
+            else:
+                new_blocks = self._allocate_or_preempt(request, num_new, preempted)
+                if new_blocks is None:
+                    break
+                new_block_ids = [block.block_id for block in new_blocks] if new_blocks else self._no_blocks
             num_scheduled[request.request_id] = num_new
             cached_ids.append(request.request_id)
-            # Most decode steps add no block: sharing one empty list keeps the step free of a
-            # container per request (1,024 of them set off a gen-0 collection every step).
-            cached_new_blocks.append([block.block_id for block in new_blocks] if new_blocks else self._no_blocks)
-            cached_num_computed.append(request.num_computed_tokens)
+            cached_new_blocks.append(new_block_ids)
+            cached_num_computed.append(num_computed)
+            self._advance_computed(request, num_new)
             budget -= num_new
             index += 1
 
@@ -159,7 +168,6 @@ class Scheduler:
         if not preempted:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
 
-        self._advance_computed(num_scheduled)
         bitmask_failures: dict[str, str] = {}
         structured_ids, bitmask = (self._grammar_bitmask(num_scheduled, bitmask_failures)
                                    if self.structured_req_ids else ((), None))
@@ -184,17 +192,17 @@ class Scheduler:
             self._fail_requests(bitmask_failures)
         return output
 
-    def _advance_computed(self, num_scheduled: dict[str, int]) -> None:
+    @staticmethod
+    def _advance_computed(request: Request, num_new: int) -> None:
         """`num_computed_tokens` moves at schedule time (as in vLLM). A request whose every
         token (placeholders included) is computed after this step samples one: that token is a
         placeholder until the step's output arrives (with async scheduling the next step is
-        scheduled meanwhile and computes it)."""
-        requests = self.requests
-        for request_id, num_tokens in num_scheduled.items():
-            request = requests[request_id]
-            request.num_computed_tokens += num_tokens
-            if request.num_computed_tokens == request.num_tokens_with_placeholders:
-                request.num_tokens_with_placeholders += 1
+        scheduled meanwhile and computes it). A running request advances as soon as it is
+        scheduled: the requests preempted later in the same step are taken from the back of
+        `running`, never one already scheduled."""
+        request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens_with_placeholders:
+            request.num_tokens_with_placeholders += 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
@@ -471,6 +479,7 @@ class Scheduler:
                 eos_token_ids=tuple(sorted(request.eos_token_ids)),
             ))
             num_scheduled[request.request_id] = num_new
+            self._advance_computed(request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(passed_over))
         return budget
