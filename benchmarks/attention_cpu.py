@@ -1,13 +1,15 @@
 """CPU attention: the csrc native ops (vllm_lite._C) against the torch reference backend, on the
 demo model's shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64, block size 16,
-30 layers), float32.
+30 layers), in float32 or bfloat16 (query, keys, values and KV cache alike).
 
 Per case it times one step's metadata build and one layer's forward (cache write + attention),
-and reports the step's attention cost, build + 30 layers. With --e2e it also runs the demo
-model itself (64 prompts of 256-511 random tokens, 32 greedy tokens each) with each backend.
-Results also go to benchmarks/results/attention_cpu.json.
+and reports the step's attention cost, build + 30 layers, and the KV bytes the layer's attention
+reads (every row's context, K and V) per second of the native forward. With --e2e it also runs
+the demo model itself (64 prompts of 256-511 random tokens, 32 greedy tokens each) with each
+backend. Results also go to benchmarks/results/attention_cpu.json (attention_cpu_bfloat16.json
+for bfloat16).
 
-    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20] [--e2e]
+    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20] [--dtype float32|bfloat16] [--e2e]
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_LAYERS = 9, 3, 64, 16, 30
-RESULTS = Path(__file__).parent / "results" / "attention_cpu.json"
+RESULTS = Path(__file__).parent / "results"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # name -> (number of decode rows, context range, prefill rows: (context, query_len) each)
 CASES = {
@@ -38,6 +41,7 @@ CASES = {
 
 
 def make_step(num_decodes: int, context_range: tuple[int, int], prefills: list[tuple[int, int]],
+              dtype: torch.dtype = torch.float32,
               seed: int = 0) -> tuple[CommonAttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A scheduled step as the model runner builds it: prefill rows first, then decodes, each
     sequence on randomly placed blocks of a cache just large enough."""
@@ -68,7 +72,13 @@ def make_step(num_decodes: int, context_range: tuple[int, int], prefills: list[t
     key = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen)
     value = torch.randn(num_tokens, NUM_KV_HEADS, HEAD_DIM, generator=gen)
     kv_cache = torch.randn(num_blocks, 2, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM, generator=gen)
-    return common, query, key, value, kv_cache
+    return common, query.to(dtype), key.to(dtype), value.to(dtype), kv_cache.to(dtype)
+
+
+def kv_bytes_read(step) -> int:
+    """K and V bytes of every row's context (what one layer's attention reads from the cache)."""
+    common, kv_cache = step[0], step[4]
+    return int(common.seq_lens_np.sum()) * 2 * NUM_KV_HEADS * HEAD_DIM * kv_cache.element_size()
 
 
 def time_backend(backend: AttentionBackend, step, iters: int) -> tuple[float, float, torch.Tensor]:
@@ -108,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--e2e", action="store_true", help="also time the demo model end to end (minutes)")
     args = parser.parse_args()
     if not cpu_native.is_available():
@@ -119,7 +130,7 @@ def main() -> None:
     for threads in args.threads:
         torch.set_num_threads(threads)
         for name, (num_decodes, context_range, prefills) in CASES.items():
-            step = make_step(num_decodes, context_range, prefills)
+            step = make_step(num_decodes, context_range, prefills, DTYPES[args.dtype])
             t_build, t_fwd, ref = time_backend(TorchAttentionBackend(), step, args.iters)
             n_build, n_fwd, out = time_backend(CpuNativeAttentionBackend(), step, args.iters)
             torch_step, native_step = t_build + NUM_LAYERS * t_fwd, n_build + NUM_LAYERS * n_fwd
@@ -128,24 +139,28 @@ def main() -> None:
                 "torch_layer_ms": 1e3 * t_fwd, "native_layer_ms": 1e3 * n_fwd,
                 "torch_step_ms": 1e3 * torch_step, "native_step_ms": 1e3 * native_step,
                 "speedup": torch_step / native_step,
-                "max_abs_diff": (out - ref).abs().max().item(),
+                "native_kv_gb_per_s": kv_bytes_read(step) / n_fwd / 1e9,
+                "max_abs_diff": (out.float() - ref.float()).abs().max().item(),
             })
     e2e = {}
     if args.e2e:
         threads = max(args.threads)
         e2e = {"threads": threads, **{backend: run_demo_model(backend, threads) for backend in ("torch", "cpu_native")}}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"shapes": dict(q_heads=NUM_Q_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
-                                                  block_size=BLOCK_SIZE, layers=NUM_LAYERS),
-                                   "rows": rows, "demo_model_tokens_per_s": e2e}, indent=1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    (RESULTS / f"attention_cpu{suffix}.json").write_text(json.dumps({
+        "shapes": dict(q_heads=NUM_Q_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
+                       layers=NUM_LAYERS),
+        "dtype": args.dtype, "rows": rows, "demo_model_tokens_per_s": e2e}, indent=1))
+    print(f"dtype {args.dtype}")
     header = (f"{'case':<36} {'thr':>3} {'torch/layer':>12} {'native/layer':>13} "
-              f"{'torch/step':>11} {'native/step':>12} {'speed-up':>9} {'max|diff|':>10}")
+              f"{'torch/step':>11} {'native/step':>12} {'speed-up':>9} {'native KV':>10} {'max|diff|':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
         print(f"{r['case']:<36} {r['threads']:>3} {r['torch_layer_ms']:>10.3f}ms {r['native_layer_ms']:>11.3f}ms "
               f"{r['torch_step_ms']:>9.1f}ms {r['native_step_ms']:>10.1f}ms {r['speedup']:>8.1f}x "
-              f"{r['max_abs_diff']:>10.1e}")
+              f"{r['native_kv_gb_per_s']:>5.1f} GB/s {r['max_abs_diff']:>10.1e}")
     if e2e:
         print(f"\ndemo model, 64 prompts x 32 tokens, {e2e['threads']} threads (prefill included):")
         print(f"{'backend':<12} {'tok/s':>8}")

@@ -2,10 +2,12 @@
 //
 //   reshape_and_cache(key, value, kv_cache, slot_mapping)
 //       write new keys/values into the paged cache; slot -1 (padding) is skipped.
-//   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale, sliding_window=0)
+//   paged_attention_decode(out, query, kv_cache, block_table, seq_lens, scale, sliding_window=0,
+//                          use_bf16_dot=True)
 //       one query token per sequence (decode) over the sequence's cached blocks (the last
-//       `sliding_window` of them when > 0, float32 only); float32, or bfloat16 (rows widened to
-//       fp32 as read, fp32 softmax and accumulation).
+//       `sliding_window` of them when > 0, float32 only); float32, or bfloat16 (fp32 scores,
+//       softmax and accumulation: on CPUs with AVX512-BF16 the scores come from vdpbf16ps on
+//       the bf16 K rows, elsewhere, or with use_bf16_dot=False, rows are widened to fp32 as read).
 //   argmax_rows(logits) -> int64 [rows]
 //       greedy sampling: the first index of each row's maximum (torch.argmax's rule), rows in
 //       parallel; torch's argmax over a [rows, vocab] batch runs at ~8 GB/s here.
@@ -14,7 +16,9 @@
 // Registered as torch.ops.vllm_lite_C.*; `import vllm_lite._C` loads them. OpenMP splits the
 // (sequence, kv head) pairs across torch's intra-op threads; the inner loops use GCC vector
 // extensions, compiled once per ISA level (AVX-512, AVX2+FMA, baseline) and picked at load time
-// by target_clones, so the build stays portable without -march=native.
+// by target_clones; the vdpbf16ps kernels are compiled for AVX512-BF16 by a target attribute and
+// called only where __builtin_cpu_supports says the CPU has it. The build stays portable without
+// -march=native.
 
 #include <Python.h>
 
@@ -32,6 +36,13 @@
 
 #include "cpu_multiversion.h"
 #include "cpu_vec.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VLLM_LITE_BF16_DOT 1
+#else
+#define VLLM_LITE_BF16_DOT 0
+#endif
 
 namespace {
 
@@ -63,10 +74,8 @@ VLLM_LITE_INLINE vfloat exp_nonpositive(vfloat x) {
   return exp_reduced(x, __builtin_convertvector(n_int, vfloat), n_int) * keep;
 }
 
-// In place: logits[0:n] -> exp(logits - max); returns their sum.
-VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < n; ++t) max = std::max(max, logits[t]);
+// In place: logits[0:n] -> exp(logits - max) (max >= every logit); returns their sum.
+VLLM_LITE_INLINE float exp_below_max(float* logits, int64_t n, float max) {
   vfloat vsum = {};
   int64_t t = 0;
   for (; t + kLanes <= n; t += kLanes) {
@@ -80,6 +89,13 @@ VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
     sum += logits[t];
   }
   return sum;
+}
+
+// In place: logits[0:n] -> exp(logits - max); returns their sum.
+VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) max = std::max(max, logits[t]);
+  return exp_below_max(logits, n, max);
 }
 
 // The first `n` scores drop out of the softmax (keys before a sliding window within its
@@ -440,14 +456,248 @@ VLLM_LITE_DECODE_BF16(4)
 VLLM_LITE_DECODE_BF16(8)
 #undef VLLM_LITE_DECODE_BF16
 
+// ---- bf16 with vdpbf16ps (AVX512-BF16), picked at run time on CPUs that have it ----
+// QK: bf16 pairs of the query times bf16 pairs of a K row, summed into fp32 lanes by vdpbf16ps
+// (products of two bf16 values are exact in fp32, so this is an fp32 dot product in another
+// order; the instruction treats bf16 denormals as zero and flushes denormal fp32 partial sums,
+// both far below anything a softmax can see). PV: each V row widened in registers, the even
+// and odd dims of every 32 apart by a shift and a mask (no shuffle), and added into the
+// accumulators of all the tile's query heads; dims are put back in order once per head.
+#if VLLM_LITE_BF16_DOT
+
+#define VLLM_LITE_BF16_DOT_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define VLLM_LITE_BF16_DOT_INLINE VLLM_LITE_INLINE VLLM_LITE_BF16_DOT_TARGET
+
+// Rounds of a transposing reduction: 16 vectors of partial sums, one per token row, become one
+// vector of the 16 row sums. Each round pairs two vectors; a blend keeps one half of the lanes
+// in place and one shuffle brings the other half over, so a round costs one shuffle per pair.
+VLLM_LITE_BF16_DOT_INLINE __m512 fold_halves(__m512 a, __m512 b) {  // 256-bit halves
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xFF00, a, b), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+VLLM_LITE_BF16_DOT_INLINE __m512 fold_quarters(__m512 a, __m512 b) {  // 128-bit quarters
+  const __m512i other = _mm512_setr_epi32(4, 5, 6, 7, 16, 17, 18, 19, 12, 13, 14, 15, 24, 25, 26, 27);
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xF0F0, a, b), _mm512_permutex2var_ps(a, other, b));
+}
+
+VLLM_LITE_BF16_DOT_INLINE __m512 fold_pairs(__m512 a, __m512 b) {  // 64-bit pairs within quarters
+  return _mm512_add_ps(_mm512_mask_blend_ps(0xCCCC, a, b), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+VLLM_LITE_BF16_DOT_INLINE __m512 fold_neighbours(__m512 a, __m512 b) {  // adjacent lanes
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// The rounds leave the sum of slot s in lane bit_reverse(s) (4 bits): slot s holds row
+// kRowOfSlot[s] so that lane j ends with row j's sum.
+constexpr int kRowOfSlot[kLanes] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
+
+VLLM_LITE_BF16_DOT_INLINE __m512 transpose_sums_bf16(const __m512* slots) {
+  __m512 halves[8], quarters[4], pairs[2];
+  for (int i = 0; i < 8; ++i) halves[i] = fold_halves(slots[2 * i], slots[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) quarters[i] = fold_quarters(halves[2 * i], halves[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) pairs[i] = fold_pairs(quarters[2 * i], quarters[2 * i + 1]);
+  return fold_neighbours(pairs[0], pairs[1]);
+}
+
+// softmax_numerators with the max taken 16 lanes at a time (the serial max costs as much as the
+// scores here).
+VLLM_LITE_BF16_DOT_INLINE float softmax_numerators_bf16_dot(float* logits, int64_t n) {
+  __m512 max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes) max = _mm512_max_ps(max, _mm512_loadu_ps(logits + t));
+  max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, static_cast<__mmask16>((1u << (n - t)) - 1), logits + t));
+  return exp_below_max(logits, n, _mm512_reduce_max_ps(max));
+}
+
+VLLM_LITE_BF16_DOT_INLINE __m512bh load_bf16_pairs(const uint16_t* p) {
+  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+}
+
+// Scores (times `scale`) of one query head against up to 16 bf16 rows of its KV head;
+// head_dim = C * 16, so a row is C / 2 vectors of 32 bf16.
+template <int C, bool kFull>
+VLLM_LITE_BF16_DOT_INLINE void score_tile_bf16(float* logits, const uint16_t* query, const uint16_t* rows,
+                                               int64_t row_stride, int64_t n, float scale) {
+  __m512bh q[C / 2];
+  for (int k = 0; k < C / 2; ++k) q[k] = load_bf16_pairs(query + 32 * k);
+  __m512 slots[kLanes];
+#pragma GCC unroll 16
+  for (int s = 0; s < kLanes; ++s) {
+    const int64_t j = kRowOfSlot[s];
+    __m512 sum = _mm512_setzero_ps();
+    if (kFull || j < n)
+#pragma GCC unroll 4
+      for (int k = 0; k < C / 2; ++k) sum = _mm512_dpbf16_ps(sum, q[k], load_bf16_pairs(rows + j * row_stride + 32 * k));
+    slots[s] = sum;
+  }
+  const __m512 scores = _mm512_mul_ps(transpose_sums_bf16(slots), _mm512_set1_ps(scale));
+  if (kFull)
+    _mm512_storeu_ps(logits, scores);
+  else
+    _mm512_mask_storeu_ps(logits, static_cast<__mmask16>((1u << n) - 1), scores);
+}
+
+// acc[g] += sum_i p[g][i] * V row i for G heads and up to 16 rows, p[g] = weights + g * weight_stride.
+// acc[g] holds C vectors: the even then the odd dims of each 32 (store_heads_out_bf16 reorders).
+template <int C, int G>
+VLLM_LITE_BF16_DOT_INLINE void weighted_sum_tile_bf16(float* acc, const float* weights, int64_t weight_stride,
+                                                      const uint16_t* rows, int64_t row_stride, int64_t n) {
+  __m512 sum[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int k = 0; k < C; ++k) sum[g][k] = _mm512_loadu_ps(acc + (g * C + k) * kLanes);
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t i = 0; i < n; ++i) {
+    __m512 w[G];
+    for (int g = 0; g < G; ++g) w[g] = _mm512_set1_ps(weights[g * weight_stride + i]);
+#pragma GCC unroll 4
+    for (int k = 0; k < C / 2; ++k) {
+      const __m512i pairs = _mm512_loadu_si512(rows + i * row_stride + 32 * k);
+      const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+      for (int g = 0; g < G; ++g) {
+        sum[g][2 * k] = _mm512_fmadd_ps(even, w[g], sum[g][2 * k]);
+        sum[g][2 * k + 1] = _mm512_fmadd_ps(odd, w[g], sum[g][2 * k + 1]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int k = 0; k < C; ++k) _mm512_storeu_ps(acc + (g * C + k) * kLanes, sum[g][k]);
+}
+
+// At most 3 heads per V pass over a tile: 3 heads x 8 accumulators (head_dim 128) still fit the
+// 32 registers.
+constexpr int64_t kMaxHeadsPerPass = 3;
+
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void weighted_sum_heads_bf16(float* acc, const float* weights, int64_t weight_stride,
+                                                       const uint16_t* rows, int64_t row_stride, int64_t n,
+                                                       int64_t num_heads) {
+  for (int64_t h = 0; h < num_heads; h += kMaxHeadsPerPass) {
+    float* a = acc + h * C * kLanes;
+    const float* p = weights + h * weight_stride;
+    switch (std::min(kMaxHeadsPerPass, num_heads - h)) {
+      case 1: weighted_sum_tile_bf16<C, 1>(a, p, weight_stride, rows, row_stride, n); break;
+      case 2: weighted_sum_tile_bf16<C, 2>(a, p, weight_stride, rows, row_stride, n); break;
+      default: weighted_sum_tile_bf16<C, 3>(a, p, weight_stride, rows, row_stride, n); break;
+    }
+  }
+}
+
+// One head's accumulators (even dims, odd dims of each 32) back in dim order, times inv_sum,
+// rounded to bf16.
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void store_heads_out_bf16(uint16_t* out, const float* acc, float inv_sum) {
+  const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i high = _mm512_add_epi32(low, _mm512_set1_epi32(8));
+  const __m512 scale = _mm512_set1_ps(inv_sum);
+  for (int k = 0; k < C / 2; ++k) {
+    const __m512 even = _mm512_loadu_ps(acc + 2 * k * kLanes), odd = _mm512_loadu_ps(acc + (2 * k + 1) * kLanes);
+    store_bf16(out + 32 * k, _mm512_mul_ps(_mm512_permutex2var_ps(even, low, odd), scale));
+    store_bf16(out + 32 * k + kLanes, _mm512_mul_ps(_mm512_permutex2var_ps(even, high, odd), scale));
+  }
+}
+
+// decode_one_bf16_tiled's passes with the bf16 K rows fed to vdpbf16ps as they are and the V rows
+// widened in registers. Both passes take a block's rows for all the item's KV heads before the
+// next block (one contiguous stretch of the cache).
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                                                   int64_t kv_begin, int64_t kv_end, int64_t group,
+                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  constexpr int64_t head_dim = C * kLanes;
+  const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
+  scratch.resize(num_heads * (seq_len + head_dim + 1));
+  float* logits = scratch.data();
+  float* acc = logits + num_heads * seq_len;
+  float* inv_sum = acc + num_heads * head_dim;
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  auto block_rows = [&](int64_t b, int64_t which) {
+    return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
+  };
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    for (int64_t kv = 0; kv < num_kv; ++kv) {
+      const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+          float* tile_logits = logits + h * seq_len + start + t;
+          if (m == kLanes)
+            score_tile_bf16<C, true>(tile_logits, query + h * q_stride_h, rows + t * c.stride_offset, c.stride_offset, m, scale);
+          else
+            score_tile_bf16<C, false>(tile_logits, query + h * q_stride_h, rows + t * c.stride_offset, c.stride_offset, m, scale);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators_bf16_dot(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    for (int64_t kv = 0; kv < num_kv; ++kv) {
+      const uint16_t* rows = block_rows(b, 1) + kv * c.stride_head;
+      for (int64_t t = 0; t < n; t += kLanes)
+        weighted_sum_heads_bf16<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + start + t, seq_len,
+                                   rows + t * c.stride_offset, c.stride_offset, std::min(kLanes, n - t), group);
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) store_heads_out_bf16<C>(out + h * head_dim, acc + h * head_dim, inv_sum[h]);
+}
+
+#define VLLM_LITE_DECODE_BF16_DOT(C)                                                             \
+  VLLM_LITE_BF16_DOT_TARGET                                                                      \
+  void decode_one_bf16_dot_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,         \
+                               const uint16_t* cache, const int32_t* blocks, int64_t seq_len,    \
+                               int64_t kv_begin, int64_t kv_end, int64_t group,                  \
+                               const CacheLayout& c, float scale, std::vector<float>& scratch) { \
+    decode_one_bf16_dot<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,     \
+                           group, c, scale, scratch);                                            \
+  }
+VLLM_LITE_DECODE_BF16_DOT(2)
+VLLM_LITE_DECODE_BF16_DOT(4)
+VLLM_LITE_DECODE_BF16_DOT(8)
+#undef VLLM_LITE_DECODE_BF16_DOT
+
+#endif  // VLLM_LITE_BF16_DOT
+
+bool cpu_has_bf16_dot() {
+#if VLLM_LITE_BF16_DOT
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
+  return has;
+#else
+  return false;
+#endif
+}
+
+// bf16_dot: the vdpbf16ps kernels (the caller has checked the CPU) for head_dim 32/64/128.
 void decode_item_bf16(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                       const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
                       int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
-                      const CacheLayout& c, float scale, std::vector<float>& scratch) {
+                      const CacheLayout& c, float scale, bool bf16_dot, std::vector<float>& scratch) {
   if (seq_len <= 0) {  // a padded row: nothing to attend to
     std::fill(out, out + (kv_end - kv_begin) * group * head_dim, uint16_t{0});
     return;
   }
+#if VLLM_LITE_BF16_DOT
+  if (bf16_dot) {
+    switch (head_dim) {
+      case 2 * kLanes:
+        return decode_one_bf16_dot_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin,
+                                     kv_end, group, c, scale, scratch);
+      case 4 * kLanes:
+        return decode_one_bf16_dot_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin,
+                                     kv_end, group, c, scale, scratch);
+      case 8 * kLanes:
+        return decode_one_bf16_dot_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin,
+                                     kv_end, group, c, scale, scratch);
+      default:
+        break;
+    }
+  }
+#endif
   switch (head_dim) {
     case 2 * kLanes:
       return decode_one_bf16_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
@@ -464,12 +714,14 @@ void decode_item_bf16(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
   }
 }
 
-// The work split of decode_attention_f32, over bf16 data.
+// The work split of decode_attention_f32, over bf16 data. use_bf16_dot: the vdpbf16ps kernels
+// where the CPU has the instruction (false: the portable ones, for tests).
 void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t* cache,
                            const int32_t* block_table, const int32_t* seq_lens, int64_t num_seqs,
                            int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
                            int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
-                           CacheLayout layout, float scale, int num_threads) {
+                           CacheLayout layout, float scale, bool use_bf16_dot, int num_threads) {
+  const bool bf16_dot = use_bf16_dot && cpu_has_bf16_dot();
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
@@ -483,7 +735,7 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
       decode_item_bf16(out + (s * num_q_heads + kv_begin * group) * head_dim,
                        query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
                        block_table + s * bt_stride, seq_lens[s], kv_begin,
-                       kv_begin + heads_per_item, group, head_dim, layout, scale, scratch);
+                       kv_begin + heads_per_item, group, head_dim, layout, scale, bf16_dot, scratch);
     }
   }
 }
@@ -589,7 +841,7 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
 
 void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_table, const at::Tensor& seq_lens,
-                            double scale, int64_t sliding_window) {
+                            double scale, int64_t sliding_window, bool use_bf16_dot) {
   check_cache(kv_cache);
   const at::ScalarType dtype = kv_cache.scalar_type();
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && query.scalar_type() == dtype &&
@@ -624,7 +876,7 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
         static_cast<uint16_t*>(out.data_ptr()), static_cast<const uint16_t*>(query.data_ptr()),
         static_cast<const uint16_t*>(kv_cache.data_ptr()), block_table.data_ptr<int32_t>(), lens,
         num_seqs, num_q_heads, num_kv_heads, head_dim, query.stride(0), query.stride(1),
-        block_table.stride(0), layout, static_cast<float>(scale), at::get_num_threads());
+        block_table.stride(0), layout, static_cast<float>(scale), use_bf16_dot, at::get_num_threads());
   decode_attention_f32(out.data_ptr<float>(), query.data_ptr<float>(), kv_cache.data_ptr<float>(),
                        block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads,
                        head_dim, query.stride(0), query.stride(1), block_table.stride(0), layout,
@@ -637,7 +889,7 @@ TORCH_LIBRARY(vllm_lite_C, m) {
   m.def("reshape_and_cache(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_attention_decode(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, "
-      "Tensor seq_lens, float scale, int sliding_window=0) -> ()");
+      "Tensor seq_lens, float scale, int sliding_window=0, bool use_bf16_dot=True) -> ()");
   m.def("argmax_rows(Tensor logits) -> Tensor");
 }
 

@@ -91,10 +91,13 @@ def _as_float32(batch: PagedBatch) -> PagedBatch:
 
 
 @native
+# head_dim 32/64/128 take the vdpbf16ps kernel where the CPU has AVX512-BF16 (use_bf16_dot=False
+# forces the portable one); groups of 4 and 7 heads take two and three V passes per tile.
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim",
-                         [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24)])
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_size):
+                         [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24), (7, 1, 64), (12, 3, 128)])
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("use_bf16_dot", [True, False], ids=["bf16_dot", "portable"])
+def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_size, use_bf16_dot):
     """bf16 cache, query and output: scores, softmax and sums in fp32, so the result is the fp32
     attention over the same bf16 values, rounded once to bf16 (relative error <= 2^-8)."""
     specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
@@ -105,7 +108,8 @@ def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_
     common = batch.common
     cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
     out = torch.empty_like(batch.query)
-    cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    torch.ops.vllm_lite_C.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens,
+                                                 batch.scale, 0, use_bf16_dot)
     assert out.dtype == torch.bfloat16
     error = (out.float() - ref_out).abs()
     assert (error <= ref_out.abs() * 2 ** -8 + 1e-6).all(), error.max().item()
