@@ -54,6 +54,12 @@ def has_native_int8() -> bool:
 OPENMP_CHILD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
+def openmp_threads_sleep() -> bool:
+    """Whether this process's idle OpenMP threads sleep at once (PASSIVE, no GOMP_SPINCOUNT):
+    every parallel region then starts by waking them (libgomp reads these once, at start)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" and "GOMP_SPINCOUNT" not in os.environ
+
+
 @contextlib.contextmanager
 def openmp_child_env() -> Iterator[None]:
     """Around `Process.start()` of a spawned child: OPENMP_CHILD_DEFAULTS in os.environ (which the

@@ -16,6 +16,7 @@ import torch
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig, max_blocks_per_seq
+from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
@@ -32,6 +33,15 @@ from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata
 
 logger = logging.getLogger(__name__)
+
+# A CPU step computing at most this many tokens runs on one thread when idle OpenMP threads
+# sleep (PASSIVE, the engine's default): each parallel region (a matmul, the attention) then
+# starts by waking the others, ~0.1 ms each in these VMs, more than splitting a few rows saves.
+# Demo model, bf16, decode steps, 2 threads configured (benchmarks/RESULTS.md): 1 request 40-43
+# ms per step on one thread vs 45-52 on two, 4 requests 35-43 vs 45-51, 8 requests 43-56 vs
+# 51-61; at 12 requests of 600-token contexts two threads win (69 vs 83 ms: the attention has
+# the work to share).
+ONE_THREAD_MAX_TOKENS = 8
 
 
 @dataclass(slots=True)
@@ -57,6 +67,9 @@ class ModelRunner:
             vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
         self.tp = tp
+        # The intra-op threads a step uses (set on the thread that runs the steps, each step).
+        self.num_threads = torch.get_num_threads()
+        self._small_steps_on_one_thread = device.type == "cpu" and openmp_threads_sleep()
         model_config = vllm_config.model_config
         max_blocks = max_blocks_per_seq(model_config.max_model_len, self.block_size)
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
@@ -96,6 +109,7 @@ class ModelRunner:
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
         inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
         if inputs is not None:
+            self._set_step_threads(scheduler_output.total_num_scheduled_tokens)
             if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
@@ -104,6 +118,11 @@ class ModelRunner:
             if len(inputs.sample_rows):
                 self._sample(hidden, inputs, output, scheduler_output)
         return output
+
+    def _set_step_threads(self, num_tokens: int) -> None:
+        threads = 1 if self._small_steps_on_one_thread and num_tokens <= ONE_THREAD_MAX_TOKENS else self.num_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput,
                 sched: SchedulerOutput) -> None:
