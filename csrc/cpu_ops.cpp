@@ -442,19 +442,20 @@ void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_
   for (int64_t i = 0; i < num_heads * head_dim; ++i) out[i] = float_to_bf16(acc[i]);
 }
 
-#define VLLM_LITE_DECODE_BF16(C)                                                                 \
-  VLLM_LITE_MULTIVERSION                                                                         \
-  void decode_one_bf16_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,             \
-                           const uint16_t* cache, const int32_t* blocks, int64_t seq_len,        \
-                           int64_t kv_begin, int64_t kv_end, int64_t group,                      \
-                           const CacheLayout& c, float scale, std::vector<float>& scratch) {     \
-    decode_one_bf16_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,   \
-                             group, c, scale, scratch);                                          \
+// One bf16 decode kernel for head_dim C * 16, compiled with TARGET (its ISA levels) as NAME##_C:
+// the portable clones here, the vdpbf16ps ones below.
+#define VLLM_LITE_BF16_DECODE_KERNEL(TARGET, NAME, KERNEL, C)                                    \
+  TARGET                                                                                         \
+  void NAME##_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,                      \
+                  const uint16_t* cache, const int32_t* blocks, int64_t seq_len,                 \
+                  int64_t kv_begin, int64_t kv_end, int64_t group,                               \
+                  const CacheLayout& c, float scale, std::vector<float>& scratch) {              \
+    KERNEL<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, \
+              scratch);                                                                          \
   }
-VLLM_LITE_DECODE_BF16(2)
-VLLM_LITE_DECODE_BF16(4)
-VLLM_LITE_DECODE_BF16(8)
-#undef VLLM_LITE_DECODE_BF16
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 2)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 8)
 
 // ---- bf16 with vdpbf16ps (AVX512-BF16), picked at run time on CPUs that have it ----
 // QK: bf16 pairs of the query times bf16 pairs of a K row, summed into fp32 lanes by vdpbf16ps
@@ -647,19 +648,10 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   for (int64_t h = 0; h < num_heads; ++h) store_heads_out_bf16<C>(out + h * head_dim, acc + h * head_dim, inv_sum[h]);
 }
 
-#define VLLM_LITE_DECODE_BF16_DOT(C)                                                             \
-  VLLM_LITE_BF16_DOT_TARGET                                                                      \
-  void decode_one_bf16_dot_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,         \
-                               const uint16_t* cache, const int32_t* blocks, int64_t seq_len,    \
-                               int64_t kv_begin, int64_t kv_end, int64_t group,                  \
-                               const CacheLayout& c, float scale, std::vector<float>& scratch) { \
-    decode_one_bf16_dot<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,     \
-                           group, c, scale, scratch);                                            \
-  }
-VLLM_LITE_DECODE_BF16_DOT(2)
-VLLM_LITE_DECODE_BF16_DOT(4)
-VLLM_LITE_DECODE_BF16_DOT(8)
-#undef VLLM_LITE_DECODE_BF16_DOT
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 2)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 8)
+#undef VLLM_LITE_BF16_DECODE_KERNEL
 
 #endif  // VLLM_LITE_BF16_DOT
 
