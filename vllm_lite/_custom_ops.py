@@ -1,7 +1,7 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
 attention ops; the fused decoder-layer ops (RMSNorm with the residual add, rotary embedding,
 SiLU-and-mul); for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
-bitmask; and the GGUF block matmul and dequantization.
+bitmask; the GGUF block matmul and dequantization; and the two ends of the int8 W8A8 linear.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -109,3 +109,17 @@ def gguf_gemm(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tenso
 def gguf_dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
     """float32 `[N, K]` from GGUF blocks (as `gguf_gemm` takes them)."""
     return torch.ops.vllm_lite_C.gguf_dequantize(qweight, qtype)
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of float32/bfloat16 `x [M, K]` (contiguous rows): int8 `[M, K]` and
+    float32 scales `[M, 1]`, scale = max(max|x| / 127, 1e-12), q = round(x / scale) (ties to
+    even), in one pass: the rule of layers/quantization.py's torch fallback."""
+    return torch.ops.vllm_lite_C.quantize_rows_int8(x)
+
+
+def dequantize_int32(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                     bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`acc * row_scale[m] * col_scale[n] (+ bias[n])` for a contiguous int32 `acc [M, N]`, fp32
+    arithmetic, rounded once to `dtype` (float32 or bfloat16; bias of that dtype)."""
+    return torch.ops.vllm_lite_C.dequantize_int32(acc, row_scale, col_scale, bias, dtype)

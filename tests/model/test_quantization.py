@@ -1,13 +1,16 @@
 """Online int8 quantization (vllm_lite/model/layers/quantization.py): the int8 linear against the
-float product of the same quantized operands, and the engine argument's validation."""
+float product of the same quantized operands, the csrc ends of the int8 linear against the torch
+rule, and the engine argument's validation."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import torch
 
+from vllm_lite import _custom_ops as ops
 from vllm_lite.config import EngineArgs
 from vllm_lite.model.layers.linear import RowParallelLinear
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear, quantize_rows
@@ -45,3 +48,75 @@ def test_layer_quantize_int8_replaces_weight() -> None:
 def test_unknown_quantization_is_refused(tiny_llama: Path, value: str) -> None:
     with pytest.raises(ValueError, match="quantization"):
         EngineArgs(model=str(tiny_llama), quantization=value).create_engine_config()
+
+
+needs_csrc = pytest.mark.skipif(not ops.is_available(), reason="vllm_lite._C is not built")
+
+
+@needs_csrc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, width", [(1, 7), (5, 40), (33, 576), (200, 333)])  # tails, and >= 2**16 values: threads
+def test_csrc_quantize_rows_equals_torch_rule(dtype: torch.dtype, rows: int, width: int) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + width)
+    x = (torch.randn(rows, width, generator=gen) * 4).to(dtype)
+    x[0, : min(3, width)] = 0.0
+    if rows > 2:
+        x[2] = 0.0  # an all-zero row: scale 1e-12, zeros
+    x[-1, -1] = 2.5  # ties round to even
+    with _threads(2):
+        q, scale = ops.quantize_rows_int8(x)
+    expected_q, expected_scale = quantize_rows(x)
+    assert q.dtype == torch.int8 and scale.shape == (rows, 1)
+    assert torch.equal(scale, expected_scale)
+    assert torch.equal(q, expected_q)
+
+
+@needs_csrc
+def test_csrc_quantize_rows_takes_strided_rows() -> None:
+    x = torch.randn(6, 64)
+    q, scale = ops.quantize_rows_int8(x[:, :40])
+    expected_q, expected_scale = quantize_rows(x[:, :40].contiguous())
+    assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
+
+
+@needs_csrc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows, width", [(3, 40), (64, 1030)])  # 64 x 1030 >= 2**16: threads
+def test_csrc_dequantize_int32(dtype: torch.dtype, with_bias: bool, rows: int, width: int) -> None:
+    gen = torch.Generator().manual_seed(rows + width)
+    acc = torch.randint(-2**20, 2**20, (rows, width), generator=gen, dtype=torch.int32)
+    row_scale = torch.rand(rows, 1, generator=gen) / 100
+    col_scale = torch.rand(width, generator=gen) / 100
+    bias = torch.randn(width, generator=gen).to(dtype) if with_bias else None
+    with _threads(2):
+        out = ops.dequantize_int32(acc, row_scale, col_scale, bias, dtype)
+    expected = acc.double() * row_scale.double() * col_scale.double()
+    if bias is not None:
+        expected = expected + bias.double()
+    assert out.dtype == dtype and out.shape == (rows, width)
+    rtol = 1e-6 if dtype == torch.float32 else 2.0 ** -8
+    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=1e-6)
+
+
+@needs_csrc
+def test_int8_linear_fused_path_equals_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    x = torch.randn(2, 9, 64, generator=gen)
+    q = Int8Weight.quantize(weight)
+    fused = int8_linear(x, q, bias)
+    monkeypatch.setattr(ops, "takes_layer_ops", lambda t: False)
+    reference = int8_linear(x, q, bias)
+    assert fused.shape == (2, 9, 96)
+    torch.testing.assert_close(fused, reference, rtol=1e-6, atol=1e-5)
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -5,8 +5,10 @@ At load, each linear layer's weight becomes int8 with one symmetric scale per ou
 int8 x int8 product accumulates in int32 (`torch._int_mm`: oneDNN, VNNI dot products where the CPU
 has them), and the result is rescaled by token scale x channel scale into the model dtype. The
 LM head and the embedding stay in the model dtype (as in vLLM's online fp8), so sampling sees
-unquantized logits. Weight-only int8 (`torch._weight_int8pack_mm`) is not offered: on these
-CPUs it measured slower than the packed bf16 matmul it would replace (benchmarks/RESULTS.md).
+unquantized logits. Where the csrc extension is built, the activations' quantization and the
+rescale are one pass each (`quantize_rows_int8`, `dequantize_int32`) instead of nine torch ops.
+Weight-only int8 (`torch._weight_int8pack_mm`) is not offered: on these CPUs it measured slower
+than the packed bf16 matmul it would replace (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vllm_lite import _custom_ops as ops
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 
 INT8_MAX = 127.0
@@ -40,19 +43,24 @@ class Int8Weight:
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row symmetric int8: (int8 [M, K], float32 scales [M, 1])."""
+    """Per-row symmetric int8: (int8 [M, K], float32 scales [M, 1]). The torch form of the csrc
+    op `quantize_rows_int8` (same rule, same result)."""
     scale = (x.abs().amax(dim=1, keepdim=True).float() / INT8_MAX).clamp_min(MIN_SCALE)
     return torch.round(x / scale).to(torch.int8), scale
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    xq, x_scale = quantize_rows(flat)
+    fused = ops.takes_layer_ops(flat)
+    xq, x_scale = ops.quantize_rows_int8(flat) if fused else quantize_rows(flat)
     acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))  # int32 [M, out]
-    out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
-    torch.mul(acc * x_scale, weight.scale, out=out)
-    if bias is not None:
-        out += bias
+    if fused:
+        out = ops.dequantize_int32(acc, x_scale, weight.scale, bias, x.dtype)
+    else:
+        out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
+        torch.mul(acc * x_scale, weight.scale, out=out)
+        if bias is not None:
+            out += bias
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
