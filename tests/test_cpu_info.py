@@ -18,6 +18,15 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path: Path) -> None:
     assert cpu_info.cpu_flags(tmp_path / "missing") == frozenset()
 
 
+def test_cpu_summary_names_model_and_native_precisions(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor @ 2.50GHz\n"
+                    "flags\t\t: fpu avx512f avx512_vnni\n")
+    assert cpu_info.cpu_summary(info) == ("Intel(R) Xeon(R) Processor @ 2.50GHz; native bf16: no, "
+                                          "native int8 dot products: yes")
+    assert cpu_info.cpu_summary(tmp_path / "missing").startswith("unknown CPU; native bf16: no")
+
+
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
 def test_auto_dtype_on_cpu_follows_native_bf16(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
                                                native: bool, expected: str) -> None:

@@ -16,16 +16,32 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 dot products in hardware
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products in hardware
 
 
-@functools.cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+def _cpuinfo_field(name: str, cpuinfo: Path) -> str | None:
+    """The first processor's `name` line of /proc/cpuinfo, or None."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+@functools.cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    return frozenset((_cpuinfo_field("flags", cpuinfo) or "").split())
+
+
+def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name and which precisions it computes natively, for benchmark headers
+    (the machines a benchmark lands on differ: bf16 is emulated on CPUs without it)."""
+    flags = cpu_flags(cpuinfo)
+    bf16 = any(flag in flags for flag in BF16_FLAGS)
+    int8 = any(flag in flags for flag in INT8_FLAGS)
+    return (f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}; native bf16: {'yes' if bf16 else 'no'}, "
+            f"native int8 dot products: {'yes' if int8 else 'no'}")
 
 
 def has_native_bf16() -> bool:
