@@ -46,3 +46,19 @@ def test_openmp_child_env_sets_defaults_and_restores(monkeypatch: pytest.MonkeyP
     with cpu_info.openmp_child_env():
         assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_model_threads_default_to_every_allowed_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    assert cpu_info.model_threads() == 8
+    assert cpu_info.model_threads(ranks_per_node=2) == 4
+    assert cpu_info.model_threads(ranks_per_node=16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_info.model_threads() == 3 and cpu_info.model_threads(ranks_per_node=2) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2,1")  # OpenMP's nested form: the outer level
+    assert cpu_info.model_threads() == 2
+    for bad in ("0", "many"):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
+            cpu_info.model_threads()

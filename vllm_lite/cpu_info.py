@@ -52,6 +52,19 @@ def has_native_int8() -> bool:
     return any(flag in cpu_flags() for flag in INT8_FLAGS)
 
 
+def model_threads(ranks_per_node: int = 1) -> int:
+    """Intra-op threads of a process that runs the model: OMP_NUM_THREADS when set, else every
+    core this process may run on (its affinity mask), shared between the host's TP ranks; vLLM's
+    CPU build also takes all of a node's cores by default."""
+    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not configured:
+        return max(1, len(os.sched_getaffinity(0)) // ranks_per_node)
+    first = configured.split(",")[0]  # OpenMP's nested form "outer,inner"
+    if not first.isdigit() or int(first) < 1:
+        raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {configured!r}")
+    return int(first)
+
+
 # OpenMP settings a spawned engine-core or worker process starts with, unless the user's
 # environment sets them. libgomp reads them once, when torch loads it, so they must be in the
 # child's environment before its first `import torch`. PASSIVE: a thread waiting for work sleeps

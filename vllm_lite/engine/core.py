@@ -22,6 +22,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.cpu_info import model_threads
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
 from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
@@ -503,9 +504,7 @@ def _set_torch_threads(vllm_config: VllmConfig) -> None:
     if vllm_config.device_config.device == "cpu":
         import torch
 
-        # One thread unless OMP_NUM_THREADS says otherwise: the engine shares the cores with its
-        # clients, and oversubscribed torch threads slow a step down by 10x or more.
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 1))
+        torch.set_num_threads(model_threads())
 
 
 def _watch_parent(stop: StopSignals) -> None:

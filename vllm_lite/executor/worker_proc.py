@@ -35,6 +35,7 @@ import torch.distributed as dist
 import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.cpu_info import model_threads
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.exceptions import describe_error
 from vllm_lite.executor.messages import MessageCodec
@@ -127,8 +128,7 @@ class WorkerProc:
 
 def _limit_threads(ranks_per_node: int) -> None:
     """Share this host's cores between its ranks, unless OMP_NUM_THREADS says otherwise."""
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // ranks_per_node))
+    torch.set_num_threads(model_threads(ranks_per_node))
 
 
 def _start_watchdog(wait: Callable[[], object], stopping: threading.Event, grace: float) -> None:
