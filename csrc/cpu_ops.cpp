@@ -204,95 +204,51 @@ VLLM_LITE_INLINE void score_tile(float* logits, const vfloat* q, const float* ro
   }
 }
 
-// Up to 16 token rows of one KV head as fp32 rows `head_dim` apart: float rows are used where
-// they lie (stride `row_stride`), bf16 rows are widened into `tile` first.
 template <int C>
-VLLM_LITE_INLINE const float* fp32_rows(float*, const float* rows, int64_t row_stride, int64_t,
-                                        int64_t& stride) {
-  stride = row_stride;
-  return rows;
-}
-
-template <int C>
-VLLM_LITE_INLINE const float* fp32_rows(float* tile, const uint16_t* rows, int64_t row_stride, int64_t n,
-                                        int64_t& stride) {
-  for (int64_t j = 0; j < n; ++j)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * kLanes, load_bf16(rows + j * row_stride + c * kLanes));
-  stride = C * kLanes;
-  return tile;
-}
-
-// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16, cache
-// elements T (float, or bf16 with a bf16 query and output). Tiles of 16 K (then V) rows are
-// visited once per KV head and used by every query head of its group while they are in L1
-// (grouped-query attention: the demo model's 3 heads share a KV head), so the cache is read from
-// memory once, not once per query head; bf16 tiles are widened to fp32 once per KV head. Each
-// head's products and sums are those of a per-head walk, in the same order. fp32 scores,
-// softmax and accumulation; a bf16 output is rounded once (round to nearest even).
-template <int C, typename T>
-VLLM_LITE_INLINE void decode_one_tiled(T* out, const T* query, int64_t q_stride_h, const T* cache,
-                                       const int32_t* blocks, int64_t seq_len, int64_t num_masked,
-                                       int64_t kv_begin, int64_t kv_end, int64_t group, const CacheLayout& c,
-                                       float scale, std::vector<float>& scratch) {
+VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h,
+                                       const float* cache, const int32_t* blocks, int64_t seq_len,
+                                       int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,
+                                       const CacheLayout& c, float scale, std::vector<float>& scratch) {
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_heads = (kv_end - kv_begin) * group;
-  scratch.resize(num_heads * (seq_len + 2 * head_dim + 1));
+  scratch.resize(num_heads * seq_len);
   float* logits = scratch.data();
-  float* q_scaled = logits + num_heads * seq_len;
-  float* acc = q_scaled + num_heads * head_dim;
-  float* inv_sum = acc + num_heads * head_dim;
-  float tile[kLanes * head_dim];
-  for (int64_t h = 0; h < num_heads; ++h)
-    for (int k = 0; k < C; ++k)
-      store(q_scaled + h * head_dim + k * kLanes, load_any(query + h * q_stride_h + k * kLanes) * scale);
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
-  for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+  for (int64_t h = 0; h < num_heads; ++h) {
+    vfloat q[C];
+    for (int k = 0; k < C; ++k) q[k] = load(query + h * q_stride_h + k * kLanes) * scale;
+    const int64_t kv_head = kv_begin + h / group;
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const T* rows = cache + blocks[b] * c.stride_block + (kv_begin + kv) * c.stride_head;
+      const float* rows = cache + blocks[b] * c.stride_block + kv_head * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
       for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        int64_t stride;
-        const float* k_rows = fp32_rows<C>(tile, rows + t * c.stride_offset, c.stride_offset, m, stride);
-        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-          vfloat q[C];
-          for (int k = 0; k < C; ++k) q[k] = load(q_scaled + h * head_dim + k * kLanes);
-          if (m == kLanes)
-            score_tile<C, true>(logits + h * seq_len + start + t, q, k_rows, stride, kLanes);
-          else
-            score_tile<C, false>(logits + h * seq_len + start + t, q, k_rows, stride, m);
-        }
+        float* tile_logits = logits + h * seq_len + start + t;
+        const float* tile_rows = rows + t * c.stride_offset;
+        if (n - t >= kLanes)
+          score_tile<C, true>(tile_logits, q, tile_rows, c.stride_offset, kLanes);
+        else
+          score_tile<C, false>(tile_logits, q, tile_rows, c.stride_offset, n - t);
       }
     }
   }
   for (int64_t h = 0; h < num_heads; ++h) {
+    const float* p = logits + h * seq_len;
     mask_leading(logits + h * seq_len, num_masked);
-    inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
-  }
-  std::fill(acc, acc + num_heads * head_dim, 0.f);
-  for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+    const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+    const int64_t kv_head = kv_begin + h / group;
+    vfloat acc[C] = {};
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const T* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
+      const float* rows = cache + blocks[b] * c.stride_block + c.stride_kv + kv_head * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        int64_t stride;
-        const float* v_rows = fp32_rows<C>(tile, rows + t * c.stride_offset, c.stride_offset, m, stride);
-        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-          const float* p = logits + h * seq_len + start + t;
-          vfloat sum[C];
-          for (int k = 0; k < C; ++k) sum[k] = load(acc + h * head_dim + k * kLanes);
-          for (int64_t i = 0; i < m; ++i)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* v = rows + i * c.stride_offset;
+        const float weight = p[start + i];
 #pragma GCC unroll 8
-            for (int k = 0; k < C; ++k) sum[k] += p[i] * load(v_rows + i * stride + k * kLanes);
-          for (int k = 0; k < C; ++k) store(acc + h * head_dim + k * kLanes, sum[k]);
-        }
+        for (int k = 0; k < C; ++k) acc[k] += weight * load(v + k * kLanes);
       }
     }
+    for (int k = 0; k < C; ++k) store(out + h * head_dim + k * kLanes, acc[k] * inv_sum);
   }
-  for (int64_t h = 0; h < num_heads; ++h)
-    for (int k = 0; k < C; ++k) store_any(out + h * head_dim + k * kLanes, load(acc + h * head_dim + k * kLanes) * inv_sum[h]);
 }
 
 #define VLLM_LITE_DECODE_TILED(C)                                                                \
@@ -301,8 +257,7 @@ VLLM_LITE_INLINE void decode_one_tiled(T* out, const T* query, int64_t q_stride_
                             const float* cache, const int32_t* blocks, int64_t seq_len,          \
                             int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group, \
                             const CacheLayout& c, float scale, std::vector<float>& scratch) {    \
-    decode_one_tiled<C, float>(out, query, q_stride_h, cache, blocks, seq_len, num_masked,       \
-                               kv_begin,                                                       \
+    decode_one_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin,    \
                         kv_end, group, c, scale, scratch);                                       \
   }
 VLLM_LITE_DECODE_TILED(2)
@@ -372,15 +327,77 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
 // ---- bf16 KV cache (bf16 query and output): rows widened to fp32 as they are read, fp32 scores,
 // softmax and accumulation; the output rounded to bf16 once (round to nearest even). ----
 
-// The tiled kernel on a bf16 cache (no sliding window on the bf16 path).
+// n (<= 16) bf16 token rows of one KV head widened into `tile` (fp32 rows of C * 16 values).
+template <int C>
+VLLM_LITE_INLINE void widen_tile(float* tile, const uint16_t* rows, int64_t row_stride, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * kLanes, load_bf16(rows + j * row_stride + c * kLanes));
+}
+
+// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16. Each tile
+// of 16 K (then V) rows is widened to fp32 once and used by every query head of its KV group
+// (grouped-query attention: 3 heads share a KV head in the demo model), then the fp32 tile code
+// runs on it: the same products in the same order as widening per head, so the same result.
 template <int C>
 VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                                             const uint16_t* cache, const int32_t* blocks,
                                             int64_t seq_len, int64_t kv_begin, int64_t kv_end,
                                             int64_t group, const CacheLayout& c, float scale,
                                             std::vector<float>& scratch) {
-  decode_one_tiled<C, uint16_t>(out, query, q_stride_h, cache, blocks, seq_len, 0, kv_begin, kv_end, group,
-                                c, scale, scratch);
+  constexpr int64_t head_dim = C * kLanes;
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  scratch.resize(num_heads * (seq_len + 2 * head_dim + 1));
+  float* logits = scratch.data();
+  float* q_scaled = logits + num_heads * seq_len;
+  float* acc = q_scaled + num_heads * head_dim;
+  float* inv_sum = acc + num_heads * head_dim;
+  float tile[kLanes * head_dim];
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int k = 0; k < C; ++k)
+      store(q_scaled + h * head_dim + k * kLanes, load_bf16(query + h * q_stride_h + k * kLanes) * scale);
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint16_t* rows = cache + blocks[b] * c.stride_block + (kv_begin + kv) * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        widen_tile<C>(tile, rows + t * c.stride_offset, c.stride_offset, m);
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+          vfloat q[C];
+          for (int k = 0; k < C; ++k) q[k] = load(q_scaled + h * head_dim + k * kLanes);
+          if (m == kLanes)
+            score_tile<C, true>(logits + h * seq_len + start + t, q, tile, head_dim, kLanes);
+          else
+            score_tile<C, false>(logits + h * seq_len + start + t, q, tile, head_dim, m);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const uint16_t* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        widen_tile<C>(tile, rows + t * c.stride_offset, c.stride_offset, m);
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+          const float* p = logits + h * seq_len + start + t;
+          vfloat sum[C];
+          for (int k = 0; k < C; ++k) sum[k] = load(acc + h * head_dim + k * kLanes);
+          for (int64_t i = 0; i < m; ++i)
+#pragma GCC unroll 8
+            for (int k = 0; k < C; ++k) sum[k] += p[i] * load(tile + (i * C + k) * kLanes);
+          for (int k = 0; k < C; ++k) store(acc + h * head_dim + k * kLanes, sum[k]);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = float_to_bf16(acc[h * head_dim + d] * inv_sum[h]);
 }
 
 // Any head_dim: one token at a time, scalar tails.
