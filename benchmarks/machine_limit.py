@@ -19,15 +19,17 @@ import argparse
 import time
 
 import torch
-
 from benchlib import (EngineLimits, RunResult, Workload, count_parameters, demo_model, engine_job, machine_line,
                       print_table, random_workload, run_engine, write_results)
+
+from vllm_lite.cpu_info import has_native_bf16
 
 # precision -> (engine arguments, bytes per weight, name of the matmul peak it runs at)
 PRECISIONS = {
     "float32": ({"dtype": "float32"}, 4, "float32"),
     "bfloat16": ({"dtype": "bfloat16"}, 2, "bfloat16"),
-    "int8": ({"dtype": "bfloat16", "quantization": "int8"}, 1, "int8"),
+    # activations in bf16 where the CPU has it natively, else fp32 (bf16 would be emulated)
+    "int8": ({"dtype": "bfloat16" if has_native_bf16() else "float32", "quantization": "int8"}, 1, "int8"),
 }
 
 
