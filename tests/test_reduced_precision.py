@@ -1,6 +1,7 @@
 """Reduced precision against float32 on the same weights: greedy agreement and teacher-forced
-logprobs, for bf16 and for int8 W8A8 (quantization="int8") over bf16 and over fp32 activations (the
-int8 path of CPUs without native bf16).
+logprobs, for bf16, for int8 W8A8 (quantization="int8") over bf16 and over fp32 activations (the
+int8 path of CPUs without native bf16), and for a float32 model with a bf16 KV cache
+(kv_cache_dtype="bfloat16"), on both CPU attention backends.
 
 bf16 cannot be token-for-token equal to fp32: each bf16 rounding moves a logit by ~0.4% of its
 size, so wherever the top two logits of a step are closer than that the argmax may flip, and
@@ -25,9 +26,21 @@ NEW_TOKENS = 16
 AGREE_PREFIX = 4  # first tokens compared for agreement
 # Bounds per precision, with about 2x room over what these models measured (first-4 agreement
 # bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073).
-# float32+int8 has the same bounds as bfloat16+int8: the int8 rounding dominates either way.
-MIN_AGREEING_FRACTION = {"bfloat16": 0.75, "bfloat16+int8": 0.5, "float32+int8": 0.5}  # prompts agreeing on AGREE_PREFIX
-MAX_MEAN_ABS_LOGPROB_DIFF = {"bfloat16": 0.05, "bfloat16+int8": 0.15, "float32+int8": 0.15}
+# Engine arguments per precision (the reference: dtype="float32").
+PRECISIONS = {
+    "bfloat16": {"dtype": "bfloat16"},
+    "bfloat16+int8": {"dtype": "bfloat16", "quantization": "int8"},
+    "float32+int8": {"dtype": "float32", "quantization": "int8"},
+    "float32, bf16 KV cache": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
+    "float32, bf16 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "bfloat16",
+                                                "attention_backend": "torch"},
+}
+# float32+int8 has the same bounds as bfloat16+int8: the int8 rounding dominates either way. A bf16
+# KV cache rounds a subset of what a bf16 model rounds: the bf16 bounds.
+MIN_AGREEING_FRACTION = {"bfloat16": 0.75, "bfloat16+int8": 0.5, "float32+int8": 0.5,
+                         "float32, bf16 KV cache": 0.75, "float32, bf16 KV cache, torch attention": 0.75}
+MAX_MEAN_ABS_LOGPROB_DIFF = {"bfloat16": 0.05, "bfloat16+int8": 0.15, "float32+int8": 0.15,
+                             "float32, bf16 KV cache": 0.05, "float32, bf16 KV cache, torch attention": 0.05}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:
@@ -53,14 +66,13 @@ def teacher_forced_logprobs(llm: LLM, sequences: list[list[int]], skip: list[int
     return result
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "bfloat16+int8", "float32+int8"])
+@pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3"])
 def test_reduced_precision_close_to_fp32(name: str, precision: str, tiny_models: dict[str, Path],
                                           prompts_token_ids: list[list[int]]) -> None:
     model = tiny_models[name]
-    dtype, _, quantization = precision.partition("+")
     reference_llm = make_llm(model, dtype="float32")
-    reduced_llm = make_llm(model, dtype=dtype, quantization=quantization or None)
+    reduced_llm = make_llm(model, **PRECISIONS[precision])
     reference = greedy(reference_llm, prompts_token_ids)
     reduced = greedy(reduced_llm, prompts_token_ids)
     divergence = [first_divergence(a, b) for a, b in zip(reduced, reference)]

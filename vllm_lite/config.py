@@ -35,6 +35,10 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
+# The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
+# in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
+# computes in fp32). vLLM's fp8 formats are not implemented.
+KV_CACHE_DTYPES = ("auto", "bfloat16")
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
 MODEL_IMPLS = ("auto", "vllm", "transformers")
@@ -216,10 +220,6 @@ class ModelConfig:
     # (text ""), and what needs text (stop strings, grammars, chat templates) is refused.
     skip_tokenizer_init: bool = False
 
-    @property
-    def dtype_size(self) -> int:
-        return DTYPE_SIZES[self.dtype]
-
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
@@ -230,6 +230,7 @@ class CacheConfig:
     # Every layer slides over at most this many keys: older blocks are freed. None when some
     # layer attends to everything (then every block stays needed).
     sliding_window: int | None = None
+    cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES (vLLM's name for the field)
 
 
 def max_blocks_per_seq(max_model_len: int, block_size: int) -> int:
@@ -285,13 +286,19 @@ class VllmConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
 
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The dtype K and V are stored in: the model's unless `kv_cache_dtype` says otherwise."""
+        cache_dtype = self.cache_config.cache_dtype
+        return self.model_config.dtype if cache_dtype == "auto" else cache_dtype
+
     def kv_block_bytes(self) -> int:
         """Bytes one KV block takes on one rank across all layers (K and V). A rank holds its
         share of the KV heads, or one replicated head when there are fewer heads than ranks."""
         hf = self.model_config.hf
         kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
         per_layer = 2 * self.cache_config.block_size * kv_heads * hf.head_dim
-        return per_layer * hf.num_hidden_layers * self.model_config.dtype_size
+        return per_layer * hf.num_hidden_layers * DTYPE_SIZES[self.kv_cache_dtype]
 
     def num_kv_blocks(self) -> int:
         """The KV cache size in blocks: the override, else what the memory budget holds, capped at
@@ -340,6 +347,7 @@ class EngineArgs:
     download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
     quantization: str | None = None  # one of QUANTIZATION_METHODS
     skip_tokenizer_init: bool = False  # token ids in, token ids out: no tokenizer is loaded
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -351,7 +359,7 @@ class EngineArgs:
         max_len = model_config.max_model_len
         return VllmConfig(
             model_config=model_config,
-            cache_config=self._cache_config(model_config.hf),
+            cache_config=self._cache_config(model_config, device),
             scheduler_config=self._scheduler_config(max_len),
             parallel_config=self._parallel_config(model_config.hf),
             device_config=DeviceConfig(device=device),
@@ -402,15 +410,24 @@ class EngineArgs:
             skip_tokenizer_init=self.skip_tokenizer_init,
         )
 
-    def _cache_config(self, hf: HFModelConfig) -> CacheConfig:
+    def _cache_config(self, model_config: ModelConfig, device: str) -> CacheConfig:
         bs = self.block_size
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r} "
+               "(vLLM's fp8 KV cache formats are not implemented)")
+        stored = model_config.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
+        _check(stored == model_config.dtype
+               or (device == "cpu" and model_config.dtype == "float32" and self.attention_backend != "triton"),
+               f"kv_cache_dtype={self.kv_cache_dtype!r} differs from dtype={model_config.dtype!r}: a KV cache "
+               "in another dtype than the model's runs only under a float32 model on CPU, with the cpu_native "
+               f"or torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
                f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
-        return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes,
-                           self.enable_prefix_caching, hf.all_layers_window)
+        return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes, self.enable_prefix_caching,
+                           model_config.hf.all_layers_window, self.kv_cache_dtype)
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

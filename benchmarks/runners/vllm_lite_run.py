@@ -20,6 +20,8 @@ from vllm_lite import LLM, SamplingParams
 def main(job_path: str, result_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     optional = {"quantization": job["quantization"]} if job.get("quantization") else {}
+    if job.get("kv_cache_dtype", "auto") != "auto":  # only then: a baseline checkout may predate the option
+        optional["kv_cache_dtype"] = job["kv_cache_dtype"]
     if "async_scheduling" in job:  # only then: a baseline checkout may predate the option
         optional["async_scheduling"] = job["async_scheduling"]
     llm = LLM(job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],

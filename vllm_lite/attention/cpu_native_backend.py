@@ -3,7 +3,9 @@ run natively; prefill rows (chunks, prefix-cache hits) use the torch reference's
 In a mixed batch the decode rows go to the native op together and each prefill row to SDPA.
 
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
-otherwise.
+otherwise. A bf16 KV cache under a float32 model (kv_cache_dtype="bfloat16") takes K/V rounded to
+bf16 and decodes with the bf16 op (the query rounded to bf16, fp32 arithmetic inside); prefill
+widens the gathered rows back to fp32 for SDPA.
 """
 
 from __future__ import annotations
@@ -53,22 +55,24 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
-        cpu_native.reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        cache_dtype = kv_cache.dtype  # bf16 under a float32 model with kv_cache_dtype="bfloat16"
+        cpu_native.reshape_and_cache(key.to(cache_dtype), value.to(cache_dtype), kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
-        native_decode = logits_soft_cap is None and (sliding_window is None or query.dtype == torch.float32)
+        native_decode = logits_soft_cap is None and (sliding_window is None or cache_dtype == torch.float32)
         if metadata.decode_seq_lens is not None and not native_decode:
             self._torch_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
         elif metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
-            if idx is None:
-                cpu_native.paged_attention_decode(out, query, kv_cache, metadata.decode_block_table,
-                                                  metadata.decode_seq_lens, scale, sliding_window)
-            else:
-                decode_out = torch.empty((len(idx), *query.shape[1:]), dtype=query.dtype)
-                cpu_native.paged_attention_decode(decode_out, query[idx], kv_cache,
-                                                  metadata.decode_block_table, metadata.decode_seq_lens, scale,
-                                                  sliding_window)
-                out[idx] = decode_out
+            # The native op takes query, output and cache in one dtype: with a bf16 cache under a
+            # float32 model the query is rounded to bf16 (scores, softmax and sums stay fp32).
+            rows = (query if idx is None else query[idx]).to(cache_dtype)
+            decoded = out if idx is None and cache_dtype == query.dtype else torch.empty(rows.shape, dtype=cache_dtype)
+            cpu_native.paged_attention_decode(decoded, rows, kv_cache, metadata.decode_block_table,
+                                              metadata.decode_seq_lens, scale, sliding_window)
+            if idx is None and decoded is not out:
+                out.copy_(decoded)
+            elif idx is not None:
+                out[idx] = decoded.to(query.dtype)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,

@@ -113,8 +113,8 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
         n = metadata.num_tokens
-        kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n]
-        kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n]
+        kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n].to(kv_cache.dtype)
+        kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n].to(kv_cache.dtype)
         out = torch.empty_like(query)
         if metadata.decode_token_idx is not None:
             out[metadata.decode_token_idx] = decode_attention(
@@ -127,10 +127,11 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
-def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int) -> torch.Tensor:
-    """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim]."""
+def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
+    """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim] in
+    `dtype` (the query's: a bf16 cache under a float32 model is widened here)."""
     blocks = kv_cache[block_ids, which]  # [..., nb, bs, H, D]
-    merged = blocks.flatten(-4, -3)  # [..., nb * bs, H, D]
+    merged = blocks.flatten(-4, -3).to(dtype)  # [..., nb * bs, H, D]
     return merged.transpose(-3, -2)
 
 
@@ -156,16 +157,16 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     """One query token per row: query [B, Hq, D] over `block_table` [B, nb] (int64) with a key
     mask [B, 1, 1, nb * block_size]."""
     q = query.unsqueeze(2)  # [B, Hq, 1, D]
-    k = _gather(kv_cache, block_table, 0)  # [B, Hkv, S, D]
-    v = _gather(kv_cache, block_table, 1)
+    k = _gather(kv_cache, block_table, 0, query.dtype)  # [B, Hkv, S, D]
+    v = _gather(kv_cache, block_table, 1, query.dtype)
     return attend(q, k, v, mask, scale, logits_soft_cap).squeeze(2)
 
 
 def prefill_attention(query, kv_cache, seq: PrefillSeq, scale,
                       sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
     q = query.transpose(0, 1)  # [Hq, L, D]
-    k = _gather(kv_cache, seq.block_ids, 0)[:, : seq.seq_len]
-    v = _gather(kv_cache, seq.block_ids, 1)[:, : seq.seq_len]
+    k = _gather(kv_cache, seq.block_ids, 0, query.dtype)[:, : seq.seq_len]
+    v = _gather(kv_cache, seq.block_ids, 1, query.dtype)[:, : seq.seq_len]
     # With a batch dimension CPU torch takes its flash-attention kernel; 3-D inputs fall to the
     # math path, 2-5x slower at prompt lengths of 300-2,048 (measured, torch 2.13).
     out = attend(q[None], k[None], v[None], seq.mask_for(sliding_window), scale, logits_soft_cap)

@@ -91,7 +91,7 @@ class ModelRunner:
         hf = self.config.model_config.hf
         attn = self.model.model.layers[0].self_attn
         shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, hf.head_dim)
-        dtype = getattr(torch, self.config.model_config.dtype)
+        dtype = getattr(torch, self.config.kv_cache_dtype)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(hf.num_hidden_layers)]
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,

@@ -1,0 +1,70 @@
+"""kv_cache_dtype (vLLM's name): a bf16 KV cache under a float32 model on CPU. The configuration
+it resolves to, what it refuses, the cache the engine allocates, and the command-line flag. Its
+accuracy against the float32 cache is in tests/test_reduced_precision.py."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.config import EngineArgs
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
+
+BUDGET = 4 << 20  # bytes of KV cache: few enough blocks that the budget, not max_num_seqs, decides
+
+
+def config(model: Path, **args):
+    return EngineArgs(model=str(model), device="cpu", kv_cache_memory_bytes=BUDGET, max_model_len=256,
+                      **args).create_engine_config()
+
+
+def test_bfloat16_cache_halves_block_bytes_and_doubles_blocks(tiny_llama: Path) -> None:
+    fp32 = config(tiny_llama, dtype="float32")
+    bf16 = config(tiny_llama, dtype="float32", kv_cache_dtype="bfloat16")
+    assert fp32.kv_cache_dtype == "float32" and bf16.kv_cache_dtype == "bfloat16"
+    assert bf16.model_config.dtype == "float32" and bf16.cache_config.cache_dtype == "bfloat16"
+    assert bf16.kv_block_bytes() * 2 == fp32.kv_block_bytes()
+    assert bf16.num_kv_blocks() == 2 * fp32.num_kv_blocks()
+
+
+def test_auto_follows_the_model_dtype(tiny_llama: Path) -> None:
+    assert config(tiny_llama, dtype="bfloat16").kv_cache_dtype == "bfloat16"
+    assert config(tiny_llama, dtype="bfloat16", kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("value", ["fp8", "fp8_e5m2", "float16", ""])
+def test_unimplemented_cache_dtypes_are_refused_by_name(tiny_llama: Path, value: str) -> None:
+    with pytest.raises(ValueError, match=f"kv_cache_dtype must be one of .*got '{value}'"):
+        config(tiny_llama, dtype="float32", kv_cache_dtype=value)
+
+
+@pytest.mark.parametrize("args", [{"dtype": "float16"}, {"dtype": "float32", "attention_backend": "triton"}])
+def test_bf16_cache_needs_a_float32_model_and_a_cpu_backend(tiny_llama: Path, args: dict) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype='bfloat16' differs from dtype"):
+        config(tiny_llama, kv_cache_dtype="bfloat16", **args)
+
+
+def test_engine_stores_bf16_and_serves_a_mixed_batch(tiny_llama: Path) -> None:
+    llm = make_llm(tiny_llama, kv_cache_dtype="bfloat16", max_num_batched_tokens=64)
+    try:
+        runner = llm.llm_engine.engine_core.executor.worker.model_runner
+        assert {cache.dtype for cache in runner.kv_caches} == {torch.bfloat16}
+        # prompts longer than one step's budget: prefill chunks beside decodes in the same steps
+        prompts = [{"prompt_token_ids": list(range(3 + i, 50 + 9 * i))} for i in range(6)]
+        outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                               use_tqdm=False)
+        assert [len(out.outputs[0].token_ids) for out in outputs] == [8] * 6
+    finally:
+        llm.shutdown()
+
+
+def test_command_line_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_args_from(parser.parse_args(["--kv-cache-dtype", "bfloat16"])).kv_cache_dtype == "bfloat16"
+    assert engine_args_from(parser.parse_args([])).kv_cache_dtype == "auto"
