@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torch_threads import threads
 from vllm_lite import _custom_ops as ops
 from vllm_lite.model.layers.activation import SiluAndMul
 from vllm_lite.model.layers.norm import RMSNorm
@@ -22,16 +23,6 @@ pytestmark = pytest.mark.skipif(not ops.is_available(), reason="vllm_lite._C is 
 ROWS = (1, 7, 33, 200)
 EPS = 1e-6
 BF16_RTOL = 2.0 ** -8  # one rounding to bf16 is at most 2**-9 relative; the rest is fp32 noise
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype) -> None:

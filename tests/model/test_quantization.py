@@ -4,12 +4,12 @@ rule, and the engine argument's validation."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import pytest
 import torch
 
+from torch_threads import threads
 from vllm_lite import _custom_ops as ops
 from vllm_lite.config import EngineArgs
 from vllm_lite.model.layers.linear import RowParallelLinear
@@ -63,7 +63,7 @@ def test_csrc_quantize_rows_equals_torch_rule(dtype: torch.dtype, rows: int, wid
     if rows > 2:
         x[2] = 0.0  # an all-zero row: scale 1e-12, zeros
     x[-1, -1] = 2.5  # ties round to even
-    with _threads(2):
+    with threads(2):
         q, scale = ops.quantize_rows_int8(x)
     expected_q, expected_scale = quantize_rows(x)
     assert q.dtype == torch.int8 and scale.shape == (rows, 1)
@@ -89,7 +89,7 @@ def test_csrc_dequantize_int32(dtype: torch.dtype, with_bias: bool, rows: int, w
     row_scale = torch.rand(rows, 1, generator=gen) / 100
     col_scale = torch.rand(width, generator=gen) / 100
     bias = torch.randn(width, generator=gen).to(dtype) if with_bias else None
-    with _threads(2):
+    with threads(2):
         out = ops.dequantize_int32(acc, row_scale, col_scale, bias, dtype)
     expected = acc.double() * row_scale.double() * col_scale.double()
     if bias is not None:
@@ -110,13 +110,3 @@ def test_int8_linear_fused_path_equals_torch_path(monkeypatch: pytest.MonkeyPatc
     reference = int8_linear(x, q, bias)
     assert fused.shape == (2, 9, 96)
     torch.testing.assert_close(fused, reference, rtol=1e-6, atol=1e-5)
-
-
-@contextlib.contextmanager
-def _threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
