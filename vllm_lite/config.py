@@ -39,6 +39,12 @@ QUANTIZATION_METHODS = ("int8", "gguf")
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
 # computes in fp32). vLLM's fp8 formats are not implemented.
 KV_CACHE_DTYPES = ("auto", "bfloat16")
+
+
+def stored_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
+    """The dtype K and V are stored in: the model's for "auto"."""
+    return model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
 MODEL_IMPLS = ("auto", "vllm", "transformers")
@@ -289,8 +295,7 @@ class VllmConfig:
     @property
     def kv_cache_dtype(self) -> str:
         """The dtype K and V are stored in: the model's unless `kv_cache_dtype` says otherwise."""
-        cache_dtype = self.cache_config.cache_dtype
-        return self.model_config.dtype if cache_dtype == "auto" else cache_dtype
+        return stored_kv_cache_dtype(self.cache_config.cache_dtype, self.model_config.dtype)
 
     def kv_block_bytes(self) -> int:
         """Bytes one KV block takes on one rank across all layers (K and V). A rank holds its
@@ -415,8 +420,7 @@ class EngineArgs:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r} "
                "(vLLM's fp8 KV cache formats are not implemented)")
-        stored = model_config.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
-        _check(stored == model_config.dtype
+        _check(stored_kv_cache_dtype(self.kv_cache_dtype, model_config.dtype) == model_config.dtype
                or (device == "cpu" and model_config.dtype == "float32" and self.attention_backend != "triton"),
                f"kv_cache_dtype={self.kv_cache_dtype!r} differs from dtype={model_config.dtype!r}: a KV cache "
                "in another dtype than the model's runs only under a float32 model on CPU, with the cpu_native "

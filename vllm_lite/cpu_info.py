@@ -37,19 +37,17 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 def cpu_summary(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name and which precisions it computes natively, for benchmark headers
     (the machines a benchmark lands on differ: bf16 is emulated on CPUs without it)."""
-    flags = cpu_flags(cpuinfo)
-    bf16 = any(flag in flags for flag in BF16_FLAGS)
-    int8 = any(flag in flags for flag in INT8_FLAGS)
+    bf16, int8 = has_native_bf16(cpuinfo), has_native_int8(cpuinfo)
     return (f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}; native bf16: {'yes' if bf16 else 'no'}, "
             f"native int8 dot products: {'yes' if int8 else 'no'}")
 
 
-def has_native_bf16() -> bool:
-    return any(flag in cpu_flags() for flag in BF16_FLAGS)
+def has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    return any(flag in cpu_flags(cpuinfo) for flag in BF16_FLAGS)
 
 
-def has_native_int8() -> bool:
-    return any(flag in cpu_flags() for flag in INT8_FLAGS)
+def has_native_int8(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    return any(flag in cpu_flags(cpuinfo) for flag in INT8_FLAGS)
 
 
 def model_threads(ranks_per_node: int = 1) -> int:

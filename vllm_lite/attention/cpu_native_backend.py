@@ -69,10 +69,8 @@ class CpuNativeAttentionBackend(AttentionBackend):
             decoded = out if idx is None and cache_dtype == query.dtype else torch.empty(rows.shape, dtype=cache_dtype)
             cpu_native.paged_attention_decode(decoded, rows, kv_cache, metadata.decode_block_table,
                                               metadata.decode_seq_lens, scale, sliding_window)
-            if idx is None and decoded is not out:
-                out.copy_(decoded)
-            elif idx is not None:
-                out[idx] = decoded.to(query.dtype)
+            if decoded is not out:
+                out[slice(None) if idx is None else idx] = decoded.to(query.dtype)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,

@@ -49,18 +49,26 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).to(torch.int8), scale
 
 
+def dequantize_rows(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                    bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """int32 `acc [M, N]` -> `acc * row_scale * col_scale (+ bias)` in `dtype`. The torch form of
+    the csrc op `dequantize_int32`."""
+    out = torch.empty(acc.shape, dtype=dtype, device=acc.device)
+    torch.mul(acc * row_scale, col_scale, out=out)
+    if bias is not None:
+        out += bias
+    return out
+
+
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    fused = ops.takes_layer_ops(flat)
-    xq, x_scale = ops.quantize_rows_int8(flat) if fused else quantize_rows(flat)
-    acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))  # int32 [M, out]
-    if fused:
-        out = ops.dequantize_int32(acc, x_scale, weight.scale, bias, x.dtype)
+    if ops.takes_layer_ops(flat):
+        quantize, dequantize = ops.quantize_rows_int8, ops.dequantize_int32
     else:
-        out = torch.empty(acc.shape, dtype=x.dtype, device=x.device)
-        torch.mul(acc * x_scale, weight.scale, out=out)
-        if bias is not None:
-            out += bias
+        quantize, dequantize = quantize_rows, dequantize_rows
+    xq, x_scale = quantize(flat)
+    acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))  # int32 [M, out]
+    out = dequantize(acc, x_scale, weight.scale, bias, x.dtype)
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
