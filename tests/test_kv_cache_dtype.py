@@ -1,6 +1,8 @@
-"""kv_cache_dtype (vLLM's name): a bf16 KV cache under a float32 model on CPU. The configuration
-it resolves to, what it refuses, the cache the engine allocates, and the command-line flag. Its
-accuracy against the float32 cache is in tests/test_reduced_precision.py."""
+"""kv_cache_dtype (vLLM's name): a bf16 KV cache under a float32 model on CPU, and the
+int8_per_token_head cache under any model dtype on CPU. The configuration each resolves to, what
+is refused, the cache the engine allocates, and the command-line flag. Their accuracy against the
+float32 cache is in tests/test_reduced_precision.py, the int8 format and ops in
+tests/attention/test_kv_quant.py."""
 
 from __future__ import annotations
 
@@ -37,7 +39,23 @@ def test_auto_follows_the_model_dtype(tiny_llama: Path) -> None:
     assert config(tiny_llama, dtype="bfloat16", kv_cache_dtype="bfloat16").kv_cache_dtype == "bfloat16"
 
 
-@pytest.mark.parametrize("value", ["fp8", "fp8_e5m2", "float16", ""])
+def test_int8_cache_rows_hold_codes_and_a_scale(tiny_llama: Path) -> None:
+    fp32 = config(tiny_llama, dtype="float32")
+    int8 = config(tiny_llama, dtype="float32", kv_cache_dtype="int8_per_token_head")
+    head_dim = fp32.model_config.hf.head_dim
+    assert int8.kv_cache_dtype == "int8_per_token_head"
+    assert int8.kv_block_bytes() * 4 * head_dim == fp32.kv_block_bytes() * (head_dim + 4)
+    assert int8.num_kv_blocks() > 3 * fp32.num_kv_blocks()
+    # any model dtype on CPU
+    assert config(tiny_llama, dtype="bfloat16", kv_cache_dtype="int8_per_token_head").model_config.dtype == "bfloat16"
+
+
+def test_int8_cache_needs_a_cpu_backend(tiny_llama: Path) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype='int8_per_token_head' runs only on CPU"):
+        config(tiny_llama, dtype="float32", kv_cache_dtype="int8_per_token_head", attention_backend="triton")
+
+
+@pytest.mark.parametrize("value", ["fp8", "fp8_e5m2", "float16", "int8", "int4_per_token_head", ""])
 def test_unimplemented_cache_dtypes_are_refused_by_name(tiny_llama: Path, value: str) -> None:
     with pytest.raises(ValueError, match=f"kv_cache_dtype must be one of .*got '{value}'"):
         config(tiny_llama, dtype="float32", kv_cache_dtype=value)
@@ -49,11 +67,19 @@ def test_bf16_cache_needs_a_float32_model_and_a_cpu_backend(tiny_llama: Path, ar
         config(tiny_llama, kv_cache_dtype="bfloat16", **args)
 
 
-def test_engine_stores_bf16_and_serves_a_mixed_batch(tiny_llama: Path) -> None:
-    llm = make_llm(tiny_llama, kv_cache_dtype="bfloat16", max_num_batched_tokens=64)
+@pytest.mark.parametrize("args,cache_dtype,extra", [
+    ({"kv_cache_dtype": "bfloat16"}, torch.bfloat16, 0),
+    ({"kv_cache_dtype": "int8_per_token_head"}, torch.int8, 4),
+    ({"kv_cache_dtype": "int8_per_token_head", "attention_backend": "torch"}, torch.int8, 4),
+    ({"kv_cache_dtype": "int8_per_token_head", "dtype": "bfloat16"}, torch.int8, 4),
+], ids=["bf16", "int8", "int8-torch", "int8-bf16-model"])
+def test_engine_stores_the_cache_dtype_and_serves_a_mixed_batch(tiny_llama: Path, args: dict,
+                                                                cache_dtype: torch.dtype, extra: int) -> None:
+    llm = make_llm(tiny_llama, max_num_batched_tokens=64, **args)
     try:
         runner = llm.llm_engine.engine_core.executor.worker.model_runner
-        assert {cache.dtype for cache in runner.kv_caches} == {torch.bfloat16}
+        head_dim = runner.config.model_config.hf.head_dim
+        assert {(cache.dtype, cache.shape[-1]) for cache in runner.kv_caches} == {(cache_dtype, head_dim + extra)}
         # prompts longer than one step's budget: prefill chunks beside decodes in the same steps
         prompts = [{"prompt_token_ids": list(range(3 + i, 50 + 9 * i))} for i in range(6)]
         outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
@@ -67,4 +93,6 @@ def test_command_line_flag() -> None:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     assert engine_args_from(parser.parse_args(["--kv-cache-dtype", "bfloat16"])).kv_cache_dtype == "bfloat16"
+    assert engine_args_from(parser.parse_args(["--kv-cache-dtype", "int8_per_token_head"])).kv_cache_dtype \
+        == "int8_per_token_head"
     assert engine_args_from(parser.parse_args([])).kv_cache_dtype == "auto"

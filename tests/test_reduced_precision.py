@@ -1,7 +1,8 @@
 """Reduced precision against float32 on the same weights: greedy agreement and teacher-forced
 logprobs, for bf16, for int8 W8A8 (quantization="int8") over bf16 and over fp32 activations (the
-int8 path of CPUs without native bf16), and for a float32 model with a bf16 KV cache
-(kv_cache_dtype="bfloat16"), on both CPU attention backends.
+int8 path of CPUs without native bf16), for a float32 model with a bf16 KV cache
+(kv_cache_dtype="bfloat16"), and for the int8_per_token_head KV cache under float32 and bf16
+models, on both CPU attention backends.
 
 bf16 cannot be token-for-token equal to fp32: each bf16 rounding moves a logit by ~0.4% of its
 size, so wherever the top two logits of a step are closer than that the argmax may flip, and
@@ -25,7 +26,8 @@ from vllm_lite import LLM, SamplingParams
 NEW_TOKENS = 16
 AGREE_PREFIX = 4  # first tokens compared for agreement
 # Bounds per precision, with about 2x room over what these models measured (first-4 agreement
-# bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073).
+# bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073; int8 KV cache
+# 7-8/8 and 0.014-0.019 under float32, 0.025-0.033 under bf16).
 # Engine arguments per precision (the reference: dtype="float32").
 PRECISIONS = {
     "bfloat16": {"dtype": "bfloat16"},
@@ -34,13 +36,21 @@ PRECISIONS = {
     "float32, bf16 KV cache": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
     "float32, bf16 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "bfloat16",
                                                 "attention_backend": "torch"},
+    "float32, int8 KV cache": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head"},
+    "float32, int8 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head",
+                                                "attention_backend": "torch"},
+    "bfloat16, int8 KV cache": {"dtype": "bfloat16", "kv_cache_dtype": "int8_per_token_head"},
 }
 # float32+int8 has the same bounds as bfloat16+int8: the int8 rounding dominates either way. A bf16
 # KV cache rounds a subset of what a bf16 model rounds: the bf16 bounds.
 MIN_AGREEING_FRACTION = {"bfloat16": 0.75, "bfloat16+int8": 0.5, "float32+int8": 0.5,
-                         "float32, bf16 KV cache": 0.75, "float32, bf16 KV cache, torch attention": 0.75}
+                         "float32, bf16 KV cache": 0.75, "float32, bf16 KV cache, torch attention": 0.75,
+                         "float32, int8 KV cache": 0.75, "float32, int8 KV cache, torch attention": 0.75,
+                         "bfloat16, int8 KV cache": 0.75}
 MAX_MEAN_ABS_LOGPROB_DIFF = {"bfloat16": 0.05, "bfloat16+int8": 0.15, "float32+int8": 0.15,
-                             "float32, bf16 KV cache": 0.05, "float32, bf16 KV cache, torch attention": 0.05}
+                             "float32, bf16 KV cache": 0.05, "float32, bf16 KV cache, torch attention": 0.05,
+                             "float32, int8 KV cache": 0.05, "float32, int8 KV cache, torch attention": 0.05,
+                             "bfloat16, int8 KV cache": 0.07}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:

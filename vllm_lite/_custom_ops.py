@@ -77,6 +77,21 @@ def paged_attention_decode(out: torch.Tensor, query: torch.Tensor, kv_cache: tor
                                                  sliding_window or 0)
 
 
+def reshape_and_cache_int8(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+    """float32/bfloat16 key/value `[T, Hkv, D]` quantized into an int8_per_token_head `kv_cache`
+    (`[..., D + 4]` int8 rows: codes, then the fp32 scale) at `slot_mapping`; the bytes equal
+    `attention.kv_quant.quantize_rows`."""
+    torch.ops.vllm_lite_C.reshape_and_cache_int8(key, value, kv_cache, slot_mapping)
+
+
+def paged_attention_decode_int8(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> None:
+    """`paged_attention_decode` over an int8_per_token_head cache: float32 query and `out`
+    (contiguous), codes widened to fp32 in registers, no sliding window."""
+    torch.ops.vllm_lite_C.paged_attention_decode_int8(out, query, kv_cache, block_table, seq_lens, scale)
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """`logits.argmax(dim=-1)` for float32 `[rows, vocab]` with a contiguous last dimension (the
     first maximum wins, as in torch), rows in parallel: ~15x torch's on a [256, 8192] batch."""

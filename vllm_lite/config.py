@@ -37,13 +37,25 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 QUANTIZATION_METHODS = ("int8", "gguf")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
-# computes in fp32). vLLM's fp8 formats are not implemented.
-KV_CACHE_DTYPES = ("auto", "bfloat16")
+# computes in fp32). "int8_per_token_head" (vLLM's name and rule) stores each (token, KV head) row
+# as int8 codes with one fp32 scale (abs-max / 127, rounded half away from zero), on CPU under any
+# model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's fp8 formats are not implemented.
+KV_INT8_PER_TOKEN_HEAD = "int8_per_token_head"
+KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD)
+KV_SCALE_BYTES = 4  # an int8 row's fp32 scale, stored in the 4 bytes after its codes
 
 
 def stored_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
     """The dtype K and V are stored in: the model's for "auto"."""
     return model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
+
+
+def kv_cache_row_bytes(stored_dtype: str, head_dim: int) -> int:
+    """Bytes of one (token, KV head) row of K or V in the cache: the codes and the scale of an
+    int8_per_token_head row, else head_dim elements."""
+    if stored_dtype == KV_INT8_PER_TOKEN_HEAD:
+        return head_dim + KV_SCALE_BYTES
+    return head_dim * DTYPE_SIZES[stored_dtype]
 
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
@@ -302,8 +314,8 @@ class VllmConfig:
         share of the KV heads, or one replicated head when there are fewer heads than ranks."""
         hf = self.model_config.hf
         kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
-        per_layer = 2 * self.cache_config.block_size * kv_heads * hf.head_dim
-        return per_layer * hf.num_hidden_layers * DTYPE_SIZES[self.kv_cache_dtype]
+        per_layer = 2 * self.cache_config.block_size * kv_heads * kv_cache_row_bytes(self.kv_cache_dtype, hf.head_dim)
+        return per_layer * hf.num_hidden_layers
 
     def num_kv_blocks(self) -> int:
         """The KV cache size in blocks: the override, else what the memory budget holds, capped at
@@ -420,11 +432,16 @@ class EngineArgs:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r} "
                "(vLLM's fp8 KV cache formats are not implemented)")
-        _check(stored_kv_cache_dtype(self.kv_cache_dtype, model_config.dtype) == model_config.dtype
-               or (device == "cpu" and model_config.dtype == "float32" and self.attention_backend != "triton"),
-               f"kv_cache_dtype={self.kv_cache_dtype!r} differs from dtype={model_config.dtype!r}: a KV cache "
-               "in another dtype than the model's runs only under a float32 model on CPU, with the cpu_native "
-               f"or torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
+        cpu_backend = device == "cpu" and self.attention_backend != "triton"
+        if self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD:
+            _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
+                   f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
+        else:
+            _check(stored_kv_cache_dtype(self.kv_cache_dtype, model_config.dtype) == model_config.dtype
+                   or (cpu_backend and model_config.dtype == "float32"),
+                   f"kv_cache_dtype={self.kv_cache_dtype!r} differs from dtype={model_config.dtype!r}: a KV cache "
+                   "in another dtype than the model's runs only under a float32 model on CPU, with the cpu_native "
+                   f"or torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
                f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

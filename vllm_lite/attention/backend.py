@@ -4,7 +4,9 @@ Per step the model runner builds one `CommonAttentionMetadata` (host + device te
 backend turns it into its own metadata once (`build`), and every layer's forward receives that
 object explicitly; there is no global per-step context.
 
-KV cache per layer: `[num_blocks, 2, block_size, num_kv_heads, head_dim]` (index 0 = K, 1 = V).
+KV cache per layer: `[num_blocks, 2, block_size, num_kv_heads, head_dim]` (index 0 = K, 1 = V);
+an int8_per_token_head cache has `head_dim + 4` int8 per row: the codes, then the row's fp32
+scale (attention/kv_quant.py).
 """
 
 from __future__ import annotations
@@ -52,5 +54,6 @@ class AttentionBackend(ABC):
         `logits_soft_cap` c: scores become c * tanh(score / c) before the softmax (Gemma 2)."""
 
 
-def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-    return (num_blocks, 2, block_size, num_kv_heads, head_dim)
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, row_size: int) -> tuple[int, ...]:
+    """row_size: elements of one (token, KV head) row (kv_quant.cache_storage)."""
+    return (num_blocks, 2, block_size, num_kv_heads, row_size)

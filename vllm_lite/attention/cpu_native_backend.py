@@ -5,7 +5,9 @@ In a mixed batch the decode rows go to the native op together and each prefill r
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise. A bf16 KV cache under a float32 model (kv_cache_dtype="bfloat16") takes K/V rounded to
 bf16 and decodes with the bf16 op (the query rounded to bf16, fp32 arithmetic inside); prefill
-widens the gathered rows back to fp32 for SDPA.
+widens the gathered rows back to fp32 for SDPA. An int8_per_token_head cache is written and
+decoded by its own ops (float32 query and output, any model dtype; no sliding window: such layers
+take the torch path, which dequantizes what it gathers, as prefill does).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.kv_quant import is_int8_cache
 from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
 
 
@@ -55,20 +58,26 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
-        cache_dtype = kv_cache.dtype  # bf16 under a float32 model with kv_cache_dtype="bfloat16"
-        cpu_native.reshape_and_cache(key.to(cache_dtype), value.to(cache_dtype), kv_cache, metadata.slot_mapping)
+        int8_cache = is_int8_cache(kv_cache)
+        self._write_cache(key, value, kv_cache, metadata.slot_mapping, int8_cache)
         out = torch.empty(query.shape, dtype=query.dtype)
-        native_decode = logits_soft_cap is None and (sliding_window is None or cache_dtype == torch.float32)
+        native_decode = logits_soft_cap is None and (sliding_window is None or kv_cache.dtype == torch.float32)
         if metadata.decode_seq_lens is not None and not native_decode:
             self._torch_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
         elif metadata.decode_seq_lens is not None:
             idx = metadata.decode_token_idx
-            # The native op takes query, output and cache in one dtype: with a bf16 cache under a
-            # float32 model the query is rounded to bf16 (scores, softmax and sums stay fp32).
-            rows = (query if idx is None else query[idx]).to(cache_dtype)
-            decoded = out if idx is None and cache_dtype == query.dtype else torch.empty(rows.shape, dtype=cache_dtype)
-            cpu_native.paged_attention_decode(decoded, rows, kv_cache, metadata.decode_block_table,
-                                              metadata.decode_seq_lens, scale, sliding_window)
+            # The native ops take query and output in one dtype: the cache's (a bf16 cache under a
+            # float32 model rounds the query to bf16), float32 for an int8 cache; scores, softmax
+            # and sums are fp32 either way.
+            op_dtype = torch.float32 if int8_cache else kv_cache.dtype
+            rows = (query if idx is None else query[idx]).to(op_dtype)
+            decoded = out if idx is None and op_dtype == query.dtype else torch.empty(rows.shape, dtype=op_dtype)
+            if int8_cache:
+                cpu_native.paged_attention_decode_int8(decoded, rows, kv_cache, metadata.decode_block_table,
+                                                       metadata.decode_seq_lens, scale)
+            else:
+                cpu_native.paged_attention_decode(decoded, rows, kv_cache, metadata.decode_block_table,
+                                                  metadata.decode_seq_lens, scale, sliding_window)
             if decoded is not out:
                 out[slice(None) if idx is None else idx] = decoded.to(query.dtype)
         for seq in metadata.prefills:
@@ -76,6 +85,13 @@ class CpuNativeAttentionBackend(AttentionBackend):
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
                                                          sliding_window, logits_soft_cap)
         return out
+
+    @staticmethod
+    def _write_cache(key, value, kv_cache, slot_mapping, int8_cache: bool) -> None:
+        if int8_cache:
+            cpu_native.reshape_and_cache_int8(key, value, kv_cache, slot_mapping)
+        else:  # bf16 under a float32 model with kv_cache_dtype="bfloat16"
+            cpu_native.reshape_and_cache(key.to(kv_cache.dtype), value.to(kv_cache.dtype), kv_cache, slot_mapping)
 
     @staticmethod
     def _torch_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,

@@ -2,7 +2,8 @@
 
 Decode sequences (one query token) are attended in one batched SDPA call over their gathered
 blocks with a key-padding mask; prefill sequences (chunks, possibly after a prefix-cache hit)
-one SDPA call each with a causal mask offset by their context length.
+one SDPA call each with a causal mask offset by their context length. Attention always sees K and
+V as the cache stores them (rounded to a bf16 cache, quantized in an int8_per_token_head one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.kv_quant import dequantize_rows, is_int8_cache, quantize_rows
 
 
 @dataclass(slots=True)
@@ -113,8 +115,8 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
         n = metadata.num_tokens
-        kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = key[:n].to(kv_cache.dtype)
-        kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = value[:n].to(kv_cache.dtype)
+        kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = to_cache_rows(key[:n], kv_cache)
+        kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = to_cache_rows(value[:n], kv_cache)
         out = torch.empty_like(query)
         if metadata.decode_token_idx is not None:
             out[metadata.decode_token_idx] = decode_attention(
@@ -127,11 +129,17 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
+def to_cache_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """[T, H, D] keys or values as the cache stores them."""
+    return quantize_rows(x) if is_int8_cache(kv_cache) else x.to(kv_cache.dtype)
+
+
 def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
     """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim] in
-    `dtype` (the query's: a bf16 cache under a float32 model is widened here)."""
+    `dtype` (the query's: a bf16 cache under a float32 model is widened, an int8 one dequantized)."""
     blocks = kv_cache[block_ids, which]  # [..., nb, bs, H, D]
-    merged = blocks.flatten(-4, -3).to(dtype)  # [..., nb * bs, H, D]
+    merged = blocks.flatten(-4, -3)  # [..., nb * bs, H, D]
+    merged = dequantize_rows(merged, dtype) if is_int8_cache(kv_cache) else merged.to(dtype)
     return merged.transpose(-3, -2)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
+from vllm_lite.attention.kv_quant import cache_storage
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig, max_blocks_per_seq
 from vllm_lite.cpu_info import openmp_threads_sleep
@@ -90,8 +91,8 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf
         attn = self.model.model.layers[0].self_attn
-        shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, hf.head_dim)
-        dtype = getattr(torch, self.config.kv_cache_dtype)
+        dtype, row_size = cache_storage(self.config.kv_cache_dtype, hf.head_dim)
+        shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, row_size)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
                           for _ in range(hf.num_hidden_layers)]
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,

@@ -1,0 +1,389 @@
+// The int8_per_token_head KV cache (vLLM's name and rule) on CPU:
+//
+//   reshape_and_cache_int8(key, value, kv_cache, slot_mapping)
+//       quantize each (token, KV head) row of the new keys/values (float32 or bfloat16) into the
+//       int8 cache [num_blocks, 2, block_size, num_kv_heads, head_dim + 4]: head_dim codes, then
+//       the row's fp32 scale in 4 bytes. scale = max(max|x| / 127, 1e-6), code = x * (1 / scale)
+//       rounded half away from zero, clamped to [-128, 127]: the arithmetic of
+//       vllm_lite/attention/kv_quant.py, so the bytes equal the torch reference's.
+//   paged_attention_decode_int8(out, query, kv_cache, block_table, seq_lens, scale)
+//       one float32 query token per sequence over its cached rows; codes are widened to fp32 in
+//       registers, scores are (q . codes) * row scale, the row scales of V are folded into the
+//       softmax weights; fp32 softmax and sums. Half the bytes of a bf16 cache per token, which
+//       is what a decode batch waits on.
+//
+// The work split is the bf16 kernel's: whole sequences per item when there are enough of them,
+// else (sequence, KV head) pairs.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_attention.h"
+#include "cpu_multiversion.h"
+#include "cpu_vec.h"
+
+namespace {
+
+using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_vec.h and cpu_attention.h
+
+constexpr int64_t kScaleBytes = 4;
+constexpr float kMinScale = 1e-6f;
+
+typedef int8_t vi8 __attribute__((vector_size(kLanes)));
+
+VLLM_LITE_INLINE vfloat load_i8(const int8_t* p) {
+  vi8 codes;
+  std::memcpy(&codes, p, sizeof codes);
+  return __builtin_convertvector(codes, vfloat);
+}
+
+VLLM_LITE_INLINE float row_scale(const int8_t* row, int64_t head_dim) {
+  float scale;
+  std::memcpy(&scale, row + head_dim, sizeof scale);
+  return scale;
+}
+
+// ---- quantization (the cache write) ----
+
+VLLM_LITE_INLINE float as_float(float x) { return x; }
+VLLM_LITE_INLINE float as_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// No fused multiply-add here: x * (1 / scale) is rounded before the +-0.5, as in torch.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+template <typename T>
+void quantize_row(int8_t* dst, const T* src, int64_t head_dim) {
+  float max_abs = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) max_abs = std::max(max_abs, std::fabs(as_float(src[d])));
+  const float scale = std::max(max_abs / 127.f, kMinScale);
+  const float inv = 1.f / scale;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float scaled = as_float(src[d]) * inv;
+    const float rounded = scaled >= 0.f ? scaled + 0.5f : scaled - 0.5f;
+    dst[d] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, rounded)));  // truncates
+  }
+  std::memcpy(dst + head_dim, &scale, sizeof scale);
+}
+#pragma GCC pop_options
+
+template <typename T>
+void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const int64_t* slots,
+                int64_t num_tokens) {
+  const int64_t block_size = kv_cache.size(2), num_heads = key.size(1), head_dim = key.size(2);
+  int8_t* cache = kv_cache.data_ptr<int8_t>();
+  const T* k = key.data_ptr<T>();
+  const T* v = value.data_ptr<T>();
+  const int64_t cs0 = kv_cache.stride(0), cs1 = kv_cache.stride(1), cs2 = kv_cache.stride(2),
+                cs3 = kv_cache.stride(3);
+  const int threads = num_tokens * num_heads * head_dim >= (1 << 16) ? at::get_num_threads() : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t base = (slot / block_size) * cs0 + (slot % block_size) * cs2;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      quantize_row(cache + base + h * cs3, k + t * key.stride(0) + h * key.stride(1), head_dim);
+      quantize_row(cache + base + cs1 + h * cs3, v + t * value.stride(0) + h * value.stride(1), head_dim);
+    }
+  }
+}
+
+void check_int8_cache(const at::Tensor& kv_cache) {
+  TORCH_CHECK(kv_cache.device().is_cpu() && kv_cache.scalar_type() == at::kChar,
+              "kv_cache must be an int8 CPU tensor");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(1) == 2 && kv_cache.size(4) > kScaleBytes,
+              "kv_cache must be [num_blocks, 2, block_size, num_kv_heads, head_dim + 4]");
+  TORCH_CHECK(kv_cache.stride(4) == 1 && kv_cache.stride(3) == kv_cache.size(4),
+              "kv_cache needs contiguous (token, head) rows");
+}
+
+void reshape_and_cache_int8(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
+                            const at::Tensor& slot_mapping) {
+  check_int8_cache(kv_cache);
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "key/value must be [T, H, D]");
+  TORCH_CHECK(key.scalar_type() == value.scalar_type() &&
+                  (key.scalar_type() == at::kFloat || key.scalar_type() == at::kBFloat16),
+              "key/value must both be float32 or bfloat16");
+  TORCH_CHECK(key.size(1) == kv_cache.size(3) && key.size(2) + kScaleBytes == kv_cache.size(4),
+              "key/value heads and head_dim must match kv_cache");
+  TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1, "key/value need a contiguous last dimension");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  const int64_t num_tokens = slot_mapping.size(0);
+  TORCH_CHECK(key.size(0) >= num_tokens, "slot_mapping is longer than key");
+  const int64_t num_slots = kv_cache.size(0) * kv_cache.size(2);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tokens; ++t)
+    TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "]=", slots[t], " is out of range");
+  if (key.scalar_type() == at::kFloat)
+    write_rows<float>(key, value, kv_cache, slots, num_tokens);
+  else
+    write_rows<c10::BFloat16>(key, value, kv_cache, slots, num_tokens);
+}
+
+// ---- decode attention over the int8 cache ----
+
+// Scores of one query head (q: C vectors) against up to 16 int8 rows, each sum times its row's
+// entry of `scales` (the row scale times the softmax scale).
+template <int C, bool kFull>
+VLLM_LITE_INLINE void score_tile_i8(float* logits, const vfloat* q, const int8_t* rows, int64_t row_stride,
+                                    int64_t n, const float* scales) {
+  vfloat acc[kLanes];
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kLanes; ++j) {
+    vfloat sum = {};
+    if (kFull || j < n) {
+      const int8_t* k = rows + j * row_stride;
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) sum += q[c] * load_i8(k + c * kLanes);
+    }
+    acc[j] = sum;
+  }
+  const vfloat sums = transpose_sums(acc) * load(scales);
+  if (kFull) {
+    store(logits, sums);
+  } else {
+    for (int64_t j = 0; j < n; ++j) logits[j] = sums[j];
+  }
+}
+
+// acc[g] += sum_i weights[g][i] * scales[i] * V codes of row i, for G heads and up to 16 rows
+// (each row widened once for all G heads).
+template <int C, int G>
+VLLM_LITE_INLINE void weighted_sum_tile_i8(float* acc, const float* weights, int64_t weight_stride,
+                                           const int8_t* rows, int64_t row_stride, int64_t n, const float* scales) {
+  vfloat sum[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) sum[g][c] = load(acc + (g * C + c) * kLanes);
+  for (int64_t i = 0; i < n; ++i) {
+    vfloat v[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) v[c] = load_i8(rows + i * row_stride + c * kLanes);
+    for (int g = 0; g < G; ++g) {
+      const float w = weights[g * weight_stride + i] * scales[i];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) sum[g][c] += w * v[c];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) store(acc + (g * C + c) * kLanes, sum[g][c]);
+}
+
+// At most 3 heads per V pass over a tile: 3 heads x 8 accumulators (head_dim 128) + 8 widened
+// rows still fit the 32 AVX-512 registers.
+constexpr int64_t kMaxHeadsPerPass = 3;
+
+template <int C>
+VLLM_LITE_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, int64_t weight_stride,
+                                            const int8_t* rows, int64_t row_stride, int64_t n, int64_t num_heads,
+                                            const float* scales) {
+  for (int64_t h = 0; h < num_heads; h += kMaxHeadsPerPass) {
+    float* a = acc + h * C * kLanes;
+    const float* w = weights + h * weight_stride;
+    switch (std::min(kMaxHeadsPerPass, num_heads - h)) {
+      case 1: weighted_sum_tile_i8<C, 1>(a, w, weight_stride, rows, row_stride, n, scales); break;
+      case 2: weighted_sum_tile_i8<C, 2>(a, w, weight_stride, rows, row_stride, n, scales); break;
+      default: weighted_sum_tile_i8<C, 3>(a, w, weight_stride, rows, row_stride, n, scales); break;
+    }
+  }
+}
+
+// The scales of up to 16 rows times `factor`; lanes past n are 0.
+VLLM_LITE_INLINE void tile_scales(float* scales, const int8_t* rows, int64_t row_stride, int64_t n,
+                                  int64_t head_dim, float factor) {
+  for (int64_t j = 0; j < kLanes; ++j) scales[j] = j < n ? row_scale(rows + j * row_stride, head_dim) * factor : 0.f;
+}
+
+// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16: the scores
+// for the whole context, the softmax, then the weighted sum of V. Both passes take a block's rows
+// for all the item's KV heads before the next block (one contiguous stretch of the cache).
+template <int C>
+VLLM_LITE_INLINE void decode_one_i8_tiled(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,
+                                          const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
+                                          int64_t group, const CacheLayout& c, float scale,
+                                          std::vector<float>& scratch) {
+  constexpr int64_t head_dim = C * kLanes;
+  const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
+  scratch.resize(num_heads * (seq_len + head_dim + 1));
+  float* logits = scratch.data();
+  float* acc = logits + num_heads * seq_len;
+  float* inv_sum = acc + num_heads * head_dim;
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  auto kv_rows = [&](int64_t b, int64_t which, int64_t kv) {
+    return cache + blocks[b] * c.stride_block + which * c.stride_kv + (kv_begin + kv) * c.stride_head;
+  };
+  alignas(64) float scales[kLanes];
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    for (int64_t kv = 0; kv < num_kv; ++kv) {
+      const int8_t* rows = kv_rows(b, 0, kv);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        const int8_t* tile = rows + t * c.stride_offset;
+        tile_scales(scales, tile, c.stride_offset, m, head_dim, scale);
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+          vfloat q[C];
+          for (int k = 0; k < C; ++k) q[k] = load(query + h * q_stride_h + k * kLanes);
+          float* tile_logits = logits + h * seq_len + start + t;
+          if (m == kLanes)
+            score_tile_i8<C, true>(tile_logits, q, tile, c.stride_offset, m, scales);
+          else
+            score_tile_i8<C, false>(tile_logits, q, tile, c.stride_offset, m, scales);
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    for (int64_t kv = 0; kv < num_kv; ++kv) {
+      const int8_t* rows = kv_rows(b, 1, kv);
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        const int8_t* tile = rows + t * c.stride_offset;
+        tile_scales(scales, tile, c.stride_offset, m, head_dim, 1.f);
+        weighted_sum_heads_i8<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + start + t, seq_len,
+                                 tile, c.stride_offset, m, group, scales);
+      }
+    }
+  }
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int k = 0; k < C; ++k)
+      store(out + h * head_dim + k * kLanes, load(acc + h * head_dim + k * kLanes) * inv_sum[h]);
+}
+
+#define VLLM_LITE_DECODE_I8(C)                                                                           \
+  VLLM_LITE_MULTIVERSION                                                                                 \
+  void decode_one_i8_##C(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,       \
+                         const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,       \
+                         int64_t group, const CacheLayout& c, float scale, std::vector<float>& scratch) { \
+    decode_one_i8_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,   \
+                           scale, scratch);                                                              \
+  }
+VLLM_LITE_DECODE_I8(2)
+VLLM_LITE_DECODE_I8(4)
+VLLM_LITE_DECODE_I8(8)
+#undef VLLM_LITE_DECODE_I8
+
+// Any head_dim: each row dequantized into fp32 as it is read, then dot / axpy.
+VLLM_LITE_MULTIVERSION
+void decode_one_i8_any(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,
+                       const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,
+                       int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  const int64_t num_heads = (kv_end - kv_begin) * group;
+  scratch.resize(num_heads * (seq_len + head_dim + 1) + head_dim);
+  float* logits = scratch.data();
+  float* acc = logits + num_heads * seq_len;
+  float* inv_sum = acc + num_heads * head_dim;
+  float* row = inv_sum + num_heads;
+  auto widen = [&](int64_t t, int64_t which, int64_t kv) {
+    const int8_t* r = cache + blocks[t / c.block_size] * c.stride_block + which * c.stride_kv +
+                      (t % c.block_size) * c.stride_offset + (kv_begin + kv) * c.stride_head;
+    const float s = row_scale(r, head_dim);
+    for (int64_t d = 0; d < head_dim; ++d) row[d] = r[d] * s;
+  };
+  for (int64_t t = 0; t < seq_len; ++t)
+    for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+      widen(t, 0, kv);
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+        logits[h * seq_len + t] = dot(query + h * q_stride_h, row, head_dim) * scale;
+    }
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  for (int64_t t = 0; t < seq_len; ++t)
+    for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
+      widen(t, 1, kv);
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) axpy(acc + h * head_dim, logits[h * seq_len + t], row, head_dim);
+    }
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = acc[h * head_dim + d] * inv_sum[h];
+}
+
+void decode_item_i8(float* out, const float* query, int64_t q_stride_h, const int8_t* cache, const int32_t* blocks,
+                    int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
+                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  if (seq_len <= 0) {  // a padded row: nothing to attend to
+    std::fill(out, out + (kv_end - kv_begin) * group * head_dim, 0.f);
+    return;
+  }
+  switch (head_dim) {
+    case 2 * kLanes:
+      return decode_one_i8_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    case 4 * kLanes:
+      return decode_one_i8_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    case 8 * kLanes:
+      return decode_one_i8_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    default:
+      return decode_one_i8_any(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c,
+                               scale, scratch);
+  }
+}
+
+void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                                 const at::Tensor& block_table, const at::Tensor& seq_lens, double scale) {
+  check_int8_cache(kv_cache);
+  TORCH_CHECK(query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "paged_attention_decode_int8 takes a float32 query and output");
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
+              "query must be [num_seqs, num_q_heads, head_dim] with a contiguous last dimension");
+  TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(), "out must be contiguous and shaped like query");
+  const int64_t num_seqs = query.size(0), num_q_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_kv_heads = kv_cache.size(3);
+  TORCH_CHECK(head_dim + kScaleBytes == kv_cache.size(4), "head_dim differs between query and kv_cache");
+  TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                  block_table.size(0) == num_seqs,
+              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.size(0) == num_seqs,
+              "seq_lens must be contiguous int32 [num_seqs]");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t block_size = kv_cache.size(2);
+  for (int64_t s = 0; s < num_seqs; ++s)
+    TORCH_CHECK(lens[s] <= block_table.size(1) * block_size, "seq_lens[", s, "]=", lens[s],
+                " needs more blocks than block_table has");
+  const CacheLayout layout{block_size, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)};
+  const int num_threads = at::get_num_threads();
+  const int64_t group = num_q_heads / num_kv_heads;
+  const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
+  const int64_t items_per_seq = num_kv_heads / heads_per_item;
+  float* o = out.data_ptr<float>();
+  const float* q = query.data_ptr<float>();
+  const int8_t* cache = kv_cache.data_ptr<int8_t>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int64_t q_stride_t = query.stride(0), q_stride_h = query.stride(1), bt_stride = block_table.stride(0);
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
+      const int64_t s = item / items_per_seq;
+      const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
+      decode_item_i8(o + (s * num_q_heads + kv_begin * group) * head_dim,
+                     q + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache, table + s * bt_stride,
+                     lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim, layout,
+                     static_cast<float>(scale), scratch);
+    }
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(vllm_lite_C, m) {
+  m.def("reshape_and_cache_int8(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention_decode_int8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, "
+      "Tensor seq_lens, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) {
+  m.impl("reshape_and_cache_int8", &reshape_and_cache_int8);
+  m.impl("paged_attention_decode_int8", &paged_attention_decode_int8);
+}
