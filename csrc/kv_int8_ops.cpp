@@ -13,7 +13,10 @@
 //       is what a decode batch waits on.
 //
 // The work split is the bf16 kernel's: whole sequences per item when there are enough of them,
-// else (sequence, KV head) pairs.
+// else (sequence, KV head) pairs. The tiled kernels (head_dim 32/64/128) and the vectorized write
+// are AVX-512 code (GCC's generic vector conversions widen int8 one lane at a time), called where
+// the CPU has AVX-512; elsewhere each row is widened into an fp32 buffer (dot / axpy) and the
+// write is scalar.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -29,20 +32,19 @@
 #include "cpu_multiversion.h"
 #include "cpu_vec.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VLLM_LITE_I8_AVX512 1
+#else
+#define VLLM_LITE_I8_AVX512 0
+#endif
+
 namespace {
 
 using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_vec.h and cpu_attention.h
 
 constexpr int64_t kScaleBytes = 4;
 constexpr float kMinScale = 1e-6f;
-
-typedef int8_t vi8 __attribute__((vector_size(kLanes)));
-
-VLLM_LITE_INLINE vfloat load_i8(const int8_t* p) {
-  vi8 codes;
-  std::memcpy(&codes, p, sizeof codes);
-  return __builtin_convertvector(codes, vfloat);
-}
 
 VLLM_LITE_INLINE float row_scale(const int8_t* row, int64_t head_dim) {
   float scale;
@@ -73,6 +75,58 @@ void quantize_row(int8_t* dst, const T* src, int64_t head_dim) {
 }
 #pragma GCC pop_options
 
+// The tiled kernels and the vectorized write: AVX-512 with VNNI (Intel since Cascade Lake, AMD
+// since Zen 4); other CPUs take the row-at-a-time paths.
+bool cpu_has_avx512_vnni() {
+#if VLLM_LITE_I8_AVX512
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                                                     __builtin_cpu_supports("avx512vnni"));
+  return has;
+#else
+  return false;
+#endif
+}
+
+#if VLLM_LITE_I8_AVX512
+VLLM_LITE_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+
+VLLM_LITE_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// quantize_row for head_dim a multiple of 16, 16 lanes at a time: the same operations in the same
+// order (the product is rounded by its own instruction, which nothing fuses with the +-0.5).
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_row_avx512(int8_t* dst, const T* src,
+                                                                                     int64_t head_dim) {
+  __m512 max_abs = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += kLanes) max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(load16(src + d)));
+  const float scale = std::max(_mm512_reduce_max_ps(max_abs) / 127.f, kMinScale);
+  const __m512 inv = _mm512_set1_ps(1.f / scale);
+  const __m512 half = _mm512_set1_ps(0.5f), lowest = _mm512_set1_ps(-128.f), highest = _mm512_set1_ps(127.f);
+  for (int64_t d = 0; d < head_dim; d += kLanes) {
+    const __m512 scaled = _mm512_mul_round_ps(load16(src + d), inv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 negative = _mm512_cmp_ps_mask(scaled, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 rounded = _mm512_mask_sub_ps(_mm512_add_ps(scaled, half), negative, scaled, half);
+    const __m512 clamped = _mm512_min_ps(_mm512_max_ps(rounded, lowest), highest);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(clamped)));
+  }
+  std::memcpy(dst + head_dim, &scale, sizeof scale);
+}
+#endif
+
+template <typename T>
+void quantize_any_row(int8_t* dst, const T* src, int64_t head_dim, bool avx512) {
+#if VLLM_LITE_I8_AVX512
+  if (avx512 && head_dim % kLanes == 0) return quantize_row_avx512(dst, src, head_dim);
+#endif
+  quantize_row(dst, src, head_dim);
+}
+
 template <typename T>
 void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const int64_t* slots,
                 int64_t num_tokens) {
@@ -82,6 +136,7 @@ void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_c
   const T* v = value.data_ptr<T>();
   const int64_t cs0 = kv_cache.stride(0), cs1 = kv_cache.stride(1), cs2 = kv_cache.stride(2),
                 cs3 = kv_cache.stride(3);
+  const bool avx512 = cpu_has_avx512_vnni();
   const int threads = num_tokens * num_heads * head_dim >= (1 << 16) ? at::get_num_threads() : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = 0; t < num_tokens; ++t) {
@@ -89,8 +144,8 @@ void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_c
     if (slot < 0) continue;
     const int64_t base = (slot / block_size) * cs0 + (slot % block_size) * cs2;
     for (int64_t h = 0; h < num_heads; ++h) {
-      quantize_row(cache + base + h * cs3, k + t * key.stride(0) + h * key.stride(1), head_dim);
-      quantize_row(cache + base + cs1 + h * cs3, v + t * value.stride(0) + h * value.stride(1), head_dim);
+      quantize_any_row(cache + base + h * cs3, k + t * key.stride(0) + h * key.stride(1), head_dim, avx512);
+      quantize_any_row(cache + base + cs1 + h * cs3, v + t * value.stride(0) + h * value.stride(1), head_dim, avx512);
     }
   }
 }
@@ -128,12 +183,56 @@ void reshape_and_cache_int8(const at::Tensor& key, const at::Tensor& value, at::
     write_rows<c10::BFloat16>(key, value, kv_cache, slots, num_tokens);
 }
 
-// ---- decode attention over the int8 cache ----
+// ---- the decode query: each head rounded to its int8 quantization by the cache rows' rule ----
+
+// values = code * scale (what every path attends with), codes = code + 128 (the unsigned operand of
+// vpdpbusd), scales per head; heads one after another.
+struct QueryRows {
+  const float* values;
+  const uint8_t* codes;
+  const float* scales;
+};
+
+struct QueryBuffers {
+  std::vector<float> values, scales;
+  std::vector<uint8_t> codes;
+  std::vector<int8_t> row;
+};
+
+QueryRows quantize_queries(QueryBuffers& buf, const float* query, int64_t q_stride_h, int64_t num_heads,
+                           int64_t head_dim) {
+  buf.values.resize(num_heads * head_dim);
+  buf.codes.resize(num_heads * head_dim);
+  buf.scales.resize(num_heads);
+  buf.row.resize(head_dim + kScaleBytes);
+  for (int64_t h = 0; h < num_heads; ++h) {
+    quantize_row(buf.row.data(), query + h * q_stride_h, head_dim);
+    const float scale = row_scale(buf.row.data(), head_dim);
+    buf.scales[h] = scale;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      buf.values[h * head_dim + d] = buf.row[d] * scale;
+      buf.codes[h * head_dim + d] = static_cast<uint8_t>(buf.row[d] + 128);
+    }
+  }
+  return {buf.values.data(), buf.codes.data(), buf.scales.data()};
+}
+
+// ---- decode attention over the int8 cache: AVX-512 tiles for head_dim 32, 64 and 128 ----
+
+#if VLLM_LITE_I8_AVX512
+#define VLLM_LITE_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define VLLM_LITE_AVX512_INLINE VLLM_LITE_INLINE VLLM_LITE_AVX512_TARGET
+
+// 16 int8 codes widened to fp32 lanes (vpmovsxbd + vcvtdq2ps).
+VLLM_LITE_AVX512_INLINE vfloat load_i8(const int8_t* p) {
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 
 // Scores of one query head (q: C vectors) against up to 16 int8 rows, each sum times its row's
 // entry of `scales` (the row scale times the softmax scale).
 template <int C, bool kFull>
-VLLM_LITE_INLINE void score_tile_i8(float* logits, const vfloat* q, const int8_t* rows, int64_t row_stride,
+VLLM_LITE_AVX512_INLINE void score_tile_i8(float* logits, const vfloat* q, const int8_t* rows, int64_t row_stride,
                                     int64_t n, const float* scales) {
   vfloat acc[kLanes];
 #pragma GCC unroll 16
@@ -157,7 +256,7 @@ VLLM_LITE_INLINE void score_tile_i8(float* logits, const vfloat* q, const int8_t
 // acc[g] += sum_i weights[g][i] * scales[i] * V codes of row i, for G heads and up to 16 rows
 // (each row widened once for all G heads).
 template <int C, int G>
-VLLM_LITE_INLINE void weighted_sum_tile_i8(float* acc, const float* weights, int64_t weight_stride,
+VLLM_LITE_AVX512_INLINE void weighted_sum_tile_i8(float* acc, const float* weights, int64_t weight_stride,
                                            const int8_t* rows, int64_t row_stride, int64_t n, const float* scales) {
   vfloat sum[G][C];
   for (int g = 0; g < G; ++g)
@@ -181,7 +280,7 @@ VLLM_LITE_INLINE void weighted_sum_tile_i8(float* acc, const float* weights, int
 constexpr int64_t kMaxHeadsPerPass = 3;
 
 template <int C>
-VLLM_LITE_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, int64_t weight_stride,
+VLLM_LITE_AVX512_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, int64_t weight_stride,
                                             const int8_t* rows, int64_t row_stride, int64_t n, int64_t num_heads,
                                             const float* scales) {
   for (int64_t h = 0; h < num_heads; h += kMaxHeadsPerPass) {
@@ -196,19 +295,77 @@ VLLM_LITE_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, in
 }
 
 // The scales of up to 16 rows times `factor`; lanes past n are 0.
-VLLM_LITE_INLINE void tile_scales(float* scales, const int8_t* rows, int64_t row_stride, int64_t n,
+VLLM_LITE_AVX512_INLINE void tile_scales(float* scales, const int8_t* rows, int64_t row_stride, int64_t n,
                                   int64_t head_dim, float factor) {
   for (int64_t j = 0; j < kLanes; ++j) scales[j] = j < n ? row_scale(rows + j * row_stride, head_dim) * factor : 0.f;
 }
 
+// ---- scores with VNNI (vpdpbusd) for head_dim 64 and 128: the quantized query's codes (plus 128,
+// as the unsigned operand) times the K codes, exact int32 sums; 128 * sum(K codes) comes off
+// before the scales are applied. Equal to the fp32 path over the same (dequantized) query up to
+// the fp32 rounding of the final products. ----
+
+
+VLLM_LITE_INLINE vi32 pair_sums_i32(vi32 a, vi32 b) {
+  const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, even + 1);
+}
+
+VLLM_LITE_INLINE vi32 transpose_sums_i32(vi32* acc) {
+#pragma GCC unroll 4
+  for (int width = 16; width > 1; width /= 2)
+#pragma GCC unroll 8
+    for (int j = 0; j < width / 2; ++j) acc[j] = pair_sums_i32(acc[2 * j], acc[2 * j + 1]);
+  return acc[0];
+}
+
+VLLM_LITE_AVX512_INLINE __m512i load_codes(const void* p) { return _mm512_loadu_si512(p); }
+
+// The group's query heads (q_u8: codes + 128, head after head; q_scale per head) against up to 16
+// K rows of their KV head; logits of head g at logits + g * logit_stride; `scales` as in
+// score_tile_i8 (0 past n).
+template <int V>
+VLLM_LITE_AVX512_INLINE void score_tile_vnni(float* logits, int64_t logit_stride, const uint8_t* q_u8,
+                                           const float* q_scale, int64_t group, const int8_t* rows,
+                                           int64_t row_stride, int64_t n, const float* scales) {
+  constexpr int64_t head_dim = 64 * V;
+  const __m512i ones = _mm512_set1_epi8(1);
+  vi32 offset[kLanes];  // 128 * sum of each row's codes
+  for (int64_t j = 0; j < kLanes; ++j) {
+    __m512i sum = _mm512_setzero_si512();
+    if (j < n)
+      for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, ones, load_codes(rows + j * row_stride + 64 * v));
+    offset[j] = (vi32)_mm512_slli_epi32(sum, 7);
+  }
+  const vfloat row_scales = load(scales);
+  for (int64_t g = 0; g < group; ++g) {
+    __m512i q[V];
+    for (int v = 0; v < V; ++v) q[v] = load_codes(q_u8 + g * head_dim + 64 * v);
+    vi32 acc[kLanes];
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kLanes; ++j) {
+      __m512i sum = _mm512_setzero_si512();
+      if (j < n)
+        for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, q[v], load_codes(rows + j * row_stride + 64 * v));
+      acc[j] = (vi32)sum - offset[j];
+    }
+    const vfloat scores = __builtin_convertvector(transpose_sums_i32(acc), vfloat) * row_scales * q_scale[g];
+    float* out = logits + g * logit_stride;
+    if (n == kLanes) {
+      store(out, scores);
+    } else {
+      for (int64_t j = 0; j < n; ++j) out[j] = scores[j];
+    }
+  }
+}
 // One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16: the scores
 // for the whole context, the softmax, then the weighted sum of V. Both passes take a block's rows
 // for all the item's KV heads before the next block (one contiguous stretch of the cache).
 template <int C>
-VLLM_LITE_INLINE void decode_one_i8_tiled(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,
-                                          const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
-                                          int64_t group, const CacheLayout& c, float scale,
-                                          std::vector<float>& scratch) {
+VLLM_LITE_AVX512_INLINE void decode_one_i8_tiled(float* out, const QueryRows& query, const int8_t* cache,
+                                                 const int32_t* blocks, int64_t seq_len, int64_t kv_begin,
+                                                 int64_t kv_end, int64_t group, const CacheLayout& c, float scale,
+                                                 std::vector<float>& scratch) {
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
   scratch.resize(num_heads * (seq_len + head_dim + 1));
@@ -228,9 +385,14 @@ VLLM_LITE_INLINE void decode_one_i8_tiled(float* out, const float* query, int64_
         const int64_t m = std::min(kLanes, n - t);
         const int8_t* tile = rows + t * c.stride_offset;
         tile_scales(scales, tile, c.stride_offset, m, head_dim, scale);
+        if constexpr (C % 4 == 0) {
+          score_tile_vnni<C / 4>(logits + kv * group * seq_len + start + t, seq_len, query.codes + kv * group * head_dim,
+                                 query.scales + kv * group, group, tile, c.stride_offset, m, scales);
+          continue;
+        }
         for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
           vfloat q[C];
-          for (int k = 0; k < C; ++k) q[k] = load(query + h * q_stride_h + k * kLanes);
+          for (int k = 0; k < C; ++k) q[k] = load(query.values + h * head_dim + k * kLanes);
           float* tile_logits = logits + h * seq_len + start + t;
           if (m == kLanes)
             score_tile_i8<C, true>(tile_logits, q, tile, c.stride_offset, m, scales);
@@ -260,22 +422,24 @@ VLLM_LITE_INLINE void decode_one_i8_tiled(float* out, const float* query, int64_
       store(out + h * head_dim + k * kLanes, load(acc + h * head_dim + k * kLanes) * inv_sum[h]);
 }
 
-#define VLLM_LITE_DECODE_I8(C)                                                                           \
-  VLLM_LITE_MULTIVERSION                                                                                 \
-  void decode_one_i8_##C(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,       \
-                         const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,       \
-                         int64_t group, const CacheLayout& c, float scale, std::vector<float>& scratch) { \
-    decode_one_i8_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,   \
-                           scale, scratch);                                                              \
+#define VLLM_LITE_DECODE_I8(C)                                                                          \
+  VLLM_LITE_AVX512_TARGET                                                                               \
+  void decode_one_i8_##C(float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks, \
+                         int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,              \
+                         const CacheLayout& c, float scale, std::vector<float>& scratch) {              \
+    decode_one_i8_tiled<C>(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,        \
+                           scratch);                                                                    \
   }
 VLLM_LITE_DECODE_I8(2)
 VLLM_LITE_DECODE_I8(4)
 VLLM_LITE_DECODE_I8(8)
 #undef VLLM_LITE_DECODE_I8
 
+#endif  // VLLM_LITE_I8_AVX512
+
 // Any head_dim: each row dequantized into fp32 as it is read, then dot / axpy.
 VLLM_LITE_MULTIVERSION
-void decode_one_i8_any(float* out, const float* query, int64_t q_stride_h, const int8_t* cache,
+void decode_one_i8_any(float* out, const QueryRows& query, const int8_t* cache,
                        const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,
                        int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch) {
   const int64_t num_heads = (kv_end - kv_begin) * group;
@@ -294,7 +458,7 @@ void decode_one_i8_any(float* out, const float* query, int64_t q_stride_h, const
     for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
       widen(t, 0, kv);
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
-        logits[h * seq_len + t] = dot(query + h * q_stride_h, row, head_dim) * scale;
+        logits[h * seq_len + t] = dot(query.values + h * head_dim, row, head_dim) * scale;
     }
   for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
@@ -307,24 +471,27 @@ void decode_one_i8_any(float* out, const float* query, int64_t q_stride_h, const
     for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = acc[h * head_dim + d] * inv_sum[h];
 }
 
-void decode_item_i8(float* out, const float* query, int64_t q_stride_h, const int8_t* cache, const int32_t* blocks,
+void decode_item_i8(float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks,
                     int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
                     const CacheLayout& c, float scale, std::vector<float>& scratch) {
   if (seq_len <= 0) {  // a padded row: nothing to attend to
     std::fill(out, out + (kv_end - kv_begin) * group * head_dim, 0.f);
     return;
   }
-  switch (head_dim) {
+#if VLLM_LITE_I8_AVX512
+  if (cpu_has_avx512_vnni()) switch (head_dim) {
     case 2 * kLanes:
-      return decode_one_i8_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+      return decode_one_i8_2(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
     case 4 * kLanes:
-      return decode_one_i8_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+      return decode_one_i8_4(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
     case 8 * kLanes:
-      return decode_one_i8_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+      return decode_one_i8_8(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
     default:
-      return decode_one_i8_any(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c,
-                               scale, scratch);
+      break;
   }
+#endif
+  decode_one_i8_any(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c, scale,
+                    scratch);
 }
 
 void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -362,12 +529,14 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
+    QueryBuffers query_buffers;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
       const int64_t s = item / items_per_seq;
       const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
-      decode_item_i8(o + (s * num_q_heads + kv_begin * group) * head_dim,
-                     q + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache, table + s * bt_stride,
+      const QueryRows rows = quantize_queries(query_buffers, q + s * q_stride_t + kv_begin * group * q_stride_h,
+                                              q_stride_h, heads_per_item * group, head_dim);
+      decode_item_i8(o + (s * num_q_heads + kv_begin * group) * head_dim, rows, cache, table + s * bt_stride,
                      lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim, layout,
                      static_cast<float>(scale), scratch);
     }

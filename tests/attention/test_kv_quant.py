@@ -135,13 +135,16 @@ def test_cpu_native_backend_matches_torch_backend(specs, dtype):
 
 
 def test_reference_attends_to_the_quantized_values():
-    """Prefill and decode in the torch backend see the cache's dequantized K/V, not the step's
-    unrounded ones: attention over an int8 cache equals attention over a float cache holding
-    the dequantized rows."""
+    """The torch backend attends over the cache's dequantized K/V, not the step's unrounded ones,
+    and a decode row's query is rounded to its own int8 quantization per head (the csrc op
+    multiplies codes): equal to attention over a float cache holding the dequantized rows."""
     batch = int8_batch(make_paged_batch([(0, 6), (12, 1)], 4, 2, 32, block_size=4, seed=11))
     out, cache = reference_forward(batch)
-    dequantized = dataclasses.replace(batch, kv_cache=dequantize_rows(cache, torch.float32),
+    query = batch.query.clone()
+    query[6:] = dequantize_rows(quantize_rows(query[6:]), torch.float32)  # the decode row
+    dequantized = dataclasses.replace(batch, query=query, kv_cache=dequantize_rows(cache, torch.float32),
                                       key=dequantize_rows(quantize_rows(batch.key), torch.float32),
                                       value=dequantize_rows(quantize_rows(batch.value), torch.float32))
     float_out, _ = reference_forward(dequantized)
     assert (out - float_out).abs().max().item() <= 1e-5
+    assert (out[6:] - reference_forward(dataclasses.replace(dequantized, query=batch.query))[0][6:]).abs().max() > 1e-4

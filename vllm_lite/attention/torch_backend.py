@@ -163,11 +163,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      mask: torch.Tensor, scale: float, logits_soft_cap: float | None = None) -> torch.Tensor:
     """One query token per row: query [B, Hq, D] over `block_table` [B, nb] (int64) with a key
-    mask [B, 1, 1, nb * block_size]."""
+    mask [B, 1, 1, nb * block_size]. Over an int8_per_token_head cache each query head is rounded
+    to its own int8 quantization (the cache rows' rule; the csrc op multiplies int8 codes) and the
+    attention runs in fp32."""
+    dtype = query.dtype
+    if is_int8_cache(kv_cache):
+        query = dequantize_rows(quantize_rows(query), torch.float32)
     q = query.unsqueeze(2)  # [B, Hq, 1, D]
     k = _gather(kv_cache, block_table, 0, query.dtype)  # [B, Hkv, S, D]
     v = _gather(kv_cache, block_table, 1, query.dtype)
-    return attend(q, k, v, mask, scale, logits_soft_cap).squeeze(2)
+    return attend(q, k, v, mask, scale, logits_soft_cap).squeeze(2).to(dtype)
 
 
 def prefill_attention(query, kv_cache, seq: PrefillSeq, scale,
