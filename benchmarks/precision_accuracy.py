@@ -5,7 +5,10 @@ where its greedy tokens first leave them (per prompt), and, feeding it the float
 (teacher forcing, `prompt_logprobs`), the mean and max |logprob difference| of the tokens float32
 chose, plus how often its own argmax at those positions differs from float32's token.
 
-    python benchmarks/precision_accuracy.py [--max-tokens 64] [--precision bfloat16 bfloat16+int8]
+    python benchmarks/precision_accuracy.py [--max-tokens 64] [--precision bfloat16 bfloat16+int8 ...]
+
+A precision is DTYPE[+QUANTIZATION][/KV_CACHE_DTYPE], e.g. `bfloat16/int8_per_token_head` (a bf16
+model with an int8 KV cache) or `float32/bfloat16`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--precision", nargs="+", default=["bfloat16", "bfloat16+int8"])
+    parser.add_argument("--precision", nargs="+",
+                        default=["bfloat16", "bfloat16+int8", "bfloat16/int8_per_token_head", "float32/int8_per_token_head"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from vllm_lite import LLM, SamplingParams
@@ -44,8 +48,10 @@ def main() -> None:
 
     def run(precision: str, sequences: list[list[int]] | None) -> tuple[list[list[int]], list[list[int]], list]:
         """(greedy tokens, the scored sequences: prompt + float32's tokens, prompt_logprobs)."""
-        dtype, _, quantization = precision.partition("+")
-        llm = LLM(model, dtype=dtype, quantization=quantization or None, max_model_len=512, multiprocess=False)
+        weights, _, kv_cache_dtype = precision.partition("/")
+        dtype, _, quantization = weights.partition("+")
+        llm = LLM(model, dtype=dtype, quantization=quantization or None, kv_cache_dtype=kv_cache_dtype or "auto",
+                  max_model_len=512, multiprocess=False)
         try:
             outs = llm.generate(list(PROMPTS), greedy, use_tqdm=False)
             tokens = [list(o.outputs[0].token_ids) for o in outs]
