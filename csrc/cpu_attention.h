@@ -74,14 +74,17 @@ VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
 
 // Pairwise-sum step of a transposing reduction: lane i of the result is x[2i] + x[2i+1] where
 // x is the 32 lanes of (a, b). Four rounds turn 16 accumulators into one vector of their sums.
-VLLM_LITE_INLINE vfloat pair_sums(vfloat a, vfloat b) {
+// V: vfloat, or vi32 (exact integer sums).
+template <typename V>
+VLLM_LITE_INLINE V pair_sums(V a, V b) {
   const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   const vi32 odd = even + 1;
   return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
 }
 
 // acc[j] holds token j's partial products; returns the vector of their 16 sums, in order.
-VLLM_LITE_INLINE vfloat transpose_sums(vfloat* acc) {
+template <typename V>
+VLLM_LITE_INLINE V transpose_sums(V* acc) {
 #pragma GCC unroll 4
   for (int width = 16; width > 1; width /= 2)
 #pragma GCC unroll 8

@@ -229,30 +229,6 @@ VLLM_LITE_AVX512_INLINE vfloat load_i8(const int8_t* p) {
 }
 
 
-// Scores of one query head (q: C vectors) against up to 16 int8 rows, each sum times its row's
-// entry of `scales` (the row scale times the softmax scale).
-template <int C, bool kFull>
-VLLM_LITE_AVX512_INLINE void score_tile_i8(float* logits, const vfloat* q, const int8_t* rows, int64_t row_stride,
-                                    int64_t n, const float* scales) {
-  vfloat acc[kLanes];
-#pragma GCC unroll 16
-  for (int64_t j = 0; j < kLanes; ++j) {
-    vfloat sum = {};
-    if (kFull || j < n) {
-      const int8_t* k = rows + j * row_stride;
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) sum += q[c] * load_i8(k + c * kLanes);
-    }
-    acc[j] = sum;
-  }
-  const vfloat sums = transpose_sums(acc) * load(scales);
-  if (kFull) {
-    store(logits, sums);
-  } else {
-    for (int64_t j = 0; j < n; ++j) logits[j] = sums[j];
-  }
-}
-
 // acc[g] += sum_i weights[g][i] * scales[i] * V codes of row i, for G heads and up to 16 rows
 // (each row widened once for all G heads).
 template <int C, int G>
@@ -300,56 +276,51 @@ VLLM_LITE_AVX512_INLINE void tile_scales(float* scales, const int8_t* rows, int6
   for (int64_t j = 0; j < kLanes; ++j) scales[j] = j < n ? row_scale(rows + j * row_stride, head_dim) * factor : 0.f;
 }
 
-// ---- scores with VNNI (vpdpbusd) for head_dim 64 and 128: the quantized query's codes (plus 128,
+// ---- scores with VNNI (vpdpbusd): the quantized query's codes (plus 128,
 // as the unsigned operand) times the K codes, exact int32 sums; 128 * sum(K codes) comes off
 // before the scales are applied. Equal to the fp32 path over the same (dequantized) query up to
 // the fp32 rounding of the final products. ----
 
 
-VLLM_LITE_INLINE vi32 pair_sums_i32(vi32 a, vi32 b) {
-  const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, even + 1);
+// Chunk v (64 bytes) of a row of C * 16 codes; a shorter last chunk (head_dim 32) reads zeros past the row.
+template <int C>
+VLLM_LITE_AVX512_INLINE __m512i load_codes(const void* row, int v) {
+  constexpr int64_t bytes = C * kLanes;
+  const char* p = static_cast<const char*>(row) + 64 * v;
+  if (bytes - 64 * v >= 64) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi8((__mmask64{1} << (bytes - 64 * v)) - 1, p);
 }
-
-VLLM_LITE_INLINE vi32 transpose_sums_i32(vi32* acc) {
-#pragma GCC unroll 4
-  for (int width = 16; width > 1; width /= 2)
-#pragma GCC unroll 8
-    for (int j = 0; j < width / 2; ++j) acc[j] = pair_sums_i32(acc[2 * j], acc[2 * j + 1]);
-  return acc[0];
-}
-
-VLLM_LITE_AVX512_INLINE __m512i load_codes(const void* p) { return _mm512_loadu_si512(p); }
 
 // The group's query heads (q_u8: codes + 128, head after head; q_scale per head) against up to 16
-// K rows of their KV head; logits of head g at logits + g * logit_stride; `scales` as in
-// score_tile_i8 (0 past n).
-template <int V>
+// K rows of their KV head; logits of head g at logits + g * logit_stride; `scales`: each row's
+// scale times the softmax scale, 0 past n.
+template <int C>
 VLLM_LITE_AVX512_INLINE void score_tile_vnni(float* logits, int64_t logit_stride, const uint8_t* q_u8,
                                            const float* q_scale, int64_t group, const int8_t* rows,
                                            int64_t row_stride, int64_t n, const float* scales) {
-  constexpr int64_t head_dim = 64 * V;
+  constexpr int64_t head_dim = C * kLanes;
+  constexpr int V = (C + 3) / 4;  // 64-byte chunks per row
   const __m512i ones = _mm512_set1_epi8(1);
   vi32 offset[kLanes];  // 128 * sum of each row's codes
   for (int64_t j = 0; j < kLanes; ++j) {
     __m512i sum = _mm512_setzero_si512();
     if (j < n)
-      for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, ones, load_codes(rows + j * row_stride + 64 * v));
+      for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, ones, load_codes<C>(rows + j * row_stride, v));
     offset[j] = (vi32)_mm512_slli_epi32(sum, 7);
   }
   const vfloat row_scales = load(scales);
   for (int64_t g = 0; g < group; ++g) {
     __m512i q[V];
-    for (int v = 0; v < V; ++v) q[v] = load_codes(q_u8 + g * head_dim + 64 * v);
+    for (int v = 0; v < V; ++v) q[v] = load_codes<C>(q_u8 + g * head_dim, v);
     vi32 acc[kLanes];
 #pragma GCC unroll 16
     for (int64_t j = 0; j < kLanes; ++j) {
       __m512i sum = _mm512_setzero_si512();
       if (j < n)
-        for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, q[v], load_codes(rows + j * row_stride + 64 * v));
+        for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, q[v], load_codes<C>(rows + j * row_stride, v));
       acc[j] = (vi32)sum - offset[j];
     }
-    const vfloat scores = __builtin_convertvector(transpose_sums_i32(acc), vfloat) * row_scales * q_scale[g];
+    const vfloat scores = __builtin_convertvector(transpose_sums(acc), vfloat) * row_scales * q_scale[g];
     float* out = logits + g * logit_stride;
     if (n == kLanes) {
       store(out, scores);
@@ -373,50 +344,30 @@ VLLM_LITE_AVX512_INLINE void decode_one_i8_tiled(float* out, const QueryRows& qu
   float* acc = logits + num_heads * seq_len;
   float* inv_sum = acc + num_heads * head_dim;
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
-  auto kv_rows = [&](int64_t b, int64_t which, int64_t kv) {
-    return cache + blocks[b] * c.stride_block + which * c.stride_kv + (kv_begin + kv) * c.stride_head;
+  // fn(kv, tile, m, position of its first row) for every tile of up to 16 rows of K (which 0) or
+  // V (1), block by block, the item's KV heads of a block before the next block.
+  auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_AVX512_TARGET {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      for (int64_t kv = 0; kv < num_kv; ++kv) {
+        const int8_t* rows = cache + blocks[b] * c.stride_block + which * c.stride_kv + (kv_begin + kv) * c.stride_head;
+        for (int64_t t = 0; t < n; t += kLanes) fn(kv, rows + t * c.stride_offset, std::min(kLanes, n - t), start + t);
+      }
+    }
   };
   alignas(64) float scales[kLanes];
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-    for (int64_t kv = 0; kv < num_kv; ++kv) {
-      const int8_t* rows = kv_rows(b, 0, kv);
-      for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        const int8_t* tile = rows + t * c.stride_offset;
-        tile_scales(scales, tile, c.stride_offset, m, head_dim, scale);
-        if constexpr (C % 4 == 0) {
-          score_tile_vnni<C / 4>(logits + kv * group * seq_len + start + t, seq_len, query.codes + kv * group * head_dim,
-                                 query.scales + kv * group, group, tile, c.stride_offset, m, scales);
-          continue;
-        }
-        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-          vfloat q[C];
-          for (int k = 0; k < C; ++k) q[k] = load(query.values + h * head_dim + k * kLanes);
-          float* tile_logits = logits + h * seq_len + start + t;
-          if (m == kLanes)
-            score_tile_i8<C, true>(tile_logits, q, tile, c.stride_offset, m, scales);
-          else
-            score_tile_i8<C, false>(tile_logits, q, tile, c.stride_offset, m, scales);
-        }
-      }
-    }
-  }
+  for_each_tile(0, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX512_TARGET {
+    tile_scales(scales, tile, c.stride_offset, m, head_dim, scale);
+    score_tile_vnni<C>(logits + kv * group * seq_len + position, seq_len, query.codes + kv * group * head_dim,
+                       query.scales + kv * group, group, tile, c.stride_offset, m, scales);
+  });
   for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-    for (int64_t kv = 0; kv < num_kv; ++kv) {
-      const int8_t* rows = kv_rows(b, 1, kv);
-      for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        const int8_t* tile = rows + t * c.stride_offset;
-        tile_scales(scales, tile, c.stride_offset, m, head_dim, 1.f);
-        weighted_sum_heads_i8<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + start + t, seq_len,
-                                 tile, c.stride_offset, m, group, scales);
-      }
-    }
-  }
+  for_each_tile(1, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX512_TARGET {
+    tile_scales(scales, tile, c.stride_offset, m, head_dim, 1.f);
+    weighted_sum_heads_i8<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + position, seq_len, tile,
+                             c.stride_offset, m, group, scales);
+  });
   for (int64_t h = 0; h < num_heads; ++h)
     for (int k = 0; k < C; ++k)
       store(out + h * head_dim + k * kLanes, load(acc + h * head_dim + k * kLanes) * inv_sum[h]);

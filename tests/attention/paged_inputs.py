@@ -10,6 +10,14 @@ import torch
 from vllm_lite.attention.backend import CommonAttentionMetadata
 
 
+# Batches that exercise a backend's routing: decode rows to the native op, prefill rows to SDPA.
+BACKEND_SPECS = {
+    "mixed": [(0, 5), (13, 1), (20, 7), (3, 1), (0, 1), (9, 2)],
+    "decode": [(40, 1), (7, 1), (0, 1)],
+    "prefill": [(0, 17), (16, 4)],  # with a prefix-cache hit
+}
+
+
 @dataclass
 class PagedBatch:
     query: torch.Tensor  # [T, Hq, D]

@@ -13,7 +13,7 @@ import sysconfig
 
 import pytest
 import torch
-from paged_inputs import PagedBatch, make_paged_batch, reference_forward
+from paged_inputs import BACKEND_SPECS, PagedBatch, make_paged_batch, reference_forward
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.selector import get_attn_backend
@@ -129,11 +129,7 @@ def test_padded_rows_are_zero():
 
 
 @native
-@pytest.mark.parametrize("specs", [
-    [(0, 5), (13, 1), (20, 7), (3, 1), (0, 1), (9, 2)],  # mixed: decode rows native, prefills SDPA
-    [(40, 1), (7, 1), (0, 1)],  # decode only
-    [(0, 17), (16, 4)],  # prefill only, with a prefix-cache hit
-], ids=["mixed", "decode", "prefill"])
+@pytest.mark.parametrize("specs", list(BACKEND_SPECS.values()), ids=list(BACKEND_SPECS))
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", [(2, 2), (4, 1), (7, 1)])
 def test_cpu_native_backend_matches_torch_backend(specs, num_q_heads, num_kv_heads):
     batch = make_paged_batch(specs, num_q_heads, num_kv_heads, 32, block_size=8, seed=5)

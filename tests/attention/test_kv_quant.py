@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from paged_inputs import PagedBatch, make_paged_batch, reference_forward
+from paged_inputs import BACKEND_SPECS, PagedBatch, make_paged_batch, reference_forward
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.kv_quant import dequantize_rows, quantize_rows
@@ -81,9 +81,20 @@ def test_csrc_write_skips_padding_and_rejects_out_of_range_slots():
                                           torch.tensor([0, cache.shape[0] * 4, 1], dtype=torch.int64))
 
 
+def native_decode(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, cache after the write) of the csrc ops on a decode-only batch."""
+    common = batch.common
+    cache = batch.kv_cache.clone()
+    cpu_native.reshape_and_cache_int8(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    cpu_native.paged_attention_decode_int8(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    return out, cache
+
+
 @native
-# head_dim 32/64/128 take the tiled kernel (groups of 1, 3, 4 and 7 heads: one to three V passes
-# per tile; partial tiles with block sizes 4, two tiles per block with 32); 24 and 80 the general one.
+# head_dim 32/64/128 take the tiled kernel where the CPU has AVX-512 with VNNI (32: half a 64-byte
+# chunk per row; groups of 1, 3, 4 and 7 heads: one to three V passes per tile; partial tiles with
+# block size 4, two tiles per block with 32); 24 and 80 the general one.
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim",
                          [(9, 3, 64), (2, 2, 32), (8, 2, 128), (7, 1, 64), (7, 1, 24), (4, 2, 80)])
 @pytest.mark.parametrize("block_size", [4, 16, 32])
@@ -91,11 +102,7 @@ def test_csrc_decode_matches_the_torch_backend(num_q_heads, num_kv_heads, head_d
     specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
     batch = int8_batch(make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=block_size))
     ref_out, ref_cache = reference_forward(batch)
-    common = batch.common
-    cache = batch.kv_cache.clone()
-    cpu_native.reshape_and_cache_int8(batch.key, batch.value, cache, common.slot_mapping)
-    out = torch.full_like(batch.query, float("nan"))
-    cpu_native.paged_attention_decode_int8(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    out, cache = native_decode(batch)
     assert torch.equal(cache, ref_cache)
     assert (out - ref_out).abs().max().item() <= ATOL
 
@@ -106,21 +113,13 @@ def test_csrc_decode_work_split_by_sequence_and_padded_rows():
     specs = [(3 + 11 * i, 1) for i in range(12)]
     batch = int8_batch(make_paged_batch(specs, 6, 2, 64, block_size=16, num_padded=2, seed=7))
     ref_out, _ = reference_forward(batch)
-    common = batch.common
-    cache = batch.kv_cache.clone()
-    cpu_native.reshape_and_cache_int8(batch.key, batch.value, cache, common.slot_mapping)
-    out = torch.full_like(batch.query, float("nan"))
-    cpu_native.paged_attention_decode_int8(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    out, _ = native_decode(batch)
     assert (out[:12] - ref_out).abs().max().item() <= ATOL
     assert torch.equal(out[12:], torch.zeros_like(out[12:]))
 
 
 @native
-@pytest.mark.parametrize("specs", [
-    [(0, 5), (13, 1), (20, 7), (3, 1), (0, 1), (9, 2)],  # mixed: decode rows native, prefills SDPA
-    [(40, 1), (7, 1), (0, 1)],  # decode only
-    [(0, 17), (16, 4)],  # prefill only, with a prefix-cache hit
-], ids=["mixed", "decode", "prefill"])
+@pytest.mark.parametrize("specs", list(BACKEND_SPECS.values()), ids=list(BACKEND_SPECS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_native_backend_matches_torch_backend(specs, dtype):
     batch = int8_batch(make_paged_batch(specs, 6, 2, 32, block_size=8, seed=5, dtype=dtype))
