@@ -3,10 +3,13 @@
 // numerators and the transposing reduction of 16 per-token accumulators.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "cpu_vec.h"
 
@@ -21,6 +24,70 @@ inline void mask_leading(float* logits, int64_t n) {
 struct CacheLayout {
   int64_t block_size, stride_block, stride_kv, stride_offset, stride_head;
 };
+
+// A [num_blocks, 2, block_size, num_kv_heads, row] cache's layout.
+inline CacheLayout cache_layout(const at::Tensor& kv_cache) {
+  return {kv_cache.size(2), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)};
+}
+
+// The decode ops' block table and sequence lengths: int32, one row / entry per sequence, and no
+// sequence longer than its row of blocks. Returns seq_lens' data.
+inline const int32_t* check_decode_tables(const at::Tensor& block_table, const at::Tensor& seq_lens, int64_t num_seqs,
+                                          int64_t block_size) {
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                  block_table.size(0) == num_seqs,
+              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.size(0) == num_seqs,
+              "seq_lens must be contiguous int32 [num_seqs]");
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  for (int64_t s = 0; s < num_seqs; ++s)
+    TORCH_CHECK(lens[s] <= block_table.size(1) * block_size, "seq_lens[", s, "]=", lens[s],
+                " needs more blocks than block_table has");
+  return lens;
+}
+
+// The cache write's slot mapping: contiguous int64, no longer than `key`, every slot (-1 aside)
+// inside the cache. Returns its data.
+inline const int64_t* check_slots(const at::Tensor& slot_mapping, const at::Tensor& key, const at::Tensor& kv_cache) {
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
+              "slot_mapping must be contiguous int64");
+  const int64_t num_tokens = slot_mapping.size(0);
+  TORCH_CHECK(key.size(0) >= num_tokens, "slot_mapping is longer than key");
+  const int64_t num_slots = kv_cache.size(0) * kv_cache.size(2);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tokens; ++t)
+    TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "]=", slots[t], " is out of range");
+  return slots;
+}
+
+// One decode item's fp32 work space: the scores of its heads over the context ([heads, seq_len]),
+// their V sums ([heads, head_dim]) and 1 / softmax denominators ([heads]).
+struct ItemScratch {
+  float* logits;
+  float* acc;
+  float* inv_sum;
+};
+
+inline ItemScratch item_scratch(std::vector<float>& scratch, int64_t num_heads, int64_t seq_len, int64_t head_dim) {
+  scratch.resize(num_heads * (seq_len + head_dim + 1));
+  float* logits = scratch.data();
+  return {logits, logits + num_heads * seq_len, logits + num_heads * (seq_len + head_dim)};
+}
+
+// The cache write's walk: fn(t, h, k_row, v_row) for each new token t (slot -1, padding, skipped)
+// and KV head h, with the element offsets of its K and V rows in the cache; tokens split over
+// `threads`.
+template <typename Fn>
+void for_each_cache_row(const int64_t* slots, int64_t num_tokens, int64_t num_heads, const CacheLayout& c,
+                        int threads, const Fn& fn) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const int64_t base = (slot / c.block_size) * c.stride_block + (slot % c.block_size) * c.stride_offset;
+    for (int64_t h = 0; h < num_heads; ++h) fn(t, h, base + h * c.stride_head, base + c.stride_kv + h * c.stride_head);
+  }
+}
 
 VLLM_LITE_INLINE float dot(const float* a, const float* b, int64_t n) {
   vfloat acc = {};

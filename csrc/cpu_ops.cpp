@@ -534,10 +534,8 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
                                                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
-  scratch.resize(num_heads * (seq_len + head_dim + 1));
-  float* logits = scratch.data();
-  float* acc = logits + num_heads * seq_len;
-  float* inv_sum = acc + num_heads * head_dim;
+  const ItemScratch space = item_scratch(scratch, num_heads, seq_len, head_dim);
+  float *logits = space.logits, *acc = space.acc, *inv_sum = space.inv_sum;
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
@@ -725,34 +723,20 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
               "key/value heads and head_dim must match kv_cache");
   TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1,
               "key/value need a contiguous last dimension");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
-              "slot_mapping must be contiguous int64");
-  const int64_t num_tokens = slot_mapping.size(0);
-  TORCH_CHECK(key.size(0) >= num_tokens, "slot_mapping is longer than key");
-  const int64_t block_size = kv_cache.size(2), num_heads = key.size(1);
-  const int64_t num_slots = kv_cache.size(0) * block_size;
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < num_tokens; ++t)
-    TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "]=", slots[t], " is out of range");
+  const int64_t* slots = check_slots(slot_mapping, key, kv_cache);
+  const int64_t num_tokens = slot_mapping.size(0), num_heads = key.size(1);
   const int64_t elem = kv_cache.element_size(), row_bytes = key.size(2) * elem;
   char* cache = static_cast<char*>(kv_cache.data_ptr());
   const char* k = static_cast<const char*>(key.data_ptr());
   const char* v = static_cast<const char*>(value.data_ptr());
-  const int64_t cs0 = kv_cache.stride(0), cs1 = kv_cache.stride(1), cs2 = kv_cache.stride(2),
-                cs3 = kv_cache.stride(3);
-  const int64_t ks0 = key.stride(0), ks1 = key.stride(1), vs0 = value.stride(0),
-                vs1 = value.stride(1);
+  const int64_t ks0 = key.stride(0), ks1 = key.stride(1), vs0 = value.stride(0), vs1 = value.stride(1);
+  const CacheLayout layout = cache_layout(kv_cache);
   const int threads = num_tokens * num_heads * row_bytes >= (1 << 20) ? at::get_num_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const int64_t slot = slots[t];
-    if (slot < 0) continue;
-    const int64_t base = (slot / block_size) * cs0 + (slot % block_size) * cs2;
-    for (int64_t h = 0; h < num_heads; ++h) {
-      std::memcpy(cache + (base + h * cs3) * elem, k + (t * ks0 + h * ks1) * elem, row_bytes);
-      std::memcpy(cache + (base + cs1 + h * cs3) * elem, v + (t * vs0 + h * vs1) * elem, row_bytes);
-    }
-  }
+  for_each_cache_row(slots, num_tokens, num_heads, layout, threads,
+                     [&](int64_t t, int64_t h, int64_t k_row, int64_t v_row) {
+                       std::memcpy(cache + k_row * elem, k + (t * ks0 + h * ks1) * elem, row_bytes);
+                       std::memcpy(cache + v_row * elem, v + (t * vs0 + h * vs1) * elem, row_bytes);
+                     });
 }
 
 void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
@@ -771,19 +755,8 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
   const int64_t num_kv_heads = kv_cache.size(3);
   TORCH_CHECK(head_dim == kv_cache.size(4), "head_dim differs between query and kv_cache");
   TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 &&
-                  block_table.stride(1) == 1 && block_table.size(0) == num_seqs,
-              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() &&
-                  seq_lens.size(0) == num_seqs,
-              "seq_lens must be contiguous int32 [num_seqs]");
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const int64_t block_size = kv_cache.size(2);
-  for (int64_t s = 0; s < num_seqs; ++s)
-    TORCH_CHECK(lens[s] <= block_table.size(1) * block_size, "seq_lens[", s, "]=", lens[s],
-                " needs more blocks than block_table has");
-  const CacheLayout layout{block_size, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-                           kv_cache.stride(3)};
+  const int32_t* lens = check_decode_tables(block_table, seq_lens, num_seqs, kv_cache.size(2));
+  const CacheLayout layout = cache_layout(kv_cache);
   TORCH_CHECK(dtype == at::kFloat || sliding_window <= 0,
               "paged_attention_decode: a sliding window needs float32 (bf16 layers with a window "
               "take the torch path)");

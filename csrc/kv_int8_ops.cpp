@@ -130,24 +130,19 @@ void quantize_any_row(int8_t* dst, const T* src, int64_t head_dim, bool avx512) 
 template <typename T>
 void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const int64_t* slots,
                 int64_t num_tokens) {
-  const int64_t block_size = kv_cache.size(2), num_heads = key.size(1), head_dim = key.size(2);
+  const int64_t num_heads = key.size(1), head_dim = key.size(2);
   int8_t* cache = kv_cache.data_ptr<int8_t>();
   const T* k = key.data_ptr<T>();
   const T* v = value.data_ptr<T>();
-  const int64_t cs0 = kv_cache.stride(0), cs1 = kv_cache.stride(1), cs2 = kv_cache.stride(2),
-                cs3 = kv_cache.stride(3);
+  const int64_t ks0 = key.stride(0), ks1 = key.stride(1), vs0 = value.stride(0), vs1 = value.stride(1);
+  const CacheLayout layout = cache_layout(kv_cache);
   const bool avx512 = cpu_has_avx512_vnni();
   const int threads = num_tokens * num_heads * head_dim >= (1 << 16) ? at::get_num_threads() : 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const int64_t slot = slots[t];
-    if (slot < 0) continue;
-    const int64_t base = (slot / block_size) * cs0 + (slot % block_size) * cs2;
-    for (int64_t h = 0; h < num_heads; ++h) {
-      quantize_any_row(cache + base + h * cs3, k + t * key.stride(0) + h * key.stride(1), head_dim, avx512);
-      quantize_any_row(cache + base + cs1 + h * cs3, v + t * value.stride(0) + h * value.stride(1), head_dim, avx512);
-    }
-  }
+  for_each_cache_row(slots, num_tokens, num_heads, layout, threads,
+                     [&](int64_t t, int64_t h, int64_t k_row, int64_t v_row) {
+                       quantize_any_row(cache + k_row, k + t * ks0 + h * ks1, head_dim, avx512);
+                       quantize_any_row(cache + v_row, v + t * vs0 + h * vs1, head_dim, avx512);
+                     });
 }
 
 void check_int8_cache(const at::Tensor& kv_cache) {
@@ -169,14 +164,8 @@ void reshape_and_cache_int8(const at::Tensor& key, const at::Tensor& value, at::
   TORCH_CHECK(key.size(1) == kv_cache.size(3) && key.size(2) + kScaleBytes == kv_cache.size(4),
               "key/value heads and head_dim must match kv_cache");
   TORCH_CHECK(key.stride(2) == 1 && value.stride(2) == 1, "key/value need a contiguous last dimension");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
-              "slot_mapping must be contiguous int64");
+  const int64_t* slots = check_slots(slot_mapping, key, kv_cache);
   const int64_t num_tokens = slot_mapping.size(0);
-  TORCH_CHECK(key.size(0) >= num_tokens, "slot_mapping is longer than key");
-  const int64_t num_slots = kv_cache.size(0) * kv_cache.size(2);
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < num_tokens; ++t)
-    TORCH_CHECK(slots[t] < num_slots, "slot_mapping[", t, "]=", slots[t], " is out of range");
   if (key.scalar_type() == at::kFloat)
     write_rows<float>(key, value, kv_cache, slots, num_tokens);
   else
@@ -339,10 +328,8 @@ VLLM_LITE_AVX512_INLINE void decode_one_i8_tiled(float* out, const QueryRows& qu
                                                  std::vector<float>& scratch) {
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
-  scratch.resize(num_heads * (seq_len + head_dim + 1));
-  float* logits = scratch.data();
-  float* acc = logits + num_heads * seq_len;
-  float* inv_sum = acc + num_heads * head_dim;
+  const ItemScratch space = item_scratch(scratch, num_heads, seq_len, head_dim);
+  float *logits = space.logits, *acc = space.acc, *inv_sum = space.inv_sum;
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   // fn(kv, tile, m, position of its first row) for every tile of up to 16 rows of K (which 0) or
   // V (1), block by block, the item's KV heads of a block before the next block.
@@ -457,17 +444,8 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
   const int64_t num_kv_heads = kv_cache.size(3);
   TORCH_CHECK(head_dim + kScaleBytes == kv_cache.size(4), "head_dim differs between query and kv_cache");
   TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
-                  block_table.size(0) == num_seqs,
-              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.size(0) == num_seqs,
-              "seq_lens must be contiguous int32 [num_seqs]");
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  const int64_t block_size = kv_cache.size(2);
-  for (int64_t s = 0; s < num_seqs; ++s)
-    TORCH_CHECK(lens[s] <= block_table.size(1) * block_size, "seq_lens[", s, "]=", lens[s],
-                " needs more blocks than block_table has");
-  const CacheLayout layout{block_size, kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3)};
+  const int32_t* lens = check_decode_tables(block_table, seq_lens, num_seqs, kv_cache.size(2));
+  const CacheLayout layout = cache_layout(kv_cache);
   const int num_threads = at::get_num_threads();
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
