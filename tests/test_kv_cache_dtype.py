@@ -96,3 +96,23 @@ def test_command_line_flag() -> None:
     assert engine_args_from(parser.parse_args(["--kv-cache-dtype", "int8_per_token_head"])).kv_cache_dtype \
         == "int8_per_token_head"
     assert engine_args_from(parser.parse_args([])).kv_cache_dtype == "auto"
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_mistral_window", "tiny_gemma2"])
+def test_int8_cache_backends_agree(name: str, request: pytest.FixtureRequest,
+                                   prompts_token_ids: list[list[int]]) -> None:
+    """The cpu_native backend (csrc decode; a sliding window or a soft cap sends its layers to the
+    torch path) and the torch backend attend over the same int8 cache with the same query
+    rounding: the same greedy tokens, to fp32 rounding."""
+    model = request.getfixturevalue(name)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    tokens = {}
+    for backend in ("cpu_native", "torch"):
+        llm = make_llm(model, kv_cache_dtype="int8_per_token_head", attention_backend=backend)
+        try:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts_token_ids], params, use_tqdm=False)
+            tokens[backend] = [list(out.outputs[0].token_ids) for out in outputs]
+        finally:
+            llm.shutdown()
+    agreeing = sum(a == b for a, b in zip(tokens["cpu_native"], tokens["torch"]))
+    assert agreeing >= len(prompts_token_ids) - 1, (tokens["cpu_native"], tokens["torch"])
