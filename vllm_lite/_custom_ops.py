@@ -1,7 +1,8 @@
 """The csrc native CPU ops (`vllm_lite._C`, built by setup.py when a compiler is present): the
 attention ops; the fused decoder-layer ops (RMSNorm with the residual add, rotary embedding,
 SiLU-and-mul); for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
-bitmask; the GGUF block matmul and dequantization; and the two ends of the int8 W8A8 linear.
+bitmask; the GGUF block matmul and dequantization; the two ends of the int8 W8A8 linear; and
+the int8_per_token_head KV cache's write and decode.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -88,7 +89,9 @@ def reshape_and_cache_int8(key: torch.Tensor, value: torch.Tensor, kv_cache: tor
 def paged_attention_decode_int8(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                                 block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> None:
     """`paged_attention_decode` over an int8_per_token_head cache: float32 query and `out`
-    (contiguous), codes widened to fp32 in registers, no sliding window."""
+    (contiguous), no sliding window. Each query head is rounded to int8 by the cache rows' rule
+    (as `torch_backend.decode_attention` does); scores are integer dot products of the codes times
+    both scales, V codes are widened to fp32; softmax and sums in fp32."""
     torch.ops.vllm_lite_C.paged_attention_decode_int8(out, query, kv_cache, block_table, seq_lens, scale)
 
 

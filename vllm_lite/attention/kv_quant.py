@@ -8,8 +8,9 @@ so one block still holds all of a token's K and V together and nothing else chan
     code  = trunc(clamp(x * (1 / scale) ± 0.5, -128, 127))   (round half away from zero)
     x'    = code * scale
 
-The csrc ops (reshape_and_cache, paged_attention_decode_int8) follow the same arithmetic, so a
-row they write equals the one written here bit for bit.
+The csrc write (reshape_and_cache_int8) follows the same arithmetic, so a row it writes equals
+the one written here bit for bit. Decode rounds each query head by the same rule
+(torch_backend.decode_attention, csrc paged_attention_decode_int8).
 """
 
 from __future__ import annotations
