@@ -7,7 +7,9 @@
 //       one query token per sequence (decode) over the sequence's cached blocks (the last
 //       `sliding_window` of them when > 0, float32 only); float32, or bfloat16 (fp32 scores,
 //       softmax and accumulation: on CPUs with AVX512-BF16 the scores come from vdpbf16ps on
-//       the bf16 K rows, elsewhere, or with use_bf16_dot=False, rows are widened to fp32 as read).
+//       the bf16 K rows, or from AMX tile products where the CPU has AMX-BF16 (head_dim 64/128,
+//       block_size a multiple of 16); elsewhere, or with use_bf16_dot=False, rows are widened to
+//       fp32 as read).
 //   argmax_rows(logits) -> int64 [rows]
 //       greedy sampling: the first index of each row's maximum (torch.argmax's rule), rows in
 //       parallel; torch's argmax over a [rows, vocab] batch runs at ~8 GB/s here.
@@ -33,6 +35,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "cpu_attention.h"
 #include "cpu_multiversion.h"
@@ -390,8 +395,10 @@ VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one
 // accumulators of all the tile's query heads; dims are put back in order once per head.
 #if VLLM_LITE_BF16_DOT
 
+// amx-tile/amx-bf16 let the score pass use AMX tiles; they run only where cpu_has_amx_bf16() says
+// so (the compiler emits no AMX instruction of its own).
 #define VLLM_LITE_BF16_DOT_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 #define VLLM_LITE_BF16_DOT_INLINE VLLM_LITE_INLINE VLLM_LITE_BF16_DOT_TARGET
 
 // Rounds of a transposing reduction: 16 vectors of partial sums, one per token row, become one
@@ -524,11 +531,81 @@ VLLM_LITE_BF16_DOT_INLINE void store_heads_out_bf16(uint16_t* out, const float* 
   }
 }
 
+// ---- the score pass on AMX tiles (CPUs with AMX-BF16; head_dim 64 or 128, block_size a multiple
+// of 16, at most 16 query heads per KV head). Per 16-row tile of one KV head's K rows, for each
+// 32-dim chunk: A = the K rows as they lie in the cache (16 rows x 64 bytes, the cache's row
+// stride), B = the group's query heads transposed into bf16 pairs ([16 dim pairs][16 heads x 2]),
+// C += A x B: the 16 x 16 fp32 scores of the tile's tokens (rows) by heads (columns), bf16
+// products summed in fp32 as vdpbf16ps does. Rows past the sequence's end hold other data of
+// the same block; their scores are dropped. ----
+
+// Tile registers: 0 the scores, 1 a K chunk, 2.. the query chunks.
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+VLLM_LITE_BF16_DOT_TARGET void load_score_tiles(int64_t num_chunks) {
+  AmxTileConfig config;
+  for (int64_t t = 0; t < 2 + num_chunks; ++t) {
+    config.rows[t] = kLanes;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+VLLM_LITE_BF16_DOT_TARGET void release_tiles() { _tile_release(); }
+
+// The query heads [first, first + group) as AMX B tiles, one per 32 dims: heads past the group 0.
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void load_query_tiles(uint16_t (*pairs)[kLanes * 32], const uint16_t* query,
+                                                int64_t q_stride_h, int64_t group) {
+  std::memset(pairs, 0, sizeof(uint16_t) * (C / 2) * kLanes * 32);
+  for (int64_t g = 0; g < group; ++g)
+    for (int k = 0; k < C / 2; ++k)
+      for (int64_t d = 0; d < 32; ++d) pairs[k][(d / 2) * 32 + g * 2 + d % 2] = query[g * q_stride_h + 32 * k + d];
+  _tile_loadd(2, pairs[0], 64);
+  _tile_loadd(3, pairs[1], 64);
+  if constexpr (C == 8) {
+    _tile_loadd(4, pairs[2], 64);
+    _tile_loadd(5, pairs[3], 64);
+  }
+}
+
+// Scores (times `scale`) of the loaded query heads against rows [0, n) of one KV head's tile;
+// head g's go to logits + g * logit_stride.
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void score_tile_amx(float* logits, int64_t logit_stride, const uint16_t* rows,
+                                              int64_t row_stride, int64_t n, int64_t group, float scale) {
+  alignas(64) float scores[kLanes * kLanes];  // [token][head]
+  const int64_t stride_bytes = row_stride * static_cast<int64_t>(sizeof(uint16_t));
+  _tile_zero(0);
+  _tile_loadd(1, rows, stride_bytes);
+  _tile_dpbf16ps(0, 1, 2);
+  _tile_loadd(1, rows + 32, stride_bytes);
+  _tile_dpbf16ps(0, 1, 3);
+  if constexpr (C == 8) {
+    _tile_loadd(1, rows + 64, stride_bytes);
+    _tile_dpbf16ps(0, 1, 4);
+    _tile_loadd(1, rows + 96, stride_bytes);
+    _tile_dpbf16ps(0, 1, 5);
+  }
+  _tile_stored(0, scores, 64);
+  const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+  for (int64_t g = 0; g < group; ++g)
+    _mm512_mask_storeu_ps(logits + g * logit_stride, valid,
+                          _mm512_mul_ps(_mm512_i32gather_ps(column, scores + g, 4), _mm512_set1_ps(scale)));
+}
+
 // decode_one_bf16_tiled's passes with the bf16 K rows fed to vdpbf16ps as they are and the V rows
 // widened in registers. Both passes take a block's rows for all the item's KV heads before the
 // next block (one contiguous stretch of the cache).
-template <int C>
-VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+template <int C, bool kAmx>
+VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot_impl(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                                                    const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
                                                    int64_t kv_begin, int64_t kv_end, int64_t group,
                                                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
@@ -540,7 +617,20 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
   };
-  for (int64_t b = 0; b < num_blocks; ++b) {
+  if constexpr (kAmx) {
+    alignas(64) uint16_t query_pairs[C / 2][kLanes * 32];
+    for (int64_t kv = 0; kv < num_kv; ++kv) {
+      load_query_tiles<C>(query_pairs, query + kv * group * q_stride_h, q_stride_h, group);
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+        const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
+        for (int64_t t = 0; t < n; t += kLanes)
+          score_tile_amx<C>(logits + kv * group * seq_len + start + t, seq_len, rows + t * c.stride_offset,
+                            c.stride_offset, std::min(kLanes, n - t), group, scale);
+      }
+    }
+  }
+  if constexpr (!kAmx) for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
@@ -570,9 +660,29 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   for (int64_t h = 0; h < num_heads; ++h) store_heads_out_bf16<C>(out + h * head_dim, acc + h * head_dim, inv_sum[h]);
 }
 
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                                                   int64_t kv_begin, int64_t kv_end, int64_t group,
+                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  decode_one_bf16_dot_impl<C, false>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                     scale, scratch);
+}
+
+template <int C>
+VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_amx(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                                                   int64_t kv_begin, int64_t kv_end, int64_t group,
+                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  decode_one_bf16_dot_impl<C, true>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                    scale, scratch);
+}
+
 VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 2)
 VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 4)
 VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 8)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, decode_one_bf16_amx, 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, decode_one_bf16_amx, 8)
 #undef VLLM_LITE_BF16_DECODE_KERNEL
 
 #endif  // VLLM_LITE_BF16_DOT
@@ -586,16 +696,38 @@ bool cpu_has_bf16_dot() {
 #endif
 }
 
+// AMX-BF16 in the CPU, and the tile registers' state granted to this process (Linux hands it out
+// on request, once per process; oneDNN asks too).
+bool cpu_has_amx_bf16() {
+#if VLLM_LITE_BF16_DOT && defined(__linux__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16")) return false;
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 // bf16_dot: the vdpbf16ps kernels (the caller has checked the CPU) for head_dim 32/64/128.
 void decode_item_bf16(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                       const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
                       int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
-                      const CacheLayout& c, float scale, bool bf16_dot, std::vector<float>& scratch) {
+                      const CacheLayout& c, float scale, bool bf16_dot, bool amx, std::vector<float>& scratch) {
   if (seq_len <= 0) {  // a padded row: nothing to attend to
     std::fill(out, out + (kv_end - kv_begin) * group * head_dim, uint16_t{0});
     return;
   }
 #if VLLM_LITE_BF16_DOT
+  if (amx && head_dim == 4 * kLanes)
+    return decode_one_bf16_amx_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,
+                                 scratch);
+  if (amx && head_dim == 8 * kLanes)
+    return decode_one_bf16_amx_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,
+                                 scratch);
   if (bf16_dot) {
     switch (head_dim) {
       case 2 * kLanes:
@@ -637,11 +769,16 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
                            CacheLayout layout, float scale, bool use_bf16_dot, int num_threads) {
   const bool bf16_dot = use_bf16_dot && cpu_has_bf16_dot();
   const int64_t group = num_q_heads / num_kv_heads;
+  const bool amx = bf16_dot && (head_dim == 4 * kLanes || head_dim == 8 * kLanes) && layout.block_size % kLanes == 0 &&
+                   group <= kLanes && cpu_has_amx_bf16();
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
+#if VLLM_LITE_BF16_DOT
+    if (amx) load_score_tiles(head_dim / 32);  // per thread: the tile configuration is thread state
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
       const int64_t s = item / items_per_seq;
@@ -649,8 +786,11 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
       decode_item_bf16(out + (s * num_q_heads + kv_begin * group) * head_dim,
                        query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
                        block_table + s * bt_stride, seq_lens[s], kv_begin,
-                       kv_begin + heads_per_item, group, head_dim, layout, scale, bf16_dot, scratch);
+                       kv_begin + heads_per_item, group, head_dim, layout, scale, bf16_dot, amx, scratch);
     }
+#if VLLM_LITE_BF16_DOT
+    if (amx) release_tiles();
+#endif
   }
 }
 

@@ -92,7 +92,9 @@ def _as_float32(batch: PagedBatch) -> PagedBatch:
 
 @native
 # head_dim 32/64/128 take the vdpbf16ps kernel where the CPU has AVX512-BF16 (use_bf16_dot=False
-# forces the portable one); groups of 4 and 7 heads take two and three V passes per tile.
+# forces the portable one); where it has AMX-BF16, head_dim 64/128 with block sizes 16 and 32 take
+# the AMX score pass (partial last tiles included); groups of 4 and 7 heads take two and three V
+# passes per tile.
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim",
                          [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24), (7, 1, 64), (12, 3, 128)])
 @pytest.mark.parametrize("block_size", [4, 16, 32])
