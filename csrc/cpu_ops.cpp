@@ -371,20 +371,21 @@ void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_
   for (int64_t i = 0; i < num_heads * head_dim; ++i) out[i] = float_to_bf16(acc[i]);
 }
 
-// One bf16 decode kernel for head_dim C * 16, compiled with TARGET (its ISA levels) as NAME##_C:
-// the portable clones here, the vdpbf16ps ones below.
+// One bf16 decode kernel for head_dim C * 16, compiled with TARGET (its ISA levels) as NAME##_C,
+// calling the instantiation KERNEL (in parentheses when it has a comma): the portable clones
+// here, the vdpbf16ps and AMX ones below.
 #define VLLM_LITE_BF16_DECODE_KERNEL(TARGET, NAME, KERNEL, C)                                    \
   TARGET                                                                                         \
   void NAME##_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,                      \
                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,                 \
                   int64_t kv_begin, int64_t kv_end, int64_t group,                               \
                   const CacheLayout& c, float scale, std::vector<float>& scratch) {              \
-    KERNEL<C>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, \
-              scratch);                                                                          \
+    KERNEL(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,    \
+           scratch);                                                                             \
   }
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 2)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 4)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled, 8)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<2>, 2)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<4>, 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<8>, 8)
 
 // ---- bf16 with vdpbf16ps (AVX512-BF16), picked at run time on CPUs that have it ----
 // QK: bf16 pairs of the query times bf16 pairs of a K row, summed into fp32 lanes by vdpbf16ps
@@ -605,7 +606,7 @@ VLLM_LITE_BF16_DOT_INLINE void score_tile_amx(float* logits, int64_t logit_strid
 // widened in registers. Both passes take a block's rows for all the item's KV heads before the
 // next block (one contiguous stretch of the cache).
 template <int C, bool kAmx>
-VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot_impl(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                                                    const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
                                                    int64_t kv_begin, int64_t kv_end, int64_t group,
                                                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
@@ -660,29 +661,11 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot_impl(uint16_t* out, const uin
   for (int64_t h = 0; h < num_heads; ++h) store_heads_out_bf16<C>(out + h * head_dim, acc + h * head_dim, inv_sum[h]);
 }
 
-template <int C>
-VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
-                                                   int64_t kv_begin, int64_t kv_end, int64_t group,
-                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
-  decode_one_bf16_dot_impl<C, false>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
-                                     scale, scratch);
-}
-
-template <int C>
-VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_amx(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
-                                                   int64_t kv_begin, int64_t kv_end, int64_t group,
-                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
-  decode_one_bf16_dot_impl<C, true>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
-                                    scale, scratch);
-}
-
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 2)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 4)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, decode_one_bf16_dot, 8)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, decode_one_bf16_amx, 4)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, decode_one_bf16_amx, 8)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, (decode_one_bf16_dot<2, false>), 2)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, (decode_one_bf16_dot<4, false>), 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, (decode_one_bf16_dot<8, false>), 8)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, (decode_one_bf16_dot<4, true>), 4)
+VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, (decode_one_bf16_dot<8, true>), 8)
 #undef VLLM_LITE_BF16_DECODE_KERNEL
 
 #endif  // VLLM_LITE_BF16_DOT
