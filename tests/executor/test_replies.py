@@ -1,14 +1,18 @@
 """The multiproc executor reads one reply per rank per step. With async scheduling two steps are
 in flight, and a rank's reply to the next step may arrive before another rank's reply to this
-one: it must be kept for the next step, not taken for this one."""
+one: it must be kept for the next step, not taken for this one. A rank's error names the rank that
+died, when one did."""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from collections import deque
 
 import numpy as np
 
 from vllm_lite.executor.multiproc import MultiprocExecutor
+from vllm_lite.lifecycle import ProcessResources
 from vllm_lite.wire import ModelRunnerOutput, WorkerReply
 
 
@@ -34,3 +38,38 @@ def test_a_rank_s_reply_to_the_next_step_waits_for_that_step() -> None:
     assert first.req_ids == ["step1"] and first.failed == {"x": "rank 1: boom"}
     second = executor.take_model_output()
     assert second.req_ids == ["step2"] and not second.failed
+
+
+def _exits_at_once() -> None:
+    pass
+
+
+def _sleeps() -> None:
+    time.sleep(30)
+
+
+def test_a_rank_s_error_names_the_rank_that_died() -> None:
+    """When a rank dies mid-step, a surviving rank's collective fails too, and its error (a reset
+    connection) may reach the executor before the death watch's notice: the reason must still
+    name the dead rank (waiting a moment for its exit to show), and not twice."""
+    ctx = multiprocessing.get_context("fork")  # children that run no torch: fork starts them at once
+    survivor = ctx.Process(target=_sleeps, name="vllm_lite-rank0", daemon=True)
+    victim = ctx.Process(target=_exits_at_once, name="vllm_lite-rank1", daemon=True)
+    survivor.start()
+    victim.start()
+    try:
+        executor = object.__new__(MultiprocExecutor)
+        executor._res = ProcessResources(procs=[survivor, victim])
+        reason = executor._with_dead_ranks("rank 0: Connection reset by peer")
+        assert reason.startswith("vllm_lite-rank1 (pid") and reason.endswith("; then rank 0: Connection reset by peer")
+        already_named = "vllm_lite-rank1 (pid 1) exited with code -9"
+        assert executor._with_dead_ranks(already_named) == already_named
+        victim.join()
+        executor._res = ProcessResources(procs=[survivor])  # everyone alive: the error as it came
+        start = time.monotonic()
+        assert executor._with_dead_ranks("rank 0: boom") == "rank 0: boom"
+        assert time.monotonic() - start < 5
+    finally:
+        survivor.kill()
+        survivor.join()
+        victim.join()

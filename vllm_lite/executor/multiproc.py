@@ -36,6 +36,7 @@ next collective fails.
 from __future__ import annotations
 
 import logging
+import multiprocessing.connection
 import socket
 import tempfile
 import time
@@ -60,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 WORKER_START_TIMEOUT_S = 600.0  # model loading on every rank, other nodes included
 SHUTDOWN_TIMEOUT_S = 5.0
+PEER_DEATH_GRACE_S = 1.0  # after a rank's error: how long to wait for another rank's exit to show
 
 
 class MultiprocExecutor(Executor):
@@ -206,9 +208,19 @@ class MultiprocExecutor(Executor):
     def _receive_reply(self) -> WorkerReply:
         reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
         if reply.error is not None:
-            self._dead_reason = reply.error
+            self._dead_reason = self._with_dead_ranks(reply.error)
             self._check_alive()
         return reply
+
+    def _with_dead_ranks(self, error: str) -> str:
+        """A rank's error, preceded by the ranks that have exited: when a rank dies mid-step, the
+        others' collectives fail too, and their error (a reset connection) may arrive before the
+        death watch's notice. Waits up to PEER_DEATH_GRACE_S for an exit, so the reason names
+        the rank that died, the cause, not only the symptom."""
+        procs = self._res.procs
+        multiprocessing.connection.wait([proc.sentinel for proc in procs], timeout=PEER_DEATH_GRACE_S)
+        dead = [proc for proc in procs if proc.exitcode is not None and proc.name not in error]
+        return f"{describe_exit(dead)}; then {error}" if dead else error
 
     def _check_alive(self) -> None:
         if self._dead_reason is not None:
