@@ -54,20 +54,18 @@ VLLM_LITE_INLINE float row_scale(const int8_t* row, int64_t head_dim) {
 
 // ---- quantization (the cache write) ----
 
-VLLM_LITE_INLINE float as_float(float x) { return x; }
-VLLM_LITE_INLINE float as_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
+// Rows are float or bf16 bits (uint16_t): cpu_vec.h's to_float / load_any read either.
 // No fused multiply-add here: x * (1 / scale) is rounded before the +-0.5, as in torch.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 template <typename T>
 void quantize_row(int8_t* dst, const T* src, int64_t head_dim) {
   float max_abs = 0.f;
-  for (int64_t d = 0; d < head_dim; ++d) max_abs = std::max(max_abs, std::fabs(as_float(src[d])));
+  for (int64_t d = 0; d < head_dim; ++d) max_abs = std::max(max_abs, std::fabs(to_float(src[d])));
   const float scale = std::max(max_abs / 127.f, kMinScale);
   const float inv = 1.f / scale;
   for (int64_t d = 0; d < head_dim; ++d) {
-    const float scaled = as_float(src[d]) * inv;
+    const float scaled = to_float(src[d]) * inv;
     const float rounded = scaled >= 0.f ? scaled + 0.5f : scaled - 0.5f;
     dst[d] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, rounded)));  // truncates
   }
@@ -89,27 +87,18 @@ bool cpu_has_avx512_vnni() {
 }
 
 #if VLLM_LITE_I8_AVX512
-VLLM_LITE_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) __m512 load16(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-
-VLLM_LITE_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) __m512 load16(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
 // quantize_row for head_dim a multiple of 16, 16 lanes at a time: the same operations in the same
 // order (the product is rounded by its own instruction, which nothing fuses with the +-0.5).
 template <typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_row_avx512(int8_t* dst, const T* src,
                                                                                      int64_t head_dim) {
   __m512 max_abs = _mm512_setzero_ps();
-  for (int64_t d = 0; d < head_dim; d += kLanes) max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps(load16(src + d)));
+  for (int64_t d = 0; d < head_dim; d += kLanes) max_abs = _mm512_max_ps(max_abs, _mm512_abs_ps((__m512)load_any(src + d)));
   const float scale = std::max(_mm512_reduce_max_ps(max_abs) / 127.f, kMinScale);
   const __m512 inv = _mm512_set1_ps(1.f / scale);
   const __m512 half = _mm512_set1_ps(0.5f), lowest = _mm512_set1_ps(-128.f), highest = _mm512_set1_ps(127.f);
   for (int64_t d = 0; d < head_dim; d += kLanes) {
-    const __m512 scaled = _mm512_mul_round_ps(load16(src + d), inv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 scaled = _mm512_mul_round_ps((__m512)load_any(src + d), inv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __mmask16 negative = _mm512_cmp_ps_mask(scaled, _mm512_setzero_ps(), _CMP_LT_OQ);
     const __m512 rounded = _mm512_mask_sub_ps(_mm512_add_ps(scaled, half), negative, scaled, half);
     const __m512 clamped = _mm512_min_ps(_mm512_max_ps(rounded, lowest), highest);
@@ -132,8 +121,8 @@ void write_rows(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_c
                 int64_t num_tokens) {
   const int64_t num_heads = key.size(1), head_dim = key.size(2);
   int8_t* cache = kv_cache.data_ptr<int8_t>();
-  const T* k = key.data_ptr<T>();
-  const T* v = value.data_ptr<T>();
+  const T* k = static_cast<const T*>(key.data_ptr());
+  const T* v = static_cast<const T*>(value.data_ptr());
   const int64_t ks0 = key.stride(0), ks1 = key.stride(1), vs0 = value.stride(0), vs1 = value.stride(1);
   const CacheLayout layout = cache_layout(kv_cache);
   const bool avx512 = cpu_has_avx512_vnni();
@@ -169,7 +158,7 @@ void reshape_and_cache_int8(const at::Tensor& key, const at::Tensor& value, at::
   if (key.scalar_type() == at::kFloat)
     write_rows<float>(key, value, kv_cache, slots, num_tokens);
   else
-    write_rows<c10::BFloat16>(key, value, kv_cache, slots, num_tokens);
+    write_rows<uint16_t>(key, value, kv_cache, slots, num_tokens);
 }
 
 // ---- the decode query: each head rounded to its int8 quantization by the cache rows' rule ----
