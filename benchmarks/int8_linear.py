@@ -16,9 +16,8 @@ import statistics
 import time
 
 import torch
-from layer_ops import time_both
+from layer_ops import require_csrc, time_both
 
-from vllm_lite import _custom_ops as ops
 from vllm_lite.cpu_info import cpu_summary, has_native_bf16
 from vllm_lite.model.layers.linear import prepack
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
@@ -41,9 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
-    if not ops.is_available():
-        raise SystemExit("vllm_lite._C is not built (make setup)")
-    torch.set_num_threads(args.threads)
+    require_csrc(args.threads)
     dtype = torch.bfloat16 if has_native_bf16() else torch.float32
     print(f"{cpu_summary()}; {args.threads} threads; activations {dtype}")
     print(f"{'layer':>13} {'rows':>5} {'packed float (us)':>18} {'int8 csrc ends (us)':>20} "

@@ -45,6 +45,13 @@ def layer_elementwise(tokens: int, dtype: torch.dtype):
     return run
 
 
+def require_csrc(threads: int) -> None:
+    """A benchmark of csrc ops: exits when the extension is not built, else runs on `threads`."""
+    if not ops.is_available():
+        raise SystemExit("vllm_lite._C is not built (make setup)")
+    torch.set_num_threads(threads)
+
+
 def time_both(run, repeats: int) -> tuple[float, float]:
     """Median seconds of (fused, torch), alternating."""
     fused, reference = [], []
@@ -65,9 +72,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    if not ops.is_available():
-        raise SystemExit("vllm_lite._C is not built (make setup)")
-    torch.set_num_threads(args.threads)
+    require_csrc(args.threads)
     dtype = getattr(torch, args.dtype)
     print(f"{'tokens':>7} {'fused (us)':>11} {'torch (us)':>11} {'speed-up':>9}")
     for tokens in (1, 32, 256, 2048):
