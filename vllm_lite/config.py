@@ -50,12 +50,15 @@ def stored_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
     return model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
 
 
-def kv_cache_row_bytes(stored_dtype: str, head_dim: int) -> int:
-    """Bytes of one (token, KV head) row of K or V in the cache: the codes and the scale of an
-    int8_per_token_head row, else head_dim elements."""
+KV_ELEMENT_SIZES = {**DTYPE_SIZES, "int8": 1}
+
+
+def kv_cache_row(stored_dtype: str, head_dim: int) -> tuple[str, int]:
+    """(element dtype, elements) of one (token, KV head) row of K or V in the cache tensor: an
+    int8_per_token_head row is its int8 codes, then its fp32 scale's bytes."""
     if stored_dtype == KV_INT8_PER_TOKEN_HEAD:
-        return head_dim + KV_SCALE_BYTES
-    return head_dim * DTYPE_SIZES[stored_dtype]
+        return "int8", head_dim + KV_SCALE_BYTES
+    return stored_dtype, head_dim
 
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
@@ -314,7 +317,8 @@ class VllmConfig:
         share of the KV heads, or one replicated head when there are fewer heads than ranks."""
         hf = self.model_config.hf
         kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
-        per_layer = 2 * self.cache_config.block_size * kv_heads * kv_cache_row_bytes(self.kv_cache_dtype, hf.head_dim)
+        element, row_size = kv_cache_row(self.kv_cache_dtype, hf.head_dim)
+        per_layer = 2 * self.cache_config.block_size * kv_heads * row_size * KV_ELEMENT_SIZES[element]
         return per_layer * hf.num_hidden_layers
 
     def num_kv_blocks(self) -> int:

@@ -55,5 +55,5 @@ class AttentionBackend(ABC):
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, row_size: int) -> tuple[int, ...]:
-    """row_size: elements of one (token, KV head) row (kv_quant.cache_storage)."""
+    """row_size: elements of one (token, KV head) row (config.kv_cache_row)."""
     return (num_blocks, 2, block_size, num_kv_heads, row_size)

@@ -17,16 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from vllm_lite.config import KV_INT8_PER_TOKEN_HEAD, KV_SCALE_BYTES
+from vllm_lite.config import KV_SCALE_BYTES
 
 MIN_SCALE = 1e-6  # an all-zero row keeps a usable scale (vLLM's floor)
-
-
-def cache_storage(stored_dtype: str, head_dim: int) -> tuple[torch.dtype, int]:
-    """(torch dtype, last-dimension size) of a KV cache tensor that stores `stored_dtype`."""
-    if stored_dtype == KV_INT8_PER_TOKEN_HEAD:
-        return torch.int8, head_dim + KV_SCALE_BYTES
-    return getattr(torch, stored_dtype), head_dim
 
 
 def is_int8_cache(kv_cache: torch.Tensor) -> bool:

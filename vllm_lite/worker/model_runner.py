@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
-from vllm_lite.attention.kv_quant import cache_storage
 from vllm_lite.attention.selector import get_attn_backend
-from vllm_lite.config import VllmConfig, max_blocks_per_seq
+from vllm_lite.config import VllmConfig, kv_cache_row, max_blocks_per_seq
 from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
@@ -91,9 +90,9 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf
         attn = self.model.model.layers[0].self_attn
-        dtype, row_size = cache_storage(self.config.kv_cache_dtype, hf.head_dim)
+        element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
         shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, row_size)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=self.device)
+        self.kv_caches = [torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
                           for _ in range(hf.num_hidden_layers)]
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
