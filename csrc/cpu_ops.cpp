@@ -36,9 +36,8 @@
 #include <limits>
 #include <vector>
 
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include "cpu_amx.h"
 #include "cpu_attention.h"
 #include "cpu_multiversion.h"
 #include "cpu_vec.h"
@@ -434,16 +433,6 @@ VLLM_LITE_BF16_DOT_INLINE __m512 transpose_sums_bf16(const __m512* slots) {
   return fold_neighbours(pairs[0], pairs[1]);
 }
 
-// softmax_numerators with the max taken 16 lanes at a time (the serial max costs as much as the
-// scores here).
-VLLM_LITE_BF16_DOT_INLINE float softmax_numerators_bf16_dot(float* logits, int64_t n) {
-  __m512 max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t t = 0;
-  for (; t + kLanes <= n; t += kLanes) max = _mm512_max_ps(max, _mm512_loadu_ps(logits + t));
-  max = _mm512_max_ps(max, _mm512_mask_loadu_ps(max, static_cast<__mmask16>((1u << (n - t)) - 1), logits + t));
-  return exp_below_max(logits, n, _mm512_reduce_max_ps(max));
-}
-
 VLLM_LITE_BF16_DOT_INLINE __m512bh load_bf16_pairs(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
 }
@@ -541,24 +530,6 @@ VLLM_LITE_BF16_DOT_INLINE void store_heads_out_bf16(uint16_t* out, const float* 
 // the same block; their scores are dropped. ----
 
 // Tile registers: 0 the scores, 1 a K chunk, 2.. the query chunks.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-VLLM_LITE_BF16_DOT_TARGET void load_score_tiles(int64_t num_chunks) {
-  AmxTileConfig config;
-  for (int64_t t = 0; t < 2 + num_chunks; ++t) {
-    config.rows[t] = kLanes;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
-VLLM_LITE_BF16_DOT_TARGET void release_tiles() { _tile_release(); }
 
 // The query heads [first, first + group) as AMX B tiles, one per 32 dims: heads past the group 0.
 template <int C>
@@ -618,12 +589,15 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
   };
+  const int64_t region = ((c.block_size - 1) * c.stride_offset + num_kv * c.stride_head) * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, 0), region);
   if constexpr (kAmx) {
     alignas(64) uint16_t query_pairs[C / 2][kLanes * 32];
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       load_query_tiles<C>(query_pairs, query + kv * group * q_stride_h, q_stride_h, group);
       for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+        if (kv == 0 && b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 0), region);
         const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
         for (int64_t t = 0; t < n; t += kLanes)
           score_tile_amx<C>(logits + kv * group * seq_len + start + t, seq_len, rows + t * c.stride_offset,
@@ -633,6 +607,7 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   }
   if constexpr (!kAmx) for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 0), region);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
       for (int64_t t = 0; t < n; t += kLanes) {
@@ -647,10 +622,12 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
       }
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators_bf16_dot(logits + h * seq_len, seq_len);
+  for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, 1), region);
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 1), region);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       const uint16_t* rows = block_rows(b, 1) + kv * c.stride_head;
       for (int64_t t = 0; t < n; t += kLanes)
@@ -673,22 +650,6 @@ VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, (de
 bool cpu_has_bf16_dot() {
 #if VLLM_LITE_BF16_DOT
   static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16"));
-  return has;
-#else
-  return false;
-#endif
-}
-
-// AMX-BF16 in the CPU, and the tile registers' state granted to this process (Linux hands it out
-// on request, once per process; oneDNN asks too).
-bool cpu_has_amx_bf16() {
-#if VLLM_LITE_BF16_DOT && defined(__linux__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("avx512bf16")) return false;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
-  }();
   return has;
 #else
   return false;
@@ -753,14 +714,14 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
   const bool bf16_dot = use_bf16_dot && cpu_has_bf16_dot();
   const int64_t group = num_q_heads / num_kv_heads;
   const bool amx = bf16_dot && (head_dim == 4 * kLanes || head_dim == 8 * kLanes) && layout.block_size % kLanes == 0 &&
-                   group <= kLanes && cpu_has_amx_bf16();
+                   group <= kLanes && cpu_has_amx(AmxKind::kBf16);
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
 #if VLLM_LITE_BF16_DOT
-    if (amx) load_score_tiles(head_dim / 32);  // per thread: the tile configuration is thread state
+    if (amx) load_tile_config(2 + head_dim / 32);  // per thread: the tile configuration is thread state
 #endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {

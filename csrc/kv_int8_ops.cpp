@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_amx.h"
 #include "cpu_attention.h"
 #include "cpu_multiversion.h"
 #include "cpu_vec.h"
@@ -164,27 +165,43 @@ void reshape_and_cache_int8(const at::Tensor& key, const at::Tensor& value, at::
 // ---- the decode query: each head rounded to its int8 quantization by the cache rows' rule ----
 
 // values = code * scale (what every path attends with), codes = code + 128 (the unsigned operand of
-// vpdpbusd), scales per head; heads one after another.
+// vpdpbusd), scales per head; heads one after another. tiles: for the AMX score pass, each KV head's
+// group of query heads as B tiles of tdpbssd (per 64 dims, [16 dim quads][16 heads x 4 codes]: the
+// signed codes, heads past the group 0); null elsewhere.
+constexpr int64_t kQueryTileBytes = 16 * 64;
+
 struct QueryRows {
   const float* values;
   const uint8_t* codes;
   const float* scales;
+  const int8_t* tiles;
 };
 
 struct QueryBuffers {
   std::vector<float> values, scales;
   std::vector<uint8_t> codes;
-  std::vector<int8_t> row;
+  std::vector<int8_t> row, tiles;
 };
 
+void fill_query_tiles(QueryBuffers& buf, int64_t num_heads, int64_t group, int64_t head_dim) {
+  const int64_t chunks = head_dim / 64;
+  buf.tiles.assign(num_heads / group * chunks * kQueryTileBytes, 0);
+  for (int64_t h = 0; h < num_heads; ++h) {
+    int8_t* kv_tiles = buf.tiles.data() + h / group * chunks * kQueryTileBytes;
+    for (int64_t d = 0; d < head_dim; ++d)
+      kv_tiles[d / 64 * kQueryTileBytes + (d % 64 / 4) * 64 + h % group * 4 + d % 4] =
+          static_cast<int8_t>(buf.codes[h * head_dim + d] - 128);
+  }
+}
+
 QueryRows quantize_queries(QueryBuffers& buf, const float* query, int64_t q_stride_h, int64_t num_heads,
-                           int64_t head_dim) {
+                           int64_t group, int64_t head_dim, bool amx) {
   buf.values.resize(num_heads * head_dim);
   buf.codes.resize(num_heads * head_dim);
   buf.scales.resize(num_heads);
   buf.row.resize(head_dim + kScaleBytes);
   for (int64_t h = 0; h < num_heads; ++h) {
-    quantize_row(buf.row.data(), query + h * q_stride_h, head_dim);
+    quantize_any_row(buf.row.data(), query + h * q_stride_h, head_dim, cpu_has_avx512_vnni());
     const float scale = row_scale(buf.row.data(), head_dim);
     buf.scales[h] = scale;
     for (int64_t d = 0; d < head_dim; ++d) {
@@ -192,13 +209,16 @@ QueryRows quantize_queries(QueryBuffers& buf, const float* query, int64_t q_stri
       buf.codes[h * head_dim + d] = static_cast<uint8_t>(buf.row[d] + 128);
     }
   }
-  return {buf.values.data(), buf.codes.data(), buf.scales.data()};
+  if (amx) fill_query_tiles(buf, num_heads, group, head_dim);
+  return {buf.values.data(), buf.codes.data(), buf.scales.data(), amx ? buf.tiles.data() : nullptr};
 }
 
 // ---- decode attention over the int8 cache: AVX-512 tiles for head_dim 32, 64 and 128 ----
 
 #if VLLM_LITE_I8_AVX512
-#define VLLM_LITE_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+// amx-tile/amx-int8 let the score pass use AMX tiles; they run only where cpu_has_amx(kInt8) says so.
+#define VLLM_LITE_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")))
 #define VLLM_LITE_AVX512_INLINE VLLM_LITE_INLINE VLLM_LITE_AVX512_TARGET
 
 // 16 int8 codes widened to fp32 lanes (vpmovsxbd + vcvtdq2ps).
@@ -207,11 +227,11 @@ VLLM_LITE_AVX512_INLINE vfloat load_i8(const int8_t* p) {
 }
 
 
-// acc[g] += sum_i weights[g][i] * scales[i] * V codes of row i, for G heads and up to 16 rows
-// (each row widened once for all G heads).
+// acc[g] += sum_i weights[g][i] * V codes of row i, for G heads and up to 16 rows (each row
+// widened once for all G heads); weights[g] holds 16 entries, the rows' V scales folded in.
 template <int C, int G>
-VLLM_LITE_AVX512_INLINE void weighted_sum_tile_i8(float* acc, const float* weights, int64_t weight_stride,
-                                           const int8_t* rows, int64_t row_stride, int64_t n, const float* scales) {
+VLLM_LITE_AVX512_INLINE void weighted_sum_tile_i8(float* acc, const float (*weights)[kLanes], const int8_t* rows,
+                                                  int64_t row_stride, int64_t n) {
   vfloat sum[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) sum[g][c] = load(acc + (g * C + c) * kLanes);
@@ -220,7 +240,7 @@ VLLM_LITE_AVX512_INLINE void weighted_sum_tile_i8(float* acc, const float* weigh
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) v[c] = load_i8(rows + i * row_stride + c * kLanes);
     for (int g = 0; g < G; ++g) {
-      const float w = weights[g * weight_stride + i] * scales[i];
+      const float w = weights[g][i];
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) sum[g][c] += w * v[c];
     }
@@ -233,25 +253,33 @@ VLLM_LITE_AVX512_INLINE void weighted_sum_tile_i8(float* acc, const float* weigh
 // rows still fit the 32 AVX-512 registers.
 constexpr int64_t kMaxHeadsPerPass = 3;
 
-template <int C>
-VLLM_LITE_AVX512_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, int64_t weight_stride,
-                                            const int8_t* rows, int64_t row_stride, int64_t n, int64_t num_heads,
-                                            const float* scales) {
-  for (int64_t h = 0; h < num_heads; h += kMaxHeadsPerPass) {
-    float* a = acc + h * C * kLanes;
-    const float* w = weights + h * weight_stride;
-    switch (std::min(kMaxHeadsPerPass, num_heads - h)) {
-      case 1: weighted_sum_tile_i8<C, 1>(a, w, weight_stride, rows, row_stride, n, scales); break;
-      case 2: weighted_sum_tile_i8<C, 2>(a, w, weight_stride, rows, row_stride, n, scales); break;
-      default: weighted_sum_tile_i8<C, 3>(a, w, weight_stride, rows, row_stride, n, scales); break;
-    }
-  }
+// The scales of up to 16 rows (lanes past n are 0), gathered from the 4 bytes after each row's codes.
+VLLM_LITE_AVX512_INLINE vfloat tile_scales(const int8_t* rows, int64_t row_stride, int64_t n, int64_t head_dim) {
+  const __m512i offsets = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                              _mm512_set1_epi32(static_cast<int>(row_stride))),
+                                           _mm512_set1_epi32(static_cast<int>(head_dim)));
+  return (vfloat)_mm512_mask_i32gather_ps(_mm512_setzero_ps(), static_cast<__mmask16>((1u << n) - 1), offsets, rows, 1);
 }
 
-// The scales of up to 16 rows times `factor`; lanes past n are 0.
-VLLM_LITE_AVX512_INLINE void tile_scales(float* scales, const int8_t* rows, int64_t row_stride, int64_t n,
-                                  int64_t head_dim, float factor) {
-  for (int64_t j = 0; j < kLanes; ++j) scales[j] = j < n ? row_scale(rows + j * row_stride, head_dim) * factor : 0.f;
+// The group's heads' V sums over up to 16 rows of their KV head: the softmax numerators
+// (`weights`, head g's at weights + g * weight_stride) times the rows' V scales, then the sums.
+template <int C>
+VLLM_LITE_AVX512_INLINE void weighted_sum_heads_i8(float* acc, const float* weights, int64_t weight_stride,
+                                                   const int8_t* rows, int64_t row_stride, int64_t n, int64_t num_heads) {
+  const vfloat scales = tile_scales(rows, row_stride, n, C * kLanes);
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+  alignas(64) float scaled[kMaxHeadsPerPass][kLanes];
+  for (int64_t h = 0; h < num_heads; h += kMaxHeadsPerPass) {
+    const int64_t heads = std::min(kMaxHeadsPerPass, num_heads - h);
+    for (int64_t g = 0; g < heads; ++g)
+      store(scaled[g], (vfloat)_mm512_maskz_loadu_ps(valid, weights + (h + g) * weight_stride) * scales);
+    float* a = acc + h * C * kLanes;
+    switch (heads) {
+      case 1: weighted_sum_tile_i8<C, 1>(a, scaled, rows, row_stride, n); break;
+      case 2: weighted_sum_tile_i8<C, 2>(a, scaled, rows, row_stride, n); break;
+      default: weighted_sum_tile_i8<C, 3>(a, scaled, rows, row_stride, n); break;
+    }
+  }
 }
 
 // ---- scores with VNNI (vpdpbusd): the quantized query's codes (plus 128,
@@ -270,12 +298,12 @@ VLLM_LITE_AVX512_INLINE __m512i load_codes(const void* row, int v) {
 }
 
 // The group's query heads (q_u8: codes + 128, head after head; q_scale per head) against up to 16
-// K rows of their KV head; logits of head g at logits + g * logit_stride; `scales`: each row's
+// K rows of their KV head; logits of head g at logits + g * logit_stride; `row_scales`: each row's
 // scale times the softmax scale, 0 past n.
 template <int C>
 VLLM_LITE_AVX512_INLINE void score_tile_vnni(float* logits, int64_t logit_stride, const uint8_t* q_u8,
-                                           const float* q_scale, int64_t group, const int8_t* rows,
-                                           int64_t row_stride, int64_t n, const float* scales) {
+                                             const float* q_scale, int64_t group, const int8_t* rows,
+                                             int64_t row_stride, int64_t n, vfloat row_scales) {
   constexpr int64_t head_dim = C * kLanes;
   constexpr int V = (C + 3) / 4;  // 64-byte chunks per row
   const __m512i ones = _mm512_set1_epi8(1);
@@ -286,7 +314,6 @@ VLLM_LITE_AVX512_INLINE void score_tile_vnni(float* logits, int64_t logit_stride
       for (int v = 0; v < V; ++v) sum = _mm512_dpbusd_epi32(sum, ones, load_codes<C>(rows + j * row_stride, v));
     offset[j] = (vi32)_mm512_slli_epi32(sum, 7);
   }
-  const vfloat row_scales = load(scales);
   for (int64_t g = 0; g < group; ++g) {
     __m512i q[V];
     for (int v = 0; v < V; ++v) q[v] = load_codes<C>(q_u8 + g * head_dim, v);
@@ -299,12 +326,38 @@ VLLM_LITE_AVX512_INLINE void score_tile_vnni(float* logits, int64_t logit_stride
       acc[j] = (vi32)sum - offset[j];
     }
     const vfloat scores = __builtin_convertvector(transpose_sums(acc), vfloat) * row_scales * q_scale[g];
-    float* out = logits + g * logit_stride;
-    if (n == kLanes) {
-      store(out, scores);
-    } else {
-      for (int64_t j = 0; j < n; ++j) out[j] = scores[j];
-    }
+    _mm512_mask_storeu_ps(logits + g * logit_stride, static_cast<__mmask16>((1u << n) - 1), (__m512)scores);
+  }
+}
+
+// ---- scores on AMX tiles (CPUs with AMX-INT8; head_dim 64 or 128, block_size a multiple of 16, at
+// most 16 query heads per KV head). Per 16-row tile of one KV head's K rows and 64 dims: A = the
+// K codes as they lie in the cache (16 rows x 64 bytes, the cache's row stride), B = the group's
+// query codes transposed into groups of 4 ([16 dim quads][16 heads x 4]); C += A x B (tdpbssd)
+// gives the exact int32 dot products of the tile's tokens (rows) by heads (columns), the same
+// integers as the VNNI path. Rows past the sequence's end hold other data of the same block;
+// their scores are dropped. Tile registers: 0 the sums, 1 a K chunk, 2.. the query chunks. ----
+
+template <int C>
+VLLM_LITE_AVX512_INLINE void score_tile_amx_i8(float* logits, int64_t logit_stride, const int8_t* query_tiles,
+                                               const float* q_scale, int64_t group, const int8_t* rows,
+                                               int64_t row_stride, int64_t n, vfloat row_scales) {
+  alignas(64) int32_t sums[kLanes * kLanes];  // [token][head]
+  _tile_zero(0);
+  _tile_loadd(1, rows, row_stride);
+  _tile_loadd(2, query_tiles, 64);
+  _tile_dpbssd(0, 1, 2);
+  if constexpr (C == 8) {
+    _tile_loadd(1, rows + 64, row_stride);
+    _tile_loadd(2, query_tiles + kQueryTileBytes, 64);
+    _tile_dpbssd(0, 1, 2);
+  }
+  _tile_stored(0, sums, 64);
+  const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+  for (int64_t g = 0; g < group; ++g) {
+    const vfloat products = (vfloat)_mm512_cvtepi32_ps(_mm512_i32gather_epi32(column, sums + g, 4));
+    _mm512_mask_storeu_ps(logits + g * logit_stride, valid, (__m512)(products * row_scales * q_scale[g]));
   }
 }
 // One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16: the scores
@@ -320,29 +373,39 @@ VLLM_LITE_AVX512_INLINE void decode_one_i8_tiled(float* out, const QueryRows& qu
   const ItemScratch space = item_scratch(scratch, num_heads, seq_len, head_dim);
   float *logits = space.logits, *acc = space.acc, *inv_sum = space.inv_sum;
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  auto block_rows = [&](int64_t b, int64_t which) {
+    return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
+  };
+  const int64_t region = (c.block_size - 1) * c.stride_offset + num_kv * c.stride_head;
   // fn(kv, tile, m, position of its first row) for every tile of up to 16 rows of K (which 0) or
-  // V (1), block by block, the item's KV heads of a block before the next block.
+  // V (1), block by block, the item's KV heads of a block before the next block (one contiguous
+  // stretch of the cache), asking for the blocks ahead.
   auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_AVX512_TARGET {
+    for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, which), region);
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, which), region);
       for (int64_t kv = 0; kv < num_kv; ++kv) {
-        const int8_t* rows = cache + blocks[b] * c.stride_block + which * c.stride_kv + (kv_begin + kv) * c.stride_head;
+        const int8_t* rows = block_rows(b, which) + kv * c.stride_head;
         for (int64_t t = 0; t < n; t += kLanes) fn(kv, rows + t * c.stride_offset, std::min(kLanes, n - t), start + t);
       }
     }
   };
-  alignas(64) float scales[kLanes];
   for_each_tile(0, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX512_TARGET {
-    tile_scales(scales, tile, c.stride_offset, m, head_dim, scale);
-    score_tile_vnni<C>(logits + kv * group * seq_len + position, seq_len, query.codes + kv * group * head_dim,
-                       query.scales + kv * group, group, tile, c.stride_offset, m, scales);
+    float* tile_logits = logits + kv * group * seq_len + position;
+    const vfloat row_scales = tile_scales(tile, c.stride_offset, m, head_dim) * scale;
+    if (query.tiles != nullptr)
+      score_tile_amx_i8<C>(tile_logits, seq_len, query.tiles + kv * (head_dim / 64) * kQueryTileBytes,
+                           query.scales + kv * group, group, tile, c.stride_offset, m, row_scales);
+    else
+      score_tile_vnni<C>(tile_logits, seq_len, query.codes + kv * group * head_dim, query.scales + kv * group, group,
+                         tile, c.stride_offset, m, row_scales);
   });
   for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
   for_each_tile(1, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX512_TARGET {
-    tile_scales(scales, tile, c.stride_offset, m, head_dim, 1.f);
     weighted_sum_heads_i8<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + position, seq_len, tile,
-                             c.stride_offset, m, group, scales);
+                             c.stride_offset, m, group);
   });
   for (int64_t h = 0; h < num_heads; ++h)
     for (int k = 0; k < C; ++k)
@@ -439,6 +502,8 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
+  const bool amx = (head_dim == 4 * kLanes || head_dim == 8 * kLanes) && layout.block_size % kLanes == 0 &&
+                   group <= kLanes && cpu_has_avx512_vnni() && cpu_has_amx(AmxKind::kInt8);
   float* o = out.data_ptr<float>();
   const float* q = query.data_ptr<float>();
   const int8_t* cache = kv_cache.data_ptr<int8_t>();
@@ -448,16 +513,22 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
   {
     std::vector<float> scratch;
     QueryBuffers query_buffers;
+#if VLLM_LITE_I8_AVX512
+    if (amx) load_tile_config(3);  // per thread: the tile configuration is thread state
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
       const int64_t s = item / items_per_seq;
       const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
       const QueryRows rows = quantize_queries(query_buffers, q + s * q_stride_t + kv_begin * group * q_stride_h,
-                                              q_stride_h, heads_per_item * group, head_dim);
+                                              q_stride_h, heads_per_item * group, group, head_dim, amx);
       decode_item_i8(o + (s * num_q_heads + kv_begin * group) * head_dim, rows, cache, table + s * bt_stride,
                      lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim, layout,
                      static_cast<float>(scale), scratch);
     }
+#if VLLM_LITE_I8_AVX512
+    if (amx) release_tiles();
+#endif
   }
 }
 

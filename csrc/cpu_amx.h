@@ -1,0 +1,72 @@
+// AMX tiles for the csrc CPU attention kernels (cpu_ops.cpp: bf16 scores; kv_int8_ops.cpp: int8
+// scores): whether the CPU has them and this process may use them, and the one tile
+// configuration both kernels load (every tile 16 rows x 64 bytes). The compiler emits no AMX
+// instruction of its own: the kernels call these only where cpu_has_amx() says so.
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VLLM_LITE_AMX 1
+#else
+#define VLLM_LITE_AMX 0
+#endif
+
+#if VLLM_LITE_AMX && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace vllm_lite_cpu {
+
+enum class AmxKind { kBf16, kInt8 };
+
+// The CPU's AMX for `kind`, and the tile registers' state granted to this process (Linux hands it
+// out on request, once per process; oneDNN asks too).
+inline bool cpu_has_amx(AmxKind kind) {
+#if VLLM_LITE_AMX && defined(__linux__)
+  static const bool permitted = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("avx512bw")) return false;
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  if (kind == AmxKind::kBf16) return permitted && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512bf16");
+  return permitted && __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("avx512vnni");
+#else
+  (void)kind;
+  return false;
+#endif
+}
+
+#if VLLM_LITE_AMX
+struct alignas(64) AmxTileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles [0, num_tiles) as 16 rows x 64 bytes, for the calling thread (tile configuration is thread
+// state; oneDNN's matmuls load their own).
+__attribute__((target("amx-tile"))) inline void load_tile_config(int64_t num_tiles) {
+  AmxTileConfig config;
+  std::memset(&config, 0, sizeof config);
+  config.palette = 1;
+  for (int64_t t = 0; t < num_tiles; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  // GCC (12) takes ldtilecfg to read 16 bytes and drops the stores of the other 48 as dead: the
+  // unused tiles' fields were left as stack garbage and ldtilecfg faulted. The barrier keeps them.
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+__attribute__((target("amx-tile"))) inline void release_tiles() { _tile_release(); }
+#endif
+
+}  // namespace vllm_lite_cpu
