@@ -6,10 +6,12 @@ Per case it times one step's metadata build and one layer's forward (cache write
 and reports the step's attention cost, build + 30 layers, and the KV bytes the layer's attention
 reads (every row's context, K and V) per second of the native forward. With --e2e it also runs
 the demo model itself (64 prompts of 256-511 random tokens, 32 greedy tokens each) with each
-backend. Results also go to benchmarks/results/attention_cpu.json (attention_cpu_bfloat16.json
-for bfloat16).
+backend. With --cold it times the native decode op alone as the engine meets it: 64 sequences
+over 30 layer caches used in turn, so each layer's cache is cold (the --dtype cache and an
+int8_per_token_head one). Results also go to benchmarks/results/attention_cpu.json
+(attention_cpu_bfloat16.json for bfloat16).
 
-    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20] [--dtype float32|bfloat16] [--e2e]
+    python benchmarks/attention_cpu.py [--threads 1 2] [--iters 20] [--dtype float32|bfloat16] [--cold] [--e2e]
 """
 
 from __future__ import annotations
@@ -97,6 +99,43 @@ def time_backend(backend: AttentionBackend, step, iters: int) -> tuple[float, fl
     return statistics.median(builds[2:]), statistics.median(forwards[2:]), out
 
 
+def cold_layer_caches(kv_cache: torch.Tensor, kind: str, seed: int = 1) -> list[torch.Tensor]:
+    """NUM_LAYERS caches shaped like `kv_cache` (random rows; `kind` "int8" quantizes them into
+    int8_per_token_head caches), so that cycling through them evicts each layer's cache from the
+    CPU's caches before its next use, as in the engine."""
+    gen = torch.Generator().manual_seed(seed)
+    caches = []
+    for _ in range(NUM_LAYERS):
+        rows = torch.randn(kv_cache.shape, generator=gen)
+        if kind == "int8":
+            cache = torch.empty(*kv_cache.shape[:-1], HEAD_DIM + 4, dtype=torch.int8)
+            keys = rows[:, 0].reshape(-1, NUM_KV_HEADS, HEAD_DIM)  # slot = block * block_size + offset
+            values = rows[:, 1].reshape(-1, NUM_KV_HEADS, HEAD_DIM)
+            cpu_native.reshape_and_cache_int8(keys, values, cache, torch.arange(keys.shape[0]))
+            caches.append(cache)
+        else:
+            caches.append(rows.to(kv_cache.dtype))
+    return caches
+
+
+def time_cold_decode(dtype: torch.dtype, kind: str, reps: int) -> float:
+    """Best ms per layer of the native decode op for 64 sequences of 256-512 cached tokens,
+    cycling through NUM_LAYERS caches (the engine's access pattern: every layer's cache is cold)."""
+    common, query, _, _, kv_cache = make_step(64, (256, 512), [], dtype)
+    caches = cold_layer_caches(kv_cache, kind)
+    query = query.float() if kind == "int8" else query
+    out = torch.empty_like(query)
+    block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
+    decode = cpu_native.paged_attention_decode_int8 if kind == "int8" else cpu_native.paged_attention_decode
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        for cache in caches:
+            decode(out, query, cache, block_table, seq_lens, HEAD_DIM ** -0.5)
+        best = min(best, (time.perf_counter() - start) / NUM_LAYERS)
+    return 1e3 * best
+
+
 def run_demo_model(backend: str, threads: int) -> float:
     """Output tokens per second of the demo model (SmolLM2-135M) with one attention backend."""
     from vllm_lite import LLM, SamplingParams
@@ -120,6 +159,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--e2e", action="store_true", help="also time the demo model end to end (minutes)")
+    parser.add_argument("--cold", action="store_true",
+                        help="also time the decode op over 30 layer caches (each cold, as in the engine), "
+                             "for --dtype's cache and the int8_per_token_head one")
     args = parser.parse_args()
     if not cpu_native.is_available():
         raise SystemExit("vllm_lite._C is not built (make setup, or python setup.py build_ext --inplace); "
@@ -142,6 +184,13 @@ def main() -> None:
                 "native_kv_gb_per_s": kv_bytes_read(step) / n_fwd / 1e9,
                 "max_abs_diff": (out.float() - ref.float()).abs().max().item(),
             })
+    cold = []
+    if args.cold:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            for kind in (args.dtype, "int8"):
+                cold.append({"cache": "int8_per_token_head" if kind == "int8" else kind, "threads": threads,
+                             "layer_ms": time_cold_decode(DTYPES[args.dtype], kind, max(4, args.iters // 2))})
     e2e = {}
     if args.e2e:
         threads = max(args.threads)
@@ -151,7 +200,7 @@ def main() -> None:
     (RESULTS / f"attention_cpu{suffix}.json").write_text(json.dumps({
         "shapes": dict(q_heads=NUM_Q_HEADS, kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK_SIZE,
                        layers=NUM_LAYERS),
-        "dtype": args.dtype, "rows": rows, "demo_model_tokens_per_s": e2e}, indent=1))
+        "dtype": args.dtype, "rows": rows, "cold_decode": cold, "demo_model_tokens_per_s": e2e}, indent=1))
     print(f"dtype {args.dtype}")
     header = (f"{'case':<36} {'thr':>3} {'torch/layer':>12} {'native/layer':>13} "
               f"{'torch/step':>11} {'native/step':>12} {'speed-up':>9} {'native KV':>10} {'max|diff|':>10}")
@@ -161,6 +210,11 @@ def main() -> None:
         print(f"{r['case']:<36} {r['threads']:>3} {r['torch_layer_ms']:>10.3f}ms {r['native_layer_ms']:>11.3f}ms "
               f"{r['torch_step_ms']:>9.1f}ms {r['native_step_ms']:>10.1f}ms {r['speedup']:>8.1f}x "
               f"{r['native_kv_gb_per_s']:>5.1f} GB/s {r['max_abs_diff']:>10.1e}")
+    if cold:
+        print("\ndecode op, 64 sequences of 256-512 tokens, cycling through 30 layer caches (each cold):")
+        print(f"{'KV cache':<22} {'thr':>3} {'ms/layer':>9}")
+        for r in cold:
+            print(f"{r['cache']:<22} {r['threads']:>3} {r['layer_ms']:>9.3f}")
     if e2e:
         print(f"\ndemo model, 64 prompts x 32 tokens, {e2e['threads']} threads (prefill included):")
         print(f"{'backend':<12} {'tok/s':>8}")

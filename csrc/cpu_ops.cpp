@@ -395,7 +395,7 @@ VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one
 // accumulators of all the tile's query heads; dims are put back in order once per head.
 #if VLLM_LITE_BF16_DOT
 
-// amx-tile/amx-bf16 let the score pass use AMX tiles; they run only where cpu_has_amx_bf16() says
+// amx-tile/amx-bf16 let the score pass use AMX tiles; they run only where cpu_has_amx(kBf16) says
 // so (the compiler emits no AMX instruction of its own).
 #define VLLM_LITE_BF16_DOT_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))

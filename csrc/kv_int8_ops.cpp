@@ -7,10 +7,11 @@
 //       rounded half away from zero, clamped to [-128, 127]: the arithmetic of
 //       vllm_lite/attention/kv_quant.py, so the bytes equal the torch reference's.
 //   paged_attention_decode_int8(out, query, kv_cache, block_table, seq_lens, scale)
-//       one float32 query token per sequence over its cached rows; codes are widened to fp32 in
-//       registers, scores are (q . codes) * row scale, the row scales of V are folded into the
-//       softmax weights; fp32 softmax and sums. Half the bytes of a bf16 cache per token, which
-//       is what a decode batch waits on.
+//       one float32 query token per sequence over its cached rows; each query head is rounded to
+//       int8 by the rows' rule, scores are exact integer dot products of the codes (AMX-INT8
+//       tiles where the CPU has them, else vpdpbusd) times both scales; V codes are widened to
+//       fp32 in registers with the row scales of V folded into the softmax weights; fp32 softmax
+//       and sums. Half the bytes of a bf16 cache per token.
 //
 // The work split is the bf16 kernel's: whole sequences per item when there are enough of them,
 // else (sequence, KV head) pairs. The tiled kernels (head_dim 32/64/128) and the vectorized write
