@@ -147,15 +147,13 @@ VLLM_LITE_INLINE float exp_below_max(float* logits, int64_t n, float max) {
 // decode's scores); NaNs are skipped as std::max skips them.
 VLLM_LITE_INLINE float max_of(const float* x, int64_t n) {
   float max = -std::numeric_limits<float>::infinity();
+  vfloat lanes = vfloat{} + max;
   int64_t t = 0;
-  if (n >= kLanes) {
-    vfloat lanes = load(x);
-    for (t = kLanes; t + kLanes <= n; t += kLanes) {
-      const vfloat v = load(x + t);
-      lanes = v > lanes ? v : lanes;
-    }
-    for (int64_t j = 0; j < kLanes; ++j) max = std::max(max, lanes[j]);
+  for (; t + kLanes <= n; t += kLanes) {
+    const vfloat v = load(x + t);
+    lanes = v > lanes ? v : lanes;
   }
+  for (int64_t j = 0; j < kLanes; ++j) max = std::max(max, lanes[j]);
   for (; t < n; ++t) max = std::max(max, x[t]);
   return max;
 }
