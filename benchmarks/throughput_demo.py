@@ -145,7 +145,8 @@ def precision_runs(dtype: str, job: dict, args: argparse.Namespace) -> list[Plan
 def run_rounds(runs: list[PlannedRun], rounds: int) -> tuple[list[tuple[str, RunResult | Skipped]], list[list[float]]]:
     """Every run `rounds` times, each round starting one run later than the previous (so no engine
     always goes first into a machine whose speed drifts). Per run: the result of its median round
-    (its outputs and figures) and its elapsed seconds in round order."""
+    (the slower of the middle two for an even count; its outputs and figures) and its elapsed
+    seconds in round order."""
     results: list[list[RunResult | Skipped]] = [[] for _ in runs]
     for round_index in range(rounds):
         first = round_index % len(runs)
