@@ -118,6 +118,45 @@ def test_csrc_decode_work_split_by_sequence_and_padded_rows():
     assert torch.equal(out[12:], torch.zeros_like(out[12:]))
 
 
+def decode_in_layout(keys: torch.Tensor, values: torch.Tensor, query: torch.Tensor, seq_lens: list[int],
+                     block_size: int, seed: int) -> torch.Tensor:
+    """The csrc decode over `keys`/`values` ([sum(seq_lens), Hkv, D], sequence after sequence)
+    written into an int8 cache of `block_size` on randomly drawn blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    perm = (torch.randperm(sum(blocks_per_seq), generator=gen) + 1).tolist()
+    cache = torch.zeros(1 + sum(blocks_per_seq), 2, block_size, keys.shape[1], keys.shape[2] + 4, dtype=torch.int8)
+    block_table = torch.zeros(len(seq_lens), max(blocks_per_seq), dtype=torch.int32)
+    slots = []
+    for s, (n, nb) in enumerate(zip(seq_lens, blocks_per_seq)):
+        block_table[s, :nb] = torch.tensor([perm.pop() for _ in range(nb)], dtype=torch.int32)
+        positions = torch.arange(n)
+        slots.append(block_table[s, positions // block_size].long() * block_size + positions % block_size)
+    cpu_native.reshape_and_cache_int8(keys, values, cache, torch.cat(slots))
+    out = torch.empty_like(query)
+    cpu_native.paged_attention_decode_int8(out, query, cache, block_table,
+                                           torch.tensor(seq_lens, dtype=torch.int32), query.shape[-1] ** -0.5)
+    return out
+
+
+@native
+# Block size 16 takes the AMX-INT8 score tiles where the CPU has them (head_dim 64/128), block size
+# 4 the vpdpbusd ones: the integer sums are exact either way and every later step runs in the same
+# order, so the outputs agree to the bit (on CPUs without AMX both take vpdpbusd). Lengths leave
+# partial tiles; 12 sequences are whole-sequence items on 2 threads, 3 are (sequence, KV head) ones.
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (16, 1, 64)])
+@pytest.mark.parametrize("num_seqs", [3, 12])
+def test_csrc_decode_scores_agree_across_block_layouts(num_q_heads, num_kv_heads, head_dim, num_seqs):
+    gen = torch.Generator().manual_seed(num_seqs + head_dim)
+    seq_lens = [int(n) for n in torch.randint(1, 120, (num_seqs,), generator=gen)]
+    keys = torch.randn(sum(seq_lens), num_kv_heads, head_dim, generator=gen) * 3
+    values = torch.randn(sum(seq_lens), num_kv_heads, head_dim, generator=gen)
+    query = torch.randn(num_seqs, num_q_heads, head_dim, generator=gen)
+    by_4 = decode_in_layout(keys, values, query, seq_lens, block_size=4, seed=1)
+    by_16 = decode_in_layout(keys, values, query, seq_lens, block_size=16, seed=2)
+    assert torch.equal(by_4, by_16)
+
+
 @native
 @pytest.mark.parametrize("specs", list(BACKEND_SPECS.values()), ids=list(BACKEND_SPECS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
