@@ -41,6 +41,12 @@ inline bool cpu_has_amx(AmxKind kind) {
 #endif
 }
 
+// The attention kernels' AMX paths take head_dim 64 or 128 (whole 64-byte tile rows), blocks of
+// whole 16-row tiles and at most 16 query heads per KV head (a tile's columns).
+inline bool amx_tiles_fit(int64_t head_dim, int64_t block_size, int64_t group) {
+  return (head_dim == 64 || head_dim == 128) && block_size % 16 == 0 && group <= 16;
+}
+
 #if VLLM_LITE_AMX
 struct alignas(64) AmxTileConfig {
   uint8_t palette;

@@ -94,6 +94,12 @@ void for_each_cache_row(const int64_t* slots, int64_t num_tokens, int64_t num_he
 // (measured: 64 sequences of ~360 tokens, cache 30x larger than L3, bf16 op 20% faster).
 constexpr int64_t kPrefetchBlocks = 2;
 
+// The bytes an item reads of one block's K or V: from its first KV head's row at the block's first
+// token to the end of its last KV head's row at the last token.
+inline int64_t item_block_bytes(const CacheLayout& c, int64_t num_kv, int64_t element_size) {
+  return ((c.block_size - 1) * c.stride_offset + num_kv * c.stride_head) * element_size;
+}
+
 // Asks for [p, p + bytes) in L2 ahead of use.
 VLLM_LITE_INLINE void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);

@@ -36,7 +36,6 @@
 #include <limits>
 #include <vector>
 
-
 #include "cpu_amx.h"
 #include "cpu_attention.h"
 #include "cpu_multiversion.h"
@@ -589,15 +588,18 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
   };
-  const int64_t region = ((c.block_size - 1) * c.stride_offset + num_kv * c.stride_head) * static_cast<int64_t>(sizeof(uint16_t));
-  for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, 0), region);
+  const int64_t block_bytes = item_block_bytes(c, num_kv, sizeof(uint16_t));
+  auto prefetch_block = [&](int64_t b, int64_t which) {
+    if (b < num_blocks) prefetch_l2(block_rows(b, which), block_bytes);
+  };
+  for (int64_t b = 0; b < kPrefetchBlocks; ++b) prefetch_block(b, 0);
   if constexpr (kAmx) {
     alignas(64) uint16_t query_pairs[C / 2][kLanes * 32];
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       load_query_tiles<C>(query_pairs, query + kv * group * q_stride_h, q_stride_h, group);
       for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-        if (kv == 0 && b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 0), region);
+        if (kv == 0) prefetch_block(b + kPrefetchBlocks, 0);
         const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
         for (int64_t t = 0; t < n; t += kLanes)
           score_tile_amx<C>(logits + kv * group * seq_len + start + t, seq_len, rows + t * c.stride_offset,
@@ -607,7 +609,7 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
   }
   if constexpr (!kAmx) for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-    if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 0), region);
+    prefetch_block(b + kPrefetchBlocks, 0);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
       for (int64_t t = 0; t < n; t += kLanes) {
@@ -622,12 +624,12 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
       }
     }
   }
-  for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, 1), region);
+  for (int64_t b = 0; b < kPrefetchBlocks; ++b) prefetch_block(b, 1);
   for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-    if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, 1), region);
+    prefetch_block(b + kPrefetchBlocks, 1);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
       const uint16_t* rows = block_rows(b, 1) + kv * c.stride_head;
       for (int64_t t = 0; t < n; t += kLanes)
@@ -713,8 +715,7 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
                            CacheLayout layout, float scale, bool use_bf16_dot, int num_threads) {
   const bool bf16_dot = use_bf16_dot && cpu_has_bf16_dot();
   const int64_t group = num_q_heads / num_kv_heads;
-  const bool amx = bf16_dot && (head_dim == 4 * kLanes || head_dim == 8 * kLanes) && layout.block_size % kLanes == 0 &&
-                   group <= kLanes && cpu_has_amx(AmxKind::kBf16);
+  const bool amx = bf16_dot && amx_tiles_fit(head_dim, layout.block_size, group) && cpu_has_amx(AmxKind::kBf16);
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
 #pragma omp parallel num_threads(num_threads)

@@ -377,15 +377,18 @@ VLLM_LITE_AVX512_INLINE void decode_one_i8_tiled(float* out, const QueryRows& qu
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
   };
-  const int64_t region = (c.block_size - 1) * c.stride_offset + num_kv * c.stride_head;
+  const int64_t block_bytes = item_block_bytes(c, num_kv, sizeof(int8_t));
   // fn(kv, tile, m, position of its first row) for every tile of up to 16 rows of K (which 0) or
   // V (1), block by block, the item's KV heads of a block before the next block (one contiguous
   // stretch of the cache), asking for the blocks ahead.
   auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_AVX512_TARGET {
-    for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, which), region);
+    auto prefetch_block = [&](int64_t b) {
+      if (b < num_blocks) prefetch_l2(block_rows(b, which), block_bytes);
+    };
+    for (int64_t b = 0; b < kPrefetchBlocks; ++b) prefetch_block(b);
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, which), region);
+      prefetch_block(b + kPrefetchBlocks);
       for (int64_t kv = 0; kv < num_kv; ++kv) {
         const int8_t* rows = block_rows(b, which) + kv * c.stride_head;
         for (int64_t t = 0; t < n; t += kLanes) fn(kv, rows + t * c.stride_offset, std::min(kLanes, n - t), start + t);
@@ -503,8 +506,8 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
-  const bool amx = (head_dim == 4 * kLanes || head_dim == 8 * kLanes) && layout.block_size % kLanes == 0 &&
-                   group <= kLanes && cpu_has_avx512_vnni() && cpu_has_amx(AmxKind::kInt8);
+  const bool amx = amx_tiles_fit(head_dim, layout.block_size, group) && cpu_has_avx512_vnni() &&
+                   cpu_has_amx(AmxKind::kInt8);
   float* o = out.data_ptr<float>();
   const float* q = query.data_ptr<float>();
   const int8_t* cache = kv_cache.data_ptr<int8_t>();
