@@ -71,6 +71,8 @@ def main() -> int:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="vllm_lite's async scheduling (results record a digest of all its outputs)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     model = demo_model()
     workload = random_workload(args.num_requests, tuple(args.input_len), tuple(args.output_len), vocab_size=49152)
