@@ -91,13 +91,20 @@ class KVCacheManager:
         first, in either case."""
         if new_computed_blocks is None and self.sliding_window is None:
             blocks = self.req_to_blocks.get(request.request_id)
-            num_tokens = request.num_computed_tokens + num_new_tokens
-            if blocks is not None and num_tokens <= len(blocks) * self.block_size:
-                # Most decode steps: the new tokens fit in the blocks the request holds (what the
-                # general path below would conclude, without its per-call lists and sums).
+            if blocks is not None:
+                # A running request (every decode step): no hits, no window; what the general
+                # path below concludes, without its per-call lists and sums.
+                num_tokens = request.num_computed_tokens + num_new_tokens
+                num_new_blocks = -(-num_tokens // self.block_size) - len(blocks)
+                new_blocks: list[KVCacheBlock] = []
+                if num_new_blocks > 0:
+                    if num_new_blocks > self.block_pool.get_num_free_blocks():
+                        return None
+                    new_blocks = self.block_pool.allocate(num_new_blocks)
+                    blocks.extend(new_blocks)
                 if self.enable_caching:
                     self._cache_full_blocks(request, blocks, num_tokens)
-                return []
+                return new_blocks
         self.remove_skipped_blocks(request)
         computed = self._drop_hits_outside_window(request, new_computed_blocks or [])
         blocks = self.req_to_blocks.get(request.request_id, [])

@@ -28,10 +28,10 @@ class Request:
 
     __slots__ = (
         "request_id", "sampling_params", "status",
-        "token_ids", "num_prompt_tokens", "_num_tokens", "num_computed_tokens", "max_tokens",
+        "token_ids", "num_prompt_tokens", "_num_tokens", "_num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
-        "num_preemptions", "num_tokens_with_placeholders", "length_limit", "store", "slot",
+        "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -44,7 +44,7 @@ class Request:
         self.token_ids[:num_prompt] = prompt_token_ids
         self.num_prompt_tokens = num_prompt
         self._num_tokens = num_prompt  # while it holds no slot in a token store
-        self.num_computed_tokens = 0
+        self._num_computed_tokens = 0  # while it holds no slot (then: the store's)
         self.max_tokens = max_tokens
         self.min_tokens = sampling_params.min_tokens
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
@@ -62,14 +62,12 @@ class Request:
         self.queued_ts = 0.0
         self.scheduled_ts = 0.0
         self.num_preemptions = 0  # times this request was preempted (vllm:request_num_preemptions)
-        # Known tokens plus those sampled by scheduled steps whose output has not arrived yet
-        # (placeholders: one while its step runs; two with async scheduling). The scheduler
-        # counts them when it schedules a sampling step; the output turns them into known ones.
-        self.num_tokens_with_placeholders = num_prompt
+        self._num_tokens_with_placeholders = num_prompt  # while it holds no slot (then: the store's)
         # The length that stops it (the scheduler caps it with max_model_len).
         self.length_limit = num_prompt + max_tokens
         # The scheduler's token store and the slot (row) this request holds in it while it runs;
-        # `token_ids` is then a view of that row and `num_tokens` lives there too.
+        # `token_ids` is then a view of that row and its counters (`num_tokens`,
+        # `num_computed_tokens`, `num_tokens_with_placeholders`) live there too.
         # (a core.token_store.TokenStore, not imported here: that module imports this one)
         self.store: Any = None
         self.slot = -1
@@ -85,6 +83,36 @@ class Request:
         if self.store is None:
             return self._num_tokens
         return int(self.store.num_tokens[self.slot])
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is computed (or scheduled to be: it moves at schedule time)."""
+        if self.store is None:
+            return self._num_computed_tokens
+        return int(self.store.num_computed_tokens[self.slot])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self.store is None:
+            self._num_computed_tokens = value
+        else:
+            self.store.num_computed_tokens[self.slot] = value
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """Known tokens plus those sampled by scheduled steps whose output has not arrived yet
+        (placeholders: one while its step runs; two with async scheduling). The scheduler counts
+        them when it schedules a sampling step; the output turns them into known ones."""
+        if self.store is None:
+            return self._num_tokens_with_placeholders
+        return int(self.store.num_tokens_with_placeholders[self.slot])
+
+    @num_tokens_with_placeholders.setter
+    def num_tokens_with_placeholders(self, value: int) -> None:
+        if self.store is None:
+            self._num_tokens_with_placeholders = value
+        else:
+            self.store.num_tokens_with_placeholders[self.slot] = value
 
     @property
     def num_output_tokens(self) -> int:
@@ -119,9 +147,12 @@ class Request:
         """Its tokens now live in `store`'s row `slot` (TokenStore.assign copied them)."""
         self.store, self.slot, self.token_ids = store, slot, row
 
-    def leave_slot(self, token_ids: np.ndarray, num_tokens: int) -> None:
-        """Its tokens are back in a buffer of its own (TokenStore.release)."""
+    def leave_slot(self, token_ids: np.ndarray, num_tokens: int, num_computed_tokens: int,
+                   num_tokens_with_placeholders: int) -> None:
+        """Its tokens and counters are back in fields of its own (TokenStore.release)."""
         self.store, self.slot, self.token_ids, self._num_tokens = None, -1, token_ids, num_tokens
+        self._num_computed_tokens = num_computed_tokens
+        self._num_tokens_with_placeholders = num_tokens_with_placeholders
 
     def check_stop(self, token_id: int, max_model_len: int) -> tuple[FinishReason, int | None] | None:
         """Why the request stops after `token_id` was appended, or None to go on.

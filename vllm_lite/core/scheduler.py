@@ -44,7 +44,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,8 +66,25 @@ _NO_REQ_IDS: frozenset[str] = frozenset()
 _DISCARD = -1
 _UNSLOTTED = -2
 
+_request_id = attrgetter("request_id")
+_slot = attrgetter("slot")
+
+
+class RunningSchedule(NamedTuple):
+    """The running requests' part of a step: the scheduled ones in admission order (the
+    `CachedRequestData` columns) and the token budget left."""
+
+    req_ids: list[str]
+    new_block_ids: list[list[int]]
+    num_computed_tokens: list[int]  # before this step
+    budget: int
+
 
 class Scheduler:
+    # From this many running requests a step's running part is computed with array operations
+    # when it can be (`_schedule_running_at_once`); below, numpy's fixed costs outweigh the loop's.
+    AT_ONCE_MIN_RUNNING = 16
+
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_kv_blocks: int, structured_output_manager: Any = None) -> None:
         self.config = scheduler_config
@@ -93,6 +111,7 @@ class Scheduler:
         # The running requests' tokens and stop limits, for the array code of update_from_output.
         self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len)
         self._row_slots: tuple[int, list[str], np.ndarray] | None = None  # see _slots_of
+        self._running_slot_cache: tuple[int, np.ndarray, list[str]] | None = None  # see _running_slots
 
     # ---- requests in and out ----
     def add_request(self, request: Request) -> None:
@@ -131,39 +150,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
-        cached_ids: list[str] = []
-        cached_new_blocks: list[list[int]] = []
-        cached_num_computed: list[int] = []
         preempted: set[str] = set()
-
-        kv = self.kv_cache_manager
-        running = self.running
-        index = 0
-        while index < len(running) and budget > 0:
-            request = running[index]
-            num_known = request.num_tokens_with_placeholders
-            if num_known >= request.length_limit:
-                index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
-                continue
-            num_computed = request.num_computed_tokens
-            num_new = min(num_known - num_computed, budget)
-            if kv.fits_held_blocks(request, num_computed + num_new):
-                # Most decode steps add no block: sharing one empty list keeps the step free of a
-                # container per request (1,024 of them set off a gen-0 collection every step).
-                new_block_ids = self._no_blocks
-            else:
-                new_blocks = self._allocate_or_preempt(request, num_new, preempted)
-                if new_blocks is None:
-                    break
-                new_block_ids = [block.block_id for block in new_blocks] if new_blocks else self._no_blocks
-            num_scheduled[request.request_id] = num_new
-            cached_ids.append(request.request_id)
-            cached_new_blocks.append(new_block_ids)
-            cached_num_computed.append(num_computed)
-            self._advance_computed(request, num_new)
-            budget -= num_new
-            index += 1
-
+        running_part = (self._schedule_running_at_once(budget, num_scheduled)
+                        if len(self.running) >= self.AT_ONCE_MIN_RUNNING else None)
+        if running_part is None:
+            running_part = self._schedule_running_loop(budget, num_scheduled, preempted)
+        cached_ids, cached_new_blocks, cached_num_computed, budget = running_part
         new_reqs: list[NewRequestData] = []
         if not preempted:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
@@ -191,6 +183,110 @@ class Scheduler:
         if bitmask_failures:  # they sample unconstrained in this step, whose row for them is stale
             self._fail_requests(bitmask_failures)
         return output
+
+    def _schedule_running_loop(self, budget: int, num_scheduled: dict[str, int],
+                               preempted: set[str]) -> RunningSchedule:
+        """Running requests in admission order, one at a time: each gets its remaining tokens
+        (what budget is left), blocks allocated or requests preempted from the back."""
+        cached_ids: list[str] = []
+        cached_new_blocks: list[list[int]] = []
+        cached_num_computed: list[int] = []
+        kv, store, running = self.kv_cache_manager, self.token_store, self.running
+        # The counters of every running request, read at once: a preemption below takes requests
+        # from the back, past `index`, so the values the loop reads stay those of `running[index]`.
+        slots, _ = self._running_slots()
+        all_known, all_computed = store.num_tokens_with_placeholders[slots].tolist(), store.num_computed_tokens[slots].tolist()
+        slots = slots.tolist()
+        index = 0
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_known = all_known[index]
+            if num_known >= request.length_limit:
+                index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
+                continue
+            num_computed = all_computed[index]
+            num_new = min(num_known - num_computed, budget)
+            if kv.fits_held_blocks(request, num_computed + num_new):
+                # Most decode steps add no block: sharing one empty list keeps the step free of a
+                # container per request (1,024 of them set off a gen-0 collection every step).
+                new_block_ids = self._no_blocks
+            else:
+                new_blocks = self._allocate_or_preempt(request, num_new, preempted)
+                if new_blocks is None:
+                    break
+                new_block_ids = [block.block_id for block in new_blocks] if new_blocks else self._no_blocks
+            num_scheduled[request.request_id] = num_new
+            cached_ids.append(request.request_id)
+            cached_new_blocks.append(new_block_ids)
+            cached_num_computed.append(num_computed)
+            # _advance_computed, on the values read above
+            store.num_computed_tokens[slots[index]] = num_computed + num_new
+            if num_computed + num_new == num_known:
+                store.num_tokens_with_placeholders[slots[index]] = num_known + 1
+            budget -= num_new
+            index += 1
+
+        return RunningSchedule(cached_ids, cached_new_blocks, cached_num_computed, budget)
+
+    def _schedule_running_at_once(self, budget: int, num_scheduled: dict[str, int]) -> RunningSchedule | None:
+        """What `_schedule_running_loop` would decide, with array operations over the running
+        requests, in the step it decides most (every decode step without KV pressure): every
+        running request gets all its remaining tokens and each allocation it needs fits in the
+        free blocks, so nothing is preempted. The same requests, token counts and counters, and
+        the same block allocations made in the same order (only for the requests that need
+        one); Python runs per request only in C-level maps and one loop writing the counters
+        back. None when the step is not of that kind (budget short, blocks short, a sliding
+        window): the loop decides it."""
+        kv = self.kv_cache_manager
+        if kv.sliding_window is not None:
+            return None
+        store, running = self.token_store, self.running
+        slots, req_ids = self._running_slots()
+        n = len(slots)
+        known, computed = store.num_tokens_with_placeholders[slots], store.num_computed_tokens[slots]
+        scheduled = known < store.length_limit[slots]
+        num_new = known - computed
+        total = int(num_new[scheduled].sum())
+        if total > budget or (num_new[scheduled] <= 0).any():
+            return None
+        held_blocks = list(map(kv.req_to_blocks.get, req_ids))
+        if None in held_blocks:
+            return None
+        bs = self.block_size
+        num_held = np.fromiter(map(len, held_blocks), np.int64, n)
+        end = computed + num_new
+        fits = end <= num_held * bs
+        if kv.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
+            fits &= end // bs <= np.fromiter(map(kv.num_cached_blocks.__getitem__, req_ids), np.int64, n)
+        to_allocate = np.flatnonzero(scheduled & ~fits)
+        if int(np.maximum(-(-end[to_allocate] // bs) - num_held[to_allocate], 0).sum()) > kv.get_num_free_blocks():
+            return None  # an allocation may fail: the loop preempts
+        rows = np.flatnonzero(scheduled)
+        new_block_ids = [self._no_blocks] * len(rows)
+        for position, row in zip(np.searchsorted(rows, to_allocate).tolist(), to_allocate.tolist()):
+            new_blocks = kv.allocate_slots(running[row], int(num_new[row]))
+            if new_blocks is None:
+                raise RuntimeError(f"{req_ids[row]!r}: no blocks although the free ones were counted")
+            if new_blocks:
+                new_block_ids[position] = [block.block_id for block in new_blocks]
+        if len(rows) < n:
+            req_ids = [req_ids[row] for row in rows.tolist()]
+            slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
+        num_scheduled.update(zip(req_ids, num_new.tolist()))
+        # _advance_computed for each: a request whose every token is computed samples one.
+        store.num_computed_tokens[slots] = end
+        store.num_tokens_with_placeholders[slots] = known + (end == known)
+        return RunningSchedule(req_ids, new_block_ids, computed.tolist(), budget - total)
+
+    def _running_slots(self) -> tuple[np.ndarray, list[str]]:
+        """The token-store slots and ids of `running`, in its order. `running` changes only
+        with a slot changing hands (admission, preemption, a request freed), which bumps the
+        store's version: kept until then."""
+        version = self.token_store.version
+        if self._running_slot_cache is None or self._running_slot_cache[0] != version:
+            slots = np.fromiter(map(_slot, self.running), np.int64, len(self.running))
+            self._running_slot_cache = (version, slots, list(map(_request_id, self.running)))
+        return self._running_slot_cache[1], self._running_slot_cache[2]
 
     @staticmethod
     def _advance_computed(request: Request, num_new: int) -> None:

@@ -7,6 +7,7 @@ Python touches only the requests whose state changed (finished, first token, a g
 |---|---|
 | `token_ids[slot, :num_tokens[slot]]` | the request's prompt then output tokens (`Request.token_ids` is a view of the row while it holds the slot) |
 | `num_tokens` | its known tokens (placeholders of async scheduling not counted) |
+| `num_computed_tokens`, `num_tokens_with_placeholders` | its progress counters (`Request`'s, read and written there while it holds the slot): the scheduler's running part of a step is array code over them |
 | `num_prompt_tokens` | its prompt length (a first output token is reported with cache and timing data) |
 | `length_limit` | `min(num_prompt_tokens + max_tokens, max_model_len)`: reaching it stops the request |
 | `min_stop_len` | `num_prompt_tokens + min_tokens`: an EOS or stop id counts from this length on |
@@ -30,6 +31,8 @@ class TokenStore:
     def __init__(self, num_slots: int, max_model_len: int) -> None:
         self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(num_slots, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(num_slots, dtype=np.int64)
+        self.num_tokens_with_placeholders = np.zeros(num_slots, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(num_slots, dtype=np.int64)
         self.length_limit = np.zeros(num_slots, dtype=np.int64)
         self.min_stop_len = np.zeros(num_slots, dtype=np.int64)
@@ -54,6 +57,8 @@ class TokenStore:
         n = request.num_tokens
         self.token_ids[slot, :n] = request.token_ids[:n]
         self.num_tokens[slot] = n
+        self.num_computed_tokens[slot] = request.num_computed_tokens
+        self.num_tokens_with_placeholders[slot] = request.num_tokens_with_placeholders
         self.num_prompt_tokens[slot] = request.num_prompt_tokens
         self.length_limit[slot] = length_limit
         self.min_stop_len[slot] = request.num_prompt_tokens + request.min_tokens
@@ -69,10 +74,11 @@ class TokenStore:
         request.hold_slot(self, slot, self.token_ids[slot])
 
     def release(self, request: Request) -> None:
-        """Take `request`'s slot back; its tokens go back into a buffer of its own."""
+        """Take `request`'s slot back; its tokens and counters go back into fields of its own."""
         slot = request.slot
         n = int(self.num_tokens[slot])
-        request.leave_slot(self.token_ids[slot, :n].copy(), n)
+        request.leave_slot(self.token_ids[slot, :n].copy(), n, int(self.num_computed_tokens[slot]),
+                           int(self.num_tokens_with_placeholders[slot]))
         self.requests[slot] = None
         del self.slot_of[request.request_id]
         self._free_slots.append(slot)

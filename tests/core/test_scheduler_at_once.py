@@ -1,0 +1,129 @@
+"""The running part of a step computed with array operations (`_schedule_running_at_once`)
+decides exactly what the per-request loop decides: two schedulers, one that always tries the
+array path and one that never does, run the same random traffic (admissions, prefix-cache hits,
+chunked prefills, EOS, max_tokens, aborts, KV pressure with preemption, one or two steps in
+flight) and must agree on every step's output and on every block they hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.core.request import Request
+from vllm_lite.core.scheduler import Scheduler
+from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.sampling_params import SamplingParams
+
+BLOCK_SIZE = 4
+EOS = 7
+
+
+class CountingScheduler(Scheduler):
+    """Counts how each step's running part was decided, so the test knows it ran both paths."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.at_once_steps = 0
+        self.loop_steps = 0
+
+    def _schedule_running_at_once(self, budget, num_scheduled):
+        result = super()._schedule_running_at_once(budget, num_scheduled)
+        self.at_once_steps += result is not None
+        self.loop_steps += result is None
+        return result
+
+
+def make_scheduler(at_once: bool, num_blocks: int, async_scheduling: bool, caching: bool) -> CountingScheduler:
+    scheduler = CountingScheduler(SchedulerConfig(24, 48, 128, True, async_scheduling),
+                                  CacheConfig(BLOCK_SIZE, num_blocks, None, caching), num_blocks)
+    scheduler.AT_ONCE_MIN_RUNNING = 0 if at_once else 1 << 30
+    return scheduler
+
+
+def make_request(request_id: str, prompt: np.ndarray, max_tokens: int, ignore_eos: bool) -> Request:
+    return Request(request_id, prompt, SamplingParams(ignore_eos=ignore_eos), (EOS,), max_tokens)
+
+
+def summary(out: SchedulerOutput) -> tuple:
+    cached = out.scheduled_cached_reqs
+    return (list(out.num_scheduled_tokens.items()), out.total_num_scheduled_tokens,
+            [(new.req_id, new.block_ids, new.num_computed_tokens, new.token_ids.tolist()) for new in out.scheduled_new_reqs],
+            cached.req_ids, [list(ids) for ids in cached.new_block_ids], list(cached.num_computed_tokens),
+            sorted(out.finished_req_ids), sorted(out.preempted_req_ids))
+
+
+def held_state(scheduler: Scheduler) -> tuple:
+    kv = scheduler.kv_cache_manager
+    return ({req_id: [block.block_id for block in blocks] for req_id, blocks in kv.req_to_blocks.items()},
+            dict(kv.num_cached_blocks), kv.get_num_free_blocks(),
+            [(r.request_id, r.num_computed_tokens, r.num_tokens_with_placeholders, r.num_tokens)
+             for r in scheduler.running])
+
+
+class FakeWorker:
+    """Samples a row when all its known tokens are computed; the token drawn from `rng`."""
+
+    def __init__(self) -> None:
+        self.num_tokens: dict[str, int] = {}
+
+    def execute(self, out: SchedulerOutput, tokens: np.ndarray):
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            self.num_tokens.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            self.num_tokens[new.req_id] = len(new.token_ids)
+        cached = out.scheduled_cached_reqs
+        computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
+        computed |= {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
+        ids = list(out.num_scheduled_tokens)
+        sampled = np.array([computed[r] + n == self.num_tokens[r] for r, n in out.num_scheduled_tokens.items()],
+                           dtype=np.int32)
+        for req_id, samples in zip(ids, sampled):
+            self.num_tokens[req_id] += int(samples)
+        return ids, tokens[: len(ids)].reshape(-1, 1).astype(np.int32), sampled
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("num_blocks", [400, 70])  # 70: preemption under KV pressure
+def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, caching: bool, num_blocks: int) -> None:
+    rng = np.random.default_rng(num_blocks + 2 * async_scheduling + caching)
+    pair = [make_scheduler(True, num_blocks, async_scheduling, caching),
+            make_scheduler(False, num_blocks, async_scheduling, caching)]
+    workers = [FakeWorker(), FakeWorker()]
+    shared_prefix = rng.integers(100, 1000, size=12).astype(np.int32)
+    in_flight: list[list] = [[], []]
+    next_id = 0
+    for step in range(160):
+        if step < 100 and rng.random() < 0.5:  # admissions: some share a prefix (cache hits)
+            for _ in range(int(rng.integers(1, 4))):
+                tail = rng.integers(100, 1000, size=int(rng.integers(1, 20))).astype(np.int32)
+                prompt = np.concatenate([shared_prefix, tail]) if rng.random() < 0.5 else tail
+                max_tokens, ignore_eos = int(rng.integers(1, 40)), bool(rng.random() < 0.5)
+                for scheduler in pair:
+                    scheduler.add_request(make_request(f"r{next_id}", prompt.copy(), max_tokens, ignore_eos))
+                next_id += 1
+        if rng.random() < 0.05 and pair[0].requests:  # an abort
+            victim = sorted(pair[0].requests)[int(rng.integers(len(pair[0].requests)))]
+            for scheduler in pair:
+                scheduler.abort_requests([victim])
+        outs = [scheduler.schedule() for scheduler in pair]
+        assert summary(outs[0]) == summary(outs[1]), f"step {step}"
+        assert held_state(pair[0]) == held_state(pair[1]), f"step {step}"
+        tokens = np.where(rng.random(64) < 0.1, EOS, rng.integers(8, 1000, size=64))
+        for side in range(2):
+            if not outs[side].is_empty:
+                in_flight[side].append((outs[side], workers[side].execute(outs[side], tokens)))
+        depth = 2 if async_scheduling else 1
+        while in_flight[0] and (len(in_flight[0]) >= depth or step == 159):
+            results = [pair[side].update_from_output(*in_flight[side][0][:1], *in_flight[side][0][1])
+                       for side in range(2)]
+            del in_flight[0][0], in_flight[1][0]
+            assert results[0].req_ids == results[1].req_ids
+            assert [(f.request_id, f.finish_reason) for f in results[0].finished] == \
+                   [(f.request_id, f.finish_reason) for f in results[1].finished]
+            assert np.array_equal(results[0].new_token_ids, results[1].new_token_ids)
+    assert pair[0].at_once_steps > 20, "the array path never ran"
+    assert pair[1].at_once_steps == 0
+    if num_blocks == 70:
+        assert pair[0].num_preemptions > 0 and pair[0].num_preemptions == pair[1].num_preemptions
