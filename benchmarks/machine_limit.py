@@ -8,7 +8,12 @@ given threads, then runs vllm_lite on the demo model at each precision:
   FLOPs = 2 x parameters per processed token (prompt and output tokens both), set against the
   peak of the precision the linear layers compute in;
 * single-stream decode: 1 request, 128 output tokens; each step reads every weight once, so
-  tokens/s x weight bytes is the bandwidth decode reaches.
+  tokens/s x weight bytes is the bandwidth decode reaches;
+* the workload's floor: what no engine can go below on this machine with these weights and a
+  KV cache of the model's dtype, i.e. every decode step reading every weight and every active
+  sequence's K/V once at the measured read bandwidth, plus every prompt token's matmuls at the
+  precision's matmul peak (prefill attention and everything else taken as free), against the
+  measured time.
 
     python benchmarks/machine_limit.py [--threads 2] [--num-requests 64] [--precision float32 bfloat16 int8]
 """
@@ -16,8 +21,11 @@ given threads, then runs vllm_lite on the demo model at each precision:
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 from benchlib import (EngineLimits, RunResult, Workload, count_parameters, demo_model, engine_job, machine_line,
                       print_table, random_workload, run_engine, write_results)
@@ -63,6 +71,31 @@ def memory_bandwidth(num_bytes: int = 512 * 1024 ** 2, repeats: int = 10) -> tup
     return read, copy
 
 
+def model_config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text())
+
+
+def kv_bytes_per_token(config: dict, dtype_size: int) -> int:
+    """K and V of one token in every layer, in a cache of the model's dtype."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_size
+
+
+def workload_floor_s(workload: Workload, weight_bytes: float, kv_token_bytes: int, read_bw: float,
+                     flops_per_token: float, peak: float) -> float:
+    """Seconds no engine can beat: decode steps (all requests decode together, as after their
+    prefill; a request leaves after its outputs) each read every weight and each active
+    sequence's K/V once; prompt tokens cost their matmul FLOPs at the peak."""
+    prompt_lens = np.array([len(prompt) for prompt in workload.prompts])
+    output_lens = np.array(workload.max_tokens)
+    decode_bytes = 0.0
+    for step in range(int(output_lens.max())):
+        active = output_lens > step
+        decode_bytes += weight_bytes + kv_token_bytes * float((prompt_lens[active] + step).sum())
+    return decode_bytes / read_bw + flops_per_token * float(prompt_lens.sum()) / peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -96,7 +129,17 @@ def main() -> None:
             rows.append((f"{precision}: demo model, {args.num_requests} requests",
                          f"{throughput.tokens_per_s:.1f} output tok/s", f"{achieved / 1e9:.1f} GFLOP/s",
                          f"{achieved / peaks[peak_name]:.0%} of {peak_name} matmul peak"))
-            entry["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved}
+            kv_size = 2 if engine_args["dtype"] == "bfloat16" else 4
+            config = model_config(model)
+            # A prompt token's matmuls: every weight but the embedding (the LM head runs for
+            # sampled positions only).
+            prompt_flops = 2 * (params - config["vocab_size"] * config["hidden_size"])
+            floor = workload_floor_s(workload, weight_size * params, kv_bytes_per_token(config, kv_size), read_bw,
+                                     prompt_flops, peaks[peak_name])
+            rows.append((f"{precision}: floor of that workload", f"{floor:.1f} s", f"measured {throughput.elapsed_s:.1f} s",
+                         f"{floor / throughput.elapsed_s:.0%} of the floor's speed"))
+            entry["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved,
+                                   "elapsed_s": throughput.elapsed_s, "floor_s": floor}
         if isinstance(decode, RunResult):
             # The embedding and LM head stay in the model dtype under int8; counted at weight_size
             # (a lower bound on the bytes read).
