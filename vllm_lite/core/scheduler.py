@@ -82,8 +82,9 @@ class RunningSchedule(NamedTuple):
 
 class Scheduler:
     # From this many running requests a step's running part is computed with array operations
-    # when it can be (`_schedule_running_at_once`); below, numpy's fixed costs outweigh the loop's.
-    AT_ONCE_MIN_RUNNING = 16
+    # when it can be (`_schedule_running_at_once`); below, numpy's fixed costs outweigh the loop's
+    # (benchmarks/scheduler_step.py: the loop ahead at 32 requests, the array code from 64 on).
+    AT_ONCE_MIN_RUNNING = 48
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_kv_blocks: int, structured_output_manager: Any = None) -> None:
