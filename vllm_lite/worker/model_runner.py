@@ -252,25 +252,8 @@ class ModelRunner:
         return None
 
     def _update_cached(self, cached: CachedRequestData) -> dict[str, str] | None:
-        """Every decode step runs this for every running request: rows found with one C-level
-        map, the counters written in one scatter, block lists appended only where a block came
-        (a few rows a step). A request without a row takes the per-request loop."""
-        batch = self.input_batch
-        rows = list(map(batch.req_id_to_index.get, cached.req_ids))
-        if None in rows:
-            return self._update_cached_one_by_one(cached)
-        num = len(rows)
-        batch.num_computed_tokens[np.fromiter(rows, np.int64, num)] = cached.num_computed_tokens
-        with_blocks = np.flatnonzero(np.fromiter(map(len, cached.new_block_ids), np.int64, num))
-        failed: dict[str, str] | None = None
-        for position in with_blocks.tolist():
-            try:
-                batch.block_table.append_row(rows[position], cached.new_block_ids[position])
-            except Exception as exc:  # this request's alone
-                failed = self._row_update_failed(failed, cached.req_ids[position], exc)
-        return failed
-
-    def _update_cached_one_by_one(self, cached: CachedRequestData) -> dict[str, str] | None:
+        """Every decode step runs this for every running request: an inline loop, its `try`
+        free when nothing raises (Python 3.11)."""
         batch = self.input_batch
         index, block_table, num_computed_tokens = batch.req_id_to_index, batch.block_table, batch.num_computed_tokens
         failed: dict[str, str] | None = None
@@ -283,13 +266,9 @@ class ModelRunner:
             except Exception as exc:  # this request's alone
                 if req_id in self.dropped_failed and req_id not in index:
                     continue  # it failed in an earlier step; async scheduling ran ahead of the news
-                failed = self._row_update_failed(failed, req_id, exc)
-        return failed
-
-    def _row_update_failed(self, failed: dict[str, str] | None, req_id: str, exc: Exception) -> dict[str, str]:
-        logger.exception("request %r failed %s", req_id, self._where("while updating its row"), exc_info=exc)
-        failed = failed or {}
-        failed[req_id] = describe_error(exc)
+                logger.exception("request %r failed %s", req_id, self._where("while updating its row"))
+                failed = failed or {}
+                failed[req_id] = describe_error(exc)
         return failed
 
     def _where(self, what: str) -> str:
@@ -323,12 +302,10 @@ class ModelRunner:
         batch = self.input_batch
         index = batch.req_id_to_index
         num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
-        scheduled_rows = list(map(index.get, sched.num_scheduled_tokens))
-        counts = list(sched.num_scheduled_tokens.values())
-        if None in scheduled_rows:  # it failed to join the batch (this step or, async, the last)
-            kept = [i for i, row in enumerate(scheduled_rows) if row is not None]
-            scheduled_rows, counts = [scheduled_rows[i] for i in kept], [counts[i] for i in kept]
-        num_scheduled[np.fromiter(scheduled_rows, np.int64, len(scheduled_rows))] = counts
+        for req_id, n in sched.num_scheduled_tokens.items():
+            row = index.get(req_id)  # None: it failed to join the batch (this step or, async, the last)
+            if row is not None:
+                num_scheduled[row] = n
         rows = np.flatnonzero(num_scheduled)
         if len(rows) == 0:
             return None
