@@ -13,6 +13,7 @@ from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import EngineCoreOutputs, FinishReason
+from scheduler_fakes import FakeWorker
 
 BLOCK_SIZE = 4
 EOS = 7
@@ -27,30 +28,6 @@ def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) ->
     start = 100 + 1000 * sum(map(ord, request_id))  # distinct prompts: no accidental prefix hits
     prompt = np.arange(start, start + num_prompt, dtype=np.int32)
     return Request(request_id, prompt, SamplingParams(**params), (EOS,), max_tokens)
-
-
-class FakeWorker:
-    """Token counts per request as a worker sees them: it appends what it samples at once."""
-
-    def __init__(self) -> None:
-        self.num_tokens: dict[str, int] = {}
-
-    def execute(self, out: SchedulerOutput, tokens: dict[str, int] | None = None, default: int = 1):
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.num_tokens.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            self.num_tokens[new.req_id] = len(new.token_ids)
-        cached = out.scheduled_cached_reqs
-        computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
-        computed |= {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-        ids, sampled = [], []
-        for req_id, n in out.num_scheduled_tokens.items():
-            ids.append(req_id)
-            samples = computed[req_id] + n == self.num_tokens[req_id]
-            sampled.append(samples)
-            self.num_tokens[req_id] += samples
-        token_ids = np.array([[(tokens or {}).get(r, default)] for r in ids], dtype=np.int32).reshape(-1, 1)
-        return ids, token_ids, np.array(sampled, dtype=np.int32)
 
 
 def update(scheduler: Scheduler, out: SchedulerOutput, result) -> EngineCoreOutputs:

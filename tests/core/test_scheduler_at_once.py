@@ -14,6 +14,7 @@ from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.sampling_params import SamplingParams
+from scheduler_fakes import FakeWorker
 
 BLOCK_SIZE = 4
 EOS = 7
@@ -61,28 +62,6 @@ def held_state(scheduler: Scheduler) -> tuple:
              for r in scheduler.running])
 
 
-class FakeWorker:
-    """Samples a row when all its known tokens are computed; the token drawn from `rng`."""
-
-    def __init__(self) -> None:
-        self.num_tokens: dict[str, int] = {}
-
-    def execute(self, out: SchedulerOutput, tokens: np.ndarray):
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.num_tokens.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            self.num_tokens[new.req_id] = len(new.token_ids)
-        cached = out.scheduled_cached_reqs
-        computed = dict(zip(cached.req_ids, cached.num_computed_tokens))
-        computed |= {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
-        ids = list(out.num_scheduled_tokens)
-        sampled = np.array([computed[r] + n == self.num_tokens[r] for r, n in out.num_scheduled_tokens.items()],
-                           dtype=np.int32)
-        for req_id, samples in zip(ids, sampled):
-            self.num_tokens[req_id] += int(samples)
-        return ids, tokens[: len(ids)].reshape(-1, 1).astype(np.int32), sampled
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("num_blocks", [400, 70])  # 70: preemption under KV pressure
@@ -113,7 +92,8 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
         tokens = np.where(rng.random(64) < 0.1, EOS, rng.integers(8, 1000, size=64))
         for side in range(2):
             if not outs[side].is_empty:
-                in_flight[side].append((outs[side], workers[side].execute(outs[side], tokens)))
+                step_tokens = dict(zip(outs[side].num_scheduled_tokens, tokens.tolist()))
+                in_flight[side].append((outs[side], workers[side].execute(outs[side], step_tokens)))
         depth = 2 if async_scheduling else 1
         while in_flight[0] and (len(in_flight[0]) >= depth or step == 159):
             results = [pair[side].update_from_output(*in_flight[side][0][:1], *in_flight[side][0][1])

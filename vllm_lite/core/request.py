@@ -20,6 +20,30 @@ class RequestStatus(enum.IntEnum):
     WAITING_FOR_GRAMMAR = 4  # waiting, but not schedulable until its grammar is compiled
 
 
+class SlotCounter:
+    """A request's counter that lives in its token store's array of the same name while it holds
+    a slot there (the scheduler's array code reads and writes it for the whole batch), and in
+    the request's own field otherwise."""
+
+    __slots__ = ("own_field", "column")
+
+    def __init__(self, own_field: str, column: str) -> None:
+        self.own_field, self.column = own_field, column
+
+    def __get__(self, request: Request | None, owner: type) -> Any:
+        if request is None:
+            return self
+        if request.store is None:
+            return getattr(request, self.own_field)
+        return int(getattr(request.store, self.column)[request.slot])
+
+    def __set__(self, request: Request, value: int) -> None:
+        if request.store is None:
+            setattr(request, self.own_field, value)
+        else:
+            getattr(request.store, self.column)[request.slot] = value
+
+
 class Request:
     """Invariant: `token_ids[:num_tokens]` holds the prompt followed by every output token;
     `num_computed_tokens <= num_tokens_with_placeholders = num_tokens + num_output_placeholders`
@@ -84,35 +108,12 @@ class Request:
             return self._num_tokens
         return int(self.store.num_tokens[self.slot])
 
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens whose KV is computed (or scheduled to be: it moves at schedule time)."""
-        if self.store is None:
-            return self._num_computed_tokens
-        return int(self.store.num_computed_tokens[self.slot])
-
-    @num_computed_tokens.setter
-    def num_computed_tokens(self, value: int) -> None:
-        if self.store is None:
-            self._num_computed_tokens = value
-        else:
-            self.store.num_computed_tokens[self.slot] = value
-
-    @property
-    def num_tokens_with_placeholders(self) -> int:
-        """Known tokens plus those sampled by scheduled steps whose output has not arrived yet
-        (placeholders: one while its step runs; two with async scheduling). The scheduler counts
-        them when it schedules a sampling step; the output turns them into known ones."""
-        if self.store is None:
-            return self._num_tokens_with_placeholders
-        return int(self.store.num_tokens_with_placeholders[self.slot])
-
-    @num_tokens_with_placeholders.setter
-    def num_tokens_with_placeholders(self, value: int) -> None:
-        if self.store is None:
-            self._num_tokens_with_placeholders = value
-        else:
-            self.store.num_tokens_with_placeholders[self.slot] = value
+    # Tokens whose KV is computed (or scheduled to be: it moves at schedule time).
+    num_computed_tokens = SlotCounter("_num_computed_tokens", "num_computed_tokens")
+    # Known tokens plus those sampled by scheduled steps whose output has not arrived yet
+    # (placeholders: one while its step runs; two with async scheduling). The scheduler counts
+    # them when it schedules a sampling step; the output turns them into known ones.
+    num_tokens_with_placeholders = SlotCounter("_num_tokens_with_placeholders", "num_tokens_with_placeholders")
 
     @property
     def num_output_tokens(self) -> int:
