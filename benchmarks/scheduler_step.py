@@ -95,7 +95,8 @@ def main() -> None:
         rows.append((num_requests, loop[0], array[0], f"{loop[0] / array[0]:.2f}x", loop[1], array[1]))
     print(f"prefix caching {'off' if args.no_prefix_caching else 'on'}, block size {BLOCK_SIZE}, "
           f"prompts {PROMPT_LEN} tokens; us per step, min over {args.rounds} rounds")
-    print_table(("requests", "schedule (loop)", "schedule (array)", "speed-up", "update (loop)", "update (array)"), rows)
+    print_table(("requests", "schedule (loop)", "schedule (array)", "speed-up", "update (loop)", "update (array)"),
+                rows)
 
 
 if __name__ == "__main__":

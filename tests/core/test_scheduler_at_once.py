@@ -49,7 +49,8 @@ def make_request(request_id: str, prompt: np.ndarray, max_tokens: int, ignore_eo
 def summary(out: SchedulerOutput) -> tuple:
     cached = out.scheduled_cached_reqs
     return (list(out.num_scheduled_tokens.items()), out.total_num_scheduled_tokens,
-            [(new.req_id, new.block_ids, new.num_computed_tokens, new.token_ids.tolist()) for new in out.scheduled_new_reqs],
+            [(new.req_id, new.block_ids, new.num_computed_tokens, new.token_ids.tolist())
+             for new in out.scheduled_new_reqs],
             cached.req_ids, [list(ids) for ids in cached.new_block_ids], list(cached.num_computed_tokens),
             sorted(out.finished_req_ids), sorted(out.preempted_req_ids))
 

@@ -70,6 +70,13 @@ _request_id = attrgetter("request_id")
 _slot = attrgetter("slot")
 
 
+def _advanced(num_computed, num_known, num_new):
+    """(num_computed_tokens, num_tokens_with_placeholders) after `num_new` more tokens are
+    scheduled (`Scheduler._advance_computed`'s rule), for ints or arrays of them alike."""
+    num_computed = num_computed + num_new
+    return num_computed, num_known + (num_computed == num_known)
+
+
 class RunningSchedule(NamedTuple):
     """The running requests' part of a step: the scheduled ones in admission order (the
     `CachedRequestData` columns) and the token budget left."""
@@ -196,7 +203,8 @@ class Scheduler:
         # The counters of every running request, read at once: a preemption below takes requests
         # from the back, past `index`, so the values the loop reads stay those of `running[index]`.
         slots, _ = self._running_slots()
-        all_known, all_computed = store.num_tokens_with_placeholders[slots].tolist(), store.num_computed_tokens[slots].tolist()
+        all_known = store.num_tokens_with_placeholders[slots].tolist()
+        all_computed = store.num_computed_tokens[slots].tolist()
         slots = slots.tolist()
         index = 0
         while index < len(running) and budget > 0:
@@ -220,10 +228,9 @@ class Scheduler:
             cached_ids.append(request.request_id)
             cached_new_blocks.append(new_block_ids)
             cached_num_computed.append(num_computed)
-            # _advance_computed, on the values read above
-            store.num_computed_tokens[slots[index]] = num_computed + num_new
-            if num_computed + num_new == num_known:
-                store.num_tokens_with_placeholders[slots[index]] = num_known + 1
+            slot = slots[index]
+            store.num_computed_tokens[slot], store.num_tokens_with_placeholders[slot] = _advanced(
+                num_computed, num_known, num_new)
             budget -= num_new
             index += 1
 
@@ -235,9 +242,8 @@ class Scheduler:
         running request gets all its remaining tokens and each allocation it needs fits in the
         free blocks, so nothing is preempted. The same requests, token counts and counters, and
         the same block allocations made in the same order (only for the requests that need
-        one); Python runs per request only in C-level maps and one loop writing the counters
-        back. None when the step is not of that kind (budget short, blocks short, a sliding
-        window): the loop decides it."""
+        one); Python runs per request only in C-level maps. None when the step is not of that
+        kind (budget short, blocks short, a sliding window): the loop decides it."""
         kv = self.kv_cache_manager
         if kv.sliding_window is not None:
             return None
@@ -274,9 +280,8 @@ class Scheduler:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
         num_scheduled.update(zip(req_ids, num_new.tolist()))
-        # _advance_computed for each: a request whose every token is computed samples one.
-        store.num_computed_tokens[slots] = end
-        store.num_tokens_with_placeholders[slots] = known + (end == known)
+        store.num_computed_tokens[slots], store.num_tokens_with_placeholders[slots] = _advanced(
+            computed, known, num_new)
         return RunningSchedule(req_ids, new_block_ids, computed.tolist(), budget - total)
 
     def _running_slots(self) -> tuple[np.ndarray, list[str]]:
@@ -297,9 +302,8 @@ class Scheduler:
         scheduled meanwhile and computes it). A running request advances as soon as it is
         scheduled: the requests preempted later in the same step are taken from the back of
         `running`, never one already scheduled."""
-        request.num_computed_tokens += num_new
-        if request.num_computed_tokens == request.num_tokens_with_placeholders:
-            request.num_tokens_with_placeholders += 1
+        request.num_computed_tokens, request.num_tokens_with_placeholders = _advanced(
+            request.num_computed_tokens, request.num_tokens_with_placeholders, num_new)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, req_ids: list[str],
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
