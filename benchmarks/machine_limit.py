@@ -136,8 +136,9 @@ def main() -> None:
             prompt_flops = 2 * (params - config["vocab_size"] * config["hidden_size"])
             floor = workload_floor_s(workload, weight_size * params, kv_bytes_per_token(config, kv_size), read_bw,
                                      prompt_flops, peaks[peak_name])
-            rows.append((f"{precision}: floor of that workload", f"{floor:.1f} s",
-                         f"measured {throughput.elapsed_s:.1f} s", f"{floor / throughput.elapsed_s:.0%} of the floor's speed"))
+            measured = throughput.elapsed_s
+            rows.append((f"{precision}: floor of that workload", f"{floor:.1f} s", f"measured {measured:.1f} s",
+                         f"{floor / measured:.0%} of the floor's speed"))
             entry["throughput"] = {"tokens_per_s": throughput.tokens_per_s, "flops": achieved,
                                    "elapsed_s": throughput.elapsed_s, "floor_s": floor}
         if isinstance(decode, RunResult):
