@@ -1,5 +1,6 @@
-"""Small CPU steps run on one thread when idle OpenMP threads sleep (model_runner.ONE_THREAD_MAX_TOKENS);
-the configured count comes back for larger steps, and nothing changes when threads spin."""
+"""Small CPU steps (model_runner.ONE_THREAD_MAX_TOKENS) run on one thread when idle OpenMP threads
+sleep and one thread measured faster at start; the configured count comes back for larger steps,
+and nothing changes when threads spin."""
 
 from __future__ import annotations
 
@@ -43,11 +44,40 @@ def threads_after_steps(tiny_llama: Path) -> list[int]:
     return seen
 
 
-def test_small_steps_take_one_thread_when_threads_sleep(tiny_llama: Path, two_threads: None,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def sleeping_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+
+
+def measured(seconds: dict[int, float]):
+    def best_linear_pass_seconds(self, thread_counts):
+        assert thread_counts == (1, 2)
+        return seconds
+    return best_linear_pass_seconds
+
+
+def test_small_steps_take_one_thread_where_it_measured_faster(tiny_llama: Path, two_threads: None,
+                                                              sleeping_threads: None,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ModelRunner, "_best_linear_pass_seconds", measured({1: 0.010, 2: 0.012}))
     assert threads_after_steps(tiny_llama) == [1, 2]
+
+
+def test_small_steps_keep_every_thread_where_that_measured_faster(tiny_llama: Path, two_threads: None,
+                                                                  sleeping_threads: None,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ModelRunner, "_best_linear_pass_seconds", measured({1: 0.012, 2: 0.010}))
+    assert threads_after_steps(tiny_llama) == [2, 2]
+
+
+def test_the_measurement_times_both_counts_and_restores_the_configured_one(tiny_llama: Path, two_threads: None,
+                                                                           sleeping_threads: None) -> None:
+    config = EngineArgs(model=str(tiny_llama), dtype="float32", max_model_len=64, max_num_seqs=8).create_engine_config()
+    runner = ModelRunner(config, torch.device("cpu"))
+    best = runner._best_linear_pass_seconds((1, 2))
+    assert set(best) == {1, 2} and all(0 < seconds < 1 for seconds in best.values())
+    assert torch.get_num_threads() == 2
 
 
 @pytest.mark.parametrize("env", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "2000"}])

@@ -8,6 +8,7 @@ placeholder), and the step reads that token from the batch, where it already is.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
+from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.loader import load_model
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
@@ -34,13 +36,14 @@ from vllm_lite.worker.sampling_inputs import build_sampling_metadata
 
 logger = logging.getLogger(__name__)
 
-# A CPU step computing at most this many tokens runs on one thread when idle OpenMP threads
+# A CPU step computing at most this many tokens may run on one thread when idle OpenMP threads
 # sleep (PASSIVE, the engine's default): each parallel region (a matmul, the attention) then
-# starts by waking the others, ~0.1 ms each in these VMs, more than splitting a few rows saves.
-# Demo model, bf16, decode steps, 2 threads configured (benchmarks/RESULTS.md): 1 request 40-43
-# ms per step on one thread vs 45-52 on two, 4 requests 35-43 vs 45-51, 8 requests 43-56 vs
-# 51-61; at 12 requests of 600-token contexts two threads win (69 vs 83 ms: the attention has
-# the work to share).
+# starts by waking the others. Whether that costs more than a second thread's share of the work
+# depends on the machine, so the worker measures it at start (`_small_steps_fit_one_thread`).
+# Demo model, bf16, decode steps, 2 threads configured (benchmarks/RESULTS.md): on an AMD EPYC VM
+# one thread won (1 request 40-43 ms per step vs 45-52 on two, 8 requests 43-56 vs 51-61); on an
+# Intel Xeon VM two did (8 requests 37-42 vs 44-56 in-process, 38.8-39.8 vs 49.9-50.3 through
+# `LLM`). Above this size two threads win on both (the attention has the work to share).
 ONE_THREAD_MAX_TOKENS = 8
 
 
@@ -69,7 +72,7 @@ class ModelRunner:
         self.tp = tp
         # The intra-op threads a step uses (set on the thread that runs the steps, each step).
         self.num_threads = torch.get_num_threads()
-        self._small_steps_on_one_thread = device.type == "cpu" and openmp_threads_sleep()
+        self._small_steps_on_one_thread = self._small_steps_fit_one_thread()
         model_config = vllm_config.model_config
         max_blocks = max_blocks_per_seq(model_config.max_model_len, self.block_size)
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
@@ -86,6 +89,40 @@ class ModelRunner:
         # ids say it knows: a step it scheduled before it knew (async scheduling) still names
         # them, and they are passed over there.
         self.dropped_failed: set[str] = set()
+
+    def _small_steps_fit_one_thread(self) -> bool:
+        """Whether steps of at most ONE_THREAD_MAX_TOKENS tokens should run on one thread: only
+        where sleeping OpenMP threads must be woken for every parallel region, and then as
+        measured here (`_best_linear_pass_seconds`). The thread count changes no result: the
+        matmuls and the csrc ops split rows and items among threads, not sums."""
+        if self.device.type != "cpu" or not openmp_threads_sleep() or self.num_threads == 1:
+            return False
+        best = self._best_linear_pass_seconds((1, self.num_threads))
+        one_thread = best[1] <= best[self.num_threads]
+        logger.info("steps of up to %d tokens run on %s: one row through the linear layers took %.2f ms on one "
+                    "thread, %.2f ms on %d", ONE_THREAD_MAX_TOKENS,
+                    "one thread" if one_thread else f"{self.num_threads} threads",
+                    1e3 * best[1], 1e3 * best[self.num_threads], self.num_threads)
+        return one_thread
+
+    def _best_linear_pass_seconds(self, thread_counts: tuple[int, ...]) -> dict[int, float]:
+        """Seconds of one row through every linear layer (what a decode step reads) on each
+        thread count: interleaved, best of three passes each after a warm-up pass."""
+        layers = [module for module in self.model.modules() if isinstance(module, LinearBase)]
+        dtype = getattr(torch, self.config.model_config.dtype)
+        rows = [torch.zeros(1, layer.weight.shape[1], dtype=dtype) for layer in layers]
+        best = dict.fromkeys(thread_counts, float("inf"))
+        with torch.inference_mode():
+            for repeat in range(4):
+                for threads in thread_counts:
+                    torch.set_num_threads(threads)
+                    start = time.perf_counter()
+                    for layer, row in zip(layers, rows):  # the matmul alone: no TP collective
+                        linear(row, layer.weight, layer.packed_weight, layer.bias)
+                    if repeat:
+                        best[threads] = min(best[threads], time.perf_counter() - start)
+        torch.set_num_threads(self.num_threads)
+        return best
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf
