@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode
 
 setup: $(STAMP)
 
@@ -70,7 +70,10 @@ bench-gguf: $(STAMP)
 bench-scheduler: $(STAMP)
 	$(BENCH)/scheduler_step.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler
+bench-decode: $(STAMP)
+	$(BENCH)/decode_steps.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-decode
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so
