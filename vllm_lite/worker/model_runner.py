@@ -45,6 +45,10 @@ logger = logging.getLogger(__name__)
 # Intel Xeon VM two did (8 requests 37-42 vs 44-56 in-process, 38.8-39.8 vs 49.9-50.3 through
 # `LLM`). Above this size two threads win on both (the attention has the work to share).
 ONE_THREAD_MAX_TOKENS = 8
+# Weights the measurement streams per pass (8 passes at start): more than most last-level caches
+# hold, as a decode step's weights are (the demo model's 211 MB of linear weights all fit), and
+# about a second at start for a model of any size.
+CALIBRATION_WEIGHT_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -106,10 +110,15 @@ class ModelRunner:
         return one_thread
 
     def _best_linear_pass_seconds(self, thread_counts: tuple[int, ...]) -> dict[int, float]:
-        """Seconds of one row through every linear layer (what a decode step reads) on each
-        thread count: interleaved, best of three passes each after a warm-up pass."""
-        layers = [module for module in self.model.modules() if isinstance(module, LinearBase)]
+        """Seconds of one row through the linear layers (what a decode step reads; the first
+        CALIBRATION_WEIGHT_BYTES of them, so a large model starts no slower) on each thread
+        count: interleaved, best of three passes each after a warm-up pass."""
         dtype = getattr(torch, self.config.model_config.dtype)
+        layers, weight_bytes = [], 0
+        for module in self.model.modules():
+            if isinstance(module, LinearBase) and weight_bytes < CALIBRATION_WEIGHT_BYTES:
+                layers.append(module)
+                weight_bytes += module.weight.numel() * dtype.itemsize
         rows = [torch.zeros(1, layer.weight.shape[1], dtype=dtype) for layer in layers]
         best = dict.fromkeys(thread_counts, float("inf"))
         with torch.inference_mode():
