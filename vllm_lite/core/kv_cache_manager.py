@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
+
 from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
 
@@ -76,13 +78,32 @@ class KVCacheManager:
     def fits_held_blocks(self, request: Request, num_tokens: int) -> bool:
         """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds with no block
         newly filled (no prefix-cache entry to add): `allocate_slots` would change nothing. Most
-        decode steps; the scheduler's per-request check, so it stays a few dict lookups."""
+        decode steps; the scheduler's per-request check, so it stays a few dict lookups (the
+        same rule for a whole batch: `fit_held_blocks`)."""
         if self.sliding_window is not None:
             return False
         blocks = self.req_to_blocks.get(request.request_id)
         if blocks is None or num_tokens > len(blocks) * self.block_size:
             return False
         return not self.enable_caching or num_tokens // self.block_size <= self.num_cached_blocks[request.request_id]
+
+    def fit_held_blocks(self, req_ids: list[str], num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """`fits_held_blocks` for many requests at once (request `req_ids[i]`'s first
+        `num_tokens[i]` tokens), and the new blocks `allocate_slots` would take for each (0 where
+        they fit). None where the per-request rule must decide: a sliding window, or a request
+        holding no blocks."""
+        if self.sliding_window is not None:
+            return None
+        held = list(map(self.req_to_blocks.get, req_ids))
+        if None in held:
+            return None
+        bs = self.block_size
+        num_held = np.fromiter(map(len, held), np.int64, len(held))
+        fits = num_tokens <= num_held * bs
+        if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
+            fits &= num_tokens // bs <= np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64,
+                                                    len(req_ids))
+        return fits, np.maximum(-(-num_tokens // bs) - num_held, 0)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:

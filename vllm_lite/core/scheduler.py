@@ -244,10 +244,7 @@ class Scheduler:
         the same block allocations made in the same order (only for the requests that need
         one); Python runs per request only in C-level maps. None when the step is not of that
         kind (budget short, blocks short, a sliding window): the loop decides it."""
-        kv = self.kv_cache_manager
-        if kv.sliding_window is not None:
-            return None
-        store, running = self.token_store, self.running
+        kv, store, running = self.kv_cache_manager, self.token_store, self.running
         slots, req_ids = self._running_slots()
         n = len(slots)
         known, computed = store.num_tokens_with_placeholders[slots], store.num_computed_tokens[slots]
@@ -256,17 +253,13 @@ class Scheduler:
         total = int(num_new[scheduled].sum())
         if total > budget or (num_new[scheduled] <= 0).any():
             return None
-        held_blocks = list(map(kv.req_to_blocks.get, req_ids))
-        if None in held_blocks:
-            return None
-        bs = self.block_size
-        num_held = np.fromiter(map(len, held_blocks), np.int64, n)
         end = computed + num_new
-        fits = end <= num_held * bs
-        if kv.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
-            fits &= end // bs <= np.fromiter(map(kv.num_cached_blocks.__getitem__, req_ids), np.int64, n)
+        fit = kv.fit_held_blocks(req_ids, end)
+        if fit is None:
+            return None
+        fits, blocks_needed = fit
         to_allocate = np.flatnonzero(scheduled & ~fits)
-        if int(np.maximum(-(-end[to_allocate] // bs) - num_held[to_allocate], 0).sum()) > kv.get_num_free_blocks():
+        if int(blocks_needed[to_allocate].sum()) > kv.get_num_free_blocks():
             return None  # an allocation may fail: the loop preempts
         rows = np.flatnonzero(scheduled)
         new_block_ids = [self._no_blocks] * len(rows)
