@@ -30,6 +30,7 @@ import torch
 from benchlib import (EngineLimits, RunResult, Workload, count_parameters, demo_model, engine_job, machine_line,
                       print_table, random_workload, run_engine, write_results)
 
+from vllm_lite.config import HFModelConfig
 from vllm_lite.cpu_info import has_native_bf16
 
 # precision -> (engine arguments, bytes per weight, name of the matmul peak it runs at)
@@ -71,15 +72,14 @@ def memory_bandwidth(num_bytes: int = 512 * 1024 ** 2, repeats: int = 10) -> tup
     return read, copy
 
 
-def model_config(model: Path) -> dict:
-    return json.loads((model / "config.json").read_text())
+def model_config(model: Path) -> HFModelConfig:
+    """The model's config.json as the engine reads it (head_dim and KV heads resolved)."""
+    return HFModelConfig.from_dict(json.loads((model / "config.json").read_text()), {})
 
 
-def kv_bytes_per_token(config: dict, dtype_size: int) -> int:
+def kv_bytes_per_token(config: HFModelConfig, dtype_size: int) -> int:
     """K and V of one token in every layer, in a cache of the model's dtype."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
-    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * dtype_size
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_size
 
 
 def workload_floor_s(workload: Workload, weight_bytes: float, kv_token_bytes: int, read_bw: float,
@@ -133,7 +133,7 @@ def main() -> None:
             config = model_config(model)
             # A prompt token's matmuls: every weight but the embedding (the LM head runs for
             # sampled positions only).
-            prompt_flops = 2 * (params - config["vocab_size"] * config["hidden_size"])
+            prompt_flops = 2 * (params - config.vocab_size * config.hidden_size)
             floor = workload_floor_s(workload, weight_size * params, kv_bytes_per_token(config, kv_size), read_bw,
                                      prompt_flops, peaks[peak_name])
             measured = throughput.elapsed_s
