@@ -162,7 +162,9 @@ def weight_bytes(model: nn.Module) -> int:
     for tensor in tensors:
         if tensor.device.type == "meta":
             continue
-        if tensor.is_mkldnn or tensor.layout != torch.strided:  # oneDNN's packed weights: no storage
+        if tensor.is_mkldnn:  # oneDNN's packed weights: no torch storage (AmxWeight may view them)
+            storages[torch.ops.mkldnn.data_ptr(tensor)] = torch.ops.mkldnn._nbytes(tensor)
+        elif tensor.layout != torch.strided:
             storages[id(tensor)] = tensor.numel() * tensor.element_size()
         else:
             storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()

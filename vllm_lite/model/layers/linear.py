@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.amx_linear import AmxWeight, amx_bf16_usable, amx_linear
 from vllm_lite.model.layers.gguf_quant import GGUFWeight, gguf_linear, gguf_weight_of
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
@@ -48,11 +49,16 @@ def can_prepack(weight: torch.Tensor) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def prepack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PREPACK_BATCH_HINT)
+def prepack(weight: torch.Tensor) -> torch.Tensor | AmxWeight:
+    """oneDNN's blocked copy of `weight`; for bf16 on a CPU with AMX, AMX tiles beside it for
+    decode-sized inputs (layers/amx_linear.py)."""
+    onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PREPACK_BATCH_HINT)
+    if weight.dtype == torch.bfloat16 and amx_bf16_usable():
+        return AmxWeight.pack(weight, onednn)
+    return onednn
 
 
-PackedWeight = torch.Tensor | Int8Weight | GGUFWeight
+PackedWeight = torch.Tensor | AmxWeight | Int8Weight | GGUFWeight
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | None,
@@ -65,6 +71,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | 
         return int8_linear(x, packed_weight, bias)
     if isinstance(packed_weight, GGUFWeight):
         return gguf_linear(x, packed_weight, bias)
+    if isinstance(packed_weight, AmxWeight):
+        out = amx_linear(x, packed_weight, bias)
+        if out is not None:
+            return out
+        packed_weight = packed_weight.onednn
     flat = x.reshape(-1, x.shape[-1])
     out = matmul_bucketed(
         flat, lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed_weight, bias, "none", [], ""))

@@ -1,0 +1,196 @@
+// bf16 linear layers on AMX tiles (CPUs with AMX-BF16):
+//
+//   amx_bf16_linear(x, packed_weight, out_features, bias) -> out
+//       out [M, N] = x [M, K] @ W^T (+ bias): bf16 in and out, bf16 products summed in fp32 by the
+//       tiles, the bias added in fp32 and each result rounded to bf16 once.
+//   amx_bf16_usable() -> bool
+//       whether this CPU has AMX-BF16 and the process may use it.
+//
+// packed_weight is W [N, K] zero-padded to multiples of 32 and laid out as oneDNN's AB16b32a2b
+// blocks, [N/32][K/32][16 k-pairs][32 n][2 k] (model/layers/amx_linear.py packs it): the two B
+// tiles of one 32-column block are the two halves of its 128-byte rows, and one block's B tiles
+// over all of K are one contiguous stretch of memory, which a thread streams start to end.
+//
+// Why not oneDNN (torch.ops.mkldnn._linear_pointwise, which runs AMX too): at decode sizes its
+// call costs tens of microseconds before any work and streams the weights at 5-20 GB/s; the LM
+// head of the demo model took 5-12 ms per decode step (benchmarks/RESULTS.md, twelfth session).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_amx.h"
+
+namespace {
+
+using namespace vllm_lite_cpu;  // NOLINT: cpu_amx.h's helpers
+
+constexpr int64_t kTileRows = 16;                     // rows of every tile; columns of a C tile
+constexpr int64_t kBlockK = 32;                       // bf16 values of K per tile row
+constexpr int64_t kBlockN = 32;                       // output columns per packed block: two C tiles
+constexpr int64_t kBlockElements = kBlockN * kBlockK;  // 2 KB of weights per (column block, K block)
+// Weight blocks asked for ahead of the tile loads (prefetch never faults, so past the end is harmless).
+constexpr int64_t kPrefetchBlocks = 4;
+// Rows of x a thread keeps working on across column blocks (~300 KB of x at K = 576, in L2).
+constexpr int64_t kRowBlock = 256;
+
+// The GEMM's operands. x is copied into whole A tiles first, [row tiles][K blocks][16 rows][32]
+// (zero-padded): each tile is 1 KB in one piece, which the tile loads stream from L2 where
+// strided rows of x each cost a cache line of their own.
+struct Operands {
+  const uint16_t* x_tiles;
+  const uint16_t* weight;
+  int64_t k_blocks;
+  const uint16_t* bias;  // nullptr: none
+  uint16_t* out;
+  int64_t out_stride, rows, cols;
+};
+
+constexpr int64_t kTileElements = kTileRows * kBlockK;
+
+#define VLLM_LITE_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+// C (16 x 16 fp32 tiles [row tile][column tile]) of rows [row, row + 16 * kRowTiles) by column
+// block `block`. Tiles: 0-3 C, 4-5 A (x), 6-7 B (weights).
+template <int kRowTiles>
+VLLM_LITE_AMX_TARGET void tile_product(const Operands& g, int64_t row, int64_t block, float (*c)[kTileRows * kTileRows]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kRowTiles == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const uint16_t* a0 = g.x_tiles + row / kTileRows * g.k_blocks * kTileElements;
+  const uint16_t* a1 = a0 + g.k_blocks * kTileElements;
+  const uint16_t* b = g.weight + block * g.k_blocks * kBlockElements;
+  for (int64_t k = 0; k < g.k_blocks; ++k, b += kBlockElements) {
+    const char* ahead = reinterpret_cast<const char*>(b + kPrefetchBlocks * kBlockElements);
+    for (int64_t line = 0; line < kBlockElements * 2; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _tile_loadd(6, b, 128);
+    _tile_loadd(7, b + 2 * kTileRows, 128);  // the second 16 columns: the rows' second 64 bytes
+    _tile_loadd(4, a0 + k * kTileElements, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(5, a1 + k * kTileElements, 64);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+  }
+}
+
+// The valid rows and columns of those tiles (+ bias) into out, rounded to bf16.
+VLLM_LITE_AMX_TARGET void store_tiles(const Operands& g, int64_t row, int64_t block, int row_tiles,
+                                      const float (*c)[kTileRows * kTileRows]) {
+  for (int j = 0; j < 2; ++j) {
+    const int64_t col = block * kBlockN + j * kTileRows;
+    if (col >= g.cols) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(kTileRows, g.cols - col)) - 1);
+    const __m512 bias = g.bias == nullptr ? _mm512_setzero_ps()
+        : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, g.bias + col)), 16));
+    for (int t = 0; t < row_tiles; ++t) {
+      const int64_t first = row + t * kTileRows, n = std::min(kTileRows, g.rows - first);
+      for (int64_t r = 0; r < n; ++r) {
+        const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(c[t * 2 + j] + r * kTileRows), bias);
+        _mm256_mask_storeu_epi16(g.out + (first + r) * g.out_stride + col, mask, (__m256i)_mm512_cvtneps_pbh(sum));
+      }
+    }
+  }
+}
+
+// Column blocks [first, last) for rows [row_begin, row_end).
+VLLM_LITE_AMX_TARGET void gemm_range(const Operands& g, int64_t row_begin, int64_t row_end, int64_t first, int64_t last) {
+  alignas(64) float c[4][kTileRows * kTileRows];
+  for (int64_t block = first; block < last; ++block)
+    for (int64_t row = row_begin; row < row_end; row += 2 * kTileRows) {
+      if (row_end - row > kTileRows) {
+        tile_product<2>(g, row, block, c);
+        store_tiles(g, row, block, 2, c);
+      } else {
+        tile_product<1>(g, row, block, c);
+        store_tiles(g, row, block, 1, c);
+      }
+    }
+}
+
+// Work items: (block of kRowBlock rows, run of column blocks), handed out dynamically so a thread
+// that starts late (another process on the core) takes fewer. Each run is ~64 KB of weights.
+void gemm(const Operands& g, int64_t column_blocks, int threads) {
+  const int64_t row_blocks = (g.rows + kRowBlock - 1) / kRowBlock;
+  const int64_t run = std::max<int64_t>(1, 32 / g.k_blocks);
+  const int64_t runs = (column_blocks + run - 1) / run;
+  const int64_t items = row_blocks * runs;
+  auto work = [&](int64_t item) {
+    const int64_t rb = item / runs, first = (item % runs) * run;
+    gemm_range(g, rb * kRowBlock, std::min(g.rows, (rb + 1) * kRowBlock), first, std::min(column_blocks, first + run));
+  };
+  if (threads <= 1 || items == 1) {
+    load_tile_config(8);
+    for (int64_t item = 0; item < items; ++item) work(item);
+    release_tiles();
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    load_tile_config(8);  // per thread: the tile configuration is thread state
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) work(item);
+    release_tiles();
+  }
+}
+
+bool amx_bf16_usable() { return cpu_has_amx(AmxKind::kBf16); }
+
+at::Tensor amx_bf16_linear(const at::Tensor& x, const at::Tensor& packed_weight, int64_t out_features,
+                           const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(amx_bf16_usable(), "amx_bf16_linear: this CPU has no AMX-BF16 (or the process may not use it)");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
+              "amx_bf16_linear: x must be a bfloat16 CPU tensor [rows, in_features] with contiguous rows");
+  const int64_t rows = x.size(0), in_features = x.size(1);
+  const int64_t k_blocks = (in_features + kBlockK - 1) / kBlockK;
+  const int64_t column_blocks = (out_features + kBlockN - 1) / kBlockN;
+  TORCH_CHECK(packed_weight.scalar_type() == at::kBFloat16 && packed_weight.is_contiguous() &&
+                  packed_weight.numel() == column_blocks * k_blocks * kBlockElements,
+              "amx_bf16_linear: packed_weight must be a contiguous bfloat16 packing of a [", out_features, ", ",
+              in_features, "] weight (", column_blocks * k_blocks * kBlockElements, " values)");
+  const uint16_t* bias_data = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() && bias->numel() == out_features,
+                "amx_bf16_linear: bias must be contiguous bfloat16 [out_features]");
+    bias_data = static_cast<const uint16_t*>(bias->data_ptr());
+  }
+  at::Tensor out = at::empty({rows, out_features}, x.options());
+  if (rows == 0) return out;
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+  std::vector<uint16_t> x_tiles(row_tiles * k_blocks * kTileElements, 0);
+  const uint16_t* x_data = static_cast<const uint16_t*>(x.data_ptr());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < k_blocks; ++k)
+      std::memcpy(x_tiles.data() + ((r / kTileRows) * k_blocks + k) * kTileElements + (r % kTileRows) * kBlockK,
+                  x_data + r * x.stride(0) + k * kBlockK, std::min(kBlockK, in_features - k * kBlockK) * sizeof(uint16_t));
+  const Operands g{x_tiles.data(), static_cast<const uint16_t*>(packed_weight.data_ptr()), k_blocks, bias_data,
+                   static_cast<uint16_t*>(out.data_ptr()), out_features, rows, out_features};
+  gemm(g, column_blocks, at::get_num_threads());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(vllm_lite_C, m) {
+  m.def("amx_bf16_linear(Tensor x, Tensor packed_weight, int out_features, Tensor? bias) -> Tensor");
+  m.def("amx_bf16_usable() -> bool", &amx_bf16_usable);  // no tensor to dispatch on: one kernel
+}
+
+TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) { m.impl("amx_bf16_linear", &amx_bf16_linear); }
