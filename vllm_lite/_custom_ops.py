@@ -27,6 +27,13 @@ def is_available() -> bool:
     return True
 
 
+@functools.cache
+def amx_bf16_usable() -> bool:
+    """Whether the extension is built and this CPU lets the process use AMX-BF16 tiles (the bf16
+    linear and prefill attention ops need them)."""
+    return is_available() and torch.ops.vllm_lite_C.amx_bf16_usable()
+
+
 LAYER_OP_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -93,6 +100,18 @@ def paged_attention_decode_int8(out: torch.Tensor, query: torch.Tensor, kv_cache
     (as `torch_backend.decode_attention` does); scores are integer dot products of the codes times
     both scales, V codes are widened to fp32; softmax and sums in fp32."""
     torch.ops.vllm_lite_C.paged_attention_decode_int8(out, query, kv_cache, block_table, seq_lens, scale)
+
+
+def paged_attention_prefill(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+                            block_table: torch.Tensor, query_start: torch.Tensor, query_lens: torch.Tensor,
+                            seq_lens: torch.Tensor, scale: float) -> None:
+    """Causal attention of each sequence's new tokens (rows `query_start[s]` onward, `query_lens[s]`
+    of them, the last of its `seq_lens[s]` cached tokens) over its cached keys, into those rows of
+    `out`; int32 `[S]` tables and `block_table [S, max_blocks]`. bf16 query `[T, Hq, D]`, out and
+    cache, head_dim 64 or 128, block_size a multiple of 16, AMX-BF16 (`amx_bf16_usable`); fp32
+    scores, softmax and sums, probabilities rounded to bf16 for the V product as in flash attention."""
+    torch.ops.vllm_lite_C.paged_attention_prefill(out, query, kv_cache, block_table, query_start, query_lens,
+                                                  seq_lens, scale)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,51 @@ def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_
     assert (error <= ref_out.abs() * 2 ** -8 + 1e-6).all(), error.max().item()
 
 
+PREFILL_SPECS = {
+    "prompts": [(0, 40), (0, 3), (0, 77)],
+    "prefix_hits_and_chunks": [(32, 9), (5, 60), (100, 17), (0, 16)],
+    "mixed_with_decodes": [(0, 21), (30, 1), (64, 33), (7, 1), (0, 1)],
+}
+
+
+@pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")
+@pytest.mark.parametrize("specs", list(PREFILL_SPECS.values()), ids=list(PREFILL_SPECS))
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 64), (16, 1, 128)])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_native_prefill_bf16_matches_fp32_attention(specs, num_q_heads, num_kv_heads, head_dim, block_size,
+                                                    monkeypatch):
+    """The backend's bf16 prefill rows go to `paged_attention_prefill` in one call (decode rows to
+    the decode op) and equal the fp32 attention over the same bf16 values within bf16 rounding of
+    the output and of the probabilities (as flash attention rounds them for the V product)."""
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size,
+                             dtype=torch.bfloat16)
+    ref_out, _ = reference_forward(_as_float32(batch))
+    calls = []
+    prefill_op = cpu_native.paged_attention_prefill
+    monkeypatch.setattr(cpu_native, "paged_attention_prefill", lambda *args: calls.append(args) or prefill_op(*args))
+    backend = get_attn_backend("cpu_native", torch.device("cpu"), torch.bfloat16)
+    cache = batch.kv_cache.clone()
+    out = backend.forward(batch.query, batch.key, batch.value, cache, backend.build(batch.common), batch.scale)
+    assert len(calls) == 1 and out.dtype == torch.bfloat16
+    value_scale = batch.value.float().abs().max()
+    error = (out.float() - ref_out).abs()
+    assert (error <= ref_out.abs() * 2 ** -8 + value_scale * 2 ** -8).all(), error.max().item()
+
+
+@pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")
+def test_native_prefill_refuses_what_it_cannot_take():
+    batch = make_paged_batch([(0, 20)], 4, 2, 32, 16, dtype=torch.bfloat16)
+    tables = [torch.zeros(1, 2, dtype=torch.int32)] + [torch.tensor([v], dtype=torch.int32) for v in (0, 20, 20)]
+    out = torch.empty_like(batch.query)
+    with pytest.raises(RuntimeError, match="head_dim 64 or 128"):
+        cpu_native.paged_attention_prefill(out, batch.query, batch.kv_cache, *tables, batch.scale)
+    batch = make_paged_batch([(0, 20)], 4, 2, 64, 16, dtype=torch.bfloat16)
+    tables[3] = torch.tensor([40], dtype=torch.int32)  # more keys than the block table holds
+    with pytest.raises(RuntimeError, match="needs more blocks"):
+        cpu_native.paged_attention_prefill(torch.empty_like(batch.query), batch.query, batch.kv_cache, *tables,
+                                           batch.scale)
+
+
 @native
 def test_padded_rows_are_zero():
     batch = make_paged_batch([(12, 1)], 4, 2, 32, block_size=4, num_padded=2)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lite.model.layers.amx_linear import AMX_MAX_ROWS, AmxWeight, amx_bf16_usable, pack_tiles
+from vllm_lite._custom_ops import amx_bf16_usable
+from vllm_lite.model.layers.amx_linear import AMX_MAX_ROWS, AmxWeight, pack_tiles
 from vllm_lite.model.layers.linear import RowParallelLinear, linear, prepack
 from vllm_lite.model.loader import weight_bytes
 

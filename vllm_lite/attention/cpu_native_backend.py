@@ -1,6 +1,8 @@
 """CPU attention with the csrc native ops (vllm_lite._C): the cache write and decode attention
-run natively; prefill rows (chunks, prefix-cache hits) use the torch reference's SDPA path.
-In a mixed batch the decode rows go to the native op together and each prefill row to SDPA.
+run natively, and so does prefill (chunks, prefix-cache hits) over a bf16 cache on CPUs with
+AMX-BF16 (head_dim 64/128, no sliding window or soft cap); other prefill rows use the torch
+reference's SDPA path. In a mixed batch the decode rows go to the native decode op together and
+the prefill rows to the native prefill op together (or each to SDPA).
 
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise. A bf16 KV cache under a float32 model (kv_cache_dtype="bfloat16") takes K/V rounded to
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from vllm_lite import _custom_ops as cpu_native
@@ -30,6 +33,17 @@ class CpuNativeAttentionMetadata:
     decode_seq_lens: torch.Tensor | None = None  # int32 [num_decodes]
     decode_token_idx: torch.Tensor | None = None  # int64 [num_decodes]; None = every token
     prefills: list[PrefillSeq] = field(default_factory=list)
+    prefill_tables: PrefillTables | None = None
+
+
+@dataclass(slots=True)
+class PrefillTables:
+    """The prefill rows for `paged_attention_prefill`, int32."""
+
+    block_table: torch.Tensor  # [num_prefills, max_blocks]
+    query_start: torch.Tensor  # [num_prefills] first token of each row in the step
+    query_lens: torch.Tensor  # [num_prefills]
+    seq_lens: torch.Tensor  # [num_prefills]
 
 
 class CpuNativeAttentionBackend(AttentionBackend):
@@ -52,8 +66,15 @@ class CpuNativeAttentionBackend(AttentionBackend):
             metadata.decode_block_table = block_table[rows].contiguous()
             metadata.decode_seq_lens = seq_lens[rows]
             metadata.decode_token_idx = common.query_start_loc[:-1][rows].long()
-        for row in (~is_decode).nonzero()[0].tolist():
+        prefill_rows = (~is_decode).nonzero()[0]
+        for row in prefill_rows.tolist():
             metadata.prefills.append(TorchAttentionBackend.build_prefill(common, row))
+        if len(prefill_rows):
+            rows = torch.from_numpy(prefill_rows)
+            starts = qsl[prefill_rows]
+            metadata.prefill_tables = PrefillTables(
+                block_table[rows].contiguous(), torch.from_numpy(starts.astype(np.int32)),
+                torch.from_numpy((qsl[prefill_rows + 1] - starts).astype(np.int32)), seq_lens[rows].contiguous())
         return metadata
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
@@ -80,11 +101,23 @@ class CpuNativeAttentionBackend(AttentionBackend):
                                                   metadata.decode_seq_lens, scale, sliding_window)
             if decoded is not out:
                 out[slice(None) if idx is None else idx] = decoded.to(query.dtype)
+        if metadata.prefill_tables is not None and self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
+            tables = metadata.prefill_tables
+            cpu_native.paged_attention_prefill(out, query, kv_cache, tables.block_table, tables.query_start,
+                                               tables.query_lens, tables.seq_lens, scale)
+            return out
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
                                                          sliding_window, logits_soft_cap)
         return out
+
+    @staticmethod
+    def _native_prefill(query, kv_cache, sliding_window, logits_soft_cap) -> bool:
+        """Whether `paged_attention_prefill` takes this layer's prefill rows (else SDPA per row)."""
+        return (sliding_window is None and logits_soft_cap is None and query.dtype == torch.bfloat16
+                and kv_cache.dtype == torch.bfloat16 and query.shape[-1] in (64, 128)
+                and kv_cache.shape[2] % 16 == 0 and cpu_native.amx_bf16_usable())
 
     @staticmethod
     def _write_cache(key, value, kv_cache, slot_mapping, int8_cache: bool) -> None:

@@ -11,21 +11,12 @@ oneDNN that packs otherwise gets a copy of its own).
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import torch
 
-from vllm_lite import _custom_ops as ops
-
 BLOCK = 32  # the tile's K values per row and the packed block's columns (two 16-column tiles)
 AMX_MAX_ROWS = 32
-
-
-@functools.cache
-def amx_bf16_usable() -> bool:
-    """Whether the csrc extension is built and this CPU lets the process use AMX-BF16."""
-    return ops.is_available() and torch.ops.vllm_lite_C.amx_bf16_usable()
 
 
 def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
