@@ -4,11 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode
+.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode bench-amx
 
 setup: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp csrc/sampler_ops.cpp csrc/grammar_ops.cpp csrc/gguf_ops.cpp csrc/layer_ops.cpp csrc/int8_ops.cpp csrc/kv_int8_ops.cpp csrc/cpu_amx.h csrc/cpu_attention.h csrc/cpu_multiversion.h csrc/cpu_rows.h csrc/cpu_vec.h
+$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp csrc/sampler_ops.cpp csrc/grammar_ops.cpp csrc/gguf_ops.cpp csrc/layer_ops.cpp csrc/int8_ops.cpp csrc/kv_int8_ops.cpp csrc/bf16_linear_ops.cpp csrc/prefill_attention_ops.cpp csrc/cpu_amx.h csrc/cpu_attention.h csrc/cpu_multiversion.h csrc/cpu_rows.h csrc/cpu_vec.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned first so nothing below pulls another build: on these CPU machines pip takes the
@@ -73,7 +73,10 @@ bench-scheduler: $(STAMP)
 bench-decode: $(STAMP)
 	$(BENCH)/decode_steps.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-decode
+bench-amx: $(STAMP)
+	$(BENCH)/amx_kernels.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-decode bench-amx
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so

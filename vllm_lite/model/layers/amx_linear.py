@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 32  # the tile's K values per row and the packed block's columns (two 16-column tiles)
-AMX_MAX_ROWS = 32
+AMX_MAX_ROWS = 64
 
 
 def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
