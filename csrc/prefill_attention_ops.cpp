@@ -57,19 +57,35 @@ struct Geometry {
 
 inline int64_t padded_keys(int64_t seq_len) { return (seq_len + kPairK - 1) / kPairK * kPairK; }
 
-// V^T of one sequence and KV head: [head_dim][padded_keys] bf16, keys past the sequence zero (their
-// probabilities are zero, and zero times a stale value must stay zero).
-void transpose_values(uint16_t* vt, const uint16_t* cache, const Sequences& seqs, int64_t s, int64_t kv_head,
-                      const Geometry& g) {
+// One K or V row of the cache as bf16: as stored, or an int8_per_token_head row's codes times its
+// fp32 scale (the 4 bytes after them), rounded once (attention/kv_quant.py's dequantize_rows).
+inline void row_as_bf16(uint16_t* dst, const uint16_t* row, int64_t n) { std::memcpy(dst, row, n * sizeof(uint16_t)); }
+inline void row_as_bf16(uint16_t* dst, const int8_t* row, int64_t n) {
+  float scale;
+  std::memcpy(&scale, row + n, sizeof scale);
+  for (int64_t d = 0; d < n; ++d) dst[d] = float_to_bf16(static_cast<float>(row[d]) * scale);
+}
+
+// Per sequence and KV head, once: V^T, [head_dim][padded_keys] bf16, keys past the sequence zero
+// (their probabilities are zero, and zero times a stale value must stay zero); and for an int8
+// cache the K rows as bf16, [padded_keys][head_dim] (`keys`; nullptr for a bf16 cache, whose
+// rows the tiles read in place).
+template <typename T>
+void stage_rows(uint16_t* vt, uint16_t* keys, const T* cache, const Sequences& seqs, int64_t s, int64_t kv_head,
+                const Geometry& g) {
   const int64_t seq_len = seqs.seq_lens[s], stride = padded_keys(seq_len);
   const int32_t* blocks = seqs.block_table + s * seqs.block_table_stride;
   const CacheLayout& c = g.cache;
+  std::vector<uint16_t> row(g.head_dim);
   for (int64_t k = 0; k < seq_len; ++k) {
-    const uint16_t* row = cache + blocks[k / c.block_size] * c.stride_block + c.stride_kv +
-                          (k % c.block_size) * c.stride_offset + kv_head * c.stride_head;
+    const T* base = cache + blocks[k / c.block_size] * c.stride_block + (k % c.block_size) * c.stride_offset +
+                    kv_head * c.stride_head;
+    row_as_bf16(row.data(), base + c.stride_kv, g.head_dim);
     for (int64_t d = 0; d < g.head_dim; ++d) vt[d * stride + k] = row[d];
+    if (keys != nullptr) row_as_bf16(keys + k * g.head_dim, base, g.head_dim);
   }
   for (int64_t d = 0; d < g.head_dim; ++d) std::fill(vt + d * stride + seq_len, vt + (d + 1) * stride, 0);
+  if (keys != nullptr) std::fill(keys + seq_len * g.head_dim, keys + stride * g.head_dim, 0);
 }
 
 // One thread's work space, sized for the longest sequence.
@@ -80,12 +96,13 @@ struct Scratch {
   std::vector<float> out_t;       // [head_dim][16 queries]
 };
 
-// The 16-query tile's scores against keys [0, num_keys), times `scale`, masked causally (key k is
+// The 16-query tile's scores against keys [0, num_keys) (K rows at `cache` laid out as `c`), times `scale`, masked causally (key k is
 // seen by the query at position p when k <= p) into s.scores, as exp(score - max); returns each
 // query's 1 / sum. Lanes past the tile's queries repeat its first position (finite, dropped later).
 VLLM_LITE_AMX_TARGET vfloat score_and_softmax(Scratch& s, const uint16_t* query, const uint16_t* cache,
-                                              const int32_t* blocks, int64_t num_queries, int64_t first_pos,
-                                              int64_t num_keys, const Geometry& g, int64_t kv_head, float scale) {
+                                              const int32_t* blocks, const CacheLayout& c, int64_t num_queries,
+                                              int64_t first_pos, int64_t num_keys, const Geometry& g, int64_t kv_head,
+                                              float scale) {
   const int64_t chunks = g.head_dim / kPairK;
   // Query q's dims (2r, 2r + 1) are one 32-bit pair, bound for pair row r, column q.
   const __m512i pair_rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -101,7 +118,6 @@ VLLM_LITE_AMX_TARGET vfloat score_and_softmax(Scratch& s, const uint16_t* query,
     _tile_loadd(4, s.queries.data() + 2 * kTileElements, 64);
     _tile_loadd(5, s.queries.data() + 3 * kTileElements, 64);
   }
-  const CacheLayout& c = g.cache;
   const int64_t row_bytes = c.stride_offset * static_cast<int64_t>(sizeof(uint16_t));
   for (int64_t k0 = 0; k0 < num_keys; k0 += kTile) {
     const uint16_t* rows = cache + blocks[k0 / c.block_size] * c.stride_block + (k0 % c.block_size) * c.stride_offset +
@@ -186,7 +202,14 @@ struct Item {
   int64_t seq, q_head, first_query;
 };
 
-VLLM_LITE_AMX_TARGET void attend_item(Scratch& s, uint16_t* out, const uint16_t* query, const uint16_t* cache,
+// The K rows the score tiles read: the bf16 cache in place, or one sequence's staged rows.
+struct KeyRows {
+  const uint16_t* data;
+  const int32_t* blocks;
+  CacheLayout layout;
+};
+
+VLLM_LITE_AMX_TARGET void attend_item(Scratch& s, uint16_t* out, const uint16_t* query, const KeyRows& keys,
                                       const uint16_t* vt, const Sequences& seqs, const Item& item, const Geometry& g,
                                       float scale) {
   const int64_t q_len = seqs.query_lens[item.seq], seq_len = seqs.seq_lens[item.seq];
@@ -195,9 +218,8 @@ VLLM_LITE_AMX_TARGET void attend_item(Scratch& s, uint16_t* out, const uint16_t*
   const int64_t num_keys = first_pos + num_queries;
   const int64_t kv_head = item.q_head / g.group;
   const int64_t token = seqs.query_start[item.seq] + item.first_query;
-  const int32_t* blocks = seqs.block_table + item.seq * seqs.block_table_stride;
-  const vfloat inv_sum = score_and_softmax(s, query + token * g.q_stride_token + item.q_head * g.head_dim, cache,
-                                           blocks, num_queries, first_pos, num_keys, g, kv_head, scale);
+  const vfloat inv_sum = score_and_softmax(s, query + token * g.q_stride_token + item.q_head * g.head_dim, keys.data,
+                                           keys.blocks, keys.layout, num_queries, first_pos, num_keys, g, kv_head, scale);
   pair_probabilities(s, num_keys);
   for (int64_t dim = 0; dim < g.head_dim; dim += 4 * kTile) weighted_values(s, vt, padded_keys(seq_len), num_keys, dim);
   // out^T's column q, divided by the query's sum: 16 dims per gather.
@@ -224,15 +246,17 @@ void paged_attention_prefill(at::Tensor& out, const at::Tensor& query, const at:
   TORCH_CHECK(cpu_has_amx(AmxKind::kBf16), "paged_attention_prefill needs a CPU with AMX-BF16");
   TORCH_CHECK(kv_cache.device().is_cpu() && kv_cache.dim() == 5 && kv_cache.size(1) == 2 && kv_cache.stride(4) == 1,
               "kv_cache must be a CPU tensor [num_blocks, 2, block_size, num_kv_heads, head_dim]");
-  TORCH_CHECK(kv_cache.scalar_type() == at::kBFloat16 && query.scalar_type() == at::kBFloat16 &&
+  const bool int8_cache = kv_cache.scalar_type() == at::kChar;
+  TORCH_CHECK((kv_cache.scalar_type() == at::kBFloat16 || int8_cache) && query.scalar_type() == at::kBFloat16 &&
                   out.scalar_type() == at::kBFloat16,
-              "paged_attention_prefill takes bfloat16 query, out and kv_cache");
+              "paged_attention_prefill takes bfloat16 query and out, and a bfloat16 or int8_per_token_head kv_cache");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1 && query.stride(1) == query.size(2),
               "query must be [num_tokens, num_q_heads, head_dim] with contiguous heads");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(), "out must be contiguous and shaped like query");
   const int64_t head_dim = query.size(2), num_q_heads = query.size(1), num_kv_heads = kv_cache.size(3);
   const CacheLayout layout = cache_layout(kv_cache);
-  TORCH_CHECK((head_dim == 64 || head_dim == 128) && kv_cache.size(4) == head_dim && layout.block_size % kTile == 0,
+  TORCH_CHECK((head_dim == 64 || head_dim == 128) && kv_cache.size(4) == head_dim + (int8_cache ? 4 : 0) &&
+                  layout.block_size % kTile == 0,
               "paged_attention_prefill takes head_dim 64 or 128 (the cache's too) and a block_size that is a multiple of 16");
   TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of the cache's num_kv_heads");
   const int64_t num_seqs = seq_lens.size(0);
@@ -260,8 +284,10 @@ void paged_attention_prefill(at::Tensor& out, const at::Tensor& query, const at:
       for (int64_t h = 0; h < num_q_heads; ++h) items.push_back({s, h, first});
   }
   const Geometry g{num_q_heads, num_kv_heads, head_dim, query.stride(0), out.stride(0), num_q_heads / num_kv_heads, layout};
-  std::vector<uint16_t> vt(vt_total);
-  const uint16_t* cache = static_cast<const uint16_t*>(kv_cache.data_ptr());
+  std::vector<uint16_t> vt(vt_total), staged_keys(int8_cache ? vt_total : 0);
+  // An int8 cache's K rows are staged as bf16, [padded keys][head_dim] per sequence and KV head.
+  const CacheLayout staged_layout{std::numeric_limits<int32_t>::max(), 0, 0, head_dim, 0};
+  const int32_t first_block = 0;
   const uint16_t* q = static_cast<const uint16_t*>(query.data_ptr());
   uint16_t* o = static_cast<uint16_t*>(out.data_ptr());
   const int64_t num_items = static_cast<int64_t>(items.size()), transposes = num_seqs * num_kv_heads;
@@ -272,16 +298,21 @@ void paged_attention_prefill(at::Tensor& out, const at::Tensor& query, const at:
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < transposes; ++i) {
       const int64_t seq = i / num_kv_heads, kv_head = i % num_kv_heads;
-      transpose_values(vt.data() + vt_offset[seq] + kv_head * head_dim * padded_keys(seqs.seq_lens[seq]), cache, seqs,
-                       seq, kv_head, g);
+      const int64_t offset = vt_offset[seq] + kv_head * head_dim * padded_keys(seqs.seq_lens[seq]);
+      if (int8_cache)
+        stage_rows(vt.data() + offset, staged_keys.data() + offset, kv_cache.data_ptr<int8_t>(), seqs, seq, kv_head, g);
+      else
+        stage_rows(vt.data() + offset, nullptr, static_cast<const uint16_t*>(kv_cache.data_ptr()), seqs, seq, kv_head, g);
     }
     load_tile_config(8);  // per thread: the tile configuration is thread state
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_items; ++i) {
       const Item& item = items[i];
-      const int64_t kv_head = item.q_head / g.group;
-      attend_item(s, o, q, cache, vt.data() + vt_offset[item.seq] + kv_head * head_dim * padded_keys(seqs.seq_lens[item.seq]),
-                  seqs, item, g, static_cast<float>(scale));
+      const int64_t offset = vt_offset[item.seq] + item.q_head / g.group * head_dim * padded_keys(seqs.seq_lens[item.seq]);
+      const KeyRows keys = int8_cache
+          ? KeyRows{staged_keys.data() + offset, &first_block, staged_layout}
+          : KeyRows{static_cast<const uint16_t*>(kv_cache.data_ptr()), seqs.block_table + item.seq * seqs.block_table_stride, layout};
+      attend_item(s, o, q, keys, vt.data() + offset, seqs, item, g, static_cast<float>(scale));
     }
     release_tiles();
   }

@@ -107,8 +107,9 @@ def paged_attention_prefill(out: torch.Tensor, query: torch.Tensor, kv_cache: to
                             seq_lens: torch.Tensor, scale: float) -> None:
     """Causal attention of each sequence's new tokens (rows `query_start[s]` onward, `query_lens[s]`
     of them, the last of its `seq_lens[s]` cached tokens) over its cached keys, into those rows of
-    `out`; int32 `[S]` tables and `block_table [S, max_blocks]`. bf16 query `[T, Hq, D]`, out and
-    cache, head_dim 64 or 128, block_size a multiple of 16, AMX-BF16 (`amx_bf16_usable`); fp32
+    `out`; int32 `[S]` tables and `block_table [S, max_blocks]`. bf16 query `[T, Hq, D]` and out; a
+    bf16 cache, or an int8_per_token_head one (its rows dequantized to bf16 as the torch path
+    does); head_dim 64 or 128, block_size a multiple of 16, AMX-BF16 (`amx_bf16_usable`). fp32
     scores, softmax and sums, probabilities rounded to bf16 for the V product as in flash attention."""
     torch.ops.vllm_lite_C.paged_attention_prefill(out, query, kv_cache, block_table, query_start, query_lens,
                                                   seq_lens, scale)

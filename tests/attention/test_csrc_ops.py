@@ -16,6 +16,7 @@ import torch
 from paged_inputs import BACKEND_SPECS, PagedBatch, make_paged_batch, reference_forward
 
 from vllm_lite import _custom_ops as cpu_native
+from vllm_lite.attention.kv_quant import dequantize_rows, quantize_rows
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.attention.torch_backend import TorchAttentionBackend
 
@@ -146,6 +147,31 @@ def test_native_prefill_bf16_matches_fp32_attention(specs, num_q_heads, num_kv_h
     value_scale = batch.value.float().abs().max()
     error = (out.float() - ref_out).abs()
     assert (error <= ref_out.abs() * 2 ** -8 + value_scale * 2 ** -8).all(), error.max().item()
+
+
+@pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (8, 2, 128)])
+def test_native_prefill_over_int8_cache_matches_dequantized_attention(num_q_heads, num_kv_heads, head_dim, monkeypatch):
+    """Over an int8_per_token_head cache the op reads the rows dequantized to bf16 (the torch path's
+    rule): it equals fp32 attention over those values within bf16 rounding."""
+    batch = make_paged_batch(PREFILL_SPECS["prefix_hits_and_chunks"], num_q_heads, num_kv_heads, head_dim, 16,
+                             seed=3, dtype=torch.bfloat16)
+    cache = quantize_rows(batch.kv_cache)  # the cached context (and the noise around it) as int8 rows
+    calls = []
+    prefill_op = cpu_native.paged_attention_prefill
+    monkeypatch.setattr(cpu_native, "paged_attention_prefill", lambda *args: calls.append(args) or prefill_op(*args))
+    backend = get_attn_backend("cpu_native", torch.device("cpu"), torch.bfloat16)
+    out = backend.forward(batch.query, batch.key, batch.value, cache, backend.build(batch.common), batch.scale)
+    assert len(calls) == 1
+
+    def as_read(rows: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(quantize_rows(rows), torch.bfloat16).float()
+
+    seen = dataclasses.replace(_as_float32(batch), kv_cache=as_read(batch.kv_cache), key=as_read(batch.key),
+                               value=as_read(batch.value))
+    ref_out, _ = reference_forward(seen)
+    error = (out.float() - ref_out).abs()
+    assert (error <= ref_out.abs() * 2 ** -8 + seen.value.abs().max() * 2 ** -8).all(), error.max().item()
 
 
 @pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")

@@ -1,7 +1,7 @@
 """CPU attention with the csrc native ops (vllm_lite._C): the cache write and decode attention
-run natively, and so does prefill (chunks, prefix-cache hits) over a bf16 cache on CPUs with
-AMX-BF16 (head_dim 64/128, no sliding window or soft cap); other prefill rows use the torch
-reference's SDPA path. In a mixed batch the decode rows go to the native decode op together and
+run natively, and so does prefill (chunks, prefix-cache hits) of a bf16 model over a bf16 or
+int8_per_token_head cache on CPUs with AMX-BF16 (head_dim 64/128, no sliding window or soft cap);
+other prefill rows use the torch reference's SDPA path. In a mixed batch the decode rows go to the native decode op together and
 the prefill rows to the native prefill op together (or each to SDPA).
 
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
@@ -116,7 +116,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
     def _native_prefill(query, kv_cache, sliding_window, logits_soft_cap) -> bool:
         """Whether `paged_attention_prefill` takes this layer's prefill rows (else SDPA per row)."""
         return (sliding_window is None and logits_soft_cap is None and query.dtype == torch.bfloat16
-                and kv_cache.dtype == torch.bfloat16 and query.shape[-1] in (64, 128)
+                and kv_cache.dtype in (torch.bfloat16, torch.int8) and query.shape[-1] in (64, 128)
                 and kv_cache.shape[2] % 16 == 0 and cpu_native.amx_bf16_usable())
 
     @staticmethod
