@@ -1,8 +1,9 @@
 """CPU attention with the csrc native ops (vllm_lite._C): the cache write and decode attention
 run natively, and so does prefill (chunks, prefix-cache hits) of a bf16 model over a bf16 or
 int8_per_token_head cache on CPUs with AMX-BF16 (head_dim 64/128, no sliding window or soft cap);
-other prefill rows use the torch reference's SDPA path. In a mixed batch the decode rows go to the native decode op together and
-the prefill rows to the native prefill op together (or each to SDPA).
+other prefill rows use the torch reference's SDPA path. In a mixed batch the decode rows go to
+the native decode op together and the prefill rows to the native prefill op together (or each
+to SDPA).
 
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise. A bf16 KV cache under a float32 model (kv_cache_dtype="bfloat16") takes K/V rounded to

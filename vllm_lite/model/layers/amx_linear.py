@@ -1,7 +1,7 @@
 """bf16 linear layers on AMX tiles, for the small row counts of decode (csrc/bf16_linear_ops.cpp).
 
 oneDNN's packed matmul runs AMX too, but at decode sizes a call spends tens of microseconds
-before any work and streams the weights at 5-20 GB/s. Below `AMX_MAX_ROWS` rows the csrc op
+before any work and streams the weights at 5-20 GB/s. Up to `AMX_MAX_ROWS` rows the csrc op
 runs instead: the weight in whole AMX B tiles, x copied into whole A tiles per call, fp32 sums
 rounded to bf16 once. Above it (prefill) oneDNN's blocked kernels stay faster. Both read one copy of
 the weight: oneDNN's bf16 layout on AMX CPUs is the tile layout (checked byte for byte at load; a
