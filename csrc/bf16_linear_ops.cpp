@@ -54,12 +54,10 @@ struct Operands {
 
 constexpr int64_t kTileElements = kTileRows * kBlockK;
 
-#define VLLM_LITE_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
-
 // C (16 x 16 fp32 tiles [row tile][column tile]) of rows [row, row + 16 * kRowTiles) by column
 // block `block`. Tiles: 0-3 C, 4-5 A (x), 6-7 B (weights).
 template <int kRowTiles>
-VLLM_LITE_AMX_TARGET void tile_product(const Operands& g, int64_t row, int64_t block, float (*c)[kTileRows * kTileRows]) {
+VLLM_LITE_AMX_BF16_TARGET void tile_product(const Operands& g, int64_t row, int64_t block, float (*c)[kTileRows * kTileRows]) {
   _tile_zero(0);
   _tile_zero(1);
   if constexpr (kRowTiles == 2) {
@@ -92,7 +90,7 @@ VLLM_LITE_AMX_TARGET void tile_product(const Operands& g, int64_t row, int64_t b
 }
 
 // The valid rows and columns of those tiles (+ bias) into out, rounded to bf16.
-VLLM_LITE_AMX_TARGET void store_tiles(const Operands& g, int64_t row, int64_t block, int row_tiles,
+VLLM_LITE_AMX_BF16_TARGET void store_tiles(const Operands& g, int64_t row, int64_t block, int row_tiles,
                                       const float (*c)[kTileRows * kTileRows]) {
   for (int j = 0; j < 2; ++j) {
     const int64_t col = block * kBlockN + j * kTileRows;
@@ -111,7 +109,7 @@ VLLM_LITE_AMX_TARGET void store_tiles(const Operands& g, int64_t row, int64_t bl
 }
 
 // Column blocks [first, last) for rows [row_begin, row_end).
-VLLM_LITE_AMX_TARGET void gemm_range(const Operands& g, int64_t row_begin, int64_t row_end, int64_t first, int64_t last) {
+VLLM_LITE_AMX_BF16_TARGET void gemm_range(const Operands& g, int64_t row_begin, int64_t row_end, int64_t first, int64_t last) {
   alignas(64) float c[4][kTileRows * kTileRows];
   for (int64_t block = first; block < last; ++block)
     for (int64_t row = row_begin; row < row_end; row += 2 * kTileRows) {

@@ -48,6 +48,10 @@ inline bool amx_tiles_fit(int64_t head_dim, int64_t block_size, int64_t group) {
 }
 
 #if VLLM_LITE_AMX
+// Functions that issue AMX-BF16 tile instructions (and the AVX-512 BF16 conversions around them);
+// they run only where cpu_has_amx(AmxKind::kBf16) says so.
+#define VLLM_LITE_AMX_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
 struct alignas(64) AmxTileConfig {
   uint8_t palette;
   uint8_t start_row;

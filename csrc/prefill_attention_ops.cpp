@@ -39,8 +39,6 @@ constexpr int64_t kTile = 16;      // tile rows; query tokens per item; keys per
 constexpr int64_t kPairK = 32;     // keys (or dims) per bf16 tile row
 constexpr int64_t kTileElements = kTile * kPairK;
 
-#define VLLM_LITE_AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
-
 struct Sequences {
   const int32_t* block_table;
   int64_t block_table_stride;
@@ -99,7 +97,7 @@ struct Scratch {
 // The 16-query tile's scores against keys [0, num_keys) (K rows at `cache` laid out as `c`), times `scale`, masked causally (key k is
 // seen by the query at position p when k <= p) into s.scores, as exp(score - max); returns each
 // query's 1 / sum. Lanes past the tile's queries repeat its first position (finite, dropped later).
-VLLM_LITE_AMX_TARGET vfloat score_and_softmax(Scratch& s, const uint16_t* query, const uint16_t* cache,
+VLLM_LITE_AMX_BF16_TARGET vfloat score_and_softmax(Scratch& s, const uint16_t* query, const uint16_t* cache,
                                               const int32_t* blocks, const CacheLayout& c, int64_t num_queries,
                                               int64_t first_pos, int64_t num_keys, const Geometry& g, int64_t kv_head,
                                               float scale) {
@@ -161,7 +159,7 @@ VLLM_LITE_AMX_TARGET vfloat score_and_softmax(Scratch& s, const uint16_t* query,
 }
 
 // The probabilities as B tiles: pairs of consecutive keys interleaved per query, bf16.
-VLLM_LITE_AMX_TARGET void pair_probabilities(Scratch& s, int64_t num_keys) {
+VLLM_LITE_AMX_BF16_TARGET void pair_probabilities(Scratch& s, int64_t num_keys) {
   static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i interleave = _mm512_loadu_si512(kInterleave);
@@ -173,7 +171,7 @@ VLLM_LITE_AMX_TARGET void pair_probabilities(Scratch& s, int64_t num_keys) {
 }
 
 // out^T [64 dims starting at `dim`][16 queries] += V^T rows x probabilities, over all padded keys.
-VLLM_LITE_AMX_TARGET void weighted_values(Scratch& s, const uint16_t* vt, int64_t vt_stride, int64_t num_keys, int64_t dim) {
+VLLM_LITE_AMX_BF16_TARGET void weighted_values(Scratch& s, const uint16_t* vt, int64_t vt_stride, int64_t num_keys, int64_t dim) {
   const int64_t stride_bytes = vt_stride * static_cast<int64_t>(sizeof(uint16_t));
   _tile_zero(4);
   _tile_zero(5);
@@ -209,7 +207,7 @@ struct KeyRows {
   CacheLayout layout;
 };
 
-VLLM_LITE_AMX_TARGET void attend_item(Scratch& s, uint16_t* out, const uint16_t* query, const KeyRows& keys,
+VLLM_LITE_AMX_BF16_TARGET void attend_item(Scratch& s, uint16_t* out, const uint16_t* query, const KeyRows& keys,
                                       const uint16_t* vt, const Sequences& seqs, const Item& item, const Geometry& g,
                                       float scale) {
   const int64_t q_len = seqs.query_lens[item.seq], seq_len = seqs.seq_lens[item.seq];
@@ -260,12 +258,9 @@ void paged_attention_prefill(at::Tensor& out, const at::Tensor& query, const at:
               "paged_attention_prefill takes head_dim 64 or 128 (the cache's too) and a block_size that is a multiple of 16");
   TORCH_CHECK(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of the cache's num_kv_heads");
   const int64_t num_seqs = seq_lens.size(0);
-  check_int32(seq_lens, num_seqs, "seq_lens");
+  check_decode_tables(block_table, seq_lens, num_seqs, layout.block_size);  // cpu_attention.h: the same tables
   check_int32(query_start, num_seqs, "query_start");
   check_int32(query_lens, num_seqs, "query_lens");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
-                  block_table.size(0) == num_seqs,
-              "block_table must be int32 [num_seqs, max_blocks] with contiguous rows");
   const Sequences seqs{block_table.data_ptr<int32_t>(), block_table.stride(0), query_start.data_ptr<int32_t>(),
                        query_lens.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), num_seqs};
   int64_t max_keys = 0, vt_total = 0;
@@ -275,8 +270,6 @@ void paged_attention_prefill(at::Tensor& out, const at::Tensor& query, const at:
     const int64_t q_len = seqs.query_lens[s], seq_len = seqs.seq_lens[s], start = seqs.query_start[s];
     TORCH_CHECK(q_len >= 1 && q_len <= seq_len && start >= 0 && start + q_len <= query.size(0), "sequence ", s,
                 ": query_start ", start, " / query_lens ", q_len, " / seq_lens ", seq_len, " do not fit the query");
-    TORCH_CHECK(seq_len <= block_table.size(1) * layout.block_size, "seq_lens[", s, "]=", seq_len,
-                " needs more blocks than block_table has");
     vt_offset[s] = vt_total;
     vt_total += num_kv_heads * head_dim * padded_keys(seq_len);
     max_keys = std::max(max_keys, padded_keys(seq_len));

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite._custom_ops import amx_bf16_usable
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.amx_linear import AmxWeight, amx_linear
 from vllm_lite.model.layers.gguf_quant import GGUFWeight, gguf_linear, gguf_weight_of
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
