@@ -8,6 +8,7 @@ On CPU, fp32 and bf16 weights are repacked once after loading into oneDNN's bloc
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -45,9 +46,21 @@ PREPACK_DTYPES = (torch.float32, torch.bfloat16)
 
 def can_prepack(weight: torch.Tensor) -> bool:
     """Whether `weight` can be repacked for oneDNN's CPU matmul (fp32 or bf16 on CPU, with oneDNN
-    built in). bf16 runs on avx512_bf16 / AMX where the CPU has them (fp32 accumulation)."""
-    return (weight.device.type == "cpu" and weight.dtype in PREPACK_DTYPES
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    built in). bf16 runs on avx512_bf16 / AMX where the CPU has them (fp32 accumulation); oneDNN
+    refuses to pack bf16 on a CPU without AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, where a bf16 weight
+    stays row-major and `F.linear` computes it (emulated, slower than fp32: `dtype="auto"` picks
+    fp32 on such a CPU)."""
+    if weight.device.type != "cpu" or weight.dtype not in PREPACK_DTYPES:
+        return False
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    return weight.dtype != torch.bfloat16 or onednn_packs_bf16()
+
+
+@functools.cache
+def onednn_packs_bf16() -> bool:
+    """Whether this CPU has what oneDNN's bf16 weight packing needs (torch asks oneDNN the same)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def prepack(weight: torch.Tensor) -> torch.Tensor | AmxWeight:
