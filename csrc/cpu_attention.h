@@ -106,38 +106,46 @@ VLLM_LITE_INLINE void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
+template <typename V = vfloat>
 VLLM_LITE_INLINE float dot(const float* a, const float* b, int64_t n) {
-  vfloat acc = {};
+  constexpr int L = lanes_of<V>;
+  V acc = {};
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) acc += load(a + d) * load(b + d);
+  for (; d + L <= n; d += L) acc += load<V>(a + d) * load<V>(b + d);
   float sum = 0.f;
   for (; d < n; ++d) sum += a[d] * b[d];
   return sum + hsum(acc);
 }
 
+template <typename V = vfloat>
 VLLM_LITE_INLINE void axpy(float* y, float a, const float* x, int64_t n) {  // y += a * x
+  constexpr int L = lanes_of<V>;
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) store(y + d, load(y + d) + a * load(x + d));
+  for (; d + L <= n; d += L) store(y + d, load<V>(y + d) + a * load<V>(x + d));
   for (; d < n; ++d) y[d] += a * x[d];
 }
 
 // exp(x) for x <= 0 (softmax after subtracting the max), vectorized (exp_reduced); below -87
 // exp underflows to 0.
-VLLM_LITE_INLINE vfloat exp_nonpositive(vfloat x) {
-  const vfloat zero = {};
-  const vfloat keep = x < -87.f ? zero : zero + 1.f;
+template <typename V>
+VLLM_LITE_INLINE V exp_nonpositive(V x) {
+  typedef VecI32<lanes_of<V>> I;
+  const V zero = {};
+  const V keep = x < -87.f ? zero : zero + 1.f;
   x = x < -87.f ? zero - 87.f : x;
   // Round to nearest: x <= 0, and the conversion truncates toward zero.
-  const vi32 n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi32);
-  return exp_reduced(x, __builtin_convertvector(n_int, vfloat), n_int) * keep;
+  const I n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, I);
+  return exp_reduced(x, __builtin_convertvector(n_int, V), n_int) * keep;
 }
 
 // In place: logits[0:n] -> exp(logits - max) (max >= every logit); returns their sum.
+template <typename V = vfloat>
 VLLM_LITE_INLINE float exp_below_max(float* logits, int64_t n, float max) {
-  vfloat vsum = {};
+  constexpr int L = lanes_of<V>;
+  V vsum = {};
   int64_t t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    const vfloat e = exp_nonpositive(load(logits + t) - max);
+  for (; t + L <= n; t += L) {
+    const V e = exp_nonpositive(load<V>(logits + t) - max);
     store(logits + t, e);
     vsum += e;
   }
@@ -149,41 +157,54 @@ VLLM_LITE_INLINE float exp_below_max(float* logits, int64_t n, float max) {
   return sum;
 }
 
-// The largest of x[0:n], 16 lanes at a time (a serial chain of scalar maxes cost as much as a
+// The largest of x[0:n], a vector at a time (a serial chain of scalar maxes cost as much as a
 // decode's scores); NaNs are skipped as std::max skips them.
+template <typename V = vfloat>
 VLLM_LITE_INLINE float max_of(const float* x, int64_t n) {
+  constexpr int L = lanes_of<V>;
   float max = -std::numeric_limits<float>::infinity();
-  vfloat lanes = vfloat{} + max;
+  V lanes = V{} + max;
   int64_t t = 0;
-  for (; t + kLanes <= n; t += kLanes) {
-    const vfloat v = load(x + t);
+  for (; t + L <= n; t += L) {
+    const V v = load<V>(x + t);
     lanes = v > lanes ? v : lanes;
   }
-  for (int64_t j = 0; j < kLanes; ++j) max = std::max(max, lanes[j]);
+  for (int64_t j = 0; j < L; ++j) max = std::max(max, lanes[j]);
   for (; t < n; ++t) max = std::max(max, x[t]);
   return max;
 }
 
 // In place: logits[0:n] -> exp(logits - max); returns their sum.
+template <typename V = vfloat>
 VLLM_LITE_INLINE float softmax_numerators(float* logits, int64_t n) {
-  return exp_below_max(logits, n, max_of(logits, n));
+  return exp_below_max<V>(logits, n, max_of<V>(logits, n));
 }
 
 // Pairwise-sum step of a transposing reduction: lane i of the result is x[2i] + x[2i+1] where
-// x is the 32 lanes of (a, b). Four rounds turn 16 accumulators into one vector of their sums.
-// V: vfloat, or vi32 (exact integer sums).
+// x is the 2L lanes of (a, b). log2(L) rounds turn L accumulators into one vector of their sums.
+// V: float or int32 lanes (exact integer sums).
 template <typename V>
 VLLM_LITE_INLINE V pair_sums(V a, V b) {
-  const vi32 even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const vi32 odd = even + 1;
+  constexpr int L = lanes_of<V>;
+  typedef VecI32<L> I;
+  I even;
+  if constexpr (L == 16) {
+    even = I{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  } else if constexpr (L == 8) {
+    even = I{0, 2, 4, 6, 8, 10, 12, 14};
+  } else {
+    static_assert(L == 4, "4, 8 or 16 lanes");
+    even = I{0, 2, 4, 6};
+  }
+  const I odd = even + 1;
   return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
 }
 
-// acc[j] holds token j's partial products; returns the vector of their 16 sums, in order.
+// acc[j] holds token j's partial products (j < lanes); returns the vector of their sums, in order.
 template <typename V>
 VLLM_LITE_INLINE V transpose_sums(V* acc) {
 #pragma GCC unroll 4
-  for (int width = 16; width > 1; width /= 2)
+  for (int width = lanes_of<V>; width > 1; width /= 2)
 #pragma GCC unroll 8
     for (int j = 0; j < width / 2; ++j) acc[j] = pair_sums(acc[2 * j], acc[2 * j + 1]);
   return acc[0];

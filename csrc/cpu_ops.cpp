@@ -55,14 +55,15 @@ using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_vec.h and cpu_atte
 // One sequence, KV heads [kv_begin, kv_end) and their query heads: the scores for the whole
 // context (`logits`, [heads, seq_len]), softmax, then the weighted sum of values. Both passes
 // walk each block's token rows in memory order (all the item's heads of a row together; with a
-// decode batch this is memory-bound). `out`/`query` point at the first query head.
-// Multiversioned here rather than in the caller: OpenMP outlines the parallel region into a
-// function target_clones would not reach.
-VLLM_LITE_MULTIVERSION
-void decode_one(float* out, const float* query, int64_t q_stride_h, const float* cache,
-                const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
-                int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
-                std::vector<float>& scratch) {
+// decode batch this is memory-bound). `out`/`query` point at the first query head. L: vector
+// width (compiled per ISA level by VLLM_LITE_PER_ISA, here rather than in the caller: OpenMP
+// outlines the parallel region into a function the target attributes would not reach).
+template <int L>
+VLLM_LITE_INLINE void decode_one_any(float* out, const float* query, int64_t q_stride_h, const float* cache,
+                                     const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
+                                     int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c,
+                                     float scale, std::vector<float>& scratch) {
+  typedef VecF<L> V;
   const int64_t num_heads = (kv_end - kv_begin) * group;
   if (seq_len <= 0) {  // a padded row: nothing to attend to
     std::fill(out, out + num_heads * head_dim, 0.f);
@@ -81,7 +82,7 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
     if (which == 1) {
       for (int64_t h = 0; h < num_heads; ++h) {
         mask_leading(logits + h * seq_len, num_masked);
-        inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+        inv_sum[h] = 1.f / softmax_numerators<V>(logits + h * seq_len, seq_len);
       }
       std::fill(out, out + num_heads * head_dim, 0.f);
     }
@@ -94,9 +95,9 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
           const float* kv = row + (h / group) * c.stride_head;
           float* logit = logits + h * seq_len + start + i;
           if (which == 0)
-            *logit = dot(q + h * head_dim, kv, head_dim);
+            *logit = dot<V>(q + h * head_dim, kv, head_dim);
           else
-            axpy(out + h * head_dim, *logit, kv, head_dim);
+            axpy<V>(out + h * head_dim, *logit, kv, head_dim);
         }
       }
     }
@@ -105,54 +106,62 @@ void decode_one(float* out, const float* query, int64_t q_stride_h, const float*
     for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] *= inv_sum[h];
 }
 
-// ---- head_dim = C * kLanes (32, 64, 128): tiles of 16 tokens, no per-token horizontal sum ----
+VLLM_LITE_PER_ISA(decode_one, decode_one_any<L>,
+                  (float* out, const float* query, int64_t q_stride_h, const float* cache, const int32_t* blocks,
+                   int64_t seq_len, int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,
+                   int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch),
+                  (out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end, group, head_dim, c,
+                   scale, scratch))
 
-// Scores of one query head against up to 16 token rows of one KV head. kFull: all 16 rows
+// ---- head_dim = C * L (C vectors of L lanes): tiles of L tokens, no per-token horizontal sum ----
+
+// Scores of one query head against up to L token rows of one KV head. kFull: all L rows
 // exist (the loops then unroll completely and the accumulators stay in registers).
-template <int C, bool kFull>
-VLLM_LITE_INLINE void score_tile(float* logits, const vfloat* q, const float* rows, int64_t row_stride,
-                                 int64_t n) {
-  vfloat acc[kLanes];
+template <int C, bool kFull, typename V = vfloat>
+VLLM_LITE_INLINE void score_tile(float* logits, const V* q, const float* rows, int64_t row_stride, int64_t n) {
+  constexpr int L = lanes_of<V>;
+  V acc[L];
 #pragma GCC unroll 16
-  for (int64_t j = 0; j < kLanes; ++j) {
-    vfloat sum = {};
+  for (int64_t j = 0; j < L; ++j) {
+    V sum = {};
     if (kFull || j < n) {
       const float* k = rows + j * row_stride;
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) sum += q[c] * load(k + c * kLanes);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) sum += q[c] * load<V>(k + c * L);
     }
     acc[j] = sum;
   }
-  const vfloat sums = transpose_sums(acc);
-  if (kFull || n == kLanes) {
+  const V sums = transpose_sums(acc);
+  if (kFull || n == L) {
     store(logits, sums);
   } else {
     for (int64_t j = 0; j < n; ++j) logits[j] = sums[j];
   }
 }
 
-template <int C>
-VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h,
-                                       const float* cache, const int32_t* blocks, int64_t seq_len,
-                                       int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,
-                                       const CacheLayout& c, float scale, std::vector<float>& scratch) {
-  constexpr int64_t head_dim = C * kLanes;
+template <int D, int L>
+VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h, const float* cache,
+                                       const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
+                                       int64_t kv_end, int64_t group, const CacheLayout& c, float scale,
+                                       std::vector<float>& scratch) {
+  typedef VecF<L> V;
+  constexpr int C = D / L;
   const int64_t num_heads = (kv_end - kv_begin) * group;
   scratch.resize(num_heads * seq_len);
   float* logits = scratch.data();
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   for (int64_t h = 0; h < num_heads; ++h) {
-    vfloat q[C];
-    for (int k = 0; k < C; ++k) q[k] = load(query + h * q_stride_h + k * kLanes) * scale;
+    V q[C];
+    for (int k = 0; k < C; ++k) q[k] = load<V>(query + h * q_stride_h + k * L) * scale;
     const int64_t kv_head = kv_begin + h / group;
     for (int64_t b = 0; b < num_blocks; ++b) {
       const float* rows = cache + blocks[b] * c.stride_block + kv_head * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t t = 0; t < n; t += kLanes) {
+      for (int64_t t = 0; t < n; t += L) {
         float* tile_logits = logits + h * seq_len + start + t;
         const float* tile_rows = rows + t * c.stride_offset;
-        if (n - t >= kLanes)
-          score_tile<C, true>(tile_logits, q, tile_rows, c.stride_offset, kLanes);
+        if (n - t >= L)
+          score_tile<C, true>(tile_logits, q, tile_rows, c.stride_offset, L);
         else
           score_tile<C, false>(tile_logits, q, tile_rows, c.stride_offset, n - t);
       }
@@ -161,35 +170,33 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
   for (int64_t h = 0; h < num_heads; ++h) {
     const float* p = logits + h * seq_len;
     mask_leading(logits + h * seq_len, num_masked);
-    const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+    const float inv_sum = 1.f / softmax_numerators<V>(logits + h * seq_len, seq_len);
     const int64_t kv_head = kv_begin + h / group;
-    vfloat acc[C] = {};
+    V acc[C] = {};
     for (int64_t b = 0; b < num_blocks; ++b) {
       const float* rows = cache + blocks[b] * c.stride_block + c.stride_kv + kv_head * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
       for (int64_t i = 0; i < n; ++i) {
         const float* v = rows + i * c.stride_offset;
         const float weight = p[start + i];
-#pragma GCC unroll 8
-        for (int k = 0; k < C; ++k) acc[k] += weight * load(v + k * kLanes);
+#pragma GCC unroll 16
+        for (int k = 0; k < C; ++k) acc[k] += weight * load<V>(v + k * L);
       }
     }
-    for (int k = 0; k < C; ++k) store(out + h * head_dim + k * kLanes, acc[k] * inv_sum);
+    for (int k = 0; k < C; ++k) store(out + h * D + k * L, acc[k] * inv_sum);
   }
 }
 
-#define VLLM_LITE_DECODE_TILED(C)                                                                \
-  VLLM_LITE_MULTIVERSION                                                                         \
-  void decode_one_tiled_##C(float* out, const float* query, int64_t q_stride_h,                  \
-                            const float* cache, const int32_t* blocks, int64_t seq_len,          \
-                            int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group, \
-                            const CacheLayout& c, float scale, std::vector<float>& scratch) {    \
-    decode_one_tiled<C>(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin,    \
-                        kv_end, group, c, scale, scratch);                                       \
-  }
-VLLM_LITE_DECODE_TILED(2)
-VLLM_LITE_DECODE_TILED(4)
-VLLM_LITE_DECODE_TILED(8)
+#define VLLM_LITE_DECODE_TILED(D)                                                                                    \
+  VLLM_LITE_PER_ISA(decode_one_tiled_##D, (decode_one_tiled<D, L>),                                                 \
+                    (float* out, const float* query, int64_t q_stride_h, const float* cache, const int32_t* blocks, \
+                     int64_t seq_len, int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,          \
+                     const CacheLayout& c, float scale, std::vector<float>& scratch),                               \
+                    (out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end, group, c, scale, \
+                     scratch))
+VLLM_LITE_DECODE_TILED(32)
+VLLM_LITE_DECODE_TILED(64)
+VLLM_LITE_DECODE_TILED(128)
 #undef VLLM_LITE_DECODE_TILED
 
 // The tiled kernel for head_dim 32, 64 and 128 (query rows contiguous), else the general one.
@@ -209,15 +216,15 @@ void decode_item(float* out, const float* query, int64_t q_stride_h, const float
   }
   if (seq_len > 0) {
     switch (head_dim) {
-      case 2 * kLanes:
-        return decode_one_tiled_2(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
-                                  kv_begin, kv_end, group, c, scale, scratch);
-      case 4 * kLanes:
-        return decode_one_tiled_4(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
-                                  kv_begin, kv_end, group, c, scale, scratch);
-      case 8 * kLanes:
-        return decode_one_tiled_8(out, query, q_stride_h, cache, blocks, seq_len, num_masked,
-                                  kv_begin, kv_end, group, c, scale, scratch);
+      case 32:
+        return decode_one_tiled_32(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
+                                   group, c, scale, scratch);
+      case 64:
+        return decode_one_tiled_64(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
+                                   group, c, scale, scratch);
+      case 128:
+        return decode_one_tiled_128(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
+                                    group, c, scale, scratch);
       default:
         break;
     }

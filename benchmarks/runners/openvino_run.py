@@ -57,7 +57,16 @@ def main(job_path: str, result_path: str) -> None:
         "input_tokens": sum(len(p) for p in job["prompts"]),
         "output_tokens": sum(len(t) for t in token_ids),
         "outputs": [[int(t) for t in ids] for ids in token_ids[:job.get("keep_outputs", 0)]],
+        "extra": {"dtype": _precision(ov, properties)},
     }))
+
+
+def _precision(ov, properties: dict) -> str:
+    """The CPU plugin's inference precision under `properties` (its default where no hint is
+    given: bf16 only on CPUs with bf16 in hardware) and its KV cache's."""
+    core = ov.Core()
+    inference = properties.get("INFERENCE_PRECISION_HINT") or core.get_property("CPU", "INFERENCE_PRECISION_HINT")
+    return f"{inference}, {core.get_property('CPU', 'KV_CACHE_PRECISION')} KV"
 
 
 def _as_int64(rows: list[list[int]]):

@@ -50,6 +50,7 @@ def main(job_path: str, result_path: str) -> None:
         "input_tokens": sum(len(p) for p in job["prompts"]),
         "output_tokens": sum(len(t) for t in token_ids),
         "outputs": token_ids[:job.get("keep_outputs", 0)],
+        "extra": {"dtype": str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")},
     }))
 
 

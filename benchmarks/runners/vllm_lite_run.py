@@ -44,6 +44,7 @@ def main(job_path: str, result_path: str) -> None:
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
+        dtype = str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
     finally:
         llm.shutdown()
     token_ids = [[int(t) for t in out.outputs[0].token_ids] for out in outputs]
@@ -52,7 +53,8 @@ def main(job_path: str, result_path: str) -> None:
         "input_tokens": sum(len(p) for p in job["prompts"]),
         "output_tokens": sum(len(t) for t in token_ids),
         "outputs": token_ids[:job.get("keep_outputs", 0)],
-        "extra": {"async_scheduling": job.get("async_scheduling", True), "outputs_sha256": outputs_digest(token_ids)},
+        "extra": {"async_scheduling": job.get("async_scheduling", True), "outputs_sha256": outputs_digest(token_ids),
+                  "dtype": dtype},
     }))
 
 
