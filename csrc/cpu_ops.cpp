@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpu_amx.h"
@@ -872,6 +873,8 @@ TORCH_LIBRARY(vllm_lite_C, m) {
       "paged_attention_decode(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_table, "
       "Tensor seq_lens, float scale, int sliding_window=0, bool use_bf16_dot=True) -> ()");
   m.def("argmax_rows(Tensor logits) -> Tensor");
+  // The ISA level the per-ISA kernels run at (cpu_multiversion.h); no tensor to dispatch on.
+  m.def("cpu_capability() -> str", [] { return std::string(isa_name(isa_lanes())); });
 }
 
 TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) {

@@ -14,10 +14,11 @@
 //       and sums. Half the bytes of a bf16 cache per token.
 //
 // The work split is the bf16 kernel's: whole sequences per item when there are enough of them,
-// else (sequence, KV head) pairs. The tiled kernels (head_dim 32/64/128) and the vectorized write
-// are AVX-512 code (GCC's generic vector conversions widen int8 one lane at a time), called where
-// the CPU has AVX-512; elsewhere each row is widened into an fp32 buffer (dot / axpy) and the
-// write is scalar.
+// else (sequence, KV head) pairs. The tiled kernels (head_dim 32/64/128) are AVX-512 code where the
+// CPU has AVX-512 with VNNI, AVX2 code (int16 products by vpmaddwd) where it has AVX2, and the
+// vectorized write is AVX-512 code (GCC's generic vector conversions widen int8 one lane at a
+// time); elsewhere each row is widened into an fp32 buffer (dot / axpy) and the write is scalar.
+// VLLM_LITE_CPU_CAPABILITY (cpu_multiversion.h) caps which of them run.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -75,13 +76,13 @@ void quantize_row(int8_t* dst, const T* src, int64_t head_dim) {
 }
 #pragma GCC pop_options
 
-// The tiled kernels and the vectorized write: AVX-512 with VNNI (Intel since Cascade Lake, AMD
-// since Zen 4); other CPUs take the row-at-a-time paths.
+// The AVX-512 tiled kernels and the vectorized write: AVX-512 with VNNI (Intel since Cascade Lake,
+// AMD since Zen 4).
 bool cpu_has_avx512_vnni() {
 #if VLLM_LITE_I8_AVX512
   static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                                                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                                                     __builtin_cpu_supports("avx512vnni"));
+                                                     __builtin_cpu_supports("avx512vnni") && isa_lanes() == 16);
   return has;
 #else
   return false;
@@ -176,12 +177,14 @@ struct QueryRows {
   const uint8_t* codes;
   const float* scales;
   const int8_t* tiles;
+  const int16_t* wide;  // the codes as int16 (the AVX2 score pass's operand); null elsewhere
 };
 
 struct QueryBuffers {
   std::vector<float> values, scales;
   std::vector<uint8_t> codes;
   std::vector<int8_t> row, tiles;
+  std::vector<int16_t> wide;
 };
 
 void fill_query_tiles(QueryBuffers& buf, int64_t num_heads, int64_t group, int64_t head_dim) {
@@ -196,11 +199,12 @@ void fill_query_tiles(QueryBuffers& buf, int64_t num_heads, int64_t group, int64
 }
 
 QueryRows quantize_queries(QueryBuffers& buf, const float* query, int64_t q_stride_h, int64_t num_heads,
-                           int64_t group, int64_t head_dim, bool amx) {
+                           int64_t group, int64_t head_dim, bool amx, bool wide) {
   buf.values.resize(num_heads * head_dim);
   buf.codes.resize(num_heads * head_dim);
   buf.scales.resize(num_heads);
   buf.row.resize(head_dim + kScaleBytes);
+  buf.wide.resize(wide ? num_heads * head_dim : 0);
   for (int64_t h = 0; h < num_heads; ++h) {
     quantize_any_row(buf.row.data(), query + h * q_stride_h, head_dim, cpu_has_avx512_vnni());
     const float scale = row_scale(buf.row.data(), head_dim);
@@ -208,10 +212,12 @@ QueryRows quantize_queries(QueryBuffers& buf, const float* query, int64_t q_stri
     for (int64_t d = 0; d < head_dim; ++d) {
       buf.values[h * head_dim + d] = buf.row[d] * scale;
       buf.codes[h * head_dim + d] = static_cast<uint8_t>(buf.row[d] + 128);
+      if (wide) buf.wide[h * head_dim + d] = buf.row[d];
     }
   }
   if (amx) fill_query_tiles(buf, num_heads, group, head_dim);
-  return {buf.values.data(), buf.codes.data(), buf.scales.data(), amx ? buf.tiles.data() : nullptr};
+  return {buf.values.data(), buf.codes.data(), buf.scales.data(), amx ? buf.tiles.data() : nullptr,
+          wide ? buf.wide.data() : nullptr};
 }
 
 // ---- decode attention over the int8 cache: AVX-512 tiles for head_dim 32, 64 and 128 ----
@@ -431,6 +437,137 @@ VLLM_LITE_DECODE_I8(8)
 
 #endif  // VLLM_LITE_I8_AVX512
 
+// ---- decode attention over the int8 cache on AVX2 (no VNNI): head_dim 32, 64 and 128, tiles of 8
+// rows. Scores: each K row's codes widened to int16 and multiplied into the query head's int16
+// codes by vpmaddwd (exact int32 sums, the same integers as vpdpbusd and AMX), times the same
+// scales in the same order as the AVX-512 path. V: each row's codes widened to fp32 and added into
+// the head's sums (a head at a time: 8 accumulators of 8 lanes fill the 16 AVX2 registers). ----
+
+#if VLLM_LITE_I8_AVX512
+#define VLLM_LITE_AVX2_TARGET VLLM_LITE_TARGET_AVX2
+#define VLLM_LITE_AVX2_INLINE VLLM_LITE_INLINE VLLM_LITE_AVX2_TARGET
+constexpr int64_t kTile8 = 8;
+typedef VecF<8> vfloat8;
+typedef VecI32<8> vi32x8;
+
+// The scales of up to 8 rows (0 past n), from the 4 bytes after each row's codes.
+VLLM_LITE_AVX2_INLINE vfloat8 tile_scales8(const int8_t* rows, int64_t row_stride, int64_t n, int64_t head_dim) {
+  alignas(32) float scales[kTile8] = {};
+  for (int64_t j = 0; j < n; ++j) scales[j] = row_scale(rows + j * row_stride, head_dim);
+  return load<vfloat8>(scales);
+}
+
+// The group's query heads (int16 codes, head after head) against up to 8 K rows of their KV head.
+template <int D>
+VLLM_LITE_AVX2_INLINE void score_tile_avx2(float* logits, int64_t logit_stride, const int16_t* q_wide,
+                                           const float* q_scale, int64_t group, const int8_t* rows,
+                                           int64_t row_stride, int64_t n, vfloat8 row_scales) {
+  constexpr int K = D / 16;  // 16 codes per vpmaddwd
+  for (int64_t g = 0; g < group; ++g) {
+    __m256i q[K];
+    for (int k = 0; k < K; ++k) q[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q_wide + g * D + 16 * k));
+    vi32x8 acc[kTile8];
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < kTile8; ++j) {
+      __m256i sum = _mm256_setzero_si256();
+      if (j < n)
+#pragma GCC unroll 8
+        for (int k = 0; k < K; ++k) {
+          const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + j * row_stride + 16 * k));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_cvtepi8_epi16(codes), q[k]));
+        }
+      acc[j] = (vi32x8)sum;
+    }
+    const vfloat8 scores = __builtin_convertvector(transpose_sums(acc), vfloat8) * row_scales * q_scale[g];
+    for (int64_t j = 0; j < n; ++j) logits[g * logit_stride + j] = scores[j];
+  }
+}
+
+// acc[0:CC*8] += sum_i weights[i] * V codes of row i (dims [0, CC * 8) of each row), i < n.
+template <int CC>
+VLLM_LITE_AVX2_INLINE void weighted_sum_avx2(float* acc, const float* weights, const int8_t* rows, int64_t row_stride,
+                                             int64_t n) {
+  __m256 sum[CC];
+  for (int c = 0; c < CC; ++c) sum[c] = _mm256_loadu_ps(acc + 8 * c);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 w = _mm256_set1_ps(weights[i]);
+    const int8_t* row = rows + i * row_stride;
+#pragma GCC unroll 8
+    for (int c = 0; c < CC; ++c) {
+      const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * c));
+      sum[c] = _mm256_fmadd_ps(w, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)), sum[c]);
+    }
+  }
+  for (int c = 0; c < CC; ++c) _mm256_storeu_ps(acc + 8 * c, sum[c]);
+}
+
+template <int D>
+VLLM_LITE_AVX2_INLINE void decode_one_i8_avx2(float* out, const QueryRows& query, const int8_t* cache,
+                                              const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,
+                                              int64_t group, const CacheLayout& c, float scale,
+                                              std::vector<float>& scratch) {
+  constexpr int CC = D < 64 ? D / 8 : 8;  // vectors of a dim chunk in the V pass
+  const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
+  const ItemScratch space = item_scratch(scratch, num_heads, seq_len, D);
+  float *logits = space.logits, *acc = space.acc, *inv_sum = space.inv_sum;
+  const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
+  const int64_t block_bytes = item_block_bytes(c, num_kv, sizeof(int8_t));
+  auto block_rows = [&](int64_t b, int64_t which) {
+    return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
+  };
+  // fn(kv, tile, m, position of its first row) for every tile of up to 8 rows, block by block (as
+  // the AVX-512 kernel walks them), asking for the blocks ahead.
+  auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_AVX2_TARGET {
+    for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, which), block_bytes);
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+      if (b + kPrefetchBlocks < num_blocks) prefetch_l2(block_rows(b + kPrefetchBlocks, which), block_bytes);
+      for (int64_t kv = 0; kv < num_kv; ++kv) {
+        const int8_t* rows = block_rows(b, which) + kv * c.stride_head;
+        for (int64_t t = 0; t < n; t += kTile8) fn(kv, rows + t * c.stride_offset, std::min(kTile8, n - t), start + t);
+      }
+    }
+  };
+  for_each_tile(0, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX2_TARGET {
+    const vfloat8 row_scales = tile_scales8(tile, c.stride_offset, m, D) * scale;
+    score_tile_avx2<D>(logits + kv * group * seq_len + position, seq_len, query.wide + kv * group * D,
+                       query.scales + kv * group, group, tile, c.stride_offset, m, row_scales);
+  });
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators<vfloat8>(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * D, 0.f);
+  for_each_tile(1, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX2_TARGET {
+    const vfloat8 scales = tile_scales8(tile, c.stride_offset, m, D);
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+      alignas(32) float weights[kTile8];
+      store(weights, load<vfloat8>(logits + h * seq_len + position) * scales);  // lanes past m: unused
+      for (int64_t d = 0; d < D; d += CC * 8)
+        weighted_sum_avx2<CC>(acc + h * D + d, weights, tile + d, c.stride_offset, m);
+    }
+  });
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int64_t d = 0; d < D; d += 8) store(out + h * D + d, load<vfloat8>(acc + h * D + d) * inv_sum[h]);
+}
+
+#define VLLM_LITE_DECODE_I8_AVX2(D)                                                                        \
+  VLLM_LITE_AVX2_TARGET                                                                                    \
+  void decode_one_i8_avx2_##D(float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks, \
+                              int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,           \
+                              const CacheLayout& c, float scale, std::vector<float>& scratch) {           \
+    decode_one_i8_avx2<D>(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch); \
+  }
+VLLM_LITE_DECODE_I8_AVX2(32)
+VLLM_LITE_DECODE_I8_AVX2(64)
+VLLM_LITE_DECODE_I8_AVX2(128)
+#undef VLLM_LITE_DECODE_I8_AVX2
+#endif  // VLLM_LITE_I8_AVX512
+
+// The AVX2 kernels run where the AVX-512 ones do not and the CPU (and VLLM_LITE_CPU_CAPABILITY)
+// allow AVX2.
+bool avx2_tiles_fit(int64_t head_dim) {
+  return VLLM_LITE_I8_AVX512 && !cpu_has_avx512_vnni() && isa_lanes() >= 8 &&
+         (head_dim == 32 || head_dim == 64 || head_dim == 128);
+}
+
 // Any head_dim: each row dequantized into fp32 as it is read, then dot / axpy.
 VLLM_LITE_MULTIVERSION
 void decode_one_i8_any(float* out, const QueryRows& query, const int8_t* cache,
@@ -483,6 +620,16 @@ void decode_item_i8(float* out, const QueryRows& query, const int8_t* cache, con
     default:
       break;
   }
+  if (query.wide != nullptr) switch (head_dim) {
+    case 32:
+      return decode_one_i8_avx2_32(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    case 64:
+      return decode_one_i8_avx2_64(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    case 128:
+      return decode_one_i8_avx2_128(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, scratch);
+    default:
+      break;
+  }
 #endif
   decode_one_i8_any(out, query, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c, scale,
                     scratch);
@@ -508,6 +655,7 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
   const bool amx = amx_tiles_fit(head_dim, layout.block_size, group) && cpu_has_avx512_vnni() &&
                    cpu_has_amx(AmxKind::kInt8);
+  const bool avx2 = avx2_tiles_fit(head_dim);
   float* o = out.data_ptr<float>();
   const float* q = query.data_ptr<float>();
   const int8_t* cache = kv_cache.data_ptr<int8_t>();
@@ -525,7 +673,7 @@ void paged_attention_decode_int8(at::Tensor& out, const at::Tensor& query, const
       const int64_t s = item / items_per_seq;
       const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
       const QueryRows rows = quantize_queries(query_buffers, q + s * q_stride_t + kv_begin * group * q_stride_h,
-                                              q_stride_h, heads_per_item * group, group, head_dim, amx);
+                                              q_stride_h, heads_per_item * group, group, head_dim, amx, avx2);
       decode_item_i8(o + (s * num_q_heads + kv_begin * group) * head_dim, rows, cache, table + s * bt_stride,
                      lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim, layout,
                      static_cast<float>(scale), scratch);

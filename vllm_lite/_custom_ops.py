@@ -24,6 +24,7 @@ def is_available() -> bool:
     except ImportError as exc:
         logger.debug("vllm_lite._C not loaded (%s); using the torch attention path", exc)
         return False
+    torch.ops.vllm_lite_C.cpu_capability()  # a bad VLLM_LITE_CPU_CAPABILITY fails here, by name
     return True
 
 
@@ -32,6 +33,14 @@ def amx_bf16_usable() -> bool:
     """Whether the extension is built and this CPU lets the process use AMX-BF16 tiles (the bf16
     linear and prefill attention ops need them)."""
     return is_available() and torch.ops.vllm_lite_C.amx_bf16_usable()
+
+
+@functools.cache
+def cpu_capability() -> str:
+    """The ISA level the extension's per-ISA kernels run at: "avx512", "avx2" or "default" (the
+    widest this CPU has, capped by VLLM_LITE_CPU_CAPABILITY; a value other than these three
+    raises here, naming the variable)."""
+    return torch.ops.vllm_lite_C.cpu_capability()
 
 
 LAYER_OP_DTYPES = (torch.float32, torch.bfloat16)

@@ -1,0 +1,65 @@
+"""The csrc kernels at every ISA level this CPU runs (csrc/cpu_multiversion.h).
+
+The extension picks each kernel's vector width by the CPU (16 lanes on AVX-512, 8 on AVX2, 4
+elsewhere); VLLM_LITE_CPU_CAPABILITY caps it. The kernel tests run at the host's own level with
+the rest of the suite; here they run again, in a subprocess, at each lower level, so the paths a
+laptop without AVX-512 (or an old CPU without AVX2) takes are tested on any machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_lite import _custom_ops as cpu_native
+
+TESTS = Path(__file__).parent
+LEVELS = ("default", "avx2", "avx512")  # narrowest first
+KERNEL_TESTS = ["attention/test_csrc_ops.py", "attention/test_kv_quant.py", "attention/test_sliding_window_kernels.py",
+                "model/test_layer_ops.py", "model/test_gguf_quantized.py", "model/test_quantization.py",
+                "sample/test_grammar_mask.py", "sample/test_topk_topp.py"]
+
+pytestmark = pytest.mark.skipif(not cpu_native.is_available(), reason="needs the csrc build")
+
+
+def lower_levels() -> list[str]:
+    return list(LEVELS[:LEVELS.index(cpu_native.cpu_capability())])
+
+
+def capability_in_subprocess(value: str) -> subprocess.CompletedProcess:
+    code = "from vllm_lite import _custom_ops as c; c.is_available(); print(c.cpu_capability())"
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "VLLM_LITE_CPU_CAPABILITY": value},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_host_level_is_the_widest_the_cpu_has() -> None:
+    assert cpu_native.cpu_capability() in LEVELS
+    assert capability_in_subprocess("").stdout.strip() == cpu_native.cpu_capability()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_capability_caps_the_level(level: str) -> None:
+    host = LEVELS.index(cpu_native.cpu_capability())
+    expected = LEVELS[min(LEVELS.index(level), host)]
+    result = capability_in_subprocess(level)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
+
+
+def test_an_unknown_capability_is_refused_by_name() -> None:
+    result = capability_in_subprocess("sse4")
+    assert result.returncode != 0
+    assert "VLLM_LITE_CPU_CAPABILITY=sse4 is not one of avx512, avx2, default" in result.stderr
+
+
+@pytest.mark.parametrize("level", lower_levels())
+def test_kernels_at_a_lower_level(level: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[str(TESTS / t) for t in KERNEL_TESTS]],
+        env={**os.environ, "VLLM_LITE_CPU_CAPABILITY": level}, capture_output=True, text=True, timeout=600,
+        cwd=TESTS.parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
