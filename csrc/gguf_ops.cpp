@@ -16,7 +16,7 @@
 //       the rows widened to fp32 (prefill, embedding lookups).
 //
 // Output rows are split across torch's intra-op threads; the inner loops use GCC vector
-// extensions, compiled per ISA level through cpu_multiversion.h.
+// extensions, compiled per ISA level at its register width (VLLM_LITE_PER_ISA, cpu_multiversion.h).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -39,14 +39,11 @@ constexpr int64_t kTypeQ4_1 = 3;
 constexpr int64_t kTypeQ8_0 = 8;
 constexpr int64_t kMaxRowsAtOnce = 4;
 
-typedef uint8_t vbyte __attribute__((vector_size(16)));
-typedef int8_t vsbyte __attribute__((vector_size(16)));
-
 // Bytes -> int32 lanes (a sign / zero extension) -> float: GCC turns a direct byte -> float
-// conversion into 16 scalar conversions.
-template <typename Bytes>
-VLLM_LITE_INLINE vfloat to_float(Bytes bytes) {
-  return __builtin_convertvector(__builtin_convertvector(bytes, vi32), vfloat);
+// conversion into one scalar conversion per lane.
+template <typename V, typename Bytes>
+VLLM_LITE_INLINE V to_float(Bytes bytes) {
+  return __builtin_convertvector(__builtin_convertvector(bytes, VecI32<lanes_of<V>>), V);
 }
 
 int64_t block_bytes(int64_t qtype) {
@@ -55,8 +52,8 @@ int64_t block_bytes(int64_t qtype) {
   return qtype == kTypeQ4_1 ? 20 : 34;
 }
 
-// _Float16 lets each target clone convert with the ISA it has (F16C's vcvtph2ps on x86-64-v3/v4);
-// c10's portable bit-twiddling conversion cost more than the rest of a block's work.
+// _Float16 lets each ISA level convert with the instructions it has (F16C's vcvtph2ps on
+// x86-64-v3/v4); c10's portable bit-twiddling conversion cost more than the rest of a block's work.
 VLLM_LITE_INLINE float half_at(const uint8_t* p) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
   _Float16 h;
@@ -69,44 +66,51 @@ VLLM_LITE_INLINE float half_at(const uint8_t* p) {
 #endif
 }
 
-// One block of 32 weights -> two 16-lane fp32 vectors (weights 0-15 and 16-31).
-template <int64_t QType>
-VLLM_LITE_INLINE void widen_block(const uint8_t* block, vfloat& lo, vfloat& hi) {
+// One block of 32 weights -> 32 / L vectors of L lanes, in order.
+template <int64_t QType, int L>
+VLLM_LITE_INLINE void widen_block(const uint8_t* block, VecF<L>* w) {
+  typedef VecF<L> V;
+  typedef uint8_t Bytes __attribute__((vector_size(L)));
+  typedef int8_t SignedBytes __attribute__((vector_size(L)));
   if constexpr (QType == kTypeQ8_0) {
     const float d = half_at(block);
-    vsbyte q0, q1;
-    std::memcpy(&q0, block + 2, sizeof q0);
-    std::memcpy(&q1, block + 2 + 16, sizeof q1);
-    lo = to_float(q0) * d;
-    hi = to_float(q1) * d;
-  } else {
+    for (int v = 0; v < kBlock / L; ++v) {
+      SignedBytes q;
+      std::memcpy(&q, block + 2 + v * L, sizeof q);
+      w[v] = to_float<V>(q) * d;
+    }
+  } else {  // weights j and j + 16 share byte j of qs: low and high nibble
     const float d = half_at(block), m = half_at(block + 2);
-    vbyte qs;
-    std::memcpy(&qs, block + 4, sizeof qs);
-    lo = to_float(qs & 15) * d + m;
-    hi = to_float(qs >> 4) * d + m;
+    constexpr int half = kBlock / 2 / L;  // vectors per 16 weights
+    for (int v = 0; v < half; ++v) {
+      Bytes qs;
+      std::memcpy(&qs, block + 4 + v * L, sizeof qs);
+      w[v] = to_float<V>(qs & 15) * d + m;
+      w[v + half] = to_float<V>(qs >> 4) * d + m;
+    }
   }
 }
 
-// out[r * ldo] = dot(weight row, x row r) for Rows rows of x.
-template <int64_t QType, int Rows>
+// out[r * ldo] = dot(weight row, x row r) for Rows rows of x; two accumulators per row (the
+// block's vectors alternate between them).
+template <int64_t QType, int Rows, int L>
 VLLM_LITE_INLINE void weight_row_times_x(const uint8_t* row, int64_t num_blocks, const float* x,
                                          int64_t ldx, float* out, int64_t ldo) {
+  typedef VecF<L> V;
   constexpr int64_t bytes = QType == kTypeQ4_1 ? 20 : 34;
-  vfloat acc[Rows][2] = {};
+  V acc[Rows][2] = {};
   for (int64_t b = 0; b < num_blocks; ++b) {
-    vfloat lo, hi;
-    widen_block<QType>(row + b * bytes, lo, hi);
+    V w[kBlock / L];
+    widen_block<QType, L>(row + b * bytes, w);
     const float* xb = x + b * kBlock;
-    for (int r = 0; r < Rows; ++r) {
-      acc[r][0] += lo * load(xb + r * ldx);
-      acc[r][1] += hi * load(xb + r * ldx + kLanes);
-    }
+    for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < kBlock / L; ++v) acc[r][v % 2] += w[v] * load<V>(xb + r * ldx + v * L);
   }
   for (int r = 0; r < Rows; ++r) out[r * ldo] = hsum(acc[r][0] + acc[r][1]);
 }
 
-template <int64_t QType>
+template <int64_t QType, int L>
 VLLM_LITE_INLINE void gemm_rows(const uint8_t* weight, int64_t row_bytes, int64_t n_begin,
                                 int64_t n_end, const float* x, int64_t m_rows, int64_t k,
                                 float* out, int64_t n_total) {
@@ -115,52 +119,43 @@ VLLM_LITE_INLINE void gemm_rows(const uint8_t* weight, int64_t row_bytes, int64_
     const uint8_t* row = weight + n * row_bytes;
     int64_t m = 0;
     for (; m + kMaxRowsAtOnce <= m_rows; m += kMaxRowsAtOnce)
-      weight_row_times_x<QType, kMaxRowsAtOnce>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total);
+      weight_row_times_x<QType, kMaxRowsAtOnce, L>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total);
     switch (m_rows - m) {
-      case 3: weight_row_times_x<QType, 3>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
-      case 2: weight_row_times_x<QType, 2>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
-      case 1: weight_row_times_x<QType, 1>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
+      case 3: weight_row_times_x<QType, 3, L>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
+      case 2: weight_row_times_x<QType, 2, L>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
+      case 1: weight_row_times_x<QType, 1, L>(row, num_blocks, x + m * k, k, out + m * n_total + n, n_total); break;
       default: break;
     }
   }
 }
 
-VLLM_LITE_MULTIVERSION
-void gemm_rows_q4_1(const uint8_t* weight, int64_t row_bytes, int64_t n_begin, int64_t n_end,
-                    const float* x, int64_t m_rows, int64_t k, float* out, int64_t n_total) {
-  gemm_rows<kTypeQ4_1>(weight, row_bytes, n_begin, n_end, x, m_rows, k, out, n_total);
-}
+VLLM_LITE_PER_ISA(gemm_rows_q4_1, (gemm_rows<kTypeQ4_1, L>),
+                  (const uint8_t* weight, int64_t row_bytes, int64_t n_begin, int64_t n_end, const float* x,
+                   int64_t m_rows, int64_t k, float* out, int64_t n_total),
+                  (weight, row_bytes, n_begin, n_end, x, m_rows, k, out, n_total))
+VLLM_LITE_PER_ISA(gemm_rows_q8_0, (gemm_rows<kTypeQ8_0, L>),
+                  (const uint8_t* weight, int64_t row_bytes, int64_t n_begin, int64_t n_end, const float* x,
+                   int64_t m_rows, int64_t k, float* out, int64_t n_total),
+                  (weight, row_bytes, n_begin, n_end, x, m_rows, k, out, n_total))
 
-VLLM_LITE_MULTIVERSION
-void gemm_rows_q8_0(const uint8_t* weight, int64_t row_bytes, int64_t n_begin, int64_t n_end,
-                    const float* x, int64_t m_rows, int64_t k, float* out, int64_t n_total) {
-  gemm_rows<kTypeQ8_0>(weight, row_bytes, n_begin, n_end, x, m_rows, k, out, n_total);
-}
-
-template <int64_t QType>
+template <int64_t QType, int L>
 VLLM_LITE_INLINE void widen_rows(const uint8_t* weight, int64_t row_bytes, int64_t r_begin,
                                  int64_t r_end, int64_t k, float* out) {
   constexpr int64_t bytes = QType == kTypeQ4_1 ? 20 : 34;
   for (int64_t r = r_begin; r < r_end; ++r)
     for (int64_t b = 0; b < k / kBlock; ++b) {
-      vfloat lo, hi;
-      widen_block<QType>(weight + r * row_bytes + b * bytes, lo, hi);
-      store(out + r * k + b * kBlock, lo);
-      store(out + r * k + b * kBlock + kLanes, hi);
+      VecF<L> w[kBlock / L];
+      widen_block<QType, L>(weight + r * row_bytes + b * bytes, w);
+      for (int v = 0; v < kBlock / L; ++v) store(out + r * k + b * kBlock + v * L, w[v]);
     }
 }
 
-VLLM_LITE_MULTIVERSION
-void widen_rows_q4_1(const uint8_t* weight, int64_t row_bytes, int64_t r_begin, int64_t r_end,
-                     int64_t k, float* out) {
-  widen_rows<kTypeQ4_1>(weight, row_bytes, r_begin, r_end, k, out);
-}
-
-VLLM_LITE_MULTIVERSION
-void widen_rows_q8_0(const uint8_t* weight, int64_t row_bytes, int64_t r_begin, int64_t r_end,
-                     int64_t k, float* out) {
-  widen_rows<kTypeQ8_0>(weight, row_bytes, r_begin, r_end, k, out);
-}
+VLLM_LITE_PER_ISA(widen_rows_q4_1, (widen_rows<kTypeQ4_1, L>),
+                  (const uint8_t* weight, int64_t row_bytes, int64_t r_begin, int64_t r_end, int64_t k, float* out),
+                  (weight, row_bytes, r_begin, r_end, k, out))
+VLLM_LITE_PER_ISA(widen_rows_q8_0, (widen_rows<kTypeQ8_0, L>),
+                  (const uint8_t* weight, int64_t row_bytes, int64_t r_begin, int64_t r_end, int64_t k, float* out),
+                  (weight, row_bytes, r_begin, r_end, k, out))
 
 // K (the dequantized row length) of a uint8 [R, row_bytes] weight of type qtype.
 int64_t check_weight(const at::Tensor& qweight, int64_t qtype) {

@@ -34,12 +34,13 @@ using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_vec.h and cpu_rows
 // ---- RMSNorm ----
 
 // Sum of squares of one row of n elements.
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE float sum_squares(const T* x, int64_t n) {
-  vfloat acc = {};
+  constexpr int L = lanes_of<V>;
+  V acc = {};
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    const vfloat v = load_any(x + d);
+  for (; d + L <= n; d += L) {
+    const V v = load_any<V>(x + d);
     acc += v * v;
   }
   float sum = hsum(acc);
@@ -48,10 +49,11 @@ VLLM_LITE_INLINE float sum_squares(const T* x, int64_t n) {
 }
 
 // out = (x * inv_rms) * weight, the order of transformers' LlamaRMSNorm.
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE void scale_row(T* out, const T* x, const T* weight, float inv_rms, int64_t n) {
+  constexpr int L = lanes_of<V>;
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) store_any(out + d, load_any(x + d) * inv_rms * load_any(weight + d));
+  for (; d + L <= n; d += L) store_any(out + d, load_any<V>(x + d) * inv_rms * load_any<V>(weight + d));
   for (; d < n; ++d) store_one(out + d, to_float(x[d]) * inv_rms * to_float(weight[d]));
 }
 
@@ -59,34 +61,44 @@ VLLM_LITE_INLINE float inv_rms(float sum_sq, int64_t n, float eps) {
   return 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
 }
 
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE void rms_norm_row(T* out, const T* x, const T* weight, int64_t n, float eps) {
-  scale_row(out, x, weight, inv_rms(sum_squares(x, n), n, eps), n);
+  scale_row<V>(out, x, weight, inv_rms(sum_squares<V>(x, n), n, eps), n);
 }
 
 // residual = x + residual (rounded to T: the stored sum is what is normalized, as when torch adds
 // first), then x = rms_norm(residual).
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE void add_rms_norm_row(T* x, T* residual, const T* weight, int64_t n, float eps) {
+  constexpr int L = lanes_of<V>;
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) store_any(residual + d, load_any(x + d) + load_any(residual + d));
+  for (; d + L <= n; d += L) store_any(residual + d, load_any<V>(x + d) + load_any<V>(residual + d));
   for (; d < n; ++d) store_one(residual + d, to_float(x[d]) + to_float(residual[d]));
-  scale_row(x, residual, weight, inv_rms(sum_squares(residual, n), n, eps), n);
+  scale_row<V>(x, residual, weight, inv_rms(sum_squares<V>(residual, n), n, eps), n);
 }
 
-// Multiversioned per row range (not around the parallel loop: OpenMP outlines the loop body into a
-// function that target_clones would not reach).
-#define VLLM_LITE_NORM_RANGES(T, SUFFIX)                                                         \
-  VLLM_LITE_MULTIVERSION                                                                         \
-  void rms_norm_range_##SUFFIX(T* out, const T* x, const T* weight, int64_t n, int64_t x_stride, \
-                               float eps, int64_t begin, int64_t end) {                          \
-    for (int64_t r = begin; r < end; ++r) rms_norm_row(out + r * n, x + r * x_stride, weight, n, eps); \
-  }                                                                                              \
-  VLLM_LITE_MULTIVERSION                                                                         \
-  void add_rms_norm_range_##SUFFIX(T* x, T* residual, const T* weight, int64_t n, float eps,      \
-                                   int64_t begin, int64_t end) {                                 \
-    for (int64_t r = begin; r < end; ++r) add_rms_norm_row(x + r * n, residual + r * n, weight, n, eps); \
-  }
+template <int L, typename T>
+VLLM_LITE_INLINE void rms_norm_rows(T* out, const T* x, const T* weight, int64_t n, int64_t x_stride, float eps,
+                                    int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) rms_norm_row<VecF<L>>(out + r * n, x + r * x_stride, weight, n, eps);
+}
+
+template <int L, typename T>
+VLLM_LITE_INLINE void add_rms_norm_rows(T* x, T* residual, const T* weight, int64_t n, float eps, int64_t begin,
+                                        int64_t end) {
+  for (int64_t r = begin; r < end; ++r) add_rms_norm_row<VecF<L>>(x + r * n, residual + r * n, weight, n, eps);
+}
+
+// Compiled per ISA level per row range (not around the parallel loop: OpenMP outlines the loop
+// body into a function that the target attributes would not reach).
+#define VLLM_LITE_NORM_RANGES(T, SUFFIX)                                                                      \
+  VLLM_LITE_PER_ISA(rms_norm_range_##SUFFIX, (rms_norm_rows<L, T>),                                          \
+                    (T* out, const T* x, const T* weight, int64_t n, int64_t x_stride, float eps, int64_t begin, \
+                     int64_t end),                                                                            \
+                    (out, x, weight, n, x_stride, eps, begin, end))                                           \
+  VLLM_LITE_PER_ISA(add_rms_norm_range_##SUFFIX, (add_rms_norm_rows<L, T>),                                  \
+                    (T* x, T* residual, const T* weight, int64_t n, float eps, int64_t begin, int64_t end),  \
+                    (x, residual, weight, n, eps, begin, end))
 VLLM_LITE_NORM_RANGES(float, f32)
 VLLM_LITE_NORM_RANGES(uint16_t, bf16)
 #undef VLLM_LITE_NORM_RANGES
@@ -154,12 +166,13 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 // ---- Rotary embedding (neox style: pairs (i, i + D/2)) ----
 
 // One head in place: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin (transformers' rotate_half form).
-template <typename T, typename C>
+template <typename V, typename T, typename C>
 VLLM_LITE_INLINE void rotate_head(T* x, const C* cos, const C* sin, int64_t half) {
+  constexpr int L = lanes_of<V>;
   T* x2 = x + half;
   int64_t i = 0;
-  for (; i + kLanes <= half; i += kLanes) {
-    const vfloat a = load_any(x + i), b = load_any(x2 + i), c = load_any(cos + i), s = load_any(sin + i);
+  for (; i + L <= half; i += L) {
+    const V a = load_any<V>(x + i), b = load_any<V>(x2 + i), c = load_any<V>(cos + i), s = load_any<V>(sin + i);
     store_any(x + i, a * c - b * s);
     store_any(x2 + i, b * c + a * s);
   }
@@ -174,24 +187,24 @@ struct HeadsView {
   int64_t num_heads, stride_token, stride_head;
 };
 
-template <typename T>
+template <int L, typename T>
 VLLM_LITE_INLINE void rotary_tokens(const int64_t* positions, T* query, HeadsView q, T* key, HeadsView k,
                                     const T* cos_sin, int64_t head_dim, int64_t begin, int64_t end) {
   const int64_t half = head_dim / 2;
   for (int64_t t = begin; t < end; ++t) {
     const T* cos = cos_sin + positions[t] * head_dim;
     const T* sin = cos + half;
-    for (int64_t h = 0; h < q.num_heads; ++h) rotate_head(query + t * q.stride_token + h * q.stride_head, cos, sin, half);
-    for (int64_t h = 0; h < k.num_heads; ++h) rotate_head(key + t * k.stride_token + h * k.stride_head, cos, sin, half);
+    for (int64_t h = 0; h < q.num_heads; ++h)
+      rotate_head<VecF<L>>(query + t * q.stride_token + h * q.stride_head, cos, sin, half);
+    for (int64_t h = 0; h < k.num_heads; ++h) rotate_head<VecF<L>>(key + t * k.stride_token + h * k.stride_head, cos, sin, half);
   }
 }
 
-#define VLLM_LITE_ROTARY_RANGE(T, SUFFIX)                                                        \
-  VLLM_LITE_MULTIVERSION                                                                         \
-  void rotary_range_##SUFFIX(const int64_t* positions, T* query, HeadsView q, T* key, HeadsView k, \
-                             const T* cos_sin, int64_t head_dim, int64_t begin, int64_t end) {   \
-    rotary_tokens(positions, query, q, key, k, cos_sin, head_dim, begin, end);                   \
-  }
+#define VLLM_LITE_ROTARY_RANGE(T, SUFFIX)                                                                 \
+  VLLM_LITE_PER_ISA(rotary_range_##SUFFIX, (rotary_tokens<L, T>),                                         \
+                    (const int64_t* positions, T* query, HeadsView q, T* key, HeadsView k, const T* cos_sin, \
+                     int64_t head_dim, int64_t begin, int64_t end),                                        \
+                    (positions, query, q, key, k, cos_sin, head_dim, begin, end))
 VLLM_LITE_ROTARY_RANGE(float, f32)
 VLLM_LITE_ROTARY_RANGE(uint16_t, bf16)
 #undef VLLM_LITE_ROTARY_RANGE
@@ -238,12 +251,13 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, at::Tensor
 // ---- SiLU and multiply ----
 
 // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE void silu_and_mul_row(T* out, const T* gate, const T* up, int64_t d) {
+  constexpr int L = lanes_of<V>;
   int64_t i = 0;
-  for (; i + kLanes <= d; i += kLanes) {
-    const vfloat g = load_any(gate + i);
-    store_any(out + i, g / (1.f + exp_clamped(-g)) * load_any(up + i));
+  for (; i + L <= d; i += L) {
+    const V g = load_any<V>(gate + i);
+    store_any(out + i, g / (1.f + exp_clamped(-g)) * load_any<V>(up + i));
   }
   for (; i < d; ++i) {
     const float g = to_float(gate[i]);
@@ -251,12 +265,16 @@ VLLM_LITE_INLINE void silu_and_mul_row(T* out, const T* gate, const T* up, int64
   }
 }
 
-#define VLLM_LITE_SILU_RANGE(T, SUFFIX)                                                          \
-  VLLM_LITE_MULTIVERSION                                                                          \
-  void silu_and_mul_range_##SUFFIX(T* out, const T* x, int64_t d, int64_t x_stride, int64_t begin, \
-                                   int64_t end) {                                                 \
-    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(out + r * d, x + r * x_stride, x + r * x_stride + d, d); \
-  }
+template <int L, typename T>
+VLLM_LITE_INLINE void silu_and_mul_rows(T* out, const T* x, int64_t d, int64_t x_stride, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r)
+    silu_and_mul_row<VecF<L>>(out + r * d, x + r * x_stride, x + r * x_stride + d, d);
+}
+
+#define VLLM_LITE_SILU_RANGE(T, SUFFIX)                                                                          \
+  VLLM_LITE_PER_ISA(silu_and_mul_range_##SUFFIX, (silu_and_mul_rows<L, T>),                                     \
+                    (T* out, const T* x, int64_t d, int64_t x_stride, int64_t begin, int64_t end),              \
+                    (out, x, d, x_stride, begin, end))
 VLLM_LITE_SILU_RANGE(float, f32)
 VLLM_LITE_SILU_RANGE(uint16_t, bf16)
 #undef VLLM_LITE_SILU_RANGE

@@ -66,7 +66,13 @@ def _precision(ov, properties: dict) -> str:
     given: bf16 only on CPUs with bf16 in hardware) and its KV cache's."""
     core = ov.Core()
     inference = properties.get("INFERENCE_PRECISION_HINT") or core.get_property("CPU", "INFERENCE_PRECISION_HINT")
-    return f"{inference}, {core.get_property('CPU', 'KV_CACHE_PRECISION')} KV"
+    kv_cache = core.get_property("CPU", "KV_CACHE_PRECISION")
+    return f"{_type_name(inference)}, {_type_name(kv_cache)} KV"
+
+
+def _type_name(value) -> str:
+    """'f32' for an ov.Type (whose str() is "<Type: 'float32'>") or a hint string."""
+    return value.to_string() if hasattr(value, "to_string") else str(value)
 
 
 def _as_int64(rows: list[list[int]]):
