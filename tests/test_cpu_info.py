@@ -37,6 +37,18 @@ def test_auto_dtype_on_cpu_follows_native_bf16(tiny_llama: Path, monkeypatch: py
     assert explicit.model_config.dtype == "float32"
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_int8_quantization_warns_where_int8_is_emulated(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture, native: bool) -> None:
+    monkeypatch.setattr(cpu_info, "has_native_int8", lambda: native)
+    with caplog.at_level("WARNING", logger="vllm_lite.config"):
+        config = EngineArgs(model=str(tiny_llama), device="cpu", dtype="float32",
+                            quantization="int8").create_engine_config()
+    assert config.model_config.quantization == "int8"  # still honoured: correct, only slow
+    warned = [r.getMessage() for r in caplog.records if "without int8 dot products" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)
+
+
 def test_openmp_child_env_sets_defaults_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with cpu_info.openmp_child_env():

@@ -407,6 +407,8 @@ class EngineArgs:
                f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
         _check(self.quantization is None or device == "cpu",
                f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
+        if self.quantization == "int8":
+            _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(self.quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
         max_len = self.max_model_len or hf.max_position_embeddings
@@ -538,6 +540,18 @@ def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
     if model_dtype not in DTYPE_SIZES:
         return "float32"
     return model_dtype
+
+
+def _warn_int8_without_dot_products() -> None:
+    """quantization="int8" is correct on any CPU but fast only with int8 dot products in hardware:
+    without them torch._int_mm's portable kernel ran 25-50x slower than the float32 matmul (an
+    AVX2-only AMD EPYC, benchmarks/RESULTS.md). Said once at start, as the dtype='auto' choice is."""
+    from vllm_lite.cpu_info import has_native_int8
+
+    if not has_native_int8():
+        logger.warning("quantization='int8' on a CPU without int8 dot products (no avx512_vnni, avx_vnni or "
+                       "amx_int8): its int8 matmuls are emulated and much slower than float32 here (the weights "
+                       "still take a quarter of float32's memory)")
 
 
 def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None, device: str,
