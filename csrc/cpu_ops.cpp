@@ -262,85 +262,86 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
 // ---- bf16 KV cache (bf16 query and output): rows widened to fp32 as they are read, fp32 scores,
 // softmax and accumulation; the output rounded to bf16 once (round to nearest even). ----
 
-// n (<= 16) bf16 token rows of one KV head widened into `tile` (fp32 rows of C * 16 values).
-template <int C>
+// n (<= L) bf16 token rows of one KV head widened into `tile` (fp32 rows of C * L values).
+template <int C, typename V>
 VLLM_LITE_INLINE void widen_tile(float* tile, const uint16_t* rows, int64_t row_stride, int64_t n) {
+  constexpr int L = lanes_of<V>;
   for (int64_t j = 0; j < n; ++j)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * kLanes, load_bf16(rows + j * row_stride + c * kLanes));
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * L, load_bf16<V>(rows + j * row_stride + c * L));
 }
 
-// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim = C * 16. Each tile
-// of 16 K (then V) rows is widened to fp32 once and used by every query head of its KV group
+// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim D = C * L. Each tile
+// of L K (then V) rows is widened to fp32 once and used by every query head of its KV group
 // (grouped-query attention: 3 heads share a KV head in the demo model), then the fp32 tile code
 // runs on it: the same products in the same order as widening per head, so the same result.
-template <int C>
+template <int D, int L>
 VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
                                             const uint16_t* cache, const int32_t* blocks,
                                             int64_t seq_len, int64_t kv_begin, int64_t kv_end,
                                             int64_t group, const CacheLayout& c, float scale,
                                             std::vector<float>& scratch) {
-  constexpr int64_t head_dim = C * kLanes;
+  typedef VecF<L> V;
+  constexpr int C = D / L;
   const int64_t num_heads = (kv_end - kv_begin) * group;
-  scratch.resize(num_heads * (seq_len + 2 * head_dim + 1));
+  scratch.resize(num_heads * (seq_len + 2 * D + 1));
   float* logits = scratch.data();
   float* q_scaled = logits + num_heads * seq_len;
-  float* acc = q_scaled + num_heads * head_dim;
-  float* inv_sum = acc + num_heads * head_dim;
-  float tile[kLanes * head_dim];
+  float* acc = q_scaled + num_heads * D;
+  float* inv_sum = acc + num_heads * D;
+  float tile[L * D];
   for (int64_t h = 0; h < num_heads; ++h)
-    for (int k = 0; k < C; ++k)
-      store(q_scaled + h * head_dim + k * kLanes, load_bf16(query + h * q_stride_h + k * kLanes) * scale);
+    for (int k = 0; k < C; ++k) store(q_scaled + h * D + k * L, load_bf16<V>(query + h * q_stride_h + k * L) * scale);
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
     for (int64_t b = 0; b < num_blocks; ++b) {
       const uint16_t* rows = cache + blocks[b] * c.stride_block + (kv_begin + kv) * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        widen_tile<C>(tile, rows + t * c.stride_offset, c.stride_offset, m);
+      for (int64_t t = 0; t < n; t += L) {
+        const int64_t m = std::min<int64_t>(L, n - t);
+        widen_tile<C, V>(tile, rows + t * c.stride_offset, c.stride_offset, m);
         for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-          vfloat q[C];
-          for (int k = 0; k < C; ++k) q[k] = load(q_scaled + h * head_dim + k * kLanes);
-          if (m == kLanes)
-            score_tile<C, true>(logits + h * seq_len + start + t, q, tile, head_dim, kLanes);
+          V q[C];
+          for (int k = 0; k < C; ++k) q[k] = load<V>(q_scaled + h * D + k * L);
+          if (m == L)
+            score_tile<C, true>(logits + h * seq_len + start + t, q, tile, D, L);
           else
-            score_tile<C, false>(logits + h * seq_len + start + t, q, tile, head_dim, m);
+            score_tile<C, false>(logits + h * seq_len + start + t, q, tile, D, m);
         }
       }
     }
   }
-  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
-  std::fill(acc, acc + num_heads * head_dim, 0.f);
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators<V>(logits + h * seq_len, seq_len);
+  std::fill(acc, acc + num_heads * D, 0.f);
   for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
     for (int64_t b = 0; b < num_blocks; ++b) {
       const uint16_t* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t t = 0; t < n; t += kLanes) {
-        const int64_t m = std::min(kLanes, n - t);
-        widen_tile<C>(tile, rows + t * c.stride_offset, c.stride_offset, m);
+      for (int64_t t = 0; t < n; t += L) {
+        const int64_t m = std::min<int64_t>(L, n - t);
+        widen_tile<C, V>(tile, rows + t * c.stride_offset, c.stride_offset, m);
         for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
           const float* p = logits + h * seq_len + start + t;
-          vfloat sum[C];
-          for (int k = 0; k < C; ++k) sum[k] = load(acc + h * head_dim + k * kLanes);
+          V sum[C];
+          for (int k = 0; k < C; ++k) sum[k] = load<V>(acc + h * D + k * L);
           for (int64_t i = 0; i < m; ++i)
-#pragma GCC unroll 8
-            for (int k = 0; k < C; ++k) sum[k] += p[i] * load(tile + (i * C + k) * kLanes);
-          for (int k = 0; k < C; ++k) store(acc + h * head_dim + k * kLanes, sum[k]);
+#pragma GCC unroll 16
+            for (int k = 0; k < C; ++k) sum[k] += p[i] * load<V>(tile + (i * C + k) * L);
+          for (int k = 0; k < C; ++k) store(acc + h * D + k * L, sum[k]);
         }
       }
     }
   }
   for (int64_t h = 0; h < num_heads; ++h)
-    for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = float_to_bf16(acc[h * head_dim + d] * inv_sum[h]);
+    for (int64_t d = 0; d < D; ++d) out[h * D + d] = float_to_bf16(acc[h * D + d] * inv_sum[h]);
 }
 
 // Any head_dim: one token at a time, scalar tails.
-VLLM_LITE_MULTIVERSION
-void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                         const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
-                         int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
-                         const CacheLayout& c, float scale, std::vector<float>& scratch) {
+template <int L>
+VLLM_LITE_INLINE void decode_one_bf16_any_head_dim(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
+                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                                                   int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
+                                                   const CacheLayout& c, float scale, std::vector<float>& scratch) {
   const int64_t num_heads = (kv_end - kv_begin) * group;
   scratch.resize(num_heads * (seq_len + 2 * head_dim));
   float* logits = scratch.data();
@@ -354,7 +355,7 @@ void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_
   for (int64_t which = 0; which < 2; ++which) {  // 0: scores over K, 1: weighted sum over V
     if (which == 1)
       for (int64_t h = 0; h < num_heads; ++h) {
-        const float inv_sum = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+        const float inv_sum = 1.f / softmax_numerators<VecF<L>>(logits + h * seq_len, seq_len);
         for (int64_t t = 0; t < seq_len; ++t) logits[h * seq_len + t] *= inv_sum;
       }
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -377,9 +378,16 @@ void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_
   for (int64_t i = 0; i < num_heads * head_dim; ++i) out[i] = float_to_bf16(acc[i]);
 }
 
-// One bf16 decode kernel for head_dim C * 16, compiled with TARGET (its ISA levels) as NAME##_C,
-// calling the instantiation KERNEL (in parentheses when it has a comma): the portable clones
-// here, the vdpbf16ps and AMX ones below.
+VLLM_LITE_PER_ISA(decode_one_bf16_any, decode_one_bf16_any_head_dim<L>,
+                  (uint16_t* out, const uint16_t* query, int64_t q_stride_h, const uint16_t* cache,
+                   const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,
+                   int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch),
+                  (out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c, scale,
+                   scratch))
+
+// One bf16 decode kernel for head_dim C * 16, compiled with TARGET as NAME##_C, calling the
+// instantiation KERNEL (in parentheses when it has a comma): the vdpbf16ps and AMX ones below.
+// The portable ones above are compiled per ISA level (VLLM_LITE_PER_ISA).
 #define VLLM_LITE_BF16_DECODE_KERNEL(TARGET, NAME, KERNEL, C)                                    \
   TARGET                                                                                         \
   void NAME##_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h,                      \
@@ -389,9 +397,17 @@ void decode_one_bf16_any(uint16_t* out, const uint16_t* query, int64_t q_stride_
     KERNEL(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,    \
            scratch);                                                                             \
   }
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<2>, 2)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<4>, 4)
-VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_MULTIVERSION, decode_one_bf16, decode_one_bf16_tiled<8>, 8)
+#define VLLM_LITE_BF16_DECODE_PORTABLE(D)                                                              \
+  VLLM_LITE_PER_ISA(decode_one_bf16_##D, (decode_one_bf16_tiled<D, L>),                                 \
+                    (uint16_t* out, const uint16_t* query, int64_t q_stride_h, const uint16_t* cache,   \
+                     const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,          \
+                     int64_t group, const CacheLayout& c, float scale, std::vector<float>& scratch),    \
+                    (out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, \
+                     scratch))
+VLLM_LITE_BF16_DECODE_PORTABLE(32)
+VLLM_LITE_BF16_DECODE_PORTABLE(64)
+VLLM_LITE_BF16_DECODE_PORTABLE(128)
+#undef VLLM_LITE_BF16_DECODE_PORTABLE
 
 // ---- bf16 with vdpbf16ps (AVX512-BF16), picked at run time on CPUs that have it ----
 // QK: bf16 pairs of the query times bf16 pairs of a K row, summed into fp32 lanes by vdpbf16ps
@@ -699,15 +715,15 @@ void decode_item_bf16(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
   }
 #endif
   switch (head_dim) {
-    case 2 * kLanes:
-      return decode_one_bf16_2(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                               group, c, scale, scratch);
-    case 4 * kLanes:
-      return decode_one_bf16_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                               group, c, scale, scratch);
-    case 8 * kLanes:
-      return decode_one_bf16_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
-                               group, c, scale, scratch);
+    case 32:
+      return decode_one_bf16_32(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,
+                                scratch);
+    case 64:
+      return decode_one_bf16_64(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,
+                                scratch);
+    case 128:
+      return decode_one_bf16_128(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale,
+                                 scratch);
     default:
       return decode_one_bf16_any(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,
                                  group, head_dim, c, scale, scratch);
@@ -747,27 +763,30 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
   }
 }
 
-// First index of the row's maximum. Lane j keeps the first maximum among elements j, j+16, ...
+// First index of the row's maximum. Lane j keeps the first maximum among elements j, j+L, ...
 // (strict >); the answer is the smallest index among lanes holding the overall maximum.
-VLLM_LITE_MULTIVERSION
-int64_t argmax_row(const float* x, int64_t n) {
+template <int L>
+VLLM_LITE_INLINE void argmax_of_row(const float* x, int64_t n, int64_t* result) {
+  typedef VecF<L> V;
+  typedef VecI32<L> I;
   int64_t d = 0;
   float best_value = -std::numeric_limits<float>::infinity();
   int64_t best_index = 0;
-  if (n >= kLanes) {
-    vfloat best = load(x);
-    vi32 index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    vi32 best_idx = index;
-    for (d = kLanes; d + kLanes <= n; d += kLanes) {
-      index += kLanes;
-      const vfloat v = load(x + d);
-      const vi32 greater = v > best;
+  if (n >= L) {
+    V best = load<V>(x);
+    I index;
+    for (int j = 0; j < L; ++j) index[j] = j;
+    I best_idx = index;
+    for (d = L; d + L <= n; d += L) {
+      index += L;
+      const V v = load<V>(x + d);
+      const I greater = v > best;
       best = greater ? v : best;
       best_idx = greater ? index : best_idx;
     }
     best_value = best[0];
     best_index = best_idx[0];
-    for (int64_t j = 1; j < kLanes; ++j) {
+    for (int64_t j = 1; j < L; ++j) {
       if (best[j] > best_value || (best[j] == best_value && best_idx[j] < best_index)) {
         best_value = best[j];
         best_index = best_idx[j];
@@ -775,13 +794,15 @@ int64_t argmax_row(const float* x, int64_t n) {
     }
   }
   for (; d < n; ++d) {
-    if (x[d] > best_value || (d == 0 && n < kLanes)) {
+    if (x[d] > best_value || (d == 0 && n < L)) {
       best_value = x[d];
       best_index = d;
     }
   }
-  return best_index;
+  *result = best_index;
 }
+
+VLLM_LITE_PER_ISA(argmax_row, argmax_of_row<L>, (const float* x, int64_t n, int64_t* result), (x, n, result))
 
 at::Tensor argmax_rows(const at::Tensor& logits) {
   TORCH_CHECK(logits.device().is_cpu() && logits.scalar_type() == at::kFloat,
@@ -794,7 +815,7 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   int64_t* result = out.data_ptr<int64_t>();
   const int threads = rows * cols >= (1 << 16) ? at::get_num_threads() : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) result[r] = argmax_row(x + r * stride, cols);
+  for (int64_t r = 0; r < rows; ++r) argmax_row(x + r * stride, cols, result + r);
   return out;
 }
 

@@ -34,33 +34,34 @@ constexpr float kMinScale = 1e-12f;  // a row of zeros keeps a finite scale
 // nearest with ties to even (the FPU's default rounding), in two vector ops.
 constexpr float kRoundMagic = 12582912.f;
 
-typedef int8_t vi8 __attribute__((vector_size(kLanes)));
-
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE float row_abs_max(const T* x, int64_t n) {
-  vfloat vmax = {};
+  constexpr int L = lanes_of<V>;
+  V vmax = {};
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    const vfloat v = load_any(x + d);
-    const vfloat a = v < 0.f ? -v : v;
+  for (; d + L <= n; d += L) {
+    const V v = load_any<V>(x + d);
+    const V a = v < 0.f ? -v : v;
     vmax = a > vmax ? a : vmax;
   }
   float m = 0.f;
-  for (int64_t i = 0; i < kLanes; ++i) m = std::max(m, vmax[i]);
+  for (int64_t i = 0; i < L; ++i) m = std::max(m, vmax[i]);
   for (; d < n; ++d) m = std::max(m, std::abs(to_float(x[d])));
   return m;
 }
 
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE float quantize_row(int8_t* q, const T* x, int64_t n) {
-  const float scale = std::max(row_abs_max(x, n) / kInt8Max, kMinScale);
+  constexpr int L = lanes_of<V>;
+  typedef int8_t Codes __attribute__((vector_size(L)));
+  const float scale = std::max(row_abs_max<V>(x, n) / kInt8Max, kMinScale);
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    vfloat v = load_any(x + d) / scale;
+  for (; d + L <= n; d += L) {
+    V v = load_any<V>(x + d) / scale;
     v = (v + kRoundMagic) - kRoundMagic;
-    v = v > kInt8Max ? kInt8Max + vfloat{} : v;
-    v = v < -kInt8Max ? -kInt8Max + vfloat{} : v;
-    const vi8 packed = __builtin_convertvector(__builtin_convertvector(v, vi32), vi8);
+    v = v > kInt8Max ? kInt8Max + V{} : v;
+    v = v < -kInt8Max ? -kInt8Max + V{} : v;
+    const Codes packed = __builtin_convertvector(__builtin_convertvector(v, VecI32<L>), Codes);
     std::memcpy(q + d, &packed, sizeof packed);
   }
   for (; d < n; ++d) {
@@ -70,15 +71,16 @@ VLLM_LITE_INLINE float quantize_row(int8_t* q, const T* x, int64_t n) {
   return scale;
 }
 
-template <typename T>
+template <typename V, typename T>
 VLLM_LITE_INLINE void dequantize_row(T* out, const int32_t* acc, float row_scale, const float* col_scale,
                                      const T* bias, int64_t n) {
+  constexpr int L = lanes_of<V>;
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) {
-    vi32 a;
+  for (; d + L <= n; d += L) {
+    VecI32<L> a;
     std::memcpy(&a, acc + d, sizeof a);
-    vfloat v = __builtin_convertvector(a, vfloat) * row_scale * load(col_scale + d);
-    if (bias != nullptr) v += load_any(bias + d);
+    V v = __builtin_convertvector(a, V) * row_scale * load<V>(col_scale + d);
+    if (bias != nullptr) v += load_any<V>(bias + d);
     store_any(out + d, v);
   }
   for (; d < n; ++d) {
@@ -88,21 +90,29 @@ VLLM_LITE_INLINE void dequantize_row(T* out, const int32_t* acc, float row_scale
   }
 }
 
-// Multiversioned per row range (OpenMP outlines the parallel loop into a function that
-// target_clones would not reach).
-#define VLLM_LITE_INT8_RANGES(T, SUFFIX)                                                             \
-  VLLM_LITE_MULTIVERSION                                                                             \
-  void quantize_range_##SUFFIX(int8_t* q, float* scale, const T* x, int64_t n, int64_t x_stride,      \
-                               int64_t begin, int64_t end) {                                         \
-    for (int64_t r = begin; r < end; ++r) scale[r] = quantize_row(q + r * n, x + r * x_stride, n);    \
-  }                                                                                                  \
-  VLLM_LITE_MULTIVERSION                                                                             \
-  void dequantize_range_##SUFFIX(T* out, const int32_t* acc, const float* row_scale,                  \
-                                 const float* col_scale, const T* bias, int64_t n, int64_t begin,      \
-                                 int64_t end) {                                                      \
-    for (int64_t r = begin; r < end; ++r)                                                            \
-      dequantize_row(out + r * n, acc + r * n, row_scale[r], col_scale, bias, n);                    \
-  }
+template <int L, typename T>
+VLLM_LITE_INLINE void quantize_rows(int8_t* q, float* scale, const T* x, int64_t n, int64_t x_stride, int64_t begin,
+                                    int64_t end) {
+  for (int64_t r = begin; r < end; ++r) scale[r] = quantize_row<VecF<L>>(q + r * n, x + r * x_stride, n);
+}
+
+template <int L, typename T>
+VLLM_LITE_INLINE void dequantize_rows(T* out, const int32_t* acc, const float* row_scale, const float* col_scale,
+                                      const T* bias, int64_t n, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) dequantize_row<VecF<L>>(out + r * n, acc + r * n, row_scale[r], col_scale, bias, n);
+}
+
+// Compiled per ISA level per row range (OpenMP outlines the parallel loop into a function that
+// the target attributes would not reach).
+#define VLLM_LITE_INT8_RANGES(T, SUFFIX)                                                                    \
+  VLLM_LITE_PER_ISA(quantize_range_##SUFFIX, (quantize_rows<L, T>),                                        \
+                    (int8_t* q, float* scale, const T* x, int64_t n, int64_t x_stride, int64_t begin,      \
+                     int64_t end),                                                                          \
+                    (q, scale, x, n, x_stride, begin, end))                                                 \
+  VLLM_LITE_PER_ISA(dequantize_range_##SUFFIX, (dequantize_rows<L, T>),                                    \
+                    (T* out, const int32_t* acc, const float* row_scale, const float* col_scale, const T* bias, \
+                     int64_t n, int64_t begin, int64_t end),                                                \
+                    (out, acc, row_scale, col_scale, bias, n, begin, end))
 VLLM_LITE_INT8_RANGES(float, f32)
 VLLM_LITE_INT8_RANGES(uint16_t, bf16)
 #undef VLLM_LITE_INT8_RANGES

@@ -597,10 +597,12 @@ bool avx2_tiles_fit(int64_t head_dim) {
 }
 
 // Any head_dim: each row dequantized into fp32 as it is read, then dot / axpy.
-VLLM_LITE_MULTIVERSION
-void decode_one_i8_any(float* out, const QueryRows& query, const int8_t* cache,
-                       const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,
-                       int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch) {
+template <int L>
+VLLM_LITE_INLINE void decode_one_i8_any_head_dim(float* out, const QueryRows& query, const int8_t* cache,
+                                                 const int32_t* blocks, int64_t seq_len, int64_t kv_begin,
+                                                 int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c,
+                                                 float scale, std::vector<float>& scratch) {
+  typedef VecF<L> V;
   const int64_t num_heads = (kv_end - kv_begin) * group;
   scratch.resize(num_heads * (seq_len + head_dim + 1) + head_dim);
   float* logits = scratch.data();
@@ -617,18 +619,25 @@ void decode_one_i8_any(float* out, const QueryRows& query, const int8_t* cache,
     for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
       widen(t, 0, kv);
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
-        logits[h * seq_len + t] = dot(query.values + h * head_dim, row, head_dim) * scale;
+        logits[h * seq_len + t] = dot<V>(query.values + h * head_dim, row, head_dim) * scale;
     }
-  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators(logits + h * seq_len, seq_len);
+  for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators<V>(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * head_dim, 0.f);
   for (int64_t t = 0; t < seq_len; ++t)
     for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
       widen(t, 1, kv);
-      for (int64_t h = kv * group; h < (kv + 1) * group; ++h) axpy(acc + h * head_dim, logits[h * seq_len + t], row, head_dim);
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+        axpy<V>(acc + h * head_dim, logits[h * seq_len + t], row, head_dim);
     }
   for (int64_t h = 0; h < num_heads; ++h)
     for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] = acc[h * head_dim + d] * inv_sum[h];
 }
+
+VLLM_LITE_PER_ISA(decode_one_i8_any, decode_one_i8_any_head_dim<L>,
+                  (float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks, int64_t seq_len,
+                   int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c,
+                   float scale, std::vector<float>& scratch),
+                  (out, query, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim, c, scale, scratch))
 
 void decode_item_i8(float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks,
                     int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
