@@ -8,10 +8,12 @@ continuous batching (benchmarks/peers/make_openvino_venv.sh), each in its own su
 same thread count and KV cache size, once per `--dtype` (OpenVINO's "bfloat16" row is its
 default precision: no INFERENCE_PRECISION_HINT). `--dtype auto` runs every engine at the precision
 it picks by default on this CPU (vllm_lite and vLLM `dtype="auto"`, OpenVINO without a hint): the
-comparison the issue's targets name on a CPU without native bf16, where a bf16 row is emulated. `--quantization int8` adds a vllm_lite row with
-int8 weights per `--dtype` (the activations' dtype); `--kv-cache-dtype bfloat16 int8_per_token_head`
-adds rows per `--dtype` (plain and per quantization) with that KV cache (OpenVINO's default keeps
-a u8 KV cache: the like-for-like vllm_lite row is bfloat16 with int8_per_token_head). `--background-load` runs every engine beside one busy process.
+comparison the issue's targets name on a CPU without native bf16, where a bf16 row is emulated.
+`--quantization int8` adds a vllm_lite row with int8 weights per `--dtype` (the activations'
+dtype); `--kv-cache-dtype bfloat16 int8_per_token_head` adds rows per `--dtype` (plain and per
+quantization) with that KV cache (OpenVINO's default keeps a u8 KV cache: the like-for-like
+vllm_lite row is bfloat16 with int8_per_token_head). `--background-load` runs every engine beside
+one busy process.
 
 Checks: vllm_lite fp32's greedy tokens for the first 5 requests equal transformers' (exit
 non-zero if not); every reduced-precision row reports, for those requests, where its tokens
@@ -210,7 +212,8 @@ def print_results(results: list[tuple[str, RunResult | Skipped]], rounds: list[l
             "bfloat16" if precision.startswith("default") else "float32") or (None, [])
         per_round = " ".join(f"{peer / mine:.2f}" for mine, peer in zip(ours_times, times)) if len(times) > 1 else "-"
         resolved = r.extra.get("dtype")
-        rows.append((r.name, f"{precision} ({resolved})" if precision == "auto" and resolved else precision, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
+        label = f"{precision} ({resolved})" if precision == "auto" and resolved else precision
+        rows.append((r.name, label, r.elapsed_s, r.tokens_per_s, r.requests_per_s,
                      ratio(ours_result.tokens_per_s if ours_result else None, r.tokens_per_s), per_round,
                      divergence_vs_fp32(precision, r, results), ""))
     print()

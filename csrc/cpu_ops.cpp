@@ -17,8 +17,8 @@
 // KV cache per layer: [num_blocks, 2, block_size, num_kv_heads, head_dim] (0 = K, 1 = V).
 // Registered as torch.ops.vllm_lite_C.*; `import vllm_lite._C` loads them. OpenMP splits the
 // (sequence, kv head) pairs across torch's intra-op threads; the inner loops use GCC vector
-// extensions, compiled once per ISA level (AVX-512, AVX2+FMA, baseline) and picked at load time
-// by target_clones; the vdpbf16ps kernels are compiled for AVX512-BF16 by a target attribute and
+// extensions, compiled once per ISA level (AVX-512, AVX2+FMA, baseline) at the width its registers
+// hold and picked at run time (VLLM_LITE_PER_ISA, cpu_multiversion.h); the vdpbf16ps kernels are compiled for AVX512-BF16 by a target attribute and
 // called only where __builtin_cpu_supports says the CPU has it. The build stays portable without
 // -march=native.
 

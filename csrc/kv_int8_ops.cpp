@@ -472,8 +472,7 @@ VLLM_LITE_DECODE_I8(8)
 // the head's sums (a head at a time: 8 accumulators of 8 lanes fill the 16 AVX2 registers). ----
 
 #if VLLM_LITE_I8_AVX512
-#define VLLM_LITE_AVX2_TARGET VLLM_LITE_TARGET_AVX2
-#define VLLM_LITE_AVX2_INLINE VLLM_LITE_INLINE VLLM_LITE_AVX2_TARGET
+#define VLLM_LITE_AVX2_INLINE VLLM_LITE_INLINE VLLM_LITE_TARGET_AVX2
 constexpr int64_t kTile8 = 8;
 typedef VecF<8> vfloat8;
 typedef VecI32<8> vi32x8;
@@ -545,7 +544,7 @@ VLLM_LITE_AVX2_INLINE void decode_one_i8_avx2(float* out, const QueryRows& query
   };
   // fn(kv, tile, m, position of its first row) for every tile of up to 8 rows, block by block (as
   // the AVX-512 kernel walks them), asking for the blocks ahead.
-  auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_AVX2_TARGET {
+  auto for_each_tile = [&](int64_t which, auto&& fn) VLLM_LITE_TARGET_AVX2 {
     for (int64_t b = 0; b < std::min(kPrefetchBlocks, num_blocks); ++b) prefetch_l2(block_rows(b, which), block_bytes);
     for (int64_t b = 0; b < num_blocks; ++b) {
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
@@ -556,14 +555,14 @@ VLLM_LITE_AVX2_INLINE void decode_one_i8_avx2(float* out, const QueryRows& query
       }
     }
   };
-  for_each_tile(0, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX2_TARGET {
+  for_each_tile(0, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_TARGET_AVX2 {
     const vfloat8 row_scales = tile_scales8(tile, c.stride_offset, m, D) * scale;
     score_tile_avx2<D>(logits + kv * group * seq_len + position, seq_len, query.wide + kv * group * D,
                        query.scales + kv * group, group, tile, c.stride_offset, m, row_scales);
   });
   for (int64_t h = 0; h < num_heads; ++h) inv_sum[h] = 1.f / softmax_numerators<vfloat8>(logits + h * seq_len, seq_len);
   std::fill(acc, acc + num_heads * D, 0.f);
-  for_each_tile(1, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_AVX2_TARGET {
+  for_each_tile(1, [&](int64_t kv, const int8_t* tile, int64_t m, int64_t position) VLLM_LITE_TARGET_AVX2 {
     const vfloat8 scales = tile_scales8(tile, c.stride_offset, m, D);
     for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
       alignas(32) float weights[kTile8];
@@ -577,7 +576,7 @@ VLLM_LITE_AVX2_INLINE void decode_one_i8_avx2(float* out, const QueryRows& query
 }
 
 #define VLLM_LITE_DECODE_I8_AVX2(D)                                                                        \
-  VLLM_LITE_AVX2_TARGET                                                                                    \
+  VLLM_LITE_TARGET_AVX2                                                                                    \
   void decode_one_i8_avx2_##D(float* out, const QueryRows& query, const int8_t* cache, const int32_t* blocks, \
                               int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,           \
                               const CacheLayout& c, float scale, std::vector<float>& scratch) {           \

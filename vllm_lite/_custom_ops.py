@@ -24,7 +24,7 @@ def is_available() -> bool:
     except ImportError as exc:
         logger.debug("vllm_lite._C not loaded (%s); using the torch attention path", exc)
         return False
-    torch.ops.vllm_lite_C.cpu_capability()  # a bad VLLM_LITE_CPU_CAPABILITY fails here, by name
+    cpu_capability()  # a bad VLLM_LITE_CPU_CAPABILITY fails here, by name
     return True
 
 

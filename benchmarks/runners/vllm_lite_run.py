@@ -44,7 +44,7 @@ def main(job_path: str, result_path: str) -> None:
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
-        dtype = str(llm.llm_engine.vllm_config.model_config.dtype).removeprefix("torch.")
+        dtype = llm.llm_engine.vllm_config.model_config.dtype  # what dtype="auto" resolved to
     finally:
         llm.shutdown()
     token_ids = [[int(t) for t in out.outputs[0].token_ids] for out in outputs]
