@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode bench-amx
+.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode bench-amx
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests
+
+# On a CUDA machine whose python3 already has torch with CUDA (no venv: the CPU torch pin above
+# would replace it): the CUDA-path tests on the GPU and a short bf16 throughput run.
+gpu-check:
+	bash tools/gpu_check.sh
 
 # Benchmarks (benchmarks/RESULTS.md): each prints a table last. The peers they compare with are
 # optional: `make bench-peers` builds vLLM's CPU build, OpenVINO GenAI and llama.cpp in their own environments.

@@ -28,18 +28,21 @@ AGREE_PREFIX = 4  # first tokens compared for agreement
 # Bounds per precision, with about 2x room over what these models measured (first-4 agreement
 # bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073; int8 KV cache
 # 7-8/8 and 0.014-0.019 under float32, 0.025-0.033 under bf16).
-# Engine arguments per precision (the reference: dtype="float32").
+# Engine arguments per precision (the reference: dtype="float32" on the same device). int8 weights
+# and a KV cache in another dtype than the model's are CPU features (refused by name on CUDA), so
+# those run on the CPU on every machine; bf16 runs on the default device (the GPU under gpu-check).
+CPU = {"device": "cpu"}
 PRECISIONS = {
     "bfloat16": {"dtype": "bfloat16"},
-    "bfloat16+int8": {"dtype": "bfloat16", "quantization": "int8"},
-    "float32+int8": {"dtype": "float32", "quantization": "int8"},
-    "float32, bf16 KV cache": {"dtype": "float32", "kv_cache_dtype": "bfloat16"},
+    "bfloat16+int8": {"dtype": "bfloat16", "quantization": "int8", **CPU},
+    "float32+int8": {"dtype": "float32", "quantization": "int8", **CPU},
+    "float32, bf16 KV cache": {"dtype": "float32", "kv_cache_dtype": "bfloat16", **CPU},
     "float32, bf16 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "bfloat16",
-                                                "attention_backend": "torch"},
-    "float32, int8 KV cache": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head"},
+                                                "attention_backend": "torch", **CPU},
+    "float32, int8 KV cache": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head", **CPU},
     "float32, int8 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head",
-                                                "attention_backend": "torch"},
-    "bfloat16, int8 KV cache": {"dtype": "bfloat16", "kv_cache_dtype": "int8_per_token_head"},
+                                                "attention_backend": "torch", **CPU},
+    "bfloat16, int8 KV cache": {"dtype": "bfloat16", "kv_cache_dtype": "int8_per_token_head", **CPU},
 }
 # float32+int8 has the same bounds as bfloat16+int8: the int8 rounding dominates either way. A bf16
 # KV cache rounds a subset of what a bf16 model rounds: the bf16 bounds.
@@ -81,8 +84,9 @@ def teacher_forced_logprobs(llm: LLM, sequences: list[list[int]], skip: list[int
 def test_reduced_precision_close_to_fp32(name: str, precision: str, tiny_models: dict[str, Path],
                                           prompts_token_ids: list[list[int]]) -> None:
     model = tiny_models[name]
-    reference_llm = make_llm(model, dtype="float32")
-    reduced_llm = make_llm(model, **PRECISIONS[precision])
+    reduced_args = PRECISIONS[precision]
+    reference_llm = make_llm(model, dtype="float32", device=reduced_args.get("device", "auto"))
+    reduced_llm = make_llm(model, **reduced_args)
     reference = greedy(reference_llm, prompts_token_ids)
     reduced = greedy(reduced_llm, prompts_token_ids)
     divergence = [first_divergence(a, b) for a, b in zip(reduced, reference)]

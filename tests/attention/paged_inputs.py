@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import numpy as np
 import torch
 
@@ -18,6 +20,11 @@ BACKEND_SPECS = {
 }
 
 
+# Where Triton kernels run in these tests: the CPU under the interpreter (the CI default, set by
+# conftest), else the GPU, compiled.
+TRITON_DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
 @dataclass
 class PagedBatch:
     query: torch.Tensor  # [T, Hq, D]
@@ -30,7 +37,7 @@ class PagedBatch:
 
 def make_paged_batch(specs: list[tuple[int, int]], num_q_heads: int, num_kv_heads: int,
                      head_dim: int, block_size: int, seed: int = 0, num_padded: int = 0,
-                     dtype: torch.dtype = torch.float32) -> PagedBatch:
+                     dtype: torch.dtype = torch.float32, device: str = "cpu") -> PagedBatch:
     """`specs`: one (context_len, query_len) per sequence; context_len > 0 is a prefix-cache hit
     (its keys are already in the cache), query_len 1 with context a decode. Blocks are drawn at
     random (block 0 stays the null block); every cache entry starts as random noise, so reading
@@ -59,14 +66,14 @@ def make_paged_batch(specs: list[tuple[int, int]], num_q_heads: int, num_kv_head
     query_start_loc[1:] = np.cumsum(query_lens)
     seq_lens_np = np.array(seq_lens, dtype=np.int32)
     num_tokens = int(query_start_loc[-1])
-    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(num_tokens, (num_q_heads + 2 * num_kv_heads) * head_dim, generator=gen).to(device, dtype)
     q, k, v = qkv.split([num_q_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
-    kv_cache = torch.randn(num_blocks, 2, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    kv_cache = torch.randn(num_blocks, 2, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     common = CommonAttentionMetadata(
-        query_start_loc=torch.from_numpy(query_start_loc),
-        seq_lens=torch.from_numpy(seq_lens_np),
-        block_table=torch.from_numpy(block_table),
-        slot_mapping=torch.from_numpy(slot_mapping),
+        query_start_loc=torch.from_numpy(query_start_loc).to(device),
+        seq_lens=torch.from_numpy(seq_lens_np).to(device),
+        block_table=torch.from_numpy(block_table).to(device),
+        slot_mapping=torch.from_numpy(slot_mapping).to(device),
         query_start_loc_np=query_start_loc,
         seq_lens_np=seq_lens_np,
         num_actual_tokens=num_tokens,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from paged_inputs import PagedBatch, make_paged_batch, reference_forward
+from paged_inputs import TRITON_DEVICE, PagedBatch, make_paged_batch, reference_forward
 from vllm_lite import _custom_ops as cpu_native
 
 ATOL = 1e-5
@@ -109,7 +109,7 @@ def test_triton_backend_window(specs, block_size: int, soft_cap) -> None:
     from vllm_lite.attention.triton_backend import TritonAttentionBackend
 
     backend = TritonAttentionBackend()  # decode-only batches take the split-KV kernel
-    batch = make_paged_batch(specs, 4, 2, 32, block_size, seed=7)
+    batch = make_paged_batch(specs, 4, 2, 32, block_size, seed=7, device=TRITON_DEVICE)
     _check(batch, lambda b, cache: backend.forward(b.query, b.key, b.value, cache,
                                                    backend.build(b.common), b.scale, WINDOW, soft_cap),
            soft_cap)

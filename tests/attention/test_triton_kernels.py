@@ -1,5 +1,6 @@
-"""Triton kernels under TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported)
-against the torch reference backend: fp32, max abs error <= 1e-5.
+"""Triton kernels under TRITON_INTERPRET=1 (set by tests/conftest.py before triton is imported),
+or compiled on a CUDA GPU where TRITON_INTERPRET=0 (`make gpu-check`), against the torch reference
+backend: fp32, max abs error <= 1e-5.
 
 The interpreter costs about a millisecond per program instance, so shapes stay tiny."""
 
@@ -14,7 +15,7 @@ triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
-from paged_inputs import make_paged_batch, reference_forward  # noqa: E402
+from paged_inputs import TRITON_DEVICE, make_paged_batch, reference_forward  # noqa: E402
 
 from vllm_lite.attention.ops.triton_reshape_and_cache import reshape_and_cache  # noqa: E402
 from vllm_lite.attention.ops.triton_unified_attention import (  # noqa: E402
@@ -36,7 +37,7 @@ def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_reshape_and_cache_writes_slots_and_skips_padding():
-    batch = make_paged_batch([(3, 4), (0, 6)], 4, 2, 16, block_size=4, seed=1, num_padded=2)
+    batch = make_paged_batch([(3, 4), (0, 6)], 4, 2, 16, block_size=4, seed=1, num_padded=2, device=TRITON_DEVICE)
     expected = batch.kv_cache.clone()
     slots = batch.common.slot_mapping
     real = slots >= 0
@@ -51,7 +52,8 @@ def test_reshape_and_cache_writes_slots_and_skips_padding():
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_unified_attention_mixed_batch(num_q_heads, num_kv_heads, block_size):
-    batch = make_paged_batch(MIXED, num_q_heads, num_kv_heads, 32, block_size, seed=block_size + num_q_heads)
+    batch = make_paged_batch(MIXED, num_q_heads, num_kv_heads, 32, block_size, seed=block_size + num_q_heads,
+                             device=TRITON_DEVICE)
     ref_out, ref_cache = reference_forward(batch)
     cache = batch.kv_cache.clone()
     common = batch.common
@@ -66,7 +68,7 @@ def test_unified_attention_mixed_batch(num_q_heads, num_kv_heads, block_size):
 def test_unified_attention_odd_head_dim_tiny_blocks_long_chunk():
     """head_dim 24 (padded to 32 inside), block_size 2 (a tile spans 16 blocks), and a
     prefill chunk longer than one query block after a prefix hit."""
-    batch = make_paged_batch([(6, 21), (11, 1), (0, 3)], 8, 2, 24, block_size=2, seed=3)
+    batch = make_paged_batch([(6, 21), (11, 1), (0, 3)], 8, 2, 24, block_size=2, seed=3, device=TRITON_DEVICE)
     ref_out, ref_cache = reference_forward(batch)
     cache = batch.kv_cache.clone()
     common = batch.common
@@ -79,7 +81,8 @@ def test_unified_attention_odd_head_dim_tiny_blocks_long_chunk():
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)
 def test_split_kv_decode(num_q_heads, num_kv_heads):
-    batch = make_paged_batch(DECODES, num_q_heads, num_kv_heads, 32, block_size=8, seed=num_q_heads)
+    batch = make_paged_batch(DECODES, num_q_heads, num_kv_heads, 32, block_size=8, seed=num_q_heads,
+                             device=TRITON_DEVICE)
     ref_out, _ = reference_forward(batch)
     cache = batch.kv_cache.clone()
     common = batch.common
@@ -93,7 +96,7 @@ def test_split_kv_decode(num_q_heads, num_kv_heads):
 
 @pytest.mark.parametrize("specs", [MIXED, DECODES], ids=["mixed", "decode_split_kv"])
 def test_triton_backend_matches_torch_backend(specs):
-    batch = make_paged_batch(specs, 4, 1, 16, block_size=8, seed=7)
+    batch = make_paged_batch(specs, 4, 1, 16, block_size=8, seed=7, device=TRITON_DEVICE)
     ref_out, ref_cache = reference_forward(batch)
     backend = TritonAttentionBackend()
     cache = batch.kv_cache.clone()
@@ -104,7 +107,7 @@ def test_triton_backend_matches_torch_backend(specs):
 
 def test_padded_decode_batch_like_cuda_graph_replay():
     """Padded rows (slot -1, seq_len 0) write nothing and come out as zeros, not NaN."""
-    batch = make_paged_batch(DECODES[:3], 4, 2, 16, block_size=4, seed=9, num_padded=3)
+    batch = make_paged_batch(DECODES[:3], 4, 2, 16, block_size=4, seed=9, num_padded=3, device=TRITON_DEVICE)
     ref_out, ref_cache = reference_forward(batch)
     backend = TritonAttentionBackend()
     cache = batch.kv_cache.clone()

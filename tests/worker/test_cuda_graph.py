@@ -95,3 +95,25 @@ def test_replay_pads_to_the_next_captured_size(monkeypatch: pytest.MonkeyPatch):
     prefill.max_query_len = 5
     assert not runner.can_replay(prefill)
     assert not runner.can_replay(_decode_step(13, width=3))
+
+
+def test_a_layer_that_cannot_be_captured_keeps_the_model_eager(monkeypatch: pytest.MonkeyPatch):
+    """An MoE layer (F.grouped_mm copies between host and device under capture on CUDA) turns the
+    graphs off for the whole model, before anything is captured."""
+    from types import SimpleNamespace
+
+    from vllm_lite.model.layers.fused_moe import FusedMoE
+    from vllm_lite.worker.cuda_graph import maybe_capture_cuda_graphs
+
+    captured = []  # runners built and captured (without a GPU: neither allocates anything)
+    monkeypatch.setattr(CudaGraphRunner, "__init__", lambda self, *args: None)
+    monkeypatch.setattr(CudaGraphRunner, "capture", lambda self: captured.append(self))
+    config = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False, max_model_len=64),
+                             cache_config=SimpleNamespace(block_size=16),
+                             scheduler_config=SimpleNamespace(max_num_seqs=4))
+    cuda = torch.device("cuda")
+    moe = nn.Sequential(nn.Linear(4, 4), FusedMoE(num_experts=2, top_k=1, hidden_size=4, intermediate_size=4,
+                                                  renormalize=True))
+    assert maybe_capture_cuda_graphs(config, moe, StaticMetadataBackend(), [], cuda) is None
+    assert maybe_capture_cuda_graphs(config, EchoModel(), StaticMetadataBackend(), [], cuda) is not None
+    assert len(captured) == 1

@@ -47,10 +47,15 @@ def cuda_graph_capture_sizes(max_num_seqs: int) -> list[int]:
 
 def maybe_capture_cuda_graphs(config: VllmConfig, model: nn.Module, backend: AttentionBackend,
                               kv_caches: list[torch.Tensor], device: torch.device) -> CudaGraphRunner | None:
-    """The captured runner, or None on CPU, with enforce_eager, or with a backend that cannot be
-    captured."""
+    """The captured runner, or None on CPU, with enforce_eager, or with a backend or a layer that
+    cannot be captured."""
     if (device.type != "cuda" or config.model_config.enforce_eager
             or not getattr(backend, "supports_cuda_graphs", False)):
+        return None
+    uncapturable = sorted({type(m).__name__ for m in model.modules()
+                           if not getattr(m, "cuda_graph_capturable", True)})
+    if uncapturable:
+        logger.info("CUDA graphs off: %s cannot be captured; decode steps run eagerly", ", ".join(uncapturable))
         return None
     block_size = config.cache_config.block_size
     max_blocks = max_blocks_per_seq(config.model_config.max_model_len, block_size)

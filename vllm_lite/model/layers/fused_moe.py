@@ -40,7 +40,11 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight
     flat_experts = expert_ids.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_row = order // top_k
-    ends = torch.cumsum(torch.bincount(flat_experts, minlength=w13.shape[0]), 0).to(torch.int32)
+    # scatter_add, not bincount: bincount sizes its output from the data (a device-to-host sync),
+    # which a CUDA graph cannot capture.
+    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int32))
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)
     rows = x[token_of_row]
     gate_up = F.grouped_mm(rows, w13.transpose(1, 2), offs=ends)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -50,6 +54,9 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight
 
 
 class FusedMoE(nn.Module):
+    # F.grouped_mm copied between host and device under CUDA graph capture (H200, torch 2.11, fp32).
+    cuda_graph_capturable = False
+
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool, tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()

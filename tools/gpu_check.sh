@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# `make gpu-check`: on a machine with a CUDA GPU, run the tests that exercise the CUDA path
+# (token parity in fp32 with transformers for every family, async scheduling, structured outputs, Triton kernels compiled for the GPU,
+# CUDA graphs, reduced precision) on the GPU, then a short bf16 throughput run with async
+# scheduling on and off. Writes gpu_check.log and gpu_throughput.log into $GPU_CHECK_OUT (default .).
+# Whoever next has a GPU runs it first; RESULTS.md "GPU" keeps what it printed.
+set -uo pipefail
+PY=${PYTHON:-python3}
+OUT_DIR=${GPU_CHECK_OUT:-.}
+REQUESTS=${GPU_CHECK_REQUESTS:-128}
+cd "$(dirname "$0")/.."
+export TRITON_INTERPRET=0 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+$PY -c "import torch; assert torch.cuda.is_available(), 'no CUDA GPU'; print(torch.__version__, torch.cuda.get_device_name())" || exit 2
+nvidia-smi -L
+timeout "${GPU_CHECK_TEST_SECONDS:-300}" $PY -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/test_parity.py tests/engine/test_async_scheduling.py tests/attention/test_triton_kernels.py \
+    tests/attention/test_sliding_window_kernels.py tests/worker/test_cuda_graph.py tests/test_reduced_precision.py \
+    tests/test_n_samples.py tests/model/test_families.py tests/test_sliding_window.py tests/sample/test_logprobs.py \
+    tests/test_beam_search.py 2>&1 | tee "$OUT_DIR/gpu_check.log"
+tests_rc=${PIPESTATUS[0]}
+timeout "${GPU_CHECK_BENCH_SECONDS:-240}" $PY benchmarks/gpu_throughput.py --requests "$REQUESTS" \
+    --input-range 100 1024 --output-range 100 1024 --modes async sync async-eager sync-eager 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
+bench_rc=${PIPESTATUS[0]}
+echo "gpu-check: tests rc=$tests_rc, throughput rc=$bench_rc"
+exit $(( tests_rc != 0 || bench_rc != 0 ))
