@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make gpu-check`: on a machine with a CUDA GPU, run the tests that exercise the CUDA path
-# (token parity in fp32 with transformers for every family, async scheduling, structured outputs, Triton kernels compiled for the GPU,
-# CUDA graphs, reduced precision) on the GPU, then a short bf16 throughput run with async
-# scheduling on and off. Writes gpu_check.log and gpu_throughput.log into $GPU_CHECK_OUT (default .).
+# (token parity in fp32 with transformers for every family, async scheduling, structured outputs,
+# Triton kernels compiled for the GPU, CUDA graphs, reduced precision) on the GPU, then a short bf16
+# throughput run with async scheduling and CUDA graphs on and off. Writes gpu_check.log, gpu_throughput.log and gpu_check_summary.txt into
+# $GPU_CHECK_OUT (default .). tools/gpu_wheels.sh fetches the wheels a bare CUDA image lacks.
 # Whoever next has a GPU runs it first; RESULTS.md "GPU" keeps what it printed.
 set -uo pipefail
 PY=${PYTHON:-python3}
@@ -21,5 +22,10 @@ tests_rc=${PIPESTATUS[0]}
 timeout "${GPU_CHECK_BENCH_SECONDS:-240}" $PY benchmarks/gpu_throughput.py --requests "$REQUESTS" \
     --input-range 100 1024 --output-range 100 1024 --modes async sync async-eager sync-eager 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
 bench_rc=${PIPESTATUS[0]}
-echo "gpu-check: tests rc=$tests_rc, throughput rc=$bench_rc"
+{
+    echo "gpu-check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT_DIR/gpu_check.log"
+    sed -n '/^mode /,$p' "$OUT_DIR/gpu_throughput.log"
+    echo "tests rc=$tests_rc, throughput rc=$bench_rc"
+} | tee "$OUT_DIR/gpu_check_summary.txt"
 exit $(( tests_rc != 0 || bench_rc != 0 ))
