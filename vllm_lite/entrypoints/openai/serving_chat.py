@@ -36,6 +36,7 @@ from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, ext
                                                         forced_call_content, plan_tools)
 from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, ReasoningTokenCounter, split_reasoning
+from vllm_lite.entrypoints.openai.stream_chunks import ChatChunkChoice, ChatDelta, chat_chunk_event
 from vllm_lite.outputs import Logprob, RequestOutput
 
 
@@ -129,6 +130,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     cached_tokens = 0
     as_ids = bool(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
+    plain = not usage_mode.every_chunk
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
     parser = ctx.options.reasoning_parser
     reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
@@ -174,7 +176,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                 if reasoning is None and text is None and completion.finish_reason is None and logprobs is None \
                         and not carries_ids:
                     continue  # a piece of a possible tag (or hidden reasoning): held until the next delta
-            delta, reason = DeltaMessage(content=text, reasoning=reasoning), completion.finish_reason
+            delta, reason = None, completion.finish_reason
             if tool_streams is not None:
                 final = completion.finish_reason is not None
                 content, calls = tool_streams[completion.index].feed(text or "", final)
@@ -186,10 +188,17 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                     whole_calls, _ = extract_tool_calls(tools, tool_streams[completion.index].text)
                     reason = finish_reason(tools, whole_calls, completion.finish_reason)
                 logprobs = None
-            yield chunk(ChatCompletionStreamChoice(
-                index=completion.index, delta=delta, logprobs=logprobs,
-                finish_reason=reason, stop_reason=completion.stop_reason,
-                token_ids=completion.token_ids if request.return_token_ids and not hide_reasoning else None))
+            token_ids = completion.token_ids if request.return_token_ids and not hide_reasoning else None
+            if plain and logprobs is None and tool_streams is None:  # the per-token chunk, msgspec-encoded
+                yield chat_chunk_event(request_id, created, model, ChatChunkChoice(
+                    completion.index, ChatDelta(content=text, reasoning=reasoning), None, reason,
+                    completion.stop_reason, token_ids))
+                continue
+            if delta is None:
+                delta = DeltaMessage(content=text, reasoning=reasoning)
+            yield chunk(ChatCompletionStreamChoice(index=completion.index, delta=delta, logprobs=logprobs,
+                                                   finish_reason=reason, stop_reason=completion.stop_reason,
+                                                   token_ids=token_ids))
     if usage_mode.final:
         usage = UsageInfo.of(num_prompt_tokens, sum(per_choice), reasoning_tokens(range(request.n)),
                              cached_tokens=ctx.cached_tokens_detail(cached_tokens))

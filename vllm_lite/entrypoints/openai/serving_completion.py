@@ -28,6 +28,7 @@ from vllm_lite.entrypoints.openai.serving import (
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
     sse_stream, start_streams, tracked_generate, truncation
 )
+from vllm_lite.entrypoints.openai.stream_chunks import CompletionChunkChoice, completion_chunk_event
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
 
@@ -141,8 +142,18 @@ class _StreamedChoice:
     text_offset: int = 0
 
     def chunk_choice(self, tokenizer: Any, index: int, completion: CompletionOutput, shape: _ChoiceShape,
-                     prompt_logprobs: list[dict[int, Logprob] | None] | None) -> CompletionResponseChoice:
+                     prompt_logprobs: list[dict[int, Logprob] | None] | None,
+                     plain: bool = False) -> CompletionResponseChoice | CompletionChunkChoice:
+        """`plain` (no logprobs asked, no usage in the chunk): the msgspec form of the choice."""
         text, self.echo = self.echo + completion.text, ""
+        if plain:
+            choice = CompletionChunkChoice(index, text, None, completion.finish_reason, completion.stop_reason, None,
+                                           self.prompt_token_ids if shape.token_ids and self.first else None,
+                                           completion.token_ids if shape.token_ids else None)
+            self.num_tokens += len(completion.token_ids)
+            self.text_offset += len(text)
+            self.first = False
+            return choice
         logprobs = None
         if shape.num_logprobs is not None:
             token_ids, entries = completion.token_ids, completion.logprobs or []
@@ -170,6 +181,7 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
     prompt_logprobs: list[list[dict[int, Logprob] | None] | None] = [None] * len(prompts)
     cached_tokens = [0] * len(prompts)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
+    plain = shape.num_logprobs is None and not usage_mode.every_chunk  # the per-token chunk, msgspec-encoded
     created = int(time.time())
     async for i, output in merge_streams(streams):
         if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
@@ -179,7 +191,10 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
             if not completion.token_ids and not completion.text and completion.finish_reason is None:
                 continue
             index = i * request.n + completion.index
-            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i])
+            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i], plain)
+            if plain:
+                yield completion_chunk_event(request_id, created, model, choice)
+                continue
             usage = None
             if usage_mode.every_chunk:  # vLLM: the prompt's tokens and this choice's tokens so far
                 usage = UsageInfo.of(len(prompts[i]["prompt_token_ids"]), choices[index].num_tokens)
