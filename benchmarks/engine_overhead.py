@@ -115,18 +115,21 @@ class ClientTimer:
                 self.seconds[phase] += time.perf_counter() - start
 
 
-def profile_steps(model: Path, workload: Workload, limits: EngineLimits,
-                  async_scheduling: bool = True) -> dict[str, float]:
+def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool = True,
+                  device: str = "cpu", dtype: str = "float32", with_client: bool = True) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
     prefilled, before the first request finishes). With async scheduling the model's phases run
-    on the step thread, overlapping the schedule and update: they add up to more than the total."""
+    on the step thread, overlapping the schedule and update: they add up to more than the total.
+    On CUDA the phases are host time: "forward" is the launch (or graph replay), and the wait for
+    the GPU shows in "logits+sample" (the sampled tokens' copy to the host). Without the client
+    (a model without a tokenizer), its columns are 0."""
     torch.set_num_threads(limits.threads)
-    args = EngineArgs(model=str(model), dtype="float32", max_model_len=limits.max_model_len,
+    args = EngineArgs(model=str(model), dtype=dtype, max_model_len=limits.max_model_len,
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                      kv_cache_memory_bytes=limits.kv_cache_gib * 1024 ** 3, device="cpu",
-                      async_scheduling=async_scheduling)
+                      kv_cache_memory_bytes=int(limits.kv_cache_gib * 1024 ** 3), device=device,
+                      async_scheduling=async_scheduling, skip_tokenizer_init=not with_client)
     core = EngineCore(args.create_engine_config())
-    client = ClientTimer(model)
+    client = ClientTimer(model) if with_client else None
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
     timer.wrap(core.scheduler, "schedule", "schedule")
@@ -140,24 +143,28 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits,
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
             core.add_request(EngineCoreRequest(f"p{i}", np.asarray(prompt, dtype=np.int32), params, (),
                                                time.time(), max_tokens))
-            client.add_request(f"p{i}", prompt, max_tokens)
+            if client is not None:
+                client.add_request(f"p{i}", prompt, max_tokens)
         outputs = core.step()
-        client.process(outputs, timed=False)
+        if client is not None:
+            client.process(outputs, timed=False)
         while len(outputs.req_ids) < len(workload.prompts):  # prefill (possibly over several steps)
             outputs = core.step()
-            client.process(outputs, timed=False)
+            if client is not None:
+                client.process(outputs, timed=False)
         timer.enabled = True
         steps, core_seconds = 0, 0.0
         while not outputs.finished and steps < 100:
             start = time.perf_counter()
             outputs = core.step()
             core_seconds += time.perf_counter() - start
-            client.process(outputs, timed=True)
+            if client is not None:
+                client.process(outputs, timed=True)
             steps += 1
         timer.enabled = False
         per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
         per_step["IPC"] = 1e3 * ipc_seconds(outputs)
-        per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
+        per_step.update({phase: 1e3 * client.seconds[phase] / steps if client else 0.0 for phase in CLIENT_PHASES})
         per_step["core step"] = 1e3 * core_seconds / steps
         # Python and copies outside the model and sampler: engine core, IPC and the streaming client.
         per_step["outside forward"] = (per_step["core step"] - per_step["forward"] - per_step["logits+sample"]

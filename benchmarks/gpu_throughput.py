@@ -1,10 +1,12 @@
 """GPU throughput: a random-weight model shaped like Qwen3-0.6B on nano-vllm's workload (uniform
 input and output lengths, random token ids, ignore_eos), bf16, with async scheduling on and off
 and with CUDA graphs off. Prints tokens/s per mode, the gain of async scheduling, and whether the
-greedy outputs of every mode are identical (they must be: async scheduling changes when the host
-works, never what is sampled).
+greedy outputs of every mode agree (in bf16 they may part after some hundred tokens where modes
+pad a step's batch differently: cuBLAS then picks other kernels). With `--split`, the host time of
+each phase of a steady decode step, async scheduling on and off (benchmarks/engine_overhead.py's
+split, in-process engine core): where the host, not the GPU, sets the pace.
 
-    python benchmarks/gpu_throughput.py --requests 256 --input-range 100 1024 --output-range 100 1024
+    python benchmarks/gpu_throughput.py --requests 256 --input-range 100 1024 --output-range 100 1024 [--split]
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from benchlib import Workload, random_workload
+from benchlib import EngineLimits, Workload, print_table, random_workload
+from engine_overhead import PHASES, profile_steps
 
 QWEN3_06B_SHAPE = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
@@ -83,6 +86,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=24.0)
     parser.add_argument("--modes", nargs="+", default=["async", "sync", "async-eager"],
                         choices=["async", "sync", "async-eager", "sync-eager"])
+    parser.add_argument("--split", action="store_true", help="also the per-step host split, async on and off")
     args = parser.parse_args()
     workload = random_workload(args.requests, tuple(args.input_range), tuple(args.output_range), 151936)
     engine_args = {"async": dict(async_scheduling=True), "sync": dict(async_scheduling=False),
@@ -92,6 +96,10 @@ def main() -> None:
         model_dir = build_qwen3_shaped(Path(tmp))
         results = [run_mode(mode, model_dir, workload, int(args.kv_cache_gib * 2**30), **engine_args[mode])
                    for mode in args.modes]
+        limits = EngineLimits(max_model_len=2048, max_num_seqs=args.requests, max_num_batched_tokens=8192,
+                              kv_cache_gib=args.kv_cache_gib, threads=torch.get_num_threads())
+        splits = {flag: profile_steps(model_dir, workload, limits, flag, device="cuda", dtype="bfloat16",
+                                      with_client=False) for flag in (True, False)} if args.split else {}
     print(f"\n{torch.cuda.get_device_name()}: Qwen3-0.6B-shaped random weights, bf16, {args.requests} requests, "
           f"input {args.input_range}, output {args.output_range}, {workload.num_input_tokens} prompt tokens")
     print(f"{'mode':<14}{'seconds':>9}{'out tok':>9}{'tok/s':>9}{'vs first':>10}  greedy vs first")
@@ -99,6 +107,12 @@ def main() -> None:
         print(f"{result.name:<14}{result.seconds:>9.2f}{result.output_tokens:>9}{result.tokens_per_second:>9.0f}"
               f"{result.tokens_per_second / results[0].tokens_per_second:>9.2f}x  "
               f"{first_difference(results[0].token_ids, result.token_ids)}")
+    if splits:
+        print("\nhost ms per steady decode step (in-process engine core; forward = launch or graph replay, the "
+              "wait for the GPU is in logits+sample)")
+        print_table(("async", *PHASES, "core step"),
+                    [("on" if flag else "off", *(f"{split[p]:.2f}" for p in (*PHASES, "core step")))
+                     for flag, split in splits.items()])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ timeout "${GPU_CHECK_TEST_SECONDS:-300}" $PY -m pytest -q -p no:cacheprovider -o
     tests/test_beam_search.py 2>&1 | tee "$OUT_DIR/gpu_check.log"
 tests_rc=${PIPESTATUS[0]}
 timeout "${GPU_CHECK_BENCH_SECONDS:-240}" $PY benchmarks/gpu_throughput.py --requests "$REQUESTS" \
-    --input-range 100 1024 --output-range 100 1024 --modes async sync async-eager sync-eager 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
+    --input-range 100 1024 --output-range 100 1024 --modes async sync async-eager sync-eager --split 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
 bench_rc=${PIPESTATUS[0]}
 {
     echo "gpu-check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
