@@ -1,8 +1,8 @@
 """GPU throughput: a random-weight model shaped like Qwen3-0.6B on nano-vllm's workload (uniform
 input and output lengths, random token ids, ignore_eos), bf16, with async scheduling on and off
 and with CUDA graphs off. Prints tokens/s per mode, the gain of async scheduling, and whether the
-greedy outputs of every mode agree (in bf16 they may part after some hundred tokens where modes
-pad a step's batch differently: cuBLAS then picks other kernels). With `--split`, the host time of
+greedy outputs of every mode agree (in bf16 they may part: bf16 results depend on which requests
+share a step, and with the engine core in its own process that depends on when requests arrive). With `--split`, the host time of
 each phase of a steady decode step, async scheduling on and off (benchmarks/engine_overhead.py's
 split, in-process engine core): where the host, not the GPU, sets the pace.
 
