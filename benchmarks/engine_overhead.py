@@ -115,6 +115,18 @@ class ClientTimer:
                 self.seconds[phase] += time.perf_counter() - start
 
 
+@dataclass(slots=True)
+class NoClient:
+    """ClientTimer's stand-in for a model without a tokenizer: nothing runs, its columns stay 0."""
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add_request(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        pass
+
+    def process(self, outputs: EngineCoreOutputs, timed: bool) -> None:
+        pass
+
+
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool = True,
                   device: str = "cpu", dtype: str = "float32", with_client: bool = True) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
@@ -129,7 +141,7 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
                       kv_cache_memory_bytes=int(limits.kv_cache_gib * 1024 ** 3), device=device,
                       async_scheduling=async_scheduling, skip_tokenizer_init=not with_client)
     core = EngineCore(args.create_engine_config())
-    client = ClientTimer(model) if with_client else None
+    client = ClientTimer(model) if with_client else NoClient()
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
     timer.wrap(core.scheduler, "schedule", "schedule")
@@ -143,28 +155,24 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
             core.add_request(EngineCoreRequest(f"p{i}", np.asarray(prompt, dtype=np.int32), params, (),
                                                time.time(), max_tokens))
-            if client is not None:
-                client.add_request(f"p{i}", prompt, max_tokens)
+            client.add_request(f"p{i}", prompt, max_tokens)
         outputs = core.step()
-        if client is not None:
-            client.process(outputs, timed=False)
+        client.process(outputs, timed=False)
         while len(outputs.req_ids) < len(workload.prompts):  # prefill (possibly over several steps)
             outputs = core.step()
-            if client is not None:
-                client.process(outputs, timed=False)
+            client.process(outputs, timed=False)
         timer.enabled = True
         steps, core_seconds = 0, 0.0
         while not outputs.finished and steps < 100:
             start = time.perf_counter()
             outputs = core.step()
             core_seconds += time.perf_counter() - start
-            if client is not None:
-                client.process(outputs, timed=True)
+            client.process(outputs, timed=True)
             steps += 1
         timer.enabled = False
         per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
         per_step["IPC"] = 1e3 * ipc_seconds(outputs)
-        per_step.update({phase: 1e3 * client.seconds[phase] / steps if client else 0.0 for phase in CLIENT_PHASES})
+        per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
         per_step["core step"] = 1e3 * core_seconds / steps
         # Python and copies outside the model and sampler: engine core, IPC and the streaming client.
         per_step["outside forward"] = (per_step["core step"] - per_step["forward"] - per_step["logits+sample"]

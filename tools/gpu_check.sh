@@ -2,8 +2,9 @@
 # `make gpu-check`: on a machine with a CUDA GPU, run the tests that exercise the CUDA path
 # (token parity in fp32 with transformers for every family, async scheduling, structured outputs,
 # Triton kernels compiled for the GPU, CUDA graphs, reduced precision) on the GPU, then a short bf16
-# throughput run with async scheduling and CUDA graphs on and off. Writes gpu_check.log, gpu_throughput.log and gpu_check_summary.txt into
-# $GPU_CHECK_OUT (default .). tools/gpu_wheels.sh fetches the wheels a bare CUDA image lacks.
+# throughput run with async scheduling and CUDA graphs on and off. Writes gpu_check.log,
+# gpu_throughput.log and gpu_check_summary.txt into $GPU_CHECK_OUT (default .). tools/gpu_wheels.sh
+# fetches the wheels a bare CUDA image lacks.
 # Whoever next has a GPU runs it first; RESULTS.md "GPU" keeps what it printed.
 set -uo pipefail
 PY=${PYTHON:-python3}

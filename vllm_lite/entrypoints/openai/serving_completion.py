@@ -146,31 +146,25 @@ class _StreamedChoice:
                      plain: bool = False) -> CompletionResponseChoice | CompletionChunkChoice:
         """`plain` (no logprobs asked, no usage in the chunk): the msgspec form of the choice."""
         text, self.echo = self.echo + completion.text, ""
-        if plain:
-            choice = CompletionChunkChoice(index, text, None, completion.finish_reason, completion.stop_reason, None,
-                                           self.prompt_token_ids if shape.token_ids and self.first else None,
-                                           completion.token_ids if shape.token_ids else None)
-            self.num_tokens += len(completion.token_ids)
-            self.text_offset += len(text)
-            self.first = False
-            return choice
         logprobs = None
         if shape.num_logprobs is not None:
-            token_ids, entries = completion.token_ids, completion.logprobs or []
+            logprob_ids, entries = completion.token_ids, completion.logprobs or []
             if shape.echo_logprobs and self.first:
                 prompt_entries = prompt_logprobs or [None] * len(self.prompt_token_ids)
-                token_ids, entries = self.prompt_token_ids + token_ids, prompt_entries + entries
-            logprobs = completion_logprobs(tokenizer, token_ids, entries, shape.num_logprobs, self.text_offset,
+                logprob_ids, entries = self.prompt_token_ids + logprob_ids, prompt_entries + entries
+            logprobs = completion_logprobs(tokenizer, logprob_ids, entries, shape.num_logprobs, self.text_offset,
                                            shape.tokens_as_ids)
+        prompt_token_ids = self.prompt_token_ids if shape.token_ids and self.first else None
+        token_ids = completion.token_ids if shape.token_ids else None
         self.num_tokens += len(completion.token_ids)
         self.text_offset += len(text)
-        choice = CompletionResponseChoice(
-            index=index, text=text, logprobs=logprobs, finish_reason=completion.finish_reason,
-            stop_reason=completion.stop_reason,
-            prompt_token_ids=self.prompt_token_ids if shape.token_ids and self.first else None,
-            token_ids=completion.token_ids if shape.token_ids else None)
         self.first = False
-        return choice
+        if plain:
+            return CompletionChunkChoice(index, text, None, completion.finish_reason, completion.stop_reason, None,
+                                         prompt_token_ids, token_ids)
+        return CompletionResponseChoice(index=index, text=text, logprobs=logprobs,
+                                        finish_reason=completion.finish_reason, stop_reason=completion.stop_reason,
+                                        prompt_token_ids=prompt_token_ids, token_ids=token_ids)
 
 
 async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape: _ChoiceShape, model: str,

@@ -40,8 +40,8 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight
     flat_experts = expert_ids.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_row = order // top_k
-    # scatter_add, not bincount: bincount sizes its output from the data (a device-to-host sync),
-    # which a CUDA graph cannot capture.
+    # scatter_add, not bincount: bincount sizes its output from the data, a device-to-host sync in
+    # every MoE layer of every step on CUDA.
     counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
     counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int32))
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
