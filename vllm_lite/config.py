@@ -269,6 +269,9 @@ class SchedulerConfig:
     # Schedule step N+1 while step N runs (vLLM's async scheduling): the tokens step N samples
     # are placeholders to the scheduler until its output arrives (core/scheduler.py).
     async_scheduling: bool = False
+    # A streamed request's output every this many new tokens (vLLM's --stream-interval; the
+    # client's OutputProcessor applies it): fewer outputs, chunks and socket writes per token.
+    stream_interval: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +372,7 @@ class EngineArgs:
     quantization: str | None = None  # one of QUANTIZATION_METHODS
     skip_tokenizer_init: bool = False  # token ids in, token ids out: no tokenizer is loaded
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    stream_interval: int = 1  # streamed outputs every this many tokens (first and last at once)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -464,8 +468,9 @@ class EngineArgs:
         _check(self.enable_chunked_prefill or max_tokens >= max_model_len,
                f"max_num_batched_tokens={max_tokens} is smaller than max_model_len={max_model_len}; "
                "enable chunked prefill or raise max_num_batched_tokens")
+        _check(self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
-                               self.async_scheduling)
+                               self.async_scheduling, self.stream_interval)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

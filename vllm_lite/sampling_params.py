@@ -111,13 +111,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | max_tokens | most output tokens; None = up to max_model_len | >= 1 or None |
     | min_tokens | EOS and stop_token_ids are suppressed before this many outputs | [0, max_tokens] |
 
-    Every count (n, top_k, max_tokens, min_tokens, logprobs, prompt_logprobs) is at most
-    2**31 - 1: they are stored in int32 arrays.
+    Every count (n, top_k, max_tokens, min_tokens, logprobs, prompt_logprobs, stream_interval) is
+    at most 2**31 - 1: they are stored in int32 arrays.
     | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
     | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
+    | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
@@ -145,6 +146,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    stream_interval: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -177,7 +179,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     def _check_types(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
             _require(_is_int(getattr(self, name)), name, f"must be an int, got {getattr(self, name)!r}")
-        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
             value = getattr(self, name)
             _require(value is None or _is_int(value), name, f"must be an int or None, got {value!r}")
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
@@ -200,9 +202,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             raise ValueError(f"SamplingParams.output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
 
     def _validate(self) -> None:
-        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+        for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
             value = getattr(self, name)
             _require(value is None or value <= MAX_INT32, name, f"must be <= {MAX_INT32}, got {value}")
+        _require(self.stream_interval is None or self.stream_interval >= 1, "stream_interval",
+                 f"must be >= 1 or None, got {self.stream_interval}")
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")
         _require(0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
                  f"must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")

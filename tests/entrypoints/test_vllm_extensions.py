@@ -95,6 +95,37 @@ def test_streamed_token_ids_equal_the_whole_response(server: LiveServer) -> None
     assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
 
 
+def test_stream_interval_sends_tokens_in_batches(server: LiveServer) -> None:
+    """vLLM's stream_interval: the first token at once, then a chunk every 4 tokens, the rest
+    with the end; the chunks add up to the unstreamed response (text, ids and logprobs)."""
+    body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+            "logprobs": 1}
+    whole = _post(server, "/v1/completions", body).json()["choices"][0]
+    chunks = _stream_chunks(server, "/v1/completions", {**body, "stream_interval": 4})
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert [len(c["token_ids"]) for c in choices] == [1, 4, 4, 1]
+    assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
+    assert "".join(c["text"] for c in choices) == whole["text"]
+    assert [t for c in choices for t in c["logprobs"]["tokens"]] == whole["logprobs"]["tokens"]
+    assert [c["finish_reason"] for c in choices] == [None, None, None, "length"]
+
+
+def test_stream_interval_in_chat(server: LiveServer) -> None:
+    body = {"messages": CHAT, "max_tokens": 9, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    whole = _post(server, "/v1/chat/completions", body).json()["choices"][0]
+    chunks = _stream_chunks(server, "/v1/chat/completions", {**body, "stream_interval": 3})
+    sizes = [len(ch["token_ids"]) for c in chunks for ch in c["choices"] if ch.get("token_ids")]
+    assert sizes == [1, 3, 3, 2]
+    assert "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]) == whole["message"]["content"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5])
+def test_bad_stream_interval_is_refused_by_name(server: LiveServer, value: Any) -> None:
+    response = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "stream": True,
+                                                 "stream_interval": value})
+    _error(response, "stream_interval")
+
+
 def test_chat_return_token_ids_prompt_ids_at_response_level(server: LiveServer, tokenizer: Any) -> None:
     body = {"messages": CHAT, "max_tokens": 8, "temperature": 0.0, "return_token_ids": True}
     data = _post(server, "/v1/chat/completions", body).json()

@@ -59,7 +59,7 @@ class AsyncLLM:
         launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None  # the output handler failed

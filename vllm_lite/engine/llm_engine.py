@@ -24,7 +24,7 @@ class LLMEngine:
         launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
 
     @classmethod

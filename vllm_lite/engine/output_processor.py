@@ -30,7 +30,10 @@ class RequestState:
     A request that needs nothing per token (`every_token` False: final output only, no stop
     strings, no sample logprobs) is seen by Python only at its first token and when it ends;
     its text is decoded once, at the end. `num_tokens` is then brought up to date from the
-    store whenever the request is looked at."""
+    store whenever the request is looked at.
+
+    A streamed request (cumulative or delta) gets an output at its first token, when it ends,
+    and otherwise once `stream_interval` tokens have come since the last one (vLLM's rule)."""
 
     request_id: str
     prompt: str | None
@@ -50,6 +53,7 @@ class RequestState:
     stop_reason: int | str | None = None
     core_finished: FinishedRequest | None = None  # the engine core finished it in the step being processed
     sent_tokens: int = 0
+    stream_interval: int = 1
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
@@ -133,6 +137,9 @@ class RequestState:
         finished = self.finish_reason is not None
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
+        if (self.stream_interval > 1 and not finished and self.sent_tokens > 0
+                and self.num_tokens - self.sent_tokens < self.stream_interval):
+            return None  # what is new stays for the next output (a delta's text and tokens too)
         delta = kind == RequestOutputKind.DELTA
         token_start = self.sent_tokens if delta else 0
         text = self._text_out(delta, finished)
@@ -191,8 +198,9 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, stream_interval: int = 1) -> None:
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval  # the engine's; a request may ask for a longer one
         self.request_states: dict[str, RequestState] = {}
         self.token_store = OutputTokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
@@ -221,6 +229,7 @@ class OutputProcessor:
                              parent=parent, index=index, store=self.token_store,
                              slot=self.token_store.acquire(watched=every_token), every_token=every_token,
                              output_text=output_text, queue=queue,
+                             stream_interval=max(params.stream_interval or 1, self.stream_interval),
                              stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
         if parent is not None:

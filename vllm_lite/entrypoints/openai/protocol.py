@@ -104,7 +104,7 @@ class ErrorResponse(OpenAIBaseModel):
 # Request fields passed to SamplingParams under the same name when set.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-                    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens")
+                    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval")
 
 
 # What beam search reads of the sampling fields; the others are refused with it.
@@ -147,6 +147,9 @@ class _GenerationRequest(RequestModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    stream_interval: int | None = Field(default=None, ge=1, description=(
+        "vLLM: a streamed chunk every this many new tokens (the first and last at once); raises the "
+        "server's --stream-interval for this request, never lowers it"))
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
     # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
