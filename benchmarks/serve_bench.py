@@ -47,21 +47,27 @@ class ServeResult:
     server_cpu_us_per_token: float = 0.0
 
 
-def vllm_lite_serve_command(model: Path, port: int, limits: EngineLimits) -> list[str]:
+def interval_flags(stream_interval: int) -> list[str]:
+    """Both servers take vLLM's --stream-interval; left out at its default (1)."""
+    return ["--stream-interval", str(stream_interval)] if stream_interval > 1 else []
+
+
+def vllm_lite_serve_command(model: Path, port: int, limits: EngineLimits, stream_interval: int = 1) -> list[str]:
     return [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(port),
             "--dtype", "float32", "--max-model-len", str(limits.max_model_len),
             "--max-num-seqs", str(limits.max_num_seqs),
             "--max-num-batched-tokens", str(limits.max_num_batched_tokens),
             "--kv-cache-memory-bytes", str(limits.kv_cache_gib * 1024 ** 3), "--seed", "0",
-            "--uvicorn-log-level", "warning"]
+            "--uvicorn-log-level", "warning", *interval_flags(stream_interval)]
 
 
-def vllm_serve_command(peer: Path, model: Path, port: int, limits: EngineLimits) -> list[str]:
+def vllm_serve_command(peer: Path, model: Path, port: int, limits: EngineLimits, stream_interval: int = 1) -> list[str]:
     return [str(peer), "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--port", str(port),
             "--dtype", "float32", "--max-model-len", str(limits.max_model_len),
             "--max-num-seqs", str(limits.max_num_seqs),
             "--max-num-batched-tokens", str(limits.max_num_batched_tokens),
-            "--enforce-eager", "--seed", "0", "--disable-log-stats", "--uvicorn-log-level", "warning"]
+            "--enforce-eager", "--seed", "0", "--disable-log-stats", "--uvicorn-log-level", "warning",
+            *interval_flags(stream_interval)]
 
 
 def peer_env(shim_dir: Path, limits: EngineLimits) -> dict[str, str]:
@@ -97,20 +103,21 @@ def bench_serve(peer: Path, env: dict[str, str], port: int, model: Path, num_req
 
 
 def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, input_len: int,
-              output_len: int, include_vllm: bool) -> list[ServeResult]:
-    """Each server in turn (never both at once): start, warm up with a few requests, measure, stop."""
+              output_len: int, include_vllm: bool, stream_interval: int = 1) -> list[ServeResult]:
+    """Each server in turn (never both at once): start, warm up with a few requests, measure, stop.
+    Both servers stream a chunk every `stream_interval` tokens (vLLM's --stream-interval)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="vllm-lite-serve-bench-") as tmp:
         tmp_path = Path(tmp)
         env = peer_env(tmp_path, limits)
-        servers = [("vllm_lite", vllm_lite_serve_command, {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent),
-                                                             "OMP_NUM_THREADS": str(limits.threads)})]
+        lite_env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent), "OMP_NUM_THREADS": str(limits.threads)}
+        servers = [("vllm_lite", lambda port: vllm_lite_serve_command(model, port, limits, stream_interval), lite_env)]
         if include_vllm:
-            servers.append(("vLLM CPU", lambda m, p, lim: vllm_serve_command(peer, m, p, lim), env))
-        for name, make_command, server_env in servers:
+            servers.append(("vLLM CPU", lambda port: vllm_serve_command(peer, model, port, limits, stream_interval), env))
+        for name, command_for, server_env in servers:
             port = free_port()
             log = tmp_path / f"{name.replace(' ', '_')}.log"
-            proc = start_server(make_command(model, port, limits), port, log, server_env)
+            proc = start_server(command_for(port), port, log, server_env)
             try:
                 bench_serve(peer, env, port, model, 4, input_len, 8, tmp_path, f"warmup-{name}")
                 cpu_before = process_cpu_seconds(proc.pid)

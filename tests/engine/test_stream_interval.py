@@ -21,6 +21,8 @@ from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 
 PROMPT = [5, 6, 7]
 TEXT = "The river runs past the old mill, and the stones are cold."
+# Characters of several tokens each (byte-level BPE), so that intervals end inside them.
+UNICODE_TEXTS = ["🙂🚀🎉 👍🌍✨", "你好世界，今天天气很好。", "héllo wörld naïve 🇯🇵 x=1.5e-3 ∑"]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,48 @@ def test_cumulative_outputs_every_interval(tokenizer) -> None:
     for step in _emitted_at(per_step):
         out = per_step[step - 1].outputs[0]
         assert list(out.token_ids) == ids[:step] and out.text == tokenizer.decode(ids[:step])
+
+
+@pytest.mark.parametrize("interval", [2, 3, 5])
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+@pytest.mark.parametrize("text", UNICODE_TEXTS)
+def test_text_decoded_per_interval_equals_the_whole(tokenizer, text: str, kind: RequestOutputKind,
+                                                    interval: int) -> None:
+    """A stream with an interval and no stop strings is decoded only when an output needs it,
+    several tokens at once; its text is the same as decoding everything, with no partial
+    characters in any output."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    per_step = _outputs_per_step(_processor(tokenizer, stream_interval=interval, output_kind=kind), ids)
+    outputs = [out.outputs[0] for out in per_step if out is not None]
+    assert all("\ufffd" not in out.text for out in outputs), [out.text for out in outputs]
+    whole = "".join(out.text for out in outputs) if kind == RequestOutputKind.DELTA else outputs[-1].text
+    assert whole == tokenizer.decode(ids) == text
+
+
+def test_an_interval_stream_is_looked_at_only_when_it_sends(tokenizer) -> None:
+    """Between outputs the client does not visit the request at all (its tokens go to the
+    token store in the step's one scatter): it costs Python only once per interval."""
+    processor = _processor(tokenizer, stream_interval=4)
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)[:9]
+    visited = []
+    for step, token_id in enumerate(ids, 1):
+        states, _ = processor.process_outputs(EngineCoreOutputs(["r"], np.array([token_id], dtype=np.int32), []))
+        if states:
+            visited.append(step)
+            states[0].make_output()
+    assert visited == [1, 5, 9]
+
+
+def test_eos_text_is_left_out_at_the_end_of_an_interval_stream(tokenizer) -> None:
+    """The engine core stopped it on an EOS id: that token's text is not shown (vLLM's rule),
+    as for a stream decoded token by token."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)[:6] + [tokenizer.eos_token_id]
+    expected = tokenizer.decode(ids[:-1])
+    for interval in (1, 4):
+        per_step = _outputs_per_step(_processor(tokenizer, stream_interval=interval), ids, FinishReason.STOP)
+        outputs = [out.outputs[0] for out in per_step if out is not None]
+        assert "".join(out.text for out in outputs) == expected
+        assert [t for out in outputs for t in out.token_ids] == ids
 
 
 def test_interval_one_is_every_token(tokenizer) -> None:

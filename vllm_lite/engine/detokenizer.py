@@ -80,8 +80,20 @@ class FastIncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> str:
         self.pending.append(token_id)
+        return self._step(token_id)
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        """One stream step for all of them: the stream returns their whole text, or nothing while
+        the last ends inside a character (the text of stepping them one by one, in one call)."""
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            return ""
+        self.pending.extend(ids)
+        return self._step(ids)
+
+    def _step(self, ids: int | list[int]) -> str:
         try:
-            piece = self.stream.step(self.backend, token_id)
+            piece = self.stream.step(self.backend, ids)
         except Exception as exc:
             if not str(exc).startswith(_INVALID_PREFIX):
                 raise
@@ -91,9 +103,6 @@ class FastIncrementalDetokenizer:
             return ""
         self.context, self.pending = self.pending, []
         return piece
-
-    def add_tokens(self, token_ids: Sequence[int]) -> str:
-        return "".join([self.add_token(int(t)) for t in token_ids])
 
     def decode_rest(self, token_ids: Sequence[int]) -> str:
         if not self.pending:

@@ -27,13 +27,14 @@ class RequestState:
     processor's OutputTokenStore while it runs (in `own_ids` once released); they become a list only
     in the outputs handed to the user, and only the part handed out.
 
-    A request that needs nothing per token (`every_token` False: final output only, no stop
-    strings, no sample logprobs) is seen by Python only at its first token and when it ends;
-    its text is decoded once, at the end. `num_tokens` is then brought up to date from the
-    store whenever the request is looked at.
-
     A streamed request (cumulative or delta) gets an output at its first token, when it ends,
-    and otherwise once `stream_interval` tokens have come since the last one (vLLM's rule)."""
+    and otherwise once `stream_interval` tokens have come since the last one (vLLM's rule).
+
+    A request that needs nothing per token (`every_token` False: no stop strings, no sample
+    logprobs, and final output only or a stream interval above 1) is seen by Python only at
+    its first token, when it ends and, streamed, at each interval's output; its text is decoded
+    when an output needs it (`decoded_tokens` tokens so far). `num_tokens` is then brought up
+    to date from the store whenever the request is looked at."""
 
     request_id: str
     prompt: str | None
@@ -53,6 +54,7 @@ class RequestState:
     stop_reason: int | str | None = None
     core_finished: FinishedRequest | None = None  # the engine core finished it in the step being processed
     sent_tokens: int = 0
+    decoded_tokens: int = 0  # output tokens the detokenizer has had (when not every_token)
     stream_interval: int = 1
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
@@ -127,10 +129,20 @@ class RequestState:
         if self.every_token:
             return self.detokenizer.flush()
         self._sync_num_tokens()
-        token_ids = self.token_ids
+        token_ids = self.token_ids[self.decoded_tokens:]
+        self.decoded_tokens = self.num_tokens
         if self._stop_terminated() and not self.params.include_stop_str_in_output:
             token_ids = token_ids[:-1]
         return self.detokenizer.decode_rest(token_ids.tolist())
+
+    def _decode_new_tokens(self) -> None:
+        """The text of the tokens that came since the last output, for a stream that is not
+        decoded token by token (it has no stop strings to check)."""
+        if self.every_token or self.output_text is None or self.decoded_tokens == self.num_tokens:
+            return
+        piece = self.detokenizer.add_tokens(self.token_ids[self.decoded_tokens:].tolist())
+        self.decoded_tokens = self.num_tokens
+        self.output_text.append(piece, check_stop=False)
 
     def make_output(self) -> RequestOutput | None:
         kind = self.params.output_kind
@@ -140,6 +152,7 @@ class RequestState:
         if (self.stream_interval > 1 and not finished and self.sent_tokens > 0
                 and self.num_tokens - self.sent_tokens < self.stream_interval):
             return None  # what is new stays for the next output (a delta's text and tokens too)
+        self._decode_new_tokens()
         delta = kind == RequestOutputKind.DELTA
         token_start = self.sent_tokens if delta else 0
         text = self._text_out(delta, finished)
@@ -223,14 +236,14 @@ class OutputProcessor:
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if detokenize else _no_text
             logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
-        every_token = (params.output_kind != RequestOutputKind.FINAL_ONLY or bool(params.stop)
-                       or params.logprobs is not None)
+        interval = max(params.stream_interval or 1, self.stream_interval)
+        streamed = params.output_kind != RequestOutputKind.FINAL_ONLY
+        every_token = bool(params.stop) or params.logprobs is not None or (streamed and interval == 1)
+        slot = self.token_store.acquire(watched=every_token, interval=interval if streamed and not every_token else 0)
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
-                             parent=parent, index=index, store=self.token_store,
-                             slot=self.token_store.acquire(watched=every_token), every_token=every_token,
-                             output_text=output_text, queue=queue,
-                             stream_interval=max(params.stream_interval or 1, self.stream_interval),
-                             stats=RequestStateStats(time.time(), time.monotonic()))
+                             parent=parent, index=index, store=self.token_store, slot=slot,
+                             every_token=every_token, output_text=output_text, queue=queue,
+                             stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
@@ -286,8 +299,9 @@ class OutputProcessor:
                      iteration_stats: IterationStats | None = None) -> tuple[list[RequestState], list[str]]:
         """Rows `start:stop` of the step: the new tokens go into the token store in one scatter;
         then Python looks only at the requests that need it this step (every token of a stream,
-        of stop strings or logprobs; a first token; a last one) for stats, text, stop strings
-        and logprobs; requests that finish here are released. Returns the states looked at."""
+        of stop strings or logprobs; a stream's token that ends its interval; a first token; a
+        last one) for stats, text, stop strings and logprobs; requests that finish here are
+        released. Returns the states looked at."""
         states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
         if None in states:
             rows = [row for row, state in enumerate(states, start) if state is not None]
@@ -300,7 +314,7 @@ class OutputProcessor:
         store = self.token_store
         counts = store.append(slots, token_ids)
         if iteration_stats is None:
-            looked_at = np.flatnonzero(store.watched[slots] | (counts == 1)).tolist()
+            looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
             if len(looked_at) < len(states):
                 states = [states[i] for i in looked_at]
                 rows = [rows[i] for i in looked_at]

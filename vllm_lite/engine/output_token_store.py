@@ -5,7 +5,9 @@ running requests with their stop limits, fixed at max_num_seqs x max_model_len.)
 
 Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]]`; a slot is in
 `free` iff no request holds it. `watched[slot]`: the client looks at each of the slot's tokens
-(false for requests that need Python only at their first and last token). Rows and the row
+(false for requests that need Python only at their first and last token, and, with
+`intervals[slot]` = k > 0, at every k-th token after the first: streams with a stream interval).
+Rows and the row
 width grow by doubling (the width only as far as the longest output so far), so memory follows
 what is in flight, never `max_model_len`.
 """
@@ -23,15 +25,24 @@ class OutputTokenStore:
         self.ids = np.zeros((rows, width), dtype=np.int32)
         self.counts = np.zeros(rows, dtype=np.int64)
         self.watched = np.zeros(rows, dtype=bool)
+        self.intervals = np.zeros(rows, dtype=np.int64)
         self.free: list[int] = list(range(rows - 1, -1, -1))
 
-    def acquire(self, watched: bool = True) -> int:
+    def acquire(self, watched: bool = True, interval: int = 0) -> int:
         if not self.free:
             self._grow_rows()
         slot = self.free.pop()
         self.counts[slot] = 0
         self.watched[slot] = watched
+        self.intervals[slot] = interval
         return slot
+
+    def looked_at(self, slots: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Which of `slots` (just given their `counts`-th token) the client looks at this step:
+        watched ones, first tokens, and every `intervals`-th token after the first."""
+        intervals = self.intervals[slots]
+        periodic = (intervals > 0) & ((counts - 1) % np.maximum(intervals, 1) == 0)
+        return self.watched[slots] | (counts == 1) | periodic
 
     def release(self, slot: int) -> np.ndarray:
         """Frees the slot; returns a copy of its tokens (its row will be reused)."""
@@ -57,6 +68,7 @@ class OutputTokenStore:
         self.ids = np.concatenate([self.ids, np.zeros_like(self.ids)])
         self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
         self.watched = np.concatenate([self.watched, np.zeros_like(self.watched)])
+        self.intervals = np.concatenate([self.intervals, np.zeros_like(self.intervals)])
         self.free.extend(range(2 * rows - 1, rows - 1, -1))
 
     def _grow_width(self, needed: int) -> None:
