@@ -136,10 +136,10 @@ def test_prefix_lookup_of_a_blocked_request_is_kept_and_counted_once() -> None:
     lookups = 0
     original = kv._update_block_hashes
 
-    def counting(request):
+    def counting(request, num_known=None):
         nonlocal lookups
         lookups += request is blocked
-        original(request)
+        original(request, num_known)
 
     kv._update_block_hashes = counting
     versions = set()

@@ -149,6 +149,29 @@ class KVCacheManager:
             self._cache_full_blocks(request, blocks, num_tokens)
         return new_blocks
 
+    def allocate_running(self, requests: list[Request], num_tokens: list[int],
+                         num_known: list[int]) -> list[list[KVCacheBlock]]:
+        """`allocate_slots(request, n)` for each of `requests` in turn, for running requests
+        (they hold blocks; no hits, no sliding window) whose new blocks the caller counted as
+        free: request i's first `num_tokens[i]` tokens get slots and its blocks full of known
+        tokens (its first `num_known[i]`) enter the prefix cache. The same blocks, in the same
+        order, as one call after another; without their per-call reads of the counters."""
+        bs = self.block_size
+        held = [self.req_to_blocks[request.request_id] for request in requests]
+        counts = [max(-(-tokens // bs) - len(blocks), 0) for tokens, blocks in zip(num_tokens, held)]
+        free_blocks = iter(self.block_pool.allocate(sum(counts)))
+        new_blocks = [[next(free_blocks) for _ in range(count)] if count else [] for count in counts]
+        for blocks, fresh in zip(held, new_blocks):
+            if fresh:
+                blocks.extend(fresh)
+        if self.enable_caching:
+            cached = self.num_cached_blocks
+            for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
+                num_full = min(tokens, known) // bs
+                if num_full > cached[request.request_id]:
+                    self._cache_blocks(request, blocks, num_full, known)
+        return new_blocks
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 
@@ -212,20 +235,30 @@ class KVCacheManager:
             return
         # Slots are allocated for tokens still in flight (placeholders): a block is registered
         # once its tokens are known, at the request's next allocation.
-        num_full = min(num_full, request.num_tokens // self.block_size)
+        num_known = request.num_tokens
+        num_full = min(num_full, num_known // self.block_size)
         if num_full <= start:
             return
-        self._update_block_hashes(request)
-        for i in range(start, num_full):
-            if blocks[i] is not self.block_pool.null_block:
-                self.block_pool.cache_block(blocks[i], request.block_hashes[i])
+        self._cache_blocks(request, blocks, num_full, num_known)
+
+    def _cache_blocks(self, request: Request, blocks: list[KVCacheBlock], num_full: int, num_known: int) -> None:
+        """Registers the request's blocks up to `num_full` (full of its first `num_known` known
+        tokens) that are not registered yet."""
+        self._update_block_hashes(request, num_known)
+        hashes, null = request.block_hashes, self.block_pool.null_block
+        for i in range(self.num_cached_blocks[request.request_id], num_full):
+            if blocks[i] is not null:
+                self.block_pool.cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
-    def _update_block_hashes(self, request: Request) -> None:
+    def _update_block_hashes(self, request: Request, num_known: int | None = None) -> None:
+        """Keys for every full block of the request's known tokens (`num_known`, read from the
+        request when not given)."""
         hashes = request.block_hashes
         bs = self.block_size
+        num_known = request.num_tokens if num_known is None else num_known
         parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
-        for start in range(len(hashes) * bs, request.num_tokens - bs + 1, bs):
+        for start in range(len(hashes) * bs, num_known - bs + 1, bs):
             parent = block_key(parent, request.token_ids[start:start + bs].tobytes())
             hashes.append(parent)
 

@@ -263,12 +263,12 @@ class Scheduler:
             return None  # an allocation may fail: the loop preempts
         rows = np.flatnonzero(scheduled)
         new_block_ids = [self._no_blocks] * len(rows)
-        for position, row in zip(np.searchsorted(rows, to_allocate).tolist(), to_allocate.tolist()):
-            new_blocks = kv.allocate_slots(running[row], int(num_new[row]))
-            if new_blocks is None:
-                raise RuntimeError(f"{req_ids[row]!r}: no blocks although the free ones were counted")
-            if new_blocks:
-                new_block_ids[position] = [block.block_id for block in new_blocks]
+        if len(to_allocate):
+            allocated = kv.allocate_running(list(map(running.__getitem__, to_allocate.tolist())),
+                                            end[to_allocate].tolist(), store.num_tokens[slots[to_allocate]].tolist())
+            for position, new_blocks in zip(np.searchsorted(rows, to_allocate).tolist(), allocated):
+                if new_blocks:
+                    new_block_ids[position] = [block.block_id for block in new_blocks]
         if len(rows) < n:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
