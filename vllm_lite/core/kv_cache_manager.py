@@ -159,11 +159,13 @@ class KVCacheManager:
         bs = self.block_size
         held = [self.req_to_blocks[request.request_id] for request in requests]
         counts = [max(-(-tokens // bs) - len(blocks), 0) for tokens, blocks in zip(num_tokens, held)]
-        free_blocks = iter(self.block_pool.allocate(sum(counts)))
-        new_blocks = [[next(free_blocks) for _ in range(count)] if count else [] for count in counts]
-        for blocks, fresh in zip(held, new_blocks):
-            if fresh:
-                blocks.extend(fresh)
+        taken = self.block_pool.allocate(sum(counts))  # in the order the calls would take them
+        new_blocks, start = [], 0
+        for blocks, count in zip(held, counts):
+            fresh = taken[start:start + count]
+            start += count
+            blocks.extend(fresh)
+            new_blocks.append(fresh)
         if self.enable_caching:
             cached = self.num_cached_blocks
             for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
