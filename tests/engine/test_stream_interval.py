@@ -15,6 +15,7 @@ from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.output_processor import OutputProcessor
+from vllm_lite.engine.stats import IterationStats
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
@@ -105,6 +106,34 @@ def test_an_interval_stream_is_looked_at_only_when_it_sends(tokenizer) -> None:
             visited.append(step)
             states[0].make_output()
     assert visited == [1, 5, 9]
+
+
+def test_metrics_count_every_token_without_visiting_interval_streams(tokenizer) -> None:
+    """With the server's metrics on, the step's tokens and inter-token latencies are counted over
+    the rows at once: an interval stream is still visited only when it sends, and the numbers
+    are those of a stream visited every token."""
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)[:9]
+    step_times = [10.0, 10.5, 11.25, 11.5, 13.0, 13.5, 14.0, 14.25, 15.0]
+    results = {}
+    for interval in (1, 4):
+        processor = OutputProcessor(tokenizer)
+        for request_id in ("a", "b"):
+            processor.add_request(request_id, None, PROMPT, SamplingParams(
+                max_tokens=64, ignore_eos=True, stream_interval=interval, output_kind=RequestOutputKind.DELTA))
+        visited, generated, prompt_tokens, latencies = [], 0, 0, []
+        for step, (token_id, now) in enumerate(zip(ids, step_times), 1):
+            rows = ["a", "b"] if step > 1 else ["a"]  # "b" starts a step later
+            stats = IterationStats()
+            states, _ = processor.process_outputs(EngineCoreOutputs(
+                rows, np.full(len(rows), token_id, dtype=np.int32), [], timestamp=now), stats)
+            visited.append(sorted(state.request_id for state in states))
+            generated += stats.num_generation_tokens
+            prompt_tokens += stats.num_prompt_tokens
+            latencies += [round(float(x), 6) for batch in stats.inter_token_latencies for x in batch]
+        results[interval] = (visited, generated, prompt_tokens, sorted(latencies))
+    assert results[1][1:] == results[4][1:]
+    assert results[1][1:3] == (17, 6)
+    assert results[4][0] == [["a"], ["b"], [], [], ["a"], ["b"], [], [], ["a"]]
 
 
 def test_eos_text_is_left_out_at_the_end_of_an_interval_stream(tokenizer) -> None:

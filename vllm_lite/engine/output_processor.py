@@ -298,10 +298,11 @@ class OutputProcessor:
     def process_rows(self, outputs: EngineCoreOutputs, start: int, stop: int,
                      iteration_stats: IterationStats | None = None) -> tuple[list[RequestState], list[str]]:
         """Rows `start:stop` of the step: the new tokens go into the token store in one scatter;
-        then Python looks only at the requests that need it this step (every token of a stream,
-        of stop strings or logprobs; a stream's token that ends its interval; a first token; a
-        last one) for stats, text, stop strings and logprobs; requests that finish here are
-        released. Returns the states looked at."""
+        the step's metrics, when asked for, are counted over the rows at once; then Python looks
+        only at the requests that need it this step (every token of a stream, of stop strings or
+        logprobs; a stream's token that ends its interval; a first token; a last one) for text,
+        stop strings, logprobs and their own stats; requests that finish here are released.
+        Returns the states looked at."""
         states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
         if None in states:
             rows = [row for row, state in enumerate(states, start) if state is not None]
@@ -313,23 +314,22 @@ class OutputProcessor:
         slots = np.fromiter([state.slot for state in states], np.int64, len(states))
         store = self.token_store
         counts = store.append(slots, token_ids)
-        if iteration_stats is None:
-            looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
-            if len(looked_at) < len(states):
-                states = [states[i] for i in looked_at]
-                rows = [rows[i] for i in looked_at]
-                token_ids, counts = token_ids[looked_at], counts[looked_at]
+        now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
+        if iteration_stats is not None:
+            self._count_tokens(iteration_stats, states, slots, counts, now)
+        looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
+        if len(looked_at) < len(states):
+            states = [states[i] for i in looked_at]
+            rows = [rows[i] for i in looked_at]
+            token_ids, counts = token_ids[looked_at], counts[looked_at]
         as_ints = token_ids.tolist()  # the detokenizer takes Python ints
         with_logprobs = outputs.logprobs is not None
-        now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         stopped_by_string: list[str] = []
         for row, state, token_id, num_tokens in zip(rows, states, as_ints, counts.tolist()):
             state.num_tokens = num_tokens
             if with_logprobs and state.logprobs is not None and state.params.logprobs is not None:
                 state.logprobs.add_sample_row(outputs.logprob_token_ids[row], outputs.logprobs[row],
                                               outputs.logprob_ranks[row])
-            if iteration_stats is not None:
-                _count_token(iteration_stats, state, now)
             state.add_token(token_id, now)
             finished_in_core = state.core_finished
             if state.finish_reason is not None:
@@ -340,6 +340,20 @@ class OutputProcessor:
                 state.finish(finished_in_core.finish_reason, finished_in_core.stop_reason)
                 self._release(state, iteration_stats)
         return states, stopped_by_string
+
+    def _count_tokens(self, iteration_stats: IterationStats, states: list[RequestState], slots: np.ndarray,
+                      counts: np.ndarray, now: float) -> None:
+        """vLLM's per-step counting, over the rows at once: a first token brings its prompt's
+        tokens, a later one an inter-token latency (from the slot's previous token's step)."""
+        store = self.token_store
+        first = counts == 1
+        iteration_stats.num_generation_tokens += len(counts)
+        for i in np.flatnonzero(first).tolist():
+            iteration_stats.num_prompt_tokens += len(states[i].prompt_token_ids)
+        later = slots[~first]
+        if len(later):
+            iteration_stats.inter_token_latencies.append(now - store.last_token_ts[later])
+        store.last_token_ts[slots] = now
 
     def end_step(self, outputs: EngineCoreOutputs,
                  iteration_stats: IterationStats | None = None) -> list[RequestState]:
@@ -393,16 +407,6 @@ class OutputProcessor:
         if text is None:
             text = self._token_text[token_id] = self.tokenizer.decode([token_id])
         return text
-
-
-def _count_token(iteration_stats: IterationStats, state: RequestState, now: float) -> None:
-    """vLLM's per-step counting: a first token brings its prompt's tokens, a later one an
-    inter-token latency."""
-    iteration_stats.num_generation_tokens += 1
-    if state.stats.num_generation_tokens == 0:
-        iteration_stats.num_prompt_tokens += len(state.prompt_token_ids)
-    else:
-        iteration_stats.inter_token_latencies.append(now - state.stats.last_token_ts)
 
 
 def _no_text(token_id: int) -> None:

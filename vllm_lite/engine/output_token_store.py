@@ -7,6 +7,7 @@ Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]
 `free` iff no request holds it. `watched[slot]`: the client looks at each of the slot's tokens
 (false for requests that need Python only at their first and last token, and, with
 `intervals[slot]` = k > 0, at every k-th token after the first: streams with a stream interval).
+`last_token_ts[slot]`: the engine-core step time of the slot's latest token (inter-token latency).
 Rows and the row
 width grow by doubling (the width only as far as the longest output so far), so memory follows
 what is in flight, never `max_model_len`.
@@ -26,6 +27,7 @@ class OutputTokenStore:
         self.counts = np.zeros(rows, dtype=np.int64)
         self.watched = np.zeros(rows, dtype=bool)
         self.intervals = np.zeros(rows, dtype=np.int64)
+        self.last_token_ts = np.zeros(rows, dtype=np.float64)
         self.free: list[int] = list(range(rows - 1, -1, -1))
 
     def acquire(self, watched: bool = True, interval: int = 0) -> int:
@@ -69,6 +71,7 @@ class OutputTokenStore:
         self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
         self.watched = np.concatenate([self.watched, np.zeros_like(self.watched)])
         self.intervals = np.concatenate([self.intervals, np.zeros_like(self.intervals)])
+        self.last_token_ts = np.concatenate([self.last_token_ts, np.zeros_like(self.last_token_ts)])
         self.free.extend(range(2 * rows - 1, rows - 1, -1))
 
     def _grow_width(self, needed: int) -> None:

@@ -1,6 +1,6 @@
 """What one engine step's outputs tell the metrics (vLLM's IterationStats and
 FinishedRequestStats), built by the OutputProcessor only when a stat logger listens (the server's
-/metrics does; `LLM` does not): numbers and one list of floats per step, nothing per token.
+/metrics does; `LLM` does not): numbers and arrays per step, nothing per token.
 
 Timings use the engine core's clock (EngineCoreOutputs.timestamp and the scheduling times), as
 vLLM's do:
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from vllm_lite.outputs import RequestStateStats
 
@@ -53,7 +55,8 @@ class FinishedRequestStats:
 class IterationStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
-    inter_token_latencies: list[float] = field(default_factory=list)
+    # seconds, one array per batch of rows the step was processed in
+    inter_token_latencies: list[np.ndarray] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
     @property
