@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-decode bench-amx
+.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-client bench-decode bench-amx
 
 setup: $(STAMP)
 
@@ -75,13 +75,17 @@ bench-gguf: $(STAMP)
 bench-scheduler: $(STAMP)
 	$(BENCH)/scheduler_step.py
 
+bench-client: $(STAMP)
+	$(BENCH)/client_stream_step.py --stream-interval 1
+	$(BENCH)/client_stream_step.py --stream-interval 10
+
 bench-decode: $(STAMP)
 	$(BENCH)/decode_steps.py
 
 bench-amx: $(STAMP)
 	$(BENCH)/amx_kernels.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-decode bench-amx
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so
