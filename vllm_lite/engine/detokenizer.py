@@ -7,6 +7,9 @@ Two implementations, as vLLM has them:
 
 * `FastIncrementalDetokenizer`: `tokenizers`' `DecodeStream` (one Rust call per token) over the
   tokenizer's backend; for every tokenizer built on `tokenizers` (transformers' fast tokenizers).
+  With a byte-level decoder, a token whose bytes are whole UTF-8 characters decodes to the same
+  text after any prefix that ends on a character: such tokens take their text from
+  `TokenPieces` (decoded once per tokenizer) instead of a stream step while nothing is held back.
 * `SlowIncrementalDetokenizer`: two `tokenizer.decode` calls per token over a sliding window of
   token ids; for any other tokenizer.
 
@@ -45,12 +48,53 @@ class IncrementalDetokenizer(Protocol):
         held back: `add_tokens(token_ids) + flush()` in one decode."""
 
 
-def new_detokenizer(tokenizer: Any, prompt_token_ids: Sequence[int],
-                    skip_special_tokens: bool) -> IncrementalDetokenizer:
+def new_detokenizer(tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool,
+                    pieces: TokenPieces | None = None) -> IncrementalDetokenizer:
+    """`pieces`: the tokenizer's TokenPieces, shared by its requests (None: every token takes a
+    stream step)."""
     backend = fast_backend(tokenizer)
     if backend is None:
         return SlowIncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
-    return FastIncrementalDetokenizer(backend, prompt_token_ids, skip_special_tokens)
+    return FastIncrementalDetokenizer(backend, prompt_token_ids, skip_special_tokens, pieces)
+
+
+class TokenPieces:
+    """The text of each token that decodes alike in every context, for a tokenizer whose decoder
+    is exactly `ByteLevel` (GPT-2, Llama 3, Qwen, SmolLM): it maps a token's characters to bytes
+    and decodes the joined bytes, so a token of whole UTF-8 characters after text that ends on a
+    character adds exactly its own text. Added tokens (special or not) are left to the stream.
+    Each token is decoded the first time it is asked for; None: not such a token."""
+
+    __slots__ = ("backend", "added", "known")
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.added = frozenset(backend.get_added_tokens_decoder())
+        self.known: dict[int, str | None] = {}
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any) -> TokenPieces | None:
+        from tokenizers import decoders
+
+        backend = fast_backend(tokenizer)
+        if backend is None or type(backend.decoder) is not decoders.ByteLevel:
+            return None
+        return cls(backend)
+
+    def get(self, token_id: int) -> str | None:
+        piece = self.known.get(token_id, _UNSEEN)
+        if piece is _UNSEEN:
+            piece = self.known[token_id] = self._context_free_text(token_id)
+        return piece
+
+    def _context_free_text(self, token_id: int) -> str | None:
+        if token_id in self.added or not 0 <= token_id < self.backend.get_vocab_size(with_added_tokens=False):
+            return None
+        text = self.backend.decode([token_id], skip_special_tokens=False)
+        return text if text and "\ufffd" not in text else None
+
+
+_UNSEEN = object()
 
 
 def fast_backend(tokenizer: Any) -> Any | None:
@@ -69,16 +113,24 @@ class FastIncrementalDetokenizer:
     text ends in an incomplete character; `pending` mirrors them (with `context`, the tokens of
     the last emitted text) so that `flush` can decode the tail the stream never returns."""
 
-    __slots__ = ("backend", "skip_special_tokens", "stream", "context", "pending")
+    __slots__ = ("backend", "skip_special_tokens", "stream", "context", "pending", "pieces", "stream_behind")
 
-    def __init__(self, backend: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool) -> None:
+    def __init__(self, backend: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool,
+                 pieces: TokenPieces | None = None) -> None:
         self.backend = backend
         self.skip_special_tokens = skip_special_tokens
         self.context: list[int] = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
         self.pending: list[int] = []
         self.stream = self._new_stream(self.context)
+        self.pieces = pieces
+        self.stream_behind = False  # tokens were taken from `pieces`: the stream must restart at `context`
 
     def add_token(self, token_id: int) -> str:
+        if not self.pending and self.pieces is not None:
+            piece = self.pieces.get(token_id)
+            if piece is not None:
+                self.context, self.stream_behind = [token_id], True
+                return piece
         self.pending.append(token_id)
         return self._step(token_id)
 
@@ -92,6 +144,8 @@ class FastIncrementalDetokenizer:
         return self._step(ids)
 
     def _step(self, ids: int | list[int]) -> str:
+        if self.stream_behind:
+            self.stream, self.stream_behind = self._new_stream(self.context), False
         try:
             piece = self.stream.step(self.backend, ids)
         except Exception as exc:

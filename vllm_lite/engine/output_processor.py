@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_lite.engine.detokenizer import IncrementalDetokenizer, new_detokenizer
+from vllm_lite.engine.detokenizer import IncrementalDetokenizer, TokenPieces, new_detokenizer
 from vllm_lite.engine.logprobs import LogprobsState
 from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
@@ -218,6 +218,7 @@ class OutputProcessor:
         self.token_store = OutputTokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
+        self._token_pieces = TokenPieces.for_tokenizer(tokenizer) if tokenizer is not None else None
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
@@ -229,7 +230,8 @@ class OutputProcessor:
         # were refused by the input checks.
         detokenize = params.detokenize and self.tokenizer is not None
         if detokenize:
-            detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens)
+            detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
+                                          self._token_pieces)
             output_text = OutputText(params.stop, params.include_stop_str_in_output,
                                      delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None
