@@ -167,11 +167,8 @@ class KVCacheManager:
             blocks.extend(fresh)
             new_blocks.append(fresh)
         if self.enable_caching:
-            cached = self.num_cached_blocks
             for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
-                num_full = min(tokens, known) // bs
-                if num_full > cached[request.request_id]:
-                    self._cache_blocks(request, blocks, num_full, known)
+                self._cache_full_blocks(request, blocks, tokens, known)
         return new_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -230,25 +227,24 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int,
+                           num_known: int | None = None) -> None:
+        """Registers the request's blocks that its first `num_tokens` slots fill with known tokens
+        (its first `num_known`, read from the request when not given) and that are not registered
+        yet."""
         num_full = num_tokens // self.block_size
         start = self.num_cached_blocks[request.request_id]
         if num_full <= start:  # (most steps: no block filled up)
             return
         # Slots are allocated for tokens still in flight (placeholders): a block is registered
         # once its tokens are known, at the request's next allocation.
-        num_known = request.num_tokens
+        num_known = request.num_tokens if num_known is None else num_known
         num_full = min(num_full, num_known // self.block_size)
         if num_full <= start:
             return
-        self._cache_blocks(request, blocks, num_full, num_known)
-
-    def _cache_blocks(self, request: Request, blocks: list[KVCacheBlock], num_full: int, num_known: int) -> None:
-        """Registers the request's blocks up to `num_full` (full of its first `num_known` known
-        tokens) that are not registered yet."""
         self._update_block_hashes(request, num_known)
         hashes, null = request.block_hashes, self.block_pool.null_block
-        for i in range(self.num_cached_blocks[request.request_id], num_full):
+        for i in range(start, num_full):
             if blocks[i] is not null:
                 self.block_pool.cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[request.request_id] = num_full

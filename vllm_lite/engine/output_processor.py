@@ -218,7 +218,7 @@ class OutputProcessor:
         self.token_store = OutputTokenStore()
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
-        self._token_pieces = TokenPieces.for_tokenizer(tokenizer) if tokenizer is not None else None
+        self._token_pieces = TokenPieces.for_tokenizer(tokenizer)  # None: no byte-level decoder (or no tokenizer)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,

@@ -8,9 +8,8 @@ Invariant: row `slot` of `ids` holds the slot's output tokens in `[:counts[slot]
 (false for requests that need Python only at their first and last token, and, with
 `intervals[slot]` = k > 0, at every k-th token after the first: streams with a stream interval).
 `last_token_ts[slot]`: the engine-core step time of the slot's latest token (inter-token latency).
-Rows and the row
-width grow by doubling (the width only as far as the longest output so far), so memory follows
-what is in flight, never `max_model_len`.
+Rows and the row width grow by doubling (the width only as far as the longest output so far), so
+memory follows what is in flight, never `max_model_len`.
 """
 
 from __future__ import annotations
