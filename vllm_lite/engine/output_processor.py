@@ -21,7 +21,7 @@ from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a state is one request: identity, not field equality
 class RequestState:
     """One engine-core request on the client. Its output token ids live in row `slot` of the
     processor's OutputTokenStore while it runs (in `own_ids` once released); they become a list only
@@ -219,6 +219,8 @@ class OutputProcessor:
         self.parent_requests: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}  # decoded single tokens, for Logprob.decoded_token
         self._token_pieces = TokenPieces.for_tokenizer(tokenizer)  # None: no byte-level decoder (or no tokenizer)
+        # `_states_of`'s answer for each chunk start; emptied whenever a request comes or goes.
+        self._rows_cache: dict[int, tuple[list[str], list[RequestState], np.ndarray, range | list[int]]] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
@@ -247,6 +249,7 @@ class OutputProcessor:
                              every_token=every_token, output_text=output_text, queue=queue,
                              stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()))
         self.request_states[request_id] = state
+        self._rows_cache.clear()
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
         return state
@@ -305,15 +308,9 @@ class OutputProcessor:
         logprobs; a stream's token that ends its interval; a first token; a last one) for text,
         stop strings, logprobs and their own stats; requests that finish here are released.
         Returns the states looked at."""
-        states = list(map(self.request_states.get, outputs.req_ids[start:stop]))
-        if None in states:
-            rows = [row for row, state in enumerate(states, start) if state is not None]
-            states = [state for state in states if state is not None]
-            token_ids = outputs.new_token_ids[rows]
-        else:
-            rows = range(start, start + len(states))
-            token_ids = outputs.new_token_ids[start:start + len(states)]
-        slots = np.fromiter([state.slot for state in states], np.int64, len(states))
+        states, slots, rows = self._states_of(outputs.req_ids[start:stop], start)
+        token_ids = (outputs.new_token_ids[start:start + len(states)] if isinstance(rows, range)
+                     else outputs.new_token_ids[rows])
         store = self.token_store
         counts = store.append(slots, token_ids)
         now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
@@ -343,6 +340,25 @@ class OutputProcessor:
                 self._release(state, iteration_stats)
         return states, stopped_by_string
 
+    def _states_of(self, req_ids: list[str], start: int
+                   ) -> tuple[list[RequestState], np.ndarray, range | list[int]]:
+        """The states and token-store slots of the requests of a step's rows `start:` (`req_ids`)
+        that are still here, and which rows those are. Kept while no request comes or goes and the
+        step names the same requests (steady decode): one comparison of the id lists then, instead
+        of a lookup per row."""
+        cached = self._rows_cache.get(start)
+        if cached is not None and cached[0] == req_ids:
+            return cached[1], cached[2], cached[3]
+        states = list(map(self.request_states.get, req_ids))
+        if None in states:  # aborted since the step ran
+            rows: range | list[int] = [row for row, state in enumerate(states, start) if state is not None]
+            states = [state for state in states if state is not None]
+        else:
+            rows = range(start, start + len(states))
+        slots = np.fromiter([state.slot for state in states], np.int64, len(states))
+        self._rows_cache[start] = (req_ids, states, slots, rows)
+        return states, slots, rows
+
     def _count_tokens(self, iteration_stats: IterationStats, states: list[RequestState], slots: np.ndarray,
                       counts: np.ndarray, now: float) -> None:
         """vLLM's per-step counting, over the rows at once: a first token brings its prompt's
@@ -371,6 +387,7 @@ class OutputProcessor:
 
     def _release(self, state: RequestState, iteration_stats: IterationStats | None = None) -> None:
         del self.request_states[state.request_id]
+        self._rows_cache.clear()
         state.release()
         self._drop_parent_if_done(state)
         if iteration_stats is not None:

@@ -7,6 +7,7 @@ placeholder), and the step reads that token from the batch, where it already is.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class ModelRunner:
         # ids say it knows: a step it scheduled before it knew (async scheduling) still names
         # them, and they are passed over there.
         self.dropped_failed: set[str] = set()
+        self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
 
     def _small_steps_fit_one_thread(self) -> bool:
         """Whether steps of at most ONE_THREAD_MAX_TOKENS tokens should run on one thread: only
@@ -298,8 +300,30 @@ class ModelRunner:
         return None
 
     def _update_cached(self, cached: CachedRequestData) -> dict[str, str] | None:
-        """Every decode step runs this for every running request: an inline loop, its `try`
-        free when nothing raises (Python 3.11)."""
+        """Every decode step runs this for every running request: their counters in one array
+        assignment, then only the rows that got new blocks, one by one. A request missing from
+        the batch, or counters the batch cannot take, send the step to `_update_cached_each`,
+        which tells whose update failed."""
+        rows = self._batch_rows(cached.req_ids)
+        if int(rows.min()) < 0:
+            return self._update_cached_each(cached)
+        batch = self.input_batch
+        try:
+            batch.num_computed_tokens[rows] = cached.num_computed_tokens
+        except Exception:
+            return self._update_cached_each(cached)
+        new_block_ids = cached.new_block_ids
+        with_blocks = np.flatnonzero(np.fromiter(map(len, new_block_ids), np.int64, len(new_block_ids)))
+        failed: dict[str, str] | None = None
+        for i in with_blocks.tolist():
+            try:
+                batch.block_table.append_row(int(rows[i]), new_block_ids[i])
+            except Exception as exc:  # this request's alone
+                failed = self._row_update_failed(failed, cached.req_ids[i], exc)
+        return failed
+
+    def _update_cached_each(self, cached: CachedRequestData) -> dict[str, str] | None:
+        """`_update_cached` one request at a time, each in its own `try`."""
         batch = self.input_batch
         index, block_table, num_computed_tokens = batch.req_id_to_index, batch.block_table, batch.num_computed_tokens
         failed: dict[str, str] | None = None
@@ -312,10 +336,27 @@ class ModelRunner:
             except Exception as exc:  # this request's alone
                 if req_id in self.dropped_failed and req_id not in index:
                     continue  # it failed in an earlier step; async scheduling ran ahead of the news
-                logger.exception("request %r failed %s", req_id, self._where("while updating its row"))
-                failed = failed or {}
-                failed[req_id] = describe_error(exc)
+                failed = self._row_update_failed(failed, req_id, exc)
         return failed
+
+    def _row_update_failed(self, failed: dict[str, str] | None, req_id: str, exc: Exception) -> dict[str, str]:
+        logger.exception("request %r failed %s", req_id, self._where("while updating its row"))
+        failed = failed or {}
+        failed[req_id] = describe_error(exc)
+        return failed
+
+    def _batch_rows(self, req_ids: list[str]) -> np.ndarray:
+        """The batch row of each of `req_ids` (-1 for one not in the batch). Kept while the batch
+        keeps its rows and the ids are the same (steady decode): one comparison of the id lists
+        then, instead of a lookup per request."""
+        version = self.input_batch.version
+        cached = self._rows_cache
+        if cached is not None and cached[0] == version and cached[1] == req_ids:
+            return cached[2]
+        index = self.input_batch.req_id_to_index
+        rows = np.fromiter(map(index.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
+        self._rows_cache = (version, list(req_ids), rows)
+        return rows
 
     def _where(self, what: str) -> str:
         return what if self.tp.size == 1 else f"{what} on rank {self.tp.rank}"
@@ -346,12 +387,14 @@ class ModelRunner:
     def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
         """None when no scheduled request is in the batch (every one failed)."""
         batch = self.input_batch
-        index = batch.req_id_to_index
+        scheduled = sched.num_scheduled_tokens
+        counts = np.fromiter(scheduled.values(), np.int32, len(scheduled))
+        scheduled_rows = self._batch_rows(list(scheduled))
+        if int(scheduled_rows.min()) < 0:  # some failed to join the batch (this step or, async, the last)
+            present = scheduled_rows >= 0
+            scheduled_rows, counts = scheduled_rows[present], counts[present]
         num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
-        for req_id, n in sched.num_scheduled_tokens.items():
-            row = index.get(req_id)  # None: it failed to join the batch (this step or, async, the last)
-            if row is not None:
-                num_scheduled[row] = n
+        num_scheduled[scheduled_rows] = counts
         rows = np.flatnonzero(num_scheduled)
         if len(rows) == 0:
             return None
