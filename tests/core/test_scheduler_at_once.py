@@ -48,6 +48,7 @@ def make_request(request_id: str, prompt: np.ndarray, max_tokens: int, ignore_eo
 
 def summary(out: SchedulerOutput) -> tuple:
     cached = out.scheduled_cached_reqs
+    assert cached.has_new_blocks.tolist() == [len(ids) > 0 for ids in cached.new_block_ids]
     return (list(out.num_scheduled_tokens.items()), out.total_num_scheduled_tokens,
             [(new.req_id, new.block_ids, new.num_computed_tokens, new.token_ids.tolist())
              for new in out.scheduled_new_reqs],

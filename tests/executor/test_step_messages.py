@@ -72,12 +72,16 @@ def test_decode_step_bytes_do_not_grow_with_prompt_length() -> None:
 
 def test_scheduler_output_round_trip() -> None:
     scheduler = make_scheduler(max_model_len=256, num_blocks=NUM_REQUESTS * 16)
-    add_requests(scheduler, prompt_len=40, max_tokens=4)
+    # Prompts end 2 tokens before a block boundary: the decodes cross it (new block ids).
+    add_requests(scheduler, prompt_len=3 * BLOCK_SIZE - 2, max_tokens=5)
     codec = MessageCodec()
-    for _ in range(6):  # prefill, decodes, finishes
+    steps_with_new_blocks = 0
+    for _ in range(7):  # prefill, decodes, finishes
         sched = step(scheduler)
         decoded = codec.decode_to_worker(codec.encode_to_worker(StepDiff.from_scheduler_output(sched)))
         assert_same_scheduler_output(decoded.to_scheduler_output(), sched)
+        steps_with_new_blocks += bool(sched.scheduled_cached_reqs.has_new_blocks.any())
+    assert steps_with_new_blocks
 
 
 def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) -> None:
@@ -93,8 +97,10 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
     assert got.num_scheduled_tokens == want.num_scheduled_tokens
     got_cached, want_cached = got.scheduled_cached_reqs, want.scheduled_cached_reqs
     assert got_cached.req_ids == want_cached.req_ids
-    assert [list(b) for b in got_cached.new_block_ids] == want_cached.new_block_ids
-    assert list(got_cached.num_computed_tokens) == want_cached.num_computed_tokens
+    assert [list(b) for b in got_cached.new_block_ids] == [list(b) for b in want_cached.new_block_ids]
+    assert list(got_cached.num_computed_tokens) == list(want_cached.num_computed_tokens)
+    assert got_cached.has_new_blocks.tolist() == want_cached.has_new_blocks.tolist() == [
+        len(b) > 0 for b in want_cached.new_block_ids]
     assert got.total_num_scheduled_tokens == want.total_num_scheduled_tokens
     assert got.finished_req_ids == want.finished_req_ids
     assert got.preempted_req_ids == want.preempted_req_ids

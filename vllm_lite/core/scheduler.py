@@ -83,7 +83,8 @@ class RunningSchedule(NamedTuple):
 
     req_ids: list[str]
     new_block_ids: list[list[int]]
-    num_computed_tokens: list[int]  # before this step
+    num_computed_tokens: list[int] | np.ndarray  # before this step
+    has_new_blocks: np.ndarray  # bool: new_block_ids[i] is not empty
     budget: int
 
 
@@ -163,7 +164,7 @@ class Scheduler:
                         if len(self.running) >= self.AT_ONCE_MIN_RUNNING else None)
         if running_part is None:
             running_part = self._schedule_running_loop(budget, num_scheduled, preempted)
-        cached_ids, cached_new_blocks, cached_num_computed, budget = running_part
+        cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks, budget = running_part
         new_reqs: list[NewRequestData] = []
         if not preempted:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
@@ -173,7 +174,7 @@ class Scheduler:
                                    if self.structured_req_ids else ((), None))
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed),
+            scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             finished_req_ids=frozenset(self.finished_req_ids),
@@ -199,6 +200,7 @@ class Scheduler:
         cached_ids: list[str] = []
         cached_new_blocks: list[list[int]] = []
         cached_num_computed: list[int] = []
+        with_new_blocks: list[int] = []
         kv, store, running = self.kv_cache_manager, self.token_store, self.running
         # The counters of every running request, read at once: a preemption below takes requests
         # from the back, past `index`, so the values the loop reads stay those of `running[index]`.
@@ -224,6 +226,8 @@ class Scheduler:
                 if new_blocks is None:
                     break
                 new_block_ids = [block.block_id for block in new_blocks] if new_blocks else self._no_blocks
+            if new_block_ids:
+                with_new_blocks.append(len(cached_ids))
             num_scheduled[request.request_id] = num_new
             cached_ids.append(request.request_id)
             cached_new_blocks.append(new_block_ids)
@@ -234,7 +238,9 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        return RunningSchedule(cached_ids, cached_new_blocks, cached_num_computed, budget)
+        has_new_blocks = np.zeros(len(cached_ids), dtype=bool)
+        has_new_blocks[with_new_blocks] = True
+        return RunningSchedule(cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks, budget)
 
     def _schedule_running_at_once(self, budget: int, num_scheduled: dict[str, int]) -> RunningSchedule | None:
         """What `_schedule_running_loop` would decide, with array operations over the running
@@ -263,19 +269,21 @@ class Scheduler:
             return None  # an allocation may fail: the loop preempts
         rows = np.flatnonzero(scheduled)
         new_block_ids = [self._no_blocks] * len(rows)
+        has_new_blocks = np.zeros(len(rows), dtype=bool)
         if len(to_allocate):
             allocated = kv.allocate_running(list(map(running.__getitem__, to_allocate.tolist())),
                                             end[to_allocate].tolist(), store.num_tokens[slots[to_allocate]].tolist())
             for position, new_blocks in zip(np.searchsorted(rows, to_allocate).tolist(), allocated):
                 if new_blocks:
                     new_block_ids[position] = [block.block_id for block in new_blocks]
+                    has_new_blocks[position] = True
         if len(rows) < n:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
         num_scheduled.update(zip(req_ids, num_new.tolist()))
         store.num_computed_tokens[slots], store.num_tokens_with_placeholders[slots] = _advanced(
             computed, known, num_new)
-        return RunningSchedule(req_ids, new_block_ids, computed.tolist(), budget - total)
+        return RunningSchedule(req_ids, new_block_ids, computed, has_new_blocks, budget - total)
 
     def _running_slots(self) -> tuple[np.ndarray, list[str]]:
         """The token-store slots and ids of `running`, in its order. `running` changes only

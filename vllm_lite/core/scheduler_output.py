@@ -34,16 +34,20 @@ class NewRequestData:
 
 @dataclass(frozen=True, slots=True)
 class CachedRequestData:
-    """Requests the workers already hold: only what changed (the diff) is sent."""
+    """Requests the workers already hold: only what changed (the diff) is sent. Entry i of
+    every column belongs to `req_ids[i]`."""
 
     req_ids: list[str]
     # lists in the engine core; int32 views of the step message's arrays on a TP rank
     new_block_ids: list[list[int]] | list[np.ndarray]
     num_computed_tokens: list[int] | np.ndarray  # before this step
+    # bool: whether new_block_ids[i] is not empty (in a decode step, a few requests): a worker
+    # finds the rows whose block table grows without looking at every request's list.
+    has_new_blocks: np.ndarray
 
     @staticmethod
     def empty() -> CachedRequestData:
-        return CachedRequestData([], [], [])
+        return CachedRequestData([], [], [], np.zeros(0, dtype=bool))
 
 
 @dataclass(frozen=True, slots=True)

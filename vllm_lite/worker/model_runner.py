@@ -313,9 +313,8 @@ class ModelRunner:
         except Exception:
             return self._update_cached_each(cached)
         new_block_ids = cached.new_block_ids
-        with_blocks = np.flatnonzero(np.fromiter(map(len, new_block_ids), np.int64, len(new_block_ids)))
         failed: dict[str, str] | None = None
-        for i in with_blocks.tolist():
+        for i in np.flatnonzero(cached.has_new_blocks).tolist():
             try:
                 batch.block_table.append_row(int(rows[i]), new_block_ids[i])
             except Exception as exc:  # this request's alone
