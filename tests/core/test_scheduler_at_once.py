@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
@@ -64,6 +65,14 @@ def held_state(scheduler: Scheduler) -> tuple:
              for r in scheduler.running])
 
 
+def assert_tracked_counts_true(kv: KVCacheManager) -> None:
+    """The block counts the array path reads (kept up to date, not read again each step) equal
+    the manager's own (0 for a request that has left)."""
+    tracked = kv.tracked
+    assert tracked.held.tolist() == [len(kv.req_to_blocks.get(r, ())) for r in tracked.req_ids]
+    assert tracked.cached.tolist() == [kv.num_cached_blocks.get(r, 0) for r in tracked.req_ids]
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("num_blocks", [400, 70])  # 70: preemption under KV pressure
@@ -91,6 +100,7 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
         outs = [scheduler.schedule() for scheduler in pair]
         assert summary(outs[0]) == summary(outs[1]), f"step {step}"
         assert held_state(pair[0]) == held_state(pair[1]), f"step {step}"
+        assert_tracked_counts_true(pair[0].kv_cache_manager)
         tokens = np.where(rng.random(64) < 0.1, EOS, rng.integers(8, 1000, size=64))
         for side in range(2):
             if not outs[side].is_empty:

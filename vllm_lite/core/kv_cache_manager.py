@@ -21,6 +21,19 @@ class PrefixCacheStats:
     hits: int = 0  # tokens found cached
 
 
+@dataclass(slots=True)
+class TrackedBlockCounts:
+    """The blocks held and the blocks registered in the prefix cache by each request of one id
+    list (the scheduler's running requests), as arrays: a decode step reads them for the whole
+    batch without a lookup per request. The manager updates a tracked request's entry whenever
+    it changes that request's blocks, so the arrays stay true until another list is tracked."""
+
+    req_ids: list[str]
+    position: dict[str, int]
+    held: np.ndarray
+    cached: np.ndarray
+
+
 class KVCacheManager:
     """Maps each request to its blocks. A full block is identified by a chained key
     `sha256(parent key || its int32 tokens)`: 32-byte parent, fixed-size token bytes, so equal
@@ -38,6 +51,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.stats = PrefixCacheStats()
+        self.tracked = TrackedBlockCounts([], {}, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
     @property
     def num_usable_blocks(self) -> int:
@@ -91,19 +105,37 @@ class KVCacheManager:
         """`fits_held_blocks` for many requests at once (request `req_ids[i]`'s first
         `num_tokens[i]` tokens), and the new blocks `allocate_slots` would take for each (0 where
         they fit). None where the per-request rule must decide: a sliding window, or a request
-        holding no blocks."""
+        holding no blocks. The counts come from `tracked`, which follows `req_ids` from here on
+        (read again only when the list changes)."""
         if self.sliding_window is not None:
             return None
+        if self.tracked.req_ids != req_ids and not self._track(req_ids):
+            return None
+        tracked, bs = self.tracked, self.block_size
+        fits = num_tokens <= tracked.held * bs
+        if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
+            fits &= num_tokens // bs <= tracked.cached
+        return fits, np.maximum(-(-num_tokens // bs) - tracked.held, 0)
+
+    def _track(self, req_ids: list[str]) -> bool:
+        """Track these requests' block counts; False (tracking nothing new) when one of them
+        holds no blocks."""
         held = list(map(self.req_to_blocks.get, req_ids))
         if None in held:
-            return None
-        bs = self.block_size
-        num_held = np.fromiter(map(len, held), np.int64, len(held))
-        fits = num_tokens <= num_held * bs
-        if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
-            fits &= num_tokens // bs <= np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64,
-                                                    len(req_ids))
-        return fits, np.maximum(-(-num_tokens // bs) - num_held, 0)
+            return False
+        self.tracked = TrackedBlockCounts(
+            list(req_ids), {request_id: i for i, request_id in enumerate(req_ids)},
+            np.fromiter(map(len, held), np.int64, len(held)),
+            np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64, len(req_ids)))
+        return True
+
+    def _note_counts(self, request_id: str) -> None:
+        """After a change to the request's blocks: its entry in `tracked`, if it has one."""
+        position = self.tracked.position.get(request_id)
+        if position is not None:
+            blocks = self.req_to_blocks.get(request_id)
+            self.tracked.held[position] = 0 if blocks is None else len(blocks)
+            self.tracked.cached[position] = self.num_cached_blocks.get(request_id, 0)
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
@@ -125,6 +157,7 @@ class KVCacheManager:
                     blocks.extend(new_blocks)
                 if self.enable_caching:
                     self._cache_full_blocks(request, blocks, num_tokens)
+                self._note_counts(request.request_id)
                 return new_blocks
         self.remove_skipped_blocks(request)
         computed = self._drop_hits_outside_window(request, new_computed_blocks or [])
@@ -147,6 +180,7 @@ class KVCacheManager:
         blocks.extend(new_blocks)
         if self.enable_caching:
             self._cache_full_blocks(request, blocks, num_tokens)
+        self._note_counts(request.request_id)
         return new_blocks
 
     def allocate_running(self, requests: list[Request], num_tokens: list[int],
@@ -169,6 +203,8 @@ class KVCacheManager:
         if self.enable_caching:
             for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
                 self._cache_full_blocks(request, blocks, tokens, known)
+        for request in requests:
+            self._note_counts(request.request_id)
         return new_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -180,6 +216,7 @@ class KVCacheManager:
         leave the prefix cache."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        self._note_counts(request.request_id)
         null = self.block_pool.null_block
         blocks = [block for block in reversed(blocks) if block is not null]
         self.block_pool.free(blocks)
