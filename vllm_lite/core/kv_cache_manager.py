@@ -129,6 +129,16 @@ class KVCacheManager:
             np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64, len(req_ids)))
         return True
 
+    def _note_many_counts(self, req_ids: list[str], held: list[list[KVCacheBlock]]) -> None:
+        """`_note_counts` for requests that hold blocks (`held[i]`: `req_ids[i]`'s), at once."""
+        positions = list(map(self.tracked.position.get, req_ids))
+        if None in positions:
+            for request_id in req_ids:
+                self._note_counts(request_id)
+            return
+        self.tracked.held[positions] = list(map(len, held))
+        self.tracked.cached[positions] = list(map(self.num_cached_blocks.__getitem__, req_ids))
+
     def _note_counts(self, request_id: str) -> None:
         """After a change to the request's blocks: its entry in `tracked`, if it has one."""
         position = self.tracked.position.get(request_id)
@@ -191,7 +201,8 @@ class KVCacheManager:
         tokens (its first `num_known[i]`) enter the prefix cache. The same blocks, in the same
         order, as one call after another; without their per-call reads of the counters."""
         bs = self.block_size
-        held = [self.req_to_blocks[request.request_id] for request in requests]
+        req_ids = [request.request_id for request in requests]
+        held = list(map(self.req_to_blocks.__getitem__, req_ids))
         counts = [max(-(-tokens // bs) - len(blocks), 0) for tokens, blocks in zip(num_tokens, held)]
         taken = self.block_pool.allocate(sum(counts))  # in the order the calls would take them
         new_blocks, start = [], 0
@@ -203,8 +214,7 @@ class KVCacheManager:
         if self.enable_caching:
             for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
                 self._cache_full_blocks(request, blocks, tokens, known)
-        for request in requests:
-            self._note_counts(request.request_id)
+        self._note_many_counts(req_ids, held)
         return new_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
