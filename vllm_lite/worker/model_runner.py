@@ -400,14 +400,18 @@ class ModelRunner:
         query_lens = num_scheduled[rows]
         cu_lens = np.cumsum(query_lens, dtype=np.int32)
         total = int(cu_lens[-1])
-        token_rows = np.repeat(rows, query_lens)
-        offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
-        positions = batch.num_computed_tokens[token_rows] + offsets
+        if total == len(rows):  # one token per row (a decode step): each row's next position
+            token_rows, positions = rows, batch.num_computed_tokens[rows]
+            seq_lens = positions + 1
+        else:
+            token_rows = np.repeat(rows, query_lens)
+            offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
+            positions = batch.num_computed_tokens[token_rows] + offsets
+            seq_lens = batch.num_computed_tokens[rows] + query_lens
         input_ids = batch.token_ids[token_rows, positions]
         block_ids = batch.block_table.block_ids
         slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
                         * self.block_size + positions % self.block_size)
-        seq_lens = batch.num_computed_tokens[rows] + query_lens
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_lens
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
