@@ -55,6 +55,8 @@ class RequestState:
     core_finished: FinishedRequest | None = None  # the engine core finished it in the step being processed
     sent_tokens: int = 0
     decoded_tokens: int = 0  # output tokens the detokenizer has had (when not every_token)
+    last_token_id: int = -1  # the latest token `add_token` took, as output token number `last_token_count`
+    last_token_count: int = 0
     stream_interval: int = 1
     sent_prompt_logprobs: bool = False
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
@@ -81,6 +83,7 @@ class RequestState:
         the engine core ended the request with it by EOS or a stop token id, its text is left
         out unless include_stop_str_in_output (vLLM's rule)."""
         self._record_tokens(now)
+        self.last_token_id, self.last_token_count = token_id, self.num_tokens
         if self.output_text is None or not self.every_token:
             return
         if self._stop_terminated() and not self.params.include_stop_str_in_output:
@@ -158,8 +161,12 @@ class RequestState:
         text = self._text_out(delta, finished)
         if delta and token_start == self.num_tokens and not text and not finished:
             return None
-        # The user-facing boundary: only the token ids handed out become a list.
-        token_ids = self.token_ids[token_start:].tolist()
+        # The user-facing boundary: only the token ids handed out become a list (a stream's one
+        # new token: the int the step handed over, without a view of the store).
+        if self.num_tokens - token_start == 1 and self.last_token_count == self.num_tokens:
+            token_ids = [self.last_token_id]
+        else:
+            token_ids = self.token_ids[token_start:].tolist()
         self.sent_tokens = self.num_tokens
         if self.logprobs is None:
             completion = CompletionOutput(self.index, text, token_ids, None, None, self.finish_reason,
