@@ -175,6 +175,45 @@ def test_final_only_is_looked_at_only_at_its_first_and_last_token(tokenizer, fin
     assert final.text == tokenizer.decode(ids[:-1] if finish == "eos" else ids)
 
 
+def test_kept_rows_follow_requests_coming_and_going(tokenizer) -> None:
+    """The states of a step's rows are kept between steps while no request comes or goes: a
+    step naming the same ids after an abort, a finish, or an id taken again by a new request must
+    still give each token to its own request (delta outputs, one token per step, in chunks as
+    AsyncLLM processes them)."""
+    processor = OutputProcessor(tokenizer)
+    params = SamplingParams(max_tokens=50, output_kind=RequestOutputKind.DELTA, detokenize=False)
+    ids = ["a", "b", "c", "d"]
+    for request_id in ids:
+        processor.add_request(request_id, None, PROMPT, params)
+    received: dict[str, list[int]] = {request_id: [] for request_id in ids}
+    rng = np.random.default_rng(0)
+
+    def step(finished: list[FinishedRequest] = ()) -> None:
+        outputs = EngineCoreOutputs(ids, rng.integers(100, 1000, len(ids)).astype(np.int32), list(finished))
+        processor.begin_step(outputs)
+        states = []
+        for start in (0, 2):  # two chunks of two rows
+            states += processor.process_rows(outputs, start, start + 2)[0]
+        states += processor.end_step(outputs)
+        for state in states:
+            received[state.request_id] += state.make_output().outputs[0].token_ids
+        sent = dict(zip(ids, outputs.new_token_ids.tolist()))
+        for state in states:
+            assert received[state.request_id][-1] == sent[state.request_id]
+
+    step()
+    step()
+    processor.abort_requests(["b"])
+    step()  # "b"'s row is passed over
+    assert len(received["b"]) == 2 and len(received["a"]) == 3
+    step([FinishedRequest("c", FinishReason.LENGTH)])
+    processor.add_request("b", None, PROMPT, params)  # the id again, a new request
+    received["b"] = []
+    step()
+    step()
+    assert [len(received[r]) for r in ids] == [6, 2, 4, 6]
+
+
 def test_abort_finishes_with_reason_abort(tokenizer) -> None:
     processor = _delta_processor(tokenizer, 4)
     (state,) = processor.abort_requests(["r"])
