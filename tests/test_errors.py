@@ -64,7 +64,7 @@ def test_token_id_outside_vocabulary(tiny_llama: Path) -> None:
 
 
 def test_request_too_large_for_kv_cache(tiny_llama: Path) -> None:
-    llm = LLM(str(tiny_llama), max_model_len=256, num_kv_blocks=3, multiprocess=False)
+    llm = LLM(str(tiny_llama), max_model_len=256, num_kv_blocks=3, block_size=16, multiprocess=False)
     with pytest.raises(ValueError, match="needs up to .* KV blocks"):
         llm.generate({"prompt_token_ids": list(range(3, 60))}, SamplingParams(max_tokens=8), use_tqdm=False)
     assert llm.stats()["kv_blocks_free"] == llm.stats()["kv_blocks_total"]

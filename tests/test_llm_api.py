@@ -84,3 +84,16 @@ def test_num_cached_tokens_and_metrics(tiny_qwen3: Path, multiprocess: bool) -> 
         assert 0 < stats.first_token_latency <= time.monotonic() - stats.arrival_ts
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(("engine_args", "block_size"), [
+    ({}, 128),  # vLLM's CPU default
+    ({"attention_backend": "triton"}, 16),  # the Triton kernels' (vLLM's CUDA default)
+    ({"block_size": 16}, 16),  # a given size is kept
+    ({"block_size": 256}, 256),
+])
+def test_default_block_size_follows_the_platform(tiny_llama: Path, engine_args: dict, block_size: int) -> None:
+    from vllm_lite.config import EngineArgs
+
+    config = EngineArgs(model=str(tiny_llama), device="cpu", **engine_args).create_engine_config()
+    assert config.cache_config.block_size == block_size

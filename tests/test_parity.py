@@ -43,7 +43,7 @@ def test_sharded_checkpoint_and_llama3_rope(fixture: str, request: pytest.Fixtur
 def test_prefix_caching_shared_prefix(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
     shared = prompts_token_ids[-1][:48]  # three full blocks of 16
     prompts = [shared + p[:12] for p in prompts_token_ids]
-    llm = LLM(str(tiny_qwen3), max_model_len=256, dtype="float32", multiprocess=False)
+    llm = LLM(str(tiny_qwen3), max_model_len=256, block_size=16, dtype="float32", multiprocess=False)
     expected = hf_greedy(tiny_qwen3, prompts, NEW_TOKENS)
     assert run_greedy(llm, prompts[:1]) == expected[:1]
     assert run_greedy(llm, prompts) == expected
@@ -61,7 +61,7 @@ def test_cache_salt_separates_prefix_caches(tiny_qwen3: Path, prompts_token_ids:
     output stays the transformers output either way."""
     prompt = prompts_token_ids[-1][:64]  # four full blocks of 16
     expected = hf_greedy(tiny_qwen3, [prompt], NEW_TOKENS)[0]
-    llm = LLM(str(tiny_qwen3), max_model_len=256, multiprocess=False)
+    llm = LLM(str(tiny_qwen3), max_model_len=256, block_size=16, multiprocess=False)
 
     def hits_after(salt: str | None) -> int:
         before = llm.stats()["prefix_cache_hits"]
@@ -95,7 +95,8 @@ def test_chunked_prefill_without_prefix_caching(tiny_qwen2: Path, prompts_token_
 
 def test_preemption(tiny_llama_tied: Path, prompts_token_ids: list[list[int]]) -> None:
     # 17 usable blocks of 16 tokens: the longest request alone needs 8 (90 + 32 tokens).
-    llm = LLM(str(tiny_llama_tied), max_model_len=256, num_kv_blocks=18, dtype="float32", multiprocess=False)
+    llm = LLM(str(tiny_llama_tied), max_model_len=256, num_kv_blocks=18, block_size=16, dtype="float32",
+              multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_llama_tied, prompts_token_ids, NEW_TOKENS)
     assert llm.stats()["num_preemptions"] > 0
     assert_no_leaked_blocks(llm)

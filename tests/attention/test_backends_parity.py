@@ -59,7 +59,7 @@ def test_triton_interpreted_greedy_equals_torch(tiny_llama: Path, prompts_token_
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 
     def greedy(backend: str) -> list[list[int]]:
-        llm = _make_llm(tiny_llama, attention_backend=backend)
+        llm = _make_llm(tiny_llama, attention_backend=backend, block_size=16)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         assert llm.stats()["prefix_cache_hits"] >= 16
         return [list(out.outputs[0].token_ids) for out in outputs]

@@ -79,7 +79,7 @@ def test_sampling_under_preemption_equals_async_off(tiny_llama_tied: Path, promp
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=2) if i % 3 == 0 else
               SamplingParams(temperature=0.9, top_k=20, seed=i, max_tokens=40, min_tokens=5,
                              repetition_penalty=1.3, presence_penalty=0.5) for i in range(len(prompts))]
-    on, off, on_stats, off_stats = on_and_off(tiny_llama_tied, prompts, params, num_kv_blocks=18)
+    on, off, on_stats, off_stats = on_and_off(tiny_llama_tied, prompts, params, num_kv_blocks=18, block_size=16)
     assert on_stats["num_preemptions"] > 0 and off_stats["num_preemptions"] > 0
     assert on == off
     assert on_stats["kv_blocks_free"] == on_stats["kv_blocks_total"]

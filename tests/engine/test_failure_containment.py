@@ -140,7 +140,7 @@ CASES: dict[str, tuple[Callable[[LLM, pytest.MonkeyPatch], None], SamplingParams
 def llm(tiny_llama: Path, request: pytest.FixtureRequest):
     """With async scheduling, the step after the failing one is already in flight when the
     failure is known (the request has a placeholder there): it must be passed over."""
-    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256, dtype="float32",
+    llm = LLM(str(tiny_llama), multiprocess=False, max_model_len=256, num_kv_blocks=256, block_size=16, dtype="float32",
               async_scheduling=request.param)
     yield llm
     llm.shutdown()

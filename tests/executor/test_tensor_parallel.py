@@ -89,12 +89,13 @@ def test_tp2_greedy_matches_tp1_and_transformers(name: str, tiny_models: dict[st
     model = tiny_models[name]
     prompts = prompts_token_ids + shared_prefix_prompts(prompts_token_ids)
     expected = hf_greedy(model, prompts, NEW_TOKENS)
-    tp1 = make_llm(model, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=16)
+    tp1 = make_llm(model, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=16, block_size=16)
     try:
         assert run_greedy(tp1, prompts) == expected
     finally:
         tp1.shutdown()
-    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True)
+    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True,
+                 block_size=16)
     assert run_greedy(tp2, prompts) == expected
     stats = tp2.stats()
     assert stats["prefix_cache_hits"] >= 48 * 3, stats
@@ -108,7 +109,7 @@ def test_tp2_async_scheduling_equals_sync_under_preemption(tiny_qwen3: Path, pro
     prompts = prompts_token_ids * 2
     outputs = {}
     for async_scheduling in (True, False):
-        llm = tp_llm(tiny_qwen3, num_kv_blocks=14, async_scheduling=async_scheduling)
+        llm = tp_llm(tiny_qwen3, num_kv_blocks=14, block_size=16, async_scheduling=async_scheduling)
         outputs[async_scheduling] = run_greedy(llm, prompts)
         assert llm.stats()["num_preemptions"] > 0
     assert outputs[True] == outputs[False]

@@ -21,7 +21,8 @@ def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRe
                                          tp_llm: Callable[..., LLM]) -> None:  # noqa: F811
     model: Path = request.getfixturevalue(fixture)
     prompts = prompts_token_ids + shared_prefix_prompts(prompts_token_ids)
-    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True)
+    tp2 = tp_llm(model, max_num_batched_tokens=16, enable_prefix_caching=True, enable_chunked_prefill=True,
+                 block_size=16)
     assert run_greedy(tp2, prompts) == hf_greedy(model, prompts, NEW_TOKENS)
     stats = tp2.stats()
     assert stats["prefix_cache_hits"] >= 48 * 3, stats

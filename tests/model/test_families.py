@@ -27,7 +27,7 @@ def test_family_matches_transformers(fixture: str, request: pytest.FixtureReques
     assert run_greedy(llm, prompts_token_ids) == expected
     llm.shutdown()
     # 17 usable blocks of 16 tokens (the longest request needs 8), chunks of 16 tokens.
-    llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, max_num_batched_tokens=16,
+    llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, block_size=16, max_num_batched_tokens=16,
               multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     assert run_greedy(llm, prompts_token_ids) == expected

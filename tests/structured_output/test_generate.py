@@ -87,7 +87,7 @@ def test_mixed_batch_keeps_unconstrained_tokens(llm, prompts_token_ids: list[lis
 
 def test_preempted_constrained_requests_stay_valid(tiny_llama: Path, prompts_token_ids: list[list[int]]) -> None:
     # 13 usable blocks of 16 tokens: one request needs at most 12 (90 + 100 tokens)
-    llm = make_llm(tiny_llama, num_kv_blocks=14)
+    llm = make_llm(tiny_llama, num_kv_blocks=14, block_size=16)
     kinds = [kind for kind in KINDS if KINDS[kind][2] for _ in range(4)]
     params = [constrained(kind, i, max_tokens=100) for i, kind in enumerate(kinds)]
     prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(len(params))]
