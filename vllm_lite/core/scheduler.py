@@ -280,7 +280,8 @@ class Scheduler:
         if len(rows) < n:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
-        num_scheduled.update(zip(req_ids, num_new.tolist()))
+        # (a decode step's counts are all 1: no list of them)
+        num_scheduled.update(dict.fromkeys(req_ids, 1) if total == len(req_ids) else zip(req_ids, num_new.tolist()))
         store.num_computed_tokens[slots], store.num_tokens_with_placeholders[slots] = _advanced(
             computed, known, num_new)
         return RunningSchedule(req_ids, new_block_ids, computed, has_new_blocks, budget - total)
