@@ -355,7 +355,7 @@ class OutputProcessor:
         of a lookup per row."""
         cached = self._rows_cache.get(start)
         if cached is not None and cached[0] == req_ids:
-            return cached[1], cached[2], cached[3]
+            return list(cached[1]), cached[2], cached[3]  # (the caller gets its own list)
         states = list(map(self.request_states.get, req_ids))
         if None in states:  # aborted since the step ran
             rows: range | list[int] = [row for row, state in enumerate(states, start) if state is not None]
@@ -363,7 +363,8 @@ class OutputProcessor:
         else:
             rows = range(start, start + len(states))
         slots = np.fromiter([state.slot for state in states], np.int64, len(states))
-        self._rows_cache[start] = (req_ids, states, slots, rows)
+        slots.flags.writeable = False  # kept for later steps
+        self._rows_cache[start] = (req_ids, list(states), slots, rows)
         return states, slots, rows
 
     def _count_tokens(self, iteration_stats: IterationStats, states: list[RequestState], slots: np.ndarray,

@@ -354,6 +354,7 @@ class ModelRunner:
             return cached[2]
         index = self.input_batch.req_id_to_index
         rows = np.fromiter(map(index.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
+        rows.flags.writeable = False  # kept for later steps
         self._rows_cache = (version, list(req_ids), rows)
         return rows
 
