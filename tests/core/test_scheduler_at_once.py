@@ -29,8 +29,8 @@ class CountingScheduler(Scheduler):
         self.at_once_steps = 0
         self.loop_steps = 0
 
-    def _schedule_running_at_once(self, budget, num_scheduled):
-        result = super()._schedule_running_at_once(budget, num_scheduled)
+    def _schedule_running_at_once(self, budget):
+        result = super()._schedule_running_at_once(budget)
         self.at_once_steps += result is not None
         self.loop_steps += result is None
         return result
@@ -83,6 +83,7 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
     workers = [FakeWorker(), FakeWorker()]
     shared_prefix = rng.integers(100, 1000, size=12).astype(np.int32)
     in_flight: list[list] = [[], []]
+    counts_when_scheduled: list[tuple[SchedulerOutput, dict[str, int]]] = []
     next_id = 0
     for step in range(160):
         if step < 100 and rng.random() < 0.5:  # admissions: some share a prefix (cache hits)
@@ -98,6 +99,7 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
             for scheduler in pair:
                 scheduler.abort_requests([victim])
         outs = [scheduler.schedule() for scheduler in pair]
+        counts_when_scheduled.append((outs[0], dict(outs[0].num_scheduled_tokens)))
         assert summary(outs[0]) == summary(outs[1]), f"step {step}"
         assert held_state(pair[0]) == held_state(pair[1]), f"step {step}"
         assert_tracked_counts_true(pair[0].kv_cache_manager)
@@ -115,6 +117,8 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
             assert [(f.request_id, f.finish_reason) for f in results[0].finished] == \
                    [(f.request_id, f.finish_reason) for f in results[1].finished]
             assert np.array_equal(results[0].new_token_ids, results[1].new_token_ids)
+    # A step's counts stay what they were (a decode step's dict may be kept for the next steps).
+    assert all(out.num_scheduled_tokens == counts for out, counts in counts_when_scheduled)
     assert pair[0].at_once_steps > 20, "the array path never ran"
     assert pair[1].at_once_steps == 0
     if num_blocks == 70:

@@ -90,3 +90,23 @@ def test_a_request_missing_from_the_batch_is_passed_over(runner: ModelRunner) ->
     sched = decode_step(["a", "b", "c"], computed, {"c": [9]})
     assert runner._update_states(sched) is None
     assert_rows_are_their_own(runner, sched, computed, {"a": [1], "c": [3, 9]})
+
+
+def test_the_same_counts_dict_is_read_again_once_the_batch_moves(runner: ModelRunner) -> None:
+    """The scheduler hands a steady decode step's counts over as the same dict object each step;
+    the worker keeps the step's rows for that dict only while the batch keeps its rows. Here
+    requests outside the step leave between two steps that share the dict, moving the
+    scheduled ones down: their inputs must follow."""
+    ids = ["a", "b", "c", "d"]
+    blocks = {r: [i + 1] for i, r in enumerate(ids)}
+    admit(runner, ids, {r: b[0] for r, b in blocks.items()})
+    computed = {"a": 0, "b": 0, "c": PROMPT_LEN, "d": PROMPT_LEN}  # (a and b never decode here)
+    counts = dict.fromkeys(["c", "d"], 1)
+    for leaving in ("a", "b"):
+        del computed[leaving], blocks[leaving]
+        step = decode_step(["c", "d"], computed, {}, frozenset({leaving}))
+        sched = SchedulerOutput([], step.scheduled_cached_reqs, counts, 2, step.finished_req_ids, frozenset())
+        assert runner._update_states(sched) is None
+        assert_rows_are_their_own(runner, sched, computed, blocks)
+        assert runner.input_batch.num_reqs == len(computed)
+        computed = {r: n + 1 if r in counts else n for r, n in computed.items()}

@@ -95,6 +95,7 @@ class ModelRunner:
         # them, and they are passed over there.
         self.dropped_failed: set[str] = set()
         self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
+        self._step_rows_cache: tuple[int, dict[str, int], tuple | None] | None = None  # see _scheduled_rows
 
     def _small_steps_fit_one_thread(self) -> bool:
         """Whether steps of at most ONE_THREAD_MAX_TOKENS tokens should run on one thread: only
@@ -387,28 +388,21 @@ class ModelRunner:
     def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
         """None when no scheduled request is in the batch (every one failed)."""
         batch = self.input_batch
-        scheduled = sched.num_scheduled_tokens
-        counts = np.fromiter(scheduled.values(), np.int32, len(scheduled))
-        scheduled_rows = self._batch_rows(list(scheduled))
-        if int(scheduled_rows.min()) < 0:  # some failed to join the batch (this step or, async, the last)
-            present = scheduled_rows >= 0
-            scheduled_rows, counts = scheduled_rows[present], counts[present]
-        num_scheduled = np.zeros(batch.num_reqs, dtype=np.int32)
-        num_scheduled[scheduled_rows] = counts
-        rows = np.flatnonzero(num_scheduled)
-        if len(rows) == 0:
+        step_rows = self._scheduled_rows(sched.num_scheduled_tokens)
+        if step_rows is None:
             return None
-        query_lens = num_scheduled[rows]
-        cu_lens = np.cumsum(query_lens, dtype=np.int32)
+        rows, query_lens, cu_lens = step_rows
+        # Every row of the batch computes (a steady decode step): a slice reads the per-row arrays.
+        at = slice(0, len(rows)) if len(rows) == batch.num_reqs else rows
         total = int(cu_lens[-1])
         if total == len(rows):  # one token per row (a decode step): each row's next position
-            token_rows, positions = rows, batch.num_computed_tokens[rows]
+            token_rows, positions = rows, batch.num_computed_tokens[at]
             seq_lens = positions + 1
         else:
             token_rows = np.repeat(rows, query_lens)
             offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
             positions = batch.num_computed_tokens[token_rows] + offsets
-            seq_lens = batch.num_computed_tokens[rows] + query_lens
+            seq_lens = batch.num_computed_tokens[at] + query_lens
         input_ids = batch.token_ids[token_rows, positions]
         block_ids = batch.block_table.block_ids
         slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
@@ -417,11 +411,11 @@ class ModelRunner:
         query_start_loc[1:] = cu_lens
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
         # Rows whose known tokens are all computed after this step produce a new token.
-        samples = seq_lens == batch.num_tokens[rows]
+        samples = seq_lens == batch.num_tokens[at]
         common = CommonAttentionMetadata(
             query_start_loc=self._to_device(query_start_loc),
             seq_lens=self._to_device(seq_lens),
-            block_table=self._to_device(block_ids[rows, :max_blocks]),
+            block_table=self._to_device(block_ids[at, :max_blocks]),
             slot_mapping=self._to_device(slot_mapping),
             query_start_loc_np=query_start_loc,
             seq_lens_np=seq_lens,
@@ -439,6 +433,32 @@ class ModelRunner:
             query_starts=cu_lens - query_lens,
             query_lens=query_lens,
         )
+
+    def _scheduled_rows(self, scheduled: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The batch rows the step computes (ascending), their query lengths and the lengths'
+        cumulative sums; None when no scheduled request is in the batch (every one failed). Kept
+        while the batch keeps its rows and the scheduler hands over the very same counts (the
+        dict it keeps for its steady decode steps)."""
+        version = self.input_batch.version
+        kept = self._step_rows_cache
+        if kept is not None and kept[0] == version and kept[1] is scheduled:
+            return kept[2]
+        counts = np.fromiter(scheduled.values(), np.int32, len(scheduled))
+        scheduled_rows = self._batch_rows(list(scheduled))
+        if int(scheduled_rows.min()) < 0:  # some failed to join the batch (this step or, async, the last)
+            present = scheduled_rows >= 0
+            scheduled_rows, counts = scheduled_rows[present], counts[present]
+        num_scheduled = np.zeros(self.input_batch.num_reqs, dtype=np.int32)
+        num_scheduled[scheduled_rows] = counts
+        rows = np.flatnonzero(num_scheduled)
+        step_rows = None
+        if len(rows):
+            query_lens = num_scheduled[rows]
+            step_rows = (rows, query_lens, np.cumsum(query_lens, dtype=np.int32))
+            for array in step_rows:
+                array.flags.writeable = False  # kept for later steps
+        self._step_rows_cache = (version, scheduled, step_rows)
+        return step_rows
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return host_to_device(array, self.device)
@@ -495,9 +515,11 @@ class ModelRunner:
         return GrammarBitmask(self._to_device(logits_rows.astype(np.int64)), torch.from_numpy(_writable(bitmask)))
 
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """`rows`: distinct batch rows, ascending (all of them, 0..num_reqs-1, in a steady decode step)."""
         batch = self.input_batch
-        batch.token_ids[rows, batch.num_tokens[rows]] = tokens
-        batch.num_tokens[rows] += 1
+        at = slice(0, len(rows)) if len(rows) == batch.num_reqs else rows
+        batch.token_ids[rows, batch.num_tokens[at]] = tokens
+        batch.num_tokens[at] += 1
 
     # ---- prompt logprobs ----
     def _prompt_logprobs(self, hidden: torch.Tensor,
