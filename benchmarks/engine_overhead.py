@@ -55,7 +55,8 @@ from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core import EngineCore
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.tokenizer import load_tokenizer
-from vllm_lite.wire import EngineCoreOutputs, EngineCoreRequest, MsgpackDecoder, MsgpackEncoder
+from vllm_lite.wire import (EngineCoreOutputs, EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, RequestIdsReceiver,
+                            RequestIdsSender)
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 VOCAB = 8192
@@ -188,8 +189,10 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
 
 def ipc_seconds(outputs: EngineCoreOutputs, repeats: int = 200) -> float:
     """Encode + send + receive + decode of one step's outputs over ipc:// (the engine core's
-    output path to a client), averaged."""
+    output path to a client), averaged. As in a run of steady decode steps, the request ids
+    travel with the first message only (`RequestIdsSender`); the later ones name it."""
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+    ids_sender, ids_receiver = RequestIdsSender(), RequestIdsReceiver()
     context = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="vllm-lite-ipc-") as tmp:
         push, pull = context.socket(zmq.PUSH), context.socket(zmq.PULL)
@@ -197,10 +200,15 @@ def ipc_seconds(outputs: EngineCoreOutputs, repeats: int = 200) -> float:
             address = f"ipc://{tmp}/outputs"
             pull.bind(address)
             push.connect(address)
+
+            def one_message() -> None:
+                push.send_multipart(encoder.encode(ids_sender.prepare(b"client", outputs)), copy=False)
+                ids_receiver.restore(decoder.decode(pull.recv_multipart(copy=False)))
+
+            one_message()
             start = time.perf_counter()
             for _ in range(repeats):
-                push.send_multipart(encoder.encode(outputs), copy=False)
-                decoder.decode(pull.recv_multipart(copy=False))
+                one_message()
             return (time.perf_counter() - start) / repeats
         finally:
             push.close(linger=0)

@@ -23,6 +23,8 @@ from vllm_lite.wire import (
     MsgpackDecoder,
     MsgpackEncoder,
     RequestError,
+    RequestIdsReceiver,
+    RequestIdsSender,
     UtilityRequest,
     UtilityResult,
     peek_request_id,
@@ -155,6 +157,43 @@ def test_select_requests_knows_every_output_field() -> None:
     """A new EngineCoreOutputs field must be taught to select_requests (or one client could
     receive another client's data)."""
     assert set(EngineCoreOutputs.__struct_fields__) == SELECTED_FIELDS
+
+
+def step_outputs(req_ids: list[str], first_token: int) -> EngineCoreOutputs:
+    return EngineCoreOutputs(list(req_ids), np.arange(first_token, first_token + len(req_ids), dtype=np.int32))
+
+
+def test_repeated_request_ids_are_left_out_and_put_back() -> None:
+    """Steady decode: a client's ids travel once, later messages name that message instead; a
+    change of ids, a message to another client in between, or one without ids keeps every
+    client's rows its own."""
+    sender, receivers = RequestIdsSender(), {b"A": RequestIdsReceiver(), b"B": RequestIdsReceiver()}
+    encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
+    sends = [(b"A", ["a1", "a2"]), (b"A", ["a1", "a2"]), (b"A", ["a1", "a2"]), (b"A", []),
+             (b"A", ["a1", "a2"]), (b"A", ["a2"]), (b"B", ["b1"]), (b"A", ["a2"]), (b"B", ["b1"]),
+             (b"B", ["b1"])]
+    left_out = 0
+    for token, (client, req_ids) in enumerate(sends):
+        frames = encoder.encode(sender.prepare(client, step_outputs(req_ids, 10 * token)))
+        wire = decoder.decode(frames)
+        left_out += wire.repeats_req_ids_of > 0
+        received = receivers[client].restore(wire)
+        assert received.req_ids == req_ids
+        assert received.new_token_ids.tolist() == list(range(10 * token, 10 * token + len(req_ids)))
+    # A's 2nd, 3rd and 5th (past a message without ids) and B's last; the others carry their ids
+    assert left_out == 4
+
+
+def test_ids_of_a_lost_message_are_refused_never_guessed() -> None:
+    sender, receiver = RequestIdsSender(), RequestIdsReceiver()
+    receiver.restore(sender.prepare(b"A", step_outputs(["x", "y"], 0)))
+    sender.prepare(b"A", step_outputs(["y", "z"], 0))  # lost on the way
+    repeat = sender.prepare(b"A", step_outputs(["y", "z"], 0))
+    assert repeat.req_ids == [] and repeat.repeats_req_ids_of
+    with pytest.raises(msgspec.DecodeError, match="did not receive"):
+        receiver.restore(repeat)
+    sender.forget()  # (what the output thread does when a message could not be encoded)
+    assert receiver.restore(sender.prepare(b"A", step_outputs(["y", "z"], 0))).req_ids == ["y", "z"]
 
 
 def test_addresses() -> None:

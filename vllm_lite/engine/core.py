@@ -404,8 +404,10 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-# `timestamp` is the step's, the same for every client.
+# `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client
+# after selection (`RequestIdsSender`, in the output thread).
 SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp",
+                             "req_ids_number", "repeats_req_ids_of",
                              *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
 

@@ -43,7 +43,9 @@ from vllm_lite.wire import (
     EngineDead,
     MsgpackDecoder,
     MsgpackEncoder,
+    OutputType,
     RequestError,
+    RequestIdsReceiver,
     RequestType,
     UtilityRequest,
     UtilityResult,
@@ -148,6 +150,7 @@ class MPClient:
         self.resources.sockets.append(self.socket)
         self.encoder = MsgpackEncoder()
         self.decoders = {tag: MsgpackDecoder(struct) for tag, struct in OUTPUT_STRUCTS.items()}
+        self.ids_receiver = RequestIdsReceiver()
         self._call_ids = itertools.count()
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
@@ -196,11 +199,13 @@ class MPClient:
     def _decode(self, frames: list[zmq.Frame]) -> Any:
         """One engine message, or None (logged) if it cannot be read."""
         self._last_heard = time.monotonic()
-        decoder = self.decoders.get(frames[0].bytes)
+        tag = frames[0].bytes
+        decoder = self.decoders.get(tag)
         try:
             if decoder is None:
-                raise msgspec.DecodeError(f"unknown message type {frames[0].bytes!r}")
-            return decoder.decode(frames[1:])
+                raise msgspec.DecodeError(f"unknown message type {tag!r}")
+            message = decoder.decode(frames[1:])
+            return self.ids_receiver.restore(message) if tag == OutputType.OUTPUTS else message
         except Exception as exc:  # msgspec.DecodeError, RecursionError ...: costs this message only
             logger.error("engine client: dropped an unreadable engine message: %s", exc)
             return None

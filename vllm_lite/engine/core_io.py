@@ -27,6 +27,7 @@ from vllm_lite.wire import (
     MsgpackEncoder,
     OutputType,
     RequestError,
+    RequestIdsSender,
     RequestType,
     UtilityResult,
     peek_request_id,
@@ -143,16 +144,21 @@ class EngineCoreIO:
     # ---- output thread ----
     def _output_loop(self) -> None:
         encoder = MsgpackEncoder()
+        ids_sender = RequestIdsSender()
         while True:
             item = self.output_queue.get()
             if item is None:
                 self.pipe_out.send(_PIPE_STOP)
                 return
             identity, tag, message = item
+            if tag == OutputType.OUTPUTS:
+                message = ids_sender.prepare(identity, message)
             try:
                 frames = encoder.encode(message)
             except Exception as exc:  # an unencodable result costs only its own message
                 logger.error("engine core: cannot encode a %s: %s", type(message).__name__, exc)
+                if tag == OutputType.OUTPUTS:
+                    ids_sender.forget()  # the next message carries its ids (the client never got these)
                 if tag != OutputType.UTILITY_RESULT:
                     continue
                 frames = encoder.encode(UtilityResult(message.call_id, error=f"unencodable result: {exc}"))

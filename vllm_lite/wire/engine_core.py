@@ -17,6 +17,10 @@ peer's identity in front). The tag says which struct the msgpack frame holds:
 | engine -> client | ENGINE_DEAD `\x03` | EngineDead (the busy loop failed; the engine exits) |
 
 numpy arrays travel as `wire.codec` frames them (extra zmq frames, uncopied). No pickle.
+
+An OUTPUTS message leaves its `req_ids` out when they are those of the previous OUTPUTS message
+with ids to the same client (every steady decode step): it names that message's number instead
+(`RequestIdsSender` on the engine side, `RequestIdsReceiver` on the client side).
 """
 
 from __future__ import annotations
@@ -85,10 +89,60 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     prompt_logprob_token_ids: np.ndarray | None = None  # int32 [total_rows, k + 1]
     prompt_logprobs: np.ndarray | None = None  # float32 [total_rows, k + 1]
     prompt_logprob_ranks: np.ndarray | None = None  # int32 [total_rows, k + 1]
+    # Set on the wire only (`RequestIdsSender`): this message's number when it carries `req_ids`,
+    # or, when it left them out, the number of the message whose `req_ids` they are.
+    req_ids_number: int = 0
+    repeats_req_ids_of: int = 0
 
     @property
     def is_empty(self) -> bool:
         return not self.req_ids and not self.finished
+
+
+class RequestIdsSender:
+    """Engine side of leaving out repeated `req_ids`: in a steady decode step the same ids (1,024
+    of them at 1,024 requests) would otherwise be encoded, sent, and decoded into new strings
+    every step. Numbers each OUTPUTS message that carries ids; a message to the same client as
+    the last one with ids, with equal ids, carries that number instead. One per sending thread."""
+
+    def __init__(self) -> None:
+        self._number = 0
+        self._last: tuple[bytes, list[str], int] | None = None  # client, ids, their message number
+
+    def prepare(self, client: bytes, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        if not outputs.req_ids:
+            return outputs
+        last = self._last
+        if last is not None and last[0] == client and last[1] == outputs.req_ids:
+            return msgspec.structs.replace(outputs, req_ids=[], repeats_req_ids_of=last[2])
+        self._number += 1
+        self._last = (client, outputs.req_ids, self._number)
+        return msgspec.structs.replace(outputs, req_ids_number=self._number)
+
+    def forget(self) -> None:
+        """The last prepared message was not sent: no later one may name its ids."""
+        self._last = None
+
+
+class RequestIdsReceiver:
+    """Client side: puts back the `req_ids` a message left out (the very list object received
+    with them: consumers read `req_ids`, never change it). A message that repeats ids this client
+    did not receive (the one that carried them was lost) raises `msgspec.DecodeError`: its rows
+    cannot be told apart, and they are never given to the wrong requests."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, list[str]] | None = None  # message number, its ids
+
+    def restore(self, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
+        if outputs.repeats_req_ids_of:
+            number = outputs.repeats_req_ids_of
+            if self._last is None or self._last[0] != number:
+                raise msgspec.DecodeError(f"an outputs message repeats the request ids of message {number}, "
+                                          f"which this client did not receive")
+            outputs.req_ids, outputs.repeats_req_ids_of = self._last[1], 0
+        elif outputs.req_ids:
+            self._last = (outputs.req_ids_number, outputs.req_ids)
+        return outputs
 
 
 # ---------------------------------------------------------------------------------------------
