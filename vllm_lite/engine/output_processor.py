@@ -315,7 +315,9 @@ class OutputProcessor:
         logprobs; a stream's token that ends its interval; a first token; a last one) for text,
         stop strings, logprobs and their own stats; requests that finish here are released.
         Returns the states looked at."""
-        states, slots, rows = self._states_of(outputs.req_ids[start:stop], start)
+        req_ids = outputs.req_ids  # (the whole list when it is one chunk: no copy of 1,024 references)
+        states, slots, rows = self._states_of(req_ids if start == 0 and stop >= len(req_ids) else req_ids[start:stop],
+                                              start)
         token_ids = (outputs.new_token_ids[start:start + len(states)] if isinstance(rows, range)
                      else outputs.new_token_ids[rows])
         store = self.token_store
@@ -328,6 +330,8 @@ class OutputProcessor:
             states = [states[i] for i in looked_at]
             rows = [rows[i] for i in looked_at]
             token_ids, counts = token_ids[looked_at], counts[looked_at]
+        else:
+            states = list(states)  # (the caller's own: the kept one stays as it is)
         as_ints = token_ids.tolist()  # the detokenizer takes Python ints
         with_logprobs = outputs.logprobs is not None
         stopped_by_string: list[str] = []
@@ -352,10 +356,10 @@ class OutputProcessor:
         """The states and token-store slots of the requests of a step's rows `start:` (`req_ids`)
         that are still here, and which rows those are. Kept while no request comes or goes and the
         step names the same requests (steady decode): one comparison of the id lists then, instead
-        of a lookup per row."""
+        of a lookup per row. The states list is the kept one: the caller reads it, never changes it."""
         cached = self._rows_cache.get(start)
         if cached is not None and cached[0] == req_ids:
-            return list(cached[1]), cached[2], cached[3]  # (the caller gets its own list)
+            return cached[1], cached[2], cached[3]
         states = list(map(self.request_states.get, req_ids))
         if None in states:  # aborted since the step ran
             rows: range | list[int] = [row for row, state in enumerate(states, start) if state is not None]
@@ -364,7 +368,7 @@ class OutputProcessor:
             rows = range(start, start + len(states))
         slots = np.fromiter([state.slot for state in states], np.int64, len(states))
         slots.flags.writeable = False  # kept for later steps
-        self._rows_cache[start] = (req_ids, list(states), slots, rows)
+        self._rows_cache[start] = (req_ids, states, slots, rows)
         return states, slots, rows
 
     def _count_tokens(self, iteration_stats: IterationStats, states: list[RequestState], slots: np.ndarray,

@@ -45,6 +45,7 @@ class InputBatch:
         self.num_reqs = 0  # rows 0 .. num_reqs-1 are in use (holes possible until condense)
         self._holes: list[int] = []
         self.version = 0  # bumped whenever the batch's composition or row order changes
+        self._live: tuple[tuple[int, int], list[str]] = ((0, 0), [])  # see live_req_ids
         self.num_elements_moved = 0
 
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
@@ -56,7 +57,12 @@ class InputBatch:
 
     @property
     def live_req_ids(self) -> list[str]:
-        return self.req_ids[: self.num_reqs]  # type: ignore[return-value]
+        """The live rows' request ids in row order: one list, kept until the batch changes (a
+        step's output names its rows with it; no reader changes it)."""
+        key = (self.version, self.num_reqs)  # (`condense` may end with fewer rows and no move)
+        if self._live[0] != key:
+            self._live = (key, self.req_ids[: self.num_reqs])  # type: ignore[assignment]
+        return self._live[1]
 
     def add_request(self, new: NewRequestData) -> int:
         """All or nothing: a request whose row cannot be written (a value that does not fit its

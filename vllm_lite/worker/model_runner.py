@@ -154,7 +154,7 @@ class ModelRunner:
         failed = self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
-        output = ModelRunnerOutput(list(batch.live_req_ids), np.zeros((num_rows, 1), dtype=np.int32),
+        output = ModelRunnerOutput(batch.live_req_ids, np.zeros((num_rows, 1), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
         inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
         if inputs is not None:
