@@ -28,6 +28,7 @@ def assert_row_holds(batch: InputBatch, row: int, i: int, num_tokens: int) -> No
     assert batch.req_ids[row] == expected.req_id and batch.req_id_to_index[expected.req_id] == row
     assert np.array_equal(batch.token_ids[row, :num_tokens], expected.token_ids)
     assert batch.num_tokens[row] == num_tokens
+    assert batch.last_token_ids[row] == expected.token_ids[-1]  # (a decode step's input)
     assert batch.num_prompt_tokens[row] == expected.num_prompt_tokens
     assert batch.num_computed_tokens[row] == expected.num_computed_tokens
     assert batch.temperature[row] == np.float32(expected.sampling_params.temperature)
@@ -56,8 +57,10 @@ def test_condense_fills_holes_with_the_last_rows() -> None:
     assert batch.live_req_ids == ["r0", "r5", "r2", "r3"]
     for row, i in enumerate([0, 5, 2, 3]):
         assert_row_holds(batch, row, i, LENGTHS[i])
+    assert batch.live_req_ids == ["r0", "r5", "r2", "r3"]  # (the kept list follows the batch)
     batch.add_request(new_request(7, 12))
     assert_row_holds(batch, 4, 7, 12)
+    assert batch.live_req_ids == ["r0", "r5", "r2", "r3", "r7"]
 
 
 def test_rows_of_new_requests_do_not_depend_on_the_order_of_removal() -> None:

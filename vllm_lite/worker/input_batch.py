@@ -23,6 +23,8 @@ class InputBatch:
         # +1: a prompt of max_model_len tokens still receives its one sampled token.
         self.token_ids = np.zeros((max_num_reqs, max_model_len + 1), dtype=np.int32)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        # token_ids[row, num_tokens[row] - 1]: a decode step's inputs read this array, not the table
+        self.last_token_ids = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.temperature = np.zeros(max_num_reqs, dtype=np.float32)
@@ -50,7 +52,7 @@ class InputBatch:
 
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
     def row_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens, self.temperature,
+        return (self.num_tokens, self.last_token_ids, self.num_prompt_tokens, self.num_computed_tokens, self.temperature,
                 self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
                 self.has_logit_bias, self.has_logprob_token_ids)
@@ -76,6 +78,7 @@ class InputBatch:
         n = len(new.token_ids)
         self.token_ids[row, :n] = new.token_ids
         self.num_tokens[row] = n
+        self.last_token_ids[row] = new.token_ids[n - 1] if n else 0
         self.num_prompt_tokens[row] = new.num_prompt_tokens
         self.num_computed_tokens[row] = new.num_computed_tokens
         self._set_sampling_params(row, new.sampling_params)

@@ -403,15 +403,18 @@ class ModelRunner:
             offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
             positions = batch.num_computed_tokens[token_rows] + offsets
             seq_lens = batch.num_computed_tokens[at] + query_lens
-        input_ids = batch.token_ids[token_rows, positions]
+        # Rows whose known tokens are all computed after this step produce a new token.
+        samples = seq_lens == batch.num_tokens[at]
+        if total == len(rows) and samples.all():  # every row computes its last token
+            input_ids = batch.last_token_ids[at]
+        else:
+            input_ids = batch.token_ids[token_rows, positions]
         block_ids = batch.block_table.block_ids
         slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
                         * self.block_size + positions % self.block_size)
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_lens
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
-        # Rows whose known tokens are all computed after this step produce a new token.
-        samples = seq_lens == batch.num_tokens[at]
         common = CommonAttentionMetadata(
             query_start_loc=self._to_device(query_start_loc),
             seq_lens=self._to_device(seq_lens),
@@ -519,6 +522,7 @@ class ModelRunner:
         batch = self.input_batch
         at = slice(0, len(rows)) if len(rows) == batch.num_reqs else rows
         batch.token_ids[rows, batch.num_tokens[at]] = tokens
+        batch.last_token_ids[at] = tokens
         batch.num_tokens[at] += 1
 
     # ---- prompt logprobs ----
