@@ -338,15 +338,18 @@ class Scheduler:
         stale = self._begin_update(failed)
         prompt_columns = self._prompt_logprobs_columns(prompt_logprobs, stale) if prompt_logprobs else {}
         rows = np.flatnonzero(num_sampled)
-        tokens = sampled_token_ids[rows, 0]
-        slots = self._slots_of(req_ids, stale)[rows]
+        every_row = len(rows) == len(req_ids)  # (a decode step: no row left mid-prefill)
+        tokens = sampled_token_ids[:, 0] if every_row else sampled_token_ids[rows, 0]
+        slots = self._slots_of(req_ids, stale)
+        slots = slots if every_row else slots[rows]
         keep = slots != _DISCARD
         store = self.token_store
         # (position among `rows`, request, whether its token is still to be appended)
         look_at: list[tuple[int, Request, bool]] = []
         held = np.flatnonzero(slots >= 0)
         if len(held):
-            attention = held[store.append(slots[held], tokens[held])]
+            attention = (store.append(slots, tokens) if len(held) == len(slots)  # (none freed or preempted)
+                         else held[store.append(slots[held], tokens[held])])
             requests = store.requests
             look_at.extend((i, requests[slot], False) for i, slot in zip(attention.tolist(), slots[attention].tolist()))
         unslotted = np.flatnonzero(slots == _UNSLOTTED)
