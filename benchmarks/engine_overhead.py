@@ -22,6 +22,12 @@ per-step split), and two end-to-end modes:
 * `serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
   concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
 
+`--stand-in-model MB` (split only) replaces the model's forward pass and logits by stand-ins that
+compute nothing (every row samples token 0) but first write MB megabytes, as a forward pass's
+activations and logits pass through the caches: the split then times the engine's own
+bookkeeping, with warm caches (0) or with caches a forward of that footprint evicted (at 1,024
+requests the real step writes 32 MB of logits alone).
+
 `--no-async-scheduling` runs vllm_lite with async scheduling off (in `core`, `e2e` and `split`).
 `--stream-interval N` (vLLM's flag) has both servers stream a chunk every N tokens (`serve`) and
 the streaming client emit a delta every N tokens (`split`).
@@ -30,7 +36,7 @@ The model's tokenizer is the demo model's cut to the model's 8,192 ids, so that 
 of the serving benchmark stay inside the vocabulary.
 
     python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
-        [--modes core split e2e serve] [--no-async-scheduling] [--stream-interval N]
+        [--modes core split e2e serve] [--no-async-scheduling] [--stream-interval N] [--stand-in-model MB]
 """
 
 from __future__ import annotations
@@ -130,15 +136,30 @@ class NoClient:
         pass
 
 
+def stand_in_model(runner: Any, flush_mb: int) -> None:
+    """`--stand-in-model`: the runner's forward pass returns zeros after writing `flush_mb` MB
+    (what a forward pass's activations do to the caches), its logits are one zero column (every
+    row samples token 0): no compute, only the engine's own work around them."""
+    hidden_size = runner.model.config.hidden_size
+    flush = np.zeros(flush_mb * (1 << 20) // 4, dtype=np.float32)
+
+    def forward(input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Any, attn_metadata: Any) -> torch.Tensor:
+        flush.fill(1.0)
+        return torch.zeros(len(input_ids), hidden_size)
+
+    runner.model.forward = forward
+    runner.model.compute_logits = lambda hidden: torch.zeros(hidden.shape[0], 1)
+
+
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool = True,
                   device: str = "cpu", dtype: str = "float32", with_client: bool = True,
-                  stream_interval: int = 1) -> dict[str, float]:
+                  stream_interval: int = 1, stand_in_flush_mb: int | None = None) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
     prefilled, before the first request finishes). With async scheduling the model's phases run
     on the step thread, overlapping the schedule and update: they add up to more than the total.
     On CUDA the phases are host time: "forward" is the launch (or graph replay), and the wait for
     the GPU shows in "logits+sample" (the sampled tokens' copy to the host). Without the client
-    (a model without a tokenizer), its columns are 0."""
+    (a model without a tokenizer), its columns are 0. `stand_in_flush_mb`: see `stand_in_model`."""
     torch.set_num_threads(limits.threads)
     args = EngineArgs(model=str(model), dtype=dtype, max_model_len=limits.max_model_len,
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
@@ -148,6 +169,8 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
     client = ClientTimer(model, stream_interval) if with_client else NoClient()
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
+    if stand_in_flush_mb is not None:
+        stand_in_model(runner, stand_in_flush_mb)
     timer.wrap(core.scheduler, "schedule", "schedule")
     timer.wrap(runner, "_update_states", "input prep")
     timer.wrap(runner, "_prepare_inputs", "input prep")
@@ -255,6 +278,9 @@ def main() -> None:
                         help="core: LLM throughput without detokenization; split: per-step time split (engine "
                              "core and client); e2e: LLM throughput with detokenization; serve: vllm bench serve")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--stand-in-model", type=int, default=None, metavar="MB",
+                        help="split: stand-ins for the forward pass and logits that write MB megabytes and "
+                             "compute nothing (the engine's bookkeeping alone, with caches as such a forward leaves them)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="vLLM's --stream-interval for both servers (serve) and the streaming client (split)")
     args = parser.parse_args()
@@ -278,7 +304,8 @@ def main() -> None:
                 if isinstance(ours, RunResult):
                     row[f"{mode}_outputs_sha256"] = ours.extra.get("outputs_sha256")
         if "split" in args.modes:
-            split = profile_steps(model, workload, limits, args.async_scheduling, stream_interval=args.stream_interval)
+            split = profile_steps(model, workload, limits, args.async_scheduling, stream_interval=args.stream_interval,
+                                  stand_in_flush_mb=args.stand_in_model)
             tables["split"].append((num_requests, *(split[p] for p in (*PHASES, *CLIENT_PHASES)),
                                     split["core step"], split["outside forward"]))
             row["step_split_ms"] = split
