@@ -280,7 +280,7 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--stand-in-model", type=int, default=None, metavar="MB",
                         help="split: stand-ins for the forward pass and logits that write MB megabytes and "
-                             "compute nothing (the engine's bookkeeping alone, with caches as such a forward leaves them)")
+                             "compute nothing (the engine's bookkeeping alone, caches as such a forward leaves them)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="vLLM's --stream-interval for both servers (serve) and the streaming client (split)")
     args = parser.parse_args()

@@ -35,6 +35,6 @@ __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
     "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
-    "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "UtilityRequest", "UtilityResult", "InitKVCache",
-    "LogprobsArrays", "ModelRunnerOutput", "Shutdown", "WorkerReply",
+    "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "UtilityRequest",
+    "UtilityResult", "InitKVCache", "LogprobsArrays", "ModelRunnerOutput", "Shutdown", "WorkerReply",
 ]

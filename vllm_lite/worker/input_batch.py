@@ -52,8 +52,8 @@ class InputBatch:
 
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
     def row_arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.num_tokens, self.last_token_ids, self.num_prompt_tokens, self.num_computed_tokens, self.temperature,
-                self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
+        return (self.num_tokens, self.last_token_ids, self.num_prompt_tokens, self.num_computed_tokens,
+                self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
                 self.has_logit_bias, self.has_logprob_token_ids)
 
