@@ -164,9 +164,9 @@ def step_outputs(req_ids: list[str], first_token: int) -> EngineCoreOutputs:
 
 
 def test_repeated_request_ids_are_left_out_and_put_back() -> None:
-    """Steady decode: a client's ids travel once, later messages name that message instead; a
-    change of ids, a message to another client in between, or one without ids keeps every
-    client's rows its own."""
+    """Steady decode: a client's ids travel once, later messages name that message instead;
+    through a change of ids, messages to another client in between, or one without ids, every
+    client's rows stay its own."""
     sender, receivers = RequestIdsSender(), {b"A": RequestIdsReceiver(), b"B": RequestIdsReceiver()}
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     sends = [(b"A", ["a1", "a2"]), (b"A", ["a1", "a2"]), (b"A", ["a1", "a2"]), (b"A", []),
@@ -180,8 +180,8 @@ def test_repeated_request_ids_are_left_out_and_put_back() -> None:
         received = receivers[client].restore(wire)
         assert received.req_ids == req_ids
         assert received.new_token_ids.tolist() == list(range(10 * token, 10 * token + len(req_ids)))
-    # A's 2nd, 3rd and 5th (past a message without ids) and B's last; the others carry their ids
-    assert left_out == 4
+    # A's 2nd, 3rd, 5th (past a message without ids) and 8th (past B's), B's 2nd and 3rd
+    assert left_out == 6
 
 
 def test_ids_of_a_lost_message_are_refused_never_guessed() -> None:
@@ -192,8 +192,16 @@ def test_ids_of_a_lost_message_are_refused_never_guessed() -> None:
     assert repeat.req_ids == [] and repeat.repeats_req_ids_of
     with pytest.raises(msgspec.DecodeError, match="did not receive"):
         receiver.restore(repeat)
-    sender.forget()  # (what the output thread does when a message could not be encoded)
+    sender.forget(b"A")  # (what the output thread does when a message could not be encoded)
     assert receiver.restore(sender.prepare(b"A", step_outputs(["y", "z"], 0))).req_ids == ["y", "z"]
+
+
+def test_a_client_the_sender_no_longer_remembers_gets_its_ids_again() -> None:
+    sender = RequestIdsSender(max_clients=1)
+    sender.prepare(b"A", step_outputs(["x"], 0))
+    sender.prepare(b"B", step_outputs(["y"], 0))
+    again = sender.prepare(b"A", step_outputs(["x"], 0))
+    assert again.req_ids == ["x"] and not again.repeats_req_ids_of
 
 
 def test_addresses() -> None:

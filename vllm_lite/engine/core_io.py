@@ -158,7 +158,7 @@ class EngineCoreIO:
             except Exception as exc:  # an unencodable result costs only its own message
                 logger.error("engine core: cannot encode a %s: %s", type(message).__name__, exc)
                 if tag == OutputType.OUTPUTS:
-                    ids_sender.forget()  # the next message carries its ids (the client never got these)
+                    ids_sender.forget(identity)  # its next message carries its ids (it never got these)
                 if tag != OutputType.UTILITY_RESULT:
                     continue
                 frames = encoder.encode(UtilityResult(message.call_id, error=f"unencodable result: {exc}"))

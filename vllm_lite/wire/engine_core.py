@@ -18,14 +18,15 @@ peer's identity in front). The tag says which struct the msgpack frame holds:
 
 numpy arrays travel as `wire.codec` frames them (extra zmq frames, uncopied). No pickle.
 
-An OUTPUTS message leaves its `req_ids` out when they are those of the previous OUTPUTS message
-with ids to the same client (every steady decode step): it names that message's number instead
+An OUTPUTS message leaves its `req_ids` out when they are those of the client's previous OUTPUTS
+message with ids (every steady decode step): it names that message's number instead
 (`RequestIdsSender` on the engine side, `RequestIdsReceiver` on the client side).
 """
 
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
@@ -102,26 +103,31 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 class RequestIdsSender:
     """Engine side of leaving out repeated `req_ids`: in a steady decode step the same ids (1,024
     of them at 1,024 requests) would otherwise be encoded, sent, and decoded into new strings
-    every step. Numbers each OUTPUTS message that carries ids; a message to the same client as
-    the last one with ids, with equal ids, carries that number instead. One per sending thread."""
+    every step. Numbers each OUTPUTS message that carries ids; a message to a client whose last
+    message with ids had equal ids carries that number instead. Remembers the last `max_clients`
+    clients (one forgotten gets its ids again). One per sending thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_clients: int = 64) -> None:
+        self.max_clients = max_clients
         self._number = 0
-        self._last: tuple[bytes, list[str], int] | None = None  # client, ids, their message number
+        self._last: OrderedDict[bytes, tuple[list[str], int]] = OrderedDict()  # client -> ids, message number
 
     def prepare(self, client: bytes, outputs: EngineCoreOutputs) -> EngineCoreOutputs:
         if not outputs.req_ids:
             return outputs
-        last = self._last
-        if last is not None and last[0] == client and last[1] == outputs.req_ids:
-            return msgspec.structs.replace(outputs, req_ids=[], repeats_req_ids_of=last[2])
+        last = self._last.get(client)
+        if last is not None and last[0] == outputs.req_ids:
+            return msgspec.structs.replace(outputs, req_ids=[], repeats_req_ids_of=last[1])
         self._number += 1
-        self._last = (client, outputs.req_ids, self._number)
+        self._last[client] = (outputs.req_ids, self._number)
+        self._last.move_to_end(client)
+        if len(self._last) > self.max_clients:
+            self._last.popitem(last=False)
         return msgspec.structs.replace(outputs, req_ids_number=self._number)
 
-    def forget(self) -> None:
-        """The last prepared message was not sent: no later one may name its ids."""
-        self._last = None
+    def forget(self, client: bytes) -> None:
+        """The last message prepared for `client` was not sent: no later one may name its ids."""
+        self._last.pop(client, None)
 
 
 class RequestIdsReceiver:
