@@ -59,6 +59,9 @@ class StepInputs:
     attn_metadata: object
     logits_indices: torch.Tensor
     sample_rows: np.ndarray  # batch rows that sample this step
+    # Every token is its row's last and samples (a decode step): the logits' hidden states are the
+    # first len(sample_rows) rows as they are, no gather.
+    every_token_samples: bool
     rows: np.ndarray  # batch rows scheduled this step, in token order
     query_starts: np.ndarray  # index of each scheduled row's first token in the flat batch
     query_lens: np.ndarray  # tokens of each scheduled row this step
@@ -177,7 +180,8 @@ class ModelRunner:
                 sched: SchedulerOutput) -> None:
         rows = inputs.sample_rows
         # Every sampling row's logits (under TP a collective: the same rows on every rank).
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        logits = self.model.compute_logits(hidden[:len(rows)] if inputs.every_token_samples
+                                           else hidden[inputs.logits_indices])
         vocab_size = logits.shape[-1]
         metadata, failed = self._sampling_metadata_for(rows, vocab_size)
         if failed:  # those rows sample nothing; their requests fail (this rank's choice alone)
@@ -405,7 +409,8 @@ class ModelRunner:
             seq_lens = batch.num_computed_tokens[at] + query_lens
         # Rows whose known tokens are all computed after this step produce a new token.
         samples = seq_lens == batch.num_tokens[at]
-        if total == len(rows) and samples.all():  # every row computes its last token
+        every_token_samples = total == len(rows) and bool(samples.all())  # every row computes its last token
+        if every_token_samples:
             input_ids = batch.last_token_ids[at]
         else:
             input_ids = batch.token_ids[token_rows, positions]
@@ -432,6 +437,7 @@ class ModelRunner:
             attn_metadata=self.attn_backend.build(common),
             logits_indices=self._to_device((cu_lens[samples] - 1).astype(np.int64)),
             sample_rows=rows[samples],
+            every_token_samples=every_token_samples,
             rows=rows,
             query_starts=cu_lens - query_lens,
             query_lens=query_lens,
