@@ -66,6 +66,11 @@ class InputBatch:
             self._live = (key, self.req_ids[: self.num_reqs])  # type: ignore[assignment]
         return self._live[1]
 
+    def row_index(self, rows: np.ndarray) -> slice | np.ndarray:
+        """`rows` (distinct live rows, ascending) as an index into the per-row arrays: a slice,
+        read without a gather, when they are every live row (a steady decode step)."""
+        return slice(0, len(rows)) if len(rows) == self.num_reqs else rows
+
     def add_request(self, new: NewRequestData) -> int:
         """All or nothing: a request whose row cannot be written (a value that does not fit its
         array) raises and leaves the batch as it was; the row's bookkeeping is committed last."""

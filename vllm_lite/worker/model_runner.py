@@ -396,8 +396,7 @@ class ModelRunner:
         if step_rows is None:
             return None
         rows, query_lens, cu_lens = step_rows
-        # Every row of the batch computes (a steady decode step): a slice reads the per-row arrays.
-        at = slice(0, len(rows)) if len(rows) == batch.num_reqs else rows
+        at = batch.row_index(rows)
         total = int(cu_lens[-1])
         if total == len(rows):  # one token per row (a decode step): each row's next position
             token_rows, positions = rows, batch.num_computed_tokens[at]
@@ -526,7 +525,7 @@ class ModelRunner:
     def _append_sampled(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """`rows`: distinct batch rows, ascending (all of them, 0..num_reqs-1, in a steady decode step)."""
         batch = self.input_batch
-        at = slice(0, len(rows)) if len(rows) == batch.num_reqs else rows
+        at = batch.row_index(rows)
         batch.token_ids[rows, batch.num_tokens[at]] = tokens
         batch.last_token_ids[at] = tokens
         batch.num_tokens[at] += 1
