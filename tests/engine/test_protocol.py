@@ -202,6 +202,13 @@ def test_a_client_the_sender_no_longer_remembers_gets_its_ids_again() -> None:
     sender.prepare(b"B", step_outputs(["y"], 0))
     again = sender.prepare(b"A", step_outputs(["x"], 0))
     assert again.req_ids == ["x"] and not again.repeats_req_ids_of
+    # A client whose ids repeat is one heard from lately: another client's message evicts the other.
+    sender = RequestIdsSender(max_clients=2)
+    for client in (b"A", b"B", b"A"):
+        sender.prepare(client, step_outputs([client.decode()], 0))
+    sender.prepare(b"C", step_outputs(["c"], 0))
+    assert sender.prepare(b"A", step_outputs(["A"], 0)).repeats_req_ids_of
+    assert not sender.prepare(b"B", step_outputs(["B"], 0)).repeats_req_ids_of
 
 
 def test_addresses() -> None:

@@ -117,6 +117,7 @@ class RequestIdsSender:
             return outputs
         last = self._last.get(client)
         if last is not None and last[0] == outputs.req_ids:
+            self._last.move_to_end(client)  # (forgotten last: the clients heard from least lately)
             return msgspec.structs.replace(outputs, req_ids=[], repeats_req_ids_of=last[1])
         self._number += 1
         self._last[client] = (outputs.req_ids, self._number)
