@@ -28,7 +28,8 @@ activations and logits pass through the caches: the split then times the engine'
 bookkeeping, with warm caches (0) or with caches a forward of that footprint evicted (at 1,024
 requests the real step writes 32 MB of logits alone).
 
-`--no-async-scheduling` runs vllm_lite with async scheduling off (in `core`, `e2e` and `split`).
+`--async-scheduling` / `--no-async-scheduling` turn vllm_lite's async scheduling on or off (in `core`,
+`e2e`, `split` and `serve`); without either, the engine's default (off on CPU, as vLLM's CPU platform).
 `--stream-interval N` (vLLM's flag) has both servers stream a chunk every N tokens (`serve`) and
 the streaming client emit a delta every N tokens (`split`).
 
@@ -36,7 +37,7 @@ The model's tokenizer is the demo model's cut to the model's 8,192 ids, so that 
 of the serving benchmark stay inside the vocabulary.
 
     python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
-        [--modes core split e2e serve] [--no-async-scheduling] [--stream-interval N] [--stand-in-model MB]
+        [--modes core split e2e serve] [--[no-]async-scheduling] [--stream-interval N] [--stand-in-model MB]
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def stand_in_model(runner: Any, flush_mb: int) -> None:
     runner.model.compute_logits = lambda hidden: torch.zeros(hidden.shape[0], 1)
 
 
-def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool = True,
+def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool | None = None,
                   device: str = "cpu", dtype: str = "float32", with_client: bool = True,
                   stream_interval: int = 1, stand_in_flush_mb: int | None = None) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
@@ -243,7 +244,7 @@ MODES = ("core", "split", "e2e", "serve")
 
 
 def compare_llm(model: Path, workload: Workload, limits: EngineLimits, peer: Path | None, skip_reason: str,
-                detokenize: bool, async_scheduling: bool) -> tuple[RunResult | Skipped, RunResult | Skipped]:
+                detokenize: bool, async_scheduling: bool | None) -> tuple[RunResult | Skipped, RunResult | Skipped]:
     """`LLM.generate` throughput of vllm_lite (engine core in its own process) and vLLM CPU."""
     job = engine_job(model, workload, limits, detokenize=detokenize, async_scheduling=async_scheduling)
     ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
@@ -277,7 +278,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["core", "split"],
                         help="core: LLM throughput without detokenization; split: per-step time split (engine "
                              "core and client); e2e: LLM throughput with detokenization; serve: vllm bench serve")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="vllm_lite's async scheduling (default: the engine's, off on CPU)")
     parser.add_argument("--stand-in-model", type=int, default=None, metavar="MB",
                         help="split: stand-ins for the forward pass and logits that write MB megabytes and "
                              "compute nothing (the engine's bookkeeping alone, caches as such a forward leaves them)")

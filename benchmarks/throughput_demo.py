@@ -21,7 +21,7 @@ first leave the same engine's fp32 tokens.
 
     python benchmarks/throughput_demo.py [--num-requests 64] [--threads 2] [--dtype float32 bfloat16]
         [--quantization int8] [--kv-cache-dtype bfloat16 int8_per_token_head] [--background-load] [--skip-hf] [--skip-vllm] [--skip-openvino]
-        [--no-async-scheduling] [--rounds 3]
+        [--[no-]async-scheduling] [--rounds 3]
 
 With `--rounds N` every engine runs N times, each round starting one engine later than the last,
 and the table shows each row's median time and its speed-up round by round (this VM's speed
@@ -41,6 +41,7 @@ from benchlib import (RESULTS_DIR, EngineLimits, RunResult, Skipped, background_
                       vllm_cpu_python, write_results)
 
 NUM_CHECKED = 5
+ASYNC_WORDS = {True: "on", False: "off", None: "as the engine's default (off on CPU)"}
 OURS = "vllm_lite"
 
 
@@ -72,8 +73,9 @@ def main() -> int:
     parser.add_argument("--skip-openvino", action="store_true")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every engine this many times, rotating the order; times are medians")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                        help="vllm_lite's async scheduling (results record a digest of all its outputs)")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="vllm_lite's async scheduling (default: the engine's, off on CPU; results record "
+                             "a digest of all its outputs)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -89,7 +91,7 @@ def main() -> int:
     print(f"workload: {args.num_requests} requests, {workload.num_input_tokens} input tokens, "
           f"{sum(workload.max_tokens)} output tokens; {args.threads} threads"
           f"{'; beside one busy process' if args.background_load else ''}"
-          f"; vllm_lite async scheduling {'on' if args.async_scheduling else 'off'}", flush=True)
+          f"; vllm_lite async scheduling {ASYNC_WORDS[args.async_scheduling]}", flush=True)
 
     with background_load(args.background_load):
         results, rounds = run_rounds(planned_runs(job, args), args.rounds)

@@ -97,3 +97,26 @@ def test_default_block_size_follows_the_platform(tiny_llama: Path, engine_args: 
 
     config = EngineArgs(model=str(tiny_llama), device="cpu", **engine_args).create_engine_config()
     assert config.cache_config.block_size == block_size
+
+
+@pytest.mark.parametrize(("engine_args", "async_scheduling"), [
+    ({}, False),  # vLLM's CPU platform turns it off: the model already takes every core
+    ({"async_scheduling": True}, True),  # asked for, it runs on CPU too
+    ({"async_scheduling": False}, False),
+])
+def test_default_async_scheduling_follows_the_platform(tiny_llama: Path, engine_args: dict,
+                                                       async_scheduling: bool) -> None:
+    from vllm_lite.config import EngineArgs
+
+    config = EngineArgs(model=str(tiny_llama), device="cpu", **engine_args).create_engine_config()
+    assert config.scheduler_config.async_scheduling is async_scheduling
+
+
+@pytest.mark.parametrize(("flags", "value"), [([], None), (["--async-scheduling"], True),
+                                              (["--no-async-scheduling"], False)])
+def test_async_scheduling_flag_leaves_the_default_to_the_platform(flags: list[str], value: bool | None) -> None:
+    from vllm_lite.entrypoints.cli import build_parser
+    from vllm_lite.entrypoints.cli_args import engine_args_from
+
+    args = build_parser().parse_args(["serve", "some/model", *flags])
+    assert engine_args_from(args).async_scheduling is value

@@ -361,7 +361,10 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    async_scheduling: bool = True  # vLLM's default too: schedule the next step while one runs
+    # Schedule the next step while one runs. None: vLLM's default, on where it pays (CUDA: the
+    # host work overlaps the device's) and off on CPU, where the forward pass takes every core
+    # and the overlapped scheduling only competes with it (vLLM's CPU platform turns it off too).
+    async_scheduling: bool | None = None
     seed: int = 0
     max_logprobs: int = 20
     tensor_parallel_size: int = 1
@@ -392,7 +395,7 @@ class EngineArgs:
         return VllmConfig(
             model_config=model_config,
             cache_config=self._cache_config(model_config, device),
-            scheduler_config=self._scheduler_config(max_len),
+            scheduler_config=self._scheduler_config(max_len, device),
             parallel_config=self._parallel_config(model_config.hf),
             device_config=DeviceConfig(device=device),
         )
@@ -467,7 +470,7 @@ class EngineArgs:
         return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes, self.enable_prefix_caching,
                            model_config.hf.all_layers_window, self.kv_cache_dtype)
 
-    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, device: str) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         default_tokens = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
         max_tokens = self.max_num_batched_tokens or default_tokens
@@ -476,8 +479,9 @@ class EngineArgs:
                f"max_num_batched_tokens={max_tokens} is smaller than max_model_len={max_model_len}; "
                "enable chunked prefill or raise max_num_batched_tokens")
         _check(self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}")
+        async_scheduling = self.async_scheduling if self.async_scheduling is not None else device != "cpu"
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
-                               self.async_scheduling, self.stream_interval)
+                               async_scheduling, self.stream_interval)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

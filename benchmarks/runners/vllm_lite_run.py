@@ -22,7 +22,7 @@ def main(job_path: str, result_path: str) -> None:
     optional = {"quantization": job["quantization"]} if job.get("quantization") else {}
     if job.get("kv_cache_dtype", "auto") != "auto":  # only then: a baseline checkout may predate the option
         optional["kv_cache_dtype"] = job["kv_cache_dtype"]
-    if "async_scheduling" in job:  # only then: a baseline checkout may predate the option
+    if job.get("async_scheduling") is not None:  # only then: a baseline checkout may predate the option
         optional["async_scheduling"] = job["async_scheduling"]
     llm = LLM(job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
@@ -45,6 +45,7 @@ def main(job_path: str, result_path: str) -> None:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         dtype = llm.llm_engine.vllm_config.model_config.dtype  # what dtype="auto" resolved to
+        async_scheduling = llm.llm_engine.vllm_config.scheduler_config.async_scheduling  # what the default was
     finally:
         llm.shutdown()
     token_ids = [[int(t) for t in out.outputs[0].token_ids] for out in outputs]
@@ -53,7 +54,7 @@ def main(job_path: str, result_path: str) -> None:
         "input_tokens": sum(len(p) for p in job["prompts"]),
         "output_tokens": sum(len(t) for t in token_ids),
         "outputs": token_ids[:job.get("keep_outputs", 0)],
-        "extra": {"async_scheduling": job.get("async_scheduling", True), "outputs_sha256": outputs_digest(token_ids),
+        "extra": {"async_scheduling": async_scheduling, "outputs_sha256": outputs_digest(token_ids),
                   "dtype": dtype},
     }))
 

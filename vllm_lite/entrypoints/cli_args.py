@@ -15,10 +15,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
     for f in dataclasses.fields(EngineArgs):
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
-        if isinstance(default, bool):
+        if isinstance(default, bool) or f.type == "bool | None":  # annotations are strings here
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            kind = str if f.type.split(" | ")[0] == "str" else int  # annotations are strings here
+            kind = str if f.type.split(" | ")[0] == "str" else int
             parser.add_argument(flag, type=kind, default=default)
     if model_positional:
         parser.add_argument("model_tag", nargs="?", default=None,
