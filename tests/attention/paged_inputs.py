@@ -11,11 +11,14 @@ import torch
 from vllm_lite.attention.backend import CommonAttentionMetadata
 
 
-# Batches that exercise a backend's routing: decode rows to the native op, prefill rows to SDPA.
+# Batches that exercise a backend's routing: decode rows and short prefill rows to the native
+# decode op, long prefill rows to SDPA.
 BACKEND_SPECS = {
     "mixed": [(0, 5), (13, 1), (20, 7), (3, 1), (0, 1), (9, 2)],
     "decode": [(40, 1), (7, 1), (0, 1)],
     "prefill": [(0, 17), (16, 4)],  # with a prefix-cache hit
+    # Beyond the native backend's PER_TOKEN_PREFILL_MAX_KEYS (256): SDPA rows beside per-token ones.
+    "long prefill": [(0, 300), (6, 1), (250, 9), (10, 20), (0, 256)],
 }
 
 

@@ -214,6 +214,31 @@ def test_cpu_native_backend_matches_torch_backend(specs, num_q_heads, num_kv_hea
     assert (out - ref_out).abs().max().item() <= ATOL
 
 
+
+@native
+def test_short_prefill_rows_take_the_decode_op_and_long_ones_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill rows of at most PER_TOKEN_PREFILL_MAX_KEYS keys (context included) are attended
+    token by token in the decode-op call, with no SDPA call of their own; longer rows each take
+    one; the output equals the torch reference's either way."""
+    from vllm_lite.attention import cpu_native_backend
+
+    specs = [(0, 300), (6, 1), (250, 7), (0, 40), (200, 57), (0, 256)]  # keys 300, 7, 257, 40, 257, 256
+    batch = make_paged_batch(specs, 4, 2, 32, block_size=8, seed=9)
+    ref_out, _ = reference_forward(batch)
+    sdpa_lengths: list[int] = []
+    decode_rows: list[int] = []
+    sdpa, decode = cpu_native_backend.prefill_attention, cpu_native.paged_attention_decode
+    monkeypatch.setattr(cpu_native_backend, "prefill_attention",
+                        lambda query, *args, **kw: (sdpa_lengths.append(query.shape[0]), sdpa(query, *args, **kw))[1])
+    monkeypatch.setattr(cpu_native, "paged_attention_decode",
+                        lambda out, query, *args: (decode_rows.append(query.shape[0]), decode(out, query, *args))[1])
+    backend = _native_backend()
+    cache = batch.kv_cache.clone()
+    out = backend.forward(batch.query, batch.key, batch.value, cache, backend.build(batch.common), batch.scale)
+    assert (out - ref_out).abs().max().item() <= ATOL
+    assert sorted(sdpa_lengths) == [7, 57, 300]  # the rows over 256 keys
+    assert decode_rows == [1, 40 + 256]  # the decode row, then every token of the short prefill rows
+
 def test_selector_falls_back_to_torch():
     assert isinstance(get_attn_backend("torch", torch.device("cpu"), torch.float32), TorchAttentionBackend)
     # Native decode reads float32 and bfloat16 only.

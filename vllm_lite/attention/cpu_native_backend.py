@@ -1,17 +1,22 @@
 """CPU attention with the csrc native ops (vllm_lite._C): the cache write and decode attention
-run natively, and so does prefill (chunks, prefix-cache hits) of a bf16 model over a bf16 or
-int8_per_token_head cache on CPUs with AMX-BF16 (head_dim 64/128, no sliding window or soft cap);
-other prefill rows use the torch reference's SDPA path. In a mixed batch the decode rows go to
-the native decode op together and the prefill rows to the native prefill op together (or each
-to SDPA).
+run natively, and so do short prefill rows: each of their query tokens is a decode row of its own
+(its sequence's blocks, its position + 1 keys), so every short prompt of a step is attended in
+the one decode-op call, causal by construction, instead of a gather and an SDPA call per
+sequence and layer. Prefill rows longer than PER_TOKEN_PREFILL_MAX_KEYS keys take the torch
+reference's SDPA path (its tiled kernel reuses each key across queries; the decode op re-reads
+them per token), or, for a bf16 model over a bf16 or int8_per_token_head cache on CPUs with
+AMX-BF16 (head_dim 64/128, no sliding window or soft cap), the native prefill op, which takes
+every prefill row of such a step.
 
 Needs the extension and float32 or bfloat16 (prefill SDPA then runs in bf16 too); `selector.get_attn_backend` falls back to the torch backend
 otherwise. A bf16 KV cache under a float32 model (kv_cache_dtype="bfloat16") takes K/V rounded to
 bf16 and decodes with the bf16 op (the query rounded to bf16, fp32 arithmetic inside); prefill
 widens the gathered rows back to fp32 for SDPA. An int8_per_token_head cache is written and
 decoded by its own ops (float32 query and output, any model dtype; no sliding window: such layers
-take the torch path, which dequantizes what it gathers, as prefill does).
-"""
+take the torch path, which dequantizes what it gathers, as prefill does; its prefill rows all take
+SDPA, since its decode op rounds the query to int8 as well). Layers the decode op
+does not take (soft caps; bf16 sliding windows) run their decode rows in torch and every prefill
+row through SDPA."""
 
 from __future__ import annotations
 
@@ -26,15 +31,49 @@ from vllm_lite.attention.kv_quant import is_int8_cache
 from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
 
 
+# Prefill rows of at most this many keys (context + new tokens) are attended token by token by
+# the decode op; longer ones by SDPA. fp32, 2 threads, AVX2 EPYC (benchmarks/RESULTS.md,
+# "Eighteenth session"): the decode op against a gather + SDPA call per sequence was 10x faster
+# for 248 prompts of 16-48 tokens (tiny model), 1.9x for 64 x 128 and 1.1-1.5x at 256 keys, even
+# at 512, and 0.55x at 2,048 keys (a 16-token chunk after 2,032 cached ones included: the decode op
+# reads every key once per query token).
+PER_TOKEN_PREFILL_MAX_KEYS = 256
+
+
+@dataclass(slots=True)
+class TokenRows:
+    """Query tokens for the decode op: one row each, with its sequence's blocks and its own
+    number of keys (a decode row's sequence length; a prefill token's position + 1)."""
+
+    block_table: torch.Tensor  # int32 [num_rows, max_blocks]
+    seq_lens: torch.Tensor  # int32 [num_rows]
+    token_idx: torch.Tensor | None  # int64 [num_rows] tokens of the step; None = every token
+
+
 @dataclass(slots=True)
 class CpuNativeAttentionMetadata:
     slot_mapping: torch.Tensor  # int64 [num_tokens]
     num_tokens: int
-    decode_block_table: torch.Tensor | None = None  # int32 [num_decodes, max_blocks]
-    decode_seq_lens: torch.Tensor | None = None  # int32 [num_decodes]
-    decode_token_idx: torch.Tensor | None = None  # int64 [num_decodes]; None = every token
-    prefills: list[PrefillSeq] = field(default_factory=list)
-    prefill_tables: PrefillTables | None = None
+    decodes: TokenRows | None = None  # rows with one new token
+    short_prefills: TokenRows | None = None  # the tokens of prefill rows of <= PER_TOKEN_PREFILL_MAX_KEYS keys
+    long_prefills: list[PrefillSeq] = field(default_factory=list)  # those longer than that (SDPA)
+    prefill_tables: PrefillTables | None = None  # every prefill row (the AMX prefill op)
+    common: CommonAttentionMetadata | None = None
+    prefill_rows: np.ndarray | None = None
+    _every_prefill: list[PrefillSeq] | None = None
+
+    def every_prefill(self) -> list[PrefillSeq]:
+        """Every prefill row as an SDPA sequence, for the layers the decode op does not take;
+        built the first time one asks (a step of short prompts and native layers never does)."""
+        if self.prefill_rows is None:
+            return []
+        if self._every_prefill is None:
+            long_rows = {seq.token_start: seq for seq in self.long_prefills}
+            starts = self.common.query_start_loc_np
+            self._every_prefill = [long_rows.get(int(starts[row]))
+                                   or TorchAttentionBackend.build_prefill(self.common, row)
+                                   for row in self.prefill_rows.tolist()]
+        return self._every_prefill
 
 
 @dataclass(slots=True)
@@ -58,25 +97,45 @@ class CpuNativeAttentionBackend(AttentionBackend):
         n = common.num_actual_tokens
         metadata = CpuNativeAttentionMetadata(common.slot_mapping[:n], n)
         qsl = common.query_start_loc_np
-        is_decode = (qsl[1:] - qsl[:-1]) == 1  # one new token: it sees every cached key
+        query_lens = qsl[1:] - qsl[:-1]
+        is_decode = query_lens == 1  # one new token: it sees every cached key
         block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
         if is_decode.all():
-            metadata.decode_block_table, metadata.decode_seq_lens = block_table, seq_lens
-        elif is_decode.any():
+            metadata.decodes = TokenRows(block_table, seq_lens, None)
+            return metadata
+        if is_decode.any():
             rows = torch.from_numpy(is_decode.nonzero()[0])
-            metadata.decode_block_table = block_table[rows].contiguous()
-            metadata.decode_seq_lens = seq_lens[rows]
-            metadata.decode_token_idx = common.query_start_loc[:-1][rows].long()
+            metadata.decodes = TokenRows(block_table[rows].contiguous(), seq_lens[rows],
+                                         common.query_start_loc[:-1][rows].long())
         prefill_rows = (~is_decode).nonzero()[0]
-        for row in prefill_rows.tolist():
-            metadata.prefills.append(TorchAttentionBackend.build_prefill(common, row))
-        if len(prefill_rows):
-            rows = torch.from_numpy(prefill_rows)
-            starts = qsl[prefill_rows]
-            metadata.prefill_tables = PrefillTables(
-                block_table[rows].contiguous(), torch.from_numpy(starts.astype(np.int32)),
-                torch.from_numpy((qsl[prefill_rows + 1] - starts).astype(np.int32)), seq_lens[rows].contiguous())
+        metadata.common, metadata.prefill_rows = common, prefill_rows
+        short = common.seq_lens_np[prefill_rows] <= PER_TOKEN_PREFILL_MAX_KEYS
+        metadata.long_prefills = [TorchAttentionBackend.build_prefill(common, row)
+                                  for row in prefill_rows[~short].tolist()]
+        if short.any():
+            metadata.short_prefills = self._token_rows(common, block_table, prefill_rows[short],
+                                                       bool(short.all() and not is_decode.any()))
+        rows = torch.from_numpy(prefill_rows)
+        starts = qsl[prefill_rows]
+        metadata.prefill_tables = PrefillTables(
+            block_table[rows].contiguous(), torch.from_numpy(starts.astype(np.int32)),
+            torch.from_numpy(query_lens[prefill_rows].astype(np.int32)), seq_lens[rows].contiguous())
         return metadata
+
+    @staticmethod
+    def _token_rows(common: CommonAttentionMetadata, block_table: torch.Tensor, rows: np.ndarray,
+                    every_token: bool) -> TokenRows:
+        """One decode-op row per new token of `rows` (prefill rows of at most
+        PER_TOKEN_PREFILL_MAX_KEYS keys): its row's blocks, as many as those keys need, and its
+        position + 1 keys."""
+        qsl = common.query_start_loc_np
+        counts = qsl[rows + 1] - qsl[rows]
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        lens = np.repeat(common.seq_lens_np[rows] - counts, counts) + offsets + 1
+        width = -(-int(common.seq_lens_np[rows].max()) // common.block_size)
+        table = block_table[torch.from_numpy(np.repeat(rows, counts)), :width]
+        token_idx = None if every_token else torch.from_numpy(np.repeat(qsl[rows], counts) + offsets)
+        return TokenRows(table, torch.from_numpy(lens.astype(np.int32)), token_idx)
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
@@ -84,34 +143,52 @@ class CpuNativeAttentionBackend(AttentionBackend):
         self._write_cache(key, value, kv_cache, metadata.slot_mapping, int8_cache)
         out = torch.empty(query.shape, dtype=query.dtype)
         native_decode = logits_soft_cap is None and (sliding_window is None or kv_cache.dtype == torch.float32)
-        if metadata.decode_seq_lens is not None and not native_decode:
-            self._torch_decodes(out, query, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
-        elif metadata.decode_seq_lens is not None:
-            idx = metadata.decode_token_idx
-            # The native ops take query and output in one dtype: the cache's (a bf16 cache under a
-            # float32 model rounds the query to bf16), float32 for an int8 cache; scores, softmax
-            # and sums are fp32 either way.
-            op_dtype = torch.float32 if int8_cache else kv_cache.dtype
-            rows = (query if idx is None else query[idx]).to(op_dtype)
-            decoded = out if idx is None and op_dtype == query.dtype else torch.empty(rows.shape, dtype=op_dtype)
-            if int8_cache:
-                cpu_native.paged_attention_decode_int8(decoded, rows, kv_cache, metadata.decode_block_table,
-                                                       metadata.decode_seq_lens, scale)
-            else:
-                cpu_native.paged_attention_decode(decoded, rows, kv_cache, metadata.decode_block_table,
-                                                  metadata.decode_seq_lens, scale, sliding_window)
-            if decoded is not out:
-                out[slice(None) if idx is None else idx] = decoded.to(query.dtype)
-        if metadata.prefill_tables is not None and self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
+        if not native_decode:
+            if metadata.decodes is not None:
+                self._torch_decodes(out, query, kv_cache, metadata.decodes, scale, sliding_window, logits_soft_cap)
+            self._sdpa_prefills(out, query, kv_cache, metadata.every_prefill(), scale, sliding_window,
+                                logits_soft_cap)
+            return out
+        if metadata.decodes is not None:
+            self._decode(out, query, kv_cache, metadata.decodes, scale, sliding_window, int8_cache)
+        if metadata.prefill_tables is None:
+            return out
+        if self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
             tables = metadata.prefill_tables
             cpu_native.paged_attention_prefill(out, query, kv_cache, tables.block_table, tables.query_start,
                                                tables.query_lens, tables.seq_lens, scale)
             return out
-        for seq in metadata.prefills:
+        if metadata.short_prefills is None or int8_cache:  # (the int8 op rounds each query to int8 too)
+            self._sdpa_prefills(out, query, kv_cache, metadata.every_prefill(), scale, sliding_window, None)
+            return out
+        self._decode(out, query, kv_cache, metadata.short_prefills, scale, sliding_window, int8_cache)
+        self._sdpa_prefills(out, query, kv_cache, metadata.long_prefills, scale, sliding_window, None)
+        return out
+
+    @staticmethod
+    def _decode(out, query, kv_cache, rows: TokenRows, scale, sliding_window, int8_cache: bool) -> None:
+        """The decode op over `rows`. The native ops take query and output in one dtype: the
+        cache's (a bf16 cache under a float32 model rounds the query to bf16), float32 for an int8
+        cache; scores, softmax and sums are fp32 either way."""
+        idx = rows.token_idx
+        op_dtype = torch.float32 if int8_cache else kv_cache.dtype
+        queries = (query if idx is None else query[idx]).to(op_dtype)
+        decoded = out if idx is None and op_dtype == query.dtype else torch.empty(queries.shape, dtype=op_dtype)
+        if int8_cache:
+            cpu_native.paged_attention_decode_int8(decoded, queries, kv_cache, rows.block_table, rows.seq_lens, scale)
+        else:
+            cpu_native.paged_attention_decode(decoded, queries, kv_cache, rows.block_table, rows.seq_lens, scale,
+                                              sliding_window)
+        if decoded is not out:
+            out[slice(None) if idx is None else idx] = decoded.to(query.dtype)
+
+    @staticmethod
+    def _sdpa_prefills(out, query, kv_cache, prefills: list[PrefillSeq], scale, sliding_window,
+                       logits_soft_cap) -> None:
+        for seq in prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
                                                          sliding_window, logits_soft_cap)
-        return out
 
     @staticmethod
     def _native_prefill(query, kv_cache, sliding_window, logits_soft_cap) -> bool:
@@ -128,20 +205,19 @@ class CpuNativeAttentionBackend(AttentionBackend):
             cpu_native.reshape_and_cache(key.to(kv_cache.dtype), value.to(kv_cache.dtype), kv_cache, slot_mapping)
 
     @staticmethod
-    def _torch_decodes(out, query, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
-                       sliding_window, logits_soft_cap) -> None:
+    def _torch_decodes(out, query, kv_cache, decodes: TokenRows, scale, sliding_window, logits_soft_cap) -> None:
         """The native decode op has no soft cap (Gemma 2) and no bf16 sliding window: such
         layers take the torch path."""
-        idx = metadata.decode_token_idx
+        idx = decodes.token_idx
         rows = query if idx is None else query[idx]
-        seq_lens = metadata.decode_seq_lens.long()
+        seq_lens = decodes.seq_lens.long()
         bs = kv_cache.shape[2]
         max_blocks = -(-int(seq_lens.max()) // bs)
         positions = torch.arange(max_blocks * bs)
         mask = positions[None, :] < seq_lens[:, None]
         if sliding_window is not None:
             mask &= positions[None, :] >= (seq_lens - sliding_window)[:, None]
-        decoded = decode_attention(rows, kv_cache, metadata.decode_block_table[:, :max_blocks].long(),
+        decoded = decode_attention(rows, kv_cache, decodes.block_table[:, :max_blocks].long(),
                                    mask[:, None, None, :], scale, logits_soft_cap)
         if idx is None:
             out.copy_(decoded)
