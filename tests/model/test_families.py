@@ -1,6 +1,7 @@
 """Greedy parity with transformers for the families beyond Llama/Qwen (fp32, CPU, tiny random
-weights): 8 prompts x 32 tokens, once plainly and once with 16-token chunks, a cache small enough
-to force preemption, and a second pass over prefix-cache hits."""
+weights): 8 prompts x 32 tokens, once plainly (async scheduling off, the CPU default) and once
+with async scheduling, 16-token chunks, a cache small enough to force preemption, and a second
+pass over prefix-cache hits."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_family_matches_transformers(fixture: str, request: pytest.FixtureReques
     llm.shutdown()
     # 17 usable blocks of 16 tokens (the longest request needs 8), chunks of 16 tokens.
     llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, block_size=16, max_num_batched_tokens=16,
-              multiprocess=False)
+              multiprocess=False, async_scheduling=True)
     assert run_greedy(llm, prompts_token_ids) == expected
     assert run_greedy(llm, prompts_token_ids) == expected
     stats = llm.stats()
