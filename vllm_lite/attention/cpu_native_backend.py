@@ -113,8 +113,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         metadata.long_prefills = [TorchAttentionBackend.build_prefill(common, row)
                                   for row in prefill_rows[~short].tolist()]
         if short.any():
-            metadata.short_prefills = self._token_rows(common, block_table, prefill_rows[short],
-                                                       bool(short.all() and not is_decode.any()))
+            metadata.short_prefills = self._token_rows(common, block_table, prefill_rows[short])
         rows = torch.from_numpy(prefill_rows)
         starts = qsl[prefill_rows]
         metadata.prefill_tables = PrefillTables(
@@ -123,8 +122,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         return metadata
 
     @staticmethod
-    def _token_rows(common: CommonAttentionMetadata, block_table: torch.Tensor, rows: np.ndarray,
-                    every_token: bool) -> TokenRows:
+    def _token_rows(common: CommonAttentionMetadata, block_table: torch.Tensor, rows: np.ndarray) -> TokenRows:
         """One decode-op row per new token of `rows` (prefill rows of at most
         PER_TOKEN_PREFILL_MAX_KEYS keys): its row's blocks, as many as those keys need, and its
         position + 1 keys."""
@@ -134,6 +132,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         lens = np.repeat(common.seq_lens_np[rows] - counts, counts) + offsets + 1
         width = -(-int(common.seq_lens_np[rows].max()) // common.block_size)
         table = block_table[torch.from_numpy(np.repeat(rows, counts)), :width]
+        every_token = len(offsets) == common.num_actual_tokens  # (the step holds only these rows)
         token_idx = None if every_token else torch.from_numpy(np.repeat(qsl[rows], counts) + offsets)
         return TokenRows(table, torch.from_numpy(lens.astype(np.int32)), token_idx)
 
