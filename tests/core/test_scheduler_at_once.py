@@ -61,6 +61,7 @@ def held_state(scheduler: Scheduler) -> tuple:
     kv = scheduler.kv_cache_manager
     return ({req_id: [block.block_id for block in blocks] for req_id, blocks in kv.req_to_blocks.items()},
             dict(kv.num_cached_blocks), kv.get_num_free_blocks(),
+            {key: block.block_id for key, block in kv.block_pool.cached_blocks.items()},
             [(r.request_id, r.num_computed_tokens, r.num_tokens_with_placeholders, r.num_tokens)
              for r in scheduler.running])
 

@@ -129,16 +129,6 @@ class KVCacheManager:
             np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64, len(req_ids)))
         return True
 
-    def _note_many_counts(self, req_ids: list[str], held: list[list[KVCacheBlock]]) -> None:
-        """`_note_counts` for requests that hold blocks (`held[i]`: `req_ids[i]`'s), at once."""
-        positions = list(map(self.tracked.position.get, req_ids))
-        if None in positions:
-            for request_id in req_ids:
-                self._note_counts(request_id)
-            return
-        self.tracked.held[positions] = list(map(len, held))
-        self.tracked.cached[positions] = list(map(self.num_cached_blocks.__getitem__, req_ids))
-
     def _note_counts(self, request_id: str) -> None:
         """After a change to the request's blocks: its entry in `tracked`, if it has one."""
         position = self.tracked.position.get(request_id)
@@ -193,28 +183,34 @@ class KVCacheManager:
         self._note_counts(request.request_id)
         return new_blocks
 
-    def allocate_running(self, requests: list[Request], num_tokens: list[int],
-                         num_known: list[int]) -> list[list[KVCacheBlock]]:
+    def allocate_running(self, rows: np.ndarray, requests: list[Request], num_new_blocks: np.ndarray,
+                         num_tokens: np.ndarray, num_known: np.ndarray) -> list[list[KVCacheBlock]]:
         """`allocate_slots(request, n)` for each of `requests` in turn, for running requests
         (they hold blocks; no hits, no sliding window) whose new blocks the caller counted as
-        free: request i's first `num_tokens[i]` tokens get slots and its blocks full of known
-        tokens (its first `num_known[i]`) enter the prefix cache. The same blocks, in the same
-        order, as one call after another; without their per-call reads of the counters."""
-        bs = self.block_size
-        req_ids = [request.request_id for request in requests]
-        held = list(map(self.req_to_blocks.__getitem__, req_ids))
-        counts = [max(-(-tokens // bs) - len(blocks), 0) for tokens, blocks in zip(num_tokens, held)]
-        taken = self.block_pool.allocate(sum(counts))  # in the order the calls would take them
-        new_blocks, start = [], 0
-        for blocks, count in zip(held, counts):
+        free: request i, at position `rows[i]` of the list `fit_held_blocks` was last asked
+        about, gets `num_new_blocks[i]` blocks for its first `num_tokens[i]` tokens, and its
+        blocks full of known tokens (its first `num_known[i]`) enter the prefix cache. The same
+        blocks, in the same order, as one call after another; Python runs only for the requests
+        that take a block or register one (a decode step: those crossing a block boundary).
+        Returns the new blocks of the requests that take any, in their order."""
+        tracked = self.tracked
+        taken = self.block_pool.allocate(int(num_new_blocks.sum()))  # in the order the calls would take them
+        new_blocks: list[list[KVCacheBlock]] = []
+        start = 0
+        for i, count in zip(np.flatnonzero(num_new_blocks).tolist(), num_new_blocks[num_new_blocks > 0].tolist()):
             fresh = taken[start:start + count]
             start += count
-            blocks.extend(fresh)
+            self.req_to_blocks[requests[i].request_id].extend(fresh)
             new_blocks.append(fresh)
+        tracked.held[rows] += num_new_blocks
         if self.enable_caching:
-            for request, blocks, tokens, known in zip(requests, held, num_tokens, num_known):
-                self._cache_full_blocks(request, blocks, tokens, known)
-        self._note_many_counts(req_ids, held)
+            num_full = np.minimum(num_tokens, num_known) // self.block_size
+            registering = np.flatnonzero(num_full > tracked.cached[rows])
+            for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
+                                      num_known[registering].tolist()):
+                request = requests[i]
+                self._register_full_blocks(request, self.req_to_blocks[request.request_id], full, known)
+            tracked.cached[rows[registering]] = num_full[registering]
         return new_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -274,37 +270,39 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int,
-                           num_known: int | None = None) -> None:
+    def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
         """Registers the request's blocks that its first `num_tokens` slots fill with known tokens
-        (its first `num_known`, read from the request when not given) and that are not registered
-        yet."""
+        and that are not registered yet."""
         num_full = num_tokens // self.block_size
-        start = self.num_cached_blocks[request.request_id]
-        if num_full <= start:  # (most steps: no block filled up)
+        if num_full <= self.num_cached_blocks[request.request_id]:  # (most steps: no block filled up)
             return
         # Slots are allocated for tokens still in flight (placeholders): a block is registered
         # once its tokens are known, at the request's next allocation.
-        num_known = request.num_tokens if num_known is None else num_known
-        num_full = min(num_full, num_known // self.block_size)
-        if num_full <= start:
-            return
-        self._update_block_hashes(request, num_known)
-        hashes, null = request.block_hashes, self.block_pool.null_block
-        for i in range(start, num_full):
+        num_full = min(num_full, request.num_tokens // self.block_size)
+        if num_full > self.num_cached_blocks[request.request_id]:
+            self._register_full_blocks(request, blocks, num_full, request.num_tokens)
+
+    def _register_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_full: int,
+                              num_known: int) -> None:
+        """Enter the request's blocks from its first unregistered one up to `num_full` (full of
+        its first `num_known` tokens, which are known) in the prefix cache."""
+        hashes = request.block_hashes
+        if len(hashes) < num_full:
+            self._update_block_hashes(request, num_known)
+        cache_block, null = self.block_pool.cache_block, self.block_pool.null_block
+        for i in range(self.num_cached_blocks[request.request_id], num_full):
             if blocks[i] is not null:
-                self.block_pool.cache_block(blocks[i], hashes[i])
+                cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
     def _update_block_hashes(self, request: Request, num_known: int | None = None) -> None:
         """Keys for every full block of the request's known tokens (`num_known`, read from the
         request when not given)."""
-        hashes = request.block_hashes
-        bs = self.block_size
+        hashes, token_ids, bs = request.block_hashes, request.token_ids, self.block_size
         num_known = request.num_tokens if num_known is None else num_known
         parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
         for start in range(len(hashes) * bs, num_known - bs + 1, bs):
-            parent = block_key(parent, request.token_ids[start:start + bs].tobytes())
+            parent = block_key(parent, token_ids[start:start + bs].tobytes())
             hashes.append(parent)
 
 

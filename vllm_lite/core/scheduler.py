@@ -275,12 +275,13 @@ class Scheduler:
         new_block_ids = [self._no_blocks] * len(rows)
         has_new_blocks = np.zeros(len(rows), dtype=bool)
         if len(to_allocate):
-            allocated = kv.allocate_running(list(map(running.__getitem__, to_allocate.tolist())),
-                                            end[to_allocate].tolist(), store.num_tokens[slots[to_allocate]].tolist())
-            for position, new_blocks in zip(np.searchsorted(rows, to_allocate).tolist(), allocated):
-                if new_blocks:
-                    new_block_ids[position] = [block.block_id for block in new_blocks]
-                    has_new_blocks[position] = True
+            num_new_blocks = blocks_needed[to_allocate]
+            allocated = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
+                                            num_new_blocks, end[to_allocate], store.num_tokens[slots[to_allocate]])
+            taking = np.searchsorted(rows, to_allocate[num_new_blocks > 0])
+            for position, new_blocks in zip(taking.tolist(), allocated):
+                new_block_ids[position] = [block.block_id for block in new_blocks]
+            has_new_blocks[taking] = True
         if len(rows) < n:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
