@@ -29,6 +29,7 @@ from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite.attention.kv_quant import is_int8_cache
 from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
+from vllm_lite.ragged import segment_offsets
 
 
 # Prefill rows of at most this many keys (context + new tokens) are attended token by token by
@@ -128,7 +129,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         position + 1 keys."""
         qsl = common.query_start_loc_np
         counts = qsl[rows + 1] - qsl[rows]
-        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        offsets = segment_offsets(counts)
         lens = np.repeat(common.seq_lens_np[rows] - counts, counts) + offsets + 1
         width = -(-int(common.seq_lens_np[rows].max()) // common.block_size)
         table = block_table[torch.from_numpy(np.repeat(rows, counts)), :width]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_lite.ragged import segment_offsets
+
 
 @dataclass(slots=True)
 class TokenHistory:
@@ -73,8 +75,7 @@ class TokenOccurrences:
         total = int(lengths.sum())
         if total == 0:
             return
-        firsts = np.cumsum(lengths) - lengths
-        positions = np.repeat(starts - firsts, lengths) + np.arange(total)
+        positions = np.repeat(starts, lengths) + segment_offsets(lengths)
         token_rows = np.repeat(batch_rows, lengths)
         tokens = torch.from_numpy(history.token_ids[token_rows, positions].astype(np.int64))
         token_slots = np.repeat(slots, lengths)

@@ -24,6 +24,7 @@ from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGrou
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.loader import load_model
+from vllm_lite.ragged import segment_offsets
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
 from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
@@ -403,7 +404,7 @@ class ModelRunner:
             seq_lens = positions + 1
         else:
             token_rows = np.repeat(rows, query_lens)
-            offsets = np.arange(total, dtype=np.int32) - np.repeat(cu_lens - query_lens, query_lens)
+            offsets = segment_offsets(query_lens)
             positions = batch.num_computed_tokens[token_rows] + offsets
             seq_lens = batch.num_computed_tokens[at] + query_lens
         # Rows whose known tokens are all computed after this step produce a new token.
@@ -548,7 +549,7 @@ class ModelRunner:
             return None
         counts = ends[wanted] - starts[wanted]
         firsts = np.cumsum(counts) - counts
-        offsets = np.arange(int(counts.sum())) - np.repeat(firsts, counts)
+        offsets = segment_offsets(counts)
         hidden_index = np.repeat(inputs.query_starts[wanted], counts) + offsets
         targets = batch.token_ids[np.repeat(rows[wanted], counts), np.repeat(starts[wanted], counts) + offsets + 1]
         logprobs = compute_logprobs(self.model.compute_logits(hidden[self._to_device(hidden_index)]))
