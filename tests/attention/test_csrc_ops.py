@@ -214,7 +214,6 @@ def test_cpu_native_backend_matches_torch_backend(specs, num_q_heads, num_kv_hea
     assert (out - ref_out).abs().max().item() <= ATOL
 
 
-
 @native
 def test_short_prefill_rows_take_the_decode_op_and_long_ones_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill rows of at most PER_TOKEN_PREFILL_MAX_KEYS keys (context included) are attended
@@ -238,6 +237,23 @@ def test_short_prefill_rows_take_the_decode_op_and_long_ones_sdpa(monkeypatch: p
     assert (out - ref_out).abs().max().item() <= ATOL
     assert sorted(sdpa_lengths) == [7, 57, 300]  # the rows over 256 keys
     assert decode_rows == [1, 40 + 256]  # the decode row, then every token of the short prefill rows
+
+
+@native
+def test_prefill_tables_hold_every_prefill_row() -> None:
+    """What the AMX prefill op reads (built only when a layer takes it): each prefill row's blocks,
+    first token in the step, new tokens and keys, int32; decode rows left out."""
+    specs = [(0, 300), (6, 1), (250, 7), (0, 1), (3, 5)]
+    batch = make_paged_batch(specs, 4, 2, 32, block_size=8, seed=4)
+    tables = _native_backend().build(batch.common).prefill_tables()
+    prefill = [0, 2, 4]
+    starts = batch.common.query_start_loc_np[prefill]
+    assert tables.block_table.dtype == tables.query_start.dtype == tables.query_lens.dtype == torch.int32
+    assert torch.equal(tables.block_table, batch.common.block_table[prefill].to(torch.int32))
+    assert tables.query_start.tolist() == starts.tolist()
+    assert tables.query_lens.tolist() == [300, 7, 5]
+    assert tables.seq_lens.tolist() == [300, 257, 8]
+
 
 def test_selector_falls_back_to_torch():
     assert isinstance(get_attn_backend("torch", torch.device("cpu"), torch.float32), TorchAttentionBackend)

@@ -58,10 +58,10 @@ class CpuNativeAttentionMetadata:
     decodes: TokenRows | None = None  # rows with one new token
     short_prefills: TokenRows | None = None  # the tokens of prefill rows of <= PER_TOKEN_PREFILL_MAX_KEYS keys
     long_prefills: list[PrefillSeq] = field(default_factory=list)  # those longer than that (SDPA)
-    prefill_tables: PrefillTables | None = None  # every prefill row (the AMX prefill op)
     common: CommonAttentionMetadata | None = None
-    prefill_rows: np.ndarray | None = None
+    prefill_rows: np.ndarray | None = None  # None: the step has no prefill row
     _every_prefill: list[PrefillSeq] | None = None
+    _prefill_tables: PrefillTables | None = None
 
     def every_prefill(self) -> list[PrefillSeq]:
         """Every prefill row as an SDPA sequence, for the layers the decode op does not take;
@@ -75,6 +75,18 @@ class CpuNativeAttentionMetadata:
                                    or TorchAttentionBackend.build_prefill(self.common, row)
                                    for row in self.prefill_rows.tolist()]
         return self._every_prefill
+
+    def prefill_tables(self) -> PrefillTables:
+        """Every prefill row for the AMX prefill op; built the first time a layer takes it (on a
+        CPU without AMX-BF16, never)."""
+        if self._prefill_tables is None:
+            rows, qsl = self.prefill_rows, self.common.query_start_loc_np
+            index = torch.from_numpy(rows)
+            self._prefill_tables = PrefillTables(
+                self.common.block_table[index].to(torch.int32), torch.from_numpy(qsl[rows].astype(np.int32)),
+                torch.from_numpy((qsl[rows + 1] - qsl[rows]).astype(np.int32)),
+                self.common.seq_lens[index].to(torch.int32))
+        return self._prefill_tables
 
 
 @dataclass(slots=True)
@@ -98,8 +110,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         n = common.num_actual_tokens
         metadata = CpuNativeAttentionMetadata(common.slot_mapping[:n], n)
         qsl = common.query_start_loc_np
-        query_lens = qsl[1:] - qsl[:-1]
-        is_decode = query_lens == 1  # one new token: it sees every cached key
+        is_decode = (qsl[1:] - qsl[:-1]) == 1  # one new token: it sees every cached key
         block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
         if is_decode.all():
             metadata.decodes = TokenRows(block_table, seq_lens, None)
@@ -115,11 +126,6 @@ class CpuNativeAttentionBackend(AttentionBackend):
                                   for row in prefill_rows[~short].tolist()]
         if short.any():
             metadata.short_prefills = self._token_rows(common, block_table, prefill_rows[short])
-        rows = torch.from_numpy(prefill_rows)
-        starts = qsl[prefill_rows]
-        metadata.prefill_tables = PrefillTables(
-            block_table[rows].contiguous(), torch.from_numpy(starts.astype(np.int32)),
-            torch.from_numpy(query_lens[prefill_rows].astype(np.int32)), seq_lens[rows].contiguous())
         return metadata
 
     @staticmethod
@@ -151,10 +157,10 @@ class CpuNativeAttentionBackend(AttentionBackend):
             return out
         if metadata.decodes is not None:
             self._decode(out, query, kv_cache, metadata.decodes, scale, sliding_window, int8_cache)
-        if metadata.prefill_tables is None:
+        if metadata.prefill_rows is None:
             return out
         if self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
-            tables = metadata.prefill_tables
+            tables = metadata.prefill_tables()
             cpu_native.paged_attention_prefill(out, query, kv_cache, tables.block_table, tables.query_start,
                                                tables.query_lens, tables.seq_lens, scale)
             return out
