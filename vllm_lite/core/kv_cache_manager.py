@@ -197,7 +197,8 @@ class KVCacheManager:
         taken = self.block_pool.allocate(int(num_new_blocks.sum()))  # in the order the calls would take them
         new_blocks: list[list[KVCacheBlock]] = []
         start = 0
-        for i, count in zip(np.flatnonzero(num_new_blocks).tolist(), num_new_blocks[num_new_blocks > 0].tolist()):
+        taking = np.flatnonzero(num_new_blocks)
+        for i, count in zip(taking.tolist(), num_new_blocks[taking].tolist()):
             fresh = taken[start:start + count]
             start += count
             self.req_to_blocks[requests[i].request_id].extend(fresh)
