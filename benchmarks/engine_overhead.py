@@ -154,19 +154,24 @@ def stand_in_model(runner: Any, flush_mb: int) -> None:
 
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool | None = None,
                   device: str = "cpu", dtype: str = "float32", with_client: bool = True,
-                  stream_interval: int = 1, stand_in_flush_mb: int | None = None) -> dict[str, float]:
+                  stream_interval: int = 1, stand_in_flush_mb: int | None = None,
+                  launch_ahead: bool | None = None) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
     prefilled, before the first request finishes). With async scheduling the model's phases run
     on the step thread, overlapping the schedule and update: they add up to more than the total.
     On CUDA the phases are host time: "forward" is the launch (or graph replay), and the wait for
     the GPU shows in "logits+sample" (the sampled tokens' copy to the host). Without the client
-    (a model without a tokenizer), its columns are 0. `stand_in_flush_mb`: see `stand_in_model`."""
+    (a model without a tokenizer), its columns are 0. `stand_in_flush_mb`: see `stand_in_model`.
+    `launch_ahead`: whether the step thread launches step N+1 before finishing step N (None: the
+    device's default, `UniProcExecutor.launches_ahead`)."""
     torch.set_num_threads(limits.threads)
     args = EngineArgs(model=str(model), dtype=dtype, max_model_len=limits.max_model_len,
                       max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                       kv_cache_memory_bytes=int(limits.kv_cache_gib * 1024 ** 3), device=device,
                       async_scheduling=async_scheduling, skip_tokenizer_init=not with_client)
     core = EngineCore(args.create_engine_config())
+    if launch_ahead is not None:
+        core.executor.launch_ahead = launch_ahead  # read when the first step is submitted
     client = ClientTimer(model, stream_interval) if with_client else NoClient()
     timer = PhaseTimer()
     runner = core.executor.worker.model_runner
@@ -177,6 +182,7 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
     timer.wrap(runner, "_prepare_inputs", "input prep")
     timer.wrap(runner.model, "forward", "forward")
     timer.wrap(runner, "_sample", "logits+sample")
+    timer.wrap(runner, "finish", "logits+sample")  # waits for the sampled tokens (on a GPU)
     timer.wrap(core.scheduler, "update_from_output", "output update")
     try:
         for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens)):

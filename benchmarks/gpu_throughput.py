@@ -3,8 +3,9 @@ input and output lengths, random token ids, ignore_eos), bf16, with async schedu
 and with CUDA graphs off. Prints tokens/s per mode, the gain of async scheduling, and whether the
 greedy outputs of every mode agree (in bf16 they may part: bf16 results depend on which requests
 share a step, and with the engine core in its own process that depends on when requests arrive). With `--split`, the host time of
-each phase of a steady decode step, async scheduling on and off (benchmarks/engine_overhead.py's
-split, in-process engine core): where the host, not the GPU, sets the pace.
+each phase of a steady decode step, async scheduling on (launching step N+1 before step N is finished,
+the GPU's default, or finishing first) and off (benchmarks/engine_overhead.py's split, in-process
+engine core): where the host, not the GPU, sets the pace.
 
     python benchmarks/gpu_throughput.py --requests 256 --input-range 100 1024 --output-range 100 1024 [--split]
 """
@@ -98,8 +99,10 @@ def main() -> None:
                    for mode in args.modes]
         limits = EngineLimits(max_model_len=2048, max_num_seqs=args.requests, max_num_batched_tokens=8192,
                               kv_cache_gib=args.kv_cache_gib, threads=torch.get_num_threads())
-        splits = {flag: profile_steps(model_dir, workload, limits, flag, device="cuda", dtype="bfloat16",
-                                      with_client=False) for flag in (True, False)} if args.split else {}
+        variants = {"on": (True, None), "on, finish first": (True, False), "off": (False, None)}
+        splits = {name: profile_steps(model_dir, workload, limits, flag, device="cuda", dtype="bfloat16",
+                                      with_client=False, launch_ahead=ahead)
+                  for name, (flag, ahead) in variants.items()} if args.split else {}
     print(f"\n{torch.cuda.get_device_name()}: Qwen3-0.6B-shaped random weights, bf16, {args.requests} requests, "
           f"input {args.input_range}, output {args.output_range}, {workload.num_input_tokens} prompt tokens")
     print(f"{'mode':<14}{'seconds':>9}{'out tok':>9}{'tok/s':>9}{'vs first':>10}  greedy vs first")
@@ -109,10 +112,10 @@ def main() -> None:
               f"{first_difference(results[0].token_ids, result.token_ids)}")
     if splits:
         print("\nhost ms per steady decode step (in-process engine core; forward = launch or graph replay, the "
-              "wait for the GPU is in logits+sample)")
+              "wait for the GPU is in logits+sample; 'finish first': async scheduling without launching step N+1 "
+              "before step N's tokens reach the host)")
         print_table(("async", *PHASES, "core step"),
-                    [("on" if flag else "off", *(f"{split[p]:.2f}" for p in (*PHASES, "core step")))
-                     for flag, split in splits.items()])
+                    [(name, *(f"{split[p]:.2f}" for p in (*PHASES, "core step"))) for name, split in splits.items()])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # (token parity in fp32 with transformers for every family, async scheduling, structured outputs,
 # Triton kernels compiled for the GPU, CUDA graphs, reduced precision) on the GPU, then a short bf16
 # throughput run with async scheduling and CUDA graphs on and off. Writes gpu_check.log,
-# gpu_throughput.log and gpu_check_summary.txt into $GPU_CHECK_OUT (default .). tools/gpu_wheels.sh
+# gpu_throughput.log and gpu_check_summary.txt into $GPU_CHECK_OUT (default .); GPU_CHECK_MODES picks
+# the throughput modes (default all four). tools/gpu_wheels.sh
 # fetches the wheels a bare CUDA image lacks.
 # Whoever next has a GPU runs it first; RESULTS.md "GPU" keeps what it printed.
 set -uo pipefail
@@ -20,8 +21,9 @@ timeout "${GPU_CHECK_TEST_SECONDS:-300}" $PY -m pytest -q -p no:cacheprovider -o
     tests/test_n_samples.py tests/model/test_families.py tests/test_sliding_window.py tests/sample/test_logprobs.py \
     tests/test_beam_search.py 2>&1 | tee "$OUT_DIR/gpu_check.log"
 tests_rc=${PIPESTATUS[0]}
+MODES=${GPU_CHECK_MODES:-async sync async-eager sync-eager}
 timeout "${GPU_CHECK_BENCH_SECONDS:-240}" $PY benchmarks/gpu_throughput.py --requests "$REQUESTS" \
-    --input-range 100 1024 --output-range 100 1024 --modes async sync async-eager sync-eager --split 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
+    --input-range 100 1024 --output-range 100 1024 --modes $MODES --split 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
 bench_rc=${PIPESTATUS[0]}
 {
     echo "gpu-check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"

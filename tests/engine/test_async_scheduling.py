@@ -2,7 +2,11 @@
 schedules step N+1 before it takes step N's output, and every output equals that of the same
 engine with async scheduling off: greedy, seeded random with penalties and min_tokens, under
 preemption, with stop ids and max_tokens finishing requests, with aborts and reused ids while a
-token is in flight, and with structured outputs."""
+token is in flight, and with structured outputs.
+
+Every test runs twice: with the step thread finishing a step before launching the next (a CPU's
+default) and launching the next first (a GPU's: step N+1 reads step N's sampled tokens from the
+device tensor they were sampled into, before the host has them)."""
 
 from __future__ import annotations
 
@@ -19,9 +23,16 @@ from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.core import EngineCore
 from vllm_lite.exceptions import RequestRejectedError
+from vllm_lite.executor.uniproc import UniProcExecutor
 from vllm_lite.wire import EngineCoreRequest
 
 MAX_TOKENS = 24
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["finish-first", "launch-ahead"])
+def launch_ahead(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    monkeypatch.setattr(UniProcExecutor, "launches_ahead", staticmethod(lambda device: request.param))
+    return request.param
 
 
 def generate(model: Path, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
@@ -200,3 +211,72 @@ def test_a_request_failing_alone_while_its_next_step_is_in_flight(tiny_llama: Pa
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     finally:
         llm.shutdown()
+
+
+def test_launch_ahead_order(tiny_llama: Path, prompts_token_ids: list[list[int]], launch_ahead: bool) -> None:
+    """Launching ahead, the worker launches step N+1 before it finishes step N, except where
+    step N+1 needs step N's tokens on the host (a penalized request: its occurrence counts read
+    them there); finishing first, every launch is followed by its finish."""
+    core = make_core(tiny_llama, async_scheduling=True)
+    worker = core.executor.worker
+    calls: list[str] = []
+    launch, finish = worker.launch, worker.finish
+    worker.launch = lambda sched: (calls.append("launch"), launch(sched))[1]
+    worker.finish = lambda step: (calls.append("finish"), finish(step))[1]
+    try:
+        core.add_request(core_request("a", prompts_token_ids[0], max_tokens=4))
+        while core.has_unfinished_requests():
+            core.step()
+        free_calls, calls[:] = list(calls), []
+        penalized = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, repetition_penalty=1.5)
+        core.add_request(EngineCoreRequest("b", np.array(prompts_token_ids[1], dtype=np.int32), penalized, (),
+                                           time.time(), 4))
+        while core.has_unfinished_requests():
+            core.step()
+    finally:
+        core.shutdown()
+    if launch_ahead:
+        assert free_calls == ["launch", "launch", "finish", "launch", "finish", "launch", "finish", "finish"]
+    else:
+        assert free_calls == ["launch", "finish"] * 4
+    assert calls == ["launch", "finish"] * 4
+
+
+def test_the_batch_holds_every_known_token(tiny_llama: Path, prompts_token_ids: list[list[int]],
+                                           launch_ahead: bool) -> None:
+    """After every step the worker's batch holds, in the row of each of its requests, every token
+    the scheduler knows of it (and its last token where none is in flight), while requests
+    finish at different steps (rows move), are preempted and resumed, and a running request is
+    aborted and its id reused at once (the new one joins the batch in the step that drops the old
+    one, whose last token is still in flight): the tokens a step finished after the batch
+    changed went to the rows of the requests that sampled them."""
+    if not launch_ahead:
+        pytest.skip("finishing first, the step thread may still be running a step when step() returns")
+    core = make_core(tiny_llama, async_scheduling=True, num_kv_blocks=14, block_size=16)
+    batch = core.executor.worker.model_runner.input_batch
+    prompts = prompts_token_ids * 2
+    reused = False
+    try:
+        for i, prompt in enumerate(prompts):
+            core.add_request(core_request(f"r{i}", prompt, max_tokens=8 + 3 * i))
+        num_steps = 0
+        while core.has_unfinished_requests():
+            core.step()
+            num_steps += 1
+            for row, req_id in enumerate(batch.live_req_ids):
+                request = core.scheduler.requests.get(req_id)
+                if request is None:
+                    continue  # finished; its row leaves with the next step
+                known = request.all_token_ids
+                assert batch.token_ids[row, :len(known)].tolist() == known.tolist(), (num_steps, req_id)
+                if batch.num_tokens[row] == len(known):
+                    assert batch.last_token_ids[row] == known[-1], (num_steps, req_id)
+            last = f"r{len(prompts) - 1}"
+            if not reused and not core.scheduler.waiting and last in batch.req_id_to_index:
+                # Longer than the old one's tokens: its in-flight token would land on a prompt token.
+                core.abort_requests([last])
+                core.add_request(core_request(last, prompts_token_ids[6] + prompts_token_ids[7], max_tokens=20))
+                reused = True
+        assert reused and core.scheduler.get_stats()["num_preemptions"] > 0
+    finally:
+        core.shutdown()

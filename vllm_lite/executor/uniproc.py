@@ -9,6 +9,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.executor.abstract import Executor
 from vllm_lite.wire import ModelRunnerOutput
+from vllm_lite.worker.model_runner import LaunchedStep
 from vllm_lite.worker.worker import Worker
 
 
@@ -21,7 +22,15 @@ class UniProcExecutor(Executor):
     def __init__(self, vllm_config: VllmConfig) -> None:
         super().__init__(vllm_config)
         self.worker = Worker(vllm_config)
+        self.launch_ahead = self.launches_ahead(self.worker.device)
         self._step_thread: StepThread | None = None
+
+    @staticmethod
+    def launches_ahead(device: torch.device) -> bool:
+        """Whether the step thread launches a submitted step before finishing the one before it
+        (`StepThread`): on a GPU, where a launch returns as soon as the work is queued. On a CPU
+        a launch runs the whole forward pass, so the previous step's output would wait for it."""
+        return device.type == "cuda"
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
@@ -32,7 +41,7 @@ class UniProcExecutor(Executor):
 
     def submit_model(self, scheduler_output: SchedulerOutput) -> None:
         if self._step_thread is None:
-            self._step_thread = StepThread(self.worker)
+            self._step_thread = StepThread(self.worker, self.launch_ahead)
         self._step_thread.submit(scheduler_output)
 
     def take_model_output(self) -> ModelRunnerOutput:
@@ -45,28 +54,52 @@ class UniProcExecutor(Executor):
             self._step_thread = None
 
 
+_Held = LaunchedStep | BaseException  # a launched step, or the exception its launch raised
+
+
 class StepThread:
-    """Runs submitted steps on the worker one after another, in order; a step's exception is
-    raised by the `take` of that step (the engine core then fails as a synchronous step would)."""
+    """Runs submitted steps on the worker one after another, in order, and hands out their
+    outputs in that order; a step's exception is raised by the `take` of that step (the engine
+    core then fails as a synchronous step would).
+
+    With `launch_ahead`, a submitted step is launched before the previous one is finished: the
+    host prepares and queues step N+1 while the device still runs step N (whose sampled tokens
+    step N+1 reads on the device). The thread then holds the newest launched step until the next
+    submit, or until a `take` wants its output with no step submitted after it (a flush). When
+    the next step needs the held one's tokens on the host (penalties), the held one is finished
+    first."""
 
     _STOP = None
+    _FLUSH = "flush"
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, launch_ahead: bool = False) -> None:
         self.worker = worker
-        self.num_pending = 0  # submitted, not taken (only the engine core's thread changes it)
-        self._inputs: queue.SimpleQueue[SchedulerOutput | None] = queue.SimpleQueue()
+        self.launch_ahead = launch_ahead
+        # Only the engine core's thread changes these two and `_holds_newest`.
+        self.num_pending = 0  # submitted, not taken
+        self._num_coming = 0  # submitted, not taken, and posted (or to be) without a flush
+        self._holds_newest = False  # the thread holds the newest submitted step (launch ahead)
+        self._inputs: queue.SimpleQueue[SchedulerOutput | str | None] = queue.SimpleQueue()
         self._outputs: queue.SimpleQueue[ModelRunnerOutput | BaseException] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="vllm_lite-step")
         self._thread.start()
 
     def submit(self, scheduler_output: SchedulerOutput) -> None:
         self.num_pending += 1
+        if not self.launch_ahead or self._holds_newest:  # this submit makes the thread post one
+            self._num_coming += 1
+        self._holds_newest = self.launch_ahead
         self._inputs.put(scheduler_output)
 
     def take(self) -> ModelRunnerOutput:
         assert self.num_pending > 0, "no submitted step to take"
+        if not self._num_coming:  # the thread holds the step whose output is wanted
+            self._inputs.put(self._FLUSH)
+            self._holds_newest = False
+            self._num_coming += 1
         output = self._outputs.get()
         self.num_pending -= 1
+        self._num_coming -= 1
         if isinstance(output, BaseException):
             raise output
         return output
@@ -79,12 +112,39 @@ class StepThread:
     def _run(self) -> None:
         if self.worker.device.type == "cuda":
             torch.cuda.set_device(self.worker.device)  # the current device is per thread
+        held: _Held | None = None
         while True:
-            scheduler_output = self._inputs.get()
-            if scheduler_output is self._STOP:
+            item = self._inputs.get()
+            if item is self._STOP:
+                if isinstance(held, LaunchedStep):
+                    self._finish(held)  # its device work completes before the thread ends
                 return
-            try:
-                output: ModelRunnerOutput | BaseException = self.worker.execute_model(scheduler_output)
-            except BaseException as exc:  # handed to the engine core's thread, which raises it
-                output = exc
-            self._outputs.put(output)
+            if item is self._FLUSH:
+                if held is not None:
+                    self._outputs.put(self._finish(held))
+                held = None
+                continue
+            if held is not None and (not self.launch_ahead or self.worker.needs_sampled_tokens_on_host()):
+                self._outputs.put(self._finish(held))
+                held = None
+            launched = self._launch(item)
+            if held is not None:
+                self._outputs.put(self._finish(held))
+            if self.launch_ahead:
+                held = launched
+            else:
+                self._outputs.put(self._finish(launched))
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> _Held:
+        try:
+            return self.worker.launch(scheduler_output)
+        except BaseException as exc:  # handed to the engine core's thread, which raises it
+            return exc
+
+    def _finish(self, held: _Held) -> ModelRunnerOutput | BaseException:
+        if isinstance(held, BaseException):
+            return held
+        try:
+            return self.worker.finish(held)
+        except BaseException as exc:
+            return exc

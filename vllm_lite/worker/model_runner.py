@@ -1,9 +1,13 @@
 """Runs one scheduled step on a device: update the persistent batch, build inputs with array
 code, run the model, sample, and append the sampled tokens to the batch.
 
-The batch's own copy of the tokens is what the next step reads: with async scheduling the
-engine core schedules a row's next position before it has seen the token sampled there (a
-placeholder), and the step reads that token from the batch, where it already is."""
+A step is launched (`launch`: everything up to the sampled tokens, which stay on the device)
+and then finished (`finish`: the tokens reach the host, the batch and the output). With async
+scheduling the engine core schedules a row's next position before it has seen the token sampled
+there (a placeholder), and the step reads that token from the worker: from the batch once the
+last step is finished, or, when the next step is launched before the last one is finished (on a
+GPU, so that the host prepares step N+1 while the device runs step N), straight from the device
+tensor the last step sampled into (`SampledTokens`)."""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from vllm_lite.model.loader import load_model
 from vllm_lite.ragged import segment_offsets
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
-from vllm_lite.sample.ops.logprobs import compute_logprobs, gather_logprobs, scatter_rows
+from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs, scatter_rows
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
@@ -68,6 +72,33 @@ class StepInputs:
     query_lens: np.ndarray  # tokens of each scheduled row this step
 
 
+@dataclass(slots=True)
+class SampledTokens:
+    """A step's sampled tokens from their sampling until `finish` writes them into the batch.
+    The batch already counts them (`num_tokens`), so the next step can be prepared; their values
+    are on the device (`tokens`, which that step's inputs read) and on their way to the host
+    (`host`, complete once `copied` has happened)."""
+
+    rows: np.ndarray  # batch rows at launch, ascending
+    req_ids: list[str]  # the request of each row
+    serials: np.ndarray  # the row's `row_serial` at launch
+    positions: np.ndarray  # where in its row each token goes
+    batch_version: int  # the batch's version at launch: the rows still hold if it is unchanged
+    tokens: torch.Tensor  # int64 [len(rows)] on the device
+    host: torch.Tensor  # int32 [len(rows)] on the host
+    copied: torch.cuda.Event | None  # None when `host` is complete already
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose work is queued on the device; `ModelRunner.finish` makes it an output."""
+
+    output: ModelRunnerOutput  # complete except for the sampled tokens and their logprobs
+    sampled: SampledTokens | None
+    logprobs: LogprobsTensors | None
+    logprobs_rows: np.ndarray | None  # the batch rows `logprobs` holds
+
+
 class ModelRunner:
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  tp: TensorParallelGroup = SINGLE_RANK,
@@ -98,6 +129,10 @@ class ModelRunner:
         # ids say it knows: a step it scheduled before it knew (async scheduling) still names
         # them, and they are passed over there.
         self.dropped_failed: set[str] = set()
+        # The last launched step's sampled tokens while that step is not finished (at most one).
+        self.unfinished: SampledTokens | None = None
+        self._penalized_key: tuple[int, int] = (-1, -1)  # (batch version, live rows) of ...
+        self._penalized = False  # ... whether a live row has penalties then
         self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
         self._step_rows_cache: tuple[int, dict[str, int], tuple | None] | None = None  # see _scheduled_rows
 
@@ -150,8 +185,11 @@ class ModelRunner:
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.finish(self.launch(scheduler_output))
+
+    @torch.inference_mode()
+    def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
         """Failure containment: a request whose own step work raises (joining the batch, its
         row's update, its sampling metadata) is left out of the step and reported in
         `ModelRunnerOutput.failed`; the engine core fails and frees it, the others go on."""
@@ -160,6 +198,7 @@ class ModelRunner:
         num_rows = batch.num_reqs
         output = ModelRunnerOutput(batch.live_req_ids, np.zeros((num_rows, 1), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
+        step = LaunchedStep(output, None, None, None)
         inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
         if inputs is not None:
             self._set_step_threads(scheduler_output.total_num_scheduled_tokens)
@@ -169,16 +208,46 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows):
-                self._sample(hidden, inputs, output, scheduler_output)
+                self._sample(hidden, inputs, step, scheduler_output)
+        return step
+
+    def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
+        """Waits for the step's sampled tokens, writes them into the batch (where their requests
+        still are) and the output."""
+        output, sampled = step.output, step.sampled
+        if sampled is not None:
+            if sampled.copied is not None:
+                sampled.copied.synchronize()
+            tokens = sampled.host.numpy()
+            self._write_sampled(sampled, tokens)
+            output.sampled_token_ids[sampled.rows, 0] = tokens
+            output.num_sampled[sampled.rows] = 1
+            if self.unfinished is sampled:
+                self.unfinished = None
+        if step.logprobs is not None:
+            output.logprobs = scatter_rows(step.logprobs.to_numpy(), step.logprobs_rows, len(output.num_sampled))
         return output
+
+    def needs_sampled_tokens_on_host(self) -> bool:
+        """Whether the next step must not be launched before the last one is finished: the
+        penalties count a row's whole history from the batch's host copy (TokenOccurrences), which
+        holds the last sampled tokens only once that step is finished."""
+        batch = self.input_batch
+        key = (batch.version, batch.num_reqs)
+        if key != self._penalized_key:
+            live = slice(0, batch.num_reqs)
+            self._penalized = bool(((batch.repetition_penalty[live] != 1.0) | (batch.frequency_penalty[live] != 0.0)
+                                    | (batch.presence_penalty[live] != 0.0)).any())
+            self._penalized_key = key
+        return self._penalized
 
     def _set_step_threads(self, num_tokens: int) -> None:
         threads = 1 if self._small_steps_on_one_thread and num_tokens <= ONE_THREAD_MAX_TOKENS else self.num_threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
 
-    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput,
-                sched: SchedulerOutput) -> None:
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, step: LaunchedStep, sched: SchedulerOutput) -> None:
+        output = step.output
         rows = inputs.sample_rows
         # Every sampling row's logits (under TP a collective: the same rows on every rank).
         logits = self.model.compute_logits(hidden[:len(rows)] if inputs.every_token_samples
@@ -206,13 +275,57 @@ class ModelRunner:
             if len(rows) == 0:
                 return
             sampled = self._sample_rows(hidden, inputs, rows, sched, vocab_size)
-        tokens = sampled.sampled_token_ids.to(torch.int32).cpu().numpy()
-        self._append_sampled(rows, tokens)
-        output.sampled_token_ids[rows, 0] = tokens
-        output.num_sampled[rows] = 1
+        step.sampled = self._count_sampled(rows, sampled.sampled_token_ids)
+        self.unfinished = step.sampled
         if sampled.logprobs is not None:
-            asked = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
-            output.logprobs = scatter_rows(sampled.logprobs.to_numpy(), asked, len(output.num_sampled))
+            step.logprobs = sampled.logprobs
+            step.logprobs_rows = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
+
+    def _count_sampled(self, rows: np.ndarray, tokens: torch.Tensor) -> SampledTokens:
+        """The batch counts the tokens sampled for `rows` now; their values follow in `finish`.
+        On a GPU the copy to the host is queued behind the step's work, not waited for."""
+        batch = self.input_batch
+        at = batch.row_index(rows)
+        positions = batch.num_tokens[at].copy()
+        batch.num_tokens[at] += 1
+        tokens = tokens.long()
+        copied = None
+        if tokens.device.type == "cuda":
+            host = torch.empty(len(rows), dtype=torch.int32, pin_memory=True)
+            host.copy_(tokens.to(torch.int32), non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        else:
+            host = tokens.to(torch.int32)
+        req_ids = batch.live_req_ids if len(rows) == batch.num_reqs else [batch.req_ids[row] for row in rows.tolist()]
+        return SampledTokens(rows, req_ids, batch.row_serial[rows], positions, batch.version, tokens, host, copied)
+
+    def _write_sampled(self, sampled: SampledTokens, tokens: np.ndarray) -> None:
+        """Puts a finished step's tokens where the batch counted them: in the rows of the same
+        requests (same joining), wherever the batch has moved them since."""
+        batch = self.input_batch
+        rows, positions = sampled.rows, sampled.positions
+        if batch.version != sampled.batch_version:
+            now = self._rows_now(sampled)
+            kept = now >= 0
+            if not kept.all():
+                rows, positions, tokens = now[kept], positions[kept], tokens[kept]
+            else:
+                rows = now
+        batch.token_ids[rows, positions] = tokens
+        last = positions == batch.num_tokens[rows] - 1  # (not when the next step sampled after it)
+        batch.last_token_ids[rows[last]] = tokens[last]
+
+    def _rows_now(self, sampled: SampledTokens) -> np.ndarray:
+        """The batch row now holding each of `sampled`'s requests (the same joining), else -1."""
+        batch = self.input_batch
+        if batch.version == sampled.batch_version:
+            return sampled.rows
+        index = batch.req_id_to_index
+        now = np.fromiter(map(index.get, sampled.req_ids, itertools.repeat(-1)), np.int64, len(sampled.req_ids))
+        present = now >= 0
+        now[present & (batch.row_serial[np.maximum(now, 0)] != sampled.serials)] = -1
+        return now
 
     def _leave_out_failed(self, rows: np.ndarray, failed: dict[str, str]) -> np.ndarray:
         """Which of the sampling `rows` go on (a bool mask). A failed row gets token 0 instead of
@@ -432,7 +545,7 @@ class ModelRunner:
             block_size=self.block_size,
         )
         return StepInputs(
-            input_ids=self._to_device(input_ids.astype(np.int64)),
+            input_ids=self._input_ids(input_ids, rows, query_lens, cu_lens),
             positions=self._to_device(positions.astype(np.int64)),
             attn_metadata=self.attn_backend.build(common),
             logits_indices=self._to_device((cu_lens[samples] - 1).astype(np.int64)),
@@ -442,6 +555,30 @@ class ModelRunner:
             query_starts=cu_lens - query_lens,
             query_lens=query_lens,
         )
+
+    def _input_ids(self, input_ids: np.ndarray, rows: np.ndarray, query_lens: np.ndarray,
+                   cu_lens: np.ndarray) -> torch.Tensor:
+        """The step's input ids on the device. The tokens the last step sampled, when that step is
+        not finished yet, are read from the device where it sampled them (the host's copy of
+        those positions is not written yet)."""
+        sampled = self.unfinished
+        if sampled is None:
+            return self._to_device(input_ids.astype(np.int64))
+        batch = self.input_batch
+        now = self._rows_now(sampled)
+        step_index = np.full(batch.num_reqs + 1, -1, dtype=np.int64)  # the last: rows gone (-1)
+        step_index[rows] = np.arange(len(rows))
+        k = step_index[now]
+        offsets = sampled.positions - batch.num_computed_tokens[now]
+        fed = (k >= 0) & (offsets >= 0) & (offsets < query_lens[k])
+        flat = (cu_lens - query_lens)[k] + offsets
+        if len(flat) == len(input_ids) and fed.all() and np.array_equal(flat, np.arange(len(flat))):
+            return sampled.tokens  # a steady decode step: every input is a token just sampled
+        ids = self._to_device(input_ids.astype(np.int64))
+        if fed.any():
+            fed_at = np.flatnonzero(fed)
+            ids[self._to_device(flat[fed_at])] = sampled.tokens[self._to_device(fed_at)]
+        return ids
 
     def _scheduled_rows(self, scheduled: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The batch rows the step computes (ascending), their query lengths and the lengths'

@@ -10,7 +10,7 @@ import torch
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.worker.model_runner import ModelRunner
+from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
 from vllm_lite.wire import ModelRunnerOutput
 
 
@@ -32,6 +32,15 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
+        return self.model_runner.launch(scheduler_output)
+
+    def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
+        return self.model_runner.finish(step)
+
+    def needs_sampled_tokens_on_host(self) -> bool:
+        return self.model_runner.needs_sampled_tokens_on_host()
 
 
 # glibc mallopt parameters
