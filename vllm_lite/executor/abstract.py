@@ -12,9 +12,10 @@ class Executor(ABC):
 
     Two ways to run a step: `execute_model` (blocking), or `submit_model` now and
     `take_model_output` later (async scheduling: the engine core schedules the next step
-    meanwhile). Submitted steps run in submission order, each after the previous one finished,
-    and their outputs are taken in that order; the two ways are not mixed while a step is
-    submitted and not taken."""
+    meanwhile). Submitted steps run in submission order (a step may be launched on the device
+    before the previous one's output reached the host, never before its work was queued), and
+    their outputs are taken in that order; the two ways are not mixed while a step is submitted
+    and not taken."""
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
