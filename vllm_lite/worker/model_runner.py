@@ -305,16 +305,19 @@ class ModelRunner:
         requests (same joining), wherever the batch has moved them since."""
         batch = self.input_batch
         rows, positions = sampled.rows, sampled.positions
-        if batch.version != sampled.batch_version:
+        at: slice | np.ndarray = batch.row_index(rows)
+        if batch.version != sampled.batch_version:  # (the rows are then in no particular order)
             now = self._rows_now(sampled)
             kept = now >= 0
             if not kept.all():
-                rows, positions, tokens = now[kept], positions[kept], tokens[kept]
-            else:
-                rows = now
+                now, positions, tokens = now[kept], positions[kept], tokens[kept]
+            rows = at = now
         batch.token_ids[rows, positions] = tokens
-        last = positions == batch.num_tokens[rows] - 1  # (not when the next step sampled after it)
-        batch.last_token_ids[rows[last]] = tokens[last]
+        last = positions == batch.num_tokens[at] - 1  # (not where a later launched step sampled)
+        if last.all():
+            batch.last_token_ids[at] = tokens
+        else:
+            batch.last_token_ids[rows[last]] = tokens[last]
 
     def _rows_now(self, sampled: SampledTokens) -> np.ndarray:
         """The batch row now holding each of `sampled`'s requests (the same joining), else -1."""
