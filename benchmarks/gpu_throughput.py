@@ -8,6 +8,7 @@ the GPU's default, or finishing first) and off (benchmarks/engine_overhead.py's 
 engine core): where the host, not the GPU, sets the pace.
 
     python benchmarks/gpu_throughput.py --requests 256 --input-range 100 1024 --output-range 100 1024 [--split]
+        [--temperature 0.8 --top-p 0.95 --top-k 50]   (default greedy)
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ def build_qwen3_shaped(out_dir: Path) -> Path:
 
 
 def run_mode(name: str, model_dir: Path, workload: Workload, kv_bytes: int, max_model_len: int = 2048,
-             **engine_args) -> ModeResult:
+             sampling: dict | None = None, **engine_args) -> ModeResult:
+    """`sampling`: SamplingParams fields for every request (default greedy)."""
     from vllm_lite import LLM, SamplingParams
 
     llm = LLM(str(model_dir), dtype="bfloat16", max_model_len=max_model_len, skip_tokenizer_init=True,
               kv_cache_memory_bytes=kv_bytes, multiprocess=True, **engine_args)
     try:
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
-                  for n in workload.max_tokens]
+        params = [SamplingParams(**(sampling or {"temperature": 0.0}), max_tokens=n, ignore_eos=True,
+                                 detokenize=False) for n in workload.max_tokens]
         warm = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, detokenize=False)]
         llm.generate([{"prompt_token_ids": workload.prompts[0]}], warm, use_tqdm=False)
         start = time.perf_counter()
@@ -88,14 +90,19 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["async", "sync", "async-eager"],
                         choices=["async", "sync", "async-eager", "sync-eager"])
     parser.add_argument("--split", action="store_true", help="also the per-step host split, async on and off")
+    parser.add_argument("--temperature", type=float, default=0.0, help="every request's (default greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
     args = parser.parse_args()
+    sampling = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     workload = random_workload(args.requests, tuple(args.input_range), tuple(args.output_range), 151936)
     engine_args = {"async": dict(async_scheduling=True), "sync": dict(async_scheduling=False),
                    "async-eager": dict(async_scheduling=True, enforce_eager=True),
                    "sync-eager": dict(async_scheduling=False, enforce_eager=True)}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_qwen3_shaped(Path(tmp))
-        results = [run_mode(mode, model_dir, workload, int(args.kv_cache_gib * 2**30), **engine_args[mode])
+        results = [run_mode(mode, model_dir, workload, int(args.kv_cache_gib * 2**30), sampling=sampling,
+                            **engine_args[mode])
                    for mode in args.modes]
         limits = EngineLimits(max_model_len=2048, max_num_seqs=args.requests, max_num_batched_tokens=8192,
                               kv_cache_gib=args.kv_cache_gib, threads=torch.get_num_threads())
@@ -104,7 +111,8 @@ def main() -> None:
                                       with_client=False, launch_ahead=ahead)
                   for name, (flag, ahead) in variants.items()} if args.split else {}
     print(f"\n{torch.cuda.get_device_name()}: Qwen3-0.6B-shaped random weights, bf16, {args.requests} requests, "
-          f"input {args.input_range}, output {args.output_range}, {workload.num_input_tokens} prompt tokens")
+          f"input {args.input_range}, output {args.output_range}, {workload.num_input_tokens} prompt tokens, "
+          f"sampling {sampling}")
     print(f"{'mode':<14}{'seconds':>9}{'out tok':>9}{'tok/s':>9}{'vs first':>10}  greedy vs first")
     for result in results:
         print(f"{result.name:<14}{result.seconds:>9.2f}{result.output_tokens:>9}{result.tokens_per_second:>9.0f}"

@@ -72,6 +72,28 @@ def test_native_op_draws_what_the_torch_rule_draws(kind: str) -> None:
     assert torch.equal(sample(logits.clone(), top_k, top_p, uniforms), native)  # the dispatch
 
 
+@pytest.mark.parametrize("with_top_p", [True, False])
+def test_every_row_masked_draws_what_the_truncated_rows_alone_draw(with_top_p: bool) -> None:
+    """Off the CPU every row takes part in the masking, the untruncated ones too (their choices of
+    work, the widest top-k and whether any row has a top-p, come from the host values): an
+    untruncated row keeps every token, so the draws equal those of masking only the truncated rows
+    (the CPU's torch path; float64 logits keep the native op out)."""
+    logits = _logits("masked").double()
+    top_k, top_p, uniforms = _params()
+    top_k[::3] = 0  # untruncated rows (with top_p 1.0 below), mixed with truncated ones
+    top_p = torch.where(top_k == 0, 1.0, top_p) if with_top_p else torch.ones(ROWS)
+    truncated = (top_k > 0) | (top_p < 1.0)
+    assert bool(truncated.any()) and not bool(truncated.all())
+    every_row = logits.clone()
+    mask_top_k_top_p(every_row, top_k, top_p, VOCAB, not with_top_p)
+    assert torch.equal(every_row[~truncated], logits[~truncated])
+    for row in range(ROWS):
+        expected = _kept_by_definition(logits[row], int(top_k[row]), float(top_p[row]))
+        assert torch.equal(every_row[row] > float("-inf"), expected), f"row {row}"
+    drawn = sample(logits.clone(), top_k, top_p, uniforms, top_k.numpy(), top_p.numpy())
+    assert torch.equal(drawn, _sample_full(every_row, uniforms))
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     logits = _logits("peaked")
     uniforms = torch.rand(ROWS, generator=torch.Generator().manual_seed(5))

@@ -69,6 +69,10 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
     top_k: torch.Tensor | None = None  # int64 [num_rows], 0 = off; None when no random row uses it
     min_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
+    # top_p and top_k on the host: the sampler chooses its work from these, never by reading the
+    # device (a sync there would stall a GPU step thread that launches ahead)
+    top_p_host: np.ndarray | None = None
+    top_k_host: np.ndarray | None = None
     max_num_logprobs: int = -1  # top-k width: largest `logprobs` of the rows without given ids; -1 = no row asked
     logprobs_rows: np.ndarray | None = None  # logits rows that asked, when not all of them do
     requested_logprobs: RequestedLogprobsMetadata | None = None  # None: no row gave logprob_token_ids

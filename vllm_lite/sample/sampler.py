@@ -79,7 +79,8 @@ class Sampler:
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
         uniforms = self._uniforms(logits.shape[0], metadata.generators, logits.device)
-        sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms)
+        sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms,
+                                metadata.top_k_host, metadata.top_p_host)
         if greedy is None:
             return sampled
         return torch.where(metadata.greedy_mask, greedy, sampled)

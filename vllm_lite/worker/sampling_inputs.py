@@ -33,7 +33,8 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
     random_rows = ~greedy
     history = TokenHistory(batch.token_ids, batch.num_prompt_tokens, batch.num_tokens)
-    top_p, top_k, min_p = batch.top_p[rows], batch.top_k[rows], batch.min_p[rows]
+    top_p, top_k, min_p = batch.top_p[rows], batch.top_k[rows].astype(np.int64), batch.min_p[rows]
+    uses_top_p, uses_top_k = bool((top_p[random_rows] < 1.0).any()), bool((top_k[random_rows] > 0).any())
     return SamplingMetadata(
         all_greedy=all_greedy,
         all_random=all_random,
@@ -41,8 +42,10 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
                                                 .astype(np.float32)[:, None], device),
         greedy_mask=None if all_greedy or all_random else host_to_device(greedy, device),
         generators=_row_generators(batch, rows, random_rows, generators),
-        top_p=host_to_device(top_p, device) if (top_p[random_rows] < 1.0).any() else None,
-        top_k=host_to_device(top_k.astype(np.int64), device) if (top_k[random_rows] > 0).any() else None,
+        top_p=host_to_device(top_p, device) if uses_top_p else None,
+        top_k=host_to_device(top_k, device) if uses_top_k else None,
+        top_p_host=top_p if uses_top_p else None,
+        top_k_host=top_k if uses_top_k else None,
         min_p=host_to_device(min_p, device) if (min_p[random_rows] > 0.0).any() else None,
         max_num_logprobs=_max_num_logprobs(batch, rows),
         logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),

@@ -14,6 +14,7 @@ row); elsewhere one sort per truncated row (a top-k alone needs only a partial t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_lite import _custom_ops as cpu_native
@@ -27,26 +28,42 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
 
 
 def sample(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-           uniforms: torch.Tensor) -> torch.Tensor:
+           uniforms: torch.Tensor, top_k_host: np.ndarray | None = None,
+           top_p_host: np.ndarray | None = None) -> torch.Tensor:
     """logits: float32 [n, vocab] (temperature applied); top_k int64 [n] (0 = off); top_p
-    float32 [n] (1.0 = off); uniforms float32 [n] in [0, 1). Returns int64 [n]."""
+    float32 [n] (1.0 = off); uniforms float32 [n] in [0, 1). Returns int64 [n]. `top_k_host`,
+    `top_p_host`: the same values on the host, from which the work is chosen without reading the
+    device (read from it when not given)."""
     if top_k is None and top_p is None:
         return _sample_full(logits, uniforms)
     n = logits.shape[0]
-    top_k = top_k if top_k is not None else torch.zeros(n, dtype=torch.long, device=logits.device)
-    top_p = top_p if top_p is not None else torch.ones(n, device=logits.device)
+    if top_k is None:
+        top_k, top_k_host = torch.zeros(n, dtype=torch.long, device=logits.device), np.zeros(n, dtype=np.int64)
+    if top_p is None:
+        top_p, top_p_host = torch.ones(n, device=logits.device), np.ones(n, dtype=np.float32)
     if _native_applies(logits):
         return cpu_native.top_k_top_p_sample(logits, top_k.contiguous(), top_p.contiguous(),
                                              uniforms.contiguous())
-    truncated = (top_k > 0) | (top_p < 1.0)
-    if bool(truncated.all()):
-        mask_top_k_top_p(logits, top_k, top_p)
+    k_host = top_k.cpu().numpy() if top_k_host is None else top_k_host
+    p_host = top_p.cpu().numpy() if top_p_host is None else top_p_host
+    truncated = (k_host > 0) | (p_host < 1.0)
+    if truncated.all() or logits.device.type != "cpu":
+        # (A row without truncation keeps every token under the rule, so off the CPU, where the
+        # subset's index would have to travel to the device, every row takes part.)
+        mask_top_k_top_p(logits, top_k, top_p, _max_k(k_host, logits.shape[1]), bool((p_host >= 1.0).all()))
     else:
-        rows = truncated.nonzero().squeeze(1)
-        sub = logits.index_select(0, rows)
-        mask_top_k_top_p(sub, top_k[rows], top_p[rows])
-        logits.index_copy_(0, rows, sub)
+        rows = np.flatnonzero(truncated)
+        index = torch.from_numpy(rows)
+        sub = logits.index_select(0, index)
+        mask_top_k_top_p(sub, top_k[index], top_p[index], _max_k(k_host[rows], logits.shape[1]),
+                         bool((p_host[rows] >= 1.0).all()))
+        logits.index_copy_(0, index, sub)
     return _sample_full(logits, uniforms)
+
+
+def _max_k(top_k: np.ndarray, vocab: int) -> int:
+    """The largest number of tokens a row's top-k keeps (0 = off keeps the whole vocabulary)."""
+    return vocab if (top_k <= 0).any() else min(int(top_k.max()), vocab)
 
 
 def _native_applies(logits: torch.Tensor) -> bool:
@@ -54,14 +71,18 @@ def _native_applies(logits: torch.Tensor) -> bool:
             and logits.stride(-1) == 1 and cpu_native.is_available())
 
 
-def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                     max_k: int | None = None, top_p_off: bool | None = None) -> None:
     """Sets the logits of the tokens outside each row's top-k / top-p to -inf, in place (the
-    torch rule the native op also follows, see the module docstring)."""
+    torch rule the native op also follows, see the module docstring). `max_k` (the largest
+    kept count) and `top_p_off` (no row has a top-p) are read from the device when not given."""
     vocab = logits.shape[1]
     probs = logits.softmax(dim=-1)
     k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-    if bool((top_p >= 1.0).all()):
-        ranked = probs.topk(int(k.max()), dim=-1).values  # most likely first
+    if top_p_off is None:
+        top_p_off = bool((top_p >= 1.0).all())
+    if top_p_off:
+        ranked = probs.topk(int(k.max()) if max_k is None else max_k, dim=-1).values  # most likely first
         threshold = ranked.gather(1, (k - 1).unsqueeze(1))
     else:
         ranked = probs.sort(dim=-1, descending=True).values
