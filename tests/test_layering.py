@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     "__init__": 8,  # the public API re-exports from every layer
 }
 BASE_MODULES = {"wire", "config", "sampling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_custom_ops", "gguf_convert", "version",
-                "config_fields", "hub", "cpu_info", "ragged"}
+                "config_fields", "hub", "cpu_info", "ragged", "host_to_device"}
 
 
 def _unit(module: str) -> str:

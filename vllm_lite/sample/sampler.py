@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from vllm_lite import _custom_ops as cpu_native
+from vllm_lite.host_to_device import host_to_device
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
 from vllm_lite.sample.ops.logits_bias import apply_logit_bias, apply_min_tokens
@@ -46,7 +47,7 @@ class Sampler:
         asked = metadata.logprobs_rows
         raw_logprobs = None
         if metadata.max_num_logprobs >= 0:
-            index = None if asked is None else torch.from_numpy(asked).to(logits.device)
+            index = None if asked is None else host_to_device(asked, logits.device)
             raw_logprobs = compute_logprobs(logits if index is None else logits.index_select(0, index))
         if metadata.needs_logits_processing or not metadata.all_greedy:
             logits = logits.to(torch.float32)  # no-op for float32 logits

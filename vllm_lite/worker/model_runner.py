@@ -26,6 +26,7 @@ from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
+from vllm_lite.host_to_device import host_to_device
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.loader import load_model
 from vllm_lite.ragged import segment_offsets
@@ -35,7 +36,6 @@ from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gat
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
-from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from vllm_lite.host_to_device import host_to_device
 from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
                                        RequestedLogprobsMetadata, SamplingMetadata, TokenHistory)
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
-from vllm_lite.worker.host_to_device import host_to_device
 from vllm_lite.worker.input_batch import InputBatch
 
 

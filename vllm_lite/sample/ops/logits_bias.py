@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_lite.host_to_device import host_to_device
 from vllm_lite.sample.metadata import LogitBiasMetadata, MinTokensMetadata
 
 
@@ -25,10 +26,10 @@ def apply_min_tokens(logits: torch.Tensor, min_tokens: MinTokensMetadata,
     if not active.any():
         return
     device = logits.device
-    logits_rows = torch.from_numpy(min_tokens.pair_logits_rows[active]).to(device)
-    token_ids = torch.from_numpy(min_tokens.pair_token_ids[active]).to(device)
+    logits_rows = host_to_device(min_tokens.pair_logits_rows[active], device)
+    token_ids = host_to_device(min_tokens.pair_token_ids[active], device)
     saved = logits[logits_rows, token_ids] if grammar_rows is not None else None
-    logits.index_put_((logits_rows, token_ids), torch.tensor(float("-inf"), device=device))
+    logits.index_put_((logits_rows, token_ids), torch.full((), float("-inf"), device=device))
     if grammar_rows is not None:
         _restore_emptied_rows(logits, logits_rows, token_ids, saved, grammar_rows)
 
