@@ -124,7 +124,7 @@ class StepThread:
                     self._outputs.put(self._finish(held))
                 held = None
                 continue
-            if held is not None and (not self.launch_ahead or self.worker.needs_sampled_tokens_on_host()):
+            if held is not None and self.worker.needs_sampled_tokens_on_host():
                 self._outputs.put(self._finish(held))
                 held = None
             launched = self._launch(item)
