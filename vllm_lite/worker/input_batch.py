@@ -40,11 +40,10 @@ class InputBatch:
         self.has_logit_bias = np.zeros(max_num_reqs, dtype=bool)  # the bias itself: sampling_params
         # logprob_token_ids: these rows' logprobs are of given ids (the ids: sampling_params)
         self.has_logprob_token_ids = np.zeros(max_num_reqs, dtype=bool)
-        # Which joining of a request a row holds (a count of `add_request` calls): a step's sampled
-        # tokens that reach the host after the batch changed are written only where the request
-        # that sampled them still is (not a later one with the same id).
+        # Which joining of a request a row holds (the batch's version when it joined): a step's
+        # sampled tokens that reach the host after the batch changed are written only where the
+        # request that sampled them still is (not a later one with the same id).
         self.row_serial = np.zeros(max_num_reqs, dtype=np.int64)
-        self._num_added = 0
         self.block_table = BlockTable(max_num_reqs, max_num_blocks_per_req)
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
@@ -93,8 +92,6 @@ class InputBatch:
         self.num_computed_tokens[row] = new.num_computed_tokens
         self._set_sampling_params(row, new.sampling_params)
         self.block_table.add_row(row, new.block_ids)
-        self._num_added += 1
-        self.row_serial[row] = self._num_added
         if self._holes:
             self._holes.pop()
         else:
@@ -103,6 +100,7 @@ class InputBatch:
         self.sampling_params[row] = new.sampling_params
         self.req_id_to_index[new.req_id] = row
         self.version += 1
+        self.row_serial[row] = self.version  # (versions only grow: each joining its own)
         return row
 
     def _set_sampling_params(self, row: int, params: SamplingParams) -> None:

@@ -38,7 +38,7 @@ from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
-from vllm_lite.worker.sampling_inputs import build_sampling_metadata
+from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,6 @@ class ModelRunner:
         self.dropped_failed: set[str] = set()
         # The last launched step's sampled tokens while that step is not finished (at most one).
         self.unfinished: SampledTokens | None = None
-        self._penalized_key: tuple[int, int] = (-1, -1)  # (batch version, live rows) of ...
-        self._penalized = False  # ... whether a live row has penalties then
         self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
         self._step_rows_cache: tuple[int, dict[str, int], tuple | None] | None = None  # see _scheduled_rows
 
@@ -232,14 +230,7 @@ class ModelRunner:
         """Whether the next step must not be launched before the last one is finished: the
         penalties count a row's whole history from the batch's host copy (TokenOccurrences), which
         holds the last sampled tokens only once that step is finished."""
-        batch = self.input_batch
-        key = (batch.version, batch.num_reqs)
-        if key != self._penalized_key:
-            live = slice(0, batch.num_reqs)
-            self._penalized = bool(((batch.repetition_penalty[live] != 1.0) | (batch.frequency_penalty[live] != 0.0)
-                                    | (batch.presence_penalty[live] != 0.0)).any())
-            self._penalized_key = key
-        return self._penalized
+        return bool(penalized(self.input_batch, slice(0, self.input_batch.num_reqs)).any())
 
     def _set_step_threads(self, num_tokens: int) -> None:
         threads = 1 if self._small_steps_on_one_thread and num_tokens <= ONE_THREAD_MAX_TOKENS else self.num_threads

@@ -95,21 +95,25 @@ def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray
     return out
 
 
+def penalized(batch: InputBatch, rows: np.ndarray | slice) -> np.ndarray:
+    """Which of `rows` have a repetition, frequency or presence penalty (a bool mask)."""
+    return ((batch.repetition_penalty[rows] != 1.0) | (batch.frequency_penalty[rows] != 0.0)
+            | (batch.presence_penalty[rows] != 0.0))
+
+
 def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, device: torch.device,
                occurrences: TokenOccurrences | None) -> PenaltyMetadata | None:
-    repetition = batch.repetition_penalty[rows]
-    frequency = batch.frequency_penalty[rows]
-    presence = batch.presence_penalty[rows]
-    used = np.flatnonzero((repetition != 1.0) | (frequency != 0.0) | (presence != 0.0))
+    used = np.flatnonzero(penalized(batch, rows))
     if len(used) == 0:
         return None
+    used_rows = rows[used]
     return PenaltyMetadata(
         logits_rows=host_to_device(used.astype(np.int64), device),
-        batch_rows=rows[used],
-        req_ids=[batch.req_ids[row] for row in rows[used].tolist()],
-        repetition=host_to_device(repetition[used][:, None], device),
-        frequency=host_to_device(frequency[used][:, None], device),
-        presence=host_to_device(presence[used][:, None], device),
+        batch_rows=used_rows,
+        req_ids=[batch.req_ids[row] for row in used_rows.tolist()],
+        repetition=host_to_device(batch.repetition_penalty[used_rows][:, None], device),
+        frequency=host_to_device(batch.frequency_penalty[used_rows][:, None], device),
+        presence=host_to_device(batch.presence_penalty[used_rows][:, None], device),
         history=history,
         occurrences=occurrences if occurrences is not None else TokenOccurrences(device),
         all_rows=len(used) == len(rows),
