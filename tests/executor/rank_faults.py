@@ -41,14 +41,14 @@ def _fail_building_sampling_metadata() -> None:
 
 
 def _fail_the_step() -> None:
-    execute_model = ModelRunner.execute_model
+    launch = ModelRunner.launch
 
     def faulty(self, scheduler_output):
         if any(new.req_id == POISON for new in scheduler_output.scheduled_new_reqs):
             raise RuntimeError("injected fault")
-        return execute_model(self, scheduler_output)
+        return launch(self, scheduler_output)
 
-    ModelRunner.execute_model = faulty
+    ModelRunner.launch = faulty
 
 
 FAULTS: dict[str, Callable[[], None]] = {

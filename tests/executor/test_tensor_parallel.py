@@ -18,12 +18,15 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import LLM, SamplingParams
 from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.executor.multiproc import MultiprocExecutor
+from vllm_lite.wire import EngineCoreRequest
 
 NEW_TOKENS = 24
 MAX_MODEL_LEN = 128
@@ -62,6 +65,14 @@ def tp_llm() -> Iterator[Callable[..., LLM]]:
         llm.shutdown()
     assert_gone(pids)
     assert not [d for d in ipc_dirs if d.exists()]
+
+
+@pytest.fixture(params=[False, True], ids=["finish-first", "launch-ahead"])
+def ranks_launch_ahead(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The order the ranks of the engines built afterwards run their steps in: finishing each
+    step first (a CPU's default) or launching step N+1 before finishing step N (a GPU's)."""
+    monkeypatch.setattr(MultiprocExecutor, "launches_ahead", staticmethod(lambda device_type: request.param))
+    return request.param
 
 
 def executor_of(llm: LLM):
@@ -103,9 +114,10 @@ def test_tp2_greedy_matches_tp1_and_transformers(name: str, tiny_models: dict[st
 
 
 def test_tp2_async_scheduling_equals_sync_under_preemption(tiny_qwen3: Path, prompts_token_ids: list[list[int]],
-                                                           tp_llm: Callable[..., LLM]) -> None:
-    """The ranks queue step N+1 behind step N; requests preempted (and finished) with a token in
-    flight: the same tokens as with async scheduling off."""
+                                                           tp_llm: Callable[..., LLM], ranks_launch_ahead: bool) -> None:
+    """The ranks queue step N+1 behind step N (launching ahead: launch it before finishing step
+    N); requests preempted (and finished) with a token in flight: the same tokens as with async
+    scheduling off."""
     prompts = prompts_token_ids * 2
     outputs = {}
     for async_scheduling in (True, False):
@@ -113,6 +125,42 @@ def test_tp2_async_scheduling_equals_sync_under_preemption(tiny_qwen3: Path, pro
         outputs[async_scheduling] = run_greedy(llm, prompts)
         assert llm.stats()["num_preemptions"] > 0
     assert outputs[True] == outputs[False]
+
+
+def test_ranks_launching_ahead_answer_a_step_after_the_next_or_a_flush(
+        tiny_llama: Path, prompts_token_ids: list[list[int]], tp_llm: Callable[..., LLM],
+        ranks_launch_ahead: bool) -> None:
+    """Launching ahead, every rank holds the step it launched last: no reply comes until the next
+    step is submitted; a take with none submitted after it sends a Flush (once, at the end, with
+    async scheduling; after every step without). Finishing first, replies come unasked and no
+    Flush is sent. The tokens are transformers' either way."""
+    expected = hf_greedy(tiny_llama, prompts_token_ids[:2], 6)
+    for async_scheduling in (True, False):
+        llm = tp_llm(tiny_llama, async_scheduling=async_scheduling)
+        core, executor = llm.llm_engine.engine_core, executor_of(llm)
+        sent: list[str] = []
+        broadcast = executor._broadcast
+        executor._broadcast = lambda message: (sent.append(type(message).__name__), broadcast(message))[1]
+        for i, prompt in enumerate(prompts_token_ids[:2]):
+            params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+            core.add_request(EngineCoreRequest(str(i), np.array(prompt, dtype=np.int32), params, (), time.time(), 6))
+        if async_scheduling:
+            assert core.step().req_ids == []  # step 1 submitted, not taken
+            replied = executor._replies.poll(1000 if ranks_launch_ahead else 60_000)
+            assert bool(replied) != ranks_launch_ahead
+        tokens: dict[str, list[int]] = {"0": [], "1": []}
+        while core.has_unfinished_requests():
+            outputs = core.step()
+            for req_id, token in zip(outputs.req_ids, outputs.new_token_ids.tolist()):
+                tokens[req_id].append(token)
+        assert [tokens["0"], tokens["1"]] == expected
+        assert sent.count("StepDiff") == 6
+        if not ranks_launch_ahead:
+            assert "Flush" not in sent
+        elif async_scheduling:
+            assert sent == ["StepDiff"] * 6 + ["Flush"]
+        else:
+            assert sent == ["StepDiff", "Flush"] * 6
 
 
 # ---- 2. two engines on one host ----
@@ -259,7 +307,8 @@ def rank1_fault(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
 def test_a_request_failing_on_rank_1_only_fails_alone(fault: str, tiny_llama: Path,
                                                       prompts_token_ids: list[list[int]],
                                                       tp_llm: Callable[..., LLM],
-                                                      rank1_fault: Callable[[str], None]) -> None:
+                                                      rank1_fault: Callable[[str], None],
+                                                      ranks_launch_ahead: bool) -> None:
     """Joining the batch (before the forward pass: the ranks agree to leave it out) or building
     its sampling metadata (after it: rank 1 reports it) fails on rank 1 alone; the request's
     client gets the error with the rank named, the others' tokens are those without it."""
@@ -280,7 +329,7 @@ def test_a_request_failing_on_rank_1_only_fails_alone(fault: str, tiny_llama: Pa
 
 def test_a_failing_step_on_rank_1_is_reported_with_the_rank_and_the_error(
         tiny_llama: Path, prompts_token_ids: list[list[int]], tp_llm: Callable[..., LLM],
-        rank1_fault: Callable[[str], None]) -> None:
+        rank1_fault: Callable[[str], None], ranks_launch_ahead: bool) -> None:
     """Not attributable to a request (rank 1's whole step raised): the engine dies, and the
     error every caller gets names the rank and what it raised, not only that a process exited."""
     rank1_fault("step")

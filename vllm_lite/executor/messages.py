@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.wire import (Frame, InitKVCache, MsgpackDecoder, MsgpackEncoder, Shutdown,
+from vllm_lite.wire import (Flush, Frame, InitKVCache, MsgpackDecoder, MsgpackEncoder, Shutdown,
                             WorkerReply)
 
 
@@ -91,7 +91,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
 
-EngineToWorker = InitKVCache | StepDiff | Shutdown
+EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown
 
 
 def _int32(values: list[int]) -> np.ndarray:
@@ -99,8 +99,9 @@ def _int32(values: list[int]) -> np.ndarray:
 
 
 # First frame of an engine core -> rank message (wire.codec frames follow).
-_INIT_KV_CACHE, _STEP, _SHUTDOWN = b"\x00", b"\x01", b"\x02"
-_TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown}
+_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH = b"\x00", b"\x01", b"\x02", b"\x03"
+_TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown,
+                                 _FLUSH: Flush}
 _KIND = {struct: kind for kind, struct in _TO_WORKER.items()}
 
 

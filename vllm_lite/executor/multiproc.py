@@ -13,8 +13,10 @@
 One message per step, serialized once and fanned out by ZMQ. Ranks run in lockstep (their
 collectives synchronize them). With async scheduling the engine core broadcasts step N+1 while
 the ranks run step N (it waits in their sockets), then reads step N's replies: each rank
-replies in step order, so at most two steps are in flight. Ready means subscribed: the
-XPUB socket sees one subscription per rank once its model shard is loaded.
+replies in step order, so at most two steps are in flight. On GPUs the ranks launch step N+1
+before they finish step N (`executor.step_order`, the order the engine core names in
+`InitKVCache`): a take with no step submitted after the held one broadcasts a `Flush`. Ready
+means subscribed: the XPUB socket sees one subscription per rank once its model shard is loaded.
 
 Sampling: the LM head all-gathers the logits, so every rank samples the same tokens from the same
 logits with the same seeds and keeps its persistent batch in step; only rank 0's reply carries
@@ -53,9 +55,10 @@ from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.executor.abstract import Executor
 from vllm_lite.executor.messages import MessageCodec, StepDiff, payload_bytes
 from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
+from vllm_lite.executor.step_order import HeldSteps, launches_ahead
 from vllm_lite.executor.worker_proc import start_worker_processes
 from vllm_lite.lifecycle import DeathWatch, ProcessResources, describe_exit
-from vllm_lite.wire import InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class MultiprocExecutor(Executor):
             raise ValueError(f"node_rank={parallel.node_rank}: the engine core runs on node 0; "
                              "other nodes run only their ranks (`vllm-lite worker`)")
         self.world_size = parallel.world_size
+        self.held_steps = HeldSteps(self.launches_ahead(vllm_config.device_config.device))
         self.codec = MessageCodec()
         self.bytes_broadcast = 0  # payload bytes sent to the ranks so far (all messages)
         self._dead_reason: str | None = None
@@ -140,8 +144,14 @@ class MultiprocExecutor(Executor):
                 subscribed += 1
 
     # ---- the executor interface ----
+    @staticmethod
+    def launches_ahead(device_type: str) -> bool:
+        """Whether the ranks launch a step before finishing the one before it
+        (`step_order.launches_ahead`)."""
+        return launches_ahead(device_type)
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._broadcast(InitKVCache(num_blocks))
+        self._broadcast(InitKVCache(num_blocks, self.held_steps.launch_ahead))
         self._receive_replies()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -151,11 +161,15 @@ class MultiprocExecutor(Executor):
     def submit_model(self, scheduler_output: SchedulerOutput) -> None:
         """The ranks queue the step behind the one they run (the broadcast socket buffers it)."""
         self._broadcast(StepDiff.from_scheduler_output(scheduler_output))
+        self.held_steps.submitted()
 
     def take_model_output(self) -> ModelRunnerOutput:
         """The oldest submitted step's output: rank 0's, with the requests that failed on the
         other ranks merged into `failed`."""
+        if self.held_steps.take_needs_flush():
+            self._broadcast(Flush())
         replies = self._receive_replies()
+        self.held_steps.taken()
         output = replies[0].output
         for reply in replies[1:]:
             if reply.failed:  # this rank's own failures (agreed ones are in rank 0's already)

@@ -4,8 +4,9 @@ A rank joins the process group through the engine core's store, loads its shard 
 subscribes to the step broadcast, and from then on runs every message it receives:
 
     InitKVCache -> allocate this rank's KV cache      (every rank replies when done)
-    StepDiff    -> ModelRunner.execute_model           (rank 0 replies with the output, the
-                                                        others with the requests failed on them)
+    StepDiff    -> launch the step and finish it, or   (rank 0 replies with the output, the
+                   the one launched before it           others with the requests failed on them)
+    Flush       -> finish the step launched ahead      (replies as for the step)
     Shutdown    -> leave the process group and exit
 
 Every rank samples from the same all-gathered logits with the same seeds, so all ranks append the
@@ -40,8 +41,9 @@ from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.exceptions import describe_error
 from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
+from vllm_lite.executor.step_order import StepPipeline
 from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
-from vllm_lite.wire import InitKVCache, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
 from vllm_lite.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -95,26 +97,40 @@ class WorkerProc:
         self.steps.connect(steps_addr)  # the engine core counts subscriptions as "ready"
         self.replies = self.ctx.socket(zmq.PUSH)
         self.replies.connect(replies_addr)
+        self.pipeline: StepPipeline | None = None  # from InitKVCache on
 
     def serve(self) -> None:
         while True:
             message = self.codec.decode_to_worker(self.steps.recv_multipart(copy=False))
             if isinstance(message, Shutdown):
+                if self.pipeline is not None:
+                    self.pipeline.stop()
                 self.stopping.set()
                 return
             try:
-                reply = self._handle(message)
+                results = self._handle(message)
             except Exception as exc:
-                logger.exception("rank %d failed", self.rank)
-                self._send_error(f"rank {self.rank}: {describe_error(exc)}")
-                raise
-            self.replies.send_multipart(self.codec.encode_reply(reply), copy=False)
+                results = [exc]
+            for result in results:
+                if isinstance(result, BaseException):
+                    logger.error("rank %d failed", self.rank, exc_info=result)
+                    self._send_error(f"rank {self.rank}: {describe_error(result)}")
+                    raise result
+                self.replies.send_multipart(self.codec.encode_reply(result), copy=False)
 
-    def _handle(self, message: object) -> WorkerReply:
+    def _handle(self, message: object) -> list[WorkerReply | BaseException]:
+        """A reply (or the exception) for each step finished now, in step order: a step launched
+        ahead is answered after the next step's launch, or at a Flush."""
         if isinstance(message, InitKVCache):
             self.worker.initialize_kv_cache(message.num_blocks)
-            return WorkerReply(rank=self.rank)
-        output = self.worker.execute_model(message.to_scheduler_output())
+            self.pipeline = StepPipeline(self.worker, message.launch_ahead)
+            return [WorkerReply(rank=self.rank)]
+        assert self.pipeline is not None, "a step before InitKVCache"
+        results = (self.pipeline.flush() if isinstance(message, Flush)
+                   else self.pipeline.run(message.to_scheduler_output()))
+        return [result if isinstance(result, BaseException) else self._reply(result) for result in results]
+
+    def _reply(self, output: ModelRunnerOutput) -> WorkerReply:
         if self.rank == 0:
             return WorkerReply(output)
         return WorkerReply(rank=self.rank, failed=output.failed)

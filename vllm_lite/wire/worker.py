@@ -1,7 +1,7 @@
 """Wire structs between the engine core and its workers (ranks).
 
 Engine core -> every rank: `InitKVCache`, the step (`SchedulerOutput` in the diff form
-`executor/messages.py` gives it), `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
+`executor/messages.py` gives it), `Flush`, `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
 with the step's `ModelRunnerOutput`; an error (naming the rank) when a rank failed or died.
 """
 
@@ -43,6 +43,14 @@ class ModelRunnerOutput:
 
 class InitKVCache(msgspec.Struct, array_like=True, gc=False):
     num_blocks: int
+    # Every rank runs its steps in this order (`executor.step_order`): the engine core's choice,
+    # since it must know when to ask for a flush.
+    launch_ahead: bool = False
+
+
+class Flush(msgspec.Struct, array_like=True, gc=False):
+    """Finish the held step (launched ahead) and reply with its output: the engine core takes it
+    with no step submitted after it."""
 
 
 class Shutdown(msgspec.Struct, array_like=True, gc=False):
