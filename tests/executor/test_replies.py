@@ -12,14 +12,19 @@ from collections import deque
 import numpy as np
 
 from vllm_lite.executor.multiproc import MultiprocExecutor
+from vllm_lite.executor.step_order import HeldSteps
 from vllm_lite.lifecycle import ProcessResources
 from vllm_lite.wire import ModelRunnerOutput, WorkerReply
 
 
-def executor_reading(replies: list[WorkerReply], world_size: int) -> MultiprocExecutor:
-    """A MultiprocExecutor without processes whose reply channel yields `replies` in order."""
+def executor_reading(replies: list[WorkerReply], world_size: int, steps: int) -> MultiprocExecutor:
+    """A MultiprocExecutor without processes, `steps` steps submitted (ranks finishing each
+    step first), whose reply channel yields `replies` in order."""
     executor = object.__new__(MultiprocExecutor)
     executor.world_size = world_size
+    executor.held_steps = HeldSteps(launch_ahead=False)
+    for _ in range(steps):
+        executor.held_steps.submitted()
     executor._replies_ahead = [deque() for _ in range(world_size)]
     arriving = iter(replies)
     executor._receive_reply = lambda: next(arriving)
@@ -33,7 +38,7 @@ def output(step: int) -> ModelRunnerOutput:
 def test_a_rank_s_reply_to_the_next_step_waits_for_that_step() -> None:
     replies = [WorkerReply(output(1)), WorkerReply(output(2)),  # rank 0 already answered step 2
                WorkerReply(rank=1, failed={"x": "rank 1: boom"}), WorkerReply(rank=1)]
-    executor = executor_reading(replies, world_size=2)
+    executor = executor_reading(replies, world_size=2, steps=2)
     first = executor.take_model_output()
     assert first.req_ids == ["step1"] and first.failed == {"x": "rank 1: boom"}
     second = executor.take_model_output()

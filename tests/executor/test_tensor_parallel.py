@@ -114,7 +114,8 @@ def test_tp2_greedy_matches_tp1_and_transformers(name: str, tiny_models: dict[st
 
 
 def test_tp2_async_scheduling_equals_sync_under_preemption(tiny_qwen3: Path, prompts_token_ids: list[list[int]],
-                                                           tp_llm: Callable[..., LLM], ranks_launch_ahead: bool) -> None:
+                                                           tp_llm: Callable[..., LLM],
+                                                           ranks_launch_ahead: bool) -> None:
     """The ranks queue step N+1 behind step N (launching ahead: launch it before finishing step
     N); requests preempted (and finished) with a token in flight: the same tokens as with async
     scheduling off."""
