@@ -22,7 +22,7 @@ Sampling: the LM head all-gathers the logits, so every rank samples the same tok
 logits with the same seeds and keeps its persistent batch in step; only rank 0's reply carries
 the output, the others' the requests that failed on them.
 
-Failure: every rank replies to every message, and the executor waits for all of them. A request
+Failure: every rank replies once to every step, and the executor waits for all of them. A request
 that fails on any rank fails alone (the ranks agree before the forward pass on the requests that
 could not join; one whose sampling failed on a rank is reported by that rank, which appends a
 filler token to its row so that its batch keeps the other ranks' layout in a step already

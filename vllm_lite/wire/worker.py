@@ -58,9 +58,9 @@ class Shutdown(msgspec.Struct, array_like=True, gc=False):
 
 
 class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Every rank replies to every message. Rank 0's reply to a step carries the output; the
-    other ranks' carry only the requests that failed on them (already in `output.failed` when
-    every rank agreed on them before the forward pass)."""
+    """Every rank replies once to every step (and to InitKVCache), in step order. Rank 0's reply
+    to a step carries the output; the other ranks' carry only the requests that failed on them
+    (already in `output.failed` when every rank agreed on them before the forward pass)."""
 
     output: ModelRunnerOutput | None = None
     error: str | None = None  # a rank failed (its rank named) or died: the engine is dead
