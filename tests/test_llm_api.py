@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from llm_factory import make_llm
 from vllm_lite import LLM, SamplingParams
 
 
@@ -97,6 +98,21 @@ def test_default_block_size_follows_the_platform(tiny_llama: Path, engine_args: 
 
     config = EngineArgs(model=str(tiny_llama), device="cpu", **engine_args).create_engine_config()
     assert config.cache_config.block_size == block_size
+
+
+def test_max_num_seqs_full_length_requests_fit_the_capped_cache(tiny_llama: Path) -> None:
+    """A large memory budget is capped at what max_num_seqs sequences of max_model_len tokens can
+    use, and that cap counts the block the pool reserves: all of them run to the end together,
+    none is preempted."""
+    llm = make_llm(tiny_llama, max_num_seqs=4, max_model_len=64, block_size=16, kv_cache_memory_bytes=1 << 30)
+    try:
+        assert llm.stats()["kv_blocks_total"] == 4 * (64 // 16)
+        params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": list(range(3, 19))}] * 4, params, use_tqdm=False)
+        assert [len(out.outputs[0].token_ids) for out in outputs] == [48] * 4
+        assert llm.stats()["num_preemptions"] == 0
+    finally:
+        llm.shutdown()
 
 
 @pytest.mark.parametrize(("engine_args", "async_scheduling"), [

@@ -333,16 +333,17 @@ class VllmConfig:
 
     def num_kv_blocks(self) -> int:
         """The KV cache size in blocks: the override, else what the memory budget holds, capped at
-        what `max_num_seqs` full-length sequences could ever use (more would be dead memory)."""
+        what `max_num_seqs` full-length sequences could ever use (more would be dead memory) plus
+        the block the pool reserves (block 0 holds no request's tokens: `BlockPool`)."""
         cache = self.cache_config
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
         budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
         sched = self.scheduler_config
-        useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size)
+        useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size) + 1
         blocks = min(budget // self.kv_block_bytes(), useful)
-        _check(blocks >= 1, f"kv_cache_memory_bytes={budget} holds no KV block "
-                            f"(one block takes {self.kv_block_bytes()} bytes)")
+        _check(blocks >= 2, f"kv_cache_memory_bytes={budget} holds {blocks} KV block(s); the engine needs at least "
+                            f"2, one of them reserved (one block takes {self.kv_block_bytes()} bytes)")
         return int(blocks)
 
 
