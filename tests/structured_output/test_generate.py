@@ -11,6 +11,7 @@ import pytest
 from structured_checks import KINDS
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
+from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.sampling_params import StructuredOutputsParams
 
 NUM_PER_KIND = 50
@@ -144,3 +145,29 @@ def test_grammar_complete_before_min_tokens_stops(llm, structured: dict, accepte
         assert completion.finish_reason == "stop", completion
         assert completion.text in accepted and len(completion.token_ids) < 20
     assert len(free_out.outputs[0].token_ids) >= 20
+
+
+@pytest.mark.parametrize("structured", [dict(json={"$ref": "#"}), dict(regex=r"[^\s\S]"),
+                                        dict(grammar="root ::= root")],
+                         ids=["json-self-reference", "regex-no-character", "grammar-self-reference"])
+def test_a_grammar_that_allows_no_token_fails_its_request_alone(llm, structured: dict,
+                                                                prompts_token_ids: list[list[int]]) -> None:
+    """Its language is empty: the first bitmask row is all zeros. Sampling it would emit a token
+    outside the grammar; the request fails with the reason instead, the one beside it runs on."""
+    free = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompt = {"prompt_token_ids": prompts_token_ids[0]}
+    alone = llm.generate(prompt, free, use_tqdm=False)[0].outputs[0].token_ids
+    engine = llm.llm_engine
+    dead = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(**structured))
+    engine.add_request("dead", prompt, dead)
+    engine.add_request("free", prompt, free)
+    finished, errors = {}, []
+    while engine.has_unfinished_requests():
+        try:
+            finished.update({out.request_id: out for out in engine.step() if out.finished})
+        except RequestRejectedError as exc:
+            errors.append(exc)
+    assert [exc.request_id for exc in errors] == ["dead"]
+    assert "the grammar allows no next token" in str(errors[0])
+    assert list(finished) == ["free"] and finished["free"].outputs[0].token_ids == alone
+    assert llm.stats()["num_running"] == 0

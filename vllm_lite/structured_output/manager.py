@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_GRAMMARS = 256
 
 
+class GrammarDeadEnd(ValueError):
+    """A constrained request's grammar allows no next token (and has not reached its end)."""
+
+
 class StructuredOutputRequest:
     """One request's grammar: pending until compiled, then a matcher that advances with every
     token appended to the request (and only then), so a preempted request keeps a matcher
@@ -94,13 +98,19 @@ class StructuredOutputManager:
 
     def grammar_bitmask(self, requests: list[StructuredOutputRequest]) -> np.ndarray:
         """Rows 0..len(requests)-1 of the preallocated buffer, row i the allowed next tokens
-        of requests[i]. A view: valid until the next call (the step that reads it runs first)."""
+        of requests[i]. A view: valid until the next call (the step that reads it runs first).
+        Raises GrammarDeadEnd when a row allows no token: sampling it would emit a token outside
+        the grammar (the engine core fails that request instead: see `Scheduler._grammar_bitmask`)."""
         if self._bitmask is None:
             assert self._backend is not None, "the bitmask is asked for before any grammar compiled"
             self._bitmask, self._bitmask_np = self._backend.allocate_bitmask(self._max_num_seqs)
         for row, request in enumerate(requests):
             request.matcher.fill_bitmask(self._bitmask, row)
-        return self._bitmask_np[: len(requests)]
+        rows = self._bitmask_np[: len(requests)]
+        if not rows.any(axis=1).all():
+            raise GrammarDeadEnd("the grammar allows no next token: its language is empty (e.g. a schema that no "
+                                 "value satisfies), or no token of this vocabulary continues the text")
+        return rows
 
     def shutdown(self) -> None:
         if self._pool is not None:
