@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +401,31 @@ def test_metrics_use_only_vllms_names_under_vllm_prefix(server: LiveServer) -> N
     assert "vllm:e2e_request_latency_seconds_count" in names and "vllm:request_prompt_tokens_sum" in names
     assert 'block_size="' in next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
     assert not any("hit_rate" in name or "aborted" in name for name in names)
+
+
+def test_request_id_names_the_response_and_the_header_wins(server: LiveServer) -> None:
+    """vLLM's rule: the response id is the endpoint's prefix and the X-Request-Id header's id, else
+    the body's request_id, else a random one. Two requests in flight may carry the same id."""
+    completion = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "request_id": "trace-7"})
+    assert completion.status_code == 200 and completion.json()["id"] == "cmpl-trace-7"
+    chat = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "request_id": "trace-8"})
+    assert chat.status_code == 200 and chat.json()["id"] == "chatcmpl-trace-8"
+    streamed = _stream_chunks(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "request_id": "s-1"})
+    assert {chunk["id"] for chunk in streamed} == {"chatcmpl-s-1"}
+    header = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
+                        json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "request_id": "body"},
+                        headers={"Authorization": f"Bearer {API_KEY}", "X-Request-Id": "from-header"})
+    assert header.status_code == 200 and header.json()["id"] == "cmpl-from-header"
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0.0, "ignore_eos": True, "request_id": "same"}
+    with ThreadPoolExecutor(2) as pool:  # both in flight at once: the engine's ids stay distinct
+        replies = list(pool.map(lambda _: _post(server, "/v1/completions", body), range(2)))
+    assert [reply.status_code for reply in replies] == [200, 200], [reply.text for reply in replies]
+    assert replies[0].json()["id"] == replies[1].json()["id"] == "cmpl-same"
+    assert replies[0].json()["choices"][0]["text"] == replies[1].json()["choices"][0]["text"]
+    assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).json()["id"].startswith("cmpl-")
+
+
+@pytest.mark.parametrize("value", ["", "x" * 257])
+def test_bad_request_id_is_refused_with_the_limit(server: LiveServer, value: str) -> None:
+    reply = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "request_id": value})
+    assert "1 to 256 characters" in _error(reply, "request_id")

@@ -26,8 +26,26 @@ from vllm_lite.sampling_params import (MAX_LOGPROB_TOKEN_IDS, RequestOutputKind,
 ALL_VOCAB_LOGPROBS = -1
 
 
+MAX_REQUEST_ID_CHARS = 256  # a caller's request id (body or X-Request-Id header)
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def request_ids(prefix: str, header: str | None, given: str | None) -> tuple[str, str]:
+    """The response's id and the engine's request id of a request: vLLM's rule for the first
+    (the X-Request-Id header's id, else the body's `request_id`, else a new one, after the
+    endpoint's prefix). A caller's id may be in use by another request in flight, so the engine's
+    id then adds a random suffix (the engine refuses a duplicate)."""
+    chosen = header if header is not None else given
+    if chosen is None:
+        response_id = random_id(prefix)
+        return response_id, response_id
+    _check(0 < len(chosen) <= MAX_REQUEST_ID_CHARS, "request_id" if header is None else "X-Request-Id",
+           f"a request id must have 1 to {MAX_REQUEST_ID_CHARS} characters, got {len(chosen)}")
+    response_id = f"{prefix}-{chosen}"
+    return response_id, f"{response_id}-{uuid.uuid4().hex[:12]}"
 
 
 def _now() -> int:
@@ -52,7 +70,7 @@ class OpenAIBaseModel(BaseModel):
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
-    "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs", "request_id",
+    "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
@@ -150,6 +168,9 @@ class _GenerationRequest(RequestModel):
     stream_interval: int | None = Field(default=None, ge=1, description=(
         "vLLM: a streamed chunk every this many new tokens (the first and last at once); raises the "
         "server's --stream-interval for this request, never lowers it"))
+    request_id: str | None = Field(default=None, description=(
+        "vLLM: the response's id after its 'cmpl-' / 'chatcmpl-' prefix (an X-Request-Id header wins); "
+        f"1 to {MAX_REQUEST_ID_CHARS} characters; unset, a random one"))
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
     # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's

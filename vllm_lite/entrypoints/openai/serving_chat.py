@@ -24,7 +24,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     ChatTopLogprob,
     DeltaMessage,
     UsageInfo,
-    random_id,
+    request_ids,
 )
 from vllm_lite.entrypoints.openai.serving import (
     MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
@@ -50,12 +50,12 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     prompt = await chat_prompt(ctx, request)
     prompt_token_ids = prompt["prompt_token_ids"]
     check_length(ctx, len(prompt_token_ids), params.max_tokens)
-    request_id = random_id("chatcmpl")
+    request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
     if beam is not None:
-        stream = beam_search_stream(ctx, prompt, beam, request_id)
+        stream = beam_search_stream(ctx, prompt, beam, engine_id)
     else:
-        stream = tracked_generate(ctx, prompt, params, request_id)
+        stream = tracked_generate(ctx, prompt, params, engine_id)
     num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
@@ -233,13 +233,13 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
     model = ctx.served_model(request.model)
     requests = request.conversation_requests()
     prompts, streams = [], []
-    request_id = random_id("chatcmpl")
+    request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     for i, single in enumerate(requests):
         params = single.to_sampling_params(ctx.vocab_size)
         prompt = await chat_prompt(ctx, single)
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
         prompts.append(prompt)
-        streams.append(tracked_generate(ctx, prompt, params, f"{request_id}-{i}"))
+        streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}"))
     return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams), raw_request)
 
 

@@ -20,7 +20,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     CompletionStreamResponse,
     RequestParamError,
     UsageInfo,
-    random_id,
+    request_ids,
 )
 from vllm_lite.entrypoints.openai.serving import (
     ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
@@ -41,12 +41,12 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
-    request_id = random_id("cmpl")
+    request_id, engine_id = request_ids("cmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens, request.logprobs is not None)
     if beam is not None:
-        streams = [beam_search_stream(ctx, prompt, beam, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+        streams = [beam_search_stream(ctx, prompt, beam, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
     else:
-        streams = [tracked_generate(ctx, prompt, params, f"{request_id}-{i}") for i, prompt in enumerate(prompts)]
+        streams = [tracked_generate(ctx, prompt, params, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
     shape = _ChoiceShape.of(request, params.logprobs)
     if request.stream:
         started = await start_streams(streams)
