@@ -136,3 +136,18 @@ def test_async_scheduling_flag_leaves_the_default_to_the_platform(flags: list[st
 
     args = build_parser().parse_args(["serve", "some/model", *flags])
     assert engine_args_from(args).async_scheduling is value
+
+
+def test_a_prompt_key_this_engine_does_not_take_is_refused_by_name(llm: LLM) -> None:
+    """vLLM's multi_modal_data (or a misspelt key) would otherwise be dropped: another prompt
+    answered. None stands for an absent key."""
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    for key in ("multi_modal_data", "prompt_embeds", "promt"):
+        with pytest.raises(ValueError, match=rf"prompt keys \['{key}'\] are not supported"):
+            llm.generate({"prompt": "hi", key: {"image": 1}}, params, use_tqdm=False)
+    plain = llm.generate({"prompt": "hi"}, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.generate({"prompt": "hi", "multi_modal_data": None}, params,
+                        use_tqdm=False)[0].outputs[0].token_ids == plain
+    for prompts in (None, 5):
+        with pytest.raises(TypeError, match="prompts must be a string, a prompt dict or a list of them"):
+            llm.generate(prompts, params, use_tqdm=False)

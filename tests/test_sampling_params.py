@@ -37,7 +37,9 @@ INVALID = [
     ("max_tokens", {"max_tokens": -5}),
     ("min_tokens", {"min_tokens": -1}),
     ("min_tokens", {"min_tokens": 10, "max_tokens": 5}),
-    ("logprobs", {"logprobs": -1}),
+    ("logprobs", {"logprobs": -2}),
+    ("max_tokens", {"max_tokens": np.bool_(True)}),
+    ("temperature", {"temperature": np.float64("nan")}),
     ("prompt_logprobs", {"prompt_logprobs": -2}),
     ("stop", {"stop": [""]}),
     ("stop", {"stop": [3]}),
@@ -105,6 +107,28 @@ def test_max_logprobs_minus_one_is_the_vocabulary(tiny_llama) -> None:
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=1, logprobs=vocab),
                        use_tqdm=False)[0].outputs[0]
     assert len(out.logprobs[0]) == vocab
+    # vLLM's -1 = the whole vocabulary, also for prompt_logprobs
+    whole = llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=1, logprobs=-1, prompt_logprobs=-1),
+                         use_tqdm=False)[0]
+    assert len(whole.outputs[0].logprobs[0]) == vocab and len(whole.prompt_logprobs[1]) == vocab
+    assert whole.outputs[0].logprobs == out.logprobs
+
+
+def test_logprobs_minus_one_is_the_vocabulary_within_max_logprobs(llm) -> None:
+    with pytest.raises(ValueError, match=r"logprobs must be <= 25 .*max_logprobs"):
+        llm.generate("hello", SamplingParams(max_tokens=1, logprobs=-1), use_tqdm=False)
+
+
+def test_numpy_scalars_are_taken_as_python_numbers() -> None:
+    """A sweep over np.linspace / np.arange: the values are checked and sent as int / float."""
+    params = SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9), max_tokens=np.int64(7),
+                            top_k=np.int32(5), seed=np.uint64(2**63), stop_token_ids=[np.int64(3)],
+                            logprobs=np.int16(2))
+    assert (params.temperature, params.top_p, params.max_tokens, params.top_k, params.seed) == (0.5, 0.9, 7, 5, 2**63)
+    assert [type(v) for v in (params.temperature, params.max_tokens, params.seed, params.stop_token_ids[0],
+                              params.logprobs)] == [float, int, int, int, int]
+    assert params == SamplingParams(temperature=0.5, top_p=0.9, max_tokens=7, top_k=5, seed=2**63,
+                                    stop_token_ids=[3], logprobs=2)
 
 
 def test_engine_core_checks_requests_that_skip_the_input_processor(llm) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import numbers
 
 import msgspec
 
@@ -31,6 +32,11 @@ MAX_TEMPERATURE = 100.0
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 # vLLM's bound on `logprob_token_ids` (the width of the logprob rows a request can ask for).
 MAX_LOGPROB_TOKEN_IDS = 128
+# logprobs / prompt_logprobs of -1: every token of the vocabulary (vLLM's rule; the engine's
+# max_logprobs still bounds it).
+ALL_VOCAB_LOGPROBS = -1
+_NUMBER_FIELDS = ("n", "top_k", "min_tokens", "seed", "max_tokens", "logprobs", "prompt_logprobs", "stream_interval",
+                  "temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -113,8 +119,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
 
     Every count (n, top_k, max_tokens, min_tokens, logprobs, prompt_logprobs, stream_interval) is
     at most 2**31 - 1: they are stored in int32 arrays.
-    | logprobs | top-N logprobs per output token, plus the sampled token | >= 0 (<= engine max_logprobs) |
-    | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0 (<= engine max_logprobs) |
+    | logprobs | top-N logprobs per output token, plus the sampled token | >= 0, or -1 = the whole vocabulary (<= engine max_logprobs) |
+    | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0, or -1 = the whole vocabulary (<= engine max_logprobs) |
     | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
@@ -177,6 +183,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
 
     def _check_types(self) -> None:
+        for name in _NUMBER_FIELDS:  # numpy scalars (a sweep over np.linspace) count as Python numbers
+            setattr(self, name, _plain_number(getattr(self, name)))
+        for name in ("stop_token_ids", "logprob_token_ids"):
+            if isinstance(getattr(self, name), (list, tuple)):
+                setattr(self, name, [_plain_number(t) for t in getattr(self, name)])
         for name in ("n", "top_k", "min_tokens"):
             _require(_is_int(getattr(self, name)), name, f"must be an int, got {getattr(self, name)!r}")
         for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
@@ -227,7 +238,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
                  f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _require(value is None or value >= 0, name, f"must be >= 0 or None, got {value}")
+            _require(value is None or value >= 0 or value == ALL_VOCAB_LOGPROBS, name,
+                     f"must be >= 0, -1 (the whole vocabulary) or None, got {value}")
         _require(not self.stop or all(isinstance(s, str) and s for s in self.stop), "stop",
                  f"must be a list of non-empty strings, got {self.stop!r}")
         _require(not self.stop or self.detokenize, "stop",
@@ -250,9 +262,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         self.logprobs = len(ids)
 
     def check_engine_limits(self, vocab_size: int, max_logprobs: int) -> None:
-        """The limits that depend on the engine: logprobs counts and token ids in the vocabulary.
+        """The limits that depend on the engine: logprobs counts (-1 becomes the vocabulary size
+        here, as in vLLM) and token ids in the vocabulary.
         (`logprobs` set by `logprob_token_ids` is bounded by MAX_LOGPROB_TOKEN_IDS instead.)"""
         for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) == ALL_VOCAB_LOGPROBS:
+                setattr(self, name, vocab_size)
             value = getattr(self, name)
             if name == "logprobs" and self.logprob_token_ids is not None:
                 continue
@@ -269,6 +284,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
 
     def clone_with(self, **changes: object) -> SamplingParams:
         return msgspec.structs.replace(self, **changes)
+
+
+def _plain_number(value: object) -> object:
+    """A numpy (or other `numbers`) scalar as the Python int / float it equals; anything else as
+    it is (bools stay bools, and are refused where a number is wanted)."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
 def _is_int(value: object) -> bool:

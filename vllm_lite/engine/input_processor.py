@@ -13,6 +13,7 @@ from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextPrompt / TokensPrompt
 
 
 class InputProcessor:
@@ -26,6 +27,8 @@ class InputProcessor:
         self.eos_token_ids = tuple(eos)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            _check_prompt_keys(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
@@ -66,3 +69,13 @@ class InputProcessor:
             max_tokens=max_tokens,
             cache_salt=cache_salt,
         )
+
+
+def _check_prompt_keys(prompt: dict[str, Any]) -> None:
+    """A prompt key this engine does not implement (vLLM's `multi_modal_data`, `prompt_embeds`,
+    ... or a misspelt key) is refused by name: dropping it would answer another prompt. None
+    stands for an absent key."""
+    unknown = sorted(str(key) for key, value in prompt.items() if key not in PROMPT_KEYS and value is not None)
+    if unknown:
+        raise ValueError(f"prompt keys {unknown} are not supported: a prompt dict takes "
+                         f"{', '.join(repr(key) for key in PROMPT_KEYS)}")

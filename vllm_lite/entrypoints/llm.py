@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -46,6 +46,8 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
+        if not isinstance(prompts, (str, dict, Iterable)):
+            raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         request_ids = []

@@ -18,12 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
-from vllm_lite.sampling_params import (MAX_LOGPROB_TOKEN_IDS, RequestOutputKind, SamplingParams,
-                                       StructuredOutputsParams)
+from vllm_lite.sampling_params import (ALL_VOCAB_LOGPROBS, MAX_LOGPROB_TOKEN_IDS, RequestOutputKind,
+                                       SamplingParams, StructuredOutputsParams)
 
-# `logprobs` / `top_logprobs` / `prompt_logprobs` of -1 mean "the whole vocabulary" (vLLM's rule);
-# the engine's max_logprobs then decides whether that many are allowed.
-ALL_VOCAB_LOGPROBS = -1
 
 
 MAX_REQUEST_ID_CHARS = 256  # a caller's request id (body or X-Request-Id header)
