@@ -46,6 +46,11 @@ def test_max_tokens_below_one() -> None:
     ("dtype", "float8", "dtype must be one of"),
     ("device", "tpu", "device must be one of"),
     ("max_model_len", 4096, "max_model_len=4096 exceeds"),
+    # 0 is a value, not "unset" (it once silently meant the model's own maximum / the default budget)
+    ("max_model_len", 0, "max_model_len must be >= 1, got 0"),
+    ("max_num_batched_tokens", 0, "max_num_batched_tokens must be >= 1, got 0"),
+    ("num_kv_blocks", 1, r"num_kv_blocks must be >= 2 \(block 0 is reserved\), got 1"),
+    ("kv_cache_memory_bytes", 0, "kv_cache_memory_bytes must be > 0, got 0"),
 ])
 def test_engine_args_validation(tiny_llama: Path, field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

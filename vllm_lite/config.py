@@ -426,7 +426,7 @@ class EngineArgs:
             _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(self.quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
-        max_len = self.max_model_len or hf.max_position_embeddings
+        max_len = hf.max_position_embeddings if self.max_model_len is None else self.max_model_len
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
                f"max_model_len={max_len} exceeds the model's max_position_embeddings="
@@ -464,8 +464,8 @@ class EngineArgs:
                    "in another dtype than the model's runs only under a float32 model on CPU, with the cpu_native "
                    f"or torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
-        _check(self.num_kv_blocks is None or self.num_kv_blocks >= 1,
-               f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        _check(self.num_kv_blocks is None or self.num_kv_blocks >= 2,
+               f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
         return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes, self.enable_prefix_caching,
@@ -474,7 +474,7 @@ class EngineArgs:
     def _scheduler_config(self, max_model_len: int, device: str) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         default_tokens = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
-        max_tokens = self.max_num_batched_tokens or default_tokens
+        max_tokens = default_tokens if self.max_num_batched_tokens is None else self.max_num_batched_tokens
         _check(max_tokens >= 1, f"max_num_batched_tokens must be >= 1, got {max_tokens}")
         _check(self.enable_chunked_prefill or max_tokens >= max_model_len,
                f"max_num_batched_tokens={max_tokens} is smaller than max_model_len={max_model_len}; "
