@@ -22,6 +22,7 @@ from vllm_lite.config_fields import (
     with_defaults,
 )
 from vllm_lite.hub import resolve_model_path
+from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,35 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+# vLLM's --generation-config: "auto" reads the model folder's generation_config.json, "vllm" none,
+# anything else is a folder holding one.
+GENERATION_CONFIG_SOURCES = ("auto", "vllm")
+# The generation_config.json keys vLLM takes as sampling defaults, with transformers'
+# GenerationConfig default of each: a value equal to it is no recommendation (vLLM reads the
+# config's diff against those defaults).
+_SAMPLING_DEFAULT_KEYS: dict[str, float | int | None] = {
+    "repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None, "max_new_tokens": None}
+
+
+def sampling_defaults(generation_cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, float | int]:
+    """vLLM's `get_diff_sampling_param`: the model's recommended sampling values (those of
+    `_SAMPLING_DEFAULT_KEYS` set to other than transformers' defaults), `overrides` on top;
+    `max_new_tokens` is named `max_tokens`. The values are checked as SamplingParams would."""
+    unknown = sorted(set(overrides) - set(_SAMPLING_DEFAULT_KEYS))
+    _check(not unknown, f"override_generation_config keys must be among {sorted(_SAMPLING_DEFAULT_KEYS)}, "
+                        f"got {unknown}")
+    picked = {key: value for key, value in generation_cfg.items()
+              if key in _SAMPLING_DEFAULT_KEYS and value is not None and value != _SAMPLING_DEFAULT_KEYS[key]}
+    picked.update((key, value) for key, value in overrides.items() if value is not None)
+    if "max_new_tokens" in picked:
+        picked["max_tokens"] = picked.pop("max_new_tokens")
+    try:
+        SamplingParams(**picked)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"generation config sampling defaults {picked}: {exc}") from None
+    return picked
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     model: str
@@ -240,6 +270,9 @@ class ModelConfig:
     # vLLM's skip_tokenizer_init: no tokenizer anywhere; prompts are token ids, outputs token ids
     # (text ""), and what needs text (stop strings, grammars, chat templates) is refused.
     skip_tokenizer_init: bool = False
+    # The model creator's sampling defaults (`sampling_defaults`): what a server request (and
+    # `LLM.generate` without SamplingParams) leaves unset takes these, as in vLLM.
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +417,8 @@ class EngineArgs:
     skip_tokenizer_init: bool = False  # token ids in, token ids out: no tokenizer is loaded
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     stream_interval: int = 1  # streamed outputs every this many tokens (first and last at once)
+    generation_config: str = "auto"  # one of GENERATION_CONFIG_SOURCES, or a folder
+    override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -446,7 +481,17 @@ class EngineArgs:
             quantization=quantization,
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
+            sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
         )
+
+    def _generation_cfg(self, model_dir: Path) -> dict[str, Any]:
+        """The generation_config.json whose sampling values are the defaults (--generation-config)."""
+        if self.generation_config == "vllm":
+            return {}
+        folder = model_dir if self.generation_config == "auto" else Path(self.generation_config)
+        _check(folder.is_dir(), f"generation_config must be one of {GENERATION_CONFIG_SOURCES} or a folder, "
+                                f"got {self.generation_config!r}")
+        return _read_json(folder / "generation_config.json")
 
     def _cache_config(self, model_config: ModelConfig, device: str) -> CacheConfig:
         bs = self.block_size if self.block_size is not None else default_block_size(device, self.attention_backend)

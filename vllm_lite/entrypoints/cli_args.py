@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
 
 from vllm_lite.config import EngineArgs
 
@@ -18,11 +21,31 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         if isinstance(default, bool) or f.type == "bool | None":  # annotations are strings here
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         else:
-            kind = str if f.type.split(" | ")[0] == "str" else int
-            parser.add_argument(flag, type=kind, default=default)
+            parser.add_argument(flag, type=_flag_type(f.type), default=default)
     if model_positional:
         parser.add_argument("model_tag", nargs="?", default=None,
                             help="model folder, .gguf file or hub id org/name (default: the demo model)")
+
+
+def _flag_type(annotation: str) -> Callable[[str], Any]:
+    """A flag's parser from its field's annotation (a string here): str, a JSON object for dicts
+    (vLLM's --override-generation-config '{"temperature": 0.5}'), else int."""
+    base = annotation.split(" | ")[0]
+    if base == "str":
+        return str
+    if base.startswith("dict"):
+        return _json_object
+    return int
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def engine_args_from(namespace: argparse.Namespace) -> EngineArgs:

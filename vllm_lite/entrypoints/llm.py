@@ -120,11 +120,15 @@ class LLM:
                         bar.update(1)
         return results
 
-    @staticmethod
-    def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` / `chat` use without SamplingParams: the model's generation-config
+        sampling values (`--generation-config`, vLLM's rule), SamplingParams' defaults elsewhere."""
+        return SamplingParams(**self.llm_engine.vllm_config.model_config.sampling_defaults)
+
+    def _params_per_prompt(self, sampling_params: SamplingParams | Sequence[SamplingParams] | None,
                            num_prompts: int) -> list[SamplingParams]:
         if sampling_params is None:
-            return [SamplingParams()] * num_prompts
+            return [self.get_default_sampling_params()] * num_prompts
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         params = list(sampling_params)

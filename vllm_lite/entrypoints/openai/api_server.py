@@ -103,7 +103,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
                          metrics=ServerMetrics(names[0], model_config.max_model_len, _cache_info(engine)),
-                         vocab_size=model_config.hf.vocab_size,
+                         vocab_size=model_config.hf.vocab_size, sampling_defaults=model_config.sampling_defaults,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
                          responses=ResponseStore(options.max_stored_responses),
@@ -111,6 +111,9 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path)
     app.state.ctx = ctx
+    if ctx.sampling_defaults:
+        logger.warning("requests that leave them unset take the model's generation-config sampling values %s "
+                       "(vLLM's rule; --generation-config vllm to not use them)", ctx.sampling_defaults)
     engine.stat_loggers.append(ctx.metrics.record_iteration)
     _add_error_handlers(app)
     app.add_middleware(RequestGate, options=options, drain=ctx.drain)

@@ -228,14 +228,20 @@ class _GenerationRequest(RequestModel):
         return StreamUsage(final=final, every_chunk=final and bool(options.continuous_usage_stats))
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, vocab_size: int | None,
-                         max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None) -> SamplingParams:
-        """Unset fields keep SamplingParams' defaults; the server reads outputs as deltas.
-        `max_tokens_field` is the request field `max_tokens` came from (named in errors);
-        -1 logprob counts become `vocab_size`."""
+                         max_tokens_field: str = "max_tokens", prompt_logprobs: int | None = None,
+                         defaults: dict[str, float | int] | None = None) -> SamplingParams:
+        """Unset fields take the model's sampling `defaults` (its generation config, vLLM's rule:
+        a default max_tokens also caps a given one), else SamplingParams' defaults; the server
+        reads outputs as deltas. `max_tokens_field` is the request field `max_tokens` came from
+        (named in errors); -1 logprob counts become `vocab_size`."""
         _check(max_tokens is None or max_tokens >= 1, max_tokens_field,
                f"{max_tokens_field} must be >= 1, got {max_tokens}")
+        defaults = defaults or {}
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS}
         kwargs = {name: value for name, value in given.items() if value is not None}
+        kwargs.update((name, value) for name, value in defaults.items() if name != "max_tokens" and name not in kwargs)
+        if "max_tokens" in defaults:
+            max_tokens = min(defaults["max_tokens"], max_tokens or defaults["max_tokens"])
         _check(self.stream_options is None or self.stream, "stream_options",
                "stream_options is only allowed when stream is true")
         _check_logprob_count(self.prompt_logprobs, "prompt_logprobs")
@@ -272,7 +278,8 @@ class CompletionRequest(_GenerationRequest):
     best_of: int | None = None
     suffix: str | None = None
 
-    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, vocab_size: int | None = None,
+                           defaults: dict[str, float | int] | None = None) -> SamplingParams:
         # vLLM's message; prompt embeddings are not implemented, so only an empty list of them
         # gets this far (refuse_unknown_fields refuses others by name).
         _check(self.prompt is not None and self.prompt != "", "prompt",
@@ -286,7 +293,7 @@ class CompletionRequest(_GenerationRequest):
         # echo with logprobs: the echoed prompt tokens get logprobs too, from prompt logprobs.
         echo_count = self.logprobs if self.echo and self.logprobs is not None else None
         return self._sampling_params(self.max_tokens, self.logprobs, vocab_size,
-                                     prompt_logprobs=_whole_vocab(echo_count, vocab_size))
+                                     prompt_logprobs=_whole_vocab(echo_count, vocab_size), defaults=defaults)
 
 
 class ChatMessage(OpenAIBaseModel):
@@ -334,7 +341,8 @@ class ChatCompletionRequest(_GenerationRequest):
         "vLLM: false leaves the --reasoning-parser's reasoning (and the logprobs and token ids that "
         "would show it) out of the reply"))
 
-    def to_sampling_params(self, vocab_size: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, vocab_size: int | None = None,
+                           defaults: dict[str, float | int] | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
         _check(self.top_logprobs is None or self.logprobs, "top_logprobs",
                "top_logprobs needs logprobs=true")
@@ -348,7 +356,7 @@ class ChatCompletionRequest(_GenerationRequest):
         else:
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, vocab_size, field)
+        return self._sampling_params(max_tokens, logprobs, vocab_size, field, defaults=defaults)
 
     def template_kwargs(self) -> dict[str, Any] | None:
         """chat_template_kwargs with reasoning_effort (vLLM's rule)."""

@@ -83,6 +83,8 @@ class ServingContext:
     metrics: ServerMetrics
     vocab_size: int
     max_prompt_chars: int
+    # The model's sampling defaults (ModelConfig.sampling_defaults): what a request leaves unset.
+    sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
     think_tokens: ThinkTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)

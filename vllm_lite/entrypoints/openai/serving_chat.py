@@ -44,7 +44,7 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
                                  raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params(ctx.vocab_size)
+    params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     tools = plan_tools(request, ctx.options)
     params = constrain(params, request, tools)
     prompt = await chat_prompt(ctx, request)
@@ -235,7 +235,7 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
     prompts, streams = [], []
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     for i, single in enumerate(requests):
-        params = single.to_sampling_params(ctx.vocab_size)
+        params = single.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
         prompt = await chat_prompt(ctx, single)
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
         prompts.append(prompt)

@@ -35,7 +35,7 @@ from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params(ctx.vocab_size)
+    params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt, truncate)
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]

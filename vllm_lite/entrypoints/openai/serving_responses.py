@@ -79,7 +79,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
                        "previous_response_id")
     chat = request.chat_request(history)
     try:
-        params = chat.to_sampling_params(ctx.vocab_size)
+        params = chat.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
         tools = plan_tools(chat, ctx.options)
         params = constrain(params, chat, tools)
     except RequestParamError as exc:
