@@ -18,7 +18,8 @@ class FakeEngine:
     def __init__(self, tokenizer: Any, max_model_len: int = 64, step_delay_s: float = 0.0) -> None:
         self.tokenizer = tokenizer
         self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(
-            model="fake/model", max_model_len=max_model_len, hf=SimpleNamespace(vocab_size=len(tokenizer))))
+            model="fake/model", max_model_len=max_model_len, hf=SimpleNamespace(vocab_size=len(tokenizer)),
+            sampling_defaults={}))
         self.step_delay_s = step_delay_s
         self.dead = False
         self.errored = False  # AsyncLLM's: the engine is gone for good
