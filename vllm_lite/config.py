@@ -418,6 +418,10 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     stream_interval: int = 1  # streamed outputs every this many tokens (first and last at once)
     generation_config: str = "auto"  # one of GENERATION_CONFIG_SOURCES, or a folder
+    # vLLM's permission to run a model repository's own code. Taken (scripts written for vLLM pass
+    # it) but never used: a natively supported model runs as without it (as in vLLM), and a model
+    # that exists only as custom code is refused either way, saying so.
+    trust_remote_code: bool = False
     override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
 
     @classmethod

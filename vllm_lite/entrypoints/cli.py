@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -157,7 +158,27 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="model name(s) clients use (default: the model argument)")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    serve.add_argument("--disable-uvicorn-access-log", action="store_true",
+                       help="no access log line per HTTP request (vLLM's flag)")
+    serve.add_argument("--disable-fastapi-docs", action="store_true",
+                       help="no /docs, /redoc and /openapi.json (vLLM's flag)")
+    for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
+                       ("--allowed-headers", "headers")):
+        serve.add_argument(flag, type=_json_string_list, default=["*"],
+                           help=f"CORS: allowed {what}, a JSON list (vLLM's flag; default [\"*\"])")
+    serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (vLLM's flag)")
     serve.set_defaults(func=cmd_serve)
+
+
+def _json_string_list(text: str) -> list[str]:
+    """vLLM's form of the CORS flags: a JSON list of strings, e.g. '["https://a.example"]'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,7 @@ import uvicorn
 import uvloop
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
@@ -108,14 +109,19 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
                          responses=ResponseStore(options.max_stored_responses),
                          think_tokens=think_tokens(engine.tokenizer) if options.reasoning_parser else None)
+    docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
-                  responses=_ERROR_RESPONSES, root_path=options.root_path)
+                  responses=_ERROR_RESPONSES, root_path=options.root_path, **docs)
     app.state.ctx = ctx
     if ctx.sampling_defaults:
         logger.warning("requests that leave them unset take the model's generation-config sampling values %s "
                        "(vLLM's rule; --generation-config vllm to not use them)", ctx.sampling_defaults)
     engine.stat_loggers.append(ctx.metrics.record_iteration)
     _add_error_handlers(app)
+    # CORS inside the gate (added first): a browser's preflight (OPTIONS, no key) passes the gate.
+    app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins),
+                       allow_methods=list(options.allowed_methods), allow_headers=list(options.allowed_headers),
+                       allow_credentials=options.allow_credentials)
     app.add_middleware(RequestGate, options=options, drain=ctx.drain)
     _add_openai_routes(app, ctx)
     _add_server_routes(app, ctx)
@@ -458,7 +464,12 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          root_path=getattr(args, "root_path", ""),
                          health_check_timeout_s=args.health_check_timeout,
                          shutdown_timeout_s=args.shutdown_timeout,
-                         chat_template_timeout_s=args.chat_template_timeout)
+                         chat_template_timeout_s=args.chat_template_timeout,
+                         allowed_origins=tuple(getattr(args, "allowed_origins", ["*"])),
+                         allowed_methods=tuple(getattr(args, "allowed_methods", ["*"])),
+                         allowed_headers=tuple(getattr(args, "allowed_headers", ["*"])),
+                         allow_credentials=getattr(args, "allow_credentials", False),
+                         disable_fastapi_docs=getattr(args, "disable_fastapi_docs", False))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],
@@ -475,6 +486,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
         app = build_app(engine, names, owns_engine=True, options=options)
         # The drain ends every request before uvicorn's own grace period (a backstop) runs out.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                access_log=not getattr(args, "disable_uvicorn_access_log", False),
                                 timeout_graceful_shutdown=options.shutdown_timeout_s + 5)
         server = (server_class or DrainingServer)(config, app.state.ctx)
         watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))

@@ -61,6 +61,8 @@ class ServerOptions:
     | enable_tokenizer_info_endpoint | --enable-tokenizer-info-endpoint | GET /tokenizer_info (the tokenizer's configuration) |
     | root_path | --root-path | the path prefix a proxy serves the app under (routes answer with and without it) |
     | max_stored_responses | --max-stored-responses | /v1/responses kept for previous_response_id (oldest forgotten first) |
+    | allowed_origins, allowed_methods, allowed_headers, allow_credentials | --allowed-origins ... --allow-credentials | CORS, as vLLM: every origin, method and header by default |
+    | disable_fastapi_docs | --disable-fastapi-docs | no /docs, /redoc, /openapi.json |
     """
 
     api_key: str | None = None
@@ -80,6 +82,11 @@ class ServerOptions:
     enable_tokenizer_info_endpoint: bool = False
     root_path: str = ""
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    disable_fastapi_docs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_n_sequences", "max_stored_responses"):
