@@ -1,7 +1,8 @@
 """vLLM server flags that deployment scripts carry: CORS (--allowed-origins / -methods / -headers,
 --allow-credentials; vLLM answers every origin by default), --disable-fastapi-docs,
---disable-uvicorn-access-log, and --trust-remote-code (taken; a repository's code is never run).
-One live server with all of them; the default CORS answer is checked on a default server."""
+--disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
+--chat-template (a file, or the template itself), --enable-log-requests with --max-log-len.
+One live server with all of them; the defaults are checked on a default server."""
 
 from __future__ import annotations
 
@@ -11,20 +12,25 @@ from pathlib import Path
 import httpx
 import pytest
 from live_server import LiveServer, running_server
+from transformers import AutoTokenizer
 
 MODEL = "tiny-llama"
 API_KEY = "sk-deploy"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 UI = "https://ui.example"
+TEMPLATE = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with running_server(tiny_llama, tmp_path_factory.mktemp("deploy") / "server.log", MODEL, API_KEY,
+    folder = tmp_path_factory.mktemp("deploy")
+    (folder / "template.jinja").write_text(TEMPLATE)
+    with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY,
                         ("--max-model-len", "128", "--allowed-origins", f'["{UI}"]', "--allowed-methods",
                          '["GET", "POST"]', "--allow-credentials", "--disable-fastapi-docs",
                          "--disable-uvicorn-access-log", "--uvicorn-log-level", "info",
-                         "--trust-remote-code")) as live:
+                         "--trust-remote-code", "--chat-template", str(folder / "template.jinja"),
+                         "--enable-log-requests", "--max-log-len", "5")) as live:
         yield live
 
 
@@ -57,6 +63,32 @@ def test_no_docs_no_access_log_and_remote_code_flag_taken(server: LiveServer) ->
     assert '"POST /v1/completions HTTP/1.1"' not in log  # ...its access lines are not
 
 
+def tokenize_messages(server: LiveServer, content: str) -> list[int]:
+    reply = httpx.post(f"{server.base_url}/tokenize", headers=AUTH, timeout=30,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["tokens"]
+
+
+def test_chat_template_flag_replaces_the_tokenizers(server: LiveServer, tiny_llama: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    assert tokenize_messages(server, "a fox") == tokenizer.encode("<<a fox>>", add_special_tokens=False)
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "a fox"}], "max_tokens": 2,
+                            "return_token_ids": True})
+    assert chat.json()["prompt_token_ids"] == tokenizer.encode("<<a fox>>", add_special_tokens=False)
+
+
+def test_requests_are_logged_cut_to_max_log_len(server: LiveServer) -> None:
+    reply = httpx.post(f"{server.base_url}/v1/completions", timeout=60, headers=AUTH,
+                       json={"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 2, "seed": 4242})
+    request_id = reply.json()["id"]
+    line = next(line for line in server.log().splitlines() if f"Received request {request_id}" in line)
+    assert "prompt: 'The q'" in line and "seed=4242" in line
+    ids = line.split("prompt_token_ids: ")[1]
+    assert len(ids.strip("[]").split(",")) <= 5
+
+
 def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path) -> None:
     with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, ("--max-model-len", "128",
                         "--uvicorn-log-level", "info")) as default:
@@ -65,4 +97,7 @@ def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path) -> 
         assert httpx.get(f"{default.base_url}/openapi.json", headers=AUTH, timeout=10).status_code == 200
         httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
                    json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
-        assert '"POST /v1/completions HTTP/1.1" 200' in default.log()
+        log = default.log()
+        assert '"POST /v1/completions HTTP/1.1" 200' in log and "Received request" not in log
+        tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # the tokenizer's own template, not the flag's
+        assert tokenize_messages(default, "a fox") != tokenizer.encode("<<a fox>>", add_special_tokens=False)

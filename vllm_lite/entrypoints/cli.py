@@ -167,6 +167,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         serve.add_argument(flag, type=_json_string_list, default=["*"],
                            help=f"CORS: allowed {what}, a JSON list (vLLM's flag; default [\"*\"])")
     serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (vLLM's flag)")
+    serve.add_argument("--chat-template", default=None,
+                       help="the chat template for chat requests instead of the tokenizer's: a file's path or the "
+                            "template itself (vLLM's flag)")
+    serve.add_argument("--enable-log-requests", action="store_true",
+                       help="log each generation request: id, sampling params, prompt (vLLM's flag)")
+    serve.add_argument("--max-log-len", type=int, default=None,
+                       help="with --enable-log-requests: the most prompt characters and token ids logged")
     serve.set_defaults(func=cmd_serve)
 
 

@@ -70,7 +70,7 @@ from vllm_lite.entrypoints.openai.serving import (
     render_chat,
 )
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
-                                                       ServerOptions)
+                                                       ServerOptions, load_chat_template)
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
@@ -469,7 +469,10 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          allowed_methods=tuple(getattr(args, "allowed_methods", ["*"])),
                          allowed_headers=tuple(getattr(args, "allowed_headers", ["*"])),
                          allow_credentials=getattr(args, "allow_credentials", False),
-                         disable_fastapi_docs=getattr(args, "disable_fastapi_docs", False))
+                         disable_fastapi_docs=getattr(args, "disable_fastapi_docs", False),
+                         chat_template=load_chat_template(getattr(args, "chat_template", None)),
+                         enable_log_requests=getattr(args, "enable_log_requests", False),
+                         max_log_len=getattr(args, "max_log_len", None))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],
@@ -478,6 +481,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
     --host/--port when none are given, until a signal or the engine's death (exit status 1)."""
     from vllm_lite.entrypoints.cli_args import engine_args_from
 
+    _show_info_logs()
     options = server_options_from(args)
     model = engine_args_from(args).model
     engine = make_engine()
@@ -500,6 +504,18 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
         return 0
     finally:
         engine.shutdown()
+
+
+def _show_info_logs() -> None:
+    """The server's own INFO lines (--enable-log-requests, the drain) on stderr, as vLLM's server
+    shows its own; a handler the embedding application set up wins."""
+    package_logger = logging.getLogger("vllm_lite")
+    if package_logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s"))
+    package_logger.addHandler(handler)
+    package_logger.setLevel(logging.INFO)
 
 
 class DrainingServer(uvicorn.Server):

@@ -4,11 +4,13 @@ drain that SIGTERM starts (`ShutdownDrain`)."""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import copy
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class ServerOptions:
     | max_stored_responses | --max-stored-responses | /v1/responses kept for previous_response_id (oldest forgotten first) |
     | allowed_origins, allowed_methods, allowed_headers, allow_credentials | --allowed-origins ... --allow-credentials | CORS, as vLLM: every origin, method and header by default |
     | disable_fastapi_docs | --disable-fastapi-docs | no /docs, /redoc, /openapi.json |
+    | chat_template | --chat-template | the template chat requests use instead of the tokenizer's (a request's own wins, where trusted) |
+    | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
     """
 
     api_key: str | None = None
@@ -87,8 +91,13 @@ class ServerOptions:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     disable_fastapi_docs: bool = False
+    chat_template: str | None = None  # the template's text (load_chat_template)
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ValueError(f"max_log_len must be >= 0, got {self.max_log_len}")
         for name in ("max_request_body_bytes", "max_n_sequences", "max_stored_responses"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -155,3 +164,17 @@ class ShutdownDrain:
         if self.in_flight:
             logger.warning("shutdown timeout: aborting %d request(s) still running", len(self.in_flight))
             abort(sorted(self.in_flight))
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """vLLM's --chat-template: a file's path, or the template itself (single-line form: escapes
+    such as \\n are decoded). A value with no template characters that names no file is refused."""
+    if value is None:
+        return None
+    try:
+        return Path(value).read_text()
+    except OSError:  # not a file (a template string may be too long for a file name)
+        pass
+    if not any(char in value for char in "{}\n"):
+        raise ValueError(f"--chat-template {value!r} looks like a path, but no such file exists")
+    return codecs.decode(value, "unicode_escape")

@@ -216,6 +216,7 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
             raise ApiError(400, "BadRequestError", "chat_template in a request is refused unless the server "
                            "runs with --trust-request-chat-template", "chat_template")
         chat_template = kwargs.pop("chat_template", chat_template)
+    chat_template = chat_template if chat_template is not None else ctx.options.chat_template  # --chat-template
     tokenizer = ctx.require_tokenizer("messages")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
@@ -257,6 +258,8 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
     tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
+    if ctx.options.enable_log_requests:
+        _log_request(request_id, engine_prompt, params, ctx.options.max_log_len)
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
@@ -272,6 +275,16 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
         ctx.drain.in_flight.discard(request_id)
         if not finished:
             ctx.metrics.requests_aborted.inc()
+
+
+def _log_request(request_id: str, engine_prompt: dict[str, Any], params: SamplingParams,
+                 max_log_len: int | None) -> None:
+    """--enable-log-requests (vLLM's RequestLogger): the prompt's text and ids, cut to max_log_len."""
+    text, token_ids = engine_prompt.get("prompt"), engine_prompt["prompt_token_ids"]
+    if max_log_len is not None:
+        text, token_ids = (text[:max_log_len] if text is not None else None), token_ids[:max_log_len]
+    logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, text, params,
+                list(token_ids))
 
 
 def _was_aborted(output: RequestOutput) -> bool:
