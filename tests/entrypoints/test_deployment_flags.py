@@ -1,11 +1,13 @@
 """vLLM server flags that deployment scripts carry: CORS (--allowed-origins / -methods / -headers,
 --allow-credentials; vLLM answers every origin by default), --disable-fastapi-docs,
 --disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
---chat-template (a file, or the template itself), --enable-log-requests with --max-log-len.
+--chat-template (a file, or the template itself), --enable-log-requests with --max-log-len,
+--disable-log-stats (the periodic stats line is on by default).
 One live server with all of them; the defaults are checked on a default server."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,13 +27,14 @@ TEMPLATE = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     folder = tmp_path_factory.mktemp("deploy")
     (folder / "template.jinja").write_text(TEMPLATE)
-    with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY,
-                        ("--max-model-len", "128", "--allowed-origins", f'["{UI}"]', "--allowed-methods",
-                         '["GET", "POST"]', "--allow-credentials", "--disable-fastapi-docs",
-                         "--disable-uvicorn-access-log", "--uvicorn-log-level", "info",
-                         "--trust-remote-code", "--chat-template", str(folder / "template.jinja"),
-                         "--enable-log-requests", "--max-log-len", "5")) as live:
-        yield live
+    args = ("--max-model-len", "128", "--allowed-origins", f'["{UI}"]', "--allowed-methods", '["GET", "POST"]',
+            "--allow-credentials", "--disable-fastapi-docs", "--disable-uvicorn-access-log", "--uvicorn-log-level",
+            "info", "--trust-remote-code", "--chat-template", str(folder / "template.jinja"),
+            "--enable-log-requests", "--max-log-len", "5", "--disable-log-stats")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")  # a stats line would come during the tests: none may
+        with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
+            yield live
 
 
 def preflight(server: LiveServer, origin: str) -> httpx.Response:
@@ -58,9 +61,11 @@ def test_no_docs_no_access_log_and_remote_code_flag_taken(server: LiveServer) ->
     reply = httpx.post(f"{server.base_url}/v1/completions", timeout=60, headers=AUTH,
                        json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
     assert reply.status_code == 200  # served with --trust-remote-code: a native model, no code run
+    time.sleep(1.0)  # two stats intervals: a line would be in the log by now
     log = server.log()
     assert "Application startup complete" in log  # uvicorn's info lines are on...
     assert '"POST /v1/completions HTTP/1.1"' not in log  # ...its access lines are not
+    assert "Avg generation throughput" not in log  # --disable-log-stats
 
 
 def tokenize_messages(server: LiveServer, content: str) -> list[int]:
@@ -89,7 +94,10 @@ def test_requests_are_logged_cut_to_max_log_len(server: LiveServer) -> None:
     assert len(ids.strip("[]").split(",")) <= 5
 
 
-def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path) -> None:
+def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also: the stats line comes every VLLM_LOG_STATS_INTERVAL seconds while the engine works."""
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")
     with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, ("--max-model-len", "128",
                         "--uvicorn-log-level", "info")) as default:
         answer = preflight(default, "https://anywhere.example")
@@ -97,7 +105,13 @@ def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path) -> 
         assert httpx.get(f"{default.base_url}/openapi.json", headers=AUTH, timeout=10).status_code == 200
         httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
                    json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+        httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
+                   json={"model": MODEL, "prompt": "hi", "max_tokens": 24, "ignore_eos": True})
+        time.sleep(1.5)
         log = default.log()
         assert '"POST /v1/completions HTTP/1.1" 200' in log and "Received request" not in log
+        lines = [line for line in log.splitlines() if "Avg generation throughput:" in line]
+        assert lines and any(" 0.0 tokens/s, Running" not in line for line in lines), lines
+        assert "KV cache usage:" in lines[0] and "Prefix cache hit rate:" in lines[0]
         tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # the tokenizer's own template, not the flag's
         assert tokenize_messages(default, "a fox") != tokenizer.encode("<<a fox>>", add_special_tokens=False)

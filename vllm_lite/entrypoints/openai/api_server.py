@@ -72,6 +72,7 @@ from vllm_lite.entrypoints.openai.serving import (
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
                                                        ServerOptions, load_chat_template)
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
+from vllm_lite.entrypoints.openai.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
@@ -152,9 +153,16 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
 def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stats_log = None if ctx.options.disable_log_stats else StatsLog(log_stats_interval())
+        if stats_log is not None:
+            ctx.engine.stat_loggers.append(stats_log.record_iteration)
+            stats_task = asyncio.get_running_loop().create_task(stats_log.run(ctx.engine.get_stats))
         try:
             yield
         finally:
+            if stats_log is not None:
+                stats_task.cancel()
+                ctx.engine.stat_loggers.remove(stats_log.record_iteration)
             ctx.engine.stat_loggers.remove(ctx.metrics.record_iteration)
             ctx.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
             if owns_engine:
@@ -472,7 +480,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          disable_fastapi_docs=getattr(args, "disable_fastapi_docs", False),
                          chat_template=load_chat_template(getattr(args, "chat_template", None)),
                          enable_log_requests=getattr(args, "enable_log_requests", False),
-                         max_log_len=getattr(args, "max_log_len", None))
+                         max_log_len=getattr(args, "max_log_len", None),
+                         disable_log_stats=getattr(args, "disable_log_stats", False))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

@@ -67,6 +67,7 @@ class ServerOptions:
     | disable_fastapi_docs | --disable-fastapi-docs | no /docs, /redoc, /openapi.json |
     | chat_template | --chat-template | the template chat requests use instead of the tokenizer's (a request's own wins, where trusted) |
     | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
+    | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
     """
 
     api_key: str | None = None
@@ -94,6 +95,7 @@ class ServerOptions:
     chat_template: str | None = None  # the template's text (load_chat_template)
     enable_log_requests: bool = False
     max_log_len: int | None = None
+    disable_log_stats: bool = False
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

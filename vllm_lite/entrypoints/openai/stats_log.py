@@ -1,0 +1,79 @@
+"""vLLM's periodic stats line (its LoggingStatLogger): every `VLLM_LOG_STATS_INTERVAL` seconds
+(vLLM's variable, default 10) while the engine has work, the prompt and generation throughput over
+the interval, the running and waiting requests, the KV cache in use and the prefix-cache hit rate
+over the interval; one more line once it has gone idle. Off with --disable-log-stats (the
+/metrics endpoint counts either way)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lite.engine.stats import IterationStats
+from vllm_lite.entrypoints.openai.metrics import kv_cache_usage
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 10.0
+
+
+def log_stats_interval() -> float:
+    raw = os.environ.get("VLLM_LOG_STATS_INTERVAL", str(DEFAULT_INTERVAL_S))
+    try:
+        interval = float(raw)
+    except ValueError:
+        raise ValueError(f"VLLM_LOG_STATS_INTERVAL must be a number of seconds, got {raw!r}") from None
+    if not interval > 0:
+        raise ValueError(f"VLLM_LOG_STATS_INTERVAL must be > 0, got {raw!r}")
+    return interval
+
+
+@dataclass(slots=True)
+class StatsLog:
+    interval_s: float
+    prompt_tokens: int = 0  # since the last line
+    generation_tokens: int = 0
+    _queries: int = 0  # the engine's prefix-cache counters at the last line
+    _hits: int = 0
+    _was_busy: bool = False
+
+    def record_iteration(self, stats: IterationStats) -> None:
+        """A stat logger of the engine client (called with each step's stats)."""
+        self.prompt_tokens += stats.num_prompt_tokens
+        self.generation_tokens += stats.num_generation_tokens
+
+    async def run(self, get_stats: Any) -> None:
+        """Until cancelled (the server's lifespan) or the engine stops answering."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                stats = await get_stats()
+            except Exception:  # the engine is gone: the server reports that elsewhere
+                return
+            now = time.monotonic()
+            line = self.line(stats, now - last)
+            last = now
+            if line is not None:
+                logger.info("%s", line)
+
+    def line(self, stats: dict[str, Any], elapsed_s: float) -> str | None:
+        """The interval's line; None while the engine stays idle."""
+        prompt, generation = self.prompt_tokens, self.generation_tokens
+        self.prompt_tokens = self.generation_tokens = 0
+        queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)
+        new_queries, new_hits = queries - self._queries, hits - self._hits
+        self._queries, self._hits = queries, hits
+        running, waiting = stats.get("num_running", 0), stats.get("num_waiting", 0)
+        busy = bool(prompt or generation or running or waiting)
+        if not (busy or self._was_busy):
+            return None
+        self._was_busy = busy
+        hit_rate = 100.0 * new_hits / new_queries if new_queries > 0 else 0.0
+        return (f"Avg prompt throughput: {prompt / elapsed_s:.1f} tokens/s, Avg generation throughput: "
+                f"{generation / elapsed_s:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+                f"KV cache usage: {100.0 * kv_cache_usage(stats):.1f}%, Prefix cache hit rate: {hit_rate:.1f}%")
