@@ -51,6 +51,7 @@ def test_max_tokens_below_one() -> None:
     ("max_num_batched_tokens", 0, "max_num_batched_tokens must be >= 1, got 0"),
     ("num_kv_blocks", 1, r"num_kv_blocks must be >= 2 \(block 0 is reserved\), got 1"),
     ("kv_cache_memory_bytes", 0, "kv_cache_memory_bytes must be > 0, got 0"),
+    ("tokenizer_mode", "mistral", "tokenizer_mode must be one of .*got 'mistral'"),
 ])
 def test_engine_args_validation(tiny_llama: Path, field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

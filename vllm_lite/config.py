@@ -225,6 +225,10 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+# vLLM's tokenizer modes this engine has: both load the Hugging Face (fast) tokenizer. vLLM's "slow",
+# "mistral" (mistral_common) and "custom" are refused by name.
+TOKENIZER_MODES = ("auto", "hf")
+
 # vLLM's --generation-config: "auto" reads the model folder's generation_config.json, "vllm" none,
 # anything else is a folder holding one.
 GENERATION_CONFIG_SOURCES = ("auto", "vllm")
@@ -422,6 +426,7 @@ class EngineArgs:
     # it) but never used: a natively supported model runs as without it (as in vLLM), and a model
     # that exists only as custom code is refused either way, saying so.
     trust_remote_code: bool = False
+    tokenizer_mode: str = "auto"  # one of TOKENIZER_MODES
     override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
 
     @classmethod
@@ -450,6 +455,9 @@ class EngineArgs:
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        _check(self.tokenizer_mode in TOKENIZER_MODES,
+               f"tokenizer_mode must be one of {TOKENIZER_MODES} (the Hugging Face tokenizer; vLLM's 'slow', "
+               f"'mistral' and 'custom' are not implemented), got {self.tokenizer_mode!r}")
         hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"),
                                      self.model_impl)
         _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "

@@ -2,11 +2,12 @@
 --allow-credentials; vLLM answers every origin by default), --disable-fastapi-docs,
 --disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
 --chat-template (a file, or the template itself), --enable-log-requests with --max-log-len,
---disable-log-stats (the periodic stats line is on by default).
+--disable-log-stats (the periodic stats line is on by default), --response-role, --tokenizer-mode.
 One live server with all of them; the defaults are checked on a default server."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,8 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     args = ("--max-model-len", "128", "--allowed-origins", f'["{UI}"]', "--allowed-methods", '["GET", "POST"]',
             "--allow-credentials", "--disable-fastapi-docs", "--disable-uvicorn-access-log", "--uvicorn-log-level",
             "info", "--trust-remote-code", "--chat-template", str(folder / "template.jinja"),
-            "--enable-log-requests", "--max-log-len", "5", "--disable-log-stats")
+            "--enable-log-requests", "--max-log-len", "5", "--disable-log-stats", "--response-role", "narrator",
+            "--tokenizer-mode", "auto")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")  # a stats line would come during the tests: none may
         with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
@@ -82,6 +84,25 @@ def test_chat_template_flag_replaces_the_tokenizers(server: LiveServer, tiny_lla
                       json={"model": MODEL, "messages": [{"role": "user", "content": "a fox"}], "max_tokens": 2,
                             "return_token_ids": True})
     assert chat.json()["prompt_token_ids"] == tokenizer.encode("<<a fox>>", add_special_tokens=False)
+
+
+def test_response_role_with_add_generation_prompt_else_the_last_messages(server: LiveServer) -> None:
+    def roles(stream: bool, **fields) -> list[str]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "a fox"}], "max_tokens": 2, **fields}
+        if not stream:
+            reply = httpx.post(f"{server.base_url}/v1/chat/completions", headers=AUTH, timeout=60, json=body)
+            return [choice["message"]["role"] for choice in reply.json()["choices"]]
+        with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
+                          json={**body, "stream": True}) as reply:
+            return [json.loads(line[6:])["choices"][0]["delta"]["role"] for line in reply.iter_lines()
+                    if line.startswith("data: {") and "role" in json.loads(line[6:])["choices"][0]["delta"]]
+
+    assert roles(False) == roles(True) == ["narrator"]
+    assert roles(False, add_generation_prompt=False) == roles(True, add_generation_prompt=False) == ["user"]
+    batch = httpx.post(f"{server.base_url}/v1/chat/completions/batch", headers=AUTH, timeout=60,
+                       json={"model": MODEL, "max_tokens": 2, "add_generation_prompt": False,
+                             "messages": [[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]]})
+    assert [choice["message"]["role"] for choice in batch.json()["choices"]] == ["user", "system"]
 
 
 def test_requests_are_logged_cut_to_max_log_len(server: LiveServer) -> None:

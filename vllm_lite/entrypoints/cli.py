@@ -174,6 +174,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="log each generation request: id, sampling params, prompt (vLLM's flag)")
     serve.add_argument("--max-log-len", type=int, default=None,
                        help="with --enable-log-requests: the most prompt characters and token ids logged")
+    serve.add_argument("--response-role", default="assistant",
+                       help="the chat reply's role when add_generation_prompt is true (vLLM's flag)")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats line (throughput, queue, KV cache; every VLLM_LOG_STATS_INTERVAL "
                             "seconds, 10 by default) (vLLM's flag; /metrics counts either way)")

@@ -481,7 +481,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          chat_template=load_chat_template(getattr(args, "chat_template", None)),
                          enable_log_requests=getattr(args, "enable_log_requests", False),
                          max_log_len=getattr(args, "max_log_len", None),
-                         disable_log_stats=getattr(args, "disable_log_stats", False))
+                         disable_log_stats=getattr(args, "disable_log_stats", False),
+                         response_role=getattr(args, "response_role", "assistant"))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

@@ -371,15 +371,19 @@ class ChatCompletionRequest(_GenerationRequest):
         templates of Qwen, Llama and Hermes expect)."""
         return [_template_message(m) for m in self.messages]
 
-    def echoed_text(self) -> str:
+    def reply_role(self, response_role: str) -> str:
+        """The reply's role (vLLM's rule): the server's --response-role with
+        add_generation_prompt, else the last message's own role (so always with
+        continue_final_message)."""
+        return response_role if self.add_generation_prompt or not self.messages else self.messages[-1].role
+
+    def echoed_text(self, response_role: str = "assistant") -> str:
         """With `echo`, what the reply starts with (vLLM's rule): the last message's content when
-        its role is the reply's role ('assistant' with add_generation_prompt, else the last
-        message's own role, so always with continue_final_message)."""
+        its role is the reply's role."""
         if not self.echo or not self.messages:
             return ""
         last = self.messages[-1]
-        reply_role = "assistant" if self.add_generation_prompt else last.role
-        return last.text() if last.role == reply_role else ""
+        return last.text() if last.role == self.reply_role(response_role) else ""
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

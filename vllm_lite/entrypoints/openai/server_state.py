@@ -68,6 +68,7 @@ class ServerOptions:
     | chat_template | --chat-template | the template chat requests use instead of the tokenizer's (a request's own wins, where trusted) |
     | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
     | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
+    | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
     """
 
     api_key: str | None = None
@@ -96,6 +97,7 @@ class ServerOptions:
     enable_log_requests: bool = False
     max_log_len: int | None = None
     disable_log_stats: bool = False
+    response_role: str = "assistant"
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

@@ -102,8 +102,9 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
             reasoning_tokens += ReasoningTokenCounter.for_parser(parser, ctx.think_tokens).feed(acc.token_ids)
         calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
         if content is not None:
-            content = request.echoed_text() + content
-        message = ChatResponseMessage(content=forced_call_content(tools, content),
+            content = request.echoed_text(ctx.options.response_role) + content
+        message = ChatResponseMessage(role=request.reply_role(ctx.options.response_role),
+                                      content=forced_call_content(tools, content),
                                       reasoning=None if hide_reasoning else reasoning, tool_calls=calls)
         choices.append(ChatCompletionResponseChoice(
             index=index, message=message, logprobs=logprobs,
@@ -148,9 +149,10 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
                                                       prompt_token_ids=prompt_ids, usage=usage))
 
     first_prompt_ids = prompt_token_ids if request.return_token_ids else None
-    echoed = request.echoed_text()
+    role = request.reply_role(ctx.options.response_role)
+    echoed = request.echoed_text(ctx.options.response_role)
     for index in range(request.n):
-        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")),
+        yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role=role, content="")),
                     first_prompt_ids if index == 0 else None)
         if echoed:
             yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
@@ -240,12 +242,13 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
         prompts.append(prompt)
         streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}"))
-    return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams), raw_request)
+    roles = [single.reply_role(ctx.options.response_role) for single in requests]
+    return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams, roles), raw_request)
 
 
 async def _batch_response(ctx: ServingContext, request: BatchChatCompletionRequest, model: str, request_id: str,
-                          prompts: list[dict[str, Any]],
-                          streams: list[AsyncGenerator[RequestOutput, None]]) -> ChatCompletionResponse:
+                          prompts: list[dict[str, Any]], streams: list[AsyncGenerator[RequestOutput, None]],
+                          roles: list[str]) -> ChatCompletionResponse:
     tasks = [asyncio.ensure_future(collect_choices(stream, 1)) for stream in streams]
     results = await gather_or_cancel(tasks)
     num_top = (request.top_logprobs or 0) if request.logprobs else None
@@ -260,7 +263,7 @@ async def _batch_response(ctx: ServingContext, request: BatchChatCompletionReque
             logprobs = chat_logprobs(ctx.tokenizer, acc.token_ids, acc.logprobs, num_top, as_ids,
                                      request.logprob_token_ids is not None)
         choices.append(ChatCompletionResponseChoice(
-            index=index, message=ChatResponseMessage(content=acc.text), logprobs=logprobs,
+            index=index, message=ChatResponseMessage(role=roles[index], content=acc.text), logprobs=logprobs,
             finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,
             token_ids=acc.token_ids if request.return_token_ids else None))
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
