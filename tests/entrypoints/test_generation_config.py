@@ -94,3 +94,18 @@ def test_server_requests_take_the_models_values_where_they_leave_them_unset(tiny
         assert chat["usage"]["completion_tokens"] <= 6
     assert "generation-config sampling values {'temperature': 0.0, 'max_tokens': 6}" in (
         tmp_path / "server.log").read_text()
+
+
+def test_the_flags_take_vllms_json_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_lite.entrypoints.cli import build_parser
+    from vllm_lite.entrypoints.cli_args import engine_args_from
+
+    args = build_parser().parse_args(["serve", "--generation-config", "vllm",
+                                      "--override-generation-config", '{"temperature": 0.5, "top_k": 8}'])
+    engine_args = engine_args_from(args)
+    assert engine_args.generation_config == "vllm"
+    assert engine_args.override_generation_config == {"temperature": 0.5, "top_k": 8}
+    for bad in ("[0.5]", "{temperature: 0.5}"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--override-generation-config", bad])
+    assert "--override-generation-config" in capsys.readouterr().err

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from vllm_lite.entrypoints.bench import add_bench_parser
 from vllm_lite.entrypoints.chat import add_chat_parser
-from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_string_list
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +163,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="no /docs, /redoc and /openapi.json (vLLM's flag)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),
                        ("--allowed-headers", "headers")):
-        serve.add_argument(flag, type=_json_string_list, default=["*"],
+        serve.add_argument(flag, type=json_string_list, default=["*"],
                            help=f"CORS: allowed {what}, a JSON list (vLLM's flag; default [\"*\"])")
     serve.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (vLLM's flag)")
     serve.add_argument("--chat-template", default=None,
@@ -180,17 +179,6 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="no periodic stats line (throughput, queue, KV cache; every VLLM_LOG_STATS_INTERVAL "
                             "seconds, 10 by default) (vLLM's flag; /metrics counts either way)")
     serve.set_defaults(func=cmd_serve)
-
-
-def _json_string_list(text: str) -> list[str]:
-    """vLLM's form of the CORS flags: a JSON list of strings, e.g. '["https://a.example"]'."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
-        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

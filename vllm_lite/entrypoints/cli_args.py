@@ -38,13 +38,25 @@ def _flag_type(annotation: str) -> Callable[[str], Any]:
     return int
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def _json(text: str) -> Any:
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = _json(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def json_string_list(text: str) -> list[str]:
+    """vLLM's form of list flags (the CORS ones): a JSON list of strings, e.g. '["https://a.example"]'."""
+    value = _json(text)
+    if not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text!r}")
     return value
 
 
