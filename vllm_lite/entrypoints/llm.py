@@ -46,7 +46,7 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        if not isinstance(prompts, (str, dict, Iterable)):
+        if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
             raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))

@@ -21,8 +21,6 @@ from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, Stru
 from vllm_lite.sampling_params import (ALL_VOCAB_LOGPROBS, MAX_LOGPROB_TOKEN_IDS, RequestOutputKind,
                                        SamplingParams, StructuredOutputsParams)
 
-
-
 MAX_REQUEST_ID_CHARS = 256  # a caller's request id (body or X-Request-Id header)
 
 
@@ -377,7 +375,7 @@ class ChatCompletionRequest(_GenerationRequest):
         continue_final_message)."""
         return response_role if self.add_generation_prompt or not self.messages else self.messages[-1].role
 
-    def echoed_text(self, response_role: str = "assistant") -> str:
+    def echoed_text(self, response_role: str) -> str:
         """With `echo`, what the reply starts with (vLLM's rule): the last message's content when
         its role is the reply's role."""
         if not self.echo or not self.messages:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ class StatsLog:
         self.prompt_tokens += stats.num_prompt_tokens
         self.generation_tokens += stats.num_generation_tokens
 
-    async def run(self, get_stats: Any) -> None:
+    async def run(self, get_stats: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Until cancelled (the server's lifespan) or the engine stops answering."""
         last = time.monotonic()
         while True:
