@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make gpu-check`: on a machine with a CUDA GPU, run the tests that exercise the CUDA path
 # (token parity in fp32 with transformers for every family, async scheduling, structured outputs,
-# Triton kernels compiled for the GPU, CUDA graphs, reduced precision) on the GPU, then a short bf16
+# Triton kernels compiled for the GPU, CUDA graphs, reduced precision) on the GPU, the KV cache
+# sized by gpu_memory_utilization (tools/gpu_memory_check.py), then a short bf16
 # throughput run with async scheduling and CUDA graphs on and off. Writes gpu_check.log,
 # gpu_throughput.log and gpu_check_summary.txt into $GPU_CHECK_OUT (default .); GPU_CHECK_MODES picks
 # the throughput modes (default all four). tools/gpu_wheels.sh
@@ -21,6 +22,8 @@ timeout "${GPU_CHECK_TEST_SECONDS:-300}" $PY -m pytest -q -p no:cacheprovider -o
     tests/test_n_samples.py tests/model/test_families.py tests/test_sliding_window.py tests/sample/test_logprobs.py \
     tests/test_beam_search.py 2>&1 | tee "$OUT_DIR/gpu_check.log"
 tests_rc=${PIPESTATUS[0]}
+timeout 180 $PY tools/gpu_memory_check.py 2>&1 | tee "$OUT_DIR/gpu_memory.log"
+memory_rc=${PIPESTATUS[0]}
 MODES=${GPU_CHECK_MODES:-async sync async-eager sync-eager}
 timeout "${GPU_CHECK_BENCH_SECONDS:-240}" $PY benchmarks/gpu_throughput.py --requests "$REQUESTS" \
     --input-range 100 1024 --output-range 100 1024 --modes $MODES --split 2>&1 | tee "$OUT_DIR/gpu_throughput.log"
@@ -28,7 +31,8 @@ bench_rc=${PIPESTATUS[0]}
 {
     echo "gpu-check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(git rev-parse --short HEAD 2>/dev/null)"
     grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed)" "$OUT_DIR/gpu_check.log"
+    grep -E "^gpu_memory_utilization=" "$OUT_DIR/gpu_memory.log"
     sed -n '/^mode /,$p' "$OUT_DIR/gpu_throughput.log"
-    echo "tests rc=$tests_rc, throughput rc=$bench_rc"
+    echo "tests rc=$tests_rc, gpu_memory_utilization rc=$memory_rc, throughput rc=$bench_rc"
 } | tee "$OUT_DIR/gpu_check_summary.txt"
-exit $(( tests_rc != 0 || bench_rc != 0 ))
+exit $(( tests_rc != 0 || memory_rc != 0 || bench_rc != 0 ))

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ DEVICE_NAMES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu_native")
 _HF_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+# vLLM's default share of a GPU's memory for one engine (weights, activations and the KV cache).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# vLLM CPU's legacy KV cache size in GiB (an environment variable; kv_cache_memory_bytes's twin).
+CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
@@ -289,6 +294,10 @@ class CacheConfig:
     # layer attends to everything (then every block stays needed).
     sliding_window: int | None = None
     cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES (vLLM's name for the field)
+    # Set: the KV cache takes what is left of this share of the device's memory once the
+    # weights and a full step's activations are in (the workers measure it: `kv_cache_budget`);
+    # then kv_cache_memory_bytes is None, and num_kv_blocks too until the engine core settled it.
+    gpu_memory_utilization: float | None = None
 
 
 def default_block_size(device: str, attention_backend: str) -> int:
@@ -368,20 +377,34 @@ class VllmConfig:
         per_layer = 2 * self.cache_config.block_size * kv_heads * row_size * KV_ELEMENT_SIZES[element]
         return per_layer * hf.num_hidden_layers
 
-    def num_kv_blocks(self) -> int:
+    def num_kv_blocks(self, measured_budget: int | None = None) -> int:
         """The KV cache size in blocks: the override, else what the memory budget holds, capped at
         what `max_num_seqs` full-length sequences could ever use (more would be dead memory) plus
-        the block the pool reserves (block 0 holds no request's tokens: `BlockPool`)."""
+        the block the pool reserves (block 0 holds no request's tokens: `BlockPool`). With
+        gpu_memory_utilization the budget is `measured_budget`, what the workers found free."""
         cache = self.cache_config
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
-        budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        if cache.gpu_memory_utilization is not None:
+            if measured_budget is None:
+                raise ValueError("gpu_memory_utilization: the KV cache budget is measured by the workers; "
+                                 "pass it (executor.determine_available_memory)")
+            budget, source = measured_budget, (f"gpu_memory_utilization={cache.gpu_memory_utilization} leaves "
+                                               f"{measured_budget} bytes for the KV cache, which")
+        else:
+            budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+            source = f"kv_cache_memory_bytes={budget}"
         sched = self.scheduler_config
         useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size) + 1
         blocks = min(budget // self.kv_block_bytes(), useful)
-        _check(blocks >= 2, f"kv_cache_memory_bytes={budget} holds {blocks} KV block(s); the engine needs at least "
+        _check(blocks >= 2, f"{source} holds {blocks} KV block(s); the engine needs at least "
                             f"2, one of them reserved (one block takes {self.kv_block_bytes()} bytes)")
         return int(blocks)
+
+    def with_num_kv_blocks(self, num_blocks: int) -> VllmConfig:
+        """This config with the KV cache size the engine core settled on (a client's copy, once
+        the engine core measured its budget; the other fields stay, as what was asked for)."""
+        return dataclasses.replace(self, cache_config=dataclasses.replace(self.cache_config, num_kv_blocks=num_blocks))
 
 
 @dataclass(slots=True)
@@ -395,6 +418,10 @@ class EngineArgs:
     block_size: int | None = None  # vLLM's platform default: 128 on CPU, 16 on CUDA (see default_block_size)
     num_kv_blocks: int | None = None
     kv_cache_memory_bytes: int | None = None
+    # vLLM's share of the device's memory for this engine. None: vLLM's 0.92 on CUDA; on CPU the
+    # KV cache takes kv_cache_memory_bytes, else VLLM_CPU_KVCACHE_SPACE GiB, else 2 GiB (vLLM CPU
+    # would take 92% of the host's memory: not what a laptop wants).
+    gpu_memory_utilization: float | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
@@ -523,10 +550,37 @@ class EngineArgs:
         _check(bs >= 1 and bs & (bs - 1) == 0, f"block_size must be a power of two >= 1, got {bs}")
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 2,
                f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
+        kv_bytes = self._kv_cache_memory_bytes(device)
+        return CacheConfig(bs, self.num_kv_blocks, kv_bytes, self.enable_prefix_caching,
+                           model_config.hf.all_layers_window, self.kv_cache_dtype,
+                           self._gpu_memory_utilization(device, kv_bytes))
+
+    def _kv_cache_memory_bytes(self, device: str) -> int | None:
+        """kv_cache_memory_bytes, or on CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB) when it is not given."""
         _check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
                f"kv_cache_memory_bytes must be > 0, got {self.kv_cache_memory_bytes}")
-        return CacheConfig(bs, self.num_kv_blocks, self.kv_cache_memory_bytes, self.enable_prefix_caching,
-                           model_config.hf.all_layers_window, self.kv_cache_dtype)
+        space = os.environ.get(CPU_KV_CACHE_SPACE_ENV, "").strip()
+        if device != "cpu" or not space or self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
+        _check(space.isdigit(), f"{CPU_KV_CACHE_SPACE_ENV} must be a whole number of GiB, got {space!r}")
+        return int(space) << 30 or None  # vLLM: 0 means unset
+
+    def _gpu_memory_utilization(self, device: str, kv_cache_memory_bytes: int | None) -> float | None:
+        """The share of device memory the KV cache is sized from, or None when a fixed size is given
+        (kv_cache_memory_bytes, num_kv_blocks) or, on CPU, when the share is not asked for."""
+        utilization = self.gpu_memory_utilization
+        if utilization is None:
+            fixed = kv_cache_memory_bytes is not None or self.num_kv_blocks is not None
+            return None if fixed or device == "cpu" else DEFAULT_GPU_MEMORY_UTILIZATION
+        _check(isinstance(utilization, (int, float)) and not isinstance(utilization, bool) and 0 < utilization <= 1,
+               f"gpu_memory_utilization must be in (0, 1], got {utilization!r}")
+        fixed_sizes = {"kv_cache_memory_bytes": self.kv_cache_memory_bytes, "num_kv_blocks": self.num_kv_blocks}
+        if kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes is None:
+            fixed_sizes[CPU_KV_CACHE_SPACE_ENV] = os.environ[CPU_KV_CACHE_SPACE_ENV]
+        for name, value in fixed_sizes.items():  # vLLM lets a fixed size win without a word
+            _check(value is None, f"gpu_memory_utilization={utilization} and {name}={value} both size the KV cache; "
+                                  "give one of them")
+        return float(utilization)
 
     def _scheduler_config(self, max_model_len: int, device: str) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")

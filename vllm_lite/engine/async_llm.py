@@ -61,6 +61,8 @@ class AsyncLLM:
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
+        # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
+        self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None  # the output handler failed
         # Called with each step's IterationStats (the server's Prometheus metrics); while the

@@ -66,12 +66,13 @@ class EngineCore:
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
         self.executor = make_executor(vllm_config)
-        num_blocks = vllm_config.num_kv_blocks()
         try:
+            num_blocks = self._kv_cache_blocks()
             self.executor.initialize_kv_cache(num_blocks)
         except BaseException:
             self.executor.shutdown()  # worker processes must not outlive a failed start
             raise
+        self.num_kv_blocks = num_blocks
         self.structured_output_manager = make_structured_output_manager(vllm_config)
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
                                    self.structured_output_manager)
@@ -79,6 +80,18 @@ class EngineCore:
         self.failed_requests: list[RequestError] = []
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self.in_flight: SchedulerOutput | None = None  # async: submitted, output not yet taken
+
+    def _kv_cache_blocks(self) -> int:
+        """The KV cache's size: fixed by the config, or what the workers measured free under
+        gpu_memory_utilization (logged, as vLLM logs its "Available KV cache memory")."""
+        cache = self.vllm_config.cache_config
+        if cache.gpu_memory_utilization is None:
+            return self.vllm_config.num_kv_blocks()
+        budget = self.executor.determine_available_memory()
+        num_blocks = self.vllm_config.num_kv_blocks(budget)
+        logger.info("available KV cache memory: %.2f GiB (gpu_memory_utilization=%s): %d blocks of %d tokens",
+                    budget / (1 << 30), cache.gpu_memory_utilization, num_blocks, cache.block_size)
+        return num_blocks
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
@@ -377,7 +390,8 @@ class EngineCoreProc:
         """What an attaching client needs to build a matching input side."""
         model_config = self.vllm_config.model_config
         return {"model": model_config.model, "tokenizer": model_config.tokenizer,
-                "max_model_len": model_config.max_model_len, "pid": os.getpid()}
+                "max_model_len": model_config.max_model_len, "pid": os.getpid(),
+                "num_kv_blocks": self.engine_core.num_kv_blocks}
 
 
 def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> EngineCoreOutputs:
@@ -442,8 +456,8 @@ def run_engine_core(vllm_config: VllmConfig, address: str, ready: Callable[[byte
                     standalone: bool = False) -> int:
     """Build an EngineCoreProc at `address` and serve until told to stop; returns the exit code.
 
-    `ready` is called once with the start-up report: msgpack `{"address": ...}` when serving,
-    or `{"error_type": ..., "message": ...}` when start-up failed."""
+    `ready` is called once with the start-up report: msgpack `{"address": ..., **engine_info}`
+    when serving, or `{"error_type": ..., "message": ...}` when start-up failed."""
     stop = StopSignals(standalone)
     _watch_parent(stop)
     _set_torch_threads(vllm_config)
@@ -455,7 +469,7 @@ def run_engine_core(vllm_config: VllmConfig, address: str, ready: Callable[[byte
             ready(msgspec.msgpack.encode({"error_type": type(exc).__name__, "message": str(exc)}))
         return 1
     if ready is not None:
-        ready(msgspec.msgpack.encode({"address": proc.address}))
+        ready(msgspec.msgpack.encode({"address": proc.address, **proc.engine_info()}))
     stop.notify(proc.input_queue)
     return proc.serve()
 

@@ -161,6 +161,11 @@ class MPClient:
         return procs[0].pid if procs else self.engine_info.get("pid")
 
     @property
+    def num_kv_blocks(self) -> int:
+        """The KV cache's size the engine core settled on (measured under gpu_memory_utilization)."""
+        return self.engine_info["num_kv_blocks"]
+
+    @property
     def is_engine_dead(self) -> bool:
         return self.state.engine_dead
 
@@ -179,7 +184,7 @@ class MPClient:
         launch = launch or launch_engine_core(vllm_config)
         self.resources.procs.append(launch.proc)
         self.resources.cleanups.append(launch.address.cleanup)
-        launch.wait_ready()
+        self.engine_info = launch.wait_ready()
         self.resources.watch = DeathWatch([launch.proc], _OnEngineDeath(self.state, weakref.WeakMethod(
             self._on_engine_death)), name="engine-core-watch")
         return launch.address.address

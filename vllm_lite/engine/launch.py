@@ -48,9 +48,10 @@ class EngineLaunch:
     address: EngineAddress
     ready_reader: Connection
 
-    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
+        """The engine core's start-up report: its address and `engine_info`."""
         try:
-            self._wait_ready(timeout_s)
+            return self._wait_ready(timeout_s)
         except BaseException:
             self.abort()
             raise
@@ -59,7 +60,7 @@ class EngineLaunch:
         stop_processes([self.proc])
         self.address.cleanup()
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
         try:
             raw = wait_ready_report(self.ready_reader, self.proc, timeout_s)
         except TimeoutError:
@@ -73,6 +74,7 @@ class EngineLaunch:
         if "error_type" in report:
             error_type = _STARTUP_ERROR_TYPES.get(report["error_type"], EngineStartupError)
             raise error_type(f"engine core failed to start: {report['error_type']}: {report['message']}")
+        return report
 
 
 def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:

@@ -26,6 +26,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
+        # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
+        self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocess: bool = False,

@@ -29,10 +29,12 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
 
 def _flag_type(annotation: str) -> Callable[[str], Any]:
     """A flag's parser from its field's annotation (a string here): str, a JSON object for dicts
-    (vLLM's --override-generation-config '{"temperature": 0.5}'), else int."""
+    (vLLM's --override-generation-config '{"temperature": 0.5}'), float, else int."""
     base = annotation.split(" | ")[0]
     if base == "str":
         return str
+    if base == "float":
+        return float
     if base.startswith("dict"):
         return _json_object
     return int

@@ -21,6 +21,11 @@ class Executor(ABC):
         self.vllm_config = vllm_config
 
     @abstractmethod
+    def determine_available_memory(self) -> int:
+        """The bytes the KV cache may take on every rank under gpu_memory_utilization (each rank
+        measures its own: `Worker.determine_available_memory`)."""
+
+    @abstractmethod
     def initialize_kv_cache(self, num_blocks: int) -> None: ...
 
     @abstractmethod

@@ -21,8 +21,8 @@ import msgspec
 import numpy as np
 
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.wire import (Flush, Frame, InitKVCache, MsgpackDecoder, MsgpackEncoder, Shutdown,
-                            WorkerReply)
+from vllm_lite.wire import (Flush, Frame, InitKVCache, MeasureMemory, MsgpackDecoder, MsgpackEncoder,
+                            Shutdown, WorkerReply)
 
 
 class StepDiff(msgspec.Struct, array_like=True, gc=False):
@@ -91,7 +91,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
 
-EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown
+EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown | MeasureMemory
 
 
 def _int32(values: list[int]) -> np.ndarray:
@@ -99,9 +99,9 @@ def _int32(values: list[int]) -> np.ndarray:
 
 
 # First frame of an engine core -> rank message (wire.codec frames follow).
-_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH = b"\x00", b"\x01", b"\x02", b"\x03"
+_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH, _MEASURE_MEMORY = b"\x00", b"\x01", b"\x02", b"\x03", b"\x04"
 _TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown,
-                                 _FLUSH: Flush}
+                                 _FLUSH: Flush, _MEASURE_MEMORY: MeasureMemory}
 _KIND = {struct: kind for kind, struct in _TO_WORKER.items()}
 
 

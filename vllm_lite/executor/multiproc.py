@@ -58,7 +58,7 @@ from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
 from vllm_lite.executor.step_order import HeldSteps, launches_ahead
 from vllm_lite.executor.worker_proc import start_worker_processes
 from vllm_lite.lifecycle import DeathWatch, ProcessResources, describe_exit
-from vllm_lite.wire import Flush, InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Shutdown, WorkerReply
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,11 @@ class MultiprocExecutor(Executor):
         """Whether the ranks launch a step before finishing the one before it
         (`step_order.launches_ahead`)."""
         return launches_ahead(device_type)
+
+    def determine_available_memory(self) -> int:
+        """The smallest rank's KV cache budget: every rank holds the same number of blocks."""
+        self._broadcast(MeasureMemory())
+        return min(reply.kv_cache_budget for reply in self._receive_replies())
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self._broadcast(InitKVCache(num_blocks, self.held_steps.launch_ahead))

@@ -31,6 +31,9 @@ class UniProcExecutor(Executor):
         (`step_order.launches_ahead`)."""
         return launches_ahead(device.type)
 
+    def determine_available_memory(self) -> int:
+        return self.worker.determine_available_memory()
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
 

@@ -3,6 +3,8 @@
 A rank joins the process group through the engine core's store, loads its shard of the model,
 subscribes to the step broadcast, and from then on runs every message it receives:
 
+    MeasureMemory -> the profile step; this rank's      (every rank replies with its budget)
+                   KV cache budget (gpu_memory_utilization)
     InitKVCache -> allocate this rank's KV cache      (every rank replies when done)
     StepDiff    -> launch the step and finish it, or   (rank 0 replies with the output, the
                    the one launched before it           others with the requests failed on them)
@@ -43,7 +45,7 @@ from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
 from vllm_lite.executor.step_order import StepPipeline
 from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
-from vllm_lite.wire import Flush, InitKVCache, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Shutdown, WorkerReply
 from vllm_lite.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,8 @@ class WorkerProc:
     def _handle(self, message: object) -> list[WorkerReply | BaseException]:
         """A reply (or the exception) for each step finished now, in step order: a step launched
         ahead is answered after the next step's launch, or at a Flush."""
+        if isinstance(message, MeasureMemory):
+            return [WorkerReply(rank=self.rank, kv_cache_budget=self.worker.determine_available_memory())]
         if isinstance(message, InitKVCache):
             self.worker.initialize_kv_cache(message.num_blocks)
             self.pipeline = StepPipeline(self.worker, message.launch_ahead)

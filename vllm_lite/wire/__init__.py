@@ -29,12 +29,20 @@ from vllm_lite.wire.engine_core import (
     UtilityRequest,
     UtilityResult,
 )
-from vllm_lite.wire.worker import Flush, InitKVCache, LogprobsArrays, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire.worker import (
+    Flush,
+    InitKVCache,
+    LogprobsArrays,
+    MeasureMemory,
+    ModelRunnerOutput,
+    Shutdown,
+    WorkerReply,
+)
 
 __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
     "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "UtilityRequest",
-    "UtilityResult", "Flush", "InitKVCache", "LogprobsArrays", "ModelRunnerOutput", "Shutdown", "WorkerReply",
+    "UtilityResult", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Shutdown", "WorkerReply",
 ]

@@ -48,6 +48,11 @@ class InitKVCache(msgspec.Struct, array_like=True, gc=False):
     launch_ahead: bool = False
 
 
+class MeasureMemory(msgspec.Struct, array_like=True, gc=False):
+    """Reply with the bytes this rank's KV cache may take under gpu_memory_utilization (every
+    rank runs the profile step together: its forward pass has collectives)."""
+
+
 class Flush(msgspec.Struct, array_like=True, gc=False):
     """Finish the held step (launched ahead) and reply with its output: the engine core takes it
     with no step submitted after it."""
@@ -58,11 +63,13 @@ class Shutdown(msgspec.Struct, array_like=True, gc=False):
 
 
 class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """Every rank replies once to every step (and to InitKVCache), in step order. Rank 0's reply
+    """Every rank replies once to every step (and to InitKVCache and MeasureMemory), in order. Rank 0's reply
     to a step carries the output; the other ranks' carry only the requests that failed on them
-    (already in `output.failed` when every rank agreed on them before the forward pass)."""
+    (already in `output.failed` when every rank agreed on them before the forward pass), and
+    each replies to MeasureMemory with its budget."""
 
     output: ModelRunnerOutput | None = None
     error: str | None = None  # a rank failed (its rank named) or died: the engine is dead
     rank: int = 0
     failed: dict[str, str] | None = None  # ranks > 0: request id -> why it failed on this rank
+    kv_cache_budget: int | None = None  # the reply to MeasureMemory

@@ -174,14 +174,53 @@ class ModelRunner:
         return best
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        hf = self.config.model_config.hf
-        attn = self.model.model.layers[0].self_attn
-        element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
-        shape = kv_cache_shape(num_blocks, self.block_size, attn.num_kv_heads, row_size)
-        self.kv_caches = [torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
-                          for _ in range(hf.num_hidden_layers)]
+        num_layers = self.config.model_config.hf.num_hidden_layers
+        self.kv_caches = [self._kv_cache_layer(num_blocks) for _ in range(num_layers)]
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
+
+    @torch.inference_mode()
+    def profile_run(self) -> int:
+        """A step as large as the scheduler makes, for its activations' peak (gpu_memory_utilization):
+        max_num_batched_tokens prompt tokens in sequences of up to max_model_len, then logits for
+        max_num_seqs rows and the sort top-p does over them. Before the KV cache exists, the
+        sequences share a scratch cache of one sequence's blocks; returns its bytes (the real
+        cache takes its place, so the peak less these is what the KV cache must leave room for)."""
+        sched = self.config.scheduler_config
+        num_tokens = sched.max_num_batched_tokens
+        seq_len = min(num_tokens, self.config.model_config.max_model_len)
+        query_lens = np.full(num_tokens // seq_len, seq_len, dtype=np.int32)
+        if num_tokens % seq_len:
+            query_lens = np.append(query_lens, np.int32(num_tokens % seq_len))
+        query_start_loc = np.zeros(len(query_lens) + 1, dtype=np.int32)
+        query_start_loc[1:] = np.cumsum(query_lens)
+        blocks = -(-seq_len // self.block_size)
+        positions = segment_offsets(query_lens).astype(np.int64)
+        block_table = np.tile(np.arange(1, blocks + 1, dtype=np.int32), (len(query_lens), 1))
+        common = CommonAttentionMetadata(
+            query_start_loc=self._to_device(query_start_loc), seq_lens=self._to_device(query_lens),
+            block_table=self._to_device(block_table),
+            slot_mapping=self._to_device(positions + self.block_size),  # block i + 1 holds positions of block i
+            query_start_loc_np=query_start_loc, seq_lens_np=query_lens, num_actual_tokens=num_tokens,
+            max_query_len=seq_len, block_size=self.block_size)
+        scratch = self._scratch_kv_caches(blocks + 1)
+        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        hidden = self.model(input_ids, self._to_device(positions), scratch, self.attn_backend.build(common))
+        rows = torch.arange(sched.max_num_seqs, device=self.device) % num_tokens
+        logits = self.model.compute_logits(hidden[rows])
+        torch.sort(logits.float().softmax(-1), dim=-1, descending=True)
+        return sum(layer.numel() * layer.element_size() for layer in scratch)
+
+    def _scratch_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        num_layers = self.config.model_config.hf.num_hidden_layers
+        return [self._kv_cache_layer(num_blocks) for _ in range(num_layers)]
+
+    def _kv_cache_layer(self, num_blocks: int) -> torch.Tensor:
+        """One layer's KV cache: this rank's KV heads, in the KV cache dtype's rows."""
+        element, row_size = kv_cache_row(self.config.kv_cache_dtype, self.config.model_config.hf.head_dim)
+        num_kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
+        shape = kv_cache_shape(num_blocks, self.block_size, num_kv_heads, row_size)
+        return torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.finish(self.launch(scheduler_output))

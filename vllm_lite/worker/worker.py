@@ -10,6 +10,7 @@ import torch
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.worker.memory import device_memory, host_memory, kv_cache_budget, resident_bytes
 from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
 from vllm_lite.wire import ModelRunnerOutput
 
@@ -24,8 +25,37 @@ class Worker:
         else:
             self.device = torch.device("cpu")
             keep_freed_memory_in_heap()
+        self.vllm_config = vllm_config
+        # Before the weights load: gpu_memory_utilization's share must have been free then.
+        self.memory_at_start = (device_memory(self.device)
+                                if vllm_config.cache_config.gpu_memory_utilization is not None else None)
         torch.manual_seed(vllm_config.model_config.seed)
         self.model_runner = ModelRunner(vllm_config, self.device, tp)
+
+    def determine_available_memory(self) -> int:
+        """The bytes this rank's KV cache may take under gpu_memory_utilization
+        (`memory.kv_cache_budget`): on CUDA what a profile step leaves; on CPU, as vLLM's CPU
+        backend, the host's memory less this process's resident set, shared by a host's ranks."""
+        utilization = self.vllm_config.cache_config.gpu_memory_utilization
+        if utilization is None or self.memory_at_start is None:
+            raise ValueError("determine_available_memory: the KV cache has a fixed size (no gpu_memory_utilization)")
+        if self.device.type == "cuda":
+            used = self._profiled_cuda_use()
+            return kv_cache_budget(utilization, self.memory_at_start, used, device_memory(self.device).free)
+        parallel = self.vllm_config.parallel_config
+        return kv_cache_budget(utilization, self.memory_at_start, resident_bytes(), host_memory().free,
+                               sharers=parallel.world_size // parallel.nnodes, device="cpu")
+
+    def _profiled_cuda_use(self) -> int:
+        """This rank's peak use in the largest step: torch's peak allocation over a profile step
+        (the weights included) plus what the CUDA runtime took outside torch's allocator."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+        scratch_kv_cache = self.model_runner.profile_run()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - scratch_kv_cache
+        torch.cuda.empty_cache()
+        gained = self.memory_at_start.free - device_memory(self.device).free
+        return peak + max(0, gained - torch.cuda.memory_reserved(self.device))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
