@@ -6,7 +6,6 @@ engine-core processes it spawned, even when a graceful shutdown fails."""
 from __future__ import annotations
 
 import contextlib
-
 import os
 import signal
 import socket
@@ -15,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -57,9 +57,12 @@ def alive(pid: int) -> bool:
 
 class LiveServer:
     def __init__(self, model: Path, log_path: Path, served_model_name: str, api_key: str,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), scheme: str = "http",
+                 client_options: dict[str, Any] | None = None) -> None:
+        """`client_options`: httpx.Client's arguments for reaching it (TLS trust, a Unix socket's transport)."""
         self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{scheme}://127.0.0.1:{self.port}"
+        self.client_options = client_options or {}
         self.api_key = api_key
         self.log_path = log_path
         command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model),
@@ -80,7 +83,9 @@ class LiveServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                with httpx.Client(timeout=2.0, **self.client_options) as client:
+                    healthy = client.get(f"{self.base_url}/health").status_code == 200
+                if healthy:
                     self.children = descendants(self.proc.pid)
                     return
             except httpx.TransportError:
@@ -124,9 +129,10 @@ class LiveServer:
 
 @contextlib.contextmanager
 def running_server(model: Path, log_path: Path, served_model_name: str, api_key: str,
-                   extra_args: tuple[str, ...] = ()) -> Iterator[LiveServer]:
-    """A healthy server for the `with` block; stopped and its process group reaped after."""
-    live = LiveServer(model, log_path, served_model_name, api_key, extra_args)
+                   extra_args: tuple[str, ...] = (), **reach: Any) -> Iterator[LiveServer]:
+    """A healthy server for the `with` block; stopped and its process group reaped after.
+    `reach`: LiveServer's scheme and client_options."""
+    live = LiveServer(model, log_path, served_model_name, api_key, extra_args, **reach)
     try:
         live.wait_healthy()
         yield live

@@ -46,8 +46,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """One API server with its engine core, or (--api-server-count N > 1) N API servers sharing
     the port and one engine core."""
+    from vllm_lite.entrypoints.openai.api_server import ssl_options
+
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be >= 1, got {args.api_server_count}")
+    ssl_options(args)  # a wrong TLS file fails now, not after the model loaded
+    if args.uds is not None and args.api_server_count > 1:
+        raise ValueError("--uds serves one API server; --api-server-count > 1 shares a TCP port")
     if args.api_server_count > 1:
         from vllm_lite.entrypoints.openai.api_server_pool import run_api_server_pool
 
@@ -104,6 +109,16 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(serve, model_positional=True)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: all interfaces)")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--uds", default=None,
+                       help="serve on this Unix domain socket path instead of --host/--port (vLLM's flag)")
+    serve.add_argument("--ssl-keyfile", default=None, help="HTTPS: the private key file (vLLM's flag)")
+    serve.add_argument("--ssl-certfile", default=None, help="HTTPS: the certificate file (vLLM's flag)")
+    serve.add_argument("--ssl-ca-certs", default=None,
+                       help="HTTPS: CA certificates that client certificates are checked against (vLLM's flag)")
+    serve.add_argument("--ssl-cert-reqs", type=int, choices=(0, 1, 2), default=None,
+                       help="HTTPS: client certificates 0 none, 1 optional, 2 required (Python's ssl.CERT_*; "
+                            "vLLM's flag)")
+    serve.add_argument("--ssl-ciphers", default=None, help="HTTPS: the allowed ciphers, OpenSSL's format (vLLM's flag)")
     serve.add_argument("--api-key", default=None,
                        help="require `Authorization: Bearer <key>` on every route but /health and /ping "
                             "(default: $VLLM_LITE_API_KEY)")

@@ -455,6 +455,25 @@ def _spawned_engine(args: argparse.Namespace) -> Callable[[], EngineClient]:
     return make
 
 
+SSL_FLAGS = ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs", "ssl_cert_reqs", "ssl_ciphers")
+
+
+def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn's TLS settings from vLLM's --ssl-* flags (HTTPS when --ssl-certfile is given); the
+    files are checked here so that a wrong path is named, not an OpenSSL error."""
+    given = {name: getattr(args, name, None) for name in SSL_FLAGS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return {}
+    if "ssl_certfile" not in given:
+        raise ValueError(f"--{next(iter(given)).replace('_', '-')} needs --ssl-certfile (HTTPS is served with a "
+                         "certificate)")
+    for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        if name in given and not os.path.isfile(given[name]):
+            raise ValueError(f"--{name.replace('_', '-')}: no such file {given[name]!r}")
+    return given
+
+
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(api_key=args.api_key or os.environ.get("VLLM_LITE_API_KEY") or None,
                          max_request_body_bytes=args.max_request_body_bytes,
@@ -493,15 +512,17 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
 
     _show_info_logs()
     options = server_options_from(args)
+    listen_tls = ssl_options(args)
     model = engine_args_from(args).model
     engine = make_engine()
     try:
         names = args.served_model_name or ([model] if model else [])
         app = build_app(engine, names, owns_engine=True, options=options)
         # The drain ends every request before uvicorn's own grace period (a backstop) runs out.
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+        config = uvicorn.Config(app, host=args.host, port=args.port, uds=getattr(args, "uds", None),
+                                log_level=args.uvicorn_log_level,
                                 access_log=not getattr(args, "disable_uvicorn_access_log", False),
-                                timeout_graceful_shutdown=options.shutdown_timeout_s + 5)
+                                timeout_graceful_shutdown=options.shutdown_timeout_s + 5, **listen_tls)
         server = (server_class or DrainingServer)(config, app.state.ctx)
         watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))
         try:

@@ -43,7 +43,8 @@ def target() -> Target:
     )
 
 
-# flag -> number of values it takes; dropped for both servers (GPU-only or precision choices)
+# flag -> number of values it takes; dropped for both servers (precision and download choices, and
+# the tests' GPU memory shares: on CPU both servers would take that share of the host's memory)
 DROPPED_FLAGS = {"--dtype": 1, "--gpu-memory-utilization": 1, "--load-format": 1}
 DROPPED_FOR_VLLM_LITE = {"--enforce-eager": 0}
 
