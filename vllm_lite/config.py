@@ -41,6 +41,7 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
 # computes in fp32). "int8_per_token_head" (vLLM's name and rule) stores each (token, KV head) row
@@ -276,6 +277,10 @@ class ModelConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     quantization: str | None = None  # one of QUANTIZATION_METHODS: linear layers quantized at load
     gguf_file: str | None = None  # the .gguf file `model` was converted from, if any
+    # vLLM's hf_overrides: config.json keys replaced before the model is built (checked like the
+    # file's own keys); the Transformers fallback applies them to the config it loads.
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    load_format: str = "auto"  # one of LOAD_FORMATS; "dummy": random weights, no checkpoint read
     # vLLM's skip_tokenizer_init: no tokenizer anywhere; prompts are token ids, outputs token ids
     # (text ""), and what needs text (stop strings, grammars, chat templates) is refused.
     skip_tokenizer_init: bool = False
@@ -455,6 +460,8 @@ class EngineArgs:
     trust_remote_code: bool = False
     tokenizer_mode: str = "auto"  # one of TOKENIZER_MODES
     override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
+    hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's dict form)
+    load_format: str = "auto"  # one of LOAD_FORMATS
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -485,8 +492,13 @@ class EngineArgs:
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode must be one of {TOKENIZER_MODES} (the Hugging Face tokenizer; vLLM's 'slow', "
                f"'mistral' and 'custom' are not implemented), got {self.tokenizer_mode!r}")
-        hf = HFModelConfig.from_dict(_read_json(cfg_path), _read_json(model_dir / "generation_config.json"),
-                                     self.model_impl)
+        _check(self.hf_overrides is None or isinstance(self.hf_overrides, dict),
+               f"hf_overrides must be a dict of config.json keys (vLLM's callable form is not implemented), "
+               f"got {type(self.hf_overrides).__name__}")
+        hf_overrides = dict(self.hf_overrides or {})
+        hf = HFModelConfig.from_dict({**_read_json(cfg_path), **hf_overrides},
+                                     _read_json(model_dir / "generation_config.json"), self.model_impl)
+        load_format = _resolve_load_format(self.load_format, gguf_file)
         _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "
                f"as vLLM), got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
@@ -518,6 +530,8 @@ class EngineArgs:
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
             quantization=quantization,
+            hf_overrides=hf_overrides,
+            load_format=load_format,
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
@@ -640,6 +654,19 @@ def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
     else:
         _check(tp % kv == 0, f"tensor_parallel_size={tp} is not a multiple of num_key_value_heads={kv} "
                              "(KV heads are replicated over ranks only when the count divides)")
+
+
+def _resolve_load_format(load_format: str, gguf_file: Path | None) -> str:
+    """vLLM's load_format, as far as this engine reads checkpoints: safetensors folders and .gguf
+    files (`auto` picks by the model), or `dummy` weights (random, for benchmarks)."""
+    _check(load_format in LOAD_FORMATS, f"load_format must be one of {LOAD_FORMATS} (vLLM's others, e.g. 'pt' "
+                                        f"for .bin files, are not implemented), got {load_format!r}")
+    found = "gguf" if gguf_file is not None else "safetensors"
+    _check(load_format in ("auto", "dummy", found),
+           f"load_format={load_format!r}, but the model is a {'.gguf file' if gguf_file else 'safetensors folder'}")
+    _check(load_format != "dummy" or gguf_file is None, "load_format='dummy' builds a folder's model (config.json) "
+                                                        "with random weights; give the folder, not a .gguf file")
+    return found if load_format == "auto" else load_format
 
 
 def _resolve_device(device: str) -> str:

@@ -127,15 +127,17 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
                tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
     model_cls = get_model_class(model_config.hf.architecture, model_config.hf.model_impl)
     dtype = getattr(torch, model_config.dtype)
+    dummy = model_config.load_format == "dummy"
     if model_config.hf.model_impl == "transformers":  # transformers reads its own checkpoint
-        model = model_cls(model_config.hf, Path(model_config.model), backend, tp)
+        model = model_cls(model_config.hf, Path(model_config.model), backend, tp, model_config.hf_overrides,
+                          dummy_weights=dummy)
     else:
         with torch.device("cpu"):
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
-        if model_config.quantization == "gguf":
-            load_gguf_weights(model, Path(model_config.gguf_file))
-        else:
-            load_weights(model, iterate_weights(Path(model_config.model)), model_config.model)
+        if not dummy:
+            _load_checkpoint(model, model_config)
+    if dummy:
+        initialize_dummy_weights(model)
     model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks keep their dtype
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):
@@ -146,6 +148,26 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model
+
+
+def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
+    if model_config.quantization == "gguf":
+        load_gguf_weights(model, Path(model_config.gguf_file))
+    else:
+        load_weights(model, iterate_weights(Path(model_config.model)), model_config.model)
+
+
+DUMMY_WEIGHT_SEED = 1234
+
+
+def initialize_dummy_weights(model: nn.Module, bound: float = 1e-3) -> None:
+    """load_format="dummy" (vLLM's): every floating-point parameter uniform in [-bound, bound] from
+    a fixed seed, so runs repeat; buffers the model computes itself (rotary tables) stay as built."""
+    generator = torch.Generator().manual_seed(DUMMY_WEIGHT_SEED)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                param.uniform_(-bound, bound, generator=generator)
 
 
 def weight_bytes(model: nn.Module) -> int:

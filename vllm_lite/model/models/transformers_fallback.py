@@ -90,18 +90,26 @@ class _LayersView:
 
 class TransformersForCausalLM(nn.Module):
     def __init__(self, config: HFModelConfig, model_dir: Path, backend: AttentionBackend,
-                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+                 tp: TensorParallelGroup = SINGLE_RANK, hf_overrides: dict[str, Any] | None = None,
+                 dummy_weights: bool = False) -> None:
         """Transformers loads the checkpoint itself (it knows each family's tensor names and
-        conversions)."""
+        conversions), with the config that `hf_overrides` changed; `dummy_weights`: built from
+        that config, no checkpoint read (load_format="dummy")."""
         super().__init__()
         if tp.size > 1:
             raise ValueError("model_impl='transformers' runs on one rank; tensor_parallel_size > 1 needs "
                              f"a native implementation of {config.architecture}")
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         register_attention()
-        self.hf_model = AutoModelForCausalLM.from_pretrained(
-            model_dir, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        hf_config.update(hf_overrides or {})
+        if dummy_weights:  # the loader then sets them as for a native model
+            self.hf_model = AutoModelForCausalLM.from_config(
+                hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+        else:
+            self.hf_model = AutoModelForCausalLM.from_pretrained(
+                model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
         if not type(self.hf_model)._supports_attention_backend:
             raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
                              "of its attention through transformers' attention interface (e.g. it adds "

@@ -1,0 +1,111 @@
+"""vLLM's hf_overrides (config.json keys replaced before the model is built, native models and the
+Transformers fallback alike; the replaced keys are checked like the file's own) and load_format
+(auto / safetensors / gguf as the model is, and dummy: random weights without a checkpoint).
+References: transformers on a copy of the model whose config.json has the overrides written in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_reference import build_prompts, hf_greedy
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.config import EngineArgs
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
+
+NEW_TOKENS = 8
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+OVERRIDES = {"rope_theta": 3.0, "rms_norm_eps": 0.25}  # far from the model's: greedy tokens change
+
+
+def with_config_written(model: Path, folder: Path, overrides: dict) -> Path:
+    copy = folder / f"{model.name}-overridden"
+    shutil.copytree(model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, **overrides}))
+    return copy
+
+
+def greedy(model: Path, prompts: list[list[int]], **engine_args) -> list[list[int]]:
+    llm = make_llm(model, **engine_args)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gpt_neox"])  # native, Transformers fallback
+def test_overrides_change_the_model_as_the_written_config_does(fixture: str, request: pytest.FixtureRequest,
+                                                               tmp_path: Path) -> None:
+    model: Path = request.getfixturevalue(fixture)
+    overrides = OVERRIDES if fixture == "tiny_llama" else {"rotary_pct": 0.5, "layer_norm_eps": 0.25}
+    prompts = build_prompts(model)[:2]
+    written = hf_greedy(with_config_written(model, tmp_path, overrides), prompts, NEW_TOKENS)
+    assert written != hf_greedy(model, prompts, NEW_TOKENS)  # the overrides matter
+    assert greedy(model, prompts, hf_overrides=overrides) == written
+
+
+def test_overrides_set_the_default_context_and_are_checked(tiny_llama: Path) -> None:
+    def config(**overrides):
+        return EngineArgs(model=str(tiny_llama), hf_overrides=overrides).create_engine_config()
+
+    assert config(max_position_embeddings=96).model_config.max_model_len == 96
+    with pytest.raises(ValueError, match="not_a_llama_key"):
+        config(not_a_llama_key=1)
+    with pytest.raises(ValueError, match="hf_overrides must be a dict of config.json keys"):
+        EngineArgs(model=str(tiny_llama), hf_overrides=lambda c: c).create_engine_config()
+
+
+def test_flags_take_json_and_a_format(tiny_llama: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = engine_args_from(parser.parse_args(["--model", str(tiny_llama), "--hf-overrides", '{"rope_theta": 3.0}',
+                                               "--load-format", "dummy"]))
+    assert args.hf_overrides == {"rope_theta": 3.0} and args.load_format == "dummy"
+
+
+def without_weights(model: Path, folder: Path) -> Path:
+    copy = folder / f"{model.name}-no-weights"
+    shutil.copytree(model, copy, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    return copy
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gpt_neox"])
+def test_dummy_weights_need_no_checkpoint_and_repeat(fixture: str, request: pytest.FixtureRequest,
+                                                     tmp_path: Path) -> None:
+    model = without_weights(request.getfixturevalue(fixture), tmp_path)
+    with pytest.raises(Exception):  # a folder without weights does not load as a checkpoint
+        greedy(model, [[1, 2, 3]])
+    llm = make_llm(model, load_format="dummy")
+    try:
+        runner = llm.llm_engine.engine_core.executor.worker.model_runner
+        weights = [p for p in runner.model.parameters() if p.is_floating_point() and not p.is_meta]  # meta: packed
+        assert weights and all(float(p.detach().abs().max()) <= 1e-3 for p in weights)
+        assert any(float(p.detach().abs().max()) > 0 for p in weights)
+        first = llm.generate([{"prompt_token_ids": [1, 2, 3]}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
+    assert greedy(model, [[1, 2, 3]], load_format="dummy") == [list(first)]  # the same seed, the same weights
+
+
+@pytest.mark.parametrize(("load_format", "message"), [
+    ("pt", "load_format must be one of"),
+    ("gguf", "load_format='gguf', but the model is a safetensors folder"),
+])
+def test_formats_this_model_is_not_are_refused(tiny_llama: Path, load_format: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=str(tiny_llama), load_format=load_format).create_engine_config()
+
+
+def test_safetensors_is_the_folders_format(tiny_llama: Path) -> None:
+    config = EngineArgs(model=str(tiny_llama), load_format="safetensors").create_engine_config()
+    assert config.model_config.load_format == "safetensors"
+    prompts = build_prompts(tiny_llama)[:1]
+    assert greedy(tiny_llama, prompts, load_format="safetensors") == hf_greedy(tiny_llama, prompts, NEW_TOKENS)
