@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_lite.entrypoints.bench import add_bench_parser
+from vllm_lite.entrypoints.chat_content import CONTENT_FORMATS
 from vllm_lite.entrypoints.chat import add_chat_parser
 from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_string_list
 
@@ -184,6 +185,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--chat-template", default=None,
                        help="the chat template for chat requests instead of the tokenizer's: a file's path or the "
                             "template itself (vLLM's flag)")
+    serve.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default="auto",
+                       help="message content as the chat template reads it: 'string' (text parts joined), "
+                            "'openai' (a list of parts), or 'auto' (read from the template) (vLLM's flag)")
     serve.add_argument("--enable-log-requests", action="store_true",
                        help="log each generation request: id, sampling params, prompt (vLLM's flag)")
     serve.add_argument("--max-log-len", type=int, default=None,

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
@@ -45,7 +46,10 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: None = None, priority: None = None,
+                 tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
+        _refuse_unless_none(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
         if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
             raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
@@ -63,16 +67,30 @@ class LLM:
             raise
         return [results[request_id] for request_id in request_ids]
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list[RequestOutput]:
+             use_tqdm: bool = True, lora_request: None = None, priority: None = None,
+             chat_template: str | None = None, chat_template_content_format: str = "auto",
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
+        template's format: `chat_content`), then `generate`. LoRA, priorities, tokenization and
+        multimodal arguments are not implemented: refused unless None."""
+        _refuse_unless_none(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tokenizer = self.get_tokenizer()
+        template = chat_template if chat_template is not None else tokenizer.chat_template
+        content_format = resolve_content_format(chat_template_content_format, template)
         prompts = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
+            text = tokenizer.apply_chat_template(
+                with_content_format(conversation, content_format), chat_template=chat_template, tokenize=False,
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
             token_ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
@@ -135,3 +153,10 @@ class LLM:
         if len(params) != num_prompts:
             raise ValueError(f"sampling_params has {len(params)} entries but there are {num_prompts} prompts")
         return params
+
+
+def _refuse_unless_none(**arguments: Any) -> None:
+    """vLLM arguments of features this engine does not have: taken only as None."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ValueError(f"{name} is not supported by vllm_lite (got {value!r}); pass None or leave it out")

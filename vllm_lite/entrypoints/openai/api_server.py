@@ -501,7 +501,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          enable_log_requests=getattr(args, "enable_log_requests", False),
                          max_log_len=getattr(args, "max_log_len", None),
                          disable_log_stats=getattr(args, "disable_log_stats", False),
-                         response_role=getattr(args, "response_role", "assistant"))
+                         response_role=getattr(args, "response_role", "assistant"),
+                         chat_template_content_format=getattr(args, "chat_template_content_format", "auto"))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

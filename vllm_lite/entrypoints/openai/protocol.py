@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
+from vllm_lite.entrypoints.chat_content import content_texts
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
 from vllm_lite.sampling_params import (ALL_VOCAB_LOGPROBS, MAX_LOGPROB_TOKEN_IDS, RequestOutputKind,
@@ -302,15 +303,11 @@ class ChatMessage(OpenAIBaseModel):
     tool_call_id: str | None = None  # a `tool` turn: the call it answers
 
     def text(self) -> str:
-        """The message's text; content parts must all be text parts."""
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        texts = []
-        for part in self.content:
-            _check(part.get("type") == "text" and isinstance(part.get("text"), str), "messages",
-                   f"only text content parts are supported, got a part of type {part.get('type')!r}")
-            texts.append(part["text"])
-        return "\n".join(texts)
+        """The message's text (its parts joined with newlines); content parts must all be text parts."""
+        try:
+            return "\n".join(content_texts(self.content))
+        except ValueError as exc:
+            raise RequestParamError("messages", str(exc)) from None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -385,7 +382,10 @@ class ChatCompletionRequest(_GenerationRequest):
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    """The message for the chat template; its content keeps its parts (render_chat puts them in
+    the template's content format)."""
+    message.text()  # the parts are checked here, naming the field
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:

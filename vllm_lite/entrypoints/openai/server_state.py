@@ -69,6 +69,7 @@ class ServerOptions:
     | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
     | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
     | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
+    | chat_template_content_format | --chat-template-content-format | message content as the template reads it (chat_content.py) |
     """
 
     api_key: str | None = None
@@ -98,6 +99,7 @@ class ServerOptions:
     max_log_len: int | None = None
     disable_log_stats: bool = False
     response_role: str = "assistant"
+    chat_template_content_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

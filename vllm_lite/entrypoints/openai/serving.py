@@ -21,6 +21,7 @@ from starlette.types import Send
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
+from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
@@ -199,7 +200,7 @@ def check_n(ctx: ServingContext, n: int) -> None:
                        f"--max-n-sequences), got {n}", "n")
 
 
-async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *, add_generation_prompt: bool = True,
+async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                       continue_final_message: bool = False, chat_template: str | None = None,
                       chat_template_kwargs: dict[str, Any] | None = None,
                       tools: list[dict[str, Any]] | None = None,
@@ -220,6 +221,12 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, str]], *
     tokenizer = ctx.require_tokenizer("messages")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
+    content_format = resolve_content_format(ctx.options.chat_template_content_format,
+                                            chat_template if chat_template is not None else tokenizer.chat_template)
+    try:
+        conversation = with_content_format(conversation, content_format)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     try:
         return await off_loop(ctx, render_chat_template, tokenizer, conversation,
                               max_chars=ctx.max_prompt_chars, timeout_s=ctx.options.chat_template_timeout_s,

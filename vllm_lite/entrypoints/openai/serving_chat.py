@@ -70,7 +70,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
     """The templated text and its token ids (the template adds the special tokens itself)."""
     conversation = request.conversation()
     if request.truncate_prompt_tokens is None:  # a prompt to be truncated may be longer than the context
-        check_prompt_chars(ctx, sum(len(message["content"]) for message in conversation), "messages")
+        check_prompt_chars(ctx, sum(len(message.text()) for message in request.messages), "messages")
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
                              chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),

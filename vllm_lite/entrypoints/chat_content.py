@@ -1,0 +1,103 @@
+"""Message content as the chat template reads it (vLLM's chat_template_content_format).
+
+"string": each message's text parts joined with newlines. "openai": a list of parts,
+`[{"type": "text", "text": ...}]` (a string content becomes one part), for templates that loop
+over a message's content; tool messages stay strings, as vLLM keeps them. "auto" picks by
+reading the template: a loop over a message's `content` means "openai". Only text parts exist
+here; any other part is refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+
+CONTENT_FORMATS = ("auto", "string", "openai")
+
+
+def content_texts(content: Any) -> list[str]:
+    """The text of each part of a message's content (a string is one part, None none)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise ValueError(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+        texts.append(part["text"])
+    return texts
+
+
+def with_content_format(conversation: list[dict[str, Any]], content_format: str) -> list[dict[str, Any]]:
+    """The messages with their content in `content_format` ("string" or "openai")."""
+    return [{**message, "content": _formatted(message.get("content"), message.get("role"), content_format)}
+            for message in conversation]
+
+
+def _formatted(content: Any, role: Any, content_format: str) -> str | list[dict[str, str]]:
+    texts = content_texts(content)
+    if content_format == "openai" and role != "tool":
+        return [{"type": "text", "text": text} for text in texts]
+    return "\n".join(texts)
+
+
+def resolve_content_format(requested: str, template: Any) -> str:
+    """`requested` unless it is "auto"; then what the template reads (`detect_content_format`)."""
+    if requested not in CONTENT_FORMATS:
+        raise ValueError(f"chat_template_content_format must be one of {CONTENT_FORMATS}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    if isinstance(template, dict):  # a tokenizer's named templates
+        template = template.get("default")
+    return detect_content_format(template) if isinstance(template, str) else "string"
+
+
+def detect_content_format(template: str) -> str:
+    """"openai" when the template loops over the content of a message it took from `messages`,
+    else "string" (also for a template jinja cannot parse: rendering will say why)."""
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    loops = list(tree.find_all(nodes.For))
+    message_names = {name for loop in loops if _is_name(loop.iter, {"messages"}) for name in _target_names(loop)}
+    if any(_is_content_of(loop.iter, message_names) for loop in loops):
+        return "openai"
+    return "string"
+
+
+def _target_names(loop: nodes.For) -> set[str]:
+    targets = loop.target.items if isinstance(loop.target, nodes.Tuple) else [loop.target]
+    return {target.name for target in targets if isinstance(target, nodes.Name)}
+
+
+def _unwrapped(node: nodes.Node) -> nodes.Node:
+    """Past filters, tests and slices: `messages[1:]`, `message.content | list`."""
+    while True:
+        if isinstance(node, nodes.Filter) and node.node is not None:
+            node = node.node
+        elif isinstance(node, nodes.Test):
+            node = node.node
+        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+            node = node.node
+        else:
+            return node
+
+
+def _is_name(node: nodes.Node, names: set[str]) -> bool:
+    node = _unwrapped(node)
+    return isinstance(node, nodes.Name) and node.name in names
+
+
+def _is_content_of(node: nodes.Node, names: set[str]) -> bool:
+    node = _unwrapped(node)
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "content" and _is_name(node.node, names)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+        return node.arg.value == "content" and _is_name(node.node, names)
+    return False
