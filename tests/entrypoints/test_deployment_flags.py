@@ -2,19 +2,23 @@
 --allow-credentials; vLLM answers every origin by default), --disable-fastapi-docs,
 --disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
 --chat-template (a file, or the template itself), --enable-log-requests with --max-log-len,
---disable-log-stats (the periodic stats line is on by default), --response-role, --tokenizer-mode.
+--disable-log-stats (the periodic stats line is on by default), --response-role, --tokenizer-mode,
+--middleware (its own servers).
 One live server with all of them; the defaults are checked on a default server."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from live_server import LiveServer, running_server
+from live_server import REPO_ROOT, LiveServer, running_server
 from transformers import AutoTokenizer
 
 MODEL = "tiny-llama"
@@ -136,3 +140,58 @@ def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path,
         assert "KV cache usage:" in lines[0] and "Prefix cache hit rate:" in lines[0]
         tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # the tokenizer's own template, not the flag's
         assert tokenize_messages(default, "a fox") != tokenizer.encode("<<a fox>>", add_special_tokens=False)
+
+
+MIDDLEWARE_MODULE = '''
+class TagClass:
+    """An ASGI middleware class: adds x-class to every HTTP response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def tagged(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"x-class", b"1")]}
+            await send(message)
+        await self.app(scope, receive, tagged if scope["type"] == "http" else send)
+
+
+async def tag_function(request, call_next):
+    response = await call_next(request)
+    response.headers["x-function"] = request.url.path
+    return response
+
+
+NOT_MIDDLEWARE = 3
+'''
+
+
+def test_middleware_flag_wraps_the_app_in_classes_and_functions(tiny_llama: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's --middleware (repeatable): an ASGI class or an async function, by import path; they
+    see every request, the ones the API key gate refuses too."""
+    (tmp_path / "user_middleware.py").write_text(MIDDLEWARE_MODULE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    args = ("--max-model-len", "128", "--middleware", "user_middleware.TagClass",
+            "--middleware", "user_middleware.tag_function")
+    with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, args) as live:
+        served = httpx.get(f"{live.base_url}/v1/models", headers=AUTH, timeout=10)
+        refused = httpx.get(f"{live.base_url}/v1/models", timeout=10)
+    assert served.status_code == 200 and refused.status_code == 401
+    for reply in (served, refused):
+        assert reply.headers["x-class"] == "1" and reply.headers["x-function"] == "/v1/models"
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("user_middleware.missing", "--middleware 'user_middleware.missing' does not import"),
+    ("no_such_module.Thing", "--middleware 'no_such_module.Thing' does not import"),
+    ("user_middleware.NOT_MIDDLEWARE", "must name an ASGI middleware class or an async function"),
+])
+def test_middleware_that_is_not_is_refused_before_the_model_loads(tmp_path: Path, path: str, message: str) -> None:
+    (tmp_path / "user_middleware.py").write_text(MIDDLEWARE_MODULE)
+    command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(tmp_path / "no-model"),
+               "--middleware", path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]

@@ -425,6 +425,20 @@ def test_request_id_names_the_response_and_the_header_wins(server: LiveServer) -
     assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).json()["id"].startswith("cmpl-")
 
 
+def test_request_id_is_the_responses_id_and_its_store_key(server: LiveServer) -> None:
+    """vLLM's Responses API: the body's request_id is the response's id as given (no prefix), and
+    the stored response is found and continued under it."""
+    first = _post(server, "/v1/responses", {"input": PROMPT, "max_output_tokens": 2, "request_id": "conv-1"})
+    assert first.status_code == 200 and first.json()["id"] == "conv-1", first.text
+    stored = httpx.get(f"{server.base_url}/v1/responses/conv-1", headers={"Authorization": f"Bearer {API_KEY}"},
+                       timeout=10)
+    assert stored.status_code == 200 and stored.json()["id"] == "conv-1"
+    follow = _post(server, "/v1/responses", {"input": "more", "max_output_tokens": 2, "previous_response_id": "conv-1"})
+    assert follow.status_code == 200 and follow.json()["id"].startswith("resp_")
+    assert "request_id" in _error(_post(server, "/v1/responses", {"input": PROMPT, "request_id": "x" * 257}),
+                                  "request_id")
+
+
 @pytest.mark.parametrize("value", ["", "x" * 257])
 def test_bad_request_id_is_refused_with_the_limit(server: LiveServer, value: str) -> None:
     reply = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "request_id": value})

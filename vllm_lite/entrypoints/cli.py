@@ -47,11 +47,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """One API server with its engine core, or (--api-server-count N > 1) N API servers sharing
     the port and one engine core."""
-    from vllm_lite.entrypoints.openai.api_server import ssl_options
+    from vllm_lite.entrypoints.openai.api_server import load_middleware, ssl_options
 
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be >= 1, got {args.api_server_count}")
-    ssl_options(args)  # a wrong TLS file fails now, not after the model loaded
+    ssl_options(args)  # a wrong TLS file or middleware fails now, not after the model loaded
+    for path in args.middleware or ():
+        load_middleware(path)
     if args.uds is not None and args.api_server_count > 1:
         raise ValueError("--uds serves one API server; --api-server-count > 1 shares a TCP port")
     if args.api_server_count > 1:
@@ -185,6 +187,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--chat-template", default=None,
                        help="the chat template for chat requests instead of the tokenizer's: a file's path or the "
                             "template itself (vLLM's flag)")
+    serve.add_argument("--middleware", action="append", default=None, metavar="IMPORT_PATH",
+                       help="an ASGI middleware class or an async HTTP middleware function (request, call_next) "
+                            "to wrap the app in, e.g. my_pkg.auth.Middleware; repeatable (vLLM's flag)")
     serve.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default="auto",
                        help="message content as the chat template reads it: 'string' (text parts joined), "
                             "'openai' (a list of parts), or 'auto' (read from the template) (vLLM's flag)")

@@ -17,6 +17,8 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import importlib
+import inspect
 import logging
 import os
 import socket
@@ -124,9 +126,33 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                        allow_methods=list(options.allowed_methods), allow_headers=list(options.allowed_headers),
                        allow_credentials=options.allow_credentials)
     app.add_middleware(RequestGate, options=options, drain=ctx.drain)
+    for path in options.middleware:  # outside the gate (added last): they see every request, as in vLLM
+        add_user_middleware(app, path)
     _add_openai_routes(app, ctx)
     _add_server_routes(app, ctx)
     return app
+
+
+def load_middleware(path: str) -> Any:
+    """vLLM's --middleware: "package.module.name", an ASGI middleware class or an HTTP middleware
+    function `async (request, call_next) -> response`; a path that does not import is named."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        middleware = getattr(importlib.import_module(module_name), name) if module_name else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--middleware {path!r} does not import: {exc}") from None
+    if not (inspect.isclass(middleware) or inspect.iscoroutinefunction(middleware)):
+        raise ValueError(f"--middleware {path!r} must name an ASGI middleware class or an async function "
+                         f"(request, call_next), got {type(middleware).__name__}")
+    return middleware
+
+
+def add_user_middleware(app: FastAPI, path: str) -> None:
+    middleware = load_middleware(path)
+    if inspect.isclass(middleware):
+        app.add_middleware(middleware)
+    else:
+        app.middleware("http")(middleware)
 
 
 def _refuse_text_options(options: ServerOptions) -> None:
@@ -502,7 +528,8 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          max_log_len=getattr(args, "max_log_len", None),
                          disable_log_stats=getattr(args, "disable_log_stats", False),
                          response_role=getattr(args, "response_role", "assistant"),
-                         chat_template_content_format=getattr(args, "chat_template_content_format", "auto"))
+                         chat_template_content_format=getattr(args, "chat_template_content_format", "auto"),
+                         middleware=tuple(getattr(args, "middleware", None) or ()))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, OpenAIBaseModel, RequestParamError
+from vllm_lite.entrypoints.openai.protocol import (MAX_REQUEST_ID_CHARS, ChatCompletionRequest, OpenAIBaseModel,
+                                                RequestParamError)
 
 _INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -76,6 +77,16 @@ class ResponsesRequest(OpenAIBaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
+    # vLLM's: the response's id (and stored under it), else a new "resp_..." one.
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
+
+    def ids(self) -> tuple[str, str]:
+        """The response's id and the engine's request id: the caller's may be in use by another
+        request in flight, so the engine's then adds a random suffix (the engine refuses duplicates)."""
+        if self.request_id is None:
+            response_id = new_id("resp")
+            return response_id, response_id
+        return self.request_id, f"{self.request_id}-{uuid.uuid4().hex[:12]}"
 
     def check_supported(self) -> None:
         """Unknown fields and values this server does not serve are refused, each by name."""

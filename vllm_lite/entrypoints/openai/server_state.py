@@ -70,6 +70,7 @@ class ServerOptions:
     | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
     | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
     | chat_template_content_format | --chat-template-content-format | message content as the template reads it (chat_content.py) |
+    | middleware | --middleware (repeated) | import paths of ASGI middleware classes / HTTP middleware functions, outermost |
     """
 
     api_key: str | None = None
@@ -100,6 +101,7 @@ class ServerOptions:
     disable_log_stats: bool = False
     response_role: str = "assistant"
     chat_template_content_format: str = "auto"
+    middleware: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

@@ -87,9 +87,10 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
     prompt = await chat_prompt(ctx, chat)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     check_length(ctx, num_prompt_tokens, params.max_tokens, "input")
-    turn = ResponseTurn(request, new_id("resp"), model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
+    response_id, engine_request_id = request.ids()
+    turn = ResponseTurn(request, response_id, model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
                         history, tools)
-    stream = tracked_generate(ctx, prompt, params, turn.response_id)
+    stream = tracked_generate(ctx, prompt, params, engine_request_id)
     if request.stream:
         started = await start_stream(stream)
         return SSEResponse(_sse(_stream_events(ctx, turn, started)))
