@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_lite.entrypoints.chat_content import with_content_format
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestParamError
 from vllm_lite.sampling_params import RequestOutputKind
 
@@ -52,7 +53,9 @@ def test_text_content_parts_and_unknown_fields() -> None:
     request = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                            {"type": "text", "text": "b"}]}],
                                     frobnicate=True)
-    assert request.conversation() == [{"role": "user", "content": "a\nb"}]
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert request.conversation() == [{"role": "user", "content": parts}]  # render_chat picks the format
+    assert with_content_format(request.conversation(), "string") == [{"role": "user", "content": "a\nb"}]
     assert request.unknown_fields() == ["frobnicate"]
     image = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
     with pytest.raises(RequestParamError, match="only text content parts"):
