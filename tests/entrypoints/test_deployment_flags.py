@@ -3,7 +3,8 @@
 --disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
 --chat-template (a file, or the template itself), --enable-log-requests with --max-log-len,
 --disable-log-stats (the periodic stats line is on by default), --response-role, --tokenizer-mode,
---middleware (its own servers).
+--middleware (its own servers), --default-chat-template-kwargs, --return-tokens-as-token-ids and
+--exclude-tools-when-tool-choice-none (one more server).
 One live server with all of them; the defaults are checked on a default server."""
 
 from __future__ import annotations
@@ -195,3 +196,59 @@ def test_middleware_that_is_not_is_refused_before_the_model_loads(tmp_path: Path
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+
+
+DEFAULTS_TEMPLATE = "{% for m in messages %}<{{ m.content }}>{% endfor %}{% if flag %}F{% endif %}{% if tools %}T{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def defaults_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("defaults")
+    (folder / "template.jinja").write_text(DEFAULTS_TEMPLATE)
+    args = ("--max-model-len", "128", "--chat-template", str(folder / "template.jinja"),
+            "--default-chat-template-kwargs", '{"flag": true}', "--return-tokens-as-token-ids",
+            "--exclude-tools-when-tool-choice-none")
+    with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
+        yield live
+
+
+def chat_prompt_text(server: LiveServer, tokenizer_dir: Path, **fields) -> str:
+    reply = httpx.post(f"{server.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
+                       json={"model": MODEL, "max_tokens": 1, "return_token_ids": True,
+                             "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert reply.status_code == 200, reply.text
+    return AutoTokenizer.from_pretrained(tokenizer_dir).decode(reply.json()["prompt_token_ids"])
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_default_chat_template_kwargs_apply_unless_the_request_sets_them(defaults_server: LiveServer,
+                                                                         tiny_llama: Path) -> None:
+    assert chat_prompt_text(defaults_server, tiny_llama) == "<hi>F"
+    assert chat_prompt_text(defaults_server, tiny_llama, chat_template_kwargs={"flag": False}) == "<hi>"
+
+
+def test_tools_leave_the_template_for_tool_choice_none(defaults_server: LiveServer, tiny_llama: Path) -> None:
+    named = {"type": "function", "function": {"name": "f"}}
+    assert chat_prompt_text(defaults_server, tiny_llama, tools=[TOOL], tool_choice=named) == "<hi>FT"
+    assert chat_prompt_text(defaults_server, tiny_llama, tools=[TOOL], tool_choice="none") == "<hi>F"
+
+
+def test_logprob_tokens_are_ids_unless_the_request_says(defaults_server: LiveServer) -> None:
+    def tokens(**fields) -> list[str]:
+        reply = httpx.post(f"{defaults_server.base_url}/v1/completions", headers=AUTH, timeout=60,
+                           json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 1, **fields})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["choices"][0]["logprobs"]["tokens"]
+
+    assert all(token.startswith("token_id:") for token in tokens())
+    assert not any(token.startswith("token_id:") for token in tokens(return_tokens_as_token_ids=False))
+
+
+def test_default_chat_template_kwargs_may_not_set_the_requests_fields(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(tmp_path / "no-model"),
+               "--default-chat-template-kwargs", '{"tools": []}']
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "--default-chat-template-kwargs may not set tools" in result.stderr, \
+        result.stderr[-2000:]

@@ -11,7 +11,7 @@ from typing import Any
 from vllm_lite.entrypoints.bench import add_bench_parser
 from vllm_lite.entrypoints.chat_content import CONTENT_FORMATS
 from vllm_lite.entrypoints.chat import add_chat_parser
-from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_string_list
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_object, json_string_list
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -190,6 +190,13 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--middleware", action="append", default=None, metavar="IMPORT_PATH",
                        help="an ASGI middleware class or an async HTTP middleware function (request, call_next) "
                             "to wrap the app in, e.g. my_pkg.auth.Middleware; repeatable (vLLM's flag)")
+    serve.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
+                       help="chat template arguments every chat request gets unless it sets them, a JSON object, "
+                            "e.g. '{\"enable_thinking\": false}' (vLLM's flag)")
+    serve.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help="logprob tokens as 'token_id:<int>' unless a request says otherwise (vLLM's flag)")
+    serve.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                       help='with tool_choice "none" the chat template gets no tools (vLLM\'s flag)')
     serve.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default="auto",
                        help="message content as the chat template reads it: 'string' (text parts joined), "
                             "'openai' (a list of parts), or 'auto' (read from the template) (vLLM's flag)")

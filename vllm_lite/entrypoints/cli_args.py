@@ -36,7 +36,7 @@ def _flag_type(annotation: str) -> Callable[[str], Any]:
     if base == "float":
         return float
     if base.startswith("dict"):
-        return _json_object
+        return json_object
     return int
 
 
@@ -47,7 +47,7 @@ def _json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
     value = _json(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")

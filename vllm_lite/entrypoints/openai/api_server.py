@@ -63,6 +63,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     tokenizer_config,
 )
 from vllm_lite.entrypoints.openai.serving import (
+    RESERVED_TEMPLATE_KWARGS,
     EngineClient,
     ServingContext,
     SSEResponse,
@@ -500,6 +501,14 @@ def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _default_chat_template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    defaults = getattr(args, "default_chat_template_kwargs", None) or {}
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(defaults))
+    if reserved:
+        raise ValueError(f"--default-chat-template-kwargs may not set {', '.join(reserved)} (the request's own fields)")
+    return defaults
+
+
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(api_key=args.api_key or os.environ.get("VLLM_LITE_API_KEY") or None,
                          max_request_body_bytes=args.max_request_body_bytes,
@@ -529,7 +538,11 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          disable_log_stats=getattr(args, "disable_log_stats", False),
                          response_role=getattr(args, "response_role", "assistant"),
                          chat_template_content_format=getattr(args, "chat_template_content_format", "auto"),
-                         middleware=tuple(getattr(args, "middleware", None) or ()))
+                         middleware=tuple(getattr(args, "middleware", None) or ()),
+                         default_chat_template_kwargs=_default_chat_template_kwargs(args),
+                         return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
+                         exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
+                                                                     False))
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

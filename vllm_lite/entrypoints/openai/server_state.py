@@ -71,6 +71,9 @@ class ServerOptions:
     | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
     | chat_template_content_format | --chat-template-content-format | message content as the template reads it (chat_content.py) |
     | middleware | --middleware (repeated) | import paths of ASGI middleware classes / HTTP middleware functions, outermost |
+    | default_chat_template_kwargs | --default-chat-template-kwargs | chat template arguments a request's own override |
+    | return_tokens_as_token_ids | --return-tokens-as-token-ids | logprob tokens as 'token_id:<int>' unless a request says |
+    | exclude_tools_when_tool_choice_none | --exclude-tools-when-tool-choice-none | tool_choice "none": no tools in the template |
     """
 
     api_key: str | None = None
@@ -102,6 +105,9 @@ class ServerOptions:
     response_role: str = "assistant"
     chat_template_content_format: str = "auto"
     middleware: tuple[str, ...] = ()
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    return_tokens_as_token_ids: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

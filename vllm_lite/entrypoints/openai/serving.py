@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # apply_chat_template's own arguments: chat_template_kwargs may not set them (they would change
 # what it returns, not what the template sees).
-_RESERVED_TEMPLATE_KWARGS = frozenset((
+RESERVED_TEMPLATE_KWARGS = frozenset((
     "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize",
     "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
     "tokenizer_kwargs"))
@@ -93,6 +93,11 @@ class ServingContext:
     responses: ResponseStore = field(default_factory=ResponseStore)
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
+
+    def tokens_as_ids(self, requested: bool | None) -> bool:
+        """Logprob tokens as 'token_id:<int>': the request's return_tokens_as_token_ids, else the
+        server's --return-tokens-as-token-ids (vLLM's rule)."""
+        return self.options.return_tokens_as_token_ids if requested is None else requested
 
     def cached_tokens_detail(self, num_cached_tokens: int) -> int | None:
         """usage.prompt_tokens_details.cached_tokens, only with --enable-prompt-tokens-details."""
@@ -207,8 +212,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
                       documents: list[dict[str, str]] | None = None) -> str:
     """The conversation through the chat template, off the event loop, with a deadline and a
     size limit. A template from the request is used only with --trust-request-chat-template."""
-    kwargs = dict(chat_template_kwargs or {})
-    reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    kwargs = {**ctx.options.default_chat_template_kwargs, **(chat_template_kwargs or {})}  # the request's win
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
         raise ApiError(400, "BadRequestError", f"chat_template_kwargs may not set {', '.join(reserved)}",
                        "chat_template_kwargs")

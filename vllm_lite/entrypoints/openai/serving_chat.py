@@ -66,6 +66,14 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
                                raw_request)
 
 
+def templated_tools(ctx: ServingContext, request: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools the template shows: none for tool_choice "none" with
+    --exclude-tools-when-tool-choice-none (vLLM's flag; by default the template sees them)."""
+    if request.tool_choice == "none" and ctx.options.exclude_tools_when_tool_choice_none:
+        return None
+    return request.tools
+
+
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
     """The templated text and its token ids (the template adds the special tokens itself)."""
     conversation = request.conversation()
@@ -74,7 +82,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
                              chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),
-                             tools=request.tools, documents=request.documents)
+                             tools=templated_tools(ctx, request), documents=request.documents)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
     if request.cache_salt is not None:
@@ -87,7 +95,7 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
                          stream: AsyncGenerator[RequestOutput, None],
                          tools: ToolPlan = ToolPlan("none")) -> ChatCompletionResponse:
     collected = await collect_choices(stream, request.n)
-    as_ids = bool(request.return_tokens_as_token_ids)
+    as_ids = ctx.tokens_as_ids(request.return_tokens_as_token_ids)
     parser = ctx.options.reasoning_parser
     hide_reasoning = parser is not None and not request.include_reasoning
     choices, reasoning_tokens = [], 0
@@ -129,7 +137,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     num_prompt_tokens = len(prompt_token_ids)
     per_choice = [0] * request.n  # tokens generated so far, per choice
     cached_tokens = 0
-    as_ids = bool(request.return_tokens_as_token_ids)
+    as_ids = ctx.tokens_as_ids(request.return_tokens_as_token_ids)
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     plain = not usage_mode.every_chunk
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
@@ -252,7 +260,7 @@ async def _batch_response(ctx: ServingContext, request: BatchChatCompletionReque
     tasks = [asyncio.ensure_future(collect_choices(stream, 1)) for stream in streams]
     results = await gather_or_cancel(tasks)
     num_top = (request.top_logprobs or 0) if request.logprobs else None
-    as_ids = bool(request.return_tokens_as_token_ids)
+    as_ids = ctx.tokens_as_ids(request.return_tokens_as_token_ids)
     choices, usage = [], UsageInfo()
     for index, (collected, prompt) in enumerate(zip(results, prompts)):
         acc = collected.choices[0]

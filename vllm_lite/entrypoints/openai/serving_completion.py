@@ -47,7 +47,7 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
         streams = [beam_search_stream(ctx, prompt, beam, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
     else:
         streams = [tracked_generate(ctx, prompt, params, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
-    shape = _ChoiceShape.of(request, params.logprobs)
+    shape = _ChoiceShape.of(request, params.logprobs, ctx.tokens_as_ids(request.return_tokens_as_token_ids))
     if request.stream:
         started = await start_streams(streams)
         return SSEResponse(sse_stream(_stream_events(ctx, request, shape, model, request_id, prompts, echoed,
@@ -68,9 +68,9 @@ class _ChoiceShape:
     prompt_logprobs: bool
 
     @classmethod
-    def of(cls, request: CompletionRequest, num_logprobs: int | None) -> _ChoiceShape:
+    def of(cls, request: CompletionRequest, num_logprobs: int | None, tokens_as_ids: bool) -> _ChoiceShape:
         return cls(num_logprobs=num_logprobs, echo_logprobs=request.echo and num_logprobs is not None,
-                   token_ids=request.return_token_ids, tokens_as_ids=bool(request.return_tokens_as_token_ids),
+                   token_ids=request.return_token_ids, tokens_as_ids=tokens_as_ids,
                    prompt_logprobs=request.prompt_logprobs is not None)
 
 
