@@ -42,6 +42,8 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# vLLM's: what sampled logprobs are (the sampler's docstring); prompt logprobs are always raw.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
 # computes in fp32). "int8_per_token_head" (vLLM's name and rule) stores each (token, KV head) row
@@ -281,6 +283,7 @@ class ModelConfig:
     # file's own keys); the Transformers fallback applies them to the config it loads.
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     load_format: str = "auto"  # one of LOAD_FORMATS; "dummy": random weights, no checkpoint read
+    logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES
     # vLLM's skip_tokenizer_init: no tokenizer anywhere; prompts are token ids, outputs token ids
     # (text ""), and what needs text (stop strings, grammars, chat templates) is refused.
     skip_tokenizer_init: bool = False
@@ -462,6 +465,7 @@ class EngineArgs:
     override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's dict form)
     load_format: str = "auto"  # one of LOAD_FORMATS
+    logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES (vLLM's)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -499,6 +503,8 @@ class EngineArgs:
         hf = HFModelConfig.from_dict({**_read_json(cfg_path), **hf_overrides},
                                      _read_json(model_dir / "generation_config.json"), self.model_impl)
         load_format = _resolve_load_format(self.load_format, gguf_file)
+        _check(self.logprobs_mode in LOGPROBS_MODES,
+               f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "
                f"as vLLM), got {self.max_logprobs}")
         _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
@@ -532,6 +538,7 @@ class EngineArgs:
             quantization=quantization,
             hf_overrides=hf_overrides,
             load_format=load_format,
+            logprobs_mode=self.logprobs_mode,
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),

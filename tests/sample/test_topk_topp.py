@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vllm_lite import _custom_ops as cpu_native
-from vllm_lite.sample.ops.topk_topp import _sample_full, mask_top_k_top_p, sample
+from vllm_lite.sample.ops.topk_topp import sample_truncated, mask_top_k_top_p, sample
 
 VOCAB = 3000
 ROWS = 48
@@ -68,7 +68,7 @@ def test_native_op_draws_what_the_torch_rule_draws(kind: str) -> None:
     native = cpu_native.top_k_top_p_sample(logits.clone(), top_k, top_p, uniforms)
     masked = logits.clone()
     mask_top_k_top_p(masked, top_k, top_p)
-    assert torch.equal(native, _sample_full(masked, uniforms))
+    assert torch.equal(native, sample_truncated(masked, uniforms))
     assert torch.equal(sample(logits.clone(), top_k, top_p, uniforms), native)  # the dispatch
 
 
@@ -91,7 +91,7 @@ def test_every_row_masked_draws_what_the_truncated_rows_alone_draw(with_top_p: b
         expected = _kept_by_definition(logits[row], int(top_k[row]), float(top_p[row]))
         assert torch.equal(every_row[row] > float("-inf"), expected), f"row {row}"
     drawn = sample(logits.clone(), top_k, top_p, uniforms, top_k.numpy(), top_p.numpy())
-    assert torch.equal(drawn, _sample_full(every_row, uniforms))
+    assert torch.equal(drawn, sample_truncated(every_row, uniforms))
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy() -> None:

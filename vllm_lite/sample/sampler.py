@@ -2,7 +2,8 @@
 
 Order (vLLM's): grammar bitmask (structured outputs, constrained rows only) -> raw logprobs
 (if asked) -> min_tokens, logit_bias, penalties -> greedy argmax
--> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py).
+-> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py);
+with a "processed" logprobs_mode the logprobs are taken just before the draw instead.
 
 The sampler owns `logits`: float32 logits are edited in place, half-precision ones are copied
 to float32 once, and only when something has to edit them.
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from vllm_lite import _custom_ops as cpu_native
+from vllm_lite.config import LOGPROBS_MODES
 from vllm_lite.host_to_device import host_to_device
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
@@ -25,6 +27,7 @@ from vllm_lite.sample.ops.logprobs import (LogprobsTensors, compute_logprobs, ga
 from vllm_lite.sample.ops.penalties import apply_penalties
 from vllm_lite.sample.ops.topk_topp import apply_min_p
 from vllm_lite.sample.ops.topk_topp import sample as random_sample
+from vllm_lite.sample.ops.topk_topp import sample_truncated, truncate
 
 
 @dataclass(slots=True)
@@ -35,6 +38,18 @@ class SamplerOutput:
 
 
 class Sampler:
+    """`logprobs_mode` (vLLM's): what a row's logprobs are: of the model's own distribution
+    ("raw_logprobs", the default) or its logits ("raw_logits"), or of the distribution the token
+    is drawn from ("processed_logprobs") or its logits ("processed_logits"): after min_tokens,
+    logit_bias and penalties, and for random rows temperature, min-p and the top-k / top-p
+    truncation (-inf outside)."""
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
+        self.processed = logprobs_mode.startswith("processed")
+
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata,
                  grammar: GrammarBitmask | None = None) -> SamplerOutput:
         """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked).
@@ -42,25 +57,46 @@ class Sampler:
         if grammar is not None:  # as in vLLM, before everything else (logprobs included)
             logits = logits.to(torch.float32)  # no-op for float32 logits
             apply_grammar_bitmask(logits, grammar)
-        # vLLM's default: logprobs of the model's own distribution, before any processing, and
-        # only for the rows that asked.
+        # Only for the rows that asked; raw ones before any processing.
         asked = metadata.logprobs_rows
-        raw_logprobs = None
-        if metadata.max_num_logprobs >= 0:
-            index = None if asked is None else host_to_device(asked, logits.device)
-            raw_logprobs = compute_logprobs(logits if index is None else logits.index_select(0, index))
+        wanted = metadata.max_num_logprobs >= 0
+        index = None if asked is None or not wanted else host_to_device(asked, logits.device)
+        values = self._values(logits, index) if wanted and not self.processed else None
         if metadata.needs_logits_processing or not metadata.all_greedy:
             logits = logits.to(torch.float32)  # no-op for float32 logits
             self._process_logits(logits, metadata, None if grammar is None else grammar.logits_rows)
-        sampled = self._sample(logits, metadata)
-        if raw_logprobs is None:
+        if wanted and self.processed:
+            sampled, values = self._sample_processed(logits, metadata, index)
+        else:
+            sampled = self._sample(logits, metadata)
+        if values is None:
             return SamplerOutput(sampled, None)
         chosen = sampled if index is None else sampled.index_select(0, index)
-        logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, chosen)
+        logprobs = gather_logprobs(values, metadata.max_num_logprobs, chosen)
         requested = metadata.requested_logprobs
         if requested is not None:  # rows with logprob_token_ids: their ids instead of the top-k
-            logprobs = with_requested_ids(logprobs, raw_logprobs, requested.rows, requested.token_ids)
+            logprobs = with_requested_ids(logprobs, values, requested.rows, requested.token_ids)
         return SamplerOutput(sampled, logprobs, asked)
+
+    def _values(self, logits: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """The asked rows' logprobs, or logits (a copy: sampling goes on in place), float32."""
+        rows = logits if index is None else logits.index_select(0, index)
+        if self.logprobs_mode.endswith("logprobs"):
+            return compute_logprobs(rows)
+        return rows.to(torch.float32, copy=index is None)
+
+    def _sample_processed(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                          index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_sample` with the truncation written into the logits, whose values are taken just
+        before the draw (greedy rows of a mixed batch: at temperature 1, as in vLLM)."""
+        if metadata.all_greedy:
+            return greedy_tokens(logits), self._values(logits, index)
+        greedy = None if metadata.all_random else greedy_tokens(logits)
+        self._temper(logits, metadata)
+        truncate(logits, metadata.top_k, metadata.top_p, metadata.top_k_host, metadata.top_p_host)
+        values = self._values(logits, index)
+        sampled = sample_truncated(logits, self._uniforms(logits.shape[0], metadata.generators, logits.device))
+        return (sampled if greedy is None else torch.where(metadata.greedy_mask, greedy, sampled)), values
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata,
@@ -76,15 +112,19 @@ class Sampler:
         if metadata.all_greedy:
             return greedy_tokens(logits)
         greedy = None if metadata.all_random else greedy_tokens(logits)
-        logits.div_(metadata.temperature)
-        if metadata.min_p is not None:
-            apply_min_p(logits, metadata.min_p)
+        self._temper(logits, metadata)
         uniforms = self._uniforms(logits.shape[0], metadata.generators, logits.device)
         sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms,
                                 metadata.top_k_host, metadata.top_p_host)
         if greedy is None:
             return sampled
         return torch.where(metadata.greedy_mask, greedy, sampled)
+
+    @staticmethod
+    def _temper(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
+        logits.div_(metadata.temperature)
+        if metadata.min_p is not None:
+            apply_min_p(logits, metadata.min_p)
 
     @staticmethod
     def _uniforms(num_rows: int, generators: dict[int, torch.Generator], device: torch.device) -> torch.Tensor:

@@ -117,7 +117,7 @@ class ModelRunner:
         max_blocks = max_blocks_per_seq(model_config.max_model_len, self.block_size)
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
                                       model_config.max_model_len, max_blocks)
-        self.sampler = Sampler()
+        self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens

@@ -37,16 +37,32 @@ def sample(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
     float32 [n] (1.0 = off); uniforms float32 [n] in [0, 1). Returns int64 [n]. `top_k_host`,
     `top_p_host`: the same values on the host, from which the work is chosen without reading the
     device (read from it when not given)."""
-    if top_k is None and top_p is None:
-        return _sample_full(logits, uniforms)
+    if (top_k is not None or top_p is not None) and _native_applies(logits):
+        top_k, top_p, _, _ = _both(logits, top_k, top_p, top_k_host, top_p_host)
+        return cpu_native.top_k_top_p_sample(logits, top_k.contiguous(), top_p.contiguous(),
+                                             uniforms.contiguous())
+    truncate(logits, top_k, top_p, top_k_host, top_p_host)
+    return sample_truncated(logits, uniforms)
+
+
+def _both(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+          top_k_host: np.ndarray | None, top_p_host: np.ndarray | None) -> tuple:
+    """top-k and top-p for every row (the one not given: off), on the device and the host."""
     n = logits.shape[0]
     if top_k is None:
         top_k, top_k_host = torch.zeros(n, dtype=torch.long, device=logits.device), np.zeros(n, dtype=np.int64)
     if top_p is None:
         top_p, top_p_host = torch.ones(n, device=logits.device), np.ones(n, dtype=np.float32)
-    if _native_applies(logits):
-        return cpu_native.top_k_top_p_sample(logits, top_k.contiguous(), top_p.contiguous(),
-                                             uniforms.contiguous())
+    return top_k, top_p, top_k_host, top_p_host
+
+
+def truncate(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+             top_k_host: np.ndarray | None = None, top_p_host: np.ndarray | None = None) -> None:
+    """Sets the logits outside each row's top-k / top-p to -inf, in place (`sample`'s rule; the
+    native op samples without writing them)."""
+    if top_k is None and top_p is None:
+        return
+    top_k, top_p, top_k_host, top_p_host = _both(logits, top_k, top_p, top_k_host, top_p_host)
     k_host = top_k.cpu().numpy() if top_k_host is None else top_k_host
     p_host = top_p.cpu().numpy() if top_p_host is None else top_p_host
     truncated = (k_host > 0) | (p_host < 1.0)
@@ -61,7 +77,6 @@ def sample(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
         mask_top_k_top_p(sub, top_k[index], top_p[index], _max_k(k_host[rows], logits.shape[1]),
                          bool((p_host[rows] >= 1.0).all()))
         logits.index_copy_(0, index, sub)
-    return _sample_full(logits, uniforms)
 
 
 def _max_k(top_k: np.ndarray, vocab: int) -> int:
@@ -98,8 +113,8 @@ def mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Ten
     logits.masked_fill_(probs < threshold, float("-inf"))
 
 
-def _sample_full(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse CDF over the vocabulary in its own order."""
+def sample_truncated(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF over the vocabulary in its own order (logits already truncated, or not to be)."""
     cdf = logits.softmax(dim=-1).cumsum_(dim=-1)
     return _search(cdf, uniforms).clamp_(max=logits.shape[1] - 1)
 
