@@ -222,3 +222,24 @@ def test_profile_step_of_one_block_has_a_real_block_table(tiny_llama: Path, monk
     built = record_metadata(runner, monkeypatch)
     runner.profile_run()
     assert built[0].block_table.tolist() == [[1]] and built[0].block_table.stride(-1) == 1
+
+
+def test_vllms_other_names_fold_into_ours(tiny_llama: Path) -> None:
+    """num_gpu_blocks_override is vLLM's num_kv_blocks; device_memory_utilization its device-neutral
+    gpu_memory_utilization. The same value under both names is one setting; two values are refused."""
+    assert config(tiny_llama, device="cpu", num_gpu_blocks_override=9).num_kv_blocks() == 9
+    assert config(tiny_llama, device="cpu", num_gpu_blocks_override=9, num_kv_blocks=9).num_kv_blocks() == 9
+    assert config(tiny_llama, device="cpu", device_memory_utilization=0.4).cache_config.gpu_memory_utilization == 0.4
+    with pytest.raises(ValueError, match="num_gpu_blocks_override=9 and num_kv_blocks=8 are one setting"):
+        config(tiny_llama, device="cpu", num_gpu_blocks_override=9, num_kv_blocks=8)
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+        config(tiny_llama, device="cpu", device_memory_utilization=2.0)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    blocks = engine_args_from(parser.parse_args(["--model", str(tiny_llama), "--num-gpu-blocks-override", "12"]))
+    assert blocks.create_engine_config().num_kv_blocks() == 12
+    share = engine_args_from(parser.parse_args(["--model", str(tiny_llama), "--device-memory-utilization", "0.3"]))
+    assert share.create_engine_config().cache_config.gpu_memory_utilization == 0.3
+    with pytest.raises(ValueError, match="gpu_memory_utilization=0.3 and num_kv_blocks=12 both size"):
+        EngineArgs(model=str(tiny_llama), device="cpu", num_gpu_blocks_override=12,
+                   device_memory_utilization=0.3).create_engine_config()

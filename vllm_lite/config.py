@@ -42,6 +42,7 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+ENGINE_ARG_ALIASES = {"num_gpu_blocks_override": "num_kv_blocks", "device_memory_utilization": "gpu_memory_utilization"}
 # vLLM's: what sampled logprobs are (the sampler's docstring); prompt logprobs are always raw.
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
@@ -464,6 +465,9 @@ class EngineArgs:
     tokenizer_mode: str = "auto"  # one of TOKENIZER_MODES
     override_generation_config: dict[str, Any] | None = None  # sampling defaults over the model's
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's dict form)
+    # vLLM's other names of two fields (ENGINE_ARG_ALIASES), folded into ours.
+    num_gpu_blocks_override: int | None = None
+    device_memory_utilization: float | None = None
     load_format: str = "auto"  # one of LOAD_FORMATS
     logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES (vLLM's)
 
@@ -472,6 +476,23 @@ class EngineArgs:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     def create_engine_config(self) -> VllmConfig:
+        return self._canonical()._engine_config()
+
+    def _canonical(self) -> EngineArgs:
+        """These arguments with vLLM's other names for a field folded into ours (the same value
+        under both names is fine; two different values are refused, naming both)."""
+        values = {name: getattr(self, name) for name in self.field_names()}
+        for alias, name in ENGINE_ARG_ALIASES.items():
+            given = values.pop(alias)
+            if given is None:
+                continue
+            _check(values[name] is None or values[name] == given,
+                   f"{alias}={given!r} and {name}={values[name]!r} are one setting (vLLM's two names for it); "
+                   "give one")
+            values[name] = given
+        return EngineArgs(**values)
+
+    def _engine_config(self) -> VllmConfig:
         device = _resolve_device(self.device)
         model_config = self._model_config(device)
         max_len = model_config.max_model_len

@@ -252,3 +252,17 @@ def test_default_chat_template_kwargs_may_not_set_the_requests_fields(tmp_path: 
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--default-chat-template-kwargs may not set tools" in result.stderr, \
         result.stderr[-2000:]
+
+
+def test_access_log_leaves_out_the_named_endpoints(tiny_llama: Path, tmp_path: Path) -> None:
+    """vLLM's --disable-access-log-for-endpoints: the probes' paths (with or without a query)
+    leave no access line; every other request still does."""
+    args = ("--max-model-len", "128", "--uvicorn-log-level", "info",
+            "--disable-access-log-for-endpoints", "/health, /v1/models")
+    with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, args) as live:
+        for path in ("/health", "/health?probe=1", "/v1/models", "/version"):
+            assert httpx.get(f"{live.base_url}{path}", headers=AUTH, timeout=10).status_code == 200
+        time.sleep(0.5)
+        log = live.log()
+    assert '"GET /version HTTP/1.1" 200' in log
+    assert "GET /health" not in log and "GET /v1/models" not in log

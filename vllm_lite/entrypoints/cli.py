@@ -177,6 +177,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     serve.add_argument("--disable-uvicorn-access-log", action="store_true",
                        help="no access log line per HTTP request (vLLM's flag)")
+    serve.add_argument("--disable-access-log-for-endpoints", default=None, metavar="PATHS",
+                       help="comma-separated paths with no access log line, e.g. /health,/metrics (vLLM's flag)")
     serve.add_argument("--disable-fastapi-docs", action="store_true",
                        help="no /docs, /redoc and /openapi.json (vLLM's flag)")
     for flag, what in (("--allowed-origins", "origins"), ("--allowed-methods", "methods"),

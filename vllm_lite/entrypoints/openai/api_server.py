@@ -564,6 +564,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
                                 log_level=args.uvicorn_log_level,
                                 access_log=not getattr(args, "disable_uvicorn_access_log", False),
                                 timeout_graceful_shutdown=options.shutdown_timeout_s + 5, **listen_tls)
+        _quiet_access_log_for(getattr(args, "disable_access_log_for_endpoints", None))
         server = (server_class or DrainingServer)(config, app.state.ctx)
         watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))
         try:
@@ -576,6 +577,29 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
         return 0
     finally:
         engine.shutdown()
+
+
+class _EndpointAccessFilter(logging.Filter):
+    """Drops uvicorn's access lines for some paths (a record's args: client, method, path with its
+    query, HTTP version, status)."""
+
+    def __init__(self, paths: frozenset[str]) -> None:
+        super().__init__()
+        self.paths = paths
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 3:
+            return True
+        return str(args[2]).split("?", 1)[0] not in self.paths
+
+
+def _quiet_access_log_for(endpoints: str | None) -> None:
+    """vLLM's --disable-access-log-for-endpoints "/health,/metrics": no access line for those
+    paths (probes and scrapers), every other request still logged."""
+    paths = frozenset(path.strip() for path in (endpoints or "").split(",") if path.strip())
+    if paths:
+        logging.getLogger("uvicorn.access").addFilter(_EndpointAccessFilter(paths))
 
 
 def _show_info_logs() -> None:
