@@ -1,7 +1,8 @@
 """vLLM server flags that deployment scripts carry: CORS (--allowed-origins / -methods / -headers,
 --allow-credentials; vLLM answers every origin by default), --disable-fastapi-docs,
 --disable-uvicorn-access-log, --trust-remote-code (taken; a repository's code is never run),
---chat-template (a file, or the template itself), --enable-log-requests with --max-log-len,
+--chat-template (a file, or the template itself), --enable-log-requests (and --enable-log-outputs)
+with --max-log-len,
 --disable-log-stats (the periodic stats line is on by default), --response-role, --tokenizer-mode,
 --middleware (its own servers), --default-chat-template-kwargs, --return-tokens-as-token-ids and
 --exclude-tools-when-tool-choice-none (one more server).
@@ -36,7 +37,8 @@ def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     args = ("--max-model-len", "128", "--allowed-origins", f'["{UI}"]', "--allowed-methods", '["GET", "POST"]',
             "--allow-credentials", "--disable-fastapi-docs", "--disable-uvicorn-access-log", "--uvicorn-log-level",
             "info", "--trust-remote-code", "--chat-template", str(folder / "template.jinja"),
-            "--enable-log-requests", "--max-log-len", "5", "--disable-log-stats", "--response-role", "narrator",
+            "--enable-log-requests", "--enable-log-outputs", "--max-log-len", "5", "--disable-log-stats",
+            "--response-role", "narrator",
             "--tokenizer-mode", "auto")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")  # a stats line would come during the tests: none may
@@ -120,6 +122,35 @@ def test_requests_are_logged_cut_to_max_log_len(server: LiveServer) -> None:
     assert len(ids.strip("[]").split(",")) <= 5
 
 
+def test_outputs_are_logged_whole_when_they_finish(server: LiveServer) -> None:
+    """--enable-log-outputs: a finished completion's text (cut to --max-log-len), streamed deltas
+    joined first."""
+    reply = httpx.post(f"{server.base_url}/v1/completions", timeout=60, headers=AUTH,
+                       json={"model": MODEL, "prompt": "hi", "max_tokens": 6, "ignore_eos": True})
+    completion = reply.json()
+    streamed = []
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", timeout=60, headers=AUTH,
+                      json={"model": MODEL, "prompt": "yo", "max_tokens": 6, "ignore_eos": True,
+                            "stream": True}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                streamed.append(chunk["choices"][0]["text"])
+                stream_id = chunk["id"]
+    time.sleep(0.2)
+    log = server.log()
+    for request_id, text in ((completion["id"], completion["choices"][0]["text"]), (stream_id, "".join(streamed))):
+        # (a completion's engine request is its id and the prompt's index)
+        assert f"Generated response {request_id}-0: output: {text[:5]!r}, finish_reason: length" in log, log[-1500:]
+
+
+def test_log_outputs_needs_log_requests(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(tmp_path / "no-model"),
+               "--enable-log-outputs"]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "--enable-log-outputs logs beside --enable-log-requests" in result.stderr
+
+
 def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Also: the stats line comes every VLLM_LOG_STATS_INTERVAL seconds while the engine works."""
@@ -136,6 +167,7 @@ def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path,
         time.sleep(1.5)
         log = default.log()
         assert '"POST /v1/completions HTTP/1.1" 200' in log and "Received request" not in log
+        assert "Generated response" not in log
         lines = [line for line in log.splitlines() if "Avg generation throughput:" in line]
         assert lines and any(" 0.0 tokens/s, Running" not in line for line in lines), lines
         assert "KV cache usage:" in lines[0] and "Prefix cache hit rate:" in lines[0]

@@ -204,6 +204,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                             "'openai' (a list of parts), or 'auto' (read from the template) (vLLM's flag)")
     serve.add_argument("--enable-log-requests", action="store_true",
                        help="log each generation request: id, sampling params, prompt (vLLM's flag)")
+    serve.add_argument("--enable-log-outputs", action="store_true",
+                       help="with --enable-log-requests, also log each finished completion's text (vLLM's flag)")
     serve.add_argument("--max-log-len", type=int, default=None,
                        help="with --enable-log-requests: the most prompt characters and token ids logged")
     serve.add_argument("--response-role", default="assistant",

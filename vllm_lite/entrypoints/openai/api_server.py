@@ -534,6 +534,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          disable_fastapi_docs=getattr(args, "disable_fastapi_docs", False),
                          chat_template=load_chat_template(getattr(args, "chat_template", None)),
                          enable_log_requests=getattr(args, "enable_log_requests", False),
+                         enable_log_outputs=getattr(args, "enable_log_outputs", False),
                          max_log_len=getattr(args, "max_log_len", None),
                          disable_log_stats=getattr(args, "disable_log_stats", False),
                          response_role=getattr(args, "response_role", "assistant"),

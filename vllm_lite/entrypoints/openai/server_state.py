@@ -67,6 +67,7 @@ class ServerOptions:
     | disable_fastapi_docs | --disable-fastapi-docs | no /docs, /redoc, /openapi.json |
     | chat_template | --chat-template | the template chat requests use instead of the tokenizer's (a request's own wins, where trusted) |
     | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
+    | enable_log_outputs | --enable-log-outputs | with enable_log_requests, log each finished completion's text |
     | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
     | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
     | chat_template_content_format | --chat-template-content-format | message content as the template reads it (chat_content.py) |
@@ -100,6 +101,7 @@ class ServerOptions:
     disable_fastapi_docs: bool = False
     chat_template: str | None = None  # the template's text (load_chat_template)
     enable_log_requests: bool = False
+    enable_log_outputs: bool = False
     max_log_len: int | None = None
     disable_log_stats: bool = False
     response_role: str = "assistant"
@@ -112,6 +114,8 @@ class ServerOptions:
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValueError(f"max_log_len must be >= 0, got {self.max_log_len}")
+        if self.enable_log_outputs and not self.enable_log_requests:
+            raise ValueError("--enable-log-outputs logs beside --enable-log-requests: give both")
         for name in ("max_request_body_bytes", "max_n_sequences", "max_stored_responses"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -30,7 +30,7 @@ from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
-from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -272,6 +272,7 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
     if ctx.options.enable_log_requests:
         _log_request(request_id, engine_prompt, params, ctx.options.max_log_len)
+    generated = _GeneratedLog(request_id, params.output_kind) if ctx.options.enable_log_outputs else None
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
@@ -282,6 +283,8 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
                                    "finished (--shutdown-timeout)")
                 tracker.observe(output)
                 finished = output.finished
+                if generated is not None:
+                    generated.add(output, ctx.options.max_log_len)
                 yield output
     finally:
         ctx.drain.in_flight.discard(request_id)
@@ -297,6 +300,28 @@ def _log_request(request_id: str, engine_prompt: dict[str, Any], params: Samplin
         text, token_ids = (text[:max_log_len] if text is not None else None), token_ids[:max_log_len]
     logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, text, params,
                 list(token_ids))
+
+
+@dataclass(slots=True)
+class _GeneratedLog:
+    """--enable-log-outputs (vLLM's): each completion's whole text and finish reason, logged when
+    the request finishes (streamed deltas are joined first)."""
+
+    request_id: str
+    output_kind: RequestOutputKind
+    texts: dict[int, list[str]] = field(default_factory=dict)
+
+    def add(self, output: RequestOutput, max_log_len: int | None) -> None:
+        for completion in output.outputs:
+            pieces = self.texts.setdefault(completion.index, [])
+            if self.output_kind != RequestOutputKind.DELTA:
+                pieces.clear()
+            pieces.append(completion.text)
+            if completion.finish_reason is not None:
+                text = "".join(pieces)
+                logger.info("Generated response %s%s: output: %r, finish_reason: %s", self.request_id,
+                            f" (choice {completion.index})" if completion.index else "",
+                            text if max_log_len is None else text[:max_log_len], completion.finish_reason)
 
 
 def _was_aborted(output: RequestOutput) -> bool:
