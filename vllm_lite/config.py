@@ -42,6 +42,8 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# fcfs: requests in arrival order; priority: by (priority, arrival), the lowest preempted first.
+SCHEDULING_POLICIES = ("fcfs", "priority")
 ENGINE_ARG_ALIASES = {"num_gpu_blocks_override": "num_kv_blocks", "device_memory_utilization": "gpu_memory_utilization"}
 # vLLM's: what sampled logprobs are (the sampler's docstring); prompt logprobs are always raw.
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
@@ -334,6 +336,7 @@ class SchedulerConfig:
     # A streamed request's output every this many new tokens (vLLM's --stream-interval; the
     # client's OutputProcessor applies it): fewer outputs, chunks and socket writes per token.
     stream_interval: int = 1
+    policy: str = "fcfs"  # one of SCHEDULING_POLICIES (vLLM's --scheduling-policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +473,7 @@ class EngineArgs:
     device_memory_utilization: float | None = None
     load_format: str = "auto"  # one of LOAD_FORMATS
     logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES (vLLM's)
+    scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES (vLLM's)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -634,8 +638,10 @@ class EngineArgs:
                "enable chunked prefill or raise max_num_batched_tokens")
         _check(self.stream_interval >= 1, f"stream_interval must be >= 1, got {self.stream_interval}")
         async_scheduling = self.async_scheduling if self.async_scheduling is not None else device != "cpu"
+        _check(self.scheduling_policy in SCHEDULING_POLICIES,
+               f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
-                               async_scheduling, self.stream_interval)
+                               async_scheduling, self.stream_interval, self.scheduling_policy)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

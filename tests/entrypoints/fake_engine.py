@@ -30,7 +30,8 @@ class FakeEngine:
         self.prompts: list[dict[str, Any]] = []
         self.stat_loggers: list[Any] = []  # AsyncLLM's: the fake engine has no steps to report
 
-    async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
         if self.dead:
             raise EngineDeadError("the engine core died")
         if params.logprobs is not None and params.logprobs > 20:

@@ -88,7 +88,7 @@ def test_llm_chat_takes_vllms_chat_arguments(llm: LLM) -> None:
         chat_prompt(llm, messages, continue_final_message=True)
     with pytest.raises(ValueError, match="lora_request is not supported by vllm_lite"):
         chat_prompt(llm, messages, lora_request=object())
-    with pytest.raises(ValueError, match="priority is not supported by vllm_lite"):
+    with pytest.raises(ValueError, match="priority=1 needs the priority scheduling policy"):
         llm.generate("x", SamplingParams(max_tokens=1), use_tqdm=False, priority=[1])
 
 

@@ -239,7 +239,7 @@ def defaults_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) 
     (folder / "template.jinja").write_text(DEFAULTS_TEMPLATE)
     args = ("--max-model-len", "128", "--chat-template", str(folder / "template.jinja"),
             "--default-chat-template-kwargs", '{"flag": true}', "--return-tokens-as-token-ids",
-            "--exclude-tools-when-tool-choice-none")
+            "--exclude-tools-when-tool-choice-none", "--scheduling-policy", "priority")
     with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
         yield live
 
@@ -298,3 +298,20 @@ def test_access_log_leaves_out_the_named_endpoints(tiny_llama: Path, tmp_path: P
         log = live.log()
     assert '"GET /version HTTP/1.1" 200' in log
     assert "GET /health" not in log and "GET /v1/models" not in log
+
+
+def test_priority_needs_the_priority_policy(server: LiveServer, defaults_server: LiveServer) -> None:
+    """vLLM's request field `priority`: served under --scheduling-policy priority (lower first),
+    refused by name under fcfs (the default) unless 0."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "priority": 3}
+    served = httpx.post(f"{defaults_server.base_url}/v1/completions", headers=AUTH, timeout=60, json=body)
+    assert served.status_code == 200, served.text
+    chat = httpx.post(f"{defaults_server.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                            "priority": -1})
+    assert chat.status_code == 200, chat.text
+    refused = httpx.post(f"{server.base_url}/v1/completions", headers=AUTH, timeout=60, json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+    assert "needs the priority scheduling policy" in refused.json()["error"]["message"]
+    plain = httpx.post(f"{server.base_url}/v1/completions", headers=AUTH, timeout=60, json={**body, "priority": 0})
+    assert plain.status_code == 200

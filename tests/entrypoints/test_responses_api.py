@@ -272,7 +272,7 @@ class ScriptedEngine(FakeEngine):
         self.fail_after = fail_after  # raise EngineDeadError after this many pieces
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         for step, piece in enumerate(self.script):
             if step == self.fail_after:
                 raise EngineDeadError("the engine core died")
@@ -348,7 +348,7 @@ class _RecordingScript(ScriptedEngine):
     """A ScriptedEngine that keeps each request's prompt."""
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         self.prompts.append(prompt)
         async for output in super().generate(prompt, params, request_id):
             yield output

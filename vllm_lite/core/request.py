@@ -55,11 +55,13 @@ class Request:
         "token_ids", "num_prompt_tokens", "_num_tokens", "_num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
-        "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot",
+        "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
+        "arrival_time",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...], max_tokens: int, cache_salt: str | None = None) -> None:
+                 eos_token_ids: tuple[int, ...], max_tokens: int, cache_salt: str | None = None,
+                 priority: int = 0, arrival_time: float = 0.0) -> None:
         num_prompt = len(prompt_token_ids)
         self.request_id = request_id
         self.sampling_params = sampling_params
@@ -74,6 +76,9 @@ class Request:
         self.eos_token_ids = frozenset(() if sampling_params.ignore_eos else eos_token_ids)
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.cache_salt = cache_salt  # mixed into the first prefix-cache block key
+        # Under the priority policy requests are served by (priority, arrival_time): `queue_key`.
+        self.priority = priority
+        self.arrival_time = arrival_time
         self.block_hashes: list[bytes] = []
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache; -1 until scheduled
         # (block pool cache version, hit blocks, hit tokens) of the last lookup while waiting
@@ -99,7 +104,11 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
         return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.max_tokens, req.cache_salt)
+                   req.max_tokens, req.cache_salt, req.priority, req.arrival_time)
+
+    def queue_key(self) -> tuple[int, float]:
+        """The priority policy's order (vLLM's): lower priority first, then earlier arrival."""
+        return self.priority, self.arrival_time
 
     @property
     def num_tokens(self) -> int:

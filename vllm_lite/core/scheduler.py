@@ -7,6 +7,9 @@ Order of service each step:
 2. waiting requests, FCFS, while budget, sequence slots and blocks last (not in a step that
    preempted: there is no room). A request whose grammar is still compiling
    (WAITING_FOR_GRAMMAR) is passed over, keeping its place, without holding up the others.
+Under the priority policy (vLLM's) both queues are kept in `Request.queue_key` order (priority,
+then arrival) instead: the most urgent running request is served first, the least urgent is the
+one preempted (the back, as above), and the most urgent waiting one is admitted first.
 
 Structured outputs: a constrained request's matcher advances exactly when a token is appended
 to it (`update_from_output`), so preemption (which keeps the tokens) needs no rollback. Each
@@ -41,6 +44,7 @@ token it sampled itself) and the scheduler learns its value in `update_from_outp
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import deque
@@ -106,6 +110,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.by_priority = scheduler_config.policy == "priority"
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._no_blocks: list[int] = []  # shared, never mutated (SchedulerOutput is read-only)
@@ -129,9 +134,12 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.priority != 0 and not self.by_priority:
+            raise ValueError(f"priority={request.priority} needs the priority scheduling policy "
+                             "(--scheduling-policy priority); under fcfs every request's priority is 0")
         self._check_fits(request)
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(self.waiting, request, front=False)
         request.length_limit = min(request.length_limit, self.config.max_model_len)
         request.queued_ts = time.monotonic()
         if request.structured_output_request is not None:
@@ -584,7 +592,7 @@ class Scheduler:
             kv.record_admission(request, num_computed)
             self.token_store.assign(request, request.length_limit, request.structured_output_request is not None)
             self.waiting.popleft()
-            self.running.append(request)
+            self._enqueue(self.running, request, front=False)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:  # first scheduled (not a return from preemption)
@@ -639,7 +647,17 @@ class Scheduler:
         request.num_computed_tokens = 0
         self.num_preemptions += 1
         request.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self._enqueue(self.waiting, request, front=True)
+
+    def _enqueue(self, queue: deque[Request] | list[Request], request: Request, front: bool) -> None:
+        """FCFS: at the back (a preempted request: at the front, to resume first); by priority:
+        at its `queue_key` place (after those of equal key)."""
+        if self.by_priority:
+            queue.insert(bisect.bisect_right(queue, request.queue_key(), key=Request.queue_key), request)
+        elif front:
+            queue.appendleft(request)  # (only the waiting deque gets requests at its front)
+        else:
+            queue.append(request)
 
     def _free(self, request: Request, uncache: bool = False) -> None:
         if self.num_steps_in_flight:  # their rows for it are stale (async: even a reused id's)

@@ -98,11 +98,11 @@ class AsyncLLM:
 
     # ---- requests ----
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str) -> AsyncGenerator[RequestOutput, None]:
+                       request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs (as `sampling_params.output_kind` says) until it
         finishes. Raises EngineDeadError if the engine core dies, RequestRejectedError (a
         ValueError) if it refuses the request."""
-        queue = await self.add_request(request_id, prompt, sampling_params)
+        queue = await self.add_request(request_id, prompt, sampling_params, priority)
         finished = False
         try:
             while not finished:
@@ -117,14 +117,14 @@ class AsyncLLM:
                 self._abort_now([request_id])
 
     async def add_request(self, request_id: str, prompt: PromptType,
-                          params: SamplingParams) -> RequestOutputCollector:
+                          params: SamplingParams, priority: int = 0) -> RequestOutputCollector:
         """Send the request (n > 1 fans out); its outputs arrive in the returned collector."""
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt))
+                                              InputProcessor.cache_salt(prompt), priority)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)
         added = []
         try:

@@ -53,11 +53,13 @@ class InputProcessor:
         return salt
 
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams, cache_salt: str | None = None) -> EngineCoreRequest:
+                params: SamplingParams, cache_salt: str | None = None, priority: int = 0) -> EngineCoreRequest:
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
         check_sampling_params(params, self.model_config)
         check_structured_outputs(params)
+        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         return EngineCoreRequest(
@@ -68,6 +70,7 @@ class InputProcessor:
             arrival_time=time.time(),
             max_tokens=max_tokens,
             cache_salt=cache_salt,
+            priority=int(priority),
         )
 
 

@@ -34,11 +34,12 @@ class LLMEngine:
                          engine_address: str | None = None) -> LLMEngine:
         return cls(engine_args.create_engine_config(), multiprocess, engine_address)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
-        """n > 1 fans out into n engine-core requests (see parallel_sampling)."""
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0) -> None:
+        """n > 1 fans out into n engine-core requests (see parallel_sampling). `priority`: vLLM's
+        (lower first), under the priority scheduling policy."""
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt))
+                                              InputProcessor.cache_salt(prompt), priority)
         added = []
         try:
             for child, parent, index in fan_out(request):

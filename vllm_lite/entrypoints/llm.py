@@ -46,20 +46,23 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, lora_request: None = None, priority: None = None,
+                 use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
                  tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
-        _refuse_unless_none(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+        """`priority`: vLLM's, one per prompt (or one for all), lower first; only under
+        scheduling_policy="priority". LoRA, tokenization and multimodal arguments only as None."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
         if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
             raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        priorities = _per_prompt_priority(priority, len(prompt_list))
         request_ids = []
         try:
-            for prompt, params in zip(prompt_list, params_list):
+            for prompt, params, request_priority in zip(prompt_list, params_list, priorities):
                 request_id = f"{self._request_prefix}{next(self._request_counter)}"
                 final_only = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
-                self.llm_engine.add_request(request_id, prompt, final_only)
+                self.llm_engine.add_request(request_id, prompt, final_only, request_priority)
                 request_ids.append(request_id)
             results = self._run_engine(len(request_ids), use_tqdm)
         except BaseException:
@@ -69,15 +72,15 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, lora_request: None = None, priority: None = None,
+             use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
              chat_template: str | None = None, chat_template_content_format: str = "auto",
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
              tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
-        template's format: `chat_content`), then `generate`. LoRA, priorities, tokenization and
-        multimodal arguments are not implemented: refused unless None."""
-        _refuse_unless_none(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+        template's format: `chat_content`), then `generate` (`priority` as there). LoRA,
+        tokenization and multimodal arguments are not implemented: refused unless None."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
@@ -93,7 +96,7 @@ class LLM:
                 **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
             token_ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -160,3 +163,12 @@ def _refuse_unless_none(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None:
             raise ValueError(f"{name} is not supported by vllm_lite (got {value!r}); pass None or leave it out")
+
+
+def _per_prompt_priority(priority: int | Sequence[int] | None, num_prompts: int) -> list[int]:
+    if priority is None or isinstance(priority, int):
+        return [priority or 0] * num_prompts
+    priorities = list(priority)
+    if len(priorities) != num_prompts:
+        raise ValueError(f"priority has {len(priorities)} entries but there are {num_prompts} prompts")
+    return priorities

@@ -52,6 +52,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     arrival_time: float
     max_tokens: int
     cache_salt: str | None = None  # separates this request's prefix-cache entries (vLLM's field)
+    priority: int = 0  # vLLM's: lower is served first under the priority scheduling policy
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

@@ -112,7 +112,9 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
                          responses=ResponseStore(options.max_stored_responses),
-                         think_tokens=think_tokens(engine.tokenizer) if options.reasoning_parser else None)
+                         think_tokens=think_tokens(engine.tokenizer) if options.reasoning_parser else None,
+                         scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",
+                                                   "fcfs"))
     docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path, **docs)

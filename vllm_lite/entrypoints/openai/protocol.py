@@ -65,13 +65,13 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens", "priority",
+    "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "spaces_between_special_tokens": (True,), "priority": (0,),
+    "spaces_between_special_tokens": (True,),
     "parallel_tool_calls": (True,), "allowed_token_ids": (None,), "bad_words": (None, []),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
 }
@@ -142,6 +142,7 @@ class _GenerationRequest(RequestModel):
 
     model: str | None = None
     n: int = 1
+    priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority; else only 0)
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None

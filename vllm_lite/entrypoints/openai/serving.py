@@ -57,7 +57,7 @@ class EngineClient(Protocol):
         ...
 
     def generate(self, prompt: Any, sampling_params: SamplingParams,
-                 request_id: str) -> AsyncGenerator[RequestOutput, None]: ...
+                 request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]: ...
 
     async def check_health(self) -> None: ...
 
@@ -88,6 +88,7 @@ class ServingContext:
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
     think_tokens: ThinkTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
+    scheduling_policy: str = "fcfs"  # the engine's (SchedulerConfig.policy): requests' priority needs "priority"
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
     responses: ResponseStore = field(default_factory=ResponseStore)
@@ -265,10 +266,13 @@ def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | 
 
 
 async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], params: SamplingParams,
-                           request_id: str) -> AsyncGenerator[RequestOutput, None]:
+                           request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
     """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
+    if priority != 0 and ctx.scheduling_policy != "priority":
+        raise ApiError(400, "BadRequestError", f"priority={priority} needs the priority scheduling policy "
+                       "(--scheduling-policy priority); under fcfs every request's priority is 0", "priority")
     tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
     if ctx.options.enable_log_requests:
         _log_request(request_id, engine_prompt, params, ctx.options.max_log_len)
@@ -276,7 +280,7 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
-        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id)) as outputs:
+        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id, priority)) as outputs:
             async for output in outputs:
                 if ctx.drain.expired and output.finished and _was_aborted(output):
                     raise ApiError(503, "ServiceUnavailableError", "the server shut down before the request "
@@ -567,7 +571,7 @@ def sse_event(chunk: BaseModel) -> str:
 
 
 async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any], params: BeamSearchParams,
-                             request_id: str) -> AsyncGenerator[RequestOutput, None]:
+                             request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
     """vLLM's server-side beam search: every step sends each live beam to the engine for one
     token (BeamSearch decides what to keep), then yields one finished RequestOutput whose
     outputs are the beam_width best beams, best first, so the handlers treat it as any
@@ -579,7 +583,8 @@ async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any],
     step = 0
     while batch := search.pending():
         step_streams = [tracked_generate(ctx, {**engine_prompt, "prompt": None, "prompt_token_ids": tokens},
-                                         step_params, f"{request_id}-beam{step}-{i}") for i, tokens in enumerate(batch)]
+                                         step_params, f"{request_id}-beam{step}-{i}", priority)
+                        for i, tokens in enumerate(batch)]
         collected = await asyncio.gather(*(collect_choices(stream, 1) for stream in step_streams))
         search.advance([c.choices[0].logprobs[0] for c in collected])
         step += 1

@@ -53,9 +53,9 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
     if beam is not None:
-        stream = beam_search_stream(ctx, prompt, beam, engine_id)
+        stream = beam_search_stream(ctx, prompt, beam, engine_id, request.priority)
     else:
-        stream = tracked_generate(ctx, prompt, params, engine_id)
+        stream = tracked_generate(ctx, prompt, params, engine_id, request.priority)
     num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
@@ -249,7 +249,7 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
         prompt = await chat_prompt(ctx, single)
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
         prompts.append(prompt)
-        streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}"))
+        streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority))
     roles = [single.reply_role(ctx.options.response_role) for single in requests]
     return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams, roles), raw_request)
 

@@ -44,9 +44,11 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     request_id, engine_id = request_ids("cmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens, request.logprobs is not None)
     if beam is not None:
-        streams = [beam_search_stream(ctx, prompt, beam, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
+        streams = [beam_search_stream(ctx, prompt, beam, f"{engine_id}-{i}", request.priority)
+                   for i, prompt in enumerate(prompts)]
     else:
-        streams = [tracked_generate(ctx, prompt, params, f"{engine_id}-{i}") for i, prompt in enumerate(prompts)]
+        streams = [tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority)
+                   for i, prompt in enumerate(prompts)]
     shape = _ChoiceShape.of(request, params.logprobs, ctx.tokens_as_ids(request.return_tokens_as_token_ids))
     if request.stream:
         started = await start_streams(streams)

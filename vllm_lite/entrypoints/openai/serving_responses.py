@@ -90,7 +90,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
     response_id, engine_request_id = request.ids()
     turn = ResponseTurn(request, response_id, model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
                         history, tools)
-    stream = tracked_generate(ctx, prompt, params, engine_request_id)
+    stream = tracked_generate(ctx, prompt, params, engine_request_id, request.priority)
     if request.stream:
         started = await start_stream(stream)
         return SSEResponse(_sse(_stream_events(ctx, turn, started)))
