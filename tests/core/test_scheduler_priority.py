@@ -93,3 +93,18 @@ def test_llm_serves_by_priority_end_to_end(tiny_llama: Path) -> None:
             llm.generate(["a", "b"], params, use_tqdm=False, priority=[1])
     finally:
         llm.shutdown()
+
+
+def test_priority_must_be_a_64_bit_int(tiny_llama: Path) -> None:
+    from llm_factory import make_llm
+
+    llm = make_llm(tiny_llama, scheduling_policy="priority", multiprocess=True)
+    try:
+        params = SamplingParams(max_tokens=1)
+        with pytest.raises(ValueError, match=r"priority must be within \[-2\*\*63, 2\*\*63 - 1\]"):
+            llm.generate("x", params, use_tqdm=False, priority=1 << 70)
+        with pytest.raises(TypeError, match="priority must be an int, got float"):
+            llm.generate("x", params, use_tqdm=False, priority=[0.5])
+        assert llm.generate("x", params, use_tqdm=False, priority=-(1 << 63))[0].finished  # the engine goes on
+    finally:
+        llm.shutdown()

@@ -315,3 +315,6 @@ def test_priority_needs_the_priority_policy(server: LiveServer, defaults_server:
     assert "needs the priority scheduling policy" in refused.json()["error"]["message"]
     plain = httpx.post(f"{server.base_url}/v1/completions", headers=AUTH, timeout=60, json={**body, "priority": 0})
     assert plain.status_code == 200
+    huge = httpx.post(f"{defaults_server.base_url}/v1/completions", headers=AUTH, timeout=60,
+                      json={**body, "priority": 1 << 64})
+    assert huge.status_code == 400 and huge.json()["error"]["param"] == "priority", huge.text

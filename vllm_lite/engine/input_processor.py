@@ -15,6 +15,8 @@ from vllm_lite.sampling_params import SamplingParams
 PromptType = Union[str, dict[str, Any]]
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextPrompt / TokensPrompt
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
 
 class InputProcessor:
     def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
@@ -60,6 +62,8 @@ class InputProcessor:
         check_structured_outputs(params)
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        if not INT64_MIN <= priority <= INT64_MAX:
+            raise ValueError(f"priority must be within [-2**63, 2**63 - 1] (a 64-bit int), got {priority}")
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         return EngineCoreRequest(

@@ -271,10 +271,13 @@ _SSE_EVENT_SCHEMA = {"type": "object", "properties": {"data": {"type": "string"}
                      "required": ["data"]}
 
 
-def _generation_responses(model: type[OpenAIBaseModel]) -> dict[int | str, dict[str, Any]]:
-    """200 is the JSON response, or server-sent events when the request streams (each event's
-    `data` is a JSON chunk, an error object, or `[DONE]`)."""
-    return {200: {"model": model, "content": {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}},
+def _generation_responses(model: type[OpenAIBaseModel] | None) -> dict[int | str, dict[str, Any]]:
+    """200 is the JSON response (`model`'s, or an object), or server-sent events when the request
+    streams (each event's `data` is a JSON chunk or event, an error object, or `[DONE]`)."""
+    content: dict[str, Any] = {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}}
+    if model is None:
+        content["application/json"] = {"schema": {"type": "object"}}
+    return {200: {**({"model": model} if model is not None else {}), "content": content,
                   "description": "the response, or its chunks as server-sent events (stream: true)"}}
 
 
@@ -346,7 +349,7 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         request.refuse_unknown_fields()
         return await _load_aware(ctx, create_completion(ctx, request, raw_request), raw_request)
 
-    @app.post("/v1/responses", response_model=None)
+    @app.post("/v1/responses", response_model=None, responses=_generation_responses(None))
     async def responses(request: ResponsesRequest, raw_request: Request) -> Response:
         """The Responses API (serving_responses.py); unknown fields are refused by name."""
         return await _load_aware(ctx, create_response(ctx, request, raw_request), raw_request)

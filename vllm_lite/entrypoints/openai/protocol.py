@@ -142,7 +142,8 @@ class _GenerationRequest(RequestModel):
 
     model: str | None = None
     n: int = 1
-    priority: int = 0  # vLLM's: lower is served first (--scheduling-policy priority; else only 0)
+    # vLLM's: lower is served first (--scheduling-policy priority; else only 0); a 64-bit int.
+    priority: int = Field(default=0, ge=-(1 << 63), le=(1 << 63) - 1)
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None

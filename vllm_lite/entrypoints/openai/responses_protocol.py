@@ -79,7 +79,7 @@ class ResponsesRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(default=None, min_length=1)
     # vLLM's: the response's id (and stored under it), else a new "resp_..." one.
     request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
-    priority: int = 0  # vLLM's (the chat field of the same name)
+    priority: int = Field(default=0, ge=-(1 << 63), le=(1 << 63) - 1)  # vLLM's (as chat's)
 
     def ids(self) -> tuple[str, str]:
         """The response's id and the engine's request id: the caller's may be in use by another
