@@ -88,3 +88,35 @@ def test_sharded_snapshot_reads_the_index(tmp_path: Path, tiny_llama_sharded: Pa
     shards = sorted(p.name for p in snapshot.glob("*.safetensors"))
     (snapshot / "consolidated.safetensors").write_bytes(b"")
     assert weight_patterns(snapshot) == shards
+
+
+def test_tokenizer_revision_picks_the_tokenizers_snapshot(hub_cache: Path, tiny_llama: Path) -> None:
+    """vLLM's tokenizer_revision: the model's repository at another revision for its tokenizer,
+    or the revision of a `tokenizer` repository (unset: the model's `revision`)."""
+    config = EngineArgs(model="tiny-org/tiny-model", tokenizer_revision="v2",
+                        download_dir=str(hub_cache)).create_engine_config()
+    assert config.model_config.hf.architecture == "LlamaForCausalLM"  # the model stays at main
+    assert Path(config.model_config.tokenizer).name == COMMIT_B
+    config = EngineArgs(model=str(tiny_llama), tokenizer="tiny-org/tiny-model", tokenizer_revision=COMMIT_B,
+                        download_dir=str(hub_cache)).create_engine_config()
+    assert Path(config.model_config.tokenizer).name == COMMIT_B
+    config = EngineArgs(model="tiny-org/tiny-model", revision="v2", tokenizer="tiny-org/tiny-model",
+                        download_dir=str(hub_cache)).create_engine_config()
+    assert Path(config.model_config.tokenizer).name == COMMIT_B  # unset: the model's revision (vLLM's rule)
+    with pytest.raises(ValueError, match="tokenizer_revision='v2' names a hub revision, but the model"):
+        EngineArgs(model=str(tiny_llama), tokenizer_revision="v2").create_engine_config()
+
+
+def test_hf_token_reaches_the_hub(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    tokens = []
+    download = huggingface_hub.snapshot_download
+
+    def recording(*args, **kwargs):
+        tokens.append(kwargs.get("token"))
+        return download(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", recording)
+    EngineArgs(model="tiny-org/tiny-model", hf_token="hf_secret", download_dir=str(hub_cache)).create_engine_config()
+    assert tokens and set(tokens) == {"hf_secret"}

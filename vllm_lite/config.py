@@ -22,7 +22,7 @@ from vllm_lite.config_fields import (
     resolve_model_impl,
     with_defaults,
 )
-from vllm_lite.hub import resolve_model_path
+from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -455,6 +455,8 @@ class EngineArgs:
     enforce_eager: bool = False
     model_impl: str = "auto"  # one of MODEL_IMPLS
     revision: str | None = None  # hub branch, tag or commit when `model` is a hub id
+    tokenizer_revision: str | None = None  # the tokenizer's hub revision (None: `revision`, as vLLM)
+    hf_token: str | bool | None = None  # hub token (True: the saved login; None: huggingface_hub's default)
     download_dir: str | None = None  # hub cache folder (default: huggingface_hub's)
     quantization: str | None = None  # one of QUANTIZATION_METHODS
     skip_tokenizer_init: bool = False  # token ids in, token ids out: no tokenizer is loaded
@@ -509,7 +511,7 @@ class EngineArgs:
         )
 
     def _model_config(self, device: str) -> ModelConfig:
-        model_dir = (resolve_model_path(self.model, self.revision, self.download_dir) if self.model
+        model_dir = (resolve_model_path(self.model, self.revision, self.download_dir, self.hf_token) if self.model
                      else _demo_gguf())
         gguf_file = model_dir if model_dir.is_file() and model_dir.suffix == ".gguf" else None
         if gguf_file is not None:
@@ -551,8 +553,7 @@ class EngineArgs:
         _check_longrope_length(hf, max_len)
         return ModelConfig(
             model=str(model_dir),
-            tokenizer=str(resolve_model_path(self.tokenizer, self.revision, self.download_dir))
-            if self.tokenizer else str(model_dir),
+            tokenizer=self._tokenizer_path(model_dir),
             dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
             max_model_len=max_len,
             seed=self.seed,
@@ -577,6 +578,22 @@ class EngineArgs:
         _check(folder.is_dir(), f"generation_config must be one of {GENERATION_CONFIG_SOURCES} or a folder, "
                                 f"got {self.generation_config!r}")
         return _read_json(folder / "generation_config.json")
+
+    def _tokenizer_path(self, model_dir: Path) -> str:
+        """`tokenizer` (a folder or hub id), else the model's own files: its folder, or its hub
+        repository at tokenizer_revision when that differs. tokenizer_revision defaults to
+        `revision` (vLLM's rule: the tokenizer is consistent with the model)."""
+        if self.tokenizer:
+            revision = self.revision if self.tokenizer_revision is None else self.tokenizer_revision
+            return str(resolve_model_path(self.tokenizer, revision, self.download_dir, self.hf_token,
+                                          weights=False, field="tokenizer"))
+        if self.tokenizer_revision is not None and self.tokenizer_revision != self.revision and self.model:
+            _check(looks_like_repo_id(self.model) and not Path(self.model).expanduser().exists(),
+                   f"tokenizer_revision={self.tokenizer_revision!r} names a hub revision, but the model "
+                   f"'{self.model}' is a local path: give tokenizer= instead")
+            return str(resolve_model_path(self.model, self.tokenizer_revision, self.download_dir, self.hf_token,
+                                          weights=False, field="tokenizer_revision"))
+        return str(model_dir)
 
     def _cache_config(self, model_config: ModelConfig, device: str) -> CacheConfig:
         bs = self.block_size if self.block_size is not None else default_block_size(device, self.attention_backend)

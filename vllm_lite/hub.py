@@ -27,34 +27,39 @@ def looks_like_repo_id(name: str) -> bool:
     return bool(_REPO_ID.match(name)) and not name.startswith((".", "/"))
 
 
-def resolve_model_path(name: str, revision: str | None = None, download_dir: str | None = None) -> Path:
-    """A local folder or file as it is; else a hub id, downloaded (or found in the cache)."""
+def resolve_model_path(name: str, revision: str | None = None, download_dir: str | None = None,
+                       token: str | bool | None = None, weights: bool = True, field: str = "model") -> Path:
+    """A local folder or file as it is; else a hub id, downloaded (or found in the cache) with
+    `token` (vLLM's hf_token: a token, True for the saved login, None for the default) and
+    without the weights unless `weights`. `field` names the argument in errors."""
     path = Path(name).expanduser()
     if path.exists():
         return path
     if not looks_like_repo_id(name):
-        raise ValueError(f"model: '{name}' is neither an existing folder or file nor a hub id (org/name)")
-    return download_snapshot(name, revision, download_dir)
+        raise ValueError(f"{field}: '{name}' is neither an existing folder or file nor a hub id (org/name)")
+    return download_snapshot(name, revision, download_dir, token, weights, field)
 
 
-def download_snapshot(repo_id: str, revision: str | None, download_dir: str | None) -> Path:
+def download_snapshot(repo_id: str, revision: str | None, download_dir: str | None,
+                      token: str | bool | None = None, weights: bool = True, field: str = "model") -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     where = download_dir or constants.HF_HUB_CACHE
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
-                                        allow_patterns=list(METADATA_PATTERNS)))
-        snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
-                          allow_patterns=weight_patterns(folder))
+                                        allow_patterns=list(METADATA_PATTERNS), token=token))
+        if weights:
+            snapshot_download(repo_id, revision=revision, cache_dir=download_dir,
+                              allow_patterns=weight_patterns(folder), token=token)
     except LocalEntryNotFoundError as exc:
         if constants.HF_HUB_OFFLINE:
-            raise ValueError(f"model: '{repo_id}' (revision {revision or 'main'}) is not in the hub cache "
+            raise ValueError(f"{field}: '{repo_id}' (revision {revision or 'main'}) is not in the hub cache "
                              f"'{where}' and HF_HUB_OFFLINE=1 forbids downloading it") from exc
-        raise ValueError(f"model: could not download '{repo_id}' (revision {revision or 'main'}) and it "
+        raise ValueError(f"{field}: could not download '{repo_id}' (revision {revision or 'main'}) and it "
                          f"is not in the hub cache '{where}': {exc}") from exc
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-        raise ValueError(f"model: hub repository '{repo_id}' (revision {revision or 'main'}) was not "
+        raise ValueError(f"{field}: hub repository '{repo_id}' (revision {revision or 'main'}) was not "
                          f"found or is not accessible: {exc}") from exc
     return folder
 
