@@ -239,7 +239,8 @@ def defaults_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) 
     (folder / "template.jinja").write_text(DEFAULTS_TEMPLATE)
     args = ("--max-model-len", "128", "--chat-template", str(folder / "template.jinja"),
             "--default-chat-template-kwargs", '{"flag": true}', "--return-tokens-as-token-ids",
-            "--exclude-tools-when-tool-choice-none", "--scheduling-policy", "priority")
+            "--exclude-tools-when-tool-choice-none", "--scheduling-policy", "priority",
+            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
     with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
         yield live
 
@@ -318,3 +319,35 @@ def test_priority_needs_the_priority_policy(server: LiveServer, defaults_server:
     huge = httpx.post(f"{defaults_server.base_url}/v1/completions", headers=AUTH, timeout=60,
                       json={**body, "priority": 1 << 64})
     assert huge.status_code == 400 and huge.json()["error"]["param"] == "priority", huge.text
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+          "required": ["a", "b"], "additionalProperties": False}
+
+
+def test_structured_outputs_config_makes_json_compact(server: LiveServer, defaults_server: LiveServer) -> None:
+    """--structured-outputs-config '{"disable_any_whitespace": true}': JSON whose only whitespace
+    is xgrammar's fixed separators ", " and ": " (vLLM's meaning); the default server's grammar
+    allows any whitespace, and a random model takes it."""
+    def free_whitespace(live: LiveServer) -> list[str]:
+        reply = httpx.post(f"{live.base_url}/v1/completions", headers=AUTH, timeout=120,
+                           json={"model": MODEL, "prompt": "json:", "max_tokens": 40, "n": 4, "seed": 11,
+                                 "response_format": {"type": "json_schema",
+                                                     "json_schema": {"name": "s", "schema": SCHEMA}}})
+        assert reply.status_code == 200, reply.text
+        texts = [choice["text"].replace(": ", "").replace(", ", "") for choice in reply.json()["choices"]]
+        return [char for text in texts for char in text if char.isspace()]
+
+    assert free_whitespace(defaults_server) == []
+    assert free_whitespace(server) != []
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ('{"reasoning_parser": "qwen3"}', "reasoning_parser not supported"),
+    ('{"backend": "outlines"}', "backend must be auto or xgrammar"),
+])
+def test_structured_outputs_config_refuses_what_it_does_not_do(tmp_path: Path, config: str, message: str) -> None:
+    command = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(tmp_path / "no-model"),
+               "--structured-outputs-config", config]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]

@@ -141,6 +141,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
                        choices=("auto", "xgrammar"), default="auto",
                        help="vLLM's flag: the structured-output backend (xgrammar, the only one here)")
+    serve.add_argument("--structured-outputs-config.disable-any-whitespace", dest="structured_outputs_compact",
+                       action="store_true", help="vLLM's flag: JSON grammars allow no whitespace (compact JSON)")
+    serve.add_argument("--structured-outputs-config", dest="structured_outputs_config", type=json_object,
+                       default=None, help="vLLM's flag as a JSON object: backend (auto, xgrammar) and "
+                                          "disable_any_whitespace; its other fields are refused by name")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
     serve.add_argument("--enable-force-include-usage", action="store_true",

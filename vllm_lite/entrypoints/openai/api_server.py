@@ -506,6 +506,26 @@ def ssl_options(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+STRUCTURED_OUTPUTS_CONFIG_FIELDS = ("backend", "disable_any_whitespace")
+
+
+def _compact_structured_outputs(args: argparse.Namespace) -> bool:
+    """vLLM's --structured-outputs-config (a JSON object) or its dotted flags: the backend must be
+    xgrammar's (auto picks it); disable_any_whitespace makes every JSON grammar compact. Its
+    other fields (reasoning, additional properties) are not implemented: refused by name."""
+    config = getattr(args, "structured_outputs_config", None) or {}
+    unknown = sorted(set(config) - set(STRUCTURED_OUTPUTS_CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"--structured-outputs-config: {', '.join(unknown)} not supported (only "
+                         f"{', '.join(STRUCTURED_OUTPUTS_CONFIG_FIELDS)})")
+    if config.get("backend", "auto") not in ("auto", "xgrammar"):
+        raise ValueError(f"--structured-outputs-config: backend must be auto or xgrammar, got {config['backend']!r}")
+    compact = config.get("disable_any_whitespace", False)
+    if not isinstance(compact, bool):
+        raise ValueError(f"--structured-outputs-config: disable_any_whitespace must be true or false, got {compact!r}")
+    return compact or bool(getattr(args, "structured_outputs_compact", False))
+
+
 def _default_chat_template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     defaults = getattr(args, "default_chat_template_kwargs", None) or {}
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(defaults))
@@ -546,6 +566,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          chat_template_content_format=getattr(args, "chat_template_content_format", "auto"),
                          middleware=tuple(getattr(args, "middleware", None) or ()),
                          default_chat_template_kwargs=_default_chat_template_kwargs(args),
+                         compact_structured_outputs=_compact_structured_outputs(args),
                          return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
                          exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
                                                                      False))

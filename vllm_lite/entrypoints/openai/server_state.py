@@ -75,6 +75,7 @@ class ServerOptions:
     | default_chat_template_kwargs | --default-chat-template-kwargs | chat template arguments a request's own override |
     | return_tokens_as_token_ids | --return-tokens-as-token-ids | logprob tokens as 'token_id:<int>' unless a request says |
     | exclude_tools_when_tool_choice_none | --exclude-tools-when-tool-choice-none | tool_choice "none": no tools in the template |
+    | compact_structured_outputs | --structured-outputs-config disable_any_whitespace | every JSON grammar without whitespace |
     """
 
     api_key: str | None = None
@@ -110,6 +111,7 @@ class ServerOptions:
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     return_tokens_as_token_ids: bool = False
     exclude_tools_when_tool_choice_none: bool = False
+    compact_structured_outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
+import msgspec
 from pydantic import BaseModel
 from starlette.types import Send
 
@@ -273,6 +274,9 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     if priority != 0 and ctx.scheduling_policy != "priority":
         raise ApiError(400, "BadRequestError", f"priority={priority} needs the priority scheduling policy "
                        "(--scheduling-policy priority); under fcfs every request's priority is 0", "priority")
+    structured = params.structured_outputs
+    if ctx.options.compact_structured_outputs and structured is not None and not structured.disable_any_whitespace:
+        params = params.clone_with(structured_outputs=msgspec.structs.replace(structured, disable_any_whitespace=True))
     tracker = RequestTracker(ctx.metrics, len(engine_prompt["prompt_token_ids"]), params)
     if ctx.options.enable_log_requests:
         _log_request(request_id, engine_prompt, params, ctx.options.max_log_len)
