@@ -26,8 +26,10 @@ def make_batch(requests: Sequence[tuple[list[int], list[int], SamplingParams]],
 
 
 def make_metadata(batch: InputBatch, seeds: dict[str, int] | None = None,
-                  stop_ids: dict[str, tuple[int, ...]] | None = None) -> SamplingMetadata:
-    """seeds / stop_ids (min_tokens suppression) are keyed by request id ("r<i>" for the i-th request)."""
+                  stop_ids: dict[str, tuple[int, ...]] | None = None,
+                  vocab_size: int | None = None) -> SamplingMetadata:
+    """seeds / stop_ids (min_tokens suppression) are keyed by request id ("r<i>" for the i-th request);
+    `vocab_size`: the logits' width (allowed_token_ids needs it)."""
     generators = {req_id: torch.Generator().manual_seed(seed) for req_id, seed in (seeds or {}).items()}
     rows = np.arange(batch.num_reqs)
-    return build_sampling_metadata(batch, rows, generators, stop_ids or {}, torch.device("cpu"))
+    return build_sampling_metadata(batch, rows, generators, stop_ids or {}, torch.device("cpu"), vocab_size=vocab_size)

@@ -123,6 +123,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | prompt_logprobs | top-N logprobs per prompt token, plus the prompt token | >= 0, or -1 = the whole vocabulary (<= engine max_logprobs) |
     | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
+    | allowed_token_ids | only these tokens may be sampled (vLLM's) | a non-empty list of ids in the vocabulary |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
     | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
 
@@ -147,6 +148,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     prompt_logprobs: int | None = None
     logprob_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True
@@ -185,7 +187,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     def _check_types(self) -> None:
         for name in _NUMBER_FIELDS:  # numpy scalars (a sweep over np.linspace) count as Python numbers
             setattr(self, name, _plain_number(getattr(self, name)))
-        for name in ("stop_token_ids", "logprob_token_ids"):
+        for name in ("stop_token_ids", "logprob_token_ids", "allowed_token_ids"):
             if isinstance(getattr(self, name), (list, tuple)):
                 setattr(self, name, [_plain_number(t) for t in getattr(self, name)])
         for name in ("n", "top_k", "min_tokens"):
@@ -205,6 +207,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         _require(self.stop_token_ids is None or (isinstance(self.stop_token_ids, (list, tuple))
                                                  and all(_is_int(t) and t >= 0 for t in self.stop_token_ids)),
                  "stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+        _require(self.allowed_token_ids is None or (isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
+                                                    and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)),
+                 "allowed_token_ids", f"must be a non-empty list of token ids >= 0, got {self.allowed_token_ids!r}")
         _require(self.logit_bias is None or isinstance(self.logit_bias, dict), "logit_bias",
                  f"must be a dict of token id -> bias, got {self.logit_bias!r}")
         try:
@@ -274,7 +279,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             _require(value is None or value <= max_logprobs, name,
                      f"must be <= {max_logprobs} (the engine's max_logprobs; raise it with "
                      f"EngineArgs.max_logprobs), got {value}")
-        for name in ("logit_bias", "stop_token_ids", "logprob_token_ids"):
+        for name in ("logit_bias", "stop_token_ids", "logprob_token_ids", "allowed_token_ids"):
             bad = sorted(t for t in getattr(self, name) or () if t >= vocab_size)
             _require(not bad, name, f"has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
 

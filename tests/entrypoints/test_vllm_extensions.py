@@ -443,3 +443,13 @@ def test_request_id_is_the_responses_id_and_its_store_key(server: LiveServer) ->
 def test_bad_request_id_is_refused_with_the_limit(server: LiveServer, value: str) -> None:
     reply = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "request_id": value})
     assert "1 to 256 characters" in _error(reply, "request_id")
+
+
+def test_allowed_token_ids_keep_the_output_to_them(server: LiveServer) -> None:
+    allowed = [3, 11, 17]
+    reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True,
+                                              "allowed_token_ids": allowed, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    assert set(reply.json()["choices"][0]["token_ids"]) <= set(allowed)
+    assert "non-empty" in _error(_post(server, "/v1/chat/completions", {"messages": CHAT, "allowed_token_ids": []}),
+                                 "allowed_token_ids")

@@ -40,6 +40,14 @@ class LogitBiasMetadata:
 
 
 @dataclass(slots=True)
+class AllowedTokensMetadata:
+    """Rows with allowed_token_ids: every other token of theirs is masked to -inf."""
+
+    rows: torch.Tensor  # int64 [m] logits rows
+    disallowed: torch.Tensor  # bool [m, vocab]
+
+
+@dataclass(slots=True)
 class MinTokensMetadata:
     """Rows with min_tokens > 0 and, as (row, token) pairs, the EOS/stop ids to suppress."""
 
@@ -79,7 +87,9 @@ class SamplingMetadata:
     penalties: PenaltyMetadata | None = None
     logit_bias: LogitBiasMetadata | None = None
     min_tokens: MinTokensMetadata | None = None
+    allowed_tokens: AllowedTokensMetadata | None = None
 
     @property
     def needs_logits_processing(self) -> bool:
-        return self.penalties is not None or self.logit_bias is not None or self.min_tokens is not None
+        return (self.penalties is not None or self.logit_bias is not None or self.min_tokens is not None
+                or self.allowed_tokens is not None)

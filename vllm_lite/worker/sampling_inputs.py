@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_lite.host_to_device import host_to_device
-from vllm_lite.sample.metadata import (LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
+from vllm_lite.sample.metadata import (AllowedTokensMetadata, LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
                                        RequestedLogprobsMetadata, SamplingMetadata, TokenHistory)
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
@@ -52,6 +52,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         requested_logprobs=_requested_logprobs(batch, rows, device),
         penalties=_penalties(batch, rows, history, device, occurrences),
         logit_bias=_logit_bias(batch, rows, device, vocab_size),
+        allowed_tokens=_allowed_tokens(batch, rows, device, vocab_size),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
     )
 
@@ -146,6 +147,22 @@ def _logit_bias(batch: InputBatch, rows: np.ndarray, device: torch.device,
         token_ids=host_to_device(token_ids_np, device),
         values=host_to_device(np.array(values, dtype=np.float32), device),
     )
+
+
+def _allowed_tokens(batch: InputBatch, rows: np.ndarray, device: torch.device,
+                    vocab_size: int | None = None) -> AllowedTokensMetadata | None:
+    used = np.flatnonzero(batch.has_allowed_token_ids[rows])
+    if len(used) == 0:
+        return None
+    if vocab_size is None:
+        raise ValueError("allowed_token_ids: the logits' width is needed to mask the other tokens")
+    disallowed = np.ones((len(used), vocab_size), dtype=bool)
+    for j, i in enumerate(used.tolist()):
+        token_ids = np.asarray(batch.sampling_params[rows[i]].allowed_token_ids, dtype=np.int64)
+        _check_token_ids(token_ids, vocab_size, "allowed_token_ids")
+        disallowed[j, token_ids] = False
+    return AllowedTokensMetadata(rows=host_to_device(used.astype(np.int64), device),
+                                 disallowed=host_to_device(disallowed, device))
 
 
 def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,

@@ -65,14 +65,14 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "allowed_token_ids", "bad_words", "spaces_between_special_tokens", "add_special_tokens",
+    "bad_words", "spaces_between_special_tokens", "add_special_tokens",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
-    "parallel_tool_calls": (True,), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "parallel_tool_calls": (True,), "bad_words": (None, []),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
 }
 
@@ -118,7 +118,8 @@ class ErrorResponse(OpenAIBaseModel):
 # Request fields passed to SamplingParams under the same name when set.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-                    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval")
+                    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval",
+                    "allowed_token_ids")
 
 
 # What beam search reads of the sampling fields; the others are refused with it.
@@ -149,6 +150,7 @@ class _GenerationRequest(RequestModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a torch.long, as vLLM
     stop: str | list[str] | None = None
     stream: bool = False

@@ -1,11 +1,17 @@
-"""logit_bias and min_tokens: additive edits to a few (row, token) entries of the logits."""
+"""logit_bias and min_tokens: additive edits to a few (row, token) entries of the logits;
+allowed_token_ids: every other entry of a row masked."""
 
 from __future__ import annotations
 
 import torch
 
 from vllm_lite.host_to_device import host_to_device
-from vllm_lite.sample.metadata import LogitBiasMetadata, MinTokensMetadata
+from vllm_lite.sample.metadata import AllowedTokensMetadata, LogitBiasMetadata, MinTokensMetadata
+
+
+def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokensMetadata) -> None:
+    rows = logits.index_select(0, allowed.rows).masked_fill_(allowed.disallowed, float("-inf"))
+    logits.index_copy_(0, allowed.rows, rows)
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: LogitBiasMetadata) -> None:

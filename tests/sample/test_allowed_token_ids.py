@@ -1,0 +1,61 @@
+"""vLLM's allowed_token_ids: only those tokens may be sampled (the others' logits are -inf after
+the raw logprobs are taken, before min_tokens / logit_bias / penalties, as in vLLM). On the
+sampler and end to end against transformers' logits (the server's field:
+tests/entrypoints/test_vllm_extensions.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_reference import hf_logits
+from llm_factory import make_llm
+from sampling_fixtures import make_batch, make_metadata
+from vllm_lite import SamplingParams
+from vllm_lite.sample.sampler import Sampler
+
+ALLOWED = [3, 11, 17]
+
+
+def test_sampler_keeps_to_the_allowed_ids_and_raw_logprobs_see_all() -> None:
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(0)) * 4
+    params = [SamplingParams(temperature=0.0, allowed_token_ids=ALLOWED, logprobs=2),
+              SamplingParams(temperature=1.0, seed=5, allowed_token_ids=[ALLOWED[0]]),
+              SamplingParams(temperature=0.0)]  # a row without: untouched
+    batch = make_batch([([1, 2], [], p) for p in params])
+    output = Sampler()(logits.clone(), make_metadata(batch, seeds={"r1": 5}, vocab_size=40))
+    sampled = output.sampled_token_ids.tolist()
+    assert sampled[0] == ALLOWED[int(logits[0, ALLOWED].argmax())]
+    assert sampled[1] == ALLOWED[0]
+    assert sampled[2] == int(logits[2].argmax())
+    top = output.logprobs.token_ids[0, 1:].tolist()  # raw logprobs: the whole vocabulary ranks
+    assert top == logits[0].topk(2).indices.tolist()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ([], "allowed_token_ids must be a non-empty list of token ids"),
+    ([1, -2], "allowed_token_ids must be a non-empty list of token ids"),
+    ("3", "allowed_token_ids must be a non-empty list of token ids"),
+])
+def test_bad_lists_are_refused(value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(allowed_token_ids=value)
+
+
+def test_engine_greedy_picks_the_best_allowed_token_as_transformers_ranks_it(tiny_llama: Path) -> None:
+    prompt = [1, 5, 9, 14, 3]
+    allowed = [7, 100, 250, 333]
+    llm = make_llm(tiny_llama)
+    try:
+        completion = llm.generate([{"prompt_token_ids": prompt}],
+                                  SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True,
+                                                 allowed_token_ids=allowed), use_tqdm=False)[0].outputs[0]
+        with pytest.raises(ValueError, match="allowed_token_ids has token ids outside the vocabulary"):
+            llm.generate("x", SamplingParams(allowed_token_ids=[1 << 20]), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    tokens = list(completion.token_ids)
+    logits = hf_logits(tiny_llama, prompt + tokens)[len(prompt) - 1:-1]
+    assert tokens == [allowed[int(row[allowed].argmax())] for row in logits]
