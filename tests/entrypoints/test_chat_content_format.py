@@ -52,6 +52,8 @@ def test_formats_shape_the_content() -> None:
         resolve_content_format("json", PARTS_TEMPLATE)
     with pytest.raises(ValueError, match="only text content parts are supported, got a part of type 'image_url'"):
         with_content_format([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "string")
+    with pytest.raises(ValueError, match="a text content part's `text` must be a string, got 5"):
+        with_content_format([{"role": "user", "content": [{"type": "text", "text": 5}]}], "string")
 
 
 @pytest.fixture(scope="module")

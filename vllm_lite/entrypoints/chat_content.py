@@ -27,8 +27,10 @@ def content_texts(content: Any) -> list[str]:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
+        if kind != "text":
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"a text content part's `text` must be a string, got {part.get('text')!r}")
         texts.append(part["text"])
     return texts
 
