@@ -59,3 +59,20 @@ def test_engine_greedy_picks_the_best_allowed_token_as_transformers_ranks_it(tin
     tokens = list(completion.token_ids)
     logits = hf_logits(tiny_llama, prompt + tokens)[len(prompt) - 1:-1]
     assert tokens == [allowed[int(row[allowed].argmax())] for row in logits]
+
+
+def test_only_suppressed_stop_tokens_allowed_is_refused(tiny_llama: Path) -> None:
+    """min_tokens suppresses EOS and stop_token_ids: allowed_token_ids made only of them would
+    leave nothing to sample (the draw would return a token outside them); refused, the engine going on."""
+    llm = make_llm(tiny_llama, multiprocess=True)
+    try:
+        eos = llm.get_tokenizer().eos_token_id
+        with pytest.raises(ValueError, match="are all stop tokens, which min_tokens=2 suppresses"):
+            llm.generate("x", SamplingParams(allowed_token_ids=[eos], min_tokens=2), use_tqdm=False)
+        with pytest.raises(ValueError, match="are all stop tokens"):
+            llm.generate("x", SamplingParams(allowed_token_ids=[9], stop_token_ids=[9], min_tokens=1), use_tqdm=False)
+        ok = llm.generate("x", SamplingParams(allowed_token_ids=[eos], min_tokens=2, ignore_eos=True, max_tokens=3),
+                          use_tqdm=False)[0].outputs[0]
+        assert list(ok.token_ids) == [eos] * 3
+    finally:
+        llm.shutdown()

@@ -64,6 +64,18 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
                          f"out into n requests), got {request.sampling_params.n}")
     check_sampling_params(request.sampling_params, model_config)
     check_structured_outputs(request.sampling_params)
+    check_something_to_sample(request.sampling_params, request.eos_token_ids)
+
+
+def check_something_to_sample(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:
+    """allowed_token_ids made only of the tokens min_tokens suppresses (EOS unless ignore_eos, the
+    stop_token_ids) leave a step nothing to sample: the draw would return a token outside them."""
+    if params.allowed_token_ids is None or params.min_tokens == 0:
+        return
+    suppressed = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(eos_token_ids))
+    if set(params.allowed_token_ids) <= suppressed:
+        raise ValueError(f"allowed_token_ids {sorted(set(params.allowed_token_ids))[:8]} are all stop tokens, "
+                         f"which min_tokens={params.min_tokens} suppresses: nothing could be sampled")
 
 
 def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> None:
