@@ -190,8 +190,8 @@ def test_profile_step_runs_the_largest_step_without_a_kv_cache(tiny_llama: Path,
     runner = ModelRunner(vllm_config, torch.device("cpu"))
     built = record_metadata(runner, monkeypatch)
     scratch: list[torch.Tensor] = []
-    make_scratch = runner._scratch_kv_caches
-    monkeypatch.setattr(runner, "_scratch_kv_caches", lambda blocks: scratch.extend(make_scratch(blocks)) or scratch)
+    make_scratch = runner._new_kv_caches
+    monkeypatch.setattr(runner, "_new_kv_caches", lambda blocks: scratch.extend(make_scratch(blocks)) or scratch)
     seen_tokens = []
     forward = runner.model.forward
     monkeypatch.setattr(runner.model, "forward",

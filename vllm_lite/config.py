@@ -44,6 +44,14 @@ QUANTIZATION_METHODS = ("int8", "gguf")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # fcfs: requests in arrival order; priority: by (priority, arrival), the lowest preempted first.
 SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def check_priority(priority: int, policy: str) -> None:
+    """A request's priority means something only under the priority policy (vLLM's rule)."""
+    _check(priority == 0 or policy == "priority",
+           f"priority={priority} needs the priority scheduling policy (--scheduling-policy priority); under fcfs "
+           "every request's priority is 0")
+
 ENGINE_ARG_ALIASES = {"num_gpu_blocks_override": "num_kv_blocks", "device_memory_utilization": "gpu_memory_utilization"}
 # vLLM's: what sampled logprobs are (the sampler's docstring); prompt logprobs are always raw.
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")

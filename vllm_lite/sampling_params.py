@@ -24,6 +24,7 @@ MAX_LOGIT_BIAS = 100.0
 _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 # Counts live in int32 arrays of the worker's batch (top_k, min_tokens, max_tokens, ...).
 MAX_INT32 = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request's priority (and a server seed) travel as 64-bit ints
 # vLLM sets no upper limit on temperature (OpenAI's is 2); past 100 a float32 softmax of any
 # realistic logits is uniform already, and 1e308 would overflow float32 to inf.
 MAX_TEMPERATURE = 100.0

@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.config import CacheConfig, SchedulerConfig, check_priority
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -134,9 +134,7 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        if request.priority != 0 and not self.by_priority:
-            raise ValueError(f"priority={request.priority} needs the priority scheduling policy "
-                             "(--scheduling-policy priority); under fcfs every request's priority is 0")
+        check_priority(request.priority, self.config.policy)
         self._check_fits(request)
         self.requests[request.request_id] = request
         self._enqueue(self.waiting, request, front=False)

@@ -10,12 +10,10 @@ import numpy as np
 from vllm_lite.config import ModelConfig
 from vllm_lite.engine.request_checks import check_prompt, check_sampling_params, check_structured_outputs
 from vllm_lite.wire import EngineCoreRequest
-from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextPrompt / TokensPrompt
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class InputProcessor:

@@ -12,6 +12,7 @@ from vllm_lite.entrypoints.bench import add_bench_parser
 from vllm_lite.entrypoints.chat_content import CONTENT_FORMATS
 from vllm_lite.entrypoints.chat import add_chat_parser
 from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_object, json_string_list
+from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -47,13 +48,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """One API server with its engine core, or (--api-server-count N > 1) N API servers sharing
     the port and one engine core."""
-    from vllm_lite.entrypoints.openai.api_server import load_middleware, ssl_options
+    from vllm_lite.entrypoints.openai.api_server import server_options_from, ssl_options
 
     if args.api_server_count < 1:
         raise ValueError(f"--api-server-count must be >= 1, got {args.api_server_count}")
-    ssl_options(args)  # a wrong TLS file or middleware fails now, not after the model loaded
-    for path in args.middleware or ():
-        load_middleware(path)
+    # A wrong server option (a TLS file, a middleware, a JSON flag) fails now, not after the model
+    # loaded (with --api-server-count > 1 each server builds its options once the engine runs).
+    server_options_from(args)
+    ssl_options(args)
     if args.uds is not None and args.api_server_count > 1:
         raise ValueError("--uds serves one API server; --api-server-count > 1 shares a TCP port")
     if args.api_server_count > 1:
@@ -139,7 +141,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
                        help="return the <think> part of chat replies as `reasoning`")
     serve.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
-                       choices=("auto", "xgrammar"), default="auto",
+                       choices=STRUCTURED_OUTPUT_BACKENDS, default="auto",
                        help="vLLM's flag: the structured-output backend (xgrammar, the only one here)")
     serve.add_argument("--structured-outputs-config.disable-any-whitespace", dest="structured_outputs_compact",
                        action="store_true", help="vLLM's flag: JSON grammars allow no whitespace (compact JSON)")

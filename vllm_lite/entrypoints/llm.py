@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -17,6 +17,8 @@ from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
+
+T = TypeVar("T")
 
 
 class LLM:
@@ -152,10 +154,7 @@ class LLM:
             return [self.get_default_sampling_params()] * num_prompts
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
-        params = list(sampling_params)
-        if len(params) != num_prompts:
-            raise ValueError(f"sampling_params has {len(params)} entries but there are {num_prompts} prompts")
-        return params
+        return _one_per_prompt("sampling_params", sampling_params, num_prompts)
 
 
 def _refuse_unless_none(**arguments: Any) -> None:
@@ -168,7 +167,12 @@ def _refuse_unless_none(**arguments: Any) -> None:
 def _per_prompt_priority(priority: int | Sequence[int] | None, num_prompts: int) -> list[int]:
     if priority is None or isinstance(priority, int):
         return [priority or 0] * num_prompts
-    priorities = list(priority)
-    if len(priorities) != num_prompts:
-        raise ValueError(f"priority has {len(priorities)} entries but there are {num_prompts} prompts")
-    return priorities
+    return _one_per_prompt("priority", priority, num_prompts)
+
+
+def _one_per_prompt(name: str, values: Iterable[T], num_prompts: int) -> list[T]:
+    """A per-prompt argument given as a list: one entry per prompt."""
+    values = list(values)
+    if len(values) != num_prompts:
+        raise ValueError(f"{name} has {len(values)} entries but there are {num_prompts} prompts")
+    return values

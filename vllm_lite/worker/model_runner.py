@@ -174,8 +174,7 @@ class ModelRunner:
         return best
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        num_layers = self.config.model_config.hf.num_hidden_layers
-        self.kv_caches = [self._kv_cache_layer(num_blocks) for _ in range(num_layers)]
+        self.kv_caches = self._new_kv_caches(num_blocks)
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
 
@@ -203,7 +202,7 @@ class ModelRunner:
             slot_mapping=self._to_device(positions + self.block_size),  # block i + 1 holds positions of block i
             query_start_loc_np=query_start_loc, seq_lens_np=query_lens, num_actual_tokens=num_tokens,
             max_query_len=seq_len, block_size=self.block_size)
-        scratch = self._scratch_kv_caches(blocks + 1)
+        scratch = self._new_kv_caches(blocks + 1)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
         hidden = self.model(input_ids, self._to_device(positions), scratch, self.attn_backend.build(common))
         rows = torch.arange(sched.max_num_seqs, device=self.device) % num_tokens
@@ -211,16 +210,15 @@ class ModelRunner:
         torch.sort(logits.float().softmax(-1), dim=-1, descending=True)
         return sum(layer.numel() * layer.element_size() for layer in scratch)
 
-    def _scratch_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
-        num_layers = self.config.model_config.hf.num_hidden_layers
-        return [self._kv_cache_layer(num_blocks) for _ in range(num_layers)]
-
-    def _kv_cache_layer(self, num_blocks: int) -> torch.Tensor:
-        """One layer's KV cache: this rank's KV heads, in the KV cache dtype's rows."""
-        element, row_size = kv_cache_row(self.config.kv_cache_dtype, self.config.model_config.hf.head_dim)
+    def _new_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        """Zeroed KV caches of `num_blocks` blocks, one per layer: this rank's KV heads, in the KV
+        cache dtype's rows (the engine's cache, or profile_run's scratch one)."""
+        hf = self.config.model_config.hf
+        element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
         num_kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
         shape = kv_cache_shape(num_blocks, self.block_size, num_kv_heads, row_size)
-        return torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
+        return [torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
+                for _ in range(hf.num_hidden_layers)]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.finish(self.launch(scheduler_output))

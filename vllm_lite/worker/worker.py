@@ -37,7 +37,7 @@ class Worker:
         (`memory.kv_cache_budget`): on CUDA what a profile step leaves; on CPU, as vLLM's CPU
         backend, the host's memory less this process's resident set, shared by a host's ranks."""
         utilization = self.vllm_config.cache_config.gpu_memory_utilization
-        if utilization is None or self.memory_at_start is None:
+        if self.memory_at_start is None:  # (taken only when gpu_memory_utilization is set)
             raise ValueError("determine_available_memory: the KV cache has a fixed size (no gpu_memory_utilization)")
         if self.device.type == "cuda":
             used = self._profiled_cuda_use()

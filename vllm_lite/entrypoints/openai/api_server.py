@@ -77,6 +77,7 @@ from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPON
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
 from vllm_lite.entrypoints.openai.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
+from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
 from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
@@ -518,12 +519,21 @@ def _compact_structured_outputs(args: argparse.Namespace) -> bool:
     if unknown:
         raise ValueError(f"--structured-outputs-config: {', '.join(unknown)} not supported (only "
                          f"{', '.join(STRUCTURED_OUTPUTS_CONFIG_FIELDS)})")
-    if config.get("backend", "auto") not in ("auto", "xgrammar"):
-        raise ValueError(f"--structured-outputs-config: backend must be auto or xgrammar, got {config['backend']!r}")
+    if config.get("backend", "auto") not in STRUCTURED_OUTPUT_BACKENDS:
+        raise ValueError(f"--structured-outputs-config: backend must be {' or '.join(STRUCTURED_OUTPUT_BACKENDS)}, "
+                         f"got {config['backend']!r}")
     compact = config.get("disable_any_whitespace", False)
     if not isinstance(compact, bool):
         raise ValueError(f"--structured-outputs-config: disable_any_whitespace must be true or false, got {compact!r}")
     return compact or bool(getattr(args, "structured_outputs_compact", False))
+
+
+def _middleware_paths(args: argparse.Namespace) -> tuple[str, ...]:
+    """--middleware's import paths, each checked to import (build_app adds them)."""
+    paths = tuple(getattr(args, "middleware", None) or ())
+    for path in paths:
+        load_middleware(path)
+    return paths
 
 
 def _default_chat_template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -564,7 +574,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          disable_log_stats=getattr(args, "disable_log_stats", False),
                          response_role=getattr(args, "response_role", "assistant"),
                          chat_template_content_format=getattr(args, "chat_template_content_format", "auto"),
-                         middleware=tuple(getattr(args, "middleware", None) or ()),
+                         middleware=_middleware_paths(args),
                          default_chat_template_kwargs=_default_chat_template_kwargs(args),
                          compact_structured_outputs=_compact_structured_outputs(args),
                          return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),

@@ -19,8 +19,8 @@ from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.entrypoints.chat_content import content_texts
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
-from vllm_lite.sampling_params import (ALL_VOCAB_LOGPROBS, MAX_LOGPROB_TOKEN_IDS, RequestOutputKind,
-                                       SamplingParams, StructuredOutputsParams)
+from vllm_lite.sampling_params import (ALL_VOCAB_LOGPROBS, INT64_MAX, INT64_MIN, MAX_LOGPROB_TOKEN_IDS,
+                                       RequestOutputKind, SamplingParams, StructuredOutputsParams)
 
 MAX_REQUEST_ID_CHARS = 256  # a caller's request id (body or X-Request-Id header)
 
@@ -41,7 +41,12 @@ def request_ids(prefix: str, header: str | None, given: str | None) -> tuple[str
     _check(0 < len(chosen) <= MAX_REQUEST_ID_CHARS, "request_id" if header is None else "X-Request-Id",
            f"a request id must have 1 to {MAX_REQUEST_ID_CHARS} characters, got {len(chosen)}")
     response_id = f"{prefix}-{chosen}"
-    return response_id, f"{response_id}-{uuid.uuid4().hex[:12]}"
+    return response_id, unique_engine_id(response_id)
+
+
+def unique_engine_id(response_id: str) -> str:
+    """The engine's id for a response whose id the caller chose (it may be in flight twice)."""
+    return f"{response_id}-{uuid.uuid4().hex[:12]}"
 
 
 def _now() -> int:
@@ -144,14 +149,14 @@ class _GenerationRequest(RequestModel):
     model: str | None = None
     n: int = 1
     # vLLM's: lower is served first (--scheduling-policy priority; else only 0); a 64-bit int.
-    priority: int = Field(default=0, ge=-(1 << 63), le=(1 << 63) - 1)
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # a torch.long, as vLLM
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # a torch.long, as vLLM
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

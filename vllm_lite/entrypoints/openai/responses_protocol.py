@@ -27,7 +27,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from vllm_lite.entrypoints.openai.protocol import (MAX_REQUEST_ID_CHARS, ChatCompletionRequest, OpenAIBaseModel,
-                                                RequestParamError)
+                                                RequestParamError, unique_engine_id)
+from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
 _INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -79,7 +80,7 @@ class ResponsesRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(default=None, min_length=1)
     # vLLM's: the response's id (and stored under it), else a new "resp_..." one.
     request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
-    priority: int = Field(default=0, ge=-(1 << 63), le=(1 << 63) - 1)  # vLLM's (as chat's)
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)  # vLLM's (as chat's)
 
     def ids(self) -> tuple[str, str]:
         """The response's id and the engine's request id: the caller's may be in use by another
@@ -87,7 +88,7 @@ class ResponsesRequest(OpenAIBaseModel):
         if self.request_id is None:
             response_id = new_id("resp")
             return response_id, response_id
-        return self.request_id, f"{self.request_id}-{uuid.uuid4().hex[:12]}"
+        return self.request_id, unique_engine_id(self.request_id)
 
     def check_supported(self) -> None:
         """Unknown fields and values this server does not serve are refused, each by name."""

@@ -20,7 +20,7 @@ import msgspec
 from pydantic import BaseModel
 from starlette.types import Send
 
-from vllm_lite.config import VllmConfig
+from vllm_lite.config import VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
@@ -226,10 +226,10 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
         chat_template = kwargs.pop("chat_template", chat_template)
     chat_template = chat_template if chat_template is not None else ctx.options.chat_template  # --chat-template
     tokenizer = ctx.require_tokenizer("messages")
-    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+    template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
+    if chat_template is None and not template:
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
-    content_format = resolve_content_format(ctx.options.chat_template_content_format,
-                                            chat_template if chat_template is not None else tokenizer.chat_template)
+    content_format = resolve_content_format(ctx.options.chat_template_content_format, template)
     try:
         conversation = with_content_format(conversation, content_format)
     except ValueError as exc:
@@ -271,9 +271,10 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
-    if priority != 0 and ctx.scheduling_policy != "priority":
-        raise ApiError(400, "BadRequestError", f"priority={priority} needs the priority scheduling policy "
-                       "(--scheduling-policy priority); under fcfs every request's priority is 0", "priority")
+    try:
+        check_priority(priority, ctx.scheduling_policy)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "priority") from None
     structured = params.structured_outputs
     if ctx.options.compact_structured_outputs and structured is not None and not structured.disable_any_whitespace:
         params = params.clone_with(structured_outputs=msgspec.structs.replace(structured, disable_any_whitespace=True))

@@ -24,8 +24,10 @@ from vllm_lite.sampling_params import SamplingParams, StructuredOutputsParams
 
 LEGACY_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}
-# Backends vLLM's `guided_decoding_backend` names that mean "the default one" here.
-ACCEPTED_BACKENDS = (None, "auto", "xgrammar")
+# vLLM's structured-output backend names that mean the one here (xgrammar): the server's
+# --structured-outputs-config backend and a request's `guided_decoding_backend` (or none).
+BACKENDS = ("auto", "xgrammar")
+ACCEPTED_BACKENDS = (None, *BACKENDS)
 
 
 class StructuredFieldError(ValueError):
