@@ -57,7 +57,7 @@ REFUSED = [
     ("attn_logit_softcapping", 50.0),
     ("final_logit_softcapping", 30.0),
     ("quantization_config", {"quant_method": "gptq", "bits": 4}),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
+    ("rope_scaling", {"type": "dynamic", "factor": 4.0}),
     ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
     ("num_local_experts", 8),
     ("layer_types", ["full_attention", "sliding_attention"]),

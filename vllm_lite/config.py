@@ -211,24 +211,38 @@ def _read_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Both rope forms: top-level `rope_theta` + `rope_scaling`, and transformers-5
     `rope_parameters` (which holds rope_theta and the scaling type together)."""
     theta, scaling = _read_rope_dict(cfg)
-    if scaling is not None and scaling["rope_type"] in ("longrope", "su"):  # Phi-3 keeps these top-level
-        scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
-        scaling["max_position_embeddings"] = cfg.get("max_position_embeddings")
-    return theta, scaling
+    return theta, complete_rope_scaling(scaling, cfg)
+
+
+def complete_rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """transformers' defaults for the scaling types that extend a pretrained context (llama3,
+    yarn, longrope): that context is a top-level `original_max_position_embeddings` where the
+    config has one (Phi-3 keeps it there, and it wins), else the dict's own, else
+    `max_position_embeddings`; the latter also travels along, since a yarn / longrope dict
+    without `factor` takes their ratio."""
+    if scaling is None or scaling["rope_type"] not in ("llama3", "yarn", "longrope", "su"):
+        return scaling
+    max_positions = cfg.get("max_position_embeddings", 2048)
+    original = cfg.get("original_max_position_embeddings")
+    if original is None:
+        original = scaling.get("original_max_position_embeddings") or max_positions
+    return dict(scaling, original_max_position_embeddings=original, max_position_embeddings=max_positions)
 
 
 def _read_rope_dict(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    params = cfg.get("rope_parameters")
-    if isinstance(params, dict):
-        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        scaling = None if rope_type == "default" else dict(params, rope_type=rope_type)
-        return float(theta), scaling
-    scaling = cfg.get("rope_scaling")
-    if scaling is not None:
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        scaling = None if rope_type == "default" else dict(scaling, rope_type=rope_type)
-    return float(cfg.get("rope_theta", 10000.0)), scaling
+    rope = _rope_source(cfg)
+    theta = cfg.get("rope_theta", 10000.0)
+    if not isinstance(rope, dict):
+        return float(theta), None
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = None if rope_type == "default" else dict(rope, rope_type=rope_type)
+    return float(rope.get("rope_theta", theta)), scaling
+
+
+def _rope_source(cfg: dict[str, Any]) -> Any:
+    """The rope dict transformers 5 reads: a given `rope_scaling` wins over `rope_parameters`
+    (its configs save both, `rope_scaling` null, so an override of either takes effect)."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters")
 
 
 def _merge_ids(*values: int | list[int] | None) -> tuple[int, ...]:
@@ -553,15 +567,16 @@ class EngineArgs:
             _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(self.quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
-        max_len = hf.max_position_embeddings if self.max_model_len is None else self.max_model_len
+        tokenizer = self._tokenizer_path(model_dir)
+        model_len, source = derived_max_model_len(hf, tokenizer)
+        max_len = _default_max_model_len(hf, model_len) if self.max_model_len is None else self.max_model_len
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
-        _check(max_len <= hf.max_position_embeddings or hf.rope_scaling is not None,
-               f"max_model_len={max_len} exceeds the model's max_position_embeddings="
-               f"{hf.max_position_embeddings}")
+        _check(max_len <= model_len, f"max_model_len={max_len} exceeds the model's context of {model_len} "
+                                     f"positions ({source}){_yarn_hint(hf)}")
         _check_longrope_length(hf, max_len)
         return ModelConfig(
             model=str(model_dir),
-            tokenizer=self._tokenizer_path(model_dir),
+            tokenizer=tokenizer,
             dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
             max_model_len=max_len,
             seed=self.seed,
@@ -687,6 +702,48 @@ class EngineArgs:
                f"and nnodes={nnodes} need 'mp'")
         check_tensor_parallel_split(hf, tp)
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
+
+
+def derived_max_model_len(hf: HFModelConfig, tokenizer_dir: str) -> tuple[int, str]:
+    """The longest context the model takes, vLLM's rule, and where it comes from:
+    `max_position_embeddings`, at most the tokenizer's `model_max_length`, stretched by the
+    `factor` of a linear rope scaling (llama3, YaRN and longrope configs state the stretched
+    length already; Gemma 3's is stated too)."""
+    length, source = hf.max_position_embeddings, f"max_position_embeddings={hf.max_position_embeddings}"
+    tokenizer_max = _read_json(Path(tokenizer_dir) / "tokenizer_config.json").get("model_max_length")
+    if isinstance(tokenizer_max, (int, float)) and tokenizer_max < length:
+        length, source = int(tokenizer_max), f"the tokenizer's model_max_length={int(tokenizer_max)}"
+    factors = [rope["factor"] for rope in _rope_dicts(hf.raw) if rope.get("rope_type", rope.get("type")) == "linear"]
+    if factors and "gemma3" not in str(hf.raw.get("model_type")):
+        length = int(length * factors[0])
+        source += f" x rope factor {factors[0]}"
+    return length, source
+
+
+def _rope_dicts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config's rope dicts: one, or one per layer type."""
+    rope = _rope_source(cfg)
+    if not isinstance(rope, dict):
+        return []
+    if rope and all(isinstance(value, dict) for value in rope.values()):
+        return list(rope.values())
+    return [rope]
+
+
+def _yarn_hint(hf: HFModelConfig) -> str:
+    if (hf.rope_scaling or {}).get("rope_type") != "yarn":
+        return ""
+    return ("; a YaRN config states its stretched context in max_position_embeddings (as vLLM reads it): "
+            "hf_overrides={'max_position_embeddings': N} sets it")
+
+
+def _default_max_model_len(hf: HFModelConfig, derived: int) -> int:
+    """vLLM's default: the derived length, but a LongRoPE model's pretrained context (its short
+    factors; the long ones are not implemented here)."""
+    scaling = hf.rope_scaling or {}
+    if scaling.get("rope_type") in ("longrope", "su"):
+        return min(derived, scaling["original_max_position_embeddings"])
+    return derived
 
 
 def _check_longrope_length(hf: HFModelConfig, max_len: int) -> None:

@@ -67,6 +67,16 @@ ROPE_KEYS_BY_TYPE: Mapping[str, frozenset[str]] = {
                      "original_max_position_embeddings"}),
     "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings"}),
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+                       "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+}
+# What transformers' rope validation requires of each type (it refuses a config without them).
+ROPE_REQUIRED_KEYS: Mapping[str, frozenset[str]] = {
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor"}),
+    "yarn": frozenset({"factor"}),
+    "longrope": frozenset({"short_factor", "long_factor"}),
+    "su": frozenset({"short_factor", "long_factor"}),
 }
 SLIDING_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -76,7 +86,7 @@ class FieldPolicy:
     implemented: frozenset[str]
     ignored: frozenset[str] = frozenset()
     restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    rope_types: tuple[str, ...] = ("default", "linear", "llama3")
+    rope_types: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
     # transformers' value for a field a config.json may leave out, where it is not the one the
     # generic reader assumes (no window, untied embeddings, no soft cap, ...)
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -224,6 +234,9 @@ def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
     if rope_type not in rope_types or rope_type not in ROPE_KEYS_BY_TYPE:
         raise ValueError(f"config.json: {name} rope_type {rope_type!r} is not supported for "
                          f"{architecture} (supported: {', '.join(rope_types)})")
+    missing = sorted(ROPE_REQUIRED_KEYS.get(rope_type, frozenset()) - set(rope))
+    if missing:
+        raise ValueError(f"config.json: {name} with rope_type {rope_type!r} lacks {', '.join(missing)}")
     known = ROPE_KEYS_IGNORED | ROPE_KEYS_BY_TYPE[rope_type]
     for key, value in rope.items():
         if key == "partial_rotary_factor" and value == 1.0:

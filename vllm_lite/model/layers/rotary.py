@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / rotate-half style), with linear, llama3 and longrope scaling."""
+"""Rotary position embedding (neox / rotate-half style), with linear, llama3, YaRN and longrope scaling."""
 
 from __future__ import annotations
 
@@ -50,6 +50,42 @@ def _longrope_inv_freq(head_dim: int, base: float, max_model_len: int,
     return 1.0 / (short * base ** exponents), float(mscale)
 
 
+def _yarn_inv_freq(head_dim: int, base: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN (transformers' `_compute_yarn_parameters`): frequencies that turn fewer than
+    `beta_slow` times over the pretrained context are interpolated by `factor`, those that turn
+    more than `beta_fast` times are kept, a linear ramp between; cos/sin are scaled by the
+    attention factor (given, or 0.1 ln(factor) + 1, or DeepSeek's mscale ratio)."""
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor, 1.0)
+    low = _yarn_correction_dim(scaling.get("beta_fast") or 32, head_dim, base, original)
+    high = _yarn_correction_dim(scaling.get("beta_slow") or 1, head_dim, base, original)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    return interpolation * ramp + extrapolation * (1 - ramp), float(attention_factor)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_correction_dim(rotations: float, head_dim: int, base: float, context: int) -> float:
+    """The dimension whose frequency turns `rotations` times over `context` positions."""
+    return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
                  rope_scaling: dict[str, Any] | None) -> None:
@@ -61,11 +97,13 @@ class RotaryEmbedding(nn.Module):
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
         elif rope_type == "linear":  # positions divided by the factor
             inv_freq = inv_freq / rope_scaling["factor"]
+        elif rope_type == "yarn":
+            inv_freq, mscale = _yarn_inv_freq(head_dim, base, rope_scaling)
         elif rope_type in ("longrope", "su"):
             inv_freq, mscale = _longrope_inv_freq(head_dim, base, max_position - 1, rope_scaling)
         elif rope_type != "default":
             raise ValueError(f"rope_scaling type {rope_type!r} is not supported "
-                             "(supported: default, linear, llama3, longrope)")
+                             "(supported: default, linear, llama3, yarn, longrope)")
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)

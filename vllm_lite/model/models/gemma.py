@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
-from vllm_lite.config import HFModelConfig
+from vllm_lite.config import HFModelConfig, complete_rope_scaling
 from vllm_lite.config_fields import gemma_layer_types
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import GeluTanhAndMul
@@ -33,13 +33,14 @@ def gemma3_rope(raw: dict[str, Any], layer_type: str) -> tuple[float, dict[str, 
     if isinstance(params, dict) and layer_type in params:
         rope = params[layer_type]
         kind = rope.get("rope_type", "default")
-        return float(rope["rope_theta"]), None if kind == "default" else dict(rope, rope_type=kind)
+        scaling = None if kind == "default" else dict(rope, rope_type=kind)
+        return float(rope["rope_theta"]), complete_rope_scaling(scaling, raw)
     if layer_type == SLIDING:
         return float(raw.get("rope_local_base_freq", 10000.0)), None
     scaling = raw.get("rope_scaling")
-    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
-        scaling = None
-    return float(raw.get("rope_theta", 1_000_000.0)), scaling
+    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    scaling = None if kind == "default" else dict(scaling, rope_type=kind)
+    return float(raw.get("rope_theta", 1_000_000.0)), complete_rope_scaling(scaling, raw)
 
 
 class GemmaAttention(nn.Module):
