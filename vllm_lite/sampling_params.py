@@ -10,6 +10,7 @@ import enum
 import logging
 import math
 import numbers
+from collections.abc import Callable
 
 import msgspec
 
@@ -33,6 +34,10 @@ MAX_TEMPERATURE = 100.0
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 # vLLM's bound on `logprob_token_ids` (the width of the logprob rows a request can ask for).
 MAX_LOGPROB_TOKEN_IDS = 128
+# vLLM's VLLM_MAX_NUM_BAD_WORDS and VLLM_MAX_BAD_WORDS_TOTAL_TOKENS defaults: a bound on the
+# sampler's per-step prefix checks for one request
+MAX_BAD_WORDS = 128
+MAX_BAD_WORDS_TOTAL_TOKENS = 1024
 # logprobs / prompt_logprobs of -1: every token of the vocabulary (vLLM's rule; the engine's
 # max_logprobs still bounds it).
 ALL_VOCAB_LOGPROBS = -1
@@ -125,6 +130,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | logprob_token_ids | per output token, the sampled token and these ids (vLLM's) | 1 to 128 ids in the vocabulary |
     | logit_bias | token id -> bias added to its logit | values clamped to [-100, 100] |
     | allowed_token_ids | only these tokens may be sampled (vLLM's) | a non-empty list of ids in the vocabulary |
+    | bad_words | words never generated (vLLM's): each is tokenized as at the start of the text and after a space; a word's last token is banned wherever the output ends with the rest of it | non-empty strings |
+    | bad_words_token_ids | bad_words as token sequences: filled from bad_words by the engine, or given instead of them | at most 128 non-empty lists of ids in the vocabulary, 1,024 ids in all |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
     | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
 
@@ -150,6 +157,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     logprob_token_ids: list[int] | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True
@@ -211,12 +220,29 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         _require(self.allowed_token_ids is None or (isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
                                                     and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)),
                  "allowed_token_ids", f"must be a non-empty list of token ids >= 0, got {self.allowed_token_ids!r}")
+        self._check_bad_words()
         _require(self.logit_bias is None or isinstance(self.logit_bias, dict), "logit_bias",
                  f"must be a dict of token id -> bias, got {self.logit_bias!r}")
         try:
             self.output_kind = RequestOutputKind(self.output_kind)
         except ValueError:
             raise ValueError(f"SamplingParams.output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
+
+    def _check_bad_words(self) -> None:
+        """vLLM's rules (non-empty strings, repeats dropped), and its bounds on the token sequences."""
+        words = self.bad_words
+        _require(words is None or (isinstance(words, (list, tuple)) and all(isinstance(w, str) and w for w in words)),
+                 "bad_words", f"must be a list of non-empty strings, got {words!r}")
+        if words is not None:
+            self.bad_words = list(dict.fromkeys(words)) or None
+        sequences = self.bad_words_token_ids
+        if sequences is None:
+            return
+        _require(isinstance(sequences, (list, tuple)) and all(
+            isinstance(seq, (list, tuple)) and seq and all(_is_int(t) and t >= 0 for t in seq) for seq in sequences),
+            "bad_words_token_ids", f"must be a list of non-empty lists of token ids >= 0, got {sequences!r}")
+        _check_bad_word_limits(sequences, "bad_words" if self.bad_words else "bad_words_token_ids")
+        self.bad_words_token_ids = [[int(t) for t in seq] for seq in sequences] or None
 
     def _validate(self) -> None:
         for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
@@ -283,6 +309,30 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         for name in ("logit_bias", "stop_token_ids", "logprob_token_ids", "allowed_token_ids"):
             bad = sorted(t for t in getattr(self, name) or () if t >= vocab_size)
             _require(not bad, name, f"has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+        bad = sorted(t for seq in self.bad_words_token_ids or () for t in seq if t >= vocab_size)
+        _require(not bad, "bad_words" if self.bad_words else "bad_words_token_ids",
+                 f"has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+
+    def with_bad_words_tokenized(self, encode: Callable[[str], list[int]] | None) -> SamplingParams:
+        """vLLM's tokenization of `bad_words` (`encode`: text -> ids without special tokens):
+        each word as written with its leading spaces removed, and after a space when that makes
+        a different first token of the same length (the word inside a text)."""
+        if not self.bad_words:
+            return self
+        _require(self.bad_words_token_ids is None, "bad_words_token_ids",
+                 "is filled from bad_words: give one of them, not both")
+        _require(encode is not None, "bad_words", "needs the tokenizer (skip_tokenizer_init=True): give "
+                 "bad_words_token_ids instead")
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            alone = encode(word.lstrip())
+            _require(bool(alone), "bad_words", f"entries must tokenize to at least one token, got {word!r}")
+            sequences.append(alone)
+            inside = encode(" " + word.lstrip())
+            if inside and inside[0] != alone[0] and len(inside) == len(alone):
+                sequences.append(inside)
+        _check_bad_word_limits(sequences, "bad_words")
+        return self.clone_with(bad_words_token_ids=sequences)
 
     @property
     def is_greedy(self) -> bool:
@@ -326,6 +376,14 @@ def _normalize_logit_bias(bias: dict) -> dict[int, float]:
                  f"values must be finite numbers, got {value!r} for token {key!r}")
         out[token_id] = max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, float(value)))
     return out
+
+
+def _check_bad_word_limits(sequences: list[list[int]], field: str) -> None:
+    _require(len(sequences) <= MAX_BAD_WORDS, field, f"must make at most {MAX_BAD_WORDS} token sequences (vLLM's "
+             f"VLLM_MAX_NUM_BAD_WORDS; a word can make two), got {len(sequences)}")
+    total = sum(len(seq) for seq in sequences)
+    _require(total <= MAX_BAD_WORDS_TOTAL_TOKENS, field,
+             f"must make at most {MAX_BAD_WORDS_TOTAL_TOKENS} token ids in all, got {total}")
 
 
 def _require(condition: bool, field: str, message: str) -> None:

@@ -185,8 +185,8 @@ def test_orca_unknown_format_is_refused(server: LiveServer) -> None:
 def test_unknown_top_level_fields_are_refused_by_name(server: LiveServer, route: str, body: dict) -> None:
     message = _error(_post(server, route, {**body, "frobnicate": 1, "zeta": 2}), "frobnicate")
     assert "unknown fields: frobnicate, zeta" in message
-    message = _error(_post(server, route, {**body, "bad_words": ["x"]}), "bad_words")
-    assert "bad_words is not supported" in message
+    message = _error(_post(server, route, {**body, "logits_processors": ["x"]}), "logits_processors")
+    assert "logits_processors is not supported" in message
 
 
 def test_openai_client_requests_with_every_common_field_pass(client: openai.OpenAI) -> None:

@@ -445,6 +445,22 @@ def test_bad_request_id_is_refused_with_the_limit(server: LiveServer, value: str
     assert "1 to 256 characters" in _error(reply, "request_id")
 
 
+def test_bad_words_are_not_generated(server: LiveServer) -> None:
+    """The first two tokens of the plain completion, as a word: with bad_words, the output no
+    longer spells it with them (vLLM's field; the rule against transformers: tests/sample/test_bad_words.py)."""
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    plain = _post(server, "/v1/completions", body).json()["choices"][0]
+    word = _post(server, "/detokenize", {"tokens": plain["token_ids"][:2]}).json()["prompt"]
+    banned = _post(server, "/v1/completions", {**body, "bad_words": [word]})
+    assert banned.status_code == 200, banned.text
+    tokens = banned.json()["choices"][0]["token_ids"]
+    assert tokens[0] == plain["token_ids"][0] and tokens[1] != plain["token_ids"][1]
+    assert "non-empty strings" in _error(_post(server, "/v1/chat/completions",
+                                               {"messages": CHAT, "bad_words": ["ok", ""]}), "bad_words")
+    assert "cannot be used with use_beam_search" in _error(
+        _post(server, "/v1/completions", {**body, "bad_words": ["x"], "use_beam_search": True}), "bad_words")
+
+
 def test_allowed_token_ids_keep_the_output_to_them(server: LiveServer) -> None:
     allowed = [3, 11, 17]
     reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "ignore_eos": True,

@@ -43,6 +43,9 @@ class InputProcessor:
                              "give {'prompt_token_ids': [...]}")
         return self.tokenizer.encode(text)
 
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     @staticmethod
     def cache_salt(prompt: PromptType) -> str | None:
         """vLLM's optional `cache_salt` prompt key: a non-empty string that keeps this prompt's
@@ -56,6 +59,7 @@ class InputProcessor:
                 params: SamplingParams, cache_salt: str | None = None, priority: int = 0) -> EngineCoreRequest:
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
+        params = params.with_bad_words_tokenized(self._encode_plain if self.tokenizer is not None else None)
         check_sampling_params(params, self.model_config)
         check_structured_outputs(params)
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):

@@ -16,6 +16,7 @@ also when msgspec decodes it off the wire. What needs the engine's knowledge is 
 | sampling_params.stop | at most MAX_STOP_STRINGS strings |
 | sampling_params.logit_bias | at most MAX_LOGIT_BIAS_ENTRIES entries, keys in [0, vocab) |
 | sampling_params.allowed_token_ids | ids in [0, vocab) |
+| sampling_params.bad_words | tokenized by the client (bad_words_token_ids set), ids in [0, vocab) |
 | sampling_params.logprobs, prompt_logprobs | <= the engine's max_logprobs |
 | request_id, cache_salt | at most MAX_ID_CHARS characters |
 """
@@ -85,6 +86,9 @@ def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> 
     check_token_ids("SamplingParams.stop_token_ids", params.stop_token_ids or (), vocab, MAX_STOP_TOKEN_IDS)
     check_token_ids("SamplingParams.logit_bias", list(params.logit_bias or ()), vocab, MAX_LOGIT_BIAS_ENTRIES)
     check_token_ids("SamplingParams.allowed_token_ids", params.allowed_token_ids or (), vocab, vocab)
+    if params.bad_words and params.bad_words_token_ids is None:
+        raise ValueError("SamplingParams.bad_words reached the engine core untokenized: the client's input "
+                         "processor fills bad_words_token_ids from them (SamplingParams.with_bad_words_tokenized)")
     if params.stop is not None and len(params.stop) > MAX_STOP_STRINGS:
         raise ValueError(f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(params.stop)}")
     params.check_engine_limits(vocab, model_config.max_logprobs)

@@ -7,7 +7,7 @@ Launching ahead (a GPU's order): step N+1 is launched before step N is finished,
 prepares and queues N+1 while the device still runs N (N+1 reads N's sampled tokens on the
 device). The worker then holds the newest launched step until the next one is submitted, or until
 a flush asks for its output (the engine core wants it with no step submitted after it). Where
-the next step's sampling reads the last tokens on the host (penalties), the held step is finished
+the next step's sampling reads the last tokens on the host (penalties, bad words), the held step is finished
 first. Finishing first (a CPU's order: a launch is the whole forward pass) runs each step whole.
 """
 

@@ -48,6 +48,19 @@ class AllowedTokensMetadata:
 
 
 @dataclass(slots=True)
+class BadWordsMetadata:
+    """Rows with bad words (vLLM's rule): a word's last token is banned on a row whose output
+    (never the prompt) ends with the rest of the word; a one-token word always. The outputs are
+    read at sampling time from the history, so the metadata outlives a step."""
+
+    logits_rows: list[int]
+    batch_rows: list[int]
+    # per row: prefix length -> the words of that length + 1, as (prefix, last token)
+    words: list[dict[int, list[tuple[tuple[int, ...], int]]]]
+    history: TokenHistory
+
+
+@dataclass(slots=True)
 class MinTokensMetadata:
     """Rows with min_tokens > 0 and, as (row, token) pairs, the EOS/stop ids to suppress."""
 
@@ -88,8 +101,9 @@ class SamplingMetadata:
     logit_bias: LogitBiasMetadata | None = None
     min_tokens: MinTokensMetadata | None = None
     allowed_tokens: AllowedTokensMetadata | None = None
+    bad_words: BadWordsMetadata | None = None
 
     @property
     def needs_logits_processing(self) -> bool:
         return (self.penalties is not None or self.logit_bias is not None or self.min_tokens is not None
-                or self.allowed_tokens is not None)
+                or self.allowed_tokens is not None or self.bad_words is not None)

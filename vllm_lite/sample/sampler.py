@@ -1,7 +1,7 @@
 """Token sampling. An all-greedy batch is one argmax over the logits, with no copy.
 
 Order (vLLM's): grammar bitmask (structured outputs, constrained rows only) -> raw logprobs
-(if asked) -> allowed_token_ids, min_tokens, logit_bias, penalties -> greedy argmax
+(if asked) -> allowed_token_ids, bad words, min_tokens, logit_bias, penalties -> greedy argmax
 -> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py);
 with a "processed" logprobs_mode the logprobs are taken just before the draw instead.
 
@@ -21,7 +21,8 @@ from vllm_lite.config import LOGPROBS_MODES
 from vllm_lite.host_to_device import host_to_device
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
-from vllm_lite.sample.ops.logits_bias import apply_allowed_tokens, apply_logit_bias, apply_min_tokens
+from vllm_lite.sample.ops.logits_bias import (apply_allowed_tokens, apply_bad_words, apply_logit_bias,
+                                              apply_min_tokens)
 from vllm_lite.sample.ops.logprobs import (LogprobsTensors, compute_logprobs, gather_logprobs,
                                            with_requested_ids)
 from vllm_lite.sample.ops.penalties import apply_penalties
@@ -103,6 +104,8 @@ class Sampler:
                         grammar_rows: torch.Tensor | None) -> None:
         if metadata.allowed_tokens is not None:  # vLLM's order: the whitelist first
             apply_allowed_tokens(logits, metadata.allowed_tokens)
+        if metadata.bad_words is not None:
+            apply_bad_words(logits, metadata.bad_words)
         if metadata.min_tokens is not None:
             apply_min_tokens(logits, metadata.min_tokens, grammar_rows)
         if metadata.logit_bias is not None:

@@ -39,6 +39,7 @@ class InputBatch:
         self.num_prompt_logprobs = np.full(max_num_reqs, -1, dtype=np.int32)  # -1 = none asked
         self.has_logit_bias = np.zeros(max_num_reqs, dtype=bool)  # the bias itself: sampling_params
         self.has_allowed_token_ids = np.zeros(max_num_reqs, dtype=bool)  # the ids: sampling_params
+        self.has_bad_words = np.zeros(max_num_reqs, dtype=bool)  # the sequences: sampling_params
         # logprob_token_ids: these rows' logprobs are of given ids (the ids: sampling_params)
         self.has_logprob_token_ids = np.zeros(max_num_reqs, dtype=bool)
         # Which joining of a request a row holds (the batch's version when it joined): a step's
@@ -60,7 +61,8 @@ class InputBatch:
         return (self.num_tokens, self.last_token_ids, self.num_prompt_tokens, self.num_computed_tokens,
                 self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
-                self.has_logit_bias, self.has_allowed_token_ids, self.has_logprob_token_ids, self.row_serial)
+                self.has_logit_bias, self.has_allowed_token_ids, self.has_bad_words, self.has_logprob_token_ids,
+                self.row_serial)
 
     @property
     def live_req_ids(self) -> list[str]:
@@ -117,6 +119,7 @@ class InputBatch:
         self.num_prompt_logprobs[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
         self.has_logit_bias[row] = bool(params.logit_bias)
         self.has_allowed_token_ids[row] = params.allowed_token_ids is not None
+        self.has_bad_words[row] = params.bad_words_token_ids is not None
         self.has_logprob_token_ids[row] = params.logprob_token_ids is not None
 
     def remove_request(self, req_id: str) -> int | None:

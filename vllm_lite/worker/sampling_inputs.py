@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from vllm_lite.host_to_device import host_to_device
-from vllm_lite.sample.metadata import (AllowedTokensMetadata, LogitBiasMetadata, MinTokensMetadata, PenaltyMetadata,
+from vllm_lite.sample.metadata import (AllowedTokensMetadata, BadWordsMetadata, LogitBiasMetadata, MinTokensMetadata,
+                                       PenaltyMetadata,
                                        RequestedLogprobsMetadata, SamplingMetadata, TokenHistory)
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sampling_params import SAMPLING_EPS
@@ -53,6 +54,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         penalties=_penalties(batch, rows, history, device, occurrences),
         logit_bias=_logit_bias(batch, rows, device, vocab_size),
         allowed_tokens=_allowed_tokens(batch, rows, device, vocab_size),
+        bad_words=_bad_words(batch, rows, history, vocab_size),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
     )
 
@@ -163,6 +165,22 @@ def _allowed_tokens(batch: InputBatch, rows: np.ndarray, device: torch.device,
         disallowed[j, token_ids] = False
     return AllowedTokensMetadata(rows=host_to_device(used.astype(np.int64), device),
                                  disallowed=host_to_device(disallowed, device))
+
+
+def _bad_words(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
+               vocab_size: int | None = None) -> BadWordsMetadata | None:
+    used = np.flatnonzero(batch.has_bad_words[rows])
+    if len(used) == 0:
+        return None
+    words: list[dict[int, list[tuple[tuple[int, ...], int]]]] = []
+    for i in used.tolist():
+        sequences = batch.sampling_params[rows[i]].bad_words_token_ids
+        _check_token_ids(np.array([t for seq in sequences for t in seq], dtype=np.int64), vocab_size, "bad_words")
+        by_length: dict[int, list[tuple[tuple[int, ...], int]]] = {}
+        for seq in sequences:
+            by_length.setdefault(len(seq) - 1, []).append((tuple(seq[:-1]), seq[-1]))
+        words.append(by_length)
+    return BadWordsMetadata(logits_rows=used.tolist(), batch_rows=rows[used].tolist(), words=words, history=history)
 
 
 def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,

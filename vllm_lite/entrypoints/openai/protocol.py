@@ -70,14 +70,14 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "bad_words", "spaces_between_special_tokens", "add_special_tokens",
+    "spaces_between_special_tokens", "add_special_tokens",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
     "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
-    "parallel_tool_calls": (True,), "bad_words": (None, []),
+    "parallel_tool_calls": (True,),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
 }
 
@@ -124,7 +124,7 @@ class ErrorResponse(OpenAIBaseModel):
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval",
-                    "allowed_token_ids")
+                    "allowed_token_ids", "bad_words")
 
 
 # What beam search reads of the sampling fields; the others are refused with it.
@@ -156,6 +156,8 @@ class _GenerationRequest(RequestModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
+    bad_words: list[str] | None = Field(default=None, description=(
+        "vLLM: words never generated (each word's last token is banned where the output ends with the rest)"))
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # a torch.long, as vLLM
     stop: str | list[str] | None = None
     stream: bool = False
@@ -212,7 +214,7 @@ class _GenerationRequest(RequestModel):
         if not self.use_beam_search:
             return None
         unused = [name for name in _SAMPLING_FIELDS if name not in _BEAM_SEARCH_FIELDS
-                  and getattr(self, name) is not None]
+                  and getattr(self, name) not in (None, [])]
         _check(not self.logprob_token_ids, "logprob_token_ids",
                "`logprob_token_ids` is not supported with beam search.")
         if logprobs or self.prompt_logprobs is not None:

@@ -1,17 +1,44 @@
 """logit_bias and min_tokens: additive edits to a few (row, token) entries of the logits;
-allowed_token_ids: every other entry of a row masked."""
+allowed_token_ids: every other entry of a row masked; bad words: the (row, token) entries that
+would complete one masked."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_lite.host_to_device import host_to_device
-from vllm_lite.sample.metadata import AllowedTokensMetadata, LogitBiasMetadata, MinTokensMetadata
+from vllm_lite.sample.metadata import (AllowedTokensMetadata, BadWordsMetadata, LogitBiasMetadata,
+                                       MinTokensMetadata)
 
 
 def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokensMetadata) -> None:
     rows = logits.index_select(0, allowed.rows).masked_fill_(allowed.disallowed, float("-inf"))
     logits.index_copy_(0, allowed.rows, rows)
+
+
+def apply_bad_words(logits: torch.Tensor, bad_words: BadWordsMetadata) -> None:
+    """-inf on each token that would complete a bad word: the row's output ends with the rest
+    of the word (one tail read per row and prefix length)."""
+    history = bad_words.history
+    logits_rows: list[int] = []
+    token_ids: list[int] = []
+    for logits_row, row, by_length in zip(bad_words.logits_rows, bad_words.batch_rows, bad_words.words):
+        end = int(history.num_tokens[row])
+        num_output = end - int(history.num_prompt_tokens[row])
+        for length, words in by_length.items():
+            if length > num_output:
+                continue
+            tail = tuple(history.token_ids[row, end - length:end].tolist())
+            for prefix, last in words:
+                if prefix == tail:
+                    logits_rows.append(logits_row)
+                    token_ids.append(last)
+    if logits_rows:
+        device = logits.device
+        index = (host_to_device(np.array(logits_rows, dtype=np.int64), device),
+                 host_to_device(np.array(token_ids, dtype=np.int64), device))
+        logits.index_put_(index, torch.full((), float("-inf"), device=device))
 
 
 def apply_logit_bias(logits: torch.Tensor, bias: LogitBiasMetadata) -> None:
