@@ -138,6 +138,15 @@ def test_async_scheduling_flag_leaves_the_default_to_the_platform(flags: list[st
     assert engine_args_from(args).async_scheduling is value
 
 
+def test_text_with_an_unpaired_surrogate_is_refused_by_field(llm: LLM) -> None:
+    """Half of a surrogate pair (a "\\ud83d" JSON escape decodes to one) is no text: the tokenizer
+    would fail with an unrelated message."""
+    with pytest.raises(ValueError, match="prompt holds an unpaired UTF-16 surrogate '\\\\ud83d' at character 1"):
+        llm.generate("a\ud83d", use_tqdm=False)
+    with pytest.raises(ValueError, match="bad_words holds an unpaired UTF-16 surrogate"):
+        llm.generate("a", SamplingParams(bad_words=["\udc00"]), use_tqdm=False)
+
+
 def test_a_prompt_key_this_engine_does_not_take_is_refused_by_name(llm: LLM) -> None:
     """vLLM's multi_modal_data (or a misspelt key) would otherwise be dropped: another prompt
     answered. None stands for an absent key."""

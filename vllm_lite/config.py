@@ -38,6 +38,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # vLLM CPU's legacy KV cache size in GiB (an environment variable; kv_cache_memory_bytes's twin).
 CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
 QUANTIZATION_METHODS = ("int8", "gguf")
@@ -571,8 +572,8 @@ class EngineArgs:
         model_len, source = derived_max_model_len(hf, tokenizer)
         max_len = _default_max_model_len(hf, model_len) if self.max_model_len is None else self.max_model_len
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
-        _check(max_len <= model_len, f"max_model_len={max_len} exceeds the model's context of {model_len} "
-                                     f"positions ({source}){_yarn_hint(hf)}")
+        if max_len > model_len:
+            _allow_long_max_model_len(hf, max_len, model_len, source)
         _check_longrope_length(hf, max_len)
         return ModelConfig(
             model=str(model_dir),
@@ -730,11 +731,20 @@ def _rope_dicts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return [rope]
 
 
-def _yarn_hint(hf: HFModelConfig) -> str:
-    if (hf.rope_scaling or {}).get("rope_type") != "yarn":
-        return ""
-    return ("; a YaRN config states its stretched context in max_position_embeddings (as vLLM reads it): "
-            "hf_overrides={'max_position_embeddings': N} sets it")
+def _allow_long_max_model_len(hf: HFModelConfig, max_len: int, model_len: int, source: str) -> None:
+    """vLLM's rule for a max_model_len past the model's context: refused, unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (then a warning). Positions from a learned table (OPT, and
+    the Transformers fallback, which may have one) have nothing past it: refused either way."""
+    message = f"max_model_len={max_len} exceeds the model's context of {model_len} positions ({source})"
+    if (hf.rope_scaling or {}).get("rope_type") == "yarn" and source.startswith("max_position_embeddings"):
+        message += ("; a YaRN config states its stretched context in max_position_embeddings (as vLLM reads "
+                    "it): hf_overrides={'max_position_embeddings': N} sets it")
+    rotary = hf.model_impl == "vllm" and hf.architecture != "OPTForCausalLM"
+    _check(os.environ.get(ALLOW_LONG_MAX_MODEL_LEN_ENV) == "1" and rotary,
+           message + (f"; {ALLOW_LONG_MAX_MODEL_LEN_ENV}=1 allows it (vLLM's escape hatch: rotary positions past "
+                      "the context the model was trained for degrade its output)" if rotary else
+                      "; its positions come from a learned table, which has nothing past it"))
+    logger.warning("%s: allowed by %s=1", message, ALLOW_LONG_MAX_MODEL_LEN_ENV)
 
 
 def _default_max_model_len(hf: HFModelConfig, derived: int) -> int:

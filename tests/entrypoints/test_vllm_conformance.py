@@ -189,6 +189,26 @@ def test_unknown_top_level_fields_are_refused_by_name(server: LiveServer, route:
     assert "logits_processors is not supported" in message
 
 
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/completions", {"prompt": "a\ud83db", "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "bad_words": ["\udc00"]}, "bad_words"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"}]}]},
+     "messages"),
+    ("/v1/responses", {"input": "hi \ud83d"}, "input"),
+    ("/tokenize", {"prompt": "\ud83d"}, "prompt"),
+])
+def test_unpaired_surrogates_are_refused_by_field(server: LiveServer, route: str, body: dict, param: str) -> None:
+    """JSON's "\\ud83d" escape decodes to half of a surrogate pair, which no text holds; the
+    tokenizer would fail on it with an unrelated message."""
+    def post_escaped(route: str, body: dict) -> httpx.Response:  # json.dumps writes \\uXXXX escapes
+        return httpx.post(f"{server.base_url}{route}", content=json.dumps({"model": MODEL, **body}), timeout=60,
+                          headers={**AUTH, "content-type": "application/json"})
+
+    assert "unpaired UTF-16 surrogate" in _error(post_escaped(route, body), param)
+    paired = post_escaped("/v1/completions", {"prompt": "ok \U0001f642", "max_tokens": 2})
+    assert paired.status_code == 200, paired.text  # an escaped pair is one character (an emoji)
+
+
 def test_openai_client_requests_with_every_common_field_pass(client: openai.OpenAI) -> None:
     """What the official client sends for ordinary calls is accepted."""
     common = dict(model=MODEL, max_tokens=3, temperature=0.5, top_p=0.9, n=2, stop=["\n\n"], seed=7,

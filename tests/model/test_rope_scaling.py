@@ -104,5 +104,15 @@ def test_context_is_capped_by_the_tokenizer_and_stretched_by_a_linear_factor(tin
     assert _max_model_len(tiny_llama, hf_overrides=linear) == 1024
 
 
+def test_a_longer_context_needs_vllms_escape_hatch(tiny_llama: Path, tiny_opt: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it"):
+        _max_model_len(tiny_llama, max_model_len=600)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert _max_model_len(tiny_llama, max_model_len=600) == 600  # rotary positions go on
+    with pytest.raises(ValueError, match="learned table"):  # OPT's position table ends
+        _max_model_len(tiny_opt, max_model_len=4096)
+
+
 def test_longrope_defaults_to_its_pretrained_context(tiny_phi3: Path) -> None:
     assert _max_model_len(tiny_phi3) == 256  # vLLM's default: original_max_position_embeddings

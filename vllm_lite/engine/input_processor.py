@@ -41,9 +41,11 @@ class InputProcessor:
         if self.tokenizer is None:
             raise ValueError("You cannot pass text prompts when `skip_tokenizer_init=True`: "
                              "give {'prompt_token_ids': [...]}")
+        check_utf8(text, "prompt")
         return self.tokenizer.encode(text)
 
     def _encode_plain(self, text: str) -> list[int]:
+        check_utf8(text, "bad_words")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @staticmethod
@@ -78,6 +80,17 @@ class InputProcessor:
             cache_salt=cache_salt,
             priority=int(priority),
         )
+
+
+def check_utf8(text: str, field: str) -> None:
+    """Text a tokenizer can read: a JSON escape such as "\\ud83d" decodes to half of a surrogate
+    pair, which no UTF-8 text holds (the tokenizer would fail with an unrelated message)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{field} holds an unpaired UTF-16 surrogate {text[exc.start]!r} at character "
+                             f"{exc.start}: not text") from None
 
 
 def _check_prompt_keys(prompt: dict[str, Any]) -> None:

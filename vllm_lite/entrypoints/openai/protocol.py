@@ -11,11 +11,13 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
+from vllm_lite.engine.input_processor import check_utf8
 from vllm_lite.entrypoints.chat_content import content_texts
 from vllm_lite.entrypoints.openai.structured_outputs import (LEGACY_FIELDS, StructuredFieldError,
                                                              structured_outputs_from_fields)
@@ -82,7 +84,34 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 }
 
 
-class RequestModel(OpenAIBaseModel):
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, BaseModel):  # nested objects (chat messages, their parts, tools)
+        yield from _strings(value.__dict__)
+        yield from _strings(value.model_extra or {})
+
+
+class TextRequest(OpenAIBaseModel):
+    """A request body whose every string, however deep, is text (no unpaired surrogate from a
+    JSON escape such as "\\ud83d"): refused by field here rather than by a tokenizer or encoder later."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_is_utf8(cls, value: Any, info: ValidationInfo) -> Any:
+        for text in _strings(value):
+            check_utf8(text, info.field_name or "body")
+        return value
+
+
+class RequestModel(TextRequest):
     """A request body: a top-level field it does not define is refused with a 400 naming it
     (`refuse_unknown_fields`); the schema says so (additionalProperties: false)."""
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from vllm_lite.entrypoints.openai.protocol import (MAX_REQUEST_ID_CHARS, ChatCompletionRequest, OpenAIBaseModel,
-                                                RequestParamError, unique_engine_id)
+                                                RequestParamError, TextRequest, unique_engine_id)
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
 _INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
@@ -38,7 +38,7 @@ _REASONING_FIELDS = ("effort", "summary", "generate_summary")
 _RESPONSES_PARAM = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
 
 
-class ResponsesRequest(OpenAIBaseModel):
+class ResponsesRequest(TextRequest):
     input: str | list[dict[str, Any]]
     model: str | None = None
     instructions: str | None = None
