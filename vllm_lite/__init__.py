@@ -20,6 +20,9 @@ _EXPORTS = {
     "RequestOutput": "vllm_lite.outputs",
     "CompletionOutput": "vllm_lite.outputs",
     "Logprob": "vllm_lite.outputs",
+    "PoolingParams": "vllm_lite.pooling_params",
+    "EmbeddingRequestOutput": "vllm_lite.outputs",
+    "EmbeddingOutput": "vllm_lite.outputs",
 }
 
 __all__ = list(_EXPORTS)

@@ -15,13 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.config_fields import (
-    check_config_fields,
-    check_fallback_fields,
-    gemma_layer_types,
-    resolve_model_impl,
-    with_defaults,
-)
+from vllm_lite.config_fields import (check_config_fields, check_fallback_fields, gemma_layer_types,
+                                     implementing_architecture, resolve_model_impl, with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.sampling_params import SamplingParams
 
@@ -56,6 +51,14 @@ def check_priority(priority: int, policy: str) -> None:
 ENGINE_ARG_ALIASES = {"num_gpu_blocks_override": "num_kv_blocks", "device_memory_utilization": "gpu_memory_utilization"}
 # vLLM's: what sampled logprobs are (the sampler's docstring); prompt logprobs are always raw.
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+# vLLM's --runner: "generate" samples tokens; "pooling" returns one vector per prompt (an embedding
+# model). "auto": pooling for a `*Model` architecture (a checkpoint without a language-model head),
+# else generate. vLLM's --convert turns a *ForCausalLM into an embedding model ("embed"); its other
+# conversions (classify, reward, ...) are not implemented.
+RUNNERS = ("auto", "generate", "pooling")
+CONVERTS = ("auto", "none", "embed")
+# vLLM's sequence pooling types: the last token's hidden state, the mean over the prompt, the first's.
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
 # computes in fp32). "int8_per_token_head" (vLLM's name and rule) stores each (token, KV head) row
@@ -119,11 +122,16 @@ class HFModelConfig:
     # the whole config.json, for family-specific fields (vllm_lite/config_fields.py lists them)
     raw: dict[str, Any] = field(default_factory=dict)
     model_impl: str = "vllm"  # resolved: "vllm" (native) or "transformers" (the fallback)
+    # config.json's architecture as written: a `*Model` (an embedding model's decoder without its
+    # LM head) runs on the `*ForCausalLM` implementation named by `architecture`
+    checkpoint_architecture: str = ""
 
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any], model_impl: str = "auto") -> HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
+        checkpoint_architecture = archs[0]
+        archs = [implementing_architecture(archs[0])]
         model_impl = resolve_model_impl(model_impl, archs[0])
         if model_impl == "vllm":
             check_config_fields(archs[0], cfg)
@@ -158,6 +166,7 @@ class HFModelConfig:
             sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
             raw=dict(cfg),
             model_impl=model_impl,
+            checkpoint_architecture=checkpoint_architecture,
         )
 
     @property
@@ -316,6 +325,20 @@ class ModelConfig:
     # The model creator's sampling defaults (`sampling_defaults`): what a server request (and
     # `LLM.generate` without SamplingParams) leaves unset takes these, as in vLLM.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
+    pooler: PoolerConfig | None = None  # set: the pooling runner (an embedding model); None: generate
+
+    @property
+    def runner(self) -> str:
+        return "generate" if self.pooler is None else "pooling"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolerConfig:
+    """An embedding model's pooling (vLLM's PoolerConfig): `pooling_type` over the prompt's final
+    hidden states, then L2-normalized when `normalize` (vLLM's use_activation for embeddings)."""
+
+    pooling_type: str  # one of POOLING_TYPES
+    normalize: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,7 +482,9 @@ class EngineArgs:
     gpu_memory_utilization: float | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool = True
+    # None: on, except for an embedding model pooling other than the last token (the hidden states
+    # of cached prompt tokens are never computed).
+    enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool = True
     # Schedule the next step while one runs. None: vLLM's default, on where it pays (CUDA: the
     # host work overlaps the device's) and off on CPU, where the forward pass takes every core
@@ -499,6 +524,11 @@ class EngineArgs:
     load_format: str = "auto"  # one of LOAD_FORMATS
     logprobs_mode: str = "raw_logprobs"  # one of LOGPROBS_MODES (vLLM's)
     scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES (vLLM's)
+    runner: str = "auto"  # one of RUNNERS (vLLM's)
+    convert: str = "auto"  # one of CONVERTS (vLLM's)
+    # vLLM's --pooler-config for the pooling runner: pooling_type (or seq_pooling_type) and
+    # use_activation (normalize); unset, a sentence-transformers modules.json's, else LAST + normalize.
+    pooler_config: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -592,7 +622,30 @@ class EngineArgs:
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
+            pooler=self._pooler(hf, model_dir),
         )
+
+    def _pooler(self, hf: HFModelConfig, model_dir: Path) -> PoolerConfig | None:
+        """The pooling runner's config, or None for the generate runner (vLLM's --runner,
+        --convert and --pooler-config)."""
+        _check(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
+        _check(self.convert in CONVERTS, f"convert must be one of {CONVERTS} (vLLM's classify, reward and other "
+                                         f"conversions are not implemented), got {self.convert!r}")
+        runner = self.runner
+        if runner == "auto":
+            runner = "pooling" if hf.checkpoint_architecture.endswith("Model") or self.convert == "embed" else "generate"
+        if runner == "generate":
+            _check(self.convert != "embed" and self.pooler_config is None,
+                   "convert='embed' and pooler_config are for the pooling runner (runner='pooling')")
+            _check(not hf.checkpoint_architecture.endswith("Model"),
+                   f"architecture {hf.checkpoint_architecture!r} has no language-model head: it runs with "
+                   "runner='pooling' (an embedding model)")
+            return None
+        _check(self.convert != "none", f"convert='none' with runner='pooling': {hf.checkpoint_architecture} is no "
+                                       "pooling model of its own; convert='embed' (the default) makes it one")
+        _check(hf.model_impl == "vllm", "runner='pooling' runs the native implementations only "
+                                        f"({hf.architecture} runs through transformers' modelling code)")
+        return pooler_config(self.pooler_config, model_dir)
 
     def _generation_cfg(self, model_dir: Path) -> dict[str, Any]:
         """The generation_config.json whose sampling values are the defaults (--generation-config)."""
@@ -638,9 +691,18 @@ class EngineArgs:
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 2,
                f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
         kv_bytes = self._kv_cache_memory_bytes(device)
-        return CacheConfig(bs, self.num_kv_blocks, kv_bytes, self.enable_prefix_caching,
+        return CacheConfig(bs, self.num_kv_blocks, kv_bytes, self._prefix_caching(model_config.pooler),
                            model_config.hf.all_layers_window, self.kv_cache_dtype,
                            self._gpu_memory_utilization(device, kv_bytes))
+
+    def _prefix_caching(self, pooler: PoolerConfig | None) -> bool:
+        """On unless a pooling needs every prompt token's hidden state (MEAN, CLS): a cached
+        block's tokens are not computed again."""
+        every_token = pooler is not None and pooler.pooling_type != "LAST"
+        _check(not (every_token and self.enable_prefix_caching),
+               f"enable_prefix_caching with pooling_type {pooler.pooling_type if pooler else ''!r}: the pooling "
+               "reads every prompt token's hidden state, and cached tokens are not computed again")
+        return not every_token if self.enable_prefix_caching is None else self.enable_prefix_caching
 
     def _kv_cache_memory_bytes(self, device: str) -> int | None:
         """kv_cache_memory_bytes, or on CPU vLLM's VLLM_CPU_KVCACHE_SPACE (GiB) when it is not given."""
@@ -703,6 +765,67 @@ class EngineArgs:
                f"and nnodes={nnodes} need 'mp'")
         check_tensor_parallel_split(hf, tp)
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
+
+
+# sentence-transformers' module types (modules.json), as vLLM reads them
+_ST_POOLING_MODULES = frozenset({"sentence_transformers.models.Pooling",
+                                 "sentence_transformers.sentence_transformer.modules.pooling.Pooling"})
+_ST_NORMALIZE_MODULES = frozenset({"sentence_transformers.models.Normalize",
+                                   "sentence_transformers.base.modules.normalize.Normalize",
+                                   "sentence_transformers.sentence_transformer.modules.normalize.Normalize"})
+_POOLER_CONFIG_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation"})
+
+
+def pooler_config(given: dict[str, Any] | None, model_dir: Path) -> PoolerConfig:
+    """vLLM's rules: `given` (--pooler-config) over a sentence-transformers model's modules.json
+    (its Pooling module's mode; normalized when it lists a Normalize module) over the default for
+    a converted causal LM, the last token, normalized."""
+    given = dict(given or {})
+    _check("normalize" not in given, "pooler_config: `normalize` was removed in vLLM; use `use_activation`")
+    unknown = sorted(set(given) - _POOLER_CONFIG_KEYS)
+    _check(not unknown, f"pooler_config: {', '.join(unknown)} not implemented (implemented: "
+                        f"{', '.join(sorted(_POOLER_CONFIG_KEYS))})")
+    _check(not ("pooling_type" in given and "seq_pooling_type" in given
+                and given["pooling_type"] != given["seq_pooling_type"]),
+           "pooler_config: pooling_type and seq_pooling_type differ")
+    from_model = _sentence_transformers_pooling(model_dir)
+    pooling_type = given.get("seq_pooling_type", given.get("pooling_type", from_model.get("pooling_type", "LAST")))
+    _check(pooling_type in POOLING_TYPES, f"pooler_config: pooling_type must be one of {POOLING_TYPES} (vLLM's "
+                                          f"token-wise ALL and STEP are not implemented), got {pooling_type!r}")
+    normalize = given.get("use_activation", from_model.get("normalize", True))
+    _check(isinstance(normalize, bool), f"pooler_config: use_activation must be a bool, got {normalize!r}")
+    return PoolerConfig(pooling_type, normalize)
+
+
+def _sentence_transformers_pooling(model_dir: Path) -> dict[str, Any]:
+    modules = _read_json_list(model_dir / "modules.json")
+    pooling = next((m for m in modules if m.get("type") in _ST_POOLING_MODULES), None)
+    if pooling is None:
+        return {}
+    found: dict[str, Any] = {"normalize": any(m.get("type") in _ST_NORMALIZE_MODULES for m in modules)}
+    settings = _read_json(model_dir / str(pooling.get("path", "")) / "config.json")
+    _check(settings.get("include_prompt", True) is True, "sentence-transformers pooling with include_prompt=false "
+                                                         "(an instruction left out of the pooling) is not implemented")
+    for key, value in settings.items():
+        name = value if key == "pooling_mode" and isinstance(value, str) else key if value is True else None
+        kind = _st_pooling_name(name) if name else None
+        if kind in POOLING_TYPES:
+            found["pooling_type"] = kind
+        elif kind is not None and key.startswith("pooling_mode"):
+            raise ValueError(f"sentence-transformers pooling {name!r} ({model_dir / str(pooling.get('path'))}) is not "
+                             f"implemented (implemented: {', '.join(POOLING_TYPES)})")
+    return found
+
+
+def _st_pooling_name(name: str) -> str:
+    """vLLM's reading: pooling_mode_mean_tokens -> MEAN, pooling_mode_lasttoken -> LAST."""
+    name = name.replace("pooling_mode_", "").split("_", 1)[0]
+    return "LAST" if "lasttoken" in name else name.upper()
+
+
+def _read_json_list(path: Path) -> list[dict[str, Any]]:
+    value = json.loads(path.read_text()) if path.is_file() else []
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def derived_max_model_len(hf: HFModelConfig, tokenizer_dir: str) -> tuple[int, str]:

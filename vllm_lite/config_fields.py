@@ -199,6 +199,16 @@ POLICIES: Mapping[str, FieldPolicy] = {
 }
 
 
+def implementing_architecture(architecture: str) -> str:
+    """The implementation a checkpoint's architecture runs on: a `*Model` (the decoder without
+    its language-model head, as embedding models ship it) on its `*ForCausalLM`."""
+    if architecture.endswith("Model"):
+        causal = architecture.removesuffix("Model") + "ForCausalLM"
+        if causal in POLICIES:
+            return causal
+    return architecture
+
+
 def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first field of `cfg` that `architecture` neither implements,
     ignores, nor accepts at its present value."""

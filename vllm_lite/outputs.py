@@ -1,4 +1,5 @@
-"""What users get back: RequestOutput with one CompletionOutput per sample."""
+"""What users get back: RequestOutput with one CompletionOutput per sample; an embedding model's
+EmbeddingRequestOutput."""
 
 from __future__ import annotations
 
@@ -52,4 +53,27 @@ class RequestOutput:
     finished: bool
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: RequestStateStats | None = None
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    """An embedding model's vector for one prompt (vLLM's EmbeddingOutput)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt (vLLM's EmbeddingRequestOutput)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
     metrics: RequestStateStats | None = None

@@ -36,7 +36,8 @@ from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
-from vllm_lite.outputs import RequestOutput
+from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllm_lite.pooling_params import PoolingParams, pooling_normalize, pooling_sampling_params
 from vllm_lite.sampling_params import SamplingParams
 
 # Requests whose outputs are processed between two yields to the event loop (vLLM's default).
@@ -103,6 +104,34 @@ class AsyncLLM:
         finishes. Raises EngineDeadError if the engine core dies, RequestRejectedError (a
         ValueError) if it refuses the request."""
         queue = await self.add_request(request_id, prompt, sampling_params, priority)
+        async for output in self._outputs(queue, request_id):
+            yield output
+
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
+                     request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
+        """An embedding model's vector for the prompt (the pooling runner; vLLM's AsyncLLM.encode):
+        one output, when the prompt is computed."""
+        if self.errored:
+            raise self.dead_error
+        self._start_output_handler()
+        text, token_ids = self.input_processor.tokenize(prompt)
+        request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
+                                              InputProcessor.cache_salt(prompt), priority, pooling=True)
+        normalize = pooling_normalize(pooling_params or PoolingParams(), self.vllm_config.model_config)
+        queue = RequestOutputCollector(request.sampling_params.output_kind, self.max_unread_outputs)
+        self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, queue=queue,
+                                          normalize=normalize)
+        try:
+            await self.engine_core.add_request_async(request)
+        except BaseException:
+            self._abort_now([request_id])
+            raise
+        async for output in self._outputs(queue, request_id):
+            yield output
+
+    async def _outputs(self, queue: RequestOutputCollector, request_id: str) -> AsyncGenerator[Any, None]:
+        """The request's outputs from its collector until it finishes; aborted if the consumer
+        leaves before."""
         finished = False
         try:
             while not finished:
@@ -143,6 +172,8 @@ class AsyncLLM:
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for state in self._abort_now(request_ids):
             output = state.make_output()
+            if output is None and state.normalize is not None:  # an embedding request: no vector to give
+                output = asyncio.CancelledError(f"request {state.request_id} was aborted before its embedding")
             if output is not None and state.queue is not None:
                 state.queue.put_nowait(output)
 

@@ -152,8 +152,12 @@ class EngineCore:
         return self._update_from_output(sched, self.executor.take_model_output())
 
     def _update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
-        return self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
-                                                 out.logprobs, out.prompt_logprobs, out.failed)
+        outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
+                                                    out.logprobs, out.prompt_logprobs, out.failed)
+        if out.pooled:  # (the vectors of requests that are still the engine's: they come with their token)
+            taken = set(outputs.req_ids)
+            outputs.pooled = {r: vector for r, vector in out.pooled.items() if r in taken}
+        return outputs
 
     def _wait_for_grammars(self) -> None:
         """Nothing could run: when requests wait for their grammar, sleep until one compiles
@@ -404,6 +408,7 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
         "finished": [f for f in outputs.finished if f.request_id in request_ids],
         "num_cached_tokens": {r: n for r, n in outputs.num_cached_tokens.items() if r in request_ids},
         "scheduling_times": {r: t for r, t in outputs.scheduling_times.items() if r in request_ids},
+        "pooled": {r: v for r, v in outputs.pooled.items() if r in request_ids},
     }
     for name in _ROW_ARRAYS:
         value = getattr(outputs, name)
@@ -420,7 +425,7 @@ _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks"
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
 # `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client
 # after selection (`RequestIdsSender`, in the output thread).
-SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp",
+SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp", "pooled",
                              "req_ids_number", "repeats_req_ids_of",
                              *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))

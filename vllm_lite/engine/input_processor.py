@@ -8,7 +8,8 @@ from typing import Any, Union
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.request_checks import check_prompt, check_sampling_params, check_structured_outputs
+from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
+                                             check_structured_outputs)
 from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
@@ -58,9 +59,12 @@ class InputProcessor:
         return salt
 
     def process(self, request_id: str, prompt_token_ids: list[int],
-                params: SamplingParams, cache_salt: str | None = None, priority: int = 0) -> EngineCoreRequest:
+                params: SamplingParams, cache_salt: str | None = None, priority: int = 0,
+                pooling: bool = False) -> EngineCoreRequest:
+        """`pooling`: an embedding request (`params`: pooling_sampling_params())."""
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
+        check_runner(pooling, self.model_config)
         params = params.with_bad_words_tokenized(self._encode_plain if self.tokenizer is not None else None)
         check_sampling_params(params, self.model_config)
         check_structured_outputs(params)
@@ -79,6 +83,7 @@ class InputProcessor:
             max_tokens=max_tokens,
             cache_salt=cache_salt,
             priority=int(priority),
+            pooling=pooling,
         )
 
 

@@ -12,7 +12,8 @@ from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
-from vllm_lite.outputs import RequestOutput
+from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllm_lite.pooling_params import PoolingParams, pooling_normalize, pooling_sampling_params
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -51,11 +52,27 @@ class LLMEngine:
             self.abort_request(added)
             raise
 
+    def add_pooling_request(self, request_id: str, prompt: PromptType, params: PoolingParams | None = None,
+                            priority: int = 0) -> None:
+        """An embedding request (the pooling runner): its prompt's vector, normalized as
+        `params.use_activation` says (None: the engine's pooler config)."""
+        params = params or PoolingParams()
+        text, token_ids = self.input_processor.tokenize(prompt)
+        request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
+                                              InputProcessor.cache_salt(prompt), priority, pooling=True)
+        normalize = pooling_normalize(params, self.vllm_config.model_config)
+        self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, normalize=normalize)
+        try:
+            self.engine_core.add_request(request)
+        except Exception:
+            self.abort_request([request_id])
+            raise
+
     def abort_request(self, request_ids: list[str]) -> None:
         aborted = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests([state.request_id for state in aborted])
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         try:
             outputs = self.engine_core.get_output()
         except RequestRejectedError as exc:  # multi-process: the rejection comes back later

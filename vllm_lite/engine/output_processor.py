@@ -17,7 +17,8 @@ from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
 from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
-from vllm_lite.outputs import CompletionOutput, RequestOutput, RequestStateStats
+from vllm_lite.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
+                               RequestStateStats)
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -62,6 +63,10 @@ class RequestState:
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
     stats: RequestStateStats = field(default_factory=RequestStateStats)
+    # An embedding request (the pooling runner): whether its vector is L2-normalized (None: not
+    # one), and the vector once it came (with the request's one placeholder token).
+    normalize: bool | None = None
+    pooled: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:
@@ -147,7 +152,9 @@ class RequestState:
         self.decoded_tokens = self.num_tokens
         self.output_text.append(piece, check_stop=False)
 
-    def make_output(self) -> RequestOutput | None:
+    def make_output(self) -> RequestOutput | EmbeddingRequestOutput | None:
+        if self.normalize is not None:
+            return self._embedding_output()
         kind = self.params.output_kind
         finished = self.finish_reason is not None
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
@@ -182,6 +189,15 @@ class RequestState:
             return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], finished,
                                  prompt_logprobs, self.num_cached_tokens, self.stats)
         return self._parent_output(completion, prompt_logprobs)
+
+    def _embedding_output(self) -> EmbeddingRequestOutput | None:
+        if self.finish_reason is None or self.pooled is None:  # (aborted before its vector: no output)
+            return None
+        vector = self.pooled.astype(np.float64)
+        if self.normalize:  # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
+            vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        return EmbeddingRequestOutput(self.request_id, EmbeddingOutput(vector.astype(np.float32).tolist()),
+                                      self.prompt_token_ids, True, self.num_cached_tokens, self.stats)
 
     def _text_out(self, delta: bool, finished: bool) -> str:
         if self.output_text is None:
@@ -231,7 +247,8 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
-                    index: int = 0) -> RequestState:
+                    index: int = 0, normalize: bool | None = None) -> RequestState:
+        """`normalize`: set for an embedding request (whether its vector is L2-normalized)."""
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         detokenizer = output_text = None
@@ -254,7 +271,8 @@ class OutputProcessor:
         state = RequestState(request_id, prompt, prompt_token_ids, params, detokenizer, logprobs,
                              parent=parent, index=index, store=self.token_store, slot=slot,
                              every_token=every_token, output_text=output_text, queue=queue,
-                             stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()))
+                             stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()),
+                             normalize=normalize)
         self.request_states[request_id] = state
         self._rows_cache.clear()
         if parent is not None:
@@ -292,6 +310,10 @@ class OutputProcessor:
         if outputs.prompt_logprobs_req_ids:
             self._add_prompt_logprobs(outputs)
         states = self.request_states
+        for request_id, vector in outputs.pooled.items():
+            state = states.get(request_id)
+            if state is not None:
+                state.pooled = vector
         for request_id, num_cached in outputs.num_cached_tokens.items():
             state = states.get(request_id)
             if state is not None:
@@ -325,6 +347,8 @@ class OutputProcessor:
         now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         if iteration_stats is not None:
             self._count_tokens(iteration_stats, states, slots, counts, now)
+            if outputs.pooled:  # an embedding request's placeholder token is no generated token
+                iteration_stats.num_generation_tokens -= sum(state.normalize is not None for state in states)
         looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
         if len(looked_at) < len(states):
             states = [states[i] for i in looked_at]

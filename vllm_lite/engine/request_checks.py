@@ -63,9 +63,31 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
     if request.sampling_params.n != 1:
         raise ValueError(f"SamplingParams.n must be 1 in an engine-core request (the client fans n "
                          f"out into n requests), got {request.sampling_params.n}")
+    check_runner(request.pooling, model_config)
+    if request.pooling:
+        check_pooling_request(request)
     check_sampling_params(request.sampling_params, model_config)
     check_structured_outputs(request.sampling_params)
     check_something_to_sample(request.sampling_params, request.eos_token_ids)
+
+
+def check_runner(pooling: bool, model_config: ModelConfig) -> None:
+    """A request for what the engine's runner does: a pooling request (one vector for its prompt,
+    one placeholder token) only on the pooling runner, a generation request only on the other."""
+    if pooling and model_config.pooler is None:
+        raise ValueError("this model generates text (runner='generate'): embeddings need an embedding model "
+                         "(runner='pooling')")
+    if not pooling and model_config.pooler is not None:
+        raise ValueError("this engine runs an embedding model (runner='pooling'): it makes embeddings "
+                         "(LLM.embed, /v1/embeddings), not text")
+
+
+def check_pooling_request(request: EngineCoreRequest) -> None:
+    params = request.sampling_params
+    if request.max_tokens != 1 or not params.is_greedy or params.logprobs is not None or params.prompt_logprobs \
+            is not None or params.structured_outputs is not None:
+        raise ValueError("a pooling request takes one placeholder token (max_tokens=1, greedy, no logprobs "
+                         "or structured outputs): pooling_params.pooling_sampling_params()")
 
 
 def check_something_to_sample(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:

@@ -15,7 +15,8 @@ from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
-from vllm_lite.outputs import RequestOutput
+from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 T = TypeVar("T")
@@ -54,9 +55,9 @@ class LLM:
         scheduling_policy="priority". LoRA, tokenization and multimodal arguments only as None."""
         _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
-        if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
-            raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
-        prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if self.llm_engine.vllm_config.model_config.pooler is not None:
+            raise ValueError("LLM.generate() is not supported for embedding models (runner='pooling'): use LLM.embed()")
+        prompt_list = _prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
         request_ids = []
@@ -65,6 +66,34 @@ class LLM:
                 request_id = f"{self._request_prefix}{next(self._request_counter)}"
                 final_only = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
                 self.llm_engine.add_request(request_id, prompt, final_only, request_priority)
+                request_ids.append(request_id)
+            results = self._run_engine(len(request_ids), use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return [results[request_id] for request_id in request_ids]
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
+              tokenization_kwargs: None = None, truncate_prompt_tokens: None = None) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt from an embedding model (runner='pooling'), vLLM's interface:
+        the pooler config's pooling of the final hidden states, L2-normalized unless
+        `pooling_params.use_activation` is False (or the pooler config's is)."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            truncate_prompt_tokens=truncate_prompt_tokens)
+        if self.llm_engine.vllm_config.model_config.pooler is None:
+            raise ValueError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
+                             "engine generates text")
+        prompt_list = _prompt_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params_list = [pooling_params] * len(prompt_list)
+        else:
+            params_list = _one_per_prompt("pooling_params", pooling_params, len(prompt_list))
+        request_ids = []
+        try:
+            for prompt, params in zip(prompt_list, params_list):
+                request_id = f"{self._request_prefix}{next(self._request_counter)}"
+                self.llm_engine.add_pooling_request(request_id, prompt, params)
                 request_ids.append(request_id)
             results = self._run_engine(len(request_ids), use_tqdm)
         except BaseException:
@@ -155,6 +184,12 @@ class LLM:
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         return _one_per_prompt("sampling_params", sampling_params, num_prompts)
+
+
+def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
+        raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
+    return [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
 
 
 def _refuse_unless_none(**arguments: Any) -> None:

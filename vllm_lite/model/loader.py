@@ -45,9 +45,13 @@ def iterate_weights(model_dir: Path) -> Iterator[tuple[str, Any]]:
                 yield name, f.get_slice(name)
 
 
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str) -> None:
-    """Load (checkpoint name, tensor or lazy slice) pairs from `source` (named in errors)."""
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False) -> None:
+    """Load (checkpoint name, tensor or lazy slice) pairs from `source` (named in errors).
+    `pooling` (an embedding model): the checkpoint may be the decoder alone (a `*Model`'s names,
+    without the `model.` prefix) and need not hold the LM head, which pooling never runs."""
     params = dict(model.named_parameters(remove_duplicate=False))
+    if pooling:
+        weights = _decoder_names(weights)
     loaded: set[str] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
     split = getattr(model, "split_checkpoint_tensor", None)
@@ -62,9 +66,15 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: s
         loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
         loaded.add(target)
     loaded_tensors = {id(params[n]) for n in loaded}  # a tied weight is loaded under either name
-    missing = {n for n, p in params.items() if id(p) not in loaded_tensors and not (tied and n.startswith("lm_head."))}
+    missing = {n for n, p in params.items() if id(p) not in loaded_tensors
+               and not ((tied or pooling) and n.startswith("lm_head."))}
     if missing:
         raise ValueError(f"checkpoint in '{source}' lacks weights for: {sorted(missing)[:5]}")
+
+
+def _decoder_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    for name, weight in weights:
+        yield (name if name.startswith(("model.", "lm_head.")) else "model." + name), weight
 
 
 def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
@@ -154,7 +164,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
     if model_config.quantization == "gguf":
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
-        load_weights(model, iterate_weights(Path(model_config.model)), model_config.model)
+        load_weights(model, iterate_weights(Path(model_config.model)), model_config.model,
+                     pooling=model_config.pooler is not None)
 
 
 DUMMY_WEIGHT_SEED = 1234

@@ -53,6 +53,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     max_tokens: int
     cache_salt: str | None = None  # separates this request's prefix-cache entries (vLLM's field)
     priority: int = 0  # vLLM's: lower is served first under the priority scheduling policy
+    # an embedding model's request (the pooling runner): its prompt's vector comes back with its one token
+    pooling: bool = False
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -77,6 +79,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     timestamp: float = 0.0
     # Requests whose first output token is in this step -> (queued, first scheduled) times, same clock.
     scheduling_times: dict[str, tuple[float, float]] = {}
+    # the pooling runner: request -> its prompt's vector (float32 [hidden]), with its one token
+    pooled: dict[str, np.ndarray] = {}
     # Sample logprobs, present when some request in the step asked for them. Column 0 is the
     # sampled token, columns 1..k the top-k (k = the largest request's), so ranks are 1..k there.
     logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k + 1]

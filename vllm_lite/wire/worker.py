@@ -39,6 +39,8 @@ class ModelRunnerOutput:
     # request -> why the worker could not take it into its batch this step (it ran without it;
     # the engine core fails and frees it). None on almost every step.
     failed: dict[str, str] | None = None
+    # the pooling runner: request -> its prompt's vector (float32 [hidden]), for the prompts completed
+    pooled: dict[str, np.ndarray] | None = None
 
 
 class InitKVCache(msgspec.Struct, array_like=True, gc=False):

@@ -37,6 +37,7 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.worker.pooler import Pooler
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
 
@@ -118,6 +119,8 @@ class ModelRunner:
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
                                       model_config.max_model_len, max_blocks)
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
+        pooler = vllm_config.model_config.pooler
+        self.pooler = Pooler(pooler, device) if pooler is not None else None  # the pooling runner
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
@@ -241,10 +244,24 @@ class ModelRunner:
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
                 hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+            if self.pooler is not None:
+                self._pool(hidden, inputs, output)
+                return step
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows):
                 self._sample(hidden, inputs, step, scheduler_output)
         return step
+
+    def _pool(self, hidden: torch.Tensor, inputs: StepInputs, output: ModelRunnerOutput) -> None:
+        """The pooling runner's step: the vectors of the prompts it completes, each counted as
+        the request's one output token (token 0, never shown: the engine core finishes the
+        request with it, as its max_tokens is 1)."""
+        done = np.isin(inputs.rows, inputs.sample_rows, assume_unique=True)
+        output.pooled = self.pooler.pool(hidden, self.input_batch, inputs.rows, inputs.query_starts,
+                                         inputs.query_lens, done) or None
+        if len(inputs.sample_rows):
+            self._append_sampled(inputs.sample_rows, np.zeros(len(inputs.sample_rows), dtype=np.int32))
+            output.num_sampled[inputs.sample_rows] = 1
 
     def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
         """Waits for the step's sampled tokens, writes them into the batch (where their requests
@@ -527,6 +544,8 @@ class ModelRunner:
         self.generators.pop(req_id, None)
         self.min_tokens_stop_ids.pop(req_id, None)
         self.token_occurrences.release(req_id)
+        if self.pooler is not None:
+            self.pooler.release(req_id)
 
     def _add_sampling_state(self, new: NewRequestData) -> None:
         params = new.sampling_params

@@ -81,6 +81,7 @@ from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTUR
 from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
+from vllm_lite.entrypoints.openai.serving_embedding import EmbeddingRequest, EmbeddingResponse, create_embedding
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=RequestModel)
@@ -390,6 +391,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
             return await _load_aware(ctx, create_completion(ctx, completion, raw_request), raw_request)
         raise ApiError(400, "BadRequestError", "/invocations takes a chat completion request (with `messages`) "
                        "or a completion request (with `prompt`)", None)
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(request: EmbeddingRequest, raw_request: Request) -> Response:
+        """vLLM's embedding API, on an embedding model's server (--runner pooling)."""
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_embedding(ctx, request, raw_request), raw_request)
 
     @app.get("/load")
     async def load() -> dict[str, int]:

@@ -239,6 +239,13 @@ class RequestTracker:
         self.started = False
         metrics.prompt_tokens.inc(num_prompt_tokens)
 
+    def finish_pooled(self) -> None:
+        """An embedding request's end (it generates nothing): its latency, its prompt's size and
+        its success, as stopped (vLLM finishes pooling requests so)."""
+        self.metrics.e2e_request_latency.observe(time.monotonic() - self.arrival)
+        self.metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
+        self.metrics.request_finished("stop")
+
     def observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
         metrics = self.metrics

@@ -117,6 +117,7 @@ class RequestModel(TextRequest):
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
     no_op_values: ClassVar[dict[str, tuple[Any, ...]]] = _NO_OP_VALUES
+    vllm_fields_not_implemented: ClassVar[frozenset[str]] = VLLM_FIELDS_NOT_IMPLEMENTED
 
     def refuse_unknown_fields(self) -> None:
         extra = self.model_extra or {}
@@ -125,8 +126,8 @@ class RequestModel(TextRequest):
                               for value in self.no_op_values.get(name, ()))]
         if not unknown:
             return
-        not_implemented = [name for name in unknown if name in VLLM_FIELDS_NOT_IMPLEMENTED]
-        others = [name for name in unknown if name not in VLLM_FIELDS_NOT_IMPLEMENTED]
+        not_implemented = [name for name in unknown if name in self.vllm_fields_not_implemented]
+        others = [name for name in unknown if name not in self.vllm_fields_not_implemented]
         parts = []
         if not_implemented:
             parts.append(f"vLLM's {', '.join(not_implemented)} {'is' if len(not_implemented) == 1 else 'are'} "

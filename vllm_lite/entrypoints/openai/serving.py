@@ -30,7 +30,8 @@ from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
-from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
+from vllm_lite.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ class EngineClient(Protocol):
 
     def generate(self, prompt: Any, sampling_params: SamplingParams,
                  request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]: ...
+
+    def encode(self, prompt: Any, pooling_params: PoolingParams | None,
+               request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]: ...
 
     async def check_health(self) -> None: ...
 

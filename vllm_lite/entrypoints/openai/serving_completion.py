@@ -37,7 +37,7 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     check_n(ctx, request.n)
     params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
-    prompts = await _engine_prompts(ctx, request.prompt, request.cache_salt, truncate)
+    prompts = await engine_prompts(ctx, request.prompt, request.cache_salt, truncate)
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
@@ -76,18 +76,20 @@ class _ChoiceShape:
                    prompt_logprobs=request.prompt_logprobs is not None)
 
 
-async def _engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
-                          cache_salt: str | None, truncate: Truncation | None) -> list[dict[str, Any]]:
+async def engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
+                         cache_salt: str | None, truncate: Truncation | None, param: str = "prompt",
+                         add_special_tokens: bool = True) -> list[dict[str, Any]]:
+    """One engine prompt per text or token list of a request's `param` (a batch or one)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items: list[Any] = [prompt]
     else:
         items = list(prompt)
     if not items:
-        raise RequestParamError("prompt", "prompt must not be empty")
+        raise RequestParamError(param, f"{param} must not be empty")
     if len(items) > ctx.options.max_n_sequences:
-        raise RequestParamError("prompt", f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
+        raise RequestParamError(param, f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
                                 f"(--max-n-sequences), got {len(items)}")
-    prompts = [await encode_prompt(ctx, item, truncate=truncate) for item in items]
+    prompts = [await encode_prompt(ctx, item, add_special_tokens, param=param, truncate=truncate) for item in items]
     if cache_salt is not None:
         for engine_prompt in prompts:
             engine_prompt["cache_salt"] = cache_salt

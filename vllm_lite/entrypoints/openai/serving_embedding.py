@@ -1,0 +1,136 @@
+"""POST /v1/embeddings (vLLM's embedding API, on a server of an embedding model: runner='pooling').
+
+`input` is a text, texts, token ids or lists of token ids; each becomes one engine request whose
+prompt's vector is the embedding (`AsyncLLM.encode`). `encoding_format` "float" gives lists of
+numbers; "base64" the vector's raw bytes (`embed_dtype` float32, float16 or bfloat16; `endianness`),
+as the OpenAI client decodes them. vLLM's binary formats (bytes, bytes_only), fp8 dtypes,
+matryoshka `dimensions` and chat-style `messages` input are refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import Field
+
+from vllm_lite.config import check_priority
+from vllm_lite.entrypoints.openai.errors import ApiError
+from vllm_lite.entrypoints.openai.metrics import RequestTracker
+from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, OpenAIBaseModel, RequestModel,
+                                                   RequestParamError, UsageInfo, request_ids)
+from vllm_lite.entrypoints.openai.serving import ServingContext, json_response, truncation
+from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
+from vllm_lite.outputs import EmbeddingRequestOutput
+from vllm_lite.pooling_params import PoolingParams
+from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
+
+EMBED_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None}  # bfloat16: torch converts
+
+
+class EmbeddingRequest(RequestModel):
+    vllm_fields_not_implemented: ClassVar[frozenset[str]] = VLLM_FIELDS_NOT_IMPLEMENTED | {"messages", "padding"}
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
+    dimensions: int | None = None
+    use_activation: bool | None = Field(default=None, description=(
+        "vLLM: L2-normalize the embedding (None: the server's pooler config, normalized by default)"))
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    add_special_tokens: bool = True
+    request_id: str | None = None
+    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: str | None = Field(default=None, min_length=1)
+
+    def pooling_params(self) -> PoolingParams:
+        try:
+            return PoolingParams(use_activation=self.use_activation, dimensions=self.dimensions)
+        except ValueError as exc:
+            raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.")) from None
+
+
+class EmbeddingResponseData(OpenAIBaseModel):
+    index: int
+    object: str = "embedding"
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(OpenAIBaseModel):
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[EmbeddingResponseData]
+    usage: UsageInfo
+
+
+async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:
+    model = ctx.served_model(request.model)
+    if ctx.engine.vllm_config.model_config.pooler is None:
+        raise ApiError(400, "BadRequestError", "The model does not support Embeddings API: it generates text "
+                       "(an embedding model runs with --runner pooling)", "model")
+    params = request.pooling_params()
+    try:
+        check_priority(request.priority, ctx.scheduling_policy)
+    except ValueError as exc:
+        raise RequestParamError("priority", str(exc)) from None
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
+                                   add_special_tokens=request.add_special_tokens)
+    response_id, engine_id = request_ids("embd", raw_request.headers.get("x-request-id"), request.request_id)
+    work = [_encode(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
+    return await json_response(_response(request, model, response_id, work), raw_request)
+
+
+async def _response(request: EmbeddingRequest, model: str, response_id: str, work: list[Any]) -> EmbeddingResponse:
+    outputs = await asyncio.gather(*work)
+    data = [EmbeddingResponseData(index=i, embedding=_encoded(out.outputs.embedding, request))
+            for i, out in enumerate(outputs)]
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    return EmbeddingResponse(id=response_id, model=model, data=data, usage=UsageInfo.of(prompt_tokens, 0))
+
+
+async def _encode(ctx: ServingContext, prompt: dict[str, Any], params: PoolingParams, request_id: str,
+                  priority: int) -> EmbeddingRequestOutput:
+    """The prompt's embedding; leaving early (a client gone) aborts it in the engine core."""
+    tracker = RequestTracker(ctx.metrics, len(prompt["prompt_token_ids"]))
+    ctx.drain.in_flight.add(request_id)
+    finished = False
+    try:
+        async with contextlib.aclosing(ctx.engine.encode(prompt, params, request_id, priority)) as outputs:
+            async for output in outputs:
+                finished = True
+                tracker.finish_pooled()
+                return output
+    finally:
+        ctx.drain.in_flight.discard(request_id)
+        if not finished:
+            ctx.metrics.requests_aborted.inc()
+    raise ApiError(503, "ServiceUnavailableError", "the request ended without an embedding (the server is "
+                   "shutting down)")
+
+
+def _encoded(embedding: list[float], request: EmbeddingRequest) -> list[float] | str:
+    """`float`: the numbers; `base64`: the raw bytes in `embed_dtype` and `endianness` (the
+    OpenAI client reads float32 in the machine's order, the defaults)."""
+    if request.encoding_format == "float":
+        return embedding
+    vector = np.asarray(embedding, dtype=np.float32)
+    if request.embed_dtype == "bfloat16":
+        vector = torch.from_numpy(vector).to(torch.bfloat16).view(torch.int16).numpy()
+    else:
+        vector = vector.astype(EMBED_DTYPES[request.embed_dtype])
+    if request.endianness != "native":
+        vector = vector.astype(vector.dtype.newbyteorder("<" if request.endianness == "little" else ">"))
+    return base64.b64encode(vector.tobytes()).decode("ascii")
