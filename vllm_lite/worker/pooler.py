@@ -2,9 +2,9 @@
 states, in place of a sampled token.
 
 A prompt may take several steps (chunked prefill): LAST reads the step that computes the prompt's
-last token; MEAN sums every chunk's hidden states per request (a running sum, restarted when a
-request computes from position 0 again: after a preemption) and divides at the end; CLS keeps
-the first position's. Prefix caching is off for MEAN and CLS (config: cached tokens are not
+last token; MEAN sums every chunk's hidden states per request (a running sum, restarted whenever
+a request computes from position 0: a preempted request starts over) and divides at the end; CLS
+keeps the first position's. Prefix caching is off for MEAN and CLS (config: cached tokens are not
 computed), so every prompt position passes through here. The vectors leave unnormalized: the
 client normalizes each as its request says (vLLM's use_activation)."""
 

@@ -1,0 +1,174 @@
+"""Embedding models (vLLM's pooling runner): the prompt's vector against transformers' final hidden
+states on the same weights (fp32, CPU) pooled by hand: the last token, the mean, the first; with
+chunked prefill, preemption and prefix caching; `*Model` checkpoints; sentence-transformers'
+pooling config; and what is refused. The HTTP route: tests/entrypoints/test_embeddings_server.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from llm_factory import make_llm
+from vllm_lite import LLM, PoolingParams, SamplingParams
+from vllm_lite.config import EngineArgs
+
+POOLINGS = {"LAST": lambda h: h[-1], "MEAN": lambda h: h.mean(0), "CLS": lambda h: h[0]}
+
+
+def hf_embedding(model_dir: Path, prompt: list[int], pooling: str, normalize: bool = True) -> torch.Tensor:
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
+    vector = POOLINGS[pooling](hidden)
+    return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
+
+
+def embeddings(llm: LLM, prompts: list[list[int]], **kwargs) -> list[torch.Tensor]:
+    outputs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False, **kwargs)
+    return [torch.tensor(out.outputs.embedding) for out in outputs]
+
+
+def assert_close(ours: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    for got, want in zip(ours, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_pooled_hidden_states_match_transformers(pooling: str, tiny_qwen3: Path,
+                                                 prompts_token_ids: list[list[int]]) -> None:
+    """Chunks of 16 tokens: the 90-token prompt takes six steps (MEAN sums across them)."""
+    prompts = prompts_token_ids[::2]
+    llm = make_llm(tiny_qwen3, runner="pooling", pooler_config={"pooling_type": pooling},
+                   max_num_batched_tokens=16)
+    try:
+        assert_close(embeddings(llm, prompts), [hf_embedding(tiny_qwen3, p, pooling) for p in prompts])
+        raw = embeddings(llm, prompts[:2], pooling_params=PoolingParams(use_activation=False))
+        assert_close(raw, [hf_embedding(tiny_qwen3, p, pooling, normalize=False) for p in prompts[:2]])
+        assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is (pooling == "LAST")
+    finally:
+        llm.shutdown()
+
+
+def test_engine_core_process_with_requests_queued_for_blocks(tiny_qwen3: Path,
+                                                             prompts_token_ids: list[list[int]]) -> None:
+    """The vectors travel from the engine core's process; with seven blocks of 16 for all eight
+    prompts, they take turns (admitted as blocks free)."""
+    llm = make_llm(tiny_qwen3, runner="pooling", pooler_config={"pooling_type": "MEAN"}, multiprocess=True,
+                   num_kv_blocks=7, block_size=16, max_num_batched_tokens=32)
+    try:
+        expected = [hf_embedding(tiny_qwen3, p, "MEAN") for p in prompts_token_ids]
+        assert_close(embeddings(llm, prompts_token_ids), expected)
+        stats = llm.stats()
+        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    finally:
+        llm.shutdown()
+
+
+def test_prefix_cache_hits_give_the_same_vector(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
+    prompt = prompts_token_ids[-1]
+    llm = make_llm(tiny_qwen3, runner="pooling", block_size=16)
+    try:
+        first = embeddings(llm, [prompt])
+        second = llm.embed([{"prompt_token_ids": prompt}], use_tqdm=False)[0]
+        assert second.num_cached_tokens >= 80
+        assert_close([torch.tensor(second.outputs.embedding)], first)
+    finally:
+        llm.shutdown()
+
+
+def decoder_only_checkpoint(model: Path, folder: Path) -> Path:
+    """The checkpoint as an embedding model ships it: `Qwen3Model`, no LM head, no `model.` prefix."""
+    from transformers import AutoModel
+
+    out = folder / "qwen3-model"
+    AutoModel.from_pretrained(model, dtype=torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (model / name).exists():
+            shutil.copy(model / name, out / name)
+    return out
+
+
+def test_a_model_architecture_runs_as_an_embedding_model(tiny_qwen3: Path, tmp_path: Path,
+                                                          prompts_token_ids: list[list[int]]) -> None:
+    checkpoint = decoder_only_checkpoint(tiny_qwen3, tmp_path)
+    assert json.loads((checkpoint / "config.json").read_text())["architectures"] == ["Qwen3Model"]
+    llm = make_llm(checkpoint)  # runner "auto": a *Model is an embedding model
+    try:
+        prompts = prompts_token_ids[:3]
+        assert_close(embeddings(llm, prompts), [hf_embedding(tiny_qwen3, p, "LAST") for p in prompts])
+        with pytest.raises(ValueError, match=r"LLM.generate\(\) is not supported for embedding models"):
+            llm.generate("hi", SamplingParams(max_tokens=2))
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="has no language-model head: it runs with runner='pooling'"):
+        EngineArgs(model=str(checkpoint), runner="generate").create_engine_config()
+
+
+def with_sentence_transformers(model: Path, folder: Path, pooling: dict, normalize: bool = True) -> Path:
+    out = folder / "st"
+    shutil.copytree(model, out)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (out / "modules.json").write_text(json.dumps(modules))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64, **pooling}))
+    return out
+
+
+def pooler(model: Path, **engine_args) -> tuple[str, bool]:
+    config = EngineArgs(model=str(model), runner="pooling", **engine_args).create_engine_config().model_config.pooler
+    return config.pooling_type, config.normalize
+
+
+def test_sentence_transformers_pooling_config_is_read(tiny_qwen3: Path, tmp_path: Path) -> None:
+    assert pooler(tiny_qwen3) == ("LAST", True)  # a converted causal LM: vLLM's default
+    mean = with_sentence_transformers(tiny_qwen3, tmp_path / "a", {"pooling_mode_mean_tokens": True}, normalize=False)
+    assert pooler(mean) == ("MEAN", False)
+    assert pooler(mean, pooler_config={"pooling_type": "CLS", "use_activation": True}) == ("CLS", True)
+    last = with_sentence_transformers(tiny_qwen3, tmp_path / "b", {"pooling_mode_lasttoken": True,
+                                                                    "include_prompt": True})
+    assert pooler(last) == ("LAST", True)
+    maximum = with_sentence_transformers(tiny_qwen3, tmp_path / "c", {"pooling_mode_max_tokens": True})
+    with pytest.raises(ValueError, match="sentence-transformers pooling 'pooling_mode_max_tokens'.*not implemented"):
+        pooler(maximum)
+    instructed = with_sentence_transformers(tiny_qwen3, tmp_path / "d", {"pooling_mode_mean_tokens": True,
+                                                                          "include_prompt": False})
+    with pytest.raises(ValueError, match="include_prompt=false"):
+        pooler(instructed)
+
+
+@pytest.mark.parametrize(("engine_args", "message"), [
+    ({"runner": "pooling", "pooler_config": {"normalize": True}}, "`normalize` was removed in vLLM; use `use_activation`"),
+    ({"runner": "pooling", "pooler_config": {"dimensions": 8}}, "pooler_config: dimensions not implemented"),
+    ({"runner": "pooling", "pooler_config": {"pooling_type": "ALL"}}, "pooling_type must be one of"),
+    ({"runner": "pooling", "pooler_config": {"pooling_type": "MEAN"}, "enable_prefix_caching": True},
+     "enable_prefix_caching with pooling_type 'MEAN'"),
+    ({"runner": "pooling", "convert": "none"}, "convert='none' with runner='pooling'"),
+    ({"convert": "classify"}, "convert must be one of"),
+    ({"runner": "encode"}, "runner must be one of"),
+    ({"pooler_config": {"pooling_type": "LAST"}, "runner": "generate"}, "are for the pooling runner"),
+])
+def test_pooling_arguments_are_checked(tiny_qwen3: Path, engine_args: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=str(tiny_qwen3), **engine_args).create_engine_config()
+
+
+def test_each_runner_refuses_the_others_requests(tiny_qwen3: Path) -> None:
+    llm = make_llm(tiny_qwen3)
+    try:
+        with pytest.raises(ValueError, match=r"LLM.embed\(\) is only supported for embedding models"):
+            llm.embed("hi")
+        with pytest.raises(ValueError, match="embeddings need an embedding model"):
+            llm.llm_engine.add_pooling_request("x", "hi")
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="does not support matryoshka representation"):
+        PoolingParams(dimensions=8)
