@@ -4,7 +4,7 @@ Layers, highest first; a module may import its own package and any lower layer, 
 higher one nor a sibling at the same height:
 
     entrypoints > engine > executor > worker > model > sample | attention | distributed > core
-    > base (wire/, config.py, sampling_params.py, outputs.py, the leaf modules)
+    > base (wire/, config.py, sampling_params.py, pooling_params.py, outputs.py, the leaf modules)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "entrypoints": 7,
     "__init__": 8,  # the public API re-exports from every layer
 }
-BASE_MODULES = {"wire", "config", "sampling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_custom_ops", "gguf_convert", "version",
+BASE_MODULES = {"wire", "config", "sampling_params", "pooling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_custom_ops", "gguf_convert", "version",
                 "config_fields", "hub", "cpu_info", "ragged", "host_to_device"}
 
 

@@ -20,6 +20,7 @@ engine core, which frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -104,8 +105,9 @@ class AsyncLLM:
         finishes. Raises EngineDeadError if the engine core dies, RequestRejectedError (a
         ValueError) if it refuses the request."""
         queue = await self.add_request(request_id, prompt, sampling_params, priority)
-        async for output in self._outputs(queue, request_id):
-            yield output
+        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:  # (closed with this one)
+            async for output in outputs:
+                yield output
 
     async def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
                      request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
@@ -126,8 +128,9 @@ class AsyncLLM:
         except BaseException:
             self._abort_now([request_id])
             raise
-        async for output in self._outputs(queue, request_id):
-            yield output
+        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:
+            async for output in outputs:
+                yield output
 
     async def _outputs(self, queue: RequestOutputCollector, request_id: str) -> AsyncGenerator[Any, None]:
         """The request's outputs from its collector until it finishes; aborted if the consumer
