@@ -172,3 +172,34 @@ def test_each_runner_refuses_the_others_requests(tiny_qwen3: Path) -> None:
         llm.shutdown()
     with pytest.raises(ValueError, match="does not support matryoshka representation"):
         PoolingParams(dimensions=8)
+
+
+def test_async_encode_and_abort(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
+    """AsyncLLM.encode (the server's path): the vector, and for a request aborted before it has
+    one, RequestAbortedError in its consumer (not a hang)."""
+    import asyncio
+
+    from vllm_lite import AsyncLLM
+    from vllm_lite.exceptions import RequestAbortedError
+
+    async def scenario(engine: AsyncLLM) -> tuple[list[float], BaseException | None]:
+        prompt = {"prompt_token_ids": prompts_token_ids[-1]}
+        outputs = [out async for out in engine.encode(prompt, None, "one")]
+        stream = engine.encode(prompt, PoolingParams(use_activation=False), "two")
+        pending = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0)
+        await engine.abort("two")
+        try:
+            await pending
+        except RequestAbortedError as exc:
+            return outputs[0].outputs.embedding, exc
+        return outputs[0].outputs.embedding, None
+
+    engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_qwen3), runner="pooling", dtype="float32",
+                                                  max_model_len=256))
+    try:
+        vector, aborted = asyncio.run(scenario(engine))
+    finally:
+        engine.shutdown()
+    assert_close([torch.tensor(vector)], [hf_embedding(tiny_qwen3, prompts_token_ids[-1], "LAST")])
+    assert isinstance(aborted, RequestAbortedError)

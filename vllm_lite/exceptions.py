@@ -28,6 +28,14 @@ class RequestRejectedError(ValueError):
         self.request_id = request_id
 
 
+class RequestAbortedError(RuntimeError):
+    """The request was aborted before it had an output to give (an embedding request)."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id} was aborted before its output")
+        self.request_id = request_id
+
+
 class EngineStartupError(RuntimeError):
     """The engine-core process failed while starting (loading the model, allocating the KV
     cache ...); the message carries the original error."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core_client import AsyncMPClient
-from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
+from vllm_lite.exceptions import EngineDeadError, RequestAbortedError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
@@ -176,7 +176,7 @@ class AsyncLLM:
         for state in self._abort_now(request_ids):
             output = state.make_output()
             if output is None and state.normalize is not None:  # an embedding request: no vector to give
-                output = asyncio.CancelledError(f"request {state.request_id} was aborted before its embedding")
+                output = RequestAbortedError(state.request_id)
             if output is not None and state.queue is not None:
                 state.queue.put_nowait(output)
 

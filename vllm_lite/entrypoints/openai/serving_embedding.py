@@ -27,6 +27,7 @@ from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, 
                                                    RequestParamError, UsageInfo, request_ids)
 from vllm_lite.entrypoints.openai.serving import ServingContext, json_response, truncation
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
+from vllm_lite.exceptions import RequestAbortedError
 from vllm_lite.outputs import EmbeddingRequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
@@ -113,12 +114,14 @@ async def _encode(ctx: ServingContext, prompt: dict[str, Any], params: PoolingPa
                 finished = True
                 tracker.finish_pooled()
                 return output
+    except RequestAbortedError:  # the server aborted it: shutting down past --shutdown-timeout
+        pass
     finally:
         ctx.drain.in_flight.discard(request_id)
         if not finished:
             ctx.metrics.requests_aborted.inc()
-    raise ApiError(503, "ServiceUnavailableError", "the request ended without an embedding (the server is "
-                   "shutting down)")
+    raise ApiError(503, "ServiceUnavailableError", "the request was aborted before its embedding (the server "
+                   "is shutting down)")
 
 
 def _encoded(embedding: list[float], request: EmbeddingRequest) -> list[float] | str:
