@@ -632,12 +632,13 @@ class EngineArgs:
         _check(self.convert in CONVERTS, f"convert must be one of {CONVERTS} (vLLM's classify, reward and other "
                                          f"conversions are not implemented), got {self.convert!r}")
         runner = self.runner
+        decoder_only = hf.checkpoint_architecture.endswith("Model")  # no LM head: an embedding model
         if runner == "auto":
-            runner = "pooling" if hf.checkpoint_architecture.endswith("Model") or self.convert == "embed" else "generate"
+            runner = "pooling" if decoder_only or self.convert == "embed" else "generate"
         if runner == "generate":
             _check(self.convert != "embed" and self.pooler_config is None,
                    "convert='embed' and pooler_config are for the pooling runner (runner='pooling')")
-            _check(not hf.checkpoint_architecture.endswith("Model"),
+            _check(not decoder_only,
                    f"architecture {hf.checkpoint_architecture!r} has no language-model head: it runs with "
                    "runner='pooling' (an embedding model)")
             return None

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -60,18 +61,11 @@ class LLM:
         prompt_list = _prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
-        request_ids = []
-        try:
-            for prompt, params, request_priority in zip(prompt_list, params_list, priorities):
-                request_id = f"{self._request_prefix}{next(self._request_counter)}"
-                final_only = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
-                self.llm_engine.add_request(request_id, prompt, final_only, request_priority)
-                request_ids.append(request_id)
-            results = self._run_engine(len(request_ids), use_tqdm)
-        except BaseException:
-            self.llm_engine.abort_request(request_ids)
-            raise
-        return [results[request_id] for request_id in request_ids]
+        add = self.llm_engine.add_request
+        return self._run_requests([functools.partial(add, prompt=prompt, priority=request_priority,
+                                                     params=params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY))
+                                   for prompt, params, request_priority in zip(prompt_list, params_list, priorities)],
+                                  use_tqdm)
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
@@ -89,11 +83,18 @@ class LLM:
             params_list = [pooling_params] * len(prompt_list)
         else:
             params_list = _one_per_prompt("pooling_params", pooling_params, len(prompt_list))
+        return self._run_requests([functools.partial(self.llm_engine.add_pooling_request, prompt=prompt, params=params)
+                                   for prompt, params in zip(prompt_list, params_list)], use_tqdm)
+
+    def _run_requests(self, adds: list[Callable[[str], None]], use_tqdm: bool) -> list[Any]:
+        """Adds each request under a fresh id (`add(request_id)`), runs the engine until all have
+        finished and returns their final outputs in order; if anything fails, every request
+        already added is aborted."""
         request_ids = []
         try:
-            for prompt, params in zip(prompt_list, params_list):
+            for add in adds:
                 request_id = f"{self._request_prefix}{next(self._request_counter)}"
-                self.llm_engine.add_pooling_request(request_id, prompt, params)
+                add(request_id)
                 request_ids.append(request_id)
             results = self._run_engine(len(request_ids), use_tqdm)
         except BaseException:
