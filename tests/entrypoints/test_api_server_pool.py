@@ -84,7 +84,14 @@ def _metric(text: str, name: str) -> float:
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
-def test_two_servers_one_engine_and_metrics_summed_over_the_pool(pool: LiveServer) -> None:
+def test_two_servers_one_engine_metrics_summed_then_sigterm_drains_and_reaps(pool: LiveServer) -> None:
+    """One pool for both halves (a pool takes ~10 s to start): the servers share an engine and its
+    metrics; then SIGTERM drains both and the pool exits."""
+    _check_one_engine_and_pooled_metrics(pool)
+    _check_sigterm_drains_every_server_then_reaps_the_pool(pool)
+
+
+def _check_one_engine_and_pooled_metrics(pool: LiveServer) -> None:
     api_servers, engine_cores = pool_processes(pool)
     assert len(api_servers) == 2 and len(engine_cores) == 1, (api_servers, engine_cores)
     responses = _complete_on_fresh_connections(pool, count=16, max_tokens=3)
@@ -102,7 +109,7 @@ def test_two_servers_one_engine_and_metrics_summed_over_the_pool(pool: LiveServe
         assert _metric(text, "vllm:num_requests_running") == 0
 
 
-def test_sigterm_drains_every_server_then_reaps_the_pool(pool: LiveServer) -> None:
+def _check_sigterm_drains_every_server_then_reaps_the_pool(pool: LiveServer) -> None:
     """vLLM's test_multi_api_server_shutdown: streams in flight when the supervisor gets
     SIGTERM run to their end (all their tokens); a new request is refused; the pool exits 0 and
     leaves no process behind."""
