@@ -203,3 +203,4 @@ def test_async_encode_and_abort(tiny_qwen3: Path, prompts_token_ids: list[list[i
         engine.shutdown()
     assert_close([torch.tensor(vector)], [hf_embedding(tiny_qwen3, prompts_token_ids[-1], "LAST")])
     assert isinstance(aborted, RequestAbortedError)
+

@@ -41,12 +41,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def start_standalone(model: Path, directory: str) -> StandaloneEngine:
+def start_standalone(model: Path, directory: str, extra_args: tuple[str, ...] = ()) -> StandaloneEngine:
     address = f"ipc://{directory}/engine.sock"
     args = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "engine", "--model", str(model),
             "--max-model-len", str(ENGINE_ARGS["max_model_len"]),
             "--num-kv-blocks", str(ENGINE_ARGS["num_kv_blocks"]), "--dtype", ENGINE_ARGS["dtype"],
-            "--address", address]
+            "--address", address, *extra_args]
     proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 60)
     line = proc.stdout.readline() if ready else ""
@@ -165,3 +165,24 @@ def test_attached_client_detects_a_killed_engine_by_heartbeat(standalone: Standa
     assert asyncio.run(scenario()) < 3.0
     standalone.proc.wait(5)
     assert process_gone(standalone.proc.pid)
+
+
+def test_a_client_attached_to_an_embedding_engine_takes_its_runner(tiny_qwen3: Path,
+                                                                  prompts_token_ids: list[list[int]]) -> None:
+    """`vllm-lite engine --runner pooling`: an attached LLM given no engine arguments learns the
+    runner and the pooler config from the engine (tests/test_embeddings.py has the rest)."""
+    from test_embeddings import assert_close, embeddings, hf_embedding
+
+    with tempfile.TemporaryDirectory(prefix="vllm-lite-test-") as directory:
+        engine = start_standalone(tiny_qwen3, directory, ("--runner", "pooling", "--pooler-config",
+                                                          '{"pooling_type": "CLS", "use_activation": false}'))
+        try:
+            llm = LLM(engine_address=engine.address)
+            try:
+                prompts = prompts_token_ids[1:3]
+                expected = [hf_embedding(tiny_qwen3, p, "CLS", normalize=False) for p in prompts]
+                assert_close(embeddings(llm, prompts), expected)
+            finally:
+                llm.shutdown()
+        finally:
+            stop_standalone(engine.proc)

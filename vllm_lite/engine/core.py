@@ -393,9 +393,12 @@ class EngineCoreProc:
     def engine_info(self) -> dict[str, Any]:
         """What an attaching client needs to build a matching input side."""
         model_config = self.vllm_config.model_config
+        pooler = model_config.pooler
         return {"model": model_config.model, "tokenizer": model_config.tokenizer,
                 "max_model_len": model_config.max_model_len, "pid": os.getpid(),
-                "num_kv_blocks": self.engine_core.num_kv_blocks}
+                "num_kv_blocks": self.engine_core.num_kv_blocks, "runner": model_config.runner,
+                "pooler_config": None if pooler is None else {"pooling_type": pooler.pooling_type,
+                                                              "use_activation": pooler.normalize}}
 
 
 def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> EngineCoreOutputs:

@@ -121,12 +121,15 @@ def fetch_engine_info(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> d
 
 
 def attached_engine_args(address: str, model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
-    """EngineArgs for a client of the engine core at `address`: the model, tokenizer and
-    max_model_len the user left out are the engine's."""
+    """EngineArgs for a client of the engine core at `address`: the model, tokenizer,
+    max_model_len and runner (with its pooler config) the user left out are the engine's."""
     info = fetch_engine_info(address)
     values = dict(engine_args)
     values.setdefault("tokenizer", None)
     values.setdefault("max_model_len", None)
+    if "runner" not in values and info.get("runner") == "pooling":
+        values["runner"] = "pooling"
+        values.setdefault("pooler_config", info.get("pooler_config"))
     if values["tokenizer"] is None and model is None:
         values["tokenizer"] = info["tokenizer"]
     if values["max_model_len"] is None:
