@@ -5,11 +5,15 @@ higher one nor a sibling at the same height:
 
     entrypoints > engine > executor > worker > model > sample | attention | distributed > core
     > base (wire/, config.py, sampling_params.py, pooling_params.py, outputs.py, the leaf modules)
+
+And one import, in a child process: the CLI and the API server come up without torch.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +171,14 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert "worker/worker.py:2 (worker) imports vllm_lite.engine" in found
     assert "sample/sampler.py:1 (sample) imports vllm_lite.attention" in found
     assert "engine/core.py" not in found and "wire" not in found
+
+
+def test_the_cli_and_the_api_server_import_without_torch() -> None:
+    """`vllm-lite serve` checks its options (and refuses bad ones) before anything imports torch,
+    which takes seconds: an API server process (one of a pool, too) loads it only if it needs it."""
+    code = ("import sys, vllm_lite.entrypoints.cli, vllm_lite.entrypoints.openai.api_server; "
+            "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"

@@ -151,30 +151,6 @@ def test_log_outputs_needs_log_requests(tmp_path: Path) -> None:
     assert result.returncode != 0 and "--enable-log-outputs logs beside --enable-log-requests" in result.stderr
 
 
-def test_default_cors_answers_every_origin(tiny_llama: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also: the stats line comes every VLLM_LOG_STATS_INTERVAL seconds while the engine works."""
-    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")
-    with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, ("--max-model-len", "128",
-                        "--uvicorn-log-level", "info")) as default:
-        answer = preflight(default, "https://anywhere.example")
-        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
-        assert httpx.get(f"{default.base_url}/openapi.json", headers=AUTH, timeout=10).status_code == 200
-        httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
-                   json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
-        httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
-                   json={"model": MODEL, "prompt": "hi", "max_tokens": 24, "ignore_eos": True})
-        time.sleep(1.5)
-        log = default.log()
-        assert '"POST /v1/completions HTTP/1.1" 200' in log and "Received request" not in log
-        assert "Generated response" not in log
-        lines = [line for line in log.splitlines() if "Avg generation throughput:" in line]
-        assert lines and any(" 0.0 tokens/s, Running" not in line for line in lines), lines
-        assert "KV cache usage:" in lines[0] and "Prefix cache hit rate:" in lines[0]
-        tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # the tokenizer's own template, not the flag's
-        assert tokenize_messages(default, "a fox") != tokenizer.encode("<<a fox>>", add_special_tokens=False)
-
-
 MIDDLEWARE_MODULE = '''
 class TagClass:
     """An ASGI middleware class: adds x-class to every HTTP response."""
@@ -200,20 +176,52 @@ NOT_MIDDLEWARE = 3
 '''
 
 
-def test_middleware_flag_wraps_the_app_in_classes_and_functions(tiny_llama: Path, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_middleware_flag_wraps_the_app_in_classes_and_functions(plain_server: LiveServer) -> None:
     """vLLM's --middleware (repeatable): an ASGI class or an async function, by import path; they
     see every request, the ones the API key gate refuses too."""
-    (tmp_path / "user_middleware.py").write_text(MIDDLEWARE_MODULE)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    args = ("--max-model-len", "128", "--middleware", "user_middleware.TagClass",
-            "--middleware", "user_middleware.tag_function")
-    with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, args) as live:
-        served = httpx.get(f"{live.base_url}/v1/models", headers=AUTH, timeout=10)
-        refused = httpx.get(f"{live.base_url}/v1/models", timeout=10)
+    served = httpx.get(f"{plain_server.base_url}/v1/models", headers=AUTH, timeout=10)
+    refused = httpx.get(f"{plain_server.base_url}/v1/models", timeout=10)
     assert served.status_code == 200 and refused.status_code == 401
     for reply in (served, refused):
         assert reply.headers["x-class"] == "1" and reply.headers["x-function"] == "/v1/models"
+
+
+@pytest.fixture(scope="module")
+def plain_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Default CORS, uvicorn's access log on (info) but not for the probes' paths, two user
+    middlewares, a stats line every 0.5 s: one server for the tests of those flags (a server
+    start is ~6 s of the suite)."""
+    folder = tmp_path_factory.mktemp("plain")
+    (folder / "user_middleware.py").write_text(MIDDLEWARE_MODULE)
+    args = ("--max-model-len", "128", "--uvicorn-log-level", "info",
+            "--middleware", "user_middleware.TagClass", "--middleware", "user_middleware.tag_function",
+            "--disable-access-log-for-endpoints", "/health, /v1/models")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_LOG_STATS_INTERVAL", "0.5")
+        patch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p))
+        with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
+            yield live
+
+
+def test_default_cors_answers_every_origin(plain_server: LiveServer, tiny_llama: Path) -> None:
+    """Also: the stats line comes every VLLM_LOG_STATS_INTERVAL seconds while the engine works."""
+    default = plain_server
+    answer = preflight(default, "https://anywhere.example")
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "*"
+    assert httpx.get(f"{default.base_url}/openapi.json", headers=AUTH, timeout=10).status_code == 200
+    httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
+               json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    httpx.post(f"{default.base_url}/v1/completions", timeout=60, headers=AUTH,
+               json={"model": MODEL, "prompt": "hi", "max_tokens": 24, "ignore_eos": True})
+    time.sleep(1.5)
+    log = default.log()
+    assert '"POST /v1/completions HTTP/1.1" 200' in log and "Received request" not in log
+    assert "Generated response" not in log
+    lines = [line for line in log.splitlines() if "Avg generation throughput:" in line]
+    assert lines and any(" 0.0 tokens/s, Running" not in line for line in lines), lines
+    assert "KV cache usage:" in lines[0] and "Prefix cache hit rate:" in lines[0]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)  # the tokenizer's own template, not the flag's
+    assert tokenize_messages(default, "a fox") != tokenizer.encode("<<a fox>>", add_special_tokens=False)
 
 
 @pytest.mark.parametrize(("path", "message"), [
@@ -287,16 +295,13 @@ def test_default_chat_template_kwargs_may_not_set_the_requests_fields(tmp_path: 
         result.stderr[-2000:]
 
 
-def test_access_log_leaves_out_the_named_endpoints(tiny_llama: Path, tmp_path: Path) -> None:
+def test_access_log_leaves_out_the_named_endpoints(plain_server: LiveServer) -> None:
     """vLLM's --disable-access-log-for-endpoints: the probes' paths (with or without a query)
     leave no access line; every other request still does."""
-    args = ("--max-model-len", "128", "--uvicorn-log-level", "info",
-            "--disable-access-log-for-endpoints", "/health, /v1/models")
-    with running_server(tiny_llama, tmp_path / "server.log", MODEL, API_KEY, args) as live:
-        for path in ("/health", "/health?probe=1", "/v1/models", "/version"):
-            assert httpx.get(f"{live.base_url}{path}", headers=AUTH, timeout=10).status_code == 200
-        time.sleep(0.5)
-        log = live.log()
+    for path in ("/health", "/health?probe=1", "/v1/models", "/version"):
+        assert httpx.get(f"{plain_server.base_url}{path}", headers=AUTH, timeout=10).status_code == 200
+    time.sleep(0.5)
+    log = plain_server.log()
     assert '"GET /version HTTP/1.1" 200' in log
     assert "GET /health" not in log and "GET /v1/models" not in log
 

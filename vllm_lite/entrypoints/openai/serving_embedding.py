@@ -15,7 +15,6 @@ import time
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import torch
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
@@ -32,7 +31,7 @@ from vllm_lite.outputs import EmbeddingRequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
-EMBED_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": None}  # bfloat16: torch converts
+EMBED_DTYPES = {"float32": np.float32, "float16": np.float16}  # bfloat16: rounded by hand (no torch here)
 
 
 class EmbeddingRequest(RequestModel):
@@ -130,8 +129,9 @@ def _encoded(embedding: list[float], request: EmbeddingRequest) -> list[float] |
     if request.encoding_format == "float":
         return embedding
     vector = np.asarray(embedding, dtype=np.float32)
-    if request.embed_dtype == "bfloat16":
-        vector = torch.from_numpy(vector).to(torch.bfloat16).view(torch.int16).numpy()
+    if request.embed_dtype == "bfloat16":  # float32's upper half, rounded to nearest even (as torch casts)
+        bits = vector.view(np.uint32).astype(np.uint64)
+        vector = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     else:
         vector = vector.astype(EMBED_DTYPES[request.embed_dtype])
     if request.endianness != "native":
