@@ -170,8 +170,31 @@ def test_each_runner_refuses_the_others_requests(tiny_qwen3: Path) -> None:
             llm.llm_engine.add_pooling_request("x", "hi")
     finally:
         llm.shutdown()
-    with pytest.raises(ValueError, match="does not support matryoshka representation"):
-        PoolingParams(dimensions=8)
+    with pytest.raises(ValueError, match="dimensions must be an int or None"):
+        PoolingParams(dimensions=8.0)
+
+
+def test_matryoshka_dimensions_take_the_first_numbers(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
+    """vLLM's rules: only for a model whose config says it was trained so (here by hf_overrides,
+    as vLLM's docs do for Qwen3-Embedding), within its listed sizes; normalized after the cut."""
+    prompt = prompts_token_ids[3]
+    full = hf_embedding(tiny_qwen3, prompt, "LAST", normalize=False)
+    llm = make_llm(tiny_qwen3, runner="pooling", hf_overrides={"matryoshka_dimensions": [16, 32]})
+    try:
+        cut = embeddings(llm, [prompt], pooling_params=PoolingParams(dimensions=16))
+        assert_close(cut, [torch.nn.functional.normalize(full[:16], dim=-1)])
+        for dimensions, message in ((20, r"only supports Matryoshka dimensions \[16, 32\], got 20"),
+                                    (100, r"only supports dimensions in range \[1, 64\], got 100")):
+            with pytest.raises(ValueError, match=message):
+                llm.embed([{"prompt_token_ids": prompt}], pooling_params=PoolingParams(dimensions=dimensions))
+    finally:
+        llm.shutdown()
+    llm = make_llm(tiny_qwen3, runner="pooling")
+    try:
+        with pytest.raises(ValueError, match="does not support Matryoshka embeddings; dimensions must be unset"):
+            llm.embed("hi", pooling_params=PoolingParams(dimensions=16))
+    finally:
+        llm.shutdown()
 
 
 def test_async_encode_and_abort(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:

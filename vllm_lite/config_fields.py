@@ -39,6 +39,9 @@ COMMON_IGNORED = frozenset({
     # custom-code classes a repository offers; with a native (or transformers') implementation
     # they are not used (as with transformers' trust_remote_code=False); see _refuse_remote_code
     "auto_map",
+    # an embedding model's Matryoshka training (vLLM reads them): they allow a request's
+    # `dimensions` (pooling_params.resolve_pooling), the model's math is the same
+    "is_matryoshka", "matryoshka_dimensions",
 })
 
 # Changes the math at any non-neutral value; no supported architecture implements these.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -12,12 +11,12 @@ if TYPE_CHECKING:
     from vllm_lite.config import ModelConfig
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PoolingParams:
     """| field | meaning |
     |---|---|
     | use_activation | L2-normalize the vector (vLLM's name for embeddings); None: the engine's pooler config |
-    | dimensions | vLLM's matryoshka truncation: refused, no matryoshka model is implemented |
+    | dimensions | vLLM's Matryoshka truncation: the vector's first `dimensions` numbers (normalized after), for a model whose config.json says it was trained so (`is_matryoshka`, `matryoshka_dimensions`) |
     """
 
     use_activation: bool | None = None
@@ -26,9 +25,30 @@ class PoolingParams:
     def __post_init__(self) -> None:
         if self.use_activation is not None and not isinstance(self.use_activation, bool):
             raise ValueError(f"PoolingParams.use_activation must be a bool or None, got {self.use_activation!r}")
-        if self.dimensions is not None:
-            raise ValueError(f"PoolingParams.dimensions={self.dimensions!r}: the model does not support matryoshka "
-                             "representation, so changing the output dimensions is not supported")
+        if self.dimensions is not None and (isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)):
+            raise ValueError(f"PoolingParams.dimensions must be an int or None, got {self.dimensions!r}")
+
+
+def resolve_pooling(params: PoolingParams | None, model_config: ModelConfig) -> PoolingParams:
+    """A request's pooling with the engine's default filled in (use_activation: the pooler
+    config's) and its dimensions checked against the model, by vLLM's rules."""
+    params = params or PoolingParams()
+    use_activation = model_config.pooler.normalize if params.use_activation is None else params.use_activation
+    dimensions = params.dimensions
+    if dimensions is not None:
+        hf = model_config.hf
+        named = hf.raw.get("matryoshka_dimensions")
+        if not (named or hf.raw.get("is_matryoshka")):
+            raise ValueError(f"PoolingParams.dimensions: the model does not support Matryoshka embeddings; dimensions "
+                             f"must be unset (received dimensions={dimensions}); a model trained for them says so "
+                             "in config.json (is_matryoshka, matryoshka_dimensions; hf_overrides sets them)")
+        if not 1 <= dimensions <= hf.hidden_size:
+            raise ValueError(f"PoolingParams.dimensions: the model only supports dimensions in range "
+                             f"[1, {hf.hidden_size}], got {dimensions}")
+        if named and dimensions not in named:
+            raise ValueError(f"PoolingParams.dimensions: the model only supports Matryoshka dimensions {named}, "
+                             f"got {dimensions}")
+    return PoolingParams(use_activation, dimensions)
 
 
 def pooling_sampling_params() -> SamplingParams:
@@ -36,9 +56,3 @@ def pooling_sampling_params() -> SamplingParams:
     (the request finishes with it; its prompt's vector is the output)."""
     return SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False,
                           output_kind=RequestOutputKind.FINAL_ONLY)
-
-
-def pooling_normalize(params: PoolingParams, model_config: ModelConfig) -> bool:
-    """Whether a pooling request's vector is L2-normalized: its own use_activation, else the
-    engine's pooler config."""
-    return model_config.pooler.normalize if params.use_activation is None else params.use_activation

@@ -80,7 +80,7 @@ def test_formats_and_vllm_fields(server: LiveServer, tiny_qwen3: Path) -> None:
 
 
 @pytest.mark.parametrize(("body", "param", "message"), [
-    ({"input": "x", "dimensions": 8}, "dimensions", "does not support matryoshka representation"),
+    ({"input": "x", "dimensions": 8}, "dimensions", "does not support Matryoshka embeddings"),
     ({"input": "x", "encoding_format": "bytes"}, "encoding_format", "Input should be 'float' or 'base64'"),
     ({"messages": [{"role": "user", "content": "x"}], "input": "x"}, "messages", "vLLM's messages is not supported"),
     ({"input": []}, "input", "input must not be empty"),

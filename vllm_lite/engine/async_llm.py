@@ -38,7 +38,7 @@ from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
-from vllm_lite.pooling_params import PoolingParams, pooling_normalize, pooling_sampling_params
+from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.sampling_params import SamplingParams
 
 # Requests whose outputs are processed between two yields to the event loop (vLLM's default).
@@ -119,10 +119,10 @@ class AsyncLLM:
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
                                               InputProcessor.cache_salt(prompt), priority, pooling=True)
-        normalize = pooling_normalize(pooling_params or PoolingParams(), self.vllm_config.model_config)
+        pooling = resolve_pooling(pooling_params, self.vllm_config.model_config)
         queue = RequestOutputCollector(request.sampling_params.output_kind, self.max_unread_outputs)
         self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, queue=queue,
-                                          normalize=normalize)
+                                          pooling=pooling)
         try:
             await self.engine_core.add_request_async(request)
         except BaseException:
@@ -175,7 +175,7 @@ class AsyncLLM:
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for state in self._abort_now(request_ids):
             output = state.make_output()
-            if output is None and state.normalize is not None:  # an embedding request: no vector to give
+            if output is None and state.pooling is not None:  # an embedding request: no vector to give
                 output = RequestAbortedError(state.request_id)
             if output is not None and state.queue is not None:
                 state.queue.put_nowait(output)

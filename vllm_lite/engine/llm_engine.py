@@ -13,7 +13,7 @@ from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_lau
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
-from vllm_lite.pooling_params import PoolingParams, pooling_normalize, pooling_sampling_params
+from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -54,14 +54,13 @@ class LLMEngine:
 
     def add_pooling_request(self, request_id: str, prompt: PromptType, params: PoolingParams | None = None,
                             priority: int = 0) -> None:
-        """An embedding request (the pooling runner): its prompt's vector, normalized as
-        `params.use_activation` says (None: the engine's pooler config)."""
-        params = params or PoolingParams()
+        """An embedding request (the pooling runner): its prompt's vector, as `params` says (None:
+        the engine's pooler config)."""
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
                                               InputProcessor.cache_salt(prompt), priority, pooling=True)
-        normalize = pooling_normalize(params, self.vllm_config.model_config)
-        self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, normalize=normalize)
+        pooling = resolve_pooling(params, self.vllm_config.model_config)
+        self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, pooling=pooling)
         try:
             self.engine_core.add_request(request)
         except Exception:

@@ -19,6 +19,7 @@ from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
                                RequestStateStats)
+from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -63,9 +64,9 @@ class RequestState:
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
     stats: RequestStateStats = field(default_factory=RequestStateStats)
-    # An embedding request (the pooling runner): whether its vector is L2-normalized (None: not
-    # one), and the vector once it came (with the request's one placeholder token).
-    normalize: bool | None = None
+    # An embedding request (the pooling runner): its resolved pooling (None: not one), and the
+    # vector once it came (with the request's one placeholder token).
+    pooling: PoolingParams | None = None
     pooled: np.ndarray | None = None
 
     @property
@@ -153,7 +154,7 @@ class RequestState:
         self.output_text.append(piece, check_stop=False)
 
     def make_output(self) -> RequestOutput | EmbeddingRequestOutput | None:
-        if self.normalize is not None:
+        if self.pooling is not None:
             return self._embedding_output()
         kind = self.params.output_kind
         finished = self.finish_reason is not None
@@ -193,8 +194,8 @@ class RequestState:
     def _embedding_output(self) -> EmbeddingRequestOutput | None:
         if self.finish_reason is None or self.pooled is None:  # (aborted before its vector: no output)
             return None
-        vector = self.pooled.astype(np.float64)
-        if self.normalize:  # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
+        vector = self.pooled[:self.pooling.dimensions].astype(np.float64)  # (Matryoshka: the first ones)
+        if self.pooling.use_activation:  # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
         return EmbeddingRequestOutput(self.request_id, EmbeddingOutput(vector.astype(np.float32).tolist()),
                                       self.prompt_token_ids, True, self.num_cached_tokens, self.stats)
@@ -247,8 +248,8 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
-                    index: int = 0, normalize: bool | None = None) -> RequestState:
-        """`normalize`: set for an embedding request (whether its vector is L2-normalized)."""
+                    index: int = 0, pooling: PoolingParams | None = None) -> RequestState:
+        """`pooling`: set for an embedding request (resolved: `resolve_pooling`)."""
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         detokenizer = output_text = None
@@ -272,7 +273,7 @@ class OutputProcessor:
                              parent=parent, index=index, store=self.token_store, slot=slot,
                              every_token=every_token, output_text=output_text, queue=queue,
                              stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()),
-                             normalize=normalize)
+                             pooling=pooling)
         self.request_states[request_id] = state
         self._rows_cache.clear()
         if parent is not None:
@@ -348,7 +349,7 @@ class OutputProcessor:
         if iteration_stats is not None:
             self._count_tokens(iteration_stats, states, slots, counts, now)
             if outputs.pooled:  # an embedding request's placeholder token is no generated token
-                iteration_stats.num_generation_tokens -= sum(state.normalize is not None for state in states)
+                iteration_stats.num_generation_tokens -= sum(state.pooling is not None for state in states)
         looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
         if len(looked_at) < len(states):
             states = [states[i] for i in looked_at]

@@ -3,8 +3,8 @@
 `input` is a text, texts, token ids or lists of token ids; each becomes one engine request whose
 prompt's vector is the embedding (`AsyncLLM.encode`). `encoding_format` "float" gives lists of
 numbers; "base64" the vector's raw bytes (`embed_dtype` float32, float16 or bfloat16; `endianness`),
-as the OpenAI client decodes them. vLLM's binary formats (bytes, bytes_only), fp8 dtypes,
-matryoshka `dimensions` and chat-style `messages` input are refused by name."""
+as the OpenAI client decodes them; `dimensions` for a Matryoshka model. vLLM's binary formats
+(bytes, bytes_only), fp8 dtypes and chat-style `messages` input are refused by name."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from vllm_lite.config import check_priority
+from vllm_lite.config import ModelConfig, check_priority
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker
 from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, OpenAIBaseModel, RequestModel,
@@ -28,7 +28,7 @@ from vllm_lite.entrypoints.openai.serving import ServingContext, json_response, 
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.exceptions import RequestAbortedError
 from vllm_lite.outputs import EmbeddingRequestOutput
-from vllm_lite.pooling_params import PoolingParams
+from vllm_lite.pooling_params import PoolingParams, resolve_pooling
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
 EMBED_DTYPES = {"float32": np.float32, "float16": np.float16}  # bfloat16: rounded by hand (no torch here)
@@ -53,11 +53,12 @@ class EmbeddingRequest(RequestModel):
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1)
 
-    def pooling_params(self) -> PoolingParams:
+    def pooling_params(self, model_config: ModelConfig) -> PoolingParams:
+        """The request's pooling, checked against the model (a 400 naming `dimensions`)."""
         try:
-            return PoolingParams(use_activation=self.use_activation, dimensions=self.dimensions)
+            return resolve_pooling(PoolingParams(self.use_activation, self.dimensions), model_config)
         except ValueError as exc:
-            raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.")) from None
+            raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.dimensions: ")) from None
 
 
 class EmbeddingResponseData(OpenAIBaseModel):
@@ -77,10 +78,11 @@ class EmbeddingResponse(OpenAIBaseModel):
 
 async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:
     model = ctx.served_model(request.model)
-    if ctx.engine.vllm_config.model_config.pooler is None:
+    model_config = ctx.engine.vllm_config.model_config
+    if model_config.pooler is None:
         raise ApiError(400, "BadRequestError", "The model does not support Embeddings API: it generates text "
                        "(an embedding model runs with --runner pooling)", "model")
-    params = request.pooling_params()
+    params = request.pooling_params(model_config)
     try:
         check_priority(request.priority, ctx.scheduling_policy)
     except ValueError as exc:
