@@ -467,6 +467,15 @@ def hf_greedy(model_dir: Path, prompts_token_ids: list[list[int]], max_new_token
 
 
 @torch.inference_mode()
+@torch.inference_mode()
+def hf_hidden_states(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    """The decoder's final hidden states (after its last norm), [len(token_ids), hidden_size]:
+    what an embedding model pools (the cached causal LM's base model, as AutoModel loads it)."""
+    model = _model(model_dir)
+    input_ids = torch.tensor([token_ids], dtype=torch.long)
+    return model.model(input_ids=input_ids).last_hidden_state[0].float().clone()
+
+
 def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """fp32 logits of shape [len(token_ids), vocab_size] from one full forward pass."""
     model = _model(model_dir)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_reference import hf_hidden_states
 from llm_factory import make_llm
 from vllm_lite import LLM, PoolingParams, SamplingParams
 from vllm_lite.config import EngineArgs
@@ -20,12 +21,7 @@ POOLINGS = {"LAST": lambda h: h[-1], "MEAN": lambda h: h.mean(0), "CLS": lambda 
 
 
 def hf_embedding(model_dir: Path, prompt: list[int], pooling: str, normalize: bool = True) -> torch.Tensor:
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        hidden = model(torch.tensor([prompt])).last_hidden_state[0]
-    vector = POOLINGS[pooling](hidden)
+    vector = POOLINGS[pooling](hf_hidden_states(model_dir, prompt))
     return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
 
 
