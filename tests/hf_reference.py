@@ -476,6 +476,7 @@ def hf_hidden_states(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     return model.model(input_ids=input_ids).last_hidden_state[0].float().clone()
 
 
+@torch.no_grad()  # (not inference mode: callers edit the result in place)
 def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """fp32 logits of shape [len(token_ids), vocab_size] from one full forward pass."""
     model = _model(model_dir)
