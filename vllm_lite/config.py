@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lite.config_fields import (check_config_fields, check_fallback_fields, gemma_layer_types,
-                                     implementing_architecture, resolve_model_impl, with_defaults)
+                                     implementing_architecture, resolve_model_impl, rope_type_of, with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.sampling_params import SamplingParams
 
@@ -244,9 +244,13 @@ def _read_rope_dict(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     theta = cfg.get("rope_theta", 10000.0)
     if not isinstance(rope, dict):
         return float(theta), None
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    scaling = None if rope_type == "default" else dict(rope, rope_type=rope_type)
-    return float(rope.get("rope_theta", theta)), scaling
+    return float(rope.get("rope_theta", theta)), rope_scaling_of(rope)
+
+
+def rope_scaling_of(rope: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rope dict as the rotary layer reads it: its type under `rope_type`; None for plain rope."""
+    kind = "default" if rope is None else rope_type_of(rope)
+    return None if kind == "default" else dict(rope, rope_type=kind)
 
 
 def _rope_source(cfg: dict[str, Any]) -> Any:
@@ -838,7 +842,7 @@ def derived_max_model_len(hf: HFModelConfig, tokenizer_dir: str) -> tuple[int, s
     tokenizer_max = _read_json(Path(tokenizer_dir) / "tokenizer_config.json").get("model_max_length")
     if isinstance(tokenizer_max, (int, float)) and tokenizer_max < length:
         length, source = int(tokenizer_max), f"the tokenizer's model_max_length={int(tokenizer_max)}"
-    factors = [rope["factor"] for rope in _rope_dicts(hf.raw) if rope.get("rope_type", rope.get("type")) == "linear"]
+    factors = [rope["factor"] for rope in _rope_dicts(hf.raw) if rope_type_of(rope) == "linear"]
     if factors and "gemma3" not in str(hf.raw.get("model_type")):
         length = int(length * factors[0])
         source += f" x rope factor {factors[0]}"

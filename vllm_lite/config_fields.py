@@ -241,9 +241,14 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
                              f"{architecture} (supported: {', '.join(SLIDING_LAYER_TYPES)})")
 
 
+def rope_type_of(rope: Mapping[str, Any]) -> str:
+    """A rope dict's type: `rope_type`, or older configs' `type`; neither is plain rope."""
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
 def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
                       rope_types: tuple[str, ...]) -> None:
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = rope_type_of(rope)
     if rope_type not in rope_types or rope_type not in ROPE_KEYS_BY_TYPE:
         raise ValueError(f"config.json: {name} rope_type {rope_type!r} is not supported for "
                          f"{architecture} (supported: {', '.join(rope_types)})")

@@ -38,7 +38,7 @@ from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
-from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
+from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import SamplingParams
 
 # Requests whose outputs are processed between two yields to the event loop (vLLM's default).
@@ -116,10 +116,8 @@ class AsyncLLM:
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
-        text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
-                                              InputProcessor.cache_salt(prompt), priority, pooling=True)
-        pooling = resolve_pooling(pooling_params, self.vllm_config.model_config)
+        text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, pooling_params,
+                                                                                priority)
         queue = RequestOutputCollector(request.sampling_params.output_kind, self.max_unread_outputs)
         self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, queue=queue,
                                           pooling=pooling)

@@ -10,6 +10,7 @@ import numpy as np
 from vllm_lite.config import ModelConfig
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs)
+from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
@@ -57,6 +58,15 @@ class InputProcessor:
         if salt is not None and not (isinstance(salt, str) and salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
         return salt
+
+    def process_pooling(self, request_id: str, prompt: PromptType, params: PoolingParams | None,
+                        priority: int = 0) -> tuple[str | None, list[int], EngineCoreRequest, PoolingParams]:
+        """An embedding request: its prompt's text and ids, the engine-core request (one
+        placeholder token) and its pooling resolved against the model."""
+        text, token_ids = self.tokenize(prompt)
+        request = self.process(request_id, token_ids, pooling_sampling_params(), self.cache_salt(prompt), priority,
+                               pooling=True)
+        return text, token_ids, request, resolve_pooling(params, self.model_config)
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None, priority: int = 0,

@@ -13,7 +13,7 @@ from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_lau
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
-from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
+from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -56,10 +56,7 @@ class LLMEngine:
                             priority: int = 0) -> None:
         """An embedding request (the pooling runner): its prompt's vector, as `params` says (None:
         the engine's pooler config)."""
-        text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, pooling_sampling_params(),
-                                              InputProcessor.cache_salt(prompt), priority, pooling=True)
-        pooling = resolve_pooling(params, self.vllm_config.model_config)
+        text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, params, priority)
         self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, pooling=pooling)
         try:
             self.engine_core.add_request(request)

@@ -84,8 +84,8 @@ def check_runner(pooling: bool, model_config: ModelConfig) -> None:
 
 def check_pooling_request(request: EngineCoreRequest) -> None:
     params = request.sampling_params
-    if request.max_tokens != 1 or not params.is_greedy or params.logprobs is not None or params.prompt_logprobs \
-            is not None or params.structured_outputs is not None:
+    extras = (params.logprobs, params.prompt_logprobs, params.structured_outputs)
+    if request.max_tokens != 1 or not params.is_greedy or any(extra is not None for extra in extras):
         raise ValueError("a pooling request takes one placeholder token (max_tokens=1, greedy, no logprobs "
                          "or structured outputs): pooling_params.pooling_sampling_params()")
 

@@ -270,15 +270,20 @@ def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | 
 # --------------------------------------------------------------------------- generation
 
 
+def check_request_priority(ctx: ServingContext, priority: int) -> None:
+    """A request's priority under the engine's scheduling policy (a 400 naming `priority`)."""
+    try:
+        check_priority(priority, ctx.scheduling_policy)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "priority") from None
+
+
 async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], params: SamplingParams,
                            request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
     """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
     closed generator) closes the engine's generator, which aborts the request in the engine
     core and so frees its KV blocks (AsyncLLM's contract)."""
-    try:
-        check_priority(priority, ctx.scheduling_policy)
-    except ValueError as exc:
-        raise ApiError(400, "BadRequestError", str(exc), "priority") from None
+    check_request_priority(ctx, priority)
     structured = params.structured_outputs
     if ctx.options.compact_structured_outputs and structured is not None and not structured.disable_any_whitespace:
         params = params.clone_with(structured_outputs=msgspec.structs.replace(structured, disable_any_whitespace=True))

@@ -19,12 +19,12 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
 
-from vllm_lite.config import ModelConfig, check_priority
+from vllm_lite.config import ModelConfig
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker
 from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, OpenAIBaseModel, RequestModel,
                                                    RequestParamError, UsageInfo, request_ids)
-from vllm_lite.entrypoints.openai.serving import ServingContext, json_response, truncation
+from vllm_lite.entrypoints.openai.serving import ServingContext, check_request_priority, json_response, truncation
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.exceptions import RequestAbortedError
 from vllm_lite.outputs import EmbeddingRequestOutput
@@ -83,10 +83,7 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
         raise ApiError(400, "BadRequestError", "The model does not support Embeddings API: it generates text "
                        "(an embedding model runs with --runner pooling)", "model")
     params = request.pooling_params(model_config)
-    try:
-        check_priority(request.priority, ctx.scheduling_policy)
-    except ValueError as exc:
-        raise RequestParamError("priority", str(exc)) from None
+    check_request_priority(ctx, request.priority)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
                                    add_special_tokens=request.add_special_tokens)

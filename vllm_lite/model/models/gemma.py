@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
-from vllm_lite.config import HFModelConfig, complete_rope_scaling
+from vllm_lite.config import HFModelConfig, complete_rope_scaling, rope_scaling_of
 from vllm_lite.config_fields import gemma_layer_types
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import GeluTanhAndMul
@@ -32,14 +32,10 @@ def gemma3_rope(raw: dict[str, Any], layer_type: str) -> tuple[float, dict[str, 
     params = raw.get("rope_parameters")
     if isinstance(params, dict) and layer_type in params:
         rope = params[layer_type]
-        kind = rope.get("rope_type", "default")
-        scaling = None if kind == "default" else dict(rope, rope_type=kind)
-        return float(rope["rope_theta"]), complete_rope_scaling(scaling, raw)
+        return float(rope["rope_theta"]), complete_rope_scaling(rope_scaling_of(rope), raw)
     if layer_type == SLIDING:
         return float(raw.get("rope_local_base_freq", 10000.0)), None
-    scaling = raw.get("rope_scaling")
-    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
-    scaling = None if kind == "default" else dict(scaling, rope_type=kind)
+    scaling = rope_scaling_of(raw.get("rope_scaling"))
     return float(raw.get("rope_theta", 1_000_000.0)), complete_rope_scaling(scaling, raw)
 
 
