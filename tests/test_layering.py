@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from vllm_lite.config import torch_built_for_gpus
+
 PACKAGE = Path(__file__).resolve().parents[1] / "vllm_lite"
 
 LAYERS: dict[str, int] = {
@@ -173,12 +175,20 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert "engine/core.py" not in found and "wire" not in found
 
 
-def test_the_cli_and_the_api_server_import_without_torch() -> None:
+def test_the_cli_and_the_api_server_import_without_torch(tiny_qwen3: Path) -> None:
     """`vllm-lite serve` checks its options (and refuses bad ones) before anything imports torch,
-    which takes seconds: an API server process (one of a pool, too) loads it only if it needs it."""
+    which takes seconds: an API server process (one of a pool, too) loads it only if it needs it.
+    With a CPU build of torch, the engine config (device "auto" included) is made without it too,
+    so `serve` starts the engine core's process first."""
     code = ("import sys, vllm_lite.entrypoints.cli, vllm_lite.entrypoints.openai.api_server; "
-            "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            cwd=PACKAGE.parent)
+            "print(sorted(m for m in ('torch', 'triton') if m in sys.modules)); "
+            "from vllm_lite.config import EngineArgs; "
+            "print(EngineArgs(model=sys.argv[1]).create_engine_config().device_config.device, "
+            "sorted(m for m in ('torch', 'triton') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code, str(tiny_qwen3)], capture_output=True, text=True,
+                            timeout=120, cwd=PACKAGE.parent)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip() == "[]"
+    imports, config = result.stdout.strip().splitlines()
+    assert imports == "[]"
+    if not torch_built_for_gpus():
+        assert config == "cpu []"

@@ -7,6 +7,7 @@ torch-free.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -927,9 +928,22 @@ def _resolve_device(device: str) -> str:
     _check(device in DEVICE_NAMES, f"device must be one of {DEVICE_NAMES}, got {device!r}")
     if device != "auto":
         return device
+    if not torch_built_for_gpus():
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_built_for_gpus() -> bool:
+    """Whether the installed torch is a CUDA or ROCm build, told by its libraries' names: a CPU
+    build never sees a GPU, and importing torch to ask takes ~2 s, which `vllm-lite serve` would
+    spend before it starts the engine core (whose process imports torch anyway)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return True  # torch itself answers (or fails to import) as it would have
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return any((lib / name).exists() for name in ("libtorch_cuda.so", "libtorch_hip.so"))
 
 
 def _resolve_dtype(dtype: str, model_dtype: str, device: str) -> str:
