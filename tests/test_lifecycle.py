@@ -1,13 +1,18 @@
-"""lifecycle.py: the one place child processes are spawned, watched, stopped and reaped."""
+"""lifecycle.py: the one place child processes are started, watched, stopped and reaped."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 
-from vllm_lite.lifecycle import DeathWatch, ProcessResources, spawn, stop_processes
+import pytest
+
+from vllm_lite.lifecycle import START_METHOD_ENV, DeathWatch, ProcessResources, spawn, stop_processes
 
 
 def _sleep_forever() -> None:
@@ -61,3 +66,50 @@ def test_death_watch_reports_a_death_and_stays_quiet_after_stop() -> None:
     resources.release()  # idempotent
     time.sleep(0.1)
     assert reported == [[proc.pid]] and _is_zombie_or_gone(quiet.pid) == "gone"
+
+
+# ---- engine-core and rank processes: forked by a fork server that imported torch ----
+
+def _report(conn: Connection) -> None:
+    conn.send((os.getppid(), "torch" in sys.modules, os.environ.get("LIFECYCLE_PROBE")))
+    conn.close()
+
+
+def _start_and_report(imports_torch: bool = True) -> tuple[int, bool, str | None]:
+    """(the child's parent pid, whether torch was imported before its target ran, its
+    LIFECYCLE_PROBE variable)."""
+    reader, writer = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    proc = spawn(_report, (writer,), name="lifecycle-test", imports_torch=imports_torch)
+    writer.close()
+    try:
+        assert reader.poll(60), "the child did not report"
+        return reader.recv()
+    finally:
+        reader.close()
+        stop_processes([proc], grace_s=10)
+
+
+def test_torch_children_fork_from_one_server_that_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    server, had_torch, _ = _start_and_report()
+    assert server != os.getpid() and had_torch
+    assert _start_and_report()[0] == server
+    plain_parent, plain_had_torch, _ = _start_and_report(imports_torch=False)
+    assert plain_parent == os.getpid() and not plain_had_torch
+
+
+def test_a_changed_environment_is_the_childs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's children have the environment it started with: after a change, spawned."""
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
+    _start_and_report()
+    monkeypatch.setenv("LIFECYCLE_PROBE", "changed")
+    parent, _, probe = _start_and_report()
+    assert parent == os.getpid() and probe == "changed"
+
+
+def test_vllms_start_method_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(START_METHOD_ENV, "spawn")
+    assert _start_and_report()[0] == os.getpid()
+    monkeypatch.setenv(START_METHOD_ENV, "fork")
+    with pytest.raises(ValueError, match="VLLM_WORKER_MULTIPROC_METHOD='fork' is not one of forkserver, spawn"):
+        _start_and_report()

@@ -47,6 +47,22 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def started_children(server_pid: int, pids: set[int]) -> set[int]:
+    """Those of `pids` (descendants of the server) that the server started through
+    multiprocessing: spawned, or forked by its fork server (whose command line they share, and
+    which is the server's own child); not multiprocessing's helpers (resource tracker, fork server)."""
+    started = set()
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"spawn_main" in command or (b"multiprocessing.forkserver" in command and parent != server_pid):
+            started.add(pid)
+    return started
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

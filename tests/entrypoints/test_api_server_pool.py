@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import REPO_ROOT, LiveServer, free_port, running_server
+from live_server import REPO_ROOT, LiveServer, free_port, running_server, started_children
 
 MODEL = "tiny-pool"
 API_KEY = "sk-pool"
@@ -46,7 +46,7 @@ def listening_pids(port: int) -> set[int]:
 
 def pool_processes(server: LiveServer) -> tuple[set[int], set[int]]:
     """(API server pids, engine core pids) among the server's spawned children."""
-    spawned = {pid for pid in server.children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    spawned = started_children(server.proc.pid, server.children)
     api_servers = spawned & listening_pids(server.port)
     return api_servers, spawned - api_servers
 

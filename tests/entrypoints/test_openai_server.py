@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import LiveServer, running_server
+from live_server import LiveServer, running_server, started_children
 from llm_factory import make_llm
 from transformers import AutoTokenizer
 
@@ -317,8 +317,7 @@ def test_int32_edge_requests_fail_alone_through_http(server: LiveServer) -> None
 def test_dead_engine_core_exits_the_server_with_status_1(server: LiveServer) -> None:
     """Finding 8: the server does not stay up answering 503 forever; it exits non-zero so
     that its supervisor restarts it (vLLM's behaviour), and its children are reaped."""
-    engine_cores = [pid for pid in server.children
-                    if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    engine_cores = list(started_children(server.proc.pid, server.children))
     assert len(engine_cores) == 1
     os.kill(engine_cores[0], signal.SIGKILL)
     assert server.proc.wait(60) == 1, server.log()

@@ -82,7 +82,8 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
     address = private_ipc_address()
     reader, writer = ready_pipe()
     try:
-        proc = spawn(spawned_engine_core_main, (vllm_config, address, writer), name="vllm-lite-engine-core")
+        proc = spawn(spawned_engine_core_main, (vllm_config, address, writer), name="vllm-lite-engine-core",
+                     imports_torch=True)
     except BaseException:
         address.cleanup()
         raise

@@ -187,7 +187,7 @@ def start_worker_processes(vllm_config: VllmConfig, master_port: int, procs: lis
     for local_rank in range(parallel.ranks_per_node):
         rank = parallel.node_rank * parallel.ranks_per_node + local_rank
         args = WorkerProcArgs(vllm_config, master_port, rank, local_rank)
-        procs.append(spawn(run_worker, (args,), name=f"vllm_lite-rank{rank}", daemon=True))
+        procs.append(spawn(run_worker, (args,), name=f"vllm_lite-rank{rank}", daemon=True, imports_torch=True))
 
 
 def run_worker_node(engine_args: EngineArgs) -> int:
