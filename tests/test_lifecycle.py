@@ -98,11 +98,14 @@ def test_torch_children_fork_from_one_server_that_imported_torch(monkeypatch: py
     assert plain_parent == os.getpid() and not plain_had_torch
 
 
-def test_a_changed_environment_is_the_childs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server's children have the environment it started with: after a change, spawned."""
+def test_the_child_has_the_environment_of_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked child takes its parent's environment of the moment; a change to what torch and
+    its libraries read as they load (LOAD_TIME_ENV) has it spawned instead."""
     monkeypatch.delenv(START_METHOD_ENV, raising=False)
-    _start_and_report()
+    server = _start_and_report()[0]
     monkeypatch.setenv("LIFECYCLE_PROBE", "changed")
+    assert _start_and_report() == (server, True, "changed")
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(int(os.environ.get("GOMP_SPINCOUNT", "0")) + 1))
     parent, _, probe = _start_and_report()
     assert parent == os.getpid() and probe == "changed"
 

@@ -40,20 +40,28 @@ def spawn(target: Callable[..., Any], args: tuple[Any, ...], name: str, daemon: 
 
     `imports_torch` (an engine core, a rank): forked instead by this process's fork server, a
     single-threaded interpreter that imported torch once (multiprocessing's "forkserver"), so
-    each such child starts in ~0.1 s instead of spending 2-3 s importing torch. Only while the
-    environment is the one the server started with (libgomp read its OpenMP variables then);
-    otherwise spawned. VLLM_WORKER_MULTIPROC_METHOD=spawn (vLLM's variable) spawns them always."""
-    context = multiprocessing.get_context("spawn")
+    each such child starts in ~0.1 s instead of spending 2-3 s importing torch. The child takes
+    this process's environment as it is now; it is forked only while the variables read when
+    torch and its libraries load (LOAD_TIME_ENV) are those the server started with, else
+    spawned. VLLM_WORKER_MULTIPROC_METHOD=spawn (vLLM's variable) spawns them always."""
     with openmp_child_env():
-        if imports_torch and torch_child_start_method() == "forkserver" and torch_fork_server_env() == _child_env():
-            context = multiprocessing.get_context("forkserver")
-        proc = context.Process(target=target, args=args, name=name, daemon=daemon)
+        if imports_torch and torch_child_start_method() == "forkserver" and torch_fork_server_env() == _load_time_env():
+            proc = multiprocessing.get_context("forkserver").Process(
+                target=_with_environment, args=(dict(os.environ), target, args), name=name, daemon=daemon)
+        else:
+            proc = multiprocessing.get_context("spawn").Process(target=target, args=args, name=name, daemon=daemon)
         proc.start()
     return proc
 
 
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 START_METHODS = ("forkserver", "spawn")
+
+# Variables read once, as the fork server's interpreter, torch, libgomp, oneDNN / MKL and our
+# kernels load (prefixes); any other is read where it is used, after a forked child took its
+# parent's environment.
+LOAD_TIME_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_", "DNNL_", "ONEDNN_", "TORCH", "PYTORCH_", "PYTHON", "LD_",
+                 "VLLM_LITE_CPU_CAPABILITY", "ATEN_", "CUDA_", "HIP_", "ROCR_", "NCCL_")
 
 
 def torch_child_start_method() -> str:
@@ -68,17 +76,24 @@ def torch_child_start_method() -> str:
 @functools.cache
 def torch_fork_server_env() -> dict[str, str] | None:
     """Starts the fork server of `spawn(imports_torch=True)` (once per process, from the
-    environment a child gets) and returns that environment; None where there is no such server
-    (not Linux)."""
+    environment a child gets) and returns its load-time variables; None where there is no such
+    server (not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(TORCH_CHILD_MODULES))
     multiprocessing.forkserver.ensure_running()
-    return _child_env()
+    return _load_time_env()
 
 
-def _child_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name != START_METHOD_ENV}
+def _load_time_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.startswith(LOAD_TIME_ENV)}
+
+
+def _with_environment(environment: dict[str, str], target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """A forked child's entry: its parent's environment of the moment, then `target(*args)`."""
+    os.environ.clear()
+    os.environ.update(environment)
+    target(*args)
 
 
 # What the fork server imports before it forks: torch and the modules its children run.
