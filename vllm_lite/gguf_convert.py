@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -319,30 +321,137 @@ def _convert_tensor(tensor: Any, config: Mapping[str, Any]) -> tuple[str, np.nda
 def supports_kept_quantized(gguf_path: Path) -> bool:
     """Whether our converter maps this file's tensors (llama files), so they can be loaded straight
     from the GGUF file with quantized tensors kept in their blocks (`quantization="gguf"`)."""
+    return gguf_architecture(gguf_path) in _ARCHITECTURES
+
+
+def gguf_architecture(gguf_path: Path) -> str | None:
+    """The file's `general.architecture`, read from its header alone (`GGUFHeader`)."""
+    with open(gguf_path, "rb") as file:
+        return GGUFHeader(file).read_fields(until="general.architecture").get("general.architecture")
+
+
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_DEFAULT_ALIGNMENT = 32
+
+
+class GGUFHeader:
+    """Sequential reads over a little-endian GGUF (v2 / v3) header. gguf's own reader parses
+    every metadata value into numpy views first (~6 s for the demo file's 49,152-token vocabulary
+    and merges); the weights need only the scalar fields and the tensor table."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        magic, version = self.unpack("<4sI")
+        if magic != b"GGUF" or version not in (2, 3):
+            raise ValueError(f"'{file.name}' is not a GGUF v2/v3 little-endian file (magic {magic!r}, version {version})")
+        self.num_tensors, self.num_fields = self.unpack("<QQ")
+
+    def unpack(self, layout: str) -> Any:
+        size = struct.calcsize(layout)
+        data = self.file.read(size)
+        if len(data) != size:
+            raise ValueError(f"'{self.file.name}' ends inside its GGUF header")
+        values = struct.unpack(layout, data)
+        return values if len(values) > 1 else values[0]
+
+    def string(self) -> str:
+        return self.file.read(self.unpack("<Q")).decode("utf-8", errors="replace")
+
+    def dims(self) -> tuple[int, ...]:
+        count = self.unpack("<I")
+        return struct.unpack(f"<{count}Q", self.file.read(8 * count))
+
+    def read_fields(self, until: str | None = None) -> dict[str, Any]:
+        """The metadata fields' scalar and string values (arrays skipped), up to `until` if given."""
+        fields: dict[str, Any] = {}
+        for _ in range(self.num_fields):
+            key, value_type = self.string(), self.unpack("<I")
+            if value_type == _GGUF_STRING:
+                fields[key] = self.string()
+            elif value_type in _GGUF_SCALARS:
+                fields[key] = self.unpack(_GGUF_SCALARS[value_type])
+            else:
+                self._skip(value_type)
+            if key == until:
+                break
+        return fields
+
+    def _skip(self, value_type: int) -> None:
+        if value_type == _GGUF_STRING:
+            self.file.seek(self.unpack("<Q"), os.SEEK_CUR)
+        elif value_type == _GGUF_ARRAY:
+            item_type, count = self.unpack("<IQ")
+            if item_type in _GGUF_SCALARS:
+                self.file.seek(count * struct.calcsize(_GGUF_SCALARS[item_type]), os.SEEK_CUR)
+            else:
+                for _ in range(count):
+                    self._skip(item_type)
+        elif value_type in _GGUF_SCALARS:
+            self.file.seek(struct.calcsize(_GGUF_SCALARS[value_type]), os.SEEK_CUR)
+        else:
+            raise ValueError(f"'{self.file.name}': unknown GGUF value type {value_type}")
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file, as gguf's reader gives it: `shape` innermost dimension first;
+    `data` a view of the mapped file (elements for float / int types, [..., bytes of a row] for
+    block-quantized ones)."""
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+def read_gguf_tensors(gguf_path: Path) -> list[GGUFTensor]:
+    """Every tensor of the file, mapped read-only, after one pass over its header."""
     import gguf
 
-    arch = gguf.GGUFReader(str(gguf_path)).fields.get("general.architecture")
-    return arch is not None and arch.contents() in _ARCHITECTURES
+    with open(gguf_path, "rb") as file:
+        header = GGUFHeader(file)
+        alignment = int(header.read_fields().get("general.alignment", _GGUF_DEFAULT_ALIGNMENT))
+        table = [(header.string(), header.dims(), header.unpack("<I"), header.unpack("<Q"))
+                 for _ in range(header.num_tensors)]
+        start = -(-file.tell() // alignment) * alignment
+    mapped = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    return [_mapped_tensor(mapped, start, name, shape, gguf.GGMLQuantizationType(type_id), offset)
+            for name, shape, type_id, offset in table]
 
 
-def gguf_tensor_types(gguf_path: Path) -> dict[str, tuple[int, int]]:
+def _mapped_tensor(mapped: np.ndarray, start: int, name: str, shape: tuple[int, ...], tensor_type: Any,
+                   offset: int) -> GGUFTensor:
+    import gguf
+
+    dims = tuple(reversed(shape))
+    elements = int(np.prod(shape))
+    dtype = _GGUF_ELEMENT_DTYPES.get(tensor_type.name)
+    if dtype is None:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
+        size, dtype, dims = elements * type_size // block_size, np.uint8, gguf.quant_shape_to_byte_shape(dims, tensor_type)
+    else:
+        size = elements * np.dtype(dtype).itemsize
+    data = mapped[start + offset:start + offset + size].view(dtype).reshape(dims)
+    return GGUFTensor(name, tensor_type, shape, data)
+
+
+_GGUF_ELEMENT_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+                        "I32": np.int32, "I64": np.int64}
+
+
+def gguf_tensor_types(tensors: list[GGUFTensor]) -> dict[str, tuple[int, int]]:
     """Hugging Face tensor name -> (GGML type id, row length) for every tensor of the file."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    return {hf_tensor_name(t.name): (int(t.tensor_type), int(t.shape[0])) for t in reader.tensors}
+    return {hf_tensor_name(t.name): (int(t.tensor_type), int(t.shape[0])) for t in tensors}
 
 
-def iterate_gguf_weights(gguf_path: Path, config: Mapping[str, Any],
+def iterate_gguf_weights(tensors: list[GGUFTensor], config: Mapping[str, Any],
                          keep_quantized: frozenset[str]) -> Iterator[tuple[str, Any]]:
     """(Hugging Face name, torch tensor) for every tensor of a llama GGUF file: the tensors named in
     `keep_quantized` as their raw blocks (uint8 [rows, row_bytes]; q/k rows un-permuted like the
     dequantized ones: the permutation moves whole rows), every other one dequantized to float32."""
-    import gguf
     import torch
 
-    reader = gguf.GGUFReader(str(gguf_path))
-    for tensor in reader.tensors:
+    for tensor in tensors:
         name = hf_tensor_name(tensor.name)
         if name not in keep_quantized:
             name, weight = _convert_tensor(tensor, config)

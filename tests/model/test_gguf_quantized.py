@@ -186,3 +186,41 @@ def test_kept_quantized_layers_hold_blocks(tiny_llama_32: Path, tmp_path: Path,
 def test_gguf_quantization_needs_a_gguf_file(tiny_llama_32: Path) -> None:
     with pytest.raises(ValueError, match="quantization='gguf' needs a .gguf model file"):
         EngineArgs(model=str(tiny_llama_32), quantization="gguf").create_engine_config()
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_header_reader_maps_the_tensors_gguf_reads(tmp_path: Path, alignment: int | None) -> None:
+    """`read_gguf_tensors` (one pass over the header) gives gguf's reader's tensors: names, types,
+    shapes and bytes, whatever metadata comes before them (string / number / nested arrays,
+    bools, floats) and a custom alignment; `gguf_architecture` reads the first field."""
+    import gguf
+
+    from vllm_lite.gguf_convert import gguf_architecture, read_gguf_tensors
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "mixed.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    writer.add_token_list([f"tok{i}" for i in range(300)])
+    writer.add_array("test.numbers", [1, 2, 3])
+    writer.add_array("test.nested", [["a", "bc"], ["d"]])
+    writer.add_bool("test.flag", True)
+    writer.add_float32("test.scale", 0.5)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((7, 64)).astype(np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(64).astype(np.float16))
+    writer.add_tensor("blk.0.ffn_up.weight", random_blocks(rng, GGML_TYPE_Q8_0, 5, 64),
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.ffn_down.weight", random_blocks(rng, GGML_TYPE_Q4_1, 3, 96),
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    ours, theirs = read_gguf_tensors(path), gguf.GGUFReader(str(path)).tensors
+    assert [(t.name, t.tensor_type, t.shape) for t in ours] == [
+        (t.name, t.tensor_type, tuple(int(d) for d in t.shape)) for t in theirs]
+    for mine, reference in zip(ours, theirs):
+        assert mine.data.dtype == reference.data.dtype and np.array_equal(mine.data, reference.data), mine.name
+    assert gguf_architecture(path) == "llama"

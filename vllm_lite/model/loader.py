@@ -101,12 +101,13 @@ def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     """Weights straight from a llama GGUF file: every linear layer (and the embedding / LM head)
     whose checkpoint tensors are all Q4_1 or all Q8_0 keeps them in their blocks; the rest (norms,
     other types, fused layers of mixed types) are dequantized as in the converted folder."""
-    from vllm_lite.gguf_convert import gguf_tensor_types, iterate_gguf_weights
+    from vllm_lite.gguf_convert import gguf_tensor_types, iterate_gguf_weights, read_gguf_tensors
 
-    kept = _kept_gguf_targets(model, gguf_tensor_types(gguf_path))
+    tensors = read_gguf_tensors(gguf_path)
+    kept = _kept_gguf_targets(model, gguf_tensor_types(tensors))
     keep_quantized(model, {target: qtype for target, (qtype, _) in kept.items()})
     names = frozenset(name for _, names in kept.values() for name in names)
-    load_weights(model, iterate_gguf_weights(gguf_path, model.config.raw, names), str(gguf_path))
+    load_weights(model, iterate_gguf_weights(tensors, model.config.raw, names), str(gguf_path))
 
 
 def _kept_gguf_targets(model: nn.Module, types: dict[str, tuple[int, int]]) -> dict[str, tuple[int, list[str]]]:
