@@ -159,7 +159,12 @@ def test_a_grammar_that_allows_no_token_fails_its_request_alone(llm, structured:
     alone = llm.generate(prompt, free, use_tqdm=False)[0].outputs[0].token_ids
     engine = llm.llm_engine
     dead = SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(**structured))
-    engine.add_request("dead", prompt, dead)
+    try:
+        engine.add_request("dead", prompt, dead)
+    except ValueError as exc:  # xgrammar >= 0.2.9 finds the circular schema when it checks it
+        assert "json" in structured and "structured_outputs.json is invalid" in str(exc)
+        assert llm.generate(prompt, free, use_tqdm=False)[0].outputs[0].token_ids == alone
+        return
     engine.add_request("free", prompt, free)
     finished, errors = {}, []
     while engine.has_unfinished_requests():
