@@ -344,7 +344,8 @@ class GGUFHeader:
         self.file = file
         magic, version = self.unpack("<4sI")
         if magic != b"GGUF" or version not in (2, 3):
-            raise ValueError(f"'{file.name}' is not a GGUF v2/v3 little-endian file (magic {magic!r}, version {version})")
+            raise ValueError(f"'{file.name}' is not a GGUF v2/v3 little-endian file "
+                             f"(magic {magic!r}, version {version})")
         self.num_tensors, self.num_fields = self.unpack("<QQ")
 
     def unpack(self, layout: str) -> Any:
@@ -428,7 +429,8 @@ def _mapped_tensor(mapped: np.ndarray, start: int, name: str, shape: tuple[int, 
     dtype = _GGUF_ELEMENT_DTYPES.get(tensor_type.name)
     if dtype is None:
         block_size, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
-        size, dtype, dims = elements * type_size // block_size, np.uint8, gguf.quant_shape_to_byte_shape(dims, tensor_type)
+        size, dtype = elements * type_size // block_size, np.uint8
+        dims = gguf.quant_shape_to_byte_shape(dims, tensor_type)
     else:
         size = elements * np.dtype(dtype).itemsize
     data = mapped[start + offset:start + offset + size].view(dtype).reshape(dims)

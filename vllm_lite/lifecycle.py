@@ -45,7 +45,9 @@ def spawn(target: Callable[..., Any], args: tuple[Any, ...], name: str, daemon: 
     torch and its libraries load (LOAD_TIME_ENV) are those the server started with, else
     spawned. VLLM_WORKER_MULTIPROC_METHOD=spawn (vLLM's variable) spawns them always."""
     with openmp_child_env():
-        if imports_torch and torch_child_start_method() == "forkserver" and torch_fork_server_env() == _load_time_env():
+        forked = (imports_torch and torch_child_start_method() == "forkserver"
+                  and torch_fork_server_env() == _load_time_env())
+        if forked:
             proc = multiprocessing.get_context("forkserver").Process(
                 target=_with_environment, args=(dict(os.environ), target, args), name=name, daemon=daemon)
         else:
@@ -68,8 +70,8 @@ def torch_child_start_method() -> str:
     """How engine-core and rank processes start: VLLM_WORKER_MULTIPROC_METHOD, else forkserver."""
     method = os.environ.get(START_METHOD_ENV, "forkserver")
     if method not in START_METHODS:
-        raise ValueError(f"{START_METHOD_ENV}={method!r} is not one of {', '.join(START_METHODS)} (vLLM's 'fork' is "
-                         f"not implemented: a fork copies the threads of the process that starts the engine mid-flight)")
+        raise ValueError(f"{START_METHOD_ENV}={method!r} is not one of {', '.join(START_METHODS)} (vLLM's 'fork' "
+                         "is not implemented: a fork copies the threads of the process that starts the engine)")
     return method
 
 
