@@ -21,6 +21,7 @@ timeout "${GPU_CHECK_TEST_SECONDS:-300}" $PY -m pytest -q -p no:cacheprovider -o
     tests/attention/test_sliding_window_kernels.py tests/worker/test_cuda_graph.py tests/test_reduced_precision.py \
     tests/test_n_samples.py tests/model/test_families.py tests/test_sliding_window.py tests/sample/test_logprobs.py \
     tests/test_beam_search.py tests/sample/test_bad_words.py tests/test_embeddings.py tests/model/test_rope_scaling.py \
+    tests/test_lifecycle.py \
     2>&1 | tee "$OUT_DIR/gpu_check.log"
 tests_rc=${PIPESTATUS[0]}
 timeout 180 $PY tools/gpu_memory_check.py 2>&1 | tee "$OUT_DIR/gpu_memory.log"
