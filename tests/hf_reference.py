@@ -467,7 +467,6 @@ def hf_greedy(model_dir: Path, prompts_token_ids: list[list[int]], max_new_token
 
 
 @torch.inference_mode()
-@torch.inference_mode()
 def hf_hidden_states(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """The decoder's final hidden states (after its last norm), [len(token_ids), hidden_size]:
     what an embedding model pools (the cached causal LM's base model, as AutoModel loads it)."""
