@@ -130,6 +130,25 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.ops.vllm_lite_C.argmax_rows(logits)
 
 
+def pack_head_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 LM head weight `[vocab, hidden]` as `head_logits` / `greedy_head` stream it:
+    panels of 16 vocabulary entries, k-major inside each (`[panels, hidden, 16]`), zero-padded
+    to a multiple of 32 entries."""
+    return torch.ops.vllm_lite_C.pack_head_panels(weight)
+
+
+def head_logits(hidden: torch.Tensor, panels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`hidden [rows, K] @ weight.T`, float32 `[rows, vocab_size]`, from `pack_head_panels(weight)`:
+    each logit one fp32 dot product summed in k order, whatever else is in the batch."""
+    return torch.ops.vllm_lite_C.head_logits(hidden, panels, vocab_size)
+
+
+def greedy_head(hidden: torch.Tensor, panels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`head_logits(hidden, panels, vocab_size).argmax(-1)` (the first maximum, as `argmax_rows`)
+    without writing the logits: int64 `[rows]`."""
+    return torch.ops.vllm_lite_C.greedy_head(hidden, panels, vocab_size)
+
+
 def top_k_top_p_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """Random draw per row of float32 `[rows, vocab]` logits after top-k (int64, 0 = off) and

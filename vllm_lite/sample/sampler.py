@@ -79,6 +79,14 @@ class Sampler:
             logprobs = with_requested_ids(logprobs, values, requested.rows, requested.token_ids)
         return SamplerOutput(sampled, logprobs, asked)
 
+    @staticmethod
+    def takes_argmax_only(metadata: SamplingMetadata) -> bool:
+        """Whether sampling these rows is their logits' argmax and nothing else: all greedy, no
+        logprobs, nothing that edits the logits (a grammar's bitmask is the caller's to check).
+        The model may then give the tokens without the logits (`compute_greedy_tokens`)."""
+        return (metadata.all_greedy and not metadata.needs_logits_processing and metadata.max_num_logprobs < 0
+                and metadata.requested_logprobs is None)
+
     def _values(self, logits: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """The asked rows' logprobs, or logits (a copy: sampling goes on in place), float32."""
         rows = logits if index is None else logits.index_select(0, index)

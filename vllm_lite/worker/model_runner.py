@@ -128,6 +128,7 @@ class ModelRunner:
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
+        self.logits_width: int | None = None  # the model's logits' last dimension, once a step sampled
         # Requests dropped from the batch because they failed, until the engine core's finished
         # ids say it knows: a step it scheduled before it knew (async scheduling) still names
         # them, and they are passed over there.
@@ -296,11 +297,23 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, step: LaunchedStep, sched: SchedulerOutput) -> None:
         output = step.output
         rows = inputs.sample_rows
-        # Every sampling row's logits (under TP a collective: the same rows on every rank).
-        logits = self.model.compute_logits(hidden[:len(rows)] if inputs.every_token_samples
-                                           else hidden[inputs.logits_indices])
-        vocab_size = logits.shape[-1]
+        sampling_hidden = hidden[:len(rows)] if inputs.every_token_samples else hidden[inputs.logits_indices]
+        # Every sampling row's logits (under TP a collective: the same rows on every rank); the
+        # first step that samples computes them whatever it asks, to learn their width.
+        logits = None
+        if self.logits_width is None:
+            logits = self.model.compute_logits(sampling_hidden)
+            self.logits_width = logits.shape[-1]
+        vocab_size = self.logits_width
         metadata, failed = self._sampling_metadata_for(rows, vocab_size)
+        if logits is None and not failed and sched.grammar_bitmask is None and self.sampler.takes_argmax_only(metadata):
+            tokens = self.model.compute_greedy_tokens(sampling_hidden)
+            if tokens is not None:  # the LM head's argmax without the logits (one rank, CPU fp32)
+                step.sampled = self._count_sampled(rows, tokens)
+                self.unfinished = step.sampled
+                return
+        if logits is None:
+            logits = self.model.compute_logits(sampling_hidden)
         if failed:  # those rows sample nothing; their requests fail (this rank's choice alone)
             output.failed = {**(output.failed or {}), **failed}
             kept = self._leave_out_failed(rows, failed)

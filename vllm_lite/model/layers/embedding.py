@@ -10,6 +10,7 @@ from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.gguf_quant import gguf_embedding, gguf_weight_of
+from vllm_lite.model.layers.head_panels import HeadPanels, greedy_tokens, head_panels_usable
 from vllm_lite.model.layers.linear import PackedWeight, can_prepack, linear, materialize, narrow_loaded, prepack
 
 
@@ -57,20 +58,32 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.tied = True
 
     def process_weights_after_loading(self) -> None:
-        """As for linear layers; a tied weight stays row-major too, for the embedding lookup (a
-        GGUF weight kept in its blocks is shared by both, never copied)."""
+        """As for linear layers, but an fp32 head on CPU is kept for the native LM-head kernels
+        (layers/head_panels.py) rather than oneDNN; a tied weight stays row-major too, for the
+        embedding lookup (a GGUF weight kept in its blocks is shared by both, never copied)."""
         gguf_weight = gguf_weight_of(self.weight)
         if gguf_weight is not None:
             self.packed_weight = gguf_weight
             if not self.tied:
                 self.weight = nn.Parameter(torch.empty(gguf_weight.out_features, gguf_weight.in_features,
                                                        device="meta"), requires_grad=False)
+            return
+        if head_panels_usable(self.weight):
+            self.packed_weight = HeadPanels.pack(self.weight)
         elif can_prepack(self.weight):
             self.packed_weight = prepack(self.weight)
-            if not self.tied:
-                self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
+        if self.packed_weight is not None and not self.tied:
+            self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits whatever the model dtype: sampling and logprobs work in fp32."""
         logits = self.tp.all_gather(linear(hidden_states, self.weight, self.packed_weight), dim=-1)
         return logits[..., : self.vocab_size].float()
+
+    def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """`compute_logits(hidden_states).argmax(-1)` without the logits, int64 `[rows]` for
+        `[rows, hidden]`, where the head runs on the native LM-head kernels on one rank; None
+        elsewhere (the caller computes the logits)."""
+        if not isinstance(self.packed_weight, HeadPanels) or self.tp.size > 1:
+            return None
+        return greedy_tokens(hidden_states, self.packed_weight)

@@ -19,6 +19,7 @@ from vllm_lite._custom_ops import amx_bf16_usable
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.amx_linear import AmxWeight, amx_linear
 from vllm_lite.model.layers.gguf_quant import GGUFWeight, gguf_linear, gguf_weight_of
+from vllm_lite.model.layers.head_panels import HeadPanels, head_linear
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
@@ -72,7 +73,7 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | AmxWeight:
     return onednn
 
 
-PackedWeight = torch.Tensor | AmxWeight | Int8Weight | GGUFWeight
+PackedWeight = torch.Tensor | AmxWeight | Int8Weight | GGUFWeight | HeadPanels
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | None,
@@ -85,6 +86,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | 
         return int8_linear(x, packed_weight, bias)
     if isinstance(packed_weight, GGUFWeight):
         return gguf_linear(x, packed_weight, bias)
+    if isinstance(packed_weight, HeadPanels):
+        return head_linear(x, packed_weight, bias)
     if isinstance(packed_weight, AmxWeight):
         out = amx_linear(x, packed_weight, bias)
         if out is not None:

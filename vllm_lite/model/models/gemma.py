@@ -143,6 +143,13 @@ class Gemma2ForCausalLM(nn.Module):
         cap = self.final_logit_softcapping
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """As in Llama, but not under soft-capping: tanh can round distinct logits to one value,
+        and the capped logits' first maximum is then what greedy sampling takes."""
+        if self.final_logit_softcapping is not None:
+            return None
+        return self.lm_head.greedy_tokens(hidden_states)
+
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     qk_norm = True

@@ -152,3 +152,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden_states)
+
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """`compute_logits(hidden_states).argmax(-1)` without writing the logits where the LM head
+        can (layers/head_panels.py); None: compute the logits."""
+        return self.lm_head.greedy_tokens(hidden_states)

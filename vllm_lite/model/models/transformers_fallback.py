@@ -131,3 +131,7 @@ class TransformersForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.hf_model.get_output_embeddings()(hidden_states)
+
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """Always None: the logits come from the transformers model's own output layer."""
+        return None
