@@ -36,6 +36,20 @@ def test_outputs_in_input_order_with_param_list(llm: LLM) -> None:
     assert [o.prompt_token_ids for o in outputs] == [p["prompt_token_ids"] for p in prompts]
 
 
+def test_shared_params_serve_every_prompt_and_stay_the_callers(llm: LLM) -> None:
+    """One SamplingParams object for many prompts (and one repeated in a list beside another):
+    each request gets its own outputs, and the caller's objects keep their output kind."""
+    short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    long = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, logprobs=1)
+    prompts = [{"prompt_token_ids": [9 + i, 20 + i]} for i in range(5)]
+    outputs = llm.generate(prompts, [short, long, short, long, short], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 7, 3, 7, 3]
+    assert [o.outputs[0].logprobs is not None for o in outputs] == [False, True, False, True, False]
+    alone = llm.generate(prompts[1], long, use_tqdm=False)[0].outputs[0].token_ids
+    assert outputs[1].outputs[0].token_ids == alone
+    assert short.output_kind == long.output_kind == SamplingParams().output_kind
+
+
 def test_param_list_length_mismatch(llm: LLM) -> None:
     with pytest.raises(ValueError, match="sampling_params has 2 entries but there are 3 prompts"):
         llm.generate(["a", "b", "c"], [SamplingParams(), SamplingParams()], use_tqdm=False)

@@ -62,9 +62,9 @@ class LLM:
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
         add = self.llm_engine.add_request
-        return self._run_requests([functools.partial(add, prompt=prompt, priority=request_priority,
-                                                     params=params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY))
-                                   for prompt, params, request_priority in zip(prompt_list, params_list, priorities)],
+        return self._run_requests([functools.partial(add, prompt=prompt, priority=request_priority, params=params)
+                                   for prompt, params, request_priority in zip(prompt_list, _final_only(params_list),
+                                                                               priorities)],
                                   use_tqdm)
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
@@ -185,6 +185,17 @@ class LLM:
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num_prompts
         return _one_per_prompt("sampling_params", sampling_params, num_prompts)
+
+
+def _final_only(params_list: list[SamplingParams]) -> list[SamplingParams]:
+    """Each prompt's params asking for its final output only (what `generate` returns), copied
+    once per distinct object: one SamplingParams for 1,024 prompts is one copy (and one
+    validation), not 1,024; the engine only reads them."""
+    copies: dict[int, SamplingParams] = {}
+    for params in params_list:
+        if id(params) not in copies:
+            copies[id(params)] = params.clone_with(output_kind=RequestOutputKind.FINAL_ONLY)
+    return [copies[id(params)] for params in params_list]
 
 
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
