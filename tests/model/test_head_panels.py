@@ -17,6 +17,9 @@ from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from vllm_lite.model.layers.head_panels import HeadPanels
 
 pytestmark = pytest.mark.skipif(not cpu_native.is_available(), reason="vllm_lite._C is not built")
+# The LM head takes the kernels at AVX2 and AVX-512 only (head_panels_usable).
+head_on_panels = pytest.mark.skipif(cpu_native.is_available() and cpu_native.cpu_capability() == "default",
+                                    reason="the baseline level keeps oneDNN's LM head")
 
 # Row counts around the kernels' tiles (12 rows on AVX-512, 6 below; tails of 1, 2, 4 and 8);
 # vocabularies around the 32-entry padding and the 16-entry panels.
@@ -92,6 +95,7 @@ def test_kernels_refuse_mismatched_inputs() -> None:
         cpu_native.greedy_head(torch.randn(2, 8, dtype=torch.float64), panels, 40)
 
 
+@head_on_panels
 @pytest.mark.parametrize("tied", [False, True])
 def test_an_fp32_lm_head_keeps_panels_in_place_of_onednn(tied: bool) -> None:
     vocab, hidden = 300, 24
@@ -112,6 +116,14 @@ def test_an_fp32_lm_head_keeps_panels_in_place_of_onednn(tied: bool) -> None:
     assert torch.equal(head.greedy_tokens(x), logits.argmax(dim=-1))
 
 
+def test_the_baseline_level_keeps_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_native, "cpu_capability", lambda: "default")
+    head = ParallelLMHead(64, 16)
+    head.process_weights_after_loading()
+    assert not isinstance(head.packed_weight, HeadPanels)
+    assert head.greedy_tokens(torch.randn(2, 16)) is None
+
+
 def test_a_bf16_lm_head_has_no_greedy_path() -> None:
     head = ParallelLMHead(64, 16).to(torch.bfloat16)
     head.process_weights_after_loading()
@@ -119,6 +131,7 @@ def test_a_bf16_lm_head_has_no_greedy_path() -> None:
     assert head.greedy_tokens(torch.randn(2, 16, dtype=torch.bfloat16)) is None
 
 
+@head_on_panels
 def test_the_engine_skips_the_logits_only_when_nothing_else_is_asked(
         tiny_llama_tied: Path, prompts_token_ids: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
     """All-greedy steps take their tokens from the fused kernel; a step with a row asking for

@@ -32,8 +32,10 @@ class HeadPanels:
 
 def head_panels_usable(weight: torch.Tensor) -> bool:
     """Whether an LM head weight runs on the native LM-head kernels: float32 on CPU, with the
-    extension built (else oneDNN's packed copy, as the other linear layers)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and cpu_native.is_available()
+    extension built and running at AVX2 or AVX-512 (else oneDNN's packed copy, as the other
+    linear layers: the kernels' 4-lane baseline build ran 4-5x slower than oneDNN)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and cpu_native.is_available()
+            and cpu_native.cpu_capability() != "default")
 
 
 def head_linear(x: torch.Tensor, weight: HeadPanels, bias: torch.Tensor | None) -> torch.Tensor:
