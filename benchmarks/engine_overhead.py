@@ -139,8 +139,9 @@ class NoClient:
 
 def stand_in_model(runner: Any, flush_mb: int) -> None:
     """`--stand-in-model`: the runner's forward pass returns zeros after writing `flush_mb` MB
-    (what a forward pass's activations do to the caches), its logits are one zero column (every
-    row samples token 0): no compute, only the engine's own work around them."""
+    (what a forward pass's activations do to the caches), its logits are one zero column and its
+    greedy tokens zeros (every row samples token 0): no compute, only the engine's own work around
+    them."""
     hidden_size = runner.model.config.hidden_size
     flush = np.zeros(flush_mb * (1 << 20) // 4, dtype=np.float32)
 
@@ -150,6 +151,7 @@ def stand_in_model(runner: Any, flush_mb: int) -> None:
 
     runner.model.forward = forward
     runner.model.compute_logits = lambda hidden: torch.zeros(hidden.shape[0], 1)
+    runner.model.compute_greedy_tokens = lambda hidden: torch.zeros(hidden.shape[0], dtype=torch.int64)
 
 
 def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_scheduling: bool | None = None,
