@@ -1,23 +1,26 @@
-// Greedy sampling straight from the hidden states: each row's argmax over `hidden @ weight.T`
-// without writing the logits.
+// The fp32 LM head on CPU, from a layout of its own: the logits, or greedy sampling straight from
+// the hidden states (each row's argmax over `hidden @ weight.T` without writing the logits).
 //
 //   pack_head_panels(weight) -> float32 [panels, K, 16]
 //       the LM head's fp32 weight [N, K] as column panels of 16 vocabulary entries (k-major inside
-//       a panel), zero-padded to a multiple of 32 entries: the layout the kernel streams.
+//       a panel), zero-padded to a multiple of 32 entries: the layout both kernels stream.
+//   head_logits(hidden, panels, vocab_size) -> float32 [rows, vocab_size]
+//       hidden [rows, K] @ weight.T over the first `vocab_size` entries.
 //   greedy_head(hidden, panels, vocab_size) -> int64 [rows]
-//       argmax over the first `vocab_size` columns of hidden [rows, K] @ weight.T, the first index
-//       of the maximum (torch.argmax's rule), as argmax_rows over the logits would give.
+//       the argmax of those logits, the first index of the maximum (torch.argmax's rule), as
+//       argmax_rows over head_logits' output gives.
 //
 // Why: in an all-greedy decode step of a small model at a large batch, the LM head writes
 // rows x vocab float32 logits (32 MB at 1,024 rows x 8,192) that the argmax then reads back once;
-// here each tile of logits lives in registers only. Each logit is one fp32 dot product summed
-// in k order (fused multiply-adds), the same for a row whatever else is in the batch.
+// greedy_head keeps each tile of logits in registers only. Each logit is one fp32 dot product
+// summed in k order (fused multiply-adds), the same for a row whatever else is in the batch.
 //
 // Blocking: threads split the vocabulary (column groups of 2 vectors); each thread walks its
 // columns in blocks that fit in L2, and for each block every tile of R rows (the hidden states,
 // repacked once k-major per tile) against every column group of the block: R x 2 accumulators in
-// registers, then a lane-wise running maximum per row. The per-thread, per-lane maxima are merged
-// at the end (ties: the smallest index).
+// registers, then the tile is stored (head_logits) or folded into a lane-wise running maximum per
+// row (greedy_head), whose per-thread, per-lane maxima are merged at the end (ties: the smallest
+// index).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
