@@ -46,10 +46,11 @@ constexpr int64_t kPadTo = 32;        // entries: a column group is 2 vectors of
 constexpr int64_t kBlockBytes = 192 << 10;  // the weight a thread keeps in L2 while rows pass
 
 // Rows per register tile: 2 accumulators a row, plus 2 weight vectors and a broadcast, within
-// the vector registers of the level (32 on AVX-512, 16 below).
+// the vector registers of the level (32 on AVX-512, 16 below; at 6 rows GCC kept one AVX2
+// accumulator on the stack in greedy_head, a store and reload every k).
 template <int L>
 constexpr int tile_rows() {
-  return L == 16 ? 12 : 6;
+  return L == 16 ? 12 : 5;
 }
 
 // The height of the last tile for `rest` (< tile_rows) rows: the smallest of 1, 2, 4, 8 (and

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not cpu_native.is_available(), reason="vllm_lite
 head_on_panels = pytest.mark.skipif(cpu_native.is_available() and cpu_native.cpu_capability() == "default",
                                     reason="the baseline level keeps oneDNN's LM head")
 
-# Row counts around the kernels' tiles (12 rows on AVX-512, 6 below; tails of 1, 2, 4 and 8);
+# Row counts around the kernels' tiles (12 rows on AVX-512, 5 below; tails of 1, 2, 4 and 8);
 # vocabularies around the 32-entry padding and the 16-entry panels.
 ROWS = (1, 2, 3, 5, 8, 12, 13, 25, 64)
 VOCABS = (1, 15, 16, 31, 33, 1000)
