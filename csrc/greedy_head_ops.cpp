@@ -255,32 +255,44 @@ at::Tensor rows_by_tile(const at::Tensor& hidden, int R) {
   return xt;
 }
 
-// Threads for `groups` column groups: each takes a contiguous share of the vocabulary.
-int head_threads(int64_t groups) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
+// What both kernels set up before their threads run: the hidden states by tile, and the
+// vocabulary's column groups, of which each thread takes a contiguous share.
+struct HeadPass {
+  at::Tensor xt;
+  int64_t rows, k_size, lanes, groups;
+  int threads;
+
+  int64_t group_begin(int t) const { return groups * t / threads; }
+  int64_t group_end(int t) const { return groups * (t + 1) / threads; }
+};
+
+HeadPass head_pass(const at::Tensor& hidden, const at::Tensor& panels, int64_t vocab_size) {
+  check_head_args(hidden, panels, vocab_size);
+  const int64_t lanes = isa_lanes();
+  const int64_t groups = (vocab_size + 2 * lanes - 1) / (2 * lanes);
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
+  return {rows_by_tile(hidden, tile_rows_at_level()), hidden.size(0), hidden.size(1), lanes, groups, threads};
 }
 
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& panels, int64_t vocab_size) {
-  check_head_args(hidden, panels, vocab_size);
-  const int64_t rows = hidden.size(0), k_size = hidden.size(1);
+  const HeadPass pass = head_pass(hidden, panels, vocab_size);
+  const int64_t rows = pass.rows, lanes = pass.lanes;
   at::Tensor out = at::empty({rows}, hidden.options().dtype(at::kLong));
   if (rows == 0) return out;
-  const int lanes = isa_lanes();
-  const at::Tensor xt = rows_by_tile(hidden, tile_rows_at_level());
-  const int64_t groups = (vocab_size + 2 * lanes - 1) / (2 * lanes);
-  const int threads = head_threads(groups);
-  at::Tensor best_value = at::full({threads, rows, lanes}, -std::numeric_limits<float>::infinity(), hidden.options());
-  at::Tensor best_tag = at::zeros({threads, rows, lanes}, hidden.options().dtype(at::kInt));
-  const float* xt_data = xt.data_ptr<float>();
+  at::Tensor best_value =
+      at::full({pass.threads, rows, lanes}, -std::numeric_limits<float>::infinity(), hidden.options());
+  at::Tensor best_tag = at::zeros({pass.threads, rows, lanes}, hidden.options().dtype(at::kInt));
+  const float* xt_data = pass.xt.data_ptr<float>();
   const float* panel_data = panels.data_ptr<float>();
   float* value_data = best_value.data_ptr<float>();
   int32_t* tag_data = best_tag.data_ptr<int32_t>();
   const int64_t per_thread = rows * lanes;
+  const int threads = pass.threads;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t) {
     const ArgmaxSink sink{value_data + t * per_thread, tag_data + t * per_thread};
-    head_argmax_groups(xt_data, rows, panel_data, k_size, vocab_size, groups * t / threads,
-                       groups * (t + 1) / threads, sink);
+    head_argmax_groups(xt_data, rows, panel_data, pass.k_size, vocab_size, pass.group_begin(t), pass.group_end(t),
+                       sink);
   }
   // Each (thread, lane) holds the first maximum of its columns: the answer is the largest value,
   // ties to the smallest column.
@@ -305,21 +317,17 @@ at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& panels, int64
 }
 
 at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64_t vocab_size) {
-  check_head_args(hidden, panels, vocab_size);
-  const int64_t rows = hidden.size(0), k_size = hidden.size(1);
-  at::Tensor logits = at::empty({rows, vocab_size}, hidden.options());
-  if (rows == 0) return logits;
-  const int lanes = isa_lanes();
-  const at::Tensor xt = rows_by_tile(hidden, tile_rows_at_level());
-  const int64_t groups = (vocab_size + 2 * lanes - 1) / (2 * lanes);
-  const int threads = head_threads(groups);
-  const float* xt_data = xt.data_ptr<float>();
+  const HeadPass pass = head_pass(hidden, panels, vocab_size);
+  at::Tensor logits = at::empty({pass.rows, vocab_size}, hidden.options());
+  if (pass.rows == 0) return logits;
+  const float* xt_data = pass.xt.data_ptr<float>();
   const float* panel_data = panels.data_ptr<float>();
   const LogitsSink sink{logits.data_ptr<float>(), vocab_size};
+  const int threads = pass.threads;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t)
-    head_logits_groups(xt_data, rows, panel_data, k_size, vocab_size, groups * t / threads, groups * (t + 1) / threads,
-                       sink);
+    head_logits_groups(xt_data, pass.rows, panel_data, pass.k_size, vocab_size, pass.group_begin(t),
+                       pass.group_end(t), sink);
   return logits;
 }
 
