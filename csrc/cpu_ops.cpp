@@ -140,6 +140,13 @@ VLLM_LITE_INLINE void score_tile(float* logits, const V* q, const float* rows, i
   }
 }
 
+// One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim D = C * L. The scores
+// go tile by tile through the cache, each tile's K rows for every KV head of the item before
+// the next tile: one contiguous stretch, where a head at a time strode over whole token rows (a
+// page apart at 8 KV heads of 128: the stream prefetchers never started). Each head's logits are
+// padded to whole vectors with -inf, so the softmax runs on vectors only (exp(-inf) adds 0);
+// the V pass takes the query heads of a KV head two at a time: each V row is loaded once for
+// both, and the sums run 2 * C independent chains.
 template <int D, int L>
 VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h, const float* cache,
                                        const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
@@ -147,44 +154,62 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
                                        std::vector<float>& scratch) {
   typedef VecF<L> V;
   constexpr int C = D / L;
-  const int64_t num_heads = (kv_end - kv_begin) * group;
-  scratch.resize(num_heads * seq_len);
+  const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
+  const int64_t padded = (seq_len + L - 1) / L * L;  // each head's logits, in whole vectors
+  scratch.resize(num_heads * (padded + D));
   float* logits = scratch.data();
+  float* queries = logits + num_heads * padded;  // scaled, [num_heads, D]
+  for (int64_t h = 0; h < num_heads; ++h)
+    for (int k = 0; k < C; ++k) store(queries + h * D + k * L, load<V>(query + h * q_stride_h + k * L) * scale);
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
-  for (int64_t h = 0; h < num_heads; ++h) {
-    V q[C];
-    for (int k = 0; k < C; ++k) q[k] = load<V>(query + h * q_stride_h + k * L) * scale;
-    const int64_t kv_head = kv_begin + h / group;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const float* rows = cache + blocks[b] * c.stride_block + kv_head * c.stride_head;
-      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t t = 0; t < n; t += L) {
-        float* tile_logits = logits + h * seq_len + start + t;
-        const float* tile_rows = rows + t * c.stride_offset;
-        if (n - t >= L)
-          score_tile<C, true>(tile_logits, q, tile_rows, c.stride_offset, L);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const float* k_rows = cache + blocks[b] * c.stride_block + kv_begin * c.stride_head;
+    const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+    for (int64_t t = 0; t < n; t += L) {
+      const int64_t m = std::min<int64_t>(L, n - t);
+      const float* tile = k_rows + t * c.stride_offset;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        V q[C];
+        for (int k = 0; k < C; ++k) q[k] = load<V>(queries + h * D + k * L);
+        const float* rows = tile + (h / group) * c.stride_head;
+        float* tile_logits = logits + h * padded + start + t;
+        if (m == L)
+          score_tile<C, true>(tile_logits, q, rows, c.stride_offset, L);
         else
-          score_tile<C, false>(tile_logits, q, tile_rows, c.stride_offset, n - t);
+          score_tile<C, false>(tile_logits, q, rows, c.stride_offset, m);
       }
     }
   }
   for (int64_t h = 0; h < num_heads; ++h) {
-    const float* p = logits + h * seq_len;
-    mask_leading(logits + h * seq_len, num_masked);
-    const float inv_sum = 1.f / softmax_numerators<V>(logits + h * seq_len, seq_len);
-    const int64_t kv_head = kv_begin + h / group;
-    V acc[C] = {};
-    for (int64_t b = 0; b < num_blocks; ++b) {
-      const float* rows = cache + blocks[b] * c.stride_block + c.stride_kv + kv_head * c.stride_head;
-      const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* v = rows + i * c.stride_offset;
-        const float weight = p[start + i];
+    float* head_logits = logits + h * padded;
+    std::fill(head_logits + seq_len, head_logits + padded, -std::numeric_limits<float>::infinity());
+    mask_leading(head_logits, num_masked);
+    queries[h * D] = 1.f / softmax_numerators<V>(head_logits, padded);  // (the query is spent: its slot keeps 1/sum)
+  }
+  for (int64_t kv = 0; kv < num_kv; ++kv) {
+    for (int64_t g = 0; g < group; g += 2) {
+      const int64_t h0 = kv * group + g;
+      const bool pair = g + 1 < group;
+      const float *p0 = logits + h0 * padded, *p1 = pair ? p0 + padded : p0;
+      V acc0[C] = {}, acc1[C] = {};
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        const float* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
+        const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* v = rows + i * c.stride_offset;
+          const float w0 = p0[start + i], w1 = p1[start + i];
 #pragma GCC unroll 16
-        for (int k = 0; k < C; ++k) acc[k] += weight * load<V>(v + k * L);
+          for (int k = 0; k < C; ++k) {
+            const V row = load<V>(v + k * L);
+            acc0[k] += w0 * row;
+            acc1[k] += w1 * row;
+          }
+        }
       }
+      for (int k = 0; k < C; ++k) store(out + h0 * D + k * L, acc0[k] * queries[h0 * D]);
+      if (pair)
+        for (int k = 0; k < C; ++k) store(out + (h0 + 1) * D + k * L, acc1[k] * queries[(h0 + 1) * D]);
     }
-    for (int k = 0; k < C; ++k) store(out + h * D + k * L, acc[k] * inv_sum);
   }
 }
 

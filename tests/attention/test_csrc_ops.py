@@ -85,6 +85,30 @@ def test_paged_attention_decode(num_q_heads, num_kv_heads, head_dim, block_size)
     assert (out - ref_out).abs().max().item() <= ATOL
 
 
+@native
+# Enough sequences that each work item is a whole sequence (every KV head of it, the tiles taken
+# across the KV heads of a token row), at 1 and 2 threads; groups of 1, 2 and 3 query heads
+# (the V pass takes heads in pairs: odd groups leave one alone).
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(4, 4, 32), (4, 2, 32), (9, 3, 64), (16, 4, 128)])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_attention_decode_whole_sequence_items(num_q_heads, num_kv_heads, head_dim, block_size, threads):
+    specs = [(length, 1) for length in (30, 5, 47, 0, 200, 15, 16, 17, 63, 1, 33, 100)]
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size)
+    ref_out, _ = reference_forward(batch)
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.empty_like(batch.query)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    finally:
+        torch.set_num_threads(previous)
+    assert (out - ref_out).abs().max().item() <= ATOL
+
+
 def _as_float32(batch: PagedBatch) -> PagedBatch:
     """The same values in float32 (bf16 -> fp32 is exact): the reference for a bf16 batch."""
     return dataclasses.replace(batch, query=batch.query.float(), key=batch.key.float(),
