@@ -30,7 +30,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <vector>
 #include <cstring>
 #include <limits>
 
@@ -331,16 +334,389 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64
   return logits;
 }
 
+// ---- greedy_head_screened: the same tokens from int8 dot products first (AVX-512 VNNI) ----
+//
+// Each row's logits are first estimated from int8 codes of the hidden row (per-row scale) and
+// of the weight (per-column scale): exact int32 dot products by vpdpbusd, 4x the multiply-adds of
+// an fp32 FMA per instruction and a quarter of the weight's bytes. E (per row) bounds how far an
+// estimate can be from the fp32 logit greedy_head computes: the rounding of both codes, the fp32
+// dot product's own rounding and the estimate's. A column can be the row's first maximum only if
+// its estimate is within 2E of the largest estimate; those candidates (one to a few a row) are
+// computed again with greedy_head's arithmetic (tile_dot: one FMA chain per column in k order),
+// which decides. A row whose candidates overflow the list, or whose states are not finite, is
+// computed exactly over its whole share. So the tokens are greedy_head's, bit for bit.
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VLLM_LITE_SCREEN 1
+#include <immintrin.h>
+#define VLLM_LITE_SCREEN_TARGET __attribute__((target("arch=x86-64-v4,avx512vnni")))
+#else
+#define VLLM_LITE_SCREEN 0
+#endif
+
+constexpr int kScreenRows = 12;     // rows per VNNI tile (2 accumulators each, as the fp32 tile)
+constexpr int64_t kCandidates = 64;  // per row and thread; past this the row is computed exactly
+constexpr int kStats = 4;           // pack_head_screen's stats rows (see there)
+
+// The codes' largest magnitude for hidden size K: K * max^2 < 2^31, so that every int32 sum of
+// K products (and every partial sum) is exact.
+inline float screen_max_code(int64_t k_size) {
+  return static_cast<float>(std::min<int64_t>(32767, static_cast<int64_t>(std::sqrt(2147483647.0 / k_size))));
+}
+
+bool screen_supported() {
+#if VLLM_LITE_SCREEN
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"));
+  return has && isa_lanes() == 16;
+#else
+  return false;
+#endif
+}
+
+// The weight's int8 codes, per column: scale = max|w| / 127, codes = round(w / scale); laid out
+// by column group (32 columns) and k quad: [groups][k quads][2 vectors][16 columns][4 codes].
+// stats [5, padded columns]: the scale; the sum of the codes (an integer, exact in fp32: 128 times
+// it takes off the +128 of the unsigned hidden codes); and the column's parts of the error bound
+// (quantize_screen_rows): |w - scale * codes|_2, scale * |codes|_2 and 127 * gamma_K * |w|_1.
+std::tuple<at::Tensor, at::Tensor> pack_head_screen(const at::Tensor& weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kFloat && weight.dim() == 2,
+              "pack_head_screen takes a float32 CPU weight [vocab, hidden]");
+  const at::Tensor w = weight.contiguous();
+  const int64_t n = w.size(0), k_size = w.size(1), pairs = (k_size + 1) / 2;
+  TORCH_CHECK(k_size <= 65536, "pack_head_screen: hidden size ", k_size, " past 65,536");
+  const int64_t padded = (n + kPadTo - 1) / kPadTo * kPadTo;
+  const float max_code = screen_max_code(k_size);
+  at::Tensor codes = at::zeros({padded / kPadTo, pairs, 2, 16, 2}, w.options().dtype(at::kShort));
+  at::Tensor stats = at::zeros({kStats, padded}, w.options());
+  const float* src = w.data_ptr<float>();
+  int16_t* dst = codes.data_ptr<int16_t>();
+  float* st = stats.data_ptr<float>();
+  const double gamma = k_size * std::ldexp(1.0, -24) / (1 - k_size * std::ldexp(1.0, -24));
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const float* row = src + c * k_size;
+      float max_abs = 0.f;
+      double l1 = 0.0;
+      for (int64_t k = 0; k < k_size; ++k) {
+        max_abs = std::max(max_abs, std::fabs(row[k]));
+        l1 += std::fabs(row[k]);
+      }
+      const float scale = max_abs > 0.f ? max_abs / max_code : 1.f;
+      double residual2 = 0.0, code2 = 0.0;
+      int16_t* column = dst + (c / kPadTo) * pairs * 64 + ((c % kPadTo) / 16) * 32 + (c % 16) * 2;
+      for (int64_t k = 0; k < k_size; ++k) {
+        const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, row[k] / scale))));
+        column[(k / 2) * 64 + k % 2] = static_cast<int16_t>(code);
+        const double residual = row[k] - static_cast<double>(scale) * code;
+        residual2 += residual * residual;
+        code2 += static_cast<double>(code) * code;
+      }
+      const double up = 1 + std::ldexp(1.0, -16);  // (each rounded up a little: they bound)
+      st[c] = scale;
+      st[padded + c] = static_cast<float>(std::sqrt(residual2) * up);
+      st[2 * padded + c] = static_cast<float>(scale * std::sqrt(code2) * up);
+      st[3 * padded + c] = static_cast<float>(max_code * gamma * l1 * up);
+    }
+  });
+  return {codes, stats};
+}
+
+#if VLLM_LITE_SCREEN
+// One thread's state for one row: the largest estimate so far, the threshold below which no
+// column can win, and the candidates above it (in column order).
+struct ScreenRow {
+  float max_estimate, threshold, error;  // threshold = max_estimate - 2 * error (lowered a little)
+  int32_t count;
+  bool exact;  // candidates overflowed, or the row is not finite: compute the whole share
+};
+
+VLLM_LITE_INLINE float lowered(float threshold) {  // below by a relative 2^-20: fp32 rounding of the subtraction
+  return threshold - std::fabs(threshold) * 0x1p-20f;
+}
+
+// The hidden rows' codes + 128 (unsigned), 4 to a 32-bit word, k-quad major per tile of
+// kScreenRows rows: [tiles][quads][kScreenRows] words; and each row's error bound (or `exact`).
+struct ScreenRows {
+  std::vector<uint32_t> words;
+  std::vector<ScreenRow> rows;
+};
+
+// The column terms' maxima over the vocabulary, for each row's bound.
+struct ColumnBounds {
+  double scale, residual, codes, rounding;
+};
+
+VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, int64_t k_size, const ColumnBounds& columns,
+                                                  ScreenRows& out);
+
+ScreenRows quantize_screen_rows(const float* x, int64_t rows, int64_t k_size, const ColumnBounds& columns) {
+  const int64_t pairs = (k_size + 1) / 2, tiles = (rows + kScreenRows - 1) / kScreenRows;
+  ScreenRows out{std::vector<uint32_t>(tiles * pairs * kScreenRows, 0u), std::vector<ScreenRow>(rows)};
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) quantize_screen_row(x + r * k_size, r, k_size, columns, out);
+  });
+  return out;
+}
+
+VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, int64_t k_size, const ColumnBounds& columns,
+                                                  ScreenRows& out) {
+  const int64_t pairs = (k_size + 1) / 2;
+  const float max_code = screen_max_code(k_size);
+  float max_abs = 0.f;
+  bool finite = true;
+  for (int64_t k = 0; k < k_size; ++k) {
+    finite &= std::isfinite(row[k]);
+    max_abs = std::max(max_abs, std::fabs(row[k]));
+  }
+  ScreenRow& state = out.rows[r];
+  state = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 0.f, 0, false};
+  // Not finite, zero, or so large that a logit could overflow fp32 (where the bound no longer
+  // holds): the row is computed exactly.
+  if (!finite || !(max_abs > 1e-30f) || double(max_abs) * columns.scale * max_code * k_size > 1e36) {
+    state.exact = true;
+    return;
+  }
+  const float scale = max_abs / max_code;
+  int16_t* halves = reinterpret_cast<int16_t*>(out.words.data() + (r / kScreenRows) * pairs * kScreenRows);
+  double norm2 = 0.0, residual2 = 0.0;
+  for (int64_t k = 0; k < k_size; ++k) {
+    const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, row[k] / scale))));
+    halves[((k / 2) * kScreenRows + r % kScreenRows) * 2 + k % 2] = static_cast<int16_t>(code);
+    const double residual = row[k] - static_cast<double>(scale) * code;
+    norm2 += static_cast<double>(row[k]) * row[k];
+    residual2 += residual * residual;
+  }
+  // With x = s q + e and w = t p + f (codes q, p; residuals e, f), the real logit x.w is
+  // s t q.p + x.f + e.(t p): by Cauchy-Schwarz within |x|_2 |f|_2 + |e|_2 |t p|_2 of s times the
+  // estimate t q.p. The fp32 dot product is within gamma_K |x|_inf |w|_1 of the real one, and the
+  // estimate's own fp32 rounding (the int32 sum's conversion, the scaling) within
+  // t * K * max_code^2 * 2^-22. All of it over s: the estimates' units.
+  const double bound = (std::sqrt(norm2) * columns.residual + std::sqrt(residual2) * columns.codes) / scale +
+                       columns.rounding + columns.scale * k_size * max_code * max_code * std::ldexp(1.0, -22);
+  state.error = static_cast<float>(bound * (1 + std::ldexp(1.0, -10)));
+  if (!std::isfinite(state.error)) state.exact = true;
+}
+
+// One tile of R rows against column group `group`: exact int32 sums of (row code + 128) * column
+// code, then the estimates (minus the 128s, times the column scales) compared with each row's
+// threshold; a row with a lane at or above it takes the slow path.
+template <int R>
+VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile(const uint32_t* words, const int16_t* codes, const float* stats,
+                                                          int64_t padded, int64_t quads, int64_t group, int64_t row0,
+                                                          int used, int64_t vocab_size, ScreenRow* states,
+                                                          float* cand_value, int32_t* cand_column) {
+  __m512i acc[R][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  const int16_t* w = codes + group * quads * 64;
+  for (int64_t q = 0; q < quads; ++q) {
+    const __m512i a = _mm512_loadu_si512(w + q * 64);
+    const __m512i b = _mm512_loadu_si512(w + q * 64 + 32);
+    const uint32_t* x = words + q * kScreenRows;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i xr = _mm512_set1_epi32(static_cast<int>(x[r]));
+      acc[r][0] = _mm512_dpwssd_epi32(acc[r][0], xr, a);
+      acc[r][1] = _mm512_dpwssd_epi32(acc[r][1], xr, b);
+    }
+  }
+  // Through memory: indexing the accumulators by the run-time row count below made GCC keep
+  // them on the stack, a store per accumulator every k pair.
+  alignas(64) int32_t sums[R][2][16];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_si512(sums[r][0], acc[r][0]);
+    _mm512_store_si512(sums[r][1], acc[r][1]);
+  }
+  const int64_t column0 = group * 32;
+  __m512 scale[2];
+  for (int v = 0; v < 2; ++v) scale[v] = _mm512_loadu_ps(stats + column0 + 16 * v);
+  // Padding columns past the vocabulary must never raise a row's maximum.
+  const int64_t live = std::min<int64_t>(32, vocab_size - column0);
+  const __mmask16 live_mask[2] = {static_cast<__mmask16>(live >= 16 ? 0xffff : (1u << live) - 1),
+                                  static_cast<__mmask16>(live >= 32 ? 0xffff : live <= 16 ? 0 : (1u << (live - 16)) - 1)};
+  for (int r = 0; r < used; ++r) {
+    ScreenRow& state = states[row0 + r];
+    __m512 estimate[2];
+    __mmask16 above[2];
+    for (int v = 0; v < 2; ++v) {
+      estimate[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[r][v])), scale[v]);
+      above[v] = _mm512_mask_cmp_ps_mask(live_mask[v], estimate[v], _mm512_set1_ps(state.threshold), _CMP_GE_OQ);
+    }
+    if (!(above[0] | above[1]) || state.exact) continue;
+    const float tile_max = std::max(_mm512_mask_reduce_max_ps(live_mask[0], estimate[0]),
+                                    _mm512_mask_reduce_max_ps(live_mask[1], estimate[1]));
+    if (tile_max > state.max_estimate) {
+      state.max_estimate = tile_max;
+      state.threshold = lowered(tile_max - 2 * state.error);
+    }
+    float* values = cand_value + (row0 + r) * kCandidates;
+    int32_t* columns = cand_column + (row0 + r) * kCandidates;
+    for (int v = 0; v < 2 && !state.exact; ++v) {
+      alignas(64) float lanes[16];
+      _mm512_storeu_ps(lanes, estimate[v]);
+      uint32_t bits = _mm512_mask_cmp_ps_mask(live_mask[v], estimate[v], _mm512_set1_ps(state.threshold), _CMP_GE_OQ);
+      while (bits) {
+        const int lane = __builtin_ctz(bits);
+        bits &= bits - 1;
+        if (state.count == kCandidates) {  // drop those the threshold has passed since
+          int32_t kept = 0;
+          for (int32_t i = 0; i < state.count; ++i)
+            if (values[i] >= state.threshold) {
+              values[kept] = values[i];
+              columns[kept++] = columns[i];
+            }
+          state.count = kept;
+          if (kept == kCandidates) {
+            state.exact = true;
+            break;
+          }
+        }
+        values[state.count] = lanes[lane];
+        columns[state.count++] = static_cast<int32_t>(column0 + 16 * v + lane);
+      }
+    }
+  }
+}
+
+VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile_rows(int height, const uint32_t* words, const int16_t* codes,
+                                                               const float* stats, int64_t padded, int64_t quads,
+                                                               int64_t group, int64_t row0, int used,
+                                                               int64_t vocab_size, ScreenRow* states,
+                                                               float* cand_value, int32_t* cand_column) {
+  switch (height) {
+    case 1: return screen_tile<1>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 2: return screen_tile<2>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 4: return screen_tile<4>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 8: return screen_tile<8>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+    default: return screen_tile<kScreenRows>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+  }
+}
+
+// The first maximum of row `x`'s fp32 logits over the columns (candidates, or every column of
+// [group_begin, group_end)), each from tile_dot<16, 1>: greedy_head's arithmetic.
+struct Best {
+  float value;
+  int64_t column;
+};
+
+VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void exact_group(const float* x, const float* panels, int64_t group,
+                                                          int64_t k_size, float* logits) {
+  tile_dot<16, 1>(x, panels, group, k_size, logits);
+}
+
+VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int64_t k_size, int64_t vocab_size,
+                                        const ScreenRow& state, const float* values, const int32_t* columns,
+                                        int64_t group_begin, int64_t group_end) {
+  alignas(64) float logits[32];
+  Best best{-std::numeric_limits<float>::infinity(), -1};
+  if (state.exact || !std::isfinite(state.threshold)) {
+    for (int64_t g = group_begin; g < group_end; ++g) {
+      exact_group(x, panels, g, k_size, logits);
+      for (int64_t j = 0; j < 32 && g * 32 + j < vocab_size; ++j)
+        if (logits[j] > best.value) best = {logits[j], g * 32 + j};
+    }
+    return best;
+  }
+  int64_t computed = -1;
+  for (int32_t i = 0; i < state.count; ++i) {
+    if (values[i] < state.threshold) continue;
+    const int64_t group = columns[i] / 32;
+    if (group != computed) {
+      exact_group(x, panels, group, k_size, logits);
+      computed = group;
+    }
+    const float value = logits[columns[i] % 32];
+    if (value > best.value) best = {value, columns[i]};
+  }
+  return best;
+}
+
+VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const float* x, int64_t rows, int64_t k_size,
+                                          const float* panels, const int16_t* codes, const float* stats,
+                                          int64_t padded, int64_t vocab_size, int64_t group_begin,
+                                          int64_t group_end, Best* best) {
+  const int64_t quads = (k_size + 1) / 2;  // (k pairs)
+  std::vector<ScreenRow> states(quantized.rows);
+  std::vector<float> cand_value(rows * kCandidates);
+  std::vector<int32_t> cand_column(rows * kCandidates);
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (quads * 128));
+  for (int64_t b = group_begin; b < group_end; b += block) {
+    const int64_t b_end = std::min(group_end, b + block);
+    for (int64_t r = 0; r < rows; r += kScreenRows) {
+      const int used = static_cast<int>(std::min<int64_t>(kScreenRows, rows - r));
+      const int height = used == kScreenRows ? kScreenRows : tail_rows(used, kScreenRows);
+      const uint32_t* words = quantized.words.data() + r * quads;
+      for (int64_t g = b; g < b_end; ++g)
+        screen_tile_rows(height, words, codes, stats, padded, quads, g, r, used, vocab_size, states.data(),
+                         cand_value.data(), cand_column.data());
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    ScreenRow& state = states[r];
+    state.threshold = lowered(state.max_estimate - 2 * state.error);
+    best[r] = exact_best(x + r * k_size, panels, k_size, vocab_size, state, cand_value.data() + r * kCandidates,
+                         cand_column.data() + r * kCandidates, group_begin, group_end);
+  }
+}
+#endif
+
+at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& panels, const at::Tensor& codes,
+                                const at::Tensor& stats, int64_t vocab_size) {
+  check_head_args(hidden, panels, vocab_size);
+  const int64_t rows = hidden.size(0), k_size = hidden.size(1), quads = (k_size + 1) / 2;
+  const int64_t padded = panels.size(0) * kPanel;
+  TORCH_CHECK(codes.scalar_type() == at::kShort && codes.is_contiguous() && codes.numel() == padded / kPadTo * quads * 64,
+              "codes must come from pack_head_screen for the same weight");
+  TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.dim() == 2 &&
+                  stats.size(0) == kStats && stats.size(1) == padded,
+              "stats must come from pack_head_screen for the same weight");
+  TORCH_CHECK(screen_supported(), "greedy_head_screened needs AVX-512 with VNNI (head_screen_supported())");
+  TORCH_CHECK(k_size <= 65536, "greedy_head_screened: hidden size ", k_size, " past 65,536 (int32 sums)");
+  at::Tensor out = at::empty({rows}, hidden.options().dtype(at::kLong));
+#if VLLM_LITE_SCREEN
+  if (rows == 0) return out;
+  const at::Tensor x = hidden.contiguous();
+  const float* st = stats.data_ptr<float>();
+  auto column_max = [&](int row) { return static_cast<double>(*std::max_element(st + row * padded, st + row * padded + vocab_size)); };
+  const ColumnBounds bounds{column_max(0), column_max(1), column_max(2), column_max(3)};
+  const ScreenRows quantized = quantize_screen_rows(x.data_ptr<float>(), rows, k_size, bounds);
+  const int64_t groups = (vocab_size + 31) / 32;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
+  std::vector<Best> best(threads * rows);
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; ++t)
+    screen_share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,
+                 padded, vocab_size, groups * t / threads, groups * (t + 1) / threads, best.data() + t * rows);
+  int64_t* result = out.data_ptr<int64_t>();
+  // greedy_head's rule: the first column above -inf with the largest value (NaN never is), else 0;
+  // threads hold increasing columns, so a later one wins only if larger.
+  for (int64_t r = 0; r < rows; ++r) {
+    Best winner{-std::numeric_limits<float>::infinity(), 0};
+    for (int t = 0; t < threads; ++t)
+      if (best[t * rows + r].value > winner.value) winner = best[t * rows + r];
+    result[r] = winner.column;
+  }
+#endif
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(vllm_lite_C, m) {
   m.def("pack_head_panels(Tensor weight) -> Tensor");
   m.def("greedy_head(Tensor hidden, Tensor panels, int vocab_size) -> Tensor");
   m.def("head_logits(Tensor hidden, Tensor panels, int vocab_size) -> Tensor");
+  m.def("pack_head_screen(Tensor weight) -> (Tensor, Tensor)");
+  m.def("greedy_head_screened(Tensor hidden, Tensor panels, Tensor codes, Tensor stats, int vocab_size) -> Tensor");
+  m.def("head_screen_supported() -> bool", [] { return screen_supported(); });
 }
 
 TORCH_LIBRARY_IMPL(vllm_lite_C, CPU, m) {
   m.impl("pack_head_panels", &pack_head_panels);
   m.impl("greedy_head", &greedy_head);
   m.impl("head_logits", &head_logits);
+  m.impl("pack_head_screen", &pack_head_screen);
+  m.impl("greedy_head_screened", &greedy_head_screened);
 }

@@ -149,6 +149,26 @@ def greedy_head(hidden: torch.Tensor, panels: torch.Tensor, vocab_size: int) -> 
     return torch.ops.vllm_lite_C.greedy_head(hidden, panels, vocab_size)
 
 
+def head_screen_supported() -> bool:
+    """Whether `greedy_head_screened` runs here: AVX-512 with VNNI (Intel since Cascade Lake, AMD
+    since Zen 4), the kernels' level not capped below AVX-512."""
+    return torch.ops.vllm_lite_C.head_screen_supported()
+
+
+def pack_head_screen(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 LM head weight's int16 codes (per-column scale) and the per-column terms of
+    `greedy_head_screened`'s error bound (`(codes, stats)`); the weight must be finite."""
+    return torch.ops.vllm_lite_C.pack_head_screen(weight)
+
+
+def greedy_head_screened(hidden: torch.Tensor, panels: torch.Tensor, codes: torch.Tensor, stats: torch.Tensor,
+                         vocab_size: int) -> torch.Tensor:
+    """`greedy_head(hidden, panels, vocab_size)`, the same tokens bit for bit: int16 dot products
+    (VNNI) estimate each logit within a proven bound, and only the columns that could still be a
+    row's first maximum are computed again as greedy_head computes them."""
+    return torch.ops.vllm_lite_C.greedy_head_screened(hidden, panels, codes, stats, vocab_size)
+
+
 def top_k_top_p_sample(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                        uniforms: torch.Tensor) -> torch.Tensor:
     """Random draw per row of float32 `[rows, vocab]` logits after top-k (int64, 0 = off) and

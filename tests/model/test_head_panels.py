@@ -93,6 +93,102 @@ def test_kernels_refuse_mismatched_inputs() -> None:
         cpu_native.greedy_head(torch.randn(2, 8), panels, 65)
     with pytest.raises(RuntimeError, match="float32"):
         cpu_native.greedy_head(torch.randn(2, 8, dtype=torch.float64), panels, 40)
+    if cpu_native.head_screen_supported():
+        codes, stats = cpu_native.pack_head_screen(torch.randn(40, 8))
+        with pytest.raises(RuntimeError, match="pack_head_screen"):
+            cpu_native.greedy_head_screened(torch.randn(2, 8), panels, codes[:1], stats, 40)
+        with pytest.raises(RuntimeError, match="vocab_size"):
+            cpu_native.greedy_head_screened(torch.randn(2, 8), panels, codes, stats, 65)
+
+
+# ---- greedy_head_screened: the same tokens as greedy_head, from int16 estimates first ----
+
+screened = pytest.mark.skipif(not (cpu_native.is_available() and cpu_native.head_screen_supported()),
+                              reason="the int16 screen needs AVX-512 with VNNI")
+
+
+def assert_screened_equals_greedy_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    vocab = weight.shape[0]
+    panels = cpu_native.pack_head_panels(weight)
+    codes, stats = cpu_native.pack_head_screen(weight)
+    expected = cpu_native.greedy_head(x, panels, vocab)
+    tokens = cpu_native.greedy_head_screened(x, panels, codes, stats, vocab)
+    assert tokens.dtype == torch.int64
+    assert tokens.tolist() == expected.tolist()
+    return tokens
+
+
+@screened
+@pytest.mark.parametrize("hidden", [1, 3, 128, 576])
+@pytest.mark.parametrize("vocab", [*VOCABS, 4097])
+def test_screened_tokens_are_greedy_heads(threads: int, vocab: int, hidden: int) -> None:
+    """Rows around the 12-row tile and its tails, vocabularies around the padding, hidden sizes
+    odd (a half-filled last pair of codes) and wide (smaller codes: K * max_code^2 < 2^31)."""
+    for rows in (*ROWS, 40):
+        x, weight = random_case(rows, hidden, vocab, seed=rows * vocab + hidden)
+        assert_screened_equals_greedy_head(x, weight)
+
+
+@screened
+def test_screened_near_ties_are_decided_by_the_fp32_logits(threads: int) -> None:
+    """Pairs of columns whose logits differ far below the int16 codes' resolution (and exact
+    duplicates): the estimates cannot tell them apart, the fp32 recomputation must."""
+    generator = torch.Generator().manual_seed(5)
+    hidden, vocab = 64, 3000
+    weight = torch.randn(vocab, hidden, generator=generator)
+    twins = torch.randint(0, vocab, (200,), generator=generator)
+    weight[-200:] = weight[twins] * (1 + 1e-6 * torch.randn(200, 1, generator=generator))
+    weight[100] = weight[2000]
+    x = torch.cat([weight[twins[:40]] * 3, weight[[100, 2000]], torch.randn(20, hidden, generator=generator)])
+    assert_screened_equals_greedy_head(x, weight)
+
+
+@screened
+def test_screened_coarse_codes_still_give_greedy_heads(threads: int) -> None:
+    """One large activation per row sets its scale, so the other codes keep a few levels each:
+    the estimates' order differs from the logits' near the top, and only the bound (not the
+    estimates) keeps the winner among the candidates."""
+    generator = torch.Generator().manual_seed(9)
+    rows, hidden, vocab = 64, 128, 8192
+    x, weight = torch.randn(rows, hidden, generator=generator), torch.randn(vocab, hidden, generator=generator)
+    x[torch.arange(rows), torch.arange(rows) * 2] = 3000.0
+    weight[:, torch.arange(rows) * 2] = 0.0  # (the outliers then move no logit)
+    assert_screened_equals_greedy_head(x, weight)
+
+
+@screened
+def test_screened_rows_outside_the_bound_are_computed_exactly(threads: int) -> None:
+    """Rows the screen cannot bound (NaN, inf, all zeros, magnitudes that could overflow a logit)
+    and a row with more candidates than its list holds (a thousand identical columns) take the
+    exact pass; all negative logits never lose to the padding."""
+    generator = torch.Generator().manual_seed(6)
+    hidden, vocab = 32, 2100
+    weight = torch.randn(vocab, hidden, generator=generator)
+    weight[1000:2000] = weight[1000]
+    x = torch.randn(9, hidden, generator=generator)
+    x[0, 3] = float("nan")
+    x[1, 4] = float("inf")
+    x[2] = 0.0
+    x[3] *= 1e30
+    x[4] = weight[1000] * 2
+    x[5, 0] = 1e4  # one outlier sets the row's scale: its other codes are coarse
+    tokens = assert_screened_equals_greedy_head(x, weight)
+    assert int(tokens[4]) == 1000
+    negative = -weight.abs()
+    assert_screened_equals_greedy_head(torch.rand(7, hidden, generator=generator) + 0.5, negative[:33])
+
+
+@screened
+def test_an_lm_head_greedy_path_takes_the_screen() -> None:
+    head = ParallelLMHead(300, 24)
+    head.weight.data.copy_(torch.randn(300, 24, generator=torch.Generator().manual_seed(7)))
+    head.process_weights_after_loading()
+    assert head.packed_weight.screen is not None
+    x = torch.randn(9, 24, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(head.greedy_tokens(x), head.compute_logits(x).argmax(dim=-1))
+    not_finite = torch.randn(64, 16)
+    not_finite[3, 3] = float("inf")
+    assert HeadPanels.pack(not_finite).screen is None  # (its codes' scale would be inf)
 
 
 @head_on_panels

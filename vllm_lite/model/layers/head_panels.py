@@ -18,16 +18,32 @@ from vllm_lite import _custom_ops as cpu_native
 
 
 @dataclass(frozen=True, slots=True)
+class HeadScreen:
+    """`pack_head_screen(weight)`: the weight's int16 codes and the column terms of the error
+    bound, for `greedy_head_screened`."""
+
+    codes: torch.Tensor
+    stats: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
 class HeadPanels:
     """`panels`: `pack_head_panels(weight)`; `out_features`: the weight's rows (this rank's
-    vocabulary slice)."""
+    vocabulary slice); `screen`: the int16 screen of greedy steps, on CPUs with AVX-512 VNNI
+    (half the head's fp32 bytes again; greedy steps then read half the bytes and do half the
+    multiply instructions), else None."""
 
     panels: torch.Tensor
     out_features: int
+    screen: HeadScreen | None = None
 
     @staticmethod
     def pack(weight: torch.Tensor) -> HeadPanels:
-        return HeadPanels(cpu_native.pack_head_panels(weight.detach()), weight.shape[0])
+        weight = weight.detach()
+        screen = None
+        if cpu_native.head_screen_supported() and bool(torch.isfinite(weight).all()):
+            screen = HeadScreen(*cpu_native.pack_head_screen(weight))
+        return HeadPanels(cpu_native.pack_head_panels(weight), weight.shape[0], screen)
 
 
 def head_panels_usable(weight: torch.Tensor) -> bool:
@@ -49,4 +65,7 @@ def head_linear(x: torch.Tensor, weight: HeadPanels, bias: torch.Tensor | None) 
 def greedy_tokens(x: torch.Tensor, weight: HeadPanels) -> torch.Tensor:
     """The argmax of `head_linear(x, weight)` over its last dimension (first maximum), int64
     `[rows]` for x `[rows, hidden]`, the logits never written."""
+    if weight.screen is not None:
+        return cpu_native.greedy_head_screened(x.float(), weight.panels, weight.screen.codes, weight.screen.stats,
+                                               weight.out_features)
     return cpu_native.greedy_head(x.float(), weight.panels, weight.out_features)
