@@ -9,6 +9,9 @@
 //   greedy_head(hidden, panels, vocab_size) -> int64 [rows]
 //       the argmax of those logits, the first index of the maximum (torch.argmax's rule), as
 //       argmax_rows over head_logits' output gives.
+//   pack_head_screen(weight) -> (int16 codes, float32 stats)   [AVX-512 VNNI: head_screen_supported()]
+//   greedy_head_screened(hidden, panels, codes, stats, vocab_size) -> int64 [rows]
+//       greedy_head's tokens, bit for bit, from int16 estimates first (see its section below).
 //
 // Why: in an all-greedy decode step of a small model at a large batch, the LM head writes
 // rows x vocab float32 logits (32 MB at 1,024 rows x 8,192) that the argmax then reads back once;
@@ -334,17 +337,20 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64
   return logits;
 }
 
-// ---- greedy_head_screened: the same tokens from int8 dot products first (AVX-512 VNNI) ----
+// ---- greedy_head_screened: the same tokens, from int16 dot products first (AVX-512 VNNI) ----
 //
-// Each row's logits are first estimated from int8 codes of the hidden row (per-row scale) and
-// of the weight (per-column scale): exact int32 dot products by vpdpbusd, 4x the multiply-adds of
-// an fp32 FMA per instruction and a quarter of the weight's bytes. E (per row) bounds how far an
-// estimate can be from the fp32 logit greedy_head computes: the rounding of both codes, the fp32
-// dot product's own rounding and the estimate's. A column can be the row's first maximum only if
-// its estimate is within 2E of the largest estimate; those candidates (one to a few a row) are
-// computed again with greedy_head's arithmetic (tile_dot: one FMA chain per column in k order),
-// which decides. A row whose candidates overflow the list, or whose states are not finite, is
-// computed exactly over its whole share. So the tokens are greedy_head's, bit for bit.
+// Each row's logits are first estimated from int16 codes of the hidden row (per-row scale) and
+// of the weight (per-column scale): exact int32 dot products by vpdpwssd, twice the
+// multiply-adds of an fp32 FMA per instruction, over half the weight's bytes. E (per row) bounds
+// how far an estimate can be from the fp32 logit greedy_head computes: the rounding of both
+// codes, the fp32 dot product's own rounding and the estimate's. A column can be the row's first
+// maximum only if its estimate is within 2E of the largest estimate; those candidates (one to a
+// few a row) are computed again with greedy_head's arithmetic (tile_dot: one FMA chain per column
+// in k order), which decides. A row whose candidates overflow the list, or which the bound cannot
+// cover (not finite, zero, large enough to overflow a logit), is computed exactly over its whole
+// share. So the tokens are greedy_head's, bit for bit. (int8 codes, 4x the multiply-adds, were
+// tried first: the proven bound is ~10x the actual error, which at 576 -> 49,152 left ~38
+// candidates a row.)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define VLLM_LITE_SCREEN 1
@@ -374,11 +380,10 @@ bool screen_supported() {
 #endif
 }
 
-// The weight's int8 codes, per column: scale = max|w| / 127, codes = round(w / scale); laid out
-// by column group (32 columns) and k quad: [groups][k quads][2 vectors][16 columns][4 codes].
-// stats [5, padded columns]: the scale; the sum of the codes (an integer, exact in fp32: 128 times
-// it takes off the +128 of the unsigned hidden codes); and the column's parts of the error bound
-// (quantize_screen_rows): |w - scale * codes|_2, scale * |codes|_2 and 127 * gamma_K * |w|_1.
+// The weight's int16 codes, per column: scale = max|w| / max_code, codes = round(w / scale); laid
+// out by column group (32 columns) and k pair: [groups][k pairs][2 vectors][16 columns][2 codes].
+// stats [4, padded columns]: the scale and the column's parts of the error bound
+// (quantize_screen_row): |w - scale * codes|_2, scale * |codes|_2, max_code * gamma_K * |w|_1.
 std::tuple<at::Tensor, at::Tensor> pack_head_screen(const at::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kFloat && weight.dim() == 2,
               "pack_head_screen takes a float32 CPU weight [vocab, hidden]");
@@ -435,8 +440,8 @@ VLLM_LITE_INLINE float lowered(float threshold) {  // below by a relative 2^-20:
   return threshold - std::fabs(threshold) * 0x1p-20f;
 }
 
-// The hidden rows' codes + 128 (unsigned), 4 to a 32-bit word, k-quad major per tile of
-// kScreenRows rows: [tiles][quads][kScreenRows] words; and each row's error bound (or `exact`).
+// The hidden rows' int16 codes, 2 to a 32-bit word, k-pair major per tile of kScreenRows rows:
+// [tiles][pairs][kScreenRows] words; and each row's error bound (or `exact`).
 struct ScreenRows {
   std::vector<uint32_t> words;
   std::vector<ScreenRow> rows;
@@ -498,19 +503,19 @@ VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, in
   if (!std::isfinite(state.error)) state.exact = true;
 }
 
-// One tile of R rows against column group `group`: exact int32 sums of (row code + 128) * column
-// code, then the estimates (minus the 128s, times the column scales) compared with each row's
-// threshold; a row with a lane at or above it takes the slow path.
+// One tile of R rows against column group `group`: exact int32 sums of row code * column code,
+// then the estimates (times the column scales) compared with each row's threshold; a row with a
+// lane at or above it takes the slow path.
 template <int R>
 VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile(const uint32_t* words, const int16_t* codes, const float* stats,
-                                                          int64_t padded, int64_t quads, int64_t group, int64_t row0,
+                                                          int64_t padded, int64_t pairs, int64_t group, int64_t row0,
                                                           int used, int64_t vocab_size, ScreenRow* states,
                                                           float* cand_value, int32_t* cand_column) {
   __m512i acc[R][2];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-  const int16_t* w = codes + group * quads * 64;
-  for (int64_t q = 0; q < quads; ++q) {
+  const int16_t* w = codes + group * pairs * 64;
+  for (int64_t q = 0; q < pairs; ++q) {
     const __m512i a = _mm512_loadu_si512(w + q * 64);
     const __m512i b = _mm512_loadu_si512(w + q * 64 + 32);
     const uint32_t* x = words + q * kScreenRows;
@@ -581,16 +586,16 @@ VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile(const uint32_t* words,
 }
 
 VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile_rows(int height, const uint32_t* words, const int16_t* codes,
-                                                               const float* stats, int64_t padded, int64_t quads,
+                                                               const float* stats, int64_t padded, int64_t pairs,
                                                                int64_t group, int64_t row0, int used,
                                                                int64_t vocab_size, ScreenRow* states,
                                                                float* cand_value, int32_t* cand_column) {
   switch (height) {
-    case 1: return screen_tile<1>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
-    case 2: return screen_tile<2>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
-    case 4: return screen_tile<4>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
-    case 8: return screen_tile<8>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
-    default: return screen_tile<kScreenRows>(words, codes, stats, padded, quads, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 1: return screen_tile<1>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 2: return screen_tile<2>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 4: return screen_tile<4>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
+    case 8: return screen_tile<8>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
+    default: return screen_tile<kScreenRows>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
   }
 }
 
@@ -637,19 +642,19 @@ VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const flo
                                           const float* panels, const int16_t* codes, const float* stats,
                                           int64_t padded, int64_t vocab_size, int64_t group_begin,
                                           int64_t group_end, Best* best) {
-  const int64_t quads = (k_size + 1) / 2;  // (k pairs)
+  const int64_t pairs = (k_size + 1) / 2;
   std::vector<ScreenRow> states(quantized.rows);
   std::vector<float> cand_value(rows * kCandidates);
   std::vector<int32_t> cand_column(rows * kCandidates);
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / (quads * 128));
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / (pairs * 128));
   for (int64_t b = group_begin; b < group_end; b += block) {
     const int64_t b_end = std::min(group_end, b + block);
     for (int64_t r = 0; r < rows; r += kScreenRows) {
       const int used = static_cast<int>(std::min<int64_t>(kScreenRows, rows - r));
       const int height = used == kScreenRows ? kScreenRows : tail_rows(used, kScreenRows);
-      const uint32_t* words = quantized.words.data() + r * quads;
+      const uint32_t* words = quantized.words.data() + r * pairs;
       for (int64_t g = b; g < b_end; ++g)
-        screen_tile_rows(height, words, codes, stats, padded, quads, g, r, used, vocab_size, states.data(),
+        screen_tile_rows(height, words, codes, stats, padded, pairs, g, r, used, vocab_size, states.data(),
                          cand_value.data(), cand_column.data());
     }
   }
@@ -665,9 +670,9 @@ VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const flo
 at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& panels, const at::Tensor& codes,
                                 const at::Tensor& stats, int64_t vocab_size) {
   check_head_args(hidden, panels, vocab_size);
-  const int64_t rows = hidden.size(0), k_size = hidden.size(1), quads = (k_size + 1) / 2;
+  const int64_t rows = hidden.size(0), k_size = hidden.size(1), pairs = (k_size + 1) / 2;
   const int64_t padded = panels.size(0) * kPanel;
-  TORCH_CHECK(codes.scalar_type() == at::kShort && codes.is_contiguous() && codes.numel() == padded / kPadTo * quads * 64,
+  TORCH_CHECK(codes.scalar_type() == at::kShort && codes.is_contiguous() && codes.numel() == padded / kPadTo * pairs * 64,
               "codes must come from pack_head_screen for the same weight");
   TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.dim() == 2 &&
                   stats.size(0) == kStats && stats.size(1) == padded,
