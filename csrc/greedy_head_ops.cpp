@@ -361,7 +361,10 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64
 #endif
 
 constexpr int kScreenRows = 12;     // rows per VNNI tile (2 accumulators each, as the fp32 tile)
-constexpr int64_t kCandidates = 64;  // per row and thread; past this the row is computed exactly
+constexpr int64_t kCandidates = 128;  // per row and thread; past this the row is computed exactly
+// A recomputed column costs about this many of greedy_head's: one row's FMA chains wait on their
+// latency where a 12-row tile keeps 24 going.
+constexpr double kRecomputeCost = 4.0;
 constexpr int kStats = 4;           // pack_head_screen's stats rows (see there)
 
 // The codes' largest magnitude for hidden size K: K * max^2 < 2^31, so that every int32 sum of
@@ -611,12 +614,14 @@ VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void exact_group(const float* x, const 
   tile_dot<16, 1>(x, panels, group, k_size, logits);
 }
 
+// `recomputed`: the columns computed again (a group of 32 at a time).
 VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int64_t k_size, int64_t vocab_size,
                                         const ScreenRow& state, const float* values, const int32_t* columns,
-                                        int64_t group_begin, int64_t group_end) {
+                                        int64_t group_begin, int64_t group_end, int64_t& recomputed) {
   alignas(64) float logits[32];
   Best best{-std::numeric_limits<float>::infinity(), -1};
   if (state.exact || !std::isfinite(state.threshold)) {
+    recomputed += (group_end - group_begin) * 32;
     for (int64_t g = group_begin; g < group_end; ++g) {
       exact_group(x, panels, g, k_size, logits);
       for (int64_t j = 0; j < 32 && g * 32 + j < vocab_size; ++j)
@@ -631,6 +636,7 @@ VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int
     if (group != computed) {
       exact_group(x, panels, group, k_size, logits);
       computed = group;
+      recomputed += 32;
     }
     const float value = logits[columns[i] % 32];
     if (value > best.value) best = {value, columns[i]};
@@ -641,7 +647,7 @@ VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int
 VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const float* x, int64_t rows, int64_t k_size,
                                           const float* panels, const int16_t* codes, const float* stats,
                                           int64_t padded, int64_t vocab_size, int64_t group_begin,
-                                          int64_t group_end, Best* best) {
+                                          int64_t group_end, Best* best, int64_t& recomputed) {
   const int64_t pairs = (k_size + 1) / 2;
   std::vector<ScreenRow> states(quantized.rows);
   std::vector<float> cand_value(rows * kCandidates);
@@ -662,13 +668,17 @@ VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const flo
     ScreenRow& state = states[r];
     state.threshold = lowered(state.max_estimate - 2 * state.error);
     best[r] = exact_best(x + r * k_size, panels, k_size, vocab_size, state, cand_value.data() + r * kCandidates,
-                         cand_column.data() + r * kCandidates, group_begin, group_end);
+                         cand_column.data() + r * kCandidates, group_begin, group_end, recomputed);
   }
 }
 #endif
 
-at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& panels, const at::Tensor& codes,
-                                const at::Tensor& stats, int64_t vocab_size) {
+// Returns the tokens and the recomputation's cost as a share of greedy_head's over the same rows
+// (kRecomputeCost per column recomputed): where it nears the screen's own saving (about half),
+// the screen does not pay for these hidden states (head_panels.py then stops taking it).
+std::tuple<at::Tensor, double> greedy_head_screened(const at::Tensor& hidden, const at::Tensor& panels,
+                                                    const at::Tensor& codes, const at::Tensor& stats,
+                                                    int64_t vocab_size) {
   check_head_args(hidden, panels, vocab_size);
   const int64_t rows = hidden.size(0), k_size = hidden.size(1), pairs = (k_size + 1) / 2;
   const int64_t padded = panels.size(0) * kPanel;
@@ -680,8 +690,9 @@ at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& pane
   TORCH_CHECK(screen_supported(), "greedy_head_screened needs AVX-512 with VNNI (head_screen_supported())");
   TORCH_CHECK(k_size <= 65536, "greedy_head_screened: hidden size ", k_size, " past 65,536 (int32 sums)");
   at::Tensor out = at::empty({rows}, hidden.options().dtype(at::kLong));
+  double cost = 0.0;
 #if VLLM_LITE_SCREEN
-  if (rows == 0) return out;
+  if (rows == 0) return {out, cost};
   const at::Tensor x = hidden.contiguous();
   const float* st = stats.data_ptr<float>();
   auto column_max = [&](int row) { return static_cast<double>(*std::max_element(st + row * padded, st + row * padded + vocab_size)); };
@@ -690,10 +701,14 @@ at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& pane
   const int64_t groups = (vocab_size + 31) / 32;
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
   std::vector<Best> best(threads * rows);
+  std::vector<int64_t> recomputed(threads, 0);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t)
     screen_share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,
-                 padded, vocab_size, groups * t / threads, groups * (t + 1) / threads, best.data() + t * rows);
+                 padded, vocab_size, groups * t / threads, groups * (t + 1) / threads, best.data() + t * rows,
+                 recomputed[t]);
+  for (const int64_t columns : recomputed) cost += kRecomputeCost * columns;
+  cost /= static_cast<double>(rows) * groups * 32;
   int64_t* result = out.data_ptr<int64_t>();
   // greedy_head's rule: the first column above -inf with the largest value (NaN never is), else 0;
   // threads hold increasing columns, so a later one wins only if larger.
@@ -704,7 +719,7 @@ at::Tensor greedy_head_screened(const at::Tensor& hidden, const at::Tensor& pane
     result[r] = winner.column;
   }
 #endif
-  return out;
+  return {out, cost};
 }
 
 }  // namespace
@@ -714,7 +729,7 @@ TORCH_LIBRARY_FRAGMENT(vllm_lite_C, m) {
   m.def("greedy_head(Tensor hidden, Tensor panels, int vocab_size) -> Tensor");
   m.def("head_logits(Tensor hidden, Tensor panels, int vocab_size) -> Tensor");
   m.def("pack_head_screen(Tensor weight) -> (Tensor, Tensor)");
-  m.def("greedy_head_screened(Tensor hidden, Tensor panels, Tensor codes, Tensor stats, int vocab_size) -> Tensor");
+  m.def("greedy_head_screened(Tensor hidden, Tensor panels, Tensor codes, Tensor stats, int vocab_size) -> (Tensor, float)");
   m.def("head_screen_supported() -> bool", [] { return screen_supported(); });
 }
 

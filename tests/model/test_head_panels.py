@@ -14,7 +14,7 @@ from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from vllm_lite.model.layers.head_panels import HeadPanels
+from vllm_lite.model.layers.head_panels import SCREEN_MAX_COST, SCREEN_TRIAL_CALLS, HeadPanels, greedy_tokens
 
 pytestmark = pytest.mark.skipif(not cpu_native.is_available(), reason="vllm_lite._C is not built")
 # The LM head takes the kernels at AVX2 and AVX-512 only (head_panels_usable).
@@ -112,8 +112,9 @@ def assert_screened_equals_greedy_head(x: torch.Tensor, weight: torch.Tensor) ->
     panels = cpu_native.pack_head_panels(weight)
     codes, stats = cpu_native.pack_head_screen(weight)
     expected = cpu_native.greedy_head(x, panels, vocab)
-    tokens = cpu_native.greedy_head_screened(x, panels, codes, stats, vocab)
+    tokens, cost = cpu_native.greedy_head_screened(x, panels, codes, stats, vocab)
     assert tokens.dtype == torch.int64
+    assert cost >= 0.0
     assert tokens.tolist() == expected.tolist()
     return tokens
 
@@ -189,6 +190,25 @@ def test_an_lm_head_greedy_path_takes_the_screen() -> None:
     not_finite = torch.randn(64, 16)
     not_finite[3, 3] = float("inf")
     assert HeadPanels.pack(not_finite).screen is None  # (its codes' scale would be inf)
+
+
+@screened
+def test_a_screen_that_does_not_pay_is_dropped() -> None:
+    """Hidden states the bound cannot narrow (every column a candidate: identical columns) cost a
+    full recomputation each call: after the trial calls the head drops its screen and takes
+    greedy_head; random states keep it. The tokens are greedy_head's throughout."""
+    generator = torch.Generator().manual_seed(10)
+    weight = torch.randn(4000, 32, generator=generator)
+    costly, cheap = HeadPanels.pack(weight.clone()), HeadPanels.pack(weight.clone())
+    costly.screen.stats[1:3] *= 1e6  # (widens the bound: every column stays a candidate)
+    x = torch.randn(16, 32, generator=generator)
+    expected = cpu_native.greedy_head(x, costly.panels, 4000)
+    for call in range(SCREEN_TRIAL_CALLS):
+        assert costly.screen.active == (call < SCREEN_TRIAL_CALLS)
+        assert torch.equal(greedy_tokens(x, costly), expected) and torch.equal(greedy_tokens(x, cheap), expected)
+    assert not costly.screen.active and costly.screen.mean_cost > SCREEN_MAX_COST
+    assert cheap.screen.active and cheap.screen.mean_cost < SCREEN_MAX_COST
+    assert torch.equal(greedy_tokens(x, costly), expected)
 
 
 @head_on_panels
