@@ -20,8 +20,9 @@ def _sleep_forever() -> None:
         time.sleep(1)
 
 
-def _ignore_sigterm() -> None:
+def _ignore_sigterm(ready: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.send(True)
     _sleep_forever()
 
 
@@ -43,8 +44,9 @@ def test_stop_processes_reaps_a_child_that_was_killed_already() -> None:
 
 
 def test_stop_processes_escalates_to_sigkill() -> None:
-    proc = spawn(_ignore_sigterm, (), name="lifecycle-test")
-    time.sleep(0.5)  # let it install its handler
+    ready, ready_child = multiprocessing.Pipe(duplex=False)
+    proc = spawn(_ignore_sigterm, (ready_child,), name="lifecycle-test")
+    assert ready.poll(60)  # its handler is installed (a sleep was too short on a loaded machine)
     stop_processes([proc], grace_s=0.0, terminate_timeout_s=0.5)
     assert proc.exitcode == -signal.SIGKILL and _is_zombie_or_gone(proc.pid) == "gone"
 

@@ -10,8 +10,11 @@ import time
 from collections import deque
 
 import numpy as np
+import pytest
 
+from vllm_lite.executor import multiproc
 from vllm_lite.executor.multiproc import MultiprocExecutor
+from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.executor.step_order import HeldSteps
 from vllm_lite.lifecycle import ProcessResources
 from vllm_lite.wire import ModelRunnerOutput, WorkerReply
@@ -53,10 +56,13 @@ def _sleeps() -> None:
     time.sleep(30)
 
 
-def test_a_rank_s_error_names_the_rank_that_died() -> None:
+def test_a_rank_s_error_names_the_rank_that_died(monkeypatch: pytest.MonkeyPatch) -> None:
     """When a rank dies mid-step, a surviving rank's collective fails too, and its error (a reset
     connection) may reach the executor before the death watch's notice: the reason must still
     name the dead rank (waiting a moment for its exit to show), and not twice."""
+    # A forked child can take more than the executor's 1 s grace to exit on a loaded machine; the
+    # wait ends at the exit, so a longer grace costs nothing here.
+    monkeypatch.setattr(multiproc, "PEER_DEATH_GRACE_S", 60.0)
     ctx = multiprocessing.get_context("fork")  # children that run no torch: fork starts them at once
     survivor = ctx.Process(target=_sleeps, name="vllm_lite-rank0", daemon=True)
     victim = ctx.Process(target=_exits_at_once, name="vllm_lite-rank1", daemon=True)
@@ -70,6 +76,7 @@ def test_a_rank_s_error_names_the_rank_that_died() -> None:
         already_named = "vllm_lite-rank1 (pid 1) exited with code -9"
         assert executor._with_dead_ranks(already_named) == already_named
         victim.join()
+        monkeypatch.setattr(multiproc, "PEER_DEATH_GRACE_S", 1.0)
         executor._res = ProcessResources(procs=[survivor])  # everyone alive: the error as it came
         start = time.monotonic()
         assert executor._with_dead_ranks("rank 0: boom") == "rank 0: boom"
@@ -78,3 +85,41 @@ def test_a_rank_s_error_names_the_rank_that_died() -> None:
         survivor.kill()
         survivor.join()
         victim.join()
+
+
+class _Replies:
+    """The executor's reply socket, as far as `_receive_reply` uses it: queued replies, already
+    decoded (the codec below passes them through)."""
+
+    def __init__(self, replies: list[WorkerReply]) -> None:
+        self.queue = deque(replies)
+
+    def recv_multipart(self, copy: bool = True) -> WorkerReply:
+        return self.queue.popleft()
+
+    def poll(self, timeout_ms: int) -> bool:
+        return bool(self.queue)
+
+
+class _PassThrough:
+    @staticmethod
+    def decode_reply(reply: WorkerReply) -> WorkerReply:
+        return reply
+
+
+def test_a_death_notice_waits_for_the_dead_rank_s_own_error() -> None:
+    """A rank that fails sends its error and exits; the death watch's notice of the exit may
+    arrive first. The engine's error must still carry the rank's cause."""
+    executor = object.__new__(MultiprocExecutor)
+    executor._res = ProcessResources(procs=[])
+    executor.codec = _PassThrough()
+    executor._dead_reason = None
+    notice = WorkerReply(error="vllm_lite-rank1 (pid 7) exited with code 1", death_notice=True)
+    executor._replies = _Replies([notice, WorkerReply(rank=0), WorkerReply(rank=1, error="rank 1: RuntimeError: boom")])
+    with pytest.raises(EngineDeadError, match="rank 1: RuntimeError: boom"):
+        executor._receive_reply()
+    executor = object.__new__(MultiprocExecutor)  # no error follows: the notice is the reason
+    executor._res, executor.codec, executor._dead_reason = ProcessResources(procs=[]), _PassThrough(), None
+    executor._replies = _Replies([notice])
+    with pytest.raises(EngineDeadError, match="exited with code 1"):
+        executor._receive_reply()

@@ -30,7 +30,9 @@ queued; the engine core frees the request when the output arrives, and discards 
 flight still returns for it). A rank whose step raises replies with the error, its rank
 named, and exits: the step raises `EngineDeadError` with that error. A `lifecycle.DeathWatch`
 waits on the rank processes' sentinels; when one dies it posts an error reply into the reply
-channel, so a waiting step wakes and raises (within milliseconds), as does every later call.
+channel, so a waiting step wakes and raises (within milliseconds; up to RANK_ERROR_GRACE_S more
+while the dead rank's own error, which names the cause, may still be on its way), as does every
+later call.
 Ranks on other nodes are not watched from here: their death surfaces on node 0 when rank 0's
 next collective fails.
 """
@@ -65,6 +67,7 @@ logger = logging.getLogger(__name__)
 WORKER_START_TIMEOUT_S = 600.0  # model loading on every rank, other nodes included
 SHUTDOWN_TIMEOUT_S = 5.0
 PEER_DEATH_GRACE_S = 1.0  # after a rank's error: how long to wait for another rank's exit to show
+RANK_ERROR_GRACE_S = 0.25  # after a death notice: how long to wait for the dead rank's own error
 
 
 class MultiprocExecutor(Executor):
@@ -227,9 +230,24 @@ class MultiprocExecutor(Executor):
     def _receive_reply(self) -> WorkerReply:
         reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
         if reply.error is not None:
-            self._dead_reason = self._with_dead_ranks(reply.error)
+            error = self._rank_error_after_notice() if reply.death_notice else None
+            self._dead_reason = self._with_dead_ranks(error or reply.error)
             self._check_alive()
         return reply
+
+    def _rank_error_after_notice(self) -> str | None:
+        """A rank that fails sends its error, then exits; the death watch's notice of that exit
+        may still arrive first (the rank's message leaves through its own socket's I/O thread
+        as the process ends). The rank's error names the cause: waits up to RANK_ERROR_GRACE_S
+        for it (replies without an error are dropped: the engine is dead either way)."""
+        deadline = time.monotonic() + RANK_ERROR_GRACE_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._replies.poll(int(left * 1000) + 1):
+                return None
+            reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
+            if reply.error is not None and not reply.death_notice:
+                return reply.error
+        return None
 
     def _with_dead_ranks(self, error: str) -> str:
         """A rank's error, preceded by the ranks that have exited: when a rank dies mid-step, the
@@ -259,5 +277,5 @@ class _DeathNotice:
         logger.error("tensor-parallel worker died: %s", reason)
         notice = self.ctx.socket(zmq.PUSH)
         notice.connect(self.replies_addr)
-        notice.send(msgspec.msgpack.encode(WorkerReply(error=reason)))
+        notice.send(msgspec.msgpack.encode(WorkerReply(error=reason, death_notice=True)))
         notice.close(linger=1000)

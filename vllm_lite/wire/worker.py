@@ -75,3 +75,4 @@ class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     rank: int = 0
     failed: dict[str, str] | None = None  # ranks > 0: request id -> why it failed on this rank
     kv_cache_budget: int | None = None  # the reply to MeasureMemory
+    death_notice: bool = False  # posted by the executor's death watch, not by a rank
