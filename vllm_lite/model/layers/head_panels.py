@@ -7,7 +7,7 @@ in place of oneDNN's packed copy: the same weight bytes, and two entry points.
   rows of a small model's vocabulary the logits are 32 MB a step, written by the LM head and read
   back once by the argmax (benchmarks/RESULTS.md, twenty-fifth session). On a CPU with AVX-512
   VNNI the greedy tokens are screened first by int16 dot products with a proven error bound
-  (`greedy_head_screened`: the same tokens, ~1.6-2x faster where the bound is narrow), as long
+  (`greedy_head_screened`: the same tokens, 1.3-1.9x faster where the bound is narrow), as long
   as the screen pays for the model's hidden states (`HeadScreen`).
 """
 
