@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py requirements.txt requirements-test.txt csrc/cpu_ops.cpp csrc/sampler_ops.cpp csrc/grammar_ops.cpp csrc/gguf_ops.cpp csrc/layer_ops.cpp csrc/int8_ops.cpp csrc/kv_int8_ops.cpp csrc/bf16_linear_ops.cpp csrc/prefill_attention_ops.cpp csrc/cpu_amx.h csrc/cpu_attention.h csrc/cpu_multiversion.h csrc/cpu_rows.h csrc/cpu_vec.h
+# (every csrc source: a new one missing here left a checkout's extension stale after `git pull`)
+$(STAMP): setup.py requirements.txt requirements-test.txt $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned first so nothing below pulls another build: on these CPU machines pip takes the
