@@ -230,24 +230,24 @@ class MultiprocExecutor(Executor):
     def _receive_reply(self) -> WorkerReply:
         reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
         if reply.error is not None:
-            error = self._rank_error_after_notice() if reply.death_notice else None
-            self._dead_reason = self._with_dead_ranks(error or reply.error)
+            errors = self._rank_errors_after(reply)
+            self._dead_reason = self._with_dead_ranks("; ".join(errors) if errors else reply.error)
             self._check_alive()
         return reply
 
-    def _rank_error_after_notice(self) -> str | None:
-        """A rank that fails sends its error, then exits; the death watch's notice of that exit
-        may still arrive first (the rank's message leaves through its own socket's I/O thread
-        as the process ends). The rank's error names the cause: waits up to RANK_ERROR_GRACE_S
-        for it (replies without an error are dropped: the engine is dead either way)."""
+    def _rank_errors_after(self, first: WorkerReply) -> list[str]:
+        """The ranks' own errors, the first one's and those arriving within RANK_ERROR_GRACE_S
+        after it. A rank that fails sends its error, then exits; the death watch's notice of that
+        exit, or another rank's error from a collective the dead rank left (the symptom), may
+        still arrive first (the rank's message leaves through its own socket's I/O thread as the
+        process ends). Replies without an error are dropped: the engine is dead either way."""
+        errors = [] if first.death_notice else [first.error]
         deadline = time.monotonic() + RANK_ERROR_GRACE_S
-        while (left := deadline - time.monotonic()) > 0:
-            if not self._replies.poll(int(left * 1000) + 1):
-                return None
+        while (left := deadline - time.monotonic()) > 0 and self._replies.poll(int(left * 1000) + 1):
             reply = self.codec.decode_reply(self._replies.recv_multipart(copy=False))
-            if reply.error is not None and not reply.death_notice:
-                return reply.error
-        return None
+            if reply.error is not None and not reply.death_notice and reply.error not in errors:
+                errors.append(reply.error)
+        return errors
 
     def _with_dead_ranks(self, error: str) -> str:
         """A rank's error, preceded by the ranks that have exited: when a rank dies mid-step, the
