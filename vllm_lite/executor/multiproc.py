@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 WORKER_START_TIMEOUT_S = 600.0  # model loading on every rank, other nodes included
 SHUTDOWN_TIMEOUT_S = 5.0
 PEER_DEATH_GRACE_S = 1.0  # after a rank's error: how long to wait for another rank's exit to show
-RANK_ERROR_GRACE_S = 0.25  # after a death notice: how long to wait for the dead rank's own error
+RANK_ERROR_GRACE_S = 1.0  # after a first error: how long to wait for the ranks' own errors
 
 
 class MultiprocExecutor(Executor):

@@ -143,7 +143,9 @@ class WorkerProc:
         """The last message of this rank: sent before the process exits (the context's
         linger is 0, so the socket is closed with a linger of its own)."""
         self.replies.send_multipart(self.codec.encode_reply(WorkerReply(rank=self.rank, error=error)))
-        self.replies.close(linger=int(DISCONNECT_GRACE_S * 1000))
+        # Closed with the context, which waits (up to the linger) for the message to leave: the
+        # process exits by os._exit, where a socket closed alone could drop it unsent.
+        self.ctx.destroy(linger=int(DISCONNECT_GRACE_S * 1000))
 
 
 def _limit_threads(ranks_per_node: int) -> None:
