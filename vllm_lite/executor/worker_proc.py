@@ -140,11 +140,10 @@ class WorkerProc:
         return WorkerReply(rank=self.rank, failed=output.failed)
 
     def _send_error(self, error: str) -> None:
-        """The last message of this rank: sent before the process exits (the context's
-        linger is 0, so the socket is closed with a linger of its own)."""
+        """The last message of this rank: sent before the process exits. The context is
+        destroyed with a linger (its default is 0), which waits for the message to leave: the
+        process ends by os._exit, where a socket closed alone could drop it unsent."""
         self.replies.send_multipart(self.codec.encode_reply(WorkerReply(rank=self.rank, error=error)))
-        # Closed with the context, which waits (up to the linger) for the message to leave: the
-        # process exits by os._exit, where a socket closed alone could drop it unsent.
         self.ctx.destroy(linger=int(DISCONNECT_GRACE_S * 1000))
 
 
