@@ -44,7 +44,7 @@ def test_touch_removes_from_the_middle_and_ref_counts() -> None:
 def test_allocating_a_cached_free_block_evicts_its_hash() -> None:
     pool = BlockPool(3)
     a, b = pool.allocate(2)
-    pool.cache_block(a, 111)
+    pool.cache_blocks([a], [111], 0, 1)
     pool.free([a, b])
     assert pool.get_cached_block(111) is a
     pool.allocate(1)  # takes `a`, the least recently freed
@@ -60,7 +60,22 @@ def test_over_allocation_raises() -> None:
 def test_reset_prefix_cache_only_when_idle() -> None:
     pool = BlockPool(3)
     (a,) = pool.allocate(1)
-    pool.cache_block(a, 5)
+    pool.cache_blocks([a], [5], 0, 1)
     assert not pool.reset_prefix_cache()
     pool.free([a])
     assert pool.reset_prefix_cache() and pool.get_cached_block(5) is None
+
+
+def test_cache_blocks_enters_new_hashes_only_and_counts_them_in_the_version() -> None:
+    pool = BlockPool(6)
+    a, b, c, d = pool.allocate(4)
+    pool.cache_blocks([a], [10], 0, 1)
+    version = pool.cache_version
+    # a: cached already; b: a fresh hash; c: the hash b just took (stays private); the null
+    # block: never; d: outside start..stop.
+    pool.cache_blocks([a, b, c, pool.null_block, d], [11, 12, 12, 13, 14], 0, 4)
+    assert pool.cache_version == version + 1
+    assert pool.get_cached_block(10) is a and a.block_hash == 10
+    assert pool.get_cached_block(12) is b and c.block_hash is None
+    assert pool.get_cached_block(13) is None and pool.null_block.block_hash is None
+    assert pool.get_cached_block(14) is None and d.block_hash is None

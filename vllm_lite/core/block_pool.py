@@ -37,12 +37,20 @@ class FreeBlockQueue:
             prev = block
         prev.next_free, self._tail.prev_free = self._tail, prev
 
-    def popleft(self) -> KVCacheBlock:
+    def popleft(self, count: int) -> list[KVCacheBlock]:
+        """The first `count` blocks, unlinked together (one relink of the head)."""
+        if count > self.num_free:
+            raise ValueError(f"cannot allocate {count} blocks, {self.num_free} free")
+        blocks = []
         block = self._head.next_free
-        if block is self._tail or block is None:
-            raise ValueError("no free KV-cache block")
-        self.remove(block)
-        return block
+        for _ in range(count):
+            blocks.append(block)
+            next_block = block.next_free
+            block.prev_free = block.next_free = None
+            block = next_block
+        self._head.next_free, block.prev_free = block, self._head
+        self.num_free -= count
+        return blocks
 
     def remove(self, block: KVCacheBlock) -> None:
         prev, nxt = block.prev_free, block.next_free
@@ -89,14 +97,11 @@ class BlockPool:
         return self.cached_blocks.get(block_hash)
 
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
-        if num_blocks > self.free_queue.num_free:
-            raise ValueError(f"cannot allocate {num_blocks} blocks, {self.free_queue.num_free} free")
-        blocks = []
-        for _ in range(num_blocks):
-            block = self.free_queue.popleft()
-            self._evict(block)
+        blocks = self.free_queue.popleft(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict(block)
             block.ref_cnt = 1
-            blocks.append(block)
         return blocks
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
@@ -114,14 +119,18 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue.append(block)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        if block.block_hash is not None:
-            return
-        if block_hash in self.cached_blocks:
-            return  # an identical block is cached already; this one stays private
-        block.block_hash = block_hash
-        self.cached_blocks[block_hash] = block
-        self.cache_version += 1
+    def cache_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash], start: int, stop: int) -> None:
+        """Enter `blocks[i]` under `block_hashes[i]` for i in start..stop-1: each block that is
+        not the null block, not cached yet, and whose hash no other block holds (an identical
+        block cached already: this one stays private)."""
+        cached_blocks, null, added = self.cached_blocks, self.null_block, 0
+        for i in range(start, stop):
+            block, block_hash = blocks[i], block_hashes[i]
+            if block.block_hash is None and block is not null and block_hash not in cached_blocks:
+                block.block_hash = block_hash
+                cached_blocks[block_hash] = block
+                added += 1
+        self.cache_version += added
 
     def uncache(self, blocks: list[KVCacheBlock]) -> None:
         """Forget these blocks' hashes (they stay where they are in the free queue)."""

@@ -193,25 +193,28 @@ class KVCacheManager:
         blocks, in the same order, as one call after another; Python runs only for the requests
         that take a block or register one (a decode step: those crossing a block boundary).
         Returns the new blocks of the requests that take any, in their order."""
-        tracked = self.tracked
-        taken = self.block_pool.allocate(int(num_new_blocks.sum()))  # in the order the calls would take them
+        tracked, req_to_blocks = self.tracked, self.req_to_blocks
+        taking = np.flatnonzero(num_new_blocks)
+        counts = num_new_blocks[taking]
+        taken = self.block_pool.allocate(int(counts.sum()))  # in the order the calls would take them
         new_blocks: list[list[KVCacheBlock]] = []
         start = 0
-        taking = np.flatnonzero(num_new_blocks)
-        for i, count in zip(taking.tolist(), num_new_blocks[taking].tolist()):
+        for i, count in zip(taking.tolist(), counts.tolist()):
             fresh = taken[start:start + count]
             start += count
-            self.req_to_blocks[requests[i].request_id].extend(fresh)
+            req_to_blocks[requests[i].request_id].extend(fresh)
             new_blocks.append(fresh)
         tracked.held[rows] += num_new_blocks
         if self.enable_caching:
             num_full = np.minimum(num_tokens, num_known) // self.block_size
             registering = np.flatnonzero(num_full > tracked.cached[rows])
-            for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
-                                      num_known[registering].tolist()):
-                request = requests[i]
-                self._register_full_blocks(request, self.req_to_blocks[request.request_id], full, known)
-            tracked.cached[rows[registering]] = num_full[registering]
+            if len(registering):
+                register = self._register_full_blocks
+                for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
+                                          num_known[registering].tolist()):
+                    request = requests[i]
+                    register(request, req_to_blocks[request.request_id], full, known)
+                tracked.cached[rows[registering]] = num_full[registering]
         return new_blocks
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -287,14 +290,11 @@ class KVCacheManager:
                               num_known: int) -> None:
         """Enter the request's blocks from its first unregistered one up to `num_full` (full of
         its first `num_known` tokens, which are known) in the prefix cache."""
-        hashes = request.block_hashes
-        if len(hashes) < num_full:
+        if len(request.block_hashes) < num_full:
             self._update_block_hashes(request, num_known)
-        cache_block, null = self.block_pool.cache_block, self.block_pool.null_block
-        for i in range(self.num_cached_blocks[request.request_id], num_full):
-            if blocks[i] is not null:
-                cache_block(blocks[i], hashes[i])
-        self.num_cached_blocks[request.request_id] = num_full
+        request_id = request.request_id
+        self.block_pool.cache_blocks(blocks, request.block_hashes, self.num_cached_blocks[request_id], num_full)
+        self.num_cached_blocks[request_id] = num_full
 
     def _update_block_hashes(self, request: Request, num_known: int | None = None) -> None:
         """Keys for every full block of the request's known tokens (`num_known`, read from the
