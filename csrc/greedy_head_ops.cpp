@@ -373,6 +373,18 @@ inline float screen_max_code(int64_t k_size) {
   return static_cast<float>(std::min<int64_t>(32767, static_cast<int64_t>(std::sqrt(2147483647.0 / k_size))));
 }
 
+// One value's int16 code at `scale` (round(v / scale), clamped to +-max_code) and what the code
+// leaves out, v - scale * code: the rule of both the weight's columns and the hidden rows.
+struct ScreenCode {
+  int code;
+  double residual;
+};
+
+inline ScreenCode screen_code(float value, float scale, float max_code) {
+  const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, value / scale))));
+  return {code, value - static_cast<double>(scale) * code};
+}
+
 bool screen_supported() {
 #if VLLM_LITE_SCREEN
   static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") &&
@@ -414,11 +426,10 @@ std::tuple<at::Tensor, at::Tensor> pack_head_screen(const at::Tensor& weight) {
       double residual2 = 0.0, code2 = 0.0;
       int16_t* column = dst + (c / kPadTo) * pairs * 64 + ((c % kPadTo) / 16) * 32 + (c % 16) * 2;
       for (int64_t k = 0; k < k_size; ++k) {
-        const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, row[k] / scale))));
-        column[(k / 2) * 64 + k % 2] = static_cast<int16_t>(code);
-        const double residual = row[k] - static_cast<double>(scale) * code;
-        residual2 += residual * residual;
-        code2 += static_cast<double>(code) * code;
+        const ScreenCode q = screen_code(row[k], scale, max_code);
+        column[(k / 2) * 64 + k % 2] = static_cast<int16_t>(q.code);
+        residual2 += q.residual * q.residual;
+        code2 += static_cast<double>(q.code) * q.code;
       }
       const double up = 1 + std::ldexp(1.0, -16);  // (each rounded up a little: they bound)
       st[c] = scale;
@@ -489,11 +500,10 @@ VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, in
   int16_t* halves = reinterpret_cast<int16_t*>(out.words.data() + (r / kScreenRows) * pairs * kScreenRows);
   double norm2 = 0.0, residual2 = 0.0;
   for (int64_t k = 0; k < k_size; ++k) {
-    const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, row[k] / scale))));
-    halves[((k / 2) * kScreenRows + r % kScreenRows) * 2 + k % 2] = static_cast<int16_t>(code);
-    const double residual = row[k] - static_cast<double>(scale) * code;
+    const ScreenCode q = screen_code(row[k], scale, max_code);
+    halves[((k / 2) * kScreenRows + r % kScreenRows) * 2 + k % 2] = static_cast<int16_t>(q.code);
     norm2 += static_cast<double>(row[k]) * row[k];
-    residual2 += residual * residual;
+    residual2 += q.residual * q.residual;
   }
   // With x = s q + e and w = t p + f (codes q, p; residuals e, f), the real logit x.w is
   // s t q.p + x.f + e.(t p): by Cauchy-Schwarz within |x|_2 |f|_2 + |e|_2 |t p|_2 of s times the
