@@ -11,6 +11,7 @@ client spawns (engine/launch.py, engine/core_client.py) and the ranks an executo
 from __future__ import annotations
 
 import functools
+import gc
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
@@ -100,6 +101,15 @@ def _with_environment(environment: dict[str, str], target: Callable[..., Any], a
 
 # What the fork server imports before it forks: torch and the modules its children run.
 TORCH_CHILD_MODULES = ("torch", "vllm_lite.engine.core", "vllm_lite.executor.worker_proc")
+
+
+def freeze_startup_heap() -> None:
+    """Called once a long-running process has started (engine core, API server): what is alive
+    then (modules, model, tokenizer, the app) leaves the garbage collector's generations, so its
+    collections while serving scan only what serving creates; as vLLM's freeze_gc_heap. Without
+    it, the API server spent about a quarter of its CPU under load in collections (perf)."""
+    gc.collect()
+    gc.freeze()
 
 
 def ready_pipe() -> tuple[Connection, Connection]:

@@ -39,7 +39,7 @@ from vllm_lite.wire import (
     UtilityResult,
 )
 from vllm_lite.engine.zmq_utils import EngineAddress
-from vllm_lite.lifecycle import SignalPipe, on_parent_death
+from vllm_lite.lifecycle import SignalPipe, freeze_startup_heap, on_parent_death
 
 if TYPE_CHECKING:
     from vllm_lite.executor.abstract import Executor
@@ -251,8 +251,7 @@ class EngineCoreProc:
 
     def serve(self) -> int:
         """Run until SIGTERM/SIGINT (SystemExit) or a fatal error; returns the exit code."""
-        gc.collect()
-        gc.freeze()  # start-up objects (model, tokenizer tables ...) are never scanned again
+        freeze_startup_heap()
         self.io.start()
         try:
             self.run_busy_loop()

@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException
 from vllm_lite.config import VllmConfig
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError
+from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
@@ -611,6 +612,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
         _quiet_access_log_for(getattr(args, "disable_access_log_for_endpoints", None))
         server = (server_class or DrainingServer)(config, app.state.ctx)
         watchdog = asyncio.get_running_loop().create_task(_exit_when_engine_dies(server, engine))
+        freeze_startup_heap()
         try:
             await server.serve(sockets)
         finally:
