@@ -55,6 +55,18 @@ inline int isa_lanes() {
   return lanes;
 }
 
+// AVX-512 with VNNI at the level picked (Intel since Cascade Lake, AMD since Zen 4): the int8 and
+// int16 dot-product kernels (vpdpbusd, vpdpwssd). 16 lanes means x86-64-v4 (AVX-512 F, BW, CD,
+// DQ, VL) and no VLLM_LITE_CPU_CAPABILITY cap below it.
+inline bool cpu_has_avx512_vnni() {
+#if VLLM_LITE_HAS_ISA_LEVELS
+  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512vnni"));
+  return has && isa_lanes() == 16;
+#else
+  return false;
+#endif
+}
+
 inline const char* isa_name(int lanes) { return lanes == 16 ? "avx512" : lanes == 8 ? "avx2" : "default"; }
 
 }  // namespace vllm_lite_cpu

@@ -385,15 +385,7 @@ inline ScreenCode screen_code(float value, float scale, float max_code) {
   return {code, value - static_cast<double>(scale) * code};
 }
 
-bool screen_supported() {
-#if VLLM_LITE_SCREEN
-  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"));
-  return has && isa_lanes() == 16;
-#else
-  return false;
-#endif
-}
+bool screen_supported() { return VLLM_LITE_SCREEN && cpu_has_avx512_vnni(); }
 
 // The weight's int16 codes, per column: scale = max|w| / max_code, codes = round(w / scale); laid
 // out by column group (32 columns) and k pair: [groups][k pairs][2 vectors][16 columns][2 codes].

@@ -103,19 +103,6 @@ VLLM_LITE_TARGET_AVX2 void quantize_row_avx2(int8_t* dst, const T* src, int64_t 
 #endif
 #pragma GCC pop_options
 
-// The AVX-512 tiled kernels and the vectorized write: AVX-512 with VNNI (Intel since Cascade Lake,
-// AMD since Zen 4).
-bool cpu_has_avx512_vnni() {
-#if VLLM_LITE_I8_AVX512
-  static const bool has = (__builtin_cpu_init(), __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                                                     __builtin_cpu_supports("avx512vnni") && isa_lanes() == 16);
-  return has;
-#else
-  return false;
-#endif
-}
-
 #if VLLM_LITE_I8_AVX512
 // quantize_row for head_dim a multiple of 16, 16 lanes at a time: the same operations in the same
 // order (the product is rounded by its own instruction, which nothing fuses with the +-0.5).
