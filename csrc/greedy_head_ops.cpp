@@ -261,23 +261,32 @@ at::Tensor rows_by_tile(const at::Tensor& hidden, int R) {
   return xt;
 }
 
-// What both kernels set up before their threads run: the hidden states by tile, and the
-// vocabulary's column groups, of which each thread takes a contiguous share.
-struct HeadPass {
-  at::Tensor xt;
-  int64_t rows, k_size, lanes, groups;
+// The vocabulary's column groups, of which each thread takes a contiguous share, in column order
+// (the merges of the threads' results rely on it: a later thread's columns are larger).
+struct GroupShares {
+  int64_t groups;
   int threads;
 
   int64_t group_begin(int t) const { return groups * t / threads; }
   int64_t group_end(int t) const { return groups * (t + 1) / threads; }
 };
 
+GroupShares group_shares(int64_t groups) {
+  return {groups, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)))};
+}
+
+// What greedy_head and head_logits set up before their threads run: the hidden states by tile,
+// and the column groups' shares.
+struct HeadPass : GroupShares {
+  at::Tensor xt;
+  int64_t rows, k_size, lanes;
+};
+
 HeadPass head_pass(const at::Tensor& hidden, const at::Tensor& panels, int64_t vocab_size) {
   check_head_args(hidden, panels, vocab_size);
   const int64_t lanes = isa_lanes();
-  const int64_t groups = (vocab_size + 2 * lanes - 1) / (2 * lanes);
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
-  return {rows_by_tile(hidden, tile_rows_at_level()), hidden.size(0), hidden.size(1), lanes, groups, threads};
+  return {group_shares((vocab_size + 2 * lanes - 1) / (2 * lanes)), rows_by_tile(hidden, tile_rows_at_level()),
+          hidden.size(0), hidden.size(1), lanes};
 }
 
 at::Tensor greedy_head(const at::Tensor& hidden, const at::Tensor& panels, int64_t vocab_size) {
@@ -700,17 +709,17 @@ std::tuple<at::Tensor, double> greedy_head_screened(const at::Tensor& hidden, co
   auto column_max = [&](int row) { return static_cast<double>(*std::max_element(st + row * padded, st + row * padded + vocab_size)); };
   const ColumnBounds bounds{column_max(0), column_max(1), column_max(2), column_max(3)};
   const ScreenRows quantized = quantize_screen_rows(x.data_ptr<float>(), rows, k_size, bounds);
-  const int64_t groups = (vocab_size + 31) / 32;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups)));
+  const GroupShares shares = group_shares((vocab_size + 31) / 32);
+  const int threads = shares.threads;
   std::vector<Best> best(threads * rows);
   std::vector<int64_t> recomputed(threads, 0);
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t)
     screen_share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,
-                 padded, vocab_size, groups * t / threads, groups * (t + 1) / threads, best.data() + t * rows,
+                 padded, vocab_size, shares.group_begin(t), shares.group_end(t), best.data() + t * rows,
                  recomputed[t]);
   for (const int64_t columns : recomputed) cost += kRecomputeCost * columns;
-  cost /= static_cast<double>(rows) * groups * 32;
+  cost /= static_cast<double>(rows) * shares.groups * 32;
   int64_t* result = out.data_ptr<int64_t>();
   // greedy_head's rule: the first column above -inf with the largest value (NaN never is), else 0;
   // threads hold increasing columns, so a later one wins only if larger.
