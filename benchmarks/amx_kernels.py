@@ -16,11 +16,9 @@ Interleaved (A B A B ...), best of --rounds; needs a CPU with AMX-BF16 and the c
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 import torch
-from benchlib import machine_line, print_table
+from benchlib import best_seconds, machine_line, print_table
 
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.torch_backend import PrefillSeq, prefill_attention
@@ -30,19 +28,6 @@ HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 576, 1536, 49152, 30
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 LAYER_SHAPES = ((HIDDEN + 2 * KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN),
                 (HIDDEN, INTERMEDIATE))  # (out, in): qkv, o, gate_up, down
-
-
-def best_seconds(runs: dict[str, Callable[[], None]], rounds: int) -> dict[str, float]:
-    """Each callable's best wall time over `rounds`, run alternately after one warm-up each."""
-    for run in runs.values():
-        run()
-    best = dict.fromkeys(runs, float("inf"))
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def decode_linears(rows_list: list[int], rounds: int) -> list[tuple]:

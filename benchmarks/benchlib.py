@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,6 +232,23 @@ def count_parameters(model_dir: Path) -> int:
 
 
 # ---- reporting -------------------------------------------------------------------------------
+
+def best_seconds(runs: dict[str, Callable[[], Any]], rounds: int, evict_bytes: int = 0) -> dict[str, float]:
+    """Each callable's best wall time over `rounds`, run alternately after one warm-up each; with
+    `evict_bytes`, that many bytes are written before every timed call (caches as cold as a
+    forward pass leaves them)."""
+    for run in runs.values():
+        run()
+    evict = np.zeros(evict_bytes // 4, dtype=np.float32)
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(rounds):
+        for name, run in runs.items():
+            evict.fill(1.0)
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[_cell(value) for value in row] for row in rows]

@@ -11,26 +11,14 @@ evicted (32 MB written) before each; the screened tokens are checked equal to gr
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from benchlib import best_seconds
 
 from vllm_lite import _custom_ops as cpu_native
 
 CASES = ((1024, 128, 8192), (64, 128, 8192), (1, 576, 49152), (8, 576, 49152), (64, 576, 49152),
          (256, 576, 49152))
-
-
-def best_ms(calls: dict, repeats: int) -> dict[str, float]:
-    flush = torch.empty(8 << 20)
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            flush.fill_(1.0)
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: 1e3 * min(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -59,7 +47,7 @@ def main() -> None:
             calls["screened"] = lambda: cpu_native.greedy_head_screened(x, panels, codes, stats, vocab)[0]
             if not torch.equal(calls["screened"](), expected):
                 raise SystemExit(f"greedy_head_screened differs from greedy_head at {rows} x {hidden} -> {vocab}")
-        ms = best_ms(calls, args.repeats)
+        ms = {name: 1e3 * seconds for name, seconds in best_seconds(calls, args.repeats, evict_bytes=32 << 20).items()}
         screened = f"{ms['screened']:8.2f}" if screen else f"{'-':>8}"
         ratio = f"{ms['greedy_head'] / ms['screened']:16.2f}x" if screen else f"{'-':>17}"
         print(f"{f'{rows} x {hidden} -> {vocab}':>26}  {ms['onednn']:13.2f}  {ms['greedy_head']:11.2f}  {screened}  {ratio}")
