@@ -1,6 +1,6 @@
 """The fp32 LM head's greedy kernels on CPU side by side (csrc/greedy_head_ops.cpp): oneDNN's
 matmul + argmax (`F.linear` over the plain weight), `greedy_head` (fp32 panels, the logits never written) and, on a CPU with
-AVX-512 VNNI, `greedy_head_screened` (int16 estimates with a proven bound, the candidates
+AVX-512 VNNI or AVX2, `greedy_head_screened` (int16 estimates with a proven bound, the candidates
 recomputed). Random weights N(0, 0.05^2) and hidden states N(0, 1) at the tiny benchmark model's
 head (128 -> 8,192) and the demo model's (576 -> 49,152), interleaved calls with the caches
 evicted (32 MB written) before each; the screened tokens are checked equal to greedy_head's.

@@ -9,7 +9,7 @@
 //   greedy_head(hidden, panels, vocab_size) -> int64 [rows]
 //       the argmax of those logits, the first index of the maximum (torch.argmax's rule), as
 //       argmax_rows over head_logits' output gives.
-//   pack_head_screen(weight) -> (int16 codes, float32 stats)   [AVX-512 VNNI: head_screen_supported()]
+//   pack_head_screen(weight) -> (int16 codes, float32 stats)   [AVX-512 VNNI or AVX2: head_screen_supported()]
 //   greedy_head_screened(hidden, panels, codes, stats, vocab_size) -> int64 [rows]
 //       greedy_head's tokens, bit for bit, from int16 estimates first (see its section below).
 //
@@ -346,11 +346,13 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64
   return logits;
 }
 
-// ---- greedy_head_screened: the same tokens, from int16 dot products first (AVX-512 VNNI) ----
+// ---- greedy_head_screened: the same tokens, from int16 dot products first (AVX-512 VNNI, AVX2) ----
 //
 // Each row's logits are first estimated from int16 codes of the hidden row (per-row scale) and
-// of the weight (per-column scale): exact int32 dot products by vpdpwssd, twice the
-// multiply-adds of an fp32 FMA per instruction, over half the weight's bytes. E (per row) bounds
+// of the weight (per-column scale): exact int32 dot products, by vpdpwssd on AVX-512 VNNI (twice
+// the multiply-adds of an fp32 FMA per instruction) or by vpmaddwd + vpaddd on AVX2 (16
+// multiply-adds per pair of instructions, which Zen 3 issues on other ports than its two FMAs),
+// over half the weight's bytes. E (per row) bounds
 // how far an estimate can be from the fp32 logit greedy_head computes: the rounding of both
 // codes, the fp32 dot product's own rounding and the estimate's. A column can be the row's first
 // maximum only if its estimate is within 2E of the largest estimate; those candidates (one to a
@@ -369,7 +371,11 @@ at::Tensor head_logits(const at::Tensor& hidden, const at::Tensor& panels, int64
 #define VLLM_LITE_SCREEN 0
 #endif
 
-constexpr int kScreenRows = 12;     // rows per VNNI tile (2 accumulators each, as the fp32 tile)
+// Rows per tile of the hidden states' codes: a VNNI tile (2 accumulators a row, as the fp32
+// tile); on AVX2 two tiles of kScreenRowsAvx2 rows (2 accumulators of 8 columns a row, 2 weight
+// vectors and a broadcast: 15 of the 16 registers), a half of each column group at a time.
+constexpr int kScreenRows = 12;
+constexpr int kScreenRowsAvx2 = 6;
 constexpr int64_t kCandidates = 128;  // per row and thread; past this the row is computed exactly
 // A recomputed column costs about this many of greedy_head's: one row's FMA chains wait on their
 // latency where a 12-row tile keeps 24 going.
@@ -389,12 +395,21 @@ struct ScreenCode {
   double residual;
 };
 
-inline ScreenCode screen_code(float value, float scale, float max_code) {
+VLLM_LITE_INLINE ScreenCode screen_code(float value, float scale, float max_code) {
   const int code = static_cast<int>(std::nearbyint(std::min(max_code, std::max(-max_code, value / scale))));
   return {code, value - static_cast<double>(scale) * code};
 }
 
-bool screen_supported() { return VLLM_LITE_SCREEN && cpu_has_avx512_vnni(); }
+// The screen's vector width: 16 on AVX-512 with VNNI, 8 where AVX2 is the level (an AVX-512 CPU
+// without VNNI keeps greedy_head: half-width integer code would not beat its 16-lane FMAs), else
+// 0 (no screen).
+int screen_lanes() {
+  if (!VLLM_LITE_SCREEN) return 0;
+  if (cpu_has_avx512_vnni()) return 16;
+  return isa_lanes() == 8 ? 8 : 0;
+}
+
+bool screen_supported() { return screen_lanes() != 0; }
 
 // The weight's int16 codes, per column: scale = max|w| / max_code, codes = round(w / scale); laid
 // out by column group (32 columns) and k pair: [groups][k pairs][2 vectors][16 columns][2 codes].
@@ -467,20 +482,25 @@ struct ColumnBounds {
   double scale, residual, codes, rounding;
 };
 
-VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, int64_t k_size, const ColumnBounds& columns,
-                                                  ScreenRows& out);
+VLLM_LITE_SCREEN_TARGET void quantize_screen_row_avx512(const float* row, int64_t r, int64_t k_size,
+                                                         const ColumnBounds& columns, ScreenRows& out);
+VLLM_LITE_TARGET_AVX2 void quantize_screen_row_avx2(const float* row, int64_t r, int64_t k_size,
+                                                    const ColumnBounds& columns, ScreenRows& out);
 
 ScreenRows quantize_screen_rows(const float* x, int64_t rows, int64_t k_size, const ColumnBounds& columns) {
   const int64_t pairs = (k_size + 1) / 2, tiles = (rows + kScreenRows - 1) / kScreenRows;
   ScreenRows out{std::vector<uint32_t>(tiles * pairs * kScreenRows, 0u), std::vector<ScreenRow>(rows)};
+  const auto quantize = screen_lanes() == 16 ? quantize_screen_row_avx512 : quantize_screen_row_avx2;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_screen_row(x + r * k_size, r, k_size, columns, out);
+    for (int64_t r = begin; r < end; ++r) quantize(x + r * k_size, r, k_size, columns, out);
   });
   return out;
 }
 
-VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, int64_t k_size, const ColumnBounds& columns,
-                                                  ScreenRows& out) {
+// One row's codes and bound; the same arithmetic at either level (each wrapper below compiles it
+// for its own, so that the rounding and the products are instructions, not library calls).
+VLLM_LITE_INLINE void quantize_screen_row(const float* row, int64_t r, int64_t k_size, const ColumnBounds& columns,
+                                          ScreenRows& out) {
   const int64_t pairs = (k_size + 1) / 2;
   const float max_code = screen_max_code(k_size);
   float max_abs = 0.f;
@@ -515,6 +535,47 @@ VLLM_LITE_SCREEN_TARGET void quantize_screen_row(const float* row, int64_t r, in
                        columns.rounding + columns.scale * k_size * max_code * max_code * std::ldexp(1.0, -22);
   state.error = static_cast<float>(bound * (1 + std::ldexp(1.0, -10)));
   if (!std::isfinite(state.error)) state.exact = true;
+}
+
+VLLM_LITE_SCREEN_TARGET void quantize_screen_row_avx512(const float* row, int64_t r, int64_t k_size,
+                                                         const ColumnBounds& columns, ScreenRows& out) {
+  quantize_screen_row(row, r, k_size, columns, out);
+}
+
+VLLM_LITE_TARGET_AVX2 void quantize_screen_row_avx2(const float* row, int64_t r, int64_t k_size,
+                                                    const ColumnBounds& columns, ScreenRows& out) {
+  quantize_screen_row(row, r, k_size, columns, out);
+}
+
+// One row's candidates in one column group: the live lanes of `estimates` (32 columns from
+// `column0` on) at or above the row's threshold, `above` (the lanes at or above it before
+// `tile_max`, the group's largest estimate, raised it). Both levels' tiles end here.
+VLLM_LITE_INLINE void take_candidates(ScreenRow& state, const float* estimates, uint32_t above, float tile_max,
+                                      int64_t column0, float* values, int32_t* columns) {
+  if (tile_max > state.max_estimate) {
+    state.max_estimate = tile_max;
+    state.threshold = lowered(tile_max - 2 * state.error);
+  }
+  while (above && !state.exact) {
+    const int lane = __builtin_ctz(above);
+    above &= above - 1;
+    if (!(estimates[lane] >= state.threshold)) continue;
+    if (state.count == kCandidates) {  // drop those the threshold has passed since
+      int32_t kept = 0;
+      for (int32_t i = 0; i < state.count; ++i)
+        if (values[i] >= state.threshold) {
+          values[kept] = values[i];
+          columns[kept++] = columns[i];
+        }
+      state.count = kept;
+      if (kept == kCandidates) {
+        state.exact = true;
+        break;
+      }
+    }
+    values[state.count] = estimates[lane];
+    columns[state.count++] = static_cast<int32_t>(column0 + lane);
+  }
 }
 
 // One tile of R rows against column group `group`: exact int32 sums of row code * column code,
@@ -566,40 +627,15 @@ VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile(const uint32_t* words,
     if (!(above[0] | above[1]) || state.exact) continue;
     const float tile_max = std::max(_mm512_mask_reduce_max_ps(live_mask[0], estimate[0]),
                                     _mm512_mask_reduce_max_ps(live_mask[1], estimate[1]));
-    if (tile_max > state.max_estimate) {
-      state.max_estimate = tile_max;
-      state.threshold = lowered(tile_max - 2 * state.error);
-    }
-    float* values = cand_value + (row0 + r) * kCandidates;
-    int32_t* columns = cand_column + (row0 + r) * kCandidates;
-    for (int v = 0; v < 2 && !state.exact; ++v) {
-      alignas(64) float lanes[16];
-      _mm512_storeu_ps(lanes, estimate[v]);
-      uint32_t bits = _mm512_mask_cmp_ps_mask(live_mask[v], estimate[v], _mm512_set1_ps(state.threshold), _CMP_GE_OQ);
-      while (bits) {
-        const int lane = __builtin_ctz(bits);
-        bits &= bits - 1;
-        if (state.count == kCandidates) {  // drop those the threshold has passed since
-          int32_t kept = 0;
-          for (int32_t i = 0; i < state.count; ++i)
-            if (values[i] >= state.threshold) {
-              values[kept] = values[i];
-              columns[kept++] = columns[i];
-            }
-          state.count = kept;
-          if (kept == kCandidates) {
-            state.exact = true;
-            break;
-          }
-        }
-        values[state.count] = lanes[lane];
-        columns[state.count++] = static_cast<int32_t>(column0 + 16 * v + lane);
-      }
-    }
+    alignas(64) float lanes[32];
+    _mm512_store_ps(lanes, estimate[0]);
+    _mm512_store_ps(lanes + 16, estimate[1]);
+    take_candidates(state, lanes, above[0] | (static_cast<uint32_t>(above[1]) << 16), tile_max, column0,
+                    cand_value + (row0 + r) * kCandidates, cand_column + (row0 + r) * kCandidates);
   }
 }
 
-VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile_rows(int height, const uint32_t* words, const int16_t* codes,
+VLLM_LITE_SCREEN_TARGET void screen_tile_rows_avx512(int height, const uint32_t* words, const int16_t* codes,
                                                                const float* stats, int64_t padded, int64_t pairs,
                                                                int64_t group, int64_t row0, int used,
                                                                int64_t vocab_size, ScreenRow* states,
@@ -613,22 +649,105 @@ VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile_rows(int height, const
   }
 }
 
+// ---- the AVX2 tile: R rows (at `first` of a kScreenRows tile) against the 32 columns of `group`,
+// 16 at a time (the codes' vector v: columns 16v..16v+15, 8 to a register), into `sums`. ----
+template <int R>
+VLLM_LITE_INLINE VLLM_LITE_TARGET_AVX2 void screen_sums_avx2(const uint32_t* words, const int16_t* codes, int64_t pairs,
+                                                            int64_t group, int first, int32_t (*sums)[32]) {
+  for (int v = 0; v < 2; ++v) {
+    __m256i acc[R][2];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int16_t* w = codes + group * pairs * 64 + v * 32;
+    for (int64_t q = 0; q < pairs; ++q) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 16));
+      const uint32_t* x = words + q * kScreenRows + first;
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256i xr = _mm256_set1_epi32(static_cast<int>(x[r]));
+        acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(xr, a));
+        acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(xr, b));
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[first + r] + 16 * v), acc[r][0]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums[first + r] + 16 * v + 8), acc[r][1]);
+    }
+  }
+}
+
+// screen_tile's AVX2 counterpart for a tile of `height` rows (`used` of them real).
+VLLM_LITE_TARGET_AVX2 void screen_tile_rows_avx2(int height, const uint32_t* words, const int16_t* codes,
+                                                 const float* stats, int64_t padded, int64_t pairs, int64_t group,
+                                                 int64_t row0, int used, int64_t vocab_size, ScreenRow* states,
+                                                 float* cand_value, int32_t* cand_column) {
+  alignas(32) int32_t sums[kScreenRows][32];
+  for (int first = 0; first < height; first += kScreenRowsAvx2) {
+    const int rest = std::min(kScreenRowsAvx2, height - first);
+    if (rest > 4) {
+      screen_sums_avx2<kScreenRowsAvx2>(words, codes, pairs, group, first, sums);
+    } else if (rest > 2) {
+      screen_sums_avx2<4>(words, codes, pairs, group, first, sums);
+    } else if (rest == 2) {
+      screen_sums_avx2<2>(words, codes, pairs, group, first, sums);
+    } else {
+      screen_sums_avx2<1>(words, codes, pairs, group, first, sums);
+    }
+  }
+  const int64_t column0 = group * 32;
+  // Padding columns past the vocabulary must never raise a row's maximum.
+  const int64_t live = std::min<int64_t>(32, vocab_size - column0);
+  const uint32_t live_bits = live >= 32 ? 0xffffffffu : (1u << live) - 1;
+  __m256 scale[4];
+  for (int j = 0; j < 4; ++j) scale[j] = _mm256_loadu_ps(stats + column0 + 8 * j);
+  for (int r = 0; r < used; ++r) {
+    ScreenRow& state = states[row0 + r];
+    if (state.exact) continue;
+    const __m256 threshold = _mm256_set1_ps(state.threshold);
+    alignas(32) float lanes[32];
+    uint32_t above = 0;
+    for (int j = 0; j < 4; ++j) {
+      const __m256i sum = _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r] + 8 * j));
+      const __m256 estimate = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), scale[j]);
+      _mm256_store_ps(lanes + 8 * j, estimate);
+      above |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(estimate, threshold, _CMP_GE_OQ))) << (8 * j);
+    }
+    above &= live_bits;
+    if (!above) continue;
+    float tile_max = -std::numeric_limits<float>::infinity();
+    for (int j = 0; j < live; ++j) tile_max = std::max(tile_max, lanes[j]);
+    take_candidates(state, lanes, above, tile_max, column0, cand_value + (row0 + r) * kCandidates,
+                    cand_column + (row0 + r) * kCandidates);
+  }
+}
+
+// The fp32 logits of row `x` over the 32 columns of `group`, by greedy_head's arithmetic at the
+// level (tile_dot: one FMA chain per column in k order, as greedy_head's tiles at any width).
+VLLM_LITE_SCREEN_TARGET void exact_group_avx512(const float* x, const float* panels, int64_t group, int64_t k_size,
+                                                float* logits) {
+  tile_dot<16, 1>(x, panels, group, k_size, logits);
+}
+
+VLLM_LITE_TARGET_AVX2 void exact_group_avx2(const float* x, const float* panels, int64_t group, int64_t k_size,
+                                            float* logits) {
+  tile_dot<8, 1>(x, panels, 2 * group, k_size, logits);  // (8-lane groups: 16 columns each)
+  tile_dot<8, 1>(x, panels, 2 * group + 1, k_size, logits + 16);
+}
+
 // The first maximum of row `x`'s fp32 logits over the columns (candidates, or every column of
-// [group_begin, group_end)), each from tile_dot<16, 1>: greedy_head's arithmetic.
+// [group_begin, group_end)). `recomputed`: the columns computed again (a group of 32 at a time).
 struct Best {
   float value;
   int64_t column;
 };
 
-VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void exact_group(const float* x, const float* panels, int64_t group,
-                                                          int64_t k_size, float* logits) {
-  tile_dot<16, 1>(x, panels, group, k_size, logits);
-}
-
-// `recomputed`: the columns computed again (a group of 32 at a time).
-VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int64_t k_size, int64_t vocab_size,
-                                        const ScreenRow& state, const float* values, const int32_t* columns,
-                                        int64_t group_begin, int64_t group_end, int64_t& recomputed) {
+template <int L>
+Best exact_best(const float* x, const float* panels, int64_t k_size, int64_t vocab_size, const ScreenRow& state,
+                const float* values, const int32_t* columns, int64_t group_begin, int64_t group_end,
+                int64_t& recomputed) {
+  const auto exact_group = L == 16 ? exact_group_avx512 : exact_group_avx2;
   alignas(64) float logits[32];
   Best best{-std::numeric_limits<float>::infinity(), -1};
   if (state.exact || !std::isfinite(state.threshold)) {
@@ -655,10 +774,13 @@ VLLM_LITE_SCREEN_TARGET Best exact_best(const float* x, const float* panels, int
   return best;
 }
 
-VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const float* x, int64_t rows, int64_t k_size,
-                                          const float* panels, const int16_t* codes, const float* stats,
-                                          int64_t padded, int64_t vocab_size, int64_t group_begin,
-                                          int64_t group_end, Best* best, int64_t& recomputed) {
+// One thread's share of the column groups at the screen's width L: every row tile against each
+// L2 block of the share, then each row's candidates computed again.
+template <int L>
+void screen_share(const ScreenRows& quantized, const float* x, int64_t rows, int64_t k_size, const float* panels,
+                  const int16_t* codes, const float* stats, int64_t padded, int64_t vocab_size, int64_t group_begin,
+                  int64_t group_end, Best* best, int64_t& recomputed) {
+  const auto screen_tiles = L == 16 ? screen_tile_rows_avx512 : screen_tile_rows_avx2;
   const int64_t pairs = (k_size + 1) / 2;
   std::vector<ScreenRow> states(quantized.rows);
   std::vector<float> cand_value(rows * kCandidates);
@@ -671,15 +793,15 @@ VLLM_LITE_SCREEN_TARGET void screen_share(const ScreenRows& quantized, const flo
       const int height = used == kScreenRows ? kScreenRows : tail_rows(used, kScreenRows);
       const uint32_t* words = quantized.words.data() + r * pairs;
       for (int64_t g = b; g < b_end; ++g)
-        screen_tile_rows(height, words, codes, stats, padded, pairs, g, r, used, vocab_size, states.data(),
-                         cand_value.data(), cand_column.data());
+        screen_tiles(height, words, codes, stats, padded, pairs, g, r, used, vocab_size, states.data(), cand_value.data(),
+                  cand_column.data());
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
     ScreenRow& state = states[r];
     state.threshold = lowered(state.max_estimate - 2 * state.error);
-    best[r] = exact_best(x + r * k_size, panels, k_size, vocab_size, state, cand_value.data() + r * kCandidates,
-                         cand_column.data() + r * kCandidates, group_begin, group_end, recomputed);
+    best[r] = exact_best<L>(x + r * k_size, panels, k_size, vocab_size, state, cand_value.data() + r * kCandidates,
+                            cand_column.data() + r * kCandidates, group_begin, group_end, recomputed);
   }
 }
 #endif
@@ -698,7 +820,7 @@ std::tuple<at::Tensor, double> greedy_head_screened(const at::Tensor& hidden, co
   TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.dim() == 2 &&
                   stats.size(0) == kStats && stats.size(1) == padded,
               "stats must come from pack_head_screen for the same weight");
-  TORCH_CHECK(screen_supported(), "greedy_head_screened needs AVX-512 with VNNI (head_screen_supported())");
+  TORCH_CHECK(screen_supported(), "greedy_head_screened needs AVX-512 with VNNI or AVX2 (head_screen_supported())");
   TORCH_CHECK(k_size <= 65536, "greedy_head_screened: hidden size ", k_size, " past 65,536 (int32 sums)");
   at::Tensor out = at::empty({rows}, hidden.options().dtype(at::kLong));
   double cost = 0.0;
@@ -713,11 +835,11 @@ std::tuple<at::Tensor, double> greedy_head_screened(const at::Tensor& hidden, co
   const int threads = shares.threads;
   std::vector<Best> best(threads * rows);
   std::vector<int64_t> recomputed(threads, 0);
+  const auto share = screen_lanes() == 16 ? screen_share<16> : screen_share<8>;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t)
-    screen_share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,
-                 padded, vocab_size, shares.group_begin(t), shares.group_end(t), best.data() + t * rows,
-                 recomputed[t]);
+    share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,
+          padded, vocab_size, shares.group_begin(t), shares.group_end(t), best.data() + t * rows, recomputed[t]);
   for (const int64_t columns : recomputed) cost += kRecomputeCost * columns;
   cost /= static_cast<double>(rows) * shares.groups * 32;
   int64_t* result = out.data_ptr<int64_t>();

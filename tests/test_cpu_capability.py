@@ -28,6 +28,12 @@ KERNEL_TESTS = ["attention/test_csrc_ops.py", "attention/test_kv_quant.py",
                 "model/test_head_panels.py::test_greedy_tokens_are_the_first_maximum_of_the_logits",
                 "model/test_head_panels.py::test_ties_go_to_the_first_column_across_lanes_panels_and_threads",
                 "model/test_head_panels.py::test_padding_past_the_vocabulary_never_wins",
+                # (the int16 screen's AVX2 tiles at avx2; skipped at the baseline, which has no screen)
+                "model/test_head_panels.py::test_kernels_refuse_mismatched_inputs",
+                "model/test_head_panels.py::test_screened_tokens_are_greedy_heads",
+                "model/test_head_panels.py::test_screened_near_ties_are_decided_by_the_fp32_logits",
+                "model/test_head_panels.py::test_screened_coarse_codes_still_give_greedy_heads",
+                "model/test_head_panels.py::test_screened_rows_outside_the_bound_are_computed_exactly",
                 "model/test_gguf_quantized.py::test_dequantize_matches_reference",
                 "model/test_gguf_quantized.py::test_gemm_matches_reference",
                 "model/test_gguf_quantized.py::test_gguf_linear_both_paths_with_bias",
@@ -63,6 +69,26 @@ def test_capability_caps_the_level(level: str) -> None:
     result = capability_in_subprocess(level)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_head_screen_runs_on_avx2_and_on_avx512_with_vnni(level: str) -> None:
+    """The LM head's int16 screen: vpmaddwd tiles where AVX2 is the level, vpdpwssd ones on
+    AVX-512 with VNNI; none at the baseline level or on AVX-512 without VNNI."""
+    code = "from vllm_lite import _custom_ops as c; c.is_available(); print(c.cpu_capability(), c.head_screen_supported())"
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VLLM_LITE_CPU_CAPABILITY": level},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    capability, supported = result.stdout.split()
+    expected = {"default": False, "avx2": True, "avx512": "avx512_vnni" in cpu_flags()}[capability]
+    assert supported == str(expected)
 
 
 def test_an_unknown_capability_is_refused_by_name() -> None:

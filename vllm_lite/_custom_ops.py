@@ -151,7 +151,8 @@ def greedy_head(hidden: torch.Tensor, panels: torch.Tensor, vocab_size: int) -> 
 
 def head_screen_supported() -> bool:
     """Whether `greedy_head_screened` runs here: AVX-512 with VNNI (Intel since Cascade Lake, AMD
-    since Zen 4), the kernels' level not capped below AVX-512."""
+    since Zen 4) at the AVX-512 level, or AVX2 as the kernels' level (AVX2 laptops, AMD before Zen
+    4, or VLLM_LITE_CPU_CAPABILITY=avx2); not at the baseline level, nor on AVX-512 without VNNI."""
     return torch.ops.vllm_lite_C.head_screen_supported()
 
 
@@ -164,7 +165,7 @@ def pack_head_screen(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def greedy_head_screened(hidden: torch.Tensor, panels: torch.Tensor, codes: torch.Tensor, stats: torch.Tensor,
                          vocab_size: int) -> tuple[torch.Tensor, float]:
     """`greedy_head(hidden, panels, vocab_size)`, the same tokens bit for bit: int16 dot products
-    (VNNI) estimate each logit within a proven bound, and only the columns that could still be a
+    (vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2) estimate each logit within a proven bound, and only the columns that could still be a
     row's first maximum are computed again as greedy_head computes them. Also returns what the
     recomputation cost, as a share of greedy_head's time over the same rows (estimated)."""
     return torch.ops.vllm_lite_C.greedy_head_screened(hidden, panels, codes, stats, vocab_size)

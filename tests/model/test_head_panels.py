@@ -104,7 +104,7 @@ def test_kernels_refuse_mismatched_inputs() -> None:
 # ---- greedy_head_screened: the same tokens as greedy_head, from int16 estimates first ----
 
 screened = pytest.mark.skipif(not (cpu_native.is_available() and cpu_native.head_screen_supported()),
-                              reason="the int16 screen needs AVX-512 with VNNI")
+                              reason="the int16 screen needs AVX-512 with VNNI or AVX2")
 
 
 def assert_screened_equals_greedy_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

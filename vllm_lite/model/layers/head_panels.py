@@ -6,7 +6,7 @@ in place of oneDNN's packed copy: the same weight bytes, and two entry points.
   for nothing else (no logprobs, penalties, bias, grammar, ...) never writes its logits. At 1,024
   rows of a small model's vocabulary the logits are 32 MB a step, written by the LM head and read
   back once by the argmax (benchmarks/RESULTS.md, twenty-fifth session). On a CPU with AVX-512
-  VNNI the greedy tokens are screened first by int16 dot products with a proven error bound
+  VNNI or AVX2 the greedy tokens are screened first by int16 dot products with a proven error bound
   (`greedy_head_screened`: the same tokens, 1.3-1.9x faster where the bound is narrow), as long
   as the screen pays for the model's hidden states (`HeadScreen`).
 """
@@ -57,7 +57,7 @@ class HeadScreen:
 @dataclass(frozen=True, slots=True)
 class HeadPanels:
     """`panels`: `pack_head_panels(weight)`; `out_features`: the weight's rows (this rank's
-    vocabulary slice); `screen`: the int16 screen of greedy steps, on CPUs with AVX-512 VNNI
+    vocabulary slice); `screen`: the int16 screen of greedy steps, on CPUs with AVX-512 VNNI or AVX2
     (half the head's fp32 bytes again; greedy steps then read half the bytes and do half the
     multiply instructions), else None."""
 
