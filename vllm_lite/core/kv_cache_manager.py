@@ -106,10 +106,11 @@ class KVCacheManager:
         `num_tokens[i]` tokens), and the new blocks `allocate_slots` would take for each (0 where
         they fit). None where the per-request rule must decide: a sliding window, or a request
         holding no blocks. The counts come from `tracked`, which follows `req_ids` from here on
-        (read again only when the list changes)."""
+        (read again only when the list changes; the list is kept, not copied: the scheduler's
+        list of running ids, never changed once made, so that a steady step's check is `is`)."""
         if self.sliding_window is not None:
             return None
-        if self.tracked.req_ids != req_ids and not self._track(req_ids):
+        if self.tracked.req_ids is not req_ids and self.tracked.req_ids != req_ids and not self._track(req_ids):
             return None
         tracked, bs = self.tracked, self.block_size
         fits = num_tokens <= tracked.held * bs
@@ -124,7 +125,7 @@ class KVCacheManager:
         if None in held:
             return False
         self.tracked = TrackedBlockCounts(
-            list(req_ids), {request_id: i for i, request_id in enumerate(req_ids)},
+            req_ids, {request_id: i for i, request_id in enumerate(req_ids)},
             np.fromiter(map(len, held), np.int64, len(held)),
             np.fromiter(map(self.num_cached_blocks.__getitem__, req_ids), np.int64, len(req_ids)))
         return True

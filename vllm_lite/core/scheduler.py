@@ -404,7 +404,8 @@ class Scheduler:
         without one). Kept while the rows and the slots' owners stay the same (steady decode)."""
         store = self.token_store
         cached = self._row_slots
-        if cached is not None and not stale and cached[0] == store.version and cached[1] == req_ids:
+        if (cached is not None and not stale and cached[0] == store.version
+                and (cached[1] is req_ids or cached[1] == req_ids)):
             return cached[2]
         slot_of = store.slot_of
         slots = np.array([slot_of.get(request_id, _DISCARD) for request_id in req_ids], dtype=np.int64)

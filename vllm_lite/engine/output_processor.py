@@ -383,7 +383,7 @@ class OutputProcessor:
         step names the same requests (steady decode): one comparison of the id lists then, instead
         of a lookup per row. The states list is the kept one: the caller reads it, never changes it."""
         cached = self._rows_cache.get(start)
-        if cached is not None and cached[0] == req_ids:
+        if cached is not None and (cached[0] is req_ids or cached[0] == req_ids):  # (`is`: RequestIdsReceiver)
             return cached[1], cached[2], cached[3]
         states = list(map(self.request_states.get, req_ids))
         if None in states:  # aborted since the step ran

@@ -532,12 +532,12 @@ class ModelRunner:
         then, instead of a lookup per request."""
         version = self.input_batch.version
         cached = self._rows_cache
-        if cached is not None and cached[0] == version and cached[1] == req_ids:
+        if cached is not None and cached[0] == version and (cached[1] is req_ids or cached[1] == req_ids):
             return cached[2]
         index = self.input_batch.req_id_to_index
         rows = np.fromiter(map(index.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
         rows.flags.writeable = False  # kept for later steps
-        self._rows_cache = (version, list(req_ids), rows)
+        self._rows_cache = (version, req_ids, rows)  # (a step's ids are never changed once sent)
         return rows
 
     def _where(self, what: str) -> str:
