@@ -10,9 +10,10 @@ tokens each, greedy, ignore_eos, no detokenization):
 * vllm_lite's per-step time split, from an in-process EngineCore whose phases are timed by
   wrappers (nothing in the engine itself is instrumented): schedule, input preparation, forward,
   logits + sampling, output update; IPC: what one step's outputs cost to encode, send over
-  an ipc:// ZMQ socket, receive and decode; and the client: the same step's outputs through the
+  an ipc:// ZMQ socket, receive and decode; and the client: the same steps' outputs through the
   client's OutputProcessor with detokenization on, as `LLM` takes them (final outputs only) and
-  as the server's streams take them (a delta per request per step).
+  as the server's streams take them (a delta per request per step), replayed after the engine
+  core's run (each its own process in a deployment: `ClientTimer`).
 
 `--modes` picks what runs: `core` (the throughput comparison, no detokenization), `split` (the
 per-step split), and two end-to-end modes:
