@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from vllm_lite import _custom_ops as cpu_native
+from vllm_lite.cpu_info import cpu_flags
 
 TESTS = Path(__file__).parent
 LEVELS = ("default", "avx2", "avx512")  # narrowest first
@@ -69,13 +70,6 @@ def test_capability_caps_the_level(level: str) -> None:
     result = capability_in_subprocess(level)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
-
-
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 @pytest.mark.parametrize("level", LEVELS)
