@@ -488,10 +488,12 @@ VLLM_LITE_SCREEN_TARGET void quantize_screen_row_avx512(const float* row, int64_
 VLLM_LITE_TARGET_AVX2 void quantize_screen_row_avx2(const float* row, int64_t r, int64_t k_size,
                                                     const ColumnBounds& columns, ScreenRows& out);
 
-ScreenRows quantize_screen_rows(const float* x, int64_t rows, int64_t k_size, const ColumnBounds& columns) {
+// `lanes`: the screen's width (screen_lanes()), which picks the level the rows are coded at.
+ScreenRows quantize_screen_rows(const float* x, int64_t rows, int64_t k_size, const ColumnBounds& columns,
+                                int lanes) {
   const int64_t pairs = (k_size + 1) / 2, tiles = (rows + kScreenRows - 1) / kScreenRows;
   ScreenRows out{std::vector<uint32_t>(tiles * pairs * kScreenRows, 0u), std::vector<ScreenRow>(rows)};
-  const auto quantize = screen_lanes() == 16 ? quantize_screen_row_avx512 : quantize_screen_row_avx2;
+  const auto quantize = lanes == 16 ? quantize_screen_row_avx512 : quantize_screen_row_avx2;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) quantize(x + r * k_size, r, k_size, columns, out);
   });
@@ -637,10 +639,9 @@ VLLM_LITE_INLINE VLLM_LITE_SCREEN_TARGET void screen_tile(const uint32_t* words,
 }
 
 VLLM_LITE_SCREEN_TARGET void screen_tile_rows_avx512(int height, const uint32_t* words, const int16_t* codes,
-                                                               const float* stats, int64_t padded, int64_t pairs,
-                                                               int64_t group, int64_t row0, int used,
-                                                               int64_t vocab_size, ScreenRow* states,
-                                                               float* cand_value, int32_t* cand_column) {
+                                                      const float* stats, int64_t padded, int64_t pairs,
+                                                      int64_t group, int64_t row0, int used, int64_t vocab_size,
+                                                      ScreenRow* states, float* cand_value, int32_t* cand_column) {
   switch (height) {
     case 1: return screen_tile<1>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
     case 2: return screen_tile<2>(words, codes, stats, padded, pairs, group, row0, used, vocab_size, states, cand_value, cand_column);
@@ -788,8 +789,8 @@ void screen_share(const ScreenRows& quantized, const float* x, int64_t rows, int
       const int height = used == kScreenRows ? kScreenRows : tail_rows(used, kScreenRows);
       const uint32_t* words = quantized.words.data() + r * pairs;
       for (int64_t g = b; g < b_end; ++g)
-        screen_tiles(height, words, codes, stats, padded, pairs, g, r, used, vocab_size, states.data(), cand_value.data(),
-                  cand_column.data());
+        screen_tiles(height, words, codes, stats, padded, pairs, g, r, used, vocab_size, states.data(),
+                     cand_value.data(), cand_column.data());
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -825,12 +826,13 @@ std::tuple<at::Tensor, double> greedy_head_screened(const at::Tensor& hidden, co
   const float* st = stats.data_ptr<float>();
   auto column_max = [&](int row) { return static_cast<double>(*std::max_element(st + row * padded, st + row * padded + vocab_size)); };
   const ColumnBounds bounds{column_max(0), column_max(1), column_max(2), column_max(3)};
-  const ScreenRows quantized = quantize_screen_rows(x.data_ptr<float>(), rows, k_size, bounds);
+  const int lanes = screen_lanes();
+  const ScreenRows quantized = quantize_screen_rows(x.data_ptr<float>(), rows, k_size, bounds, lanes);
   const GroupShares shares = group_shares((vocab_size + 31) / 32);
   const int threads = shares.threads;
   std::vector<Best> best(threads * rows);
   std::vector<int64_t> recomputed(threads, 0);
-  const auto share = screen_lanes() == 16 ? screen_share<16> : screen_share<8>;
+  const auto share = lanes == 16 ? screen_share<16> : screen_share<8>;
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
   for (int t = 0; t < threads; ++t)
     share(quantized, x.data_ptr<float>(), rows, k_size, panels.data_ptr<float>(), codes.data_ptr<int16_t>(), st,

@@ -165,8 +165,9 @@ def pack_head_screen(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def greedy_head_screened(hidden: torch.Tensor, panels: torch.Tensor, codes: torch.Tensor, stats: torch.Tensor,
                          vocab_size: int) -> tuple[torch.Tensor, float]:
     """`greedy_head(hidden, panels, vocab_size)`, the same tokens bit for bit: int16 dot products
-    (vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2) estimate each logit within a proven bound, and only the columns that could still be a
-    row's first maximum are computed again as greedy_head computes them. Also returns what the
+    (vpdpwssd on AVX-512 VNNI, vpmaddwd on AVX2) estimate each logit within a proven bound, and
+    only the columns that could still be a row's first maximum are computed again as greedy_head
+    computes them. Also returns what the
     recomputation cost, as a share of greedy_head's time over the same rows (estimated)."""
     return torch.ops.vllm_lite_C.greedy_head_screened(hidden, panels, codes, stats, vocab_size)
 
