@@ -6,8 +6,10 @@
 // no register mode for it), so a 16-lane kernel compiled for AVX2 spends its time on the stack.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace vllm_lite_cpu {
 
@@ -153,6 +155,36 @@ VLLM_LITE_INLINE V exp_clamped(V x) {
   const V magic = zero + 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
   const V n = (x * 1.44269504088896341f + magic) - magic;
   return exp_reduced(x, n, __builtin_convertvector(n, VecI32<lanes_of<V>>));
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the max), vectorized (exp_reduced); below -87
+// exp underflows to 0.
+template <typename V>
+VLLM_LITE_INLINE V exp_nonpositive(V x) {
+  typedef VecI32<lanes_of<V>> I;
+  const V zero = {};
+  const V keep = x < -87.f ? zero : zero + 1.f;
+  x = x < -87.f ? zero - 87.f : x;
+  // Round to nearest: x <= 0, and the conversion truncates toward zero.
+  const I n_int = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, I);
+  return exp_reduced(x, __builtin_convertvector(n_int, V), n_int) * keep;
+}
+
+// The largest of x[0:n], a vector at a time (a serial chain of scalar maxes cost as much as a
+// decode's scores); NaNs are skipped as std::max skips them.
+template <typename V = vfloat>
+VLLM_LITE_INLINE float max_of(const float* x, int64_t n) {
+  constexpr int L = lanes_of<V>;
+  float max = -std::numeric_limits<float>::infinity();
+  V lanes = V{} + max;
+  int64_t t = 0;
+  for (; t + L <= n; t += L) {
+    const V v = load<V>(x + t);
+    lanes = v > lanes ? v : lanes;
+  }
+  for (int64_t j = 0; j < L; ++j) max = std::max(max, lanes[j]);
+  for (; t < n; ++t) max = std::max(max, x[t]);
+  return max;
 }
 
 }  // namespace vllm_lite_cpu

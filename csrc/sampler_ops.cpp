@@ -26,35 +26,82 @@
 #include <vector>
 
 #include "cpu_multiversion.h"
+#include "cpu_vec.h"
 
 namespace {
 
-// out[i] = exp(x[i] - shift) for x[i] <= shift, 0 for -inf. libm's expf
-// does not vectorize without -ffast-math, so 2^t is split as 2^floor(t) (exponent bits) times a
-// degree-6 polynomial for 2^frac (relative error ~2e-7, plenty for sampling).
-VLLM_LITE_MULTIVERSION
-void exp_shifted(const float* x, float shift, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float t = (x[i] - shift) * 1.44269504f;
-    const bool underflow = !(t > -125.0f);  // also true for NaN and -inf
-    t = underflow ? -125.0f : t;
-    const float whole = __builtin_floorf(t);
-    const float f = t - whole;
-    const float p =
-        1.0f + f * (0.693147182f + f * (0.240226507f + f * (0.0555041087f +
-        f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
-    const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, sizeof(scale));
-    out[i] = underflow ? 0.0f : p * scale;
+using vllm_lite_cpu::VecF;
+
+// The draw's blocks: whole vectors at every ISA level (16, 8 or 4 lanes).
+constexpr int64_t kDrawBlock = 256;
+
+int64_t num_blocks(int64_t n) { return (n + kDrawBlock - 1) / kDrawBlock; }
+
+// sums[b] = the sum of probs over block b (the last block possibly shorter), a vector at a time.
+template <int L>
+VLLM_LITE_INLINE void sum_blocks(const float* probs, int64_t n, float* sums) {
+  using V = VecF<L>;
+  for (int64_t begin = 0, b = 0; begin < n; begin += kDrawBlock, ++b) {
+    const int64_t end = std::min(n, begin + kDrawBlock);
+    V acc = {};
+    int64_t i = begin;
+    for (; i + L <= end; i += L) acc += vllm_lite_cpu::load<V>(probs + i);
+    float sum = vllm_lite_cpu::hsum(acc);
+    for (; i < end; ++i) sum += probs[i];
+    sums[b] = sum;
   }
 }
 
-VLLM_LITE_MULTIVERSION
-float row_max(const float* x, int64_t n) {
-  float peak = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) peak = x[i] > peak ? x[i] : peak;
-  return peak;
+// probs[i] = exp(logits[i] - peak) (peak: the row's largest logit), 0 where that underflows,
+// for -inf and for NaN; then sum_blocks.
+template <int L>
+VLLM_LITE_INLINE void exp_blocks(const float* logits, int64_t n, float peak, float* probs, float* sums) {
+  using V = VecF<L>;
+  const V zero = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const V shifted = vllm_lite_cpu::load<V>(logits + i) - peak;
+    const V e = vllm_lite_cpu::exp_nonpositive(shifted);
+    vllm_lite_cpu::store(probs + i, shifted > -87.f ? e : zero);
+  }
+  for (; i < n; ++i) {
+    const float shifted = logits[i] - peak;
+    probs[i] = shifted > -87.f ? std::exp(shifted) : 0.0f;
+  }
+  sum_blocks<L>(probs, n, sums);
+}
+
+// probs[i] = 0 where probs[i] < threshold (the tokens truncation drops); then sum_blocks.
+template <int L>
+VLLM_LITE_INLINE void drop_below(float* probs, int64_t n, float threshold, float* sums) {
+  using V = VecF<L>;
+  const V zero = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const V v = vllm_lite_cpu::load<V>(probs + i);
+    vllm_lite_cpu::store(probs + i, v >= threshold ? v : zero);
+  }
+  for (; i < n; ++i) probs[i] = probs[i] >= threshold ? probs[i] : 0.0f;
+  sum_blocks<L>(probs, n, sums);
+}
+
+template <int L>
+VLLM_LITE_INLINE void row_peak(const float* x, int64_t n, float* peak) {
+  *peak = vllm_lite_cpu::max_of<VecF<L>>(x, n);
+}
+
+VLLM_LITE_PER_ISA(largest_logit, row_peak<L>, (const float* x, int64_t n, float* peak), (x, n, peak))
+VLLM_LITE_PER_ISA(exp_and_sum, exp_blocks<L>,
+                  (const float* logits, int64_t n, float peak, float* probs, float* sums),
+                  (logits, n, peak, probs, sums))
+VLLM_LITE_PER_ISA(drop_below_and_sum, drop_below<L>, (float* probs, int64_t n, float threshold, float* sums),
+                  (probs, n, threshold, sums))
+VLLM_LITE_PER_ISA(block_sums, sum_blocks<L>, (const float* probs, int64_t n, float* sums), (probs, n, sums))
+
+double total_of(const float* sums, int64_t n) {
+  double total = 0.0;
+  for (int64_t b = 0; b < num_blocks(n); ++b) total += sums[b];
+  return total;
 }
 
 // Largest threshold t among `values[0, n)` (all > 0) such that sum(values >= t) >= target.
@@ -85,12 +132,31 @@ float top_p_threshold(float* values, int64_t n, double target) {
   return threshold;  // rounding left the target just out of reach: keep everything seen
 }
 
-int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, float top_p, float u,
-                   std::vector<float>& probs, std::vector<float>& scratch) {
-  const float peak = row_max(logits, vocab);
-  if (!std::isfinite(peak)) return 0;  // every token masked: nothing sensible to draw
-  exp_shifted(logits, peak, probs.data(), vocab);
+// The inverse-CDF draw over `weights` (>= 0, not all 0) in vocabulary order: the first index
+// whose running sum exceeds u times the total. Whole blocks are passed by their sums; only the
+// block that holds the boundary is walked value by value (a running sum in one chain of
+// dependent adds is what made a 8,192-token row cost ~25 us).
+int64_t draw(const float* weights, int64_t n, float u, const float* sums) {
+  const double target = static_cast<double>(u) * total_of(sums, n);
+  double before = 0.0;
+  for (int64_t begin = 0, b = 0; begin < n; begin += kDrawBlock, ++b) {
+    if (before + sums[b] > target) {
+      double running = before;
+      for (int64_t i = begin; i < std::min(n, begin + kDrawBlock); ++i) {
+        running += weights[i];
+        if (running > target) return i;  // only a positive weight moves the sum past the target
+      }
+    }
+    before += sums[b];
+  }
+  for (int64_t i = n - 1; i > 0; --i)  // rounding left the target just out of reach
+    if (weights[i] > 0.0f) return i;
+  return 0;
+}
 
+// The smallest probability (unnormalized, as `probs`) that top-k and top-p keep.
+float truncation_threshold(const float* probs, int64_t vocab, int64_t top_k, float top_p,
+                           std::vector<float>& scratch, std::vector<float>& sums) {
   float threshold = 0.0f;
   int64_t num_kept = 0;
   for (int64_t i = 0; i < vocab; ++i)
@@ -104,26 +170,24 @@ int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, float top_
       if (probs[i] >= threshold && probs[i] > 0.0f) scratch[num_kept++] = probs[i];
   }
   if (top_p < 1.0f && num_kept > 1) {
-    double kept_mass = 0.0;
-    for (int64_t i = 0; i < num_kept; ++i) kept_mass += scratch[i];
+    block_sums(scratch.data(), num_kept, sums.data());
+    const double kept_mass = total_of(sums.data(), num_kept);
     threshold = std::max(threshold, top_p_threshold(scratch.data(), num_kept, top_p * kept_mass));
   }
+  return threshold;
+}
 
-  double kept_mass = 0.0;
-  int64_t last_kept = 0;
-  for (int64_t i = 0; i < vocab; ++i)
-    if (probs[i] >= threshold && probs[i] > 0.0f) {
-      kept_mass += probs[i];
-      last_kept = i;
-    }
-  const double target = static_cast<double>(u) * kept_mass;
-  double cumulative = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (probs[i] < threshold || probs[i] <= 0.0f) continue;
-    cumulative += probs[i];
-    if (cumulative > target) return i;
+int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, float top_p, float u,
+                   std::vector<float>& probs, std::vector<float>& scratch, std::vector<float>& sums) {
+  float peak;
+  largest_logit(logits, vocab, &peak);
+  if (!std::isfinite(peak)) return 0;  // every token masked: nothing sensible to draw
+  exp_and_sum(logits, vocab, peak, probs.data(), sums.data());
+  if (top_k > 0 || top_p < 1.0f) {
+    const float threshold = truncation_threshold(probs.data(), vocab, top_k, top_p, scratch, sums);
+    drop_below_and_sum(probs.data(), vocab, threshold, sums.data());
   }
-  return last_kept;
+  return draw(probs.data(), vocab, u, sums.data());
 }
 
 at::Tensor top_k_top_p_sample(const at::Tensor& logits, const at::Tensor& top_k,
@@ -146,9 +210,9 @@ at::Tensor top_k_top_p_sample(const at::Tensor& logits, const at::Tensor& top_k,
   const float* us = uniforms.data_ptr<float>();
   int64_t* result = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> probs(vocab), scratch(vocab);
+    std::vector<float> probs(vocab), scratch(vocab), sums(num_blocks(vocab));
     for (int64_t r = begin; r < end; ++r)
-      result[r] = sample_row(data + r * row_stride, vocab, ks[r], ps[r], us[r], probs, scratch);
+      result[r] = sample_row(data + r * row_stride, vocab, ks[r], ps[r], us[r], probs, scratch, sums);
   });
   return out;
 }

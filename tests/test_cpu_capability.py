@@ -24,7 +24,7 @@ LEVELS = ("default", "avx2", "avx512")  # narrowest first
 # AVX2 paths); the sampler's and the grammar mask's loops are target_clones picked by the CPU alone.
 KERNEL_TESTS = ["attention/test_csrc_ops.py", "attention/test_kv_quant.py",
                 "attention/test_sliding_window_kernels.py::test_cpu_native_backend_window",
-                "model/test_layer_ops.py",
+                "model/test_layer_ops.py", "sample/test_topk_topp.py",
                 "model/test_head_panels.py::test_logits_match_the_matmul",
                 "model/test_head_panels.py::test_greedy_tokens_are_the_first_maximum_of_the_logits",
                 "model/test_head_panels.py::test_ties_go_to_the_first_column_across_lanes_panels_and_threads",

@@ -72,6 +72,33 @@ def test_native_op_draws_what_the_torch_rule_draws(kind: str) -> None:
     assert torch.equal(sample(logits.clone(), top_k, top_p, uniforms), native)  # the dispatch
 
 
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+@pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "masked"])
+def test_untruncated_rows_draw_what_the_torch_softmax_draws(kind: str) -> None:
+    """Rows without top-k or top-p go to the native op too (whole blocks skipped by their sums,
+    one block walked): the token torch's softmax + cumsum + search draws, rows of a vocabulary
+    that is no whole number of blocks or vectors, and rows with top-k 0 / top-p 1.0 among
+    truncated ones."""
+    logits = _logits(kind)
+    uniforms = _params()[2]
+    reference = sample_truncated(logits.clone(), uniforms)
+    assert torch.equal(sample(logits.clone(), None, None, uniforms), reference)
+    top_k, top_p, _ = _params()
+    top_k[::4], top_p[::4] = 0, 1.0
+    mixed = cpu_native.top_k_top_p_sample(logits.clone(), top_k, top_p, uniforms)
+    assert torch.equal(mixed[::4], reference[::4])
+
+
+def test_a_draw_at_the_ends_of_the_distribution_takes_a_kept_token() -> None:
+    """u = 0 takes the first token with any mass; u just below 1 the last one (never a masked
+    token past it), with and without the native op."""
+    logits = torch.full((2, 700), float("-inf"))
+    logits[:, [3, 300, 650]] = torch.tensor([0.0, 1.0, 2.0])
+    uniforms = torch.tensor([0.0, 1.0 - 2 ** -24])
+    assert sample(logits.clone(), None, None, uniforms).tolist() == [3, 650]
+    assert sample_truncated(logits.clone(), uniforms).tolist() == [3, 650]
+
+
 @pytest.mark.parametrize("with_top_p", [True, False])
 def test_every_row_masked_draws_what_the_truncated_rows_alone_draw(with_top_p: bool) -> None:
     """Off the CPU every row takes part in the masking, the untruncated ones too (their choices of

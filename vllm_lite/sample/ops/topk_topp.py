@@ -8,8 +8,8 @@ parameters and its own u, never on the other rows of the batch or their order.
 Truncation keeps the tokens whose probability is at least a threshold (ties at a threshold are
 all kept): top-k's is the k-th largest probability, top-p's the largest t such that the tokens
 with p >= t hold at least top_p of the top-k-kept mass. The cost is bounded whatever the
-distribution: on CPU the native op finds both thresholds by selection (expected O(vocab) per
-row); elsewhere one sort per row (a top-k alone needs only a partial top-k): on a GPU every row,
+distribution: on CPU the native op draws every row, untruncated ones too, and finds both
+thresholds by selection (expected O(vocab) per row); elsewhere one sort per row (a top-k alone needs only a partial top-k): on a GPU every row,
 an untruncated one keeping every token, so that which rows to work on is never read back from
 the device (a sync that would stall a step thread launching ahead); the host's copies of top-k and
 top-p choose the work.
@@ -37,7 +37,7 @@ def sample(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
     float32 [n] (1.0 = off); uniforms float32 [n] in [0, 1). Returns int64 [n]. `top_k_host`,
     `top_p_host`: the same values on the host, from which the work is chosen without reading the
     device (read from it when not given)."""
-    if (top_k is not None or top_p is not None) and _native_applies(logits):
+    if _native_applies(logits):  # untruncated rows too: torch's softmax + cumsum cost 5x more
         top_k, top_p, _, _ = _both(logits, top_k, top_p, top_k_host, top_p_host)
         return cpu_native.top_k_top_p_sample(logits, top_k.contiguous(), top_p.contiguous(),
                                              uniforms.contiguous())
