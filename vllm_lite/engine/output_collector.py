@@ -31,7 +31,11 @@ class RequestOutputCollector:
         self.pending: RequestOutput | BaseException | None = None
         self.text_parts: dict[int, list[str]] = {}  # DELTA merges: completion index -> its text pieces
         self.num_unread = 0
-        self.ready = asyncio.Event()
+        # The consumer's future while it waits. A bare future, not an asyncio.Event: the Event
+        # looks up the running loop on every wait, and that lookup makes a getpid system call
+        # (CPython's fork check), once per streamed token.
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def put(self, item: RequestOutput | BaseException) -> bool:
         """Hand over an output or an error (an error replaces whatever is pending). Returns
@@ -43,7 +47,9 @@ class RequestOutputCollector:
         else:
             merge_into(self.pending, item, self.delta, self.text_parts)
         self.num_unread += 1
-        self.ready.set()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         return self.num_unread <= self.max_unread
 
     # The name asyncio.Queue uses, for code that puts outputs without caring about merging.
@@ -51,8 +57,13 @@ class RequestOutputCollector:
 
     async def get(self) -> RequestOutput | BaseException:
         while self.pending is None:
-            self.ready.clear()
-            await self.ready.wait()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
         item, self.pending, self.num_unread = self.pending, None, 0
         if self.text_parts:
             if isinstance(item, RequestOutput):
