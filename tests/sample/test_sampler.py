@@ -12,6 +12,7 @@ from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWa
 from llm_factory import make_llm
 from sampling_fixtures import make_batch, make_metadata
 from vllm_lite import SamplingParams
+from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.sample.copy_counter import LogitsCopyCounter
 from vllm_lite.sample.sampler import Sampler
 
@@ -107,6 +108,21 @@ def test_all_greedy_batch_makes_no_logits_copy() -> None:
     with LogitsCopyCounter(logits) as counter:  # the counter does see copies when there are some
         Sampler()(logits, top_p)
     assert counter.num_copies > 0
+
+
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+def test_random_rows_at_temperature_one_make_no_logits_copy() -> None:
+    """The OpenAI default (temperature 1.0, no top-k / top-p) divides by nothing and, on CPU,
+    copies nothing: the native op draws from the logits as they are."""
+    batch = make_batch([([1], [], SamplingParams(temperature=1.0)) for _ in range(8)])
+    metadata = make_metadata(batch)
+    assert metadata.temperature is None
+    logits = torch.randn(8, 4096)
+    with LogitsCopyCounter(logits) as counter:
+        Sampler()(logits, metadata)
+    assert counter.num_copies == 0, counter.ops
+    mixed = make_metadata(make_batch([([1], [], SamplingParams(temperature=t)) for t in (1.0, 0.0, 0.5)]))
+    assert mixed.temperature is not None and mixed.temperature[:, 0].tolist() == [1.0, 1.0, 0.5]
 
 
 # ---- end to end: seeds through the engine ----

@@ -84,7 +84,7 @@ class RequestedLogprobsMetadata:
 class SamplingMetadata:
     all_greedy: bool
     all_random: bool
-    temperature: torch.Tensor | None  # float32 [num_rows, 1] (1.0 on greedy rows); None when all greedy
+    temperature: torch.Tensor | None  # float32 [num_rows, 1] (1.0 on greedy rows); None when all are 1.0
     greedy_mask: torch.Tensor | None  # bool [num_rows]; None unless greedy and random rows mix
     generators: dict[int, torch.Generator]  # logits row -> its request's generator (seeded, random rows)
     top_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it

@@ -135,7 +135,8 @@ class Sampler:
 
     @staticmethod
     def _temper(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
-        logits.div_(metadata.temperature)
+        if metadata.temperature is not None:
+            logits.div_(metadata.temperature)
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
 

@@ -39,8 +39,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
     return SamplingMetadata(
         all_greedy=all_greedy,
         all_random=all_random,
-        temperature=None if all_greedy else host_to_device(np.where(greedy, 1.0, temperature)
-                                                .astype(np.float32)[:, None], device),
+        temperature=_divisors(temperature, greedy, device),
         greedy_mask=None if all_greedy or all_random else host_to_device(greedy, device),
         generators=_row_generators(batch, rows, random_rows, generators),
         top_p=host_to_device(top_p, device) if uses_top_p else None,
@@ -57,6 +56,13 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         bad_words=_bad_words(batch, rows, history, vocab_size),
         min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
     )
+
+
+def _divisors(temperature: np.ndarray, greedy: np.ndarray, device: torch.device) -> torch.Tensor | None:
+    """The rows' temperatures as the logits' divisors (1.0 on greedy rows); None when every one is
+    1.0 (all greedy, or the OpenAI default temperature): dividing would only copy the logits."""
+    divisors = np.where(greedy, 1.0, temperature).astype(np.float32)
+    return None if (divisors == 1.0).all() else host_to_device(divisors[:, None], device)
 
 
 def _logprobs_rows(num_logprobs: np.ndarray) -> np.ndarray | None:
