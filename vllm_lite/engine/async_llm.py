@@ -20,9 +20,8 @@ engine core, which frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
@@ -99,20 +98,22 @@ class AsyncLLM:
         return EngineDeadError(self.engine_core.state.dead_reason or "the engine core died")
 
     # ---- requests ----
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+    def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                 request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs (as `sampling_params.output_kind` says) until it
-        finishes. Raises EngineDeadError if the engine core dies, RequestRejectedError (a
-        ValueError) if it refuses the request."""
-        queue = await self.add_request(request_id, prompt, sampling_params, priority)
-        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:  # (closed with this one)
-            async for output in outputs:
-                yield output
+        finishes; the request is added when the stream is first read. Raises EngineDeadError if
+        the engine core dies, RequestRejectedError (a ValueError) if it refuses the request."""
+        return self._outputs(lambda: self.add_request(request_id, prompt, sampling_params, priority), request_id)
 
-    async def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
-                     request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
+    def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
+               request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
         """An embedding model's vector for the prompt (the pooling runner; vLLM's AsyncLLM.encode):
         one output, when the prompt is computed."""
+        return self._outputs(lambda: self._add_pooling_request(request_id, prompt, pooling_params, priority),
+                             request_id)
+
+    async def _add_pooling_request(self, request_id: str, prompt: PromptType, pooling_params: PoolingParams | None,
+                                   priority: int) -> RequestOutputCollector:
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
@@ -126,13 +127,14 @@ class AsyncLLM:
         except BaseException:
             self._abort_now([request_id])
             raise
-        async with contextlib.aclosing(self._outputs(queue, request_id)) as outputs:
-            async for output in outputs:
-                yield output
+        return queue
 
-    async def _outputs(self, queue: RequestOutputCollector, request_id: str) -> AsyncGenerator[Any, None]:
-        """The request's outputs from its collector until it finishes; aborted if the consumer
-        leaves before."""
+    async def _outputs(self, add: Callable[[], Awaitable[RequestOutputCollector]],
+                       request_id: str) -> AsyncGenerator[Any, None]:
+        """Adds the request (`add`, awaited on the first read), then its outputs from its
+        collector until it finishes; aborted if the consumer leaves before. One generator from
+        the collector to the caller: every layer is paid on each streamed token."""
+        queue = await add()
         finished = False
         try:
             while not finished:

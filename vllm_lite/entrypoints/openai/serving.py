@@ -547,28 +547,41 @@ def top_logprobs(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]
 
 class SSEResponse(StreamingResponse):
     """Server-sent events. The event generator is closed as soon as streaming stops (a client
-    that disconnected included), which aborts the requests it was reading.
+    that disconnected included), which aborts the requests it was reading. An error the events
+    raise after the stream began becomes one event (`error_event`), then `last` ends the stream
+    (vLLM's `data: [DONE]`; None for none).
 
     The events are sent from a task of their own, cancelled if the client disconnects first, as
     Starlette's StreamingResponse does, but without its anyio task group and its per-chunk type
     check: the API server's CPU per streamed token is what bounds a served stream's speed."""
 
-    def __init__(self, events: AsyncGenerator[str, None]) -> None:
+    def __init__(self, events: AsyncGenerator[str, None], last: str | None = SSE_DONE,
+                 error_event: Callable[[Exception], str] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream")
         self.events = events
+        self.last = last
+        self.error_event = error_event or sse_error
         self.on_close: list[Callable[[], None]] = []  # run once the stream has ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = await run_until_disconnect(self.stream_response(send), receive)
         if not task.cancelled():
-            task.result()  # an error met while streaming goes on to the server's handlers
+            task.result()  # an error met while sending goes on to the server's handlers
 
     async def stream_response(self, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for event in self.events:
+            while True:
+                try:
+                    event = await anext(self.events)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    event = self.error_event(exc)
+                    await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+                    break
                 await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": (self.last or "").encode(), "more_body": False})
         finally:
             await self.events.aclose()
             for callback in self.on_close:
@@ -580,19 +593,6 @@ def sse_error(exc: Exception) -> str:
     if describe_error(exc)[0] == 500:
         logger.exception("error while streaming", exc_info=exc)
     return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n"
-
-
-async def sse_stream(events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """Every stream ends the same way: an error met after it began becomes one error event,
-    and [DONE] comes last. Closing this stream (the client left) closes `events` at once."""
-    try:
-        async for event in events:
-            yield event
-    except Exception as exc:
-        yield sse_error(exc)
-    finally:
-        await events.aclose()
-    yield SSE_DONE
 
 
 def sse_event(chunk: BaseModel) -> str:

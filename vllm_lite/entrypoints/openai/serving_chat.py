@@ -30,7 +30,7 @@ from vllm_lite.entrypoints.openai.serving import (
     MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
     gather_or_cancel,
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
-    render_chat, sse_event, sse_stream, start_stream, top_logprobs, tracked_generate, truncation
+    render_chat, sse_event, start_stream, top_logprobs, tracked_generate, truncation
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
                                                         forced_call_content, plan_tools)
@@ -59,8 +59,8 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, num_top, model, request_id, prompt_token_ids,
-                                                     started, tools)))
+        return SSEResponse(_stream_events(ctx, request, num_top, model, request_id, prompt_token_ids, started,
+                                          tools))
     return await json_response(_full_response(ctx, request, num_top, model, request_id, prompt_token_ids, stream,
                                               tools),
                                raw_request)

@@ -26,7 +26,7 @@ from vllm_lite.entrypoints.openai.serving import (
     ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
     gather_or_cancel,
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
-    sse_stream, start_streams, tracked_generate, truncation
+    start_streams, tracked_generate, truncation
 )
 from vllm_lite.entrypoints.openai.stream_chunks import CompletionChunkChoice, completion_chunk_event
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
@@ -52,8 +52,7 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     shape = _ChoiceShape.of(request, params.logprobs, ctx.tokens_as_ids(request.return_tokens_as_token_ids))
     if request.stream:
         started = await start_streams(streams)
-        return SSEResponse(sse_stream(_stream_events(ctx, request, shape, model, request_id, prompts, echoed,
-                                                     started)))
+        return SSEResponse(_stream_events(ctx, request, shape, model, request_id, prompts, echoed, started))
     return await json_response(_full_response(ctx, request, shape, model, request_id, prompts, echoed, streams),
                                raw_request)
 

@@ -93,7 +93,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
     stream = tracked_generate(ctx, prompt, params, engine_request_id, request.priority)
     if request.stream:
         started = await start_stream(stream)
-        return SSEResponse(_sse(_stream_events(ctx, turn, started)))
+        return SSEResponse(_sse(_stream_events(ctx, turn, started)), last=None, error_event=_sse_error)
     return JSONResponse(await cancel_on_disconnect(_full_response(ctx, turn, stream), raw_request))
 
 
@@ -208,15 +208,15 @@ def _finish(ctx: ServingContext, turn: ResponseTurn, output: list[dict[str, Any]
 
 
 async def _sse(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[str, None]:
-    """Each event as `event: <type>` + its JSON; an error met after the stream began is an
-    `error` event (the openai client raises it)."""
-    try:
+    """Each event as `event: <type>` + its JSON."""
+    async with contextlib.aclosing(events):
         async for event in events:
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-    except Exception as exc:
-        yield f"event: error\n{sse_error(exc)}"
-    finally:
-        await events.aclose()
+
+
+def _sse_error(exc: Exception) -> str:
+    """An error met after the stream began: an `error` event (the openai client raises it)."""
+    return f"event: error\n{sse_error(exc)}"
 
 
 @dataclass(slots=True)
