@@ -12,7 +12,9 @@
 //
 // Both thresholds come from selection, not sorting: std::nth_element for top-k, and for top-p a
 // quickselect that partitions around a pivot and descends into the side that holds the boundary
-// (the larger side's mass is known after each partition). Rows run in parallel.
+// (the larger side's mass is known after each partition). A row with neither (top_k 0, top_p 1.0)
+// skips them. The draw passes whole blocks of 256 tokens by their sums, walking one block; the
+// max, the exps and the block sums run a vector at a time (per ISA level). Rows run in parallel.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -134,8 +136,8 @@ float top_p_threshold(float* values, int64_t n, double target) {
 
 // The inverse-CDF draw over `weights` (>= 0, not all 0) in vocabulary order: the first index
 // whose running sum exceeds u times the total. Whole blocks are passed by their sums; only the
-// block that holds the boundary is walked value by value (a running sum in one chain of
-// dependent adds is what made a 8,192-token row cost ~25 us).
+// block that holds the boundary is walked value by value (a running sum over the whole row, one
+// chain of dependent adds, made the draw cost as much as the rest of the row).
 int64_t draw(const float* weights, int64_t n, float u, const float* sums) {
   const double target = static_cast<double>(u) * total_of(sums, n);
   double before = 0.0;

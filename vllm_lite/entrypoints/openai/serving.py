@@ -571,15 +571,14 @@ class SSEResponse(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            while True:
+            failed = False
+            while not failed:
                 try:
                     event = await anext(self.events)
                 except StopAsyncIteration:
                     break
-                except Exception as exc:
-                    event = self.error_event(exc)
-                    await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
-                    break
+                except Exception as exc:  # (not one of `send`'s: those end the response)
+                    event, failed = self.error_event(exc), True
                 await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
             await send({"type": "http.response.body", "body": (self.last or "").encode(), "more_body": False})
         finally:
@@ -589,7 +588,7 @@ class SSEResponse(StreamingResponse):
 
 
 def sse_error(exc: Exception) -> str:
-    """An error met after a stream began: one error event (the stream then ends with [DONE])."""
+    """An error met after a stream began: one error event (SSEResponse then ends the stream)."""
     if describe_error(exc)[0] == 500:
         logger.exception("error while streaming", exc_info=exc)
     return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n"
