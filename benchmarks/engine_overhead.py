@@ -22,6 +22,8 @@ per-step split), and two end-to-end modes:
   process; vLLM's `LLM`), i.e. what a user of `LLM.generate` gets.
 * `serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
   concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
+  `vllm bench serve` sends no temperature, so both servers sample at the OpenAI default (1.0,
+  random, every logit computed), where `e2e` and `split` are greedy.
 
 `--stand-in-model MB` (split only) replaces the model's forward pass and logits by stand-ins that
 compute nothing (every row samples token 0) but first write MB megabytes, as a forward pass's
