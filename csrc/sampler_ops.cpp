@@ -63,7 +63,7 @@ VLLM_LITE_INLINE void exp_blocks(const float* logits, int64_t n, float peak, flo
   int64_t i = 0;
   for (; i + L <= n; i += L) {
     const V shifted = vllm_lite_cpu::load<V>(logits + i) - peak;
-    const V e = vllm_lite_cpu::exp_nonpositive(shifted);
+    const V e = vllm_lite_cpu::exp_nonpositive(shifted);  // (0 below -87 already; not for NaN)
     vllm_lite_cpu::store(probs + i, shifted > -87.f ? e : zero);
   }
   for (; i < n; ++i) {

@@ -9,10 +9,10 @@ Truncation keeps the tokens whose probability is at least a threshold (ties at a
 all kept): top-k's is the k-th largest probability, top-p's the largest t such that the tokens
 with p >= t hold at least top_p of the top-k-kept mass. The cost is bounded whatever the
 distribution: on CPU the native op draws every row, untruncated ones too, and finds both
-thresholds by selection (expected O(vocab) per row); elsewhere one sort per row (a top-k alone needs only a partial top-k): on a GPU every row,
-an untruncated one keeping every token, so that which rows to work on is never read back from
-the device (a sync that would stall a step thread launching ahead); the host's copies of top-k and
-top-p choose the work.
+thresholds by selection (expected O(vocab) per row); elsewhere one sort per row (a top-k alone
+needs only a partial top-k): on a GPU every row, an untruncated one keeping every token, so that
+which rows to work on is never read back from the device (a sync that would stall a step thread
+launching ahead); the host's copies of top-k and top-p choose the work.
 """
 
 from __future__ import annotations
