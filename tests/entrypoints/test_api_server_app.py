@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.middleware.cors import CORSMiddleware
 from fake_engine import FakeEngine
 
 from vllm_lite.entrypoints.openai.api_server import build_app
@@ -202,6 +203,49 @@ def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
 def test_two_apps_keep_separate_registries(engine: FakeEngine) -> None:
     first, second = build_app(engine, ["a"]), build_app(engine, ["b"])
     assert first.state.ctx.metrics.registry is not second.state.ctx.metrics.registry
+
+
+def test_stream_chunks_pass_user_middleware_and_skip_start_only_layers(engine: FakeEngine,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed response's body chunks go from the request gate's `send` (middleware.py): an
+    outer middleware (as --middleware adds) sees every chunk, CORS sees and answers the start
+    only, and the bytes on the wire are the whole stream."""
+    cors_messages: list[str] = []
+    cors_send = CORSMiddleware.send
+
+    async def counted_cors_send(self: Any, message: Any, send: Any, request_headers: Any) -> None:
+        cors_messages.append(message["type"])
+        await cors_send(self, message, send, request_headers)
+
+    monkeypatch.setattr(CORSMiddleware, "send", counted_cors_send)
+    outer_messages: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def recording(message: Any) -> None:
+                outer_messages.append(message)
+                await send(message)
+            await self.app(scope, receive, recording)
+
+    async def run() -> httpx.Response:
+        app = build_app(engine, [MODEL], api_key=API_KEY)
+        app.add_middleware(Recorder)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.post("/v1/completions", headers={"Authorization": f"Bearer {API_KEY}",
+                                                                 "Origin": "https://app.example"},
+                                     json={"model": MODEL, "prompt": "hello", "max_tokens": 5, "stream": True})
+
+    response = asyncio.run(run())
+    chunks = sse_payloads(response)
+    assert "".join(chunk["choices"][0]["text"] for chunk in chunks) and chunks[-1]["choices"][0]["finish_reason"]
+    assert response.headers["access-control-allow-origin"] == "*"
+    bodies = [m["body"] for m in outer_messages if m["type"] == "http.response.body"]
+    assert outer_messages[0]["type"] == "http.response.start" and b"".join(bodies) == response.content
+    assert len(bodies) == len(chunks) + 1  # one chunk per event, then [DONE]
+    assert cors_messages == ["http.response.start"]
 
 
 # ---- consumers that stop early abort their requests ----

@@ -27,6 +27,7 @@ from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, re
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
+from vllm_lite.entrypoints.openai.middleware import BODY_SEND
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
@@ -42,7 +43,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset((
     "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize",
     "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
     "tokenizer_kwargs"))
-SSE_DONE = "data: [DONE]\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
 
 
 class EngineClient(Protocol):
@@ -346,27 +347,45 @@ def _was_aborted(output: RequestOutput) -> bool:
     return any(completion.finish_reason == "abort" for completion in output.outputs)
 
 
-async def start_stream(stream: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
+async def start_stream(stream: AsyncGenerator[T, None]) -> AsyncIterator[T]:
     """Pulls the first item now, so that errors of adding the request (invalid parameters, a
-    dead engine) are raised before a streaming response has begun; returns a generator of all
-    the items."""
+    dead engine) are raised before a streaming response has begun; returns an iterator of all
+    the items (closing it closes `stream`)."""
     try:
         first = await anext(stream)
     except StopAsyncIteration:
         return stream  # exhausted: iterating it yields nothing
-    return _prepend(first, stream)
+    return StartedStream(first, stream)
 
 
-async def _prepend(first: T, rest: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
-    async with contextlib.aclosing(rest):
-        yield first
-        async for item in rest:
-            yield item
+class StartedStream(AsyncIterator[T]):
+    """`first`, then the items of `rest`. After the first, each `__anext__` is `rest`'s own
+    awaitable: no generator layer of its own per item (each layer costs every streamed token)."""
+
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: T, rest: AsyncGenerator[T, None]) -> None:
+        self._first: tuple[T] | None = (first,)
+        self._rest = rest
+
+    def __anext__(self) -> Awaitable[T]:
+        if self._first is None:
+            return self._rest.__anext__()
+        (first,), self._first = self._first, None
+        return _ready(first)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._rest.aclose()
 
 
-async def start_streams(streams: list[AsyncGenerator[T, None]]) -> list[AsyncGenerator[T, None]]:
+async def _ready(item: T) -> T:
+    return item
+
+
+async def start_streams(streams: list[AsyncGenerator[T, None]]) -> list[AsyncIterator[T]]:
     """`start_stream` for each; if one fails, the ones already started are closed (aborted)."""
-    started: list[AsyncGenerator[T, None]] = []
+    started: list[AsyncIterator[T]] = []
     try:
         for stream in streams:
             started.append(await start_stream(stream))
@@ -377,7 +396,7 @@ async def start_streams(streams: list[AsyncGenerator[T, None]]) -> list[AsyncGen
     return started
 
 
-async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
+async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncGenerator[tuple[int, T], None]:
     """Items of several streams as they come, tagged with the stream's index. Closing the merged
     iterator cancels (and so aborts) the streams still running.
 
@@ -385,14 +404,10 @@ async def merge_streams(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerato
     the consumer took from the queue. A consumer that falls behind leaves the outputs in each
     request's own collector (merged there, and the request aborted past AsyncLLM's
     `max_unread_outputs`), exactly as with a single stream, instead of in this queue."""
-    if len(streams) == 1:
-        async for item in streams[0]:
-            yield 0, item
-        return
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue(maxsize=len(streams))
     done = object()
 
-    async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
         end: object = done
         try:
             async with contextlib.aclosing(stream):  # cancelled while waiting to put: closed
@@ -546,17 +561,17 @@ def top_logprobs(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]
 
 
 class SSEResponse(StreamingResponse):
-    """Server-sent events. The event generator is closed as soon as streaming stops (a client
-    that disconnected included), which aborts the requests it was reading. An error the events
-    raise after the stream began becomes one event (`error_event`), then `last` ends the stream
-    (vLLM's `data: [DONE]`; None for none).
+    """Server-sent events, each already encoded (bytes). The event generator is closed as soon
+    as streaming stops (a client that disconnected included), which aborts the requests it was
+    reading. An error the events raise after the stream began becomes one event
+    (`error_event`), then `last` ends the stream (vLLM's `data: [DONE]`; None for none).
 
     The events are sent from a task of their own, cancelled if the client disconnects first, as
     Starlette's StreamingResponse does, but without its anyio task group and its per-chunk type
     check: the API server's CPU per streamed token is what bounds a served stream's speed."""
 
-    def __init__(self, events: AsyncGenerator[str, None], last: str | None = SSE_DONE,
-                 error_event: Callable[[Exception], str] | None = None) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], last: bytes | None = SSE_DONE,
+                 error_event: Callable[[Exception], bytes] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream")
         self.events = events
         self.last = last
@@ -564,13 +579,16 @@ class SSEResponse(StreamingResponse):
         self.on_close: list[Callable[[], None]] = []  # run once the stream has ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = await run_until_disconnect(self.stream_response(send), receive)
+        task = await run_until_disconnect(self.stream_response(send, scope.get(BODY_SEND, send)), receive)
         if not task.cancelled():
             task.result()  # an error met while sending goes on to the server's handlers
 
-    async def stream_response(self, send: Send) -> None:
+    async def stream_response(self, send: Send, body_send: Send | None = None) -> None:
+        """`body_send`: where the body chunks go once the start went through `send` (the
+        request gate's `send`, past the layers that act on the start only: middleware.py)."""
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            send = body_send or send
             failed = False
             while not failed:
                 try:
@@ -579,23 +597,23 @@ class SSEResponse(StreamingResponse):
                     break
                 except Exception as exc:  # (not one of `send`'s: those end the response)
                     event, failed = self.error_event(exc), True
-                await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
-            await send({"type": "http.response.body", "body": (self.last or "").encode(), "more_body": False})
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": self.last or b"", "more_body": False})
         finally:
             await self.events.aclose()
             for callback in self.on_close:
                 callback()
 
 
-def sse_error(exc: Exception) -> str:
+def sse_error(exc: Exception) -> bytes:
     """An error met after a stream began: one error event (SSEResponse then ends the stream)."""
     if describe_error(exc)[0] == 500:
         logger.exception("error while streaming", exc_info=exc)
-    return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n"
+    return f"data: {json.dumps(error_body(*describe_error(exc)))}\n\n".encode()
 
 
-def sse_event(chunk: BaseModel) -> str:
-    return f"data: {chunk.model_dump_json()}\n\n"
+def sse_event(chunk: BaseModel) -> bytes:
+    return f"data: {chunk.model_dump_json()}\n\n".encode()
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -131,8 +131,8 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
 
 async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
                          request_id: str, prompt_token_ids: list[int],
-                         stream: AsyncGenerator[RequestOutput, None],
-                         tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[str, None]:
+                         stream: AsyncIterator[RequestOutput],
+                         tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
     num_prompt_tokens = len(prompt_token_ids)
     per_choice = [0] * request.n  # tokens generated so far, per choice
@@ -150,7 +150,7 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     def reasoning_tokens(indices: range | list[int]) -> int | None:
         return None if counters is None else sum(counters[i].count for i in indices)
 
-    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> str:
+    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> bytes:
         usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index], reasoning_tokens([choice.index])) \
             if usage_mode.every_chunk else None
         return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],

@@ -4,8 +4,9 @@ choices per prompt; choice `index` is prompt_index * n + sample_index, as in vLL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,7 +173,7 @@ class _StreamedChoice:
 
 async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape: _ChoiceShape, model: str,
                          request_id: str, prompts: list[dict[str, Any]], echoed: list[str],
-                         streams: list[AsyncGenerator[RequestOutput, None]]) -> AsyncGenerator[str, None]:
+                         streams: list[AsyncIterator[RequestOutput]]) -> AsyncGenerator[bytes, None]:
     choices = [_StreamedChoice(echo, prompt["prompt_token_ids"])
                for echo, prompt in zip(echoed, prompts) for _ in range(request.n)]
     prompt_logprobs: list[list[dict[int, Logprob] | None] | None] = [None] * len(prompts)
@@ -180,23 +181,27 @@ async def _stream_events(ctx: ServingContext, request: CompletionRequest, shape:
     usage_mode = request.stream_usage(ctx.options.enable_force_include_usage)
     plain = shape.num_logprobs is None and not usage_mode.every_chunk  # the per-token chunk, msgspec-encoded
     created = int(time.time())
-    async for i, output in merge_streams(streams):
-        if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
-            prompt_logprobs[i] = output.prompt_logprobs
-        cached_tokens[i] = max(cached_tokens[i], output.num_cached_tokens)
-        for completion in output.outputs:
-            if not completion.token_ids and not completion.text and completion.finish_reason is None:
-                continue
-            index = i * request.n + completion.index
-            choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i], plain)
-            if plain:
-                yield completion_chunk_event(request_id, created, model, choice)
-                continue
-            usage = None
-            if usage_mode.every_chunk:  # vLLM: the prompt's tokens and this choice's tokens so far
-                usage = UsageInfo.of(len(prompts[i]["prompt_token_ids"]), choices[index].num_tokens)
-            yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
-                                                     choices=[choice], usage=usage))
+    single = len(streams) == 1  # read as it is: merging one stream would add a generator layer per token
+    async with contextlib.aclosing(streams[0] if single else merge_streams(streams)) as items:
+        async for item in items:
+            i, output = (0, item) if single else item
+            if output.prompt_logprobs is not None and prompt_logprobs[i] is None:
+                prompt_logprobs[i] = output.prompt_logprobs
+            cached_tokens[i] = max(cached_tokens[i], output.num_cached_tokens)
+            for completion in output.outputs:
+                if not completion.token_ids and not completion.text and completion.finish_reason is None:
+                    continue
+                index = i * request.n + completion.index
+                choice = choices[index].chunk_choice(ctx.tokenizer, index, completion, shape, prompt_logprobs[i],
+                                                     plain)
+                if plain:
+                    yield completion_chunk_event(request_id, created, model, choice)
+                    continue
+                usage = None
+                if usage_mode.every_chunk:  # vLLM: the prompt's tokens and this choice's tokens so far
+                    usage = UsageInfo.of(len(prompts[i]["prompt_token_ids"]), choices[index].num_tokens)
+                yield sse_event(CompletionStreamResponse(id=request_id, created=created, model=model,
+                                                         choices=[choice], usage=usage))
     if usage_mode.final:
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         completion_tokens = sum(choice.num_tokens for choice in choices)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,7 +176,7 @@ class _Usage:
         parser = ctx.options.reasoning_parser
         return cls(None if parser is None else ReasoningTokenCounter.for_parser(parser, ctx.think_tokens))
 
-    async def counting(self, stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[RequestOutput, None]:
+    async def counting(self, stream: AsyncIterator[RequestOutput]) -> AsyncGenerator[RequestOutput, None]:
         async with contextlib.aclosing(stream):
             async for output in stream:
                 self.input_tokens = len(output.prompt_token_ids)
@@ -207,16 +207,16 @@ def _finish(ctx: ServingContext, turn: ResponseTurn, output: list[dict[str, Any]
 # --------------------------------------------------------------------------- streaming
 
 
-async def _sse(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[str, None]:
+async def _sse(events: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:
     """Each event as `event: <type>` + its JSON."""
     async with contextlib.aclosing(events):
         async for event in events:
-            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-def _sse_error(exc: Exception) -> str:
+def _sse_error(exc: Exception) -> bytes:
     """An error met after the stream began: an `error` event (the openai client raises it)."""
-    return f"event: error\n{sse_error(exc)}"
+    return b"event: error\n" + sse_error(exc)
 
 
 @dataclass(slots=True)
@@ -316,7 +316,7 @@ class _EventWriter:
 
 
 async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
-                         stream: AsyncGenerator[RequestOutput, None]) -> AsyncGenerator[dict[str, Any], None]:
+                         stream: AsyncIterator[RequestOutput]) -> AsyncGenerator[dict[str, Any], None]:
     writer, usage = _EventWriter(), _Usage.for_server(ctx)
     started = turn.body([], "in_progress", None)
     yield writer.event("response.created", response=started)

@@ -70,14 +70,14 @@ class ChatChunk(msgspec.Struct, omit_defaults=True):
     prompt_token_ids: list[int] | None = None
 
 
-def completion_chunk_event(request_id: str, created: int, model: str, choice: CompletionChunkChoice) -> str:
+def completion_chunk_event(request_id: str, created: int, model: str, choice: CompletionChunkChoice) -> bytes:
     return _event(CompletionChunk(request_id, "text_completion", created, model, [choice]))
 
 
 def chat_chunk_event(request_id: str, created: int, model: str, choice: ChatChunkChoice,
-                     prompt_token_ids: list[int] | None = None) -> str:
+                     prompt_token_ids: list[int] | None = None) -> bytes:
     return _event(ChatChunk(request_id, "chat.completion.chunk", created, model, [choice], prompt_token_ids))
 
 
-def _event(chunk: msgspec.Struct) -> str:
-    return f"data: {_ENCODER.encode(chunk).decode()}\n\n"
+def _event(chunk: msgspec.Struct) -> bytes:
+    return b"data: %b\n\n" % _ENCODER.encode(chunk)
