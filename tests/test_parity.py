@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from hf_reference import hf_greedy
 from vllm_lite import LLM, SamplingParams
+from vllm_lite.model.layers import matmul_rows
+from vllm_lite.model.layers.matmul_rows import bucket_rows
 
 NEW_TOKENS = 32
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -29,6 +33,35 @@ def test_greedy_matches_transformers(name: str, tiny_models: dict[str, Path],
     model = tiny_models[name]
     llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(model, prompts_token_ids, NEW_TOKENS)
+    assert_no_leaked_blocks(llm)
+
+
+def test_steps_padded_to_a_matmul_bucket_keep_parity(tiny_qwen3: Path, prompts_token_ids: list[list[int]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU a step whose token count is no matmul bucket size goes through the model padded to
+    one (ModelRunner._padded_to_bucket): no linear layer pads its own input, the attention
+    leaves the padded rows out, and every request's tokens stay HF's. 37 requests: 37-row decode
+    steps (bucket 38) and prefill chunks of 64 tokens, none of them full."""
+    prompts = [prompts_token_ids[i % 8][:5 + i] for i in range(37)]
+    llm = LLM(str(tiny_qwen3), max_model_len=256, dtype="float32", multiprocess=False,
+              max_num_batched_tokens=64)
+    rows_in: list[int] = []
+    model = llm.llm_engine.engine_core.executor.worker.model_runner.model
+    forward = model.forward
+
+    def recording_forward(input_ids, positions, kv_caches, attn_metadata):
+        rows_in.append(input_ids.shape[0])
+        assert attn_metadata.num_tokens <= input_ids.shape[0]
+        return forward(input_ids, positions, kv_caches, attn_metadata)
+
+    model.forward = recording_forward
+    pads: list[int] = []
+    real_pad = torch.nn.functional.pad
+    monkeypatch.setattr(matmul_rows, "F", SimpleNamespace(
+        pad=lambda x, *args: pads.append(x.shape[0]) or real_pad(x, *args)))
+    assert run_greedy(llm, prompts) == hf_greedy(tiny_qwen3, prompts, NEW_TOKENS)
+    assert 37 not in rows_in and 38 in rows_in and all(bucket_rows(rows) == rows for rows in rows_in)
+    assert pads == []
     assert_no_leaked_blocks(llm)
 
 

@@ -37,6 +37,10 @@ class CommonAttentionMetadata:
 
 class AttentionBackend(ABC):
     name: str
+    # Whether `forward` takes more query rows than the step's tokens (`num_actual_tokens`): the
+    # CPU model runner pads a step to a matmul bucket size (worker/model_runner.py); the rows past
+    # the step's tokens are attended by nobody (zeros out) and write no cache.
+    takes_padded_rows: bool = False
 
     @abstractmethod
     def build(self, common: CommonAttentionMetadata) -> Any:
@@ -46,7 +50,8 @@ class AttentionBackend(ABC):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any, scale: float,
                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
-        """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D]. Writes key/value into the
+        """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D] (T may exceed the step's tokens
+        where `takes_padded_rows`). Writes key/value into the
         cache at the metadata's slots before attending (so sequences in the same step can read
         each other's freshly cached prefix blocks). With `sliding_window` W the query at
         position p sees keys at positions p - W + 1 .. p only (transformers' convention); blocks

@@ -101,6 +101,7 @@ class PrefillTables:
 
 class CpuNativeAttentionBackend(AttentionBackend):
     name = "cpu_native"
+    takes_padded_rows = True
 
     def __init__(self) -> None:
         if not cpu_native.is_available():
@@ -145,31 +146,42 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
+        """Rows past the step's tokens (`takes_padded_rows`): zeros in the output."""
+        out = torch.empty(query.shape, dtype=query.dtype)
+        n = metadata.num_tokens
+        if query.shape[0] > n:
+            out[n:].zero_()
+            self._attend(out[:n], query[:n], key[:n], value[:n], kv_cache, metadata, scale, sliding_window,
+                         logits_soft_cap)
+        else:
+            self._attend(out, query, key, value, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
+        return out
+
+    def _attend(self, out, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
+                sliding_window, logits_soft_cap) -> None:
         int8_cache = is_int8_cache(kv_cache)
         self._write_cache(key, value, kv_cache, metadata.slot_mapping, int8_cache)
-        out = torch.empty(query.shape, dtype=query.dtype)
         native_decode = logits_soft_cap is None and (sliding_window is None or kv_cache.dtype == torch.float32)
         if not native_decode:
             if metadata.decodes is not None:
                 self._torch_decodes(out, query, kv_cache, metadata.decodes, scale, sliding_window, logits_soft_cap)
             self._sdpa_prefills(out, query, kv_cache, metadata.every_prefill(), scale, sliding_window,
                                 logits_soft_cap)
-            return out
+            return
         if metadata.decodes is not None:
             self._decode(out, query, kv_cache, metadata.decodes, scale, sliding_window, int8_cache)
         if metadata.prefill_rows is None:
-            return out
+            return
         if self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
             tables = metadata.prefill_tables()
             cpu_native.paged_attention_prefill(out, query, kv_cache, tables.block_table, tables.query_start,
                                                tables.query_lens, tables.seq_lens, scale)
-            return out
+            return
         if metadata.short_prefills is None or int8_cache:  # (the int8 op rounds each query to int8 too)
             self._sdpa_prefills(out, query, kv_cache, metadata.every_prefill(), scale, sliding_window, None)
-            return out
+            return
         self._decode(out, query, kv_cache, metadata.short_prefills, scale, sliding_window, int8_cache)
         self._sdpa_prefills(out, query, kv_cache, metadata.long_prefills, scale, sliding_window, None)
-        return out
 
     @staticmethod
     def _decode(out, query, kv_cache, rows: TokenRows, scale, sliding_window, int8_cache: bool) -> None:

@@ -67,6 +67,7 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    takes_padded_rows = True
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs = common.block_size
@@ -118,6 +119,7 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = to_cache_rows(key[:n], kv_cache)
         kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = to_cache_rows(value[:n], kv_cache)
         out = torch.empty_like(query)
+        out[n:].zero_()  # rows past the step's tokens (`takes_padded_rows`)
         if metadata.decode_token_idx is not None:
             out[metadata.decode_token_idx] = decode_attention(
                 query[metadata.decode_token_idx], kv_cache, metadata.decode_block_table,
