@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_lite.engine.stats import IterationStats
 from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 from vllm_lite.sampling_params import SamplingParams
@@ -28,7 +29,7 @@ class FakeEngine:
         self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
         self.prompts: list[dict[str, Any]] = []
-        self.stat_loggers: list[Any] = []  # AsyncLLM's: the fake engine has no steps to report
+        self.stat_loggers: list[Any] = []  # AsyncLLM's: each output is reported as a step of its own
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
@@ -54,11 +55,19 @@ class FakeEngine:
                     return
                 finished = step == num_steps - 1
                 outputs = [self._sample(i, step, finished, params) for i in range(params.n)]
+                self._report_step(outputs)
                 yield RequestOutput(request_id, prompt.get("prompt"), prompt["prompt_token_ids"], outputs, finished)
         finally:
             self.running.discard(request_id)
             if not finished:  # AsyncLLM's contract: a generator closed early aborts its request
                 self.aborted.append(request_id)
+
+    def _report_step(self, outputs: list[CompletionOutput]) -> None:
+        """AsyncLLM hands each engine step's IterationStats to its stat loggers (the server's
+        metrics count generated tokens there); here an output is a step."""
+        stats = IterationStats(num_generation_tokens=sum(len(output.token_ids) for output in outputs))
+        for stat_logger in self.stat_loggers:
+            stat_logger(stats)
 
     def _sample(self, index: int, step: int, last: bool, params: SamplingParams) -> CompletionOutput:
         token_id = 10 + index + step

@@ -7,10 +7,12 @@ Three sources, each counted where vLLM counts it:
 - the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache
   queries and hits, preemptions), read at scrape time by `EngineStatsCollector`;
 - each engine step's IterationStats (engine/stats.py: engine-core timestamps), passed to
-  `record_iteration` by AsyncLLM: tokens per step, inter-token latency, and for finished
-  requests the queue / prefill / decode / inference times and time per output token;
-- what the server sees of each request's outputs (token counters, time to first token, e2e
-  latency, finished and aborted requests), recorded by `RequestTracker`.
+  `record_iteration` by AsyncLLM: tokens per step, the generated tokens' counter (once a step, as
+  vLLM counts it, not once per streamed output), inter-token latency, and for finished requests
+  the queue / prefill / decode / inference times and time per output token;
+- what the server sees of each request's outputs (prompt tokens, time to first token, e2e
+  latency, tokens per finished request, finished and aborted requests), recorded by
+  `RequestTracker`.
 
 In a pool of API servers (--api-server-count) the last two are summed over the pool by
 prometheus_client's multiprocess mode (ServerMetrics._exposition_registry).
@@ -208,6 +210,8 @@ class ServerMetrics:
     def record_iteration(self, stats: IterationStats) -> None:
         """One engine step's numbers (AsyncLLM calls this for every EngineCoreOutputs)."""
         self.iteration_tokens.observe(stats.num_tokens)
+        if stats.num_generation_tokens:
+            self.generation_tokens.inc(stats.num_generation_tokens)
         if stats.inter_token_latencies:
             observe_many(self.inter_token_latency, np.concatenate(stats.inter_token_latencies))
         phases = self.request_phase_times
@@ -247,20 +251,20 @@ class RequestTracker:
         self.metrics.request_finished("stop")
 
     def observe(self, output: RequestOutput) -> None:
-        now = time.monotonic()
+        """Called for every streamed output: what it does per token stays a few attribute reads
+        (the generated tokens' counter moves once a step, in `ServerMetrics.record_iteration`)."""
         metrics = self.metrics
         for completion in output.outputs:
             num_new = len(completion.token_ids)
             if num_new:
                 if not self.started:
-                    metrics.time_to_first_token.observe(now - self.arrival)
+                    metrics.time_to_first_token.observe(time.monotonic() - self.arrival)
                     self.started = True
-                metrics.generation_tokens.inc(num_new)
                 self.num_generated += num_new
             if completion.finish_reason is not None:
                 metrics.request_finished(completion.finish_reason)
         if output.finished:
-            metrics.e2e_request_latency.observe(now - self.arrival)
+            metrics.e2e_request_latency.observe(time.monotonic() - self.arrival)
             metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
             metrics.request_generation_tokens.observe(self.num_generated)
             if self.params is not None:  # vLLM's request_params_* histograms
