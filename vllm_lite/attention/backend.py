@@ -51,12 +51,12 @@ class AttentionBackend(ABC):
                 kv_cache: torch.Tensor, metadata: Any, scale: float,
                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D] (T may exceed the step's tokens
-        where `takes_padded_rows`). Writes key/value into the
-        cache at the metadata's slots before attending (so sequences in the same step can read
-        each other's freshly cached prefix blocks). With `sliding_window` W the query at
-        position p sees keys at positions p - W + 1 .. p only (transformers' convention); blocks
-        wholly before that may already hold other data (freed by the KV-cache manager).
-        `logits_soft_cap` c: scores become c * tanh(score / c) before the softmax (Gemma 2)."""
+        where `takes_padded_rows`). Writes key/value into the cache at the metadata's slots before
+        attending (so sequences in the same step can read each other's freshly cached prefix
+        blocks). With `sliding_window` W the query at position p sees keys at positions
+        p - W + 1 .. p only (transformers' convention); blocks wholly before that may already hold
+        other data (freed by the KV-cache manager). `logits_soft_cap` c: scores become
+        c * tanh(score / c) before the softmax (Gemma 2)."""
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, row_size: int) -> tuple[int, ...]:
