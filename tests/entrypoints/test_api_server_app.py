@@ -14,8 +14,11 @@ import httpx
 import pytest
 from fastapi.middleware.cors import CORSMiddleware
 from fake_engine import FakeEngine
+from recording_middleware import Recorder
 
 from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.entrypoints.openai.middleware import ServerSend
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
 from vllm_lite.entrypoints.openai.serving import merge_streams, start_stream, tracked_generate
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -205,11 +208,13 @@ def test_two_apps_keep_separate_registries(engine: FakeEngine) -> None:
     assert first.state.ctx.metrics.registry is not second.state.ctx.metrics.registry
 
 
-def test_stream_chunks_pass_user_middleware_and_skip_start_only_layers(engine: FakeEngine,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A streamed response's body chunks go from the request gate's `send` (middleware.py): an
-    outer middleware (as --middleware adds) sees every chunk, CORS sees and answers the start
-    only, and the bytes on the wire are the whole stream."""
+@pytest.mark.parametrize("user_middleware", [False, True])
+def test_stream_chunks_skip_the_start_only_layers(engine: FakeEngine, monkeypatch: pytest.MonkeyPatch,
+                                                  user_middleware: bool) -> None:
+    """A streamed response's body chunks skip the layers that act on a response's start only
+    (middleware.py): with no --middleware they go to the server's own `send` (ServerSend), so a
+    layer where ServerErrorMiddleware sits sees the start only; a --middleware one sees every
+    chunk. CORS sees and answers the start only; the bytes on the wire are the whole stream."""
     cors_messages: list[str] = []
     cors_send = CORSMiddleware.send
 
@@ -218,22 +223,13 @@ def test_stream_chunks_pass_user_middleware_and_skip_start_only_layers(engine: F
         await cors_send(self, message, send, request_headers)
 
     monkeypatch.setattr(CORSMiddleware, "send", counted_cors_send)
-    outer_messages: list[dict[str, Any]] = []
-
-    class Recorder:
-        def __init__(self, app: Any) -> None:
-            self.app = app
-
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            async def recording(message: Any) -> None:
-                outer_messages.append(message)
-                await send(message)
-            await self.app(scope, receive, recording)
+    monkeypatch.setattr(Recorder, "messages", [])
+    options = ServerOptions(api_key=API_KEY, middleware=("recording_middleware.Recorder",) if user_middleware else ())
 
     async def run() -> httpx.Response:
-        app = build_app(engine, [MODEL], api_key=API_KEY)
-        app.add_middleware(Recorder)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        app = build_app(engine, [MODEL], options=options)
+        served = ServerSend(app if user_middleware else Recorder(app))  # (else: where ServerErrorMiddleware is)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=served), base_url="http://test") as client:
             return await client.post("/v1/completions", headers={"Authorization": f"Bearer {API_KEY}",
                                                                  "Origin": "https://app.example"},
                                      json={"model": MODEL, "prompt": "hello", "max_tokens": 5, "stream": True})
@@ -242,10 +238,13 @@ def test_stream_chunks_pass_user_middleware_and_skip_start_only_layers(engine: F
     chunks = sse_payloads(response)
     assert "".join(chunk["choices"][0]["text"] for chunk in chunks) and chunks[-1]["choices"][0]["finish_reason"]
     assert response.headers["access-control-allow-origin"] == "*"
-    bodies = [m["body"] for m in outer_messages if m["type"] == "http.response.body"]
-    assert outer_messages[0]["type"] == "http.response.start" and b"".join(bodies) == response.content
-    assert len(bodies) == len(chunks) + 1  # one chunk per event, then [DONE]
     assert cors_messages == ["http.response.start"]
+    assert Recorder.messages[0]["type"] == "http.response.start"
+    bodies = [m["body"] for m in Recorder.messages if m["type"] == "http.response.body"]
+    if user_middleware:
+        assert b"".join(bodies) == response.content and len(bodies) == len(chunks) + 1  # then [DONE]
+    else:
+        assert bodies == []
 
 
 # ---- consumers that stop early abort their requests ----

@@ -44,7 +44,7 @@ from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics
 from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
-from vllm_lite.entrypoints.openai.middleware import RequestGate
+from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend
 from vllm_lite.entrypoints.openai.protocol import (
     BatchChatCompletionRequest,
     ChatCompletionRequest,
@@ -605,7 +605,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
         names = args.served_model_name or ([model] if model else [])
         app = build_app(engine, names, owns_engine=True, options=options)
         # The drain ends every request before uvicorn's own grace period (a backstop) runs out.
-        config = uvicorn.Config(app, host=args.host, port=args.port, uds=getattr(args, "uds", None),
+        config = uvicorn.Config(ServerSend(app), host=args.host, port=args.port, uds=getattr(args, "uds", None),
                                 log_level=args.uvicorn_log_level,
                                 access_log=not getattr(args, "disable_uvicorn_access_log", False),
                                 timeout_graceful_shutdown=options.shutdown_timeout_s + 5, **listen_tls)

@@ -584,8 +584,8 @@ class SSEResponse(StreamingResponse):
             task.result()  # an error met while sending goes on to the server's handlers
 
     async def stream_response(self, send: Send, body_send: Send | None = None) -> None:
-        """`body_send`: where the body chunks go once the start went through `send` (the
-        request gate's `send`, past the layers that act on the start only: middleware.py)."""
+        """`body_send`: where the body chunks go once the start went through `send` (past the
+        layers that act on the start only: middleware.py)."""
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             send = body_send or send
