@@ -36,14 +36,18 @@ def test_greedy_matches_transformers(name: str, tiny_models: dict[str, Path],
     assert_no_leaked_blocks(llm)
 
 
-def test_steps_padded_to_a_matmul_bucket_keep_parity(tiny_qwen3: Path, prompts_token_ids: list[list[int]],
+@pytest.mark.parametrize("name, padded", [("tiny_qwen3", True), ("tiny_qwen3_moe", False)])
+def test_steps_padded_to_a_matmul_bucket_keep_parity(name: str, padded: bool, request: pytest.FixtureRequest,
+                                                     prompts_token_ids: list[list[int]],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU a step whose token count is no matmul bucket size goes through the model padded to
     one (ModelRunner._padded_to_bucket): no linear layer pads its own input, the attention
-    leaves the padded rows out, and every request's tokens stay HF's. 37 requests: 37-row decode
-    steps (bucket 38) and prefill chunks of 64 tokens, none of them full."""
+    leaves the padded rows out, and every request's tokens stay HF's. A MoE model is not padded
+    (its experts would compute the padded rows): its linears pad their own inputs, as before.
+    37 requests: 37-row decode steps (bucket 38) and prefill chunks of 64 tokens, none full."""
+    model_dir = request.getfixturevalue(name)
     prompts = [prompts_token_ids[i % 8][:5 + i] for i in range(37)]
-    llm = LLM(str(tiny_qwen3), max_model_len=256, dtype="float32", multiprocess=False,
+    llm = LLM(str(model_dir), max_model_len=256, dtype="float32", multiprocess=False,
               max_num_batched_tokens=64)
     rows_in: list[int] = []
     model = llm.llm_engine.engine_core.executor.worker.model_runner.model
@@ -59,9 +63,12 @@ def test_steps_padded_to_a_matmul_bucket_keep_parity(tiny_qwen3: Path, prompts_t
     real_pad = torch.nn.functional.pad
     monkeypatch.setattr(matmul_rows, "F", SimpleNamespace(
         pad=lambda x, *args: pads.append(x.shape[0]) or real_pad(x, *args)))
-    assert run_greedy(llm, prompts) == hf_greedy(tiny_qwen3, prompts, NEW_TOKENS)
-    assert 37 not in rows_in and 38 in rows_in and all(bucket_rows(rows) == rows for rows in rows_in)
-    assert pads == []
+    assert run_greedy(llm, prompts) == hf_greedy(model_dir, prompts, NEW_TOKENS)
+    if padded:
+        assert 37 not in rows_in and 38 in rows_in and all(bucket_rows(rows) == rows for rows in rows_in)
+        assert pads == []
+    else:
+        assert 37 in rows_in and 37 in pads
     assert_no_leaked_blocks(llm)
 
 

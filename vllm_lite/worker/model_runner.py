@@ -112,8 +112,10 @@ class ModelRunner:
         self.attn_backend = attn_backend or get_attn_backend(
             vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
-        # CPU steps go through the model padded to a matmul bucket size (`_padded_to_bucket`).
-        self._pads_steps = device.type == "cpu" and self.attn_backend.takes_padded_rows
+        # CPU steps go through the model padded to a matmul bucket size (`_padded_to_bucket`),
+        # unless a layer would compute the padded rows at a cost (a MoE layer routes them).
+        self._pads_steps = (device.type == "cpu" and self.attn_backend.takes_padded_rows
+                            and all(getattr(m, "takes_padded_rows", True) for m in self.model.modules()))
         self.tp = tp
         # The intra-op threads a step uses (set on the thread that runs the steps, each step).
         self.num_threads = torch.get_num_threads()

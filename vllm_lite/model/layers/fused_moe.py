@@ -56,6 +56,9 @@ def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weight
 class FusedMoE(nn.Module):
     # F.grouped_mm copied between host and device under CUDA graph capture (H200, torch 2.11, fp32).
     cuda_graph_capturable = False
+    # A padded row would be routed to experts and computed (ModelRunner._padded_to_bucket): the
+    # CPU runner leaves a model with this layer unpadded (its linears pad their own inputs).
+    takes_padded_rows = False
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                  renormalize: bool, tp: TensorParallelGroup = SINGLE_RANK) -> None:
