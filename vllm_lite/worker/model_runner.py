@@ -261,11 +261,11 @@ class ModelRunner:
         return step
 
     def _padded_to_bucket(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """On CPU, the step's tokens padded (token 0 at position 0) to `bucket_rows`
-        (matmul_rows.py): every linear layer then takes its rows as they are, instead of padding
-        its own input (a copy per matmul: ~5% of the engine core under served traffic, where
-        most steps are no bucket size). The attention leaves the padded rows out; the hidden
-        states come back with them (the step's rows first)."""
+        """Where `_pads_steps` (CPU), the step's tokens padded (token 0 at position 0) to
+        `bucket_rows` (matmul_rows.py): every linear layer then takes its rows as they are,
+        instead of padding its own input (a copy per matmul: ~5% of the engine core under served
+        traffic, where most steps are no bucket size). The attention leaves the padded rows out;
+        the hidden states come back with them (the step's rows first)."""
         rows = input_ids.shape[0]
         padded = bucket_rows(rows)
         if padded == rows or not self._pads_steps:

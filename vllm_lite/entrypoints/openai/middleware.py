@@ -10,7 +10,7 @@ the response sends its start through the whole chain and its chunks from there. 
 FastAPI and the server put around a route (CORS, FastAPI's exception, exit-stack, telemetry and
 body-limit layers, Starlette's ServerErrorMiddleware, the gate's own tracking) acts on a
 response's start only and passes body chunks through unchanged, so sending the chunks past them
-changes nothing on the wire and saves ~5 coroutine calls per streamed token. With no
+changes nothing on the wire and saves five or six coroutine calls per streamed token. With no
 --middleware the chunks go to the HTTP server's own `send` (left in the scope by `ServerSend`,
 the app as the server runs it); with some, to the `send` the gate was given: middleware added
 with --middleware sits outside the gate and sees every chunk."""
