@@ -147,14 +147,12 @@ class CpuNativeAttentionBackend(AttentionBackend):
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None):
         """Rows past the step's tokens (`takes_padded_rows`): zeros in the output."""
-        out = torch.empty(query.shape, dtype=query.dtype)
+        out = step_out = torch.empty(query.shape, dtype=query.dtype)
         n = metadata.num_tokens
         if query.shape[0] > n:
             out[n:].zero_()
-            self._attend(out[:n], query[:n], key[:n], value[:n], kv_cache, metadata, scale, sliding_window,
-                         logits_soft_cap)
-        else:
-            self._attend(out, query, key, value, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
+            step_out, query, key, value = out[:n], query[:n], key[:n], value[:n]
+        self._attend(step_out, query, key, value, kv_cache, metadata, scale, sliding_window, logits_soft_cap)
         return out
 
     def _attend(self, out, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,

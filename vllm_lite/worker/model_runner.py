@@ -266,9 +266,11 @@ class ModelRunner:
         instead of padding its own input (a copy per matmul: ~5% of the engine core under served
         traffic, where most steps are no bucket size). The attention leaves the padded rows out;
         the hidden states come back with them (the step's rows first)."""
+        if not self._pads_steps:
+            return input_ids, positions
         rows = input_ids.shape[0]
         padded = bucket_rows(rows)
-        if padded == rows or not self._pads_steps:
+        if padded == rows:
             return input_ids, positions
         return F.pad(input_ids, (0, padded - rows)), F.pad(positions, (0, padded - rows))
 
