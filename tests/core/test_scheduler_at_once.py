@@ -49,11 +49,12 @@ def make_request(request_id: str, prompt: np.ndarray, max_tokens: int, ignore_eo
 
 def summary(out: SchedulerOutput) -> tuple:
     cached = out.scheduled_cached_reqs
-    assert cached.has_new_blocks.tolist() == [len(ids) > 0 for ids in cached.new_block_ids]
+    assert cached.num_new_blocks.dtype == cached.new_block_ids.dtype == np.int32
+    assert int(cached.num_new_blocks.sum()) == len(cached.new_block_ids)
     return (list(out.num_scheduled_tokens.items()), out.total_num_scheduled_tokens,
             [(new.req_id, new.block_ids, new.num_computed_tokens, new.token_ids.tolist())
              for new in out.scheduled_new_reqs],
-            cached.req_ids, [list(ids) for ids in cached.new_block_ids], list(cached.num_computed_tokens),
+            cached.req_ids, [ids.tolist() for ids in cached.new_block_ids_of_each()], list(cached.num_computed_tokens),
             sorted(out.finished_req_ids), sorted(out.preempted_req_ids))
 
 

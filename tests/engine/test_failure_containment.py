@@ -64,16 +64,26 @@ def fault_joining_the_batch(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def fault_updating_its_row(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the running request gets its next block (not when it joins)."""
+    """When the running request gets its next block (not when it joins): the whole step's
+    block-table update fails, then the poisoned request's own."""
     batch = _model_runner(llm).input_batch
-    append_row = batch.block_table.append_row
+    append_row, append_rows = batch.block_table.append_row, batch.block_table.append_rows
+
+    def poisoned(row: int) -> bool:
+        return batch.req_ids[row] == "poison" and batch.block_table.num_blocks[row] > 0
 
     def faulty(row, block_ids):
-        if batch.req_ids[row] == "poison" and len(block_ids) and batch.block_table.num_blocks[row] > 0:
+        if len(block_ids) and poisoned(row):
             raise RuntimeError("injected fault")
         return append_row(row, block_ids)
 
+    def faulty_rows(rows, counts, block_ids):
+        if any(poisoned(row) for row in rows.tolist()):
+            raise RuntimeError("injected fault")
+        return append_rows(rows, counts, block_ids)
+
     monkeypatch.setattr(batch.block_table, "append_row", faulty)
+    monkeypatch.setattr(batch.block_table, "append_rows", faulty_rows)
 
 
 def fault_building_its_sampling_metadata(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,10 +97,9 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
     assert got.num_scheduled_tokens == want.num_scheduled_tokens
     got_cached, want_cached = got.scheduled_cached_reqs, want.scheduled_cached_reqs
     assert got_cached.req_ids == want_cached.req_ids
-    assert [list(b) for b in got_cached.new_block_ids] == [list(b) for b in want_cached.new_block_ids]
+    assert got_cached.new_block_ids.tolist() == want_cached.new_block_ids.tolist()
+    assert got_cached.num_new_blocks.tolist() == want_cached.num_new_blocks.tolist()
     assert list(got_cached.num_computed_tokens) == list(want_cached.num_computed_tokens)
-    assert got_cached.has_new_blocks.tolist() == want_cached.has_new_blocks.tolist() == [
-        len(b) > 0 for b in want_cached.new_block_ids]
     assert got.total_num_scheduled_tokens == want.total_num_scheduled_tokens
     assert got.finished_req_ids == want.finished_req_ids
     assert got.preempted_req_ids == want.preempted_req_ids

@@ -37,8 +37,9 @@ def admit(runner: ModelRunner, req_ids: list[str], first_block: dict[str, int]) 
 def decode_step(req_ids: list[str], computed: dict[str, int], new_blocks: dict[str, list[int]],
                 finished: frozenset[str] = frozenset()) -> SchedulerOutput:
     block_lists = [new_blocks.get(r, []) for r in req_ids]
-    cached = CachedRequestData(req_ids, block_lists, np.array([computed[r] for r in req_ids]),
-                               np.array([len(blocks) > 0 for blocks in block_lists], dtype=bool))
+    cached = CachedRequestData(req_ids, np.array([computed[r] for r in req_ids]),
+                               np.array([len(blocks) for blocks in block_lists], dtype=np.int32),
+                               np.array([b for blocks in block_lists for b in blocks], dtype=np.int32))
     return SchedulerOutput([], cached, dict.fromkeys(req_ids, 1), len(req_ids), finished, frozenset())
 
 

@@ -185,7 +185,7 @@ class KVCacheManager:
         return new_blocks
 
     def allocate_running(self, rows: np.ndarray, requests: list[Request], num_new_blocks: np.ndarray,
-                         num_tokens: np.ndarray, num_known: np.ndarray) -> list[list[KVCacheBlock]]:
+                         num_tokens: np.ndarray, num_known: np.ndarray) -> list[KVCacheBlock]:
         """`allocate_slots(request, n)` for each of `requests` in turn, for running requests
         (they hold blocks; no hits, no sliding window) whose new blocks the caller counted as
         free: request i, at position `rows[i]` of the list `fit_held_blocks` was last asked
@@ -193,18 +193,15 @@ class KVCacheManager:
         blocks full of known tokens (its first `num_known[i]`) enter the prefix cache. The same
         blocks, in the same order, as one call after another; Python runs only for the requests
         that take a block or register one (a decode step: those crossing a block boundary).
-        Returns the new blocks of the requests that take any, in their order."""
+        Returns the new blocks, request after request."""
         tracked, req_to_blocks = self.tracked, self.req_to_blocks
         taking = np.flatnonzero(num_new_blocks)
         counts = num_new_blocks[taking]
         taken = self.block_pool.allocate(int(counts.sum()))  # in the order the calls would take them
-        new_blocks: list[list[KVCacheBlock]] = []
         start = 0
         for i, count in zip(taking.tolist(), counts.tolist()):
-            fresh = taken[start:start + count]
+            req_to_blocks[requests[i].request_id].extend(taken[start:start + count])
             start += count
-            req_to_blocks[requests[i].request_id].extend(fresh)
-            new_blocks.append(fresh)
         tracked.held[rows] += num_new_blocks
         if self.enable_caching:
             num_full = np.minimum(num_tokens, num_known) // self.block_size
@@ -216,7 +213,7 @@ class KVCacheManager:
                     request = requests[i]
                     register(request, req_to_blocks[request.request_id], full, known)
                 tracked.cached[rows[registering]] = num_full[registering]
-        return new_blocks
+        return taken
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]

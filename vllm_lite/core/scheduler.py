@@ -72,6 +72,9 @@ _UNSLOTTED = -2
 
 _request_id = attrgetter("request_id")
 _slot = attrgetter("slot")
+_block_id = attrgetter("block_id")
+_NO_BLOCK_IDS = np.zeros(0, dtype=np.int32)
+_NO_BLOCK_IDS.flags.writeable = False  # shared by the steps that take no block
 
 
 def _advanced(num_computed, num_known, num_new):
@@ -86,9 +89,9 @@ class RunningSchedule(NamedTuple):
     `CachedRequestData` columns), their token counts and the token budget left."""
 
     req_ids: list[str]
-    new_block_ids: list[list[int]]
     num_computed_tokens: list[int] | np.ndarray  # before this step
-    has_new_blocks: np.ndarray  # bool: new_block_ids[i] is not empty
+    num_new_blocks: np.ndarray  # int32 per request
+    new_block_ids: np.ndarray  # int32, request after request
     # request id -> tokens this step. Read-only: a decode step's may be an earlier step's object.
     num_scheduled: dict[str, int]
     budget: int
@@ -113,7 +116,6 @@ class Scheduler:
         self.by_priority = scheduler_config.policy == "priority"
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
-        self._no_blocks: list[int] = []  # shared, never mutated (SchedulerOutput is read-only)
         # Structured outputs (structured_output.StructuredOutputManager): grammar bitmasks.
         self.structured_output_manager = structured_output_manager
         self.structured_req_ids: set[str] = set()  # live requests with a grammar
@@ -172,7 +174,7 @@ class Scheduler:
                         if len(self.running) >= self.AT_ONCE_MIN_RUNNING else None)
         if running_part is None:
             running_part = self._schedule_running_loop(budget, preempted)
-        cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks, num_scheduled, budget = running_part
+        cached_ids, cached_num_computed, num_new_blocks, new_block_ids, num_scheduled, budget = running_part
         new_reqs: list[NewRequestData] = []
         if not preempted and self.waiting and len(self.running) < self.config.max_num_seqs:
             num_scheduled = dict(num_scheduled)  # (the running part's may be kept for later steps)
@@ -183,7 +185,7 @@ class Scheduler:
                                    if self.structured_req_ids else ((), None))
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=CachedRequestData(cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks),
+            scheduled_cached_reqs=CachedRequestData(cached_ids, cached_num_computed, num_new_blocks, new_block_ids),
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - budget,
             finished_req_ids=frozenset(self.finished_req_ids),
@@ -206,9 +208,9 @@ class Scheduler:
         """Running requests in admission order, one at a time: each gets its remaining tokens
         (what budget is left), blocks allocated or requests preempted from the back."""
         cached_ids: list[str] = []
-        cached_new_blocks: list[list[int]] = []
         cached_num_computed: list[int] = []
-        with_new_blocks: list[int] = []
+        num_new_blocks: list[int] = []
+        new_block_ids: list[int] = []
         num_scheduled: dict[str, int] = {}
         kv, store, running = self.kv_cache_manager, self.token_store, self.running
         # The counters of every running request, read at once: a preemption below takes requests
@@ -226,31 +228,25 @@ class Scheduler:
                 continue
             num_computed = all_computed[index]
             num_new = min(num_known - num_computed, budget)
-            if kv.fits_held_blocks(request, num_computed + num_new):
-                # Most decode steps add no block: sharing one empty list keeps the step free of a
-                # container per request (1,024 of them set off a gen-0 collection every step).
-                new_block_ids = self._no_blocks
-            else:
+            num_blocks = 0  # (most decode steps: the request's blocks hold its new tokens)
+            if not kv.fits_held_blocks(request, num_computed + num_new):
                 new_blocks = self._allocate_or_preempt(request, num_new, preempted)
                 if new_blocks is None:
                     break
-                new_block_ids = [block.block_id for block in new_blocks] if new_blocks else self._no_blocks
-            if new_block_ids:
-                with_new_blocks.append(len(cached_ids))
+                num_blocks = len(new_blocks)
+                new_block_ids.extend(map(_block_id, new_blocks))
             num_scheduled[request.request_id] = num_new
             cached_ids.append(request.request_id)
-            cached_new_blocks.append(new_block_ids)
             cached_num_computed.append(num_computed)
+            num_new_blocks.append(num_blocks)
             slot = slots[index]
             store.num_computed_tokens[slot], store.num_tokens_with_placeholders[slot] = _advanced(
                 num_computed, num_known, num_new)
             budget -= num_new
             index += 1
 
-        has_new_blocks = np.zeros(len(cached_ids), dtype=bool)
-        has_new_blocks[with_new_blocks] = True
-        return RunningSchedule(cached_ids, cached_new_blocks, cached_num_computed, has_new_blocks, num_scheduled,
-                               budget)
+        return RunningSchedule(cached_ids, cached_num_computed, _int32(num_new_blocks), _int32(new_block_ids),
+                               num_scheduled, budget)
 
     def _schedule_running_at_once(self, budget: int) -> RunningSchedule | None:
         """What `_schedule_running_loop` would decide, with array operations over the running
@@ -278,23 +274,21 @@ class Scheduler:
         if int(blocks_needed[to_allocate].sum()) > kv.get_num_free_blocks():
             return None  # an allocation may fail: the loop preempts
         rows = np.flatnonzero(scheduled)
-        new_block_ids = [self._no_blocks] * len(rows)
-        has_new_blocks = np.zeros(len(rows), dtype=bool)
+        num_new_blocks = np.zeros(len(rows), dtype=np.int32)
+        new_block_ids = _NO_BLOCK_IDS
         if len(to_allocate):
-            num_new_blocks = blocks_needed[to_allocate]
-            allocated = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
-                                            num_new_blocks, end[to_allocate], store.num_tokens[slots[to_allocate]])
-            taking = np.searchsorted(rows, to_allocate[num_new_blocks > 0])
-            for position, new_blocks in zip(taking.tolist(), allocated):
-                new_block_ids[position] = [block.block_id for block in new_blocks]
-            has_new_blocks[taking] = True
+            counts = blocks_needed[to_allocate]
+            taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
+                                        counts, end[to_allocate], store.num_tokens[slots[to_allocate]])
+            new_block_ids = np.fromiter(map(_block_id, taken), np.int32, len(taken))
+            num_new_blocks[np.searchsorted(rows, to_allocate)] = counts
         if len(rows) < n:
             req_ids = [req_ids[row] for row in rows.tolist()]
             slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
         num_scheduled = self._one_token_each(req_ids) if total == len(req_ids) else dict(zip(req_ids, num_new.tolist()))
         store.num_computed_tokens[slots], store.num_tokens_with_placeholders[slots] = _advanced(
             computed, known, num_new)
-        return RunningSchedule(req_ids, new_block_ids, computed, has_new_blocks, num_scheduled, budget - total)
+        return RunningSchedule(req_ids, computed, num_new_blocks, new_block_ids, num_scheduled, budget - total)
 
     def _one_token_each(self, req_ids: list[str]) -> dict[str, int]:
         """A decode step's counts, {request id: 1}. Kept while the step names the very list
@@ -678,6 +672,10 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
+
+
+def _int32(values: list[int]) -> np.ndarray:
+    return np.fromiter(values, np.int32, len(values))
 
 
 def _first(item: tuple[int, Request, bool]) -> int:

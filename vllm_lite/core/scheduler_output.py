@@ -35,19 +35,33 @@ class NewRequestData:
 @dataclass(frozen=True, slots=True)
 class CachedRequestData:
     """Requests the workers already hold: only what changed (the diff) is sent. Entry i of
-    every column belongs to `req_ids[i]`."""
+    every column belongs to `req_ids[i]`; its new blocks are the next `num_new_blocks[i]`
+    entries of `new_block_ids`. Two arrays for the whole step, not a list per request: in a
+    decode step most requests take no block, and in the step where many cross a block boundary
+    together a list each would be a container per request."""
 
     req_ids: list[str]
-    # lists in the engine core; int32 views of the step message's arrays on a TP rank
-    new_block_ids: list[list[int]] | list[np.ndarray]
     num_computed_tokens: list[int] | np.ndarray  # before this step
-    # bool: whether new_block_ids[i] is not empty (in a decode step, a few requests): a worker
-    # finds the rows whose block table grows without looking at every request's list.
-    has_new_blocks: np.ndarray
+    num_new_blocks: np.ndarray  # int32 [len(req_ids)]
+    new_block_ids: np.ndarray  # int32 [num_new_blocks.sum()], in request order
+
+    @property
+    def has_new_blocks(self) -> np.ndarray:
+        return self.num_new_blocks > 0
+
+    def new_block_ids_of_each(self) -> list[np.ndarray]:
+        """Request i's new block ids, for every i (views; one shared empty one for the many
+        without any): for code that goes request by request."""
+        per_request = [self.new_block_ids[:0]] * len(self.req_ids)
+        growing = np.flatnonzero(self.num_new_blocks)
+        ends = np.cumsum(self.num_new_blocks[growing]).tolist()
+        for i, start, end in zip(growing.tolist(), [0, *ends], ends):
+            per_request[i] = self.new_block_ids[start:end]
+        return per_request
 
     @staticmethod
     def empty() -> CachedRequestData:
-        return CachedRequestData([], [], [], np.zeros(0, dtype=bool))
+        return CachedRequestData([], [], np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ back, by the one wire codec (`vllm_lite.wire.codec`): arrays are never copied on
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import msgspec
@@ -47,18 +46,14 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
     def from_scheduler_output(sched: SchedulerOutput) -> StepDiff:
         cached = sched.scheduled_cached_reqs
         scheduled = sched.num_scheduled_tokens
-        with_blocks = np.flatnonzero(cached.has_new_blocks).tolist()
-        num_new_blocks = np.zeros(len(cached.req_ids), dtype=np.int32)
-        num_new_blocks[with_blocks] = [len(cached.new_block_ids[i]) for i in with_blocks]
         return StepDiff(
             new_reqs=sched.scheduled_new_reqs,
             new_num_scheduled=_int32([scheduled[new.req_id] for new in sched.scheduled_new_reqs]),
             cached_req_ids=cached.req_ids,
             cached_num_scheduled=_int32([scheduled[req_id] for req_id in cached.req_ids]),
             cached_num_computed=_int32(cached.num_computed_tokens),
-            cached_num_new_blocks=num_new_blocks,
-            cached_new_block_ids=_int32(list(itertools.chain.from_iterable(map(cached.new_block_ids.__getitem__,
-                                                                               with_blocks)))),
+            cached_num_new_blocks=cached.num_new_blocks,
+            cached_new_block_ids=cached.new_block_ids,
             total_num_scheduled_tokens=sched.total_num_scheduled_tokens,
             finished_req_ids=list(sched.finished_req_ids),
             preempted_req_ids=list(sched.preempted_req_ids),
@@ -67,21 +62,13 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
     def to_scheduler_output(self) -> SchedulerOutput:
-        """Views of the received arrays, not lists: a request's new block ids are a slice of
-        `cached_new_block_ids` (one shared empty slice for the many without any), its counters
-        an element of `cached_num_computed`."""
-        has_new_blocks = self.cached_num_new_blocks > 0
-        new_block_ids = [self.cached_new_block_ids[:0]] * len(self.cached_req_ids)
-        with_blocks = np.flatnonzero(has_new_blocks)
-        ends = np.cumsum(self.cached_num_new_blocks[with_blocks]).tolist()
-        for i, start, end in zip(with_blocks.tolist(), [0, *ends], ends):
-            new_block_ids[i] = self.cached_new_block_ids[start:end]
+        """The received arrays themselves (views of the message's frames), not lists."""
         req_ids = self.cached_req_ids + [new.req_id for new in self.new_reqs]
         counts = np.concatenate([self.cached_num_scheduled, self.new_num_scheduled]).tolist()
         return SchedulerOutput(
             scheduled_new_reqs=self.new_reqs,
-            scheduled_cached_reqs=CachedRequestData(self.cached_req_ids, new_block_ids, self.cached_num_computed,
-                                                    has_new_blocks),
+            scheduled_cached_reqs=CachedRequestData(self.cached_req_ids, self.cached_num_computed,
+                                                    self.cached_num_new_blocks, self.cached_new_block_ids),
             num_scheduled_tokens=dict(zip(req_ids, counts)),
             total_num_scheduled_tokens=self.total_num_scheduled_tokens,
             finished_req_ids=frozenset(self.finished_req_ids),

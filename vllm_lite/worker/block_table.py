@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vllm_lite.ragged import segment_offsets
+
 
 class BlockTable:
     """Invariant: `block_ids[row, :num_blocks[row]]` are the row's blocks in sequence order;
@@ -20,9 +22,25 @@ class BlockTable:
     def append_row(self, row: int, block_ids: list[int] | np.ndarray) -> None:
         if len(block_ids) == 0:
             return
-        start = self.num_blocks[row]
+        start = int(self.num_blocks[row])
+        if start + len(block_ids) > self.block_ids.shape[1]:
+            raise ValueError(f"row {row} holds {start} blocks: {len(block_ids)} more exceed its "
+                             f"{self.block_ids.shape[1]}")
         self.block_ids[row, start:start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
+
+    def append_rows(self, rows: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
+        """`append_row` for each of `rows` (distinct), row i taking the next `counts[i]` of
+        `block_ids`: two array assignments for the whole step. All or nothing: a row that
+        would overflow raises before anything is written."""
+        starts = self.num_blocks[rows]
+        ends = starts + counts
+        if int(ends.max(initial=0)) > self.block_ids.shape[1]:
+            row = int(rows[np.argmax(ends)])
+            raise ValueError(f"row {row} holds {int(self.num_blocks[row])} blocks: more exceed its "
+                             f"{self.block_ids.shape[1]}")
+        self.block_ids[np.repeat(rows, counts), np.repeat(starts, counts) + segment_offsets(counts)] = block_ids
+        self.num_blocks[rows] = ends
 
     def move_row(self, src: int, dst: int) -> int:
         """Copy row `src` into row `dst`; returns the number of elements copied."""

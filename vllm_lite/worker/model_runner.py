@@ -504,32 +504,28 @@ class ModelRunner:
 
     def _update_cached(self, cached: CachedRequestData) -> dict[str, str] | None:
         """Every decode step runs this for every running request: their counters in one array
-        assignment, then only the rows that got new blocks, one by one. A request missing from
-        the batch, or counters the batch cannot take, send the step to `_update_cached_each`,
-        which tells whose update failed."""
+        assignment, their new blocks in another. A request missing from the batch, or an update
+        the batch cannot take, sends the step to `_update_cached_each`, which tells whose
+        update failed."""
         rows = self._batch_rows(cached.req_ids)
         if int(rows.min()) < 0:
             return self._update_cached_each(cached)
         batch = self.input_batch
         try:
             batch.num_computed_tokens[rows] = cached.num_computed_tokens
-        except Exception:
+            growing = np.flatnonzero(cached.num_new_blocks)
+            if len(growing):
+                batch.block_table.append_rows(rows[growing], cached.num_new_blocks[growing], cached.new_block_ids)
+        except Exception:  # (append_rows writes every row or none; the counters are written again)
             return self._update_cached_each(cached)
-        new_block_ids = cached.new_block_ids
-        failed: dict[str, str] | None = None
-        for i in np.flatnonzero(cached.has_new_blocks).tolist():
-            try:
-                batch.block_table.append_row(int(rows[i]), new_block_ids[i])
-            except Exception as exc:  # this request's alone
-                failed = self._row_update_failed(failed, cached.req_ids[i], exc)
-        return failed
+        return None
 
     def _update_cached_each(self, cached: CachedRequestData) -> dict[str, str] | None:
         """`_update_cached` one request at a time, each in its own `try`."""
         batch = self.input_batch
         index, block_table, num_computed_tokens = batch.req_id_to_index, batch.block_table, batch.num_computed_tokens
         failed: dict[str, str] | None = None
-        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+        for req_id, new_block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids_of_each(),
                                                        cached.num_computed_tokens):
             try:
                 row = index[req_id]
