@@ -52,6 +52,41 @@ def test_append_points_at_the_rows_python_must_see() -> None:
     assert attention.tolist() == [0, 1, 2]
 
 
+def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps() -> None:
+    """Step after step, `append` names exactly the rows that the rules name when evaluated from
+    scratch: a first output token, the length limit, a grammar (every token), an EOS / stop id
+    from min_tokens on. Slots change hands on the way (a request leaves; one resumed with
+    outputs takes its slot)."""
+    rng = np.random.default_rng(0)
+    store = TokenStore(num_slots=6, max_model_len=64)
+    requests = [make_request(f"r{i}", int(rng.integers(2, 6)), int(rng.integers(3, 20)),
+                             min_tokens=int(rng.integers(0, 4)), stop_token_ids=[9] if i % 2 else None)
+                for i in range(6)]
+    for i, request in enumerate(requests):
+        store.assign(request, request.length_limit, each_step=i == 4)
+    for step in range(30):
+        if not store.slot_of:
+            break
+        if step == 2:  # a request leaves with its outputs and comes back into a slot
+            resumed = store.requests[min(store.slot_of.values())]
+            store.release(resumed)
+            store.assign(resumed, resumed.length_limit, each_step=False)
+        slots = np.array(sorted(store.slot_of.values()))
+        live = [store.requests[slot] for slot in slots.tolist()]
+        tokens = rng.choice(np.array([1, 2, EOS, 9], dtype=np.int32), len(slots))
+        before = [request.num_tokens for request in live]
+        # (one stop-id set for all slots: a row whose token stops another may stop; Python decides)
+        pooled_stop_ids = set().union(*(request.eos_token_ids | request.stop_token_ids for request in live))
+        want = [i for i, (request, token, n) in enumerate(zip(live, tokens.tolist(), before))
+                if n + 1 == request.num_prompt_tokens + 1 or n + 1 >= request.length_limit
+                or store.each_step[request.slot]
+                or (token in pooled_stop_ids and n + 1 >= request.num_prompt_tokens + request.min_tokens)]
+        assert store.append(slots, tokens).tolist() == want, step
+        for request in live:
+            if request.num_tokens >= request.length_limit:  # it finishes: its slot is free again
+                store.release(request)
+
+
 def test_python_looks_only_at_rows_that_change(monkeypatch: pytest.MonkeyPatch) -> None:
     scheduler = Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(4, 64, None, True), 64)
     for i in range(6):

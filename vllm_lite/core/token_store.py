@@ -12,6 +12,7 @@ Python touches only the requests whose state changed (finished, first token, a g
 | `length_limit` | `min(num_prompt_tokens + max_tokens, max_model_len)`: reaching it stops the request |
 | `min_stop_len` | `num_prompt_tokens + min_tokens`: an EOS or stop id counts from this length on |
 | `each_step` | Python must see every token (a grammar to advance) |
+| `look_at_len` | the length from which Python looks at the slot's next token: 0 with `each_step`, the first output token's, else `length_limit`; moved on past the first output token when Python has seen it |
 
 A request holds a slot from admission until it is preempted or freed, so at most
 `max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
@@ -37,6 +38,7 @@ class TokenStore:
         self.length_limit = np.zeros(num_slots, dtype=np.int64)
         self.min_stop_len = np.zeros(num_slots, dtype=np.int64)
         self.each_step = np.zeros(num_slots, dtype=bool)
+        self.look_at_len = np.zeros(num_slots, dtype=np.int64)
         self.requests: list[Request | None] = [None] * num_slots
         self.slot_of: dict[str, int] = {}
         self._free_slots = list(range(num_slots - 1, -1, -1))  # lowest slot first
@@ -63,6 +65,8 @@ class TokenStore:
         self.length_limit[slot] = length_limit
         self.min_stop_len[slot] = request.num_prompt_tokens + request.min_tokens
         self.each_step[slot] = each_step
+        first_output_len = request.num_prompt_tokens + 1 if n == request.num_prompt_tokens else length_limit
+        self.look_at_len[slot] = 0 if each_step else min(first_output_len, length_limit)
         self.requests[slot] = request
         self.slot_of[request.request_id] = slot
         self.version += 1
@@ -94,19 +98,25 @@ class TokenStore:
     def append(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Append one token to each of `slots` (distinct). Returns the positions (into `slots`)
         that Python must look at: the length limit reached, an EOS / stop id past min_tokens,
-        a first output token, or a grammar."""
+        a first output token, or a grammar (one comparison with `look_at_len` for all but the
+        stop ids)."""
         num_tokens = self.num_tokens[slots]
         self.token_ids[slots, num_tokens] = tokens
         num_tokens += 1
         self.num_tokens[slots] = num_tokens
-        attention = ((num_tokens >= self.length_limit[slots]) | self.each_step[slots]
-                     | (num_tokens == self.num_prompt_tokens[slots] + 1))
+        attention = num_tokens >= self.look_at_len[slots]
         stop_ids = self.stop_ids
         if len(stop_ids):
             attention |= np.isin(tokens, stop_ids) & (num_tokens >= self.min_stop_len[slots])
-        return np.flatnonzero(attention)
+        looked_at = np.flatnonzero(attention)
+        if len(looked_at):  # past a first output token, only the length limit (or a grammar) is left
+            seen = slots[looked_at]
+            self.look_at_len[seen] = np.where(self.each_step[seen], 0, self.length_limit[seen])
+        return looked_at
 
     def append_one(self, slot: int, token_id: int) -> None:
+        """(Leaves `look_at_len` as it is: if this is the first output token, the next `append`
+        shows the row to Python once more, which finds nothing to do.)"""
         n = int(self.num_tokens[slot])
         self.token_ids[slot, n] = token_id
         self.num_tokens[slot] = n + 1
