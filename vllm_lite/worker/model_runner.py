@@ -27,7 +27,7 @@ from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
-from vllm_lite.host_to_device import host_to_device
+from vllm_lite.host_to_device import StepInputTensors, host_to_device
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.layers.matmul_rows import bucket_rows
 from vllm_lite.model.loader import load_model
@@ -143,6 +143,7 @@ class ModelRunner:
         self.unfinished: SampledTokens | None = None
         self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
         self._step_rows_cache: tuple[int, dict[str, int], tuple | None] | None = None  # see _scheduled_rows
+        self.step_inputs = StepInputTensors(device)  # the tensors `_prepare_inputs` fills
 
     def _small_steps_fit_one_thread(self) -> bool:
         """Whether steps of at most ONE_THREAD_MAX_TOKENS tokens should run on one thread: only
@@ -615,11 +616,12 @@ class ModelRunner:
         query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
         query_start_loc[1:] = cu_lens
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
+        put = self.step_inputs.put
         common = CommonAttentionMetadata(
-            query_start_loc=self._to_device(query_start_loc),
-            seq_lens=self._to_device(seq_lens),
-            block_table=self._to_device(block_ids[at, :max_blocks]),
-            slot_mapping=self._to_device(slot_mapping),
+            query_start_loc=put("query_start_loc", query_start_loc),
+            seq_lens=put("seq_lens", seq_lens),
+            block_table=put("block_table", block_ids[at, :max_blocks]),
+            slot_mapping=put("slot_mapping", slot_mapping),
             query_start_loc_np=query_start_loc,
             seq_lens_np=seq_lens,
             num_actual_tokens=total,
@@ -628,9 +630,9 @@ class ModelRunner:
         )
         return StepInputs(
             input_ids=self._input_ids(input_ids, rows, query_lens, cu_lens),
-            positions=self._to_device(positions.astype(np.int64)),
+            positions=put("positions", positions, np.int64),
             attn_metadata=self.attn_backend.build(common),
-            logits_indices=self._to_device((cu_lens[samples] - 1).astype(np.int64)),
+            logits_indices=put("logits_indices", cu_lens[samples] - 1, np.int64),
             sample_rows=rows[samples],
             every_token_samples=every_token_samples,
             rows=rows,
@@ -645,7 +647,7 @@ class ModelRunner:
         those positions is not written yet)."""
         sampled = self.unfinished
         if sampled is None:
-            return self._to_device(input_ids.astype(np.int64))
+            return self.step_inputs.put("input_ids", input_ids, np.int64)
         batch = self.input_batch
         now = self._rows_now(sampled)
         step_index = np.full(batch.num_reqs + 1, -1, dtype=np.int64)  # the last: rows gone (-1)
@@ -656,7 +658,7 @@ class ModelRunner:
         flat = (cu_lens - query_lens)[k] + offsets
         if len(flat) == len(input_ids) and fed.all() and np.array_equal(flat, np.arange(len(flat))):
             return sampled.tokens  # a steady decode step: every input is a token just sampled
-        ids = self._to_device(input_ids.astype(np.int64))
+        ids = self.step_inputs.put("input_ids", input_ids, np.int64)
         if fed.any():
             fed_at = np.flatnonzero(fed)
             ids[self._to_device(flat[fed_at])] = sampled.tokens[self._to_device(fed_at)]
