@@ -114,3 +114,18 @@ def test_elements_moved_do_not_depend_on_max_model_len(operation: str) -> None:
         counts.append(batch.num_elements_moved)
     assert counts[0] == counts[1] > 0
     assert counts[0] < 2 * sum(LENGTHS) + 100
+
+
+def test_the_batch_counts_its_rows_that_ask_for_prompt_logprobs() -> None:
+    batch = make_batch(64, [])
+    asking = [NewRequestData(f"p{i}", np.arange(5, dtype=np.int32), 5, SamplingParams(prompt_logprobs=i), [1], 0)
+              for i in range(2)]
+    for new in (new_request(0, 10), *asking, new_request(3, 10)):
+        batch.add_request(new)
+    assert batch.num_prompt_logprob_rows == 2
+    batch.remove_request("p0")
+    batch.remove_request("r0")
+    batch.condense()
+    assert batch.num_prompt_logprob_rows == 1
+    batch.remove_request("p1")
+    assert batch.num_prompt_logprob_rows == 0

@@ -110,12 +110,12 @@ class CpuNativeAttentionBackend(AttentionBackend):
     def build(self, common: CommonAttentionMetadata) -> CpuNativeAttentionMetadata:
         n = common.num_actual_tokens
         metadata = CpuNativeAttentionMetadata(common.slot_mapping[:n], n)
-        qsl = common.query_start_loc_np
-        is_decode = (qsl[1:] - qsl[:-1]) == 1  # one new token: it sees every cached key
         block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
-        if is_decode.all():
+        if common.max_query_len == 1:  # every row a decode (a steady step: no array looked at)
             metadata.decodes = TokenRows(block_table, seq_lens, None)
             return metadata
+        qsl = common.query_start_loc_np
+        is_decode = (qsl[1:] - qsl[:-1]) == 1  # one new token: it sees every cached key
         if is_decode.any():
             rows = torch.from_numpy(is_decode.nonzero()[0])
             metadata.decodes = TokenRows(block_table[rows].contiguous(), seq_lens[rows],

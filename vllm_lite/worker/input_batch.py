@@ -51,6 +51,9 @@ class InputBatch:
         self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
         self.req_id_to_index: dict[str, int] = {}
         self.num_reqs = 0  # rows 0 .. num_reqs-1 are in use (holes possible until condense)
+        # Live rows whose request asks for prompt logprobs: a step without any looks at no row
+        # for them (the first numpy call after a forward pass costs tens of us: cold caches).
+        self.num_prompt_logprob_rows = 0
         self._holes: list[int] = []
         self.version = 0  # bumped whenever the batch's composition or row order changes
         self._live: tuple[tuple[int, int], list[str]] = ((0, 0), [])  # see live_req_ids
@@ -101,6 +104,7 @@ class InputBatch:
             self.num_reqs += 1
         self.req_ids[row] = new.req_id
         self.sampling_params[row] = new.sampling_params
+        self.num_prompt_logprob_rows += new.sampling_params.prompt_logprobs is not None
         self.req_id_to_index[new.req_id] = row
         self.version += 1
         self.row_serial[row] = self.version  # (versions only grow: each joining its own)
@@ -127,6 +131,7 @@ class InputBatch:
         if row is None:
             return None
         self.req_ids[row] = None
+        self.num_prompt_logprob_rows -= self.sampling_params[row].prompt_logprobs is not None
         self.sampling_params[row] = None
         self._holes.append(row)
         self.version += 1

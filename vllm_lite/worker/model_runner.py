@@ -759,6 +759,8 @@ class ModelRunner:
         computes. Hidden state at position p predicts token p + 1, so positions run up to
         num_prompt_tokens - 2; a recomputed chunk (after preemption) yields the same rows again."""
         batch = self.input_batch
+        if not batch.num_prompt_logprob_rows:
+            return None
         rows = inputs.rows
         asked = batch.num_prompt_logprobs[rows] >= 0
         if not asked.any():
