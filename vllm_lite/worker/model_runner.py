@@ -88,7 +88,7 @@ class SampledTokens:
     positions: np.ndarray  # where in its row each token goes
     batch_version: int  # the batch's version at launch: the rows still hold if it is unchanged
     tokens: torch.Tensor  # int64 [len(rows)] on the device
-    host: torch.Tensor  # int32 [len(rows)] on the host
+    host: torch.Tensor  # [len(rows)] on the host: int32 copied from a GPU, `tokens` themselves on CPU
     copied: torch.cuda.Event | None  # None when `host` is complete already
 
 
@@ -370,15 +370,14 @@ class ModelRunner:
         at = batch.row_index(rows)
         positions = batch.num_tokens[at].copy()
         batch.num_tokens[at] += 1
-        tokens = tokens.long()
-        copied = None
+        if tokens.dtype != torch.int64:
+            tokens = tokens.long()
+        host, copied = tokens, None  # (on CPU: no conversion, a torch call that costs tens of us here)
         if tokens.device.type == "cuda":
             host = torch.empty(len(rows), dtype=torch.int32, pin_memory=True)
             host.copy_(tokens.to(torch.int32), non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
-        else:
-            host = tokens.to(torch.int32)
         req_ids = batch.live_req_ids if len(rows) == batch.num_reqs else [batch.req_ids[row] for row in rows.tolist()]
         return SampledTokens(rows, req_ids, batch.row_serial[rows], positions, batch.version, tokens, host, copied)
 
