@@ -217,37 +217,38 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
     timer.wrap(runner, "finish", "logits+sample")  # waits for the sampled tokens (on a GPU)
     timer.wrap(core.scheduler, "update_from_output", "output update")
     try:
-        for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens)):
-            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-            core.add_request(EngineCoreRequest(f"p{i}", np.asarray(prompt, dtype=np.int32), params, (),
-                                               time.time(), max_tokens))
-            client.add_request(f"p{i}", prompt, max_tokens)
-        outputs = core.step()
-        client.process(outputs)
-        while len(outputs.req_ids) < len(workload.prompts):  # prefill (possibly over several steps)
+        with core.executor.step_thread_mode():  # (the thread state the engine-core process's loop holds)
+            for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens)):
+                params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+                core.add_request(EngineCoreRequest(f"p{i}", np.asarray(prompt, dtype=np.int32), params, (),
+                                                   time.time(), max_tokens))
+                client.add_request(f"p{i}", prompt, max_tokens)
             outputs = core.step()
             client.process(outputs)
-        timer.enabled = True
-        steps, core_seconds = 0, 0.0
-        recorded: list[EngineCoreOutputs] = []
-        while not outputs.finished and steps < 100:
-            start = time.perf_counter()
-            outputs = core.step()
-            core_seconds += time.perf_counter() - start
-            # (a copy of the tokens: as the client's own, decoded from the wire)
-            recorded.append(msgspec.structs.replace(outputs, new_token_ids=outputs.new_token_ids.copy()))
-            steps += 1
-        timer.enabled = False
-        client.replay(recorded)
-        per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
-        per_step["IPC"] = 1e3 * ipc_seconds(outputs)
-        per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
-        per_step["core step"] = 1e3 * core_seconds / steps
-        # Python and copies outside the model and sampler: engine core, IPC and the streaming client.
-        per_step["outside forward"] = (per_step["core step"] - per_step["forward"] - per_step["logits+sample"]
-                                       + per_step["IPC"] + per_step["client (stream)"])
-        per_step["steps"] = steps
-        return per_step
+            while len(outputs.req_ids) < len(workload.prompts):  # prefill (possibly over several steps)
+                outputs = core.step()
+                client.process(outputs)
+            timer.enabled = True
+            steps, core_seconds = 0, 0.0
+            recorded: list[EngineCoreOutputs] = []
+            while not outputs.finished and steps < 100:
+                start = time.perf_counter()
+                outputs = core.step()
+                core_seconds += time.perf_counter() - start
+                # (a copy of the tokens: as the client's own, decoded from the wire)
+                recorded.append(msgspec.structs.replace(outputs, new_token_ids=outputs.new_token_ids.copy()))
+                steps += 1
+            timer.enabled = False
+            client.replay(recorded)
+            per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
+            per_step["IPC"] = 1e3 * ipc_seconds(outputs)
+            per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
+            per_step["core step"] = 1e3 * core_seconds / steps
+            # Python and copies outside the model and sampler: engine core, IPC and the streaming client.
+            per_step["outside forward"] = (per_step["core step"] - per_step["forward"] - per_step["logits+sample"]
+                                           + per_step["IPC"] + per_step["client (stream)"])
+            per_step["steps"] = steps
+            return per_step
     finally:
         core.shutdown()
 

@@ -109,8 +109,9 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     def build(self, common: CommonAttentionMetadata) -> CpuNativeAttentionMetadata:
         n = common.num_actual_tokens
-        metadata = CpuNativeAttentionMetadata(common.slot_mapping[:n], n)
-        block_table, seq_lens = common.block_table.to(torch.int32), common.seq_lens.to(torch.int32)
+        slot_mapping = common.slot_mapping if len(common.slot_mapping) == n else common.slot_mapping[:n]
+        metadata = CpuNativeAttentionMetadata(slot_mapping, n)
+        block_table, seq_lens = _int32(common.block_table), _int32(common.seq_lens)
         if common.max_query_len == 1:  # every row a decode (a steady step: no array looked at)
             metadata.decodes = TokenRows(block_table, seq_lens, None)
             return metadata
@@ -239,3 +240,8 @@ class CpuNativeAttentionBackend(AttentionBackend):
             out.copy_(decoded)
         else:
             out[idx] = decoded
+
+
+def _int32(tensor: torch.Tensor) -> torch.Tensor:
+    """(No torch call for a tensor that is int32 already, as the model runner's are.)"""
+    return tensor if tensor.dtype == torch.int32 else tensor.to(torch.int32)

@@ -267,9 +267,10 @@ class EngineCoreProc:
         return 0
 
     def run_busy_loop(self) -> None:
-        while True:
-            self._process_input_queue()
-            self._process_engine_step()
+        with self.engine_core.executor.step_thread_mode():
+            while True:
+                self._process_input_queue()
+                self._process_engine_step()
 
     def shutdown(self) -> None:
         self.io.close()

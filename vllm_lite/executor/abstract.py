@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 
 from vllm_lite.config import VllmConfig
@@ -38,6 +39,12 @@ class Executor(ABC):
     @abstractmethod
     def take_model_output(self) -> ModelRunnerOutput:
         """The output of the oldest submitted step not taken yet (waits for it)."""
+
+    def step_thread_mode(self) -> contextlib.AbstractContextManager:
+        """Held by a thread that runs this executor's steps for as long as it runs them (the
+        engine-core process's loop): the thread state the steps need is set once, not entered
+        and left every step. Nothing to hold by default."""
+        return contextlib.nullcontext()
 
     def shutdown(self) -> None:
         pass

@@ -102,23 +102,27 @@ class WorkerProc:
         self.pipeline: StepPipeline | None = None  # from InitKVCache on
 
     def serve(self) -> None:
-        while True:
-            message = self.codec.decode_to_worker(self.steps.recv_multipart(copy=False))
-            if isinstance(message, Shutdown):
-                if self.pipeline is not None:
-                    self.pipeline.stop()
-                self.stopping.set()
-                return
-            try:
-                results = self._handle(message)
-            except Exception as exc:
-                results = [exc]
-            for result in results:
-                if isinstance(result, BaseException):
-                    logger.error("rank %d failed", self.rank, exc_info=result)
-                    self._send_error(f"rank {self.rank}: {describe_error(result)}")
-                    raise result
-                self.replies.send_multipart(self.codec.encode_reply(result), copy=False)
+        with torch.inference_mode():  # held for every step (`Executor.step_thread_mode`)
+            while True:
+                message = self.codec.decode_to_worker(self.steps.recv_multipart(copy=False))
+                if isinstance(message, Shutdown):
+                    if self.pipeline is not None:
+                        self.pipeline.stop()
+                    self.stopping.set()
+                    return
+                self._answer(message)
+
+    def _answer(self, message: object) -> None:
+        try:
+            results = self._handle(message)
+        except Exception as exc:
+            results = [exc]
+        for result in results:
+            if isinstance(result, BaseException):
+                logger.error("rank %d failed", self.rank, exc_info=result)
+                self._send_error(f"rank {self.rank}: {describe_error(result)}")
+                raise result
+            self.replies.send_multipart(self.codec.encode_reply(result), copy=False)
 
     def _handle(self, message: object) -> list[WorkerReply | BaseException]:
         """A reply (or the exception) for each step finished now, in step order: a step launched

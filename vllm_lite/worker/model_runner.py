@@ -234,11 +234,18 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.finish(self.launch(scheduler_output))
 
-    @torch.inference_mode()
     def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
         """Failure containment: a request whose own step work raises (joining the batch, its
         row's update, its sampling metadata) is left out of the step and reported in
-        `ModelRunnerOutput.failed`; the engine core fails and frees it, the others go on."""
+        `ModelRunnerOutput.failed`; the engine core fails and frees it, the others go on. Runs
+        in inference mode, entered here unless the calling thread holds it already (the
+        engine's own step threads do: `Executor.step_thread_mode`)."""
+        if torch.is_inference_mode_enabled():
+            return self._launch(scheduler_output)
+        with torch.inference_mode():
+            return self._launch(scheduler_output)
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
         failed = self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
