@@ -32,6 +32,9 @@ class TrackedBlockCounts:
     position: dict[str, int]
     held: np.ndarray
     cached: np.ndarray
+    # The most tokens each request's held blocks take without a block newly filled (see
+    # `fit_held_blocks`); None once `held` or `cached` changed, until it is asked for again.
+    fit_limit: np.ndarray | None = None
 
 
 class KVCacheManager:
@@ -101,22 +104,28 @@ class KVCacheManager:
             return False
         return not self.enable_caching or num_tokens // self.block_size <= self.num_cached_blocks[request.request_id]
 
-    def fit_held_blocks(self, req_ids: list[str], num_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def fit_held_blocks(self, req_ids: list[str], num_tokens: np.ndarray) -> np.ndarray | None:
         """`fits_held_blocks` for many requests at once (request `req_ids[i]`'s first
-        `num_tokens[i]` tokens), and the new blocks `allocate_slots` would take for each (0 where
-        they fit). None where the per-request rule must decide: a sliding window, or a request
-        holding no blocks. The counts come from `tracked`, which follows `req_ids` from here on
-        (read again only when the list changes; the list is kept, not copied: the scheduler's
-        list of running ids, never changed once made, so that a steady step's check is `is`)."""
+        `num_tokens[i]` tokens): one comparison with limits kept until a count changes. None
+        where the per-request rule must decide: a sliding window, or a request holding no
+        blocks. The counts come from `tracked`, which follows `req_ids` from here on (read again
+        only when the list changes; the list is kept, not copied: the scheduler's list of
+        running ids, never changed once made, so that a steady step's check is `is`)."""
         if self.sliding_window is not None:
             return None
         if self.tracked.req_ids is not req_ids and self.tracked.req_ids != req_ids and not self._track(req_ids):
             return None
         tracked, bs = self.tracked, self.block_size
-        fits = num_tokens <= tracked.held * bs
-        if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
-            fits &= num_tokens // bs <= tracked.cached
-        return fits, np.maximum(-(-num_tokens // bs) - tracked.held, 0)
+        if tracked.fit_limit is None:
+            tracked.fit_limit = tracked.held * bs
+            if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
+                np.minimum(tracked.fit_limit, (tracked.cached + 1) * bs - 1, out=tracked.fit_limit)
+        return num_tokens <= tracked.fit_limit
+
+    def new_blocks_needed(self, positions: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """The new blocks `allocate_slots` would take for the first `num_tokens[i]` tokens of
+        the request at `positions[i]` of the list `fit_held_blocks` was last asked about."""
+        return np.maximum(-(-num_tokens // self.block_size) - self.tracked.held[positions], 0)
 
     def _track(self, req_ids: list[str]) -> bool:
         """Track these requests' block counts; False (tracking nothing new) when one of them
@@ -137,6 +146,7 @@ class KVCacheManager:
             blocks = self.req_to_blocks.get(request_id)
             self.tracked.held[position] = 0 if blocks is None else len(blocks)
             self.tracked.cached[position] = self.num_cached_blocks.get(request_id, 0)
+            self.tracked.fit_limit = None
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
@@ -203,6 +213,7 @@ class KVCacheManager:
             req_to_blocks[requests[i].request_id].extend(taken[start:start + count])
             start += count
         tracked.held[rows] += num_new_blocks
+        tracked.fit_limit = None
         if self.enable_caching:
             num_full = np.minimum(num_tokens, num_known) // self.block_size
             registering = np.flatnonzero(num_full > tracked.cached[rows])

@@ -128,8 +128,9 @@ class Scheduler:
         self.stale_req_ids: dict[str, int] = {}
         # The running requests' tokens and stop limits, for the array code of update_from_output.
         self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len)
-        self._row_slots: tuple[int, list[str], np.ndarray] | None = None  # see _slots_of
+        self._row_slots: tuple[int, list[str], np.ndarray, bool] | None = None  # see _slots_of
         self._running_slot_cache: tuple[int, np.ndarray, list[str]] | None = None  # see _running_slots
+        self._zero_block_counts = _NO_BLOCK_IDS  # see _no_new_blocks
         self._decode_counts: tuple[list[str], dict[str, int]] | None = None  # see _one_token_each
 
     # ---- requests in and out ----
@@ -258,37 +259,49 @@ class Scheduler:
         kind (budget short, blocks short, a sliding window): the loop decides it."""
         kv, store, running = self.kv_cache_manager, self.token_store, self.running
         slots, req_ids = self._running_slots()
-        n = len(slots)
         known, computed = store.num_tokens_with_placeholders[slots], store.num_computed_tokens[slots]
         scheduled = known < store.length_limit[slots]
+        every_one = bool(scheduled.all())  # (most steps: no request has all its tokens in flight)
         num_new = known - computed
-        total = int(num_new[scheduled].sum())
-        if total > budget or (num_new[scheduled] <= 0).any():
+        scheduled_new = num_new if every_one else num_new[scheduled]
+        total = int(scheduled_new.sum())
+        if total > budget or (len(scheduled_new) and int(scheduled_new.min()) <= 0):
             return None
-        end = computed + num_new
-        fit = kv.fit_held_blocks(req_ids, end)
-        if fit is None:
+        # After this step a scheduled request has computed every token it knows: `known`.
+        fits = kv.fit_held_blocks(req_ids, known)
+        if fits is None:
             return None
-        fits, blocks_needed = fit
-        to_allocate = np.flatnonzero(scheduled & ~fits)
-        if int(blocks_needed[to_allocate].sum()) > kv.get_num_free_blocks():
-            return None  # an allocation may fail: the loop preempts
-        rows = np.flatnonzero(scheduled)
-        num_new_blocks = np.zeros(len(rows), dtype=np.int32)
+        to_allocate = np.flatnonzero(~fits if every_one else scheduled & ~fits)
         new_block_ids = _NO_BLOCK_IDS
         if len(to_allocate):
-            counts = blocks_needed[to_allocate]
+            counts = kv.new_blocks_needed(to_allocate, known[to_allocate])
+            if int(counts.sum()) > kv.get_num_free_blocks():
+                return None  # an allocation may fail: the loop preempts
             taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
-                                        counts, end[to_allocate], store.num_tokens[slots[to_allocate]])
+                                        counts, known[to_allocate], store.num_tokens[slots[to_allocate]])
             new_block_ids = np.fromiter(map(_block_id, taken), np.int32, len(taken))
-            num_new_blocks[np.searchsorted(rows, to_allocate)] = counts
-        if len(rows) < n:
+        if not every_one:
+            rows = np.flatnonzero(scheduled)
+            to_allocate = np.searchsorted(rows, to_allocate)  # (now positions among the scheduled)
             req_ids = [req_ids[row] for row in rows.tolist()]
-            slots, num_new, end, known, computed = slots[rows], num_new[rows], end[rows], known[rows], computed[rows]
+            slots, num_new, known, computed = slots[rows], num_new[rows], known[rows], computed[rows]
+        num_new_blocks = self._no_new_blocks(len(req_ids))
+        if len(new_block_ids):
+            num_new_blocks = num_new_blocks.copy()
+            num_new_blocks[to_allocate] = counts
         num_scheduled = self._one_token_each(req_ids) if total == len(req_ids) else dict(zip(req_ids, num_new.tolist()))
-        store.num_computed_tokens[slots], store.num_tokens_with_placeholders[slots] = _advanced(
-            computed, known, num_new)
+        # (`_advanced` for these requests: every token known gets computed, a placeholder follows)
+        store.num_computed_tokens[slots] = known
+        store.num_tokens_with_placeholders[slots] = known + 1
         return RunningSchedule(req_ids, computed, num_new_blocks, new_block_ids, num_scheduled, budget - total)
+
+    def _no_new_blocks(self, num_requests: int) -> np.ndarray:
+        """Zero new blocks for each of `num_requests` requests: one read-only array, kept while
+        the count is the same (most steps take no block)."""
+        if len(self._zero_block_counts) != num_requests:
+            self._zero_block_counts = np.zeros(num_requests, dtype=np.int32)
+            self._zero_block_counts.flags.writeable = False
+        return self._zero_block_counts
 
     def _one_token_each(self, req_ids: list[str]) -> dict[str, int]:
         """A decode step's counts, {request id: 1}. Kept while the step names the very list
@@ -338,25 +351,31 @@ class Scheduler:
         first token, a grammar); Python looks at those rows only."""
         stale = self._begin_update(failed)
         prompt_columns = self._prompt_logprobs_columns(prompt_logprobs, stale) if prompt_logprobs else {}
-        rows = np.flatnonzero(num_sampled)
-        every_row = len(rows) == len(req_ids)  # (a decode step: no row left mid-prefill)
+        every_row = bool(num_sampled.all())  # (a decode step: no row left mid-prefill)
+        rows = np.arange(len(req_ids)) if every_row else np.flatnonzero(num_sampled)  # the rows that sampled
         tokens = sampled_token_ids[:, 0] if every_row else sampled_token_ids[rows, 0]
-        slots = self._slots_of(req_ids, stale)
-        slots = slots if every_row else slots[rows]
-        keep = slots != _DISCARD
+        slots, every_slot_held = self._slots_of(req_ids, stale)
+        if not every_row:
+            slots = slots[rows]
+            every_slot_held = bool((slots >= 0).all())
         store = self.token_store
         # (position among `rows`, request, whether its token is still to be appended)
         look_at: list[tuple[int, Request, bool]] = []
-        held = np.flatnonzero(slots >= 0)
-        if len(held):
-            attention = (store.append(slots, tokens) if len(held) == len(slots)  # (none freed or preempted)
-                         else held[store.append(slots[held], tokens[held])])
+        keep: np.ndarray | None = None  # None: every row is kept
+        if every_slot_held:  # (none freed or preempted: a steady step)
+            attention = store.append(slots, tokens)
+        else:
+            keep = slots != _DISCARD
+            held = np.flatnonzero(slots >= 0)
+            attention = held[store.append(slots[held], tokens[held])] if len(held) else held
+        if len(attention):
             requests = store.requests
             look_at.extend((i, requests[slot], False) for i, slot in zip(attention.tolist(), slots[attention].tolist()))
-        unslotted = np.flatnonzero(slots == _UNSLOTTED)
-        if len(unslotted):  # preempted (async) while their token was in flight
-            look_at.extend((i, self.requests[req_ids[rows[i]]], True) for i in unslotted.tolist())
-            look_at.sort(key=_first)
+        if not every_slot_held:
+            unslotted = np.flatnonzero(slots == _UNSLOTTED)
+            if len(unslotted):  # preempted (async) while their token was in flight
+                look_at.extend((i, self.requests[req_ids[rows[i]]], True) for i in unslotted.tolist())
+                look_at.sort(key=_first)
         finished: list[FinishedRequest] = []
         num_cached: dict[str, int] = {}
         scheduling_times: dict[str, tuple[float, float]] = {}
@@ -369,6 +388,7 @@ class Scheduler:
             except Exception as exc:  # this request's alone (a zero-cost `try` when nothing raises)
                 logger.exception("request %r failed while taking its sampled token", request.request_id)
                 num_finished_running += self._fail(request, f"in the engine core: {describe_error(exc)}")
+                keep = np.ones(len(slots), dtype=bool) if keep is None else keep
                 keep[i] = False
                 continue
             if request.num_output_tokens == 1:
@@ -381,9 +401,9 @@ class Scheduler:
                 finished.append(FinishedRequest(request.request_id, stop[0], stop[1], request.num_preemptions))
         if num_finished_running:
             self._drop_finished_from_running()
-        kept_rows = rows[keep]
+        kept_rows = rows if keep is None else rows[keep]
         out_req_ids = req_ids if len(kept_rows) == len(req_ids) else [req_ids[row] for row in kept_rows.tolist()]
-        new_token_ids = tokens if len(kept_rows) == len(rows) else tokens[keep]
+        new_token_ids = tokens if keep is None else tokens[keep]
         outputs = EngineCoreOutputs(out_req_ids, new_token_ids.astype(np.int32, copy=False), finished,
                                     num_cached, timestamp=time.monotonic(), scheduling_times=scheduling_times,
                                     **prompt_columns)
@@ -393,14 +413,15 @@ class Scheduler:
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         return outputs
 
-    def _slots_of(self, req_ids: list[str], stale: frozenset[str]) -> np.ndarray:
+    def _slots_of(self, req_ids: list[str], stale: frozenset[str]) -> tuple[np.ndarray, bool]:
         """The token-store slot of each of a step's rows (`_DISCARD`, `_UNSLOTTED` for rows
-        without one). Kept while the rows and the slots' owners stay the same (steady decode)."""
+        without one), and whether every row has one. Kept while the rows and the slots' owners
+        stay the same (steady decode)."""
         store = self.token_store
         cached = self._row_slots
         if (cached is not None and not stale and cached[0] == store.version
                 and (cached[1] is req_ids or cached[1] == req_ids)):
-            return cached[2]
+            return cached[2], cached[3]
         slot_of = store.slot_of
         slots = np.array([slot_of.get(request_id, _DISCARD) for request_id in req_ids], dtype=np.int64)
         for i in np.flatnonzero(slots == _DISCARD).tolist():
@@ -410,9 +431,10 @@ class Scheduler:
             slot = slot_of.get(request_id)
             if slot is not None:
                 slots[slots == slot] = _DISCARD
+        every_slot_held = bool((slots >= 0).all())
         if not stale:
-            self._row_slots = (store.version, req_ids, slots)
-        return slots
+            self._row_slots = (store.version, req_ids, slots, every_slot_held)
+        return slots, every_slot_held
 
     def _begin_update(self, failed: dict[str, str] | None) -> frozenset[str]:
         """Fail the requests the worker failed, then return the requests whose rows in this
