@@ -60,6 +60,32 @@ ONE_THREAD_MAX_TOKENS = 8
 CALIBRATION_WEIGHT_BYTES = 256 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class StepRows:
+    """The batch rows a step computes (ascending), their query lengths, and what follows from
+    those alone: kept (read-only) while the batch keeps its rows and the scheduler hands over
+    the same counts (`ModelRunner._scheduled_rows`), so a steady decode step derives none of it."""
+
+    rows: np.ndarray
+    query_lens: np.ndarray  # int32
+    cu_lens: np.ndarray  # int32, cumulative query lengths
+    query_start_loc: np.ndarray  # int32 [len(rows) + 1]: 0, then cu_lens
+    query_starts: np.ndarray  # each row's first token in the flat step
+    last_tokens: np.ndarray  # int64: each row's last token in the flat step
+    max_query_len: int
+
+    @staticmethod
+    def of(rows: np.ndarray, query_lens: np.ndarray) -> StepRows:
+        cu_lens = np.cumsum(query_lens, dtype=np.int32)
+        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
+        query_start_loc[1:] = cu_lens
+        step = StepRows(rows, query_lens, cu_lens, query_start_loc, cu_lens - query_lens,
+                        (cu_lens - 1).astype(np.int64), int(query_lens.max()))
+        for array in (rows, query_lens, cu_lens, query_start_loc, step.query_starts, step.last_tokens):
+            array.flags.writeable = False  # kept for later steps
+        return step
+
+
 @dataclass(slots=True)
 class StepInputs:
     input_ids: torch.Tensor
@@ -142,7 +168,7 @@ class ModelRunner:
         # The last launched step's sampled tokens while that step is not finished (at most one).
         self.unfinished: SampledTokens | None = None
         self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
-        self._step_rows_cache: tuple[int, dict[str, int], tuple | None] | None = None  # see _scheduled_rows
+        self._step_rows_cache: tuple[int, dict[str, int], StepRows | None] | None = None  # see _scheduled_rows
         self.step_inputs = StepInputTensors(device)  # the tensors `_prepare_inputs` fills
 
     def _small_steps_fit_one_thread(self) -> bool:
@@ -595,10 +621,10 @@ class ModelRunner:
     def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
         """None when no scheduled request is in the batch (every one failed)."""
         batch = self.input_batch
-        step_rows = self._scheduled_rows(sched.num_scheduled_tokens)
-        if step_rows is None:
+        step = self._scheduled_rows(sched.num_scheduled_tokens)
+        if step is None:
             return None
-        rows, query_lens, cu_lens = step_rows
+        rows, query_lens, cu_lens = step.rows, step.query_lens, step.cu_lens
         at = batch.row_index(rows)
         total = int(cu_lens[-1])
         if total == len(rows):  # one token per row (a decode step): each row's next position
@@ -611,7 +637,8 @@ class ModelRunner:
             seq_lens = batch.num_computed_tokens[at] + query_lens
         # Rows whose known tokens are all computed after this step produce a new token.
         samples = seq_lens == batch.num_tokens[at]
-        every_token_samples = total == len(rows) and bool(samples.all())  # every row computes its last token
+        every_row_samples = bool(samples.all())
+        every_token_samples = total == len(rows) and every_row_samples  # every row computes its last token
         if every_token_samples:
             input_ids = batch.last_token_ids[at]
         else:
@@ -619,30 +646,29 @@ class ModelRunner:
         block_ids = batch.block_table.block_ids
         slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
                         * self.block_size + positions % self.block_size)
-        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
-        query_start_loc[1:] = cu_lens
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
         put = self.step_inputs.put
         common = CommonAttentionMetadata(
-            query_start_loc=put("query_start_loc", query_start_loc),
+            query_start_loc=put("query_start_loc", step.query_start_loc),
             seq_lens=put("seq_lens", seq_lens),
             block_table=put("block_table", block_ids[at, :max_blocks]),
             slot_mapping=put("slot_mapping", slot_mapping),
-            query_start_loc_np=query_start_loc,
+            query_start_loc_np=step.query_start_loc,
             seq_lens_np=seq_lens,
             num_actual_tokens=total,
-            max_query_len=int(query_lens.max()),
+            max_query_len=step.max_query_len,
             block_size=self.block_size,
         )
         return StepInputs(
             input_ids=self._input_ids(input_ids, rows, query_lens, cu_lens),
             positions=put("positions", positions, np.int64),
             attn_metadata=self.attn_backend.build(common),
-            logits_indices=put("logits_indices", cu_lens[samples] - 1, np.int64),
-            sample_rows=rows[samples],
+            logits_indices=put("logits_indices", step.last_tokens if every_row_samples else cu_lens[samples] - 1,
+                               np.int64),
+            sample_rows=rows if every_row_samples else rows[samples],
             every_token_samples=every_token_samples,
             rows=rows,
-            query_starts=cu_lens - query_lens,
+            query_starts=step.query_starts,
             query_lens=query_lens,
         )
 
@@ -670,11 +696,11 @@ class ModelRunner:
             ids[self._to_device(flat[fed_at])] = sampled.tokens[self._to_device(fed_at)]
         return ids
 
-    def _scheduled_rows(self, scheduled: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The batch rows the step computes (ascending), their query lengths and the lengths'
-        cumulative sums; None when no scheduled request is in the batch (every one failed). Kept
-        while the batch keeps its rows and the scheduler hands over the very same counts (the
-        dict it keeps for its steady decode steps)."""
+    def _scheduled_rows(self, scheduled: dict[str, int]) -> StepRows | None:
+        """The batch rows the step computes and what follows from their query lengths; None
+        when no scheduled request is in the batch (every one failed). Kept while the batch
+        keeps its rows and the scheduler hands over the very same counts (the dict it keeps
+        for its steady decode steps)."""
         version = self.input_batch.version
         kept = self._step_rows_cache
         if kept is not None and kept[0] == version and kept[1] is scheduled:
@@ -687,12 +713,7 @@ class ModelRunner:
         num_scheduled = np.zeros(self.input_batch.num_reqs, dtype=np.int32)
         num_scheduled[scheduled_rows] = counts
         rows = np.flatnonzero(num_scheduled)
-        step_rows = None
-        if len(rows):
-            query_lens = num_scheduled[rows]
-            step_rows = (rows, query_lens, np.cumsum(query_lens, dtype=np.int32))
-            for array in step_rows:
-                array.flags.writeable = False  # kept for later steps
+        step_rows = StepRows.of(rows, num_scheduled[rows]) if len(rows) else None
         self._step_rows_cache = (version, scheduled, step_rows)
         return step_rows
 
