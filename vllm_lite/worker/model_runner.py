@@ -427,6 +427,9 @@ class ModelRunner:
                 now, positions, tokens = now[kept], positions[kept], tokens[kept]
             rows = at = now
         batch.token_ids[rows, positions] = tokens
+        if self.unfinished is sampled:  # no step launched since (CPU: always): each token is its row's last
+            batch.last_token_ids[at] = tokens
+            return
         last = positions == batch.num_tokens[at] - 1  # (not where a later launched step sampled)
         if last.all():
             batch.last_token_ids[at] = tokens
