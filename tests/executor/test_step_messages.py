@@ -80,7 +80,7 @@ def test_scheduler_output_round_trip() -> None:
         sched = step(scheduler)
         decoded = codec.decode_to_worker(codec.encode_to_worker(StepDiff.from_scheduler_output(sched)))
         assert_same_scheduler_output(decoded.to_scheduler_output(), sched)
-        steps_with_new_blocks += bool(sched.scheduled_cached_reqs.has_new_blocks.any())
+        steps_with_new_blocks += bool(sched.scheduled_cached_reqs.num_new_blocks.any())
     assert steps_with_new_blocks
 
 

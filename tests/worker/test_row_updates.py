@@ -1,6 +1,6 @@
 """A decode step's row updates in the worker: the batch rows of the step's requests are kept
 between steps (`ModelRunner._batch_rows`) while the batch keeps its rows, and only the rows whose
-block table grows (`CachedRequestData.has_new_blocks`) are touched one by one. Whatever the batch
+block table grows (`CachedRequestData.num_new_blocks`) get new blocks, in one assignment. Whatever the batch
 did in between (a request leaving, rows moved down by `condense`, a request that never joined),
 every request's counter, block table and input position must be its own."""
 

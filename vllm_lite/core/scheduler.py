@@ -246,8 +246,8 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        return RunningSchedule(cached_ids, cached_num_computed, _int32(num_new_blocks), _int32(new_block_ids),
-                               num_scheduled, budget)
+        return RunningSchedule(cached_ids, cached_num_computed, np.array(num_new_blocks, dtype=np.int32),
+                               np.array(new_block_ids, dtype=np.int32), num_scheduled, budget)
 
     def _schedule_running_at_once(self, budget: int) -> RunningSchedule | None:
         """What `_schedule_running_loop` would decide, with array operations over the running
@@ -694,10 +694,6 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
-
-
-def _int32(values: list[int]) -> np.ndarray:
-    return np.fromiter(values, np.int32, len(values))
 
 
 def _first(item: tuple[int, Request, bool]) -> int:

@@ -45,10 +45,6 @@ class CachedRequestData:
     num_new_blocks: np.ndarray  # int32 [len(req_ids)]
     new_block_ids: np.ndarray  # int32 [num_new_blocks.sum()], in request order
 
-    @property
-    def has_new_blocks(self) -> np.ndarray:
-        return self.num_new_blocks > 0
-
     def new_block_ids_of_each(self) -> list[np.ndarray]:
         """Request i's new block ids, for every i (views; one shared empty one for the many
         without any): for code that goes request by request."""

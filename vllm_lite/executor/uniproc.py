@@ -26,9 +26,7 @@ class UniProcExecutor(Executor):
         self._step_thread: StepThread | None = None
 
     def step_thread_mode(self) -> torch.inference_mode:
-        """Inference mode (a step entering it itself costs tens of us on a CPU whose caches the
-        forward pass has refilled)."""
-        return torch.inference_mode()
+        return self.worker.step_thread_mode()
 
     @staticmethod
     def launches_ahead(device: torch.device) -> bool:
@@ -103,7 +101,7 @@ class StepThread:
     def _run(self) -> None:
         if self.worker.device.type == "cuda":
             torch.cuda.set_device(self.worker.device)  # the current device is per thread
-        with torch.inference_mode():  # (thread-local, as the current device)
+        with self.worker.step_thread_mode():  # (thread-local, as the current device)
             while True:
                 item = self._inputs.get()
                 if item is self._STOP:

@@ -102,7 +102,7 @@ class WorkerProc:
         self.pipeline: StepPipeline | None = None  # from InitKVCache on
 
     def serve(self) -> None:
-        with torch.inference_mode():  # held for every step (`Executor.step_thread_mode`)
+        with self.worker.step_thread_mode():
             while True:
                 message = self.codec.decode_to_worker(self.steps.recv_multipart(copy=False))
                 if isinstance(message, Shutdown):

@@ -72,6 +72,14 @@ class Worker:
     def needs_sampled_tokens_on_host(self) -> bool:
         return self.model_runner.needs_sampled_tokens_on_host()
 
+    @staticmethod
+    def step_thread_mode() -> torch.inference_mode:
+        """What a thread that runs this worker's steps holds while it runs them (the engine-core
+        loop, the uniproc step thread, a TP rank's loop): inference mode, entered once instead of
+        by every step (`ModelRunner.launch` enters it only for a caller not in it; each entry
+        costs tens of us on a CPU whose caches the forward pass has refilled)."""
+        return torch.inference_mode()
+
 
 # glibc mallopt parameters
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
