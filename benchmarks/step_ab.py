@@ -14,7 +14,11 @@ The tiny model of benchmarks/engine_overhead.py, greedy requests of 400 tokens, 
 engine-core loop's thread state held (`Executor.step_thread_mode`). Prints, per request count,
 the median per side of each step's time outside the forward pass and sampling (the model's
 `forward`, `ModelRunner._sample` and `ModelRunner.finish` timed and subtracted) and outside the
-forward pass only.
+forward pass only; then the means, which count the steps where requests cross a block boundary
+(a block taken, a full one registered: a quarter of the steps at 1,024 requests, none of them
+the median step).
+
+Variants kept for the measurements in benchmarks/RESULTS.md: benchmarks/step_variants/.
 """
 
 from __future__ import annotations
@@ -94,9 +98,10 @@ def measure(core: EngineCore, timer: PhaseTimer, toggle: Callable[[bool], None],
         forward, sampling = timer.seconds["forward"] - forward, timer.seconds["sampling"] - sampling
         outside_model[on].append(seconds - forward - sampling)
         outside_forward[on].append(seconds - forward)
-    return {f"{what} {side}": 1e6 * float(np.median(samples[on]))
+    return {f"{what} {side} {stat}": 1e6 * float(reduce(samples[on]))
             for what, samples in (("outside model", outside_model), ("outside forward", outside_forward))
-            for side, on in (("off", False), ("on", True))}
+            for side, on in (("off", False), ("on", True))
+            for stat, reduce in (("median", np.median), ("mean", np.mean))}
 
 
 def main() -> None:
@@ -111,18 +116,20 @@ def main() -> None:
     if args.variant is not None and not Path(args.variant).is_file():
         parser.error(f"--variant {args.variant}: no such file")
     setup = load_setup(args.variant)
-    rows = []
-    for num_requests in args.requests:
-        result = run(num_requests, setup, args.steps, args.seed)
-        rows.append((num_requests,
-                     f"{result['outside model off']:.1f}", f"{result['outside model on']:.1f}",
-                     f"{result['outside model on'] - result['outside model off']:+.1f}",
-                     f"{result['outside forward off']:.0f}", f"{result['outside forward on']:.0f}",
-                     f"{result['outside forward on'] - result['outside forward off']:+.0f}"))
+    results = [(num_requests, run(num_requests, setup, args.steps, args.seed)) for num_requests in args.requests]
     print(f"variant: {args.variant or 'none (the noise floor)'}; {args.steps} steady steps each, old or new by a "
-          f"random draw per step; medians, us per step")
-    print_table(("requests", "outside model: off", "on", "difference", "outside forward: off", "on", "difference"),
-                rows)
+          f"random draw per step; us per step")
+    for stat, note in (("median", "medians: the steady step"),
+                       ("mean", "means: with the steps that cross a block boundary (a block taken, one registered)")):
+        print(f"\n{note}")
+        print_table(("requests", "outside model: off", "on", "difference", "outside forward: off", "on", "difference"),
+                    [(num_requests, *_columns(result, "outside model", stat, ".1f"),
+                      *_columns(result, "outside forward", stat, ".0f")) for num_requests, result in results])
+
+
+def _columns(result: dict[str, float], what: str, stat: str, spec: str) -> tuple[str, str, str]:
+    off, on = result[f"{what} off {stat}"], result[f"{what} on {stat}"]
+    return format(off, spec), format(on, spec), format(on - off, "+" + spec)
 
 
 if __name__ == "__main__":
