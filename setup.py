@@ -1,5 +1,7 @@
-"""Build vllm_lite. The optional csrc CPU extension is built when a C++ compiler is present
-(set VLLM_LITE_BUILD_CSRC=0 to skip it); the pure-torch fallback is always there."""
+"""Build vllm_lite. The optional csrc extensions are built when a C++ compiler is present (set
+VLLM_LITE_BUILD_CSRC=0 to skip them): the CPU ops (vllm_lite._C, needs torch at build time) and
+the engine core's per-request loops (vllm_lite._bookkeeping, plain CPython). The pure-torch and
+numpy fallbacks are always there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).parent
 CSRC_SOURCES = ["csrc/cpu_ops.cpp", "csrc/sampler_ops.cpp", "csrc/grammar_ops.cpp", "csrc/gguf_ops.cpp",
@@ -23,33 +26,42 @@ def read_requirements(name: str) -> list[str]:
 
 
 def csrc_build_options() -> dict:
-    """`ext_modules` + `cmdclass` for the native CPU ops (vllm_lite._C), or nothing when the build
-    is switched off, there is no C++ compiler, or torch is not importable (build isolation)."""
+    """`ext_modules` + `cmdclass` for the native extensions, or nothing when the build is switched
+    off or there is no C++ compiler; vllm_lite._C also needs torch importable (build isolation
+    off), vllm_lite._bookkeeping does not."""
     if os.environ.get("VLLM_LITE_BUILD_CSRC", "1") == "0":
         return _skip("VLLM_LITE_BUILD_CSRC=0")
     compiler = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
     if shutil.which(compiler.split()[0]) is None:
         return _skip(f"no C++ compiler ({compiler!r} not found)")
+    bookkeeping = Extension("vllm_lite._bookkeeping", ["csrc/bookkeeping.cpp"],
+                            extra_compile_args=["-O2", "-std=c++17"], language="c++")
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
-        return _skip("torch is not importable at build time (use --no-build-isolation)")
-
-    class OptionalBuildExtension(BuildExtension):
-        """A failed compile leaves the pure-torch fallback in place instead of failing set-up;
-        tests/attention/test_csrc_ops.py fails when a compiler exists but the build is missing."""
-
-        def run(self) -> None:
-            try:
-                super().run()
-            except Exception as exc:  # noqa: BLE001 - any compiler/linker failure
-                print(f"vllm_lite: building csrc failed ({exc}); using the torch fallback", file=sys.stderr)
-
+        print("vllm_lite: not building vllm_lite._C: torch is not importable at build time "
+              "(use --no-build-isolation)", file=sys.stderr)
+        return {"ext_modules": [bookkeeping], "cmdclass": {"build_ext": optional(build_ext)}}
     extension = CppExtension(
         "vllm_lite._C", CSRC_SOURCES,
         extra_compile_args=["-O3", "-fopenmp", "-Wno-psabi"], extra_link_args=["-fopenmp"],
     )
-    return {"ext_modules": [extension], "cmdclass": {"build_ext": OptionalBuildExtension}}
+    return {"ext_modules": [extension, bookkeeping], "cmdclass": {"build_ext": optional(BuildExtension)}}
+
+
+def optional(command: type) -> type:
+    """`command` (a build_ext) whose failure leaves the fallbacks in place instead of failing
+    set-up; tests/attention/test_csrc_ops.py and tests/core/test_scheduler_token_store.py fail
+    when a compiler exists but an extension is missing."""
+
+    class OptionalBuildExtension(command):
+        def run(self) -> None:
+            try:
+                super().run()
+            except Exception as exc:  # noqa: BLE001 - any compiler/linker failure
+                print(f"vllm_lite: building csrc failed ({exc}); using the fallbacks", file=sys.stderr)
+
+    return OptionalBuildExtension
 
 
 def _skip(reason: str) -> dict:

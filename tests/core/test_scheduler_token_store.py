@@ -1,12 +1,18 @@
 """The scheduler's token store: running requests' tokens in one array, stop conditions as array
-operations over the batch, and Python only for the rows that need it."""
+operations over the batch, and Python only for the rows that need it. `append` runs as numpy
+code and, where csrc is built, as the C loop of vllm_lite._bookkeeping: every test of it runs
+both, and the two must leave the same store and name the same rows on random steps."""
 
 from __future__ import annotations
+
+import shutil
+import sysconfig
 
 import numpy as np
 import pytest
 
 from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.core import token_store as token_store_module
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.token_store import TokenStore
@@ -14,6 +20,16 @@ from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
 
 EOS = 7
+BUILT = token_store_module.native_store_append is not None
+BOTH_PATHS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not BUILT, reason="vllm_lite._bookkeeping is not built"))], ids=["numpy", "C"])
+
+
+def test_the_c_loop_is_built_where_a_compiler_is() -> None:
+    compiler = (sysconfig.get_config_var("CXX") or "c++").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip("no C++ compiler: the numpy path is the one there is")
+    assert BUILT, "a C++ compiler is present but vllm_lite._bookkeeping is not built"
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) -> Request:
@@ -22,8 +38,9 @@ def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) ->
                    (EOS,), max_tokens)
 
 
-def test_a_request_s_tokens_move_into_its_slot_and_back() -> None:
-    store = TokenStore(num_slots=2, max_model_len=32)
+@BOTH_PATHS
+def test_a_request_s_tokens_move_into_its_slot_and_back(native: bool) -> None:
+    store = TokenStore(num_slots=2, max_model_len=32, native=native)
     request = make_request("a", 5, max_tokens=8, stop_token_ids=[9])
     prompt = request.all_token_ids.copy()
     store.assign(request, length_limit=13, each_step=False)
@@ -39,8 +56,9 @@ def test_a_request_s_tokens_move_into_its_slot_and_back() -> None:
     assert request.all_token_ids.tolist()[-3:] == [3, 4, 5]
 
 
-def test_append_points_at_the_rows_python_must_see() -> None:
-    store = TokenStore(num_slots=5, max_model_len=64)
+@BOTH_PATHS
+def test_append_points_at_the_rows_python_must_see(native: bool) -> None:
+    store = TokenStore(num_slots=5, max_model_len=64, native=native)
     requests = [make_request("first", 4, 10), make_request("long", 4, 2), make_request("eos", 4, 10),
                 make_request("early", 4, 10, min_tokens=5), make_request("plain", 4, 10)]
     for request in requests:
@@ -52,13 +70,14 @@ def test_append_points_at_the_rows_python_must_see() -> None:
     assert attention.tolist() == [0, 1, 2]
 
 
-def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps() -> None:
+@BOTH_PATHS
+def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps(native: bool) -> None:
     """Step after step, `append` names exactly the rows that the rules name when evaluated from
     scratch: a first output token, the length limit, a grammar (every token), an EOS / stop id
     from min_tokens on. Slots change hands on the way (a request leaves; one resumed with
     outputs takes its slot)."""
     rng = np.random.default_rng(0)
-    store = TokenStore(num_slots=6, max_model_len=64)
+    store = TokenStore(num_slots=6, max_model_len=64, native=native)
     requests = [make_request(f"r{i}", int(rng.integers(2, 6)), int(rng.integers(3, 20)),
                              min_tokens=int(rng.integers(0, 4)), stop_token_ids=[9] if i % 2 else None)
                 for i in range(6)]
@@ -85,6 +104,45 @@ def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps() -> None
         for request in live:
             if request.num_tokens >= request.length_limit:  # it finishes: its slot is free again
                 store.release(request)
+
+
+@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
+    """Random stores and steps (int32 and int64 tokens, stop ids or none, every kind of row):
+    both paths name the same rows and leave every array alike."""
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        num_slots, width = int(rng.integers(1, 12)), 48
+        stores = [TokenStore(num_slots, width, native=native) for native in (False, True)]
+        state = {"num_tokens": rng.integers(1, 30, num_slots), "look_at_len": rng.integers(0, 40, num_slots),
+                 "min_stop_len": rng.integers(0, 40, num_slots), "length_limit": rng.integers(30, width, num_slots),
+                 "each_step": rng.integers(0, 2, num_slots).astype(bool)}
+        stop_ids = rng.choice(np.arange(8, dtype=np.int32), int(rng.integers(0, 3)), replace=False)
+        for store in stores:
+            for name, values in state.items():
+                getattr(store, name)[:] = values
+            store._stop_ids = stop_ids
+        for step in range(3):
+            slots = rng.permutation(num_slots)[:int(rng.integers(0, num_slots + 1))].astype(np.int64)
+            tokens = rng.integers(0, 8, len(slots)).astype(np.int32 if trial % 2 else np.int64)
+            named = [store.append(slots, tokens).tolist() for store in stores]
+            assert named[0] == named[1], (trial, step)
+            for name in ("token_ids", "num_tokens", "look_at_len"):
+                assert np.array_equal(getattr(stores[0], name), getattr(stores[1], name)), (trial, step, name)
+
+
+@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> None:
+    store = TokenStore(num_slots=3, max_model_len=4, native=True)
+    store.num_tokens[:] = [1, 4, 2]  # slot 1's row is full
+    before = store.token_ids.copy(), store.num_tokens.copy()
+    with pytest.raises(IndexError, match="slot 1 holds 4 tokens, room for 4"):
+        store.append(np.array([0, 1]), np.array([5, 6], dtype=np.int32))
+    with pytest.raises(IndexError, match="slot 3 out of range"):
+        store.append(np.array([0, 3]), np.array([5, 6], dtype=np.int32))
+    with pytest.raises(ValueError, match="2 slots, 1 tokens"):
+        store.append(np.array([0, 2]), np.array([5], dtype=np.int32))
+    assert np.array_equal(store.token_ids, before[0]) and np.array_equal(store.num_tokens, before[1])
 
 
 def test_python_looks_only_at_rows_that_change(monkeypatch: pytest.MonkeyPatch) -> None:

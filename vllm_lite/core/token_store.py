@@ -14,6 +14,11 @@ Python touches only the requests whose state changed (finished, first token, a g
 | `each_step` | Python must see every token (a grammar to advance) |
 | `look_at_len` | the length from which Python looks at the slot's next token: 0 with `each_step`, the first output token's, else `length_limit`; moved on past the first output token when Python has seen it |
 
+`append`, every step's loop over the rows that sampled, runs in C when the csrc extension
+`vllm_lite._bookkeeping` is built (the same rules, one pass over each row's entries: numpy's
+calls over 1,024-element arrays cost more than the work itself); the numpy code is the
+fallback and the reference the tests hold the C loop to.
+
 A request holds a slot from admission until it is preempted or freed, so at most
 `max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
 own. The EOS and stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's
@@ -27,9 +32,19 @@ import numpy as np
 
 from vllm_lite.core.request import Request
 
+try:
+    from vllm_lite._bookkeeping import store_append as native_store_append
+except ImportError:  # not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): the numpy path
+    native_store_append = None
+
 
 class TokenStore:
-    def __init__(self, num_slots: int, max_model_len: int) -> None:
+    def __init__(self, num_slots: int, max_model_len: int, native: bool | None = None) -> None:
+        """`native`: whether `append` runs the C loop (None: when it is built; True: it must be)."""
+        if native and native_store_append is None:
+            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
+        self._native_append = native_store_append if native is not False else None
+        self._looked_at = np.zeros(num_slots, dtype=np.int64)  # `append`'s result, in the C loop
         self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(num_slots, dtype=np.int64)
         self.num_computed_tokens = np.zeros(num_slots, dtype=np.int64)
@@ -99,7 +114,13 @@ class TokenStore:
         """Append one token to each of `slots` (distinct). Returns the positions (into `slots`)
         that Python must look at: the length limit reached, an EOS / stop id past min_tokens,
         a first output token, or a grammar (one comparison with `look_at_len` for all but the
-        stop ids)."""
+        stop ids). From the C loop, a view valid until the next call."""
+        if self._native_append is not None:
+            count = self._native_append(
+                np.ascontiguousarray(slots, dtype=np.int64), np.ascontiguousarray(tokens), self.token_ids,
+                self.num_tokens, self.look_at_len, self.min_stop_len, self.length_limit, self.each_step,
+                self.stop_ids, self._looked_at)
+            return self._looked_at[:count]
         num_tokens = self.num_tokens[slots]
         self.token_ids[slots, num_tokens] = tokens
         num_tokens += 1

@@ -1,0 +1,160 @@
+// vllm_lite._bookkeeping: the engine core's per-step loops over every running request, in C.
+// A plain CPython extension (no torch, no numpy C API: arrays arrive through the buffer
+// protocol), so that core/ may use it; each function has a numpy twin in the module that calls
+// it, used when this extension is not built, and the tests run both on the same random steps.
+//
+// Why: at 1,024 requests a step's numpy calls over per-request arrays cost more per element
+// than the work itself (each call makes and fills a temporary; the step's arrays no longer fit
+// the core's L2 together); one loop that reads each request's entries once does the same work
+// in a fraction of the time (benchmarks/RESULTS.md, thirty-third session).
+//
+//   store_append(slots, tokens, token_ids, num_tokens, look_at_len, min_stop_len, length_limit,
+//                each_step, stop_ids, looked_at) -> int
+//       core/token_store.py's TokenStore.append: see there. `looked_at` (int64, at least
+//       len(slots) long) receives the positions Python must look at; returns how many.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+
+namespace {
+
+// A buffer held for one call; released by the destructor.
+class Array {
+ public:
+  ~Array() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+
+  // `name`: the argument's name in error messages. `dims`: 1 or 2; `itemsizes`: accepted sizes
+  // for a `kind` of 'i' (signed integers) or 'b' (bool).
+  bool take(PyObject* object, const char* name, int dims, char kind, bool writable, Py_ssize_t itemsize_a,
+            Py_ssize_t itemsize_b = 0) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(object, &view_, flags) < 0) {
+      PyErr_Format(PyExc_TypeError, "%s: a C-contiguous%s array is needed", name, writable ? " writable" : "");
+      return false;
+    }
+    held_ = true;
+    if (view_.ndim != dims) {
+      PyErr_Format(PyExc_ValueError, "%s: %d dimension(s) expected, got %d", name, dims, view_.ndim);
+      return false;
+    }
+    if (!kind_matches(kind) || (view_.itemsize != itemsize_a && view_.itemsize != itemsize_b)) {
+      PyErr_Format(PyExc_TypeError, "%s: unexpected element type '%s' (%zd bytes)", name, view_.format,
+                   view_.itemsize);
+      return false;
+    }
+    return true;
+  }
+
+  Py_ssize_t size() const { return view_.ndim == 0 ? 1 : view_.shape[0]; }
+  Py_ssize_t columns() const { return view_.ndim == 2 ? view_.shape[1] : 1; }
+  Py_ssize_t itemsize() const { return view_.itemsize; }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(view_.buf);
+  }
+
+ private:
+  bool kind_matches(char kind) const {
+    const char* format = view_.format == nullptr ? "B" : view_.format;
+    if (*format == '<' || *format == '=' || *format == '@') ++format;
+    if (kind == 'b') return std::strcmp(format, "?") == 0;
+    return std::strchr("bhilq", *format) != nullptr && format[1] == '\0';
+  }
+
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+int64_t load_int(const void* data, Py_ssize_t itemsize, Py_ssize_t i) {
+  return itemsize == 4 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
+}
+
+PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 10) {
+    PyErr_Format(PyExc_TypeError, "store_append takes 10 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array slots, tokens, token_ids, num_tokens, look_at_len, min_stop_len, length_limit, each_step, stop_ids, looked_at;
+  if (!slots.take(args[0], "slots", 1, 'i', false, 8) || !tokens.take(args[1], "tokens", 1, 'i', false, 4, 8) ||
+      !token_ids.take(args[2], "token_ids", 2, 'i', true, 4) ||
+      !num_tokens.take(args[3], "num_tokens", 1, 'i', true, 8) ||
+      !look_at_len.take(args[4], "look_at_len", 1, 'i', true, 8) ||
+      !min_stop_len.take(args[5], "min_stop_len", 1, 'i', false, 8) ||
+      !length_limit.take(args[6], "length_limit", 1, 'i', false, 8) ||
+      !each_step.take(args[7], "each_step", 1, 'b', false, 1) ||
+      !stop_ids.take(args[8], "stop_ids", 1, 'i', false, 4) ||
+      !looked_at.take(args[9], "looked_at", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = slots.size(), num_slots = token_ids.size(), capacity = token_ids.columns();
+  if (tokens.size() != n || looked_at.size() < n) {
+    PyErr_Format(PyExc_ValueError, "store_append: %zd slots, %zd tokens, room for %zd positions", n, tokens.size(),
+                 looked_at.size());
+    return nullptr;
+  }
+  for (const Array* per_slot : {&num_tokens, &look_at_len, &min_stop_len, &length_limit, &each_step}) {
+    if (per_slot->size() != num_slots) {
+      PyErr_Format(PyExc_ValueError, "store_append: per-slot arrays of %zd entries for %zd slots", per_slot->size(),
+                   num_slots);
+      return nullptr;
+    }
+  }
+  const int64_t* slot = slots.data<int64_t>();
+  int64_t* length = num_tokens.data<int64_t>();
+  // Checked before anything is written: a bad call leaves the store as it was (as numpy's
+  // indexing does).
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (slot[i] < 0 || slot[i] >= num_slots) {
+      PyErr_Format(PyExc_IndexError, "store_append: slot %lld out of range 0..%zd", static_cast<long long>(slot[i]),
+                   num_slots - 1);
+      return nullptr;
+    }
+    if (length[slot[i]] < 0 || length[slot[i]] >= capacity) {
+      PyErr_Format(PyExc_IndexError, "store_append: slot %lld holds %lld tokens, room for %zd",
+                   static_cast<long long>(slot[i]), static_cast<long long>(length[slot[i]]), capacity);
+      return nullptr;
+    }
+  }
+  int32_t* rows = token_ids.data<int32_t>();
+  int64_t* look_at = look_at_len.data<int64_t>();
+  const int64_t* min_stop = min_stop_len.data<int64_t>();
+  const int64_t* limit = length_limit.data<int64_t>();
+  const bool* every_token = each_step.data<bool>();
+  const int32_t* stop = stop_ids.data<int32_t>();
+  const Py_ssize_t num_stop = stop_ids.size();
+  int64_t* out = looked_at.data<int64_t>();
+  Py_ssize_t count = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t s = slot[i];
+    const int64_t token = load_int(tokens.data<void>(), tokens.itemsize(), i);
+    rows[s * capacity + length[s]] = static_cast<int32_t>(token);
+    const int64_t now = ++length[s];
+    bool look = now >= look_at[s];
+    if (!look && num_stop > 0 && now >= min_stop[s]) {
+      for (Py_ssize_t j = 0; j < num_stop && !look; ++j) look = token == stop[j];
+    }
+    if (look) {
+      out[count++] = i;
+      look_at[s] = every_token[s] ? 0 : limit[s];
+    }
+  }
+  return PyLong_FromSsize_t(count);
+}
+
+PyMethodDef kMethods[] = {
+    {"store_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(store_append)), METH_FASTCALL,
+     "TokenStore.append's loop (core/token_store.py)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "vllm_lite._bookkeeping", nullptr, -1, kMethods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__bookkeeping(void) { return PyModule_Create(&kModule); }
