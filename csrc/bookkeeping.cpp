@@ -132,6 +132,11 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_ssize_t count = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     const int64_t s = slot[i];
+    if (length[s] >= capacity) {  // (only a slot named twice gets here: never written past its row)
+      PyErr_Format(PyExc_IndexError, "store_append: slot %lld named twice, its row full",
+                   static_cast<long long>(s));
+      return nullptr;
+    }
     const int64_t token = load_int(tokens.data<void>(), tokens.itemsize(), i);
     rows[s * capacity + length[s]] = static_cast<int32_t>(token);
     const int64_t now = ++length[s];

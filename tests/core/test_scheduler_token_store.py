@@ -143,6 +143,10 @@ def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> N
     with pytest.raises(ValueError, match="2 slots, 1 tokens"):
         store.append(np.array([0, 2]), np.array([5], dtype=np.int32))
     assert np.array_equal(store.token_ids, before[0]) and np.array_equal(store.num_tokens, before[1])
+    store.num_tokens[:] = [1, 3, 2]  # a slot named twice (callers name each once) stops at its row's end
+    with pytest.raises(IndexError, match="slot 1 named twice"):
+        store.append(np.array([1, 1]), np.array([5, 6], dtype=np.int32))
+    assert store.token_ids[1].tolist() == [0, 0, 0, 5] and store.token_ids[2].tolist() == [0, 0, 0, 0]
 
 
 def test_python_looks_only_at_rows_that_change(monkeypatch: pytest.MonkeyPatch) -> None:
