@@ -89,7 +89,7 @@ bench-amx: $(STAMP)
 bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx
 
 clean:
-	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so
+	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so vllm_lite/_bookkeeping*.so
 
 bench-soak: $(STAMP)
 	$(BENCH)/soak.py
