@@ -12,12 +12,18 @@
 //                each_step, stop_ids, looked_at) -> int
 //       core/token_store.py's TokenStore.append: see there. `looked_at` (int64, at least
 //       len(slots) long) receives the positions Python must look at; returns how many.
+//   running_scan(slots, with_placeholders, computed, length_limit, fit_limit, known, computed_out,
+//                to_allocate) -> (every_one, total, min_new, num_to_allocate)
+//   running_advance(slots, known, computed, with_placeholders) -> None
+//       TokenStore.scan_running / advance_running (the scheduler's running part of a step):
+//       see there. The outputs are int64 arrays of len(slots) the caller made.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <initializer_list>
 
 namespace {
@@ -75,6 +81,29 @@ int64_t load_int(const void* data, Py_ssize_t itemsize, Py_ssize_t i) {
   return itemsize == 4 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
 }
 
+// Every entry of `slots` names a row of `num_slots` (else an IndexError, before any write).
+bool slots_in_range(const int64_t* slot, Py_ssize_t n, Py_ssize_t num_slots, const char* function) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (slot[i] < 0 || slot[i] >= num_slots) {
+      PyErr_Format(PyExc_IndexError, "%s: slot %lld out of range 0..%zd", function, static_cast<long long>(slot[i]),
+                   num_slots - 1);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool sizes_are(const char* function, Py_ssize_t size, std::initializer_list<const Array*> arrays) {
+  for (const Array* array : arrays) {
+    if (array->size() != size) {
+      PyErr_Format(PyExc_ValueError, "%s: an array of %zd entries where %zd are needed", function, array->size(),
+                   size);
+      return false;
+    }
+  }
+  return true;
+}
+
 PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 10) {
     PyErr_Format(PyExc_TypeError, "store_append takes 10 arguments, got %zd", nargs);
@@ -98,23 +127,15 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                  looked_at.size());
     return nullptr;
   }
-  for (const Array* per_slot : {&num_tokens, &look_at_len, &min_stop_len, &length_limit, &each_step}) {
-    if (per_slot->size() != num_slots) {
-      PyErr_Format(PyExc_ValueError, "store_append: per-slot arrays of %zd entries for %zd slots", per_slot->size(),
-                   num_slots);
-      return nullptr;
-    }
-  }
-  const int64_t* slot = slots.data<int64_t>();
-  int64_t* length = num_tokens.data<int64_t>();
   // Checked before anything is written: a bad call leaves the store as it was (as numpy's
   // indexing does).
+  const int64_t* slot = slots.data<int64_t>();
+  if (!sizes_are("store_append", num_slots, {&num_tokens, &look_at_len, &min_stop_len, &length_limit, &each_step}) ||
+      !slots_in_range(slot, n, num_slots, "store_append")) {
+    return nullptr;
+  }
+  int64_t* length = num_tokens.data<int64_t>();
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (slot[i] < 0 || slot[i] >= num_slots) {
-      PyErr_Format(PyExc_IndexError, "store_append: slot %lld out of range 0..%zd", static_cast<long long>(slot[i]),
-                   num_slots - 1);
-      return nullptr;
-    }
     if (length[slot[i]] < 0 || length[slot[i]] >= capacity) {
       PyErr_Format(PyExc_IndexError, "store_append: slot %lld holds %lld tokens, room for %zd",
                    static_cast<long long>(slot[i]), static_cast<long long>(length[slot[i]]), capacity);
@@ -152,9 +173,89 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromSsize_t(count);
 }
 
+PyObject* running_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_Format(PyExc_TypeError, "running_scan takes 8 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array slots, with_placeholders, computed, length_limit, fit_limit, known_out, computed_out, to_allocate;
+  if (!slots.take(args[0], "slots", 1, 'i', false, 8) ||
+      !with_placeholders.take(args[1], "with_placeholders", 1, 'i', false, 8) ||
+      !computed.take(args[2], "computed", 1, 'i', false, 8) ||
+      !length_limit.take(args[3], "length_limit", 1, 'i', false, 8) ||
+      !fit_limit.take(args[4], "fit_limit", 1, 'i', false, 8) || !known_out.take(args[5], "known", 1, 'i', true, 8) ||
+      !computed_out.take(args[6], "computed_out", 1, 'i', true, 8) ||
+      !to_allocate.take(args[7], "to_allocate", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = slots.size(), num_slots = with_placeholders.size();
+  if (!sizes_are("running_scan", n, {&fit_limit, &known_out, &computed_out, &to_allocate}) ||
+      !sizes_are("running_scan", num_slots, {&computed, &length_limit}) ||
+      !slots_in_range(slots.data<int64_t>(), n, num_slots, "running_scan")) {
+    return nullptr;
+  }
+  const int64_t* slot = slots.data<int64_t>();
+  const int64_t* placeholders = with_placeholders.data<int64_t>();
+  const int64_t* done = computed.data<int64_t>();
+  const int64_t* limit = length_limit.data<int64_t>();
+  const int64_t* fits_up_to = fit_limit.data<int64_t>();
+  int64_t* known = known_out.data<int64_t>();
+  int64_t* done_out = computed_out.data<int64_t>();
+  int64_t* allocate = to_allocate.data<int64_t>();
+  bool every_one = true;
+  int64_t total = 0, min_new = std::numeric_limits<int64_t>::max();
+  Py_ssize_t count = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t s = slot[i], k = placeholders[s], c = done[s];
+    known[i] = k;
+    done_out[i] = c;
+    if (k >= limit[s]) {  // its tokens in flight end it: not scheduled
+      every_one = false;
+      continue;
+    }
+    total += k - c;
+    if (k - c < min_new) min_new = k - c;
+    if (k > fits_up_to[i]) allocate[count++] = i;
+  }
+  if (min_new == std::numeric_limits<int64_t>::max()) min_new = 1;  // none scheduled (as the numpy code says)
+  return Py_BuildValue("(NLLn)", PyBool_FromLong(every_one), static_cast<long long>(total),
+                       static_cast<long long>(min_new), count);
+}
+
+PyObject* running_advance(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "running_advance takes 4 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array slots, known, computed, with_placeholders;
+  if (!slots.take(args[0], "slots", 1, 'i', false, 8) || !known.take(args[1], "known", 1, 'i', false, 8) ||
+      !computed.take(args[2], "computed", 1, 'i', true, 8) ||
+      !with_placeholders.take(args[3], "with_placeholders", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = slots.size(), num_slots = computed.size();
+  if (!sizes_are("running_advance", n, {&known}) || !sizes_are("running_advance", num_slots, {&with_placeholders}) ||
+      !slots_in_range(slots.data<int64_t>(), n, num_slots, "running_advance")) {
+    return nullptr;
+  }
+  const int64_t* slot = slots.data<int64_t>();
+  const int64_t* k = known.data<int64_t>();
+  int64_t* done = computed.data<int64_t>();
+  int64_t* placeholders = with_placeholders.data<int64_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    done[slot[i]] = k[i];
+    placeholders[slot[i]] = k[i] + 1;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"store_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(store_append)), METH_FASTCALL,
      "TokenStore.append's loop (core/token_store.py)."},
+    {"running_scan", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(running_scan)), METH_FASTCALL,
+     "TokenStore.scan_running's loop (core/token_store.py)."},
+    {"running_advance", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(running_advance)),
+     METH_FASTCALL, "TokenStore.advance_running's loop (core/token_store.py)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -2,7 +2,9 @@
 decides exactly what the per-request loop decides: two schedulers, one that always tries the
 array path and one that never does, run the same random traffic (admissions, prefix-cache hits,
 chunked prefills, EOS, max_tokens, aborts, KV pressure with preemption, one or two steps in
-flight) and must agree on every step's output and on every block they hold."""
+flight) and must agree on every step's output and on every block they hold. The array path
+runs with the token store's numpy loops and, where csrc is built, its C loops; the loop's
+scheduler keeps the numpy ones."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.core.token_store import native_loops
 from vllm_lite.sampling_params import SamplingParams
 from scheduler_fakes import FakeWorker
 
@@ -36,9 +39,10 @@ class CountingScheduler(Scheduler):
         return result
 
 
-def make_scheduler(at_once: bool, num_blocks: int, async_scheduling: bool, caching: bool) -> CountingScheduler:
+def make_scheduler(at_once: bool, num_blocks: int, async_scheduling: bool, caching: bool,
+                   native: bool = False) -> CountingScheduler:
     scheduler = CountingScheduler(SchedulerConfig(24, 48, 128, True, async_scheduling),
-                                  CacheConfig(BLOCK_SIZE, num_blocks, None, caching), num_blocks)
+                                  CacheConfig(BLOCK_SIZE, num_blocks, None, caching), num_blocks, native_loops=native)
     scheduler.AT_ONCE_MIN_RUNNING = 0 if at_once else 1 << 30
     return scheduler
 
@@ -75,12 +79,15 @@ def assert_tracked_counts_true(kv: KVCacheManager) -> None:
     assert tracked.cached.tolist() == [kv.num_cached_blocks.get(r, 0) for r in tracked.req_ids]
 
 
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    native_loops is None, reason="vllm_lite._bookkeeping is not built"))], ids=["numpy", "C"])
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("num_blocks", [400, 70])  # 70: preemption under KV pressure
-def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, caching: bool, num_blocks: int) -> None:
+def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, caching: bool, num_blocks: int,
+                                                  native: bool) -> None:
     rng = np.random.default_rng(num_blocks + 2 * async_scheduling + caching)
-    pair = [make_scheduler(True, num_blocks, async_scheduling, caching),
+    pair = [make_scheduler(True, num_blocks, async_scheduling, caching, native),
             make_scheduler(False, num_blocks, async_scheduling, caching)]
     workers = [FakeWorker(), FakeWorker()]
     shared_prefix = rng.integers(100, 1000, size=12).astype(np.int32)

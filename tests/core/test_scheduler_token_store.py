@@ -20,7 +20,7 @@ from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
 
 EOS = 7
-BUILT = token_store_module.native_store_append is not None
+BUILT = token_store_module.native_loops is not None
 BOTH_PATHS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
     not BUILT, reason="vllm_lite._bookkeeping is not built"))], ids=["numpy", "C"])
 
@@ -132,6 +132,36 @@ def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
 
 
 @pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
+    """The scheduler's look at its running requests and their counters' advance: random
+    counters, length limits and fit limits (requests with all their tokens in flight, some
+    outside their blocks), any subset of slots in any order."""
+    rng = np.random.default_rng(2)
+    for trial in range(300):
+        num_slots = int(rng.integers(1, 12))
+        stores = [TokenStore(num_slots, 64, native=native) for native in (False, True)]
+        computed = rng.integers(0, 30, num_slots)
+        state = {"num_computed_tokens": computed, "num_tokens_with_placeholders": computed + rng.integers(0, 4, num_slots),
+                 "length_limit": rng.integers(1, 40, num_slots)}
+        for store in stores:
+            for name, values in state.items():
+                getattr(store, name)[:] = values
+        slots = rng.permutation(num_slots)[:int(rng.integers(0, num_slots + 1))].astype(np.int64)
+        fit_limit = rng.integers(0, 40, len(slots))
+        scans = [store.scan_running(slots, fit_limit) for store in stores]
+        for field in ("known", "computed", "to_allocate"):
+            assert np.array_equal(getattr(scans[0], field), getattr(scans[1], field)), (trial, field)
+        assert (scans[0].scheduled is None) == (scans[1].scheduled is None), trial
+        if scans[0].scheduled is not None:
+            assert np.array_equal(scans[0].scheduled, scans[1].scheduled), trial
+        assert (scans[0].total, scans[0].min_new) == (scans[1].total, scans[1].min_new), trial
+        for store, scan in zip(stores, scans):
+            store.advance_running(slots, scan.known)
+        for name in state:
+            assert np.array_equal(getattr(stores[0], name), getattr(stores[1], name)), (trial, name)
+
+
+@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
 def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> None:
     store = TokenStore(num_slots=3, max_model_len=4, native=True)
     store.num_tokens[:] = [1, 4, 2]  # slot 1's row is full
@@ -143,6 +173,11 @@ def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> N
     with pytest.raises(ValueError, match="2 slots, 1 tokens"):
         store.append(np.array([0, 2]), np.array([5], dtype=np.int32))
     assert np.array_equal(store.token_ids, before[0]) and np.array_equal(store.num_tokens, before[1])
+    with pytest.raises(IndexError, match="running_scan: slot 3 out of range"):
+        store.scan_running(np.array([3]), np.array([9]))
+    with pytest.raises(IndexError, match="running_advance: slot -1 out of range"):
+        store.advance_running(np.array([0, -1]), np.array([2, 2]))
+    assert store.num_computed_tokens.tolist() == [0, 0, 0]
     store.num_tokens[:] = [1, 3, 2]  # a slot named twice (callers name each once) stops at its row's end
     with pytest.raises(IndexError, match="slot 1 named twice"):
         store.append(np.array([1, 1]), np.array([5, 6], dtype=np.int32))

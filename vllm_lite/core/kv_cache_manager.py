@@ -33,7 +33,7 @@ class TrackedBlockCounts:
     held: np.ndarray
     cached: np.ndarray
     # The most tokens each request's held blocks take without a block newly filled (see
-    # `fit_held_blocks`); None once `held` or `cached` changed, until it is asked for again.
+    # `fit_limits`); None once `held` or `cached` changed, until it is asked for again.
     fit_limit: np.ndarray | None = None
 
 
@@ -96,7 +96,7 @@ class KVCacheManager:
         """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds with no block
         newly filled (no prefix-cache entry to add): `allocate_slots` would change nothing. Most
         decode steps; the scheduler's per-request check, so it stays a few dict lookups (the
-        same rule for a whole batch: `fit_held_blocks`)."""
+        same rule for a whole batch: `fit_limits`)."""
         if self.sliding_window is not None:
             return False
         blocks = self.req_to_blocks.get(request.request_id)
@@ -104,10 +104,10 @@ class KVCacheManager:
             return False
         return not self.enable_caching or num_tokens // self.block_size <= self.num_cached_blocks[request.request_id]
 
-    def fit_held_blocks(self, req_ids: list[str], num_tokens: np.ndarray) -> np.ndarray | None:
-        """`fits_held_blocks` for many requests at once (request `req_ids[i]`'s first
-        `num_tokens[i]` tokens): one comparison with limits kept until a count changes. None
-        where the per-request rule must decide: a sliding window, or a request holding no
+    def fit_limits(self, req_ids: list[str]) -> np.ndarray | None:
+        """`fits_held_blocks` for many requests at once: request `req_ids[i]`'s first n tokens
+        fit when n <= the result's [i] (limits kept until a count changes; the caller compares).
+        None where the per-request rule must decide: a sliding window, or a request holding no
         blocks. The counts come from `tracked`, which follows `req_ids` from here on (read again
         only when the list changes; the list is kept, not copied: the scheduler's list of
         running ids, never changed once made, so that a steady step's check is `is`)."""
@@ -120,11 +120,11 @@ class KVCacheManager:
             tracked.fit_limit = tracked.held * bs
             if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
                 np.minimum(tracked.fit_limit, (tracked.cached + 1) * bs - 1, out=tracked.fit_limit)
-        return num_tokens <= tracked.fit_limit
+        return tracked.fit_limit
 
     def new_blocks_needed(self, positions: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
         """The new blocks `allocate_slots` would take for the first `num_tokens[i]` tokens of
-        the request at `positions[i]` of the list `fit_held_blocks` was last asked about."""
+        the request at `positions[i]` of the list `fit_limits` was last asked about."""
         return np.maximum(-(-num_tokens // self.block_size) - self.tracked.held[positions], 0)
 
     def _track(self, req_ids: list[str]) -> bool:
@@ -198,7 +198,7 @@ class KVCacheManager:
                          num_tokens: np.ndarray, num_known: np.ndarray) -> list[KVCacheBlock]:
         """`allocate_slots(request, n)` for each of `requests` in turn, for running requests
         (they hold blocks; no hits, no sliding window) whose new blocks the caller counted as
-        free: request i, at position `rows[i]` of the list `fit_held_blocks` was last asked
+        free: request i, at position `rows[i]` of the list `fit_limits` was last asked
         about, gets `num_new_blocks[i]` blocks for its first `num_tokens[i]` tokens, and its
         blocks full of known tokens (its first `num_known[i]`) enter the prefix cache. The same
         blocks, in the same order, as one call after another; Python runs only for the requests

@@ -104,7 +104,9 @@ class Scheduler:
     AT_ONCE_MIN_RUNNING = 48
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_kv_blocks: int, structured_output_manager: Any = None) -> None:
+                 num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None) -> None:
+        """`native_loops`: whether the token store's per-request loops run in C (`TokenStore`;
+        None: where csrc is built)."""
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
@@ -127,7 +129,7 @@ class Scheduler:
         self.num_steps_in_flight = 0
         self.stale_req_ids: dict[str, int] = {}
         # The running requests' tokens and stop limits, for the array code of update_from_output.
-        self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len)
+        self.token_store = TokenStore(scheduler_config.max_num_seqs, scheduler_config.max_model_len, native_loops)
         self._row_slots: tuple[int, list[str], np.ndarray, bool] | None = None  # see _slots_of
         self._running_slot_cache: tuple[int, np.ndarray, list[str]] | None = None  # see _running_slots
         self._zero_block_counts = _NO_BLOCK_IDS  # see _no_new_blocks
@@ -259,19 +261,13 @@ class Scheduler:
         kind (budget short, blocks short, a sliding window): the loop decides it."""
         kv, store, running = self.kv_cache_manager, self.token_store, self.running
         slots, req_ids = self._running_slots()
-        known, computed = store.num_tokens_with_placeholders[slots], store.num_computed_tokens[slots]
-        scheduled = known < store.length_limit[slots]
-        every_one = bool(scheduled.all())  # (most steps: no request has all its tokens in flight)
-        num_new = known - computed
-        scheduled_new = num_new if every_one else num_new[scheduled]
-        total = int(scheduled_new.sum())
-        if total > budget or (len(scheduled_new) and int(scheduled_new.min()) <= 0):
+        fit_limit = kv.fit_limits(req_ids)
+        if fit_limit is None:
             return None
         # After this step a scheduled request has computed every token it knows: `known`.
-        fits = kv.fit_held_blocks(req_ids, known)
-        if fits is None:
+        known, computed, scheduled, total, min_new, to_allocate = store.scan_running(slots, fit_limit)
+        if total > budget or min_new <= 0:
             return None
-        to_allocate = np.flatnonzero(~fits if every_one else scheduled & ~fits)
         new_block_ids = _NO_BLOCK_IDS
         if len(to_allocate):
             counts = kv.new_blocks_needed(to_allocate, known[to_allocate])
@@ -280,19 +276,18 @@ class Scheduler:
             taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
                                         counts, known[to_allocate], store.num_tokens[slots[to_allocate]])
             new_block_ids = np.fromiter(map(_block_id, taken), np.int32, len(taken))
-        if not every_one:
+        if scheduled is not None:  # (some request has all its tokens in flight)
             rows = np.flatnonzero(scheduled)
             to_allocate = np.searchsorted(rows, to_allocate)  # (now positions among the scheduled)
             req_ids = [req_ids[row] for row in rows.tolist()]
-            slots, num_new, known, computed = slots[rows], num_new[rows], known[rows], computed[rows]
+            slots, known, computed = slots[rows], known[rows], computed[rows]
         num_new_blocks = self._no_new_blocks(len(req_ids))
         if len(new_block_ids):
             num_new_blocks = num_new_blocks.copy()
             num_new_blocks[to_allocate] = counts
-        num_scheduled = self._one_token_each(req_ids) if total == len(req_ids) else dict(zip(req_ids, num_new.tolist()))
-        # (`_advanced` for these requests: every token known gets computed, a placeholder follows)
-        store.num_computed_tokens[slots] = known
-        store.num_tokens_with_placeholders[slots] = known + 1
+        num_scheduled = (self._one_token_each(req_ids) if total == len(req_ids)
+                         else dict(zip(req_ids, (known - computed).tolist())))
+        store.advance_running(slots, known)  # (`_advanced` for these requests)
         return RunningSchedule(req_ids, computed, num_new_blocks, new_block_ids, num_scheduled, budget - total)
 
     def _no_new_blocks(self, num_requests: int) -> np.ndarray:

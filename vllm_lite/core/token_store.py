@@ -14,10 +14,11 @@ Python touches only the requests whose state changed (finished, first token, a g
 | `each_step` | Python must see every token (a grammar to advance) |
 | `look_at_len` | the length from which Python looks at the slot's next token: 0 with `each_step`, the first output token's, else `length_limit`; moved on past the first output token when Python has seen it |
 
-`append`, every step's loop over the rows that sampled, runs in C when the csrc extension
-`vllm_lite._bookkeeping` is built (the same rules, one pass over each row's entries: numpy's
-calls over 1,024-element arrays cost more than the work itself); the numpy code is the
-fallback and the reference the tests hold the C loop to.
+The loops a steady step runs over every running request (`append`; the scheduler's
+`scan_running` and `advance_running`) run in C when the csrc extension `vllm_lite._bookkeeping`
+is built (the same rules, one pass over each request's entries: numpy's calls over
+1,024-element arrays cost more than the work itself); the numpy code is the fallback and the
+reference the tests hold the C loops to.
 
 A request holds a slot from admission until it is preempted or freed, so at most
 `max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
@@ -28,22 +29,41 @@ tokens finds the rows that may stop on one, and Python decides those exactly
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import NamedTuple
+
 import numpy as np
 
 from vllm_lite.core.request import Request
 
 try:
-    from vllm_lite._bookkeeping import store_append as native_store_append
-except ImportError:  # not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): the numpy path
-    native_store_append = None
+    from vllm_lite import _bookkeeping as native_loops
+except ImportError:  # not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): the numpy paths
+    native_loops = None
+
+
+class RunningScan(NamedTuple):
+    """`TokenStore.scan_running`: of each request given, its known tokens (placeholders
+    included) and its computed ones; `scheduled`: None when every request is scheduled (has a
+    token to compute), else which are; over the scheduled ones, the tokens to compute in all and
+    the fewest one of them has (1 when none is scheduled); the positions of the scheduled ones
+    whose known tokens do not fit their fit limit."""
+
+    known: np.ndarray
+    computed: np.ndarray
+    scheduled: np.ndarray | None
+    total: int
+    min_new: int
+    to_allocate: np.ndarray
 
 
 class TokenStore:
     def __init__(self, num_slots: int, max_model_len: int, native: bool | None = None) -> None:
-        """`native`: whether `append` runs the C loop (None: when it is built; True: it must be)."""
-        if native and native_store_append is None:
+        """`native`: whether the per-request loops run in C (None: when it is built; True: it
+        must be)."""
+        if native and native_loops is None:
             raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
-        self._native_append = native_store_append if native is not False else None
+        self._native: ModuleType | None = native_loops if native is not False else None
         self._looked_at = np.zeros(num_slots, dtype=np.int64)  # `append`'s result, in the C loop
         self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(num_slots, dtype=np.int64)
@@ -115,8 +135,8 @@ class TokenStore:
         that Python must look at: the length limit reached, an EOS / stop id past min_tokens,
         a first output token, or a grammar (one comparison with `look_at_len` for all but the
         stop ids). From the C loop, a view valid until the next call."""
-        if self._native_append is not None:
-            count = self._native_append(
+        if self._native is not None:
+            count = self._native.store_append(
                 np.ascontiguousarray(slots, dtype=np.int64), np.ascontiguousarray(tokens), self.token_ids,
                 self.num_tokens, self.look_at_len, self.min_stop_len, self.length_limit, self.each_step,
                 self.stop_ids, self._looked_at)
@@ -134,6 +154,40 @@ class TokenStore:
             seen = slots[looked_at]
             self.look_at_len[seen] = np.where(self.each_step[seen], 0, self.length_limit[seen])
         return looked_at
+
+    def scan_running(self, slots: np.ndarray, fit_limit: np.ndarray) -> RunningScan:
+        """The scheduler's look at running requests (`slots`, distinct) before a step: a request
+        is scheduled unless its known tokens reach its length limit (tokens in flight end it);
+        `fit_limit[i]`: the most tokens request i's held blocks take with no block newly filled
+        (`KVCacheManager.fit_limits`). Nothing is written."""
+        if self._native is not None:
+            n = len(slots)
+            known, computed, to_allocate = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+            every_one, total, min_new, count = self._native.running_scan(
+                np.ascontiguousarray(slots, dtype=np.int64), self.num_tokens_with_placeholders,
+                self.num_computed_tokens, self.length_limit, np.ascontiguousarray(fit_limit, dtype=np.int64),
+                known, computed, to_allocate)
+            scheduled = None if every_one else known < self.length_limit[slots]
+            return RunningScan(known, computed, scheduled, total, min_new, to_allocate[:count])
+        known, computed = self.num_tokens_with_placeholders[slots], self.num_computed_tokens[slots]
+        scheduled = known < self.length_limit[slots]
+        every_one = bool(scheduled.all())  # (most steps: no request has all its tokens in flight)
+        num_new = known - computed if every_one else (known - computed)[scheduled]
+        min_new = int(num_new.min()) if len(num_new) else 1
+        outside = known > fit_limit
+        to_allocate = np.flatnonzero(outside if every_one else scheduled & outside)
+        return RunningScan(known, computed, None if every_one else scheduled, int(num_new.sum()), min_new,
+                           to_allocate)
+
+    def advance_running(self, slots: np.ndarray, known: np.ndarray) -> None:
+        """After the scheduler gave each of `slots` all its `known` tokens: every token known gets
+        computed, a placeholder follows (the running part of a step; `Scheduler._advanced`)."""
+        if self._native is not None:
+            self._native.running_advance(np.ascontiguousarray(slots, dtype=np.int64), known,
+                                         self.num_computed_tokens, self.num_tokens_with_placeholders)
+            return
+        self.num_computed_tokens[slots] = known
+        self.num_tokens_with_placeholders[slots] = known + 1
 
     def append_one(self, slot: int, token_id: int) -> None:
         """(Leaves `look_at_len` as it is: if this is the first output token, the next `append`
