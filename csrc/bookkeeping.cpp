@@ -3,10 +3,10 @@
 // protocol), so that core/ may use it; each function has a numpy twin in the module that calls
 // it, used when this extension is not built, and the tests run both on the same random steps.
 //
-// Why: at 1,024 requests a step's numpy calls over per-request arrays cost more per element
-// than the work itself (each call makes and fills a temporary; the step's arrays no longer fit
-// the core's L2 together); one loop that reads each request's entries once does the same work
-// in a fraction of the time (benchmarks/RESULTS.md, thirty-third session).
+// Why: between two forward passes each numpy call costs far more than its arithmetic (its code
+// and a fresh temporary to fetch, per call and per element); one loop that reads each request's
+// entries once does a dozen calls' work for the cost of one (measured at 64 and 1,024 requests:
+// benchmarks/RESULTS.md, thirty-third session).
 //
 //   store_append(slots, tokens, token_ids, num_tokens, look_at_len, min_stop_len, length_limit,
 //                each_step, stop_ids, looked_at) -> int
