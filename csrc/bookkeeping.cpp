@@ -57,8 +57,9 @@ class Array {
     return true;
   }
 
-  Py_ssize_t size() const { return view_.ndim == 0 ? 1 : view_.shape[0]; }
-  Py_ssize_t columns() const { return view_.ndim == 2 ? view_.shape[1] : 1; }
+  // (take() has checked the dimensions: a row count for all, columns for the 2-D one.)
+  Py_ssize_t size() const { return view_.shape[0]; }
+  Py_ssize_t columns() const { return view_.shape[1]; }
   Py_ssize_t itemsize() const { return view_.itemsize; }
   template <typename T>
   T* data() const {

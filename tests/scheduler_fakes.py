@@ -1,12 +1,19 @@
 """A fake worker for scheduler tests that drive `schedule()` / `update_from_output()` without a
 model: it keeps each request's token count as the model runner's persistent batch does and
-samples a row when all its known tokens are computed."""
+samples a row when all its known tokens are computed. And the marks for tests that run the
+token store's loops as numpy code and, where csrc is built, in C."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.core.token_store import native_loops
+
+NEEDS_NATIVE_LOOPS = pytest.mark.skipif(native_loops is None, reason="vllm_lite._bookkeeping is not built")
+EITHER_LOOPS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=NEEDS_NATIVE_LOOPS)],
+                                       ids=["numpy", "C"])
 
 
 class FakeWorker:

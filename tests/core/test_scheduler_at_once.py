@@ -16,9 +16,8 @@ from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.core.token_store import native_loops
 from vllm_lite.sampling_params import SamplingParams
-from scheduler_fakes import FakeWorker
+from scheduler_fakes import EITHER_LOOPS, FakeWorker
 
 BLOCK_SIZE = 4
 EOS = 7
@@ -79,8 +78,7 @@ def assert_tracked_counts_true(kv: KVCacheManager) -> None:
     assert tracked.cached.tolist() == [kv.num_cached_blocks.get(r, 0) for r in tracked.req_ids]
 
 
-@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
-    native_loops is None, reason="vllm_lite._bookkeeping is not built"))], ids=["numpy", "C"])
+@EITHER_LOOPS
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("num_blocks", [400, 70])  # 70: preemption under KV pressure

@@ -12,24 +12,21 @@ import numpy as np
 import pytest
 
 from vllm_lite.config import CacheConfig, SchedulerConfig
-from vllm_lite.core import token_store as token_store_module
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
-from vllm_lite.core.token_store import TokenStore
+from vllm_lite.core.token_store import TokenStore, native_loops
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
+from scheduler_fakes import EITHER_LOOPS, NEEDS_NATIVE_LOOPS
 
 EOS = 7
-BUILT = token_store_module.native_loops is not None
-BOTH_PATHS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not BUILT, reason="vllm_lite._bookkeeping is not built"))], ids=["numpy", "C"])
 
 
 def test_the_c_loop_is_built_where_a_compiler_is() -> None:
     compiler = (sysconfig.get_config_var("CXX") or "c++").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip("no C++ compiler: the numpy path is the one there is")
-    assert BUILT, "a C++ compiler is present but vllm_lite._bookkeeping is not built"
+    assert native_loops is not None, "a C++ compiler is present but vllm_lite._bookkeeping is not built"
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) -> Request:
@@ -38,7 +35,7 @@ def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) ->
                    (EOS,), max_tokens)
 
 
-@BOTH_PATHS
+@EITHER_LOOPS
 def test_a_request_s_tokens_move_into_its_slot_and_back(native: bool) -> None:
     store = TokenStore(num_slots=2, max_model_len=32, native=native)
     request = make_request("a", 5, max_tokens=8, stop_token_ids=[9])
@@ -56,7 +53,7 @@ def test_a_request_s_tokens_move_into_its_slot_and_back(native: bool) -> None:
     assert request.all_token_ids.tolist()[-3:] == [3, 4, 5]
 
 
-@BOTH_PATHS
+@EITHER_LOOPS
 def test_append_points_at_the_rows_python_must_see(native: bool) -> None:
     store = TokenStore(num_slots=5, max_model_len=64, native=native)
     requests = [make_request("first", 4, 10), make_request("long", 4, 2), make_request("eos", 4, 10),
@@ -70,7 +67,7 @@ def test_append_points_at_the_rows_python_must_see(native: bool) -> None:
     assert attention.tolist() == [0, 1, 2]
 
 
-@BOTH_PATHS
+@EITHER_LOOPS
 def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps(native: bool) -> None:
     """Step after step, `append` names exactly the rows that the rules name when evaluated from
     scratch: a first output token, the length limit, a grammar (every token), an EOS / stop id
@@ -106,7 +103,7 @@ def test_append_points_at_the_rows_the_stop_rules_name_on_random_steps(native: b
                 store.release(request)
 
 
-@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+@NEEDS_NATIVE_LOOPS
 def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
     """Random stores and steps (int32 and int64 tokens, stop ids or none, every kind of row):
     both paths name the same rows and leave every array alike."""
@@ -131,7 +128,7 @@ def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
                 assert np.array_equal(getattr(stores[0], name), getattr(stores[1], name)), (trial, step, name)
 
 
-@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+@NEEDS_NATIVE_LOOPS
 def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
     """The scheduler's look at its running requests and their counters' advance: random
     counters, length limits and fit limits (requests with all their tokens in flight, some
@@ -161,7 +158,7 @@ def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
             assert np.array_equal(getattr(stores[0], name), getattr(stores[1], name)), (trial, name)
 
 
-@pytest.mark.skipif(not BUILT, reason="vllm_lite._bookkeeping is not built")
+@NEEDS_NATIVE_LOOPS
 def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> None:
     store = TokenStore(num_slots=3, max_model_len=4, native=True)
     store.num_tokens[:] = [1, 4, 2]  # slot 1's row is full
