@@ -17,6 +17,14 @@
 //   running_advance(slots, known, computed, with_placeholders) -> None
 //       TokenStore.scan_running / advance_running (the scheduler's running part of a step):
 //       see there. The outputs are int64 arrays of len(slots) the caller made.
+//   decode_inputs(num_computed, num_tokens, last_token_ids, block_ids, block_size, positions,
+//                 seq_lens, slot_mapping, input_ids) -> int
+//       The worker's inputs of a decode step over batch rows 0..n-1 (n = len(positions)), one
+//       token each (worker/model_runner.py, ModelRunner._decode_step_inputs): each row's
+//       position, sequence length, KV slot and input token. Returns the longest sequence, or -1
+//       when some row's token is not its last (the general path then builds the step).
+//   copy_block_rows(block_ids, block_table) -> None
+//       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -250,6 +258,84 @@ PyObject* running_advance(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+PyObject* decode_inputs(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9) {
+    PyErr_Format(PyExc_TypeError, "decode_inputs takes 9 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array num_computed, num_tokens, last_token_ids, block_ids, positions, seq_lens, slot_mapping, input_ids;
+  const long long block_size = PyLong_AsLongLong(args[4]);
+  if (block_size == -1 && PyErr_Occurred()) return nullptr;
+  if (block_size <= 0) {
+    PyErr_Format(PyExc_ValueError, "decode_inputs: block_size must be positive, got %lld", block_size);
+    return nullptr;
+  }
+  if (!num_computed.take(args[0], "num_computed", 1, 'i', false, 4) ||
+      !num_tokens.take(args[1], "num_tokens", 1, 'i', false, 4) ||
+      !last_token_ids.take(args[2], "last_token_ids", 1, 'i', false, 4) ||
+      !block_ids.take(args[3], "block_ids", 2, 'i', false, 4) ||
+      !positions.take(args[5], "positions", 1, 'i', true, 8) || !seq_lens.take(args[6], "seq_lens", 1, 'i', true, 4) ||
+      !slot_mapping.take(args[7], "slot_mapping", 1, 'i', true, 8) ||
+      !input_ids.take(args[8], "input_ids", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = positions.size(), width = block_ids.columns();
+  if (!sizes_are("decode_inputs", n, {&seq_lens, &slot_mapping, &input_ids})) return nullptr;
+  for (const Array* rows : {&num_computed, &num_tokens, &last_token_ids, &block_ids}) {
+    if (rows->size() < n) {
+      PyErr_Format(PyExc_ValueError, "decode_inputs: %zd rows where %zd are needed", rows->size(), n);
+      return nullptr;
+    }
+  }
+  const int32_t* computed = num_computed.data<int32_t>();
+  const int32_t* known = num_tokens.data<int32_t>();
+  const int32_t* last = last_token_ids.data<int32_t>();
+  const int32_t* blocks = block_ids.data<int32_t>();
+  int64_t* position = positions.data<int64_t>();
+  int32_t* seq_len = seq_lens.data<int32_t>();
+  int64_t* slot = slot_mapping.data<int64_t>();
+  int64_t* input = input_ids.data<int64_t>();
+  int64_t longest = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t c = computed[i];
+    if (c < 0 || c + 1 != known[i]) return PyLong_FromLong(-1);
+    const int64_t block = c / block_size;
+    if (block >= width) {
+      PyErr_Format(PyExc_IndexError, "decode_inputs: row %zd at position %lld needs block %lld, past its %zd columns", i,
+                   static_cast<long long>(c), static_cast<long long>(block), width);
+      return nullptr;
+    }
+    position[i] = c;
+    seq_len[i] = static_cast<int32_t>(c + 1);
+    slot[i] = static_cast<int64_t>(blocks[i * width + block]) * block_size + c % block_size;
+    input[i] = last[i];
+    if (c + 1 > longest) longest = c + 1;
+  }
+  return PyLong_FromLongLong(longest);
+}
+
+PyObject* copy_block_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_Format(PyExc_TypeError, "copy_block_rows takes 2 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array block_ids, block_table;
+  if (!block_ids.take(args[0], "block_ids", 2, 'i', false, 4) ||
+      !block_table.take(args[1], "block_table", 2, 'i', true, 4)) {
+    return nullptr;
+  }
+  const Py_ssize_t rows = block_table.size(), width = block_table.columns(), stride = block_ids.columns();
+  if (rows > block_ids.size() || width > stride) {
+    PyErr_Format(PyExc_ValueError, "copy_block_rows: a %zd x %zd table from %zd x %zd block ids", rows, width,
+                 block_ids.size(), stride);
+    return nullptr;
+  }
+  const int32_t* from = block_ids.data<int32_t>();
+  int32_t* to = block_table.data<int32_t>();
+  for (Py_ssize_t i = 0; i < rows; ++i) std::memcpy(to + i * width, from + i * stride, width * sizeof(int32_t));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"store_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(store_append)), METH_FASTCALL,
      "TokenStore.append's loop (core/token_store.py)."},
@@ -257,6 +343,10 @@ PyMethodDef kMethods[] = {
      "TokenStore.scan_running's loop (core/token_store.py)."},
     {"running_advance", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(running_advance)),
      METH_FASTCALL, "TokenStore.advance_running's loop (core/token_store.py)."},
+    {"decode_inputs", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(decode_inputs)), METH_FASTCALL,
+     "A decode step's worker inputs (worker/model_runner.py)."},
+    {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
+     METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

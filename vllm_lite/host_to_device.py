@@ -35,10 +35,19 @@ class StepInputTensors:
         """`array` (as `dtype`, when given) on the device, in the tensor kept for `name`."""
         if self.device.type != "cpu":
             return host_to_device(array if dtype is None else array.astype(dtype, copy=False), self.device)
-        dtype = array.dtype if dtype is None else np.dtype(dtype)
+        np.copyto(self.host(name, array.shape, array.dtype if dtype is None else dtype), array)
+        return self._kept[name][1]
+
+    def host(self, name: str, shape: tuple[int, ...], dtype: type[np.generic] | np.dtype) -> np.ndarray:
+        """The host array kept for `name`, of this shape and dtype, for the caller to fill in
+        place; `tensor(name)` then puts it on the device."""
         kept = self._kept.get(name)
-        if kept is None or kept[0].shape != array.shape or kept[0].dtype != dtype:
-            host = np.empty(array.shape, dtype)
+        if kept is None or kept[0].shape != shape or kept[0].dtype != dtype:
+            host = np.empty(shape, dtype)
             kept = self._kept[name] = (host, torch.from_numpy(host))
-        np.copyto(kept[0], array)
-        return kept[1]
+        return kept[0]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """`name`'s host array (`host`) on the device: on CPU its own memory."""
+        host, tensor = self._kept[name]
+        return tensor if self.device.type == "cpu" else host_to_device(host, self.device)

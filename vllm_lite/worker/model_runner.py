@@ -25,6 +25,7 @@ from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.config import VllmConfig, kv_cache_row, max_blocks_per_seq
 from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.core.token_store import native_loops
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.host_to_device import StepInputTensors, host_to_device
@@ -167,9 +168,12 @@ class ModelRunner:
         self.dropped_failed: set[str] = set()
         # The last launched step's sampled tokens while that step is not finished (at most one).
         self.unfinished: SampledTokens | None = None
-        self._rows_cache: tuple[int, list[str], np.ndarray] | None = None  # see _batch_rows
+        self._rows_cache: tuple[int, list[str], np.ndarray, slice | np.ndarray] | None = None  # see _batch_rows
         self._step_rows_cache: tuple[int, dict[str, int], StepRows | None] | None = None  # see _scheduled_rows
         self.step_inputs = StepInputTensors(device)  # the tensors `_prepare_inputs` fills
+        # csrc's loops (vllm_lite._bookkeeping) for the steady decode step's inputs; None: numpy's
+        # general path builds every step (the reference the tests hold the C loop to).
+        self.native_loops = native_loops
 
     def _small_steps_fit_one_thread(self) -> bool:
         """Whether steps of at most ONE_THREAD_MAX_TOKENS tokens should run on one thread: only
@@ -543,12 +547,12 @@ class ModelRunner:
         assignment, their new blocks in another. A request missing from the batch, or an update
         the batch cannot take, sends the step to `_update_cached_each`, which tells whose
         update failed."""
-        rows = self._batch_rows(cached.req_ids)
+        rows, at = self._batch_rows(cached.req_ids)
         if int(rows.min()) < 0:
             return self._update_cached_each(cached)
         batch = self.input_batch
         try:
-            batch.num_computed_tokens[rows] = cached.num_computed_tokens
+            batch.num_computed_tokens[at] = cached.num_computed_tokens
             growing = np.flatnonzero(cached.num_new_blocks)
             if len(growing):
                 batch.block_table.append_rows(rows[growing], cached.num_new_blocks[growing], cached.new_block_ids)
@@ -579,19 +583,21 @@ class ModelRunner:
         failed[req_id] = describe_error(exc)
         return failed
 
-    def _batch_rows(self, req_ids: list[str]) -> np.ndarray:
-        """The batch row of each of `req_ids` (-1 for one not in the batch). Kept while the batch
-        keeps its rows and the ids are the same (steady decode): one comparison of the id lists
-        then, instead of a lookup per request."""
+    def _batch_rows(self, req_ids: list[str]) -> tuple[np.ndarray, slice | np.ndarray]:
+        """The batch row of each of `req_ids` (-1 for one not in the batch), and the same as an
+        index: a slice when they are rows 0..n-1 in order (read and written without a gather).
+        Kept while the batch keeps its rows and the ids are the same (steady decode): one
+        comparison of the id lists then, instead of a lookup per request."""
         version = self.input_batch.version
         cached = self._rows_cache
         if cached is not None and cached[0] == version and (cached[1] is req_ids or cached[1] == req_ids):
-            return cached[2]
-        index = self.input_batch.req_id_to_index
-        rows = np.fromiter(map(index.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
+            return cached[2], cached[3]
+        row_of = self.input_batch.req_id_to_index
+        rows = np.fromiter(map(row_of.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
         rows.flags.writeable = False  # kept for later steps
-        self._rows_cache = (version, req_ids, rows)  # (a step's ids are never changed once sent)
-        return rows
+        index = slice(0, len(rows)) if np.array_equal(rows, np.arange(len(rows))) else rows
+        self._rows_cache = (version, req_ids, rows, index)  # (a step's ids are never changed once sent)
+        return rows, index
 
     def _where(self, what: str) -> str:
         return what if self.tp.size == 1 else f"{what} on rank {self.tp.rank}"
@@ -630,6 +636,10 @@ class ModelRunner:
         rows, query_lens, cu_lens = step.rows, step.query_lens, step.cu_lens
         at = batch.row_index(rows)
         total = int(cu_lens[-1])
+        if total == len(rows) and isinstance(at, slice) and self.unfinished is None and self.native_loops is not None:
+            inputs = self._decode_step_inputs(step)
+            if inputs is not None:
+                return inputs
         if total == len(rows):  # one token per row (a decode step): each row's next position
             token_rows, positions = rows, batch.num_computed_tokens[at]
             seq_lens = positions + 1
@@ -675,6 +685,46 @@ class ModelRunner:
             query_lens=query_lens,
         )
 
+    def _decode_step_inputs(self, step: StepRows) -> StepInputs | None:
+        """`_prepare_inputs` for the steady decode step (every live row computes one token, its
+        last, and no launched step's tokens are pending): positions, sequence lengths, KV slots,
+        input ids and block table made by two C loops in the kept input arrays, where the general
+        path's numpy calls over every row (a dozen) cost more than their arithmetic. None when
+        some row's token is not its last."""
+        batch, buffers, block_size, native = self.input_batch, self.step_inputs, self.block_size, self.native_loops
+        n = len(step.rows)
+        block_ids = batch.block_table.block_ids
+        seq_lens = buffers.host("seq_lens", (n,), np.int32)
+        longest = native.decode_inputs(batch.num_computed_tokens, batch.num_tokens, batch.last_token_ids, block_ids,
+                                       block_size, buffers.host("positions", (n,), np.int64), seq_lens,
+                                       buffers.host("slot_mapping", (n,), np.int64),
+                                       buffers.host("input_ids", (n,), np.int64))
+        if longest < 0:
+            return None
+        native.copy_block_rows(block_ids, buffers.host("block_table", (n, -(-longest // block_size)), np.int32))
+        common = CommonAttentionMetadata(
+            query_start_loc=buffers.put("query_start_loc", step.query_start_loc),
+            seq_lens=buffers.tensor("seq_lens"),
+            block_table=buffers.tensor("block_table"),
+            slot_mapping=buffers.tensor("slot_mapping"),
+            query_start_loc_np=step.query_start_loc,
+            seq_lens_np=seq_lens,
+            num_actual_tokens=n,
+            max_query_len=1,
+            block_size=block_size,
+        )
+        return StepInputs(
+            input_ids=buffers.tensor("input_ids"),
+            positions=buffers.tensor("positions"),
+            attn_metadata=self.attn_backend.build(common),
+            logits_indices=buffers.put("logits_indices", step.last_tokens, np.int64),
+            sample_rows=step.rows,
+            every_token_samples=True,
+            rows=step.rows,
+            query_starts=step.query_starts,
+            query_lens=step.query_lens,
+        )
+
     def _input_ids(self, input_ids: np.ndarray, rows: np.ndarray, query_lens: np.ndarray,
                    cu_lens: np.ndarray) -> torch.Tensor:
         """The step's input ids on the device. The tokens the last step sampled, when that step is
@@ -709,7 +759,7 @@ class ModelRunner:
         if kept is not None and kept[0] == version and kept[1] is scheduled:
             return kept[2]
         counts = np.fromiter(scheduled.values(), np.int32, len(scheduled))
-        scheduled_rows = self._batch_rows(list(scheduled))
+        scheduled_rows, _ = self._batch_rows(list(scheduled))
         if int(scheduled_rows.min()) < 0:  # some failed to join the batch (this step or, async, the last)
             present = scheduled_rows >= 0
             scheduled_rows, counts = scheduled_rows[present], counts[present]
