@@ -1,6 +1,6 @@
 """Build vllm_lite. The optional csrc extensions are built when a C++ compiler is present (set
 VLLM_LITE_BUILD_CSRC=0 to skip them): the CPU ops (vllm_lite._C, needs torch at build time) and
-the engine core's per-request loops (vllm_lite._bookkeeping, plain CPython). The pure-torch and
+the per-request loops of a steady step (vllm_lite._bookkeeping, plain CPython). The pure-torch and
 numpy fallbacks are always there."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-// vllm_lite._bookkeeping: the engine core's per-step loops over every running request, in C.
-// A plain CPython extension (no torch, no numpy C API: arrays arrive through the buffer
-// protocol), so that core/ may use it; each function has a numpy twin in the module that calls
-// it, used when this extension is not built, and the tests run both on the same random steps.
+// vllm_lite._bookkeeping: a steady step's loops over every running request (the engine core's,
+// and the worker's decode step inputs), in C. A plain CPython extension (no torch, no numpy C
+// API: arrays arrive through the buffer protocol), so that core/ may use it; each function has a
+// numpy twin in the module that calls it (for the worker's, its general path), used when this
+// extension is not built, and the tests run both on the same random steps.
 //
 // Why: between two forward passes each numpy call costs far more than its arithmetic (its code
 // and a fresh temporary to fetch, per call and per element); one loop that reads each request's
