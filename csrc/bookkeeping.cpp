@@ -26,6 +26,12 @@
 //       when some row's token is not its last (the general path then builds the step).
 //   copy_block_rows(block_ids, block_table) -> None
 //       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
+//   output_append(slots, tokens, ids, counts, watched, intervals, counts_out, looked_at)
+//       -> (num_looked_at, longest)
+//       The client's engine/output_token_store.py OutputTokenStore.append_and_look: see there.
+//       `counts_out` (int64, len(slots)) receives each slot's new count, `looked_at` (int64, at
+//       least len(slots) long) the positions the client looks at; `longest`: the largest count
+//       of the slots given, after the append.
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -337,6 +343,60 @@ PyObject* copy_block_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8) {
+    PyErr_Format(PyExc_TypeError, "output_append takes 8 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array slots, tokens, ids, counts, watched, intervals, counts_out, looked_at;
+  if (!slots.take(args[0], "slots", 1, 'i', false, 8) || !tokens.take(args[1], "tokens", 1, 'i', false, 4, 8) ||
+      !ids.take(args[2], "ids", 2, 'i', true, 4) || !counts.take(args[3], "counts", 1, 'i', true, 8) ||
+      !watched.take(args[4], "watched", 1, 'b', false, 1) || !intervals.take(args[5], "intervals", 1, 'i', false, 8) ||
+      !counts_out.take(args[6], "counts_out", 1, 'i', true, 8) ||
+      !looked_at.take(args[7], "looked_at", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = slots.size(), num_slots = ids.size(), width = ids.columns();
+  if (tokens.size() != n || counts_out.size() != n || looked_at.size() < n) {
+    PyErr_Format(PyExc_ValueError, "output_append: %zd slots, %zd tokens, %zd counts out, room for %zd positions", n,
+                 tokens.size(), counts_out.size(), looked_at.size());
+    return nullptr;
+  }
+  const int64_t* slot = slots.data<int64_t>();
+  if (!sizes_are("output_append", num_slots, {&counts, &watched, &intervals}) ||
+      !slots_in_range(slot, n, num_slots, "output_append")) {
+    return nullptr;
+  }
+  int64_t* count = counts.data<int64_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {  // (checked before anything is written)
+    if (count[slot[i]] < 0 || count[slot[i]] >= width) {
+      PyErr_Format(PyExc_IndexError, "output_append: slot %lld holds %lld tokens, room for %zd",
+                   static_cast<long long>(slot[i]), static_cast<long long>(count[slot[i]]), width);
+      return nullptr;
+    }
+  }
+  int32_t* rows = ids.data<int32_t>();
+  const bool* every_token = watched.data<bool>();
+  const int64_t* interval = intervals.data<int64_t>();
+  int64_t* now_out = counts_out.data<int64_t>();
+  int64_t* out = looked_at.data<int64_t>();
+  Py_ssize_t num_looked_at = 0;
+  int64_t longest = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t s = slot[i];
+    if (count[s] >= width) {  // (only a slot named twice gets here: never written past its row)
+      PyErr_Format(PyExc_IndexError, "output_append: slot %lld named twice, its row full", static_cast<long long>(s));
+      return nullptr;
+    }
+    rows[s * width + count[s]] = static_cast<int32_t>(load_int(tokens.data<void>(), tokens.itemsize(), i));
+    const int64_t now = ++count[s];
+    now_out[i] = now;
+    if (now > longest) longest = now;
+    if (every_token[s] || now == 1 || (interval[s] > 0 && (now - 1) % interval[s] == 0)) out[num_looked_at++] = i;
+  }
+  return Py_BuildValue("(nL)", num_looked_at, static_cast<long long>(longest));
+}
+
 PyMethodDef kMethods[] = {
     {"store_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(store_append)), METH_FASTCALL,
      "TokenStore.append's loop (core/token_store.py)."},
@@ -348,6 +408,8 @@ PyMethodDef kMethods[] = {
      "A decode step's worker inputs (worker/model_runner.py)."},
     {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
      METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
+    {"output_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(output_append)), METH_FASTCALL,
+     "OutputTokenStore.append_and_look's loop (engine/output_token_store.py)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.core.token_store import native_loops
+from vllm_lite.bookkeeping import native_loops
 
 NEEDS_NATIVE_LOOPS = pytest.mark.skipif(native_loops is None, reason="vllm_lite._bookkeeping is not built")
 EITHER_LOOPS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=NEEDS_NATIVE_LOOPS)],

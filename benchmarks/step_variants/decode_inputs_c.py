@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_lite.core.token_store import native_loops
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.engine.core import EngineCore
 
 

@@ -14,7 +14,8 @@ import pytest
 from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
-from vllm_lite.core.token_store import TokenStore, native_loops
+from vllm_lite.bookkeeping import native_loops
+from vllm_lite.core.token_store import TokenStore
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
 from scheduler_fakes import EITHER_LOOPS, NEEDS_NATIVE_LOOPS

@@ -17,7 +17,7 @@ from scheduler_fakes import NEEDS_NATIVE_LOOPS
 from vllm_lite.attention.backend import CommonAttentionMetadata
 from vllm_lite.config import EngineArgs
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.core.token_store import native_loops
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.worker.model_runner import ModelRunner
 

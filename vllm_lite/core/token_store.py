@@ -34,12 +34,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.request import Request
 
-try:
-    from vllm_lite import _bookkeeping as native_loops
-except ImportError:  # not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): the numpy paths
-    native_loops = None
 
 
 class RunningScan(NamedTuple):

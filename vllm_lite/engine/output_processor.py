@@ -343,14 +343,13 @@ class OutputProcessor:
                                               start)
         token_ids = (outputs.new_token_ids[start:start + len(states)] if isinstance(rows, range)
                      else outputs.new_token_ids[rows])
-        store = self.token_store
-        counts = store.append(slots, token_ids)
+        counts, looked_at_rows = self.token_store.append_and_look(slots, token_ids)
         now = outputs.timestamp or time.monotonic()  # the engine core's step time when it sends one
         if iteration_stats is not None:
             self._count_tokens(iteration_stats, states, slots, counts, now)
             if outputs.pooled:  # an embedding request's placeholder token is no generated token
                 iteration_stats.num_generation_tokens -= sum(state.pooling is not None for state in states)
-        looked_at = np.flatnonzero(store.looked_at(slots, counts)).tolist()
+        looked_at = looked_at_rows.tolist()
         if len(looked_at) < len(states):
             states = [states[i] for i in looked_at]
             rows = [rows[i] for i in looked_at]

@@ -1,0 +1,14 @@
+"""csrc's per-request loops of a steady step (`vllm_lite._bookkeeping`, csrc/bookkeeping.cpp: the
+engine core's token store, the worker's decode step inputs, the client's output token store), or
+None where csrc is not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): each caller keeps numpy
+code of the same rules as its fallback, and the tests hold the C loops to it."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+native_loops: ModuleType | None
+try:
+    from vllm_lite import _bookkeeping as native_loops
+except ImportError:
+    native_loops = None
