@@ -26,13 +26,6 @@
 //       when some row's token is not its last (the general path then builds the step).
 //   copy_block_rows(block_ids, block_table) -> None
 //       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
-//   register_blocks(requests, num_full, num_known, req_to_blocks, num_cached_blocks, cached_blocks,
-//                   null_block, block_size, sha256, root_key) -> int
-//       core/kv_cache_manager.py's `_register_full_blocks` for each of `requests` in turn (its
-//       blocks up to num_full[i], full of its first num_known[i] tokens, into the prefix cache):
-//       the keys (`block_key`: SHA-256, by the `sha256` given, of the parent's key and the
-//       block's int32 tokens; the first block's parent `root_key(request.cache_salt)`) and the
-//       pool's map (`BlockPool.cache_blocks`). Returns how many blocks entered the map.
 //   output_append(slots, tokens, ids, counts, watched, intervals, counts_out, looked_at)
 //       -> (num_looked_at, longest)
 //       The client's engine/output_token_store.py OutputTokenStore.append_and_look: see there.
@@ -350,142 +343,6 @@ PyObject* copy_block_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
-// A Python reference held for one scope.
-class Ref {
- public:
-  explicit Ref(PyObject* object = nullptr) : object_(object) {}
-  ~Ref() { Py_XDECREF(object_); }
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  PyObject* get() const { return object_; }
-  void reset(PyObject* object) {
-    Py_XDECREF(object_);
-    object_ = object;
-  }
-
- private:
-  PyObject* object_;
-};
-
-// The keys of a request's full blocks of known tokens not keyed yet (`_update_block_hashes`).
-bool extend_block_keys(PyObject* request, PyObject* hashes, int64_t num_known, Py_ssize_t block_size,
-                       PyObject* sha256, PyObject* root_key) {
-  const Py_ssize_t num_keys = PyList_GET_SIZE(hashes);
-  Ref parent;
-  if (num_keys > 0) {
-    parent.reset(Py_NewRef(PyList_GET_ITEM(hashes, num_keys - 1)));
-  } else {
-    Ref salt(PyObject_GetAttrString(request, "cache_salt"));
-    if (salt.get() == nullptr) return false;
-    parent.reset(PyObject_CallOneArg(root_key, salt.get()));
-  }
-  if (parent.get() == nullptr) return false;
-  Ref token_ids(PyObject_GetAttrString(request, "token_ids"));
-  if (token_ids.get() == nullptr) return false;
-  Array tokens;
-  if (!tokens.take(token_ids.get(), "token_ids", 1, 'i', false, 4)) return false;
-  if (num_known > tokens.size()) {
-    PyErr_Format(PyExc_IndexError, "register_blocks: %lld tokens known, %zd held", static_cast<long long>(num_known),
-                 tokens.size());
-    return false;
-  }
-  const Py_ssize_t token_bytes = block_size * static_cast<Py_ssize_t>(sizeof(int32_t));
-  for (Py_ssize_t start = num_keys * block_size; start + block_size <= num_known; start += block_size) {
-    char* parent_bytes = nullptr;
-    Py_ssize_t parent_size = 0;
-    if (PyBytes_AsStringAndSize(parent.get(), &parent_bytes, &parent_size) < 0) return false;
-    Ref data(PyBytes_FromStringAndSize(nullptr, parent_size + token_bytes));
-    if (data.get() == nullptr) return false;
-    char* out = PyBytes_AS_STRING(data.get());
-    std::memcpy(out, parent_bytes, parent_size);
-    std::memcpy(out + parent_size, tokens.data<int32_t>() + start, token_bytes);
-    Ref digest(PyObject_CallOneArg(sha256, data.get()));
-    if (digest.get() == nullptr) return false;
-    parent.reset(PyObject_CallMethod(digest.get(), "digest", nullptr));
-    if (parent.get() == nullptr || PyList_Append(hashes, parent.get()) < 0) return false;
-  }
-  return true;
-}
-
-// `BlockPool.cache_blocks(blocks, hashes, start, stop)`; adds the blocks entered to `added`.
-bool cache_blocks(PyObject* blocks, PyObject* hashes, Py_ssize_t start, Py_ssize_t stop, PyObject* cached_blocks,
-                  PyObject* null_block, int64_t* added) {
-  if (stop > PyList_GET_SIZE(blocks) || stop > PyList_GET_SIZE(hashes)) {
-    PyErr_Format(PyExc_IndexError, "register_blocks: block %zd of %zd blocks, %zd keys", stop - 1,
-                 PyList_GET_SIZE(blocks), PyList_GET_SIZE(hashes));
-    return false;
-  }
-  for (Py_ssize_t i = start; i < stop; ++i) {
-    PyObject* block = PyList_GET_ITEM(blocks, i);
-    PyObject* key = PyList_GET_ITEM(hashes, i);
-    if (block == null_block) continue;
-    Ref held(PyObject_GetAttrString(block, "block_hash"));
-    if (held.get() == nullptr) return false;
-    if (held.get() != Py_None) continue;
-    const int taken = PyDict_Contains(cached_blocks, key);
-    if (taken < 0) return false;
-    if (taken) continue;  // an identical block is cached already: this one stays private
-    if (PyObject_SetAttrString(block, "block_hash", key) < 0 || PyDict_SetItem(cached_blocks, key, block) < 0) {
-      return false;
-    }
-    ++*added;
-  }
-  return true;
-}
-
-PyObject* register_blocks(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 10) {
-    PyErr_Format(PyExc_TypeError, "register_blocks takes 10 arguments, got %zd", nargs);
-    return nullptr;
-  }
-  PyObject *requests = args[0], *req_to_blocks = args[3], *num_cached_blocks = args[4], *cached_blocks = args[5];
-  PyObject *null_block = args[6], *sha256 = args[8], *root_key = args[9];
-  Array num_full, num_known;
-  if (!num_full.take(args[1], "num_full", 1, 'i', false, 8) || !num_known.take(args[2], "num_known", 1, 'i', false, 8)) {
-    return nullptr;
-  }
-  if (!PyList_Check(requests) || !PyDict_Check(req_to_blocks) || !PyDict_Check(num_cached_blocks) ||
-      !PyDict_Check(cached_blocks)) {
-    PyErr_SetString(PyExc_TypeError, "register_blocks: requests must be a list, the maps dicts");
-    return nullptr;
-  }
-  const Py_ssize_t block_size = PyLong_AsSsize_t(args[7]);
-  if (block_size == -1 && PyErr_Occurred()) return nullptr;
-  const Py_ssize_t n = PyList_GET_SIZE(requests);
-  if (block_size <= 0 || !sizes_are("register_blocks", n, {&num_full, &num_known})) {
-    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "register_blocks: block_size %zd", block_size);
-    return nullptr;
-  }
-  int64_t added = 0;
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* request = PyList_GET_ITEM(requests, i);
-    const int64_t full = num_full.data<int64_t>()[i];
-    Ref request_id(PyObject_GetAttrString(request, "request_id"));
-    Ref hashes(PyObject_GetAttrString(request, "block_hashes"));
-    if (request_id.get() == nullptr || hashes.get() == nullptr) return nullptr;
-    PyObject* blocks = PyDict_GetItemWithError(req_to_blocks, request_id.get());  // (borrowed)
-    PyObject* cached = PyDict_GetItemWithError(num_cached_blocks, request_id.get());
-    if (blocks == nullptr || cached == nullptr) {
-      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, request_id.get());
-      return nullptr;
-    }
-    if (!PyList_Check(hashes.get()) || !PyList_Check(blocks)) {
-      PyErr_SetString(PyExc_TypeError, "register_blocks: a request's block_hashes and blocks must be lists");
-      return nullptr;
-    }
-    const Py_ssize_t start = PyLong_AsSsize_t(cached);
-    if (start == -1 && PyErr_Occurred()) return nullptr;
-    if (PyList_GET_SIZE(hashes.get()) < full &&
-        !extend_block_keys(request, hashes.get(), num_known.data<int64_t>()[i], block_size, sha256, root_key)) {
-      return nullptr;
-    }
-    if (!cache_blocks(blocks, hashes.get(), start, full, cached_blocks, null_block, &added)) return nullptr;
-    Ref count(PyLong_FromLongLong(full));
-    if (count.get() == nullptr || PyDict_SetItem(num_cached_blocks, request_id.get(), count.get()) < 0) return nullptr;
-  }
-  return PyLong_FromLongLong(added);
-}
-
 PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 8) {
     PyErr_Format(PyExc_TypeError, "output_append takes 8 arguments, got %zd", nargs);
@@ -551,8 +408,6 @@ PyMethodDef kMethods[] = {
      "A decode step's worker inputs (worker/model_runner.py)."},
     {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
      METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
-    {"register_blocks", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(register_blocks)),
-     METH_FASTCALL, "KVCacheManager.allocate_running's prefix-cache registration (core/kv_cache_manager.py)."},
     {"output_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(output_append)), METH_FASTCALL,
      "OutputTokenStore.append_and_look's loop (engine/output_token_store.py)."},
     {nullptr, nullptr, 0, nullptr},

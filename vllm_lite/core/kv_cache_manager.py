@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
-from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
 
@@ -48,13 +46,7 @@ class KVCacheManager:
     their tokens are known too, i.e. a step later for a block ending in a placeholder)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 sliding_window: int | None = None, native: bool | None = None) -> None:
-        """`native`: whether `allocate_running` registers blocks in the prefix cache with csrc's
-        loop (vllm_lite._bookkeeping's `register_blocks`; None: where it is built; True: it must
-        be); else `_register_full_blocks` for each request, the loop's reference."""
-        if native and native_loops is None:
-            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
-        self._native: ModuleType | None = native_loops if native is not False else None
+                 sliding_window: int | None = None) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_window = sliding_window  # set only when every layer slides
@@ -226,29 +218,13 @@ class KVCacheManager:
             num_full = np.minimum(num_tokens, num_known) // self.block_size
             registering = np.flatnonzero(num_full > tracked.cached[rows])
             if len(registering):
-                self._register_running(registering, requests, num_full, num_known)
+                register = self._register_full_blocks
+                for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
+                                          num_known[registering].tolist()):
+                    request = requests[i]
+                    register(request, req_to_blocks[request.request_id], full, known)
                 tracked.cached[rows[registering]] = num_full[registering]
         return taken
-
-    def _register_running(self, registering: np.ndarray, requests: list[Request], num_full: np.ndarray,
-                          num_known: np.ndarray) -> None:
-        """`_register_full_blocks(requests[i], its blocks, num_full[i], num_known[i])` for each i
-        in `registering`, in order: one C loop where csrc is built (a request's key, its blocks
-        and the pool's map touched without a Python call between)."""
-        if self._native is None:
-            register, req_to_blocks = self._register_full_blocks, self.req_to_blocks
-            for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
-                                      num_known[registering].tolist()):
-                request = requests[i]
-                register(request, req_to_blocks[request.request_id], full, known)
-            return
-        pool = self.block_pool
-        # (BlockPool.cache_blocks's count of the blocks entered, as the loop's calls would add it)
-        pool.cache_version += self._native.register_blocks(
-            list(map(requests.__getitem__, registering.tolist())),
-            np.ascontiguousarray(num_full[registering], dtype=np.int64),
-            np.ascontiguousarray(num_known[registering], dtype=np.int64), self.req_to_blocks, self.num_cached_blocks,
-            pool.cached_blocks, pool.null_block, self.block_size, hashlib.sha256, root_block_key)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]

@@ -105,14 +105,13 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None) -> None:
-        """`native_loops`: whether the token store's per-request loops and the KV cache
-        manager's prefix-cache registration run in C (`TokenStore`, `KVCacheManager`; None:
-        where csrc is built)."""
+        """`native_loops`: whether the token store's per-request loops run in C (`TokenStore`;
+        None: where csrc is built)."""
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               cache_config.sliding_window, native_loops)
+                                               cache_config.sliding_window)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
