@@ -26,6 +26,13 @@
 //       when some row's token is not its last (the general path then builds the step).
 //   copy_block_rows(block_ids, block_table) -> None
 //       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
+//   sha256_extensions() -> bool
+//       Whether this CPU has the SHA extensions `block_keys` runs on (x86 SHA-NI).
+//   block_keys(parent, token_ids, start, count, block_size) -> list[bytes]
+//       core/kv_cache_manager.py's `block_key` chained over `count` blocks of int32 token_ids
+//       from `start` on: key i is SHA-256(key i-1 || the block's tokens as bytes), key -1 being
+//       `parent`. SHA-256 in the CPU's SHA instructions, without OpenSSL's per-digest setup
+//       (most of a key's cost in hashlib, several us a key between two forward passes).
 //   output_append(slots, tokens, ids, counts, watched, intervals, counts_out, looked_at)
 //       -> (num_looked_at, longest)
 //       The client's engine/output_token_store.py OutputTokenStore.append_and_look: see there.
@@ -38,6 +45,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define VLLM_LITE_X86 1
+#endif
 #include <limits>
 #include <initializer_list>
 
@@ -91,6 +105,19 @@ class Array {
 
   Py_buffer view_{};
   bool held_ = false;
+};
+
+// A Python reference held for one scope.
+class Ref {
+ public:
+  explicit Ref(PyObject* object = nullptr) : object_(object) {}
+  ~Ref() { Py_XDECREF(object_); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* get() const { return object_; }
+
+ private:
+  PyObject* object_;
 };
 
 int64_t load_int(const void* data, Py_ssize_t itemsize, Py_ssize_t i) {
@@ -343,6 +370,144 @@ PyObject* copy_block_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+// ---- SHA-256 (FIPS 180-4) in the x86 SHA extensions ----
+
+constexpr uint32_t kSha256Init[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+alignas(16) constexpr uint32_t kSha256Rounds[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+bool cpuid_says_sha_extensions() {
+#ifdef VLLM_LITE_X86
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool sha = (b >> 29) & 1;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool ssse3 = (c >> 9) & 1, sse41 = (c >> 19) & 1;
+  return sha && ssse3 && sse41;
+#else
+  return false;
+#endif
+}
+
+// Asked once: CPUID traps to the hypervisor in a VM (microseconds a call).
+bool cpu_has_sha_extensions() {
+  static const bool has = cpuid_says_sha_extensions();
+  return has;
+}
+
+#ifdef VLLM_LITE_X86
+// The compression function over `num_blocks` 64-byte blocks of `data`. The state is kept as the
+// instructions want it: ABEF and CDGH; message words are big-endian, hence the byte shuffle.
+__attribute__((target("sha,sse4.1,ssse3"))) void sha256_blocks(uint32_t state[8], const uint8_t* data,
+                                                                size_t num_blocks) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i dcba = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state)), 0xB1);
+  __m128i hgfe = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4)), 0x1B);
+  __m128i abef = _mm_alignr_epi8(dcba, hgfe, 8);
+  __m128i cdgh = _mm_blend_epi16(hgfe, dcba, 0xF0);
+  for (size_t block = 0; block < num_blocks; ++block, data += 64) {
+    const __m128i abef_before = abef, cdgh_before = cdgh;
+    // w[g % 4]: the message words of rounds 4g..4g+3. Words 16 on are made as in FIPS 180-4's
+    // schedule: sha256msg1 over groups g-1 and g (in group g), then sha256msg2 with groups g and
+    // g-1 (in group g, for group g+1), before group g-1's words are overwritten.
+    __m128i w[4];
+    for (int g = 0; g < 16; ++g) {
+      if (g < 4) {
+        w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 16 * g)), byte_swap);
+      }
+      const __m128i words = w[g % 4];
+      __m128i message =
+          _mm_add_epi32(words, _mm_load_si128(reinterpret_cast<const __m128i*>(kSha256Rounds + 4 * g)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, message);
+      message = _mm_shuffle_epi32(message, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, message);
+      if (g >= 3 && g <= 14) {
+        __m128i& next = w[(g + 1) % 4];
+        next = _mm_sha256msg2_epu32(_mm_add_epi32(next, _mm_alignr_epi8(words, w[(g + 3) % 4], 4)), words);
+      }
+      if (g >= 1 && g <= 12) w[(g + 3) % 4] = _mm_sha256msg1_epu32(w[(g + 3) % 4], words);
+    }
+    abef = _mm_add_epi32(abef, abef_before);
+    cdgh = _mm_add_epi32(cdgh, cdgh_before);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), _mm_blend_epi16(feba, dchg, 0xF0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), _mm_alignr_epi8(dchg, feba, 8));
+}
+#endif
+
+// SHA-256 of `size` bytes at `message` (`padded`: scratch of at least size + 72 bytes) into `out`.
+void sha256(const uint8_t* message, size_t size, uint8_t* padded, uint8_t out[32]) {
+  uint32_t state[8];
+  std::memcpy(state, kSha256Init, sizeof(state));
+  const size_t whole = size / 64, tail = size % 64;
+  const size_t tail_blocks = tail + 9 <= 64 ? 1 : 2;
+  std::memcpy(padded, message + 64 * whole, tail);
+  padded[tail] = 0x80;
+  std::memset(padded + tail + 1, 0, 64 * tail_blocks - tail - 1 - 8);
+  const uint64_t bits = static_cast<uint64_t>(size) * 8;
+  for (int i = 0; i < 8; ++i) padded[64 * tail_blocks - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
+#ifdef VLLM_LITE_X86
+  sha256_blocks(state, message, whole);
+  sha256_blocks(state, padded, tail_blocks);
+#endif
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 4; ++j) out[4 * i + j] = static_cast<uint8_t>(state[i] >> (24 - 8 * j));
+  }
+}
+
+PyObject* sha256_extensions(PyObject*, PyObject*) { return PyBool_FromLong(cpu_has_sha_extensions()); }
+
+PyObject* block_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "block_keys takes 5 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  if (!cpu_has_sha_extensions()) {
+    PyErr_SetString(PyExc_RuntimeError, "block_keys: this CPU has no SHA extensions");
+    return nullptr;
+  }
+  char* parent = nullptr;
+  Py_ssize_t parent_size = 0;
+  if (PyBytes_AsStringAndSize(args[0], &parent, &parent_size) < 0) return nullptr;
+  Array tokens;
+  if (!tokens.take(args[1], "token_ids", 1, 'i', false, 4)) return nullptr;
+  const Py_ssize_t start = PyLong_AsSsize_t(args[2]), count = PyLong_AsSsize_t(args[3]),
+                   block_size = PyLong_AsSsize_t(args[4]);
+  if (PyErr_Occurred()) return nullptr;
+  if (parent_size != 32 || start < 0 || count < 0 || block_size <= 0 || start + count * block_size > tokens.size()) {
+    PyErr_Format(PyExc_ValueError,
+                 "block_keys: a 32-byte parent and %zd blocks of %zd tokens from %zd within %zd tokens are needed "
+                 "(parent of %zd bytes)",
+                 count, block_size, start, tokens.size(), parent_size);
+    return nullptr;
+  }
+  const size_t token_bytes = static_cast<size_t>(block_size) * sizeof(int32_t);
+  std::vector<uint8_t> message(32 + token_bytes), padded(64 * 2);
+  std::memcpy(message.data(), parent, 32);
+  Ref keys(PyList_New(count));
+  if (keys.get() == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    std::memcpy(message.data() + 32, tokens.data<int32_t>() + start + i * block_size, token_bytes);
+    PyObject* key = PyBytes_FromStringAndSize(nullptr, 32);
+    if (key == nullptr) return nullptr;
+    uint8_t* digest = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(key));
+    sha256(message.data(), message.size(), padded.data(), digest);
+    PyList_SET_ITEM(keys.get(), i, key);
+    std::memcpy(message.data(), digest, 32);  // the next block's parent
+  }
+  return Py_NewRef(keys.get());
+}
+
 PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 8) {
     PyErr_Format(PyExc_TypeError, "output_append takes 8 arguments, got %zd", nargs);
@@ -408,6 +573,9 @@ PyMethodDef kMethods[] = {
      "A decode step's worker inputs (worker/model_runner.py)."},
     {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
      METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
+    {"sha256_extensions", sha256_extensions, METH_NOARGS, "Whether block_keys can run on this CPU."},
+    {"block_keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(block_keys)), METH_FASTCALL,
+     "KVCacheManager's chained prefix-cache keys (core/kv_cache_manager.py)."},
     {"output_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(output_append)), METH_FASTCALL,
      "OutputTokenStore.append_and_look's loop (engine/output_token_store.py)."},
     {nullptr, nullptr, 0, nullptr},

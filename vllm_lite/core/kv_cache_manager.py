@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
 
@@ -46,7 +48,13 @@ class KVCacheManager:
     their tokens are known too, i.e. a step later for a block ending in a placeholder)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, native: bool | None = None) -> None:
+        """`native`: whether prefix-cache keys are computed by csrc's SHA-256 (`block_keys`; None:
+        where it is built and the CPU has SHA extensions; True: it must be), else by hashlib."""
+        native_keys = native_loops is not None and native_loops.sha256_extensions()
+        if native and not native_keys:
+            raise RuntimeError("csrc's block keys need vllm_lite._bookkeeping built and a CPU with SHA extensions")
+        self._native: ModuleType | None = native_loops if native_keys and native is not False else None
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_window = sliding_window  # set only when every layer slides
@@ -308,12 +316,12 @@ class KVCacheManager:
     def _update_block_hashes(self, request: Request, num_known: int | None = None) -> None:
         """Keys for every full block of the request's known tokens (`num_known`, read from the
         request when not given)."""
-        hashes, token_ids, bs = request.block_hashes, request.token_ids, self.block_size
+        hashes, bs = request.block_hashes, self.block_size
         num_known = request.num_tokens if num_known is None else num_known
-        parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
-        for start in range(len(hashes) * bs, num_known - bs + 1, bs):
-            parent = block_key(parent, token_ids[start:start + bs].tobytes())
-            hashes.append(parent)
+        count = num_known // bs - len(hashes)
+        if count > 0:
+            parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
+            hashes.extend(block_keys(parent, request.token_ids, len(hashes) * bs, count, bs, self._native))
 
 
 def root_block_key(cache_salt: str | None) -> BlockHash:
@@ -327,3 +335,18 @@ def root_block_key(cache_salt: str | None) -> BlockHash:
 def block_key(parent: BlockHash, token_bytes: bytes) -> BlockHash:
     """One full block's key: SHA-256 over the parent's 32-byte key and the block's int32 tokens."""
     return hashlib.sha256(parent + token_bytes).digest()
+
+
+def block_keys(parent: BlockHash, token_ids: np.ndarray, start: int, count: int, block_size: int,
+               native: ModuleType | None = None) -> list[BlockHash]:
+    """The keys of `count` full blocks of `token_ids` (int32) from token `start` on, each the
+    `block_key` of the one before (the first of `parent`). `native`: vllm_lite._bookkeeping,
+    whose SHA-256 runs in the CPU's SHA instructions (hashlib's OpenSSL digest costs several us
+    of setup a key, most of a decode step's block crossing); None: hashlib."""
+    if native is not None:
+        return native.block_keys(parent, token_ids, start, count, block_size)
+    keys = []
+    for first in range(start, start + count * block_size, block_size):
+        parent = block_key(parent, token_ids[first:first + block_size].tobytes())
+        keys.append(parent)
+    return keys

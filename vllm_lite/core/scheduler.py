@@ -106,12 +106,14 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None) -> None:
         """`native_loops`: whether the token store's per-request loops run in C (`TokenStore`;
-        None: where csrc is built)."""
+        None: where csrc is built); False also keeps the prefix-cache keys in hashlib
+        (`KVCacheManager`: else in C where the CPU has SHA extensions)."""
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               cache_config.sliding_window)
+                                               cache_config.sliding_window,
+                                               False if native_loops is False else None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
