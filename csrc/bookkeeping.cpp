@@ -1,5 +1,6 @@
 // vllm_lite._bookkeeping: a steady step's loops over every running request (the engine core's,
-// and the worker's decode step inputs), in C. A plain CPython extension (no torch, no numpy C
+// the worker's decode step inputs, the client's output tokens) and the prefix cache's block keys,
+// in C. A plain CPython extension (no torch, no numpy C
 // API: arrays arrive through the buffer protocol), so that core/ may use it; each function has a
 // numpy twin in the module that calls it (for the worker's, its general path), used when this
 // extension is not built, and the tests run both on the same random steps.
