@@ -1,7 +1,8 @@
 """csrc's per-request loops of a steady step (`vllm_lite._bookkeeping`, csrc/bookkeeping.cpp: the
-engine core's token store, the worker's decode step inputs, the client's output token store), or
-None where csrc is not built (no C++ compiler, VLLM_LITE_BUILD_CSRC=0): each caller keeps numpy
-code of the same rules as its fallback, and the tests hold the C loops to it."""
+engine core's token store, the worker's decode step inputs, the client's output token store)
+and its prefix-cache block keys, or None where csrc is not built (no C++ compiler,
+VLLM_LITE_BUILD_CSRC=0): each caller keeps numpy (or hashlib) code of the same rules as its
+fallback, and the tests hold the C code to it."""
 
 from __future__ import annotations
 

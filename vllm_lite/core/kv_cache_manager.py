@@ -341,8 +341,8 @@ def block_keys(parent: BlockHash, token_ids: np.ndarray, start: int, count: int,
                native: ModuleType | None = None) -> list[BlockHash]:
     """The keys of `count` full blocks of `token_ids` (int32) from token `start` on, each the
     `block_key` of the one before (the first of `parent`). `native`: vllm_lite._bookkeeping,
-    whose SHA-256 runs in the CPU's SHA instructions (hashlib's OpenSSL digest costs several us
-    of setup a key, most of a decode step's block crossing); None: hashlib."""
+    whose SHA-256 runs in the CPU's SHA instructions (a key ~0.8 us, where hashlib's, with
+    OpenSSL's per-digest setup and the block's bytes copied twice, takes ~2.5); None: hashlib."""
     if native is not None:
         return native.block_keys(parent, token_ids, start, count, block_size)
     keys = []

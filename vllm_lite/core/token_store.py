@@ -38,7 +38,6 @@ from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.request import Request
 
 
-
 class RunningScan(NamedTuple):
     """`TokenStore.scan_running`: of each request given, its known tokens (placeholders
     included) and its computed ones; `scheduled`: None when every request is scheduled (has a

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
 from vllm_lite.attention.selector import get_attn_backend
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.config import VllmConfig, kv_cache_row, max_blocks_per_seq
 from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.bookkeeping import native_loops
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.host_to_device import StepInputTensors, host_to_device
