@@ -446,7 +446,8 @@ __attribute__((target("sha,sse4.1,ssse3"))) void sha256_blocks(uint32_t state[8]
 }
 #endif
 
-// SHA-256 of `size` bytes at `message` (`padded`: scratch of at least size + 72 bytes) into `out`.
+// SHA-256 of `size` bytes at `message` into `out`; `padded`: 128 bytes of scratch for the padded
+// tail (one or two blocks). Only where cpu_has_sha_extensions() (the callers ask first).
 void sha256(const uint8_t* message, size_t size, uint8_t* padded, uint8_t out[32]) {
   uint32_t state[8];
   std::memcpy(state, kSha256Init, sizeof(state));
