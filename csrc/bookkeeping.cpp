@@ -33,7 +33,7 @@
 //       core/kv_cache_manager.py's `block_key` chained over `count` blocks of int32 token_ids
 //       from `start` on: key i is SHA-256(key i-1 || the block's tokens as bytes), key -1 being
 //       `parent`. SHA-256 in the CPU's SHA instructions, without OpenSSL's per-digest setup
-//       (most of a key's cost in hashlib, several us a key between two forward passes).
+//       (~0.8 us a key, where hashlib's with the block's bytes copied takes ~2.5 warm).
 //   output_append(slots, tokens, ids, counts, watched, intervals, counts_out, looked_at)
 //       -> (num_looked_at, longest)
 //       The client's engine/output_token_store.py OutputTokenStore.append_and_look: see there.
@@ -106,19 +106,6 @@ class Array {
 
   Py_buffer view_{};
   bool held_ = false;
-};
-
-// A Python reference held for one scope.
-class Ref {
- public:
-  explicit Ref(PyObject* object = nullptr) : object_(object) {}
-  ~Ref() { Py_XDECREF(object_); }
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  PyObject* get() const { return object_; }
-
- private:
-  PyObject* object_;
 };
 
 int64_t load_int(const void* data, Py_ssize_t itemsize, Py_ssize_t i) {
@@ -496,18 +483,21 @@ PyObject* block_keys(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const size_t token_bytes = static_cast<size_t>(block_size) * sizeof(int32_t);
   std::vector<uint8_t> message(32 + token_bytes), padded(64 * 2);
   std::memcpy(message.data(), parent, 32);
-  Ref keys(PyList_New(count));
-  if (keys.get() == nullptr) return nullptr;
+  PyObject* keys = PyList_New(count);
+  if (keys == nullptr) return nullptr;
   for (Py_ssize_t i = 0; i < count; ++i) {
     std::memcpy(message.data() + 32, tokens.data<int32_t>() + start + i * block_size, token_bytes);
     PyObject* key = PyBytes_FromStringAndSize(nullptr, 32);
-    if (key == nullptr) return nullptr;
+    if (key == nullptr) {
+      Py_DECREF(keys);
+      return nullptr;
+    }
     uint8_t* digest = reinterpret_cast<uint8_t*>(PyBytes_AS_STRING(key));
     sha256(message.data(), message.size(), padded.data(), digest);
-    PyList_SET_ITEM(keys.get(), i, key);
+    PyList_SET_ITEM(keys, i, key);
     std::memcpy(message.data(), digest, 32);  // the next block's parent
   }
-  return Py_NewRef(keys.get());
+  return keys;
 }
 
 PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
