@@ -143,21 +143,28 @@ def test_a_preempted_request_that_ends_on_its_token_in_flight_leaves_the_queue()
 
 
 def test_a_block_ending_in_a_placeholder_is_cached_once_its_token_is_known() -> None:
+    """Before a prefix lookup (a request waits: "b", then "c") the blocks a running request
+    filled enter the cache, but not one whose last token is a placeholder: that one at the
+    first lookup after its token is known."""
     scheduler, worker = make_scheduler(), FakeWorker()
     scheduler.add_request(make_request("a", 7, max_tokens=10, ignore_eos=True))
     kv = scheduler.kv_cache_manager
     s1 = scheduler.schedule()
+    assert kv.num_cached_blocks["a"] == 1  # (its first block, at admission)
     r1 = worker.execute(s1, default=3)
+    scheduler.add_request(make_request("b", 3, max_tokens=4))
     s2 = scheduler.schedule()  # slots for position 7 (the placeholder): block 1 is full
-    assert kv.num_cached_blocks["a"] == 1
+    assert "b" in s2.num_scheduled_tokens and kv.num_cached_blocks["a"] == 1
     r2 = worker.execute(s2, default=4)
     update(scheduler, s1, r1)
+    scheduler.add_request(make_request("c", 3, max_tokens=4))
     scheduler.schedule()
     assert kv.num_cached_blocks["a"] == 2
     request = scheduler.requests["a"]
     tokens = request.all_token_ids
     expected = block_key(block_key(root_block_key(None), tokens[:4].tobytes()), tokens[4:8].tobytes())
     assert request.block_hashes[1] == expected and tokens[7] == 3
+    assert kv.block_pool.get_cached_block(expected) is kv.req_to_blocks["a"][1]
     update(scheduler, s2, r2)
 
 

@@ -30,6 +30,17 @@ class CountingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.at_once_steps = 0
         self.loop_steps = 0
+        self.lookups = 0
+
+    def _register_filled_blocks(self):
+        """Checks that a lookup finds every running request's blocks full of scheduled, known
+        tokens registered (what registering each block in the step it filled would give)."""
+        super()._register_filled_blocks()
+        kv = self.kv_cache_manager
+        if kv.enable_caching:
+            self.lookups += 1
+            assert [kv.num_cached_blocks[r.request_id] for r in self.running] == \
+                [min(r.num_computed_tokens, r.num_tokens) // BLOCK_SIZE for r in self.running]
 
     def _schedule_running_at_once(self, budget):
         result = super()._schedule_running_at_once(budget)
@@ -128,5 +139,6 @@ def test_array_path_decides_what_the_loop_decides(async_scheduling: bool, cachin
     assert all(out.num_scheduled_tokens == counts for out, counts in counts_when_scheduled)
     assert pair[0].at_once_steps > 20, "the array path never ran"
     assert pair[1].at_once_steps == 0
+    assert pair[0].lookups > 20 or not caching
     if num_blocks == 70:
         assert pair[0].num_preemptions > 0 and pair[0].num_preemptions == pair[1].num_preemptions

@@ -34,18 +34,21 @@ class TrackedBlockCounts:
     position: dict[str, int]
     held: np.ndarray
     cached: np.ndarray
-    # The most tokens each request's held blocks take without a block newly filled (see
-    # `fit_limits`); None once `held` or `cached` changed, until it is asked for again.
+    # The most tokens each request's held blocks take (see `fit_limits`); None once `held`
+    # changed, until it is asked for again.
     fit_limit: np.ndarray | None = None
 
 
 class KVCacheManager:
     """Maps each request to its blocks. A full block is identified by a chained key
     `sha256(parent key || its int32 tokens)`: 32-byte parent, fixed-size token bytes, so equal
-    keys mean equal whole prefixes (and equal cache_salt) unless SHA-256 collides; blocks are
-    registered in the cache as soon as slots for all their tokens are allocated (their KV is
-    written in that same step, before any later step can read it; with async scheduling, once
-    their tokens are known too, i.e. a step later for a block ending in a placeholder)."""
+    keys mean equal whole prefixes (and equal cache_salt) unless SHA-256 collides. A block enters
+    the cache once its tokens are all known (not placeholders) and scheduled (their KV is written
+    in that step, before any later step can read it), at the first of: the request's admission
+    (`allocate_slots` with a sliding window: every allocation), the scheduler's call before a
+    prefix lookup (`register_filled_blocks`: so a lookup finds every block it would had each
+    been registered the step it filled), the request freeing its blocks. A decode step that only
+    fills blocks does no prefix-cache work: a request's decode blocks are keyed together, once."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
                  sliding_window: int | None = None, native: bool | None = None) -> None:
@@ -101,16 +104,13 @@ class KVCacheManager:
             self.stats.hits += num_cached_tokens
 
     def fits_held_blocks(self, request: Request, num_tokens: int) -> bool:
-        """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds with no block
-        newly filled (no prefix-cache entry to add): `allocate_slots` would change nothing. Most
-        decode steps; the scheduler's per-request check, so it stays a few dict lookups (the
-        same rule for a whole batch: `fit_limits`)."""
+        """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds:
+        `allocate_slots` would change nothing. Most decode steps; the scheduler's per-request
+        check, so it stays a dict lookup (the same rule for a whole batch: `fit_limits`)."""
         if self.sliding_window is not None:
             return False
         blocks = self.req_to_blocks.get(request.request_id)
-        if blocks is None or num_tokens > len(blocks) * self.block_size:
-            return False
-        return not self.enable_caching or num_tokens // self.block_size <= self.num_cached_blocks[request.request_id]
+        return blocks is not None and num_tokens <= len(blocks) * self.block_size
 
     def fit_limits(self, req_ids: list[str]) -> np.ndarray | None:
         """`fits_held_blocks` for many requests at once: request `req_ids[i]`'s first n tokens
@@ -119,21 +119,21 @@ class KVCacheManager:
         blocks. The counts come from `tracked`, which follows `req_ids` from here on (read again
         only when the list changes; the list is kept, not copied: the scheduler's list of
         running ids, never changed once made, so that a steady step's check is `is`)."""
-        if self.sliding_window is not None:
+        if self.sliding_window is not None or not self._tracks(req_ids):
             return None
-        if self.tracked.req_ids is not req_ids and self.tracked.req_ids != req_ids and not self._track(req_ids):
-            return None
-        tracked, bs = self.tracked, self.block_size
+        tracked = self.tracked
         if tracked.fit_limit is None:
-            tracked.fit_limit = tracked.held * bs
-            if self.enable_caching:  # a block newly filled is registered in the cache by allocate_slots
-                np.minimum(tracked.fit_limit, (tracked.cached + 1) * bs - 1, out=tracked.fit_limit)
+            tracked.fit_limit = tracked.held * self.block_size
         return tracked.fit_limit
 
     def new_blocks_needed(self, positions: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
         """The new blocks `allocate_slots` would take for the first `num_tokens[i]` tokens of
         the request at `positions[i]` of the list `fit_limits` was last asked about."""
         return np.maximum(-(-num_tokens // self.block_size) - self.tracked.held[positions], 0)
+
+    def _tracks(self, req_ids: list[str]) -> bool:
+        """Whether `tracked` follows `req_ids` (made to, if it can)."""
+        return self.tracked.req_ids is req_ids or self.tracked.req_ids == req_ids or self._track(req_ids)
 
     def _track(self, req_ids: list[str]) -> bool:
         """Track these requests' block counts; False (tracking nothing new) when one of them
@@ -174,9 +174,7 @@ class KVCacheManager:
                         return None
                     new_blocks = self.block_pool.allocate(num_new_blocks)
                     blocks.extend(new_blocks)
-                if self.enable_caching:
-                    self._cache_full_blocks(request, blocks, num_tokens)
-                self._note_counts(request.request_id)
+                    self._note_counts(request.request_id)
                 return new_blocks
         self.remove_skipped_blocks(request)
         computed = self._drop_hits_outside_window(request, new_computed_blocks or [])
@@ -202,16 +200,14 @@ class KVCacheManager:
         self._note_counts(request.request_id)
         return new_blocks
 
-    def allocate_running(self, rows: np.ndarray, requests: list[Request], num_new_blocks: np.ndarray,
-                         num_tokens: np.ndarray, num_known: np.ndarray) -> list[KVCacheBlock]:
-        """`allocate_slots(request, n)` for each of `requests` in turn, for running requests
-        (they hold blocks; no hits, no sliding window) whose new blocks the caller counted as
-        free: request i, at position `rows[i]` of the list `fit_limits` was last asked
-        about, gets `num_new_blocks[i]` blocks for its first `num_tokens[i]` tokens, and its
-        blocks full of known tokens (its first `num_known[i]`) enter the prefix cache. The same
-        blocks, in the same order, as one call after another; Python runs only for the requests
-        that take a block or register one (a decode step: those crossing a block boundary).
-        Returns the new blocks, request after request."""
+    def allocate_running(self, rows: np.ndarray, requests: list[Request],
+                         num_new_blocks: np.ndarray) -> list[KVCacheBlock]:
+        """`allocate_slots` for each of `requests` in turn, for running requests (they hold
+        blocks; no hits, no sliding window) whose new blocks the caller counted as free: request
+        i, at position `rows[i]` of the list `fit_limits` was last asked about, gets
+        `num_new_blocks[i]` blocks. The same blocks, in the same order, as one call after
+        another; Python runs only for the requests that take a block. Returns the new blocks,
+        request after request."""
         tracked, req_to_blocks = self.tracked, self.req_to_blocks
         taking = np.flatnonzero(num_new_blocks)
         counts = num_new_blocks[taking]
@@ -222,17 +218,33 @@ class KVCacheManager:
             start += count
         tracked.held[rows] += num_new_blocks
         tracked.fit_limit = None
-        if self.enable_caching:
-            num_full = np.minimum(num_tokens, num_known) // self.block_size
-            registering = np.flatnonzero(num_full > tracked.cached[rows])
-            if len(registering):
-                register = self._register_full_blocks
-                for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
-                                          num_known[registering].tolist()):
-                    request = requests[i]
-                    register(request, req_to_blocks[request.request_id], full, known)
-                tracked.cached[rows[registering]] = num_full[registering]
         return taken
+
+    def register_filled_blocks(self, req_ids: list[str], requests: list[Request], num_scheduled: np.ndarray,
+                               num_known: np.ndarray) -> None:
+        """The running requests `requests` (ids `req_ids`) register their blocks full of tokens
+        both scheduled (request i's first `num_scheduled[i]`) and known (its first
+        `num_known[i]`): before a prefix lookup, what registering every block in the step it
+        filled would have registered by now (with a sliding window, `allocate_slots` did, every
+        step). Python runs only for the requests that filled a block since they last
+        registered; the registered counts come from `tracked`."""
+        if not self.enable_caching or self.sliding_window is not None:
+            return
+        if not self._tracks(req_ids):  # (a request holding no blocks yet: one at a time)
+            for request in requests:
+                blocks = self.req_to_blocks.get(request.request_id)
+                if blocks:
+                    self._cache_full_blocks(request, blocks, request.num_computed_tokens)
+                    self._note_counts(request.request_id)
+            return
+        tracked, req_to_blocks = self.tracked, self.req_to_blocks
+        num_full = np.minimum(num_scheduled, num_known) // self.block_size
+        registering = np.flatnonzero(num_full > tracked.cached)
+        for i, full, known in zip(registering.tolist(), num_full[registering].tolist(),
+                                  num_known[registering].tolist()):
+            request = requests[i]
+            self._register_full_blocks(request, req_to_blocks[request.request_id], full, known)
+        tracked.cached[registering] = num_full[registering]
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
@@ -242,6 +254,8 @@ class KVCacheManager:
         KV ever written (the worker left it out of the step): its blocks that nobody else holds
         leave the prefix cache."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        if blocks and self.enable_caching and not uncache:  # (its blocks filled since it last registered)
+            self._cache_full_blocks(request, blocks, request.num_computed_tokens)
         self.num_cached_blocks.pop(request.request_id, None)
         self._note_counts(request.request_id)
         null = self.block_pool.null_block

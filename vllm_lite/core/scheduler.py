@@ -275,8 +275,7 @@ class Scheduler:
             counts = kv.new_blocks_needed(to_allocate, known[to_allocate])
             if int(counts.sum()) > kv.get_num_free_blocks():
                 return None  # an allocation may fail: the loop preempts
-            taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())),
-                                        counts, known[to_allocate], store.num_tokens[slots[to_allocate]])
+            taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())), counts)
             new_block_ids = np.fromiter(map(_block_id, taken), np.int32, len(taken))
         if scheduled is not None:  # (some request has all its tokens in flight)
             rows = np.flatnonzero(scheduled)
@@ -586,6 +585,7 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData]) -> int:
         kv = self.kv_cache_manager
+        self._register_filled_blocks()
         passed_over: list[Request] = []  # still compiling their grammar: they keep their place
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -624,6 +624,15 @@ class Scheduler:
             budget -= num_new
         self.waiting.extendleft(reversed(passed_over))
         return budget
+
+    def _register_filled_blocks(self) -> None:
+        """Before the waiting requests' prefix lookups: the blocks the running requests filled
+        with known tokens enter the prefix cache (decode steps leave them to here or to the
+        request's end, when they are keyed together)."""
+        slots, req_ids = self._running_slots()
+        store = self.token_store
+        self.kv_cache_manager.register_filled_blocks(req_ids, self.running, store.num_computed_tokens[slots],
+                                                     store.num_tokens[slots])
 
     def _grammar_ready(self, request: Request) -> bool:
         """Whether `request` may be scheduled now; a request whose grammar failed to compile
