@@ -106,6 +106,39 @@ VLLM_LITE_INLINE void prefetch_l2(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
+// The next decode item's first K block, then its first V block, asked for in L2 a few lines at a
+// time while the current item computes (`step`): a decode batch of short contexts reads one or
+// two blocks a sequence, each a fresh stretch of the cache where the stream prefetchers start
+// cold (and stop at every 4 KB page), so without it every item begins by waiting on memory
+// (measured: the tiny model's 1,024 sequences of 100-176 tokens, fp32, 2 threads: the op 17-21%
+// faster; the forward pass 9% at the median step). A default-constructed one asks for nothing.
+class NextItemPrefetch {
+ public:
+  NextItemPrefetch() = default;
+  NextItemPrefetch(const void* k_rows, const void* v_rows, int64_t bytes)
+      : k_(static_cast<const char*>(k_rows)), v_(static_cast<const char*>(v_rows)), bytes_(bytes) {}
+  VLLM_LITE_INLINE void step(int lines) {
+    for (int i = 0; i < lines && done_ < 2 * bytes_; ++i, done_ += 64)
+      __builtin_prefetch(done_ < bytes_ ? k_ + done_ : v_ + (done_ - bytes_), 0, 2);
+  }
+
+ private:
+  const char* k_ = nullptr;
+  const char* v_ = nullptr;
+  int64_t bytes_ = 0, done_ = 0;
+};
+// Lines asked for per tile of scores and per token row of the value pass (measured best of
+// 2/1, 4/1, 8/3, 16/6 on the shape above).
+constexpr int kNextItemLinesPerTile = 8, kNextItemLinesPerRow = 3;
+// Items a thread takes at a time: the next item is known (and prefetched) within a run, and
+// runs are handed out dynamically, as contexts differ in length: at most kItemsPerRun, and
+// short enough that each thread gets kRunsPerThread of them (a small batch: runs of one item,
+// every item its own, as balanced as before).
+constexpr int64_t kItemsPerRun = 8, kRunsPerThread = 8;
+inline int64_t items_per_run(int64_t num_items, int num_threads) {
+  return std::max<int64_t>(1, std::min<int64_t>(kItemsPerRun, num_items / (kRunsPerThread * num_threads)));
+}
+
 template <typename V = vfloat>
 VLLM_LITE_INLINE float dot(const float* a, const float* b, int64_t n) {
   constexpr int L = lanes_of<V>;

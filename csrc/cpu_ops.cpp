@@ -151,7 +151,7 @@ template <int D, int L>
 VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q_stride_h, const float* cache,
                                        const int32_t* blocks, int64_t seq_len, int64_t num_masked, int64_t kv_begin,
                                        int64_t kv_end, int64_t group, const CacheLayout& c, float scale,
-                                       std::vector<float>& scratch) {
+                                       std::vector<float>& scratch, NextItemPrefetch& ahead) {
   typedef VecF<L> V;
   constexpr int C = D / L;
   const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
@@ -168,6 +168,7 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
     for (int64_t t = 0; t < n; t += L) {
       const int64_t m = std::min<int64_t>(L, n - t);
       const float* tile = k_rows + t * c.stride_offset;
+      ahead.step(kNextItemLinesPerTile);
       for (int64_t h = 0; h < num_heads; ++h) {
         V q[C];
         for (int k = 0; k < C; ++k) q[k] = load<V>(queries + h * D + k * L);
@@ -197,6 +198,7 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
         const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
         for (int64_t i = 0; i < n; ++i) {
           const float* v = rows + i * c.stride_offset;
+          ahead.step(kNextItemLinesPerRow);
           const float w0 = p0[start + i], w1 = p1[start + i];
 #pragma GCC unroll 16
           for (int k = 0; k < C; ++k) {
@@ -217,22 +219,22 @@ VLLM_LITE_INLINE void decode_one_tiled(float* out, const float* query, int64_t q
   VLLM_LITE_PER_ISA(decode_one_tiled_##D, (decode_one_tiled<D, L>),                                                 \
                     (float* out, const float* query, int64_t q_stride_h, const float* cache, const int32_t* blocks, \
                      int64_t seq_len, int64_t num_masked, int64_t kv_begin, int64_t kv_end, int64_t group,          \
-                     const CacheLayout& c, float scale, std::vector<float>& scratch),                               \
+                     const CacheLayout& c, float scale, std::vector<float>& scratch, NextItemPrefetch& ahead),      \
                     (out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end, group, c, scale, \
-                     scratch))
+                     scratch, ahead))
 VLLM_LITE_DECODE_TILED(32)
 VLLM_LITE_DECODE_TILED(64)
 VLLM_LITE_DECODE_TILED(128)
 #undef VLLM_LITE_DECODE_TILED
 
-// The tiled kernel for head_dim 32, 64 and 128 (query rows contiguous), else the general one.
-// With a sliding window only the blocks from the one holding the window's first key are read
-// (earlier ones may already belong to other sequences); keys before the window in that block
-// are masked out of the softmax. window <= 0: every key.
+// The tiled kernel for head_dim 32, 64 and 128 (query rows contiguous; it steps `ahead`), else
+// the general one. With a sliding window only the blocks from the one holding the window's first
+// key are read (earlier ones may already belong to other sequences); keys before the window in
+// that block are masked out of the softmax. window <= 0: every key.
 void decode_item(float* out, const float* query, int64_t q_stride_h, const float* cache,
                  const int32_t* blocks, int64_t seq_len, int64_t window, int64_t kv_begin,
                  int64_t kv_end, int64_t group, int64_t head_dim, const CacheLayout& c, float scale,
-                 std::vector<float>& scratch) {
+                 std::vector<float>& scratch, NextItemPrefetch& ahead) {
   int64_t num_masked = 0;
   if (window > 0 && seq_len > window) {
     const int64_t first_block = (seq_len - window) / c.block_size;
@@ -244,13 +246,13 @@ void decode_item(float* out, const float* query, int64_t q_stride_h, const float
     switch (head_dim) {
       case 32:
         return decode_one_tiled_32(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
-                                   group, c, scale, scratch);
+                                   group, c, scale, scratch, ahead);
       case 64:
         return decode_one_tiled_64(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
-                                   group, c, scale, scratch);
+                                   group, c, scale, scratch, ahead);
       case 128:
         return decode_one_tiled_128(out, query, q_stride_h, cache, blocks, seq_len, num_masked, kv_begin, kv_end,
-                                    group, c, scale, scratch);
+                                    group, c, scale, scratch, ahead);
       default:
         break;
     }
@@ -260,7 +262,9 @@ void decode_item(float* out, const float* query, int64_t q_stride_h, const float
 }
 
 // Work items: whole sequences when there are enough to keep every thread busy (each token row
-// is then read once, contiguously), else (sequence, kv head) pairs.
+// is then read once, contiguously), else (sequence, kv head) pairs, taken in runs
+// (`items_per_run`); within a run each item asks for the next one's first blocks
+// (`NextItemPrefetch`; not with a sliding window, whose first block read is not the first held).
 void decode_attention_f32(float* out, const float* query, const float* cache,
                           const int32_t* block_table, const int32_t* seq_lens, int64_t num_seqs,
                           int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
@@ -269,17 +273,31 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
+  const int64_t num_items = num_seqs * items_per_seq;
+  const int64_t item_bytes = item_block_bytes(layout, heads_per_item, sizeof(float));
+  const int64_t run = items_per_run(num_items, num_threads);
+  auto prefetch_for = [&](int64_t item) {
+    const int64_t s = item / items_per_seq;
+    if (window > 0 || seq_lens[s] <= 0) return NextItemPrefetch();
+    const float* k_rows = cache + block_table[s * bt_stride] * layout.stride_block +
+                          (item % items_per_seq) * heads_per_item * layout.stride_head;
+    return NextItemPrefetch(k_rows, k_rows + layout.stride_kv, item_bytes);
+  };
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
-      const int64_t s = item / items_per_seq;
-      const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
-      decode_item(out + (s * num_q_heads + kv_begin * group) * head_dim,
-                 query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
-                 block_table + s * bt_stride, seq_lens[s], window, kv_begin, kv_begin + heads_per_item,
-                 group, head_dim, layout, scale, scratch);
+    for (int64_t first = 0; first < num_items; first += run) {
+      const int64_t last = std::min(num_items, first + run);
+      for (int64_t item = first; item < last; ++item) {
+        const int64_t s = item / items_per_seq;
+        const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
+        NextItemPrefetch ahead = item + 1 < last ? prefetch_for(item + 1) : NextItemPrefetch();
+        decode_item(out + (s * num_q_heads + kv_begin * group) * head_dim,
+                    query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
+                    block_table + s * bt_stride, seq_lens[s], window, kv_begin, kv_begin + heads_per_item,
+                    group, head_dim, layout, scale, scratch, ahead);
+      }
     }
   }
 }

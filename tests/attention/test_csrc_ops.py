@@ -11,6 +11,7 @@ import os
 import shutil
 import sysconfig
 
+import numpy as np
 import pytest
 import torch
 from paged_inputs import BACKEND_SPECS, PagedBatch, make_paged_batch, reference_forward
@@ -100,6 +101,31 @@ def test_paged_attention_decode_whole_sequence_items(num_q_heads, num_kv_heads, 
     common = batch.common
     cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
     out = torch.empty_like(batch.query)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    finally:
+        torch.set_num_threads(previous)
+    assert (out - ref_out).abs().max().item() <= ATOL
+
+
+@native
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(4, 2, 32), (9, 3, 64)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_paged_attention_decode_items_in_runs(num_q_heads, num_kv_heads, head_dim, threads):
+    """A batch large enough that threads take its sequences several at a time (asking for the
+    next one's blocks while computing one): every sequence computed, empty ones zero."""
+    rng = np.random.default_rng(head_dim + threads)
+    lengths = rng.integers(1, 300, size=70)
+    lengths[[0, 9, 33, 69]] = 0  # (runs start, end and hold empty rows)
+    batch = make_paged_batch([(int(length), 1) for length in lengths], num_q_heads, num_kv_heads, head_dim,
+                             block_size=16, seed=head_dim)
+    ref_out, _ = reference_forward(batch)
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
