@@ -86,6 +86,22 @@ def test_paged_attention_decode(num_q_heads, num_kv_heads, head_dim, block_size)
     assert (out - ref_out).abs().max().item() <= ATOL
 
 
+def native_decode(batch: PagedBatch, threads: int) -> torch.Tensor:
+    """The csrc decode op over `batch` (its keys and values written into a copy of its cache
+    first) on `threads` threads; rows it leaves unwritten stay NaN."""
+    cache = batch.kv_cache.clone()
+    common = batch.common
+    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
+    out = torch.full_like(batch.query, float("nan"))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
+    finally:
+        torch.set_num_threads(previous)
+    return out
+
+
 @native
 # Enough sequences that each work item is a whole sequence (every KV head of it, the tiles taken
 # across the KV heads of a token row), at 1 and 2 threads; groups of 1, 2 and 3 query heads
@@ -97,17 +113,7 @@ def test_paged_attention_decode_whole_sequence_items(num_q_heads, num_kv_heads, 
     specs = [(length, 1) for length in (30, 5, 47, 0, 200, 15, 16, 17, 63, 1, 33, 100)]
     batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=head_dim + block_size)
     ref_out, _ = reference_forward(batch)
-    cache = batch.kv_cache.clone()
-    common = batch.common
-    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
-    out = torch.empty_like(batch.query)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
-    finally:
-        torch.set_num_threads(previous)
-    assert (out - ref_out).abs().max().item() <= ATOL
+    assert (native_decode(batch, threads) - ref_out).abs().max().item() <= ATOL
 
 
 @native
@@ -122,17 +128,7 @@ def test_paged_attention_decode_items_in_runs(num_q_heads, num_kv_heads, head_di
     batch = make_paged_batch([(int(length), 1) for length in lengths], num_q_heads, num_kv_heads, head_dim,
                              block_size=16, seed=head_dim)
     ref_out, _ = reference_forward(batch)
-    cache = batch.kv_cache.clone()
-    common = batch.common
-    cpu_native.reshape_and_cache(batch.key, batch.value, cache, common.slot_mapping)
-    out = torch.full_like(batch.query, float("nan"))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        cpu_native.paged_attention_decode(out, batch.query, cache, common.block_table, common.seq_lens, batch.scale)
-    finally:
-        torch.set_num_threads(previous)
-    assert (out - ref_out).abs().max().item() <= ATOL
+    assert (native_decode(batch, threads) - ref_out).abs().max().item() <= ATOL
 
 
 def _as_float32(batch: PagedBatch) -> PagedBatch:
