@@ -1,7 +1,8 @@
 """A fake worker for scheduler tests that drive `schedule()` / `update_from_output()` without a
 model: it keeps each request's token count as the model runner's persistent batch does and
 samples a row when all its known tokens are computed. And the marks for tests that run the
-token store's loops as numpy code and, where csrc is built, in C."""
+token store's loops as numpy code and, where csrc is built, in C, and prompts no two requests
+share a token of."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from vllm_lite.bookkeeping import native_loops
 NEEDS_NATIVE_LOOPS = pytest.mark.skipif(native_loops is None, reason="vllm_lite._bookkeeping is not built")
 EITHER_LOOPS = pytest.mark.parametrize("native", [False, pytest.param(True, marks=NEEDS_NATIVE_LOOPS)],
                                        ids=["numpy", "C"])
+
+
+def distinct_prompt(request_id: str, length: int) -> np.ndarray:
+    """`length` int32 tokens of a range of its own per request id: no accidental prefix hits."""
+    start = 100 + 1000 * sum(map(ord, request_id))
+    return np.arange(start, start + length, dtype=np.int32)
 
 
 class FakeWorker:

@@ -13,7 +13,7 @@ from vllm_lite.core.kv_cache_manager import block_key, root_block_key
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.sampling_params import SamplingParams
-from scheduler_fakes import FakeWorker
+from scheduler_fakes import FakeWorker, distinct_prompt
 
 BLOCK_SIZE = 4
 
@@ -24,11 +24,6 @@ def make_scheduler(num_blocks: int = 64) -> Scheduler:
 
 def make_request(request_id: str, prompt: np.ndarray, max_tokens: int) -> Request:
     return Request(request_id, np.asarray(prompt, dtype=np.int32), SamplingParams(ignore_eos=True), (7,), max_tokens)
-
-
-def distinct_prompt(request_id: str, length: int) -> np.ndarray:
-    start = 100 + 1000 * sum(map(ord, request_id))
-    return np.arange(start, start + length, dtype=np.int32)
 
 
 class Steps:

@@ -7,6 +7,7 @@ from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.wire import FinishReason
 from vllm_lite.sampling_params import SamplingParams
+from scheduler_fakes import distinct_prompt
 
 
 def make_scheduler(num_blocks: int = 64, max_tokens: int = 64, max_seqs: int = 8,
@@ -16,9 +17,7 @@ def make_scheduler(num_blocks: int = 64, max_tokens: int = 64, max_seqs: int = 8
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int = 4, **params) -> Request:
-    start = 100 + 1000 * sum(map(ord, request_id))  # distinct prompts: no accidental prefix hits
-    prompt = np.arange(start, start + num_prompt, dtype=np.int32)
-    return Request(request_id, prompt, SamplingParams(**params), (7,), max_tokens)
+    return Request(request_id, distinct_prompt(request_id, num_prompt), SamplingParams(**params), (7,), max_tokens)
 
 
 def step(scheduler: Scheduler, token: int = 1):

@@ -4,8 +4,6 @@ runner's persistent batch does) and samples a row when all its known tokens are 
 
 from __future__ import annotations
 
-import numpy as np
-
 from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.kv_cache_manager import block_key, root_block_key
 from vllm_lite.core.request import Request, RequestStatus
@@ -13,7 +11,7 @@ from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import EngineCoreOutputs, FinishReason
-from scheduler_fakes import FakeWorker
+from scheduler_fakes import FakeWorker, distinct_prompt
 
 BLOCK_SIZE = 4
 EOS = 7
@@ -25,9 +23,7 @@ def make_scheduler(num_blocks: int = 64, async_scheduling: bool = True) -> Sched
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) -> Request:
-    start = 100 + 1000 * sum(map(ord, request_id))  # distinct prompts: no accidental prefix hits
-    prompt = np.arange(start, start + num_prompt, dtype=np.int32)
-    return Request(request_id, prompt, SamplingParams(**params), (EOS,), max_tokens)
+    return Request(request_id, distinct_prompt(request_id, num_prompt), SamplingParams(**params), (EOS,), max_tokens)
 
 
 def update(scheduler: Scheduler, out: SchedulerOutput, result) -> EngineCoreOutputs:

@@ -13,6 +13,7 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.sampling_params import SamplingParams
+from scheduler_fakes import distinct_prompt
 
 
 def make_scheduler(policy: str, num_blocks: int = 64, max_seqs: int = 8, max_tokens: int = 64) -> Scheduler:
@@ -21,9 +22,8 @@ def make_scheduler(policy: str, num_blocks: int = 64, max_seqs: int = 8, max_tok
 
 
 def make_request(request_id: str, num_prompt: int, priority: int, arrival: float, max_tokens: int = 8) -> Request:
-    start = 100 + 1000 * sum(map(ord, request_id))
-    return Request(request_id, np.arange(start, start + num_prompt, dtype=np.int32), SamplingParams(ignore_eos=True),
-                   (7,), max_tokens, priority=priority, arrival_time=arrival)
+    return Request(request_id, distinct_prompt(request_id, num_prompt), SamplingParams(ignore_eos=True), (7,),
+                   max_tokens, priority=priority, arrival_time=arrival)
 
 
 def step(scheduler: Scheduler):

@@ -18,7 +18,7 @@ from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.token_store import TokenStore
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
-from scheduler_fakes import EITHER_LOOPS, NEEDS_NATIVE_LOOPS
+from scheduler_fakes import EITHER_LOOPS, NEEDS_NATIVE_LOOPS, distinct_prompt
 
 EOS = 7
 
@@ -31,9 +31,7 @@ def test_the_c_loop_is_built_where_a_compiler_is() -> None:
 
 
 def make_request(request_id: str, num_prompt: int, max_tokens: int, **params) -> Request:
-    start = 100 + 1000 * sum(map(ord, request_id))
-    return Request(request_id, np.arange(start, start + num_prompt, dtype=np.int32), SamplingParams(**params),
-                   (EOS,), max_tokens)
+    return Request(request_id, distinct_prompt(request_id, num_prompt), SamplingParams(**params), (EOS,), max_tokens)
 
 
 @EITHER_LOOPS
