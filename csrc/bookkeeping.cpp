@@ -10,9 +10,11 @@
 // entries once does a dozen calls' work for the cost of one (measured at 64 and 1,024 requests:
 // benchmarks/RESULTS.md, thirty-third session).
 //
-//   store_append(slots, tokens, token_ids, num_tokens, look_at_len, min_stop_len, length_limit,
-//                each_step, stop_ids, looked_at) -> int
-//       core/token_store.py's TokenStore.append: see there. `looked_at` (int64, at least
+//   store_append(slots, tokens, token_ids, tail, num_tokens, look_at_len, min_stop_len,
+//                length_limit, each_step, stop_ids, looked_at) -> int
+//       core/token_store.py's TokenStore.append: see there. A token goes into its slot's `tail`
+//       row (int32 [num_slots, T]) at its position % T, and the T tokens of a tail row into
+//       the slot's `token_ids` row when the last of them arrives. `looked_at` (int64, at least
 //       len(slots) long) receives the positions Python must look at; returns how many.
 //   running_scan(slots, with_placeholders, computed, length_limit, fit_limit, known, computed_out,
 //                to_allocate) -> (every_one, total, min_new, num_to_allocate)
@@ -136,26 +138,33 @@ bool sizes_are(const char* function, Py_ssize_t size, std::initializer_list<cons
 }
 
 PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 10) {
-    PyErr_Format(PyExc_TypeError, "store_append takes 10 arguments, got %zd", nargs);
+  if (nargs != 11) {
+    PyErr_Format(PyExc_TypeError, "store_append takes 11 arguments, got %zd", nargs);
     return nullptr;
   }
-  Array slots, tokens, token_ids, num_tokens, look_at_len, min_stop_len, length_limit, each_step, stop_ids, looked_at;
+  Array slots, tokens, token_ids, tail_ids, num_tokens, look_at_len, min_stop_len, length_limit, each_step, stop_ids,
+      looked_at;
   if (!slots.take(args[0], "slots", 1, 'i', false, 8) || !tokens.take(args[1], "tokens", 1, 'i', false, 4, 8) ||
-      !token_ids.take(args[2], "token_ids", 2, 'i', true, 4) ||
-      !num_tokens.take(args[3], "num_tokens", 1, 'i', true, 8) ||
-      !look_at_len.take(args[4], "look_at_len", 1, 'i', true, 8) ||
-      !min_stop_len.take(args[5], "min_stop_len", 1, 'i', false, 8) ||
-      !length_limit.take(args[6], "length_limit", 1, 'i', false, 8) ||
-      !each_step.take(args[7], "each_step", 1, 'b', false, 1) ||
-      !stop_ids.take(args[8], "stop_ids", 1, 'i', false, 4) ||
-      !looked_at.take(args[9], "looked_at", 1, 'i', true, 8)) {
+      !token_ids.take(args[2], "token_ids", 2, 'i', true, 4) || !tail_ids.take(args[3], "tail", 2, 'i', true, 4) ||
+      !num_tokens.take(args[4], "num_tokens", 1, 'i', true, 8) ||
+      !look_at_len.take(args[5], "look_at_len", 1, 'i', true, 8) ||
+      !min_stop_len.take(args[6], "min_stop_len", 1, 'i', false, 8) ||
+      !length_limit.take(args[7], "length_limit", 1, 'i', false, 8) ||
+      !each_step.take(args[8], "each_step", 1, 'b', false, 1) ||
+      !stop_ids.take(args[9], "stop_ids", 1, 'i', false, 4) ||
+      !looked_at.take(args[10], "looked_at", 1, 'i', true, 8)) {
     return nullptr;
   }
   const Py_ssize_t n = slots.size(), num_slots = token_ids.size(), capacity = token_ids.columns();
+  const Py_ssize_t tail_len = tail_ids.columns();
   if (tokens.size() != n || looked_at.size() < n) {
     PyErr_Format(PyExc_ValueError, "store_append: %zd slots, %zd tokens, room for %zd positions", n, tokens.size(),
                  looked_at.size());
+    return nullptr;
+  }
+  if (tail_ids.size() != num_slots || tail_len < 1) {
+    PyErr_Format(PyExc_ValueError, "store_append: a %zd x %zd tail for %zd slots", tail_ids.size(), tail_len,
+                 num_slots);
     return nullptr;
   }
   // Checked before anything is written: a bad call leaves the store as it was (as numpy's
@@ -174,6 +183,7 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
   }
   int32_t* rows = token_ids.data<int32_t>();
+  int32_t* tail = tail_ids.data<int32_t>();
   int64_t* look_at = look_at_len.data<int64_t>();
   const int64_t* min_stop = min_stop_len.data<int64_t>();
   const int64_t* limit = length_limit.data<int64_t>();
@@ -190,8 +200,14 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     const int64_t token = load_int(tokens.data<void>(), tokens.itemsize(), i);
-    rows[s * capacity + length[s]] = static_cast<int32_t>(token);
+    // One contiguous row of tails takes a step's tokens where the rows' next positions lie a
+    // row apart each (a cold line per request per step); a row gets a whole line's worth at once.
+    int32_t* slot_tail = tail + s * tail_len;
+    slot_tail[length[s] % tail_len] = static_cast<int32_t>(token);
     const int64_t now = ++length[s];
+    if (now % tail_len == 0) {
+      std::memcpy(rows + s * capacity + now - tail_len, slot_tail, tail_len * sizeof(int32_t));
+    }
     bool look = now >= look_at[s];
     if (!look && num_stop > 0 && now >= min_stop[s]) {
       for (Py_ssize_t j = 0; j < num_stop && !look; ++j) look = token == stop[j];

@@ -15,7 +15,7 @@ from vllm_lite.config import CacheConfig, SchedulerConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.bookkeeping import native_loops
-from vllm_lite.core.token_store import TokenStore
+from vllm_lite.core.token_store import TAIL, TokenStore
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.wire import FinishReason
 from scheduler_fakes import EITHER_LOOPS, NEEDS_NATIVE_LOOPS, distinct_prompt
@@ -50,6 +50,40 @@ def test_a_request_s_tokens_move_into_its_slot_and_back(native: bool) -> None:
     assert request.all_token_ids.tolist() == prompt.tolist() + [3, 4] and len(store.stop_ids) == 0
     request.append_token(5)  # its own buffer grows
     assert request.all_token_ids.tolist()[-3:] == [3, 4, 5]
+
+
+@EITHER_LOOPS
+def test_a_request_reads_every_token_across_tails(native: bool) -> None:
+    """Appends write each slot's tail and a full tail into the row (TAIL tokens at once):
+    whatever the point, a request's tokens (`token_ids`, `all_token_ids`), its slot's row and
+    what it takes back on leaving are exactly its history; one that comes back with a partial
+    tail goes on from there. Two slots at different offsets, tokens one at a time and in steps."""
+    width = 4 * TAIL
+    store = TokenStore(num_slots=2, max_model_len=width, native=native)
+    requests = [make_request("a", 3, max_tokens=width), make_request("b", TAIL + 7, max_tokens=width)]
+    history = [request.all_token_ids.tolist() for request in requests]
+    for request in requests:
+        store.assign(request, length_limit=width, each_step=False)
+    rng = np.random.default_rng(3)
+    for step in range(2 * TAIL + 3):
+        tokens = rng.integers(100, 200, 2).astype(np.int32)
+        if step % 5 == 4:  # (a request's own append, as async scheduling's late tokens take)
+            requests[0].append_token(int(tokens[0]))
+            store.append(np.array([1]), tokens[1:])
+        else:
+            store.append(np.array([0, 1]), tokens)
+        for i, request in enumerate(requests):
+            history[i].append(int(tokens[i]))
+            assert request.all_token_ids.tolist() == history[i], (step, i)
+            assert store.row(request.slot)[:len(history[i])].tolist() == history[i], (step, i)
+        if step == TAIL:  # "b" leaves mid-tail and comes back into a slot
+            store.release(requests[1])
+            assert requests[1].all_token_ids.tolist() == history[1]
+            store.assign(requests[1], length_limit=width, each_step=False)
+    assert [len(h) for h in history] == [2 * TAIL + 6, 3 * TAIL + 10]  # (both past two tails)
+    for request, tokens in zip(requests, history):
+        store.release(request)
+        assert request.all_token_ids.tolist() == tokens
 
 
 @EITHER_LOOPS
@@ -123,7 +157,7 @@ def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
             tokens = rng.integers(0, 8, len(slots)).astype(np.int32 if trial % 2 else np.int64)
             named = [store.append(slots, tokens).tolist() for store in stores]
             assert named[0] == named[1], (trial, step)
-            for name in ("token_ids", "num_tokens", "look_at_len"):
+            for name in ("token_ids", "tail", "num_tokens", "look_at_len"):
                 assert np.array_equal(getattr(stores[0], name), getattr(stores[1], name)), (trial, step, name)
 
 
@@ -161,14 +195,14 @@ def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
 def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> None:
     store = TokenStore(num_slots=3, max_model_len=4, native=True)
     store.num_tokens[:] = [1, 4, 2]  # slot 1's row is full
-    before = store.token_ids.copy(), store.num_tokens.copy()
+    before = store.token_ids.copy(), store.num_tokens.copy(), store.tail.copy()
     with pytest.raises(IndexError, match="slot 1 holds 4 tokens, room for 4"):
         store.append(np.array([0, 1]), np.array([5, 6], dtype=np.int32))
     with pytest.raises(IndexError, match="slot 3 out of range"):
         store.append(np.array([0, 3]), np.array([5, 6], dtype=np.int32))
     with pytest.raises(ValueError, match="2 slots, 1 tokens"):
         store.append(np.array([0, 2]), np.array([5], dtype=np.int32))
-    assert np.array_equal(store.token_ids, before[0]) and np.array_equal(store.num_tokens, before[1])
+    assert all(np.array_equal(now, then) for now, then in zip((store.token_ids, store.num_tokens, store.tail), before))
     with pytest.raises(IndexError, match="running_scan: slot 3 out of range"):
         store.scan_running(np.array([3]), np.array([9]))
     with pytest.raises(IndexError, match="running_advance: slot -1 out of range"):
@@ -177,7 +211,7 @@ def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> N
     store.num_tokens[:] = [1, 3, 2]  # a slot named twice (callers name each once) stops at its row's end
     with pytest.raises(IndexError, match="slot 1 named twice"):
         store.append(np.array([1, 1]), np.array([5, 6], dtype=np.int32))
-    assert store.token_ids[1].tolist() == [0, 0, 0, 5] and store.token_ids[2].tolist() == [0, 0, 0, 0]
+    assert store.row(1).tolist() == [0, 0, 0, 5] and store.row(2).tolist() == [0, 0, 0, 0]
 
 
 def test_python_looks_only_at_rows_that_change(monkeypatch: pytest.MonkeyPatch) -> None:

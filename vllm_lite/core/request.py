@@ -52,7 +52,7 @@ class Request:
 
     __slots__ = (
         "request_id", "sampling_params", "status",
-        "token_ids", "num_prompt_tokens", "_num_tokens", "_num_computed_tokens", "max_tokens",
+        "_token_ids", "num_prompt_tokens", "_num_tokens", "_num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
@@ -66,8 +66,8 @@ class Request:
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.status = RequestStatus.WAITING
-        self.token_ids = np.empty(num_prompt + min(max_tokens, 64), dtype=np.int32)
-        self.token_ids[:num_prompt] = prompt_token_ids
+        self._token_ids = np.empty(num_prompt + min(max_tokens, 64), dtype=np.int32)
+        self._token_ids[:num_prompt] = prompt_token_ids
         self.num_prompt_tokens = num_prompt
         self._num_tokens = num_prompt  # while it holds no slot in a token store
         self._num_computed_tokens = 0  # while it holds no slot (then: the store's)
@@ -95,7 +95,7 @@ class Request:
         # The length that stops it (the scheduler caps it with max_model_len).
         self.length_limit = num_prompt + max_tokens
         # The scheduler's token store and the slot (row) this request holds in it while it runs;
-        # `token_ids` is then a view of that row and its counters (`num_tokens`,
+        # `token_ids` is then that row and its counters (`num_tokens`,
         # `num_computed_tokens`, `num_tokens_with_placeholders`) live there too.
         # (a core.token_store.TokenStore, not imported here: that module imports this one)
         self.store: Any = None
@@ -109,6 +109,14 @@ class Request:
     def queue_key(self) -> tuple[int, float]:
         """The priority policy's order (vLLM's): lower priority first, then earlier arrival."""
         return self.priority, self.arrival_time
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """Its tokens, the first `num_tokens` of them (its own buffer, or its row of the token
+        store: a view, current until its next token arrives)."""
+        if self.store is None:
+            return self._token_ids
+        return self.store.row(self.slot)
 
     @property
     def num_tokens(self) -> int:
@@ -146,21 +154,21 @@ class Request:
             self.store.append_one(self.slot, token_id)
             return
         num_tokens = self._num_tokens
-        if num_tokens == len(self.token_ids):
-            grown = np.empty(2 * len(self.token_ids), dtype=np.int32)
-            grown[:num_tokens] = self.token_ids[:num_tokens]
-            self.token_ids = grown
-        self.token_ids[num_tokens] = token_id
+        if num_tokens == len(self._token_ids):
+            grown = np.empty(2 * len(self._token_ids), dtype=np.int32)
+            grown[:num_tokens] = self._token_ids[:num_tokens]
+            self._token_ids = grown
+        self._token_ids[num_tokens] = token_id
         self._num_tokens = num_tokens + 1
 
-    def hold_slot(self, store: Any, slot: int, row: np.ndarray) -> None:
-        """Its tokens now live in `store`'s row `slot` (TokenStore.assign copied them)."""
-        self.store, self.slot, self.token_ids = store, slot, row
+    def hold_slot(self, store: Any, slot: int) -> None:
+        """Its tokens now live in `store`'s slot `slot` (TokenStore.assign copied them)."""
+        self.store, self.slot = store, slot
 
     def leave_slot(self, token_ids: np.ndarray, num_tokens: int, num_computed_tokens: int,
                    num_tokens_with_placeholders: int) -> None:
         """Its tokens and counters are back in fields of its own (TokenStore.release)."""
-        self.store, self.slot, self.token_ids, self._num_tokens = None, -1, token_ids, num_tokens
+        self.store, self.slot, self._token_ids, self._num_tokens = None, -1, token_ids, num_tokens
         self._num_computed_tokens = num_computed_tokens
         self._num_tokens_with_placeholders = num_tokens_with_placeholders
 

@@ -5,7 +5,8 @@ Python touches only the requests whose state changed (finished, first token, a g
 
 | array | per slot |
 |---|---|
-| `token_ids[slot, :num_tokens[slot]]` | the request's prompt then output tokens (`Request.token_ids` is a view of the row while it holds the slot) |
+| `token_ids[slot, :num_tokens[slot]]` | the request's prompt then output tokens, but for its last `num_tokens[slot] % TAIL`, which may be only in `tail` (`Request.token_ids` is the row while it holds the slot, brought up to date by `row`) |
+| `tail[slot, :num_tokens[slot] % TAIL]` | its last tokens since a multiple of TAIL: `append` writes each token here and a full tail into the row |
 | `num_tokens` | its known tokens (placeholders of async scheduling not counted) |
 | `num_computed_tokens`, `num_tokens_with_placeholders` | its progress counters (`Request`'s, read and written there while it holds the slot): the scheduler's running part of a step is array code over them |
 | `num_prompt_tokens` | its prompt length (a first output token is reported with cache and timing data) |
@@ -22,7 +23,9 @@ reference the tests hold the C loops to.
 
 A request holds a slot from admission until it is preempted or freed, so at most
 `max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
-own. The EOS and stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's
+own. The tails are why a step's append is cheap at 1,024 requests: the rows' next positions
+are a row (max_model_len tokens) apart, a cold cache line each after a forward pass, where the
+tails of consecutive slots are consecutive lines; a row takes TAIL tokens at once. The EOS and stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's
 tokens finds the rows that may stop on one, and Python decides those exactly
 (`Request.check_stop`).
 """
@@ -36,6 +39,8 @@ import numpy as np
 
 from vllm_lite.bookkeeping import native_loops
 from vllm_lite.core.request import Request
+
+TAIL = 16  # tokens per slot in `tail`: one 64-byte cache line of int32
 
 
 class RunningScan(NamedTuple):
@@ -62,6 +67,7 @@ class TokenStore:
         self._native: ModuleType | None = native_loops if native is not False else None
         self._looked_at = np.zeros(num_slots, dtype=np.int64)  # `append`'s result, in the C loop
         self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
+        self.tail = np.zeros((num_slots, TAIL), dtype=np.int32)
         self.num_tokens = np.zeros(num_slots, dtype=np.int64)
         self.num_computed_tokens = np.zeros(num_slots, dtype=np.int64)
         self.num_tokens_with_placeholders = np.zeros(num_slots, dtype=np.int64)
@@ -89,6 +95,8 @@ class TokenStore:
         slot = self._free_slots.pop()
         n = request.num_tokens
         self.token_ids[slot, :n] = request.token_ids[:n]
+        in_tail = n % TAIL
+        self.tail[slot, :in_tail] = request.token_ids[n - in_tail:n]
         self.num_tokens[slot] = n
         self.num_computed_tokens[slot] = request.num_computed_tokens
         self.num_tokens_with_placeholders[slot] = request.num_tokens_with_placeholders
@@ -106,13 +114,13 @@ class TokenStore:
             self._stop_id_refs[token_id] = refs + 1
             if not refs:
                 self._stop_ids = None
-        request.hold_slot(self, slot, self.token_ids[slot])
+        request.hold_slot(self, slot)
 
     def release(self, request: Request) -> None:
         """Take `request`'s slot back; its tokens and counters go back into fields of its own."""
         slot = request.slot
         n = int(self.num_tokens[slot])
-        request.leave_slot(self.token_ids[slot, :n].copy(), n, int(self.num_computed_tokens[slot]),
+        request.leave_slot(self.row(slot)[:n].copy(), n, int(self.num_computed_tokens[slot]),
                            int(self.num_tokens_with_placeholders[slot]))
         self.requests[slot] = None
         del self.slot_of[request.request_id]
@@ -126,6 +134,15 @@ class TokenStore:
                 del self._stop_id_refs[token_id]
                 self._stop_ids = None
 
+    def row(self, slot: int) -> np.ndarray:
+        """`slot`'s row of tokens, its tail written in: every one of its `num_tokens` is there
+        (a view, current until the slot's next token)."""
+        n = int(self.num_tokens[slot])
+        in_tail = n % TAIL
+        if in_tail:
+            self.token_ids[slot, n - in_tail:n] = self.tail[slot, :in_tail]
+        return self.token_ids[slot]
+
     def append(self, slots: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Append one token to each of `slots` (distinct). Returns the positions (into `slots`)
         that Python must look at: the length limit reached, an EOS / stop id past min_tokens,
@@ -134,12 +151,17 @@ class TokenStore:
         if self._native is not None:
             count = self._native.store_append(
                 np.ascontiguousarray(slots, dtype=np.int64), np.ascontiguousarray(tokens), self.token_ids,
-                self.num_tokens, self.look_at_len, self.min_stop_len, self.length_limit, self.each_step,
+                self.tail, self.num_tokens, self.look_at_len, self.min_stop_len, self.length_limit, self.each_step,
                 self.stop_ids, self._looked_at)
             return self._looked_at[:count]
         num_tokens = self.num_tokens[slots]
-        self.token_ids[slots, num_tokens] = tokens
+        if len(num_tokens) and int(num_tokens.max()) >= self.token_ids.shape[1]:
+            raise IndexError(f"a slot of {slots.tolist()} holds {self.token_ids.shape[1]} tokens, its row full")
+        self.tail[slots, num_tokens % TAIL] = tokens
         num_tokens += 1
+        full = np.flatnonzero(num_tokens % TAIL == 0)
+        if len(full):
+            self.token_ids[slots[full, None], num_tokens[full, None] - TAIL + np.arange(TAIL)] = self.tail[slots[full]]
         self.num_tokens[slots] = num_tokens
         attention = num_tokens >= self.look_at_len[slots]
         stop_ids = self.stop_ids
@@ -189,5 +211,9 @@ class TokenStore:
         """(Leaves `look_at_len` as it is: if this is the first output token, the next `append`
         shows the row to Python once more, which finds nothing to do.)"""
         n = int(self.num_tokens[slot])
-        self.token_ids[slot, n] = token_id
+        if n >= self.token_ids.shape[1]:
+            raise IndexError(f"slot {slot} holds {n} tokens, room for {self.token_ids.shape[1]}")
+        self.tail[slot, n % TAIL] = token_id
         self.num_tokens[slot] = n + 1
+        if (n + 1) % TAIL == 0:
+            self.token_ids[slot, n + 1 - TAIL:n + 1] = self.tail[slot]
