@@ -1,9 +1,9 @@
 // vllm_lite._bookkeeping: a steady step's loops over every running request (the engine core's,
-// the worker's decode step inputs, the client's output tokens) and the prefix cache's block keys,
-// in C. A plain CPython extension (no torch, no numpy C API: arrays arrive through the buffer
-// protocol), so that core/ may use it; each function has a numpy (or hashlib) twin in the module
-// that calls it (for the worker's, its general path), used when this extension is not built, and
-// the tests run both on the same random steps.
+// the worker's decode step inputs and sampled tokens, the client's output tokens) and the prefix
+// cache's block keys, in C. A plain CPython extension (no torch, no numpy C API: arrays arrive
+// through the buffer protocol), so that core/ may use it; each function has a numpy (or hashlib)
+// twin in the module that calls it (for the worker's, its general path), used when this extension
+// is not built, and the tests run both on the same random steps.
 //
 // Why: between two forward passes each numpy call costs far more than its arithmetic (its code
 // and a fresh temporary to fetch, per call and per element); one loop that reads each request's
@@ -29,6 +29,15 @@
 //       when some row's token is not its last (the general path then builds the step).
 //   copy_block_rows(block_ids, block_table) -> None
 //       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
+//   sampled_count(rows, num_tokens, row_serial, positions, serials) -> None
+//       ModelRunner._count_sampled: each row's next position (its num_tokens, int32) into
+//       `positions` and its `row_serial` (int64) into `serials` (both len(rows), made by the
+//       caller); the row's num_tokens moves on by one.
+//   sampled_write(rows, positions, tokens, token_ids, last_token_ids, sampled, num_sampled) -> None
+//       ModelRunner.finish for a step whose rows have not moved and whose tokens are each row's
+//       last: token i (int32 or int64) into row rows[i] of `token_ids` at positions[i], of
+//       `last_token_ids`, and of the step's output (`sampled`, int32 [num_rows, 1]), whose
+//       `num_sampled` entry becomes 1. Every row and position is checked before any write.
 //   sha256_extensions() -> bool
 //       Whether this CPU has the SHA extensions `block_keys` runs on (x86 SHA-NI).
 //   block_keys(parent, token_ids, start, count, block_size) -> list[bytes]
@@ -46,6 +55,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -114,12 +124,14 @@ int64_t load_int(const void* data, Py_ssize_t itemsize, Py_ssize_t i) {
   return itemsize == 4 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
 }
 
-// Every entry of `slots` names a row of `num_slots` (else an IndexError, before any write).
-bool slots_in_range(const int64_t* slot, Py_ssize_t n, Py_ssize_t num_slots, const char* function) {
+// Every entry of `slots` names a row of `num_slots` (else an IndexError, before any write);
+// `what` names an entry in the message (the token stores' slots, the worker batch's rows).
+bool slots_in_range(const int64_t* slot, Py_ssize_t n, Py_ssize_t num_slots, const char* function,
+                    const char* what = "slot") {
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (slot[i] < 0 || slot[i] >= num_slots) {
-      PyErr_Format(PyExc_IndexError, "%s: slot %lld out of range 0..%zd", function, static_cast<long long>(slot[i]),
-                   num_slots - 1);
+      PyErr_Format(PyExc_IndexError, "%s: %s %lld out of range 0..%zd", function, what,
+                   static_cast<long long>(slot[i]), num_slots - 1);
       return false;
     }
   }
@@ -570,6 +582,83 @@ PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(nL)", num_looked_at, static_cast<long long>(longest));
 }
 
+PyObject* sampled_count(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "sampled_count takes 5 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array rows, num_tokens, row_serial, positions, serials;
+  if (!rows.take(args[0], "rows", 1, 'i', false, 8) || !num_tokens.take(args[1], "num_tokens", 1, 'i', true, 4) ||
+      !row_serial.take(args[2], "row_serial", 1, 'i', false, 8) ||
+      !positions.take(args[3], "positions", 1, 'i', true, 4) || !serials.take(args[4], "serials", 1, 'i', true, 8)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = rows.size(), num_rows = num_tokens.size();
+  const int64_t* row = rows.data<int64_t>();
+  if (!sizes_are("sampled_count", n, {&positions, &serials}) ||
+      !sizes_are("sampled_count", num_rows, {&row_serial}) ||
+      !slots_in_range(row, n, num_rows, "sampled_count", "row")) {
+    return nullptr;
+  }
+  int32_t* count = num_tokens.data<int32_t>();
+  const int64_t* serial = row_serial.data<int64_t>();
+  int32_t* position = positions.data<int32_t>();
+  int64_t* serial_out = serials.data<int64_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t r = row[i];
+    position[i] = count[r]++;
+    serial_out[i] = serial[r];
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* sampled_write(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 7) {
+    PyErr_Format(PyExc_TypeError, "sampled_write takes 7 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array rows, positions, tokens, token_ids, last_token_ids, sampled, num_sampled;
+  if (!rows.take(args[0], "rows", 1, 'i', false, 8) || !positions.take(args[1], "positions", 1, 'i', false, 4) ||
+      !tokens.take(args[2], "tokens", 1, 'i', false, 4, 8) || !token_ids.take(args[3], "token_ids", 2, 'i', true, 4) ||
+      !last_token_ids.take(args[4], "last_token_ids", 1, 'i', true, 4) ||
+      !sampled.take(args[5], "sampled", 2, 'i', true, 4) || !num_sampled.take(args[6], "num_sampled", 1, 'i', true, 4)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = rows.size(), width = token_ids.columns(), num_out = num_sampled.size();
+  const int64_t* row = rows.data<int64_t>();
+  const int32_t* position = positions.data<int32_t>();
+  if (!sizes_are("sampled_write", n, {&positions, &tokens}) ||
+      !sizes_are("sampled_write", token_ids.size(), {&last_token_ids}) ||
+      !sizes_are("sampled_write", num_out, {&sampled}) ||
+      !slots_in_range(row, n, std::min(num_out, token_ids.size()), "sampled_write", "row")) {
+    return nullptr;
+  }
+  if (sampled.columns() != 1) {
+    PyErr_Format(PyExc_ValueError, "sampled_write: sampled has %zd columns, 1 expected", sampled.columns());
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (position[i] < 0 || position[i] >= width) {
+      PyErr_Format(PyExc_IndexError, "sampled_write: row %lld position %d out of range 0..%zd",
+                   static_cast<long long>(row[i]), position[i], width - 1);
+      return nullptr;
+    }
+  }
+  int32_t* history = token_ids.data<int32_t>();
+  int32_t* last = last_token_ids.data<int32_t>();
+  int32_t* out = sampled.data<int32_t>();
+  int32_t* counted = num_sampled.data<int32_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int64_t r = row[i];
+    const int32_t token = static_cast<int32_t>(load_int(tokens.data<void>(), tokens.itemsize(), i));
+    history[r * width + position[i]] = token;
+    last[r] = token;
+    out[r] = token;
+    counted[r] = 1;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"store_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(store_append)), METH_FASTCALL,
      "TokenStore.append's loop (core/token_store.py)."},
@@ -581,6 +670,10 @@ PyMethodDef kMethods[] = {
      "A decode step's worker inputs (worker/model_runner.py)."},
     {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
      METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
+    {"sampled_count", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(sampled_count)), METH_FASTCALL,
+     "A step's sampled rows counted (worker/model_runner.py)."},
+    {"sampled_write", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(sampled_write)), METH_FASTCALL,
+     "A finished step's tokens into the batch and its output (worker/model_runner.py)."},
     {"sha256_extensions", sha256_extensions, METH_NOARGS, "Whether block_keys can run on this CPU."},
     {"block_keys", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(block_keys)), METH_FASTCALL,
      "KVCacheManager's chained prefix-cache keys (core/kv_cache_manager.py)."},

@@ -1,8 +1,9 @@
-"""The steady decode step's inputs from csrc's loops (`ModelRunner._decode_step_inputs`:
-vllm_lite._bookkeeping's `decode_inputs` and `copy_block_rows`) against the general numpy path
-of `_prepare_inputs` on the same batch: every input tensor and attention field the same, on
-random batches (lengths, block tables, a row whose token is not its last, rows not all
-scheduled), and the C loop's own refusals of what it cannot index."""
+"""The worker's steady-step loops in csrc (vllm_lite._bookkeeping) against their numpy code on the
+same batch: the decode step's inputs (`ModelRunner._decode_step_inputs`: `decode_inputs` and
+`copy_block_rows`, against the general path of `_prepare_inputs`: every input tensor and
+attention field the same, on random batches: lengths, block tables, a row whose token is not its
+last, rows not all scheduled) and the sampled tokens counted and taken (`sampled_count`,
+`sampled_write`); and the C loops' own refusals of what they cannot index."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from vllm_lite.config import EngineArgs
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.bookkeeping import native_loops
 from vllm_lite.sampling_params import SamplingParams
-from vllm_lite.worker.model_runner import ModelRunner
+from vllm_lite.wire.worker import ModelRunnerOutput
+from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
 
 pytestmark = NEEDS_NATIVE_LOOPS
 
@@ -202,3 +204,72 @@ def test_decode_inputs_refuses_what_it_cannot_index() -> None:
         call_decode_inputs(wrong_type, 4)
     with pytest.raises(ValueError, match="a 3 x 5 table from 4 x 4"):
         native_loops.copy_block_rows(decode_arrays(4)["block_ids"], np.empty((3, 5), np.int32))
+
+
+def batch_state(runner: ModelRunner) -> dict[str, np.ndarray]:
+    batch = runner.input_batch
+    return {name: getattr(batch, name).copy() for name in ("token_ids", "num_tokens", "last_token_ids", "row_serial")}
+
+
+def count_and_take(runner: ModelRunner, loops: Any, rows: np.ndarray, tokens: np.ndarray
+                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A step's sampled tokens for `rows` counted (`_count_sampled`) then taken into the batch and
+    a fresh output (`finish`), with `loops` (None: the numpy code): what was counted and the
+    batch and output after."""
+    runner.native_loops = loops
+    sampled = runner._count_sampled(rows, torch.from_numpy(tokens))
+    runner.unfinished = sampled  # (no step launched since: CPU)
+    num_rows = runner.input_batch.num_reqs
+    output = ModelRunnerOutput(runner.input_batch.live_req_ids, np.zeros((num_rows, 1), dtype=np.int32),
+                               np.zeros(num_rows, dtype=np.int32))
+    runner.finish(LaunchedStep(output, sampled, None, None))
+    counted = {"positions": sampled.positions, "serials": sampled.serials}
+    return counted, {**batch_state(runner), "sampled": output.sampled_token_ids, "num_sampled": output.num_sampled}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sampled_tokens_counted_and_taken_as_the_numpy_code_does(runner: ModelRunner, seed: int) -> None:
+    """`_count_sampled` and `finish` through csrc's `sampled_count` / `sampled_write` against
+    their numpy code on the same batch: every row or some (ascending), int64 tokens (CPU) or
+    int32 (a GPU's host copy), over several steps."""
+    rng = np.random.default_rng(seed)
+    admit_last_token_steps(runner, rng, int(rng.integers(2, 17)))
+    num_rows = runner.input_batch.num_reqs
+    for step in range(4):
+        rows = np.arange(num_rows) if step % 2 == 0 else np.flatnonzero(rng.integers(0, 2, num_rows))
+        tokens = rng.integers(0, 100, len(rows)).astype(np.int64 if step < 2 else np.int32)
+        before = batch_state(runner)
+        reference = count_and_take(runner, None, rows, tokens)
+        for name, value in before.items():
+            getattr(runner.input_batch, name)[:] = value
+        ours = count_and_take(runner, native_loops, rows, tokens)
+        for got, want in zip(ours, reference):
+            assert got.keys() == want.keys()
+            for name in want:
+                assert got[name].dtype == want[name].dtype, (step, name)
+                np.testing.assert_array_equal(got[name], want[name], err_msg=f"step {step}: {name}")
+        assert ours[1]["num_sampled"][rows].tolist() == [1] * len(rows)
+
+
+def test_sampled_loops_refuse_what_they_cannot_index_and_write_nothing() -> None:
+    num_tokens, serial = np.array([3, 0], dtype=np.int32), np.array([7, 8], dtype=np.int64)
+    positions, serials = np.empty(2, np.int32), np.empty(2, np.int64)
+    with pytest.raises(IndexError, match="sampled_count: row 2 out of range 0..1"):
+        native_loops.sampled_count(np.array([0, 2]), num_tokens, serial, positions, serials)
+    assert num_tokens.tolist() == [3, 0]
+    native_loops.sampled_count(np.array([0, 1]), num_tokens, serial, positions, serials)
+    assert (positions.tolist(), serials.tolist(), num_tokens.tolist()) == ([3, 0], [7, 8], [4, 1])
+    token_ids, last = np.zeros((2, 4), np.int32), np.zeros(2, np.int32)
+    sampled, num_sampled = np.zeros((2, 1), np.int32), np.zeros(2, np.int32)
+    tokens = np.array([5, 6])
+    with pytest.raises(IndexError, match="sampled_write: row 1 position 4 out of range 0..3"):
+        native_loops.sampled_write(np.array([0, 1]), np.array([1, 4], np.int32), tokens, token_ids, last, sampled,
+                                   num_sampled)
+    with pytest.raises(IndexError, match="sampled_write: row -1 out of range"):
+        native_loops.sampled_write(np.array([0, -1]), np.array([1, 1], np.int32), tokens, token_ids, last, sampled,
+                                   num_sampled)
+    assert not (token_ids.any() or last.any() or sampled.any() or num_sampled.any())
+    native_loops.sampled_write(np.array([0, 1]), np.array([1, 3], np.int32), tokens, token_ids, last, sampled,
+                               num_sampled)
+    assert token_ids.tolist() == [[0, 5, 0, 0], [0, 0, 0, 6]] and last.tolist() == [5, 6]
+    assert sampled.tolist() == [[5], [6]] and num_sampled.tolist() == [1, 1]

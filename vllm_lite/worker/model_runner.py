@@ -330,10 +330,7 @@ class ModelRunner:
         if sampled is not None:
             if sampled.copied is not None:
                 sampled.copied.synchronize()
-            tokens = sampled.host.numpy()
-            self._write_sampled(sampled, tokens)
-            output.sampled_token_ids[sampled.rows, 0] = tokens
-            output.num_sampled[sampled.rows] = 1
+            self._take_sampled(sampled, sampled.host.numpy(), output)
             if self.unfinished is sampled:
                 self.unfinished = None
         if step.logprobs is not None:
@@ -404,9 +401,7 @@ class ModelRunner:
         """The batch counts the tokens sampled for `rows` now; their values follow in `finish`.
         On a GPU the copy to the host is queued behind the step's work, not waited for."""
         batch = self.input_batch
-        at = batch.row_index(rows)
-        positions = batch.num_tokens[at].copy()
-        batch.num_tokens[at] += 1
+        positions, serials = self._count_rows(rows)
         if tokens.dtype != torch.int64:
             tokens = tokens.long()
         host, copied = tokens, None  # (on CPU: no conversion, a torch call that costs tens of us here)
@@ -416,7 +411,34 @@ class ModelRunner:
             copied = torch.cuda.Event()
             copied.record()
         req_ids = batch.live_req_ids if len(rows) == batch.num_reqs else [batch.req_ids[row] for row in rows.tolist()]
-        return SampledTokens(rows, req_ids, batch.row_serial[rows], positions, batch.version, tokens, host, copied)
+        return SampledTokens(rows, req_ids, serials, positions, batch.version, tokens, host, copied)
+
+    def _count_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each of `rows`' position for its sampled token (its `num_tokens`, which moves on by
+        one) and its `row_serial`: one C loop (`sampled_count`) where the numpy code takes four
+        calls, each tens of us after a forward pass (cold caches)."""
+        batch = self.input_batch
+        if self.native_loops is not None:
+            positions, serials = np.empty(len(rows), dtype=np.int32), np.empty(len(rows), dtype=np.int64)
+            self.native_loops.sampled_count(rows, batch.num_tokens, batch.row_serial, positions, serials)
+            return positions, serials
+        at = batch.row_index(rows)
+        positions = batch.num_tokens[at].copy()
+        batch.num_tokens[at] += 1
+        return positions, batch.row_serial[rows]
+
+    def _take_sampled(self, sampled: SampledTokens, tokens: np.ndarray, output: ModelRunnerOutput) -> None:
+        """A finished step's tokens into the batch (`_write_sampled`) and the step's output. In
+        one C loop (`sampled_write`) when the rows have not moved and each token is its row's
+        last (no step launched since: on CPU, every step)."""
+        batch = self.input_batch
+        if self.native_loops is not None and batch.version == sampled.batch_version and self.unfinished is sampled:
+            self.native_loops.sampled_write(sampled.rows, sampled.positions, tokens, batch.token_ids,
+                                            batch.last_token_ids, output.sampled_token_ids, output.num_sampled)
+            return
+        self._write_sampled(sampled, tokens)
+        output.sampled_token_ids[sampled.rows, 0] = tokens
+        output.num_sampled[sampled.rows] = 1
 
     def _write_sampled(self, sampled: SampledTokens, tokens: np.ndarray) -> None:
         """Puts a finished step's tokens where the batch counted them: in the rows of the same
