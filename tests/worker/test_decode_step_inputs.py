@@ -224,14 +224,15 @@ def count_and_take(runner: ModelRunner, loops: Any, rows: np.ndarray, tokens: np
                                np.zeros(num_rows, dtype=np.int32))
     runner.finish(LaunchedStep(output, sampled, None, None))
     counted = {"positions": sampled.positions, "serials": sampled.serials}
-    return counted, {**batch_state(runner), "sampled": output.sampled_token_ids, "num_sampled": output.num_sampled}
+    return counted, {**batch_state(runner), "sampled": output.sampled_token_ids, "num_sampled": output.num_sampled,
+                     "every_row_sampled": np.array(output.every_row_sampled)}
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sampled_tokens_counted_and_taken_as_the_numpy_code_does(runner: ModelRunner, seed: int) -> None:
     """`_count_sampled` and `finish` through csrc's `sampled_count` / `sampled_write` against
     their numpy code on the same batch: every row or some (ascending), int64 tokens (CPU) or
-    int32 (a GPU's host copy), over several steps."""
+    int32 (a GPU's host copy), over several steps; the output says whether every row sampled."""
     rng = np.random.default_rng(seed)
     admit_last_token_steps(runner, rng, int(rng.integers(2, 17)))
     num_rows = runner.input_batch.num_reqs
@@ -249,6 +250,7 @@ def test_sampled_tokens_counted_and_taken_as_the_numpy_code_does(runner: ModelRu
                 assert got[name].dtype == want[name].dtype, (step, name)
                 np.testing.assert_array_equal(got[name], want[name], err_msg=f"step {step}: {name}")
         assert ours[1]["num_sampled"][rows].tolist() == [1] * len(rows)
+        assert bool(ours[1]["every_row_sampled"]) == (len(rows) == num_rows)  # (the engine core then skips looking)
 
 
 def test_sampled_loops_refuse_what_they_cannot_index_and_write_nothing() -> None:

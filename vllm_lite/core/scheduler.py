@@ -135,6 +135,7 @@ class Scheduler:
         self._row_slots: tuple[int, list[str], np.ndarray, bool] | None = None  # see _slots_of
         self._running_slot_cache: tuple[int, np.ndarray, list[str]] | None = None  # see _running_slots
         self._zero_block_counts = _NO_BLOCK_IDS  # see _no_new_blocks
+        self._row_range = np.zeros(0, dtype=np.int64)  # see _every_row
         self._decode_counts: tuple[list[str], dict[str, int]] | None = None  # see _one_token_each
 
     # ---- requests in and out ----
@@ -291,6 +292,14 @@ class Scheduler:
         store.advance_running(slots, known)  # (`_advanced` for these requests)
         return RunningSchedule(req_ids, computed, num_new_blocks, new_block_ids, num_scheduled, budget - total)
 
+    def _every_row(self, num_rows: int) -> np.ndarray:
+        """0..num_rows-1: one read-only array, kept while the count is the same (a steady step's
+        rows, every one sampled)."""
+        if len(self._row_range) != num_rows:
+            self._row_range = np.arange(num_rows)
+            self._row_range.flags.writeable = False
+        return self._row_range
+
     def _no_new_blocks(self, num_requests: int) -> np.ndarray:
         """Zero new blocks for each of `num_requests` requests: one read-only array, kept while
         the count is the same (most steps take no block)."""
@@ -335,20 +344,22 @@ class Scheduler:
                            sampled_token_ids: np.ndarray, num_sampled: np.ndarray,
                            logprobs: LogprobsArrays | None = None,
                            prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None,
-                           failed: dict[str, str] | None = None) -> EngineCoreOutputs:
+                           failed: dict[str, str] | None = None,
+                           every_row_sampled: bool = False) -> EngineCoreOutputs:
         """Append each row's sampled token (rows with num_sampled == 0 were mid-prefill) and
         check stop conditions. Returns the step's outputs column-wise. `logprobs` rows are
         batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
         position of its first row and its rows; `failed`: the requests the worker could not run
-        in this step ({request id: why}), failed before any token is taken.
+        in this step ({request id: why}), failed before any token is taken;
+        `every_row_sampled`: the worker says num_sampled is all 1 (False: it is looked at).
 
         Array code over the batch: the tokens are appended in the token store, which also finds
         the rows that may stop (length, EOS / stop ids) or need Python for another reason (a
         first token, a grammar); Python looks at those rows only."""
         stale = self._begin_update(failed)
         prompt_columns = self._prompt_logprobs_columns(prompt_logprobs, stale) if prompt_logprobs else {}
-        every_row = bool(num_sampled.all())  # (a decode step: no row left mid-prefill)
-        rows = np.arange(len(req_ids)) if every_row else np.flatnonzero(num_sampled)  # the rows that sampled
+        every_row = every_row_sampled or bool(num_sampled.all())  # (a decode step: no row left mid-prefill)
+        rows = self._every_row(len(req_ids)) if every_row else np.flatnonzero(num_sampled)  # the rows that sampled
         tokens = sampled_token_ids[:, 0] if every_row else sampled_token_ids[rows, 0]
         slots, every_slot_held = self._slots_of(req_ids, stale)
         if not every_row:

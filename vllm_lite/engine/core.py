@@ -153,7 +153,8 @@ class EngineCore:
 
     def _update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
-                                                    out.logprobs, out.prompt_logprobs, out.failed)
+                                                    out.logprobs, out.prompt_logprobs, out.failed,
+                                                    every_row_sampled=out.every_row_sampled)
         if out.pooled:  # (the vectors of requests that are still the engine's: they come with their token)
             taken = set(outputs.req_ids)
             outputs.pooled = {r: vector for r, vector in out.pooled.items() if r in taken}

@@ -41,6 +41,9 @@ class ModelRunnerOutput:
     failed: dict[str, str] | None = None
     # the pooling runner: request -> its prompt's vector (float32 [hidden]), for the prompts completed
     pooled: dict[str, np.ndarray] | None = None
+    # True: every row sampled (num_sampled all 1), as the worker knows; the engine core then
+    # skips looking (its first numpy call after a forward pass costs tens of us). False: look.
+    every_row_sampled: bool = False
 
 
 class InitKVCache(msgspec.Struct, array_like=True, gc=False):

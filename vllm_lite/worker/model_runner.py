@@ -331,6 +331,7 @@ class ModelRunner:
             if sampled.copied is not None:
                 sampled.copied.synchronize()
             self._take_sampled(sampled, sampled.host.numpy(), output)
+            output.every_row_sampled = len(sampled.rows) == len(output.num_sampled)
             if self.unfinished is sampled:
                 self.unfinished = None
         if step.logprobs is not None:
