@@ -571,13 +571,13 @@ class ModelRunner:
         the batch cannot take, sends the step to `_update_cached_each`, which tells whose
         update failed."""
         rows, at = self._batch_rows(cached.req_ids)
-        if int(rows.min()) < 0:
+        if isinstance(at, np.ndarray) and int(rows.min()) < 0:
             return self._update_cached_each(cached)
         batch = self.input_batch
         try:
             batch.num_computed_tokens[at] = cached.num_computed_tokens
-            growing = np.flatnonzero(cached.num_new_blocks)
-            if len(growing):
+            if len(cached.new_block_ids):  # (most decode steps: no request takes a block)
+                growing = np.flatnonzero(cached.num_new_blocks)
                 batch.block_table.append_rows(rows[growing], cached.num_new_blocks[growing], cached.new_block_ids)
         except Exception:  # (append_rows writes every row or none; the counters are written again)
             return self._update_cached_each(cached)
