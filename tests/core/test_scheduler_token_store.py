@@ -87,6 +87,18 @@ def test_a_request_reads_every_token_across_tails(native: bool) -> None:
 
 
 @EITHER_LOOPS
+def test_a_full_row_is_refused_and_nothing_written(native: bool) -> None:
+    store = TokenStore(num_slots=3, max_model_len=4, native=native)
+    store.num_tokens[:] = [1, 4, 2]  # slot 1's row is full
+    before = store.token_ids.copy(), store.tail.copy(), store.num_tokens.copy()
+    with pytest.raises(IndexError, match="slot 1 holds 4 tokens, room for 4"):
+        store.append(np.array([0, 1]), np.array([5, 6], dtype=np.int32))
+    with pytest.raises(IndexError, match="slot 1 holds 4 tokens, room for 4"):
+        store.append_one(1, 5)
+    assert all(np.array_equal(now, then) for now, then in zip((store.token_ids, store.tail, store.num_tokens), before))
+
+
+@EITHER_LOOPS
 def test_append_points_at_the_rows_python_must_see(native: bool) -> None:
     store = TokenStore(num_slots=5, max_model_len=64, native=native)
     requests = [make_request("first", 4, 10), make_request("long", 4, 2), make_request("eos", 4, 10),

@@ -25,9 +25,9 @@ A request holds a slot from admission until it is preempted or freed, so at most
 `max_num_seqs` slots are taken; a preempted request takes its tokens back into a buffer of its
 own. The tails are why a step's append is cheap at 1,024 requests: the rows' next positions
 are a row (max_model_len tokens) apart, a cold cache line each after a forward pass, where the
-tails of consecutive slots are consecutive lines; a row takes TAIL tokens at once. The EOS and stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's
-tokens finds the rows that may stop on one, and Python decides those exactly
-(`Request.check_stop`).
+tails of consecutive slots are consecutive lines; a row takes TAIL tokens at once. The EOS and
+stop ids of the slots are pooled (`stop_ids`): one `isin` over the step's tokens finds the rows
+that may stop on one, and Python decides those exactly (`Request.check_stop`).
 """
 
 from __future__ import annotations
@@ -155,8 +155,10 @@ class TokenStore:
                 self.stop_ids, self._looked_at)
             return self._looked_at[:count]
         num_tokens = self.num_tokens[slots]
-        if len(num_tokens) and int(num_tokens.max()) >= self.token_ids.shape[1]:
-            raise IndexError(f"a slot of {slots.tolist()} holds {self.token_ids.shape[1]} tokens, its row full")
+        capacity = self.token_ids.shape[1]
+        if len(num_tokens) and int(num_tokens.max()) >= capacity:  # (as the C loop: nothing written)
+            fullest = int(np.argmax(num_tokens))
+            raise IndexError(f"slot {int(slots[fullest])} holds {int(num_tokens[fullest])} tokens, room for {capacity}")
         self.tail[slots, num_tokens % TAIL] = tokens
         num_tokens += 1
         full = np.flatnonzero(num_tokens % TAIL == 0)
