@@ -16,8 +16,9 @@
 //       row (int32 [num_slots, T]) at its position % T, and the T tokens of a tail row into
 //       the slot's `token_ids` row when the last of them arrives. `looked_at` (int64, at least
 //       len(slots) long) receives the positions Python must look at; returns how many.
-//   running_scan(slots, with_placeholders, computed, length_limit, fit_limit, known, computed_out,
-//                to_allocate) -> (every_one, total, min_new, num_to_allocate)
+//   running_scan(slots, with_placeholders, computed, length_limit, held, block_size, known,
+//                computed_out, to_allocate, new_blocks) -> (every_one, total, min_new,
+//                num_to_allocate, num_new_blocks)
 //   running_advance(slots, known, computed, with_placeholders) -> None
 //       TokenStore.scan_running / advance_running (the scheduler's running part of a step):
 //       see there. The outputs are int64 arrays of len(slots) the caller made.
@@ -29,6 +30,10 @@
 //       when some row's token is not its last (the general path then builds the step).
 //   copy_block_rows(block_ids, block_table) -> None
 //       The first block_table.shape[1] block ids of rows 0..block_table.shape[0]-1.
+//   block_rows_append(rows, counts, new_block_ids, block_ids, num_blocks) -> None
+//       worker/block_table.py's BlockTable.append_rows: row rows[i] (distinct) takes the next
+//       counts[i] (int32, >= 0) of `new_block_ids` after its num_blocks[rows[i]]; every row's
+//       room is checked before anything is written (ValueError naming the row).
 //   sampled_count(rows, num_tokens, row_serial, positions, serials) -> None
 //       ModelRunner._count_sampled: each row's next position (its num_tokens, int32) into
 //       `positions` and its `row_serial` (int64) into `serials` (both len(rows), made by the
@@ -233,22 +238,30 @@ PyObject* store_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* running_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 8) {
-    PyErr_Format(PyExc_TypeError, "running_scan takes 8 arguments, got %zd", nargs);
+  if (nargs != 10) {
+    PyErr_Format(PyExc_TypeError, "running_scan takes 10 arguments, got %zd", nargs);
     return nullptr;
   }
-  Array slots, with_placeholders, computed, length_limit, fit_limit, known_out, computed_out, to_allocate;
+  Array slots, with_placeholders, computed, length_limit, held_blocks, known_out, computed_out, to_allocate,
+      new_blocks_out;
+  const long long block_size = PyLong_AsLongLong(args[5]);
+  if (block_size == -1 && PyErr_Occurred()) return nullptr;
+  if (block_size <= 0) {
+    PyErr_Format(PyExc_ValueError, "running_scan: block_size must be positive, got %lld", block_size);
+    return nullptr;
+  }
   if (!slots.take(args[0], "slots", 1, 'i', false, 8) ||
       !with_placeholders.take(args[1], "with_placeholders", 1, 'i', false, 8) ||
       !computed.take(args[2], "computed", 1, 'i', false, 8) ||
       !length_limit.take(args[3], "length_limit", 1, 'i', false, 8) ||
-      !fit_limit.take(args[4], "fit_limit", 1, 'i', false, 8) || !known_out.take(args[5], "known", 1, 'i', true, 8) ||
-      !computed_out.take(args[6], "computed_out", 1, 'i', true, 8) ||
-      !to_allocate.take(args[7], "to_allocate", 1, 'i', true, 8)) {
+      !held_blocks.take(args[4], "held", 1, 'i', false, 8) || !known_out.take(args[6], "known", 1, 'i', true, 8) ||
+      !computed_out.take(args[7], "computed_out", 1, 'i', true, 8) ||
+      !to_allocate.take(args[8], "to_allocate", 1, 'i', true, 8) ||
+      !new_blocks_out.take(args[9], "new_blocks", 1, 'i', true, 8)) {
     return nullptr;
   }
   const Py_ssize_t n = slots.size(), num_slots = with_placeholders.size();
-  if (!sizes_are("running_scan", n, {&fit_limit, &known_out, &computed_out, &to_allocate}) ||
+  if (!sizes_are("running_scan", n, {&held_blocks, &known_out, &computed_out, &to_allocate, &new_blocks_out}) ||
       !sizes_are("running_scan", num_slots, {&computed, &length_limit}) ||
       !slots_in_range(slots.data<int64_t>(), n, num_slots, "running_scan")) {
     return nullptr;
@@ -257,12 +270,13 @@ PyObject* running_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const int64_t* placeholders = with_placeholders.data<int64_t>();
   const int64_t* done = computed.data<int64_t>();
   const int64_t* limit = length_limit.data<int64_t>();
-  const int64_t* fits_up_to = fit_limit.data<int64_t>();
+  const int64_t* held = held_blocks.data<int64_t>();
   int64_t* known = known_out.data<int64_t>();
   int64_t* done_out = computed_out.data<int64_t>();
   int64_t* allocate = to_allocate.data<int64_t>();
+  int64_t* new_blocks = new_blocks_out.data<int64_t>();
   bool every_one = true;
-  int64_t total = 0, min_new = std::numeric_limits<int64_t>::max();
+  int64_t total = 0, min_new = std::numeric_limits<int64_t>::max(), total_blocks = 0;
   Py_ssize_t count = 0;
   for (Py_ssize_t i = 0; i < n; ++i) {
     const int64_t s = slot[i], k = placeholders[s], c = done[s];
@@ -274,11 +288,16 @@ PyObject* running_scan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     total += k - c;
     if (k - c < min_new) min_new = k - c;
-    if (k > fits_up_to[i]) allocate[count++] = i;
+    const int64_t needed = (k + block_size - 1) / block_size - held[i];
+    if (needed > 0) {  // its known tokens outgrow its blocks
+      allocate[count] = i;
+      new_blocks[count++] = needed;
+      total_blocks += needed;
+    }
   }
   if (min_new == std::numeric_limits<int64_t>::max()) min_new = 1;  // none scheduled (as the numpy code says)
-  return Py_BuildValue("(NLLn)", PyBool_FromLong(every_one), static_cast<long long>(total),
-                       static_cast<long long>(min_new), count);
+  return Py_BuildValue("(NLLnL)", PyBool_FromLong(every_one), static_cast<long long>(total),
+                       static_cast<long long>(min_new), count, static_cast<long long>(total_blocks));
 }
 
 PyObject* running_advance(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -582,6 +601,56 @@ PyObject* output_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return Py_BuildValue("(nL)", num_looked_at, static_cast<long long>(longest));
 }
 
+PyObject* block_rows_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "block_rows_append takes 5 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  Array rows, counts, new_block_ids, block_ids, num_blocks;
+  if (!rows.take(args[0], "rows", 1, 'i', false, 8) || !counts.take(args[1], "counts", 1, 'i', false, 4) ||
+      !new_block_ids.take(args[2], "new_block_ids", 1, 'i', false, 4) ||
+      !block_ids.take(args[3], "block_ids", 2, 'i', true, 4) ||
+      !num_blocks.take(args[4], "num_blocks", 1, 'i', true, 4)) {
+    return nullptr;
+  }
+  const Py_ssize_t n = rows.size(), num_rows = block_ids.size(), width = block_ids.columns();
+  const int64_t* row = rows.data<int64_t>();
+  const int32_t* count = counts.data<int32_t>();
+  int32_t* held = num_blocks.data<int32_t>();
+  if (!sizes_are("block_rows_append", n, {&counts}) || !sizes_are("block_rows_append", num_rows, {&num_blocks}) ||
+      !slots_in_range(row, n, num_rows, "block_rows_append", "row")) {
+    return nullptr;
+  }
+  Py_ssize_t total = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (count[i] < 0) {
+      PyErr_Format(PyExc_ValueError, "block_rows_append: row %lld takes %d blocks", static_cast<long long>(row[i]),
+                   count[i]);
+      return nullptr;
+    }
+    if (held[row[i]] + static_cast<int64_t>(count[i]) > width) {
+      PyErr_Format(PyExc_ValueError, "row %lld holds %d blocks: more exceed its %zd", static_cast<long long>(row[i]),
+                   held[row[i]], width);
+      return nullptr;
+    }
+    total += count[i];
+  }
+  if (total != new_block_ids.size()) {
+    PyErr_Format(PyExc_ValueError, "block_rows_append: the counts take %zd blocks, %zd given", total,
+                 new_block_ids.size());
+    return nullptr;
+  }
+  const int32_t* source = new_block_ids.data<int32_t>();
+  int32_t* table = block_ids.data<int32_t>();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (count[i] == 0) continue;
+    std::memcpy(table + row[i] * width + held[row[i]], source, count[i] * sizeof(int32_t));
+    source += count[i];
+    held[row[i]] += count[i];
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* sampled_count(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 5) {
     PyErr_Format(PyExc_TypeError, "sampled_count takes 5 arguments, got %zd", nargs);
@@ -621,7 +690,8 @@ PyObject* sampled_write(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!rows.take(args[0], "rows", 1, 'i', false, 8) || !positions.take(args[1], "positions", 1, 'i', false, 4) ||
       !tokens.take(args[2], "tokens", 1, 'i', false, 4, 8) || !token_ids.take(args[3], "token_ids", 2, 'i', true, 4) ||
       !last_token_ids.take(args[4], "last_token_ids", 1, 'i', true, 4) ||
-      !sampled.take(args[5], "sampled", 2, 'i', true, 4) || !num_sampled.take(args[6], "num_sampled", 1, 'i', true, 4)) {
+      !sampled.take(args[5], "sampled", 2, 'i', true, 4) ||
+      !num_sampled.take(args[6], "num_sampled", 1, 'i', true, 4)) {
     return nullptr;
   }
   const Py_ssize_t n = rows.size(), width = token_ids.columns(), num_out = num_sampled.size();
@@ -670,6 +740,8 @@ PyMethodDef kMethods[] = {
      "A decode step's worker inputs (worker/model_runner.py)."},
     {"copy_block_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(copy_block_rows)),
      METH_FASTCALL, "A decode step's block table (worker/model_runner.py)."},
+    {"block_rows_append", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(block_rows_append)),
+     METH_FASTCALL, "BlockTable.append_rows's loop (worker/block_table.py)."},
     {"sampled_count", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(sampled_count)), METH_FASTCALL,
      "A step's sampled rows counted (worker/model_runner.py)."},
     {"sampled_write", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(sampled_write)), METH_FASTCALL,

@@ -176,8 +176,8 @@ def test_the_c_loop_leaves_the_store_as_the_numpy_code_does() -> None:
 @NEEDS_NATIVE_LOOPS
 def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
     """The scheduler's look at its running requests and their counters' advance: random
-    counters, length limits and fit limits (requests with all their tokens in flight, some
-    outside their blocks), any subset of slots in any order."""
+    counters, length limits, held blocks and block sizes (requests with all their tokens in
+    flight, some outgrowing their blocks), any subset of slots in any order."""
     rng = np.random.default_rng(2)
     for trial in range(300):
         num_slots = int(rng.integers(1, 12))
@@ -189,14 +189,19 @@ def test_the_running_scan_and_advance_in_c_equal_the_numpy_code() -> None:
             for name, values in state.items():
                 getattr(store, name)[:] = values
         slots = rng.permutation(num_slots)[:int(rng.integers(0, num_slots + 1))].astype(np.int64)
-        fit_limit = rng.integers(0, 40, len(slots))
-        scans = [store.scan_running(slots, fit_limit) for store in stores]
-        for field in ("known", "computed", "to_allocate"):
+        held, block_size = rng.integers(0, 10, len(slots)), int(rng.choice([1, 4, 16]))
+        scans = [store.scan_running(slots, held, block_size) for store in stores]
+        for field in ("known", "computed", "to_allocate", "new_blocks"):
             assert np.array_equal(getattr(scans[0], field), getattr(scans[1], field)), (trial, field)
         assert (scans[0].scheduled is None) == (scans[1].scheduled is None), trial
         if scans[0].scheduled is not None:
             assert np.array_equal(scans[0].scheduled, scans[1].scheduled), trial
-        assert (scans[0].total, scans[0].min_new) == (scans[1].total, scans[1].min_new), trial
+        assert (scans[0].total, scans[0].min_new, scans[0].num_new_blocks) == (
+            scans[1].total, scans[1].min_new, scans[1].num_new_blocks), trial
+        # (the rule itself: a scheduled request outgrowing its blocks takes what its tokens need)
+        want = [(i, -(-k // block_size) - h) for i, (k, h) in enumerate(zip(scans[0].known.tolist(), held.tolist()))
+                if -(-k // block_size) > h and (scans[0].scheduled is None or scans[0].scheduled[i])]
+        assert list(zip(scans[0].to_allocate.tolist(), scans[0].new_blocks.tolist())) == want, trial
         for store, scan in zip(stores, scans):
             store.advance_running(slots, scan.known)
         for name in state:
@@ -216,7 +221,9 @@ def test_the_c_loop_refuses_a_slot_or_row_out_of_range_and_writes_nothing() -> N
         store.append(np.array([0, 2]), np.array([5], dtype=np.int32))
     assert all(np.array_equal(now, then) for now, then in zip((store.token_ids, store.num_tokens, store.tail), before))
     with pytest.raises(IndexError, match="running_scan: slot 3 out of range"):
-        store.scan_running(np.array([3]), np.array([9]))
+        store.scan_running(np.array([3]), np.array([9]), 4)
+    with pytest.raises(ValueError, match="running_scan: block_size must be positive, got 0"):
+        store.scan_running(np.array([0]), np.array([9]), 0)
     with pytest.raises(IndexError, match="running_advance: slot -1 out of range"):
         store.advance_running(np.array([0, -1]), np.array([2, 2]))
     assert store.num_computed_tokens.tolist() == [0, 0, 0]

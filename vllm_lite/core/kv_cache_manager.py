@@ -34,9 +34,6 @@ class TrackedBlockCounts:
     position: dict[str, int]
     held: np.ndarray
     cached: np.ndarray
-    # The most tokens each request's held blocks take (see `fit_limits`); None once `held`
-    # changed, until it is asked for again.
-    fit_limit: np.ndarray | None = None
 
 
 class KVCacheManager:
@@ -106,30 +103,23 @@ class KVCacheManager:
     def fits_held_blocks(self, request: Request, num_tokens: int) -> bool:
         """Whether `request`'s first `num_tokens` tokens fit in the blocks it holds:
         `allocate_slots` would change nothing. Most decode steps; the scheduler's per-request
-        check, so it stays a dict lookup (the same rule for a whole batch: `fit_limits`)."""
+        check, so it stays a dict lookup (the same rule for a whole batch: `held_blocks`)."""
         if self.sliding_window is not None:
             return False
         blocks = self.req_to_blocks.get(request.request_id)
         return blocks is not None and num_tokens <= len(blocks) * self.block_size
 
-    def fit_limits(self, req_ids: list[str]) -> np.ndarray | None:
-        """`fits_held_blocks` for many requests at once: request `req_ids[i]`'s first n tokens
-        fit when n <= the result's [i] (limits kept until a count changes; the caller compares).
-        None where the per-request rule must decide: a sliding window, or a request holding no
-        blocks. The counts come from `tracked`, which follows `req_ids` from here on (read again
-        only when the list changes; the list is kept, not copied: the scheduler's list of
-        running ids, never changed once made, so that a steady step's check is `is`)."""
+    def held_blocks(self, req_ids: list[str]) -> np.ndarray | None:
+        """`fits_held_blocks` for many requests at once: request `req_ids[i]` holds the result's
+        [i] blocks, so its first n tokens fit when n <= that times `block_size` (read only; the
+        caller compares). None where the per-request rule must decide: a sliding window, or a
+        request holding no blocks. The counts come from `tracked`, which follows `req_ids` from
+        here on (read again only when the list changes; the list is kept, not copied: the
+        scheduler's list of running ids, never changed once made, so that a steady step's check
+        is `is`)."""
         if self.sliding_window is not None or not self._tracks(req_ids):
             return None
-        tracked = self.tracked
-        if tracked.fit_limit is None:
-            tracked.fit_limit = tracked.held * self.block_size
-        return tracked.fit_limit
-
-    def new_blocks_needed(self, positions: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
-        """The new blocks `allocate_slots` would take for the first `num_tokens[i]` tokens of
-        the request at `positions[i]` of the list `fit_limits` was last asked about."""
-        return np.maximum(-(-num_tokens // self.block_size) - self.tracked.held[positions], 0)
+        return self.tracked.held
 
     def _tracks(self, req_ids: list[str]) -> bool:
         """Whether `tracked` follows `req_ids` (made to, if it can)."""
@@ -154,7 +144,6 @@ class KVCacheManager:
             blocks = self.req_to_blocks.get(request_id)
             self.tracked.held[position] = 0 if blocks is None else len(blocks)
             self.tracked.cached[position] = self.num_cached_blocks.get(request_id, 0)
-            self.tracked.fit_limit = None
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
@@ -204,20 +193,17 @@ class KVCacheManager:
                          num_new_blocks: np.ndarray) -> list[KVCacheBlock]:
         """`allocate_slots` for each of `requests` in turn, for running requests (they hold
         blocks; no hits, no sliding window) whose new blocks the caller counted as free: request
-        i, at position `rows[i]` of the list `fit_limits` was last asked about, gets
-        `num_new_blocks[i]` blocks. The same blocks, in the same order, as one call after
-        another; Python runs only for the requests that take a block. Returns the new blocks,
-        request after request."""
+        i, at position `rows[i]` of the list `held_blocks` was last asked about, gets
+        `num_new_blocks[i]` (at least one) blocks. The same blocks, in the same order, as one
+        call after another. Returns the new blocks, request after request."""
         tracked, req_to_blocks = self.tracked, self.req_to_blocks
-        taking = np.flatnonzero(num_new_blocks)
-        counts = num_new_blocks[taking]
-        taken = self.block_pool.allocate(int(counts.sum()))  # in the order the calls would take them
+        counts = num_new_blocks.tolist()
+        taken = self.block_pool.allocate(sum(counts))  # in the order the calls would take them
         start = 0
-        for i, count in zip(taking.tolist(), counts.tolist()):
-            req_to_blocks[requests[i].request_id].extend(taken[start:start + count])
+        for request, count in zip(requests, counts):
+            req_to_blocks[request.request_id].extend(taken[start:start + count])
             start += count
         tracked.held[rows] += num_new_blocks
-        tracked.fit_limit = None
         return taken
 
     def register_filled_blocks(self, req_ids: list[str], requests: list[Request], num_scheduled: np.ndarray,

@@ -264,19 +264,19 @@ class Scheduler:
         kind (budget short, blocks short, a sliding window): the loop decides it."""
         kv, store, running = self.kv_cache_manager, self.token_store, self.running
         slots, req_ids = self._running_slots()
-        fit_limit = kv.fit_limits(req_ids)
-        if fit_limit is None:
+        held = kv.held_blocks(req_ids)
+        if held is None:
             return None
         # After this step a scheduled request has computed every token it knows: `known`.
-        known, computed, scheduled, total, min_new, to_allocate = store.scan_running(slots, fit_limit)
+        known, computed, scheduled, total, min_new, to_allocate, new_blocks, blocks_needed = store.scan_running(
+            slots, held, kv.block_size)
         if total > budget or min_new <= 0:
             return None
         new_block_ids = _NO_BLOCK_IDS
         if len(to_allocate):
-            counts = kv.new_blocks_needed(to_allocate, known[to_allocate])
-            if int(counts.sum()) > kv.get_num_free_blocks():
+            if blocks_needed > kv.get_num_free_blocks():
                 return None  # an allocation may fail: the loop preempts
-            taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())), counts)
+            taken = kv.allocate_running(to_allocate, list(map(running.__getitem__, to_allocate.tolist())), new_blocks)
             new_block_ids = np.fromiter(map(_block_id, taken), np.int32, len(taken))
         if scheduled is not None:  # (some request has all its tokens in flight)
             rows = np.flatnonzero(scheduled)
@@ -286,7 +286,7 @@ class Scheduler:
         num_new_blocks = self._no_new_blocks(len(req_ids))
         if len(new_block_ids):
             num_new_blocks = num_new_blocks.copy()
-            num_new_blocks[to_allocate] = counts
+            num_new_blocks[to_allocate] = new_blocks
         num_scheduled = (self._one_token_each(req_ids) if total == len(req_ids)
                          else dict(zip(req_ids, (known - computed).tolist())))
         store.advance_running(slots, known)  # (`_advanced` for these requests)

@@ -48,7 +48,7 @@ class RunningScan(NamedTuple):
     included) and its computed ones; `scheduled`: None when every request is scheduled (has a
     token to compute), else which are; over the scheduled ones, the tokens to compute in all and
     the fewest one of them has (1 when none is scheduled); the positions of the scheduled ones
-    whose known tokens do not fit their fit limit."""
+    whose known tokens outgrow their blocks, the blocks each needs more, and those in all."""
 
     known: np.ndarray
     computed: np.ndarray
@@ -56,6 +56,8 @@ class RunningScan(NamedTuple):
     total: int
     min_new: int
     to_allocate: np.ndarray
+    new_blocks: np.ndarray
+    num_new_blocks: int
 
 
 class TokenStore:
@@ -175,29 +177,32 @@ class TokenStore:
             self.look_at_len[seen] = np.where(self.each_step[seen], 0, self.length_limit[seen])
         return looked_at
 
-    def scan_running(self, slots: np.ndarray, fit_limit: np.ndarray) -> RunningScan:
+    def scan_running(self, slots: np.ndarray, held: np.ndarray, block_size: int) -> RunningScan:
         """The scheduler's look at running requests (`slots`, distinct) before a step: a request
         is scheduled unless its known tokens reach its length limit (tokens in flight end it);
-        `fit_limit[i]`: the most tokens request i's held blocks take with no block newly filled
-        (`KVCacheManager.fit_limits`). Nothing is written."""
+        `held[i]`: the blocks request i holds (`KVCacheManager.held_blocks`), of `block_size`
+        tokens each. Nothing is written."""
         if self._native is not None:
             n = len(slots)
-            known, computed, to_allocate = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-            every_one, total, min_new, count = self._native.running_scan(
+            known, computed = np.empty(n, np.int64), np.empty(n, np.int64)
+            to_allocate, new_blocks = np.empty(n, np.int64), np.empty(n, np.int64)
+            every_one, total, min_new, count, num_new_blocks = self._native.running_scan(
                 np.ascontiguousarray(slots, dtype=np.int64), self.num_tokens_with_placeholders,
-                self.num_computed_tokens, self.length_limit, np.ascontiguousarray(fit_limit, dtype=np.int64),
-                known, computed, to_allocate)
+                self.num_computed_tokens, self.length_limit, np.ascontiguousarray(held, dtype=np.int64), block_size,
+                known, computed, to_allocate, new_blocks)
             scheduled = None if every_one else known < self.length_limit[slots]
-            return RunningScan(known, computed, scheduled, total, min_new, to_allocate[:count])
+            return RunningScan(known, computed, scheduled, total, min_new, to_allocate[:count], new_blocks[:count],
+                               num_new_blocks)
         known, computed = self.num_tokens_with_placeholders[slots], self.num_computed_tokens[slots]
         scheduled = known < self.length_limit[slots]
         every_one = bool(scheduled.all())  # (most steps: no request has all its tokens in flight)
         num_new = known - computed if every_one else (known - computed)[scheduled]
         min_new = int(num_new.min()) if len(num_new) else 1
-        outside = known > fit_limit
-        to_allocate = np.flatnonzero(outside if every_one else scheduled & outside)
+        needed = -(-known // block_size) - held
+        to_allocate = np.flatnonzero(needed > 0 if every_one else scheduled & (needed > 0))
+        new_blocks = needed[to_allocate]
         return RunningScan(known, computed, None if every_one else scheduled, int(num_new.sum()), min_new,
-                           to_allocate)
+                           to_allocate, new_blocks, int(new_blocks.sum()))
 
     def advance_running(self, slots: np.ndarray, known: np.ndarray) -> None:
         """After the scheduler gave each of `slots` all its `known` tokens: every token known gets

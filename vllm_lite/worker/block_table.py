@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vllm_lite.bookkeeping import native_loops
 from vllm_lite.ragged import segment_offsets
 
 
@@ -11,9 +12,13 @@ class BlockTable:
     """Invariant: `block_ids[row, :num_blocks[row]]` are the row's blocks in sequence order;
     entries past `num_blocks[row]` are stale and never read."""
 
-    def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int) -> None:
+    def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int, native: bool | None = None) -> None:
+        """`native`: whether `append_rows` runs csrc's loop (None: where it is built; True: it must be)."""
+        if native and native_loops is None:
+            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
         self.block_ids = np.zeros((max_num_reqs, max_num_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
+        self._native = native_loops if native is not False else None
 
     def add_row(self, row: int, block_ids: list[int]) -> None:
         self.num_blocks[row] = 0
@@ -30,9 +35,13 @@ class BlockTable:
         self.num_blocks[row] = start + len(block_ids)
 
     def append_rows(self, rows: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
-        """`append_row` for each of `rows` (distinct), row i taking the next `counts[i]` of
-        `block_ids`: two array assignments for the whole step. All or nothing: a row that
-        would overflow raises before anything is written."""
+        """`append_row` for each of `rows` (distinct, int64), row i taking the next `counts[i]`
+        (int32, 0 or more) of `block_ids`: one C loop (`block_rows_append`) where csrc is built,
+        else two array assignments for the whole step. All or nothing: a row that would
+        overflow raises before anything is written."""
+        if self._native is not None:
+            self._native.block_rows_append(rows, counts, block_ids, self.block_ids, self.num_blocks)
+            return
         starts = self.num_blocks[rows]
         ends = starts + counts
         if int(ends.max(initial=0)) > self.block_ids.shape[1]:

@@ -577,8 +577,7 @@ class ModelRunner:
         try:
             batch.num_computed_tokens[at] = cached.num_computed_tokens
             if len(cached.new_block_ids):  # (most decode steps: no request takes a block)
-                growing = np.flatnonzero(cached.num_new_blocks)
-                batch.block_table.append_rows(rows[growing], cached.num_new_blocks[growing], cached.new_block_ids)
+                batch.block_table.append_rows(rows, cached.num_new_blocks, cached.new_block_ids)
         except Exception:  # (append_rows writes every row or none; the counters are written again)
             return self._update_cached_each(cached)
         return None
