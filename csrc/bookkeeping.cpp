@@ -1,9 +1,9 @@
 // vllm_lite._bookkeeping: a steady step's loops over every running request (the engine core's,
-// the worker's decode step inputs and sampled tokens, the client's output tokens) and the prefix
-// cache's block keys, in C. A plain CPython extension (no torch, no numpy C API: arrays arrive
-// through the buffer protocol), so that core/ may use it; each function has a numpy (or hashlib)
-// twin in the module that calls it (for the worker's, its general path), used when this extension
-// is not built, and the tests run both on the same random steps.
+// the worker's decode step inputs, block-table rows and sampled tokens, the client's output
+// tokens) and the prefix cache's block keys, in C. A plain CPython extension (no torch, no numpy
+// C API: arrays arrive through the buffer protocol), so that core/ may use it; each function has
+// a numpy (or hashlib) twin in the module that calls it (for the worker's, its general path),
+// used when this extension is not built, and the tests run both on the same random steps.
 //
 // Why: between two forward passes each numpy call costs far more than its arithmetic (its code
 // and a fresh temporary to fetch, per call and per element); one loop that reads each request's
