@@ -33,7 +33,8 @@
 //   block_rows_append(rows, counts, new_block_ids, block_ids, num_blocks) -> None
 //       worker/block_table.py's BlockTable.append_rows: row rows[i] (distinct) takes the next
 //       counts[i] (int32, >= 0) of `new_block_ids` after its num_blocks[rows[i]]; every row's
-//       room is checked before anything is written (ValueError naming the row).
+//       room is checked before anything is written (ValueError naming the row), and a row named
+//       twice is never written past its end (IndexError).
 //   sampled_count(rows, num_tokens, row_serial, positions, serials) -> None
 //       ModelRunner._count_sampled: each row's next position (its num_tokens, int32) into
 //       `positions` and its `row_serial` (int64) into `serials` (both len(rows), made by the
@@ -644,6 +645,11 @@ PyObject* block_rows_append(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   int32_t* table = block_ids.data<int32_t>();
   for (Py_ssize_t i = 0; i < n; ++i) {
     if (count[i] == 0) continue;
+    if (held[row[i]] + static_cast<int64_t>(count[i]) > width) {  // (only a row named twice gets here)
+      PyErr_Format(PyExc_IndexError, "block_rows_append: row %lld named twice, its row full",
+                   static_cast<long long>(row[i]));
+      return nullptr;
+    }
     std::memcpy(table + row[i] * width + held[row[i]], source, count[i] * sizeof(int32_t));
     source += count[i];
     held[row[i]] += count[i];

@@ -62,3 +62,7 @@ def test_the_c_loop_refuses_counts_that_do_not_match_the_blocks_given() -> None:
     with pytest.raises(IndexError, match="block_rows_append: row 3 out of range 0..2"):
         table.append_rows(np.array([3]), np.array([1], dtype=np.int32), np.array([6], dtype=np.int32))
     assert np.array_equal(table.block_ids, before[0]) and np.array_equal(table.num_blocks, before[1])
+    # A row named twice (callers name each once) stops at its row's end, never writing into the next row.
+    with pytest.raises(IndexError, match="block_rows_append: row 1 named twice, its row full"):
+        table.append_rows(np.array([1, 1]), np.array([3, 3], dtype=np.int32), np.arange(6, dtype=np.int32))
+    assert table.num_blocks.tolist() == [0, 3, 0] and not table.block_ids[2].any()
