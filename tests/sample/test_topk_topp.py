@@ -73,6 +73,26 @@ def test_native_op_draws_what_the_torch_rule_draws(kind: str) -> None:
 
 
 @pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+@pytest.mark.parametrize("vocab", range(3000, 3016))
+def test_ties_reaching_into_the_last_partial_vector_stay_ties(vocab: int) -> None:
+    """Every remainder of the vocabulary modulo 16 lanes (and so 8 and 4): a tied value among
+    the last tokens, those past the last whole vector, gets the probability it gets anywhere
+    else, so a threshold on that tie keeps all of it as the torch rule does (a scalar exp there,
+    an ulp off the vector one, left the last tokens out at 16 lanes)."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(0, 4, (ROWS, vocab), generator=gen).float()
+    logits[:, -16:] = 2.0  # the boundary tie of top-p 0.7 (the 3s hold ~0.64 of the mass)
+    top_k = torch.zeros(ROWS, dtype=torch.long)
+    top_p = torch.full((ROWS,), 0.7)
+    uniforms = torch.rand(ROWS, generator=gen)
+    masked = logits.clone()
+    mask_top_k_top_p(masked, top_k, top_p)
+    assert bool((masked[:, -16:] == 2.0).all())  # (the torch rule keeps the whole tie)
+    native = cpu_native.top_k_top_p_sample(logits.clone(), top_k, top_p, uniforms)
+    assert torch.equal(native, sample_truncated(masked, uniforms))
+
+
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
 @pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "masked"])
 def test_untruncated_rows_draw_what_the_torch_softmax_draws(kind: str) -> None:
     """Rows without top-k or top-p go to the native op too (whole blocks skipped by their sums,
