@@ -10,10 +10,11 @@ tokens each, greedy, ignore_eos, no detokenization):
 * vllm_lite's per-step time split, from an in-process EngineCore whose phases are timed by
   wrappers (nothing in the engine itself is instrumented): schedule, input preparation, forward,
   logits + sampling, output update; IPC: what one step's outputs cost to encode, send over
-  an ipc:// ZMQ socket, receive and decode; and the client: the same steps' outputs through the
-  client's OutputProcessor with detokenization on, as `LLM` takes them (final outputs only) and
-  as the server's streams take them (a delta per request per step), replayed after the engine
-  core's run (each its own process in a deployment: `ClientTimer`).
+  an ipc:// ZMQ socket, receive and decode (not the wait for ZMQ's I/O thread); and the
+  client: the same steps' outputs through the client's OutputProcessor with detokenization
+  on, as `LLM` takes them (final outputs only) and as the server's streams take them (a delta
+  per request per step), replayed after the engine core's run (each its own process in a
+  deployment: `ClientTimer`).
 
 `--modes` picks what runs: `core` (the throughput comparison, no detokenization), `split` (the
 per-step split), and two end-to-end modes:
@@ -254,9 +255,14 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
 
 
 def ipc_seconds(outputs: EngineCoreOutputs, repeats: int = 200) -> float:
-    """Encode + send + receive + decode of one step's outputs over ipc:// (the engine core's
-    output path to a client), averaged. As in a run of steady decode steps, the request ids
-    travel with the first message only (`RequestIdsSender`); the later ones name it."""
+    """What one step's outputs cost the engine core's thread (encode + send) and the client's
+    (receive + decode) over ipc://, averaged. As in a run of steady decode steps, the request ids
+    travel with the first message only (`RequestIdsSender`); the later ones name it. The wait in
+    between, for ZMQ's I/O thread to carry the message, is left out: it is neither thread's work
+    (each goes on with its own, or idles), and on this VM it is a cross-CPU wake-up or not at
+    random per socket pair, 2 or 35-70 us for the same message whatever its size, where the
+    send and receive are 15-25 us (a /tmp probe, RESULTS.md thirty-seventh session); timed in
+    one round trip, it made this column 0.02 or 0.07 ms from run to run."""
     encoder, decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreOutputs)
     ids_sender, ids_receiver = RequestIdsSender(), RequestIdsReceiver()
     context = zmq.Context()
@@ -267,15 +273,17 @@ def ipc_seconds(outputs: EngineCoreOutputs, repeats: int = 200) -> float:
             pull.bind(address)
             push.connect(address)
 
-            def one_message() -> None:
+            def one_message() -> float:
+                start = time.perf_counter()
                 push.send_multipart(encoder.encode(ids_sender.prepare(b"client", outputs)), copy=False)
+                sent = time.perf_counter()
+                pull.poll()
+                arrived = time.perf_counter()
                 ids_receiver.restore(decoder.decode(pull.recv_multipart(copy=False)))
+                return (sent - start) + (time.perf_counter() - arrived)
 
             one_message()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                one_message()
-            return (time.perf_counter() - start) / repeats
+            return sum(one_message() for _ in range(repeats)) / repeats
         finally:
             push.close(linger=0)
             pull.close(linger=0)
@@ -452,7 +460,7 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
         print(f"{name}: {reason}")
     if tables["split"]:
         print("\nvllm_lite per decode step (ms; in-process engine core; IPC = one step's outputs encoded, sent over "
-              "ipc://, received, decoded; client = the step's outputs through the OutputProcessor with "
+              "ipc://, received, decoded, not the wait between; client = the step's outputs through the OutputProcessor with "
               "detokenization, final outputs only (LLM) or a delta per request (stream); outside forward = "
               "core step - forward - logits+sample + IPC + client (stream)):")
         print(f"bookkeeping = schedule + input prep + output update + IPC + client (LLM); ratio: against "
