@@ -9,7 +9,8 @@ tokens each, greedy, ignore_eos, no detokenization):
   model folder and prompts, each in its own subprocess;
 * vllm_lite's per-step time split, from an in-process EngineCore whose phases are timed by
   wrappers (nothing in the engine itself is instrumented): schedule, input preparation, forward,
-  logits + sampling, output update; IPC: what one step's outputs cost to encode, send over
+  logits + sampling (the LM head and the sampler's op), the rest of the worker's step (its
+  Python around the sampler), output update; IPC: what one step's outputs cost to encode, send over
   an ipc:// ZMQ socket, receive and decode (not the wait for ZMQ's I/O thread); and the
   client: the same steps' outputs through the client's OutputProcessor with detokenization
   on, as `LLM` takes them (final outputs only) and as the server's streams take them (a delta
@@ -81,10 +82,10 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 VOCAB = 8192
 PROMPT_LEN = (16, 48)
 SERVE_INPUT_LEN = 32
-PHASES = ("schedule", "input prep", "forward", "logits+sample", "output update", "IPC")
+PHASES = ("schedule", "input prep", "forward", "logits+sample", "worker other", "output update", "IPC")
 CLIENT_PHASES = ("client (LLM)", "client (stream)")
 # The hot-loop issue's target 2: the Python around the model, engine core and client (as LLM takes outputs).
-BOOKKEEPING = ("schedule", "input prep", "output update", "IPC", "client (LLM)")
+BOOKKEEPING = ("schedule", "input prep", "worker other", "output update", "IPC", "client (LLM)")
 
 
 @dataclass(slots=True)
@@ -105,6 +106,26 @@ class PhaseTimer:
                 self.seconds[phase] += time.perf_counter() - start
 
         setattr(owner, attribute, timed)
+
+    def wrap_call(self, owner: Any, attribute: str, phase: str) -> None:
+        """`wrap` for an object that is called (the worker's sampler): its calls are timed, its
+        other attributes read through."""
+        timer, inner = self, getattr(owner, attribute)
+
+        class Timed:
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                if not timer.enabled:
+                    return inner(*args, **kwargs)
+                start = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    timer.seconds[phase] += time.perf_counter() - start
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+        setattr(owner, attribute, Timed())
 
 
 def limits_for(num_requests: int, output_len: int, threads: int) -> EngineLimits:
@@ -190,10 +211,13 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
                   stream_interval: int = 1, stand_in_flush_mb: int | None = None,
                   launch_ahead: bool | None = None) -> dict[str, float]:
     """Per-step milliseconds of each phase over the steady decode steps (after every prompt is
-    prefilled, before the first request finishes). With async scheduling the model's phases run
-    on the step thread, overlapping the schedule and update: they add up to more than the total.
-    On CUDA the phases are host time: "forward" is the launch (or graph replay), and the wait for
-    the GPU shows in "logits+sample" (the sampled tokens' copy to the host). Without the client
+    prefilled, before the first request finishes). "logits+sample" is the model's LM head and the
+    sampler's op; "worker other" the rest of the worker's step outside input prep and the model
+    (its Python around the sampler: counting the sampled rows, writing the tokens into the batch,
+    the step's output). With async scheduling the worker's phases run on the step thread,
+    overlapping the schedule and update: they add up to more than the total. On CUDA the phases
+    are host time: "forward" is the launch (or graph replay), and the wait for the GPU shows in
+    "logits+sample" (the sampled tokens' copy to the host). Without the client
     (a model without a tokenizer), its columns are 0. `stand_in_flush_mb`: see `stand_in_model`.
     `launch_ahead`: whether the step thread launches step N+1 before finishing step N (None: the
     device's default, `UniProcExecutor.launches_ahead`)."""
@@ -214,9 +238,15 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
     timer.wrap(runner, "_update_states", "input prep")
     timer.wrap(runner, "_prepare_inputs", "input prep")
     timer.wrap(runner.model, "forward", "forward")
-    timer.wrap(runner, "_sample", "logits+sample")
-    timer.wrap(runner, "finish", "logits+sample")  # waits for the sampled tokens (on a GPU)
+    timer.wrap(runner.model, "compute_logits", "logits+sample")
+    timer.wrap(runner.model, "compute_greedy_tokens", "logits+sample")
+    timer.wrap_call(runner, "sampler", "logits+sample")
+    timer.wrap(runner, "_launch", "worker step")
+    timer.wrap(runner, "finish", "worker step")
     timer.wrap(core.scheduler, "update_from_output", "output update")
+    synchronize = torch.cuda.Event.synchronize
+    if device == "cuda":  # finish waits there for the sampled tokens
+        timer.wrap(torch.cuda.Event, "synchronize", "logits+sample")
     try:
         with core.executor.step_thread_mode():  # (the thread state the engine-core process's loop holds)
             for i, (prompt, max_tokens) in enumerate(zip(workload.prompts, workload.max_tokens)):
@@ -241,6 +271,8 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
                 steps += 1
             timer.enabled = False
             client.replay(recorded)
+            timer.seconds["worker other"] = timer.seconds["worker step"] - sum(
+                timer.seconds[phase] for phase in ("input prep", "forward", "logits+sample"))
             per_step = {phase: 1e3 * timer.seconds[phase] / steps for phase in PHASES[:-1]}
             per_step["IPC"] = 1e3 * ipc_seconds(outputs)
             per_step.update({phase: 1e3 * client.seconds[phase] / steps for phase in CLIENT_PHASES})
@@ -251,6 +283,7 @@ def profile_steps(model: Path, workload: Workload, limits: EngineLimits, async_s
             per_step["steps"] = steps
             return per_step
     finally:
+        torch.cuda.Event.synchronize = synchronize
         core.shutdown()
 
 
@@ -424,7 +457,7 @@ def split_rounds(model: Path, args: argparse.Namespace) -> dict[int, dict[str, f
     """The per-step split of each request count, `--split-rounds` times with the counts
     interleaved (so the VM's drift reaches all of them alike), each column's minimum over the
     rounds; "bookkeeping" = the engine's and the client's Python around the model: schedule +
-    input prep + output update + IPC + client (LLM), the hot-loop issue's target 2."""
+    input prep + worker other + output update + IPC + client (LLM), the hot-loop issue's target 2."""
     best: dict[int, dict[str, float]] = {}
     for _ in range(args.split_rounds):
         for num_requests in args.requests:
@@ -459,12 +492,14 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
     if tables["split"]:
-        print("\nvllm_lite per decode step (ms; in-process engine core; IPC = one step's outputs encoded, sent over "
-              "ipc://, received, decoded, not the wait between; client = the step's outputs through the OutputProcessor with "
-              "detokenization, final outputs only (LLM) or a delta per request (stream); outside forward = "
-              "core step - forward - logits+sample + IPC + client (stream)):")
-        print(f"bookkeeping = schedule + input prep + output update + IPC + client (LLM); ratio: against "
-              f"{args.requests[0]} requests; each column the minimum over {args.split_rounds} interleaved round(s)")
+        print("\nvllm_lite per decode step (ms; in-process engine core; logits+sample = the LM head and the "
+              "sampler's op; worker other = the rest of the worker's step outside input prep and the model; IPC = "
+              "one step's outputs encoded, sent over ipc://, received, decoded, not the wait between; client = the "
+              "step's outputs through the OutputProcessor with detokenization, final outputs only (LLM) or a delta "
+              "per request (stream); outside forward = core step - forward - logits+sample + IPC + client (stream)):")
+        print(f"bookkeeping = schedule + input prep + worker other + output update + IPC + client (LLM); ratio: "
+              f"against {args.requests[0]} requests; each column the minimum over {args.split_rounds} interleaved "
+              f"round(s)")
         print_table(("requests", *PHASES, *CLIENT_PHASES, "core step", "outside forward", "bookkeeping", "ratio"),
                     tables["split"])
 
