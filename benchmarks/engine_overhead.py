@@ -94,8 +94,24 @@ class PhaseTimer:
     enabled: bool = False
 
     def wrap(self, owner: Any, attribute: str, phase: str) -> None:
-        inner: Callable[..., Any] = getattr(owner, attribute)
+        setattr(owner, attribute, self._timed(getattr(owner, attribute), phase))
 
+    def wrap_call(self, owner: Any, attribute: str, phase: str) -> None:
+        """`wrap` for an object that is called (the worker's sampler): its calls are timed, its
+        other attributes read through."""
+        inner = getattr(owner, attribute)
+        timed = self._timed(inner, phase)
+
+        class Timed:
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return timed(*args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+        setattr(owner, attribute, Timed())
+
+    def _timed(self, inner: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.enabled:
                 return inner(*args, **kwargs)
@@ -105,27 +121,7 @@ class PhaseTimer:
             finally:
                 self.seconds[phase] += time.perf_counter() - start
 
-        setattr(owner, attribute, timed)
-
-    def wrap_call(self, owner: Any, attribute: str, phase: str) -> None:
-        """`wrap` for an object that is called (the worker's sampler): its calls are timed, its
-        other attributes read through."""
-        timer, inner = self, getattr(owner, attribute)
-
-        class Timed:
-            def __call__(self, *args: Any, **kwargs: Any) -> Any:
-                if not timer.enabled:
-                    return inner(*args, **kwargs)
-                start = time.perf_counter()
-                try:
-                    return inner(*args, **kwargs)
-                finally:
-                    timer.seconds[phase] += time.perf_counter() - start
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(inner, name)
-
-        setattr(owner, attribute, Timed())
+        return timed
 
 
 def limits_for(num_requests: int, output_len: int, threads: int) -> EngineLimits:
