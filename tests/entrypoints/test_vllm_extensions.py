@@ -372,6 +372,15 @@ def test_use_beam_search_refuses_fields_it_does_not_use(server: LiveServer, extr
     assert "use_beam_search" in message
 
 
+@pytest.mark.parametrize("route, body", [("/v1/completions", {"prompt": PROMPT}),
+                                         ("/v1/chat/completions", {"messages": CHAT})])
+def test_length_penalty_without_beam_search_is_refused(server: LiveServer, route: str, body: dict) -> None:
+    """It scores beams only: a sampled request would drop it unread (as vLLM does), so it is refused."""
+    message = _error(_post(server, route, {**body, "max_tokens": 3, "length_penalty": 2.0}), "length_penalty")
+    assert "use_beam_search" in message
+    assert _post(server, route, {**body, "max_tokens": 3, "length_penalty": 1.0}).status_code == 200
+
+
 # ---- batched chat ----
 
 

@@ -240,8 +240,11 @@ class _GenerationRequest(RequestModel):
 
     def beam_search_params(self, max_tokens: int | None, logprobs: Any) -> BeamSearchParams | None:
         """With use_beam_search, its parameters (beam width = n, as vLLM); sampling fields beam
-        search does not use are refused by name rather than ignored."""
+        search does not use are refused by name rather than ignored, and so is a length_penalty
+        without it (vLLM drops it unread there)."""
         if not self.use_beam_search:
+            _check(self.length_penalty == 1.0, "length_penalty",
+                   f"length_penalty scores beams: it needs use_beam_search, got {self.length_penalty} without it")
             return None
         unused = [name for name in _SAMPLING_FIELDS if name not in _BEAM_SEARCH_FIELDS
                   and getattr(self, name) not in (None, [])]
