@@ -182,6 +182,7 @@ def test_store_false_and_the_bounded_store(client: openai.OpenAI) -> None:
     ({"background": True, "store": False}, "background"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),  # (no logprobs asked for: they would be dropped unread)
     ({"reasoning": {"effort": "low", "budget": 3}}, "reasoning.budget"),
     ({"truncation": "auto"}, "truncation"),
     ({"frobnicate": 1}, "frobnicate"),

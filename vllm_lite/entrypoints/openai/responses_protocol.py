@@ -102,6 +102,8 @@ class ResponsesRequest(TextRequest):
         _check(not other, "include", f"include supports only {OUTPUT_LOGPROBS!r}, got {other}")
         _check(self.top_logprobs is None or 0 <= self.top_logprobs <= 20, "top_logprobs",
                f"top_logprobs must be in [0, 20], got {self.top_logprobs}")
+        _check(not self.top_logprobs or self.wants_logprobs(), "top_logprobs",  # (else dropped unread, as vLLM)
+               f"top_logprobs needs include [{OUTPUT_LOGPROBS!r}], got {self.top_logprobs} without it")
         unknown = sorted(set(self.reasoning or {}) - set(_REASONING_FIELDS))
         _check(not unknown, f"reasoning.{unknown[0]}" if unknown else "reasoning",
                f"unsupported field(s) in reasoning: {unknown}")
