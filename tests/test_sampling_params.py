@@ -69,6 +69,7 @@ def test_defaults_and_normalization() -> None:
     assert greedy.is_greedy and (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)
     assert SamplingParams(temperature=1e-3).temperature == pytest.approx(1e-2)
     assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == -2  # (vLLM: -1 = no seed)
     with pytest.raises(ValueError, match="seed"):
         SamplingParams().clone_with(seed=-(2**63) - 1)
 

@@ -119,7 +119,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | repetition_penalty | divides positive / multiplies negative logits of tokens seen before | [0.01, 100] |
     | frequency_penalty | subtracted once per occurrence in the output | [-2, 2] |
     | presence_penalty | subtracted once if the token occurs in the output | [-2, 2] |
-    | seed | per-request random seed | 64-bit |
+    | seed | per-request random seed; -1 = none (as vLLM) | 64-bit |
     | max_tokens | most output tokens; None = up to max_model_len | >= 1 or None |
     | min_tokens | EOS and stop_token_ids are suppressed before this many outputs | [0, max_tokens] |
 
@@ -181,6 +181,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             self.stop = list(self.stop)
         if self.top_k == -1:
             self.top_k = 0
+        if self.seed == -1:  # vLLM's rule: -1 asks for no seed (a client's "random")
+            self.seed = None
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._validate()
