@@ -28,7 +28,6 @@ import multiprocessing.connection
 import os
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -91,10 +90,10 @@ class WorkerProc:
         self.ctx = zmq.Context()
         self.ctx.setsockopt(zmq.LINGER, 0)
         self.steps = self.ctx.socket(zmq.SUB)
-        monitor = self.steps.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         # The engine core closes the broadcast right after Shutdown: a rank still busy may see
         # the drop before it reads the Shutdown queued for it, hence the grace.
-        _start_watchdog(monitor.recv_multipart, stopping, grace=DISCONNECT_GRACE_S)
+        self.watchdog = DisconnectWatchdog(self.steps.get_monitor_socket(zmq.EVENT_DISCONNECTED), stopping,
+                                           grace=DISCONNECT_GRACE_S)
         self.steps.setsockopt(zmq.SUBSCRIBE, b"")
         self.steps.connect(steps_addr)  # the engine core counts subscriptions as "ready"
         self.replies = self.ctx.socket(zmq.PUSH)
@@ -148,6 +147,7 @@ class WorkerProc:
         destroyed with a linger (its default is 0), which waits for the message to leave: the
         process ends by os._exit, where a socket closed alone could drop it unsent."""
         self.replies.send_multipart(self.codec.encode_reply(WorkerReply(rank=self.rank, error=error)))
+        self.watchdog.close()  # (destroy closes every socket of the context: not one another thread is in)
         self.ctx.destroy(linger=int(DISCONNECT_GRACE_S * 1000))
 
 
@@ -156,17 +156,38 @@ def _limit_threads(ranks_per_node: int) -> None:
     torch.set_num_threads(model_threads(ranks_per_node))
 
 
-def _start_watchdog(wait: Callable[[], object], stopping: threading.Event, grace: float) -> None:
-    """When `wait()` returns, exit, unless the engine core says Shutdown within `grace` seconds
-    (then the main thread is on its way out): the broadcast connection dropping (ranks on other
-    nodes: the engine core left). A rank's parent dying ends it at once (`on_parent_death`)."""
+class DisconnectWatchdog:
+    """Exits the process when the broadcast connection drops (`monitor`: the step socket's
+    EVENT_DISCONNECTED monitor; ranks on other nodes: the engine core left), unless the engine
+    core says Shutdown within `grace` seconds (`stopping`: the main thread is on its way out). A
+    rank's parent dying ends it at once (`on_parent_death`). Only the watchdog's thread touches
+    `monitor`, and closes it on `close()`: a ZMQ socket closed while another thread waits on it
+    aborts the process (libzmq's "pfd.revents & POLLIN" assertion), which lost a failing rank's
+    last message once."""
 
-    def watch() -> None:
-        wait()
-        if not stopping.wait(grace):
-            os._exit(1)
+    POLL_MS = 100  # how soon `close()` is seen
 
-    threading.Thread(target=watch, daemon=True, name="vllm_lite-worker-watchdog").start()
+    def __init__(self, monitor: zmq.Socket, stopping: threading.Event, grace: float) -> None:
+        self._monitor, self._stopping, self._grace = monitor, stopping, grace
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="vllm_lite-worker-watchdog")
+        self._thread.start()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop watching; returns once the monitor socket is closed (or after `timeout_s`)."""
+        self._closing.set()
+        self._thread.join(timeout_s)
+
+    def _watch(self) -> None:
+        try:
+            while not self._closing.is_set():
+                if self._monitor.poll(self.POLL_MS):
+                    self._monitor.recv_multipart()
+                    if not self._stopping.wait(self._grace):
+                        os._exit(1)
+                    return
+        finally:
+            self._monitor.close(linger=0)
 
 
 def _exit_now() -> None:
