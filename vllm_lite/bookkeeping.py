@@ -13,3 +13,11 @@ try:
     from vllm_lite import _bookkeeping as native_loops
 except ImportError:
     native_loops = None
+
+
+def chosen_loops(native: bool | None) -> ModuleType | None:
+    """The loops a caller's `native` flag asks for: None (the default) where they are built,
+    True they must be (else RuntimeError), False never (the numpy fallback)."""
+    if native and native_loops is None:
+        raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
+    return native_loops if native is not False else None

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from vllm_lite.bookkeeping import native_loops
+from vllm_lite.bookkeeping import chosen_loops
 from vllm_lite.core.request import Request
 
 TAIL = 16  # tokens per slot in `tail`: one 64-byte cache line of int32
@@ -64,9 +64,7 @@ class TokenStore:
     def __init__(self, num_slots: int, max_model_len: int, native: bool | None = None) -> None:
         """`native`: whether the per-request loops run in C (None: when it is built; True: it
         must be)."""
-        if native and native_loops is None:
-            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
-        self._native: ModuleType | None = native_loops if native is not False else None
+        self._native: ModuleType | None = chosen_loops(native)
         self._looked_at = np.zeros(num_slots, dtype=np.int64)  # `append`'s result, in the C loop
         self.token_ids = np.zeros((num_slots, max_model_len), dtype=np.int32)
         self.tail = np.zeros((num_slots, TAIL), dtype=np.int32)

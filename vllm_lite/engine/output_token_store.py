@@ -22,7 +22,7 @@ from types import ModuleType
 
 import numpy as np
 
-from vllm_lite.bookkeeping import native_loops
+from vllm_lite.bookkeeping import chosen_loops
 
 _INITIAL_ROWS = 64
 _INITIAL_WIDTH = 64
@@ -32,9 +32,7 @@ class OutputTokenStore:
     def __init__(self, rows: int = _INITIAL_ROWS, width: int = _INITIAL_WIDTH, native: bool | None = None) -> None:
         """`native`: whether `append_and_look` runs csrc's loop (None: where it is built; True:
         it must be)."""
-        if native and native_loops is None:
-            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
-        self._native: ModuleType | None = native_loops if native is not False else None
+        self._native: ModuleType | None = chosen_loops(native)
         self._looked_at = np.zeros(rows, dtype=np.int64)  # `append_and_look`'s positions, from the C loop
         self.ids = np.zeros((rows, width), dtype=np.int32)
         self.counts = np.zeros(rows, dtype=np.int64)

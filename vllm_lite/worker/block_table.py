@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_lite.bookkeeping import native_loops
+from vllm_lite.bookkeeping import chosen_loops
 from vllm_lite.ragged import segment_offsets
 
 
@@ -14,11 +14,9 @@ class BlockTable:
 
     def __init__(self, max_num_reqs: int, max_num_blocks_per_req: int, native: bool | None = None) -> None:
         """`native`: whether `append_rows` runs csrc's loop (None: where it is built; True: it must be)."""
-        if native and native_loops is None:
-            raise RuntimeError("the csrc extension vllm_lite._bookkeeping is not built")
         self.block_ids = np.zeros((max_num_reqs, max_num_blocks_per_req), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int32)
-        self._native = native_loops if native is not False else None
+        self._native = chosen_loops(native)
 
     def add_row(self, row: int, block_ids: list[int]) -> None:
         self.num_blocks[row] = 0
