@@ -606,6 +606,8 @@ class EngineArgs:
         tokenizer = self._tokenizer_path(model_dir)
         model_len, source = derived_max_model_len(hf, tokenizer)
         max_len = _default_max_model_len(hf, model_len) if self.max_model_len is None else self.max_model_len
+        _check(max_len != -1, "max_model_len=-1 ('auto', vLLM's: the longest that fits the KV cache) is not "
+                              "implemented; give a length, or none for the model's own")
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         if max_len > model_len:
             _allow_long_max_model_len(hf, max_len, model_len, source)

@@ -243,12 +243,25 @@ DEFAULTS_TEMPLATE = "{% for m in messages %}<{{ m.content }}>{% endfor %}{% if f
 
 @pytest.fixture(scope="module")
 def defaults_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Its flags come from a YAML file (vLLM's `--config`; keys with dashes or underscores, a
+    mapping for a JSON flag, true for a switch), one JSON flag key by key on the command line
+    (`--structured-outputs-config.disable_any_whitespace true`, merged with the file's backend),
+    and the file's served-model-name loses to the command line's (every test asks for MODEL)."""
     folder = tmp_path_factory.mktemp("defaults")
     (folder / "template.jinja").write_text(DEFAULTS_TEMPLATE)
-    args = ("--max-model-len", "128", "--chat-template", str(folder / "template.jinja"),
-            "--default-chat-template-kwargs", '{"flag": true}', "--return-tokens-as-token-ids",
-            "--exclude-tools-when-tool-choice-none", "--scheduling-policy", "priority",
-            "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
+    (folder / "config.yaml").write_text(f"""
+max_model_len: 128
+chat-template: {folder / "template.jinja"}
+default-chat-template-kwargs:
+  flag: true
+return-tokens-as-token-ids: true
+exclude_tools_when_tool_choice_none: true
+scheduling-policy: priority
+structured-outputs-config:
+  backend: xgrammar
+served-model-name: [not-{MODEL}]
+""")
+    args = ("--config", str(folder / "config.yaml"), "--structured-outputs-config.disable_any_whitespace", "true")
     with running_server(tiny_llama, folder / "server.log", MODEL, API_KEY, args) as live:
         yield live
 

@@ -11,8 +11,7 @@ from typing import Any
 from vllm_lite.entrypoints.bench import add_bench_parser
 from vllm_lite.entrypoints.chat_content import CONTENT_FORMATS
 from vllm_lite.entrypoints.chat import add_chat_parser
-from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_object, json_string_list
-from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
+from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from, json_object, json_string_list, vllm_argv
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -140,14 +139,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        default=None, help="how tool calls are read from the model's text")
     serve.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
                        help="return the <think> part of chat replies as `reasoning`")
-    serve.add_argument("--structured-outputs-config.backend", dest="structured_outputs_backend",
-                       choices=STRUCTURED_OUTPUT_BACKENDS, default="auto",
-                       help="vLLM's flag: the structured-output backend (xgrammar, the only one here)")
-    serve.add_argument("--structured-outputs-config.disable-any-whitespace", dest="structured_outputs_compact",
-                       action="store_true", help="vLLM's flag: JSON grammars allow no whitespace (compact JSON)")
     serve.add_argument("--structured-outputs-config", dest="structured_outputs_config", type=json_object,
-                       default=None, help="vLLM's flag as a JSON object: backend (auto, xgrammar) and "
-                                          "disable_any_whitespace; its other fields are refused by name")
+                       default=None, help="vLLM's flag, a JSON object or key by key (--structured-outputs-config."
+                                          "backend xgrammar): backend (auto or xgrammar, the only one here) and "
+                                          "disable_any_whitespace (compact JSON); its other fields are refused by name")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
     serve.add_argument("--enable-force-include-usage", action="store_true",
@@ -175,7 +170,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="after SIGTERM: seconds in-flight requests may run on before they are ended "
                             "with an error")
-    serve.add_argument("--api-server-count", type=int, default=1,
+    serve.add_argument("--api-server-count", "-asc", type=int, default=1,
                        help="API server processes sharing --port and one engine core (vLLM's flag); "
                             "/metrics sums them, /load and stored responses are each server's own")
     serve.add_argument("--served-model-name", nargs="+", default=None,
@@ -242,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(vllm_argv(sys.argv[1:] if argv is None else argv, parser))
     handler: Callable[[argparse.Namespace], Any] = args.func
     try:
         return int(handler(args) or 0)

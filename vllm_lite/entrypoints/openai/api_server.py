@@ -519,7 +519,7 @@ STRUCTURED_OUTPUTS_CONFIG_FIELDS = ("backend", "disable_any_whitespace")
 
 
 def _compact_structured_outputs(args: argparse.Namespace) -> bool:
-    """vLLM's --structured-outputs-config (a JSON object) or its dotted flags: the backend must be
+    """vLLM's --structured-outputs-config (a JSON object, or key by key: cli_args.vllm_argv): the backend must be
     xgrammar's (auto picks it); disable_any_whitespace makes every JSON grammar compact. Its
     other fields (reasoning, additional properties) are not implemented: refused by name."""
     config = getattr(args, "structured_outputs_config", None) or {}
@@ -533,7 +533,7 @@ def _compact_structured_outputs(args: argparse.Namespace) -> bool:
     compact = config.get("disable_any_whitespace", False)
     if not isinstance(compact, bool):
         raise ValueError(f"--structured-outputs-config: disable_any_whitespace must be true or false, got {compact!r}")
-    return compact or bool(getattr(args, "structured_outputs_compact", False))
+    return compact
 
 
 def _middleware_paths(args: argparse.Namespace) -> tuple[str, ...]:
