@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -178,7 +179,6 @@ def test_store_false_and_the_bounded_store(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"background": True}, "background"),
     ({"background": True, "store": False}, "background"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
@@ -220,6 +220,64 @@ def test_cancel_answers_as_vllm_for_a_synchronous_response(client: openai.OpenAI
         client.responses.cancel(done.id)
     with pytest.raises(openai.NotFoundError, match="not found"):
         client.responses.cancel("resp_unknown")
+
+
+def _when_ended(client: openai.OpenAI, response_id: str, timeout_s: float = 60.0) -> Any:
+    """The stored response once it is no longer "queued" (vLLM's status while it runs)."""
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(response_id)).status == "queued":
+        assert time.monotonic() < deadline, f"{response_id} still queued after {timeout_s} s"
+        time.sleep(0.05)
+    return response
+
+
+def test_background_response_is_queued_then_stored_whole(client: openai.OpenAI) -> None:
+    """vLLM's background mode: answered at once ("queued"), generated on its own, then stored as
+    the same request run in the foreground would answer; a finished one cannot be cancelled."""
+    fields = {"model": MODEL, "input": "Tell me a story", "max_output_tokens": 12, "temperature": 0.0}
+    queued = client.responses.create(background=True, **fields)
+    assert (queued.status, queued.background, queued.output) == ("queued", True, [])
+    ended = _when_ended(client, queued.id)
+    foreground = client.responses.create(store=False, **fields)
+    assert ended.status == "incomplete" and ended.background is True
+    assert ended.output_text == foreground.output_text and ended.usage.output_tokens == 12
+    with pytest.raises(openai.BadRequestError, match="Cannot cancel a synchronous response."):
+        client.responses.cancel(queued.id)
+
+
+def test_a_cancelled_background_response_stops_generating(client: openai.OpenAI, server: LiveServer) -> None:
+    """Cancel stops the generation (the engine has nothing running after it) and the response
+    stays "cancelled"; one still running cannot be continued (previous_response_id)."""
+    queued = client.responses.create(model=MODEL, input="Tell me a long story", max_output_tokens=480,
+                                      temperature=0.0, background=True)  # (greedy: no end before 480 tokens)
+    with pytest.raises(openai.BadRequestError, match="still running"):
+        client.responses.create(model=MODEL, input="and then?", previous_response_id=queued.id, max_output_tokens=2)
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    time.sleep(0.3)
+    assert client.responses.retrieve(queued.id).status == "cancelled"
+    metrics = httpx.get(f"{server.base_url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    assert "vllm:num_requests_running" in metrics
+    running = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")]
+    assert all(line.rsplit(" ", 1)[1] in ("0.0", "0") for line in running), running
+
+
+def test_a_streamed_background_response_can_be_read_again(server: LiveServer, client: openai.OpenAI) -> None:
+    """background + stream: the events as a foreground stream's; GET ?stream=true&starting_after=N
+    gives them again from event N + 1; the stored body is the last event's response."""
+    events = list(client.responses.create(model=MODEL, input="Tell me a story", max_output_tokens=12,
+                                          temperature=0.0, stream=True, background=True))
+    assert _collapse([e.type for e in events]) == TEXT_EVENTS
+    response_id = events[-1].response.id
+    again = httpx.get(f"{server.base_url}/v1/responses/{response_id}", params={"stream": "true", "starting_after": 2},
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    replayed = [json.loads(line.removeprefix("data: ")) for line in again.text.splitlines() if line.startswith("data: ")]
+    assert replayed == [event.model_dump(mode="json", exclude_unset=True) for event in events[3:]]
+    assert client.responses.retrieve(response_id).output_text == events[-1].response.output_text
+    plain = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    not_streamed = httpx.get(f"{server.base_url}/v1/responses/{plain.id}", params={"stream": "true"},
+                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+    assert not_streamed.status_code == 400 and not_streamed.json()["error"]["param"] == "stream", not_streamed.text
 
 
 def test_vllm_sampling_extras_run_as_on_chat(client: openai.OpenAI) -> None:
@@ -332,6 +390,31 @@ def test_hermes_calls_streamed_in_pieces(tiny_tokenizer_dir: Path) -> None:
 def test_an_error_after_the_stream_began_is_an_error_event(tiny_tokenizer_dir: Path) -> None:
     with pytest.raises(openai.APIError, match="engine is dead"):
         _scripted_events(tiny_tokenizer_dir, ["Hello", " there", " friend"], fail_after=2)
+
+
+def test_a_background_response_that_fails_is_stored_failed(tiny_tokenizer_dir: Path) -> None:
+    """An error while a background response runs is its own: stored "failed" with the error,
+    and a streamed one's last event is the error event; the server goes on."""
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(tiny_tokenizer_dir), ["Hello", " there", " friend"],
+                            fail_after=2)
+    engine.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+    async def go() -> tuple[Any, list[dict[str, Any]]]:
+        app = build_app(engine, [MODEL], options=ServerOptions(api_key=API_KEY))
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test/v1")
+        async with openai.AsyncOpenAI(base_url="http://test/v1", api_key=API_KEY, http_client=http) as client:
+            queued = await client.responses.create(model=MODEL, input="hi", background=True)
+            while (failed := await client.responses.retrieve(queued.id)).status == "queued":
+                await asyncio.sleep(0.01)
+            stream = await client.responses.create(model=MODEL, input="hi", background=True, stream=True)
+            events = []
+            with pytest.raises(openai.APIError, match="engine is dead"):
+                async for event in stream:
+                    events.append(event)
+            return failed, events
+    failed, events = asyncio.run(go())
+    assert failed.status == "failed" and "engine is dead" in failed.error.message
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
 
 
 def test_response_store_forgets_the_least_recently_used() -> None:

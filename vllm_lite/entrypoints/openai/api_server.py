@@ -79,7 +79,8 @@ from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
 from vllm_lite.entrypoints.openai.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
-from vllm_lite.entrypoints.openai.serving_responses import cancel_response, create_response, retrieve_response
+from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs, cancel_response, create_response,
+                                                            retrieve_response)
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 from vllm_lite.entrypoints.openai.serving_embedding import EmbeddingRequest, EmbeddingResponse, create_embedding
@@ -192,6 +193,7 @@ def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
         try:
             yield
         finally:
+            await end_background_runs(ctx)
             if stats_log is not None:
                 stats_task.cancel()
                 ctx.engine.stat_loggers.remove(stats_log.record_iteration)
@@ -358,13 +360,14 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         return await _load_aware(ctx, create_response(ctx, request, raw_request), raw_request)
 
     @app.get("/v1/responses/{response_id}", response_model=None)
-    async def retrieve(response_id: str) -> Response:
-        """A stored response (`store: true`), within --max-stored-responses."""
-        return await retrieve_response(ctx, response_id)
+    async def retrieve(response_id: str, stream: bool = False, starting_after: int | None = None) -> Response:
+        """A stored response (`store: true`), within --max-stored-responses; `stream`: a streamed
+        background response's events after `starting_after`."""
+        return await retrieve_response(ctx, response_id, stream, starting_after)
 
     @app.post("/v1/responses/{response_id}/cancel", response_model=None)
     async def cancel(response_id: str) -> Response:
-        """vLLM's cancel: a stored response here is never a background one, so it is a 400."""
+        """vLLM's cancel: a background response still running stops; any other is a 400."""
         return await cancel_response(ctx, response_id)
 
     @app.post("/v1/chat/completions", response_model=None,

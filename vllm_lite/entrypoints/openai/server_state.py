@@ -129,19 +129,47 @@ class ServerOptions:
 
 
 @dataclass(slots=True)
+class BackgroundRun:
+    """A background response (`background: true`) being generated: the task that runs it and,
+    for a streamed one, its events so far (`more` is set at each new one), which a client can
+    read again from any point (GET /v1/responses/{id}?stream=true&starting_after=N)."""
+
+    task: asyncio.Task[None]
+    events: list[dict[str, Any]] | None = None  # None: not streamed
+    more: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
 class ResponseStore:
     """Responses of /v1/responses kept for previous_response_id and GET /v1/responses/{id}:
     each one's body and the conversation (chat messages, instructions left out) that a later
-    response continues. At most `capacity`; the least recently used are forgotten first."""
+    response continues. At most `capacity`; the least recently used are forgotten first.
+    `runs`: the background responses still running, and the streamed ones' events while their
+    response is kept (a running one stays until it ends: it holds its own task)."""
 
     capacity: int = DEFAULT_MAX_STORED_RESPONSES
     _entries: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = field(default_factory=OrderedDict)
+    runs: dict[str, BackgroundRun] = field(default_factory=dict)
 
     def put(self, response_id: str, conversation: list[dict[str, Any]], body: dict[str, Any]) -> None:
         self._entries[response_id] = (conversation, body)
         self._entries.move_to_end(response_id)
         while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            forgotten, _ = self._entries.popitem(last=False)
+            run = self.runs.get(forgotten)
+            if run is not None and run.task.done():
+                del self.runs[forgotten]
+
+    def add_run(self, response_id: str, run: BackgroundRun) -> None:
+        """Keeps `run` while it runs, and a streamed one's events while its response is kept."""
+        self.runs[response_id] = run
+
+        def ended(_: asyncio.Task[None]) -> None:
+            if self.runs.get(response_id) is run and (run.events is None or response_id not in self._entries):
+                del self.runs[response_id]
+            run.more.set()  # (a reader waiting for more events learns there are none)
+
+        run.task.add_done_callback(ended)
 
     def history(self, response_id: str | None) -> list[dict[str, Any]] | None:
         """The conversation that `response_id` ends ([] for None; None when not stored)."""
