@@ -280,6 +280,23 @@ def test_a_streamed_background_response_can_be_read_again(server: LiveServer, cl
     assert not_streamed.status_code == 400 and not_streamed.json()["error"]["param"] == "stream", not_streamed.text
 
 
+def test_response_messages_are_the_prompt_and_the_output_as_tokens(client: openai.OpenAI) -> None:
+    """vLLM's enable_response_messages: input_messages / output_messages hold the prompt and the
+    output as the model saw and wrote them (text and token ids), streamed or not; they are the
+    chat completion's own prompt and output for the same conversation."""
+    fields = {"model": MODEL, "input": "Tell me a story", "max_output_tokens": 6, "temperature": 0.0}
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}],
+                                          max_tokens=6, temperature=0.0, extra_body={"return_token_ids": True})
+    whole = client.responses.create(**fields, extra_body={"enable_response_messages": True}).model_dump()
+    streamed = list(client.responses.create(**fields, stream=True, extra_body={"enable_response_messages": True}))
+    for body in (whole, streamed[-1].response.model_dump()):
+        (prompt,), (output,) = body["input_messages"], body["output_messages"]
+        assert prompt["type"] == output["type"] == "raw_message_tokens"
+        assert prompt["tokens"] == chat.prompt_token_ids and "Tell me a story" in prompt["message"]
+        assert output["tokens"] == chat.choices[0].token_ids and output["message"] == chat.choices[0].message.content
+    assert "input_messages" not in client.responses.create(**fields).model_dump(exclude_unset=True)
+
+
 def test_vllm_sampling_extras_run_as_on_chat(client: openai.OpenAI) -> None:
     """vLLM's sampling extras on /v1/responses are the chat fields: the same seeded sample."""
     extras = {"seed": 7, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3, "presence_penalty": 0.5}

@@ -64,6 +64,7 @@ class ResponseTurn:
     max_output_tokens: int
     history: list[dict[str, Any]]  # the conversation before this turn (no instructions)
     tools: ToolPlan
+    prompt: dict[str, Any]  # the engine's: the rendered text and its token ids
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def body(self, output: list[dict[str, Any]], status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -109,7 +110,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
     check_length(ctx, num_prompt_tokens, params.max_tokens, "input")
     response_id, engine_request_id = request.ids()
     turn = ResponseTurn(request, response_id, model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
-                        history, tools)
+                        history, tools, prompt)
     stream = tracked_generate(ctx, prompt, params, engine_request_id, request.priority)
     if request.background:
         return _start_background(ctx, turn, await start_stream(stream))
@@ -179,7 +180,7 @@ async def _full_response(ctx: ServingContext, turn: ResponseTurn,
     incomplete = choice.finish_reason == "length"
     logprobs = _logprobs(ctx, turn.request, choice.token_ids, choice.logprobs)
     output = _output_items(ctx, turn, choice.text, incomplete, logprobs)
-    return _finish(ctx, turn, output, incomplete, usage)
+    return _finish(ctx, turn, output, incomplete, usage, (choice.text, choice.token_ids))
 
 
 def _hides_reasoning(ctx: ServingContext, request: ResponsesRequest) -> bool:
@@ -248,12 +249,23 @@ class _Usage:
 
 
 def _finish(ctx: ServingContext, turn: ResponseTurn, output: list[dict[str, Any]], incomplete: bool,
-            usage: _Usage) -> dict[str, Any]:
-    """The final body; stored (with the conversation it continues) when the request asks."""
+            usage: _Usage, generated: tuple[str, list[int]]) -> dict[str, Any]:
+    """The final body; stored (with the conversation it continues) when the request asks.
+    `generated`: the output's text and token ids (vLLM's output_messages, when asked)."""
     body = turn.body(output, "incomplete" if incomplete else "completed", usage.json())
+    if turn.request.enable_response_messages:
+        text, token_ids = generated
+        body["input_messages"] = [_raw_message(turn.prompt.get("prompt") or "", turn.prompt["prompt_token_ids"])]
+        body["output_messages"] = [_raw_message(text, token_ids)] if text or token_ids else []
     if turn.request.store:
         ctx.responses.put(turn.response_id, turn.conversation(output), body)
     return body
+
+
+def _raw_message(text: str, token_ids: list[int]) -> dict[str, Any]:
+    """vLLM's ResponseRawMessageAndToken: text as the model saw or wrote it (its token ids are
+    the truth where the two differ)."""
+    return {"type": "raw_message_tokens", "message": text, "tokens": list(token_ids)}
 
 
 # --------------------------------------------------------------------------- background
@@ -445,10 +457,15 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
                             ToolCallStream(turn.tools) if turn.tools.parses_output else None,
                             _hides_reasoning(ctx, turn.request))
     finish_reason = None
+    texts: list[str] = []
+    token_ids: list[int] = []
     async with contextlib.aclosing(usage.counting(stream)) as outputs:
         async for output in outputs:
             completion = output.outputs[0]
             finish_reason = completion.finish_reason or finish_reason
+            if turn.request.enable_response_messages:
+                texts.append(completion.text)
+                token_ids += completion.token_ids
             writer.pending_logprobs += _logprobs(ctx, turn.request, completion.token_ids,
                                                  completion.logprobs or []) or []
             for event in pieces.events(writer, completion.text, completion.finish_reason is not None):
@@ -456,7 +473,8 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
     incomplete = finish_reason == "length"
     for event in writer.close(incomplete):
         yield event
-    yield writer.event("response.completed", response=_finish(ctx, turn, writer.done, incomplete, usage))
+    yield writer.event("response.completed",
+                       response=_finish(ctx, turn, writer.done, incomplete, usage, ("".join(texts), token_ids)))
 
 
 @dataclass(slots=True)
