@@ -78,6 +78,23 @@ def test_llm_chat_renders_content_in_the_templates_format(llm: LLM, template: st
                        add_generation_prompt=False) == expected
 
 
+LANG_PARTS = [{"role": "user", "content": [{"type": "text", "text": "hi", "source_lang_code": "en",
+                                            "target_lang_code": "es"}]}]
+
+
+def test_a_text_parts_other_fields_reach_a_template_that_reads_parts(llm: LLM) -> None:
+    """TranslateGemma's template reads source_lang_code / target_lang_code off each text part:
+    with the "openai" format they reach it (vLLM's behaviour); where the content becomes a
+    string they could reach nothing, and are refused by name instead of dropped."""
+    template = ("{% for m in messages %}{% for p in m['content'] %}{{ p.source_lang_code }}>{{ p.target_lang_code }}"
+                ":{{ p.text }}{% endfor %}{% endfor %}")
+    assert chat_prompt(llm, LANG_PARTS, chat_template=template, add_generation_prompt=False) == "en>es:hi"
+    with pytest.raises(ValueError, match=r"content part field\(s\) source_lang_code, target_lang_code"):
+        chat_prompt(llm, LANG_PARTS, chat_template=STRING_TEMPLATE)
+    with pytest.raises(ValueError, match=r"source_lang_code.*a tool message's content"):
+        with_content_format([{**LANG_PARTS[0], "role": "tool"}], "openai")
+
+
 def test_llm_chat_takes_vllms_chat_arguments(llm: LLM) -> None:
     template = ("{% for m in messages %}{{ m.content }}|{% endfor %}{% if tools %}T{{ tools | length }}{% endif %}"
                 "{% if flag %}F{% endif %}{% if add_generation_prompt %}G{% endif %}")
@@ -119,6 +136,7 @@ def tokenized_text(server: LiveServer, tokenizer_dir: Path, messages) -> str:
 
 def test_server_reads_the_format_from_its_template(parts_server: LiveServer, tiny_qwen3: Path) -> None:
     assert tokenized_text(parts_server, tiny_qwen3, TWO_PARTS) == "<user>[a][b]<tool>S:t1\nt2<assistant>[c]"
+    assert tokenized_text(parts_server, tiny_qwen3, LANG_PARTS) == "<user>[hi]"  # (its other fields: accepted)
     reply = httpx.post(f"{parts_server.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
                        json={"model": MODEL, "messages": TWO_PARTS, "max_tokens": 2})
     assert reply.status_code == 200, reply.text
@@ -134,3 +152,6 @@ def test_server_flag_forces_the_string_format(tiny_qwen3: Path, tmp_path: Path) 
             "--chat-template-content-format", "string")
     with running_server(tiny_qwen3, tmp_path / "server.log", MODEL, API_KEY, args) as live:
         assert tokenized_text(live, tiny_qwen3, TWO_PARTS) == "<user>S:a\nb<tool>S:t1\nt2<assistant>S:c"
+        lost = httpx.post(f"{live.base_url}/v1/chat/completions", headers=AUTH, timeout=60,
+                          json={"model": MODEL, "messages": LANG_PARTS, "max_tokens": 2})
+        assert lost.status_code == 400 and "source_lang_code" in lost.json()["error"]["message"], lost.text

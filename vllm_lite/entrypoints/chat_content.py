@@ -4,7 +4,12 @@
 `[{"type": "text", "text": ...}]` (a string content becomes one part), for templates that loop
 over a message's content; tool messages stay strings, as vLLM keeps them. "auto" picks by
 reading the template: a loop over a message's `content` means "openai". Only text parts exist
-here; any other part is refused by name."""
+here; any other part is refused by name.
+
+A text part's other fields (TranslateGemma's template reads `source_lang_code` and
+`target_lang_code` there) reach the template as the part's, as in vLLM, with the "openai"
+format; where the content becomes a string they could reach nothing, so they are refused by
+name."""
 
 from __future__ import annotations
 
@@ -16,23 +21,29 @@ from jinja2 import nodes
 CONTENT_FORMATS = ("auto", "string", "openai")
 
 
-def content_texts(content: Any) -> list[str]:
-    """The text of each part of a message's content (a string is one part, None none)."""
+TEXT_PART_FIELDS = frozenset({"type", "text"})
+
+
+def content_parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as its text parts (a string is one part, None none), each checked."""
     if content is None:
         return []
     if isinstance(content, str):
-        return [content]
+        return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise ValueError(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
-    texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text":
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"a text content part's `text` must be a string, got {part.get('text')!r}")
-        texts.append(part["text"])
-    return texts
+    return content
+
+
+def content_texts(content: Any) -> list[str]:
+    """The text of each part of a message's content (a string is one part, None none)."""
+    return [part["text"] for part in content_parts(content)]
 
 
 def with_content_format(conversation: list[dict[str, Any]], content_format: str) -> list[dict[str, Any]]:
@@ -41,11 +52,17 @@ def with_content_format(conversation: list[dict[str, Any]], content_format: str)
             for message in conversation]
 
 
-def _formatted(content: Any, role: Any, content_format: str) -> str | list[dict[str, str]]:
-    texts = content_texts(content)
+def _formatted(content: Any, role: Any, content_format: str) -> str | list[dict[str, Any]]:
+    parts = content_parts(content)
     if content_format == "openai" and role != "tool":
-        return [{"type": "text", "text": text} for text in texts]
-    return "\n".join(texts)
+        return [dict(part) for part in parts]
+    extra = sorted({key for part in parts for key in part} - TEXT_PART_FIELDS)
+    if extra:
+        where = "a tool message's content" if role == "tool" else "content given to the template as a string"
+        raise ValueError(f"content part field(s) {', '.join(extra)}: {where} keeps only the parts' text; other "
+                         "fields reach the chat template with --chat-template-content-format openai (or a "
+                         "template that loops over a message's content)")
+    return "\n".join(part["text"] for part in parts)
 
 
 def resolve_content_format(requested: str, template: Any) -> str:
