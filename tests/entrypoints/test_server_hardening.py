@@ -257,13 +257,28 @@ def test_an_unauthenticated_body_is_never_read(engine: FakeEngine) -> None:
 
 
 def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--api-key (one or more keys, vLLM's), else $VLLM_LITE_API_KEY, else vLLM's $VLLM_API_KEY:
+    a vLLM deployment's key is never dropped, leaving the server open."""
+    monkeypatch.setenv("VLLM_API_KEY", "sk-vllm-env")
     monkeypatch.setenv("VLLM_LITE_API_KEY", "sk-env")
     args = build_parser().parse_args(["serve"])
     assert server_options_from(args).api_key == "sk-env"
     args = build_parser().parse_args(["serve", "--api-key", "sk-flag"])
-    assert server_options_from(args).api_key == "sk-flag"
+    assert server_options_from(args).api_key == ("sk-flag",)
+    args = build_parser().parse_args(["serve", "--api-key", "sk-1", "sk-2", "--port", "1"])
+    assert server_options_from(args).api_key == ("sk-1", "sk-2")
     monkeypatch.delenv("VLLM_LITE_API_KEY")
+    assert server_options_from(build_parser().parse_args(["serve"])).api_key == "sk-vllm-env"
+    monkeypatch.delenv("VLLM_API_KEY")
     assert server_options_from(build_parser().parse_args(["serve"])).api_key is None
+
+
+def test_any_of_several_api_keys_is_accepted(engine: FakeEngine) -> None:
+    options = ServerOptions(api_key=("sk-one", "sk-two"))
+    for key in ("sk-one", "sk-two"):
+        assert send(engine, "GET", "/v1/models", options, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    for headers in ({"Authorization": "Bearer sk-three"}, {"Authorization": "Bearer sk-one sk-two"}, None):
+        assert_openai_error(send(engine, "GET", "/v1/models", options, headers=headers), 401, "api_key")
 
 
 # --------------------------------------------------------------------------- finding 8

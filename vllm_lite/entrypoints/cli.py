@@ -123,9 +123,9 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="HTTPS: client certificates 0 none, 1 optional, 2 required (Python's ssl.CERT_*; "
                             "vLLM's flag)")
     serve.add_argument("--ssl-ciphers", default=None, help="HTTPS: the allowed ciphers, OpenSSL's format (vLLM's flag)")
-    serve.add_argument("--api-key", default=None,
-                       help="require `Authorization: Bearer <key>` on every route but /health and /ping "
-                            "(default: $VLLM_LITE_API_KEY)")
+    serve.add_argument("--api-key", nargs="+", default=None,
+                       help="require `Authorization: Bearer <key>`, one of these keys, on every route but /health "
+                            "and /ping (default: $VLLM_LITE_API_KEY, else vLLM's $VLLM_API_KEY)")
     serve.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                        help="larger request bodies get 413 before they are read")
     serve.add_argument("--max-n-sequences", type=int, default=DEFAULT_MAX_N_SEQUENCES,

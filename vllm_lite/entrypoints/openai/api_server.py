@@ -556,7 +556,8 @@ def _default_chat_template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(api_key=args.api_key or os.environ.get("VLLM_LITE_API_KEY") or None,
+    return ServerOptions(api_key=tuple(args.api_key or ()) or os.environ.get("VLLM_LITE_API_KEY")
+                         or os.environ.get("VLLM_API_KEY") or None,
                          max_request_body_bytes=args.max_request_body_bytes,
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,

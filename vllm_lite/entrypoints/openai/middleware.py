@@ -58,7 +58,8 @@ class RequestGate:
         self.app = app
         self.options = options
         self.drain = drain
-        self._expected_auth = f"Bearer {options.api_key}".encode() if options.api_key else None
+        keys = [options.api_key] if isinstance(options.api_key, str) else list(options.api_key or ())
+        self._expected_auth = [f"Bearer {key}".encode() for key in keys if key]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,10 +100,11 @@ class RequestGate:
                 await _send_error(send, 500, "InternalServerError", f"{type(exc).__name__}: {exc}")
 
     def _authorized(self, scope: Scope) -> bool:
-        if self._expected_auth is None:
+        if not self._expected_auth:
             return True
         given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        return secrets.compare_digest(given, self._expected_auth)
+        # Every key is compared (a list, not a short-circuit): the time taken says nothing of which.
+        return any([secrets.compare_digest(given, expected) for expected in self._expected_auth])
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering 413 (as soon as the declared or received

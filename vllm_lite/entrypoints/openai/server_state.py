@@ -46,7 +46,7 @@ class ServerLoad:
 class ServerOptions:
     """| option | flag | meaning |
     |---|---|---|
-    | api_key | --api-key / VLLM_LITE_API_KEY | `Authorization: Bearer <key>` on every route but /health and /ping |
+    | api_key | --api-key (one or more) / VLLM_LITE_API_KEY / vLLM's VLLM_API_KEY | `Authorization: Bearer <key>` (one of the keys) on every route but /health and /ping |
     | max_request_body_bytes | --max-request-body-bytes | larger bodies get 413 before they are parsed |
     | max_n_sequences | --max-n-sequences | the largest `n` a request may ask for |
     | trust_request_chat_template | --trust-request-chat-template | accept `chat_template` in requests |
@@ -78,7 +78,7 @@ class ServerOptions:
     | compact_structured_outputs | --structured-outputs-config disable_any_whitespace | every JSON grammar without whitespace |
     """
 
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None  # one key, or several (vLLM's --api-key k1 k2)
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     trust_request_chat_template: bool = False
