@@ -86,6 +86,10 @@ class FakeEngine:
         self.aborted.extend(request_ids)
         self.abort_requested.update(request_ids)
 
+    async def reset_prefix_cache(self) -> bool:
+        """AsyncLLM's: False while requests hold KV blocks."""
+        return not self.running
+
     async def check_health(self) -> None:
         if self.dead:
             raise EngineDeadError("the engine core died")

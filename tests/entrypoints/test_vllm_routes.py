@@ -1,6 +1,7 @@
 """vLLM's extra routes in-process over the fake engine: /invocations (SageMaker) dispatching by
-body shape, /load with --enable-server-load-tracking, /tokenize with return_token_strs and
-/version. (/invocations against the real engine: test_vllm_extensions.py.)"""
+body shape, /load with --enable-server-load-tracking, /tokenize with return_token_strs,
+/version and the development route /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1).
+(/invocations against the real engine: test_vllm_extensions.py.)"""
 
 from __future__ import annotations
 
@@ -124,3 +125,31 @@ def test_validation_messages_like_vllms(tokenizer: Any) -> None:
     error = _post(engine, "/v1/completions", {"prompt": ""}).json()["error"]  # vLLM 0.32's validator
     assert error["message"] == "Either prompt or prompt_embeds must be provided and non-empty."
     assert error["param"] == "prompt"
+
+
+def test_reset_prefix_cache_is_a_development_route(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's POST /reset_prefix_cache exists with VLLM_SERVER_DEV_MODE=1 only: {"success": false}
+    while a request holds blocks, true when idle; reset_running_requests=true is refused by name."""
+    from vllm_lite.entrypoints.cli import build_parser
+    from vllm_lite.entrypoints.openai.api_server import server_options_from
+
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    assert server_options_from(build_parser().parse_args(["serve"])).dev_mode is True
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "yes")
+    with pytest.raises(ValueError, match="VLLM_SERVER_DEV_MODE must be 0 or 1, got 'yes'"):
+        server_options_from(build_parser().parse_args(["serve"]))
+    engine = FakeEngine(tokenizer, max_model_len=64, step_delay_s=0.05)
+
+    async def go(dev_mode: bool) -> list[httpx.Response]:
+        async with _client(engine, dev_mode=dev_mode) as client:
+            idle = await client.post("/reset_prefix_cache")
+            running = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8}))
+            await asyncio.sleep(0.1)
+            busy = await client.post("/reset_prefix_cache", params={"reset_external": "true"})
+            await running
+            refused = await client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
+            return [idle, busy, refused]
+    idle, busy, refused = asyncio.run(go(True))
+    assert idle.json() == {"success": True} and busy.json() == {"success": False}
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "reset_running_requests"
+    assert all(response.status_code == 404 for response in asyncio.run(go(False))[:2])

@@ -471,6 +471,18 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
         check_token_ids(ctx, request.tokens, "tokens")
         return DetokenizeResponse(prompt=await off_loop(ctx, ctx.require_tokenizer("tokens").decode, request.tokens))
 
+    if ctx.options.dev_mode:
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache(reset_running_requests: bool = False, reset_external: bool = False) -> JSONResponse:
+            """vLLM's development route (VLLM_SERVER_DEV_MODE=1): forget the prefix cache's blocks;
+            {"success": false} while requests hold blocks. There is no external cache to reset."""
+            if reset_running_requests:
+                raise ApiError(400, "BadRequestError", "reset_running_requests=true (preempting the running requests "
+                               "to reset the cache) is not supported; retry when they have finished",
+                               "reset_running_requests")
+            logger.info("resetting the prefix cache")
+            return JSONResponse({"success": bool(await ctx.engine.reset_prefix_cache())})
+
     if ctx.options.enable_tokenizer_info_endpoint:
         @app.get("/tokenizer_info")
         async def tokenizer_info() -> TokenizerInfoResponse:
@@ -555,9 +567,18 @@ def _default_chat_template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return defaults
 
 
+def dev_mode_from_environment() -> bool:
+    """vLLM's VLLM_SERVER_DEV_MODE: "1" turns its development routes on, "0" (or unset) off."""
+    value = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"VLLM_SERVER_DEV_MODE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(api_key=tuple(args.api_key or ()) or os.environ.get("VLLM_LITE_API_KEY")
                          or os.environ.get("VLLM_API_KEY") or None,
+                         dev_mode=dev_mode_from_environment(),
                          max_request_body_bytes=args.max_request_body_bytes,
                          max_n_sequences=args.max_n_sequences,
                          trust_request_chat_template=args.trust_request_chat_template,

@@ -76,9 +76,11 @@ class ServerOptions:
     | return_tokens_as_token_ids | --return-tokens-as-token-ids | logprob tokens as 'token_id:<int>' unless a request says |
     | exclude_tools_when_tool_choice_none | --exclude-tools-when-tool-choice-none | tool_choice "none": no tools in the template |
     | compact_structured_outputs | --structured-outputs-config disable_any_whitespace | every JSON grammar without whitespace |
+    | dev_mode | vLLM's VLLM_SERVER_DEV_MODE=1 | its development routes (here: POST /reset_prefix_cache) |
     """
 
     api_key: str | tuple[str, ...] | None = None  # one key, or several (vLLM's --api-key k1 k2)
+    dev_mode: bool = False
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     trust_request_chat_template: bool = False
