@@ -74,3 +74,58 @@ def test_model_threads_default_to_every_allowed_core(monkeypatch: pytest.MonkeyP
         monkeypatch.setenv("OMP_NUM_THREADS", bad)
         with pytest.raises(ValueError, match="OMP_NUM_THREADS"):
             cpu_info.model_threads()
+
+
+def _allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split(":", 1)[1].strip() for line in status.splitlines() if line.startswith("Cpus_allowed_list"))
+
+
+def test_threads_bind_confines_the_engine_core_to_its_cpus(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's VLLM_CPU_OMP_THREADS_BIND naming one CPU: the spawned engine core (tensor parallel 1:
+    it runs the model) runs there, and generates what an unbound engine does."""
+    from vllm_lite import LLM, SamplingParams
+
+    cpu = max(os.sched_getaffinity(0))
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    unbound = LLM(str(tiny_llama), dtype="float32", max_model_len=64, multiprocess=False)
+    try:
+        expected = unbound.generate(["The river"], params, use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        unbound.shutdown()
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(cpu))
+    llm = LLM(str(tiny_llama), dtype="float32", max_model_len=64)
+    try:
+        engine_core = llm.llm_engine.engine_core.resources.procs[0]
+        assert _allowed_cpus(engine_core.pid) == str(cpu)
+        assert _allowed_cpus(os.getpid()) != str(cpu) or len(os.sched_getaffinity(0)) == 1  # (this process: unbound)
+        assert llm.generate(["The river"], params, use_tqdm=False)[0].outputs[0].token_ids == expected
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize(("value", "tensor_parallel_size", "message"), [
+    ("0|0", 1, "gives 2 CPU list(s)"),
+    ("0", 2, "gives 1 CPU list(s)"),
+    ("4096", 1, "names CPU(s) [4096] that this process may not run on"),
+    ("0,0", 1, "names a CPU twice"),
+    ("first", 1, "'first' in 'first' is not a CPU id"),
+])
+def test_threads_bind_that_cannot_be_followed_is_refused(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          value: str, tensor_parallel_size: int, message: str) -> None:
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", value)
+    with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND") as refused:
+        EngineArgs(model=str(tiny_llama), device="cpu", tensor_parallel_size=tensor_parallel_size).create_engine_config()
+    assert message in str(refused.value)
+
+
+def test_threads_bind_needs_the_engine_core_in_its_own_process(tiny_llama: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_lite import LLM
+
+    for value in ("auto", "nobind"):  # vllm_lite's own choice: no binding asked for
+        monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", value)
+        LLM(str(tiny_llama), dtype="float32", max_model_len=64, multiprocess=False).shutdown()
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    with pytest.raises(ValueError, match="binds the process that runs the model, and with multiprocess=False"):
+        LLM(str(tiny_llama), dtype="float32", max_model_len=64, multiprocess=False)

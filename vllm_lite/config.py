@@ -560,11 +560,16 @@ class EngineArgs:
         device = _resolve_device(self.device)
         model_config = self._model_config(device)
         max_len = model_config.max_model_len
+        parallel_config = self._parallel_config(model_config.hf)
+        if device == "cpu":  # VLLM_CPU_OMP_THREADS_BIND, checked before any process starts
+            from vllm_lite.cpu_info import bound_cpu_lists
+
+            bound_cpu_lists(parallel_config.ranks_per_node)
         return VllmConfig(
             model_config=model_config,
             cache_config=self._cache_config(model_config, device),
             scheduler_config=self._scheduler_config(max_len, device),
-            parallel_config=self._parallel_config(model_config.hf),
+            parallel_config=parallel_config,
             device_config=DeviceConfig(device=device),
         )
 

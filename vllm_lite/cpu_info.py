@@ -63,6 +63,61 @@ def model_threads(ranks_per_node: int = 1) -> int:
     return int(first)
 
 
+THREADS_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM's
+
+
+def bound_cpu_lists(ranks_per_node: int) -> list[list[int]] | None:
+    """vLLM's VLLM_CPU_OMP_THREADS_BIND: the CPUs each of this node's model processes (ranks, or
+    the engine core when it runs the model) is bound to, one list per local rank separated by
+    "|", each like "0-3,8"; None for "auto" (the default: this engine's own choice, every core the
+    process may use, unpinned; vLLM's "auto" pins to a NUMA node's cores) or "nobind". A list
+    that names a CPU this process may not use, or a count of lists that is not the number of
+    ranks, is refused naming the variable."""
+    value = os.environ.get(THREADS_BIND_ENV, "auto").strip()
+    if value in ("auto", "nobind"):
+        return None
+    lists = [_cpu_ids(item) for item in value.split("|")]
+    if len(lists) != ranks_per_node:
+        raise ValueError(f"{THREADS_BIND_ENV}={value!r} gives {len(lists)} CPU list(s) ('|' between them); this "
+                         f"node runs {ranks_per_node} model process(es) (tensor-parallel ranks per node): give one "
+                         "list each, or 'auto' / 'nobind'")
+    allowed = os.sched_getaffinity(0)
+    for cpus in lists:
+        outside = sorted(set(cpus) - allowed)
+        if outside:
+            raise ValueError(f"{THREADS_BIND_ENV}={value!r} names CPU(s) {outside} that this process may not run on "
+                             f"(allowed: {_ranges(sorted(allowed))})")
+    return lists
+
+
+def _cpu_ids(text: str) -> list[int]:
+    """"5,2-4" -> [5, 2, 3, 4] (vLLM's form); a repeated or malformed id is refused."""
+    ids: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()) or (dash and int(high) < int(low)):
+            raise ValueError(f"{THREADS_BIND_ENV}: {part.strip()!r} in {text!r} is not a CPU id or a range like 2-4")
+        ids += range(int(low), int(high if dash else low) + 1)
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{THREADS_BIND_ENV}: {text!r} names a CPU twice")
+    return ids
+
+
+def _ranges(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)
+
+
+def bind_model_threads(local_rank: int, ranks_per_node: int) -> int:
+    """For a process about to run the model: binds it to its VLLM_CPU_OMP_THREADS_BIND list (its
+    threads, OpenMP's included, run on those CPUs only) and returns the intra-op thread count,
+    one per CPU (vLLM's rule: over OMP_NUM_THREADS); without a list, `model_threads`."""
+    lists = bound_cpu_lists(ranks_per_node)
+    if lists is None:
+        return model_threads(ranks_per_node)
+    os.sched_setaffinity(0, lists[local_rank])
+    return len(lists[local_rank])
+
+
 # OpenMP settings a spawned engine-core or worker process starts with, unless the user's
 # environment sets them. libgomp reads them once, when torch loads it, so they must be in the
 # child's environment before its first `import torch`. PASSIVE: a thread waiting for work sleeps

@@ -22,7 +22,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
-from vllm_lite.cpu_info import model_threads
+from vllm_lite.cpu_info import bind_model_threads, model_threads
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
 from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
@@ -526,10 +526,13 @@ class StopSignals:
 
 
 def _set_torch_threads(vllm_config: VllmConfig) -> None:
+    """This process's intra-op threads; where it runs the model itself (one rank), bound to
+    VLLM_CPU_OMP_THREADS_BIND's CPUs when that names them (cpu_info.bind_model_threads)."""
     if vllm_config.device_config.device == "cpu":
         import torch
 
-        torch.set_num_threads(model_threads())
+        runs_the_model = vllm_config.parallel_config.tensor_parallel_size == 1
+        torch.set_num_threads(bind_model_threads(0, 1) if runs_the_model else model_threads())
 
 
 def _watch_parent(stop: StopSignals) -> None:

@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 
 from vllm_lite.config import VllmConfig
+from vllm_lite.cpu_info import THREADS_BIND_ENV, bound_cpu_lists
 from vllm_lite.engine.core import EngineCore
 from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.launch import EngineLaunch, fetch_engine_info, launch_engine_core, utility_value
@@ -77,6 +78,11 @@ def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str
                 launch: EngineLaunch | None = None) -> InprocClient | SyncMPClient:
     if engine_address is not None or multiprocess:
         return SyncMPClient(vllm_config, engine_address, launch=launch)
+    if (vllm_config.device_config.device == "cpu" and vllm_config.parallel_config.tensor_parallel_size == 1
+            and bound_cpu_lists(1) is not None):
+        raise ValueError(f"{THREADS_BIND_ENV} binds the process that runs the model, and with multiprocess=False that "
+                         "is this one (the caller's): run the engine core in its own process (multiprocess=True, "
+                         f"LLM's default), or unset {THREADS_BIND_ENV}")
     return InprocClient(vllm_config)
 
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 import zmq
 
 from vllm_lite.config import EngineArgs, VllmConfig
-from vllm_lite.cpu_info import model_threads
+from vllm_lite.cpu_info import bind_model_threads, model_threads
 from vllm_lite.distributed.parallel_state import init_tensor_parallel_group
 from vllm_lite.exceptions import describe_error
 from vllm_lite.executor.messages import MessageCodec
@@ -66,7 +66,9 @@ def run_worker(args: WorkerProcArgs) -> None:
     on_parent_death(lambda: stopping.is_set() or os._exit(1), name="vllm_lite-worker-parent-watch")
     config = args.vllm_config
     parallel = config.parallel_config
-    _limit_threads(parallel.ranks_per_node)
+    on_cpu = config.device_config.device == "cpu"  # (VLLM_CPU_OMP_THREADS_BIND binds CPU ranks only)
+    torch.set_num_threads(bind_model_threads(args.local_rank, parallel.ranks_per_node) if on_cpu
+                          else model_threads(parallel.ranks_per_node))
     store = join_store(parallel.master_addr, args.master_port)
     if config.device_config.device == "cuda":
         torch.cuda.set_device(args.local_rank)
@@ -149,11 +151,6 @@ class WorkerProc:
         self.replies.send_multipart(self.codec.encode_reply(WorkerReply(rank=self.rank, error=error)))
         self.watchdog.close()  # (destroy closes every socket of the context: not one another thread is in)
         self.ctx.destroy(linger=int(DISCONNECT_GRACE_S * 1000))
-
-
-def _limit_threads(ranks_per_node: int) -> None:
-    """Share this host's cores between its ranks, unless OMP_NUM_THREADS says otherwise."""
-    torch.set_num_threads(model_threads(ranks_per_node))
 
 
 class DisconnectWatchdog:
