@@ -174,3 +174,36 @@ def test_a_prompt_key_this_engine_does_not_take_is_refused_by_name(llm: LLM) -> 
     for prompts in (None, 5):
         with pytest.raises(TypeError, match="prompts must be a string, a prompt dict or a list of them"):
             llm.generate(prompts, params, use_tqdm=False)
+
+
+def test_enqueue_then_wait_for_completion(llm: LLM) -> None:
+    """vLLM's enqueue / enqueue_chat add requests without running them; wait_for_completion runs
+    them and returns their outputs in enqueue order; a generate meanwhile runs them too but
+    returns only its own, and keeps theirs for wait_for_completion."""
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    conversation = [{"role": "user", "content": "hi"}]
+    enqueued = llm.enqueue(["The quick", "brown fox"], params, use_tqdm=False)
+    enqueued += llm.enqueue_chat(conversation, params, use_tqdm=False)
+    (own,) = llm.generate(["jumps over"], params, use_tqdm=False)
+    assert own.prompt == "jumps over"
+    outputs = llm.wait_for_completion(use_tqdm=False)
+    assert [output.request_id for output in outputs] == enqueued and all(output.finished for output in outputs)
+    expected = llm.generate(["The quick", "brown fox"], params, use_tqdm=False) + llm.chat(conversation, params,
+                                                                                           use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in expected]
+    assert llm.wait_for_completion(use_tqdm=False) == []
+    llm.enqueue("The quick", params, use_tqdm=False)
+    with pytest.raises(TypeError, match="expected"):
+        llm.wait_for_completion(output_type=str, use_tqdm=False)
+
+
+def test_from_engine_args_and_world_size(tiny_llama: Path) -> None:
+    from vllm_lite.config import EngineArgs
+
+    llm = LLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=64, dtype="float32"),
+                               multiprocess=False)
+    try:
+        assert llm.get_world_size() == llm.get_world_size(include_dp=False) == 1
+        assert llm.llm_engine.vllm_config.model_config.max_model_len == 64
+    finally:
+        llm.shutdown()

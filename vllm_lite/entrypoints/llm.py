@@ -42,6 +42,13 @@ class LLM:
         self._request_counter = itertools.count()
         # Request ids are unique per engine core, and an attached one may serve other clients.
         self._request_prefix = f"{uuid.uuid4().hex[:12]}-" if engine_address is not None else ""
+        # enqueue()'d requests, in order: request id -> its final output once finished.
+        self._enqueued: dict[str, RequestOutput | None] = {}
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **client_options: Any) -> LLM:
+        """vLLM's: an LLM from EngineArgs (`client_options`: multiprocess, engine_address)."""
+        return cls(**{name: getattr(engine_args, name) for name in EngineArgs.field_names()}, **client_options)
 
     def get_tokenizer(self) -> Any:
         if self.llm_engine.tokenizer is None:
@@ -56,16 +63,45 @@ class LLM:
         scheduling_policy="priority". LoRA, tokenization and multimodal arguments only as None."""
         _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
+        return self._run_requests(self._generation_adds(prompts, sampling_params, priority, "generate"), use_tqdm)
+
+    def enqueue(self, prompts: PromptType | Sequence[PromptType],
+                sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                lora_request: None = None, priority: int | Sequence[int] | None = None, use_tqdm: bool = True,
+                tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[str]:
+        """vLLM's: adds the prompts' requests (as `generate` would) without running them; returns
+        their request ids. `wait_for_completion()` runs them (a `generate` meanwhile runs them
+        too, and keeps their outputs for it)."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        return self._enqueue(self._generation_adds(prompts, sampling_params, priority, "enqueue"), use_tqdm)
+
+    def wait_for_completion(self, output_type: type | tuple[type, ...] | None = None, *,
+                            use_tqdm: bool = True) -> list[RequestOutput]:
+        """vLLM's: runs the engine until every enqueued request has finished; their final
+        outputs, in the order they were enqueued. `output_type`: what they must be (vLLM's check)."""
+        pending = sum(output is None for output in self._enqueued.values())
+        if pending:
+            self._run_engine(pending, use_tqdm)
+        outputs, self._enqueued = list(self._enqueued.values()), {}
+        wrong = [type(output).__name__ for output in outputs if output_type is not None
+                 and not isinstance(output, output_type)]
+        if wrong:
+            raise TypeError(f"wait_for_completion: expected {output_type}, got {wrong[0]}")
+        return outputs
+
+    def _generation_adds(self, prompts: PromptType | Sequence[PromptType],
+                         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                         priority: int | Sequence[int] | None, method: str) -> list[Callable[[str], None]]:
+        """One `add(request_id)` per prompt: its request with its params (final output only) and priority."""
         if self.llm_engine.vllm_config.model_config.pooler is not None:
-            raise ValueError("LLM.generate() is not supported for embedding models (runner='pooling'): use LLM.embed()")
+            raise ValueError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): use LLM.embed()")
         prompt_list = _prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
         add = self.llm_engine.add_request
-        return self._run_requests([functools.partial(add, prompt=prompt, priority=request_priority, params=params)
-                                   for prompt, params, request_priority in zip(prompt_list, _final_only(params_list),
-                                                                               priorities)],
-                                  use_tqdm)
+        return [functools.partial(add, prompt=prompt, priority=request_priority, params=params)
+                for prompt, params, request_priority in zip(prompt_list, _final_only(params_list), priorities)]
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
@@ -90,17 +126,31 @@ class LLM:
         """Adds each request under a fresh id (`add(request_id)`), runs the engine until all have
         finished and returns their final outputs in order; if anything fails, every request
         already added is aborted."""
-        request_ids = []
+        request_ids = self._add_all(adds)
         try:
-            for add in adds:
-                request_id = f"{self._request_prefix}{next(self._request_counter)}"
-                add(request_id)
-                request_ids.append(request_id)
             results = self._run_engine(len(request_ids), use_tqdm)
         except BaseException:
             self.llm_engine.abort_request(request_ids)
             raise
         return [results[request_id] for request_id in request_ids]
+
+    def _add_all(self, adds: list[Callable[[str], None]], use_tqdm: bool = False) -> list[str]:
+        """Each request added under a fresh id; if one fails, those already added are aborted."""
+        request_ids: list[str] = []
+        try:
+            for add in tqdm(adds, desc="Adding requests", disable=not use_tqdm):
+                request_id = f"{self._request_prefix}{next(self._request_counter)}"
+                add(request_id)
+                request_ids.append(request_id)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return request_ids
+
+    def _enqueue(self, adds: list[Callable[[str], None]], use_tqdm: bool) -> list[str]:
+        request_ids = self._add_all(adds, use_tqdm)
+        self._enqueued.update(dict.fromkeys(request_ids))
+        return request_ids
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -114,6 +164,30 @@ class LLM:
         tokenization and multimodal arguments are not implemented: refused unless None."""
         _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
+        return self.generate(self._chat_prompts(messages, chat_template, chat_template_content_format,
+                                                add_generation_prompt, continue_final_message, tools,
+                                                chat_template_kwargs),
+                             sampling_params, use_tqdm=use_tqdm, priority=priority)
+
+    def enqueue_chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+                     sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                     use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
+                     chat_template: str | None = None, chat_template_content_format: str = "auto",
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                     tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[str]:
+        """vLLM's: `chat`'s conversations enqueued as `enqueue` does; returns their request ids."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        prompts = self._chat_prompts(messages, chat_template, chat_template_content_format, add_generation_prompt,
+                                     continue_final_message, tools, chat_template_kwargs)
+        return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm)
+
+    def _chat_prompts(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+                      chat_template: str | None, chat_template_content_format: str, add_generation_prompt: bool,
+                      continue_final_message: bool, tools: list[dict[str, Any]] | None,
+                      chat_template_kwargs: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """Each conversation through the chat template: its prompt (text and token ids)."""
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -128,7 +202,7 @@ class LLM:
                 **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
             token_ids = tokenizer.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": token_ids})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, priority=priority)
+        return prompts
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -163,14 +237,26 @@ class LLM:
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 
+    def get_world_size(self, include_dp: bool = True) -> int:
+        """vLLM's: the processes running the model (tensor parallel; no pipeline or data parallel here)."""
+        return self.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+
     def _run_engine(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
+        """Steps the engine until no request is left: the final outputs by request id, but those
+        of enqueued requests, which are kept for `wait_for_completion` (the bar counts
+        `num_requests`, the caller's)."""
         results: dict[str, RequestOutput] = {}
+        enqueued = self._enqueued
         with tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm) as bar:
             while self.llm_engine.has_unfinished_requests():
                 for output in self.llm_engine.step():
-                    if output.finished:
+                    if not output.finished:
+                        continue
+                    if output.request_id in enqueued:
+                        enqueued[output.request_id] = output
+                    else:
                         results[output.request_id] = output
-                        bar.update(1)
+                    bar.update(1)
         return results
 
     def get_default_sampling_params(self) -> SamplingParams:
