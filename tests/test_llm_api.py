@@ -207,3 +207,22 @@ def test_from_engine_args_and_world_size(tiny_llama: Path) -> None:
         assert llm.llm_engine.vllm_config.model_config.max_model_len == 64
     finally:
         llm.shutdown()
+
+
+def test_vllms_top_level_names_are_there(llm: LLM) -> None:
+    """`from vllm import TokensPrompt, AsyncEngineArgs, ...` ported to vllm_lite: the names exist
+    and mean what they do in vLLM (a TokensPrompt is a plain dict prompt)."""
+    import vllm_lite
+    from vllm_lite import (AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineArgs, LLMEngine, PromptType,  # noqa: F401
+                           TextPrompt, TokensPrompt)
+
+    assert AsyncLLMEngine is AsyncLLM and AsyncEngineArgs is EngineArgs
+    assert LLMEngine is type(llm.llm_engine)
+    assert set(vllm_lite.__all__) >= {"TextPrompt", "TokensPrompt", "PromptType", "LLMEngine", "AsyncLLMEngine"}
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    token_ids = llm.get_tokenizer().encode("The quick")
+    by_ids, by_text = llm.generate([TokensPrompt(prompt_token_ids=token_ids), TextPrompt(prompt="The quick")],
+                                   params, use_tqdm=False)
+    assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
+    with pytest.raises(TypeError):
+        AsyncEngineArgs(model="x", enable_log_requests=True)

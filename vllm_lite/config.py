@@ -1024,3 +1024,8 @@ def _demo_model_dir() -> Path:
     from vllm_lite.gguf_convert import ensure_demo_model
 
     return ensure_demo_model()
+
+
+# vLLM's name for AsyncLLM's engine arguments (its extra logging fields are server flags here):
+# the same class, so AsyncEngineArgs(model=..., enable_log_requests=True) is refused by name.
+AsyncEngineArgs = EngineArgs

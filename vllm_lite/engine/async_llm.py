@@ -288,3 +288,6 @@ class AsyncLLM:
         self.output_processor.abort_requests([state.request_id for state in states])
         for state in states:
             state.queue.put_nowait(EngineDeadError(error.reason))
+
+
+AsyncLLMEngine = AsyncLLM  # vLLM V1's other name for it

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Union
+from typing import Any, TypedDict, Union
 
 import numpy as np
 
@@ -14,7 +14,22 @@ from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, res
 from vllm_lite.wire import EngineCoreRequest
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
-PromptType = Union[str, dict[str, Any]]
+class TextPrompt(TypedDict, total=False):
+    """vLLM's: a text prompt (the keys this engine takes; vLLM's multimodal ones are refused)."""
+
+    prompt: str
+    cache_salt: str
+
+
+class TokensPrompt(TypedDict, total=False):
+    """vLLM's: a prompt as token ids (`prompt`, when given, is only echoed in the output)."""
+
+    prompt_token_ids: list[int]
+    prompt: str
+    cache_salt: str
+
+
+PromptType = Union[str, TextPrompt, TokensPrompt, dict[str, Any]]
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextPrompt / TokensPrompt
 
 
