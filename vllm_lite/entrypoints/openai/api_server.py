@@ -576,7 +576,10 @@ def dev_mode_from_environment() -> bool:
 
 
 def server_options_from(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(api_key=tuple(args.api_key or ()) or os.environ.get("VLLM_LITE_API_KEY")
+    """The server's options from `vllm-lite serve`'s flags (`run-batch` has only its request
+    handling ones: the HTTP side's then keep their defaults)."""
+    defaults = ServerOptions()
+    return ServerOptions(api_key=tuple(getattr(args, "api_key", None) or ()) or os.environ.get("VLLM_LITE_API_KEY")
                          or os.environ.get("VLLM_API_KEY") or None,
                          dev_mode=dev_mode_from_environment(),
                          max_request_body_bytes=args.max_request_body_bytes,
@@ -586,14 +589,14 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          tool_call_parser=getattr(args, "tool_call_parser", None),
                          reasoning_parser=getattr(args, "reasoning_parser", None),
                          max_stored_responses=getattr(args, "max_stored_responses", DEFAULT_MAX_STORED_RESPONSES),
-                         enable_force_include_usage=args.enable_force_include_usage,
+                         enable_force_include_usage=getattr(args, "enable_force_include_usage", False),
                          enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                          enable_request_id_headers=getattr(args, "enable_request_id_headers", False),
-                         enable_server_load_tracking=args.enable_server_load_tracking,
+                         enable_server_load_tracking=getattr(args, "enable_server_load_tracking", False),
                          enable_tokenizer_info_endpoint=getattr(args, "enable_tokenizer_info_endpoint", False),
                          root_path=getattr(args, "root_path", ""),
-                         health_check_timeout_s=args.health_check_timeout,
-                         shutdown_timeout_s=args.shutdown_timeout,
+                         health_check_timeout_s=getattr(args, "health_check_timeout", defaults.health_check_timeout_s),
+                         shutdown_timeout_s=getattr(args, "shutdown_timeout", defaults.shutdown_timeout_s),
                          chat_template_timeout_s=args.chat_template_timeout,
                          allowed_origins=tuple(getattr(args, "allowed_origins", ["*"])),
                          allowed_methods=tuple(getattr(args, "allowed_methods", ["*"])),
