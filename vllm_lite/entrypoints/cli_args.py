@@ -43,6 +43,58 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
                             help="model folder, .gguf file or hub id org/name (default: the demo model)")
 
 
+def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
+    """The server's flags for how a request is read, rendered and answered (what `serve` and
+    `run-batch` share; serve's own add the HTTP side: address, TLS, auth, CORS, logs)."""
+    from vllm_lite.entrypoints.chat_content import CONTENT_FORMATS
+    from vllm_lite.entrypoints.openai.server_state import DEFAULT_MAX_N_SEQUENCES, DEFAULT_MAX_REQUEST_BODY_BYTES
+
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                        help="larger request bodies get 413 before they are read")
+    parser.add_argument("--max-n-sequences", type=int, default=DEFAULT_MAX_N_SEQUENCES,
+                        help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='serve tool_choice "auto" (needs --tool-call-parser)')
+    parser.add_argument("--tool-call-parser", choices=("hermes", "qwen3", "llama3_json", "mistral", "pythonic"),
+                        default=None, help="how tool calls are read from the model's text")
+    parser.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
+                        help="return the <think> part of chat replies as `reasoning`")
+    parser.add_argument("--structured-outputs-config", dest="structured_outputs_config", type=json_object,
+                        default=None, help="vLLM's flag, a JSON object or key by key (--structured-outputs-config."
+                                           "backend xgrammar): backend (auto or xgrammar, the only one here) and "
+                                           "disable_any_whitespace (compact JSON); its other fields are refused by name")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="accept `chat_template` in requests (refused by default, as in vLLM)")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="usage carries prompt_tokens_details.cached_tokens, the prompt tokens served "
+                             "from the prefix cache (vLLM's flag)")
+    parser.add_argument("--chat-template-timeout", type=float, default=5.0,
+                        help="seconds a chat template may render before the request gets 400")
+    parser.add_argument("--served-model-name", nargs="+", default=None,
+                        help="model name(s) clients use (default: the model argument)")
+    parser.add_argument("--chat-template", default=None,
+                        help="the chat template for chat requests instead of the tokenizer's: a file's path or the "
+                             "template itself (vLLM's flag)")
+    parser.add_argument("--default-chat-template-kwargs", type=json_object, default=None,
+                        help="chat template arguments every chat request gets unless it sets them, a JSON object, "
+                             "e.g. '{\"enable_thinking\": false}' (vLLM's flag)")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="logprob tokens as 'token_id:<int>' unless a request says otherwise (vLLM's flag)")
+    parser.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                        help='with tool_choice "none" the chat template gets no tools (vLLM\'s flag)')
+    parser.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default="auto",
+                        help="message content as the chat template reads it: 'string' (text parts joined), "
+                             "'openai' (a list of parts), or 'auto' (read from the template) (vLLM's flag)")
+    parser.add_argument("--enable-log-requests", action="store_true",
+                        help="log each generation request: id, sampling params, prompt (vLLM's flag)")
+    parser.add_argument("--enable-log-outputs", action="store_true",
+                        help="with --enable-log-requests, also log each finished completion's text (vLLM's flag)")
+    parser.add_argument("--max-log-len", type=int, default=None,
+                        help="with --enable-log-requests: the most prompt characters and token ids logged")
+    parser.add_argument("--response-role", default="assistant",
+                        help="the chat reply's role when add_generation_prompt is true (vLLM's flag)")
+
+
 def _flag_type(annotation: str) -> Callable[[str], Any]:
     """A flag's parser from its field's annotation (a string here): str, a JSON object for dicts
     (vLLM's --override-generation-config '{"temperature": 0.5}'), float, else int."""

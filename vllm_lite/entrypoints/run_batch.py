@@ -42,8 +42,7 @@ class BatchLine:
 
 
 def add_run_batch_parser(sub: argparse._SubParsersAction) -> None:
-    from vllm_lite.entrypoints.cli import add_request_handling_args
-    from vllm_lite.entrypoints.cli_args import add_engine_args
+    from vllm_lite.entrypoints.cli_args import add_engine_args, add_request_handling_args
 
     batch = sub.add_parser("run-batch", help="run a file of OpenAI batch requests (vLLM's run-batch)")
     batch.add_argument("-i", "--input-file", required=True, help="the JSONL input: a local path or an http(s) URL")

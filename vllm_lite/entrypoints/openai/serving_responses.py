@@ -54,6 +54,7 @@ from vllm_lite.outputs import Logprob, RequestOutput
 logger = logging.getLogger(__name__)
 UNFINISHED = ("queued", "in_progress")
 
+
 @dataclass(slots=True)
 class ResponseTurn:
     """What a response's body needs besides its output."""
@@ -309,11 +310,12 @@ async def _run_background(ctx: ServingContext, turn: ResponseTurn, stream: Async
 def _fail_background(ctx: ServingContext, turn: ResponseTurn, exc: Exception, streamed: bool) -> None:
     """The stored response "failed" with the error; a streamed one's last event is the error
     event a foreground stream would end with (`_sse_error`'s)."""
-    body = ctx.responses.body(turn.response_id)
-    if body is None or body["status"] not in UNFINISHED:  # (cancelled meanwhile, or forgotten)
+    body = ctx.responses.body(turn.response_id)  # (None: forgotten meanwhile; its readers still learn why)
+    if body is not None and body["status"] not in UNFINISHED:  # (cancelled meanwhile)
         return
     status, kind, message, param = describe_error(exc)
-    body.update(status="failed", error={"code": kind, "message": message})
+    if body is not None:
+        body.update(status="failed", error={"code": kind, "message": message})
     if streamed:
         run = ctx.responses.runs[turn.response_id]
         run.events.append({"type": "error", **error_body(status, kind, message, param)})
