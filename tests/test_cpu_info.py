@@ -129,3 +129,11 @@ def test_threads_bind_needs_the_engine_core_in_its_own_process(tiny_llama: Path,
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     with pytest.raises(ValueError, match="binds the process that runs the model, and with multiprocess=False"):
         LLM(str(tiny_llama), dtype="float32", max_model_len=64, multiprocess=False)
+
+
+@pytest.mark.parametrize(("given", "dtype"), [("half", "float16"), ("float", "float32"), ("float16", "float16")])
+def test_vllms_dtype_spellings(tiny_llama: Path, given: str, dtype: str) -> None:
+    """vLLM's --dtype choices include `half` (float16) and `float` (float32): the same dtypes here."""
+    assert EngineArgs(model=str(tiny_llama), device="cpu", dtype=given).create_engine_config().model_config.dtype == dtype
+    with pytest.raises(ValueError, match=r"dtype must be one of .* \(or vLLM's half, float\), got 'fp16'"):
+        EngineArgs(model=str(tiny_llama), device="cpu", dtype="fp16").create_engine_config()

@@ -24,6 +24,7 @@ from vllm_lite.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other `dtype` spellings
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEVICE_NAMES = ("auto", "cpu", "cuda")
 # auto: triton on CUDA; on CPU the csrc native ops when built, else torch (the reference).
@@ -597,7 +598,9 @@ class EngineArgs:
                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "
                f"as vLLM), got {self.max_logprobs}")
-        _check(self.dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}")
+        dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        _check(dtype in DTYPE_NAMES, f"dtype must be one of {DTYPE_NAMES} (or vLLM's {', '.join(DTYPE_ALIASES)}), "
+                                     f"got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         _check(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
@@ -620,7 +623,7 @@ class EngineArgs:
         return ModelConfig(
             model=str(model_dir),
             tokenizer=tokenizer,
-            dtype=_resolve_dtype(self.dtype, hf.torch_dtype, device),
+            dtype=_resolve_dtype(dtype, hf.torch_dtype, device),
             max_model_len=max_len,
             seed=self.seed,
             hf=hf,
