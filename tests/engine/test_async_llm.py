@@ -268,3 +268,25 @@ def test_sigkill_fails_every_pending_generator_within_2s(tiny_llama: Path,
         stop_engine(engine, loop)
     assert process_gone(pid) and not os.path.exists(ipc_dir)
     assert pid not in {p.pid for p in multiprocessing.active_children()}
+
+
+def test_vllms_engine_queries(tiny_llama: Path, loop: asyncio.AbstractEventLoop) -> None:
+    """vLLM's AsyncLLM.from_vllm_config, is_running / is_stopped, get_supported_tasks and
+    get_num_unfinished_requests, as code written against vLLM's AsyncLLM reads them."""
+    engine = AsyncLLM.from_vllm_config(EngineArgs(model=str(tiny_llama), **ENGINE_ARGS).create_engine_config())
+
+    async def during_a_stream() -> list[int]:
+        counts = []
+        params = SamplingParams(max_tokens=4, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        async for _ in engine.generate({"prompt_token_ids": [5, 6, 7]}, params, "query-1"):
+            counts.append(engine.get_num_unfinished_requests())
+        return counts
+
+    try:
+        assert engine.is_running and not engine.is_stopped
+        assert loop.run_until_complete(engine.get_supported_tasks()) == ("generate",)
+        counts = loop.run_until_complete(during_a_stream())
+        assert counts[:-1] == [1] * (len(counts) - 1) and engine.get_num_unfinished_requests() == 0
+    finally:
+        stop_engine(engine, loop)
+    assert engine.is_stopped and not engine.is_running

@@ -76,6 +76,11 @@ class AsyncLLM:
         return cls(engine_args.create_engine_config(), **client_kwargs)
 
     @classmethod
+    def from_vllm_config(cls, vllm_config: VllmConfig, **client_kwargs: Any) -> AsyncLLM:
+        """vLLM's: spawn an engine core for an engine config already made (`create_engine_config`)."""
+        return cls(vllm_config, **client_kwargs)
+
+    @classmethod
     def connect(cls, address: str, model: str | None = None, **engine_args: Any) -> AsyncLLM:
         """Attach to an engine core started on its own (`vllm-lite engine --address ...`). The
         model, tokenizer and max_model_len left out are the engine's. Client options
@@ -89,6 +94,16 @@ class AsyncLLM:
     def errored(self) -> bool:
         """True once this engine can serve no more requests (as vLLM's AsyncLLM.errored)."""
         return self._handler_error is not None or self.engine_core.is_engine_dead
+
+    @property
+    def is_running(self) -> bool:
+        """vLLM's: the engine can take requests (neither errored nor shut down)."""
+        return not (self.errored or self.engine_core.state.shutting_down)
+
+    @property
+    def is_stopped(self) -> bool:
+        """vLLM's: the engine can take no more requests (errored or shut down)."""
+        return not self.is_running
 
     @property
     def dead_error(self) -> EngineDeadError:
@@ -201,6 +216,14 @@ class AsyncLLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def get_num_unfinished_requests(self) -> int:
+        """vLLM's: the requests this client has added that have not finished."""
+        return len(self.output_processor.request_states)
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        """vLLM's: what the model serves, ("generate",) or, for an embedding model, ("embed",)."""
+        return ("embed",) if self.vllm_config.model_config.pooler is not None else ("generate",)
 
     def shutdown(self) -> None:
         """Stop the output handler and the engine core this AsyncLLM spawned (an attached engine
