@@ -1,5 +1,5 @@
-"""kv_cache_dtype (vLLM's name): a bf16 KV cache under a float32 model on CPU, and the
-int8_per_token_head cache under any model dtype on CPU. The configuration each resolves to, what
+"""kv_cache_dtype (vLLM's name): a bf16 KV cache under a float32 model on CPU, the
+int8_per_token_head cache under any model dtype on CPU, and vLLM's fp8 caches (torch backend). The configuration each resolves to, what
 is refused, the cache the engine allocates, and the command-line flag. Their accuracy against the
 float32 cache is in tests/test_reduced_precision.py, the int8 format and ops in
 tests/attention/test_kv_quant.py."""
@@ -14,7 +14,8 @@ import torch
 
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
-from vllm_lite.config import EngineArgs
+from vllm_lite.attention.torch_backend import to_cache_rows
+from vllm_lite.config import EngineArgs, kv_cache_row
 from vllm_lite.entrypoints.cli_args import add_engine_args, engine_args_from
 
 BUDGET = 4 << 20  # bytes of KV cache: few enough blocks that the budget, not max_num_seqs, decides
@@ -50,12 +51,33 @@ def test_int8_cache_rows_hold_codes_and_a_scale(tiny_llama: Path) -> None:
     assert config(tiny_llama, dtype="bfloat16", kv_cache_dtype="int8_per_token_head").model_config.dtype == "bfloat16"
 
 
+@pytest.mark.parametrize(("value", "storage"), [("fp8", torch.float8_e4m3fn), ("fp8_e4m3", torch.float8_e4m3fn),
+                                                ("fp8_e5m2", torch.float8_e5m2)])
+def test_fp8_caches_take_a_byte_an_element_and_the_torch_backend(tiny_llama: Path, value: str,
+                                                                 storage: torch.dtype) -> None:
+    """vLLM's fp8 KV caches ("fp8" is e4m3): one byte an element under any model dtype, read
+    by the torch attention backend ("auto" resolves to it; the csrc and Triton kernels are refused)."""
+    fp32 = config(tiny_llama, dtype="float32")
+    for dtype in ("float32", "bfloat16"):
+        fp8 = config(tiny_llama, dtype=dtype, kv_cache_dtype=value)
+        assert fp8.kv_block_bytes() * 4 == fp32.kv_block_bytes() and fp8.model_config.attention_backend == "torch"
+    assert kv_cache_row(fp8.kv_cache_dtype, 64) == (str(storage).removeprefix("torch."), 64)
+    # Stored at scale 1.0, saturating: a value past the format's range is its largest, never inf or NaN.
+    cache = torch.zeros(1, dtype=storage)
+    largest = torch.finfo(storage).max
+    assert to_cache_rows(torch.tensor([1e6, -1e6, 1.0, float("inf")]), cache).float().tolist() == \
+        [largest, -largest, 1.0, largest]
+    for backend in ("cpu_native", "triton"):
+        with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' is read by the torch attention backend only"):
+            config(tiny_llama, dtype="float32", kv_cache_dtype=value, attention_backend=backend)
+
+
 def test_int8_cache_needs_a_cpu_backend(tiny_llama: Path) -> None:
     with pytest.raises(ValueError, match="kv_cache_dtype='int8_per_token_head' runs only on CPU"):
         config(tiny_llama, dtype="float32", kv_cache_dtype="int8_per_token_head", attention_backend="triton")
 
 
-@pytest.mark.parametrize("value", ["fp8", "fp8_e5m2", "float16", "int8", "int4_per_token_head", ""])
+@pytest.mark.parametrize("value", ["fp8_e4m3fn", "fp8_inc", "float16", "int8", "int4_per_token_head", ""])
 def test_unimplemented_cache_dtypes_are_refused_by_name(tiny_llama: Path, value: str) -> None:
     with pytest.raises(ValueError, match=f"kv_cache_dtype must be one of .*got '{value}'"):
         config(tiny_llama, dtype="float32", kv_cache_dtype=value)
@@ -72,7 +94,9 @@ def test_bf16_cache_needs_a_float32_model_and_a_cpu_backend(tiny_llama: Path, ar
     ({"kv_cache_dtype": "int8_per_token_head"}, torch.int8, 4),
     ({"kv_cache_dtype": "int8_per_token_head", "attention_backend": "torch"}, torch.int8, 4),
     ({"kv_cache_dtype": "int8_per_token_head", "dtype": "bfloat16"}, torch.int8, 4),
-], ids=["bf16", "int8", "int8-torch", "int8-bf16-model"])
+    ({"kv_cache_dtype": "fp8"}, torch.float8_e4m3fn, 0),
+    ({"kv_cache_dtype": "fp8_e5m2", "dtype": "bfloat16"}, torch.float8_e5m2, 0),
+], ids=["bf16", "int8", "int8-torch", "int8-bf16-model", "fp8", "fp8_e5m2-bf16-model"])
 def test_engine_stores_the_cache_dtype_and_serves_a_mixed_batch(tiny_llama: Path, args: dict,
                                                                 cache_dtype: torch.dtype, extra: int) -> None:
     llm = make_llm(tiny_llama, max_num_batched_tokens=64, **args)

@@ -1,8 +1,8 @@
 """Reduced precision against float32 on the same weights: greedy agreement and teacher-forced
 logprobs, for bf16, for int8 W8A8 (quantization="int8") over bf16 and over fp32 activations (the
 int8 path of CPUs without native bf16), for a float32 model with a bf16 KV cache
-(kv_cache_dtype="bfloat16"), and for the int8_per_token_head KV cache under float32 and bf16
-models, on both CPU attention backends.
+(kv_cache_dtype="bfloat16"), for the int8_per_token_head KV cache under float32 and bf16
+models, on both CPU attention backends, and for vLLM's fp8 KV caches (e4m3, e5m2).
 
 bf16 cannot be token-for-token equal to fp32: each bf16 rounding moves a logit by ~0.4% of its
 size, so wherever the top two logits of a step are closer than that the argmax may flip, and
@@ -27,7 +27,9 @@ NEW_TOKENS = 16
 AGREE_PREFIX = 4  # first tokens compared for agreement
 # Bounds per precision, with about 2x room over what these models measured (first-4 agreement
 # bf16 15/16 prompts, int8 13/16; mean |dlogprob| bf16 0.025-0.028, int8 0.049-0.073; int8 KV cache
-# 7-8/8 and 0.014-0.019 under float32, 0.025-0.033 under bf16).
+# 7-8/8 and 0.014-0.019 under float32, 0.025-0.033 under bf16; fp8 KV caches at scale 1.0, vLLM's
+# without calibrated scales, round each element to 3 (e4m3) or 2 (e5m2) mantissa bits: e4m3 under
+# float32 4-8/8 and 0.066-0.103, e5m2 under bf16 4-5/8 and 0.14-0.25).
 # Engine arguments per precision (the reference: dtype="float32" on the same device). int8 weights
 # and a KV cache in another dtype than the model's are CPU features (refused by name on CUDA), so
 # those run on the CPU on every machine; bf16 runs on the default device (the GPU under gpu-check).
@@ -43,17 +45,21 @@ PRECISIONS = {
     "float32, int8 KV cache, torch attention": {"dtype": "float32", "kv_cache_dtype": "int8_per_token_head",
                                                 "attention_backend": "torch", **CPU},
     "bfloat16, int8 KV cache": {"dtype": "bfloat16", "kv_cache_dtype": "int8_per_token_head", **CPU},
+    "float32, fp8 KV cache": {"dtype": "float32", "kv_cache_dtype": "fp8", **CPU},
+    "bfloat16, fp8_e5m2 KV cache": {"dtype": "bfloat16", "kv_cache_dtype": "fp8_e5m2", **CPU},
 }
 # float32+int8 has the same bounds as bfloat16+int8: the int8 rounding dominates either way. A bf16
 # KV cache rounds a subset of what a bf16 model rounds: the bf16 bounds.
 MIN_AGREEING_FRACTION = {"bfloat16": 0.75, "bfloat16+int8": 0.5, "float32+int8": 0.5,
                          "float32, bf16 KV cache": 0.75, "float32, bf16 KV cache, torch attention": 0.75,
                          "float32, int8 KV cache": 0.75, "float32, int8 KV cache, torch attention": 0.75,
-                         "bfloat16, int8 KV cache": 0.75}
+                         "bfloat16, int8 KV cache": 0.75, "float32, fp8 KV cache": 0.25,
+                         "bfloat16, fp8_e5m2 KV cache": 0.25}
 MAX_MEAN_ABS_LOGPROB_DIFF = {"bfloat16": 0.05, "bfloat16+int8": 0.15, "float32+int8": 0.15,
                              "float32, bf16 KV cache": 0.05, "float32, bf16 KV cache, torch attention": 0.05,
                              "float32, int8 KV cache": 0.05, "float32, int8 KV cache, torch attention": 0.05,
-                             "bfloat16, int8 KV cache": 0.07}
+                             "bfloat16, int8 KV cache": 0.07, "float32, fp8 KV cache": 0.2,
+                             "bfloat16, fp8_e5m2 KV cache": 0.5}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int:

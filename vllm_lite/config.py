@@ -65,9 +65,13 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # in bf16 under a float32 model on CPU (half the cache's bytes and memory traffic; attention still
 # computes in fp32). "int8_per_token_head" (vLLM's name and rule) stores each (token, KV head) row
 # as int8 codes with one fp32 scale (abs-max / 127, rounded half away from zero), on CPU under any
-# model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's fp8 formats are not implemented.
+# model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's "fp8" (= "fp8_e4m3") and
+# "fp8_e5m2" store each K/V element as that float8 with scale 1.0 (vLLM's without calibrated
+# scales), saturated at the format's largest value, under any model dtype; attention reads them
+# on the torch backend (the csrc and Triton kernels take no float8).
 KV_INT8_PER_TOKEN_HEAD = "int8_per_token_head"
-KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD)
+KV_FP8_STORAGE = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # torch's names
+KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD, *KV_FP8_STORAGE)
 KV_SCALE_BYTES = 4  # an int8 row's fp32 scale, stored in the 4 bytes after its codes
 
 
@@ -76,15 +80,16 @@ def stored_kv_cache_dtype(kv_cache_dtype: str, model_dtype: str) -> str:
     return model_dtype if kv_cache_dtype == "auto" else kv_cache_dtype
 
 
-KV_ELEMENT_SIZES = {**DTYPE_SIZES, "int8": 1}
+KV_ELEMENT_SIZES = {**DTYPE_SIZES, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
 def kv_cache_row(stored_dtype: str, head_dim: int) -> tuple[str, int]:
     """(element dtype, elements) of one (token, KV head) row of K or V in the cache tensor: an
-    int8_per_token_head row is its int8 codes, then its fp32 scale's bytes."""
+    int8_per_token_head row is its int8 codes, then its fp32 scale's bytes; an fp8 row its float8
+    elements."""
     if stored_dtype == KV_INT8_PER_TOKEN_HEAD:
         return "int8", head_dim + KV_SCALE_BYTES
-    return stored_dtype, head_dim
+    return KV_FP8_STORAGE.get(stored_dtype, stored_dtype), head_dim
 
 EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
@@ -628,7 +633,7 @@ class EngineArgs:
             seed=self.seed,
             hf=hf,
             max_logprobs=hf.vocab_size if self.max_logprobs == -1 else self.max_logprobs,
-            attention_backend=self.attention_backend,
+            attention_backend=self._attention_backend(),
             enforce_eager=self.enforce_eager,
             quantization=quantization,
             hf_overrides=hf_overrides,
@@ -639,6 +644,15 @@ class EngineArgs:
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir),
         )
+
+    def _attention_backend(self) -> str:
+        """The `attention_backend` asked for; "auto" with an fp8 KV cache is the torch backend,
+        the one that reads float8."""
+        if self.attention_backend == "auto" and self.kv_cache_dtype in KV_FP8_STORAGE:
+            logger.info("kv_cache_dtype=%r: attention on the torch backend (scale 1.0: no calibrated KV scales)",
+                        self.kv_cache_dtype)
+            return "torch"
+        return self.attention_backend
 
     def _pooler(self, hf: HFModelConfig, model_dir: Path) -> PoolerConfig | None:
         """The pooling runner's config, or None for the generate runner (vLLM's --runner,
@@ -691,10 +705,13 @@ class EngineArgs:
     def _cache_config(self, model_config: ModelConfig, device: str) -> CacheConfig:
         bs = self.block_size if self.block_size is not None else default_block_size(device, self.attention_backend)
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
-               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r} "
-               "(vLLM's fp8 KV cache formats are not implemented)")
+               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         cpu_backend = device == "cpu" and self.attention_backend != "triton"
-        if self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD:
+        if self.kv_cache_dtype in KV_FP8_STORAGE:
+            _check(model_config.attention_backend == "torch",
+                   f"kv_cache_dtype={self.kv_cache_dtype!r} is read by the torch attention backend only (the csrc "
+                   f"and Triton kernels take no float8), not attention_backend={self.attention_backend!r}")
+        elif self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD:
             _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
                    f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         else:

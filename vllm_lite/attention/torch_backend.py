@@ -3,7 +3,8 @@
 Decode sequences (one query token) are attended in one batched SDPA call over their gathered
 blocks with a key-padding mask; prefill sequences (chunks, possibly after a prefix-cache hit)
 one SDPA call each with a causal mask offset by their context length. Attention always sees K and
-V as the cache stores them (rounded to a bf16 cache, quantized in an int8_per_token_head one).
+V as the cache stores them (rounded to a bf16 cache, quantized in an int8_per_token_head one,
+rounded to float8 in an fp8 one).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite.attention.kv_quant import dequantize_rows, is_int8_cache, quantize_rows
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # kv_cache_dtype "fp8" / "fp8_e4m3", "fp8_e5m2"
 
 
 @dataclass(slots=True)
@@ -132,8 +135,14 @@ class TorchAttentionBackend(AttentionBackend):
 
 
 def to_cache_rows(x: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
-    """[T, H, D] keys or values as the cache stores them."""
-    return quantize_rows(x) if is_int8_cache(kv_cache) else x.to(kv_cache.dtype)
+    """[T, H, D] keys or values as the cache stores them: an fp8 cache saturates at the format's
+    largest value (scale 1.0), as vLLM's conversions do, instead of storing inf or NaN."""
+    if is_int8_cache(kv_cache):
+        return quantize_rows(x)
+    if kv_cache.dtype in FP8_DTYPES:
+        largest = torch.finfo(kv_cache.dtype).max
+        return x.float().clamp(-largest, largest).to(kv_cache.dtype)
+    return x.to(kv_cache.dtype)
 
 
 def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
