@@ -70,6 +70,8 @@ def test_fp8_caches_take_a_byte_an_element_and_the_torch_backend(tiny_llama: Pat
     for backend in ("cpu_native", "triton"):
         with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' is read by the torch attention backend only"):
             config(tiny_llama, dtype="float32", kv_cache_dtype=value, attention_backend=backend)
+    with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' runs only on CPU here"):
+        EngineArgs(model=str(tiny_llama), device="cuda", kv_cache_dtype=value).create_engine_config()
 
 
 def test_int8_cache_needs_a_cpu_backend(tiny_llama: Path) -> None:

@@ -67,8 +67,8 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # as int8 codes with one fp32 scale (abs-max / 127, rounded half away from zero), on CPU under any
 # model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's "fp8" (= "fp8_e4m3") and
 # "fp8_e5m2" store each K/V element as that float8 with scale 1.0 (vLLM's without calibrated
-# scales), saturated at the format's largest value, under any model dtype; attention reads them
-# on the torch backend (the csrc and Triton kernels take no float8).
+# scales), saturated at the format's largest value, on CPU under any model dtype; attention reads
+# them on the torch backend (the csrc and Triton kernels take no float8).
 KV_INT8_PER_TOKEN_HEAD = "int8_per_token_head"
 KV_FP8_STORAGE = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # torch's names
 KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD, *KV_FP8_STORAGE)
@@ -708,6 +708,7 @@ class EngineArgs:
                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         cpu_backend = device == "cpu" and self.attention_backend != "triton"
         if self.kv_cache_dtype in KV_FP8_STORAGE:
+            _check(device == "cpu", f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU here (device {device!r})")
             _check(model_config.attention_backend == "torch",
                    f"kv_cache_dtype={self.kv_cache_dtype!r} is read by the torch attention backend only (the csrc "
                    f"and Triton kernels take no float8), not attention_backend={self.attention_backend!r}")
