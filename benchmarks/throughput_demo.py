@@ -65,7 +65,8 @@ def main() -> int:
     parser.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--quantization", nargs="*", default=[], choices=["int8"])
     parser.add_argument("--background-load", action="store_true", help="one busy process beside every engine")
-    parser.add_argument("--kv-cache-dtype", nargs="*", default=[], choices=["bfloat16", "int8_per_token_head"],
+    parser.add_argument("--kv-cache-dtype", nargs="*", default=[],
+                        choices=["bfloat16", "int8_per_token_head", "fp8", "fp8_e5m2"],
                         help="adds vllm_lite rows per --dtype (with each --quantization too) with this KV cache dtype")
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true")

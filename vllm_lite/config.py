@@ -648,9 +648,12 @@ class EngineArgs:
     def _attention_backend(self) -> str:
         """The `attention_backend` asked for; "auto" with an fp8 KV cache is the torch backend,
         the one that reads float8."""
+        if self.kv_cache_dtype in KV_FP8_STORAGE:
+            logger.warning("kv_cache_dtype=%r: float8 at scale 1.0, read by the torch attention backend, whose "
+                           "decode is several times slower than the csrc kernels (benchmarks/RESULTS.md); "
+                           "int8_per_token_head stores as few bytes, more accurately, with csrc kernels",
+                           self.kv_cache_dtype)
         if self.attention_backend == "auto" and self.kv_cache_dtype in KV_FP8_STORAGE:
-            logger.info("kv_cache_dtype=%r: attention on the torch backend (scale 1.0: no calibrated KV scales)",
-                        self.kv_cache_dtype)
             return "torch"
         return self.attention_backend
 
