@@ -46,10 +46,13 @@ def test_a_batch_file_is_answered_line_by_line(tiny_qwen3: Path, tmp_path: Path)
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     result = subprocess.run([sys.executable, "-m", "vllm_lite.entrypoints.cli", "run-batch", "-i",
                              str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--model", str(tiny_qwen3),
-                             "--served-model-name", MODEL, "--max-model-len", "128", "--dtype", "float32"],
+                             "--served-model-name", MODEL, "--max-model-len", "128", "--dtype", "float32",
+                             "--enable-log-requests", "--max-log-len", "4"],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
+    # serve's request-handling flags work here too: each request the engine ran logged, its prompt cut to 4
+    assert result.stderr.count("Received request") == 3 and "prompt: 'The '" in result.stderr, result.stderr[-3000:]
     outputs = [json.loads(text) for text in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in outputs] == ["chat", "completion", "audio", "streamed", None, "bad-temperature",
                                                  "other-model", "get", "chat-again"]

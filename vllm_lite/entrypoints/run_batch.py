@@ -107,8 +107,9 @@ def parse_line(text: str) -> BatchLine:
 
 async def run_lines(engine: Any, lines: list[BatchLine], args: argparse.Namespace, model: str | None) -> list[dict]:
     """Every line through the server's app (no API key: the runner is its only client)."""
-    from vllm_lite.entrypoints.openai.api_server import build_app, server_options_from
+    from vllm_lite.entrypoints.openai.api_server import build_app, server_options_from, show_info_logs
 
+    show_info_logs()  # (--enable-log-requests logs at INFO, as in the server)
     options = dataclasses.replace(server_options_from(args), api_key=None, dev_mode=False)
     names = args.served_model_name or ([model] if model else [])
     app = build_app(engine, names, options=options)

@@ -624,7 +624,7 @@ async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient
     --host/--port when none are given, until a signal or the engine's death (exit status 1)."""
     from vllm_lite.entrypoints.cli_args import engine_args_from
 
-    _show_info_logs()
+    show_info_logs()
     options = server_options_from(args)
     listen_tls = ssl_options(args)
     model = engine_args_from(args).model
@@ -676,7 +676,7 @@ def _quiet_access_log_for(endpoints: str | None) -> None:
         logging.getLogger("uvicorn.access").addFilter(_EndpointAccessFilter(paths))
 
 
-def _show_info_logs() -> None:
+def show_info_logs() -> None:
     """The server's own INFO lines (--enable-log-requests, the drain) on stderr, as vLLM's server
     shows its own; a handler the embedding application set up wins."""
     package_logger = logging.getLogger("vllm_lite")
