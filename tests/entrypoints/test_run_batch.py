@@ -42,6 +42,8 @@ def test_a_batch_file_is_answered_line_by_line(tiny_qwen3: Path, tmp_path: Path)
         line("get", "/v1/chat/completions", chat, method="GET"),
         "",  # (blank lines are skipped, as in vLLM)
         line("chat-again", "/v1/chat/completions", chat),
+        line("stream-false", "/v1/chat/completions", {**chat, "stream": "false"}),  # (pydantic's false)
+        line("surrogate", "/v1/completions", {"model": MODEL, "prompt": "\ud800", "max_tokens": 2}),
     ]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     result = subprocess.run([sys.executable, "-m", "vllm_lite.entrypoints.cli", "run-batch", "-i",
@@ -52,12 +54,12 @@ def test_a_batch_file_is_answered_line_by_line(tiny_qwen3: Path, tmp_path: Path)
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     # serve's request-handling flags work here too: each request the engine ran logged, its prompt cut to 4
-    assert result.stderr.count("Received request") == 3 and "prompt: 'The '" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("Received request") == 4 and "prompt: 'The '" in result.stderr, result.stderr[-3000:]
     outputs = [json.loads(text) for text in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [o["custom_id"] for o in outputs] == ["chat", "completion", "audio", "streamed", None, "bad-temperature",
-                                                 "other-model", "get", "chat-again"]
+                                                 "other-model", "get", "chat-again", "stream-false", "surrogate"]
     by_id = {o["custom_id"]: o for o in outputs}
-    assert [o["response"]["status_code"] for o in outputs] == [200, 200, 400, 400, 400, 400, 404, 400, 200]
+    assert [o["response"]["status_code"] for o in outputs] == [200, 200, 400, 400, 400, 400, 404, 400, 200, 200, 400]
     assert all(o["id"].startswith("vllm-") and o["response"]["request_id"].startswith("vllm-batch-") for o in outputs)
     assert len({o["id"] for o in outputs}) == len(outputs)
 
@@ -69,7 +71,8 @@ def test_a_batch_file_is_answered_line_by_line(tiny_qwen3: Path, tmp_path: Path)
                                        use_tqdm=False)[0].outputs[0].text
     finally:
         expected.shutdown()
-    for name in ("chat", "chat-again"):
+    assert "unpaired UTF-16 surrogate" in by_id["surrogate"]["error"]["error"]["message"]  # the server's answer
+    for name in ("chat", "chat-again", "stream-false"):
         reply = by_id[name]
         assert reply["error"] is None and reply["response"]["body"]["object"] == "chat.completion"
         assert reply["response"]["body"]["choices"][0]["message"]["content"] == text

@@ -100,9 +100,20 @@ def parse_line(text: str) -> BatchLine:
         problem = f"URL {line.get('url')} was used. Supported endpoints: {', '.join(BATCH_URLS)}"
     elif not isinstance(line.get("body"), dict):
         problem = "body must be a JSON object (the request)"
-    elif line["body"].get("stream"):
+    elif _asks_to_stream(line["body"].get("stream")):
         problem = "Request must not be sent in stream mode"
     return BatchLine(custom_id, line.get("url", ""), line.get("body"), problem)
+
+
+def _asks_to_stream(value: Any) -> bool:
+    """Whether the server would read `stream` as true (pydantic's lax bool: "false" is false); a
+    value it cannot read is left to it to refuse by name."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(bool).validate_python(value) if value is not None else False
+    except ValidationError:
+        return False
 
 
 async def run_lines(engine: Any, lines: list[BatchLine], args: argparse.Namespace, model: str | None) -> list[dict]:
@@ -130,8 +141,14 @@ async def run_line(client: httpx.AsyncClient, line: BatchLine) -> dict:
     request_id = f"vllm-batch-{uuid.uuid4().hex}"
     if line.problem is not None:
         return batch_output(line.custom_id, 400, request_id, None, line.problem)
-    reply = await client.post(line.url, json=line.body)
-    body = reply.json()
+    try:
+        # ASCII JSON: a lone surrogate travels escaped, as from any client, and the app answers it.
+        reply = await client.post(line.url, content=json.dumps(line.body).encode(),
+                                  headers={"content-type": "application/json"})
+        body = reply.json()
+    except Exception as exc:  # this line's failure alone (the others are still answered)
+        logger.exception("run-batch: the request of custom_id %r failed", line.custom_id)
+        return batch_output(line.custom_id, 500, request_id, None, f"{type(exc).__name__}: {exc}")
     if reply.status_code == 200:
         return batch_output(line.custom_id, 200, request_id, body, None)
     return batch_output(line.custom_id, reply.status_code, request_id, None, body)
