@@ -226,3 +226,17 @@ def test_vllms_top_level_names_are_there(llm: LLM) -> None:
     assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
     with pytest.raises(TypeError):
         AsyncEngineArgs(model="x", enable_log_requests=True)
+
+
+def test_disable_log_stats_as_vllm_code_passes_it(tiny_llama: Path) -> None:
+    """vLLM's `disable_log_stats` (LLM's default True; `AsyncEngineArgs(..., disable_log_stats=True)`
+    is common in applications): True is taken; False, a periodic stats line only the server
+    writes here, is refused by name rather than dropped."""
+    from vllm_lite import AsyncEngineArgs, AsyncLLM
+
+    llm = LLM(str(tiny_llama), max_model_len=64, dtype="float32", multiprocess=False, disable_log_stats=True)
+    llm.shutdown()
+    with pytest.raises(ValueError, match="disable_log_stats=False: the periodic stats line is written by `vllm-lite serve`"):
+        LLM(str(tiny_llama), max_model_len=64, multiprocess=False, disable_log_stats=False)
+    with pytest.raises(ValueError, match="disable_log_stats=False"):
+        AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(tiny_llama), disable_log_stats=False))

@@ -73,6 +73,7 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **client_kwargs: Any) -> AsyncLLM:
         """Spawn an engine core for `engine_args` and serve it."""
+        engine_args.check_no_stats_line()
         return cls(engine_args.create_engine_config(), **client_kwargs)
 
     @classmethod
@@ -88,6 +89,7 @@ class AsyncLLM:
         client_kwargs = {k: engine_args.pop(k) for k in ("heartbeat_interval_s", "heartbeat_timeout_s")
                          if k in engine_args}
         args = attached_engine_args(address, model, engine_args)
+        args.check_no_stats_line()
         return cls(args.create_engine_config(), engine_address=address, **client_kwargs)
 
     @property

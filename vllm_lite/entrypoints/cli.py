@@ -169,9 +169,6 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--middleware", action="append", default=None, metavar="IMPORT_PATH",
                        help="an ASGI middleware class or an async HTTP middleware function (request, call_next) "
                             "to wrap the app in, e.g. my_pkg.auth.Middleware; repeatable (vLLM's flag)")
-    serve.add_argument("--disable-log-stats", action="store_true",
-                       help="no periodic stats line (throughput, queue, KV cache; every VLLM_LOG_STATS_INTERVAL "
-                            "seconds, 10 by default) (vLLM's flag; /metrics counts either way)")
     serve.set_defaults(func=cmd_serve)
 
 

@@ -38,6 +38,7 @@ class LLM:
             args = attached_engine_args(engine_address, model, engine_args)
         else:
             args = EngineArgs(model=model, **engine_args)
+        args.check_no_stats_line()
         self.llm_engine = LLMEngine.from_engine_args(args, multiprocess, engine_address)
         self._request_counter = itertools.count()
         # Request ids are unique per engine core, and an attached one may serve other clients.

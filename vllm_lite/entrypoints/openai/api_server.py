@@ -506,7 +506,8 @@ def _spawned_engine(args: argparse.Namespace) -> Callable[[], EngineClient]:
         from vllm_lite.engine.async_llm import AsyncLLM
         from vllm_lite.entrypoints.cli_args import engine_args_from
 
-        return AsyncLLM.from_engine_args(engine_args_from(args))
+        # (the server writes the stats line itself: --disable-log-stats is read from `args`)
+        return AsyncLLM.from_engine_args(dataclasses.replace(engine_args_from(args), disable_log_stats=None))
 
     return make
 
@@ -607,7 +608,7 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          enable_log_requests=getattr(args, "enable_log_requests", False),
                          enable_log_outputs=getattr(args, "enable_log_outputs", False),
                          max_log_len=getattr(args, "max_log_len", None),
-                         disable_log_stats=getattr(args, "disable_log_stats", False),
+                         disable_log_stats=bool(getattr(args, "disable_log_stats", False)),
                          response_role=getattr(args, "response_role", "assistant"),
                          chat_template_content_format=getattr(args, "chat_template_content_format", "auto"),
                          middleware=_middleware_paths(args),
