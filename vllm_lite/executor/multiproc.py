@@ -255,7 +255,10 @@ class MultiprocExecutor(Executor):
         death watch's notice. Waits up to PEER_DEATH_GRACE_S for an exit, so the reason names
         the rank that died, the cause, not only the symptom."""
         procs = self._res.procs
-        multiprocessing.connection.wait([proc.sentinel for proc in procs], timeout=PEER_DEATH_GRACE_S)
+        ready = multiprocessing.connection.wait([proc.sentinel for proc in procs], timeout=PEER_DEATH_GRACE_S)
+        for proc in procs:
+            if proc.sentinel in ready:  # its sentinel closes as it exits, a moment before its status is there
+                proc.join(PEER_DEATH_GRACE_S)
         dead = [proc for proc in procs if proc.exitcode is not None and proc.name not in error]
         return f"{describe_exit(dead)}; then {error}" if dead else error
 
