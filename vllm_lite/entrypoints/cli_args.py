@@ -38,6 +38,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
             parser.add_argument(*flags, type=human_readable_int, default=default)
         else:
             parser.add_argument(*flags, type=_flag_type(f.type), default=default)
+    # (read before parsing, by `vllm_argv`: listed here for --help)
+    parser.add_argument("--config", metavar="FILE.yaml", default=None,
+                        help="flags from a YAML file, one key per long flag name (vLLM's); the command line wins")
     if model_positional:
         parser.add_argument("model_tag", nargs="?", default=None,
                             help="model folder, .gguf file or hub id org/name (default: the demo model)")
