@@ -305,22 +305,25 @@ void decode_attention_f32(float* out, const float* query, const float* cache,
 // ---- bf16 KV cache (bf16 query and output): rows widened to fp32 as they are read, fp32 scores,
 // softmax and accumulation; the output rounded to bf16 once (round to nearest even). ----
 
-// n (<= L) bf16 token rows of one KV head widened into `tile` (fp32 rows of C * L values).
-template <int C, typename V>
-VLLM_LITE_INLINE void widen_tile(float* tile, const uint16_t* rows, int64_t row_stride, int64_t n) {
+// n (<= L) token rows of one KV head (T: bf16, or an fp8 cache's bytes) widened into `tile`
+// (fp32 rows of C * L values).
+template <int C, typename V, typename T>
+VLLM_LITE_INLINE void widen_tile(float* tile, const T* rows, int64_t row_stride, int64_t n) {
   constexpr int L = lanes_of<V>;
   for (int64_t j = 0; j < n; ++j)
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * L, load_bf16<V>(rows + j * row_stride + c * L));
+    for (int c = 0; c < C; ++c) store(tile + (j * C + c) * L, load_any<V>(rows + j * row_stride + c * L));
 }
 
 // One sequence, KV heads [kv_begin, kv_end) and their query heads, head_dim D = C * L. Each tile
 // of L K (then V) rows is widened to fp32 once and used by every query head of its KV group
 // (grouped-query attention: 3 heads share a KV head in the demo model), then the fp32 tile code
 // runs on it: the same products in the same order as widening per head, so the same result.
-template <int D, int L>
-VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                                            const uint16_t* cache, const int32_t* blocks,
+// T: the cache's element (bf16; an fp8 cache's bytes take the same path, widened their way); Q:
+// the query's and the output's (bf16, or float32 over an fp8 cache).
+template <int D, int L, typename T = uint16_t, typename Q = uint16_t>
+VLLM_LITE_INLINE void decode_one_bf16_tiled(Q* out, const Q* query, int64_t q_stride_h,
+                                            const T* cache, const int32_t* blocks,
                                             int64_t seq_len, int64_t kv_begin, int64_t kv_end,
                                             int64_t group, const CacheLayout& c, float scale,
                                             std::vector<float>& scratch) {
@@ -334,11 +337,11 @@ VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query
   float* inv_sum = acc + num_heads * D;
   float tile[L * D];
   for (int64_t h = 0; h < num_heads; ++h)
-    for (int k = 0; k < C; ++k) store(q_scaled + h * D + k * L, load_bf16<V>(query + h * q_stride_h + k * L) * scale);
+    for (int k = 0; k < C; ++k) store(q_scaled + h * D + k * L, load_any<V>(query + h * q_stride_h + k * L) * scale);
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const uint16_t* rows = cache + blocks[b] * c.stride_block + (kv_begin + kv) * c.stride_head;
+      const T* rows = cache + blocks[b] * c.stride_block + (kv_begin + kv) * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
       for (int64_t t = 0; t < n; t += L) {
         const int64_t m = std::min<int64_t>(L, n - t);
@@ -358,7 +361,7 @@ VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query
   std::fill(acc, acc + num_heads * D, 0.f);
   for (int64_t kv = 0; kv < kv_end - kv_begin; ++kv) {
     for (int64_t b = 0; b < num_blocks; ++b) {
-      const uint16_t* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
+      const T* rows = cache + blocks[b] * c.stride_block + c.stride_kv + (kv_begin + kv) * c.stride_head;
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
       for (int64_t t = 0; t < n; t += L) {
         const int64_t m = std::min<int64_t>(L, n - t);
@@ -376,13 +379,13 @@ VLLM_LITE_INLINE void decode_one_bf16_tiled(uint16_t* out, const uint16_t* query
     }
   }
   for (int64_t h = 0; h < num_heads; ++h)
-    for (int64_t d = 0; d < D; ++d) out[h * D + d] = float_to_bf16(acc[h * D + d] * inv_sum[h]);
+    for (int64_t d = 0; d < D; ++d) store_one(out + h * D + d, acc[h * D + d] * inv_sum[h]);
 }
 
 // Any head_dim: one token at a time, scalar tails.
-template <int L>
-VLLM_LITE_INLINE void decode_one_bf16_any_head_dim(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+template <int L, typename T = uint16_t, typename Q = uint16_t>
+VLLM_LITE_INLINE void decode_one_bf16_any_head_dim(Q* out, const Q* query, int64_t q_stride_h,
+                                                   const T* cache, const int32_t* blocks, int64_t seq_len,
                                                    int64_t kv_begin, int64_t kv_end, int64_t group, int64_t head_dim,
                                                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
   const int64_t num_heads = (kv_end - kv_begin) * group;
@@ -392,7 +395,7 @@ VLLM_LITE_INLINE void decode_one_bf16_any_head_dim(uint16_t* out, const uint16_t
   float* acc = q + num_heads * head_dim;
   for (int64_t h = 0; h < num_heads; ++h)
     for (int64_t d = 0; d < head_dim; ++d)
-      q[h * head_dim + d] = bf16_to_float(query[h * q_stride_h + d]) * scale;
+      q[h * head_dim + d] = to_float(query[h * q_stride_h + d]) * scale;
   std::fill(acc, acc + num_heads * head_dim, 0.f);
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   for (int64_t which = 0; which < 2; ++which) {  // 0: scores over K, 1: weighted sum over V
@@ -405,20 +408,20 @@ VLLM_LITE_INLINE void decode_one_bf16_any_head_dim(uint16_t* out, const uint16_t
       const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
       for (int64_t i = 0; i < n; ++i)
         for (int64_t h = 0; h < num_heads; ++h) {
-          const uint16_t* row = cache + blocks[b] * c.stride_block + which * c.stride_kv +
-                                i * c.stride_offset + (kv_begin + h / group) * c.stride_head;
+          const T* row = cache + blocks[b] * c.stride_block + which * c.stride_kv +
+                         i * c.stride_offset + (kv_begin + h / group) * c.stride_head;
           float* logit = logits + h * seq_len + start + i;
           if (which == 0) {
             float sum = 0.f;
-            for (int64_t d = 0; d < head_dim; ++d) sum += q[h * head_dim + d] * bf16_to_float(row[d]);
+            for (int64_t d = 0; d < head_dim; ++d) sum += q[h * head_dim + d] * to_float(row[d]);
             *logit = sum;
           } else {
-            for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += *logit * bf16_to_float(row[d]);
+            for (int64_t d = 0; d < head_dim; ++d) acc[h * head_dim + d] += *logit * to_float(row[d]);
           }
         }
     }
   }
-  for (int64_t i = 0; i < num_heads * head_dim; ++i) out[i] = float_to_bf16(acc[i]);
+  for (int64_t i = 0; i < num_heads * head_dim; ++i) store_one(out + i, acc[i]);
 }
 
 VLLM_LITE_PER_ISA(decode_one_bf16_any, decode_one_bf16_any_head_dim<L>,
@@ -451,6 +454,61 @@ VLLM_LITE_BF16_DECODE_PORTABLE(32)
 VLLM_LITE_BF16_DECODE_PORTABLE(64)
 VLLM_LITE_BF16_DECODE_PORTABLE(128)
 #undef VLLM_LITE_BF16_DECODE_PORTABLE
+
+// The same kernels over an fp8 cache (T: fp8_e4m3 or fp8_e5m2), float32 query and output.
+#define VLLM_LITE_FP8_DECODE_PORTABLE(T, D)                                                              \
+  VLLM_LITE_PER_ISA(decode_one_##T##_##D, (decode_one_bf16_tiled<D, L, T, float>),                      \
+                    (float* out, const float* query, int64_t q_stride_h, const T* cache,                \
+                     const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,          \
+                     int64_t group, const CacheLayout& c, float scale, std::vector<float>& scratch),    \
+                    (out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c, scale, \
+                     scratch))
+#define VLLM_LITE_FP8_DECODE_ANY(T)                                                                       \
+  VLLM_LITE_PER_ISA(decode_one_##T##_any, (decode_one_bf16_any_head_dim<L, T, float>),                   \
+                    (float* out, const float* query, int64_t q_stride_h, const T* cache,                 \
+                     const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,           \
+                     int64_t group, int64_t head_dim, const CacheLayout& c, float scale,                 \
+                     std::vector<float>& scratch),                                                       \
+                    (out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, head_dim,  \
+                     c, scale, scratch))
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e4m3, 32)
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e4m3, 64)
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e4m3, 128)
+VLLM_LITE_FP8_DECODE_ANY(fp8_e4m3)
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e5m2, 32)
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e5m2, 64)
+VLLM_LITE_FP8_DECODE_PORTABLE(fp8_e5m2, 128)
+VLLM_LITE_FP8_DECODE_ANY(fp8_e5m2)
+#undef VLLM_LITE_FP8_DECODE_PORTABLE
+#undef VLLM_LITE_FP8_DECODE_ANY
+
+// One fp8 decode item: the tiled kernel for head_dim 32 / 64 / 128, else one token at a time.
+#define VLLM_LITE_FP8_DECODE_ITEM(T)                                                                          \
+  void decode_item_##T(float* out, const float* query, int64_t q_stride_h, const T* cache,                   \
+                       const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group, \
+                       int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch) {   \
+    if (seq_len <= 0) {                                                                                    \
+      std::fill(out, out + (kv_end - kv_begin) * group * head_dim, 0.f);                                   \
+      return;                                                                                              \
+    }                                                                                                      \
+    switch (head_dim) {                                                                                    \
+      case 32:                                                                                             \
+        return decode_one_##T##_32(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, \
+                                   c, scale, scratch);                                                     \
+      case 64:                                                                                             \
+        return decode_one_##T##_64(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, \
+                                   c, scale, scratch);                                                     \
+      case 128:                                                                                            \
+        return decode_one_##T##_128(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,     \
+                                    group, c, scale, scratch);                                             \
+      default:                                                                                             \
+        return decode_one_##T##_any(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end,     \
+                                    group, head_dim, c, scale, scratch);                                   \
+    }                                                                                                      \
+  }
+VLLM_LITE_FP8_DECODE_ITEM(fp8_e4m3)
+VLLM_LITE_FP8_DECODE_ITEM(fp8_e5m2)
+#undef VLLM_LITE_FP8_DECODE_ITEM
 
 // ---- bf16 with vdpbf16ps (AVX512-BF16), picked at run time on CPUs that have it ----
 // QK: bf16 pairs of the query times bf16 pairs of a K row, summed into fp32 lanes by vdpbf16ps
@@ -806,6 +864,30 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
   }
 }
 
+// decode_attention_bf16's work split over an fp8 cache (float32 query and output).
+template <typename T, typename Item>
+void decode_attention_fp8(float* out, const float* query, const T* cache, const int32_t* block_table,
+                          const int32_t* seq_lens, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
+                          int64_t head_dim, int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
+                          CacheLayout layout, float scale, int num_threads, Item decode_item) {
+  const int64_t group = num_q_heads / num_kv_heads;
+  const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
+  const int64_t items_per_seq = num_kv_heads / heads_per_item;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
+      const int64_t s = item / items_per_seq;
+      const int64_t kv_begin = (item % items_per_seq) * heads_per_item;
+      decode_item(out + (s * num_q_heads + kv_begin * group) * head_dim,
+                  query + s * q_stride_t + kv_begin * group * q_stride_h, q_stride_h, cache,
+                  block_table + s * bt_stride, seq_lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim,
+                  layout, scale, scratch);
+    }
+  }
+}
+
 // First index of the row's maximum. Lane j keeps the first maximum among elements j, j+L, ...
 // (strict >); the answer is the smallest index among lanes holding the overall maximum.
 template <int L>
@@ -901,9 +983,12 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
                             double scale, int64_t sliding_window, bool use_bf16_dot) {
   check_cache(kv_cache);
   const at::ScalarType dtype = kv_cache.scalar_type();
-  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && query.scalar_type() == dtype &&
-                  out.scalar_type() == dtype,
-              "paged_attention_decode supports float32 or bfloat16 (query, out and kv_cache alike)");
+  const bool fp8 = dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2;
+  TORCH_CHECK(fp8 ? query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat
+                  : (dtype == at::kFloat || dtype == at::kBFloat16) && query.scalar_type() == dtype &&
+                        out.scalar_type() == dtype,
+              "paged_attention_decode supports float32 or bfloat16 (query, out and kv_cache alike), or an fp8 "
+              "(e4m3fn, e5m2) kv_cache with float32 query and out");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
               "query must be [num_seqs, num_q_heads, head_dim] with a contiguous last dimension");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(),
@@ -917,6 +1002,18 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
   TORCH_CHECK(dtype == at::kFloat || sliding_window <= 0,
               "paged_attention_decode: a sliding window needs float32 (bf16 layers with a window "
               "take the torch path)");
+  if (dtype == at::kFloat8_e4m3fn)
+    return decode_attention_fp8(out.data_ptr<float>(), query.data_ptr<float>(),
+                                static_cast<const fp8_e4m3*>(kv_cache.data_ptr()),
+                                block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                                query.stride(0), query.stride(1), block_table.stride(0), layout,
+                                static_cast<float>(scale), at::get_num_threads(), decode_item_fp8_e4m3);
+  if (dtype == at::kFloat8_e5m2)
+    return decode_attention_fp8(out.data_ptr<float>(), query.data_ptr<float>(),
+                                static_cast<const fp8_e5m2*>(kv_cache.data_ptr()),
+                                block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                                query.stride(0), query.stride(1), block_table.stride(0), layout,
+                                static_cast<float>(scale), at::get_num_threads(), decode_item_fp8_e5m2);
   if (dtype == at::kBFloat16)
     return decode_attention_bf16(
         static_cast<uint16_t*>(out.data_ptr()), static_cast<const uint16_t*>(query.data_ptr()),

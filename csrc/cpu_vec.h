@@ -103,6 +103,71 @@ VLLM_LITE_INLINE void store_bf16(uint16_t* p, V v) {
   std::memcpy(p, &h, sizeof h);
 }
 
+// ---- float8 storage (vLLM's fp8 KV cache, scale 1.0): e4m3fn and e5m2 bytes widened to fp32 ----
+// A normal byte's exponent and mantissa bits go into a float's fields with the exponent rebiased
+// (+120 for e4m3, bias 7; +112 for e5m2, bias 15): the same value, exactly. A subnormal byte
+// (exponent 0) is read as the smallest normal exponent with its mantissa, minus that power of two
+// (2^-6, 2^-14): exact too, and no float subnormal appears (x86 would take a slow assist on one).
+// (e4m3fn's NaN byte would read as 480: the cache never holds it, its writes saturate at 448.)
+struct fp8_e4m3 { uint8_t bits; };
+struct fp8_e5m2 { uint8_t bits; };
+template <typename T>
+struct Fp8Format;
+template <>
+struct Fp8Format<fp8_e4m3> { static constexpr int kMantissaBits = 3; static constexpr uint32_t kRebias = 120; };
+template <>
+struct Fp8Format<fp8_e5m2> { static constexpr int kMantissaBits = 2; static constexpr uint32_t kRebias = 112; };
+
+template <typename T, typename U>
+VLLM_LITE_INLINE U fp8_magnitude_bits(U w) {  // of the normal reading; the subnormal one is below
+  return ((w & 0x7fu) << (23 - Fp8Format<T>::kMantissaBits)) + (Fp8Format<T>::kRebias << 23);
+}
+
+template <typename T, typename V = vfloat>
+VLLM_LITE_INLINE V load_fp8(const T* p) {
+  constexpr int L = lanes_of<V>;
+  typedef uint8_t bytes __attribute__((vector_size(L)));
+  typedef typename VecTypes<L>::u32 U;
+  bytes b;
+  std::memcpy(&b, p, sizeof b);
+  const U w = __builtin_convertvector(b, U);
+  const U normal = fp8_magnitude_bits<T>(w);
+  const uint32_t smallest_normal = (Fp8Format<T>::kRebias + 1) << 23;
+  V as_normal, as_subnormal, floor;
+  const U subnormal_bits = normal + (1u << 23);  // (exponent 0 read as 1)
+  std::memcpy(&as_normal, &normal, sizeof as_normal);
+  std::memcpy(&as_subnormal, &subnormal_bits, sizeof as_subnormal);
+  const U floor_bits = U{} + smallest_normal;
+  std::memcpy(&floor, &floor_bits, sizeof floor);
+  as_subnormal -= floor;
+  const auto is_subnormal = (w & (0x7fu & ~((1u << Fp8Format<T>::kMantissaBits) - 1))) == 0;
+  V magnitude = is_subnormal ? as_subnormal : as_normal;
+  U bits;
+  std::memcpy(&bits, &magnitude, sizeof bits);
+  bits |= (w & 0x80u) << 24;
+  V f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename T>
+VLLM_LITE_INLINE float fp8_to_float(T x) {
+  const uint32_t w = x.bits;
+  const bool subnormal = (w & (0x7fu & ~((1u << Fp8Format<T>::kMantissaBits) - 1))) == 0;
+  uint32_t bits = fp8_magnitude_bits<T>(w) + (subnormal ? 1u << 23 : 0u);
+  float f, floor = 0.f;
+  std::memcpy(&f, &bits, sizeof f);
+  if (subnormal) {
+    const uint32_t floor_bits = (Fp8Format<T>::kRebias + 1) << 23;
+    std::memcpy(&floor, &floor_bits, sizeof floor);
+  }
+  f -= floor;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits |= (w & 0x80u) << 24;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 // Rows of either storage type, read and written as fp32 vectors/scalars.
 template <typename V = vfloat>
 VLLM_LITE_INLINE V load_any(const float* p) {
@@ -120,8 +185,18 @@ template <typename V>
 VLLM_LITE_INLINE void store_any(uint16_t* p, V v) {
   store_bf16(p, v);
 }
+template <typename V = vfloat>
+VLLM_LITE_INLINE V load_any(const fp8_e4m3* p) {
+  return load_fp8<fp8_e4m3, V>(p);
+}
+template <typename V = vfloat>
+VLLM_LITE_INLINE V load_any(const fp8_e5m2* p) {
+  return load_fp8<fp8_e5m2, V>(p);
+}
 VLLM_LITE_INLINE float to_float(float x) { return x; }
 VLLM_LITE_INLINE float to_float(uint16_t x) { return bf16_to_float(x); }
+VLLM_LITE_INLINE float to_float(fp8_e4m3 x) { return fp8_to_float(x); }
+VLLM_LITE_INLINE float to_float(fp8_e5m2 x) { return fp8_to_float(x); }
 VLLM_LITE_INLINE void store_one(float* p, float x) { *p = x; }
 VLLM_LITE_INLINE void store_one(uint16_t* p, float x) { *p = float_to_bf16(x); }
 

@@ -53,24 +53,23 @@ def test_int8_cache_rows_hold_codes_and_a_scale(tiny_llama: Path) -> None:
 
 @pytest.mark.parametrize(("value", "storage"), [("fp8", torch.float8_e4m3fn), ("fp8_e4m3", torch.float8_e4m3fn),
                                                 ("fp8_e5m2", torch.float8_e5m2)])
-def test_fp8_caches_take_a_byte_an_element_and_the_torch_backend(tiny_llama: Path, value: str,
-                                                                 storage: torch.dtype) -> None:
-    """vLLM's fp8 KV caches ("fp8" is e4m3): one byte an element under any model dtype, read
-    by the torch attention backend ("auto" resolves to it; the csrc and Triton kernels are refused)."""
+def test_fp8_caches_take_a_byte_an_element_on_a_cpu_backend(tiny_llama: Path, value: str,
+                                                            storage: torch.dtype) -> None:
+    """vLLM's fp8 KV caches ("fp8" is e4m3): one byte an element under any model dtype, on CPU
+    with the cpu_native or torch attention backend (Triton and CUDA are refused)."""
     fp32 = config(tiny_llama, dtype="float32")
     for dtype in ("float32", "bfloat16"):
         fp8 = config(tiny_llama, dtype=dtype, kv_cache_dtype=value)
-        assert fp8.kv_block_bytes() * 4 == fp32.kv_block_bytes() and fp8.model_config.attention_backend == "torch"
+        assert fp8.kv_block_bytes() * 4 == fp32.kv_block_bytes()
     assert kv_cache_row(fp8.kv_cache_dtype, 64) == (str(storage).removeprefix("torch."), 64)
     # Stored at scale 1.0, saturating: a value past the format's range is its largest, never inf or NaN.
     cache = torch.zeros(1, dtype=storage)
     largest = torch.finfo(storage).max
     assert to_cache_rows(torch.tensor([1e6, -1e6, 1.0, float("inf")]), cache).float().tolist() == \
         [largest, -largest, 1.0, largest]
-    for backend in ("cpu_native", "triton"):
-        with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' is read by the torch attention backend only"):
-            config(tiny_llama, dtype="float32", kv_cache_dtype=value, attention_backend=backend)
-    with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' runs only on CPU here"):
+    with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' runs only on CPU, with the cpu_native or torch"):
+        config(tiny_llama, dtype="float32", kv_cache_dtype=value, attention_backend="triton")
+    with pytest.raises(ValueError, match=f"kv_cache_dtype='{value}' runs only on CPU"):
         EngineArgs(model=str(tiny_llama), device="cuda", kv_cache_dtype=value).create_engine_config()
 
 
@@ -97,8 +96,9 @@ def test_bf16_cache_needs_a_float32_model_and_a_cpu_backend(tiny_llama: Path, ar
     ({"kv_cache_dtype": "int8_per_token_head", "attention_backend": "torch"}, torch.int8, 4),
     ({"kv_cache_dtype": "int8_per_token_head", "dtype": "bfloat16"}, torch.int8, 4),
     ({"kv_cache_dtype": "fp8"}, torch.float8_e4m3fn, 0),
+    ({"kv_cache_dtype": "fp8", "attention_backend": "torch"}, torch.float8_e4m3fn, 0),
     ({"kv_cache_dtype": "fp8_e5m2", "dtype": "bfloat16"}, torch.float8_e5m2, 0),
-], ids=["bf16", "int8", "int8-torch", "int8-bf16-model", "fp8", "fp8_e5m2-bf16-model"])
+], ids=["bf16", "int8", "int8-torch", "int8-bf16-model", "fp8", "fp8-torch", "fp8_e5m2-bf16-model"])
 def test_engine_stores_the_cache_dtype_and_serves_a_mixed_batch(tiny_llama: Path, args: dict,
                                                                 cache_dtype: torch.dtype, extra: int) -> None:
     llm = make_llm(tiny_llama, max_num_batched_tokens=64, **args)
@@ -142,3 +142,21 @@ def test_int8_cache_backends_agree(name: str, request: pytest.FixtureRequest,
             llm.shutdown()
     agreeing = sum(a == b for a, b in zip(tokens["cpu_native"], tokens["torch"]))
     assert agreeing >= len(prompts_token_ids) - 1, (tokens["cpu_native"], tokens["torch"])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_fp8_cache_backends_agree(tiny_llama: Path, prompts_token_ids: list[list[int]], kv_cache_dtype: str) -> None:
+    """The cpu_native backend (csrc decode over the float8 bytes) and the torch backend (the
+    gathered rows widened) attend over the same fp8 cache in fp32: the same greedy tokens, but
+    where summation order tips a near tie."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    tokens = {}
+    for backend in ("cpu_native", "torch"):
+        llm = make_llm(tiny_llama, kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+        try:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts_token_ids], params, use_tqdm=False)
+            tokens[backend] = [list(out.outputs[0].token_ids) for out in outputs]
+        finally:
+            llm.shutdown()
+    agreeing = sum(a == b for a, b in zip(tokens["cpu_native"], tokens["torch"]))
+    assert agreeing >= len(prompts_token_ids) - 2, (tokens["cpu_native"], tokens["torch"])

@@ -67,8 +67,8 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # as int8 codes with one fp32 scale (abs-max / 127, rounded half away from zero), on CPU under any
 # model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's "fp8" (= "fp8_e4m3") and
 # "fp8_e5m2" store each K/V element as that float8 with scale 1.0 (vLLM's without calibrated
-# scales), saturated at the format's largest value, on CPU under any model dtype; attention reads
-# them on the torch backend (the csrc and Triton kernels take no float8).
+# scales), saturated at the format's largest value, on CPU under any model dtype (cpu_native or
+# torch attention; the csrc decode reads the bytes with a bf16 query).
 KV_INT8_PER_TOKEN_HEAD = "int8_per_token_head"
 KV_FP8_STORAGE = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # torch's names
 KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD, *KV_FP8_STORAGE)
@@ -643,7 +643,7 @@ class EngineArgs:
             seed=self.seed,
             hf=hf,
             max_logprobs=hf.vocab_size if self.max_logprobs == -1 else self.max_logprobs,
-            attention_backend=self._attention_backend(),
+            attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager,
             quantization=quantization,
             hf_overrides=hf_overrides,
@@ -654,18 +654,6 @@ class EngineArgs:
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir),
         )
-
-    def _attention_backend(self) -> str:
-        """The `attention_backend` asked for; "auto" with an fp8 KV cache is the torch backend,
-        the one that reads float8."""
-        if self.kv_cache_dtype in KV_FP8_STORAGE:
-            logger.warning("kv_cache_dtype=%r: float8 at scale 1.0, read by the torch attention backend, whose "
-                           "decode is several times slower than the csrc kernels (benchmarks/RESULTS.md); "
-                           "int8_per_token_head stores as few bytes, more accurately, with csrc kernels",
-                           self.kv_cache_dtype)
-        if self.attention_backend == "auto" and self.kv_cache_dtype in KV_FP8_STORAGE:
-            return "torch"
-        return self.attention_backend
 
     def _pooler(self, hf: HFModelConfig, model_dir: Path) -> PoolerConfig | None:
         """The pooling runner's config, or None for the generate runner (vLLM's --runner,
@@ -721,10 +709,8 @@ class EngineArgs:
                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         cpu_backend = device == "cpu" and self.attention_backend != "triton"
         if self.kv_cache_dtype in KV_FP8_STORAGE:
-            _check(device == "cpu", f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU here (device {device!r})")
-            _check(model_config.attention_backend == "torch",
-                   f"kv_cache_dtype={self.kv_cache_dtype!r} is read by the torch attention backend only (the csrc "
-                   f"and Triton kernels take no float8), not attention_backend={self.attention_backend!r}")
+            _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
+                   f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         elif self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD:
             _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
                    f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")

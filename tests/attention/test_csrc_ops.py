@@ -164,6 +164,59 @@ def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_
     assert (error <= ref_out.abs() * 2 ** -8 + 1e-6).all(), error.max().item()
 
 
+@native
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, block_size):
+    """vLLM's fp8 KV cache (scale 1.0) with float32 query and output: each byte widened exactly to
+    the float it encodes (subnormals and saturated values included), then the bf16 kernels' fp32
+    arithmetic: the fp32 attention over the same float8 values."""
+    from vllm_lite.attention.torch_backend import to_cache_rows
+
+    specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
+    batch = make_paged_batch(specs, num_q_heads, num_kv_heads, head_dim, block_size, seed=block_size,
+                             dtype=torch.bfloat16)
+    scaled = dataclasses.replace(batch, kv_cache=batch.kv_cache * 300, key=batch.key * 300)  # (some saturate)
+    cache = to_cache_rows(scaled.kv_cache, torch.empty(0, dtype=fp8))
+    key, value = to_cache_rows(scaled.key, cache), to_cache_rows(scaled.value, cache)
+    query = batch.query.float()
+    reference = dataclasses.replace(scaled, query=query, key=key.float(), value=value.float(), kv_cache=cache.float())
+    ref_out, _ = reference_forward(reference)
+    common = batch.common
+    cpu_native.reshape_and_cache(key, value, cache, common.slot_mapping)
+    out = torch.empty_like(query)
+    torch.ops.vllm_lite_C.paged_attention_decode(out, query, cache, common.block_table, common.seq_lens,
+                                                 batch.scale, 0, True)
+    error = (out - ref_out).abs()
+    # fp32 summation order over values of up to |V| (hundreds here) whose weighted sum may cancel.
+    bound = ref_out.abs() * 2 ** -16 + cache.float().abs().max() * 2 ** -13
+    assert (error <= bound).all(), (error / bound).max().item()
+    if fp8 == torch.float8_e4m3fn:  # (x300 passes e4m3's 448: saturated values were read as stored)
+        assert torch.finfo(fp8).max in key.float().abs()
+
+
+@native
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("head_dim", [128, 24])  # the tiled kernel and the one-token-at-a-time one
+def test_fp8_bytes_widen_exactly(fp8, head_dim):
+    """Every float8 byte (but NaN and inf, which the cache never holds) read as torch reads it:
+    decoding over one key returns its V row as it is, subnormals and signs included."""
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8)
+    codes = codes[torch.isfinite(codes.float())]
+    rows = -(-len(codes) // head_dim)
+    values = torch.zeros(rows * head_dim, dtype=fp8)
+    values[: len(codes)] = codes
+    values = values.view(rows, 1, head_dim)  # one sequence a row, one KV head
+    cache = torch.zeros(rows + 1, 2, 4, 1, head_dim, dtype=fp8)
+    cache[1:, 1, 0] = values
+    block_table = torch.arange(1, rows + 1, dtype=torch.int32)[:, None]
+    query, out = torch.randn(rows, 1, head_dim), torch.empty(rows, 1, head_dim)
+    torch.ops.vllm_lite_C.paged_attention_decode(out, query, cache, block_table,
+                                                 torch.ones(rows, dtype=torch.int32), 0.1, 0, True)
+    assert torch.equal(out, values.float()), (out - values.float()).abs().max()
+
+
 PREFILL_SPECS = {
     "prompts": [(0, 40), (0, 3), (0, 77)],
     "prefix_hits_and_chunks": [(32, 9), (5, 60), (100, 17), (0, 16)],

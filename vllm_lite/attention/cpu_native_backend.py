@@ -14,9 +14,11 @@ bf16 and decodes with the bf16 op (the query rounded to bf16, fp32 arithmetic in
 widens the gathered rows back to fp32 for SDPA. An int8_per_token_head cache is written and
 decoded by its own ops (float32 query and output, any model dtype; no sliding window: such layers
 take the torch path, which dequantizes what it gathers, as prefill does; its prefill rows all take
-SDPA, since its decode op rounds the query to int8 as well). Layers the decode op
-does not take (soft caps; bf16 sliding windows) run their decode rows in torch and every prefill
-row through SDPA."""
+SDPA, since its decode op rounds the query to int8 as well). An fp8 cache (vLLM's "fp8" /
+"fp8_e5m2", scale 1.0) is written as the torch reference writes it (saturated, then copied) and
+decoded by the bf16 op's kernels reading the float8 bytes, with a float32 query and output (the
+torch path's arithmetic); prefill widens what it gathers. Layers the decode op does not take (soft caps; bf16 or fp8
+sliding windows) run their decode rows in torch and every prefill row through SDPA."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import torch
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite.attention.kv_quant import is_int8_cache
-from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, decode_attention, prefill_attention
+from vllm_lite.attention.torch_backend import (FP8_DTYPES, PrefillSeq, TorchAttentionBackend, decode_attention,
+                                              prefill_attention, to_cache_rows)
 from vllm_lite.ragged import segment_offsets
 
 
@@ -188,7 +191,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         cache's (a bf16 cache under a float32 model rounds the query to bf16), float32 for an int8
         cache; scores, softmax and sums are fp32 either way."""
         idx = rows.token_idx
-        op_dtype = torch.float32 if int8_cache else kv_cache.dtype
+        op_dtype = torch.float32 if int8_cache or kv_cache.dtype in FP8_DTYPES else kv_cache.dtype
         queries = (query if idx is None else query[idx]).to(op_dtype)
         decoded = out if idx is None and op_dtype == query.dtype else torch.empty(queries.shape, dtype=op_dtype)
         if int8_cache:
@@ -218,6 +221,9 @@ class CpuNativeAttentionBackend(AttentionBackend):
     def _write_cache(key, value, kv_cache, slot_mapping, int8_cache: bool) -> None:
         if int8_cache:
             cpu_native.reshape_and_cache_int8(key, value, kv_cache, slot_mapping)
+        elif kv_cache.dtype in FP8_DTYPES:
+            cpu_native.reshape_and_cache(to_cache_rows(key, kv_cache), to_cache_rows(value, kv_cache), kv_cache,
+                                         slot_mapping)
         else:  # bf16 under a float32 model with kv_cache_dtype="bfloat16"
             cpu_native.reshape_and_cache(key.to(kv_cache.dtype), value.to(kv_cache.dtype), kv_cache, slot_mapping)
 
