@@ -552,6 +552,29 @@ class EngineArgs:
     def create_engine_config(self) -> VllmConfig:
         return self._canonical()._engine_config()
 
+    def _auto_max_model_len(self) -> VllmConfig:
+        """vLLM's max_model_len "auto" / -1: the model's own length, or the longest a sequence can
+        have in the KV cache when that is less (one block is reserved, and the last step writes
+        the KV of the token it samples: `max_blocks_per_seq`). The cache's size must be known
+        here: not under gpu_memory_utilization, which the workers measure later."""
+        config = dataclasses.replace(self, max_model_len=None)._engine_config()
+        cache = config.cache_config
+        _check(cache.gpu_memory_utilization is None,
+               "max_model_len='auto' (-1) needs the KV cache's size before the workers start: give "
+               "kv_cache_memory_bytes or num_kv_blocks, or a length, with gpu_memory_utilization")
+        if cache.sliding_window is not None:  # every layer slides: blocks outside the window are freed
+            return config
+        blocks = cache.num_kv_blocks if cache.num_kv_blocks is not None else \
+            (cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // config.kv_block_bytes()
+        fits = (blocks - 1) * cache.block_size - 1
+        if fits >= config.model_config.max_model_len:
+            return config
+        _check(fits >= 1, f"max_model_len='auto' (-1): the KV cache holds {blocks} block(s) of "
+                          f"{cache.block_size} tokens, one reserved: no room for a sequence")
+        logger.info("max_model_len='auto': %d, the longest the KV cache holds (the model's is %d)", fits,
+                    config.model_config.max_model_len)
+        return dataclasses.replace(self, max_model_len=fits)._engine_config()
+
     def check_no_stats_line(self) -> None:
         """For a frontend that writes no periodic stats line (LLM, an application's AsyncLLM)."""
         _check(self.disable_log_stats is not False, "disable_log_stats=False: the periodic stats line is written by "
@@ -573,6 +596,8 @@ class EngineArgs:
         return EngineArgs(**values)
 
     def _engine_config(self) -> VllmConfig:
+        if self.max_model_len == -1:
+            return self._auto_max_model_len()
         device = _resolve_device(self.device)
         model_config = self._model_config(device)
         max_len = model_config.max_model_len
@@ -629,8 +654,6 @@ class EngineArgs:
         tokenizer = self._tokenizer_path(model_dir)
         model_len, source = derived_max_model_len(hf, tokenizer)
         max_len = _default_max_model_len(hf, model_len) if self.max_model_len is None else self.max_model_len
-        _check(max_len != -1, "max_model_len=-1 ('auto', vLLM's: the longest that fits the KV cache) is not "
-                              "implemented; give a length, or none for the model's own")
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         if max_len > model_len:
             _allow_long_max_model_len(hf, max_len, model_len, source)

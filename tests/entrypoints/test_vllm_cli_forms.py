@@ -127,12 +127,27 @@ def test_config_given_twice_is_refused(capsys: pytest.CaptureFixture[str], confi
                                                        f"--config={config_file}")
 
 
-def test_max_model_len_auto_is_refused_by_name(tiny_llama: Path) -> None:
-    """vLLM's "auto" / -1 (the longest length the KV cache holds) is not implemented: the
-    engine says so instead of taking -1 or the model's own length."""
+def test_max_model_len_auto_fits_the_kv_cache(tiny_llama: Path) -> None:
+    """vLLM's `--max-model-len auto` / -1: the model's own length when the KV cache holds it, else
+    the longest sequence the cache holds (one block reserved; the last step's KV needs a slot),
+    which then runs; under gpu_memory_utilization (measured later) it is refused by name."""
+    from vllm_lite import LLM, SamplingParams
+
     assert parsed("serve", "--max-model-len", "auto").max_model_len == -1
-    with pytest.raises(ValueError, match=r"max_model_len=-1 \('auto'.*not implemented"):
-        EngineArgs(model=str(tiny_llama), max_model_len=-1).create_engine_config()
+    args = {"model": str(tiny_llama), "device": "cpu", "dtype": "float32"}
+    own = EngineArgs(**args).create_engine_config().model_config.max_model_len
+    assert EngineArgs(**args, max_model_len=-1).create_engine_config().model_config.max_model_len == own
+    small = EngineArgs(**args, max_model_len=-1, num_kv_blocks=5, block_size=16).create_engine_config()
+    assert small.model_config.max_model_len == 4 * 16 - 1 < own
+    llm = LLM(str(tiny_llama), dtype="float32", multiprocess=False, max_model_len=-1, num_kv_blocks=5, block_size=16)
+    try:
+        output = llm.generate({"prompt_token_ids": list(range(3, 53))}, SamplingParams(max_tokens=64, ignore_eos=True),
+                              use_tqdm=False)[0]
+        assert len(output.prompt_token_ids) + len(output.outputs[0].token_ids) == 63  # (cut at max_model_len)
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match=r"max_model_len='auto' \(-1\) needs the KV cache's size"):
+        EngineArgs(**args, max_model_len=-1, gpu_memory_utilization=0.5).create_engine_config()
 
 
 def test_the_command_line_program_reads_vllm_forms(tmp_path: Path) -> None:

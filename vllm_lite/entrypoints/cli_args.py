@@ -131,7 +131,7 @@ def human_readable_int(text: str) -> int:
 
 
 def human_readable_int_or_auto(text: str) -> int:
-    """`human_readable_int`, or vLLM's "auto" / -1 (-1, which EngineArgs refuses by name)."""
+    """`human_readable_int`, or vLLM's "auto" / -1 (-1: EngineArgs fits it to the KV cache)."""
     return -1 if text.strip().lower() in ("auto", "-1") else human_readable_int(text)
 
 
