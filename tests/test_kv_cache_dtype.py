@@ -130,18 +130,9 @@ def test_int8_cache_backends_agree(name: str, request: pytest.FixtureRequest,
     """The cpu_native backend (csrc decode; a sliding window or a soft cap sends its layers to the
     torch path) and the torch backend attend over the same int8 cache with the same query
     rounding: the same greedy tokens, to fp32 rounding."""
-    model = request.getfixturevalue(name)
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    tokens = {}
-    for backend in ("cpu_native", "torch"):
-        llm = make_llm(model, kv_cache_dtype="int8_per_token_head", attention_backend=backend)
-        try:
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts_token_ids], params, use_tqdm=False)
-            tokens[backend] = [list(out.outputs[0].token_ids) for out in outputs]
-        finally:
-            llm.shutdown()
-    agreeing = sum(a == b for a, b in zip(tokens["cpu_native"], tokens["torch"]))
-    assert agreeing >= len(prompts_token_ids) - 1, (tokens["cpu_native"], tokens["torch"])
+    cpu_native, torch_path = greedy_per_backend(request.getfixturevalue(name), prompts_token_ids,
+                                                "int8_per_token_head")
+    assert sum(a == b for a, b in zip(cpu_native, torch_path)) >= len(prompts_token_ids) - 1, (cpu_native, torch_path)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
@@ -149,14 +140,19 @@ def test_fp8_cache_backends_agree(tiny_llama: Path, prompts_token_ids: list[list
     """The cpu_native backend (csrc decode over the float8 bytes) and the torch backend (the
     gathered rows widened) attend over the same fp8 cache in fp32: the same greedy tokens, but
     where summation order tips a near tie."""
+    cpu_native, torch_path = greedy_per_backend(tiny_llama, prompts_token_ids, kv_cache_dtype)
+    assert sum(a == b for a, b in zip(cpu_native, torch_path)) >= len(prompts_token_ids) - 2, (cpu_native, torch_path)
+
+
+def greedy_per_backend(model: Path, prompts: list[list[int]], kv_cache_dtype: str) -> list[list[list[int]]]:
+    """The greedy tokens of each prompt with the cpu_native, then the torch attention backend."""
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    tokens = {}
+    tokens = []
     for backend in ("cpu_native", "torch"):
-        llm = make_llm(tiny_llama, kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
+        llm = make_llm(model, kv_cache_dtype=kv_cache_dtype, attention_backend=backend)
         try:
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts_token_ids], params, use_tqdm=False)
-            tokens[backend] = [list(out.outputs[0].token_ids) for out in outputs]
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            tokens.append([list(out.outputs[0].token_ids) for out in outputs])
         finally:
             llm.shutdown()
-    agreeing = sum(a == b for a, b in zip(tokens["cpu_native"], tokens["torch"]))
-    assert agreeing >= len(prompts_token_ids) - 2, (tokens["cpu_native"], tokens["torch"])
+    return tokens
