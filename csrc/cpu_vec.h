@@ -108,15 +108,24 @@ VLLM_LITE_INLINE void store_bf16(uint16_t* p, V v) {
 // (+120 for e4m3, bias 7; +112 for e5m2, bias 15): the same value, exactly. A subnormal byte
 // (exponent 0) is read as the smallest normal exponent with its mantissa, minus that power of two
 // (2^-6, 2^-14): exact too, and no float subnormal appears (x86 would take a slow assist on one).
-// (e4m3fn's NaN byte would read as 480: the cache never holds it, its writes saturate at 448.)
+// The formats' special bytes (e4m3fn: NaN at magnitude 0x7f; e5m2: inf and NaN at exponent 31) read
+// as the float inf / NaN: writes saturate, so only a NaN the model computed is ever stored.
 struct fp8_e4m3 { uint8_t bits; };
 struct fp8_e5m2 { uint8_t bits; };
 template <typename T>
 struct Fp8Format;
 template <>
-struct Fp8Format<fp8_e4m3> { static constexpr int kMantissaBits = 3; static constexpr uint32_t kRebias = 120; };
+struct Fp8Format<fp8_e4m3> {
+  static constexpr int kMantissaBits = 3;
+  static constexpr uint32_t kRebias = 120;
+  static constexpr uint32_t kSpecial = 0x7f;  // magnitudes from here up are NaN
+};
 template <>
-struct Fp8Format<fp8_e5m2> { static constexpr int kMantissaBits = 2; static constexpr uint32_t kRebias = 112; };
+struct Fp8Format<fp8_e5m2> {
+  static constexpr int kMantissaBits = 2;
+  static constexpr uint32_t kRebias = 112;
+  static constexpr uint32_t kSpecial = 0x7c;  // inf, then NaN
+};
 
 template <typename T, typename U>
 VLLM_LITE_INLINE U fp8_magnitude_bits(U w) {  // of the normal reading; the subnormal one is below
@@ -144,6 +153,10 @@ VLLM_LITE_INLINE V load_fp8(const T* p) {
   V magnitude = is_subnormal ? as_subnormal : as_normal;
   U bits;
   std::memcpy(&bits, &magnitude, sizeof bits);
+  // inf (e5m2's 0x7c) and NaN: an all-ones exponent keeping the mantissa (non-zero for NaN)
+  const U special = (w & 0x7fu) >= Fp8Format<T>::kSpecial;
+  bits = special ? (((w & 0x7fu) - Fp8Format<T>::kSpecial) | (Fp8Format<T>::kSpecial == 0x7f)) << 21 | 0x7f800000u
+                 : bits;
   bits |= (w & 0x80u) << 24;
   V f;
   std::memcpy(&f, &bits, sizeof f);
@@ -163,6 +176,8 @@ VLLM_LITE_INLINE float fp8_to_float(T x) {
   }
   f -= floor;
   std::memcpy(&bits, &f, sizeof bits);
+  if ((w & 0x7fu) >= Fp8Format<T>::kSpecial)
+    bits = (((w & 0x7fu) - Fp8Format<T>::kSpecial) | (Fp8Format<T>::kSpecial == 0x7f)) << 21 | 0x7f800000u;
   bits |= (w & 0x80u) << 24;
   std::memcpy(&f, &bits, sizeof f);
   return f;

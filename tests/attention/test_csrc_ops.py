@@ -200,10 +200,10 @@ def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, bl
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("head_dim", [128, 24])  # the tiled kernel and the one-token-at-a-time one
 def test_fp8_bytes_widen_exactly(fp8, head_dim):
-    """Every float8 byte (but NaN and inf, which the cache never holds) read as torch reads it:
-    decoding over one key returns its V row as it is, subnormals and signs included."""
+    """Every float8 byte read as torch reads it: decoding over one key returns its V row as it
+    is, subnormals, signs, inf and NaN included (writes saturate, but a NaN the model computed is
+    stored as NaN and must read as one)."""
     codes = torch.arange(256, dtype=torch.uint8).view(fp8)
-    codes = codes[torch.isfinite(codes.float())]
     rows = -(-len(codes) // head_dim)
     values = torch.zeros(rows * head_dim, dtype=fp8)
     values[: len(codes)] = codes
@@ -214,7 +214,12 @@ def test_fp8_bytes_widen_exactly(fp8, head_dim):
     query, out = torch.randn(rows, 1, head_dim), torch.empty(rows, 1, head_dim)
     torch.ops.vllm_lite_C.paged_attention_decode(out, query, cache, block_table,
                                                  torch.ones(rows, dtype=torch.int32), 0.1, 0, True)
-    assert torch.equal(out, values.float()), (out - values.float()).abs().max()
+    expected = values.float()
+    finite = torch.isfinite(expected)
+    assert torch.equal(out[finite], expected[finite]), (out[finite] - expected[finite]).abs().max()
+    assert torch.equal(torch.isnan(out), torch.isnan(expected)) and torch.equal(torch.isinf(out), torch.isinf(expected))
+    assert torch.equal(out[torch.isinf(out)], expected[torch.isinf(expected)])  # (their signs too)
+    assert torch.isnan(expected).any() and (fp8 == torch.float8_e4m3fn or torch.isinf(expected).any())
 
 
 PREFILL_SPECS = {
