@@ -68,7 +68,7 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # model dtype: a quarter of fp32's bytes, a half of bf16's. vLLM's "fp8" (= "fp8_e4m3") and
 # "fp8_e5m2" store each K/V element as that float8 with scale 1.0 (vLLM's without calibrated
 # scales), saturated at the format's largest value, on CPU under any model dtype (cpu_native or
-# torch attention; the csrc decode reads the bytes with a bf16 query).
+# torch attention; the csrc decode reads the bytes with a float32 query).
 KV_INT8_PER_TOKEN_HEAD = "int8_per_token_head"
 KV_FP8_STORAGE = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # torch's names
 KV_CACHE_DTYPES = ("auto", "bfloat16", KV_INT8_PER_TOKEN_HEAD, *KV_FP8_STORAGE)
@@ -731,10 +731,7 @@ class EngineArgs:
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         cpu_backend = device == "cpu" and self.attention_backend != "triton"
-        if self.kv_cache_dtype in KV_FP8_STORAGE:
-            _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
-                   f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
-        elif self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD:
+        if self.kv_cache_dtype == KV_INT8_PER_TOKEN_HEAD or self.kv_cache_dtype in KV_FP8_STORAGE:
             _check(cpu_backend, f"kv_cache_dtype={self.kv_cache_dtype!r} runs only on CPU, with the cpu_native or "
                    f"torch attention backend (device {device!r}, attention_backend {self.attention_backend!r})")
         else:

@@ -86,7 +86,7 @@ def bound_cpu_lists(ranks_per_node: int) -> list[list[int]] | None:
         outside = sorted(set(cpus) - allowed)
         if outside:
             raise ValueError(f"{THREADS_BIND_ENV}={value!r} names CPU(s) {outside} that this process may not run on "
-                             f"(allowed: {_ranges(sorted(allowed))})")
+                             f"(allowed: {','.join(map(str, sorted(allowed)))})")
     return lists
 
 
@@ -101,10 +101,6 @@ def _cpu_ids(text: str) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"{THREADS_BIND_ENV}: {text!r} names a CPU twice")
     return ids
-
-
-def _ranges(ids: list[int]) -> str:
-    return ",".join(str(i) for i in ids)
 
 
 def bind_model_threads(local_rank: int, ranks_per_node: int) -> int:

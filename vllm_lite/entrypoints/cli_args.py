@@ -32,12 +32,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         default = getattr(defaults, f.name)
         if isinstance(default, bool) or f.type == "bool | None":  # annotations are strings here
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default)
-        elif f.name == "max_model_len":
-            parser.add_argument(*flags, type=human_readable_int_or_auto, default=default)
-        elif f.name in HUMAN_READABLE_FIELDS:
-            parser.add_argument(*flags, type=human_readable_int, default=default)
         else:
-            parser.add_argument(*flags, type=_flag_type(f.type), default=default)
+            parser.add_argument(*flags, type=_flag_type(f.name, f.type), default=default)
     # (read before parsing, by `vllm_argv`: listed here for --help)
     parser.add_argument("--config", metavar="FILE.yaml", default=None,
                         help="flags from a YAML file, one key per long flag name (vLLM's); the command line wins")
@@ -98,9 +94,14 @@ def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
                         help="the chat reply's role when add_generation_prompt is true (vLLM's flag)")
 
 
-def _flag_type(annotation: str) -> Callable[[str], Any]:
+def _flag_type(name: str, annotation: str) -> Callable[[str], Any]:
     """A flag's parser from its field's annotation (a string here): str, a JSON object for dicts
-    (vLLM's --override-generation-config '{"temperature": 0.5}'), float, else int."""
+    (vLLM's --override-generation-config '{"temperature": 0.5}'), float, else int; vLLM's
+    human-readable integers for the sizes it takes them for (max_model_len also "auto")."""
+    if name == "max_model_len":
+        return human_readable_int_or_auto
+    if name in HUMAN_READABLE_FIELDS:
+        return human_readable_int
     base = annotation.split(" | ")[0]
     if base == "str":
         return str
@@ -284,20 +285,13 @@ def _dotted_keys_merged(argv: list[str], parser: argparse.ArgumentParser) -> lis
             value = argv[i + 1]
         i += 1 if equals else 2
         if match is None:  # the flag's JSON form
-            merged[name] = _json_object_or_error(name, value, parser)
+            try:
+                merged[name] = json_object(value)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{name}: {exc}")
         else:
             _merge_key(merged.setdefault(match.group(1), {}), match.group(2).split("."), value)
     return kept + [arg for flag, config in merged.items() for arg in (flag, json.dumps(config))]
-
-
-def _json_object_or_error(flag: str, text: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        parser.error(f"{flag}: not JSON: {exc}")
-    if not isinstance(value, dict):
-        parser.error(f"{flag}: must be a JSON object, got {text!r}")
-    return value
 
 
 def _merge_key(config: dict[str, Any], keys: list[str], text: str) -> None:

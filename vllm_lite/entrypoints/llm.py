@@ -75,7 +75,9 @@ class LLM:
         too, and keeps their outputs for it)."""
         _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
-        return self._enqueue(self._generation_adds(prompts, sampling_params, priority, "enqueue"), use_tqdm)
+        request_ids = self._add_all(self._generation_adds(prompts, sampling_params, priority, "enqueue"), use_tqdm)
+        self._enqueued.update(dict.fromkeys(request_ids))
+        return request_ids
 
     def wait_for_completion(self, output_type: type | tuple[type, ...] | None = None, *,
                             use_tqdm: bool = True) -> list[RequestOutput]:
@@ -146,11 +148,6 @@ class LLM:
         except BaseException:
             self.llm_engine.abort_request(request_ids)
             raise
-        return request_ids
-
-    def _enqueue(self, adds: list[Callable[[str], None]], use_tqdm: bool) -> list[str]:
-        request_ids = self._add_all(adds, use_tqdm)
-        self._enqueued.update(dict.fromkeys(request_ids))
         return request_ids
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
