@@ -55,6 +55,27 @@ def test_param_list_length_mismatch(llm: LLM) -> None:
         llm.generate(["a", "b", "c"], [SamplingParams(), SamplingParams()], use_tqdm=False)
 
 
+def test_validation_errors_are_vllms_class_and_value_errors(llm: LLM) -> None:
+    """Code written against vLLM catches `vllm.exceptions.VLLMValidationError` (not a ValueError
+    there): SamplingParams, the per-prompt lists of `generate`, the prompt's checks and the engine
+    core's refusals all raise it here, and it is a ValueError too."""
+    from vllm_lite.exceptions import VLLMClientError, VLLMError, VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="top_p") as caught:
+        SamplingParams(top_p=2.0)
+    assert caught.value.parameter == "top_p" and isinstance(caught.value, ValueError)
+    assert issubclass(VLLMValidationError, VLLMClientError) and issubclass(VLLMClientError, VLLMError)
+    with pytest.raises(VLLMValidationError, match="sampling_params has 1 entries"):
+        llm.generate(["a", "b"], [SamplingParams()], use_tqdm=False)
+    with pytest.raises(VLLMValidationError, match="priority has 0 entries"):
+        llm.generate(["a", "b"], priority=[], use_tqdm=False)
+    with pytest.raises(VLLMValidationError, match="more than max_model_len=128"):
+        llm.generate({"prompt_token_ids": [5] * 200}, use_tqdm=False)
+    with pytest.raises(VLLMValidationError, match="vocabulary"):
+        llm.generate({"prompt_token_ids": [10**7]}, use_tqdm=False)
+    assert len(llm.generate(["a", "b"], SamplingParams(max_tokens=2), use_tqdm=False)) == 2  # still serving
+
+
 def test_chat_applies_template(llm: LLM) -> None:
     out = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=4), use_tqdm=False)[0]
     assert out.prompt.startswith("<|im_start|>user\nhello<|im_end|>")
@@ -226,17 +247,3 @@ def test_vllms_top_level_names_are_there(llm: LLM) -> None:
     assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
     with pytest.raises(TypeError):
         AsyncEngineArgs(model="x", enable_log_requests=True)
-
-
-def test_disable_log_stats_as_vllm_code_passes_it(tiny_llama: Path) -> None:
-    """vLLM's `disable_log_stats` (LLM's default True; `AsyncEngineArgs(..., disable_log_stats=True)`
-    is common in applications): True is taken; False, a periodic stats line only the server
-    writes here, is refused by name rather than dropped."""
-    from vllm_lite import AsyncEngineArgs, AsyncLLM
-
-    llm = LLM(str(tiny_llama), max_model_len=64, dtype="float32", multiprocess=False, disable_log_stats=True)
-    llm.shutdown()
-    with pytest.raises(ValueError, match="disable_log_stats=False: the periodic stats line is written by `vllm-lite serve`"):
-        LLM(str(tiny_llama), max_model_len=64, multiprocess=False, disable_log_stats=False)
-    with pytest.raises(ValueError, match="disable_log_stats=False"):
-        AsyncLLM.from_engine_args(AsyncEngineArgs(model=str(tiny_llama), disable_log_stats=False))

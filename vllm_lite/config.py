@@ -540,9 +540,9 @@ class EngineArgs:
     # vLLM's --pooler-config for the pooling runner: pooling_type (or seq_pooling_type) and
     # use_activation (normalize); unset, a sentence-transformers modules.json's, else LAST + normalize.
     pooler_config: dict[str, Any] | None = None
-    # vLLM's: whether the periodic stats line is off. The server writes that line (off with
-    # --disable-log-stats); an offline LLM or an AsyncLLM in an application writes none, so there
-    # True (vLLM's LLM default) is taken and False is refused by name (unset: the caller's default).
+    # vLLM's: whether the stats are off (the periodic stats line, LLM.get_metrics()). Unset: the
+    # caller's default, as vLLM's (LLM: off; AsyncLLM: on, its line written by do_log_stats();
+    # `vllm-lite serve`: on, --disable-log-stats turns the line off, /metrics counts either way).
     disable_log_stats: bool | None = None
 
     @classmethod
@@ -574,12 +574,6 @@ class EngineArgs:
         logger.info("max_model_len='auto': %d, the longest the KV cache holds (the model's is %d)", fits,
                     config.model_config.max_model_len)
         return dataclasses.replace(self, max_model_len=fits)._engine_config()
-
-    def check_no_stats_line(self) -> None:
-        """For a frontend that writes no periodic stats line (LLM, an application's AsyncLLM)."""
-        _check(self.disable_log_stats is not False, "disable_log_stats=False: the periodic stats line is written by "
-               "`vllm-lite serve` only (an offline LLM or an application's AsyncLLM writes none; their per-request "
-               "`metrics` and stats() / get_stats() are there either way)")
 
     def _canonical(self) -> EngineArgs:
         """These arguments with vLLM's other names for a field folded into ours (the same value

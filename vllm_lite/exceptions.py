@@ -11,6 +11,30 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class VLLMError(Exception):
+    """vLLM's base of its own errors (vllm.exceptions), so code written against vLLM can catch them."""
+
+
+class VLLMClientError(VLLMError):
+    """An error the request caused (a server answers it with a 4xx)."""
+
+
+class VLLMServerError(VLLMError):
+    """An error of the engine, not the request (a 5xx)."""
+
+
+class VLLMValidationError(VLLMClientError, ValueError):
+    """A request (its prompt, SamplingParams, PoolingParams, the arguments of `LLM.generate`)
+    that fails validation: vLLM's class, and a ValueError as well, so either `except` catches it.
+    `parameter` / `value`: vLLM's attributes, set where the field is known; unlike vLLM's, the
+    message is left as it is (it already names the field and the value)."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: object = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+
 class EngineDeadError(RuntimeError):
     """The engine core is gone (its process died, stopped answering, or failed in its busy
     loop). Every pending request raises it, and so does every later call."""
@@ -20,7 +44,7 @@ class EngineDeadError(RuntimeError):
         self.reason = reason
 
 
-class RequestRejectedError(ValueError):
+class RequestRejectedError(VLLMValidationError):
     """The engine core refused a request (e.g. it can never fit the KV cache)."""
 
     def __init__(self, request_id: str, message: str) -> None:

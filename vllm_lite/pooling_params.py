@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -24,9 +25,10 @@ class PoolingParams:
 
     def __post_init__(self) -> None:
         if self.use_activation is not None and not isinstance(self.use_activation, bool):
-            raise ValueError(f"PoolingParams.use_activation must be a bool or None, got {self.use_activation!r}")
+            raise VLLMValidationError(f"PoolingParams.use_activation must be a bool or None, "
+                                      f"got {self.use_activation!r}")
         if self.dimensions is not None and (isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int)):
-            raise ValueError(f"PoolingParams.dimensions must be an int or None, got {self.dimensions!r}")
+            raise VLLMValidationError(f"PoolingParams.dimensions must be an int or None, got {self.dimensions!r}")
 
 
 def resolve_pooling(params: PoolingParams | None, model_config: ModelConfig) -> PoolingParams:
@@ -39,15 +41,16 @@ def resolve_pooling(params: PoolingParams | None, model_config: ModelConfig) -> 
         hf = model_config.hf
         named = hf.raw.get("matryoshka_dimensions")
         if not (named or hf.raw.get("is_matryoshka")):
-            raise ValueError(f"PoolingParams.dimensions: the model does not support Matryoshka embeddings; dimensions "
-                             f"must be unset (received dimensions={dimensions}); a model trained for them says so "
-                             "in config.json (is_matryoshka, matryoshka_dimensions; hf_overrides sets them)")
+            raise VLLMValidationError(f"PoolingParams.dimensions: the model does not support Matryoshka embeddings; "
+                                      f"dimensions must be unset (received dimensions={dimensions}); a model trained "
+                                      "for them says so in config.json (is_matryoshka, matryoshka_dimensions; "
+                                      "hf_overrides sets them)")
         if not 1 <= dimensions <= hf.hidden_size:
-            raise ValueError(f"PoolingParams.dimensions: the model only supports dimensions in range "
-                             f"[1, {hf.hidden_size}], got {dimensions}")
+            raise VLLMValidationError(f"PoolingParams.dimensions: the model only supports dimensions in range "
+                                      f"[1, {hf.hidden_size}], got {dimensions}")
         if named and dimensions not in named:
-            raise ValueError(f"PoolingParams.dimensions: the model only supports Matryoshka dimensions {named}, "
-                             f"got {dimensions}")
+            raise VLLMValidationError(f"PoolingParams.dimensions: the model only supports Matryoshka dimensions "
+                                      f"{named}, got {dimensions}")
     return PoolingParams(use_activation, dimensions)
 
 

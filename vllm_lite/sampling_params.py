@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from vllm_lite.exceptions import VLLMValidationError
+
 logger = logging.getLogger(__name__)
 
 # Below this temperature a request is greedy; vLLM's _SAMPLING_EPS.
@@ -79,8 +81,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True, 
     def __post_init__(self) -> None:
         kinds = self.kinds()
         if len(kinds) != 1:
-            raise ValueError("SamplingParams.structured_outputs must set exactly one of json, json_object, "
-                             f"regex, choice, grammar, structural_tag; got {kinds or 'none'}")
+            raise VLLMValidationError("SamplingParams.structured_outputs must set exactly one of json, json_object, "
+                                      f"regex, choice, grammar, structural_tag; got {kinds or 'none'}")
         _require(self.json_object in (None, True), "structured_outputs.json_object",
                  f"must be true when set, got {self.json_object!r}")
         _require(self.choice is None or (isinstance(self.choice, list) and self.choice
@@ -172,7 +174,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
             except TypeError as exc:
-                raise ValueError(f"SamplingParams.structured_outputs: {exc}") from None
+                raise VLLMValidationError(f"SamplingParams.structured_outputs: {exc}") from None
         _require(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                  "structured_outputs", f"must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}")
         if isinstance(self.stop, str):
@@ -228,7 +230,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         try:
             self.output_kind = RequestOutputKind(self.output_kind)
         except ValueError:
-            raise ValueError(f"SamplingParams.output_kind must be a RequestOutputKind, got {self.output_kind!r}") from None
+            raise VLLMValidationError(f"SamplingParams.output_kind must be a RequestOutputKind, "
+                                      f"got {self.output_kind!r}", parameter="output_kind") from None
 
     def _check_bad_words(self) -> None:
         """vLLM's rules (non-empty strings, repeats dropped), and its bounds on the token sequences."""
@@ -371,7 +374,7 @@ def _normalize_logit_bias(bias: dict) -> dict[int, float]:
         try:
             token_id = int(key)
         except (TypeError, ValueError):
-            raise ValueError(f"SamplingParams.logit_bias keys must be token ids, got {key!r}") from None
+            raise VLLMValidationError(f"SamplingParams.logit_bias keys must be token ids, got {key!r}") from None
         _require(token_id >= 0 and not isinstance(key, (bool, float)), "logit_bias",
                  f"keys must be token ids >= 0, got {key!r}")
         _require(_is_number(value) and math.isfinite(value), "logit_bias",
@@ -390,4 +393,4 @@ def _check_bad_word_limits(sequences: list[list[int]], field: str) -> None:
 
 def _require(condition: bool, field: str, message: str) -> None:
     if not condition:
-        raise ValueError(f"SamplingParams.{field} {message}")
+        raise VLLMValidationError(f"SamplingParams.{field} {message}", parameter=field)

@@ -33,6 +33,7 @@ from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
 from vllm_lite.engine.output_collector import (DEFAULT_MAX_UNREAD_OUTPUTS, ConsumerStoppedReadingError,
                                                RequestOutputCollector)
 from vllm_lite.engine.stats import IterationStats, StatLogger
+from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
@@ -49,7 +50,10 @@ logger = logging.getLogger(__name__)
 class AsyncLLM:
     def __init__(self, vllm_config: VllmConfig, engine_address: str | None = None,
                  max_unread_outputs: int = DEFAULT_MAX_UNREAD_OUTPUTS,
-                 output_chunk_size: int = DEFAULT_OUTPUT_CHUNK_SIZE, **client_kwargs: Any) -> None:
+                 output_chunk_size: int = DEFAULT_OUTPUT_CHUNK_SIZE, log_stats: bool = False,
+                 **client_kwargs: Any) -> None:
+        """`log_stats`: vLLM's; keep the counts of the periodic stats line, which `do_log_stats()`
+        writes (from_engine_args sets it unless disable_log_stats=True, vLLM's default)."""
         if max_unread_outputs < 1:
             raise ValueError(f"max_unread_outputs must be >= 1, got {max_unread_outputs}")
         if output_chunk_size < 1:
@@ -69,17 +73,22 @@ class AsyncLLM:
         # Called with each step's IterationStats (the server's Prometheus metrics); while the
         # list is empty no stats are collected.
         self.stat_loggers: list[StatLogger] = []
+        self.log_stats = log_stats
+        self._stats_log = StatsLog(log_stats_interval()) if log_stats else None
+        if self._stats_log is not None:
+            self.stat_loggers.append(self._stats_log.record_iteration)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **client_kwargs: Any) -> AsyncLLM:
         """Spawn an engine core for `engine_args` and serve it."""
-        engine_args.check_no_stats_line()
-        return cls(engine_args.create_engine_config(), **client_kwargs)
+        return cls(engine_args.create_engine_config(), log_stats=engine_args.disable_log_stats is not True,
+                   **client_kwargs)
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: VllmConfig, **client_kwargs: Any) -> AsyncLLM:
+    def from_vllm_config(cls, vllm_config: VllmConfig, disable_log_stats: bool = False,
+                         **client_kwargs: Any) -> AsyncLLM:
         """vLLM's: spawn an engine core for an engine config already made (`create_engine_config`)."""
-        return cls(vllm_config, **client_kwargs)
+        return cls(vllm_config, log_stats=not disable_log_stats, **client_kwargs)
 
     @classmethod
     def connect(cls, address: str, model: str | None = None, **engine_args: Any) -> AsyncLLM:
@@ -89,8 +98,8 @@ class AsyncLLM:
         client_kwargs = {k: engine_args.pop(k) for k in ("heartbeat_interval_s", "heartbeat_timeout_s")
                          if k in engine_args}
         args = attached_engine_args(address, model, engine_args)
-        args.check_no_stats_line()
-        return cls(args.create_engine_config(), engine_address=address, **client_kwargs)
+        return cls(args.create_engine_config(), engine_address=address, log_stats=args.disable_log_stats is not True,
+                   **client_kwargs)
 
     @property
     def errored(self) -> bool:
@@ -208,6 +217,12 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
+
+    async def do_log_stats(self) -> None:
+        """vLLM's: write the stats line for the time since the last one (vLLM's server calls it
+        every VLLM_LOG_STATS_INTERVAL seconds); nothing when the stats are off (log_stats False)."""
+        if self._stats_log is not None:
+            self._stats_log.log(await self.get_stats())
 
     async def check_health(self) -> None:
         """Raises EngineDeadError unless the engine core answers."""

@@ -8,6 +8,7 @@ from typing import Any, TypedDict, Union
 import numpy as np
 
 from vllm_lite.config import ModelConfig
+from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs)
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
@@ -56,8 +57,8 @@ class InputProcessor:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("You cannot pass text prompts when `skip_tokenizer_init=True`: "
-                             "give {'prompt_token_ids': [...]}")
+            raise VLLMValidationError("You cannot pass text prompts when `skip_tokenizer_init=True`: "
+                                      "give {'prompt_token_ids': [...]}")
         check_utf8(text, "prompt")
         return self.tokenizer.encode(text)
 
@@ -71,7 +72,7 @@ class InputProcessor:
         prefix-cache entries apart from those of prompts without the same salt."""
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         if salt is not None and not (isinstance(salt, str) and salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+            raise VLLMValidationError(f"cache_salt must be a non-empty string, got {salt!r}")
         return salt
 
     def process_pooling(self, request_id: str, prompt: PromptType, params: PoolingParams | None,
@@ -96,7 +97,7 @@ class InputProcessor:
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         if not INT64_MIN <= priority <= INT64_MAX:
-            raise ValueError(f"priority must be within [-2**63, 2**63 - 1] (a 64-bit int), got {priority}")
+            raise VLLMValidationError(f"priority must be within [-2**63, 2**63 - 1] (a 64-bit int), got {priority}")
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         return EngineCoreRequest(
@@ -119,8 +120,8 @@ def check_utf8(text: str, field: str) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValueError(f"{field} holds an unpaired UTF-16 surrogate {text[exc.start]!r} at character "
-                             f"{exc.start}: not text") from None
+            raise VLLMValidationError(f"{field} holds an unpaired UTF-16 surrogate {text[exc.start]!r} at character "
+                                      f"{exc.start}: not text") from None
 
 
 def _check_prompt_keys(prompt: dict[str, Any]) -> None:
@@ -129,5 +130,5 @@ def _check_prompt_keys(prompt: dict[str, Any]) -> None:
     stands for an absent key."""
     unknown = sorted(str(key) for key, value in prompt.items() if key not in PROMPT_KEYS and value is not None)
     if unknown:
-        raise ValueError(f"prompt keys {unknown} are not supported: a prompt dict takes "
-                         f"{', '.join(repr(key) for key in PROMPT_KEYS)}")
+        raise VLLMValidationError(f"prompt keys {unknown} are not supported: a prompt dict takes "
+                                  f"{', '.join(repr(key) for key in PROMPT_KEYS)}")

@@ -12,6 +12,7 @@ from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
+from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import SamplingParams
@@ -29,6 +30,8 @@ class LLMEngine:
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
+        # Called with each step's IterationStats (LLM's metrics, when it keeps them).
+        self.stat_loggers: list[StatLogger] = []
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocess: bool = False,
@@ -74,9 +77,13 @@ class LLMEngine:
         except RequestRejectedError as exc:  # multi-process: the rejection comes back later
             self.output_processor.abort_requests([exc.request_id])
             raise
-        states, to_abort = self.output_processor.process_outputs(outputs)
+        iteration_stats = IterationStats() if self.stat_loggers else None
+        states, to_abort = self.output_processor.process_outputs(outputs, iteration_stats)
         if to_abort:
             self.engine_core.abort_requests(to_abort)
+        if iteration_stats is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger(iteration_stats)
         return [out for state in states if (out := state.make_output()) is not None]
 
     def has_unfinished_requests(self) -> bool:

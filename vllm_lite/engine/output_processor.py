@@ -425,10 +425,21 @@ class OutputProcessor:
         del self.request_states[state.request_id]
         self._rows_cache.clear()
         state.release()
-        self._drop_parent_if_done(state)
-        if iteration_stats is not None:
-            iteration_stats.finished_requests.append(
-                FinishedRequestStats.of(state.stats, state.finish_reason, len(state.prompt_token_ids)))
+        parent_done = self._drop_parent_if_done(state)
+        if iteration_stats is None:
+            return
+        if state.parent is None:
+            n = 1
+        else:
+            n = state.parent.params.n if parent_done else None
+        reason = state.finish_reason
+        if state.pooling is not None:  # its one "token" is a placeholder; vLLM finishes it as stopped
+            generated, max_tokens = 0, None
+            reason = "abort" if reason == "abort" else "stop"
+        else:
+            generated, max_tokens = state.stats.num_generation_tokens, state.params.max_tokens
+        iteration_stats.finished_requests.append(FinishedRequestStats.of(
+            state.stats, reason, len(state.prompt_token_ids), generated, max_tokens, n))
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
         offsets = outputs.prompt_logprobs_offsets
@@ -451,11 +462,14 @@ class OutputProcessor:
                 expanded.extend(parent.child_id(i) for i in range(parent.params.n))
         return expanded
 
-    def _drop_parent_if_done(self, state: RequestState) -> None:
+    def _drop_parent_if_done(self, state: RequestState) -> bool:
+        """Whether `state` was the last of its parent's samples (the parent is then dropped)."""
         parent = state.parent
         if parent is not None and not any(parent.child_id(i) in self.request_states
                                           for i in range(parent.params.n)):
             self.parent_requests.pop(parent.request_id, None)
+            return True
+        return False
 
     def _decode_token(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from vllm_lite.config import ModelConfig
+from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
 from vllm_lite.wire import EngineCoreRequest
@@ -41,13 +42,13 @@ def check_prompt(tokens: np.ndarray, model_config: ModelConfig) -> None:
     """A 1-D integer array of 1 to max_model_len ids inside the vocabulary."""
     max_len, vocab = model_config.max_model_len, model_config.hf.vocab_size
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        raise ValueError(f"prompt_token_ids must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
+        raise VLLMValidationError(f"prompt_token_ids must be a 1-D integer array, got {tokens.dtype} {tokens.shape}")
     if len(tokens) == 0:
-        raise ValueError("prompt is empty: at least one prompt token is needed")
+        raise VLLMValidationError("prompt is empty: at least one prompt token is needed")
     if len(tokens) > max_len:
-        raise ValueError(f"prompt has {len(tokens)} tokens, more than max_model_len={max_len}")
+        raise VLLMValidationError(f"prompt has {len(tokens)} tokens, more than max_model_len={max_len}")
     if tokens.min() < 0 or tokens.max() >= vocab:
-        raise ValueError(f"prompt_token_ids must be in [0, {vocab}) (the vocabulary size)")
+        raise VLLMValidationError(f"prompt_token_ids must be in [0, {vocab}) (the vocabulary size)")
 
 
 def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None:
@@ -58,11 +59,11 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
         _check_chars("cache_salt", request.cache_salt)
     check_prompt(request.prompt_token_ids, model_config)
     if not 1 <= request.max_tokens <= MAX_INT32:
-        raise ValueError(f"max_tokens must be in [1, {MAX_INT32}], got {request.max_tokens}")
+        raise VLLMValidationError(f"max_tokens must be in [1, {MAX_INT32}], got {request.max_tokens}")
     check_token_ids("eos_token_ids", request.eos_token_ids, vocab, MAX_EOS_TOKEN_IDS)
     if request.sampling_params.n != 1:
-        raise ValueError(f"SamplingParams.n must be 1 in an engine-core request (the client fans n "
-                         f"out into n requests), got {request.sampling_params.n}")
+        raise VLLMValidationError(f"SamplingParams.n must be 1 in an engine-core request (the client fans n "
+                                  f"out into n requests), got {request.sampling_params.n}")
     check_runner(request.pooling, model_config)
     if request.pooling:
         check_pooling_request(request)
@@ -75,19 +76,19 @@ def check_runner(pooling: bool, model_config: ModelConfig) -> None:
     """A request for what the engine's runner does: a pooling request (one vector for its prompt,
     one placeholder token) only on the pooling runner, a generation request only on the other."""
     if pooling and model_config.pooler is None:
-        raise ValueError("this model generates text (runner='generate'): embeddings need an embedding model "
-                         "(runner='pooling')")
+        raise VLLMValidationError("this model generates text (runner='generate'): embeddings need an embedding model "
+                                  "(runner='pooling')")
     if not pooling and model_config.pooler is not None:
-        raise ValueError("this engine runs an embedding model (runner='pooling'): it makes embeddings "
-                         "(LLM.embed, /v1/embeddings), not text")
+        raise VLLMValidationError("this engine runs an embedding model (runner='pooling'): it makes embeddings "
+                                  "(LLM.embed, /v1/embeddings), not text")
 
 
 def check_pooling_request(request: EngineCoreRequest) -> None:
     params = request.sampling_params
     extras = (params.logprobs, params.prompt_logprobs, params.structured_outputs)
     if request.max_tokens != 1 or not params.is_greedy or any(extra is not None for extra in extras):
-        raise ValueError("a pooling request takes one placeholder token (max_tokens=1, greedy, no logprobs "
-                         "or structured outputs): pooling_params.pooling_sampling_params()")
+        raise VLLMValidationError("a pooling request takes one placeholder token (max_tokens=1, greedy, no logprobs "
+                                  "or structured outputs): pooling_params.pooling_sampling_params()")
 
 
 def check_something_to_sample(params: SamplingParams, eos_token_ids: tuple[int, ...]) -> None:
@@ -97,8 +98,8 @@ def check_something_to_sample(params: SamplingParams, eos_token_ids: tuple[int, 
         return
     suppressed = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(eos_token_ids))
     if set(params.allowed_token_ids) <= suppressed:
-        raise ValueError(f"allowed_token_ids {sorted(set(params.allowed_token_ids))[:8]} are all stop tokens, "
-                         f"which min_tokens={params.min_tokens} suppresses: nothing could be sampled")
+        raise VLLMValidationError(f"allowed_token_ids {sorted(set(params.allowed_token_ids))[:8]} are all stop tokens, "
+                                  f"which min_tokens={params.min_tokens} suppresses: nothing could be sampled")
 
 
 def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> None:
@@ -109,10 +110,12 @@ def check_sampling_params(params: SamplingParams, model_config: ModelConfig) -> 
     check_token_ids("SamplingParams.logit_bias", list(params.logit_bias or ()), vocab, MAX_LOGIT_BIAS_ENTRIES)
     check_token_ids("SamplingParams.allowed_token_ids", params.allowed_token_ids or (), vocab, vocab)
     if params.bad_words and params.bad_words_token_ids is None:
-        raise ValueError("SamplingParams.bad_words reached the engine core untokenized: the client's input "
-                         "processor fills bad_words_token_ids from them (SamplingParams.with_bad_words_tokenized)")
+        raise VLLMValidationError("SamplingParams.bad_words reached the engine core untokenized: the client's "
+                                  "input processor fills bad_words_token_ids from them "
+                                  "(SamplingParams.with_bad_words_tokenized)")
     if params.stop is not None and len(params.stop) > MAX_STOP_STRINGS:
-        raise ValueError(f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, got {len(params.stop)}")
+        raise VLLMValidationError(f"SamplingParams.stop may hold at most {MAX_STOP_STRINGS} strings, "
+                                  f"got {len(params.stop)}")
     params.check_engine_limits(vocab, model_config.max_logprobs)
     if model_config.skip_tokenizer_init:
         _check_without_tokenizer(params)
@@ -122,27 +125,27 @@ def _check_without_tokenizer(params: SamplingParams) -> None:
     """Stop strings match text and grammars compile against the vocabulary's strings: without
     a tokenizer neither can run, so they are refused rather than ignored."""
     if params.stop:
-        raise ValueError("SamplingParams.stop (stop strings) needs the tokenizer, which is not loaded "
-                         "(skip_tokenizer_init=True); use stop_token_ids")
+        raise VLLMValidationError("SamplingParams.stop (stop strings) needs the tokenizer, which is not loaded "
+                                  "(skip_tokenizer_init=True); use stop_token_ids")
     if params.structured_outputs is not None:
-        raise ValueError("SamplingParams.structured_outputs needs the tokenizer, which is not loaded "
-                         "(skip_tokenizer_init=True)")
+        raise VLLMValidationError("SamplingParams.structured_outputs needs the tokenizer, which is not loaded "
+                                  "(skip_tokenizer_init=True)")
 
 
 def check_token_ids(field: str, token_ids: object, vocab_size: int, max_count: int) -> None:
     """A sequence of at most `max_count` int token ids, each in [0, vocab_size)."""
     if not isinstance(token_ids, (list, tuple)):
-        raise ValueError(f"{field} must be a list of token ids, got {type(token_ids).__name__}")
+        raise VLLMValidationError(f"{field} must be a list of token ids, got {type(token_ids).__name__}")
     if len(token_ids) > max_count:
-        raise ValueError(f"{field} may hold at most {max_count} token ids, got {len(token_ids)}")
+        raise VLLMValidationError(f"{field} may hold at most {max_count} token ids, got {len(token_ids)}")
     bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"{field} has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
+        raise VLLMValidationError(f"{field} has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}")
 
 
 def _check_chars(field: str, value: object) -> None:
     if not isinstance(value, str) or len(value) > MAX_ID_CHARS:
-        raise ValueError(f"{field} must be a string of at most {MAX_ID_CHARS} characters")
+        raise VLLMValidationError(f"{field} must be a string of at most {MAX_ID_CHARS} characters")
 
 
 def check_structured_outputs(params: SamplingParams) -> None:

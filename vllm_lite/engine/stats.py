@@ -1,6 +1,7 @@
 """What one engine step's outputs tell the metrics (vLLM's IterationStats and
 FinishedRequestStats), built by the OutputProcessor only when a stat logger listens (the server's
-/metrics does; `LLM` does not): numbers and arrays per step, nothing per token.
+/metrics, an AsyncLLM's or LLM's stats line and `LLM.get_metrics()` when the stats are on):
+numbers and arrays per step, nothing per token.
 
 Timings use the engine core's clock (EngineCoreOutputs.timestamp and the scheduling times), as
 vLLM's do:
@@ -18,8 +19,10 @@ vLLM's do:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +31,10 @@ from vllm_lite.outputs import RequestStateStats
 
 @dataclass(slots=True)
 class FinishedRequestStats:
+    """One finished engine request (each of n samples is one). `e2e_latency` and
+    `first_token_latency` are the client's (arrival -> now / -> its first token); `n`: the
+    request's n, given with the last of its samples to finish (vLLM observes it once per request)."""
+
     finish_reason: str
     num_prompt_tokens: int
     num_generation_tokens: int
@@ -36,19 +43,26 @@ class FinishedRequestStats:
     decode_time: float
     inference_time: float
     num_preemptions: int = 0
+    e2e_latency: float = 0.0
+    first_token_latency: float = 0.0
+    max_tokens: int | None = None
+    n: int | None = None
 
     @property
     def mean_time_per_output_token(self) -> float:
         return self.decode_time / (self.num_generation_tokens - 1) if self.num_generation_tokens > 1 else 0.0
 
     @classmethod
-    def of(cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int) -> FinishedRequestStats:
-        return cls(finish_reason, num_prompt_tokens, stats.num_generation_tokens,
+    def of(cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int, num_generation_tokens: int,
+           max_tokens: int | None = None, n: int | None = None) -> FinishedRequestStats:
+        return cls(finish_reason, num_prompt_tokens, num_generation_tokens,
                    queued_time=max(stats.scheduled_ts - stats.queued_ts, 0.0),
                    prefill_time=max(stats.first_token_ts - stats.scheduled_ts, 0.0),
                    decode_time=max(stats.last_token_ts - stats.first_token_ts, 0.0),
                    inference_time=max(stats.last_token_ts - stats.scheduled_ts, 0.0),
-                   num_preemptions=stats.num_preemptions)
+                   num_preemptions=stats.num_preemptions,
+                   e2e_latency=max(time.monotonic() - stats.arrival_ts, 0.0),
+                   first_token_latency=stats.first_token_latency, max_tokens=max_tokens, n=n)
 
 
 @dataclass(slots=True)
@@ -66,3 +80,10 @@ class IterationStats:
 
 
 StatLogger = Callable[[IterationStats], None]
+
+
+def kv_cache_usage(stats: dict[str, Any]) -> float:
+    """vllm:kv_cache_usage_perc from the engine's get_stats(): the fraction of blocks in use."""
+    total = stats.get("kv_blocks_total", 0)
+    free = stats.get("kv_blocks_free", total)
+    return (total - free) / total if total else 0.0

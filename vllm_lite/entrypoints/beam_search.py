@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.outputs import Logprob
 from vllm_lite.sampling_params import SamplingParams
 
@@ -22,9 +23,9 @@ class BeamSearchParams:
 
     def __post_init__(self) -> None:
         if self.beam_width < 1:
-            raise ValueError(f"BeamSearchParams.beam_width must be >= 1, got {self.beam_width}")
+            raise VLLMValidationError(f"BeamSearchParams.beam_width must be >= 1, got {self.beam_width}")
         if self.max_tokens < 1:
-            raise ValueError(f"BeamSearchParams.max_tokens must be >= 1, got {self.max_tokens}")
+            raise VLLMValidationError(f"BeamSearchParams.max_tokens must be >= 1, got {self.max_tokens}")
 
     def step_params(self) -> SamplingParams:
         """One engine step of every beam: one token and the 2 * beam_width best candidates."""

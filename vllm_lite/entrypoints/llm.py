@@ -16,6 +16,10 @@ from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
+from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
+from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
+from vllm_lite.metrics_reader import Metric, snapshot
+from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -38,13 +42,26 @@ class LLM:
             args = attached_engine_args(engine_address, model, engine_args)
         else:
             args = EngineArgs(model=model, **engine_args)
-        args.check_no_stats_line()
         self.llm_engine = LLMEngine.from_engine_args(args, multiprocess, engine_address)
+        # vLLM's LLM keeps no stats unless disable_log_stats=False: then the periodic stats line
+        # (checked after each step) and the metrics of `get_metrics()`.
+        self._metrics: ServerMetrics | None = None
+        self._stats_log: StatsLog | None = None
+        if args.disable_log_stats is False:
+            self._keep_stats()
         self._request_counter = itertools.count()
         # Request ids are unique per engine core, and an attached one may serve other clients.
         self._request_prefix = f"{uuid.uuid4().hex[:12]}-" if engine_address is not None else ""
         # enqueue()'d requests, in order: request id -> its final output once finished.
         self._enqueued: dict[str, RequestOutput | None] = {}
+
+    def _keep_stats(self) -> None:
+        config = self.llm_engine.vllm_config
+        model_config = config.model_config
+        self._metrics = ServerMetrics(model_config.model, model_config.max_model_len, cache_config_info(config))
+        self._stats_log = StatsLog(log_stats_interval())
+        self.llm_engine.stat_loggers += [self._metrics.record_iteration, self._metrics.record_requests,
+                                         self._stats_log.record_iteration]
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **client_options: Any) -> LLM:
@@ -98,7 +115,8 @@ class LLM:
                          priority: int | Sequence[int] | None, method: str) -> list[Callable[[str], None]]:
         """One `add(request_id)` per prompt: its request with its params (final output only) and priority."""
         if self.llm_engine.vllm_config.model_config.pooler is not None:
-            raise ValueError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): use LLM.embed()")
+            raise VLLMValidationError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): "
+                                      "use LLM.embed()")
         prompt_list = _prompt_list(prompts)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
@@ -115,8 +133,8 @@ class LLM:
         _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             truncate_prompt_tokens=truncate_prompt_tokens)
         if self.llm_engine.vllm_config.model_config.pooler is None:
-            raise ValueError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
-                             "engine generates text")
+            raise VLLMValidationError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
+                                      "engine generates text")
         prompt_list = _prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params_list = [pooling_params] * len(prompt_list)
@@ -187,7 +205,7 @@ class LLM:
                       chat_template_kwargs: dict[str, Any] | None) -> list[dict[str, Any]]:
         """Each conversation through the chat template: its prompt (text and token ids)."""
         if add_generation_prompt and continue_final_message:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both be True")
+            raise VLLMValidationError("continue_final_message and add_generation_prompt cannot both be True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tokenizer = self.get_tokenizer()
         template = chat_template if chat_template is not None else tokenizer.chat_template
@@ -229,6 +247,15 @@ class LLM:
     def stats(self) -> dict[str, Any]:
         return self.llm_engine.get_stats()
 
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: a snapshot of the `vllm:` metrics (vllm_lite.metrics_reader's Counter, Gauge,
+        Histogram), those `/metrics` serves, over this LLM's requests so far. Needs
+        `disable_log_stats=False`, as in vLLM."""
+        if self._metrics is None:
+            raise RuntimeError("LLM.get_metrics() needs the stats on: LLM(..., disable_log_stats=False)")
+        self._metrics.engine_stats.stats = self.llm_engine.get_stats()
+        return snapshot(self._metrics.registry)
+
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
@@ -247,7 +274,10 @@ class LLM:
         enqueued = self._enqueued
         with tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm) as bar:
             while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
+                outputs = self.llm_engine.step()
+                if self._stats_log is not None:
+                    self._stats_log.log_if_due(self.llm_engine.get_stats)
+                for output in outputs:
                     if not output.finished:
                         continue
                     if output.request_id in enqueued:
@@ -292,7 +322,8 @@ def _refuse_unless_none(**arguments: Any) -> None:
     """vLLM arguments of features this engine does not have: taken only as None."""
     for name, value in arguments.items():
         if value is not None:
-            raise ValueError(f"{name} is not supported by vllm_lite (got {value!r}); pass None or leave it out")
+            raise VLLMValidationError(f"{name} is not supported by vllm_lite (got {value!r}); "
+                                      "pass None or leave it out")
 
 
 def _per_prompt_priority(priority: int | Sequence[int] | None, num_prompts: int) -> list[int]:
@@ -305,5 +336,5 @@ def _one_per_prompt(name: str, values: Iterable[T], num_prompts: int) -> list[T]
     """A per-prompt argument given as a list: one entry per prompt."""
     values = list(values)
     if len(values) != num_prompts:
-        raise ValueError(f"{name} has {len(values)} entries but there are {num_prompts} prompts")
+        raise VLLMValidationError(f"{name} has {len(values)} entries but there are {num_prompts} prompts")
     return values

@@ -37,11 +37,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from vllm_lite.config import VllmConfig
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.lifecycle import freeze_startup_heap
-from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend
@@ -76,7 +75,7 @@ from vllm_lite.entrypoints.openai.serving import (
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
                                                        ServerOptions, load_chat_template)
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
-from vllm_lite.entrypoints.openai.stats_log import StatsLog, log_stats_interval
+from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
 from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs, cancel_response, create_response,
@@ -111,7 +110,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
-                         metrics=ServerMetrics(names[0], model_config.max_model_len, _cache_info(engine)),
+                         metrics=ServerMetrics(names[0], model_config.max_model_len,
+                                               cache_config_info(engine.vllm_config)),
                          vocab_size=model_config.hf.vocab_size, sampling_defaults=model_config.sampling_defaults,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
@@ -284,29 +284,6 @@ def _generation_responses(model: type[OpenAIBaseModel] | None) -> dict[int | str
         content["application/json"] = {"schema": {"type": "object"}}
     return {200: {**({"model": model} if model is not None else {}), "content": content,
                   "description": "the response, or its chunks as server-sent events (stream: true)"}}
-
-
-def _cache_info(engine: EngineClient) -> dict[str, str] | None:
-    """The KV-cache configuration's fields as strings (vllm:cache_config_info's labels)."""
-    cache_config = getattr(engine.vllm_config, "cache_config", None)
-    if cache_config is None or not dataclasses.is_dataclass(cache_config):
-        return None
-    info = {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
-    if isinstance(engine.vllm_config, VllmConfig):
-        info.update(_kv_capacity_labels(engine.vllm_config))
-    return info
-
-
-def _kv_capacity_labels(config: VllmConfig) -> dict[str, str]:
-    """vLLM's capacity labels: the pool's blocks and tokens, and how many requests of
-    max_model_len tokens it holds at once (vLLM's "Maximum concurrency", by its formula)."""
-    num_blocks, block_size = config.num_kv_blocks(), config.cache_config.block_size
-    blocks_per_request = -(-config.model_config.max_model_len // block_size)
-    window = config.cache_config.sliding_window
-    if window is not None:  # older blocks are freed: a request holds about a window's worth
-        blocks_per_request = min(blocks_per_request, -(-window // block_size) + 1)
-    return {"num_gpu_blocks": str(num_blocks), "kv_cache_size_tokens": str(num_blocks * block_size),
-            "kv_cache_max_concurrency": f"{num_blocks / blocks_per_request:.2f}"}
 
 
 def _validate(model: type[T], body: dict[str, Any]) -> T:
@@ -507,7 +484,7 @@ def _spawned_engine(args: argparse.Namespace) -> Callable[[], EngineClient]:
         from vllm_lite.entrypoints.cli_args import engine_args_from
 
         # (the server writes the stats line itself: --disable-log-stats is read from `args`)
-        return AsyncLLM.from_engine_args(dataclasses.replace(engine_args_from(args), disable_log_stats=None))
+        return AsyncLLM.from_engine_args(dataclasses.replace(engine_args_from(args), disable_log_stats=True))
 
     return make
 

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server, in a registry of its own (never the global one). A metric
+"""Prometheus metrics of one server (or of one `LLM` with disable_log_stats=False, read by its
+`get_metrics()`), in a registry of its own (never the global one). A metric
 vLLM also has carries vLLM's name (`vllm:` prefix), so dashboards built for vLLM find it; the
 ones vLLM does not have are `vllm_lite:` (`vllm_lite:prefix_cache_hit_rate`,
 `vllm_lite:request_aborted`): no `vllm:` name that vLLM lacks.
@@ -12,7 +13,8 @@ Three sources, each counted where vLLM counts it:
   the queue / prefill / decode / inference times and time per output token;
 - what the server sees of each request's outputs (prompt tokens, time to first token, e2e
   latency, tokens per finished request, finished and aborted requests), recorded by
-  `RequestTracker`.
+  `RequestTracker`; an LLM has no server, and records the same from the step's finished
+  requests (`record_requests`).
 
 In a pool of API servers (--api-server-count) the last two are summed over the pool by
 prometheus_client's multiprocess mode (ServerMetrics._exposition_registry).
@@ -20,6 +22,7 @@ prometheus_client's multiprocess mode (ServerMetrics._exposition_registry).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -30,7 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from vllm_lite.engine.stats import IterationStats
+from vllm_lite.config import VllmConfig
+from vllm_lite.engine.stats import IterationStats, kv_cache_usage
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -41,13 +45,6 @@ _REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0)
 _ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-
-def kv_cache_usage(stats: dict[str, Any]) -> float:
-    """vllm:kv_cache_usage_perc from the engine's get_stats(): the fraction of blocks in use."""
-    total = stats.get("kv_blocks_total", 0)
-    free = stats.get("kv_blocks_free", total)
-    return (total - free) / total if total else 0.0
 
 
 class EngineStatsCollector:
@@ -107,6 +104,29 @@ class CacheConfigCollector:
                                  labels=list(self.cache_info))
         info.add_metric(list(self.cache_info.values()), 1)
         yield info
+
+
+def cache_config_info(vllm_config: Any) -> dict[str, str] | None:
+    """The KV-cache configuration's fields as strings (vllm:cache_config_info's labels)."""
+    cache_config = getattr(vllm_config, "cache_config", None)
+    if cache_config is None or not dataclasses.is_dataclass(cache_config):
+        return None
+    info = {f.name: str(getattr(cache_config, f.name)) for f in dataclasses.fields(cache_config)}
+    if isinstance(vllm_config, VllmConfig):
+        info.update(_kv_capacity_labels(vllm_config))
+    return info
+
+
+def _kv_capacity_labels(config: VllmConfig) -> dict[str, str]:
+    """vLLM's capacity labels: the pool's blocks and tokens, and how many requests of
+    max_model_len tokens it holds at once (vLLM's "Maximum concurrency", by its formula)."""
+    num_blocks, block_size = config.num_kv_blocks(), config.cache_config.block_size
+    blocks_per_request = -(-config.model_config.max_model_len // block_size)
+    window = config.cache_config.sliding_window
+    if window is not None:  # older blocks are freed: a request holds about a window's worth
+        blocks_per_request = min(blocks_per_request, -(-window // block_size) + 1)
+    return {"num_gpu_blocks": str(num_blocks), "kv_cache_size_tokens": str(num_blocks * block_size),
+            "kv_cache_max_concurrency": f"{num_blocks / blocks_per_request:.2f}"}
 
 
 def _token_buckets(max_model_len: int) -> list[float]:
@@ -223,6 +243,26 @@ class ServerMetrics:
             self.time_per_output_token.observe(finished.mean_time_per_output_token)
             self.request_num_preemptions.observe(finished.num_preemptions)
 
+    def record_requests(self, stats: IterationStats) -> None:
+        """The per-request metrics from the engine's view of the step's finished requests: LLM's
+        stat logger (the server observes them per streamed output instead, in RequestTracker).
+        Time to first token is observed when the request finishes."""
+        for finished in stats.finished_requests:
+            self.prompt_tokens.inc(finished.num_prompt_tokens)
+            if finished.num_generation_tokens:
+                self.time_to_first_token.observe(finished.first_token_latency)
+            self.request_finished(finished.finish_reason)
+            self.observe_finished(finished.e2e_latency, finished.num_prompt_tokens, finished.num_generation_tokens)
+            if finished.max_tokens is not None:
+                self.request_params_max_tokens.observe(finished.max_tokens)
+            if finished.n is not None:
+                self.request_params_n.observe(finished.n)
+
+    def observe_finished(self, e2e_latency: float, num_prompt_tokens: int, num_generation_tokens: int) -> None:
+        self.e2e_request_latency.observe(e2e_latency)
+        self.request_prompt_tokens.observe(num_prompt_tokens)
+        self.request_generation_tokens.observe(num_generation_tokens)
+
     def request_finished(self, finish_reason: str) -> None:
         self._request_success.labels(self.model_name, finish_reason).inc()
 
@@ -264,9 +304,7 @@ class RequestTracker:
             if completion.finish_reason is not None:
                 metrics.request_finished(completion.finish_reason)
         if output.finished:
-            metrics.e2e_request_latency.observe(time.monotonic() - self.arrival)
-            metrics.request_prompt_tokens.observe(self.num_prompt_tokens)
-            metrics.request_generation_tokens.observe(self.num_generated)
+            metrics.observe_finished(time.monotonic() - self.arrival, self.num_prompt_tokens, self.num_generated)
             if self.params is not None:  # vLLM's request_params_* histograms
                 metrics.request_params_n.observe(self.params.n)
                 if self.params.max_tokens is not None:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from vllm_lite.entrypoints.openai.errors import ApiError
-from vllm_lite.entrypoints.openai.metrics import kv_cache_usage
+from vllm_lite.engine.stats import kv_cache_usage
 
 ORCA_FORMAT_HEADER = "endpoint-load-metrics-format"
 ORCA_HEADER = "endpoint-load-metrics"

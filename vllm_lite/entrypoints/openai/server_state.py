@@ -68,7 +68,7 @@ class ServerOptions:
     | chat_template | --chat-template | the template chat requests use instead of the tokenizer's (a request's own wins, where trusted) |
     | enable_log_requests, max_log_len | --enable-log-requests, --max-log-len | log each generation request (prompt cut to max_log_len) |
     | enable_log_outputs | --enable-log-outputs | with enable_log_requests, log each finished completion's text |
-    | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (stats_log.py) |
+    | disable_log_stats | --disable-log-stats | no periodic throughput / queue / KV cache line (engine/stats_log.py) |
     | response_role | --response-role | the chat reply's role with add_generation_prompt (else the last message's) |
     | chat_template_content_format | --chat-template-content-format | message content as the template reads it (chat_content.py) |
     | middleware | --middleware (repeated) | import paths of ASGI middleware classes / HTTP middleware functions, outermost |

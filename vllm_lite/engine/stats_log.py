@@ -2,7 +2,8 @@
 (vLLM's variable, default 10) while the engine has work, the prompt and generation throughput over
 the interval, the running and waiting requests, the KV cache in use and the prefix-cache hit rate
 over the interval; one more line once it has gone idle. Off with --disable-log-stats (the
-/metrics endpoint counts either way)."""
+/metrics endpoint counts either way). `LLM(disable_log_stats=False)` writes it too, checked after
+each engine step; an application's AsyncLLM writes one when it calls `do_log_stats()`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lite.engine.stats import IterationStats
-from vllm_lite.entrypoints.openai.metrics import kv_cache_usage
+from vllm_lite.engine.stats import IterationStats, kv_cache_usage
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class StatsLog:
     _queries: int = 0  # the engine's prefix-cache counters at the last line
     _hits: int = 0
     _was_busy: bool = False
+    _last_ts: float = field(default_factory=time.monotonic)
 
     def record_iteration(self, stats: IterationStats) -> None:
         """A stat logger of the engine client (called with each step's stats)."""
@@ -49,18 +50,27 @@ class StatsLog:
 
     async def run(self, get_stats: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Until cancelled (the server's lifespan) or the engine stops answering."""
-        last = time.monotonic()
         while True:
             await asyncio.sleep(self.interval_s)
             try:
                 stats = await get_stats()
             except Exception:  # the engine is gone: the server reports that elsewhere
                 return
-            now = time.monotonic()
-            line = self.line(stats, now - last)
-            last = now
-            if line is not None:
-                logger.info("%s", line)
+            self.log(stats)
+
+    def log_if_due(self, get_stats: Callable[[], dict[str, Any]]) -> None:
+        """The synchronous form, called after each engine step (LLM's, as vLLM's LLMEngine does):
+        a line once the interval has passed since the last."""
+        if time.monotonic() - self._last_ts >= self.interval_s:
+            self.log(get_stats())
+
+    def log(self, stats: dict[str, Any]) -> None:
+        """The line for the time since the last one (none while the engine stays idle)."""
+        now = time.monotonic()
+        line = self.line(stats, now - self._last_ts)
+        self._last_ts = now
+        if line is not None:
+            logger.info("%s", line)
 
     def line(self, stats: dict[str, Any], elapsed_s: float) -> str | None:
         """The interval's line; None while the engine stays idle."""
