@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.config_fields import (check_config_fields, check_fallback_fields, gemma_layer_types,
-                                     implementing_architecture, resolve_model_impl, rope_type_of, with_defaults)
+from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATION, check_config_fields, check_fallback_fields,
+                                     gemma_layer_types, implementing_architecture, resolve_model_impl, rope_type_of,
+                                     with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.sampling_params import SamplingParams
 
@@ -38,7 +39,7 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
-QUANTIZATION_METHODS = ("int8", "gguf")
+QUANTIZATION_METHODS = ("int8", "gguf", CHECKPOINT_QUANTIZATION)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # fcfs: requests in arrival order; priority: by (priority, arrival), the lowest preempted first.
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -132,6 +133,8 @@ class HFModelConfig:
     # config.json's architecture as written: a `*Model` (an embedding model's decoder without its
     # LM head) runs on the `*ForCausalLM` implementation named by `architecture`
     checkpoint_architecture: str = ""
+    # the checkpoint's own quantization (config.json quantization_config, checked by config_fields)
+    quantization: str | None = None
 
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any], model_impl: str = "auto") -> HFModelConfig:
@@ -174,6 +177,7 @@ class HFModelConfig:
             raw=dict(cfg),
             model_impl=model_impl,
             checkpoint_architecture=checkpoint_architecture,
+            quantization=CHECKPOINT_QUANTIZATION if cfg.get("quantization_config") is not None else None,
         )
 
     @property
@@ -641,9 +645,10 @@ class EngineArgs:
                f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
         _check(self.quantization is None or device == "cpu",
                f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
-        if self.quantization == "int8":
+        quantization = _resolve_checkpoint_quantization(self.quantization, hf.quantization, device)
+        if quantization in ("int8", CHECKPOINT_QUANTIZATION):
             _warn_int8_without_dot_products()
-        quantization = _resolve_gguf_quantization(self.quantization, gguf_file, device, self.tensor_parallel_size,
+        quantization = _resolve_gguf_quantization(quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
         tokenizer = self._tokenizer_path(model_dir)
         model_len, source = derived_max_model_len(hf, tokenizer)
@@ -1016,6 +1021,19 @@ def _warn_int8_without_dot_products() -> None:
         logger.warning("quantization='int8' on a CPU without int8 dot products (no avx512_vnni, avx_vnni or "
                        "amx_int8): its int8 matmuls are emulated and much slower than float32 here (the weights "
                        "still take a quarter of float32's memory)")
+
+
+def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None, device: str) -> str | None:
+    """A checkpoint quantized already (compressed-tensors W8A8 int8) implies its method, as vLLM
+    infers it from config.json; asking for another, or for it without one, is refused."""
+    if checkpoint is None:
+        _check(quantization != CHECKPOINT_QUANTIZATION, f"quantization={quantization!r} needs a checkpoint "
+               "whose config.json has a compressed-tensors quantization_config")
+        return quantization
+    _check(quantization in (None, checkpoint), f"quantization={quantization!r}: the checkpoint is quantized "
+           f"already (config.json quantization_config: {checkpoint}); leave quantization unset")
+    _check(device == "cpu", f"the checkpoint's {checkpoint} int8 weights run on CPU only (device is {device!r})")
+    return checkpoint
 
 
 def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None, device: str,

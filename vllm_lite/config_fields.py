@@ -51,7 +51,9 @@ COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "add_cross_attention": (False,),
     "cross_attention_hidden_size": (None,),
     "tie_encoder_decoder": (False,),
-    "quantization_config": (None,),  # quantized checkpoints are not loaded
+    # quantized checkpoints: only compressed-tensors W8A8 int8, by native implementations
+    # (check_quantization_config); the transformers fallback loads none
+    "quantization_config": (None,),
 }
 
 # Core dense-decoder fields every architecture here reads.
@@ -221,7 +223,9 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
                          f"supported: {', '.join(sorted(POLICIES))}")
     restricted = {**COMMON_RESTRICTED, **policy.restricted}
     for name, value in cfg.items():
-        if name in restricted:
+        if name == "quantization_config" and value is not None:
+            check_quantization_config(value)
+        elif name in restricted:
             if value not in restricted[name]:
                 raise ValueError(f"config.json: {name}={value!r} is not supported for {architecture} "
                                  f"(supported: {_describe(restricted[name])})")
@@ -319,3 +323,78 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
                          f"no native implementation (supported: {', '.join(sorted(POLICIES))}) and "
                          f"transformers builds {built or 'no causal-LM class'} for that model_type")
 
+
+
+# A checkpoint's `quantization_config` this engine loads: compressed-tensors' W8A8 int8 (vLLM's
+# CompressedTensorsW8A8Int8 with dynamic per-token activations), run by the int8 linear layers
+# that quantization="int8" uses. Every key is classified as everywhere else: one that changes the
+# math is accepted at the listed values only, metadata is ignored, an unknown key is refused.
+CT_TOP_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "format": ("int-quantized",),  # int8 tensors in the file (naive / packed / float formats are not)
+    "quantization_status": ("compressed",),
+    "kv_cache_scheme": (None,),
+    "sparsity_config": (None, {}),
+    "transform_config": (None, {}),
+}
+CT_TOP_IGNORED = frozenset({"quant_method", "config_groups", "ignore", "global_compression_ratio", "version",
+                            "provider"})
+CT_WEIGHTS: Mapping[str, tuple[Any, ...]] = {
+    "num_bits": (8,), "type": ("int",), "symmetric": (True,), "strategy": ("channel", "tensor"),
+    "dynamic": (False,), "group_size": (None,), "block_structure": (None,), "actorder": (None, False),
+}
+CT_INPUTS: Mapping[str, tuple[Any, ...]] = {
+    "num_bits": (8,), "type": ("int",), "symmetric": (True,), "strategy": ("token",),
+    "dynamic": (True,), "group_size": (None,), "block_structure": (None,), "actorder": (None, False),
+}
+CT_ARGS_IGNORED = frozenset({"observer", "observer_kwargs", "scale_dtype", "zp_dtype"})  # calibration, storage
+CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations", "format"})
+CHECKPOINT_QUANTIZATION = "compressed-tensors"
+
+
+def check_quantization_config(config: Any) -> str:
+    """The quantization method a checkpoint's `quantization_config` needs ("compressed-tensors"),
+    or ValueError naming the first key (as config.json's path) this engine does not run."""
+    where = "config.json: quantization_config"
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {config!r}")
+    method = config.get("quant_method")
+    if method != CHECKPOINT_QUANTIZATION:
+        raise ValueError(f"{where}.quant_method={method!r} is not supported: quantized checkpoints load "
+                         "only as compressed-tensors W8A8 int8 (int8 weights per channel or tensor, "
+                         "activations quantized per token at run time)")
+    _check_keys(where, config, CT_TOP_RESTRICTED, CT_TOP_IGNORED)
+    groups = config.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ValueError(f"{where}.config_groups must name at least one group, got {groups!r}")
+    for name, group in groups.items():
+        _check_group(f"{where}.config_groups.{name}", group)
+    return CHECKPOINT_QUANTIZATION
+
+
+def _check_group(where: str, group: Any) -> None:
+    if not isinstance(group, Mapping):
+        raise ValueError(f"{where} must be a mapping, got {group!r}")
+    unknown = sorted(set(group) - CT_GROUP_KEYS)
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]} is not implemented; refusing to load rather than ignore it")
+    if group.get("format") not in (None, "int-quantized"):
+        raise ValueError(f"{where}.format={group['format']!r} is not supported (supported: 'int-quantized')")
+    if group.get("output_activations") is not None:
+        raise ValueError(f"{where}.output_activations is not supported (output quantization)")
+    for key, restricted in (("weights", CT_WEIGHTS), ("input_activations", CT_INPUTS)):
+        args = group.get(key)
+        if not isinstance(args, Mapping):
+            raise ValueError(f"{where}.{key} is {args!r}: only W8A8 int8 (weights and input activations "
+                             "both quantized) is supported")
+        _check_keys(f"{where}.{key}", args, restricted, CT_ARGS_IGNORED)
+
+
+def _check_keys(where: str, mapping: Mapping[str, Any], restricted: Mapping[str, tuple[Any, ...]],
+                ignored: frozenset[str]) -> None:
+    for key, value in mapping.items():
+        if key in restricted:
+            if value not in restricted[key]:
+                raise ValueError(f"{where}.{key}={value!r} is not supported (supported: "
+                                 f"{', '.join(repr(v) for v in restricted[key])})")
+        elif key not in ignored:
+            raise ValueError(f"{where}.{key} is not implemented; refusing to load rather than ignore it")

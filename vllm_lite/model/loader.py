@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ from safetensors import safe_open
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
-from vllm_lite.config import ModelConfig
+from vllm_lite.config import CHECKPOINT_QUANTIZATION, ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import can_keep, keep_quantized
-from vllm_lite.model.layers.linear import LinearBase
+from vllm_lite.model.layers.linear import LinearBase, materialize
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.registry import get_model_class
 
@@ -45,31 +46,95 @@ def iterate_weights(model_dir: Path) -> Iterator[tuple[str, Any]]:
                 yield name, f.get_slice(name)
 
 
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False) -> None:
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False,
+                 int8_checkpoint: bool = False) -> None:
     """Load (checkpoint name, tensor or lazy slice) pairs from `source` (named in errors).
     `pooling` (an embedding model): the checkpoint may be the decoder alone (a `*Model`'s names,
-    without the `model.` prefix) and need not hold the LM head, which pooling never runs."""
+    without the `model.` prefix) and need not hold the LM head, which pooling never runs.
+    `int8_checkpoint` (compressed-tensors W8A8): int8 weights with their `weight_scale`s become the
+    linear layers' int8 weights (Int8Weight), as quantization="int8" makes them."""
     params = dict(model.named_parameters(remove_duplicate=False))
     if pooling:
         weights = _decoder_names(weights)
     loaded: set[str] = set()
     tied = getattr(model.config, "tie_word_embeddings", False)
     split = getattr(model, "split_checkpoint_tensor", None)
+    int8 = _Int8Checkpoint() if int8_checkpoint else None
     for name, weight in _split_fused(iter(weights), split):
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
+            continue
+        if int8 is not None and name.endswith(".weight_scale"):
+            int8.add_scale(*_map_name(model, name.removesuffix("_scale")), materialize(weight))
             continue
         target, shard_id = _map_name(model, name)
         param = params.get(target)
         if param is None:
             raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
+        if int8 is not None:
+            int8.add_weight(target, shard_id, weight)
         loader = getattr(param, "weight_loader", _default_loader)
         loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
         loaded.add(target)
+    if int8 is not None:
+        int8.use_in(model)
     loaded_tensors = {id(params[n]) for n in loaded}  # a tied weight is loaded under either name
     missing = {n for n, p in params.items() if id(p) not in loaded_tensors
                and not ((tied or pooling) and n.startswith("lm_head."))}
     if missing:
         raise ValueError(f"checkpoint in '{source}' lacks weights for: {sorted(missing)[:5]}")
+
+
+@dataclass
+class _Int8Checkpoint:
+    """What a compressed-tensors W8A8 checkpoint holds per model parameter: its shards (as the
+    weight loaders take them: shard id, whether int8, rows) and their scales. The int8 values load
+    into the float parameter exactly; `use_in` makes each all-int8 parameter int8 again and gives
+    its layer the per-row float32 scales (`int8_row_scales`, placed by the layer's own weight
+    loader: the TP slicing and the fused layers' shard offsets are the weight's), from which the
+    layer builds its Int8Weight after loading."""
+
+    shards: dict[str, list[tuple[Any, bool, int]]] = field(default_factory=dict)
+    scales: dict[str, dict[Any, torch.Tensor]] = field(default_factory=dict)
+
+    def add_weight(self, target: str, shard_id: Any, weight: Any) -> None:
+        dtype = weight.dtype if isinstance(weight, torch.Tensor) else weight.get_dtype()
+        rows = weight.shape[0] if isinstance(weight, torch.Tensor) else weight.get_shape()[0]
+        self.shards.setdefault(target, []).append((shard_id, dtype in (torch.int8, "I8"), rows))
+
+    def add_scale(self, target: str, shard_id: Any, scale: torch.Tensor) -> None:
+        self.scales.setdefault(target, {})[shard_id] = scale.float().reshape(-1)
+
+    def use_in(self, model: nn.Module) -> None:
+        modules = dict(model.named_modules())
+        orphans = sorted(set(self.scales) - set(self.shards))
+        if orphans:
+            raise ValueError(f"checkpoint: {orphans[0]}_scale has no weight beside it")
+        for target, shards in self.shards.items():
+            int8 = [is_int8 for _, is_int8, _ in shards]
+            if not any(int8):
+                if target in self.scales:
+                    raise ValueError(f"checkpoint: {target} has a weight_scale but is not int8")
+                continue
+            module = modules.get(target.removesuffix(".weight"))
+            if not all(int8) or not isinstance(module, LinearBase):
+                what = "mixes int8 and unquantized parts" if not all(int8) else "is not a linear layer"
+                raise ValueError(f"checkpoint: {target} is int8 but {what}; int8 weights load only as "
+                                 "whole linear layers (compressed-tensors W8A8)")
+            module.int8_row_scales = self._row_scales(target, module, shards)
+            module.weight = nn.Parameter(module.weight.detach().to(torch.int8), requires_grad=False)
+
+    def _row_scales(self, target: str, module: LinearBase, shards: list[tuple[Any, bool, int]]) -> torch.Tensor:
+        scales = self.scales.get(target, {})
+        row_scales = nn.Parameter(torch.zeros(module.weight.shape[0]), requires_grad=False)
+        for shard_id, _, rows in shards:
+            scale = scales.get(shard_id)
+            if scale is None or scale.numel() not in (1, rows):
+                raise ValueError(f"checkpoint: {target} (part {shard_id}) needs a weight_scale of 1 or {rows} "
+                                 f"values, got {None if scale is None else scale.numel()}")
+            scale = scale.expand(rows).contiguous()  # (a tensor-wise scale: the same for every row)
+            module.weight_loader(row_scales, scale, shard_id) if shard_id is not None else module.weight_loader(
+                row_scales, scale)
+        return row_scales.data
 
 
 def _decoder_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
@@ -153,7 +218,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):
             module.output_dtype = dtype
-    if model_config.quantization not in (None, "gguf"):
+    if model_config.quantization == "int8":
         quantize_model(model, model_config.quantization)
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
@@ -166,7 +231,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
         load_weights(model, iterate_weights(Path(model_config.model)), model_config.model,
-                     pooling=model_config.pooler is not None)
+                     pooling=model_config.pooler is not None,
+                     int8_checkpoint=model_config.quantization == CHECKPOINT_QUANTIZATION)
 
 
 DUMMY_WEIGHT_SEED = 1234

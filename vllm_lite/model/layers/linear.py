@@ -116,6 +116,8 @@ class LinearBase(nn.Module):
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
         self.packed_weight: PackedWeight | None = None
+        # float32 [out]: the scales of an int8 weight a quantized checkpoint loaded (model/loader.py)
+        self.int8_row_scales: torch.Tensor | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         param.data.copy_(materialize(loaded))
@@ -123,9 +125,13 @@ class LinearBase(nn.Module):
     def process_weights_after_loading(self) -> None:
         """Repack the weight for the CPU matmul where that is faster; the row-major copy is
         released (a meta tensor keeps its shape for whoever asks). A GGUF weight kept in its
-        blocks (layers/gguf_quant.py) is used as it is."""
+        blocks (layers/gguf_quant.py) is used as it is, and a checkpoint's int8 weight with its
+        scales becomes the int8 layers' Int8Weight."""
         gguf_weight = gguf_weight_of(self.weight)
-        if gguf_weight is not None:
+        if self.int8_row_scales is not None:
+            self.use_int8_weight(Int8Weight(self.weight.detach().t(), self.int8_row_scales))
+            self.int8_row_scales = None
+        elif gguf_weight is not None:
             self.packed_weight = gguf_weight
             shape = (gguf_weight.out_features, gguf_weight.in_features)
             self.weight = nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False)
@@ -134,9 +140,13 @@ class LinearBase(nn.Module):
             self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def quantize_int8(self) -> None:
-        """quantization="int8": the weight becomes int8 (layers/quantization.py), the original
-        released as in packing."""
-        self.packed_weight = Int8Weight.quantize(self.weight)
+        """quantization="int8": the weight becomes int8 (layers/quantization.py)."""
+        self.use_int8_weight(Int8Weight.quantize(self.weight))
+
+    def use_int8_weight(self, weight: Int8Weight) -> None:
+        """An int8 weight (quantized at load, or a quantized checkpoint's), the float one released
+        as in packing."""
+        self.packed_weight = weight
         self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
