@@ -337,3 +337,29 @@ def test_serve_freezes_the_start_up_heap_before_serving(engine: FakeEngine, tiny
     finally:
         gc.unfreeze()  # (this test process keeps collecting as before)
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
+
+
+def test_add_special_tokens_as_vllm(tokenizer: Any) -> None:
+    """vLLM's defaults: a completion's text prompt gets the tokenizer's special tokens, a chat's
+    templated text does not (the template writes them); either can be turned around. The tiny
+    tokenizer adds none, so a copy that puts a BOS first is served here."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    bos_tokenizer = copy.deepcopy(tokenizer)
+    bos = bos_tokenizer.bos_token
+    bos_tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, bos_tokenizer.convert_tokens_to_ids(bos))])
+    engine = FakeEngine(bos_tokenizer, max_model_len=64)
+    prompt, chat = "hello world", [{"role": "user", "content": "hello"}]
+    templated = bos_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    for add in (None, True, False):
+        extra = {} if add is None else {"add_special_tokens": add}
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, **extra}
+        assert request(engine, "POST", "/v1/completions", json=body).status_code == 200
+        assert engine.prompts[-1]["prompt_token_ids"] == bos_tokenizer.encode(prompt, add_special_tokens=add is not False)
+        body = {"model": MODEL, "messages": chat, "max_tokens": 1, **extra}
+        assert request(engine, "POST", "/v1/chat/completions", json=body).status_code == 200
+        assert engine.prompts[-1]["prompt_token_ids"] == bos_tokenizer.encode(templated, add_special_tokens=add is True)
+    assert bos_tokenizer.encode(prompt) != bos_tokenizer.encode(prompt, add_special_tokens=False)

@@ -197,6 +197,42 @@ def test_auto_parallel_calls_parsed_by_hermes(client: openai.OpenAI) -> None:
         assert all(_weather_ok(a) for a in arguments)
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(client: openai.OpenAI) -> None:
+    """vLLM's reading of `parallel_tool_calls: false` (LangChain's structured output through a
+    tool sends it): the same forced two-call text gives one call, whole and streamed."""
+    call = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "days": [1-7]\}\}</tool_call>'
+    for stream in (False, True):
+        response = client.chat.completions.create(
+            model=MODEL, messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=200, temperature=0.0,
+            stream=stream, parallel_tool_calls=False,
+            extra_body={"structured_outputs": {"regex": r"Sure\." + call + call}})
+        if stream:
+            chunks = list(response)
+            deltas = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
+            assert {d.index for d in deltas} == {0}
+            arguments = ["".join(d.function.arguments or "" for d in deltas)]
+            names = [d.function.name for d in deltas if d.function.name]
+        else:
+            calls = response.choices[0].message.tool_calls
+            arguments, names = [c.function.arguments for c in calls], [c.function.name for c in calls]
+        assert names == ["get_weather"] and _weather_ok(arguments[0])
+
+
+def test_parallel_tool_calls_false_constrains_required_to_one_call() -> None:
+    """With tool_choice "required" the calls' array is constrained to one item (vLLM's maxItems)."""
+    from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest
+    from vllm_lite.entrypoints.openai.serving_tools import constrain, plan_tools
+
+    def schema(parallel: bool | None) -> dict:
+        request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                                        tool_choice="required", parallel_tool_calls=parallel)
+        plan = plan_tools(request, ServerOptions())
+        return constrain(request.to_sampling_params(), request, plan).structured_outputs.json
+
+    assert schema(False)["maxItems"] == 1 and schema(False)["minItems"] == 1
+    assert "maxItems" not in schema(True) and "maxItems" not in schema(None)
+
+
 def test_multi_turn_with_tool_results(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=150, temperature=0.0,
                                            tool_choice={"type": "function", "function": {"name": "get_weather"}})

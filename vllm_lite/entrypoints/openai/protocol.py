@@ -72,14 +72,13 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "spaces_between_special_tokens", "add_special_tokens",
+    "spaces_between_special_tokens",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
-    "parallel_tool_calls", "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
+    "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
-    "parallel_tool_calls": (True,),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
 }
 
@@ -311,10 +310,12 @@ class _GenerationRequest(RequestModel):
 
 
 class CompletionRequest(_GenerationRequest):
-    # add_special_tokens: the prompt gets them; prompt_embeds: none given is no embeddings
-    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (True,), "prompt_embeds": (None, [])}
+    # prompt_embeds: none given is no embeddings
+    no_op_values = {**_NO_OP_VALUES, "prompt_embeds": (None, [])}
 
     prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's: the tokenizer's special tokens (BOS) around a text prompt (token ids are taken as given)
+    add_special_tokens: bool = True
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -355,15 +356,17 @@ class ChatMessage(OpenAIBaseModel):
 
 
 class ChatCompletionRequest(_GenerationRequest):
-    no_op_values = {**_NO_OP_VALUES, "add_special_tokens": (False,)}  # the template adds them
-
     messages: list[ChatMessage]
+    # vLLM's: the tokenizer's special tokens on top of what the chat template writes (off: the
+    # template writes them)
+    add_special_tokens: bool = False
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = True  # false: at most one call (vLLM: the first one parsed)
     # vLLM's extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -75,7 +75,8 @@ def templated_tools(ctx: ServingContext, request: ChatCompletionRequest) -> list
 
 
 async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> dict[str, Any]:
-    """The templated text and its token ids (the template adds the special tokens itself)."""
+    """The templated text and its token ids (the template writes the special tokens; the
+    tokenizer adds its own too only with add_special_tokens, vLLM's field)."""
     conversation = request.conversation()
     if request.truncate_prompt_tokens is None:  # a prompt to be truncated may be longer than the context
         check_prompt_chars(ctx, sum(len(message.text()) for message in request.messages), "messages")
@@ -84,7 +85,8 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
                              chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),
                              tools=templated_tools(ctx, request), documents=request.documents)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
-    prompt = await encode_prompt(ctx, text, add_special_tokens=False, param="messages", truncate=truncate)
+    prompt = await encode_prompt(ctx, text, add_special_tokens=request.add_special_tokens, param="messages",
+                                 truncate=truncate)
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt

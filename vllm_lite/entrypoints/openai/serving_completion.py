@@ -38,7 +38,8 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     check_n(ctx, request.n)
     params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
-    prompts = await engine_prompts(ctx, request.prompt, request.cache_salt, truncate)
+    prompts = await engine_prompts(ctx, request.prompt, request.cache_salt, truncate,
+                                   add_special_tokens=request.add_special_tokens)
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     for prompt in prompts:
         check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)

@@ -7,6 +7,9 @@
 | required | the output is constrained (grammar) to a JSON array of `{"name", "parameters"}`: the arguments always parse |
 | {"type": "function", "function": {"name": f}} | the output is constrained to f's parameters schema |
 
+`parallel_tool_calls: false` (vLLM's reading): at most one call, the first one parsed (with
+"required", the array is constrained to one item).
+
 Streaming sends content and each call's arguments as they are generated (tool_streaming.py);
 the finish reason is decided on the whole text, as without streaming.
 """
@@ -30,6 +33,7 @@ class ToolPlan:
     mode: str  # none | auto | required | named
     function_name: str | None = None
     parser: str | None = None
+    parallel: bool = True  # False: at most one call
 
     @property
     def parses_output(self) -> bool:
@@ -50,9 +54,9 @@ def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPl
     if choice is None or choice == "auto":
         _check(options.enable_auto_tool_choice and options.tool_call_parser is not None, "tool_choice",
                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
-        return ToolPlan("auto", parser=options.tool_call_parser)
+        return ToolPlan("auto", parser=options.tool_call_parser, parallel=request.parallel_tool_calls is not False)
     if choice == "required":
-        return ToolPlan("required")
+        return ToolPlan("required", parallel=request.parallel_tool_calls is not False)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
         else None
     _check(isinstance(name, str), "tool_choice", "tool_choice must be none, auto, required or "
@@ -69,7 +73,7 @@ def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: Tool
            f'tool_choice "{plan.mode}" cannot be combined with response_format or structured_outputs')
     try:
         if plan.mode == "required":
-            schema = required_calls_schema(request.tools)
+            schema = required_calls_schema(request.tools, single=not plan.parallel)
         else:
             schema = parameters_schema(next(function_of(t) for t in request.tools
                                             if function_of(t)["name"] == plan.function_name))
@@ -87,6 +91,11 @@ def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]],
     """(tool calls in OpenAI's shape, the remaining content) of one choice's finished text. As
     vLLM: a named call carries whatever was generated (none when nothing was), a required list
     cut by max_tokens is no call, and neither leaves content."""
+    calls, content = _all_tool_calls(plan, text)
+    return (calls if plan.parallel else calls[:1]), content
+
+
+def _all_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], str | None]:
     if plan.mode == "named":
         return ([ParsedToolCall(plan.function_name, text).to_openai()] if text.strip() else []), None
     if plan.mode == "required":

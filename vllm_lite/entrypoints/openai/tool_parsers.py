@@ -161,9 +161,10 @@ def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
     return schema if isinstance(schema, dict) and schema else {"type": "object", "properties": {}}
 
 
-def required_calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+def required_calls_schema(tools: list[dict[str, Any]], single: bool = False) -> dict[str, Any]:
     """A JSON array of one or more `{"name": <a tool>, "parameters": <its arguments>}`
-    (vLLM's form for tool_choice "required"). Each tool's `$defs` move to the array's root,
+    (vLLM's form for tool_choice "required"; `single`: exactly one, for parallel_tool_calls
+    false). Each tool's `$defs` move to the array's root,
     where its `#/$defs/...` references resolve (as vLLM does); two tools defining one name
     differently are a ValueError. The request's tools are not changed."""
     variants, defs = [], {}
@@ -179,6 +180,8 @@ def required_calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
                                         "parameters": parameters},
                          "required": ["name", "parameters"]})
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if single:
+        schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
     return schema

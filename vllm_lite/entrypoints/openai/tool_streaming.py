@@ -123,7 +123,7 @@ class ToolCallStream:
 
     def _advance_calls(self, views: list[_CallView]) -> list[ToolCallDelta]:
         pieces = []
-        for index, view in enumerate(views):
+        for index, view in enumerate(views if self.plan.parallel else views[:1]):
             if index > len(self.sent_calls) or view.name is None:
                 break  # calls are announced in order, each once its name is known
             if index == len(self.sent_calls):
