@@ -180,7 +180,7 @@ INPUTS = ("config_groups", "group_0", "input_activations")
 
 
 @pytest.mark.parametrize("config, message", [
-    (_with(("quant_method",), "awq"), "quantization_config.quant_method='awq' is not supported"),
+    (_with(("quant_method",), "fp8"), "quantization_config.quant_method='fp8' is not supported"),
     (_with(("format",), "pack-quantized"), "quantization_config.format='pack-quantized' is not supported"),
     (_with(("kv_cache_scheme",), {"num_bits": 8, "type": "float"}), "quantization_config.kv_cache_scheme="),
     (_with(("sparsity_config",), {"format": "sparse-24"}), "quantization_config.sparsity_config="),

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATION, check_config_fields, check_fallback_fields,
-                                     gemma_layer_types, implementing_architecture, resolve_model_impl, rope_type_of,
-                                     with_defaults)
+from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fields, check_fallback_fields,
+                                     check_quantization_config, gemma_layer_types, implementing_architecture,
+                                     resolve_model_impl, rope_type_of, with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.sampling_params import SamplingParams
 
@@ -39,7 +39,9 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
-QUANTIZATION_METHODS = ("int8", "gguf", CHECKPOINT_QUANTIZATION)
+QUANTIZATION_METHODS = ("int8", "gguf", *CHECKPOINT_QUANTIZATIONS)
+# vLLM's names for its faster kernels of a checkpoint's method: the same weights here
+QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # fcfs: requests in arrival order; priority: by (priority, arrival), the lowest preempted first.
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -177,7 +179,8 @@ class HFModelConfig:
             raw=dict(cfg),
             model_impl=model_impl,
             checkpoint_architecture=checkpoint_architecture,
-            quantization=CHECKPOINT_QUANTIZATION if cfg.get("quantization_config") is not None else None,
+            quantization=(check_quantization_config(cfg["quantization_config"])
+                          if cfg.get("quantization_config") is not None else None),
         )
 
     @property
@@ -641,12 +644,14 @@ class EngineArgs:
                                      f"got {self.dtype!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        _check(self.quantization is None or self.quantization in QUANTIZATION_METHODS,
-               f"quantization must be one of {QUANTIZATION_METHODS} or None, got {self.quantization!r}")
-        _check(self.quantization is None or device == "cpu",
+        quantization = QUANTIZATION_ALIASES.get(self.quantization, self.quantization)
+        _check(quantization is None or quantization in QUANTIZATION_METHODS,
+               f"quantization must be one of {QUANTIZATION_METHODS} (or vLLM's {', '.join(QUANTIZATION_ALIASES)}) "
+               f"or None, got {self.quantization!r}")
+        _check(quantization is None or device == "cpu",
                f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
-        quantization = _resolve_checkpoint_quantization(self.quantization, hf.quantization, device)
-        if quantization in ("int8", CHECKPOINT_QUANTIZATION):
+        quantization = _resolve_checkpoint_quantization(quantization, hf.quantization, device)
+        if quantization in ("int8", "compressed-tensors"):
             _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
@@ -1024,15 +1029,15 @@ def _warn_int8_without_dot_products() -> None:
 
 
 def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None, device: str) -> str | None:
-    """A checkpoint quantized already (compressed-tensors W8A8 int8) implies its method, as vLLM
-    infers it from config.json; asking for another, or for it without one, is refused."""
+    """A checkpoint quantized already (compressed-tensors W8A8 int8, AWQ, GPTQ) implies its method,
+    as vLLM infers it from config.json; asking for another, or for it without one, is refused."""
     if checkpoint is None:
-        _check(quantization != CHECKPOINT_QUANTIZATION, f"quantization={quantization!r} needs a checkpoint "
-               "whose config.json has a compressed-tensors quantization_config")
+        _check(quantization not in CHECKPOINT_QUANTIZATIONS, f"quantization={quantization!r} needs a checkpoint "
+               f"whose config.json has a {quantization} quantization_config")
         return quantization
     _check(quantization in (None, checkpoint), f"quantization={quantization!r}: the checkpoint is quantized "
            f"already (config.json quantization_config: {checkpoint}); leave quantization unset")
-    _check(device == "cpu", f"the checkpoint's {checkpoint} int8 weights run on CPU only (device is {device!r})")
+    _check(device == "cpu", f"the checkpoint's {checkpoint} weights run on CPU only here (device is {device!r})")
     return checkpoint
 
 

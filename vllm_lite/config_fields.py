@@ -51,7 +51,7 @@ COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "add_cross_attention": (False,),
     "cross_attention_hidden_size": (None,),
     "tie_encoder_decoder": (False,),
-    # quantized checkpoints: only compressed-tensors W8A8 int8, by native implementations
+    # quantized checkpoints: compressed-tensors W8A8 int8, AWQ and GPTQ, by native implementations
     # (check_quantization_config); the transformers fallback loads none
     "quantization_config": (None,),
 }
@@ -325,7 +325,7 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
 
 
 
-# A checkpoint's `quantization_config` this engine loads: compressed-tensors' W8A8 int8 (vLLM's
+# A checkpoint's `quantization_config` this engine loads. compressed-tensors' W8A8 int8 (vLLM's
 # CompressedTensorsW8A8Int8 with dynamic per-token activations), run by the int8 linear layers
 # that quantization="int8" uses. Every key is classified as everywhere else: one that changes the
 # math is accepted at the listed values only, metadata is ignored, an unknown key is refused.
@@ -348,27 +348,60 @@ CT_INPUTS: Mapping[str, tuple[Any, ...]] = {
 }
 CT_ARGS_IGNORED = frozenset({"observer", "observer_kwargs", "scale_dtype", "zp_dtype"})  # calibration, storage
 CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations", "format"})
-CHECKPOINT_QUANTIZATION = "compressed-tensors"
+
+# AWQ (AutoAWQ's GEMM packing) and GPTQ (AutoGPTQ / GPTQModel) 4-bit checkpoints, W4A16: their
+# weights are dequantized at load (model/layers/wna16.py). The math-changing keys are restricted;
+# the quantizer's own settings (calibration, kernels, fusing) are ignored.
+AWQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "bits": (4,), "zero_point": (True,), "version": ("gemm", "GEMM"),
+}
+AWQ_IGNORED = frozenset({"quant_method", "group_size", "modules_to_not_convert", "backend", "do_fuse",
+                         "fuse_max_seq_len", "modules_to_fuse", "exllama_config"})
+GPTQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "bits": (4, 8), "sym": (True, False), "checkpoint_format": ("gptq", "gptq_v2"), "format": ("gptq", "gptq_v2"),
+    "lm_head": (False,), "pack_dtype": ("int32",),
+}
+GPTQ_IGNORED = frozenset({
+    "quant_method", "group_size", "desc_act", "static_groups", "damp_percent", "damp_auto_increment",
+    "true_sequential", "model_name_or_path", "model_file_base_name", "dataset", "tokenizer", "use_exllama",
+    "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize", "batch_size",
+    "pad_token_id", "use_cuda_fp16", "module_name_preceding_first_block", "block_name_to_quantize", "backend",
+    "meta", "mse", "quantizer", "is_marlin_format", "use_marlin"})
+CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq")
 
 
 def check_quantization_config(config: Any) -> str:
-    """The quantization method a checkpoint's `quantization_config` needs ("compressed-tensors"),
-    or ValueError naming the first key (as config.json's path) this engine does not run."""
+    """The quantization method a checkpoint's `quantization_config` needs (one of
+    CHECKPOINT_QUANTIZATIONS), or ValueError naming the first key (as config.json's path) this
+    engine does not run."""
     where = "config.json: quantization_config"
     if not isinstance(config, Mapping):
         raise ValueError(f"{where} must be a mapping, got {config!r}")
     method = config.get("quant_method")
-    if method != CHECKPOINT_QUANTIZATION:
-        raise ValueError(f"{where}.quant_method={method!r} is not supported: quantized checkpoints load "
-                         "only as compressed-tensors W8A8 int8 (int8 weights per channel or tensor, "
-                         "activations quantized per token at run time)")
+    if method == "awq":
+        _check_keys(where, config, AWQ_RESTRICTED, AWQ_IGNORED)
+        _check_group_size(where, config.get("group_size"))
+        return method
+    if method == "gptq":
+        _check_keys(where, config, GPTQ_RESTRICTED, GPTQ_IGNORED)
+        _check_group_size(where, config.get("group_size"))
+        return method
+    if method != "compressed-tensors":
+        raise ValueError(f"{where}.quant_method={method!r} is not supported (supported: compressed-tensors W8A8 "
+                         "int8, AWQ and GPTQ 4-bit)")
     _check_keys(where, config, CT_TOP_RESTRICTED, CT_TOP_IGNORED)
     groups = config.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise ValueError(f"{where}.config_groups must name at least one group, got {groups!r}")
     for name, group in groups.items():
         _check_group(f"{where}.config_groups.{name}", group)
-    return CHECKPOINT_QUANTIZATION
+    return method
+
+
+def _check_group_size(where: str, group_size: Any) -> None:
+    if not (isinstance(group_size, int) and (group_size > 0 or group_size == -1)):
+        raise ValueError(f"{where}.group_size must be a positive integer or -1 (one group a row), got "
+                         f"{group_size!r}")
 
 
 def _check_group(where: str, group: Any) -> None:

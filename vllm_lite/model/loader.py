@@ -1,5 +1,7 @@
 """Build a model from a Hugging Face folder: safetensors (single file or sharded index), mapped
 onto fused parameters through each parameter's `weight_loader`; each rank reads only its slice.
+Quantized checkpoints: compressed-tensors W8A8 int8 weights become int8 layers (`_Int8Checkpoint`);
+AWQ / GPTQ weights are dequantized as they are read (layers/wna16.py).
 With `quantization="gguf"` the weights come from the GGUF file itself, its Q4_1 / Q8_0 tensors
 kept in their blocks (layers/gguf_quant.py)."""
 
@@ -16,12 +18,13 @@ from safetensors import safe_open
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
-from vllm_lite.config import CHECKPOINT_QUANTIZATION, ModelConfig
+from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, materialize
 from vllm_lite.model.layers.quantization import quantize_model
+from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights
 from vllm_lite.model.registry import get_model_class
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -230,9 +233,11 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
     if model_config.quantization == "gguf":
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
-        load_weights(model, iterate_weights(Path(model_config.model)), model_config.model,
-                     pooling=model_config.pooler is not None,
-                     int8_checkpoint=model_config.quantization == CHECKPOINT_QUANTIZATION)
+        weights = iterate_weights(Path(model_config.model))
+        if model_config.quantization in ("awq", "gptq"):
+            weights = dequantized_weights(weights, WNA16Scheme.of(model_config.hf.raw["quantization_config"]))
+        load_weights(model, weights, model_config.model, pooling=model_config.pooler is not None,
+                     int8_checkpoint=model_config.quantization == "compressed-tensors")
 
 
 DUMMY_WEIGHT_SEED = 1234

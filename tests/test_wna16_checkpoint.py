@@ -1,0 +1,172 @@
+"""AWQ and GPTQ checkpoints, written here from the tiny models by the packers' own rules (AutoAWQ's
+GEMM order; AutoGPTQ's packing along the input, its v1 zero points stored minus one, act-order's
+g_idx), read back as the float weights they stand for. The reference is each tiny model with its
+linear weights replaced by exactly those values, (q - z) * s: tokens and logprobs must be
+identical, so any packing, order, group or zero-point slip shows.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from llm_factory import make_llm
+from test_int8_checkpoint import LINEAR_NAMES, _run
+
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: word position k holds column AWQ_PACK_ORDER[k]
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm",
+              "modules_to_not_convert": None}
+GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": False,
+               "damp_percent": 0.01, "static_groups": False, "true_sequential": True, "checkpoint_format": "gptq",
+               "lm_head": False, "model_name_or_path": None, "model_file_base_name": None}
+
+
+def _quantize(weight: torch.Tensor, bits: int, groups: torch.Tensor, num_groups: int, sym: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [in, out], zeros [groups, out] (int), scales [groups, out] (fp16) of w [out, in]."""
+    w = weight.float().t().contiguous()  # [in, out]
+    top = (1 << bits) - 1
+    scales, zeros = [], []
+    for g in range(num_groups):
+        rows = w[groups == g]
+        if sym:
+            scale = (rows.abs().amax(0) / ((top + 1) // 2 - 1)).clamp_min(1e-4).half()
+            zero = torch.full_like(scale, (top + 1) // 2, dtype=torch.int32)
+        else:
+            low, high = rows.amin(0).clamp(max=0), rows.amax(0).clamp(min=0)
+            scale = ((high - low) / top).clamp_min(1e-4).half()
+            zero = torch.round(-low / scale.float()).clamp(1, top).to(torch.int32)  # (>= 1: v1 stores z - 1)
+        scales.append(scale)
+        zeros.append(zero)
+    scales, zeros = torch.stack(scales), torch.stack(zeros)
+    q = (torch.round(w / scales[groups].float()) + zeros[groups]).clamp(0, top).to(torch.int32)
+    return q, zeros, scales
+
+
+def _pack_along_input(values: torch.Tensor, bits: int) -> torch.Tensor:
+    per_word = 32 // bits
+    words = values.view(values.shape[0] // per_word, per_word, values.shape[1])
+    return sum(words[:, k, :] << (bits * k) for k in range(per_word)).to(torch.int32).contiguous()
+
+
+def _pack_along_output(values: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    per_word = 32 // bits
+    order = order or tuple(range(per_word))
+    words = values.view(values.shape[0], values.shape[1] // per_word, per_word)
+    return sum(words[:, :, order[k]] << (bits * k) for k in range(per_word)).to(torch.int32).contiguous()
+
+
+def write_quantized(model_dir: Path, out_dir: Path, config: dict[str, Any], act_order: bool = False
+                    ) -> tuple[Path, Path]:
+    """(the quantized checkpoint, the float checkpoint of the weights it stands for)."""
+    method, bits, group = config["quant_method"], config["bits"], config["group_size"]
+    sym = config.get("sym", False)
+    quantized_dir, float_dir = out_dir / method, out_dir / f"{method}-float"
+    for directory in (quantized_dir, float_dir):
+        shutil.copytree(model_dir, directory)
+        for path in directory.glob("*.safetensors"):
+            path.unlink()
+        (directory / "model.safetensors.index.json").unlink(missing_ok=True)
+    tensors = {name: t for path in sorted(model_dir.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
+    quantized, dequantized = {}, {}
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in tensors.items():
+        prefix, _, kind = name.rpartition(".")
+        if prefix.rpartition(".")[2] not in LINEAR_NAMES or kind != "weight":
+            quantized[name] = dequantized[name] = tensor
+            continue
+        in_features = tensor.shape[1]
+        num_groups = in_features // group
+        groups = torch.arange(in_features) // group
+        if act_order:  # GPTQ's act-order: groups follow a permutation of the input features
+            groups = groups[torch.argsort(torch.randperm(in_features, generator=generator))]
+        q, zeros, scales = _quantize(tensor, bits, groups, num_groups, sym)
+        dequantized[name] = ((q - zeros[groups]).float() * scales[groups].float()).t().contiguous()
+        if method == "awq":
+            quantized[f"{prefix}.qweight"] = _pack_along_output(q, 4, AWQ_PACK_ORDER)
+            quantized[f"{prefix}.qzeros"] = _pack_along_output(zeros, 4, AWQ_PACK_ORDER)
+        else:
+            stored = zeros - 1 if config.get("checkpoint_format", "gptq") == "gptq" else zeros
+            quantized[f"{prefix}.qweight"] = _pack_along_input(q, bits)
+            quantized[f"{prefix}.qzeros"] = _pack_along_output(stored, bits)
+            quantized[f"{prefix}.g_idx"] = groups.to(torch.int32)
+        quantized[f"{prefix}.scales"] = scales.contiguous()
+    save_file(quantized, str(quantized_dir / "model.safetensors"))
+    save_file(dequantized, str(float_dir / "model.safetensors"))
+    raw = json.loads((quantized_dir / "config.json").read_text())
+    raw["quantization_config"] = config
+    (quantized_dir / "config.json").write_text(json.dumps(raw))
+    return quantized_dir, float_dir
+
+
+@pytest.mark.parametrize("name, config, act_order", [
+    ("tiny_llama", AWQ_CONFIG, False),
+    ("tiny_phi3", AWQ_CONFIG, False),  # fused qkv / gate_up tensors, split after dequantizing
+    ("tiny_qwen2", GPTQ_CONFIG, False),  # q / k / v biases beside the quantized weights
+    ("tiny_llama", GPTQ_CONFIG, True),
+    ("tiny_llama", {**GPTQ_CONFIG, "sym": True, "bits": 8}, False),
+    ("tiny_llama", {**GPTQ_CONFIG, "checkpoint_format": "gptq_v2", "desc_act": True}, True),
+])
+def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dict[str, Any], act_order: bool,
+                                                          request: pytest.FixtureRequest, tmp_path: Path,
+                                                          prompts_token_ids: list[list[int]]) -> None:
+    quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config, act_order)
+    prompts = prompts_token_ids[:4]
+    assert _run(quantized, prompts) == _run(dequantized, prompts)
+
+
+def test_tensor_parallel_slices_the_dequantized_weights(tiny_llama: Path, tmp_path: Path,
+                                                        prompts_token_ids: list[list[int]]) -> None:
+    quantized, dequantized = write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)
+    tp2 = {"tensor_parallel_size": 2, "multiprocess": True}
+    prompts = prompts_token_ids[:2]
+    assert _run(quantized, prompts, **tp2) == _run(dequantized, prompts, **tp2)
+
+
+def _config(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    config = copy.deepcopy(base)
+    config.update(changes)
+    return config
+
+
+@pytest.mark.parametrize("config, message", [
+    (_config(AWQ_CONFIG, version="gemv"), "quantization_config.version='gemv' is not supported"),
+    (_config(AWQ_CONFIG, zero_point=False), "quantization_config.zero_point=False is not supported"),
+    (_config(AWQ_CONFIG, bits=3), "quantization_config.bits=3 is not supported"),
+    (_config(AWQ_CONFIG, group_size=0), "quantization_config.group_size must be a positive integer or -1"),
+    (_config(GPTQ_CONFIG, bits=3), "quantization_config.bits=3 is not supported"),
+    (_config(GPTQ_CONFIG, lm_head=True), "quantization_config.lm_head=True is not supported"),
+    (_config(GPTQ_CONFIG, checkpoint_format="marlin"), "quantization_config.checkpoint_format='marlin'"),
+    (_config(GPTQ_CONFIG, quantize_everything_twice=True), "quantization_config.quantize_everything_twice is not"),
+    (_config(GPTQ_CONFIG, quant_method="bitsandbytes"), "quantization_config.quant_method='bitsandbytes' is not"),
+])
+def test_what_this_engine_does_not_run_is_refused_by_name(tiny_llama: Path, tmp_path: Path, config: dict[str, Any],
+                                                          message: str) -> None:
+    import re
+
+    quantized, _ = write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)
+    raw = json.loads((quantized / "config.json").read_text())
+    raw["quantization_config"] = config
+    (quantized / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=f"config.json: .*{re.escape(message)}"):
+        make_llm(quantized, device="cpu")
+
+
+def test_the_quantization_argument_and_a_missing_part(tiny_llama: Path, tmp_path: Path) -> None:
+    quantized, _ = write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)
+    make_llm(quantized, device="cpu", quantization="awq_marlin").shutdown()  # vLLM's name for its kernel
+    with pytest.raises(ValueError, match="quantization='gptq': the checkpoint is quantized already"):
+        make_llm(quantized, device="cpu", quantization="gptq")
+    tensors = load_file(str(quantized / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("down_proj.qzeros"))
+    del tensors[name]
+    save_file(tensors, str(quantized / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"down_proj lacks \['qzeros'\] beside its other awq tensors"):
+        make_llm(quantized, device="cpu")
