@@ -180,7 +180,7 @@ INPUTS = ("config_groups", "group_0", "input_activations")
 
 
 @pytest.mark.parametrize("config, message", [
-    (_with(("quant_method",), "fp8"), "quantization_config.quant_method='fp8' is not supported"),
+    (_with(("quant_method",), "bitsandbytes"), "quantization_config.quant_method='bitsandbytes' is not supported"),
     (_with(("format",), "pack-quantized"), "quantization_config.format='pack-quantized' is not supported"),
     (_with(("kv_cache_scheme",), {"num_bits": 8, "type": "float"}), "quantization_config.kv_cache_scheme="),
     (_with(("sparsity_config",), {"format": "sparse-24"}), "quantization_config.sparsity_config="),
@@ -193,7 +193,8 @@ INPUTS = ("config_groups", "group_0", "input_activations")
     (_with(INPUTS + ("strategy",), "tensor"), "config_groups.group_0.input_activations.strategy='tensor'"),
     (_with(INPUTS + ("symmetric",), False), "config_groups.group_0.input_activations.symmetric=False"),
     (_with(INPUTS + ("type",), "float"), "config_groups.group_0.input_activations.type='float'"),
-    (_with(INPUTS, None), "config_groups.group_0.input_activations is None: only W8A8 int8"),
+    (_with(INPUTS, None), "config_groups.group_0.input_activations is None: int8 is supported as W8A8 only"),
+    (_with(("format",), "float-quantized"), "quantization_config: format 'float-quantized' and the groups' weight"),
     (_with(("config_groups", "group_0", "output_activations"), {"num_bits": 8}), "output_activations"),
 ])
 def test_checkpoint_quantization_this_engine_does_not_run_is_refused_by_name(

@@ -330,7 +330,8 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
 # that quantization="int8" uses. Every key is classified as everywhere else: one that changes the
 # math is accepted at the listed values only, metadata is ignored, an unknown key is refused.
 CT_TOP_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
-    "format": ("int-quantized",),  # int8 tensors in the file (naive / packed / float formats are not)
+    # int8 or fp8 tensors in the file (naive / packed / sparse formats are not)
+    "format": ("int-quantized", "float-quantized"),
     "quantization_status": ("compressed",),
     "kv_cache_scheme": (None,),
     "sparsity_config": (None, {}),
@@ -346,6 +347,18 @@ CT_INPUTS: Mapping[str, tuple[Any, ...]] = {
     "num_bits": (8,), "type": ("int",), "symmetric": (True,), "strategy": ("token",),
     "dynamic": (True,), "group_size": (None,), "block_structure": (None,), "actorder": (None, False),
 }
+# compressed-tensors' FP8 (float-quantized): e4m3 weights per tensor, channel or block, read into
+# float weights at load (model/layers/fp8_weights.py); activations, whatever the scheme says, stay
+# in the model dtype (vLLM's weight-only FP8 where the hardware has no FP8 matmul).
+CT_WEIGHTS_FP8: Mapping[str, tuple[Any, ...]] = {
+    "num_bits": (8,), "type": ("float",), "symmetric": (True,), "strategy": ("tensor", "channel", "block"),
+    "dynamic": (False,), "group_size": (None,), "actorder": (None, False),
+}
+CT_INPUTS_FP8: Mapping[str, tuple[Any, ...]] = {
+    "num_bits": (8,), "type": ("float",), "symmetric": (True,), "strategy": ("token", "tensor", "group"),
+    "dynamic": (True, False), "block_structure": (None,), "actorder": (None, False),
+}
+CT_FP8_ARGS_IGNORED = frozenset({"block_structure", "group_size"})  # (checked with the strategy)
 CT_ARGS_IGNORED = frozenset({"observer", "observer_kwargs", "scale_dtype", "zp_dtype"})  # calibration, storage
 CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations", "format"})
 
@@ -367,7 +380,12 @@ GPTQ_IGNORED = frozenset({
     "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize", "batch_size",
     "pad_token_id", "use_cuda_fp16", "module_name_preceding_first_block", "block_name_to_quantize", "backend",
     "meta", "mse", "quantizer", "is_marlin_format", "use_marlin"})
-CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq")
+# quant_method "fp8" (vLLM's offline FP8, transformers' FineGrainedFP8, the FP8 releases of Qwen
+# and DeepSeek): e4m3 weights with a per-tensor `weight_scale` or `weight_scale_inv` blocks of
+# weight_block_size; read into float weights as compressed-tensors' FP8 is.
+FP8_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"activation_scheme": ("dynamic", "static"), "fmt": ("e4m3",)}
+FP8_IGNORED = frozenset({"quant_method", "ignored_layers", "modules_to_not_convert", "weight_block_size"})
+CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8")
 
 
 def check_quantization_config(config: Any) -> str:
@@ -386,16 +404,35 @@ def check_quantization_config(config: Any) -> str:
         _check_keys(where, config, GPTQ_RESTRICTED, GPTQ_IGNORED)
         _check_group_size(where, config.get("group_size"))
         return method
+    if method == "fp8":
+        _check_keys(where, config, FP8_RESTRICTED, FP8_IGNORED)
+        _check_block(f"{where}.weight_block_size", config.get("weight_block_size"))
+        return method
     if method != "compressed-tensors":
         raise ValueError(f"{where}.quant_method={method!r} is not supported (supported: compressed-tensors W8A8 "
-                         "int8, AWQ and GPTQ 4-bit)")
+                         "int8 and FP8, fp8, AWQ, GPTQ)")
     _check_keys(where, config, CT_TOP_RESTRICTED, CT_TOP_IGNORED)
     groups = config.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise ValueError(f"{where}.config_groups must name at least one group, got {groups!r}")
     for name, group in groups.items():
         _check_group(f"{where}.config_groups.{name}", group)
+    types = {compressed_tensors_type(group) for group in groups.values()}
+    if len(types) > 1 or types != {"float" if config.get("format") == "float-quantized" else "int"}:
+        raise ValueError(f"{where}: format {config.get('format')!r} and the groups' weight types {sorted(types)} "
+                         "must agree (int-quantized: int8 groups; float-quantized: fp8 groups)")
     return method
+
+
+def compressed_tensors_type(group: Mapping[str, Any]) -> str:
+    """A compressed-tensors group's weight type: "int" (W8A8 int8) or "float" (FP8)."""
+    return group["weights"].get("type", "int")
+
+
+def _check_block(where: str, block: Any) -> None:
+    if block is not None and not (isinstance(block, (list, tuple)) and len(block) == 2
+                                  and all(isinstance(b, int) and b > 0 for b in block)):
+        raise ValueError(f"{where} must be two positive integers (rows, columns) or absent, got {block!r}")
 
 
 def _check_group_size(where: str, group_size: Any) -> None:
@@ -410,16 +447,36 @@ def _check_group(where: str, group: Any) -> None:
     unknown = sorted(set(group) - CT_GROUP_KEYS)
     if unknown:
         raise ValueError(f"{where}.{unknown[0]} is not implemented; refusing to load rather than ignore it")
-    if group.get("format") not in (None, "int-quantized"):
-        raise ValueError(f"{where}.format={group['format']!r} is not supported (supported: 'int-quantized')")
+    if group.get("format") not in (None, "int-quantized", "float-quantized"):
+        raise ValueError(f"{where}.format={group['format']!r} is not supported (supported: 'int-quantized', "
+                         "'float-quantized')")
     if group.get("output_activations") is not None:
         raise ValueError(f"{where}.output_activations is not supported (output quantization)")
+    weights = group.get("weights")
+    if isinstance(weights, Mapping) and weights.get("type") == "float":
+        _check_fp8_group(where, group)
+        return
     for key, restricted in (("weights", CT_WEIGHTS), ("input_activations", CT_INPUTS)):
         args = group.get(key)
         if not isinstance(args, Mapping):
-            raise ValueError(f"{where}.{key} is {args!r}: only W8A8 int8 (weights and input activations "
-                             "both quantized) is supported")
+            raise ValueError(f"{where}.{key} is {args!r}: int8 is supported as W8A8 only (weights and input "
+                             "activations both quantized)")
         _check_keys(f"{where}.{key}", args, restricted, CT_ARGS_IGNORED)
+
+
+def _check_fp8_group(where: str, group: Mapping[str, Any]) -> None:
+    weights = group["weights"]
+    _check_keys(f"{where}.weights", weights, CT_WEIGHTS_FP8, CT_ARGS_IGNORED | CT_FP8_ARGS_IGNORED)
+    block = weights.get("block_structure")
+    if (weights.get("strategy") == "block") != (block is not None):
+        raise ValueError(f"{where}.weights.block_structure={block!r} does not fit strategy "
+                         f"{weights.get('strategy')!r} (a block strategy needs one, others none)")
+    _check_block(f"{where}.weights.block_structure", block)
+    inputs = group.get("input_activations")
+    if inputs is not None:  # (W8A16 FP8 has none; the activations stay in the model dtype either way)
+        if not isinstance(inputs, Mapping):
+            raise ValueError(f"{where}.input_activations must be a mapping or null, got {inputs!r}")
+        _check_keys(f"{where}.input_activations", inputs, CT_INPUTS_FP8, CT_ARGS_IGNORED | CT_FP8_ARGS_IGNORED)
 
 
 def _check_keys(where: str, mapping: Mapping[str, Any], restricted: Mapping[str, tuple[Any, ...]],

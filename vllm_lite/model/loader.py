@@ -1,7 +1,7 @@
 """Build a model from a Hugging Face folder: safetensors (single file or sharded index), mapped
 onto fused parameters through each parameter's `weight_loader`; each rank reads only its slice.
 Quantized checkpoints: compressed-tensors W8A8 int8 weights become int8 layers (`_Int8Checkpoint`);
-AWQ / GPTQ weights are dequantized as they are read (layers/wna16.py).
+AWQ / GPTQ and FP8 weights are dequantized as they are read (layers/wna16.py, layers/fp8_weights.py).
 With `quantization="gguf"` the weights come from the GGUF file itself, its Q4_1 / Q8_0 tensors
 kept in their blocks (layers/gguf_quant.py)."""
 
@@ -23,6 +23,7 @@ from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGrou
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, materialize
+from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights
 from vllm_lite.model.registry import get_model_class
@@ -234,10 +235,15 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
         weights = iterate_weights(Path(model_config.model))
+        quantization_config = model_config.hf.raw.get("quantization_config")
         if model_config.quantization in ("awq", "gptq"):
-            weights = dequantized_weights(weights, WNA16Scheme.of(model_config.hf.raw["quantization_config"]))
+            weights = dequantized_weights(weights, WNA16Scheme.of(quantization_config))
+        elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
+                                                     and quantization_config["format"] == "float-quantized"):
+            weights = dequantized_fp8_weights(weights, FP8Scheme.of(quantization_config))
         load_weights(model, weights, model_config.model, pooling=model_config.pooler is not None,
-                     int8_checkpoint=model_config.quantization == "compressed-tensors")
+                     int8_checkpoint=(model_config.quantization == "compressed-tensors"
+                                      and quantization_config["format"] == "int-quantized"))
 
 
 DUMMY_WEIGHT_SEED = 1234
