@@ -116,10 +116,69 @@ def write_quantized(model_dir: Path, out_dir: Path, config: dict[str, Any], act_
 ])
 def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dict[str, Any], act_order: bool,
                                                           request: pytest.FixtureRequest, tmp_path: Path,
-                                                          prompts_token_ids: list[list[int]]) -> None:
+                                                          prompts_token_ids: list[list[int]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer dequantized (the path of layers that do not fit Q4_1 blocks, and of TP > 1)."""
+    monkeypatch.setattr("vllm_lite.model.loader.can_keep_int4", lambda *args: False)
     quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config, act_order)
     prompts = prompts_token_ids[:4]
     assert _run(quantized, prompts) == _run(dequantized, prompts)
+
+
+@pytest.mark.parametrize("name, config", [("tiny_llama", AWQ_CONFIG), ("tiny_phi3", AWQ_CONFIG),
+                                          ("tiny_qwen2", {**GPTQ_CONFIG, "group_size": 64})])
+def test_4_bit_layers_stay_in_q4_1_blocks(name: str, config: dict[str, Any], request: pytest.FixtureRequest,
+                                          tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    """On one rank, 4-bit weights in consecutive groups of a multiple of 32 features stay 4-bit
+    (GGUF's Q4_1 blocks and kernels): a sixth of float32's bytes. Their zero points become
+    fp16 minimums (m = -z * s), off by under 2^-12 of z * s, so the check is teacher-forced
+    logprobs against the exact weights (measured: mean |dlogprob| 0.0026-0.0030; a close greedy step
+    may flip on these random models)."""
+    from test_reduced_precision import greedy, teacher_forced_logprobs
+
+    from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, GGUFWeight
+    from vllm_lite.model.layers.linear import LinearBase
+    from vllm_lite.model.loader import weight_bytes
+
+    quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config)
+    prompts = prompts_token_ids
+    skip = [len(p) for p in prompts]
+    reference_llm, kept_llm = make_llm(dequantized, device="cpu"), make_llm(quantized, device="cpu")
+    try:
+        models = [llm.llm_engine.engine_core.executor.worker.model_runner.model for llm in (reference_llm, kept_llm)]
+        linears = [m for m in models[1].modules() if isinstance(m, LinearBase)]
+        assert linears and all(isinstance(m.packed_weight, GGUFWeight) and m.packed_weight.qtype == GGML_TYPE_Q4_1
+                               for m in linears)
+        assert weight_bytes(models[1]) < weight_bytes(models[0])
+        reference = greedy(reference_llm, prompts)
+        sequences = [p + r for p, r in zip(prompts, reference)]
+        diffs = [abs(a - b) for ra, rb in zip(teacher_forced_logprobs(reference_llm, sequences, skip),
+                                              teacher_forced_logprobs(kept_llm, sequences, skip))
+                 for a, b in zip(ra, rb)]
+        print(f"{name}: mean |dlogprob| {sum(diffs) / len(diffs):.5f}")
+        assert sum(diffs) / len(diffs) < 0.01, diffs
+    finally:
+        reference_llm.shutdown()
+        kept_llm.shutdown()
+
+
+def test_q4_1_blocks_hold_the_checkpoints_values() -> None:
+    """The blocks widen (GGUF's own dequantization) to (q - z) * s, up to the fp16 rounding of
+    -z * s; an AWQ layer of 2 groups of 64 features."""
+    from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, dequantize_torch
+    from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantize, q4_1_blocks
+
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(16, 128, generator=generator)
+    q, zeros, scales = _quantize(weight, 4, torch.arange(128) // 64, 2, sym=False)
+    parts = {"qweight": _pack_along_output(q, 4, AWQ_PACK_ORDER), "qzeros": _pack_along_output(zeros, 4, AWQ_PACK_ORDER),
+             "scales": scales}
+    scheme = WNA16Scheme("awq", 4)
+    exact = dequantize(scheme, parts, "layer")
+    widened = dequantize_torch(q4_1_blocks(scheme, parts, "layer"), GGML_TYPE_Q4_1)
+    step = scales.float().repeat_interleave(64, 0).t()
+    assert ((widened - exact).abs() <= step / 128).all()
+    assert not torch.equal(widened, torch.zeros_like(widened))
 
 
 def test_tensor_parallel_slices_the_dequantized_weights(tiny_llama: Path, tmp_path: Path,

@@ -21,11 +21,12 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
-from vllm_lite.model.layers.gguf_quant import can_keep, keep_quantized
+from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, materialize
 from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights
+from vllm_lite.model.layers.wna16 import can_keep as can_keep_int4
 from vllm_lite.model.registry import get_model_class
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -215,7 +216,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
         with torch.device("cpu"):
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
         if not dummy:
-            _load_checkpoint(model, model_config)
+            _load_checkpoint(model, model_config, tp)
     if dummy:
         initialize_dummy_weights(model)
     model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks keep their dtype
@@ -230,20 +231,57 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     return model
 
 
-def _load_checkpoint(model: nn.Module, model_config: ModelConfig) -> None:
+def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorParallelGroup = SINGLE_RANK) -> None:
     if model_config.quantization == "gguf":
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
         weights = iterate_weights(Path(model_config.model))
         quantization_config = model_config.hf.raw.get("quantization_config")
         if model_config.quantization in ("awq", "gptq"):
-            weights = dequantized_weights(weights, WNA16Scheme.of(quantization_config))
+            scheme = WNA16Scheme.of(quantization_config)
+            kept = _kept_int4_layers(model, Path(model_config.model), scheme) if tp.size == 1 else frozenset()
+            weights = dequantized_weights(weights, scheme, kept)
         elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
                                                      and quantization_config["format"] == "float-quantized"):
             weights = dequantized_fp8_weights(weights, FP8Scheme.of(quantization_config))
         load_weights(model, weights, model_config.model, pooling=model_config.pooler is not None,
                      int8_checkpoint=(model_config.quantization == "compressed-tensors"
                                       and quantization_config["format"] == "int-quantized"))
+
+
+def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) -> frozenset[str]:
+    """The AWQ / GPTQ layers (checkpoint prefixes) whose 4-bit weights stay in Q4_1 blocks, their
+    model parameters made block parameters (as GGUF's are): every linear layer whose checkpoint
+    parts all fit the blocks (wna16.can_keep), read from the tensors' shapes and g_idx alone.
+    One rank only, as GGUF's blocks; the others are dequantized."""
+    shapes: dict[str, tuple[int, int]] = {}
+    num_groups: dict[str, int] = {}
+    g_idx: dict[str, torch.Tensor] = {}
+    for name, tensor in iterate_weights(model_dir):
+        prefix, _, part = name.rpartition(".")
+        if part == "qweight":
+            rows, columns = tensor.get_shape()
+            shapes[prefix] = (rows, columns * 8) if scheme.method == "awq" else (rows * 32 // scheme.bits, columns)
+        elif part == "scales":
+            num_groups[prefix] = tensor.get_shape()[0]
+        elif part == "g_idx":
+            g_idx[prefix] = tensor[:]
+    split = getattr(model, "split_checkpoint_tensor", None)
+    fits: dict[str, list[bool]] = {}  # target parameter -> whether each of its parts fits
+    targets_of: dict[str, list[str]] = {}
+    for prefix, (in_features, out_features) in shapes.items():
+        names = [f"{prefix}.weight"]
+        parts = split(names[0], torch.empty(out_features, in_features, device="meta")) if split else None
+        names = [name for name, _ in parts] if parts else names
+        keep = can_keep_int4(scheme, in_features, g_idx.get(prefix), num_groups.get(prefix, 1))
+        targets_of[prefix] = [_map_name(model, name)[0] for name in names]
+        for target in targets_of[prefix]:
+            fits.setdefault(target, []).append(keep)
+    modules = dict(model.named_modules())
+    kept = {target for target, keeps in fits.items()
+            if all(keeps) and isinstance(modules.get(target.removesuffix(".weight")), LinearBase)}
+    keep_quantized(model, dict.fromkeys(kept, GGML_TYPE_Q4_1))
+    return frozenset(prefix for prefix, targets in targets_of.items() if all(t in kept for t in targets))
 
 
 DUMMY_WEIGHT_SEED = 1234

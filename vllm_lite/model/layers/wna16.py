@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 # Word position of AWQ's output column j (AutoAWQ packs columns 0, 2, 4, 6, 1, 3, 5, 7).
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
+Q4_1_BLOCK = 32  # input features per GGUF Q4_1 block
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,43 @@ def unpack(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 def dequantize(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     """The float32 `[out, in]` weight of one layer's parts (named in errors by `name`)."""
+    q, zeros, scales, groups = _decode(scheme, parts, name)
+    weight = (q - zeros[groups]).float() * scales[groups]  # [in, out]
+    return weight.t().contiguous()
+
+
+def q4_1_blocks(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """One layer's 4-bit weight as GGUF Q4_1 blocks (uint8 `[out, in / 32 * 20]`, the layout
+    layers/gguf_quant.py computes with): per 32 input features, d = s and m = -z * s, so
+    w = q * d + m. The values q are the checkpoint's; d is s exactly (fp16 either way); m is
+    -z * s rounded to fp16, off by at most 2^-12 of z * s (under 1% of a quantization step).
+    Needs consecutive groups (no act-order) of a multiple of 32 features: `can_keep`."""
+    q, zeros, scales, groups = _decode(scheme, parts, name)
+    in_features, out_features = q.shape
+    starts = groups[::Q4_1_BLOCK]  # each 32-feature block lies in one group
+    scale = scales[starts].t().half().contiguous()  # [out, blocks]
+    minimum = (-(zeros[starts].float() * scales[starts])).t().half().contiguous()
+    values = q.t().reshape(out_features, -1, Q4_1_BLOCK).to(torch.uint8)
+    nibbles = values[..., :16] | (values[..., 16:] << 4)
+    blocks = torch.cat([scale.unsqueeze(-1).view(torch.uint8), minimum.unsqueeze(-1).view(torch.uint8), nibbles],
+                       dim=-1)
+    return blocks.reshape(out_features, -1).contiguous()
+
+
+def can_keep(scheme: WNA16Scheme, in_features: int, g_idx: torch.Tensor | None, num_groups: int) -> bool:
+    """Whether a layer's weight fits Q4_1 blocks: 4 bits, and every 32-feature block inside one
+    group (consecutive groups of a multiple of 32 features)."""
+    if scheme.bits != 4 or in_features % Q4_1_BLOCK or in_features % num_groups:
+        return False
+    group_size = in_features // num_groups
+    consecutive = torch.arange(in_features) // group_size
+    return group_size % Q4_1_BLOCK == 0 and (g_idx is None or torch.equal(g_idx.long(), consecutive))
+
+
+def _decode(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values q `[in, out]`, zero points `[groups, out]`, float32 scales `[groups, out]`, each
+    input feature's group `[in]`) of one layer's parts."""
     missing = [part for part in ("qweight", "scales") if part not in parts]
     if missing or (not scheme.sym and "qzeros" not in parts):
         raise ValueError(f"checkpoint: {name} lacks {missing or ['qzeros']} beside its other {scheme.method} tensors")
@@ -80,8 +118,7 @@ def dequantize(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str) -
     if scales.shape[1] != out_features or zeros.shape[1] < out_features:
         raise ValueError(f"checkpoint: {name} scales / qzeros {tuple(scales.shape)} / {tuple(zeros.shape)} do "
                          f"not fit its {in_features} x {out_features} weight")
-    weight = (q - zeros[groups, :out_features]).float() * scales[groups]  # [in, out]
-    return weight.t().contiguous()
+    return q, zeros[:, :out_features], scales, groups
 
 
 def _awq_columns(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -103,10 +140,13 @@ def _groups(g_idx: torch.Tensor | None, in_features: int, num_groups: int, name:
     return torch.arange(in_features) // (in_features // num_groups)
 
 
-def dequantized_weights(weights: Iterator[tuple[str, Any]], scheme: WNA16Scheme) -> Iterator[tuple[str, Any]]:
-    """A checkpoint's tensors with each quantized layer's parts replaced by its float `weight`,
-    yielded once the whole checkpoint has been read (a layer's parts may sit in different
-    shards); the others pass through as they come."""
+def dequantized_weights(weights: Iterator[tuple[str, Any]], scheme: WNA16Scheme,
+                        kept: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
+    """A checkpoint's tensors with each quantized layer's parts replaced by its `weight`: Q4_1
+    blocks for the layers (checkpoint prefixes) in `kept`, whose parameters were made block
+    parameters beforehand (`keep_quantized`), float for the others. They are yielded once the
+    whole checkpoint has been read (a layer's parts may sit in different shards); the other
+    tensors pass through as they come."""
     layers: dict[str, dict[str, torch.Tensor]] = {}
     for name, weight in weights:
         prefix, _, part = name.rpartition(".")
@@ -115,6 +155,8 @@ def dequantized_weights(weights: Iterator[tuple[str, Any]], scheme: WNA16Scheme)
         else:
             yield name, weight
     for prefix, parts in layers.items():
-        yield f"{prefix}.weight", dequantize(scheme, parts, prefix)
-    logger.info("%s checkpoint: %d linear layers' %d-bit weights dequantized at load (memory and speed of the "
-                "unquantized model)", scheme.method.upper(), len(layers), scheme.bits)
+        convert = q4_1_blocks if prefix in kept else dequantize
+        yield f"{prefix}.weight", convert(scheme, parts, prefix)
+    logger.info("%s checkpoint: of %d linear layers' %d-bit weights, %d kept in 4-bit blocks, the others "
+                "dequantized at load (memory and speed of the unquantized model)", scheme.method.upper(),
+                len(layers), scheme.bits, len(kept & set(layers)))
