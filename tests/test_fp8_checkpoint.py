@@ -9,18 +9,15 @@ model with exactly those weights.
 from __future__ import annotations
 
 import copy
-import json
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from llm_factory import make_llm
-from test_int8_checkpoint import LINEAR_NAMES, W8A8_CONFIG, _run
+from quantized_checkpoints import assert_refused, assert_refused_without, write_quantized_pair
+from test_int8_checkpoint import W8A8_CONFIG, _run
 
 E4M3_MAX = 448.0
 BLOCK = (32, 32)
@@ -71,29 +68,17 @@ def _quantize(weight: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.
 
 
 def write_fp8(model_dir: Path, out_dir: Path, layout: str) -> tuple[Path, Path]:
+    """(the FP8 checkpoint in `layout`, the float checkpoint of the weights it stands for)."""
     config, strategy, scale_name = LAYOUTS[layout]
-    quantized_dir, float_dir = out_dir / "fp8", out_dir / "float"
-    for directory in (quantized_dir, float_dir):
-        shutil.copytree(model_dir, directory)
-        for path in directory.glob("*.safetensors"):
-            path.unlink()
-        (directory / "model.safetensors.index.json").unlink(missing_ok=True)
-    tensors = {name: t for path in sorted(model_dir.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
-    quantized, dequantized = {}, {}
-    for name, tensor in tensors.items():
-        prefix, _, kind = name.rpartition(".")
-        if prefix.rpartition(".")[2] not in LINEAR_NAMES or kind != "weight":
-            quantized[name] = dequantized[name] = tensor
-            continue
-        quantized[name], quantized[f"{prefix}.{scale_name}"], dequantized[name] = _quantize(tensor, strategy)
+
+    def pack(prefix: str, weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        q, scale, dequantized = _quantize(weight, strategy)
+        tensors = {f"{prefix}.weight": q, f"{prefix}.{scale_name}": scale}
         if config.get("activation_scheme") == "static":
-            quantized[f"{prefix}.input_scale"] = torch.tensor([0.05])
-    save_file(quantized, str(quantized_dir / "model.safetensors"))
-    save_file(dequantized, str(float_dir / "model.safetensors"))
-    raw = json.loads((quantized_dir / "config.json").read_text())
-    raw["quantization_config"] = config
-    (quantized_dir / "config.json").write_text(json.dumps(raw))
-    return quantized_dir, float_dir
+            tensors[f"{prefix}.input_scale"] = torch.tensor([0.05])
+        return tensors, dequantized
+
+    return write_quantized_pair(model_dir, out_dir, config, pack)
 
 
 @pytest.mark.parametrize("name, layout", [
@@ -144,12 +129,7 @@ WEIGHTS = ("config_groups", "group_0", "weights")
 ])
 def test_what_this_engine_does_not_run_is_refused_by_name(tiny_llama: Path, tmp_path: Path, config: dict[str, Any],
                                                           message: str) -> None:
-    quantized, _ = write_fp8(tiny_llama, tmp_path, "fp8 blocks")
-    raw = json.loads((quantized / "config.json").read_text())
-    raw["quantization_config"] = config
-    (quantized / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=f"config.json: .*{re.escape(message)}"):
-        make_llm(quantized, device="cpu")
+    assert_refused(write_fp8(tiny_llama, tmp_path, "fp8 blocks")[0], config, message)
 
 
 def test_quantization_fp8_needs_an_fp8_checkpoint_and_every_weight_its_scale(tiny_llama: Path, tmp_path: Path) -> None:
@@ -157,9 +137,4 @@ def test_quantization_fp8_needs_an_fp8_checkpoint_and_every_weight_its_scale(tin
         make_llm(tiny_llama, device="cpu", quantization="fp8")
     quantized, _ = write_fp8(tiny_llama, tmp_path, "fp8 blocks")
     make_llm(quantized, device="cpu", quantization="fp8").shutdown()
-    tensors = load_file(str(quantized / "model.safetensors"))
-    name = next(n for n in tensors if n.endswith("o_proj.weight_scale_inv"))
-    del tensors[name]
-    save_file(tensors, str(quantized / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"o_proj.weight is fp8 without a weight_scale"):
-        make_llm(quantized, device="cpu")
+    assert_refused_without(quantized, "o_proj.weight_scale_inv", r"o_proj.weight is fp8 without a weight_scale")

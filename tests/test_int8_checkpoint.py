@@ -14,8 +14,6 @@ compressed-tensors' rule (symmetric int8 per output channel or per tensor, scale
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llm_factory import make_llm
+from quantized_checkpoints import assert_refused, write_quantized_pair
 from test_reduced_precision import greedy, teacher_forced_logprobs
 from vllm_lite import LLM, SamplingParams
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
-                "gate_up_proj")
 W8A8_CONFIG: dict[str, Any] = {
     "quant_method": "compressed-tensors",
     "format": "int-quantized",
@@ -58,34 +55,16 @@ def _quantize(weight: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.
     return torch.round(w / scale).clamp(-128, 127).to(torch.int8), scale
 
 
-def write_w8a8(model_dir: Path, out_dir: Path, strategy: str = "channel", dequantized: bool = False) -> Path:
-    """`model_dir`'s checkpoint with its linear layers' weights as compressed-tensors W8A8 int8
-    (`dequantized`: the float model those int8 weights stand for, no quantization_config)."""
-    shutil.copytree(model_dir, out_dir)
-    tensors: dict[str, torch.Tensor] = {}
-    for path in sorted(out_dir.glob("*.safetensors")):
-        tensors.update(load_file(str(path)))
-        path.unlink()
-    (out_dir / "model.safetensors.index.json").unlink(missing_ok=True)
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        parts = name.rsplit(".", 2)
-        if len(parts) == 3 and parts[1] in LINEAR_NAMES and parts[2] == "weight":
-            q, scale = _quantize(tensor, strategy)
-            if dequantized:
-                out[name] = (q.float() * scale).to(tensor.dtype)
-            else:
-                out[name], out[name + "_scale"] = q, scale
-        else:
-            out[name] = tensor
-    save_file(out, str(out_dir / "model.safetensors"))
-    if not dequantized:
-        config = json.loads((out_dir / "config.json").read_text())
-        quantization = copy.deepcopy(W8A8_CONFIG)
-        quantization["config_groups"]["group_0"]["weights"]["strategy"] = strategy
-        config["quantization_config"] = quantization
-        (out_dir / "config.json").write_text(json.dumps(config))
-    return out_dir
+def write_w8a8(model_dir: Path, out_dir: Path, strategy: str = "channel") -> tuple[Path, Path]:
+    """(`model_dir`'s checkpoint with its linear layers' weights as compressed-tensors W8A8 int8,
+    the float checkpoint of the weights they stand for)."""
+    def pack(prefix: str, weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        q, scale = _quantize(weight, strategy)
+        return {f"{prefix}.weight": q, f"{prefix}.weight_scale": scale}, (q.float() * scale).to(weight.dtype)
+
+    config = copy.deepcopy(W8A8_CONFIG)
+    config["config_groups"]["group_0"]["weights"]["strategy"] = strategy
+    return write_quantized_pair(model_dir, out_dir, config, pack)
 
 
 def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
@@ -107,7 +86,7 @@ def _run(model: Path, prompts: list[list[int]], **engine_args: Any) -> list[tupl
 def test_a_per_channel_checkpoint_runs_as_quantization_int8(name: str, request: pytest.FixtureRequest,
                                                             tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     model = request.getfixturevalue(name)
-    checkpoint = write_w8a8(model, tmp_path / "w8a8")
+    checkpoint, _ = write_w8a8(model, tmp_path)
     prompts = prompts_token_ids[:4]
     loaded = make_llm(checkpoint, device="cpu")
     try:
@@ -125,7 +104,7 @@ def test_tensor_parallel_ranks_take_their_rows_of_the_scales(tiny_llama: Path, t
     the features; quantization="int8" at TP=2 differs again, its row-parallel weights scaled per
     half row), and a close step may flip a greedy token. So the check is teacher-forced, as in
     test_reduced_precision: a rank holding another's scale rows would be far off."""
-    checkpoint = write_w8a8(tiny_llama, tmp_path / "w8a8")
+    checkpoint, _ = write_w8a8(tiny_llama, tmp_path)
     prompts = prompts_token_ids[:4]
     skip = [len(p) for p in prompts]
     logprobs = []
@@ -146,8 +125,8 @@ def test_a_per_tensor_checkpoint_is_close_to_its_dequantized_weights(tiny_qwen3:
     """Teacher-forced logprobs (test_reduced_precision's check): the weights are the same numbers,
     the activations' per-token rounding is the difference. Measured 0.031 (per channel: 0.030;
     quantization="int8" against the float model: 0.039)."""
-    checkpoint = write_w8a8(tiny_qwen3, tmp_path / "w8a8", strategy="tensor")
-    reference_llm = make_llm(write_w8a8(tiny_qwen3, tmp_path / "float", strategy="tensor", dequantized=True))
+    checkpoint, dequantized = write_w8a8(tiny_qwen3, tmp_path, strategy="tensor")
+    reference_llm = make_llm(dequantized)
     int8_llm = make_llm(checkpoint, device="cpu")
     try:
         reference = greedy(reference_llm, prompts_token_ids)
@@ -199,22 +178,11 @@ INPUTS = ("config_groups", "group_0", "input_activations")
 ])
 def test_checkpoint_quantization_this_engine_does_not_run_is_refused_by_name(
         tiny_llama: Path, tmp_path: Path, config: dict[str, Any], message: str) -> None:
-    checkpoint = write_w8a8(tiny_llama, tmp_path / "w8a8")
-    raw = json.loads((checkpoint / "config.json").read_text())
-    raw["quantization_config"] = config
-    (checkpoint / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=f"config.json: .*{_escape(message)}"):
-        make_llm(checkpoint, device="cpu")
-
-
-def _escape(text: str) -> str:
-    import re
-
-    return re.escape(text)
+    assert_refused(write_w8a8(tiny_llama, tmp_path)[0], config, message)
 
 
 def test_the_quantization_argument_must_agree_with_the_checkpoint(tiny_llama: Path, tmp_path: Path) -> None:
-    checkpoint = write_w8a8(tiny_llama, tmp_path / "w8a8")
+    checkpoint, _ = write_w8a8(tiny_llama, tmp_path)
     with pytest.raises(ValueError, match="quantization='int8': the checkpoint is quantized already"):
         make_llm(checkpoint, device="cpu", quantization="int8")
     with pytest.raises(ValueError, match="quantization='compressed-tensors' needs a checkpoint whose config.json"):
@@ -226,7 +194,7 @@ def test_the_quantization_argument_must_agree_with_the_checkpoint(tiny_llama: Pa
 
 
 def test_a_checkpoint_whose_scales_do_not_match_its_weights_is_refused(tiny_llama: Path, tmp_path: Path) -> None:
-    checkpoint = write_w8a8(tiny_llama, tmp_path / "w8a8")
+    checkpoint, _ = write_w8a8(tiny_llama, tmp_path)
     tensors = load_file(str(checkpoint / "model.safetensors"))
     name = next(n for n in tensors if n.endswith("k_proj.weight"))
     tensors[name] = tensors[name].float()  # k_proj unquantized beside int8 q_proj / v_proj

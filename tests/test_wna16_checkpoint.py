@@ -8,17 +8,15 @@ identical, so any packing, order, group or zero-point slip shows.
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from llm_factory import make_llm
-from test_int8_checkpoint import LINEAR_NAMES, _run
+from quantized_checkpoints import assert_refused, assert_refused_without, write_quantized_pair
+from test_int8_checkpoint import _run
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: word position k holds column AWQ_PACK_ORDER[k]
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm",
@@ -31,7 +29,7 @@ GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": 
 def _quantize(weight: torch.Tensor, bits: int, groups: torch.Tensor, num_groups: int, sym: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [in, out], zeros [groups, out] (int), scales [groups, out] (fp16) of w [out, in]."""
-    w = weight.float().t().contiguous()  # [in, out]
+    w = weight.float().t()  # [in, out]
     top = (1 << bits) - 1
     scales, zeros = [], []
     for g in range(num_groups):
@@ -53,57 +51,38 @@ def _quantize(weight: torch.Tensor, bits: int, groups: torch.Tensor, num_groups:
 def _pack_along_input(values: torch.Tensor, bits: int) -> torch.Tensor:
     per_word = 32 // bits
     words = values.view(values.shape[0] // per_word, per_word, values.shape[1])
-    return sum(words[:, k, :] << (bits * k) for k in range(per_word)).to(torch.int32).contiguous()
+    return sum(words[:, k, :] << (bits * k) for k in range(per_word)).to(torch.int32)
 
 
 def _pack_along_output(values: torch.Tensor, bits: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     per_word = 32 // bits
     order = order or tuple(range(per_word))
     words = values.view(values.shape[0], values.shape[1] // per_word, per_word)
-    return sum(words[:, :, order[k]] << (bits * k) for k in range(per_word)).to(torch.int32).contiguous()
+    return sum(words[:, :, order[k]] << (bits * k) for k in range(per_word)).to(torch.int32)
 
 
 def write_quantized(model_dir: Path, out_dir: Path, config: dict[str, Any], act_order: bool = False
                     ) -> tuple[Path, Path]:
     """(the quantized checkpoint, the float checkpoint of the weights it stands for)."""
     method, bits, group = config["quant_method"], config["bits"], config["group_size"]
-    sym = config.get("sym", False)
-    quantized_dir, float_dir = out_dir / method, out_dir / f"{method}-float"
-    for directory in (quantized_dir, float_dir):
-        shutil.copytree(model_dir, directory)
-        for path in directory.glob("*.safetensors"):
-            path.unlink()
-        (directory / "model.safetensors.index.json").unlink(missing_ok=True)
-    tensors = {name: t for path in sorted(model_dir.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
-    quantized, dequantized = {}, {}
     generator = torch.Generator().manual_seed(0)
-    for name, tensor in tensors.items():
-        prefix, _, kind = name.rpartition(".")
-        if prefix.rpartition(".")[2] not in LINEAR_NAMES or kind != "weight":
-            quantized[name] = dequantized[name] = tensor
-            continue
-        in_features = tensor.shape[1]
-        num_groups = in_features // group
+
+    def pack(prefix: str, weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        in_features = weight.shape[1]
         groups = torch.arange(in_features) // group
         if act_order:  # GPTQ's act-order: groups follow a permutation of the input features
             groups = groups[torch.argsort(torch.randperm(in_features, generator=generator))]
-        q, zeros, scales = _quantize(tensor, bits, groups, num_groups, sym)
-        dequantized[name] = ((q - zeros[groups]).float() * scales[groups].float()).t().contiguous()
+        q, zeros, scales = _quantize(weight, bits, groups, in_features // group, config.get("sym", False))
+        dequantized = ((q - zeros[groups]).float() * scales[groups].float()).t()
         if method == "awq":
-            quantized[f"{prefix}.qweight"] = _pack_along_output(q, 4, AWQ_PACK_ORDER)
-            quantized[f"{prefix}.qzeros"] = _pack_along_output(zeros, 4, AWQ_PACK_ORDER)
-        else:
-            stored = zeros - 1 if config.get("checkpoint_format", "gptq") == "gptq" else zeros
-            quantized[f"{prefix}.qweight"] = _pack_along_input(q, bits)
-            quantized[f"{prefix}.qzeros"] = _pack_along_output(stored, bits)
-            quantized[f"{prefix}.g_idx"] = groups.to(torch.int32)
-        quantized[f"{prefix}.scales"] = scales.contiguous()
-    save_file(quantized, str(quantized_dir / "model.safetensors"))
-    save_file(dequantized, str(float_dir / "model.safetensors"))
-    raw = json.loads((quantized_dir / "config.json").read_text())
-    raw["quantization_config"] = config
-    (quantized_dir / "config.json").write_text(json.dumps(raw))
-    return quantized_dir, float_dir
+            return {f"{prefix}.qweight": _pack_along_output(q, 4, AWQ_PACK_ORDER),
+                    f"{prefix}.qzeros": _pack_along_output(zeros, 4, AWQ_PACK_ORDER),
+                    f"{prefix}.scales": scales}, dequantized
+        stored = zeros - 1 if config.get("checkpoint_format", "gptq") == "gptq" else zeros
+        return {f"{prefix}.qweight": _pack_along_input(q, bits), f"{prefix}.qzeros": _pack_along_output(stored, bits),
+                f"{prefix}.g_idx": groups.to(torch.int32), f"{prefix}.scales": scales}, dequantized
+
+    return write_quantized_pair(model_dir, out_dir, config, pack)
 
 
 @pytest.mark.parametrize("name, config, act_order", [
@@ -208,14 +187,7 @@ def _config(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
 ])
 def test_what_this_engine_does_not_run_is_refused_by_name(tiny_llama: Path, tmp_path: Path, config: dict[str, Any],
                                                           message: str) -> None:
-    import re
-
-    quantized, _ = write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)
-    raw = json.loads((quantized / "config.json").read_text())
-    raw["quantization_config"] = config
-    (quantized / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ValueError, match=f"config.json: .*{re.escape(message)}"):
-        make_llm(quantized, device="cpu")
+    assert_refused(write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)[0], config, message)
 
 
 def test_the_quantization_argument_and_a_missing_part(tiny_llama: Path, tmp_path: Path) -> None:
@@ -223,9 +195,4 @@ def test_the_quantization_argument_and_a_missing_part(tiny_llama: Path, tmp_path
     make_llm(quantized, device="cpu", quantization="awq_marlin").shutdown()  # vLLM's name for its kernel
     with pytest.raises(ValueError, match="quantization='gptq': the checkpoint is quantized already"):
         make_llm(quantized, device="cpu", quantization="gptq")
-    tensors = load_file(str(quantized / "model.safetensors"))
-    name = next(n for n in tensors if n.endswith("down_proj.qzeros"))
-    del tensors[name]
-    save_file(tensors, str(quantized / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"down_proj lacks \['qzeros'\] beside its other awq tensors"):
-        make_llm(quantized, device="cpu")
+    assert_refused_without(quantized, "down_proj.qzeros", r"down_proj lacks \['qzeros'\] beside its other awq tensors")
