@@ -98,7 +98,7 @@ def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dic
                                                           prompts_token_ids: list[list[int]],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every layer dequantized (the path of layers that do not fit Q4_1 blocks, and of TP > 1)."""
-    monkeypatch.setattr("vllm_lite.model.loader.can_keep_int4", lambda *args: False)
+    monkeypatch.setattr("vllm_lite.model.loader.fits_q4_1", lambda *args: False)
     quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config, act_order)
     prompts = prompts_token_ids[:4]
     assert _run(quantized, prompts) == _run(dequantized, prompts)

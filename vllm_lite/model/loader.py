@@ -25,8 +25,7 @@ from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_qua
 from vllm_lite.model.layers.linear import LinearBase, materialize
 from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
-from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights
-from vllm_lite.model.layers.wna16 import can_keep as can_keep_int4
+from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
 from vllm_lite.model.registry import get_model_class
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -252,7 +251,7 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
 def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) -> frozenset[str]:
     """The AWQ / GPTQ layers (checkpoint prefixes) whose 4-bit weights stay in Q4_1 blocks, their
     model parameters made block parameters (as GGUF's are): every linear layer whose checkpoint
-    parts all fit the blocks (wna16.can_keep), read from the tensors' shapes and g_idx alone.
+    parts all fit the blocks (wna16.fits_q4_1), read from the tensors' shapes and g_idx alone.
     One rank only, as GGUF's blocks; the others are dequantized."""
     shapes: dict[str, tuple[int, int]] = {}
     num_groups: dict[str, int] = {}
@@ -273,7 +272,7 @@ def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) ->
         names = [f"{prefix}.weight"]
         parts = split(names[0], torch.empty(out_features, in_features, device="meta")) if split else None
         names = [name for name, _ in parts] if parts else names
-        keep = can_keep_int4(scheme, in_features, g_idx.get(prefix), num_groups.get(prefix, 1))
+        keep = fits_q4_1(scheme, in_features, g_idx.get(prefix), num_groups.get(prefix, 1))
         targets_of[prefix] = [_map_name(model, name)[0] for name in names]
         for target in targets_of[prefix]:
             fits.setdefault(target, []).append(keep)

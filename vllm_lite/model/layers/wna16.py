@@ -72,7 +72,7 @@ def q4_1_blocks(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str) 
     layers/gguf_quant.py computes with): per 32 input features, d = s and m = -z * s, so
     w = q * d + m. The values q are the checkpoint's; d is s exactly (fp16 either way); m is
     -z * s rounded to fp16, off by at most 2^-12 of z * s (under 1% of a quantization step).
-    Needs consecutive groups (no act-order) of a multiple of 32 features: `can_keep`."""
+    Needs consecutive groups (no act-order) of a multiple of 32 features: `fits_q4_1`."""
     q, zeros, scales, groups = _decode(scheme, parts, name)
     in_features, out_features = q.shape
     starts = groups[::Q4_1_BLOCK]  # each 32-feature block lies in one group
@@ -85,7 +85,7 @@ def q4_1_blocks(scheme: WNA16Scheme, parts: dict[str, torch.Tensor], name: str) 
     return blocks.reshape(out_features, -1).contiguous()
 
 
-def can_keep(scheme: WNA16Scheme, in_features: int, g_idx: torch.Tensor | None, num_groups: int) -> bool:
+def fits_q4_1(scheme: WNA16Scheme, in_features: int, g_idx: torch.Tensor | None, num_groups: int) -> bool:
     """Whether a layer's weight fits Q4_1 blocks: 4 bits, and every 32-feature block inside one
     group (consecutive groups of a multiple of 32 features)."""
     if scheme.bits != 4 or in_features % Q4_1_BLOCK or in_features % num_groups:
