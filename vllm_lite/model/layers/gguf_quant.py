@@ -8,7 +8,7 @@ any other quantization) are dequantized to the model dtype at load as before.
 
 Compute: decode-sized batches (up to `GEMM_MAX_ROWS` rows) go through the csrc kernel, which widens
 each block to fp32 in registers and accumulates in fp32; larger batches (prefill) dequantize the
-weight once and run a float32 matmul. Activations keep the model dtype (`dtype`) outside the layer.
+weight once and run a matmul in the activations' dtype (bf16 or float32). Activations keep the model dtype (`dtype`) outside the layer.
 Without the csrc build, blocks are widened with torch ops (`dequantize_torch`).
 """
 
@@ -114,12 +114,16 @@ def dequantize(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ W.T (+ bias)` in x's dtype, fp32 inside."""
-    flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+    """`x @ W.T (+ bias)` in x's dtype: fp32 inside for decode-sized batches (the kernel) and
+    float32 inputs; a larger bf16 batch multiplies by the weight dequantized to bf16, as a bf16
+    model's weights are (3.5-4.7x faster than fp32 at 300-4,800 rows, `[1536, 576]`)."""
+    flat = x.reshape(-1, x.shape[-1])
     if flat.shape[0] <= GEMM_MAX_ROWS and ops.is_available():
-        out = ops.gguf_gemm(flat, weight.qweight, weight.qtype)
+        out = ops.gguf_gemm(flat.float().contiguous(), weight.qweight, weight.qtype)
+    elif flat.dtype == torch.bfloat16:
+        out = F.linear(flat, dequantize(weight.qweight, weight.qtype).to(torch.bfloat16))
     else:
-        out = F.linear(flat, dequantize(weight.qweight, weight.qtype))
+        out = F.linear(flat.float(), dequantize(weight.qweight, weight.qtype))
     out = out.to(x.dtype)
     if bias is not None:
         out += bias
