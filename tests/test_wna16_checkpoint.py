@@ -160,6 +160,27 @@ def test_q4_1_blocks_hold_the_checkpoints_values() -> None:
     assert not torch.equal(widened, torch.zeros_like(widened))
 
 
+def test_gptq_s_zero_biases_for_layers_without_bias_are_skipped(tiny_llama: Path, tmp_path: Path,
+                                                                prompts_token_ids: list[list[int]]) -> None:
+    """AutoGPTQ saved a bias for every quantized layer, zeros where the model has none (vLLM's
+    loaders skip them); a non-zero one would change the output, so it is refused."""
+    from safetensors.torch import load_file, save_file
+
+    quantized, _ = write_quantized(tiny_llama, tmp_path, GPTQ_CONFIG)
+    prompts = prompts_token_ids[:2]
+    without_biases = _run(quantized, prompts)
+    tensors = load_file(str(quantized / "model.safetensors"))
+    scales = [name for name in tensors if name.endswith(".scales")]
+    tensors.update({name.replace(".scales", ".bias"): torch.zeros(tensors[name].shape[1], dtype=torch.float16)
+                    for name in scales})
+    save_file(tensors, str(quantized / "model.safetensors"))
+    assert _run(quantized, prompts) == without_biases
+    tensors[scales[0].replace(".scales", ".bias")][0] = 1.0
+    save_file(tensors, str(quantized / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"checkpoint tensor '.*\.bias' has no matching model parameter"):
+        make_llm(quantized, device="cpu")
+
+
 def test_tensor_parallel_slices_the_dequantized_weights(tiny_llama: Path, tmp_path: Path,
                                                         prompts_token_ids: list[list[int]]) -> None:
     quantized, dequantized = write_quantized(tiny_llama, tmp_path, AWQ_CONFIG)

@@ -51,12 +51,15 @@ def iterate_weights(model_dir: Path) -> Iterator[tuple[str, Any]]:
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False,
-                 int8_checkpoint: bool = False) -> None:
+                 int8_checkpoint: bool = False, zero_biases_optional: bool = False) -> None:
     """Load (checkpoint name, tensor or lazy slice) pairs from `source` (named in errors).
     `pooling` (an embedding model): the checkpoint may be the decoder alone (a `*Model`'s names,
     without the `model.` prefix) and need not hold the LM head, which pooling never runs.
     `int8_checkpoint` (compressed-tensors W8A8): int8 weights with their `weight_scale`s become the
-    linear layers' int8 weights (Int8Weight), as quantization="int8" makes them."""
+    linear layers' int8 weights (Int8Weight), as quantization="int8" makes them.
+    `zero_biases_optional` (AWQ / GPTQ): a bias the model has no parameter for is skipped if it is
+    all zeros (AutoGPTQ saved one for every quantized layer, as vLLM's loaders know); any other is
+    refused as an unknown tensor."""
     params = dict(model.named_parameters(remove_duplicate=False))
     if pooling:
         weights = _decoder_names(weights)
@@ -72,6 +75,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: s
             continue
         target, shard_id = _map_name(model, name)
         param = params.get(target)
+        if param is None and zero_biases_optional and name.endswith(".bias") and not materialize(weight).any():
+            continue
         if param is None:
             raise ValueError(f"checkpoint tensor {name!r} has no matching model parameter")
         if int8 is not None:
@@ -245,7 +250,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
             weights = dequantized_fp8_weights(weights, FP8Scheme.of(quantization_config))
         load_weights(model, weights, model_config.model, pooling=model_config.pooler is not None,
                      int8_checkpoint=(model_config.quantization == "compressed-tensors"
-                                      and quantization_config["format"] == "int-quantized"))
+                                      and quantization_config["format"] == "int-quantized"),
+                     zero_biases_optional=model_config.quantization in ("awq", "gptq"))
 
 
 def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) -> frozenset[str]:
