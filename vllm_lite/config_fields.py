@@ -373,13 +373,14 @@ AWQ_IGNORED = frozenset({"quant_method", "group_size", "modules_to_not_convert",
 GPTQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "bits": (4, 8), "sym": (True, False), "checkpoint_format": ("gptq", "gptq_v2"), "format": ("gptq", "gptq_v2"),
     "lm_head": (False,), "pack_dtype": ("int32",),
+    "dynamic": (None, {}),  # GPTQModel's per-module overrides of bits / group size
 }
 GPTQ_IGNORED = frozenset({
     "quant_method", "group_size", "desc_act", "static_groups", "damp_percent", "damp_auto_increment",
     "true_sequential", "model_name_or_path", "model_file_base_name", "dataset", "tokenizer", "use_exllama",
     "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize", "batch_size",
     "pad_token_id", "use_cuda_fp16", "module_name_preceding_first_block", "block_name_to_quantize", "backend",
-    "meta", "mse", "quantizer", "is_marlin_format", "use_marlin"})
+    "meta", "mse", "quantizer", "is_marlin_format", "use_marlin", "model_seqlen", "disable_exllama"})
 # quant_method "fp8" (vLLM's offline FP8, transformers' FineGrainedFP8, the FP8 releases of Qwen
 # and DeepSeek): e4m3 weights with a per-tensor `weight_scale` or `weight_scale_inv` blocks of
 # weight_block_size; read into float weights as compressed-tensors' FP8 is.
