@@ -1,6 +1,9 @@
-"""AWQ and GPTQ checkpoints, written here from the tiny models by the packers' own rules (AutoAWQ's
-GEMM order; AutoGPTQ's packing along the input, its v1 zero points stored minus one, act-order's
-g_idx), read back as the float weights they stand for. The reference is each tiny model with its
+"""AWQ, GPTQ and compressed-tensors pack-quantized checkpoints, written here from the tiny models by
+the packers' own rules (AutoAWQ's GEMM order; AutoGPTQ's packing along the input, its v1 zero
+points stored minus one, act-order's g_idx; compressed-tensors' offset values packed along the
+input, zero points along the output), read back as the float weights they stand for. The
+compressed-tensors reading is also checked against the library's own packing and unpacking
+(tests/data, written by tools/make_ct_pack_fixture.py). The reference is each tiny model with its
 linear weights replaced by exactly those values, (q - z) * s: tokens and logprobs must be
 identical, so any packing, order, group or zero-point slip shows.
 """
@@ -85,6 +88,53 @@ def write_quantized(model_dir: Path, out_dir: Path, config: dict[str, Any], act_
     return write_quantized_pair(model_dir, out_dir, config, pack)
 
 
+# compressed-tensors' W4A16 preset as the library (0.17) writes it, group size 32 for the tiny models
+CT_W4A16_CONFIG = {
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 4, "type": "int", "symmetric": True, "group_size": 32, "strategy": "group",
+                    "block_structure": None, "dynamic": False, "actorder": None, "scale_dtype": None,
+                    "zp_dtype": None, "observer": "memoryless_minmax", "observer_kwargs": {}},
+        "input_activations": None, "output_activations": None, "format": None}},
+    "quant_method": "compressed-tensors", "kv_cache_scheme": None, "format": "pack-quantized",
+    "quantization_status": "compressed", "global_compression_ratio": None, "ignore": ["lm_head"]}
+
+
+def _ct_config(symmetric: bool = True, bits: int = 4, strategy: str = "group",
+               actorder: str | None = None) -> dict[str, Any]:
+    config = copy.deepcopy(CT_W4A16_CONFIG)
+    config["config_groups"]["group_0"]["weights"].update(
+        num_bits=bits, symmetric=symmetric, strategy=strategy, actorder=actorder,
+        group_size=32 if strategy == "group" else None)
+    return config
+
+
+def write_compressed_tensors(model_dir: Path, out_dir: Path, config: dict[str, Any]) -> tuple[Path, Path]:
+    """compressed-tensors stores a signed value v as v + 2^(bits-1) and a signed zero point the
+    same way: exactly the unsigned q and z of `_quantize` (its symmetric zero is 2^(bits-1))."""
+    weights = config["config_groups"]["group_0"]["weights"]
+    bits, symmetric = weights["num_bits"], weights["symmetric"]
+    generator = torch.Generator().manual_seed(0)
+
+    def pack(prefix: str, weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        in_features = weight.shape[1]
+        group = weights["group_size"] or in_features
+        groups = torch.arange(in_features) // group
+        if weights["actorder"] == "group":
+            groups = groups[torch.argsort(torch.randperm(in_features, generator=generator))]
+        q, zeros, scales = _quantize(weight, bits, groups, in_features // group, symmetric)
+        dequantized = ((q - zeros[groups]).float() * scales[groups].float()).t()
+        tensors = {f"{prefix}.weight_packed": _pack_along_input(q.contiguous(), bits).t(),
+                   f"{prefix}.weight_scale": scales.t(), f"{prefix}.weight_shape": torch.tensor(list(weight.shape))}
+        if not symmetric:  # signed zero points, stored with the values' offset, packed along the output
+            tensors[f"{prefix}.weight_zero_point"] = _pack_along_input(zeros.t().contiguous(), bits)
+        if weights["actorder"] == "group":
+            tensors[f"{prefix}.weight_g_idx"] = groups.to(torch.int32)
+        return tensors, dequantized
+
+    return write_quantized_pair(model_dir, out_dir, config, pack)
+
+
 @pytest.mark.parametrize("name, config, act_order", [
     ("tiny_llama", AWQ_CONFIG, False),
     ("tiny_phi3", AWQ_CONFIG, False),  # fused qkv / gate_up tensors, split after dequantizing
@@ -92,6 +142,10 @@ def write_quantized(model_dir: Path, out_dir: Path, config: dict[str, Any], act_
     ("tiny_llama", GPTQ_CONFIG, True),
     ("tiny_llama", {**GPTQ_CONFIG, "sym": True, "bits": 8}, False),
     ("tiny_llama", {**GPTQ_CONFIG, "checkpoint_format": "gptq_v2", "desc_act": True}, True),
+    ("tiny_llama", _ct_config(), False),
+    ("tiny_qwen2", _ct_config(symmetric=False, strategy="channel"), False),
+    ("tiny_phi3", _ct_config(symmetric=False, bits=8), False),
+    ("tiny_llama", _ct_config(actorder="group"), True),
 ])
 def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dict[str, Any], act_order: bool,
                                                           request: pytest.FixtureRequest, tmp_path: Path,
@@ -99,13 +153,14 @@ def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dic
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every layer dequantized (the path of layers that do not fit Q4_1 blocks, and of TP > 1)."""
     monkeypatch.setattr("vllm_lite.model.loader.fits_q4_1", lambda *args: False)
-    quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config, act_order)
+    quantized, dequantized = _write(request.getfixturevalue(name), tmp_path, config, act_order)
     prompts = prompts_token_ids[:4]
     assert _run(quantized, prompts) == _run(dequantized, prompts)
 
 
 @pytest.mark.parametrize("name, config", [("tiny_llama", AWQ_CONFIG), ("tiny_phi3", AWQ_CONFIG),
-                                          ("tiny_qwen2", {**GPTQ_CONFIG, "group_size": 64})])
+                                          ("tiny_qwen2", {**GPTQ_CONFIG, "group_size": 64}),
+                                          ("tiny_qwen3", _ct_config(symmetric=False))])
 def test_4_bit_layers_stay_in_q4_1_blocks(name: str, config: dict[str, Any], request: pytest.FixtureRequest,
                                           tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     """On one rank, 4-bit weights in consecutive groups of a multiple of 32 features stay 4-bit
@@ -119,7 +174,7 @@ def test_4_bit_layers_stay_in_q4_1_blocks(name: str, config: dict[str, Any], req
     from vllm_lite.model.layers.linear import LinearBase
     from vllm_lite.model.loader import weight_bytes
 
-    quantized, dequantized = write_quantized(request.getfixturevalue(name), tmp_path, config)
+    quantized, dequantized = _write(request.getfixturevalue(name), tmp_path, config)
     prompts = prompts_token_ids
     skip = [len(p) for p in prompts]
     reference_llm, kept_llm = make_llm(dequantized, device="cpu"), make_llm(quantized, device="cpu")
@@ -141,6 +196,28 @@ def test_4_bit_layers_stay_in_q4_1_blocks(name: str, config: dict[str, Any], req
         kept_llm.shutdown()
 
 
+def _write(model_dir: Path, out_dir: Path, config: dict[str, Any], act_order: bool = False) -> tuple[Path, Path]:
+    if config["quant_method"] == "compressed-tensors":
+        return write_compressed_tensors(model_dir, out_dir, config)
+    return write_quantized(model_dir, out_dir, config, act_order)
+
+
+@pytest.mark.parametrize("case", ["sym4_g32", "asym4_g32", "asym4_channel", "sym8_g64", "sym4_g32_actorder"])
+def test_compressed_tensors_packing_is_read_as_the_library_unpacks_it(case: str) -> None:
+    """tests/data holds layers packed by compressed-tensors' own compressor and its own
+    decompression of them (tools/make_ct_pack_fixture.py): the same floats, bit for bit."""
+    from safetensors.torch import load_file
+
+    from vllm_lite.model.layers.wna16 import PART_NAMES, WNA16Scheme, dequantize
+
+    stored = load_file(str(Path(__file__).parent / "data" / "compressed_tensors_pack_quantized.safetensors"))
+    roles = PART_NAMES["compressed-tensors"]
+    parts = {roles[key.split(".", 1)[1]]: value for key, value in stored.items()
+             if key.startswith(f"{case}.") and key.split(".", 1)[1] in roles}
+    scheme = WNA16Scheme("compressed-tensors", 8 if case.startswith("sym8") else 4, sym=case.startswith("sym"))
+    assert torch.equal(dequantize(scheme, parts, case), stored[f"{case}.reference"])
+
+
 def test_q4_1_blocks_hold_the_checkpoints_values() -> None:
     """The blocks widen (GGUF's own dequantization) to (q - z) * s, up to the fp16 rounding of
     -z * s; an AWQ layer of 2 groups of 64 features."""
@@ -150,7 +227,7 @@ def test_q4_1_blocks_hold_the_checkpoints_values() -> None:
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(16, 128, generator=generator)
     q, zeros, scales = _quantize(weight, 4, torch.arange(128) // 64, 2, sym=False)
-    parts = {"qweight": _pack_along_output(q, 4, AWQ_PACK_ORDER), "qzeros": _pack_along_output(zeros, 4, AWQ_PACK_ORDER),
+    parts = {"values": _pack_along_output(q, 4, AWQ_PACK_ORDER), "zeros": _pack_along_output(zeros, 4, AWQ_PACK_ORDER),
              "scales": scales}
     scheme = WNA16Scheme("awq", 4)
     exact = dequantize(scheme, parts, "layer")
@@ -158,6 +235,25 @@ def test_q4_1_blocks_hold_the_checkpoints_values() -> None:
     step = scales.float().repeat_interleave(64, 0).t()
     assert ((widened - exact).abs() <= step / 128).all()
     assert not torch.equal(widened, torch.zeros_like(widened))
+
+
+def test_the_configs_transformers_saves_are_read(tiny_llama: Path, tmp_path: Path,
+                                                prompts_token_ids: list[list[int]]) -> None:
+    """transformers 5's AwqConfig / GPTQConfig as save_pretrained writes them (its AWQ config
+    carries GPTQ's settings, `sym: true` beside `zero_point: true`): every key classified."""
+    import json
+
+    from transformers import AwqConfig, GPTQConfig
+
+    from quantized_checkpoints import set_quantization_config
+
+    for ours, theirs in ((AWQ_CONFIG, AwqConfig(bits=4, group_size=32)),
+                         (GPTQ_CONFIG, GPTQConfig(bits=4, group_size=32, sym=False, desc_act=False))):
+        quantized, _ = write_quantized(tiny_llama, tmp_path / ours["quant_method"], ours)
+        prompts = prompts_token_ids[:1]
+        expected = _run(quantized, prompts)
+        set_quantization_config(quantized, json.loads(theirs.to_json_string()))
+        assert _run(quantized, prompts) == expected
 
 
 def test_gptq_s_zero_biases_for_layers_without_bias_are_skipped(tiny_llama: Path, tmp_path: Path,

@@ -330,8 +330,8 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
 # that quantization="int8" uses. Every key is classified as everywhere else: one that changes the
 # math is accepted at the listed values only, metadata is ignored, an unknown key is refused.
 CT_TOP_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
-    # int8 or fp8 tensors in the file (naive / packed / sparse formats are not)
-    "format": ("int-quantized", "float-quantized"),
+    # int8 W8A8, fp8, or packed W4A16 / W8A16 tensors in the file (naive / sparse formats are not)
+    "format": ("int-quantized", "float-quantized", "pack-quantized"),
     "quantization_status": ("compressed",),
     "kv_cache_scheme": (None,),
     "sparsity_config": (None, {}),
@@ -359,33 +359,38 @@ CT_INPUTS_FP8: Mapping[str, tuple[Any, ...]] = {
     "dynamic": (True, False), "block_structure": (None,), "actorder": (None, False),
 }
 CT_FP8_ARGS_IGNORED = frozenset({"block_structure", "group_size"})  # (checked with the strategy)
+# compressed-tensors' pack-quantized W4A16 / W8A16 (GPTQ-like integers packed in int32, read by
+# model/layers/wna16.py as AWQ and GPTQ are): activations unquantized.
+CT_WEIGHTS_PACKED: Mapping[str, tuple[Any, ...]] = {
+    "num_bits": (4, 8), "type": ("int",), "symmetric": (True, False), "strategy": ("group", "channel"),
+    "dynamic": (False,), "block_structure": (None,), "actorder": (None, False, "group", "weight", "static"),
+}
 CT_ARGS_IGNORED = frozenset({"observer", "observer_kwargs", "scale_dtype", "zp_dtype"})  # calibration, storage
 CT_GROUP_KEYS = frozenset({"targets", "weights", "input_activations", "output_activations", "format"})
 
 # AWQ (AutoAWQ's GEMM packing) and GPTQ (AutoGPTQ / GPTQModel) 4-bit checkpoints, W4A16: their
 # weights are dequantized at load (model/layers/wna16.py). The math-changing keys are restricted;
 # the quantizer's own settings (calibration, kernels, fusing) are ignored.
+# How the quantizer ran (calibration data, damping, kernels, batch sizes, fusing): no effect on the
+# stored weights' meaning. transformers 5 writes these for AWQ too (its AwqConfig is a GPTQConfig).
+QUANTIZER_SETTINGS = frozenset({
+    "quant_method", "group_size", "desc_act", "static_groups", "damp_percent", "damp_auto_increment",
+    "true_sequential", "act_group_aware", "model_name_or_path", "model_file_base_name", "dataset", "tokenizer",
+    "use_exllama", "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize",
+    "batch_size", "pad_token_id", "use_cuda_fp16", "module_name_preceding_first_block", "block_name_to_quantize",
+    "backend", "meta", "mse", "quantizer", "is_marlin_format", "use_marlin", "model_seqlen", "disable_exllama"})
 AWQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
-    "bits": (4,), "zero_point": (True,), "version": ("gemm", "GEMM"),
+    "bits": (4,), "zero_point": (True,), "version": ("gemm", "GEMM"), "format": ("gemm", "GEMM"),
 }
-AWQ_IGNORED = frozenset({"quant_method", "group_size", "modules_to_not_convert", "backend", "do_fuse",
-                         "fuse_max_seq_len", "modules_to_fuse", "exllama_config"})
+# (`sym`: transformers 5 writes True beside zero_point; AWQ's GEMM format always stores its zeros)
+AWQ_IGNORED = QUANTIZER_SETTINGS | {"modules_to_not_convert", "do_fuse", "fuse_max_seq_len", "modules_to_fuse",
+                                    "sym"}
 GPTQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "bits": (4, 8), "sym": (True, False), "checkpoint_format": ("gptq", "gptq_v2"), "format": ("gptq", "gptq_v2"),
     "lm_head": (False,), "pack_dtype": ("int32",),
     "dynamic": (None, {}),  # GPTQModel's per-module overrides of bits / group size
 }
-GPTQ_IGNORED = frozenset({
-    "quant_method", "group_size", "desc_act", "static_groups", "damp_percent", "damp_auto_increment",
-    "true_sequential", "model_name_or_path", "model_file_base_name", "dataset", "tokenizer", "use_exllama",
-    "max_input_length", "exllama_config", "cache_block_outputs", "modules_in_block_to_quantize", "batch_size",
-    "pad_token_id", "use_cuda_fp16", "module_name_preceding_first_block", "block_name_to_quantize", "backend",
-    "meta", "mse", "quantizer", "is_marlin_format", "use_marlin", "model_seqlen", "disable_exllama"})
-# quant_method "fp8" (vLLM's offline FP8, transformers' FineGrainedFP8, the FP8 releases of Qwen
-# and DeepSeek): e4m3 weights with a per-tensor `weight_scale` or `weight_scale_inv` blocks of
-# weight_block_size; read into float weights as compressed-tensors' FP8 is.
-FP8_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"activation_scheme": ("dynamic", "static"), "fmt": ("e4m3",)}
-FP8_IGNORED = frozenset({"quant_method", "ignored_layers", "modules_to_not_convert", "weight_block_size"})
+GPTQ_IGNORED = QUANTIZER_SETTINGS
 CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8")
 
 
@@ -417,11 +422,14 @@ def check_quantization_config(config: Any) -> str:
     if not isinstance(groups, Mapping) or not groups:
         raise ValueError(f"{where}.config_groups must name at least one group, got {groups!r}")
     for name, group in groups.items():
-        _check_group(f"{where}.config_groups.{name}", group)
+        _check_group(f"{where}.config_groups.{name}", group, config.get("format"))
     types = {compressed_tensors_type(group) for group in groups.values()}
     if len(types) > 1 or types != {"float" if config.get("format") == "float-quantized" else "int"}:
         raise ValueError(f"{where}: format {config.get('format')!r} and the groups' weight types {sorted(types)} "
-                         "must agree (int-quantized: int8 groups; float-quantized: fp8 groups)")
+                         "must agree (int-quantized and pack-quantized: int groups; float-quantized: fp8 groups)")
+    schemes = {(g["weights"].get("num_bits"), g["weights"].get("symmetric", True)) for g in groups.values()}
+    if config.get("format") == "pack-quantized" and len(schemes) > 1:
+        raise ValueError(f"{where}: pack-quantized groups must share one num_bits and symmetric, got {sorted(schemes)}")
     return method
 
 
@@ -442,20 +450,23 @@ def _check_group_size(where: str, group_size: Any) -> None:
                          f"{group_size!r}")
 
 
-def _check_group(where: str, group: Any) -> None:
+def _check_group(where: str, group: Any, top_format: Any) -> None:
     if not isinstance(group, Mapping):
         raise ValueError(f"{where} must be a mapping, got {group!r}")
     unknown = sorted(set(group) - CT_GROUP_KEYS)
     if unknown:
         raise ValueError(f"{where}.{unknown[0]} is not implemented; refusing to load rather than ignore it")
-    if group.get("format") not in (None, "int-quantized", "float-quantized"):
-        raise ValueError(f"{where}.format={group['format']!r} is not supported (supported: 'int-quantized', "
-                         "'float-quantized')")
+    if group.get("format") not in (None, top_format):
+        raise ValueError(f"{where}.format={group['format']!r} is not supported (a group's format must be the "
+                         f"checkpoint's, {top_format!r})")
     if group.get("output_activations") is not None:
         raise ValueError(f"{where}.output_activations is not supported (output quantization)")
     weights = group.get("weights")
     if isinstance(weights, Mapping) and weights.get("type") == "float":
         _check_fp8_group(where, group)
+        return
+    if top_format == "pack-quantized":
+        _check_packed_group(where, group)
         return
     for key, restricted in (("weights", CT_WEIGHTS), ("input_activations", CT_INPUTS)):
         args = group.get(key)
@@ -463,6 +474,18 @@ def _check_group(where: str, group: Any) -> None:
             raise ValueError(f"{where}.{key} is {args!r}: int8 is supported as W8A8 only (weights and input "
                              "activations both quantized)")
         _check_keys(f"{where}.{key}", args, restricted, CT_ARGS_IGNORED)
+
+
+def _check_packed_group(where: str, group: Mapping[str, Any]) -> None:
+    weights = group.get("weights")
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"{where}.weights must be a mapping, got {weights!r}")
+    _check_keys(f"{where}.weights", weights, CT_WEIGHTS_PACKED, CT_ARGS_IGNORED | {"group_size"})
+    if weights.get("strategy") == "group":
+        _check_group_size(f"{where}.weights", weights.get("group_size"))
+    if group.get("input_activations") is not None:
+        raise ValueError(f"{where}.input_activations is not supported with pack-quantized weights (W4A16 / W8A16 "
+                         "only: activations unquantized)")
 
 
 def _check_fp8_group(where: str, group: Mapping[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """Build a model from a Hugging Face folder: safetensors (single file or sharded index), mapped
 onto fused parameters through each parameter's `weight_loader`; each rank reads only its slice.
 Quantized checkpoints: compressed-tensors W8A8 int8 weights become int8 layers (`_Int8Checkpoint`);
-AWQ / GPTQ and FP8 weights are dequantized as they are read (layers/wna16.py, layers/fp8_weights.py).
+AWQ / GPTQ / pack-quantized and FP8 weights are read into float weights or Q4_1 blocks as they are read
+(layers/wna16.py, layers/fp8_weights.py).
 With `quantization="gguf"` the weights come from the GGUF file itself, its Q4_1 / Q8_0 tensors
 kept in their blocks (layers/gguf_quant.py)."""
 
@@ -241,7 +242,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
     else:
         weights = iterate_weights(Path(model_config.model))
         quantization_config = model_config.hf.raw.get("quantization_config")
-        if model_config.quantization in ("awq", "gptq"):
+        if model_config.quantization in ("awq", "gptq") or (model_config.quantization == "compressed-tensors"
+                                                             and quantization_config["format"] == "pack-quantized"):
             scheme = WNA16Scheme.of(quantization_config)
             kept = _kept_int4_layers(model, Path(model_config.model), scheme) if tp.size == 1 else frozenset()
             weights = dequantized_weights(weights, scheme, kept)
@@ -262,15 +264,19 @@ def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) ->
     shapes: dict[str, tuple[int, int]] = {}
     num_groups: dict[str, int] = {}
     g_idx: dict[str, torch.Tensor] = {}
+    unpadded: dict[str, tuple[int, int]] = {}
     for name, tensor in iterate_weights(model_dir):
         prefix, _, part = name.rpartition(".")
-        if part == "qweight":
-            rows, columns = tensor.get_shape()
-            shapes[prefix] = (rows, columns * 8) if scheme.method == "awq" else (rows * 32 // scheme.bits, columns)
-        elif part == "scales":
-            num_groups[prefix] = tensor.get_shape()[0]
-        elif part == "g_idx":
+        role = scheme.parts.get(part)
+        if role == "values":
+            shapes[prefix] = scheme.layer_shape(tuple(tensor.get_shape()))
+        elif role == "scales":
+            num_groups[prefix] = scheme.num_groups(tuple(tensor.get_shape()))
+        elif role == "g_idx":
             g_idx[prefix] = tensor[:]
+        elif role == "shape":  # (compressed-tensors: the unpadded [out, in])
+            unpadded[prefix] = tuple(reversed(tensor[:].tolist()))
+    shapes.update(unpadded)
     split = getattr(model, "split_checkpoint_tensor", None)
     fits: dict[str, list[bool]] = {}  # target parameter -> whether each of its parts fits
     targets_of: dict[str, list[str]] = {}
