@@ -160,7 +160,8 @@ INPUTS = ("config_groups", "group_0", "input_activations")
 
 @pytest.mark.parametrize("config, message", [
     (_with(("quant_method",), "bitsandbytes"), "quantization_config.quant_method='bitsandbytes' is not supported"),
-    (_with(("format",), "pack-quantized"), "quantization_config.format='pack-quantized' is not supported"),
+    (_with(("format",), "naive-quantized"), "quantization_config.format='naive-quantized' is not supported"),
+    (_with(("format",), "pack-quantized"), "input_activations is not supported with pack-quantized weights"),
     (_with(("kv_cache_scheme",), {"num_bits": 8, "type": "float"}), "quantization_config.kv_cache_scheme="),
     (_with(("sparsity_config",), {"format": "sparse-24"}), "quantization_config.sparsity_config="),
     (_with(("calibration_shortcut",), True), "quantization_config.calibration_shortcut is not implemented"),
