@@ -391,6 +391,11 @@ GPTQ_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "dynamic": (None, {}),  # GPTQModel's per-module overrides of bits / group size
 }
 GPTQ_IGNORED = QUANTIZER_SETTINGS
+# quant_method "fp8" (vLLM's offline FP8, transformers' FineGrainedFP8, the FP8 releases of Qwen
+# and DeepSeek): e4m3 weights with a per-tensor `weight_scale` or `weight_scale_inv` blocks of
+# weight_block_size; read into float weights as compressed-tensors' FP8 is.
+FP8_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"activation_scheme": ("dynamic", "static"), "fmt": ("e4m3",)}
+FP8_IGNORED = frozenset({"quant_method", "ignored_layers", "modules_to_not_convert", "weight_block_size"})
 CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8")
 
 
