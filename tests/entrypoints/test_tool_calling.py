@@ -59,6 +59,21 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
     ("pythonic", '[get_weather(city="Oslo", days=2), get_time(zone="UTC")]',
      [("get_weather", {"city": "Oslo", "days": 2}), ("get_time", {"zone": "UTC"})], None),
     ("pythonic", "[not a call", [], "[not a call"),
+    ("granite", 'I will check. <|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+     [("get_time", {"zone": "UTC"})], "I will check. "),
+    ("granite", '<tool_call> [{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}]',
+     [("get_weather", {"city": "Rome", "days": 1})], None),
+    ("phi4_mini_json", 'functools[{"name": "get_weather", "parameters": {"city": "Oslo", "days": [1, 2]}}]',
+     [("get_weather", {"city": "Oslo", "days": [1, 2]})], None),  # (a nested array, unlike vLLM's regex)
+    ("phi4_mini_json", "functools[not json", [], "functools[not json"),
+    ("jamba", 'Sure <tool_calls>[{"name": "get_time", "arguments": {"zone": "CET"}}]</tool_calls>',
+     [("get_time", {"zone": "CET"})], "Sure "),
+    ("lfm2", 'Let me see.<|tool_call_start|>[get_time(zone="UTC")]<|tool_call_end|> Done.',
+     [("get_time", {"zone": "UTC"})], "Let me see. Done."),
+    ("lfm2", "<|tool_call_start|>[broken(<|tool_call_end|>", [], "<|tool_call_start|>[broken(<|tool_call_end|>"),
+    ("llama4_json", '{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", {"zone": "UTC"})], None),
+    ("qwen3_json", '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
+     [("get_time", {"zone": "UTC"})], None),
 ])
 def test_parsers(parser: str, text: str, calls: list, content: str | None) -> None:
     parsed = TOOL_PARSERS[parser](text)

@@ -18,6 +18,11 @@ MISTRAL = 'ok [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}, {
 REQUIRED = '[{"name": "get_weather", "parameters": {"city": "Os\\"lo}", "days": 2}}]'
 NAMED = '{"city": "Paris", "days": 1}'
 PYTHONIC = '[get_weather(city="Oslo", days=2)]'
+GRANITE = 'Sure.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}]'
+GRANITE_31 = '<tool_call>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"name": "f", "arguments": {}}]'
+PHI4 = 'functools[{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}]'
+JAMBA = 'ok <tool_calls>[{"name": "get_time", "arguments": {"zone": "CET"}}]</tool_calls>'
+LFM2 = 'Checking.<|tool_call_start|>[get_weather(city="Oslo", days=2)]<|tool_call_end|>'
 
 
 def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], dict[int, str], dict[int, int]]:
@@ -44,6 +49,13 @@ def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], 
     (ToolPlan("required"), REQUIRED, True),
     (ToolPlan("named", function_name="get_weather"), NAMED, True),
     (ToolPlan("auto", parser="pythonic"), PYTHONIC, False),
+    (ToolPlan("auto", parser="granite"), GRANITE, True),
+    (ToolPlan("auto", parser="granite"), GRANITE_31, True),
+    (ToolPlan("auto", parser="phi4_mini_json"), PHI4, True),
+    (ToolPlan("auto", parser="jamba"), JAMBA, True),
+    (ToolPlan("auto", parser="lfm2"), LFM2, False),
+    (ToolPlan("auto", parser="llama4_json"), LLAMA3, True),
+    (ToolPlan("auto", parser="qwen3_json"), HERMES, True),
 ])
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremental: bool, size: int) -> None:
@@ -57,7 +69,7 @@ def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremen
     assert (content.strip() or None) == (want_content.strip() if want_content else None)
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "granite", "jamba", "lfm2", "phi4_mini_json"])
 def test_plain_text_reply_is_all_content(parser: str) -> None:
     text = "No tool is needed: it is <b>sunny</b> {today}."
     content, names, _, _ = _stream(ToolPlan("auto", parser=parser), text, 2)

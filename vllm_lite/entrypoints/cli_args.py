@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lite.config import EngineArgs
+from vllm_lite.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
 # vLLM's short spellings of the engine flags this engine has. Its others (-pp, -dp, -O3, ...)
 # name flags this engine does not have: argparse refuses them by name.
@@ -54,7 +55,7 @@ def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
                         help="the largest `n` a request may ask for (vLLM: VLLM_MAX_N_SEQUENCES)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='serve tool_choice "auto" (needs --tool-call-parser)')
-    parser.add_argument("--tool-call-parser", choices=("hermes", "qwen3", "llama3_json", "mistral", "pythonic"),
+    parser.add_argument("--tool-call-parser", choices=tuple(TOOL_PARSERS),
                         default=None, help="how tool calls are read from the model's text")
     parser.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
                         help="return the <think> part of chat replies as `reasoning`")

@@ -6,7 +6,13 @@ schemas that make `tool_choice: "required"` / a named function hold by construct
 | hermes (Qwen2.5/3, Hermes) | `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number |
 | llama3_json | `{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several joined by `;` |
 | mistral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` |
+| granite (Granite 3.x) | `<|tool_call|>[...]` (3.0) or `<tool_call>[...]` (3.1), the array as mistral's |
+| phi4_mini_json (Phi-4-mini) | `functools[{"name": ..., "arguments" or "parameters": {...}}, ...]` (no content) |
+| jamba | `<tool_calls>[...]</tool_calls>`, the array as mistral's |
 | pythonic (Llama 4, Qwen3-coder style) | `[get_weather(city="Paris"), ...]` |
+| lfm2 (Liquid LFM2) | `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`, text around it is content |
+
+`qwen3_json` is hermes, `llama4_json` llama3_json (vLLM's aliases).
 
 A parser returns the calls and the text outside them (the message `content`, None when empty).
 """
@@ -100,20 +106,65 @@ def parse_llama3_json(text: str) -> ParsedOutput:
     return ParsedOutput(calls, None)
 
 
-def parse_mistral(text: str) -> ParsedOutput:
-    marker = "[TOOL_CALLS]"
-    if marker not in text:
+@dataclass(frozen=True, slots=True)
+class ArrayFormat:
+    """A format whose calls are a JSON array of `{"name", <arguments key>}` objects after a
+    marker: the text before the first marker is the content (`content_before`)."""
+
+    markers: tuple[str, ...]
+    argument_keys: tuple[str, ...] = ("arguments",)
+    content_before: bool = True
+
+    def find(self, text: str) -> tuple[int, int] | None:
+        """(where the first marker starts, where the array starts) or None."""
+        found = [(text.find(marker), marker) for marker in self.markers if marker in text]
+        if not found:
+            return None
+        start, marker = min(found)
+        return start, start + len(marker)
+
+    def parse(self, text: str) -> ParsedOutput:
+        where = self.find(text)
+        if where is None:
+            return ParsedOutput([], text)
+        body = text[where[1]:].lstrip()
+        try:
+            value, _ = json.JSONDecoder().raw_decode(body)  # (an end tag or text may follow the array)
+        except ValueError:
+            return ParsedOutput([], text)
+        if isinstance(value, dict):
+            value = [value]
+        if not isinstance(value, list):
+            return ParsedOutput([], text)
+        calls = [_call(v.get("name"), next((v[k] for k in self.argument_keys if k in v), {}))
+                 if isinstance(v, dict) else None for v in value]
+        if not calls or None in calls:
+            return ParsedOutput([], text)
+        return ParsedOutput(calls, _content(text[:where[0]]) if self.content_before else None)  # type: ignore[arg-type]
+
+
+ARRAY_FORMATS: dict[str, ArrayFormat] = {
+    "mistral": ArrayFormat(("[TOOL_CALLS]",)),
+    "granite": ArrayFormat(("<|tool_call|>", "<tool_call>")),  # Granite 3.0's special token, 3.1's text
+    "phi4_mini_json": ArrayFormat(("functools",), ("arguments", "parameters"), content_before=False),
+    "jamba": ArrayFormat(("<tool_calls>",)),
+}
+
+
+LFM2_START, LFM2_END = "<|tool_call_start|>", "<|tool_call_end|>"
+
+
+def parse_lfm2(text: str) -> ParsedOutput:
+    """Liquid's LFM2: a pythonic list between `<|tool_call_start|>` and `<|tool_call_end|>`; the
+    text around it is the content."""
+    before, start, rest = text.partition(LFM2_START)
+    if not start:
         return ParsedOutput([], text)
-    before, _, after = text.partition(marker)
-    value = _json_object(after.strip())
-    if isinstance(value, dict):
-        value = [value]
-    if not isinstance(value, list):
+    inside, _, after = rest.partition(LFM2_END)
+    parsed = parse_pythonic(inside)
+    if not parsed.tool_calls:
         return ParsedOutput([], text)
-    calls = [_call(v.get("name"), v.get("arguments", {})) if isinstance(v, dict) else None for v in value]
-    if not calls or None in calls:
-        return ParsedOutput([], text)
-    return ParsedOutput(calls, _content(before))  # type: ignore[arg-type]
+    return ParsedOutput(parsed.tool_calls, _content(before + after))
 
 
 def parse_pythonic(text: str) -> ParsedOutput:
@@ -141,9 +192,12 @@ def parse_pythonic(text: str) -> ParsedOutput:
 TOOL_PARSERS: dict[str, Callable[[str], ParsedOutput]] = {
     "hermes": parse_hermes,
     "qwen3": parse_hermes,  # Qwen3 writes the hermes format
+    "qwen3_json": parse_hermes,  # (vLLM's name for it)
     "llama3_json": parse_llama3_json,
-    "mistral": parse_mistral,
+    "llama4_json": parse_llama3_json,
     "pythonic": parse_pythonic,
+    "lfm2": parse_lfm2,
+    **{name: array_format.parse for name, array_format in ARRAY_FORMATS.items()},
 }
 
 

@@ -6,9 +6,11 @@ Each feed re-reads the choice's whole text and works out what is certain so far:
 
 | format | content | calls |
 |---|---|---|
-| hermes / qwen3 | the text before the first `<tool_call>` | each `<tool_call>` object's `name`, then its `arguments` value |
+| hermes / qwen3 / qwen3_json | the text before the first `<tool_call>` | each `<tool_call>` object's `name`, then its `arguments` value |
 | llama3_json | none when the reply starts with `{` (after `<\\|python_tag\\|>`), else all the text | objects joined by `;`, `parameters` (or `arguments`) |
-| mistral | the text before `[TOOL_CALLS]` | the objects of the array after it |
+| mistral, granite, jamba | the text before the marker (`[TOOL_CALLS]`, `<|tool_call|>` / `<tool_call>`, `<tool_calls>`) | the objects of the array after it |
+| phi4_mini_json | none | the objects of the array after `functools` |
+| lfm2 | the text before `<|tool_call_start|>` | (pythonic) decided when the choice ends |
 | required | none | the objects of the JSON array, `parameters` |
 | named | none | one call to the named function: the whole text is its arguments |
 | pythonic | (not incremental) everything is decided when the choice ends |
@@ -28,10 +30,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
+from vllm_lite.entrypoints.openai.tool_parsers import ARRAY_FORMATS, LFM2_START, ArrayFormat
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
-_MISTRAL_MARKER = "[TOOL_CALLS]"
 
 
 @dataclass(slots=True)
@@ -103,15 +105,15 @@ class ToolCallStream:
         if mode == "required":
             return "", _array_calls(text, 0, ("parameters",))
         parser = self.plan.parser
-        if parser in ("hermes", "qwen3"):
+        if parser in ("hermes", "qwen3", "qwen3_json"):
             return _hermes_view(text, final)
-        if parser == "llama3_json":
+        if parser in ("llama3_json", "llama4_json"):
             return _llama3_view(text, final)
-        if parser == "mistral":
-            start = text.find(_MISTRAL_MARKER)
-            if start < 0:
-                return _held_back(text, _MISTRAL_MARKER, final), []
-            return text[:start], _array_calls(text, start + len(_MISTRAL_MARKER), ("arguments",))
+        if parser in ARRAY_FORMATS:
+            return _array_format_view(ARRAY_FORMATS[parser], text, final)
+        if parser == "lfm2":  # the content before the calls streams; the calls are decided at the end
+            start = text.find(LFM2_START)
+            return (_held_back(text, LFM2_START, final) if start < 0 else text[:start]), []
         return "", []  # pythonic: decided when the choice ends
 
     def _advance_content(self, content: str) -> str | None:
@@ -170,6 +172,17 @@ def _held_back(text: str, tag: str, final: bool) -> str:
         if text.endswith(tag[:length]):
             return text[:-length]
     return text
+
+
+def _array_format_view(array_format: ArrayFormat, text: str, final: bool) -> tuple[str, list[_CallView]]:
+    """The text before the first marker (held back while it may be a marker's start), then the
+    array's calls as they are generated."""
+    where = array_format.find(text)
+    if where is None:
+        held = max((len(text) - len(_held_back(text, marker, final)) for marker in array_format.markers), default=0)
+        return ("" if not array_format.content_before else text[:len(text) - held]), []
+    content = text[:where[0]] if array_format.content_before else ""
+    return content, _array_calls(text, where[1], array_format.argument_keys)
 
 
 def _hermes_view(text: str, final: bool) -> tuple[str, list[_CallView]]:
