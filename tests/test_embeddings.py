@@ -223,3 +223,32 @@ def test_async_encode_and_abort(tiny_qwen3: Path, prompts_token_ids: list[list[i
     assert_close([torch.tensor(vector)], [hf_embedding(tiny_qwen3, prompts_token_ids[-1], "LAST")])
     assert isinstance(aborted, RequestAbortedError)
 
+
+
+def test_llm_score_is_the_cosine_of_transformers_embeddings(tiny_qwen3: Path) -> None:
+    """vLLM's `LLM.score` on an embedding model: 1 : N and N : N pairs, each the cosine similarity
+    of the two texts' pooled hidden states (transformers'), with the pair's token ids joined."""
+    from vllm_lite import ScoringRequestOutput
+    from vllm_lite.exceptions import VLLMValidationError
+
+    llm = make_llm(tiny_qwen3, runner="pooling", pooler_config={"pooling_type": "MEAN"})
+    try:
+        tokenizer = llm.get_tokenizer()
+        texts = ["water", "The river flows to the sea.", "A cat sleeps."]
+        ids = [tokenizer.encode(t) for t in texts]
+        vectors = [hf_embedding(tiny_qwen3, i, "MEAN") for i in ids]
+        one_to_n = llm.score(texts[0], texts[1:], use_tqdm=False)
+        assert all(isinstance(out, ScoringRequestOutput) for out in one_to_n)
+        want = [torch.nn.functional.cosine_similarity(vectors[0], v, dim=0).item() for v in vectors[1:]]
+        assert [out.outputs.score for out in one_to_n] == pytest.approx(want, abs=1e-5)
+        pad = [] if tokenizer.pad_token_id is None else [tokenizer.pad_token_id]
+        assert one_to_n[1].prompt_token_ids == ids[0] + pad + ids[2]
+        pairwise = llm.score(texts[:2], texts[1:], use_tqdm=False)
+        assert pairwise[1].outputs.score == pytest.approx(
+            torch.nn.functional.cosine_similarity(vectors[1], vectors[2], dim=0).item(), abs=1e-5)
+        with pytest.raises(VLLMValidationError, match="either 1:1, 1:N or N:N"):
+            llm.score(texts[:2], texts, use_tqdm=False)
+        with pytest.raises(ValueError, match="chat_template is not supported"):
+            llm.score("a", "b", chat_template="{{ x }}", use_tqdm=False)
+    finally:
+        llm.shutdown()

@@ -29,6 +29,8 @@ _EXPORTS = {
     "PoolingParams": "vllm_lite.pooling_params",
     "EmbeddingRequestOutput": "vllm_lite.outputs",
     "EmbeddingOutput": "vllm_lite.outputs",
+    "ScoringRequestOutput": "vllm_lite.outputs",
+    "ScoringOutput": "vllm_lite.outputs",
 }
 
 __all__ = list(_EXPORTS)

@@ -77,3 +77,22 @@ class EmbeddingRequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0
     metrics: RequestStateStats | None = None
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    """A pair's score (vLLM's ScoringOutput): an embedding model's cosine similarity."""
+
+    score: float
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What `LLM.score` returns per pair (vLLM's ScoringRequestOutput): the two texts' token ids
+    joined (with the tokenizer's pad token between, as vLLM's)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0

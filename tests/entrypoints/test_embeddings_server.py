@@ -95,3 +95,59 @@ def test_an_embedding_server_does_not_generate(server: LiveServer) -> None:
     reply = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert "runs an embedding model (runner='pooling')" in _error(reply, None)
     assert _post(server, "/v1/embeddings", {"input": "still serving"}).status_code == 200
+
+
+# ---- vLLM's score and rerank APIs on an embedding model (cosine similarity of the embeddings) ----
+
+def _embeddings(server: LiveServer, texts: list[str]) -> np.ndarray:
+    data = _post(server, "/v1/embeddings", {"input": texts, "encoding_format": "float"}).json()["data"]
+    return np.asarray([item["embedding"] for item in data], dtype=np.float64)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("route, first, second", [
+    ("/score", "queries", "documents"), ("/v1/score", "text_1", "text_2"), ("/score", "data_1", "data_2"),
+    ("/score", "queries", "items")])
+def test_score_is_the_cosine_of_the_embeddings(server: LiveServer, route: str, first: str, second: str) -> None:
+    documents = ["The river flows to the sea.", "A cat sleeps.", "Rivers and seas"]
+    vectors = _embeddings(server, ["water", *documents])
+    one_to_n = _post(server, route, {first: "water", second: documents}).json()
+    assert [item["index"] for item in one_to_n["data"]] == [0, 1, 2] and one_to_n["object"] == "list"
+    for item, vector in zip(one_to_n["data"], vectors[1:]):
+        assert item["object"] == "score" and item["score"] == pytest.approx(_cosine(vectors[0], vector), abs=1e-5)
+    tokens = sum(len(_post(server, "/tokenize", {"prompt": t}).json()["tokens"]) for t in ["water", *documents])
+    assert one_to_n["usage"]["prompt_tokens"] == one_to_n["usage"]["total_tokens"] == tokens
+    pairwise = _post(server, route, {first: documents[:2], second: documents[1:]}).json()["data"]
+    assert [item["score"] for item in pairwise] == pytest.approx(
+        [_cosine(vectors[1], vectors[2]), _cosine(vectors[2], vectors[3])], abs=1e-5)
+
+
+@pytest.mark.parametrize("route", ["/rerank", "/v1/rerank", "/v2/rerank"])
+def test_rerank_orders_documents_by_score(server: LiveServer, route: str) -> None:
+    documents = ["The river flows to the sea.", "A cat sleeps.", "Rivers and seas", "water water"]
+    scores = [item["score"] for item in _post(server, "/score", {"queries": "water", "documents": documents})
+              .json()["data"]]
+    reply = _post(server, route, {"query": "water", "documents": documents, "top_n": 2}).json()
+    order = sorted(range(4), key=lambda i: scores[i], reverse=True)[:2]
+    assert [result["index"] for result in reply["results"]] == order
+    assert [result["document"]["text"] for result in reply["results"]] == [documents[i] for i in order]
+    assert [result["relevance_score"] for result in reply["results"]] == pytest.approx([scores[i] for i in order])
+    assert reply["id"].startswith("rerank-") and reply["usage"]["prompt_tokens"] > 0
+    assert len(_post(server, route, {"query": "water", "documents": documents}).json()["results"]) == 4
+
+
+@pytest.mark.parametrize("route, body, param, message", [
+    ("/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "documents", "either 1:1, 1:N or N:N"),
+    ("/score", {"queries": "a", "documents": []}, "documents", "at least one text"),
+    ("/score", {"queries": "a"}, "queries", "one pair of fields"),
+    ("/score", {"queries": "a", "documents": "b", "text_2": "c"}, "queries", "one pair of fields"),
+    ("/score", {"queries": "a", "documents": "b", "instruction": "judge"}, "instruction", "not supported"),
+    ("/rerank", {"query": "a", "documents": ["b"], "max_tokens_per_doc": 4}, "max_tokens_per_doc", "not supported"),
+    ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n", "greater than or equal to 0"),
+])
+def test_bad_score_requests_are_refused_by_field(server: LiveServer, route: str, body: dict, param: str,
+                                                  message: str) -> None:
+    assert message in _error(_post(server, route, body), param)

@@ -8,10 +8,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
+from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
@@ -20,7 +22,7 @@ from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.metrics_reader import Metric, snapshot
 from vllm_lite.exceptions import VLLMValidationError
-from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
+from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -142,6 +144,31 @@ class LLM:
             params_list = _one_per_prompt("pooling_params", pooling_params, len(prompt_list))
         return self._run_requests([functools.partial(self.llm_engine.add_pooling_request, prompt=prompt, params=params)
                                    for prompt, params in zip(prompt_list, params_list)], use_tqdm)
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], /, *, use_tqdm: bool = True,
+              pooling_params: PoolingParams | None = None, lora_request: None = None,
+              tokenization_kwargs: None = None, chat_template: None = None) -> list[ScoringRequestOutput]:
+        """vLLM's: a score per pair of texts, 1 : N (one `data_1` text against each of `data_2`) or
+        N : N; with an embedding model (runner='pooling'), the pair's cosine similarity (each text
+        embedded once). Cross-encoder models, LoRA, tokenization kwargs and score templates are not
+        implemented (only None)."""
+        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            chat_template=chat_template)
+        if self.llm_engine.vllm_config.model_config.pooler is None:
+            raise VLLMValidationError("LLM.score() needs an embedding model (runner='pooling'); cross-encoder "
+                                      "(classification) models are not implemented")
+        first = [data_1] if isinstance(data_1, str) else list(data_1)
+        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        pairs = pair_indices(len(first), len(second))
+        embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params)
+        vectors = np.asarray([output.outputs.embedding for output in embedded], dtype=np.float32)
+        scores = cosine_scores(vectors[:len(first)], vectors[len(first):], pairs)
+        pad = self.get_tokenizer().pad_token_id
+        between = [] if pad is None else [pad]
+        return [ScoringRequestOutput(f"{embedded[i].request_id}_{embedded[len(first) + j].request_id}",
+                                     ScoringOutput(score), embedded[i].prompt_token_ids + between
+                                     + embedded[len(first) + j].prompt_token_ids)
+                for (i, j), score in zip(pairs, scores)]
 
     def _run_requests(self, adds: list[Callable[[str], None]], use_tqdm: bool) -> list[Any]:
         """Adds each request under a fresh id (`add(request_id)`), runs the engine until all have

@@ -83,6 +83,8 @@ from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs,
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
 from vllm_lite.entrypoints.openai.serving_embedding import EmbeddingRequest, EmbeddingResponse, create_embedding
+from vllm_lite.entrypoints.openai.serving_score import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse,
+                                                       create_rerank, create_score)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=RequestModel)
@@ -378,6 +380,21 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         """vLLM's embedding API, on an embedding model's server (--runner pooling)."""
         request.refuse_unknown_fields()
         return await _load_aware(ctx, create_embedding(ctx, request, raw_request), raw_request)
+
+    @app.post("/score", response_model=ScoreResponse)
+    @app.post("/v1/score", response_model=ScoreResponse)
+    async def score(request: ScoreRequest, raw_request: Request) -> Response:
+        """vLLM's score API on an embedding model: each pair's cosine similarity."""
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_score(ctx, request, raw_request), raw_request)
+
+    @app.post("/rerank", response_model=RerankResponse)
+    @app.post("/v1/rerank", response_model=RerankResponse)
+    @app.post("/v2/rerank", response_model=RerankResponse)
+    async def rerank(request: RerankRequest, raw_request: Request) -> Response:
+        """vLLM's rerank API (Jina's and Cohere's shape) on an embedding model."""
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_rerank(ctx, request, raw_request), raw_request)
 
     @app.get("/load")
     async def load() -> dict[str, int]:

@@ -36,7 +36,7 @@ def describe_error(exc: Exception) -> tuple[int, str, str, str | None]:
         match = _FIELD_IN_MESSAGE.match(str(exc))
         if match:  # "SamplingParams.top_p must be ..." -> param "top_p", "top_p must be ..."
             return 400, "BadRequestError", str(exc)[len("SamplingParams."):], match.group(1)
-        return 400, "BadRequestError", str(exc), None
+        return 400, "BadRequestError", str(exc), getattr(exc, "parameter", None)
     if isinstance(exc, RecursionError):  # a structure nested too deeply to walk
         return 400, "BadRequestError", "the request is nested too deeply", None
     return 500, "InternalServerError", f"{type(exc).__name__}: {exc}", None

@@ -88,7 +88,7 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
     prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
                                    add_special_tokens=request.add_special_tokens)
     response_id, engine_id = request_ids("embd", raw_request.headers.get("x-request-id"), request.request_id)
-    work = [_encode(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
+    work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
     return await json_response(_response(request, model, response_id, work), raw_request)
 
 
@@ -100,7 +100,7 @@ async def _response(request: EmbeddingRequest, model: str, response_id: str, wor
     return EmbeddingResponse(id=response_id, model=model, data=data, usage=UsageInfo.of(prompt_tokens, 0))
 
 
-async def _encode(ctx: ServingContext, prompt: dict[str, Any], params: PoolingParams, request_id: str,
+async def encode_one(ctx: ServingContext, prompt: dict[str, Any], params: PoolingParams, request_id: str,
                   priority: int) -> EmbeddingRequestOutput:
     """The prompt's embedding; leaving early (a client gone) aborts it in the engine core."""
     tracker = RequestTracker(ctx.metrics, len(prompt["prompt_token_ids"]))
