@@ -331,3 +331,9 @@ def test_empty_prompt_gets_vllms_message(client: openai.OpenAI, prompt: str | No
 def test_prompt_embeds_are_refused_by_name(server: LiveServer) -> None:
     reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_embeds": "AAAA"})
     assert "not supported" in _error(reply, "prompt_embeds")
+
+
+def test_score_and_rerank_on_a_generating_model_are_400(server: LiveServer) -> None:
+    """vLLM's message: the model does not support the Score API (here: only embedding models do)."""
+    for route, body in (("/score", {"queries": "a", "documents": ["b"]}), ("/rerank", {"query": "a", "documents": ["b"]})):
+        assert "does not support Score API" in _error(_post(server, route, body), "model")
