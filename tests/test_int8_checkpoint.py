@@ -205,5 +205,6 @@ def test_a_checkpoint_whose_scales_do_not_match_its_weights_is_refused(tiny_llam
     tensors[name] = _quantize(tensors[name], "channel")[0]
     del tensors[name + "_scale"]
     save_file(tensors, str(checkpoint / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"qkv_proj.weight \(part k\) needs a weight_scale of 1 or \d+ values, got None"):
+    with pytest.raises(ValueError, match=r"qkv_proj.weight \(part k\) needs a weight_scale of 1 or \d+ values, "
+                                         r"got None"):
         make_llm(checkpoint, device="cpu")

@@ -358,7 +358,8 @@ def test_add_special_tokens_as_vllm(tokenizer: Any) -> None:
         extra = {} if add is None else {"add_special_tokens": add}
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, **extra}
         assert request(engine, "POST", "/v1/completions", json=body).status_code == 200
-        assert engine.prompts[-1]["prompt_token_ids"] == bos_tokenizer.encode(prompt, add_special_tokens=add is not False)
+        want = bos_tokenizer.encode(prompt, add_special_tokens=add is not False)
+        assert engine.prompts[-1]["prompt_token_ids"] == want
         body = {"model": MODEL, "messages": chat, "max_tokens": 1, **extra}
         assert request(engine, "POST", "/v1/chat/completions", json=body).status_code == 200
         assert engine.prompts[-1]["prompt_token_ids"] == bos_tokenizer.encode(templated, add_special_tokens=add is True)

@@ -335,5 +335,6 @@ def test_prompt_embeds_are_refused_by_name(server: LiveServer) -> None:
 
 def test_score_and_rerank_on_a_generating_model_are_400(server: LiveServer) -> None:
     """vLLM's message: the model does not support the Score API (here: only embedding models do)."""
-    for route, body in (("/score", {"queries": "a", "documents": ["b"]}), ("/rerank", {"query": "a", "documents": ["b"]})):
+    for route, body in (("/score", {"queries": "a", "documents": ["b"]}),
+                        ("/rerank", {"query": "a", "documents": ["b"]})):
         assert "does not support Score API" in _error(_post(server, route, body), "model")

@@ -2,9 +2,9 @@
 `/v1/score`) scores pairs of texts, `/rerank` (`/v1/rerank`, `/v2/rerank`: Jina's and Cohere's
 shape) orders documents by their score against a query. A pair's score is the cosine similarity of
 the two texts' embeddings, as vLLM computes it for embedding models; each text given is
-embedded by one engine request (the query of a 1 : N request once). Cross-encoder (classification) models are not implemented
-here, so the chat-template fields of vLLM's scoring requests (`instruction`,
-`chat_template_kwargs`) and per-side truncation are refused by name.
+embedded by one engine request (the query of a 1 : N request once). Cross-encoder
+(classification) models are not implemented here, so the chat-template fields of vLLM's scoring
+requests (`instruction`, `chat_template_kwargs`) and per-side truncation are refused by name.
 
 | request | pairs |
 |---|---|

@@ -8,7 +8,8 @@ any other quantization) are dequantized to the model dtype at load as before.
 
 Compute: decode-sized batches (up to `GEMM_MAX_ROWS` rows) go through the csrc kernel, which widens
 each block to fp32 in registers and accumulates in fp32; larger batches (prefill) dequantize the
-weight once and run a matmul in the activations' dtype (bf16 or float32). Activations keep the model dtype (`dtype`) outside the layer.
+weight once and run a matmul in the activations' dtype (bf16 or float32). Activations keep the
+model dtype (`dtype`) outside the layer.
 Without the csrc build, blocks are widened with torch ops (`dequantize_torch`).
 """
 
