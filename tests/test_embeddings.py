@@ -248,6 +248,8 @@ def test_llm_score_is_the_cosine_of_transformers_embeddings(tiny_qwen3: Path) ->
             torch.nn.functional.cosine_similarity(vectors[1], vectors[2], dim=0).item(), abs=1e-5)
         with pytest.raises(VLLMValidationError, match="either 1:1, 1:N or N:N"):
             llm.score(texts[:2], texts, use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match="data_2 must be a text or a list of texts"):
+            llm.score("a", {"prompt_token_ids": [1, 2]}, use_tqdm=False)
         with pytest.raises(ValueError, match="chat_template is not supported"):
             llm.score("a", "b", chat_template="{{ x }}", use_tqdm=False)
     finally:

@@ -39,6 +39,7 @@ CPU_KV_CACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 # int8: dynamic W8A8 (int8 weights per output channel, int8 activations per token), CPU only.
 # gguf: a .gguf model's Q4_1 / Q8_0 tensors kept in their blocks (implied by a llama .gguf on CPU).
+# The checkpoint's own (config_fields.CHECKPOINT_QUANTIZATIONS): implied by its quantization_config.
 QUANTIZATION_METHODS = ("int8", "gguf", *CHECKPOINT_QUANTIZATIONS)
 # vLLM's names for its faster kernels of a checkpoint's method: the same weights here
 QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}
@@ -1029,8 +1030,8 @@ def _warn_int8_without_dot_products() -> None:
 
 
 def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None, device: str) -> str | None:
-    """A checkpoint quantized already (compressed-tensors W8A8 int8, AWQ, GPTQ) implies its method,
-    as vLLM infers it from config.json; asking for another, or for it without one, is refused."""
+    """A checkpoint quantized already (compressed-tensors, AWQ, GPTQ, FP8) implies its method, as
+    vLLM infers it from config.json; asking for another, or for it without one, is refused."""
     if checkpoint is None:
         _check(quantization not in CHECKPOINT_QUANTIZATIONS, f"quantization={quantization!r} needs a checkpoint "
                f"whose config.json has a {quantization} quantization_config")

@@ -157,8 +157,7 @@ class LLM:
         if self.llm_engine.vllm_config.model_config.pooler is None:
             raise VLLMValidationError("LLM.score() needs an embedding model (runner='pooling'); cross-encoder "
                                       "(classification) models are not implemented")
-        first = [data_1] if isinstance(data_1, str) else list(data_1)
-        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
         pairs = pair_indices(len(first), len(second))
         embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params)
         vectors = np.asarray([output.outputs.embedding for output in embedded], dtype=np.float32)
@@ -343,6 +342,14 @@ def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]
     if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
         raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
     return [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+
+
+def _score_texts(data: str | Sequence[str], name: str) -> list[str]:
+    texts = [data] if isinstance(data, str) else list(data) if isinstance(data, (list, tuple)) else None
+    if texts is None or not all(isinstance(text, str) for text in texts):
+        raise VLLMValidationError(f"{name} must be a text or a list of texts (multimodal score inputs are not "
+                                  f"supported), got {type(data).__name__}", parameter=name)
+    return texts
 
 
 def _refuse_unless_none(**arguments: Any) -> None:
