@@ -151,3 +151,16 @@ def test_rerank_orders_documents_by_score(server: LiveServer, route: str) -> Non
 def test_bad_score_requests_are_refused_by_field(server: LiveServer, route: str, body: dict, param: str,
                                                   message: str) -> None:
     assert message in _error(_post(server, route, body), param)
+
+
+def test_pooling_route_gives_the_embeddings_in_vllms_pooling_shape(server: LiveServer) -> None:
+    """vLLM's /pooling, its embed task: the same vectors as /v1/embeddings; other tasks refused."""
+    texts = ["The river flows to the sea.", "Hello"]
+    embeddings = _embeddings(server, texts)
+    for task in (None, "embed"):
+        reply = _post(server, "/pooling", {"input": texts, **({} if task is None else {"task": task})}).json()
+        assert reply["id"].startswith("pool-") and reply["object"] == "list"
+        assert [item["object"] for item in reply["data"]] == ["pooling", "pooling"]
+        np.testing.assert_allclose([item["data"] for item in reply["data"]], embeddings, atol=1e-6)
+        assert reply["usage"]["prompt_tokens"] > 0
+    _error(_post(server, "/pooling", {"input": "x", "task": "classify"}), "task")

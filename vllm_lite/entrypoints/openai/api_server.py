@@ -82,7 +82,8 @@ from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs,
                                                             retrieve_response)
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
-from vllm_lite.entrypoints.openai.serving_embedding import EmbeddingRequest, EmbeddingResponse, create_embedding
+from vllm_lite.entrypoints.openai.serving_embedding import (EmbeddingRequest, EmbeddingResponse, PoolingRequest,
+                                                           PoolingResponse, create_embedding)
 from vllm_lite.entrypoints.openai.serving_score import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse,
                                                        create_rerank, create_score)
 
@@ -378,6 +379,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/v1/embeddings", response_model=EmbeddingResponse)
     async def embeddings(request: EmbeddingRequest, raw_request: Request) -> Response:
         """vLLM's embedding API, on an embedding model's server (--runner pooling)."""
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_embedding(ctx, request, raw_request), raw_request)
+
+    @app.post("/pooling", response_model=PoolingResponse)
+    async def pooling(request: PoolingRequest, raw_request: Request) -> Response:
+        """vLLM's pooling API, its `embed` task (an embedding model's vectors)."""
         request.refuse_unknown_fields()
         return await _load_aware(ctx, create_embedding(ctx, request, raw_request), raw_request)
 

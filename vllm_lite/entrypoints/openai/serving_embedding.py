@@ -1,4 +1,5 @@
-"""POST /v1/embeddings (vLLM's embedding API, on a server of an embedding model: runner='pooling').
+"""POST /v1/embeddings (vLLM's embedding API, on a server of an embedding model: runner='pooling'),
+and vLLM's /pooling with the `embed` task (the same vectors in its pooling response shape).
 
 `input` is a text, texts, token ids or lists of token ids; each becomes one engine request whose
 prompt's vector is the embedding (`AsyncLLM.encode`). `encoding_format` "float" gives lists of
@@ -61,6 +62,13 @@ class EmbeddingRequest(RequestModel):
             raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.dimensions: ")) from None
 
 
+class PoolingRequest(EmbeddingRequest):
+    """vLLM's /pooling (its completion-style form): on an embedding model, the `embed` task, the
+    same vectors as /v1/embeddings in vLLM's pooling response shape."""
+
+    task: Literal["embed"] | None = None
+
+
 class EmbeddingResponseData(OpenAIBaseModel):
     index: int
     object: str = "embedding"
@@ -76,28 +84,51 @@ class EmbeddingResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
+class PoolingResponseData(OpenAIBaseModel):
+    index: int
+    object: str = "pooling"
+    data: list[float] | str
+
+
+class PoolingResponse(OpenAIBaseModel):
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    data: list[PoolingResponseData]
+    usage: UsageInfo
+
+
 async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:
+    """/v1/embeddings, and /pooling (a PoolingRequest) in its own response shape."""
     model = ctx.served_model(request.model)
     model_config = ctx.engine.vllm_config.model_config
+    pooling = isinstance(request, PoolingRequest)
     if model_config.pooler is None:
-        raise ApiError(400, "BadRequestError", "The model does not support Embeddings API: it generates text "
+        api = "Pooling" if pooling else "Embeddings"
+        raise ApiError(400, "BadRequestError", f"The model does not support {api} API: it generates text "
                        "(an embedding model runs with --runner pooling)", "model")
     params = request.pooling_params(model_config)
     check_request_priority(ctx, request.priority)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
                                    add_special_tokens=request.add_special_tokens)
-    response_id, engine_id = request_ids("embd", raw_request.headers.get("x-request-id"), request.request_id)
+    prefix = "pool" if pooling else "embd"
+    response_id, engine_id = request_ids(prefix, raw_request.headers.get("x-request-id"), request.request_id)
     work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
     return await json_response(_response(request, model, response_id, work), raw_request)
 
 
-async def _response(request: EmbeddingRequest, model: str, response_id: str, work: list[Any]) -> EmbeddingResponse:
+async def _response(request: EmbeddingRequest, model: str, response_id: str,
+                    work: list[Any]) -> EmbeddingResponse | PoolingResponse:
     outputs = await asyncio.gather(*work)
-    data = [EmbeddingResponseData(index=i, embedding=_encoded(out.outputs.embedding, request))
-            for i, out in enumerate(outputs)]
-    prompt_tokens = sum(len(out.prompt_token_ids) for out in outputs)
-    return EmbeddingResponse(id=response_id, model=model, data=data, usage=UsageInfo.of(prompt_tokens, 0))
+    vectors = [_encoded(out.outputs.embedding, request) for out in outputs]
+    usage = UsageInfo.of(sum(len(out.prompt_token_ids) for out in outputs), 0)
+    if isinstance(request, PoolingRequest):
+        return PoolingResponse(id=response_id, model=model, usage=usage,
+                               data=[PoolingResponseData(index=i, data=v) for i, v in enumerate(vectors)])
+    return EmbeddingResponse(id=response_id, model=model, usage=usage,
+                             data=[EmbeddingResponseData(index=i, embedding=v) for i, v in enumerate(vectors)])
 
 
 async def encode_one(ctx: ServingContext, prompt: dict[str, Any], params: PoolingParams, request_id: str,
