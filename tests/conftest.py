@@ -215,11 +215,11 @@ def tiny_gpt_neox(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Granite (the Transformers fallback): Llama with embedding, residual, attention and logits
-    multipliers, all away from 1 (the attention one reaches our attention as its scale)."""
+    """Granite: Llama with embedding, residual, attention and logits multipliers, all away from 1
+    and none a power of two but the residual's (the attention one is the softmax scale)."""
     return _build(tmp_path_factory, "tiny_granite", "granite", tie_word_embeddings=False,
-                  extra_config={"embedding_multiplier": 2.0, "residual_multiplier": 0.5,
-                                "attention_multiplier": 0.1, "logits_scaling": 2.0})
+                  extra_config={"embedding_multiplier": 2.5, "residual_multiplier": 0.5,
+                                "attention_multiplier": 0.1, "logits_scaling": 3.0})
 
 
 @pytest.fixture(scope="session")

@@ -105,6 +105,14 @@ _LLAMA = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"attention_bias", "mlp_bias"},
     restricted={"hidden_act": ("silu",)},
 )
+_GRANITE = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "mlp_bias", "embedding_multiplier", "residual_multiplier",
+                                     "attention_multiplier", "logits_scaling"},
+    restricted={"hidden_act": ("silu",)},
+    # transformers' GraniteConfig defaults (an attention multiplier of 1.0 is the softmax scale itself)
+    defaults={"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
+              "logits_scaling": 1.0},
+)
 _MISTRAL = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"sliding_window"},
     defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
@@ -195,6 +203,7 @@ POLICIES: Mapping[str, FieldPolicy] = {
     "Phi3ForCausalLM": _PHI3,
     "Gemma2ForCausalLM": _GEMMA2,
     "Gemma3ForCausalLM": _GEMMA3,
+    "GraniteForCausalLM": _GRANITE,
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _MISTRAL,
     "MixtralForCausalLM": _MIXTRAL,

@@ -13,10 +13,10 @@ from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
-FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_mixtral", "tiny_opt", "tiny_opt_post_norm", "tiny_phi3",
-            "tiny_qwen3_moe", "tiny_qwen2_window",
+FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_granite", "tiny_mixtral", "tiny_opt", "tiny_opt_post_norm",
+            "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window",
             # no native implementation: the Transformers fallback, chosen automatically
-            "tiny_gpt_neox", "tiny_granite"]
+            "tiny_gpt_neox"]
 
 
 @pytest.mark.parametrize("fixture", FAMILIES)
@@ -35,3 +35,10 @@ def test_family_matches_transformers(fixture: str, request: pytest.FixtureReques
     stats = llm.stats()
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0, stats
     assert_no_leaked_blocks(llm)
+
+
+def test_granite_runs_natively(tiny_granite: Path) -> None:
+    """(Granite ran on the Transformers fallback before its multipliers were implemented.)"""
+    from vllm_lite.config import EngineArgs
+
+    assert EngineArgs(model=str(tiny_granite)).create_engine_config().model_config.hf.model_impl == "vllm"

@@ -9,6 +9,7 @@ import importlib
 _MODELS: dict[str, str] = {
     "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "vllm_lite.model.models.gemma:Gemma3ForCausalLM",
+    "GraniteForCausalLM": "vllm_lite.model.models.granite:GraniteForCausalLM",
     "LlamaForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "vllm_lite.model.models.llama:LlamaForCausalLM",
     "MixtralForCausalLM": "vllm_lite.model.models.moe:MixtralForCausalLM",

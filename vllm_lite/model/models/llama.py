@@ -1,9 +1,11 @@
-"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2 and Qwen3 reuse it:
-Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary."""
+"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2, Qwen3 and
+Granite reuse it: Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary,
+Granite scales the embeddings, the attention, the residual branches and the logits (`Scales`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,10 +22,23 @@ from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
 
 
+@dataclass(frozen=True, slots=True)
+class Scales:
+    """Constant factors of a Llama-family model (Granite's multipliers; 1 and None elsewhere):
+    the embeddings are multiplied by `embedding`, each attention / MLP output by `residual`
+    before it joins the residual stream, the logits divided by `logits`; `attention` is the
+    softmax scale (None: 1 / sqrt(head_dim))."""
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    attention: float | None = None
+    logits: float = 1.0
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, scale: float | None = None) -> None:
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -35,7 +50,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window, scale)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
@@ -74,11 +89,12 @@ def dense_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) ->
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool, layer_idx: int,
-                 mlp_factory: MLPFactory = dense_mlp) -> None:
+                 mlp_factory: MLPFactory = dense_mlp, scales: Scales = Scales()) -> None:
         super().__init__()
         window = config.sliding_windows[layer_idx] if config.sliding_windows else None
-        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias, window)
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm, o_proj_bias, window, scales.attention)
         self.mlp = mlp_factory(config, layer_idx, tp)
+        self.residual_scale = scales.residual
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -91,25 +107,31 @@ class LlamaDecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
+        if self.residual_scale != 1.0:
+            hidden = hidden * self.residual_scale
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden = self.mlp(hidden)
+        return (hidden if self.residual_scale == 1.0 else hidden * self.residual_scale), residual
 
 
 class LlamaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
-                 mlp_factory: MLPFactory = dense_mlp) -> None:
+                 mlp_factory: MLPFactory = dense_mlp, scales: Scales = Scales()) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embedding_scale = scales.embedding
         rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias, i, mlp_factory)
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias, i, mlp_factory, scales)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
         hidden, residual = self.embed_tokens(input_ids), None
+        if self.embedding_scale != 1.0:
+            hidden = hidden * self.embedding_scale
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
         return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
@@ -132,11 +154,17 @@ class LlamaForCausalLM(nn.Module):
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
+        scales = self.scales(config)
         self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm, self.o_proj_bias,
-                                self.build_mlp)
+                                self.build_mlp, scales)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_scale = scales.logits
+
+    @staticmethod
+    def scales(config: HFModelConfig) -> Scales:
+        return Scales()
 
     @staticmethod
     def build_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) -> nn.Module:
@@ -151,9 +179,11 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden_states)
+        logits = self.lm_head.compute_logits(hidden_states)
+        return logits if self.logits_scale == 1.0 else logits / self.logits_scale
 
     def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """`compute_logits(hidden_states).argmax(-1)` without writing the logits where the LM head
-        can (layers/head_panels.py); None: compute the logits."""
+        can (layers/head_panels.py); None: compute the logits. (A positive logits scale keeps
+        the argmax; Granite's is checked positive.)"""
         return self.lm_head.greedy_tokens(hidden_states)
