@@ -223,6 +223,13 @@ def tiny_granite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM3: Llama with rotary left out of layer 1 (`no_rope_layers` [1, 0]), tied embeddings."""
+    return _build(tmp_path_factory, "tiny_smollm3", "smollm3", tie_word_embeddings=True,
+                  extra_config={"no_rope_layers": [1, 0]})
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen2 with use_sliding_window: layer 0 global, layer 1 local with window 8
     (max_window_layers=1); mixed layers, so no KV block is freed."""

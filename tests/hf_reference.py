@@ -238,6 +238,10 @@ def _make_config(
         from transformers import GraniteConfig
 
         return GraniteConfig(**common)
+    if arch == "smollm3":
+        from transformers import SmolLM3Config
+
+        return SmolLM3Config(attention_bias=attention_bias, **common)
     if arch == "opt":
         from transformers import OPTConfig
 

@@ -174,7 +174,7 @@ class HFModelConfig:
             torch_dtype=_HF_DTYPE_ALIASES.get(str(dtype), str(dtype)),
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
-            mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] in ("LlamaForCausalLM", "GraniteForCausalLM"),
+            mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] in _ARCHITECTURES_WITH_MLP_BIAS,
             # the fallback's windows reach our attention from transformers' own modules
             sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
             raw=dict(cfg),
@@ -194,6 +194,9 @@ class HFModelConfig:
         if not self.sliding_windows or None in self.sliding_windows:
             return None
         return max(self.sliding_windows)
+
+
+_ARCHITECTURES_WITH_MLP_BIAS = ("LlamaForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM")
 
 
 def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:

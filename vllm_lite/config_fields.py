@@ -113,6 +113,14 @@ _GRANITE = FieldPolicy(
     defaults={"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": 1.0,
               "logits_scaling": 1.0},
 )
+_SMOLLM3 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias", "mlp_bias", "no_rope_layers", "no_rope_layer_interval"},
+    # with use_sliding_window false (SmolLM3's release) neither the window nor the layer types are read
+    ignored=frozenset({"sliding_window", "layer_types"}),
+    restricted={"hidden_act": ("silu",), "use_sliding_window": (False,)},
+    defaults={"max_position_embeddings": 32768, "num_key_value_heads": 4, "tie_word_embeddings": True,
+              "rope_parameters": {"rope_theta": 2000000.0, "rope_type": "default"}},
+)
 _MISTRAL = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"sliding_window"},
     defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
@@ -210,6 +218,7 @@ POLICIES: Mapping[str, FieldPolicy] = {
     "Qwen2ForCausalLM": _QWEN2,
     "Qwen3ForCausalLM": _QWEN3,
     "Qwen3MoeForCausalLM": _QWEN3_MOE,
+    "SmolLM3ForCausalLM": _SMOLLM3,
 }
 
 

@@ -14,7 +14,7 @@ from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
 FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_granite", "tiny_mixtral", "tiny_opt", "tiny_opt_post_norm",
-            "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window",
+            "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window", "tiny_smollm3",
             # no native implementation: the Transformers fallback, chosen automatically
             "tiny_gpt_neox"]
 

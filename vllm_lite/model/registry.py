@@ -18,6 +18,7 @@ _MODELS: dict[str, str] = {
     "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "vllm_lite.model.models.moe:Qwen3MoeForCausalLM",
+    "SmolLM3ForCausalLM": "vllm_lite.model.models.smollm3:SmolLM3ForCausalLM",
 }
 
 

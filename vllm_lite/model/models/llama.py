@@ -1,6 +1,7 @@
-"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2, Qwen3 and
-Granite reuse it: Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k before rotary,
-Granite scales the embeddings, the attention, the residual branches and the logits (`Scales`)."""
+"""Llama-family decoder (Llama 2/3, Mistral with its sliding window, SmolLM2). Qwen2, Qwen3,
+Granite and SmolLM3 reuse it: Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm on q and k
+before rotary, Granite scales the embeddings, the attention, the residual branches and the logits
+(`Scales`), SmolLM3 leaves rotary out of some layers (`rope_layers`)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Scales:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding | None, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
                  sliding_window: int | None = None, scale: float | None = None) -> None:
         super().__init__()
@@ -61,7 +62,8 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.rotary_emb is not None:  # (None: a NoPE layer, SmolLM3's)
+            q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
 
 
@@ -87,7 +89,7 @@ def dense_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) ->
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding | None, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool, layer_idx: int,
                  mlp_factory: MLPFactory = dense_mlp, scales: Scales = Scales()) -> None:
         super().__init__()
@@ -117,13 +119,17 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
-                 mlp_factory: MLPFactory = dense_mlp, scales: Scales = Scales()) -> None:
+                 mlp_factory: MLPFactory = dense_mlp, scales: Scales = Scales(),
+                 rope_layers: tuple[bool, ...] | None = None) -> None:
+        """`rope_layers`: whether each layer rotates q and k (None: every layer does)."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.embedding_scale = scales.embedding
         rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        rope_layers = rope_layers or (True,) * config.num_hidden_layers
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm, o_proj_bias, i, mlp_factory, scales)
+            LlamaDecoderLayer(config, rotary if rope_layers[i] else None, backend, tp, qk_norm, o_proj_bias, i,
+                              mlp_factory, scales)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -156,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         scales = self.scales(config)
         self.model = LlamaModel(config, max_position, backend, tp, self.qk_norm, self.o_proj_bias,
-                                self.build_mlp, scales)
+                                self.build_mlp, scales, self.rope_layers(config))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
@@ -165,6 +171,11 @@ class LlamaForCausalLM(nn.Module):
     @staticmethod
     def scales(config: HFModelConfig) -> Scales:
         return Scales()
+
+    @staticmethod
+    def rope_layers(config: HFModelConfig) -> tuple[bool, ...] | None:
+        """Whether each layer rotates q and k (None: all do)."""
+        return None
 
     @staticmethod
     def build_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) -> nn.Module:
