@@ -230,6 +230,14 @@ def tiny_smollm3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_starcoder2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """StarCoder2: LayerNorm blocks, a plain gelu-tanh MLP, biases everywhere, untied (its sliding
+    window: tests/model/test_families.py)."""
+    return _build(tmp_path_factory, "tiny_starcoder2", "starcoder2", tie_word_embeddings=False,
+                  extra_config={"norm_epsilon": 1e-5})
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_window(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen2 with use_sliding_window: layer 0 global, layer 1 local with window 8
     (max_window_layers=1); mixed layers, so no KV block is freed."""

@@ -238,6 +238,10 @@ def _make_config(
         from transformers import GraniteConfig
 
         return GraniteConfig(**common)
+    if arch == "starcoder2":
+        from transformers import Starcoder2Config
+
+        return Starcoder2Config(use_bias=True, hidden_act="gelu_pytorch_tanh", **common)
     if arch == "smollm3":
         from transformers import SmolLM3Config
 

@@ -206,6 +206,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return True
     if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
         return False
+    if architecture == "Starcoder2ForCausalLM":  # every projection follows `use_bias`
+        return bool(cfg.get("use_bias", True))
     return bool(cfg.get("attention_bias", False))
 
 
@@ -218,7 +220,7 @@ def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int |
     window = cfg.get("sliding_window")
     _check(window is None or (isinstance(window, int) and window >= 1),
            f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")
-    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"):
+    if architecture in ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM", "Starcoder2ForCausalLM"):
         return (window,) * num_layers
     if architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
         return tuple(window if kind == "sliding_attention" else None

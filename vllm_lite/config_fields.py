@@ -121,6 +121,13 @@ _SMOLLM3 = FieldPolicy(
     defaults={"max_position_embeddings": 32768, "num_key_value_heads": 4, "tie_word_embeddings": True,
               "rope_parameters": {"rope_theta": 2000000.0, "rope_type": "default"}},
 )
+_STARCODER2 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"norm_epsilon", "use_bias", "sliding_window"},
+    ignored=frozenset({"residual_dropout", "embedding_dropout"}),
+    restricted={"hidden_act": ("gelu_pytorch_tanh",)},
+    defaults={"max_position_embeddings": 4096, "num_key_value_heads": 2, "tie_word_embeddings": True,
+              "hidden_act": "gelu_pytorch_tanh"},
+)
 _MISTRAL = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"sliding_window"},
     defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
@@ -219,6 +226,7 @@ POLICIES: Mapping[str, FieldPolicy] = {
     "Qwen3ForCausalLM": _QWEN3,
     "Qwen3MoeForCausalLM": _QWEN3_MOE,
     "SmolLM3ForCausalLM": _SMOLLM3,
+    "Starcoder2ForCausalLM": _STARCODER2,
 }
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hf_reference import hf_greedy
+from hf_reference import hf_greedy, hf_logits
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
 FAMILIES = ["tiny_gemma2", "tiny_gemma3", "tiny_granite", "tiny_mixtral", "tiny_opt", "tiny_opt_post_norm",
-            "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window", "tiny_smollm3",
+            "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window", "tiny_smollm3", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
             "tiny_gpt_neox"]
 
@@ -37,8 +37,49 @@ def test_family_matches_transformers(fixture: str, request: pytest.FixtureReques
     assert_no_leaked_blocks(llm)
 
 
+@pytest.mark.parametrize("fixture", FAMILIES)
+def test_family_logprobs_match_transformers(fixture: str, request: pytest.FixtureRequest,
+                                            prompts_token_ids: list[list[int]]) -> None:
+    """Each prompt token's logprob given the tokens before it, against transformers' logits: a
+    closer check than greedy tokens (an approximate activation or a scale slightly off keeps
+    most argmaxes)."""
+    import torch
+
+    from vllm_lite import SamplingParams
+
+    model: Path = request.getfixturevalue(fixture)
+    prompts = prompts_token_ids[2:5]
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for prompt, output in zip(prompts, outputs):
+        want = torch.log_softmax(hf_logits(model, prompt), dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]]
+        got = torch.tensor([entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])])
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+
+
 def test_granite_runs_natively(tiny_granite: Path) -> None:
     """(Granite ran on the Transformers fallback before its multipliers were implemented.)"""
     from vllm_lite.config import EngineArgs
 
     assert EngineArgs(model=str(tiny_granite)).create_engine_config().model_config.hf.model_impl == "vllm"
+
+
+def test_starcoder2_sliding_window_matches_transformers(tiny_starcoder2: Path, tmp_path: Path,
+                                                       prompts_token_ids: list[list[int]]) -> None:
+    """StarCoder2's `sliding_window` covers every layer (prompts up to 90 tokens, window 8)."""
+    import json
+    import shutil
+
+    windowed = tmp_path / "windowed"
+    shutil.copytree(tiny_starcoder2, windowed)
+    config = json.loads((windowed / "config.json").read_text())
+    (windowed / "config.json").write_text(json.dumps({**config, "sliding_window": 8}))
+    expected = hf_greedy(windowed, prompts_token_ids, NEW_TOKENS)
+    assert expected != hf_greedy(tiny_starcoder2, prompts_token_ids, NEW_TOKENS)  # (the window matters)
+    llm = LLM(str(windowed), max_model_len=256, dtype="float32", multiprocess=False)
+    assert run_greedy(llm, prompts_token_ids) == expected
+    llm.shutdown()

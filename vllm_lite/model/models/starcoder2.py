@@ -1,0 +1,91 @@
+"""StarCoder2: Llama's attention (GQA, rotary, biases per `use_bias`, `sliding_window` on every
+layer) in a GPT-style block: LayerNorm with biases (`norm_epsilon`) before attention and before a
+plain (not gated) MLP, `c_fc` -> gelu-tanh -> `c_proj`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import HFModelConfig
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
+
+DEFAULT_NORM_EPSILON = 1e-5  # transformers' Starcoder2Config
+
+
+class Starcoder2MLP(nn.Module):
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        bias = config.attention_bias  # (`use_bias`, read for every projection)
+        self.c_fc = ColumnParallelLinear(config.hidden_size, config.intermediate_size, bias, tp)
+        self.c_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Starcoder2DecoderLayer(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup, layer_idx: int) -> None:
+        super().__init__()
+        eps = config.raw.get("norm_epsilon", DEFAULT_NORM_EPSILON)
+        window = config.sliding_windows[layer_idx] if config.sliding_windows else None
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True,
+                                        sliding_window=window)
+        self.mlp = Starcoder2MLP(config, tp)
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Starcoder2Model(nn.Module):
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(Starcoder2DecoderLayer(config, rotary, backend, tp, i)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw.get("norm_epsilon", DEFAULT_NORM_EPSILON))
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class Starcoder2ForCausalLM(nn.Module):
+    stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
+
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Starcoder2Model(config, max_position, backend, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
+        if config.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
+        return None
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden_states)
+
+    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head.greedy_tokens(hidden_states)
