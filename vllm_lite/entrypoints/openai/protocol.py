@@ -581,6 +581,16 @@ class UsageInfo(OpenAIBaseModel):
                    prompt_tokens_details=cached)
 
 
+class ListResponse(OpenAIBaseModel):
+    """vLLM's list responses (embeddings, pooling, score): each subclass gives its `data` items."""
+
+    id: str
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: UsageInfo
+
+
 class CompletionLogProbs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
     token_logprobs: list[float | None] = Field(default_factory=list)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import time
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -23,8 +22,8 @@ from pydantic import Field
 from vllm_lite.config import ModelConfig
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker
-from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, OpenAIBaseModel, RequestModel,
-                                                   RequestParamError, UsageInfo, request_ids)
+from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ListResponse, OpenAIBaseModel,
+                                                   RequestModel, RequestParamError, UsageInfo, request_ids)
 from vllm_lite.entrypoints.openai.serving import ServingContext, check_request_priority, json_response, truncation
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.exceptions import RequestAbortedError
@@ -75,13 +74,8 @@ class EmbeddingResponseData(OpenAIBaseModel):
     embedding: list[float] | str
 
 
-class EmbeddingResponse(OpenAIBaseModel):
-    id: str
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class EmbeddingResponse(ListResponse):
     data: list[EmbeddingResponseData]
-    usage: UsageInfo
 
 
 class PoolingResponseData(OpenAIBaseModel):
@@ -90,13 +84,8 @@ class PoolingResponseData(OpenAIBaseModel):
     data: list[float] | str
 
 
-class PoolingResponse(OpenAIBaseModel):
-    id: str
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class PoolingResponse(ListResponse):
     data: list[PoolingResponseData]
-    usage: UsageInfo
 
 
 async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:

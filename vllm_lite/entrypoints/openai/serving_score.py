@@ -15,7 +15,6 @@ requests (`instruction`, `chat_template_kwargs`) and per-side truncation are ref
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -24,8 +23,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from vllm_lite.entrypoints.openai.errors import ApiError
-from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, OpenAIBaseModel, RequestModel,
-                                                   RequestParamError, UsageInfo, request_ids)
+from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ListResponse, OpenAIBaseModel,
+                                                   RequestModel, RequestParamError, UsageInfo, request_ids)
 from vllm_lite.entrypoints.openai.serving import ServingContext, check_request_priority, json_response, truncation
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.entrypoints.openai.serving_embedding import encode_one
@@ -94,13 +93,8 @@ class ScoreResponseData(OpenAIBaseModel):
     score: float
 
 
-class ScoreResponse(OpenAIBaseModel):
-    id: str
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+class ScoreResponse(ListResponse):
     data: list[ScoreResponseData]
-    usage: UsageInfo
 
 
 class RerankDocument(BaseModel):
