@@ -238,6 +238,10 @@ def _make_config(
         from transformers import GraniteConfig
 
         return GraniteConfig(**common)
+    if arch == "olmo2":
+        from transformers import Olmo2Config
+
+        return Olmo2Config(attention_bias=attention_bias, **common)
     if arch == "starcoder2":
         from transformers import Starcoder2Config
 

@@ -128,6 +128,11 @@ _STARCODER2 = FieldPolicy(
     defaults={"max_position_embeddings": 4096, "num_key_value_heads": 2, "tie_word_embeddings": True,
               "hidden_act": "gelu_pytorch_tanh"},
 )
+_OLMO2 = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias"},
+    restricted={"hidden_act": ("silu",)},
+    defaults={"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+)
 _MISTRAL = FieldPolicy(
     implemented=DENSE_IMPLEMENTED | {"sliding_window"},
     defaults={"sliding_window": 4096, "num_key_value_heads": 8, "max_position_embeddings": 131072},
@@ -215,6 +220,7 @@ _OPT = FieldPolicy(
 
 POLICIES: Mapping[str, FieldPolicy] = {
     "OPTForCausalLM": _OPT,
+    "Olmo2ForCausalLM": _OLMO2,
     "Phi3ForCausalLM": _PHI3,
     "Gemma2ForCausalLM": _GEMMA2,
     "Gemma3ForCausalLM": _GEMMA3,
