@@ -13,10 +13,11 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.attention import Attention
-from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import QKVParallelLinear, RowParallelLinear, materialize, narrow_loaded
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM
 from vllm_lite.model.models.llama import LlamaForCausalLM, LlamaMLP
 
 
@@ -100,26 +101,9 @@ class Olmo2Model(nn.Module):
         return self.norm(hidden)
 
 
-class Olmo2ForCausalLM(nn.Module):
+class Olmo2ForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__()
-        self.config = config
-        self.model = Olmo2Model(config, max_position, backend, tp)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
-        if config.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
-
-    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        return None
-
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden_states)
-
-    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head.greedy_tokens(hidden_states)
+        super().__init__(config, Olmo2Model(config, max_position, backend, tp), tp)

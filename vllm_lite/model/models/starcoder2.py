@@ -4,8 +4,6 @@ plain (not gated) MLP, `c_fc` -> gelu-tanh -> `c_proj`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,9 +11,10 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 DEFAULT_NORM_EPSILON = 1e-5  # transformers' Starcoder2Config
@@ -66,26 +65,9 @@ class Starcoder2Model(nn.Module):
         return self.norm(hidden)
 
 
-class Starcoder2ForCausalLM(nn.Module):
+class Starcoder2ForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__()
-        self.config = config
-        self.model = Starcoder2Model(config, max_position, backend, tp)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
-        if config.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
-
-    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        return None
-
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.compute_logits(hidden_states)
-
-    def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.lm_head.greedy_tokens(hidden_states)
+        super().__init__(config, Starcoder2Model(config, max_position, backend, tp), tp)
