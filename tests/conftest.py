@@ -230,6 +230,12 @@ def tiny_smollm3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma (1): (1 + w) RMSNorm, scaled embeddings, gelu-tanh MLP, GQA 4 / 2, tied."""
+    return _build(tmp_path_factory, "tiny_gemma", "gemma", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_olmo2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """OLMo 2: post-norm blocks, q and k normalized over their whole projection, GQA 4 / 2, untied."""
     return _build(tmp_path_factory, "tiny_olmo2", "olmo2", tie_word_embeddings=False)

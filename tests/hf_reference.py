@@ -258,6 +258,10 @@ def _make_config(
         from transformers import Phi3Config
 
         return Phi3Config(**common)
+    if arch == "gemma":
+        from transformers import GemmaConfig
+
+        return GemmaConfig(attention_bias=attention_bias, **common)
     if arch == "gemma2":
         from transformers import Gemma2Config
 

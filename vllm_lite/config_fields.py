@@ -181,6 +181,14 @@ _GEMMA_IMPLEMENTED = DENSE_IMPLEMENTED | {
     "attn_logit_softcapping", "final_logit_softcapping"}
 _GEMMA_DEFAULTS = {"tie_word_embeddings": True, "head_dim": 256, "query_pre_attn_scalar": 256,
                    "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}
+_GEMMA = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"attention_bias"},
+    # "gelu" is a legacy value of the official releases that transformers reads as the tanh form
+    restricted={"hidden_act": ("gelu_pytorch_tanh", "gelu"), "hidden_activation": (None, "gelu_pytorch_tanh"),
+                "use_bidirectional_attention": (None, False)},
+    defaults={"tie_word_embeddings": True, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+              "num_key_value_heads": 16, "max_position_embeddings": 8192},
+)
 _GEMMA2 = FieldPolicy(
     implemented=_GEMMA_IMPLEMENTED,
     # transformers' Gemma reads hidden_activation; hub configs carry hidden_act beside it
@@ -222,6 +230,7 @@ POLICIES: Mapping[str, FieldPolicy] = {
     "OPTForCausalLM": _OPT,
     "Olmo2ForCausalLM": _OLMO2,
     "Phi3ForCausalLM": _PHI3,
+    "GemmaForCausalLM": _GEMMA,
     "Gemma2ForCausalLM": _GEMMA2,
     "Gemma3ForCausalLM": _GEMMA3,
     "GraniteForCausalLM": _GRANITE,
@@ -311,9 +320,12 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def gemma_layer_types(cfg: Mapping[str, Any], architecture: str) -> list[str]:
-    """`layer_types`, or transformers' default: Gemma 2 alternates local/global from a local
-    layer; Gemma 3 makes every `sliding_window_pattern`-th layer global."""
+    """`layer_types`, or transformers' default: Gemma (1) has only global layers; Gemma 2
+    alternates local/global from a local layer; Gemma 3 makes every `sliding_window_pattern`-th
+    layer global."""
     num_layers = cfg["num_hidden_layers"]
+    if architecture == "GemmaForCausalLM":
+        return ["full_attention"] * num_layers
     if cfg.get("layer_types"):
         return list(cfg["layer_types"])
     if architecture == "Gemma2ForCausalLM":

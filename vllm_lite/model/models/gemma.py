@@ -2,7 +2,8 @@
 embeddings scaled by sqrt(hidden_size), gelu-tanh MLP, attention scaled by
 `query_pre_attn_scalar`, local (sliding) and global layers per `layer_types`, soft-capped
 attention scores (Gemma 2) and final logits. Gemma 3 adds per-head q/k norms and a separate
-rope base (and scaling) for local and global layers."""
+rope base (and scaling) for local and global layers. Gemma (1) has the same parts without the
+post-norms (`sandwich_norms`), soft caps or local layers, attention scaled by 1 / sqrt(head_dim)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class GemmaAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
         self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, window,
-                              scale=raw["query_pre_attn_scalar"] ** -0.5,
+                              scale=raw.get("query_pre_attn_scalar", d) ** -0.5,
                               logits_soft_cap=raw.get("attn_logit_softcapping"))
 
     # Same projections, norms and rotary as Llama's; only the scale and soft cap (set above) differ.
@@ -74,26 +75,34 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaDecoderLayer(nn.Module):
+    """`sandwich_norms` (Gemma 2 and 3): the attention and MLP outputs are normalized too, and the
+    MLP reads a norm of its own; without (Gemma 1): Llama's pre-norm block."""
+
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, window: int | None, qk_norm: bool) -> None:
+                 tp: TensorParallelGroup, window: int | None, qk_norm: bool, sandwich_norms: bool = True) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = GemmaAttention(config, rotary, backend, tp, window, qk_norm)
         self.mlp = GemmaMLP(config, tp)
         self.input_layernorm = GemmaRMSNorm(h, eps)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.sandwich_norms = sandwich_norms
+        if sandwich_norms:
+            self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+            self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
     def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
         attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        if not self.sandwich_norms:
+            hidden = hidden + attn
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
         hidden = hidden + self.post_attention_layernorm(attn)
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
 
 
 class GemmaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup, qk_norm: bool) -> None:
+                 tp: TensorParallelGroup, qk_norm: bool, sandwich_norms: bool = True) -> None:
         super().__init__()
         raw = config.raw
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
@@ -101,8 +110,9 @@ class GemmaModel(nn.Module):
         layer_types = gemma_layer_types(raw, config.architecture)
         rotaries = {kind: self._rotary(config, max_position, kind, qk_norm) for kind in set(layer_types)}
         self.rotaries = nn.ModuleList(rotaries.values())  # buffers follow the model's device
+        windows = config.sliding_windows or (None,) * len(layer_types)
         self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, rotaries[kind], backend, tp, config.sliding_windows[i], qk_norm)
+            GemmaDecoderLayer(config, rotaries[kind], backend, tp, windows[i], qk_norm, sandwich_norms)
             for i, kind in enumerate(layer_types))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -123,13 +133,14 @@ class GemmaModel(nn.Module):
 
 class Gemma2ForCausalLM(nn.Module):
     qk_norm = False
+    sandwich_norms = True
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.model = GemmaModel(config, max_position, backend, tp, self.qk_norm)
+        self.model = GemmaModel(config, max_position, backend, tp, self.qk_norm, self.sandwich_norms)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
@@ -153,3 +164,9 @@ class Gemma2ForCausalLM(nn.Module):
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
     qk_norm = True
+
+
+class GemmaForCausalLM(Gemma2ForCausalLM):
+    """Gemma (1): every layer global, no post-norms or soft caps."""
+
+    sandwich_norms = False
