@@ -247,3 +247,42 @@ def test_vllms_top_level_names_are_there(llm: LLM) -> None:
     assert by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
     with pytest.raises(TypeError):
         AsyncEngineArgs(model="x", enable_log_requests=True)
+
+
+def test_tokenization_kwargs_as_vllm_reads_them(tiny_qwen3: Path) -> None:
+    """vLLM's `tokenization_kwargs` ("overrides for tokenizer.encode"): special tokens, and
+    truncation of text and token prompts (the last tokens kept by default); other keys refused."""
+    from tokenizers.processors import TemplateProcessing
+
+    from vllm_lite.exceptions import VLLMValidationError
+
+    llm = LLM(str(tiny_qwen3), max_model_len=64, dtype="float32", multiprocess=False)
+    try:
+        tokenizer = llm.get_tokenizer()
+        bos = tokenizer.bos_token  # a tokenizer that adds a BOS, so the flag shows
+        tokenizer._tokenizer.post_processor = TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))])
+        text, params = "The quick brown fox jumps over the lazy dog", SamplingParams(max_tokens=1)
+        plain = llm.generate(text, params, use_tqdm=False)[0]
+        no_special = llm.generate(text, params, use_tqdm=False, tokenization_kwargs={"add_special_tokens": False})[0]
+        assert plain.prompt_token_ids == tokenizer.encode(text)
+        assert no_special.prompt_token_ids == tokenizer.encode(text, add_special_tokens=False)
+        assert no_special.prompt == text
+        ids = tokenizer.encode(text)
+        left = llm.generate(text, params, use_tqdm=False, tokenization_kwargs={"truncate_prompt_tokens": 3})[0]
+        assert left.prompt_token_ids == ids[-3:] and left.prompt is None  # (truncated: no longer the text)
+        right = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False, tokenization_kwargs={
+            "truncation": True, "max_length": 4, "truncation_side": "right"})[0]
+        assert right.prompt_token_ids == ids[:4]
+        chat = llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=False,
+                        tokenization_kwargs={"add_special_tokens": True})[0]
+        assert chat.prompt_token_ids[0] == tokenizer.bos_token_id
+        assert llm.chat([{"role": "user", "content": "hi"}], params, use_tqdm=False)[0].prompt_token_ids[0] \
+            != tokenizer.bos_token_id
+        for kwargs, message in (({"padding": "max_length"}, "key 'padding' is not supported"),
+                                ({"truncate_prompt_tokens": 65}, "greater than max_model_len"),
+                                ({"truncation_side": "middle"}, "truncation_side must be")):
+            with pytest.raises(VLLMValidationError, match=message):
+                llm.generate(text, params, use_tqdm=False, tokenization_kwargs=kwargs)
+    finally:
+        llm.shutdown()

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
+from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
@@ -78,23 +79,25 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
-                 tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
+                 tokenization_kwargs: dict[str, Any] | None = None,
+                 mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """`priority`: vLLM's, one per prompt (or one for all), lower first; only under
-        scheduling_policy="priority". LoRA, tokenization and multimodal arguments only as None."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            mm_processor_kwargs=mm_processor_kwargs)
-        return self._run_requests(self._generation_adds(prompts, sampling_params, priority, "generate"), use_tqdm)
+        scheduling_policy="priority". `tokenization_kwargs`: vLLM's (entrypoints/tokenization.py).
+        LoRA and multimodal arguments only as None."""
+        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        adds = self._generation_adds(prompts, sampling_params, priority, "generate", tokenization_kwargs)
+        return self._run_requests(adds, use_tqdm)
 
     def enqueue(self, prompts: PromptType | Sequence[PromptType],
                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                 lora_request: None = None, priority: int | Sequence[int] | None = None, use_tqdm: bool = True,
-                tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[str]:
+                tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
         """vLLM's: adds the prompts' requests (as `generate` would) without running them; returns
         their request ids. `wait_for_completion()` runs them (a `generate` meanwhile runs them
         too, and keeps their outputs for it)."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            mm_processor_kwargs=mm_processor_kwargs)
-        request_ids = self._add_all(self._generation_adds(prompts, sampling_params, priority, "enqueue"), use_tqdm)
+        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        adds = self._generation_adds(prompts, sampling_params, priority, "enqueue", tokenization_kwargs)
+        request_ids = self._add_all(adds, use_tqdm)
         self._enqueued.update(dict.fromkeys(request_ids))
         return request_ids
 
@@ -114,12 +117,13 @@ class LLM:
 
     def _generation_adds(self, prompts: PromptType | Sequence[PromptType],
                          sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-                         priority: int | Sequence[int] | None, method: str) -> list[Callable[[str], None]]:
+                         priority: int | Sequence[int] | None, method: str,
+                         tokenization_kwargs: dict[str, Any] | None = None) -> list[Callable[[str], None]]:
         """One `add(request_id)` per prompt: its request with its params (final output only) and priority."""
         if self.llm_engine.vllm_config.model_config.pooler is not None:
             raise VLLMValidationError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): "
                                       "use LLM.embed()")
-        prompt_list = _prompt_list(prompts)
+        prompt_list = self._tokenized(_prompt_list(prompts), tokenization_kwargs)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
         add = self.llm_engine.add_request
@@ -128,16 +132,16 @@ class LLM:
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
-              tokenization_kwargs: None = None, truncate_prompt_tokens: None = None) -> list[EmbeddingRequestOutput]:
+              tokenization_kwargs: dict[str, Any] | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """One vector per prompt from an embedding model (runner='pooling'), vLLM's interface:
         the pooler config's pooling of the final hidden states, L2-normalized unless
         `pooling_params.use_activation` is False (or the pooler config's is)."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            truncate_prompt_tokens=truncate_prompt_tokens)
+        _refuse_unless_none(lora_request=lora_request)
         if self.llm_engine.vllm_config.model_config.pooler is None:
             raise VLLMValidationError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
                                       "engine generates text")
-        prompt_list = _prompt_list(prompts)
+        prompt_list = self._tokenized(_prompt_list(prompts), tokenization_kwargs, truncate_prompt_tokens)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params_list = [pooling_params] * len(prompt_list)
         else:
@@ -147,19 +151,20 @@ class LLM:
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], /, *, use_tqdm: bool = True,
               pooling_params: PoolingParams | None = None, lora_request: None = None,
-              tokenization_kwargs: None = None, chat_template: None = None) -> list[ScoringRequestOutput]:
+              tokenization_kwargs: dict[str, Any] | None = None,
+              chat_template: None = None) -> list[ScoringRequestOutput]:
         """vLLM's: a score per pair of texts, 1 : N (one `data_1` text against each of `data_2`) or
         N : N; with an embedding model (runner='pooling'), the pair's cosine similarity (each text
-        embedded once). Cross-encoder models, LoRA, tokenization kwargs and score templates are not
-        implemented (only None)."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            chat_template=chat_template)
+        embedded once). Cross-encoder models, LoRA and score templates are not implemented (only
+        None)."""
+        _refuse_unless_none(lora_request=lora_request, chat_template=chat_template)
         if self.llm_engine.vllm_config.model_config.pooler is None:
             raise VLLMValidationError("LLM.score() needs an embedding model (runner='pooling'); cross-encoder "
                                       "(classification) models are not implemented")
         first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
         pairs = pair_indices(len(first), len(second))
-        embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params)
+        embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params,
+                              tokenization_kwargs=tokenization_kwargs)
         vectors = np.asarray([output.outputs.embedding for output in embedded], dtype=np.float32)
         scores = cosine_scores(vectors[:len(first)], vectors[len(first):], pairs)
         pad = self.get_tokenizer().pad_token_id
@@ -168,6 +173,18 @@ class LLM:
                                      ScoringOutput(score), embedded[i].prompt_token_ids + between
                                      + embedded[len(first) + j].prompt_token_ids)
                 for (i, j), score in zip(pairs, scores)]
+
+    @property
+    def _max_model_len(self) -> int:
+        return self.llm_engine.vllm_config.model_config.max_model_len
+
+    def _tokenized(self, prompts: list[PromptType], tokenization_kwargs: dict[str, Any] | None,
+                   truncate_prompt_tokens: int | None = None) -> list[PromptType]:
+        """The prompts as token prompts under vLLM's `tokenization_kwargs` (unchanged without)."""
+        tokenization = Tokenization.of(tokenization_kwargs, self._max_model_len, truncate_prompt_tokens)
+        if tokenization is None:
+            return prompts
+        return [tokenization.prompt(self.llm_engine.tokenizer, prompt) for prompt in prompts]
 
     def _run_requests(self, adds: list[Callable[[str], None]], use_tqdm: bool) -> list[Any]:
         """Adds each request under a fresh id (`add(request_id)`), runs the engine until all have
@@ -200,15 +217,15 @@ class LLM:
              chat_template: str | None = None, chat_template_content_format: str = "auto",
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-             tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[RequestOutput]:
+             tokenization_kwargs: dict[str, Any] | None = None,
+             mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
-        template's format: `chat_content`), then `generate` (`priority` as there). LoRA,
-        tokenization and multimodal arguments are not implemented: refused unless None."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            mm_processor_kwargs=mm_processor_kwargs)
+        template's format: `chat_content`), then `generate` (`priority` as there). LoRA and
+        multimodal arguments are not implemented: refused unless None."""
+        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
         return self.generate(self._chat_prompts(messages, chat_template, chat_template_content_format,
                                                 add_generation_prompt, continue_final_message, tools,
-                                                chat_template_kwargs),
+                                                chat_template_kwargs, tokenization_kwargs),
                              sampling_params, use_tqdm=use_tqdm, priority=priority)
 
     def enqueue_chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
@@ -217,19 +234,21 @@ class LLM:
                      chat_template: str | None = None, chat_template_content_format: str = "auto",
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                     tokenization_kwargs: None = None, mm_processor_kwargs: None = None) -> list[str]:
+                     tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
         """vLLM's: `chat`'s conversations enqueued as `enqueue` does; returns their request ids."""
-        _refuse_unless_none(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
-                            mm_processor_kwargs=mm_processor_kwargs)
+        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
         prompts = self._chat_prompts(messages, chat_template, chat_template_content_format, add_generation_prompt,
-                                     continue_final_message, tools, chat_template_kwargs)
+                                     continue_final_message, tools, chat_template_kwargs, tokenization_kwargs)
         return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm)
 
     def _chat_prompts(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
                       chat_template: str | None, chat_template_content_format: str, add_generation_prompt: bool,
                       continue_final_message: bool, tools: list[dict[str, Any]] | None,
-                      chat_template_kwargs: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Each conversation through the chat template: its prompt (text and token ids)."""
+                      chat_template_kwargs: dict[str, Any] | None,
+                      tokenization_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Each conversation through the chat template: its prompt (text and token ids; the
+        template writes the special tokens, `tokenization_kwargs` may add the tokenizer's)."""
+        tokenization = Tokenization.of(tokenization_kwargs, self._max_model_len) or Tokenization()
         if add_generation_prompt and continue_final_message:
             raise VLLMValidationError("continue_final_message and add_generation_prompt cannot both be True")
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
@@ -242,8 +261,7 @@ class LLM:
                 with_content_format(conversation, content_format), chat_template=chat_template, tokenize=False,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
-            token_ids = tokenizer.encode(text, add_special_tokens=False)
-            prompts.append({"prompt": text, "prompt_token_ids": token_ids})
+            prompts.append(tokenization.prompt(tokenizer, text, default_special=False))
         return prompts
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
