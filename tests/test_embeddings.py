@@ -250,8 +250,12 @@ def test_llm_score_is_the_cosine_of_transformers_embeddings(tiny_qwen3: Path) ->
             llm.score(texts[:2], texts, use_tqdm=False)
         with pytest.raises(VLLMValidationError, match="data_2 must be a text or a list of texts"):
             llm.score("a", {"prompt_token_ids": [1, 2]}, use_tqdm=False)
+        # vLLM's default side for an embedding model is "right": the text's first tokens are kept.
         truncated = llm.embed("The river flows to the sea.", truncate_prompt_tokens=3, use_tqdm=False)[0]
-        assert truncated.prompt_token_ids == tokenizer.encode("The river flows to the sea.")[-3:]
+        assert truncated.prompt_token_ids == tokenizer.encode("The river flows to the sea.")[:3]
+        assert llm.embed("The river flows to the sea.", truncate_prompt_tokens=3, use_tqdm=False,
+                         tokenization_kwargs={"truncation_side": "left"})[0].prompt_token_ids == \
+            tokenizer.encode("The river flows to the sea.")[-3:]
         assert llm.embed("The river flows to the sea.", tokenization_kwargs={"truncate_prompt_tokens": 3},
                          use_tqdm=False)[0].prompt_token_ids == truncated.prompt_token_ids
         with pytest.raises(ValueError, match="chat_template is not supported"):

@@ -79,6 +79,19 @@ def test_formats_and_vllm_fields(server: LiveServer, tiny_qwen3: Path) -> None:
     assert named.json()["id"] == "embd-mine"
 
 
+# vLLM's default side for an embedding model is "right" (its tokenizer registry): the text's start stays.
+@pytest.mark.parametrize(("side", "keep"), [(None, slice(0, 3)), ("right", slice(0, 3)), ("left", slice(-3, None))])
+def test_truncate_prompt_tokens_keeps_the_side_vllm_keeps(server: LiveServer, tiny_qwen3: Path, side: str | None,
+                                                          keep: slice) -> None:
+    body: dict[str, Any] = {"input": [PROMPT_IDS], "encoding_format": "float", "truncate_prompt_tokens": 3}
+    if side is not None:
+        body["truncation_side"] = side
+    reply = _post(server, "/v1/embeddings", body).json()
+    assert reply["usage"]["prompt_tokens"] == 3
+    torch.testing.assert_close(torch.tensor(reply["data"][0]["embedding"]),
+                               hf_embedding(tiny_qwen3, PROMPT_IDS[keep], "MEAN"), atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"input": "x", "dimensions": 8}, "dimensions", "does not support Matryoshka embeddings"),
     ({"input": "x", "encoding_format": "bytes"}, "encoding_format", "Input should be 'float' or 'base64'"),

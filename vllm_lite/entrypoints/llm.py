@@ -181,7 +181,9 @@ class LLM:
     def _tokenized(self, prompts: list[PromptType], tokenization_kwargs: dict[str, Any] | None,
                    truncate_prompt_tokens: int | None = None) -> list[PromptType]:
         """The prompts as token prompts under vLLM's `tokenization_kwargs` (unchanged without)."""
-        tokenization = Tokenization.of(tokenization_kwargs, self._max_model_len, truncate_prompt_tokens)
+        pooling = self.llm_engine.vllm_config.model_config.pooler is not None
+        tokenization = Tokenization.of(tokenization_kwargs, self._max_model_len, truncate_prompt_tokens,
+                                       pooling=pooling)
         if tokenization is None:
             return prompts
         return [tokenization.prompt(self.llm_engine.tokenizer, prompt) for prompt in prompts]

@@ -5,7 +5,7 @@
 |---|---|
 | add_special_tokens | the tokenizer's special tokens around a text prompt (generate / embed: on; chat: off, the template writes them) |
 | truncate_prompt_tokens | keep this many prompt tokens (-1: max_model_len); text and token prompts alike |
-| truncation_side | which end is cut: "left" (the default: the last tokens are kept) or "right" |
+| truncation_side | which end is cut: "left" (the last tokens are kept) or "right"; the default is vLLM's (`default_truncation_side`) |
 | truncation, max_length | `truncation: true` (or "longest_first") cuts to `max_length` (default max_model_len) |
 
 Any other key (padding, do_lower_case, ...) is refused by name: vLLM warns and ignores them.
@@ -29,10 +29,10 @@ class Tokenization:
     side: str = "left"
 
     @staticmethod
-    def of(kwargs: dict[str, Any] | None, max_model_len: int,
-           truncate_prompt_tokens: int | None = None) -> Tokenization | None:
+    def of(kwargs: dict[str, Any] | None, max_model_len: int, truncate_prompt_tokens: int | None = None, *,
+           pooling: bool = False) -> Tokenization | None:
         """From `tokenization_kwargs` (and `LLM.embed`'s older `truncate_prompt_tokens` argument);
-        None when neither asks for anything."""
+        None when neither asks for anything. `pooling`: for an embedding model (the default side)."""
         if kwargs is None and truncate_prompt_tokens is None:
             return None
         kwargs = dict(kwargs or {})
@@ -46,7 +46,7 @@ class Tokenization:
                                           "(the argument and tokenization_kwargs)", parameter="truncate_prompt_tokens")
             kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
         special = kwargs.get("add_special_tokens")
-        side = kwargs.get("truncation_side") or "left"
+        side = kwargs.get("truncation_side") or default_truncation_side(pooling)
         _check(special is None or isinstance(special, bool), "add_special_tokens", f"must be a bool, got {special!r}")
         _check(side in ("left", "right"), "truncation_side", f"must be 'left' or 'right', got {side!r}")
         return Tokenization(special, _num_tokens(kwargs, max_model_len), side)
@@ -65,9 +65,22 @@ class Tokenization:
             special = default_special if self.add_special_tokens is None else self.add_special_tokens
             ids = tokenizer.encode(text, add_special_tokens=special)
         if self.num_tokens is not None and len(ids) > self.num_tokens:
-            ids = ids[len(ids) - self.num_tokens:] if self.side == "left" else ids[:self.num_tokens]
-            text = None
+            ids, text = truncated(ids, self.num_tokens, self.side), None
         return {"prompt": text, "prompt_token_ids": ids, **salt}
+
+
+def default_truncation_side(pooling: bool) -> str:
+    """vLLM's default when a request names no side: its tokenizer registry sets the tokenizer's
+    truncation_side to "left" for generating models (the prompt's end, next to what is generated,
+    is kept) and "right" for pooling models (the text's beginning is kept)."""
+    return "right" if pooling else "left"
+
+
+def truncated(token_ids: list[int], num_tokens: int, side: str) -> list[int]:
+    """`token_ids` cut to `num_tokens`: "left" drops the first ones, "right" the last ones."""
+    if len(token_ids) <= num_tokens:
+        return token_ids
+    return token_ids[len(token_ids) - num_tokens:] if side == "left" else token_ids[:num_tokens]
 
 
 def _num_tokens(kwargs: dict[str, Any], max_model_len: int) -> int | None:

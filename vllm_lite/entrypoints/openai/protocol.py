@@ -234,8 +234,8 @@ class _GenerationRequest(RequestModel):
         "vLLM: beam search of width n (the n best beams are the choices)"))
     length_penalty: float = Field(default=1.0, description="vLLM: beam score = logprob / length ** length_penalty")
     truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
-        "which end truncate_prompt_tokens cuts: 'left' (the default, as vLLM: the last tokens are kept) "
-        "or 'right'"))
+        "which end truncate_prompt_tokens cuts: 'left' (the default for a generating model, as vLLM: "
+        "the last tokens are kept) or 'right'"))
 
     def beam_search_params(self, max_tokens: int | None, logprobs: Any) -> BeamSearchParams | None:
         """With use_beam_search, its parameters (beam width = n, as vLLM); sampling fields beam

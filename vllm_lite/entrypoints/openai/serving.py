@@ -31,6 +31,7 @@ from vllm_lite.entrypoints.openai.middleware import BODY_SEND
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
+from vllm_lite.entrypoints.tokenization import default_truncation_side, truncated
 from vllm_lite.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -146,13 +147,13 @@ class Truncation:
     side: str = "left"
 
     def apply(self, token_ids: list[int]) -> list[int]:
-        if len(token_ids) <= self.num_tokens:
-            return token_ids
-        return token_ids[len(token_ids) - self.num_tokens:] if self.side == "left" else token_ids[:self.num_tokens]
+        return truncated(token_ids, self.num_tokens, self.side)
 
 
-def truncation(ctx: ServingContext, truncate_prompt_tokens: int | None, side: str | None) -> Truncation | None:
-    """The request's truncation, -1 meaning max_model_len; more than max_model_len is refused (as vLLM)."""
+def truncation(ctx: ServingContext, truncate_prompt_tokens: int | None, side: str | None, *,
+               pooling: bool = False) -> Truncation | None:
+    """The request's truncation, -1 meaning max_model_len; more than max_model_len is refused (as vLLM).
+    No `side`: vLLM's default for the model's kind (`pooling`: an embedding model's)."""
     if truncate_prompt_tokens is None:
         return None
     if truncate_prompt_tokens == -1:
@@ -161,7 +162,7 @@ def truncation(ctx: ServingContext, truncate_prompt_tokens: int | None, side: st
         raise ApiError(400, "BadRequestError", f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
                        f"greater than max_model_len ({ctx.max_model_len}). Please, select a smaller "
                        "truncation size.", "truncate_prompt_tokens")
-    return Truncation(truncate_prompt_tokens, side or "left")
+    return Truncation(truncate_prompt_tokens, side or default_truncation_side(pooling))
 
 
 async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_special_tokens: bool = True, *,

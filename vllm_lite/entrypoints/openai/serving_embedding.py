@@ -99,7 +99,7 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
                        "(an embedding model runs with --runner pooling)", "model")
     params = request.pooling_params(model_config)
     check_request_priority(ctx, request.priority)
-    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
     prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
                                    add_special_tokens=request.add_special_tokens)
     prefix = "pool" if pooling else "embd"

@@ -168,7 +168,7 @@ async def _embed_sides(ctx: ServingContext, request: ScoringRequest, first: list
     request.check_supported()
     check_request_priority(ctx, request.priority)
     params = resolve_pooling(PoolingParams(request.use_activation), model_config)
-    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
     prompts = await engine_prompts(ctx, first + second, None, truncate, param="documents")
     outputs = await asyncio.gather(*(encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority)
                                      for i, prompt in enumerate(prompts)))
