@@ -103,3 +103,28 @@ class FakeEngine:
 
     def shutdown(self) -> None:
         pass
+
+
+class ScriptedEngine(FakeEngine):
+    """Every request's reply is `script`, one piece per step (a token each), ending with
+    `finish_reason` (and `stop_reason`); each request's prompt is kept."""
+
+    def __init__(self, tokenizer: Any, script: list[str], fail_after: int | None = None,
+                 finish_reason: str = "stop", stop_reason: int | str | None = None) -> None:
+        super().__init__(tokenizer, max_model_len=512)
+        self.script = script
+        self.fail_after = fail_after  # raise EngineDeadError after this many pieces
+        self.finish_reason, self.stop_reason = finish_reason, stop_reason
+
+    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        self.prompts.append(prompt)
+        self.params.append(params)
+        for step, piece in enumerate(self.script):
+            if step == self.fail_after:
+                raise EngineDeadError("the engine core died")
+            last = step == len(self.script) - 1
+            output = CompletionOutput(index=0, text=piece, token_ids=[7], finish_reason=self.finish_reason
+                                      if last else None, stop_reason=self.stop_reason if last else None)
+            yield RequestOutput(request_id, None, prompt["prompt_token_ids"], [output], last)
+            await asyncio.sleep(0)

@@ -115,12 +115,29 @@ def test_chat_non_stream_uses_template(engine: FakeEngine, tokenizer: Any) -> No
     assert data["usage"]["prompt_tokens"] == len(tokenizer.encode(text, add_special_tokens=False))
 
 
+def test_max_tokens_past_the_context_is_capped_as_vllm_caps_it(engine: FakeEngine) -> None:
+    """vLLM's rule (its get_max_tokens): a prompt and max_tokens that overflow max_model_len are not
+    refused; max_tokens is capped at what the prompt leaves, per prompt, on each generation route."""
+    prompts = [list(range(10, 20)), list(range(10, 60))]  # 10 and 50 tokens of a 64-token context
+    reply = request(engine, "POST", "/v1/completions", json={"model": MODEL, "prompt": prompts, "max_tokens": 60})
+    assert reply.status_code == 200, reply.text
+    assert [params.max_tokens for params in engine.params] == [54, 14]
+    engine.params.clear()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 64}
+    reply = request(engine, "POST", "/v1/chat/completions", json=body)
+    assert reply.status_code == 200 and engine.params[0].max_tokens == 64 - reply.json()["usage"]["prompt_tokens"]
+    body = {**body, "max_completion_tokens": 65}
+    error = request(engine, "POST", "/v1/chat/completions", json=body).json()["error"]
+    assert error["param"] == "max_completion_tokens" and "cannot be greater than max_model_len=64" in error["message"]
+
+
 @pytest.mark.parametrize("body, param, words", [
     ({"max_tokens": -1}, "max_tokens", "max_tokens must be >= 1"),
     ({"temperature": -1}, "temperature", "temperature must be in [0, 100]"),
     ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
     ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
-    ({"max_tokens": 60, "prompt": "word " * 10}, "max_tokens", "maximum context length is 64"),
+    ({"max_tokens": 65, "prompt": "word " * 10}, "max_tokens", "max_tokens=65 cannot be greater than max_model_len=64"),
+    ({"prompt": list(range(10, 74))}, "prompt", "leaves no room for the output"),
     ({"logprobs": 21}, "logprobs", "logprobs must be <= 20"),
     ({"logprobs": -2}, "logprobs", "logprobs must be a positive value or -1"),
     ({"prompt_logprobs": -3}, "prompt_logprobs", "prompt_logprobs must be a positive value or -1"),

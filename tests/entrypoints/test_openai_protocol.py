@@ -70,3 +70,21 @@ def test_echo_with_logprobs_asks_prompt_logprobs_and_minus_one_is_the_vocabulary
     assert params.logprobs == 300 and params.prompt_logprobs == 300
     chat = ChatCompletionRequest(messages=CHAT, logprobs=True, top_logprobs=-1).to_sampling_params(vocab_size=300)
     assert chat.logprobs == 300
+
+
+def test_an_assistant_message_s_reasoning_reaches_the_template() -> None:
+    """vLLM's interleaved thinking: an assistant turn's `reasoning` is shown to the template as
+    reasoning and reasoning_content (Qwen3's templates read the latter); `reasoning_content` in
+    the request is the same field's older name. It was dropped unseen."""
+    def conversation(**message: str) -> list[dict]:
+        request = ChatCompletionRequest(messages=[{"role": "user", "content": "q"}, {"content": "a", **message}])
+        return request.conversation()
+
+    for field in ("reasoning", "reasoning_content"):
+        shown = conversation(role="assistant", **{field: "thought"})[1]
+        assert shown["reasoning"] == shown["reasoning_content"] == "thought"
+    assert "reasoning" not in conversation(role="assistant")[1]
+    with pytest.raises(RequestParamError, match="only an assistant message carries reasoning"):
+        conversation(role="user", reasoning="x")
+    with pytest.raises(RequestParamError, match="differ"):
+        conversation(role="assistant", reasoning="x", reasoning_content="y")

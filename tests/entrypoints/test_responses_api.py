@@ -9,22 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from fake_engine import FakeEngine
+from fake_engine import ScriptedEngine
 from live_server import LiveServer, running_server
 from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.api_server import build_app
-from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerOptions
-from vllm_lite.outputs import CompletionOutput, RequestOutput
-from vllm_lite.sampling_params import SamplingParams
 
 MODEL = "tiny-qwen3"
 API_KEY = "sk-responses"
@@ -339,25 +336,6 @@ def test_auto_tool_choice_needs_the_parser_flags(client: openai.OpenAI) -> None:
 
 # ---- in-process, over a scripted engine: the parsers' side ----
 
-class ScriptedEngine(FakeEngine):
-    """Every request's reply is `script`, one piece per step."""
-
-    def __init__(self, tokenizer: Any, script: list[str], fail_after: int | None = None) -> None:
-        super().__init__(tokenizer, max_model_len=512)
-        self.script = script
-        self.fail_after = fail_after  # raise EngineDeadError after this many pieces
-
-    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        for step, piece in enumerate(self.script):
-            if step == self.fail_after:
-                raise EngineDeadError("the engine core died")
-            last = step == len(self.script) - 1
-            output = CompletionOutput(index=0, text=piece, token_ids=[7], finish_reason="stop" if last else None)
-            yield RequestOutput(request_id, None, prompt["prompt_token_ids"], [output], last)
-            await asyncio.sleep(0)
-
-
 def _scripted_events(tokenizer_dir: Path, script: list[str], fail_after: int | None = None,
                      **body: Any) -> list[Any]:
     engine = ScriptedEngine(AutoTokenizer.from_pretrained(tokenizer_dir), script, fail_after)
@@ -445,22 +423,12 @@ def test_response_store_forgets_the_least_recently_used() -> None:
     assert store.history("a") == [{"role": "user", "content": "1"}]
 
 
-class _RecordingScript(ScriptedEngine):
-    """A ScriptedEngine that keeps each request's prompt."""
-
-    async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        self.prompts.append(prompt)
-        async for output in super().generate(prompt, params, request_id):
-            yield output
-
-
 def test_reasoning_effort_reaches_the_template_and_include_reasoning_false_hides_it(
         tiny_tokenizer_dir: Path) -> None:
     """reasoning.effort -> the template's reasoning_effort and enable_thinking (as vLLM);
     vLLM's include_reasoning: false leaves the reasoning item out, whole and streamed."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
-    engine = _RecordingScript(tokenizer, ["<think>hm", "m</think>", "Answer."])
+    engine = ScriptedEngine(tokenizer, ["<think>hm", "m</think>", "Answer."])
     engine.tokenizer.chat_template = ("[{{ reasoning_effort }} {{ enable_thinking }}]"
                                       "{% for m in messages %}{{ m['content'] }}{% endfor %}")
     options = ServerOptions(api_key=API_KEY, reasoning_parser="qwen3")

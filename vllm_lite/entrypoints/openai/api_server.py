@@ -42,8 +42,8 @@ from vllm_lite.exceptions import EngineDeadError
 from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.entrypoints.openai import orca
-from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
-from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend
+from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, route_error_body
+from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend, route_path
 from vllm_lite.entrypoints.openai.protocol import (
     BatchChatCompletionRequest,
     ChatCompletionRequest,
@@ -77,6 +77,9 @@ from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPON
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
+from vllm_lite.entrypoints.openai.anthropic_protocol import (AnthropicCountTokensRequest, AnthropicErrorResponse,
+                                                             AnthropicMessagesRequest)
+from vllm_lite.entrypoints.openai.serving_anthropic import count_tokens, create_message
 from vllm_lite.entrypoints.openai.structured_outputs import BACKENDS as STRUCTURED_OUTPUT_BACKENDS
 from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs, cancel_response, create_response,
                                                             retrieve_response)
@@ -97,6 +100,8 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     for code, description in ((400, "invalid request"), (401, "wrong or missing API key"),
                               (404, "unknown model"), (413, "body too large"),
                               (500, "server bug"), (503, "engine dead or server shutting down"))}
+_ANTHROPIC_ERROR_RESPONSES = {code: {**response, "model": AnthropicErrorResponse}
+                              for code, response in _ERROR_RESPONSES.items()}
 
 
 def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_key: str | None = None, *,
@@ -217,8 +222,10 @@ def engine_is_dead(engine: EngineClient) -> bool:
 # --------------------------------------------------------------------------- errors
 
 
-def _error_response(status_code: int, err_type: str, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status_code, err_type, message, param), status_code=status_code)
+def _error_response(request: Request, status_code: int, err_type: str, message: str, param: str | None = None,
+                    headers: dict[str, str] | None = None) -> JSONResponse:
+    body = route_error_body(route_path(request.scope), status_code, err_type, message, param)
+    return JSONResponse(body, status_code=status_code, headers=headers)
 
 
 _HTTP_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
@@ -228,12 +235,12 @@ _HTTP_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "P
 
 def _add_error_handlers(app: FastAPI) -> None:
     async def known_error(request: Request, exc: Exception) -> JSONResponse:
-        return _error_response(*describe_error(exc))
+        return _error_response(request, *describe_error(exc))
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param = _validation_message(exc)
-        return _error_response(400, "BadRequestError", message, param)
+        return _error_response(request, 400, "BadRequestError", message, param)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         # Starlette's own answers (unknown route, wrong method, unparsable body) in OpenAI's shape.
@@ -243,8 +250,8 @@ def _add_error_handlers(app: FastAPI) -> None:
             message = f"the request body is not valid JSON: {exc.detail}"
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(status, _HTTP_ERROR_TYPES.get(status, "HTTPError"), message),
-                            status_code=status, headers=exc.headers)
+        return _error_response(request, status, _HTTP_ERROR_TYPES.get(status, "HTTPError"), message,
+                               headers=exc.headers)
 
     for exc_type in (ApiError, EngineDeadError, ValueError, TypeError, RecursionError):
         app.add_exception_handler(exc_type, known_error)
@@ -349,6 +356,18 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
     async def cancel(response_id: str) -> Response:
         """vLLM's cancel: a background response still running stops; any other is a 400."""
         return await cancel_response(ctx, response_id)
+
+    @app.post("/v1/messages", response_model=None,
+              responses={**_generation_responses(None), **_ANTHROPIC_ERROR_RESPONSES})
+    async def messages(request: AnthropicMessagesRequest, raw_request: Request) -> Response:
+        """Anthropic's Messages API, as vLLM serves it (serving_anthropic.py); errors in
+        Anthropic's shape."""
+        return await _load_aware(ctx, create_message(ctx, request, raw_request), raw_request)
+
+    @app.post("/v1/messages/count_tokens", response_model=None, responses=_ANTHROPIC_ERROR_RESPONSES)
+    async def messages_count_tokens(request: AnthropicCountTokensRequest) -> Response:
+        """The Messages request's prompt length (Anthropic's messages.count_tokens)."""
+        return await count_tokens(ctx, request)
 
     @app.post("/v1/chat/completions", response_model=None,
               responses=_generation_responses(ChatCompletionResponse))

@@ -16,6 +16,28 @@ def error_body(status_code: int, err_type: str, message: str, param: str | None 
     return {"error": {"message": message, "type": err_type, "param": param, "code": status_code}}
 
 
+# Anthropic's error types by status (its SDKs pick the exception class from the status).
+_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                          503: "overloaded_error"}
+ANTHROPIC_ROUTE_PREFIX = "/v1/messages"
+
+
+def anthropic_error_body(status_code: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object: what its clients read from /v1/messages."""
+    kind = _ANTHROPIC_ERROR_TYPES.get(status_code, "api_error" if status_code >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def route_error_body(path: str, status_code: int, err_type: str, message: str,
+                     param: str | None = None) -> dict[str, Any]:
+    """The error object in the shape of the API the route belongs to: Anthropic's on its
+    Messages routes, OpenAI's elsewhere."""
+    if path == ANTHROPIC_ROUTE_PREFIX or path.startswith(ANTHROPIC_ROUTE_PREFIX + "/"):
+        return anthropic_error_body(status_code, message)
+    return error_body(status_code, err_type, message, param)
+
+
 class ApiError(Exception):
     """An error answered in OpenAI's JSON shape with `status_code`."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vllm_lite.entrypoints.openai.errors import error_body
+from vllm_lite.entrypoints.openai.errors import route_error_body
 from vllm_lite.entrypoints.openai.server_state import ServerOptions, ShutdownDrain
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class RequestGate:
         self.options = options
         self.drain = drain
         keys = [options.api_key] if isinstance(options.api_key, str) else list(options.api_key or ())
-        self._expected_auth = [f"Bearer {key}".encode() for key in keys if key]
+        self._keys = [key.encode() for key in keys if key]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -67,10 +67,10 @@ class RequestGate:
             return
         path, method = route_path(scope), scope["method"]
         if path not in UNAUTHENTICATED_PATHS and method != "OPTIONS" and not self._authorized(scope):
-            await _send_error(send, 401, "AuthenticationError", "Incorrect API key provided.", "api_key")
+            await _send_error(send, path, 401, "AuthenticationError", "Incorrect API key provided.", "api_key")
             return
         if self.drain.stopping and path not in UNAUTHENTICATED_PATHS:
-            await _send_error(send, 503, "ServiceUnavailableError", "the server is shutting down")
+            await _send_error(send, path, 503, "ServiceUnavailableError", "the server is shutting down")
             return
         if method in _BODY_METHODS:
             body = await self._read_body(scope, receive, send)
@@ -97,14 +97,25 @@ class RequestGate:
         except Exception as exc:
             logger.exception("unexpected error while handling %s %s", scope["method"], scope["path"])
             if not started:  # else the client sees the response end early
-                await _send_error(send, 500, "InternalServerError", f"{type(exc).__name__}: {exc}")
+                await _send_error(send, route_path(scope), 500, "InternalServerError", f"{type(exc).__name__}: {exc}")
 
     def _authorized(self, scope: Scope) -> bool:
-        if not self._expected_auth:
+        """`Authorization: Bearer <key>` (OpenAI's, vLLM's), or `x-api-key: <key>` (what
+        Anthropic's clients send given an API key)."""
+        if not self._keys:
             return True
-        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        headers = dict(scope["headers"])  # (a repeated header: its last value)
+        bearer, api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
+        if bearer is not None:
+            if not bearer.startswith(b"Bearer "):
+                return False
+            given = bearer[len(b"Bearer "):]
+        elif api_key is not None:
+            given = api_key
+        else:
+            return False
         # Every key is compared (a list, not a short-circuit): the time taken says nothing of which.
-        return any([secrets.compare_digest(given, expected) for expected in self._expected_auth])
+        return any([secrets.compare_digest(given, key) for key in self._keys])
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None after answering 413 (as soon as the declared or received
@@ -112,7 +123,7 @@ class RequestGate:
         limit = self.options.max_request_body_bytes
         declared = next((value for name, value in scope["headers"] if name == b"content-length"), None)
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _send_too_large(send, limit)
+            await _send_too_large(send, route_path(scope), limit)
             return None
         chunks, size = [], 0
         while True:
@@ -122,7 +133,7 @@ class RequestGate:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                await _send_too_large(send, limit)
+                await _send_too_large(send, route_path(scope), limit)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -164,13 +175,14 @@ def _replay(body: bytes, receive: Receive) -> Callable[[], Any]:
     return replay
 
 
-async def _send_too_large(send: Send, limit: int) -> None:
-    await _send_error(send, 413, "RequestEntityTooLargeError",
+async def _send_too_large(send: Send, path: str, limit: int) -> None:
+    await _send_error(send, path, 413, "RequestEntityTooLargeError",
                       f"the request body is larger than {limit} bytes (--max-request-body-bytes)", "body")
 
 
-async def _send_error(send: Send, status_code: int, err_type: str, message: str, param: str | None = None) -> None:
-    payload = json.dumps(error_body(status_code, err_type, message, param)).encode()
+async def _send_error(send: Send, path: str, status_code: int, err_type: str, message: str,
+                      param: str | None = None) -> None:
+    payload = json.dumps(route_error_body(path, status_code, err_type, message, param)).encode()
     await send({"type": "http.response.start", "status": status_code,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})

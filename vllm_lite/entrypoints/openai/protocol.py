@@ -346,6 +346,11 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a `tool` turn: the call it answers
+    # vLLM's interleaved thinking: an assistant turn's reasoning, shown to the template as
+    # `reasoning` and `reasoning_content` (the name templates such as Qwen3's read);
+    # `reasoning_content` is taken as the older name of the same field.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         """The message's text (its parts joined with newlines); content parts must all be text parts."""
@@ -400,6 +405,10 @@ class ChatCompletionRequest(_GenerationRequest):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, vocab_size, field, defaults=defaults)
 
+    def max_tokens_field(self) -> str:
+        """The field the output budget came from (its errors name it)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
     def template_kwargs(self) -> dict[str, Any] | None:
         """chat_template_kwargs with reasoning_effort (vLLM's rule)."""
         if self.reasoning_effort is None:
@@ -433,6 +442,9 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
     the template's content format)."""
     message.text()  # the parts are checked here, naming the field
     out: dict[str, Any] = {"role": message.role, "content": message.content}
+    reasoning = _reasoning_of(message)
+    if reasoning is not None:
+        out["reasoning"] = out["reasoning_content"] = reasoning
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
@@ -451,6 +463,17 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
             calls.append({**call, "function": function})
         out["tool_calls"] = calls
     return out
+
+def _reasoning_of(message: ChatMessage) -> str | None:
+    reasoning, content = message.reasoning, message.reasoning_content
+    if reasoning is None and content is None:
+        return None
+    if message.role != "assistant":
+        raise RequestParamError("messages", f"only an assistant message carries reasoning, not a {message.role!r} one")
+    if reasoning is not None and content is not None and reasoning != content:
+        raise RequestParamError("messages", "a message's reasoning and reasoning_content differ (they are one field)")
+    return reasoning if reasoning is not None else content
+
 
 class BatchChatCompletionRequest(ChatCompletionRequest):
     """vLLM's POST /v1/chat/completions/batch: the fields of a chat request, with `messages` a

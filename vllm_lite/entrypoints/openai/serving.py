@@ -181,14 +181,14 @@ async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_specia
     else:
         token_ids, text = list(prompt), None
         if check_fits and truncate is None and token_ids:
-            check_length(ctx, len(token_ids), None, param)  # before the scan of a huge list
+            check_length(ctx, len(token_ids), param)  # before the scan of a huge list
         check_token_ids(ctx, token_ids, param)
     if truncate is not None and len(token_ids) > truncate.num_tokens:
         token_ids, text = truncate.apply(token_ids), None
     if check_fits and not token_ids:
         raise ApiError(400, "BadRequestError", f"The decoder prompt cannot be empty ({param} has no tokens)", param)
     if check_fits and text is None:
-        check_length(ctx, len(token_ids), None, param)
+        check_length(ctx, len(token_ids), param)
     return {"prompt": text, "prompt_token_ids": token_ids}
 
 
@@ -257,18 +257,33 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
                        "messages") from exc
 
 
-def check_length(ctx: ServingContext, num_prompt_tokens: int, max_tokens: int | None,
-                 param: str = "prompt") -> None:
+def check_length(ctx: ServingContext, num_prompt_tokens: int, param: str = "prompt") -> None:
+    """A prompt longer than max_model_len is refused (naming `param`)."""
     max_len = ctx.max_model_len
     if num_prompt_tokens > max_len:
         raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
                        f"However, your {param} has {num_prompt_tokens} tokens. Please reduce the length "
                        f"of the {param}.", param)
-    if max_tokens is not None and num_prompt_tokens + max_tokens > max_len:
+
+
+def fit_max_tokens(ctx: ServingContext, num_prompt_tokens: int, params: SamplingParams, param: str = "prompt",
+                   field: str = "max_tokens") -> SamplingParams:
+    """vLLM's rule (its get_max_tokens): the prompt must fit in max_model_len with room for one
+    token, max_tokens (`field`) may not be more than max_model_len, and is capped at what the
+    prompt leaves (the reply then ends "length" there, as vLLM's does)."""
+    check_length(ctx, num_prompt_tokens, param)
+    max_len = ctx.max_model_len
+    if params.max_tokens is not None and params.max_tokens > max_len:
+        raise ApiError(400, "BadRequestError", f"{field}={params.max_tokens} cannot be greater than "
+                       f"max_model_len={max_len}. Please request fewer output tokens.", field)
+    room = max_len - num_prompt_tokens
+    if room < 1:
         raise ApiError(400, "BadRequestError", f"This model's maximum context length is {max_len} tokens. "
-                       f"However, you requested {num_prompt_tokens + max_tokens} tokens "
-                       f"({num_prompt_tokens} in the prompt, {max_tokens} for the completion). Please "
-                       "reduce the length of the prompt or max_tokens.", "max_tokens")
+                       f"However, your {param} has {num_prompt_tokens} tokens, which leaves no room for the "
+                       f"output. Please reduce the length of the {param}.", param)
+    if params.max_tokens is None or params.max_tokens <= room:
+        return params
+    return params.clone_with(max_tokens=room)
 
 
 # --------------------------------------------------------------------------- generation

@@ -27,7 +27,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     request_ids,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_length, check_n, check_prompt_chars,
+    MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_n, fit_max_tokens, check_prompt_chars,
     gather_or_cancel,
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
     render_chat, sse_event, start_stream, top_logprobs, tracked_generate, truncation
@@ -49,7 +49,7 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     params = constrain(params, request, tools)
     prompt = await chat_prompt(ctx, request)
     prompt_token_ids = prompt["prompt_token_ids"]
-    check_length(ctx, len(prompt_token_ids), params.max_tokens)
+    params = fit_max_tokens(ctx, len(prompt_token_ids), params, field=request.max_tokens_field())
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
     if beam is not None:
@@ -249,7 +249,8 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
     for i, single in enumerate(requests):
         params = single.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
         prompt = await chat_prompt(ctx, single)
-        check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
+        params = fit_max_tokens(ctx, len(prompt["prompt_token_ids"]), params,
+                                field=single.max_tokens_field())
         prompts.append(prompt)
         streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority))
     roles = [single.reply_role(ctx.options.response_role) for single in requests]

@@ -24,7 +24,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     request_ids,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
+    ServingContext, SSEResponse, Truncation, beam_search_stream, check_n, collect_choices, decode_token, fit_max_tokens,
     gather_or_cancel,
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
     start_streams, tracked_generate, truncation
@@ -41,16 +41,14 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     prompts = await engine_prompts(ctx, request.prompt, request.cache_salt, truncate,
                                    add_special_tokens=request.add_special_tokens)
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
-    for prompt in prompts:
-        check_length(ctx, len(prompt["prompt_token_ids"]), params.max_tokens)
+    prompt_params = [fit_max_tokens(ctx, len(prompt["prompt_token_ids"]), params) for prompt in prompts]
     request_id, engine_id = request_ids("cmpl", raw_request.headers.get("x-request-id"), request.request_id)
-    beam = request.beam_search_params(params.max_tokens, request.logprobs is not None)
-    if beam is not None:
-        streams = [beam_search_stream(ctx, prompt, beam, f"{engine_id}-{i}", request.priority)
-                   for i, prompt in enumerate(prompts)]
-    else:
-        streams = [tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority)
-                   for i, prompt in enumerate(prompts)]
+    streams = []
+    for i, (prompt, fitted) in enumerate(zip(prompts, prompt_params)):
+        beam = request.beam_search_params(fitted.max_tokens, request.logprobs is not None)
+        engine_request_id = f"{engine_id}-{i}"
+        streams.append(beam_search_stream(ctx, prompt, beam, engine_request_id, request.priority) if beam is not None
+                       else tracked_generate(ctx, prompt, fitted, engine_request_id, request.priority))
     shape = _ChoiceShape.of(request, params.logprobs, ctx.tokens_as_ids(request.return_tokens_as_token_ids))
     if request.stream:
         started = await start_streams(streams)

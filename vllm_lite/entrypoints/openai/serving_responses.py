@@ -43,12 +43,12 @@ from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, Reas
 from vllm_lite.entrypoints.openai.responses_protocol import (ResponsesRequest, function_call_item, message_item,
                                                              new_id, output_as_messages, output_text_part,
                                                              reasoning_item)
-from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, cancel_on_disconnect, check_length,
+from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, cancel_on_disconnect, fit_max_tokens,
                                                   collect_choices, sse_error, start_stream, tracked_generate)
 from vllm_lite.entrypoints.openai.serving_chat import chat_logprobs, chat_prompt
 from vllm_lite.entrypoints.openai.server_state import BackgroundRun
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, constrain, extract_tool_calls, plan_tools
-from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
+from vllm_lite.entrypoints.openai.tool_streaming import ReplySplitter, ToolCallStream
 from vllm_lite.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
         raise request.chat_error(exc) from None
     prompt = await chat_prompt(ctx, chat)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
-    check_length(ctx, num_prompt_tokens, params.max_tokens, "input")
+    params = fit_max_tokens(ctx, num_prompt_tokens, params, "input", "max_output_tokens")
     response_id, engine_request_id = request.ids()
     turn = ResponseTurn(request, response_id, model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
                         history, tools, prompt)
@@ -455,9 +455,9 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
     yield writer.event("response.created", response=started)
     yield writer.event("response.in_progress", response=started)
     parser = ctx.options.reasoning_parser
-    pieces = _PieceSplitter(ReasoningStream(parser) if parser else None,
-                            ToolCallStream(turn.tools) if turn.tools.parses_output else None,
-                            _hides_reasoning(ctx, turn.request))
+    pieces = ReplySplitter(ReasoningStream(parser) if parser else None,
+                           ToolCallStream(turn.tools) if turn.tools.parses_output else None,
+                           _hides_reasoning(ctx, turn.request))
     finish_reason = None
     texts: list[str] = []
     token_ids: list[int] = []
@@ -477,28 +477,3 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
         yield event
     yield writer.event("response.completed",
                        response=_finish(ctx, turn, writer.done, incomplete, usage, ("".join(texts), token_ids)))
-
-
-@dataclass(slots=True)
-class _PieceSplitter:
-    """A delta of text -> its reasoning, content and tool-call pieces, as events."""
-
-    reasoning_stream: ReasoningStream | None
-    tool_stream: ToolCallStream | None
-    hide_reasoning: bool = False
-
-    def events(self, writer: _EventWriter, delta: str, final: bool) -> list[dict[str, Any]]:
-        reasoning, text = None, delta
-        if self.reasoning_stream is not None:
-            reasoning, text = self.reasoning_stream.feed(delta, final)
-            if self.hide_reasoning:
-                reasoning = None
-        events = writer.reasoning(reasoning) if reasoning else []
-        calls = []
-        if self.tool_stream is not None:
-            text, calls = self.tool_stream.feed(text or "", final)
-        if text:
-            events += writer.text(text)
-        for call in calls:
-            events += writer.call(call.name, call.call_id, call.arguments)
-        return events

@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
+from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
 from vllm_lite.entrypoints.openai.tool_parsers import ARRAY_FORMATS, LFM2_START, ArrayFormat
 
@@ -323,3 +325,39 @@ def _value_end(text: str, start: int) -> int | None:
             if depth == 0:
                 return position + 1
     return None
+
+
+class PieceWriter(Protocol):
+    """An API's streamed output blocks (the Responses API's items, Anthropic's content blocks)."""
+
+    def reasoning(self, delta: str) -> list[dict[str, Any]]: ...
+
+    def text(self, delta: str) -> list[dict[str, Any]]: ...
+
+    def call(self, name: str | None, call_id: str | None, delta: str) -> list[dict[str, Any]]: ...
+
+
+@dataclass(slots=True)
+class ReplySplitter:
+    """A delta of a reply's text -> its reasoning, content and tool-call pieces, as the events
+    `writer` makes of them."""
+
+    reasoning_stream: ReasoningStream | None
+    tool_stream: ToolCallStream | None
+    hide_reasoning: bool = False
+
+    def events(self, writer: PieceWriter, delta: str, final: bool) -> list[dict[str, Any]]:
+        reasoning, text = None, delta
+        if self.reasoning_stream is not None:
+            reasoning, text = self.reasoning_stream.feed(delta, final)
+            if self.hide_reasoning:
+                reasoning = None
+        events = writer.reasoning(reasoning) if reasoning else []
+        calls = []
+        if self.tool_stream is not None:
+            text, calls = self.tool_stream.feed(text or "", final)
+        if text:
+            events += writer.text(text)
+        for call in calls:
+            events += writer.call(call.name, call.call_id, call.arguments)
+        return events

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -174,3 +175,20 @@ class RemoteOpenAIServer:
         return openai.AsyncOpenAI(base_url=self.url_for("v1"), api_key=self.api_key, max_retries=0,
                                   **kwargs)
 
+
+
+class RemoteAnthropicServer(RemoteOpenAIServer):
+    """vLLM's stand-in for its Anthropic route tests: the same server, `anthropic` clients at
+    its root (the client adds /v1/messages)."""
+
+    def get_client(self, **kwargs: object) -> Any:
+        import anthropic
+
+        kwargs.setdefault("timeout", 600)
+        return anthropic.Anthropic(base_url=self.url_root, api_key=self.api_key, max_retries=0, **kwargs)
+
+    def get_async_client(self, **kwargs: object) -> Any:
+        import anthropic
+
+        kwargs.setdefault("timeout", 600)
+        return anthropic.AsyncAnthropic(base_url=self.url_root, api_key=self.api_key, max_retries=0, **kwargs)
