@@ -95,6 +95,15 @@ def test_thinking_and_text_blocks(tiny_tokenizer_dir: Path) -> None:
         assert message.usage.output_tokens == len(script) and message.usage.input_tokens > 0
 
 
+def test_thinking_display_omitted_keeps_the_block_without_its_text(tiny_tokenizer_dir: Path) -> None:
+    events, assembled, whole = _streamed_and_whole(tiny_tokenizer_dir, ["<think>secret</think>", "Hi."],
+                                                   thinking={"type": "adaptive", "display": "omitted"})
+    assert not [e for e in events if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+    for message in (assembled, whole):
+        thinking, text = message.content
+        assert (thinking.type, thinking.thinking, text.text) == ("thinking", "", "Hi.") and thinking.signature
+
+
 def test_tool_use_blocks_streamed_in_pieces(tiny_tokenizer_dir: Path) -> None:
     text = ('Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
             '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}</tool_call>')
@@ -265,6 +274,8 @@ def _error(app: Any, body: dict[str, Any], path: str = "/v1/messages",
     ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
     ({"max_tokens": 513, "messages": ASK}, "max_tokens=513 cannot be greater than max_model_len=512"),
     ({"max_tokens": 5, "messages": ASK, "output_config": {"effort": "extreme"}}, "output_config.effort"),
+    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "adaptive", "display": "updates"}}, "thinking.display"),
+    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "disabled", "budget_tokens": 2000}}, "budget_tokens"),
     ({"max_tokens": 5, "messages": ASK, "temperature": -1}, "temperature"),
 ])
 def test_bad_requests_are_refused_in_anthropic_s_shape(tiny_tokenizer_dir: Path, body: dict, named: str) -> None:

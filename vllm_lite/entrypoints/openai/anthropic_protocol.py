@@ -9,7 +9,7 @@ vLLM serves it, turned into the chat completion request it runs as:
 | max_tokens, stop_sequences, temperature, top_p, top_k | max_completion_tokens, stop, temperature, top_p, top_k |
 | tools (name, description, input_schema, strict) | chat function tools |
 | tool_choice auto / any / tool / none, disable_parallel_tool_use | tool_choice auto / required / named / none, parallel_tool_calls false |
-| thinking: disabled / adaptive | reasoning_effort "none" (the template's enable_thinking false) / nothing pinned (as vLLM) |
+| thinking: disabled / adaptive | reasoning_effort "none" (the template's enable_thinking false) / nothing pinned (as vLLM); display "omitted": thinking blocks without their text ("summarized": the whole text, as vLLM) |
 | output_config: format (json_schema), effort | response_format json_schema, reasoning_effort |
 | metadata, cache_control (top level and on blocks), service_tier, a tool_result's is_error | accepted: nothing the output depends on (prefix caching is automatic; an error result's text is its content) |
 | vLLM's cache_salt, chat_template_kwargs | chat's |
@@ -115,7 +115,15 @@ class AnthropicConversation(RequestModel):
                                     "(the model chooses) or 'disabled'")
         _check(kind in ("disabled", "adaptive"), "thinking.type",
                f"thinking.type must be enabled, disabled or adaptive, got {kind!r}")
+        _check("budget_tokens" not in self.thinking, "thinking.budget_tokens",
+               f"thinking.budget_tokens belongs to thinking of type 'enabled', not {kind!r}")
+        _check(self.thinking.get("display") in (None, "summarized", "omitted"), "thinking.display",
+               f"thinking.display must be summarized or omitted, got {self.thinking.get('display')!r}")
         return "none" if kind == "disabled" else effort
+
+    def omits_thinking(self) -> bool:
+        """thinking.display "omitted": thinking blocks carry their signature, not their text."""
+        return (self.thinking or {}).get("display") == "omitted"
 
     def _response_format(self) -> dict[str, Any] | None:
         config = self.output_config or {}

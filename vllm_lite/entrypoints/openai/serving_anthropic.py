@@ -52,6 +52,7 @@ class _Turn:
     model: str
     tools: ToolPlan
     num_prompt_tokens: int
+    omit_thinking: bool = False  # thinking.display "omitted"
 
 
 async def create_message(ctx: ServingContext, request: AnthropicMessagesRequest, raw_request: Request) -> Response:
@@ -67,7 +68,7 @@ async def create_message(ctx: ServingContext, request: AnthropicMessagesRequest,
     prompt = await chat_prompt(ctx, chat)
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     params = fit_max_tokens(ctx, num_prompt_tokens, params, "messages")
-    turn = _Turn(f"msg_{uuid.uuid4().hex}", model, tools, num_prompt_tokens)
+    turn = _Turn(f"msg_{uuid.uuid4().hex}", model, tools, num_prompt_tokens, request.omits_thinking())
     stream = tracked_generate(ctx, prompt, params, turn.message_id)
     if request.stream:
         started = await start_stream(stream)
@@ -160,7 +161,8 @@ async def _full_message(ctx: ServingContext, turn: _Turn,
     calls, content = extract_tool_calls(turn.tools, text or "") if turn.tools.parses_output else ([], text)
     blocks: list[dict[str, Any]] = []
     if reasoning:
-        blocks.append({"type": "thinking", "thinking": reasoning, "signature": uuid.uuid4().hex})
+        blocks.append({"type": "thinking", "thinking": "" if turn.omit_thinking else reasoning,
+                       "signature": uuid.uuid4().hex})
     uses = [(call, _arguments(call)) for call in calls]
     # A call whose arguments were cut short is no call: its text stays (as text) rather than be lost.
     cut = "".join(call["function"]["arguments"] for call, arguments in uses if arguments is None)
@@ -196,6 +198,7 @@ def _sse_error(exc: Exception) -> bytes:
 class _BlockWriter:
     """The message's content blocks, opened and closed in order, as events."""
 
+    omit_thinking: bool = False  # thinking blocks without their text (thinking.display "omitted")
     index: int = -1  # the open (or last) block's
     kind: str | None = None  # the open block's type
     pending_space: str = ""  # text that is only whitespace so far: no text block for it yet
@@ -211,6 +214,8 @@ class _BlockWriter:
 
     def reasoning(self, delta: str) -> list[dict[str, Any]]:
         events = [] if self.kind == "thinking" else self._open({"type": "thinking", "thinking": "", "signature": ""})
+        if self.omit_thinking:
+            return events
         return events + [self._delta({"type": "thinking_delta", "thinking": delta})]
 
     def text(self, delta: str) -> list[dict[str, Any]]:
@@ -251,7 +256,7 @@ async def _stream_events(ctx: ServingContext, turn: _Turn,
     yield {"type": "message_start", "message": {
         "id": turn.message_id, "type": "message", "role": "assistant", "content": [], "model": turn.model,
         "stop_reason": None, "stop_sequence": None, "usage": usage.json()}}
-    writer = _BlockWriter()
+    writer = _BlockWriter(turn.omit_thinking)
     parser = ctx.options.reasoning_parser
     tool_stream = ToolCallStream(turn.tools) if turn.tools.parses_output else None
     pieces = ReplySplitter(ReasoningStream(parser) if parser else None, tool_stream)
