@@ -28,9 +28,8 @@ _SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 # Counts live in int32 arrays of the worker's batch (top_k, min_tokens, max_tokens, ...).
 MAX_INT32 = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request's priority (and a server seed) travel as 64-bit ints
-# vLLM sets no upper limit on temperature (OpenAI's is 2); past 100 a float32 softmax of any
-# realistic logits is uniform already, and 1e308 would overflow float32 to inf.
-MAX_TEMPERATURE = 100.0
+# vLLM 0.32's (and OpenAI's) upper limit on temperature.
+MAX_TEMPERATURE = 2.0
 # repetition_penalty divides or multiplies logits: vLLM asks only > 0; these bounds keep the
 # products finite in float32.
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
@@ -114,7 +113,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | field | meaning | allowed |
     |---|---|---|
     | n | samples returned for the prompt | >= 1 |
-    | temperature | 0 = greedy | [0, 100] |
+    | temperature | 0 = greedy | [0, 2] (vLLM's) |
     | top_p | smallest set of tokens whose probability sum reaches top_p | (0, 1] |
     | top_k | keep the k most likely tokens; 0 or -1 = off | -1, 0 or >= 1 |
     | min_p | drop tokens below min_p * p(most likely token) | [0, 1] |

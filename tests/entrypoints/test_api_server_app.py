@@ -133,7 +133,7 @@ def test_max_tokens_past_the_context_is_capped_as_vllm_caps_it(engine: FakeEngin
 
 @pytest.mark.parametrize("body, param, words", [
     ({"max_tokens": -1}, "max_tokens", "max_tokens must be >= 1"),
-    ({"temperature": -1}, "temperature", "temperature must be in [0, 100]"),
+    ({"temperature": -1}, "temperature", "temperature must be in [0, 2]"),
     ({"top_p": 2}, "top_p", "top_p must be in (0, 1]"),
     ({"prompt": "word " * 80}, "prompt", "maximum context length is 64"),
     ({"max_tokens": 65, "prompt": "word " * 10}, "max_tokens", "max_tokens=65 cannot be greater than max_model_len=64"),

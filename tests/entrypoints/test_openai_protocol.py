@@ -88,3 +88,21 @@ def test_an_assistant_message_s_reasoning_reaches_the_template() -> None:
         conversation(role="user", reasoning="x")
     with pytest.raises(RequestParamError, match="differ"):
         conversation(role="assistant", reasoning="x", reasoning_content="y")
+
+
+def test_openai_s_bookkeeping_fields_are_taken_and_store_true_is_refused() -> None:
+    """vLLM 0.32 takes metadata, service_tier and store on chat (they change no reply); a
+    completion is never stored here, so store: true is refused by name rather than dropped."""
+    from vllm_lite.entrypoints.openai.server_state import ServerOptions
+    from vllm_lite.entrypoints.openai.serving_tools import plan_tools
+
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    request = ChatCompletionRequest(**base, store=False, metadata={"team": "a"}, service_tier="auto")
+    assert not request.unknown_fields()
+    request.to_sampling_params()
+    with pytest.raises(RequestParamError, match="store: true is not supported") as refused:
+        ChatCompletionRequest(**base, store=True).to_sampling_params()
+    assert refused.value.param == "store"
+    with pytest.raises(RequestParamError, match="must not be an empty array") as refused:  # (vLLM's answer)
+        plan_tools(ChatCompletionRequest(**base, tools=[], tool_choice="none"), ServerOptions())
+    assert refused.value.param == "tools"

@@ -230,7 +230,7 @@ def _wait_for(probe: Any, timeout_s: float = 20.0) -> Any:
 
 @pytest.mark.parametrize("path, body, status, param, words", [
     ("/v1/completions", {"prompt": PROMPT, "max_tokens": -1}, 400, "max_tokens", "max_tokens must be >= 1"),
-    ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, "temperature", "temperature must be in [0, 100]"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, 400, "temperature", "temperature must be in [0, 2]"),
     ("/v1/chat/completions", {"messages": CHAT, "top_p": 2}, 400, "top_p", "top_p must be in (0, 1]"),
     ("/v1/completions", {"prompt": "river " * 300}, 400, "prompt", "maximum context length is 256"),
     ("/v1/completions", {"prompt": PROMPT, "model": "gpt-4o"}, 404, "model", "`gpt-4o` does not exist"),

@@ -105,7 +105,7 @@ def test_max_completion_tokens_is_named_in_its_error(engine: FakeEngine) -> None
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("temperature", 1e308, "temperature must be in [0, 100]"),
+    ("temperature", 1e308, "temperature must be in [0, 2]"),
     ("top_p", 1e308, "top_p must be in (0, 1]"),
     ("min_p", -1e308, "min_p must be in [0, 1]"),
     ("frequency_penalty", 1e308, "frequency_penalty must be in [-2, 2]"),

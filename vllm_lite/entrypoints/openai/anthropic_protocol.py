@@ -95,7 +95,7 @@ class AnthropicConversation(RequestModel):
             "reasoning_effort": self._reasoning_effort(),
             "response_format": self._response_format(),
         }
-        if self.tools is not None:
+        if self.tools:  # (an empty list: no tools, as Anthropic reads it)
             fields["tools"] = [_chat_tool(tool, f"tools[{i}]") for i, tool in enumerate(self.tools)]
         fields.update(self._tool_choice())
         return fields

@@ -372,6 +372,11 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = True  # false: at most one call (vLLM: the first one parsed)
+    # OpenAI's, taken as vLLM takes them: nothing the reply depends on. A completion is never
+    # stored, so `store: true` (OpenAI keeps it for its dashboard) is refused by name.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # vLLM's extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -391,6 +396,7 @@ class ChatCompletionRequest(_GenerationRequest):
     def to_sampling_params(self, vocab_size: int | None = None,
                            defaults: dict[str, float | int] | None = None) -> SamplingParams:
         _check(bool(self.messages), "messages", "messages must hold at least one message")
+        self.check_unstored()
         _check(self.top_logprobs is None or self.logprobs, "top_logprobs",
                "top_logprobs needs logprobs=true")
         _check_logprob_count(self.top_logprobs, "top_logprobs")
@@ -404,6 +410,10 @@ class ChatCompletionRequest(_GenerationRequest):
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(max_tokens, logprobs, vocab_size, field, defaults=defaults)
+
+    def check_unstored(self) -> None:
+        _check(not self.store, "store", "store: true is not supported: chat completions are not stored here "
+               "(vLLM takes the field and stores nothing)")
 
     def max_tokens_field(self) -> str:
         """The field the output budget came from (its errors name it)."""

@@ -42,6 +42,8 @@ class ToolPlan:
 
 def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPlan:
     tools, choice = request.tools, request.tool_choice
+    _check(tools is None or len(tools) > 0, "tools", "`tools` must not be an empty array. Either provide at least "
+           "one tool or omit the field entirely.")  # (vLLM's answer)
     if not tools:
         _check(choice in (None, "none"), "tool_choice", "tool_choice needs tools")
         return ToolPlan("none")
