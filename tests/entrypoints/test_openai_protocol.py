@@ -103,6 +103,16 @@ def test_openai_s_bookkeeping_fields_are_taken_and_store_true_is_refused() -> No
     with pytest.raises(RequestParamError, match="store: true is not supported") as refused:
         ChatCompletionRequest(**base, store=True).to_sampling_params()
     assert refused.value.param == "store"
+    # Fields no reply depends on (vLLM takes them): a cache-routing key, a user id, a latency hint,
+    # a text reply's modalities.
+    taken = ChatCompletionRequest(**base, prompt_cache_key="k", safety_identifier="s", modalities=["text"],
+                                  prediction={"type": "content", "content": "Hello"})
+    taken.refuse_unknown_fields()
+    taken.to_sampling_params()
+    with pytest.raises(RequestParamError, match="modalities"):  # (an audio reply changes the reply)
+        ChatCompletionRequest(**base, modalities=["text", "audio"]).refuse_unknown_fields()
+    with pytest.raises(RequestParamError, match="prediction must be"):
+        ChatCompletionRequest(**base, prediction={"type": "other"}).to_sampling_params()
     with pytest.raises(RequestParamError, match="must not be an empty array") as refused:  # (vLLM's answer)
         plan_tools(ChatCompletionRequest(**base, tools=[], tool_choice="none"), ServerOptions())
     assert refused.value.param == "tools"

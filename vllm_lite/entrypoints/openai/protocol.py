@@ -76,10 +76,11 @@ VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
     "thinking_token_budget", "repetition_detection",
     "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
-    "functions", "function_call", "audio", "modalities", "prediction", "web_search_options"))
+    "functions", "function_call", "audio", "modalities", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
     "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
+    "modalities": (None, ["text"]), "audio": (None,),  # (a text reply: what is served)
 }
 
 
@@ -377,6 +378,10 @@ class ChatCompletionRequest(_GenerationRequest):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: str | None = None  # (routing for OpenAI's cache: the prefix cache here is automatic)
+    safety_identifier: str | None = None  # (as `user`)
+    # Predicted Outputs: a latency hint, the reply is the same without it (no speed-up here).
+    prediction: dict[str, Any] | None = None
     # vLLM's extras.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -414,6 +419,9 @@ class ChatCompletionRequest(_GenerationRequest):
     def check_unstored(self) -> None:
         _check(not self.store, "store", "store: true is not supported: chat completions are not stored here "
                "(vLLM takes the field and stores nothing)")
+        prediction = self.prediction
+        _check(prediction is None or (prediction.get("type") == "content" and set(prediction) == {"type", "content"}),
+               "prediction", "prediction must be {'type': 'content', 'content': ...}")
 
     def max_tokens_field(self) -> str:
         """The field the output budget came from (its errors name it)."""

@@ -56,6 +56,8 @@ class ResponsesRequest(TextRequest):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # (routing for OpenAI's cache: the prefix cache here is automatic)
+    safety_identifier: str | None = None  # (as `user`)
     service_tier: Literal["auto", "default"] = "auto"
     include: list[str] | None = None
     top_logprobs: int | None = None
