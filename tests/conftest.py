@@ -79,6 +79,19 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_thinking_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_qwen3's shape with a tokenizer that has `<think>` / `</think>` (tokens 1000, 1001)."""
+    from transformers import AutoTokenizer
+
+    out = build_tiny_model(tmp_path_factory.mktemp("tiny_thinking_qwen3"), "qwen3", tie_word_embeddings=True,
+                           head_dim=32, extra_config={"vocab_size": 1002})
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same config and weights as ``tiny_llama``, split into ~14 safetensors shards
     listed in model.safetensors.index.json."""

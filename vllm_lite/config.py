@@ -20,6 +20,7 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
                                      check_quantization_config, gemma_layer_types, implementing_architecture,
                                      resolve_model_impl, rope_type_of, with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
+from vllm_lite.reasoning_tags import REASONING_PARSERS
 from vllm_lite.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -350,6 +351,9 @@ class ModelConfig:
     # `LLM.generate` without SamplingParams) leaves unset takes these, as in vLLM.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     pooler: PoolerConfig | None = None  # set: the pooling runner (an embedding model); None: generate
+    # vLLM's reasoning_parser (one of reasoning_tags.REASONING_PARSERS): the tags a request's
+    # thinking_token_budget counts between. None: no budget can be asked for.
+    reasoning_parser: str | None = None
 
     @property
     def runner(self) -> str:
@@ -557,6 +561,8 @@ class EngineArgs:
     # caller's default, as vLLM's (LLM: off; AsyncLLM: on, its line written by do_log_stats();
     # `vllm-lite serve`: on, --disable-log-stats turns the line off, /metrics counts either way).
     disable_log_stats: bool | None = None
+    # vLLM's reasoning_parser (`--reasoning-parser`): what thinking_token_budget needs (its tags)
+    reasoning_parser: str | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -643,6 +649,8 @@ class EngineArgs:
         load_format = _resolve_load_format(self.load_format, gguf_file)
         _check(self.logprobs_mode in LOGPROBS_MODES,
                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
+        _check(self.reasoning_parser in (None, *REASONING_PARSERS),
+               f"reasoning_parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}")
         _check(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 (no limit: the vocabulary size, "
                f"as vLLM), got {self.max_logprobs}")
         dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
@@ -684,6 +692,7 @@ class EngineArgs:
             logprobs_mode=self.logprobs_mode,
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
+            reasoning_parser=self.reasoning_parser,
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir),
         )

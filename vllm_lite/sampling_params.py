@@ -135,6 +135,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | bad_words_token_ids | bad_words as token sequences: filled from bad_words by the engine, or given instead of them | at most 128 non-empty lists of ids in the vocabulary, 1,024 ids in all |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
     | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
+    | thinking_token_budget | most tokens of a thinking section (after the reasoning parser's start tag); then the end tag is forced (vLLM's; needs the engine's reasoning_parser) | >= 0, -1 or None = no limit |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
@@ -166,6 +167,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
     stream_interval: int | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -184,6 +186,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             self.top_k = 0
         if self.seed == -1:  # vLLM's rule: -1 asks for no seed (a client's "random")
             self.seed = None
+        if self.thinking_token_budget == -1:  # vLLM's: unlimited
+            self.thinking_token_budget = None
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._validate()
@@ -205,7 +209,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
                 setattr(self, name, [_plain_number(t) for t in getattr(self, name)])
         for name in ("n", "top_k", "min_tokens"):
             _require(_is_int(getattr(self, name)), name, f"must be an int, got {getattr(self, name)!r}")
-        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
+        for name in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "stream_interval", "thinking_token_budget"):
             value = getattr(self, name)
             _require(value is None or _is_int(value), name, f"must be an int or None, got {value!r}")
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
@@ -252,6 +256,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
         for name in ("n", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "stream_interval"):
             value = getattr(self, name)
             _require(value is None or value <= MAX_INT32, name, f"must be <= {MAX_INT32}, got {value}")
+        _require(self.thinking_token_budget is None or 0 <= self.thinking_token_budget <= MAX_INT32,
+                 "thinking_token_budget", f"must be a non-negative integer or -1 for unlimited, got "
+                 f"{self.thinking_token_budget}")
         _require(self.stream_interval is None or self.stream_interval >= 1, "stream_interval",
                  f"must be >= 1 or None, got {self.stream_interval}")
         _require(self.n >= 1, "n", f"must be >= 1, got {self.n}")

@@ -110,8 +110,8 @@ class ScriptedEngine(FakeEngine):
     `finish_reason` (and `stop_reason`); each request's prompt is kept."""
 
     def __init__(self, tokenizer: Any, script: list[str], fail_after: int | None = None,
-                 finish_reason: str = "stop", stop_reason: int | str | None = None) -> None:
-        super().__init__(tokenizer, max_model_len=512)
+                 finish_reason: str = "stop", stop_reason: int | str | None = None, max_model_len: int = 512) -> None:
+        super().__init__(tokenizer, max_model_len=max_model_len)
         self.script = script
         self.fail_after = fail_after  # raise EngineDeadError after this many pieces
         self.finish_reason, self.stop_reason = finish_reason, stop_reason

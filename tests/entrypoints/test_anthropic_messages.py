@@ -227,6 +227,14 @@ def test_sampling_fields_become_the_chat_request_s(tiny_tokenizer_dir: Path) -> 
     assert params.stop == ["x", "y"] and params.structured_outputs.json == schema
 
 
+def test_thinking_enabled_is_vllm_s_thinking_token_budget(tiny_tokenizer_dir: Path) -> None:
+    app, engine = _app(tiny_tokenizer_dir, ["<think>hm</think>", "Hi."], max_model_len=8192)
+    whole = _run(app, lambda client: client.messages.create(model=MODEL, max_tokens=4096, messages=ASK,
+                                                            thinking={"type": "enabled", "budget_tokens": 2048}))
+    assert engine.params[0].thinking_token_budget == 2048
+    assert [block.type for block in whole.content] == ["thinking", "text"]
+
+
 def test_forced_tool_choices_constrain_the_output(tiny_tokenizer_dir: Path) -> None:
     app, engine = _app(tiny_tokenizer_dir, ['{"city": "Oslo", "days": 2}'])
     whole = _run(app, lambda client: client.messages.create(
@@ -257,7 +265,9 @@ def _error(app: Any, body: dict[str, Any], path: str = "/v1/messages",
     ({"max_tokens": 0, "messages": ASK}, "max_tokens"),
     ({"max_tokens": 5, "messages": ASK, "mcp_servers": []}, "mcp_servers"),
     ({"max_tokens": 5, "messages": ASK, "vllm_xargs": {"a": 1}}, "vllm_xargs"),
-    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking_token_budget"),
+    ({"max_tokens": 5, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 2048}},
+     "budget_tokens must be less than max_tokens"),
+    ({"max_tokens": 4096, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 100}}, ">= 1024"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}, "images are not supported"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "documents"),
@@ -346,6 +356,11 @@ def test_greedy_messages_equal_chat_completions(server: LiveServer) -> None:
     assert whole.usage.cache_read_input_tokens > 0  # (the chat request just cached this prompt's blocks)
     assert client.messages.count_tokens(model=MODEL, system="Be kind.", messages=messages).input_tokens == \
         prompt_tokens
+    # A thinking budget (Anthropic's thinking "enabled" becomes one) needs the engine's reasoning
+    # parser: vLLM's answer, naming the flag.
+    with pytest.raises(openai.BadRequestError, match="--reasoning-parser"):
+        chat.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                     extra_body={"thinking_token_budget": 10})
 
 
 def test_tool_use_round_trip_on_a_live_server(server: LiveServer) -> None:
@@ -360,3 +375,18 @@ def test_tool_use_round_trip_on_a_live_server(server: LiveServer) -> None:
     assert second.usage.input_tokens > first.usage.input_tokens
     auto = client.messages.create(model=MODEL, max_tokens=4, messages=ASK, tools=[WEATHER])  # (hermes parses)
     assert auto.stop_reason == "max_tokens" and auto.content[0].type == "text"
+
+
+def test_a_thinking_budget_is_forced_on_a_live_server(tiny_thinking_qwen3: Path,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--reasoning-parser is the engine's too (vLLM's): a request's thinking_token_budget ends an
+    open section with `</think>` after that many tokens (the engine's own tests: test_thinking_budget.py)."""
+    with running_server(tiny_thinking_qwen3, tmp_path_factory.mktemp("thinking") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--reasoning-parser", "qwen3")) as live:
+        client = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key=API_KEY, max_retries=0)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_thinking_qwen3)
+        end = tokenizer.convert_tokens_to_ids("</think>")
+        prompt = [5, 17, 300, tokenizer.convert_tokens_to_ids("<think>")]
+        reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0.0, extra_body={
+            "thinking_token_budget": 2, "ignore_eos": True, "return_token_ids": True, "skip_special_tokens": False})
+        assert reply.choices[0].token_ids[2] == end

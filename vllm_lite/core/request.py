@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_lite.core.thinking_budget import ThinkingBudgetState
 from vllm_lite.wire import EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ class Request:
         "request_id", "sampling_params", "status",
         "_token_ids", "num_prompt_tokens", "_num_tokens", "_num_computed_tokens", "max_tokens",
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
-        "cache_salt", "prefix_lookup", "structured_output_request", "queued_ts", "scheduled_ts",
+        "cache_salt", "prefix_lookup", "structured_output_request", "thinking", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
         "arrival_time",
     )
@@ -86,6 +87,8 @@ class Request:
         # The grammar state of a structured-output request (structured_output.manager's
         # StructuredOutputRequest, set by the engine core); None for every other request.
         self.structured_output_request = None
+        # vLLM's thinking_token_budget (core/thinking_budget.py's ThinkingBudgetState); None without one.
+        self.thinking = None
         # Engine-core time.monotonic() when the scheduler queued it and first scheduled it (vLLM's
         # QUEUED / SCHEDULED events; 0.0 until then), for the queue / prefill time metrics.
         self.queued_ts = 0.0
@@ -103,8 +106,11 @@ class Request:
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
-        return cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
-                   req.max_tokens, req.cache_salt, req.priority, req.arrival_time)
+        request = cls(req.request_id, req.prompt_token_ids, req.sampling_params, req.eos_token_ids,
+                      req.max_tokens, req.cache_salt, req.priority, req.arrival_time)
+        if req.thinking is not None:
+            request.thinking = ThinkingBudgetState(req.thinking, req.prompt_token_ids)
+        return request
 
     def queue_key(self) -> tuple[int, float]:
         """The priority policy's order (vLLM's): lower priority first, then earlier arrival."""

@@ -57,6 +57,7 @@ from vllm_lite.config import CacheConfig, SchedulerConfig, check_priority
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm_lite.core.thinking_budget import forced_token_rows
 from vllm_lite.core.token_store import TokenStore
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
@@ -123,6 +124,7 @@ class Scheduler:
         # Structured outputs (structured_output.StructuredOutputManager): grammar bitmasks.
         self.structured_output_manager = structured_output_manager
         self.structured_req_ids: set[str] = set()  # live requests with a grammar
+        self.thinking_req_ids: set[str] = set()  # live requests with a thinking_token_budget
         self.failed: list[FinishedRequest] = []  # grammar failures not yet reported
         self.step_failures: dict[str, str] = {}  # request id -> why it failed (freed, not yet reported)
         # Steps scheduled (non-empty) whose output has not been applied yet: 1 while a step runs,
@@ -151,6 +153,8 @@ class Scheduler:
         if request.structured_output_request is not None:
             self.structured_req_ids.add(request.request_id)
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
+        if request.thinking is not None:
+            self.thinking_req_ids.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
@@ -189,6 +193,8 @@ class Scheduler:
         bitmask_failures: dict[str, str] = {}
         structured_ids, bitmask = (self._grammar_bitmask(num_scheduled, bitmask_failures)
                                    if self.structured_req_ids else ((), None))
+        if self.thinking_req_ids:
+            structured_ids, bitmask = self._with_forced_tokens(num_scheduled, structured_ids, bitmask)
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=CachedRequestData(cached_ids, cached_num_computed, num_new_blocks, new_block_ids),
@@ -198,6 +204,8 @@ class Scheduler:
             preempted_req_ids=frozenset(preempted),
             structured_output_req_ids=structured_ids,
             grammar_bitmask=bitmask,
+            # (a budget's next forced token depends on this step's tokens: async scheduling waits)
+            needs_output_first=bool(self.thinking_req_ids) and not self.thinking_req_ids.isdisjoint(num_scheduled),
         )
         if output.is_empty:
             # No worker runs this step, so none sees these ids: hand them to the next step
@@ -466,6 +474,8 @@ class Scheduler:
         stop = request.check_stop(token_id, max_model_len)
         if request.structured_output_request is not None:
             stop = self._advance_grammar(request, token_id, stop)
+        if request.thinking is not None:
+            request.thinking.accept(token_id)
         return stop
 
     def _fail_requests(self, failures: dict[str, str]) -> None:
@@ -551,6 +561,28 @@ class Scheduler:
             return (), None
         return kept, manager.grammar_bitmask([self.requests[r].structured_output_request for r in kept])
 
+    def _with_forced_tokens(self, num_scheduled: dict[str, int], req_ids: tuple[str, ...],
+                            bitmask: np.ndarray | None) -> tuple[tuple[str, ...], np.ndarray | None]:
+        """The grammar rows plus a row for each request that samples this step and whose
+        thinking budget is spent (it may only write the end token). Loops over the requests with
+        a budget only."""
+        forced = {}
+        for request_id in self.thinking_req_ids:
+            request = self.requests[request_id]
+            if request_id in num_scheduled and request.num_computed_tokens == request.num_tokens:
+                token_id = request.thinking.forced_token()
+                if token_id is not None:
+                    forced[request_id] = token_id
+        if not forced:
+            return req_ids, bitmask
+        num_words = max(max(forced.values()) // 32 + 1, 0 if bitmask is None else bitmask.shape[1])
+        rows = forced_token_rows(list(forced.values()), num_words)
+        if bitmask is not None:
+            grammar_rows = np.zeros((len(req_ids), num_words), dtype=np.int32)
+            grammar_rows[:, :bitmask.shape[1]] = bitmask
+            rows = np.concatenate([grammar_rows, rows])
+        return req_ids + tuple(forced), rows
+
     @staticmethod
     def _advance_grammar(request: Request, token_id: int,
                          stop: tuple[FinishReason, int | None] | None) -> tuple[FinishReason, int | None] | None:
@@ -613,7 +645,8 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)
-            self.token_store.assign(request, request.length_limit, request.structured_output_request is not None)
+            self.token_store.assign(request, request.length_limit,
+                                    request.structured_output_request is not None or request.thinking is not None)
             self.waiting.popleft()
             self._enqueue(self.running, request, front=False)
             request.status = RequestStatus.RUNNING
@@ -701,6 +734,7 @@ class Scheduler:
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
         self.structured_req_ids.discard(request.request_id)
+        self.thinking_req_ids.discard(request.request_id)
 
     def _check_fits(self, request: Request) -> None:
         """Reject a request that could never fit the KV cache even alone (it would preempt

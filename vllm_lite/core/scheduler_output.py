@@ -73,6 +73,9 @@ class SchedulerOutput:
     # bit t % 32 of word t // 32 = token t). None / empty when no sampling request is constrained.
     structured_output_req_ids: tuple[str, ...] = ()
     grammar_bitmask: np.ndarray | None = None
+    # A request in it has a thinking budget (whose next forced token depends on this step's
+    # tokens): under async scheduling the engine core takes this step's output before scheduling.
+    needs_output_first: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -126,7 +126,8 @@ class EngineCore:
         scheduling here, and what the caller does with the outputs before the next call, overlap
         the model running step N+1. Returns step N's outputs."""
         drained = None
-        if self.in_flight is not None and self.in_flight.structured_output_req_ids:
+        if self.in_flight is not None and (self.in_flight.structured_output_req_ids
+                                           or self.in_flight.needs_output_first):
             # Constrained requests sample in it: their next bitmask needs those tokens first.
             drained = self._finish_in_flight()
         sched = self.scheduler.schedule()

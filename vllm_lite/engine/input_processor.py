@@ -10,9 +10,10 @@ import numpy as np
 from vllm_lite.config import ModelConfig
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
-                                             check_structured_outputs)
+                                             check_structured_outputs, check_thinking_budget)
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
-from vllm_lite.wire import EngineCoreRequest
+from vllm_lite.reasoning_tags import END, START, ThinkTokens, think_tokens
+from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 class TextPrompt(TypedDict, total=False):
@@ -43,6 +44,7 @@ class InputProcessor:
         if tokenizer_eos is not None and tokenizer_eos not in eos:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
+        self._think_tokens: ThinkTokens | None = None  # resolved by the first request with a budget
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -100,6 +102,7 @@ class InputProcessor:
             raise VLLMValidationError(f"priority must be within [-2**63, 2**63 - 1] (a 64-bit int), got {priority}")
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
+        thinking = self._thinking_budget(params) if params.thinking_token_budget is not None else None
         return EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=tokens.astype(np.int32),
@@ -110,7 +113,30 @@ class InputProcessor:
             cache_salt=cache_salt,
             priority=int(priority),
             pooling=pooling,
+            thinking=thinking,
         )
+
+    def _thinking_budget(self, params: SamplingParams) -> ThinkingBudget:
+        """vLLM's thinking_token_budget with the reasoning parser's tag ids, which it needs."""
+        parser = self.model_config.reasoning_parser
+        if parser is None:
+            raise VLLMValidationError("thinking_token_budget is set but reasoning_config is not configured. Please "
+                                      "set --reasoning-parser (LLM: reasoning_parser=...) to use "
+                                      "thinking_token_budget.", parameter="thinking_token_budget")
+        if params.structured_outputs is not None:
+            raise VLLMValidationError("thinking_token_budget cannot be combined with structured outputs here (the "
+                                      "grammar constrains the reply from its first token)",
+                                      parameter="thinking_token_budget")
+        if self._think_tokens is None:
+            tokens = think_tokens(self.tokenizer) if self.tokenizer is not None else None
+            if tokens is None:
+                raise VLLMValidationError(f"thinking_token_budget needs the {START} and {END} tags of reasoning "
+                                          f"parser {parser!r} as single tokens of the tokenizer, which it lacks",
+                                          parameter="thinking_token_budget")
+            self._think_tokens = tokens
+        thinking = ThinkingBudget(params.thinking_token_budget, self._think_tokens.start, self._think_tokens.end)
+        check_thinking_budget(thinking, self.model_config)
+        return thinking
 
 
 def check_utf8(text: str, field: str) -> None:

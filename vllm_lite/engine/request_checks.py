@@ -29,7 +29,7 @@ from vllm_lite.config import ModelConfig
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
-from vllm_lite.wire import EngineCoreRequest
+from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
 
 MAX_EOS_TOKEN_IDS = 64
 MAX_STOP_TOKEN_IDS = 1024
@@ -70,6 +70,17 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
     check_sampling_params(request.sampling_params, model_config)
     check_structured_outputs(request.sampling_params)
     check_something_to_sample(request.sampling_params, request.eos_token_ids)
+    if request.thinking is not None:
+        check_thinking_budget(request.thinking, model_config)
+
+
+def check_thinking_budget(thinking: ThinkingBudget, model_config: ModelConfig) -> None:
+    """A budget the engine can force: a count, and tag ids the model can sample."""
+    if not 0 <= thinking.budget <= MAX_INT32:
+        raise VLLMValidationError(f"thinking_token_budget must be in [0, {MAX_INT32}], got {thinking.budget}",
+                                  parameter="thinking_token_budget")
+    check_token_ids("thinking_token_budget's tags", [thinking.start_id, thinking.end_id],
+                    model_config.hf.vocab_size, 2)
 
 
 def check_runner(pooling: bool, model_config: ModelConfig) -> None:

@@ -57,8 +57,8 @@ def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
                         help='serve tool_choice "auto" (needs --tool-call-parser)')
     parser.add_argument("--tool-call-parser", choices=tuple(TOOL_PARSERS),
                         default=None, help="how tool calls are read from the model's text")
-    parser.add_argument("--reasoning-parser", choices=("qwen3", "deepseek_r1"), default=None,
-                        help="return the <think> part of chat replies as `reasoning`")
+    # (--reasoning-parser is an engine flag, EngineArgs.reasoning_parser, as in vLLM: the server
+    # also returns the <think> part of chat replies as `reasoning` with it)
     parser.add_argument("--structured-outputs-config", dest="structured_outputs_config", type=json_object,
                         default=None, help="vLLM's flag, a JSON object or key by key (--structured-outputs-config."
                                            "backend xgrammar): backend (auto or xgrammar, the only one here) and "

@@ -26,6 +26,7 @@ from vllm_lite.wire.engine_core import (
     RequestIdsReceiver,
     RequestIdsSender,
     RequestType,
+    ThinkingBudget,
     UtilityRequest,
     UtilityResult,
 )
@@ -43,6 +44,6 @@ __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
     "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
-    "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "UtilityRequest",
+    "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
     "UtilityResult", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Shutdown", "WorkerReply",
 ]

@@ -44,6 +44,15 @@ class FinishReason(enum.IntEnum):
         return self.name.lower()
 
 
+class ThinkingBudget(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A request's thinking_token_budget with the reasoning parser's start and end token ids
+    (the client resolves them: the engine core has no tokenizer of its own)."""
+
+    budget: int
+    start_id: int
+    end_id: int
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     prompt_token_ids: np.ndarray
@@ -55,6 +64,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     priority: int = 0  # vLLM's: lower is served first under the priority scheduling policy
     # an embedding model's request (the pooling runner): its prompt's vector comes back with its one token
     pooling: bool = False
+    thinking: ThinkingBudget | None = None  # (core/thinking_budget.py)
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

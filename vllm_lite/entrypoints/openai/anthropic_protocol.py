@@ -9,13 +9,12 @@ vLLM serves it, turned into the chat completion request it runs as:
 | max_tokens, stop_sequences, temperature, top_p, top_k | max_completion_tokens, stop, temperature, top_p, top_k |
 | tools (name, description, input_schema, strict) | chat function tools |
 | tool_choice auto / any / tool / none, disable_parallel_tool_use | tool_choice auto / required / named / none, parallel_tool_calls false |
-| thinking: disabled / adaptive | reasoning_effort "none" (the template's enable_thinking false) / nothing pinned (as vLLM); display "omitted": thinking blocks without their text ("summarized": the whole text, as vLLM) |
+| thinking: enabled / disabled / adaptive | budget_tokens as vLLM's thinking_token_budget (needs --reasoning-parser) / reasoning_effort "none" (the template's enable_thinking false) / nothing pinned (as vLLM); display "omitted": thinking blocks without their text ("summarized": the whole text, as vLLM) |
 | output_config: format (json_schema), effort | response_format json_schema, reasoning_effort |
 | metadata, cache_control (top level and on blocks), service_tier, a tool_result's is_error | accepted: nothing the output depends on (prefix caching is automatic; an error result's text is its content) |
 | vLLM's cache_salt, chat_template_kwargs | chat's |
 
-What cannot be honoured is refused by name: `thinking: enabled` (its budget_tokens is vLLM's
-thinking_token_budget, not implemented), image and document blocks (text models only),
+What cannot be honoured is refused by name: image and document blocks (text models only),
 citations, server tools (web search, code execution, ...), deferred tools and tool changes, and
 unknown fields (mcp_servers, container, context_management, ...).
 """
@@ -109,17 +108,25 @@ class AnthropicConversation(RequestModel):
         kind = self.thinking.get("type")
         unknown = sorted(set(self.thinking) - {"type", "budget_tokens", "display"})
         _check(not unknown, f"thinking.{unknown[0] if unknown else ''}", f"unknown field(s) in thinking: {unknown}")
-        if kind == "enabled":
-            raise RequestParamError("thinking", "thinking of type 'enabled' sets budget_tokens, vLLM's "
-                                    "thinking_token_budget, which vllm_lite does not support: use 'adaptive' "
-                                    "(the model chooses) or 'disabled'")
-        _check(kind in ("disabled", "adaptive"), "thinking.type",
+        _check(kind in ("enabled", "disabled", "adaptive"), "thinking.type",
                f"thinking.type must be enabled, disabled or adaptive, got {kind!r}")
-        _check("budget_tokens" not in self.thinking, "thinking.budget_tokens",
+        _check(kind == "enabled" or "budget_tokens" not in self.thinking, "thinking.budget_tokens",
                f"thinking.budget_tokens belongs to thinking of type 'enabled', not {kind!r}")
         _check(self.thinking.get("display") in (None, "summarized", "omitted"), "thinking.display",
                f"thinking.display must be summarized or omitted, got {self.thinking.get('display')!r}")
         return "none" if kind == "disabled" else effort
+
+    def thinking_budget(self, max_tokens: int | None) -> int | None:
+        """thinking of type "enabled": its budget_tokens, vLLM's thinking_token_budget (at least
+        1,024 and less than max_tokens, as Anthropic and vLLM ask)."""
+        if (self.thinking or {}).get("type") != "enabled":
+            return None
+        budget = self.thinking.get("budget_tokens")
+        _check(isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1024,
+               "thinking.budget_tokens", f"thinking.budget_tokens must be an integer >= 1024, got {budget!r}")
+        _check(max_tokens is None or budget < max_tokens, "thinking.budget_tokens",
+               "thinking.budget_tokens must be less than max_tokens")
+        return budget
 
     def omits_thinking(self) -> bool:
         """thinking.display "omitted": thinking blocks carry their signature, not their text."""
@@ -178,11 +185,12 @@ class AnthropicMessagesRequest(AnthropicConversation):
         return ChatCompletionRequest(
             model=self.model, max_completion_tokens=self.max_tokens, stop=self.stop_sequences,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, cache_salt=self.cache_salt,
-            **self.chat_fields(merge_inline_system))
+            thinking_token_budget=self.thinking_budget(self.max_tokens), **self.chat_fields(merge_inline_system))
 
 
 class AnthropicCountTokensRequest(AnthropicConversation):
     def chat_request(self, merge_inline_system: bool) -> ChatCompletionRequest:
+        self.thinking_budget(None)  # (checked: the count does not depend on it)
         return ChatCompletionRequest(model=self.model, **self.chat_fields(merge_inline_system))
 
 

@@ -74,7 +74,7 @@ class OpenAIBaseModel(BaseModel):
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "spaces_between_special_tokens",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
-    "thinking_token_budget", "repetition_detection",
+    "repetition_detection",
     "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -154,7 +154,7 @@ class ErrorResponse(OpenAIBaseModel):
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval",
-                    "allowed_token_ids", "bad_words")
+                    "allowed_token_ids", "bad_words", "thinking_token_budget")
 
 
 # What beam search reads of the sampling fields; the others are refused with it.
@@ -186,6 +186,8 @@ class _GenerationRequest(RequestModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's: only these tokens may be sampled
+    # vLLM's: the most tokens of a thinking section before `</think>` is forced (needs --reasoning-parser)
+    thinking_token_budget: int | None = None
     bad_words: list[str] | None = Field(default=None, description=(
         "vLLM: words never generated (each word's last token is banned where the output ends with the rest)"))
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # a torch.long, as vLLM

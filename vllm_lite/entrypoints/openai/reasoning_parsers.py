@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-START, END = "<think>", "</think>"
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+from vllm_lite.reasoning_tags import END, REASONING_PARSERS, START, ThinkTokens, think_tokens  # noqa: F401
 
 
 def split_reasoning(parser: str, text: str) -> tuple[str | None, str | None]:
@@ -64,25 +63,6 @@ def _partial_tag_length(text: str) -> int:
             if text.endswith(tag[:length]):
                 return length
     return 0
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkTokens:
-    """The ids of the tokenizer's `<think>` and `</think>` tokens."""
-
-    start: int
-    end: int
-
-
-def think_tokens(tokenizer: Any) -> ThinkTokens | None:
-    """None when the tokenizer lacks either tag as one token."""
-    ids = []
-    for tag in (START, END):
-        token_id = tokenizer.convert_tokens_to_ids(tag)
-        if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != tag:
-            return None
-        ids.append(token_id)
-    return ThinkTokens(*ids)
 
 
 @dataclass(slots=True)
