@@ -351,3 +351,12 @@ def test_a_batch_after_finished_requests_gives_the_tokens_of_the_first(
     first, _ = _run_beside_poison(llm, ["a", "b", "c"], prompts)
     second, _ = _run_beside_poison(llm, ["a2", "b2", "c2"], prompts)
     assert [second["a2"], second["b2"], second["c2"]] == [first["a"], first["b"], first["c"]]
+
+
+def test_tp2_forces_the_end_of_a_spent_thinking_budget(tiny_thinking_qwen3: Path, tp_llm: Callable[..., LLM]) -> None:
+    """The forced-token row reaches both ranks as a grammar row does (vLLM's thinking_token_budget)."""
+    llm = tp_llm(tiny_thinking_qwen3, reasoning_parser="qwen3")
+    start, end = llm.get_tokenizer().convert_tokens_to_ids(["<think>", "</think>"])
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, thinking_token_budget=2)
+    (output,) = llm.generate({"prompt_token_ids": [5, 17, 300, start]}, params, use_tqdm=False)
+    assert output.outputs[0].token_ids[2] == end
