@@ -347,6 +347,12 @@ def test_greedy_messages_equal_chat_completions(server: LiveServer) -> None:
                                 extra_body=GREEDY) as stream:
         streamed_text = "".join(stream.text_stream)
         streamed = stream.get_final_message()
+    with client.messages.stream(model=MODEL, system="Be kind.", messages=messages, max_tokens=2,
+                                extra_body=GREEDY) as stream:
+        events = list(stream)
+    # As vLLM: message_start leaves the cache fields out (not known yet), message_delta has them.
+    assert events[0].message.usage.cache_read_input_tokens is None
+    assert stream.get_final_message().usage.cache_read_input_tokens > 0
     assert whole.content[0].text == streamed_text == expected.choices[0].message.content
     assert whole.stop_reason == streamed.stop_reason == "max_tokens"
     assert whole.usage.output_tokens == streamed.usage.output_tokens == 24

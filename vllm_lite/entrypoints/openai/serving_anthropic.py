@@ -252,7 +252,7 @@ class _BlockWriter:
 
 async def _stream_events(ctx: ServingContext, turn: _Turn,
                          stream: AsyncIterator[RequestOutput]) -> AsyncGenerator[dict[str, Any], None]:
-    usage = _Usage(turn.num_prompt_tokens, ctx.cached_tokens_detail(0))
+    usage = _Usage(turn.num_prompt_tokens)  # (the cache's share is known at the end: message_delta says it)
     yield {"type": "message_start", "message": {
         "id": turn.message_id, "type": "message", "role": "assistant", "content": [], "model": turn.model,
         "stop_reason": None, "stop_sequence": None, "usage": usage.json()}}
