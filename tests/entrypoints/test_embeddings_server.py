@@ -92,10 +92,34 @@ def test_truncate_prompt_tokens_keeps_the_side_vllm_keeps(server: LiveServer, ti
                                hf_embedding(tiny_qwen3, PROMPT_IDS[keep], "MEAN"), atol=2e-5, rtol=1e-4)
 
 
+def test_chat_style_embeddings_embed_the_rendered_conversation(server: LiveServer, tiny_qwen3: Path) -> None:
+    """vLLM's chat form: `messages` (or a conversation in `input`) through the chat template
+    without a generation prompt and without the tokenizer's own special tokens, one vector per
+    conversation; the same vector as the rendered conversation's token ids."""
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The river flows."}]
+    second = [{"role": "user", "content": "Hello"}]
+    rendered = [_post(server, "/tokenize", {"messages": conversation, "add_generation_prompt": False}).json()["tokens"]
+                for conversation in (first, second)]
+    for body in ({"messages": [first, second]}, {"input": [first, second]}):
+        reply = _post(server, "/v1/embeddings", {**body, "encoding_format": "float"}).json()
+        assert reply["usage"]["prompt_tokens"] == sum(map(len, rendered)), reply
+        for item, ids in zip(reply["data"], rendered, strict=True):
+            torch.testing.assert_close(torch.tensor(item["embedding"]), hf_embedding(tiny_qwen3, ids, "MEAN"),
+                                       atol=2e-5, rtol=1e-4)
+    one = _post(server, "/v1/embeddings", {"messages": first, "encoding_format": "float"}).json()
+    assert len(one["data"]) == 1 and one["usage"]["prompt_tokens"] == len(rendered[0])
+    with_prompt = _post(server, "/v1/embeddings", {"messages": first, "add_generation_prompt": True}).json()
+    assert with_prompt["usage"]["prompt_tokens"] > len(rendered[0])
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"input": "x", "dimensions": 8}, "dimensions", "does not support Matryoshka embeddings"),
     ({"input": "x", "encoding_format": "bytes"}, "encoding_format", "Input should be 'float' or 'base64'"),
-    ({"messages": [{"role": "user", "content": "x"}], "input": "x"}, "messages", "vLLM's messages is not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "input": "x"}, "input", "either input or messages"),
+    ({"input": "x", "add_generation_prompt": True}, "add_generation_prompt", "applies to messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "continue_final_message": True},
+     "continue_final_message", "Cannot set both"),
+    ({"model": MODEL}, "input", "input (texts or token ids) or messages"),
     ({"input": []}, "input", "input must not be empty"),
     ({"input": [[1, 2], [10**9]]}, "input", "out of vocabulary"),
     ({"input": "x", "priority": 3}, "priority", "priority"),

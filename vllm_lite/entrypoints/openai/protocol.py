@@ -440,7 +440,7 @@ class ChatCompletionRequest(_GenerationRequest):
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as chat templates read them (tool calls' arguments as objects, as the
         templates of Qwen, Llama and Hermes expect)."""
-        return [_template_message(m) for m in self.messages]
+        return [template_message(m) for m in self.messages]
 
     def reply_role(self, response_role: str) -> str:
         """The reply's role (vLLM's rule): the server's --response-role with
@@ -457,7 +457,7 @@ class ChatCompletionRequest(_GenerationRequest):
         return last.text() if last.role == self.reply_role(response_role) else ""
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
+def template_message(message: ChatMessage) -> dict[str, Any]:
     """The message for the chat template; its content keeps its parts (render_chat puts them in
     the template's content format)."""
     message.text()  # the parts are checked here, naming the field
@@ -531,7 +531,7 @@ class TokenizeRequest(RequestModel):
     def conversation(self) -> list[dict[str, Any]]:
         _check(not (self.add_generation_prompt and self.continue_final_message), "continue_final_message",
                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        return [_template_message(m) for m in self.messages or ()]
+        return [template_message(m) for m in self.messages or ()]
 
 
 class DetokenizeRequest(RequestModel):

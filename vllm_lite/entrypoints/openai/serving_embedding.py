@@ -4,8 +4,13 @@ and vLLM's /pooling with the `embed` task (the same vectors in its pooling respo
 `input` is a text, texts, token ids or lists of token ids; each becomes one engine request whose
 prompt's vector is the embedding (`AsyncLLM.encode`). `encoding_format` "float" gives lists of
 numbers; "base64" the vector's raw bytes (`embed_dtype` float32, float16 or bfloat16; `endianness`),
-as the OpenAI client decodes them; `dimensions` for a Matryoshka model. vLLM's binary formats
-(bytes, bytes_only), fp8 dtypes and chat-style `messages` input are refused by name."""
+as the OpenAI client decodes them; `dimensions` for a Matryoshka model.
+
+vLLM's chat form: `messages` (one conversation, or a list of them) or an `input` holding them;
+each conversation goes through the chat template (`add_generation_prompt` false by default,
+`continue_final_message`, `chat_template`, `chat_template_kwargs`; the tokenizer's special tokens
+only with `add_special_tokens`, false for this form) and is one embedding. vLLM's binary
+formats (bytes, bytes_only) and fp8 dtypes are refused by name."""
 
 from __future__ import annotations
 
@@ -22,9 +27,12 @@ from pydantic import Field
 from vllm_lite.config import ModelConfig
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker
-from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ListResponse, OpenAIBaseModel,
-                                                   RequestModel, RequestParamError, UsageInfo, request_ids)
-from vllm_lite.entrypoints.openai.serving import ServingContext, check_request_priority, json_response, truncation
+from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ChatMessage, ListResponse,
+                                                   OpenAIBaseModel, RequestModel, RequestParamError, UsageInfo,
+                                                   request_ids, template_message)
+from vllm_lite.entrypoints.openai.serving import (ServingContext, Truncation, check_prompt_chars,
+                                                  check_request_priority, encode_prompt, json_response, render_chat,
+                                                  truncation)
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.exceptions import RequestAbortedError
 from vllm_lite.outputs import EmbeddingRequestOutput
@@ -35,10 +43,16 @@ EMBED_DTYPES = {"float32": np.float32, "float16": np.float16}  # bfloat16: round
 
 
 class EmbeddingRequest(RequestModel):
-    vllm_fields_not_implemented: ClassVar[frozenset[str]] = VLLM_FIELDS_NOT_IMPLEMENTED | {"messages", "padding"}
+    vllm_fields_not_implemented: ClassVar[frozenset[str]] = VLLM_FIELDS_NOT_IMPLEMENTED | {"padding"}
 
     model: str | None = None
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[int] | list[list[int]] | list[ChatMessage] | list[list[ChatMessage]] | None = None
+    messages: list[ChatMessage] | list[list[ChatMessage]] | None = None
+    # vLLM's chat form's options (its defaults for embeddings)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     endianness: Literal["native", "little", "big"] = "native"
@@ -48,10 +62,32 @@ class EmbeddingRequest(RequestModel):
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: vLLM's default, true for texts, false for conversations
     request_id: str | None = None
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1)
+
+    def conversations(self) -> list[list[ChatMessage]] | None:
+        """The chat form's conversations (None: the plain form). `messages` wins as vLLM reads it;
+        a conversation in `input` with it is refused rather than dropped."""
+        given = self.messages
+        if given is None and _holds_messages(self.input):
+            given = self.input
+        elif given is not None and self.input is not None:
+            raise RequestParamError("input", "give either input or messages, not both")
+        if given is None:
+            if self.input is None:
+                raise RequestParamError("input", "input (texts or token ids) or messages (a conversation) is "
+                                        "required")
+            _check_plain_options(self)
+            return None
+        if self.add_generation_prompt and self.continue_final_message:
+            raise RequestParamError("continue_final_message", "Cannot set both `continue_final_message` and "
+                                    "`add_generation_prompt` to True.")
+        conversations = given if isinstance(given[0], list) else [given]
+        if not all(conversations):
+            raise RequestParamError("messages", "each conversation must hold at least one message")
+        return conversations
 
     def pooling_params(self, model_config: ModelConfig) -> PoolingParams:
         """The request's pooling, checked against the model (a 400 naming `dimensions`)."""
@@ -59,6 +95,19 @@ class EmbeddingRequest(RequestModel):
             return resolve_pooling(PoolingParams(self.use_activation, self.dimensions), model_config)
         except ValueError as exc:
             raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.dimensions: ")) from None
+
+
+def _holds_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], (ChatMessage, list)) and (
+        not isinstance(value[0], list) or (bool(value[0]) and isinstance(value[0][0], ChatMessage)))
+
+
+def _check_plain_options(request: EmbeddingRequest) -> None:
+    """The chat form's options with texts or token ids: refused (they would change nothing)."""
+    for name in ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs"):
+        if name in request.model_fields_set and getattr(request, name) not in (None, False):
+            raise RequestParamError(name, f"{name} applies to messages (a conversation), not to input texts or "
+                                    "token ids")
 
 
 class PoolingRequest(EmbeddingRequest):
@@ -100,12 +149,33 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
     params = request.pooling_params(model_config)
     check_request_priority(ctx, request.priority)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
-    prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
-                                   add_special_tokens=request.add_special_tokens)
+    conversations = request.conversations()
+    if conversations is None:
+        special = True if request.add_special_tokens is None else request.add_special_tokens
+        prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
+                                       add_special_tokens=special)
+    else:
+        prompts = [await _conversation_prompt(ctx, request, conversation, truncate) for conversation in conversations]
     prefix = "pool" if pooling else "embd"
     response_id, engine_id = request_ids(prefix, raw_request.headers.get("x-request-id"), request.request_id)
     work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
     return await json_response(_response(request, model, response_id, work), raw_request)
+
+
+async def _conversation_prompt(ctx: ServingContext, request: EmbeddingRequest, conversation: list[ChatMessage],
+                               truncate: Truncation | None) -> dict[str, Any]:
+    """A conversation through the chat template, then tokenized (vLLM's chat-style embeddings)."""
+    if truncate is None:
+        check_prompt_chars(ctx, sum(len(message.text()) for message in conversation), "messages")
+    text = await render_chat(ctx, [template_message(message) for message in conversation],
+                             add_generation_prompt=request.add_generation_prompt,
+                             continue_final_message=request.continue_final_message,
+                             chat_template=request.chat_template, chat_template_kwargs=request.chat_template_kwargs)
+    prompt = await encode_prompt(ctx, text, add_special_tokens=bool(request.add_special_tokens), param="messages",
+                                 truncate=truncate)
+    if request.cache_salt is not None:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
 
 
 async def _response(request: EmbeddingRequest, model: str, response_id: str,
