@@ -93,7 +93,9 @@ def test_llm_beam_search_on_the_engine(llm: LLM) -> None:
         assert one.sequences[0].tokens[prompt_len:] == plain.outputs[0].token_ids  # width 1 is greedy
         best = wide.sequences[0]
         assert len(wide.sequences) == 3 and best.cum_logprob >= one.sequences[0].cum_logprob - 1e-4
-        assert best.text == tokenizer.decode(best.tokens[prompt_len:], skip_special_tokens=True)
+        # vLLM's LLM.beam_search text: the whole sequence's, the prompt's included.
+        assert best.text == tokenizer.decode(best.tokens, skip_special_tokens=True)
+        assert best.text.startswith(tokenizer.decode(best.tokens[:prompt_len], skip_special_tokens=True))
         differs += best.tokens != one.sequences[0].tokens
         # The score is the engine's own likelihood of the sequence (rescored as a prompt).
         rescored = llm.generate({"prompt_token_ids": best.tokens}, SamplingParams(max_tokens=1, prompt_logprobs=0),

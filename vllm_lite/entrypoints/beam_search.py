@@ -20,6 +20,7 @@ class BeamSearchParams:
     ignore_eos: bool = False
     temperature: float = 0.0
     length_penalty: float = 1.0
+    skip_special_tokens: bool = True  # (the sequences' text)
 
     def __post_init__(self) -> None:
         if self.beam_width < 1:
@@ -34,7 +35,9 @@ class BeamSearchParams:
 
 @dataclass(slots=True)
 class BeamSearchSequence:
-    """`tokens` are the prompt's and the generated ones (as vLLM); `text` the generated text."""
+    """`tokens` are the prompt's and the generated ones, and `LLM.beam_search`'s `text` is theirs
+    (as vLLM's: the prompt's text then the generated text); the server's choices hold the
+    generated text alone."""
 
     tokens: list[int]
     logprobs: list[dict[int, Logprob]]

@@ -269,7 +269,8 @@ class LLM:
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's `LLM.beam_search`: per prompt, the `beam_width` best sequences (best first), found
-        by stepping every live beam one token at a time through `generate` (see beam_search.py)."""
+        by stepping every live beam one token at a time through `generate` (see beam_search.py).
+        A sequence's `text` is its prompt's and its output's, as vLLM's."""
         tokenizer = self.get_tokenizer()
         token_prompts = [self._prompt_token_ids(prompt) for prompt in prompts]
         search = BeamSearch(token_prompts, params, tokenizer.eos_token_id)
@@ -280,7 +281,7 @@ class LLM:
         results = []
         for index, beams in enumerate(search.results()):
             for beam in beams:
-                beam.text = tokenizer.decode(search.generated(index, beam), skip_special_tokens=True)
+                beam.text = tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
             results.append(BeamSearchOutput(beams))
         return results
 
