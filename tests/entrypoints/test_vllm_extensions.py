@@ -154,6 +154,8 @@ def test_return_tokens_as_token_ids(server: LiveServer) -> None:
     content = chat["logprobs"]["content"]
     assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["token_ids"]]
     assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"].startswith("token_id:") for c in content)
+    # vLLM's bytes: the sampled token's are those of its text (a client rebuilds the reply from them).
+    assert b"".join(bytes(c["bytes"]) for c in content).decode() == chat["message"]["content"]
 
 
 def test_logprobs_minus_one_is_the_whole_vocabulary_and_above_max_logprobs(server: LiveServer) -> None:

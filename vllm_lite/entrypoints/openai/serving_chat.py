@@ -230,8 +230,18 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
         top = [_top_entry(decode_token(tokenizer, tid, lp, tokens_as_ids), lp)
                for tid, lp in (entry.items() if list_all else top_logprobs(entry, num_top))]
         logprob = json_logprob(sampled) if sampled is not None else MIN_JSON_LOGPROB
-        content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=list(token.encode()), top_logprobs=top))
+        content.append(ChatTokenLogprob(token=token, logprob=logprob, bytes=_sampled_bytes(token, sampled, tokens_as_ids),
+                                        top_logprobs=top))
     return ChatChoiceLogprobs(content=content)
+
+
+def _sampled_bytes(token: str, sampled: Logprob | None, tokens_as_ids: bool) -> list[int] | None:
+    """The sampled token's UTF-8 bytes: of its text even when it is shown as 'token_id:<int>'
+    (vLLM's; None when the text is unknown), as OpenAI's clients rebuild text from them."""
+    if not tokens_as_ids:
+        return list(token.encode())
+    text = sampled.decoded_token if sampled is not None else None
+    return None if text is None else list(text.encode("utf-8", errors="replace"))
 
 
 def _top_entry(token: str, logprob: Logprob) -> ChatTopLogprob:
