@@ -346,9 +346,14 @@ def test_use_beam_search_equals_llm_beam_search(server: LiveServer, tiny_qwen3: 
     llm = make_llm(tiny_qwen3, max_model_len=MAX_MODEL_LEN)
     try:
         offline = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=6, ignore_eos=True))[0]
+        tokenizer = llm.get_tokenizer()
     finally:
         llm.shutdown()
-    assert [c["text"] for c in data["choices"]] == [s.text for s in offline.sequences]
+    # (LLM.beam_search's text is the whole sequence's, as vLLM's; a server choice's, the output's)
+    prompt_len = len(tokenizer.encode(PROMPT))
+    assert [c["text"] for c in data["choices"]] == [tokenizer.decode(s.tokens[prompt_len:], skip_special_tokens=True)
+                                                    for s in offline.sequences]
+    assert all(s.text.startswith(PROMPT) for s in offline.sequences)
     assert data["usage"]["completion_tokens"] == 18
     greedy = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0,
                                                "ignore_eos": True}).json()["choices"][0]["text"]
