@@ -112,6 +112,9 @@ def test_num_cached_tokens_and_metrics(tiny_qwen3: Path, multiprocess: bool) -> 
         assert first.num_cached_tokens == 0
         assert second.num_cached_tokens == 32
         assert second.outputs[0].token_ids == first.outputs[0].token_ids
+        # vLLM's skip_reading_prefix_cache: the prompt computed whole, none of it read from the cache.
+        skipped = engine.generate(prompt, params.clone_with(skip_reading_prefix_cache=True), use_tqdm=False)[0]
+        assert skipped.num_cached_tokens == 0 and skipped.outputs[0].token_ids == first.outputs[0].token_ids
         stats = second.metrics
         assert stats.num_generation_tokens == 6
         assert started <= first.metrics.arrival_time <= stats.arrival_time <= time.time()

@@ -19,7 +19,9 @@ INVALID = [
     ("temperature", {"temperature": math.nan}),
     ("temperature", {"temperature": math.inf}),
     ("temperature", {"temperature": "1"}),
-    ("temperature", {"temperature": 2.01}),  # (vLLM 0.32's bound, [0, 2]; 2.0 itself is taken)
+    ("temperature", {"temperature": 2.01}),
+    ("skip_reading_prefix_cache", {"skip_reading_prefix_cache": "yes"}),
+    ("skip_reading_prefix_cache", {"skip_reading_prefix_cache": False, "prompt_logprobs": 1}),  # (vLLM 0.32's bound, [0, 2]; 2.0 itself is taken)
     ("top_p", {"top_p": 0.0}),
     ("top_p", {"top_p": 1.01}),
     ("top_k", {"top_k": -2}),

@@ -135,6 +135,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | bad_words_token_ids | bad_words as token sequences: filled from bad_words by the engine, or given instead of them | at most 128 non-empty lists of ids in the vocabulary, 1,024 ids in all |
     | structured_outputs | the output follows a JSON schema, regex, choice or grammar | StructuredOutputsParams or its dict |
     | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
+    | skip_reading_prefix_cache | the prompt is computed whole, none of it read from the prefix cache (vLLM's); None: only with prompt_logprobs (every prompt position needs its logits) | bool or None |
     | thinking_token_budget | most tokens of a thinking section (after the reasoning parser's start tag); then the end tag is forced (vLLM's; needs the engine's reasoning_parser) | >= 0, -1 or None = no limit |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
@@ -168,6 +169,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     structured_outputs: StructuredOutputsParams | None = None
     stream_interval: int | None = None
     thinking_token_budget: int | None = None
+    skip_reading_prefix_cache: bool | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -188,6 +190,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             self.seed = None
         if self.thinking_token_budget == -1:  # vLLM's: unlimited
             self.thinking_token_budget = None
+        # (prompt logprobs need every prompt position's logits: the cache is never read for them)
+        _require(self.prompt_logprobs is None or self.skip_reading_prefix_cache is not False,
+                 "skip_reading_prefix_cache", "must not be False with prompt_logprobs (every prompt position "
+                 "needs its logits, which cached positions do not have)")
+        if self.skip_reading_prefix_cache is None:  # vLLM's default
+            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self._validate()
@@ -217,6 +225,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             value = getattr(self, name)
             _require(_is_number(value) and math.isfinite(value), name,
                      f"must be a finite number, got {value!r}")
+        _require(self.skip_reading_prefix_cache is None or isinstance(self.skip_reading_prefix_cache, bool),
+                 "skip_reading_prefix_cache", f"must be a bool or None, got {self.skip_reading_prefix_cache!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):
             _require(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
         _require(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",

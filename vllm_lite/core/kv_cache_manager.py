@@ -73,11 +73,12 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of full blocks. At most num_tokens - 1 tokens can hit: the last
-        token must be computed to produce logits. A request that wants prompt logprobs reads no
-        cache (as in vLLM): every prompt position must go through the model. A request blocked
+        token must be computed to produce logits. A request with skip_reading_prefix_cache reads
+        none (vLLM's; the default for one that wants prompt logprobs: every prompt position must
+        go through the model). A request blocked
         at the head of the queue asks every step: the answer is kept until the cached set of
         blocks changes."""
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        if not self.enable_caching or request.sampling_params.skip_reading_prefix_cache:
             return [], 0
         version = self.block_pool.cache_version
         if request.prefix_lookup is not None and request.prefix_lookup[0] == version:
@@ -96,7 +97,7 @@ class KVCacheManager:
     def record_admission(self, request: Request, num_cached_tokens: int) -> None:
         """Counts one prefix-cache query per admission (not per step a request waits)."""
         request.prefix_lookup = None
-        if self.enable_caching and request.sampling_params.prompt_logprobs is None:
+        if self.enable_caching and not request.sampling_params.skip_reading_prefix_cache:
             self.stats.queries += request.num_tokens
             self.stats.hits += num_cached_tokens
 
