@@ -441,6 +441,24 @@ class DeviceConfig:
     device: str  # resolved: "cpu" or "cuda"
 
 
+# vLLM's allowed max_lora_rank values (its MaxLoRARanks)
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    """vLLM's LoRA settings (`enable_lora` makes one): at most `max_loras` adapters in one step's
+    batch, each of rank <= `max_lora_rank`; every worker keeps at most `max_cpu_loras` loaded.
+    `target_modules`: the layers adapters may change, by our (vLLM's) layer names' last part
+    (e.g. ["qkv_proj", "o_proj"]); an adapter's other modules are left out. None: every linear
+    layer."""
+
+    max_lora_rank: int = 16
+    max_loras: int = 1
+    max_cpu_loras: int = 1
+    target_modules: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class VllmConfig:
     model_config: ModelConfig
@@ -448,6 +466,7 @@ class VllmConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     device_config: DeviceConfig
+    lora_config: LoRAConfig | None = None  # set: the engine serves LoRA adapters (enable_lora)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -563,6 +582,17 @@ class EngineArgs:
     disable_log_stats: bool | None = None
     # vLLM's reasoning_parser (`--reasoning-parser`): what thinking_token_budget needs (its tags)
     reasoning_parser: str | None = None
+    # vLLM's LoRA settings (LoRAConfig): requests may name an adapter (LoRARequest) when enable_lora.
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
+    # vLLM's: "auto" (the model's dtype) or the model's dtype's name; adapters run in the model's dtype
+    lora_dtype: str | None = "auto"
+    # vLLM's: how the LoRA matmuls are split across ranks; either way the result is the same sum
+    # (here lora_A of a row-parallel layer and lora_B of a column-parallel one are split)
+    fully_sharded_loras: bool = False
+    lora_target_modules: list[str] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -625,7 +655,33 @@ class EngineArgs:
             scheduler_config=self._scheduler_config(max_len, device),
             parallel_config=parallel_config,
             device_config=DeviceConfig(device=device),
+            lora_config=self._lora_config(model_config),
         )
+
+    def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
+        """vLLM's LoRA settings, checked as vLLM checks them; None without enable_lora (then every
+        LoRA setting must keep its default: one given alone would be ignored)."""
+        if not self.enable_lora:
+            given = [name for name, default in (("max_cpu_loras", None), ("lora_target_modules", None))
+                     if getattr(self, name) != default]
+            _check(not given, f"{', '.join(given)} set without enable_lora=True")
+            return None
+        _check(model_config.hf.model_impl == "vllm" and model_config.pooler is None,
+               "enable_lora: LoRA adapters run on the native generating models only "
+               f"({model_config.hf.architecture}{' through transformers' if model_config.hf.model_impl != 'vllm' else ''}"
+               f"{', an embedding model' if model_config.pooler is not None else ''})")
+        _check(self.max_lora_rank in MAX_LORA_RANKS,
+               f"max_lora_rank must be one of {MAX_LORA_RANKS} (vLLM's), got {self.max_lora_rank!r}")
+        _check(isinstance(self.max_loras, int) and self.max_loras >= 1, f"max_loras must be >= 1, got {self.max_loras!r}")
+        cpu_loras = self.max_loras if self.max_cpu_loras is None else self.max_cpu_loras
+        _check(cpu_loras >= self.max_loras, f"max_cpu_loras ({cpu_loras}) must be >= max_loras ({self.max_loras})")
+        _check(self.lora_dtype in (None, "auto", model_config.dtype),
+               f"lora_dtype={self.lora_dtype!r}: adapters run in the model's dtype ({model_config.dtype!r}); "
+               "give 'auto' or that")
+        targets = self.lora_target_modules
+        _check(targets is None or (isinstance(targets, (list, tuple)) and all(isinstance(t, str) for t in targets)),
+               f"lora_target_modules must be a list of layer names, got {targets!r}")
+        return LoRAConfig(self.max_lora_rank, self.max_loras, cpu_loras, tuple(targets) if targets else None)
 
     def _model_config(self, device: str) -> ModelConfig:
         model_dir = (resolve_model_path(self.model, self.revision, self.download_dir, self.hf_token) if self.model

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_lite.lora.request import LoRARequest
+
 @dataclass(slots=True)
 class Logprob:
     logprob: float
@@ -54,6 +56,7 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: RequestStateStats | None = None
+    lora_request: LoRARequest | None = None  # the adapter it ran with (vLLM's)
 
 
 @dataclass(slots=True)

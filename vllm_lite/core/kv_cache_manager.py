@@ -9,6 +9,7 @@ from types import ModuleType
 import numpy as np
 
 from vllm_lite.bookkeeping import native_loops
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
 
@@ -321,16 +322,22 @@ class KVCacheManager:
         num_known = request.num_tokens if num_known is None else num_known
         count = num_known // bs - len(hashes)
         if count > 0:
-            parent = hashes[-1] if hashes else root_block_key(request.cache_salt)
+            parent = hashes[-1] if hashes else root_block_key(request.cache_salt, request.lora_request)
             hashes.extend(block_keys(parent, request.token_ids, len(hashes) * bs, count, bs, self._native))
 
 
-def root_block_key(cache_salt: str | None) -> BlockHash:
-    """The parent key of the first block: the salt goes into the first block's key only, and
-    through the chain into every later one (as vLLM mixes `cache_salt` into the first block)."""
-    if cache_salt is None:
+def root_block_key(cache_salt: str | None, lora: LoRARequest | None = None) -> BlockHash:
+    """The parent key of the first block: the salt and the LoRA adapter (its id and folder) go
+    into the first block's key only, and through the chain into every later one (as vLLM mixes
+    `cache_salt` and the adapter into its block hashes): a prompt's KV under one adapter is
+    never read under another, nor under an id reused for another folder."""
+    if cache_salt is None and lora is None:
         return UNSALTED_ROOT_KEY
-    return hashlib.sha256(b"vllm_lite cache_salt\0" + cache_salt.encode()).digest()
+    salt = b"" if cache_salt is None else b"vllm_lite cache_salt\0" + cache_salt.encode()
+    if lora is None:
+        return hashlib.sha256(salt).digest()
+    adapter = f"\0vllm_lite lora\0{lora.lora_int_id}\0{lora.lora_path}".encode()
+    return hashlib.sha256(salt + adapter).digest()
 
 
 def block_key(parent: BlockHash, token_bytes: bytes) -> BlockHash:

@@ -57,7 +57,7 @@ class Request:
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "thinking", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
-        "arrival_time",
+        "arrival_time", "lora_request",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -103,6 +103,9 @@ class Request:
         # (a core.token_store.TokenStore, not imported here: that module imports this one)
         self.store: Any = None
         self.slot = -1
+        # The LoRA adapter it runs with (vllm_lite.lora.request.LoRARequest); None: the base model.
+        # Its id keys its prefix-cache blocks apart and counts against max_loras per step.
+        self.lora_request = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -110,6 +113,7 @@ class Request:
                       req.max_tokens, req.cache_salt, req.priority, req.arrival_time)
         if req.thinking is not None:
             request.thinking = ThinkingBudgetState(req.thinking, req.prompt_token_ids)
+        request.lora_request = req.lora_request
         return request
 
     def queue_key(self) -> tuple[int, float]:

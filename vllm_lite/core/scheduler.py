@@ -59,7 +59,7 @@ from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.core.thinking_budget import forced_token_rows
 from vllm_lite.core.token_store import TokenStore
-from vllm_lite.exceptions import describe_error, run_each_contained
+from vllm_lite.exceptions import VLLMValidationError, describe_error, run_each_contained
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
@@ -105,11 +105,14 @@ class Scheduler:
     AT_ONCE_MIN_RUNNING = 48
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None) -> None:
+                 num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None,
+                 max_loras: int | None = None) -> None:
         """`native_loops`: whether the token store's per-request loops run in C (`TokenStore`;
         None: where csrc is built); False also keeps the prefix-cache keys in hashlib
-        (`KVCacheManager`: else in C where the CPU has SHA extensions)."""
+        (`KVCacheManager`: else in C where the CPU has SHA extensions). `max_loras`: at most this
+        many LoRA adapters among the running requests (vLLM's; None: LoRA is off)."""
         self.config = scheduler_config
+        self.max_loras = max_loras
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
@@ -145,6 +148,9 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         check_priority(request.priority, self.config.policy)
+        if request.lora_request is not None and self.max_loras is None:
+            raise VLLMValidationError(f"lora_request {request.lora_request.lora_name!r}: LoRA is not enabled in this "
+                                      "engine (enable_lora)", parameter="lora_request")
         self._check_fits(request)
         self.requests[request.request_id] = request
         self._enqueue(self.waiting, request, front=False)
@@ -629,7 +635,9 @@ class Scheduler:
                           new_reqs: list[NewRequestData]) -> int:
         kv = self.kv_cache_manager
         self._register_filled_blocks()
-        passed_over: list[Request] = []  # still compiling their grammar: they keep their place
+        # still compiling their grammar, or their LoRA adapter would be one too many: they keep their place
+        passed_over: list[Request] = []
+        running_loras: set[int] | None = None  # the adapters running (computed when a waiting request has one)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR and not self._grammar_ready(request):
@@ -637,6 +645,11 @@ class Scheduler:
                 if not request.is_finished:  # (a failed grammar finished it)
                     passed_over.append(request)
                 continue
+            if request.lora_request is not None:
+                running_loras = self._running_loras() if running_loras is None else running_loras
+                if not self._lora_fits(request.lora_request.lora_int_id, running_loras):
+                    passed_over.append(self.waiting.popleft())
+                    continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
@@ -662,12 +675,26 @@ class Scheduler:
                 block_ids=kv.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 eos_token_ids=tuple(sorted(request.eos_token_ids)),
+                lora_request=request.lora_request,
             ))
             num_scheduled[request.request_id] = num_new
             self._advance_computed(request, num_new)
             budget -= num_new
         self.waiting.extendleft(reversed(passed_over))
         return budget
+
+    def _running_loras(self) -> set[int]:
+        return {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+
+    def _lora_fits(self, lora_int_id: int, running_loras: set[int]) -> bool:
+        """Whether a request with this adapter may join the running ones (vLLM's max_loras);
+        `running_loras` then counts it."""
+        if lora_int_id in running_loras:
+            return True
+        if self.max_loras is None or len(running_loras) >= self.max_loras:
+            return False
+        running_loras.add(lora_int_id)
+        return True
 
     def _register_filled_blocks(self) -> None:
         """Before the waiting requests' prefix lookups: the blocks the running requests filled

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -30,6 +31,7 @@ class NewRequestData:
     # EOS ids that end this request (none with ignore_eos): with stop_token_ids, the tokens the
     # sampler suppresses until min_tokens outputs exist.
     eos_token_ids: tuple[int, ...] = ()
+    lora_request: LoRARequest | None = None  # the adapter it runs with (the workers load it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.wire import EngineCoreOutputs, RequestError
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import SamplingParams
@@ -63,7 +64,7 @@ class AsyncLLM:
         self.output_chunk_size = output_chunk_size
         launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
-        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
@@ -125,11 +126,14 @@ class AsyncLLM:
 
     # ---- requests ----
     def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                 request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                 request_id: str, priority: int = 0, *,
+                 lora_request: LoRARequest | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Stream the request's outputs (as `sampling_params.output_kind` says) until it
         finishes; the request is added when the stream is first read. Raises EngineDeadError if
-        the engine core dies, RequestRejectedError (a ValueError) if it refuses the request."""
-        return self._outputs(lambda: self.add_request(request_id, prompt, sampling_params, priority), request_id)
+        the engine core dies, RequestRejectedError (a ValueError) if it refuses the request.
+        `lora_request`: the LoRA adapter it runs with (vLLM's)."""
+        return self._outputs(lambda: self.add_request(request_id, prompt, sampling_params, priority, lora_request),
+                             request_id)
 
     def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
                request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
@@ -174,21 +178,21 @@ class AsyncLLM:
             if not finished:
                 self._abort_now([request_id])
 
-    async def add_request(self, request_id: str, prompt: PromptType,
-                          params: SamplingParams, priority: int = 0) -> RequestOutputCollector:
+    async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+                          lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         """Send the request (n > 1 fans out); its outputs arrive in the returned collector."""
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt), priority)
+                                              InputProcessor.cache_salt(prompt), priority, lora_request=lora_request)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)
         added = []
         try:
             for child, parent, index in fan_out(request):
                 self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
-                                                  queue=queue, parent=parent, index=index)
+                                                  queue=queue, parent=parent, index=index, lora_request=lora_request)
                 added.append(child.request_id)
                 await self.engine_core.add_request_async(child)
         except BaseException:

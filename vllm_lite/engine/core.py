@@ -74,8 +74,10 @@ class EngineCore:
             raise
         self.num_kv_blocks = num_blocks
         self.structured_output_manager = make_structured_output_manager(vllm_config)
+        lora_config = vllm_config.lora_config
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
-                                   self.structured_output_manager)
+                                   self.structured_output_manager,
+                                   max_loras=lora_config.max_loras if lora_config is not None else None)
         # Requests a step failed on (attributably): freed already, their clients not yet told.
         self.failed_requests: list[RequestError] = []
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling

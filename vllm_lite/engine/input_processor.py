@@ -7,10 +7,12 @@ from typing import Any, TypedDict, Union
 
 import numpy as np
 
-from vllm_lite.config import ModelConfig
+from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
+from vllm_lite.lora.peft import PEFTAdapter, read_adapter
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.reasoning_tags import END, START, ThinkTokens, think_tokens
 from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
@@ -36,8 +38,11 @@ PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextProm
 
 
 class InputProcessor:
-    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, lora_config: LoRAConfig | None = None) -> None:
         self.model_config = model_config
+        self.lora_config = lora_config
+        # LoRA adapters checked so far, by lora_int_id: one id is one adapter folder for the engine's life
+        self._adapters: dict[int, tuple[LoRARequest, PEFTAdapter]] = {}
         self.tokenizer = tokenizer
         eos = list(model_config.hf.eos_token_ids)
         tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
@@ -88,8 +93,9 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt_token_ids: list[int],
                 params: SamplingParams, cache_salt: str | None = None, priority: int = 0,
-                pooling: bool = False) -> EngineCoreRequest:
-        """`pooling`: an embedding request (`params`: pooling_sampling_params())."""
+                pooling: bool = False, lora_request: LoRARequest | None = None) -> EngineCoreRequest:
+        """`pooling`: an embedding request (`params`: pooling_sampling_params()). `lora_request`:
+        the LoRA adapter it runs with (vLLM's)."""
         tokens = np.asarray(prompt_token_ids, dtype=np.int64)
         check_prompt(tokens, self.model_config)  # the engine core's own checks, run early
         check_runner(pooling, self.model_config)
@@ -103,6 +109,8 @@ class InputProcessor:
         remaining = self.model_config.max_model_len - len(tokens)
         max_tokens = remaining if params.max_tokens is None else min(params.max_tokens, max(remaining, 1))
         thinking = self._thinking_budget(params) if params.thinking_token_budget is not None else None
+        if lora_request is not None:
+            self.check_lora(lora_request)
         return EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=tokens.astype(np.int32),
@@ -114,7 +122,33 @@ class InputProcessor:
             priority=int(priority),
             pooling=pooling,
             thinking=thinking,
+            lora_request=lora_request,
         )
+
+    def check_lora(self, lora_request: LoRARequest) -> PEFTAdapter:
+        """The adapter a request names, read and checked once per lora_int_id (its config, its
+        tensors' names and shapes, its rank against max_lora_rank); the workers map it onto the
+        model's layers when a request with it first joins their batch."""
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a vllm_lite.lora.request.LoRARequest, got "
+                            f"{type(lora_request).__name__}")
+        if self.lora_config is None:
+            raise VLLMValidationError(f"lora_request {lora_request.lora_name!r}: LoRA is not enabled (start the "
+                                      "engine with enable_lora=True / --enable-lora)", parameter="lora_request")
+        known = self._adapters.get(lora_request.lora_int_id)
+        if known is not None:
+            if known[0].lora_path != lora_request.lora_path:
+                raise VLLMValidationError(
+                    f"lora_int_id {lora_request.lora_int_id} is adapter '{known[0].lora_path}' in this engine; "
+                    f"'{lora_request.lora_path}' needs an id of its own", parameter="lora_request")
+            return known[1]
+        adapter = read_adapter(lora_request.lora_path, self.lora_config.max_lora_rank)
+        self._adapters[lora_request.lora_int_id] = (lora_request, adapter)
+        return adapter
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        """The id may name another folder from now on (the adapter was removed)."""
+        self._adapters.pop(lora_int_id, None)
 
     def _thinking_budget(self, params: SamplingParams) -> ThinkingBudget:
         """vLLM's thinking_token_budget with the reasoning parser's tag ids, which it needs."""

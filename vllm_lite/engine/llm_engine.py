@@ -13,6 +13,7 @@ from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_lau
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.engine.stats import IterationStats, StatLogger
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import SamplingParams
@@ -25,7 +26,7 @@ class LLMEngine:
         # A spawned engine core loads its model while this process loads the tokenizer.
         launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
-        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer)
+        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
@@ -38,17 +39,18 @@ class LLMEngine:
                          engine_address: str | None = None) -> LLMEngine:
         return cls(engine_args.create_engine_config(), multiprocess, engine_address)
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+                    lora_request: LoRARequest | None = None) -> None:
         """n > 1 fans out into n engine-core requests (see parallel_sampling). `priority`: vLLM's
-        (lower first), under the priority scheduling policy."""
+        (lower first), under the priority scheduling policy. `lora_request`: the adapter it runs with."""
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt), priority)
+                                              InputProcessor.cache_salt(prompt), priority, lora_request=lora_request)
         added = []
         try:
             for child, parent, index in fan_out(request):
                 self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
-                                                  parent=parent, index=index)
+                                                  parent=parent, index=index, lora_request=lora_request)
                 added.append(child.request_id)
                 self.engine_core.add_request(child)
         except Exception:

@@ -19,6 +19,7 @@ from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
                                RequestStateStats)
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -64,6 +65,7 @@ class RequestState:
     queue: Any = None  # set by AsyncLLM: where this request's outputs go
     num_cached_tokens: int = 0  # from the engine core, with the first output token
     stats: RequestStateStats = field(default_factory=RequestStateStats)
+    lora_request: LoRARequest | None = None  # the adapter it runs with (handed out in its outputs)
     # An embedding request (the pooling runner): its resolved pooling (None: not one), and the
     # vector once it came (with the request's one placeholder token).
     pooling: PoolingParams | None = None
@@ -188,7 +190,7 @@ class RequestState:
         if self.parent is None:
             # `metrics` is the live stats object, as in vLLM.
             return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, [completion], finished,
-                                 prompt_logprobs, self.num_cached_tokens, self.stats)
+                                 prompt_logprobs, self.num_cached_tokens, self.stats, self.lora_request)
         return self._parent_output(completion, prompt_logprobs)
 
     def _embedding_output(self) -> EmbeddingRequestOutput | None:
@@ -214,7 +216,7 @@ class RequestState:
             return None
         return RequestOutput(parent.request_id, self.prompt, self.prompt_token_ids, completions, finished,
                              prompt_logprobs=parent.prompt_logprobs, num_cached_tokens=self.num_cached_tokens,
-                             metrics=self.stats)
+                             metrics=self.stats, lora_request=self.lora_request)
 
     def _cumulative_logprob(self) -> float | None:
         if self.logprobs is None or self.params.logprobs is None:
@@ -248,7 +250,8 @@ class OutputProcessor:
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
-                    index: int = 0, pooling: PoolingParams | None = None) -> RequestState:
+                    index: int = 0, pooling: PoolingParams | None = None,
+                    lora_request: LoRARequest | None = None) -> RequestState:
         """`pooling`: set for an embedding request (resolved: `resolve_pooling`)."""
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -273,7 +276,7 @@ class OutputProcessor:
                              parent=parent, index=index, store=self.token_store, slot=slot,
                              every_token=every_token, output_text=output_text, queue=queue,
                              stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()),
-                             pooling=pooling)
+                             pooling=pooling, lora_request=lora_request)
         self.request_states[request_id] = state
         self._rows_cache.clear()
         if parent is not None:

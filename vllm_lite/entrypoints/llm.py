@@ -23,6 +23,7 @@ from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.metrics_reader import Metric, snapshot
 from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -78,25 +79,29 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
-                 tokenization_kwargs: dict[str, Any] | None = None,
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                 priority: int | Sequence[int] | None = None, tokenization_kwargs: dict[str, Any] | None = None,
                  mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """`priority`: vLLM's, one per prompt (or one for all), lower first; only under
-        scheduling_policy="priority". `tokenization_kwargs`: vLLM's (entrypoints/tokenization.py).
-        LoRA and multimodal arguments only as None."""
-        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
-        adds = self._generation_adds(prompts, sampling_params, priority, "generate", tokenization_kwargs)
+        scheduling_policy="priority". `lora_request`: the LoRA adapter the prompts run with, one
+        for all or one per prompt (None: the base model), with enable_lora. `tokenization_kwargs`:
+        vLLM's (entrypoints/tokenization.py). Multimodal arguments only as None."""
+        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
+        adds = self._generation_adds(prompts, sampling_params, priority, "generate", tokenization_kwargs,
+                                     lora_request)
         return self._run_requests(adds, use_tqdm)
 
     def enqueue(self, prompts: PromptType | Sequence[PromptType],
                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                lora_request: None = None, priority: int | Sequence[int] | None = None, use_tqdm: bool = True,
+                lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                priority: int | Sequence[int] | None = None, use_tqdm: bool = True,
                 tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
         """vLLM's: adds the prompts' requests (as `generate` would) without running them; returns
         their request ids. `wait_for_completion()` runs them (a `generate` meanwhile runs them
         too, and keeps their outputs for it)."""
-        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
-        adds = self._generation_adds(prompts, sampling_params, priority, "enqueue", tokenization_kwargs)
+        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
+        adds = self._generation_adds(prompts, sampling_params, priority, "enqueue", tokenization_kwargs,
+                                     lora_request)
         request_ids = self._add_all(adds, use_tqdm)
         self._enqueued.update(dict.fromkeys(request_ids))
         return request_ids
@@ -118,17 +123,21 @@ class LLM:
     def _generation_adds(self, prompts: PromptType | Sequence[PromptType],
                          sampling_params: SamplingParams | Sequence[SamplingParams] | None,
                          priority: int | Sequence[int] | None, method: str,
-                         tokenization_kwargs: dict[str, Any] | None = None) -> list[Callable[[str], None]]:
-        """One `add(request_id)` per prompt: its request with its params (final output only) and priority."""
+                         tokenization_kwargs: dict[str, Any] | None = None,
+                         lora_request: LoRARequest | Sequence[LoRARequest] | None = None) -> list[Callable[[str], None]]:
+        """One `add(request_id)` per prompt: its request with its params (final output only),
+        priority and LoRA adapter."""
         if self.llm_engine.vllm_config.model_config.pooler is not None:
             raise VLLMValidationError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): "
                                       "use LLM.embed()")
         prompt_list = self._tokenized(_prompt_list(prompts), tokenization_kwargs)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
+        loras = _per_prompt_lora(lora_request, len(prompt_list))
         add = self.llm_engine.add_request
-        return [functools.partial(add, prompt=prompt, priority=request_priority, params=params)
-                for prompt, params, request_priority in zip(prompt_list, _final_only(params_list), priorities)]
+        return [functools.partial(add, prompt=prompt, priority=request_priority, params=params, lora_request=lora)
+                for prompt, params, request_priority, lora in zip(prompt_list, _final_only(params_list), priorities,
+                                                                 loras)]
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
@@ -215,33 +224,35 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
+             use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+             priority: int | Sequence[int] | None = None,
              chat_template: str | None = None, chat_template_content_format: str = "auto",
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
              tokenization_kwargs: dict[str, Any] | None = None,
              mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
-        template's format: `chat_content`), then `generate` (`priority` as there). LoRA and
-        multimodal arguments are not implemented: refused unless None."""
-        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        template's format: `chat_content`), then `generate` (`priority` and `lora_request` as
+        there). Multimodal arguments are not implemented: refused unless None."""
+        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
         return self.generate(self._chat_prompts(messages, chat_template, chat_template_content_format,
                                                 add_generation_prompt, continue_final_message, tools,
                                                 chat_template_kwargs, tokenization_kwargs),
-                             sampling_params, use_tqdm=use_tqdm, priority=priority)
+                             sampling_params, use_tqdm=use_tqdm, priority=priority, lora_request=lora_request)
 
     def enqueue_chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
                      sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                     use_tqdm: bool = True, lora_request: None = None, priority: int | Sequence[int] | None = None,
+                     use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                     priority: int | Sequence[int] | None = None,
                      chat_template: str | None = None, chat_template_content_format: str = "auto",
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                      tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
         """vLLM's: `chat`'s conversations enqueued as `enqueue` does; returns their request ids."""
-        _refuse_unless_none(lora_request=lora_request, mm_processor_kwargs=mm_processor_kwargs)
+        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
         prompts = self._chat_prompts(messages, chat_template, chat_template_content_format, add_generation_prompt,
                                      continue_final_message, tools, chat_template_kwargs, tokenization_kwargs)
-        return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm)
+        return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _chat_prompts(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
                       chat_template: str | None, chat_template_content_format: str, add_generation_prompt: bool,
@@ -379,6 +390,16 @@ def _refuse_unless_none(**arguments: Any) -> None:
         if value is not None:
             raise VLLMValidationError(f"{name} is not supported by vllm_lite (got {value!r}); "
                                       "pass None or leave it out")
+
+
+def _per_prompt_lora(lora_request: LoRARequest | Sequence[LoRARequest] | None,
+                     num_prompts: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    if not isinstance(lora_request, (list, tuple)):
+        raise TypeError(f"lora_request must be a LoRARequest, a list of them (one per prompt) or None, got "
+                        f"{type(lora_request).__name__}")
+    return _one_per_prompt("lora_request", lora_request, num_prompts)
 
 
 def _per_prompt_priority(priority: int | Sequence[int] | None, num_prompts: int) -> list[int]:

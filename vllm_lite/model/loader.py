@@ -72,9 +72,9 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: s
         if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
             continue
         if int8 is not None and name.endswith(".weight_scale"):
-            int8.add_scale(*_map_name(model, name.removesuffix("_scale")), materialize(weight))
+            int8.add_scale(*checkpoint_target(model, name.removesuffix("_scale")), materialize(weight))
             continue
-        target, shard_id = _map_name(model, name)
+        target, shard_id = checkpoint_target(model, name)
         param = params.get(target)
         if param is None and zero_biases_optional and name.endswith(".bias") and not materialize(weight).any():
             continue
@@ -161,7 +161,9 @@ def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tup
         yield from parts if parts is not None else [(name, weight)]
 
 
-def _map_name(model: nn.Module, name: str) -> tuple[str, Any]:
+def checkpoint_target(model: nn.Module, name: str) -> tuple[str, Any]:
+    """The model parameter a checkpoint tensor loads into, and its shard id there (None: the
+    whole parameter)."""
     hook = getattr(model, "map_checkpoint_name", None)
     mapped = hook(name) if hook is not None else None
     if mapped is not None:
@@ -193,7 +195,7 @@ def _kept_gguf_targets(model: nn.Module, types: dict[str, tuple[int, int]]) -> d
     for name, (qtype, row_len) in types.items():
         if tied and name.startswith("lm_head."):
             continue
-        target, _ = _map_name(model, name)
+        target, _ = checkpoint_target(model, name)
         by_target.setdefault(target, []).append((name, qtype, row_len))
     kept: dict[str, tuple[int, list[str]]] = {}
     for target, shards in by_target.items():
@@ -285,7 +287,7 @@ def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) ->
         parts = split(names[0], torch.empty(out_features, in_features, device="meta")) if split else None
         names = [name for name, _ in parts] if parts else names
         keep = fits_q4_1(scheme, in_features, g_idx.get(prefix), num_groups.get(prefix, 1))
-        targets_of[prefix] = [_map_name(model, name)[0] for name in names]
+        targets_of[prefix] = [checkpoint_target(model, name)[0] for name in names]
         for target in targets_of[prefix]:
             fits.setdefault(target, []).append(keep)
     modules = dict(model.named_modules())

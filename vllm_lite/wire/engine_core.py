@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -65,6 +66,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # an embedding model's request (the pooling runner): its prompt's vector comes back with its one token
     pooling: bool = False
     thinking: ThinkingBudget | None = None  # (core/thinking_budget.py)
+    lora_request: LoRARequest | None = None  # the LoRA adapter it runs with (checked by the client)
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

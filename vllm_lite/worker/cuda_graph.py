@@ -47,9 +47,9 @@ def cuda_graph_capture_sizes(max_num_seqs: int) -> list[int]:
 
 def maybe_capture_cuda_graphs(config: VllmConfig, model: nn.Module, backend: AttentionBackend,
                               kv_caches: list[torch.Tensor], device: torch.device) -> CudaGraphRunner | None:
-    """The captured runner, or None on CPU, with enforce_eager, or with a backend or a layer that
-    cannot be captured."""
-    if (device.type != "cuda" or config.model_config.enforce_eager
+    """The captured runner, or None on CPU, with enforce_eager, with LoRA (a step's adapters group
+    its tokens differently each step), or with a backend or a layer that cannot be captured."""
+    if (device.type != "cuda" or config.model_config.enforce_eager or config.lora_config is not None
             or not getattr(backend, "supports_cuda_graphs", False)):
         return None
     uncapturable = sorted({type(m).__name__ for m in model.modules()

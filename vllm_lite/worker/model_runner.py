@@ -40,6 +40,7 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.worker.lora_manager import LoRAManager
 from vllm_lite.worker.pooler import Pooler
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
@@ -139,6 +140,9 @@ class ModelRunner:
         self.attn_backend = attn_backend or get_attn_backend(
             vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
+        lora_config = vllm_config.lora_config
+        self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype))
+                     if lora_config is not None else None)
         # CPU steps go through the model padded to a matmul bucket size (`_padded_to_bucket`),
         # unless a layer would compute the padded rows at a cost (a MoE layer routes them).
         self._pads_steps = (device.type == "cpu" and self.attn_backend.takes_padded_rows
@@ -284,6 +288,9 @@ class ModelRunner:
         step = LaunchedStep(output, None, None, None)
         inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
         if inputs is not None:
+            if self.lora is not None:
+                self.lora.set_step(self.input_batch.lora_ids[self.input_batch.row_index(inputs.rows)],
+                                   inputs.query_lens)
             self._set_step_threads(scheduler_output.total_num_scheduled_tokens)
             if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
@@ -630,6 +637,9 @@ class ModelRunner:
         return {req_id: f"rank {self.tp.rank}: {why}" for req_id, why in failed.items()}
 
     def _add_one(self, new: NewRequestData) -> None:
+        if new.lora_request is not None:
+            batch = self.input_batch
+            self.lora.use(new.lora_request, batch.lora_ids[:batch.num_reqs])
         self.input_batch.add_request(new)
         self._add_sampling_state(new)
 

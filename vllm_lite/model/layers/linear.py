@@ -20,6 +20,7 @@ from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGrou
 from vllm_lite.model.layers.amx_linear import AmxWeight, amx_linear
 from vllm_lite.model.layers.gguf_quant import GGUFWeight, gguf_linear, gguf_weight_of
 from vllm_lite.model.layers.head_panels import HeadPanels, head_linear
+from vllm_lite.model.layers.lora import LinearLoRA
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
@@ -118,9 +119,19 @@ class LinearBase(nn.Module):
         self.packed_weight: PackedWeight | None = None
         # float32 [out]: the scales of an int8 weight a quantized checkpoint loaded (model/loader.py)
         self.int8_row_scales: torch.Tensor | None = None
+        # the LoRA adapters' updates of this layer's output (set on every adaptable layer when
+        # the engine serves LoRA: worker/lora_manager.py); None: the base layer alone
+        self.lora: LinearLoRA | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         param.data.copy_(materialize(loaded))
+
+    def lora_shard(self, shard_id: Any, lora_a: torch.Tensor, lora_b: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """A LoRA of the checkpoint module that loads as `shard_id` of this layer (lora_a [r, in],
+        lora_b [out, r], the whole module's): (the offset of its rows in this rank's output, this
+        rank's lora_a, this rank's lora_b), sliced as the weight loader slices the weight."""
+        _check_lora_shape(self, lora_a.shape[1], lora_b.shape[0], self.weight.shape[1], self.weight.shape[0])
+        return 0, lora_a, lora_b
 
     def process_weights_after_loading(self) -> None:
         """Repack the weight for the CPU matmul where that is faster; the row-major copy is
@@ -150,7 +161,15 @@ class LinearBase(nn.Module):
         self.weight = nn.Parameter(torch.empty_like(self.weight, device="meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.packed_weight, self.bias)
+        out = linear(x, self.weight, self.packed_weight, self.bias)
+        return out if self.lora is None else self.lora.add_to(x, out)
+
+
+def _check_lora_shape(layer: LinearBase, in_features: int, out_features: int, expected_in: int,
+                      expected_out: int) -> None:
+    if (in_features, out_features) != (expected_in, expected_out):
+        raise ValueError(f"a LoRA of {in_features} -> {out_features} features does not fit {type(layer).__name__} "
+                         f"({expected_in} -> {expected_out} features)")
 
 
 class ReplicatedLinear(LinearBase):
@@ -167,9 +186,26 @@ class ColumnParallelLinear(LinearBase):
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__(input_size, _divide(output_size, tp.size, "output_size"), bias, tp)
 
+    def output_shard(self, shard_id: Any) -> tuple[int, int, int]:
+        """(offset in this rank's output, rows, first row in the checkpoint tensor) of `shard_id`'s
+        part on this rank."""
+        size = self.weight.shape[0]
+        return 0, size, self.tp.rank * size
+
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        size = param.shape[0]
-        param.data.copy_(materialize(narrow_loaded(loaded, 0, self.tp.rank * size, size)))
+        offset, size, start = self.output_shard(shard_id)
+        shard = narrow_loaded(loaded, 0, start, size)
+        param.data.narrow(0, offset, size).copy_(materialize(shard))
+
+    def lora_shard(self, shard_id: Any, lora_a: torch.Tensor, lora_b: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        offset, size, start = self.output_shard(shard_id)
+        full_rows = size * self.tp.size if self._splits_rows(shard_id) else size
+        _check_lora_shape(self, lora_a.shape[1], lora_b.shape[0], self.weight.shape[1], full_rows)
+        return offset, lora_a, lora_b.narrow(0, start, size)
+
+    def _splits_rows(self, shard_id: Any) -> bool:
+        """Whether `shard_id`'s checkpoint rows are split across the ranks (not replicated)."""
+        return True
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -180,11 +216,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = [_divide(s, tp.size, "output_size") for s in output_sizes]
         super().__init__(input_size, sum(output_sizes), bias, tp)
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
-        offset = sum(self.output_sizes[:shard_id])
+    def output_shard(self, shard_id: Any) -> tuple[int, int, int]:
         size = self.output_sizes[shard_id]
-        shard = narrow_loaded(loaded, 0, self.tp.rank * size, size)
-        param.data.narrow(0, offset, size).copy_(materialize(shard))
+        return sum(self.output_sizes[:shard_id]), size, self.tp.rank * size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -212,14 +246,14 @@ class QKVParallelLinear(ColumnParallelLinear):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
+    def output_shard(self, shard_id: Any) -> tuple[int, int, int]:
         if shard_id == "q":
-            offset, size, rank = 0, self.q_size, self.tp.rank
-        else:
-            offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
-            size, rank = self.kv_size, self.tp.rank // self.kv_replicas
-        shard = narrow_loaded(loaded, 0, rank * size, size)
-        param.data.narrow(0, offset, size).copy_(materialize(shard))
+            return 0, self.q_size, self.tp.rank * self.q_size
+        offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
+        return offset, self.kv_size, (self.tp.rank // self.kv_replicas) * self.kv_size
+
+    def _splits_rows(self, shard_id: Any) -> bool:
+        return shard_id == "q" or self.kv_replicas == 1
 
 
 class RowParallelLinear(LinearBase):
@@ -236,6 +270,16 @@ class RowParallelLinear(LinearBase):
         size = param.shape[1]
         param.data.copy_(materialize(narrow_loaded(loaded, 1, self.tp.rank * size, size)))
 
+    def lora_shard(self, shard_id: Any, lora_a: torch.Tensor, lora_b: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """lora_a is split by input features as the weight is; each rank's partial update is
+        summed by the all-reduce with the partial products (B is linear)."""
+        size = self.weight.shape[1]
+        _check_lora_shape(self, lora_a.shape[1], lora_b.shape[0], size * self.tp.size, self.weight.shape[0])
+        return 0, lora_a.narrow(1, self.tp.rank * size, size), lora_b
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.tp.all_reduce(linear(x, self.weight, self.packed_weight))
+        partial = linear(x, self.weight, self.packed_weight)
+        if self.lora is not None:
+            partial = self.lora.add_to(x, partial)
+        out = self.tp.all_reduce(partial)
         return out if self.bias is None else out + self.bias

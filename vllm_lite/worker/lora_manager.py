@@ -1,0 +1,119 @@
+"""The LoRA adapters a worker keeps, and each step's tokens grouped by adapter.
+
+An adapter is read when the first request with it joins this worker's batch (each rank reads its
+own part), and kept, by `lora_int_id`, until `max_cpu_loras` others came after it and no request
+in the batch uses it (least recently used first). Its modules are mapped onto the model's layers
+as the checkpoint's weights are (`checkpoint_target`: q/k/v into qkv_proj, gate/up into
+gate_up_proj, a fused Phi-3 module split first) and sliced for this rank by the layer
+(`LinearBase.lora_shard`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from vllm_lite.config import LoRAConfig
+from vllm_lite.lora.peft import LORA_A, LORA_B, PREFIX, read_adapter
+from vllm_lite.lora.request import LoRARequest
+from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear
+from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
+from vllm_lite.model.loader import checkpoint_target
+
+
+class LoRAManager:
+    def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.step = LoRAStep()
+        # every layer an adapter may change: the linear layers but an MoE router
+        self.layers: dict[str, LinearBase] = {}
+        for name, module in model.named_modules():
+            if isinstance(module, LinearBase) and not isinstance(module, ReplicatedLinear):
+                module.lora = LinearLoRA(self.step)
+                self.layers[name] = module
+        self.adapters: OrderedDict[int, LoRARequest] = OrderedDict()  # loaded, least recently used first
+
+    def use(self, lora: LoRARequest, ids_in_batch: np.ndarray) -> None:
+        """Have `lora` loaded for a request joining the batch (`ids_in_batch`: the adapters of
+        the requests already there, which stay). Raises, naming the adapter, when it cannot be
+        read or does not fit the model: that request fails, the others go on."""
+        if lora.lora_int_id in self.adapters:
+            self.adapters.move_to_end(lora.lora_int_id)
+            return
+        weights = self._read(lora)
+        self._make_room(ids_in_batch)
+        for layer_name, layer_weights in weights.items():
+            self.layers[layer_name].lora.weights[lora.lora_int_id] = layer_weights
+        self.adapters[lora.lora_int_id] = lora
+
+    def remove(self, lora_int_id: int) -> bool:
+        if self.adapters.pop(lora_int_id, None) is None:
+            return False
+        for layer in self.layers.values():
+            layer.lora.weights.pop(lora_int_id, None)
+        return True
+
+    def set_step(self, lora_ids: np.ndarray, query_lens: np.ndarray) -> None:
+        """Group the step's tokens by adapter: `lora_ids` are the scheduled rows' adapters (0:
+        none), in row order, whose tokens come in that order, `query_lens` each."""
+        groups: list[tuple[int, slice | torch.Tensor]] = []
+        if lora_ids.any():
+            token_ids = np.repeat(lora_ids, query_lens)
+            for adapter_id in np.unique(token_ids[token_ids > 0]).tolist():
+                rows = np.flatnonzero(token_ids == adapter_id)
+                consecutive = int(rows[-1]) - int(rows[0]) + 1 == len(rows)
+                groups.append((adapter_id, slice(int(rows[0]), int(rows[-1]) + 1) if consecutive
+                               else torch.from_numpy(rows).to(self.device)))
+        self.step.groups = groups
+
+    def _make_room(self, ids_in_batch: np.ndarray) -> None:
+        in_use = set(ids_in_batch.tolist())
+        while len(self.adapters) >= self.config.max_cpu_loras:
+            idle = next((adapter_id for adapter_id in self.adapters if adapter_id not in in_use), None)
+            if idle is None:  # (the scheduler's max_loras <= max_cpu_loras keeps this from happening)
+                return
+            self.remove(idle)
+
+    def _read(self, lora: LoRARequest) -> dict[str, LoRAWeights]:
+        """The adapter's update of each layer it changes, this rank's part."""
+        adapter = read_adapter(lora.lora_path, self.config.max_lora_rank)
+        pieces: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        split = getattr(self.model, "split_checkpoint_tensor", None)
+        targets = self.config.target_modules
+        with safe_open(str(adapter.weights_file), framework="pt") as f:
+            for module in adapter.modules:
+                lora_a = f.get_tensor(PREFIX + module.name + LORA_A).float()
+                lora_b = f.get_tensor(PREFIX + module.name + LORA_B).float() * module.scaling
+                fused = split(module.name + ".weight", lora_b) if split is not None else None
+                for name, b in fused if fused is not None else [(module.name + ".weight", lora_b)]:
+                    target, shard_id = checkpoint_target(self.model, name)
+                    layer_name = target.removesuffix(".weight")
+                    layer = self.layers.get(layer_name) if target.endswith(".weight") else None
+                    if layer is None:
+                        raise ValueError(f"LoRA adapter '{lora.lora_path}': module {module.name!r} is not a linear "
+                                         "layer of this model that LoRA can adapt")
+                    if targets is not None and layer_name.rsplit(".", 1)[-1] not in targets:
+                        continue  # (lora_target_modules leaves this layer out)
+                    try:
+                        pieces.setdefault(layer_name, []).append(layer.lora_shard(shard_id, lora_a, b))
+                    except ValueError as exc:
+                        raise ValueError(f"LoRA adapter '{lora.lora_path}': module {module.name!r}: {exc}") from None
+        return {name: self._stacked(self.layers[name], layer_pieces) for name, layer_pieces in pieces.items()}
+
+    def _stacked(self, layer: LinearBase, pieces: list[tuple[int, torch.Tensor, torch.Tensor]]) -> LoRAWeights:
+        """One layer's pieces (q, k, v; gate, up; or the one module) as one update: their
+        lora_a rows stacked, each lora_b in its output rows and its own columns."""
+        rank = sum(a.shape[0] for _, a, _ in pieces)
+        b_full = torch.zeros(layer.weight.shape[0], rank)
+        column = 0
+        for offset, a, b in pieces:
+            b_full[offset:offset + b.shape[0], column:column + a.shape[0]] = b
+            column += a.shape[0]
+        a_full = torch.cat([a for _, a, _ in pieces])
+        return LoRAWeights(a_full.to(self.device, self.dtype).contiguous(), b_full.to(self.device, self.dtype))
