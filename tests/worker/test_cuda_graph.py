@@ -110,7 +110,7 @@ def test_a_layer_that_cannot_be_captured_keeps_the_model_eager(monkeypatch: pyte
     monkeypatch.setattr(CudaGraphRunner, "capture", lambda self: captured.append(self))
     config = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False, max_model_len=64),
                              cache_config=SimpleNamespace(block_size=16),
-                             scheduler_config=SimpleNamespace(max_num_seqs=4))
+                             scheduler_config=SimpleNamespace(max_num_seqs=4), lora_config=None)
     cuda = torch.device("cuda")
     moe = nn.Sequential(nn.Linear(4, 4), FusedMoE(num_experts=2, top_k=1, hidden_size=4, intermediate_size=4,
                                                   renormalize=True))

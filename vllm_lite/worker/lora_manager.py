@@ -19,7 +19,7 @@ from torch import nn
 from vllm_lite.config import LoRAConfig
 from vllm_lite.lora.peft import LORA_A, LORA_B, PREFIX, read_adapter
 from vllm_lite.lora.request import LoRARequest
-from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear
+from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
 from vllm_lite.model.loader import checkpoint_target
 
@@ -31,10 +31,10 @@ class LoRAManager:
         self.device = device
         self.dtype = dtype
         self.step = LoRAStep()
-        # every layer an adapter may change: the linear layers but an MoE router
+        # every layer an adapter may change: the linear layers (not an MoE layer's experts)
         self.layers: dict[str, LinearBase] = {}
         for name, module in model.named_modules():
-            if isinstance(module, LinearBase) and not isinstance(module, ReplicatedLinear):
+            if isinstance(module, LinearBase):
                 module.lora = LinearLoRA(self.step)
                 self.layers[name] = module
         self.adapters: OrderedDict[int, LoRARequest] = OrderedDict()  # loaded, least recently used first
