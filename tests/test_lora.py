@@ -287,6 +287,8 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     (pickled / "adapter_model.safetensors").rename(pickled / "adapter_model.bin")
     rank16 = make_adapter(tiny_llama, tmp_path / "rank16", r=16)
     other_model = make_adapter(tiny_opt, tmp_path / "opt_adapter")
+    narrower = build_tiny_model(tmp_path / "narrow_llama", "llama", tie_word_embeddings=False, hidden_size=32)
+    other_shapes = make_adapter(narrower, tmp_path / "narrow_adapter")
     experts = _broken(good, tmp_path, "experts")  # one module: an MoE expert's w1
     save_file({f"base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_{part}.weight": tensor
                for part, tensor in (("A", torch.zeros(8, 64)), ("B", torch.zeros(128, 8)))},
@@ -298,7 +300,8 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
         (pickled, "pickled .bin weights are not read"),
         (rank16, "LoRA rank 16 is greater than max_lora_rank 8"),
         (tmp_path / "missing", "no adapter_config.json"),
-        (other_model, "is not a linear layer of this model"),
+        (other_model, "module 'model.decoder.layers.0.fc1' is not a weight of the base model"),
+        (other_shapes, r"down_proj' maps 64 -> 32 features; the base model's weight is \[64, 128\]"),
     ]
     prompts = prompts_token_ids[:2]
     llm = make_llm(tiny_llama, enable_lora=True, max_lora_rank=8, max_loras=2)
@@ -308,12 +311,12 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
             with pytest.raises(ValueError, match=message):
                 greedy(llm, prompts, [None, LoRARequest(f"bad{i}", 10 + i, str(path))])
             assert greedy(llm, prompts, None) == expected
-        with pytest.raises(VLLMValidationError, match="needs an id of its own"):
-            greedy(llm, prompts, LoRARequest("again", 10 + len(cases) - 1, str(good)))
         with pytest.raises(VLLMValidationError, match="lora_request has 1 entries but there are 2 prompts"):
             greedy(llm, prompts, [None])
         assert greedy(llm, prompts, LoRARequest("a", 1, str(good))) == peft_greedy(tiny_llama, good, prompts,
                                                                                    NEW_TOKENS)
+        with pytest.raises(VLLMValidationError, match="lora_int_id 1 is adapter .* needs an id of its own"):
+            greedy(llm, prompts, LoRARequest("again", 1, str(other_shapes)))
     finally:
         llm.shutdown()
     llm = make_llm(tiny_mixtral, enable_lora=True)

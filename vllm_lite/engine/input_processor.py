@@ -11,7 +11,7 @@ from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
-from vllm_lite.lora.peft import PEFTAdapter, read_adapter
+from vllm_lite.lora.peft import PEFTAdapter, check_against_checkpoint, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.reasoning_tags import END, START, ThinkTokens, think_tokens
@@ -127,8 +127,8 @@ class InputProcessor:
 
     def check_lora(self, lora_request: LoRARequest) -> PEFTAdapter:
         """The adapter a request names, read and checked once per lora_int_id (its config, its
-        tensors' names and shapes, its rank against max_lora_rank); the workers map it onto the
-        model's layers when a request with it first joins their batch."""
+        tensors' names and shapes against the base checkpoint's, its rank against max_lora_rank);
+        the workers map it onto the model's layers when a request with it first joins their batch."""
         if not isinstance(lora_request, LoRARequest):
             raise TypeError(f"lora_request must be a vllm_lite.lora.request.LoRARequest, got "
                             f"{type(lora_request).__name__}")
@@ -143,6 +143,7 @@ class InputProcessor:
                     f"'{lora_request.lora_path}' needs an id of its own", parameter="lora_request")
             return known[1]
         adapter = read_adapter(lora_request.lora_path, self.lora_config.max_lora_rank)
+        check_against_checkpoint(adapter, self.model_config.model)
         self._adapters[lora_request.lora_int_id] = (lora_request, adapter)
         return adapter
 

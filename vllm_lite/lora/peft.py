@@ -210,3 +210,33 @@ def _module(name: str, shapes: dict[str, list[int]], config: _Config, path: str)
         raise VLLMValidationError(f"LoRA adapter '{path}': module {name!r} has lora_A {a} and lora_B {b}; rank "
                                   f"{rank} ([{rank}, in] and [out, {rank}]) was expected", parameter="lora_path")
     return LoRAModule(name, rank, scaling, a[1], b[0])
+
+
+def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str) -> None:
+    """Each adapted module is a weight of the base model's checkpoint, of the adapter's in and out
+    features (read from the safetensors headers). A module stored quantized (no `.weight`, its
+    packed tensors instead) is left to the workers, which map every module onto the model."""
+    shapes = checkpoint_shapes(Path(model_dir))
+    prefixes = {name.rsplit(".", 1)[0] for name in shapes}
+    for module in adapter.modules:
+        weight = shapes.get(module.name + ".weight")
+        if weight is None and module.name in prefixes:
+            continue
+        if weight is None:
+            raise VLLMValidationError(f"LoRA adapter '{adapter.path}': module {module.name!r} is not a weight of the "
+                                      f"base model ({model_dir})", parameter="lora_path")
+        if list(weight) != [module.out_features, module.in_features]:
+            raise VLLMValidationError(f"LoRA adapter '{adapter.path}': module {module.name!r} maps "
+                                      f"{module.in_features} -> {module.out_features} features; the base model's "
+                                      f"weight is {list(weight)} ([out, in])", parameter="lora_path")
+
+
+def checkpoint_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Every tensor's shape in a model folder's safetensors files, from their headers."""
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        shapes.update({name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+    return shapes
