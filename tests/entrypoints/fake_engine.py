@@ -32,7 +32,7 @@ class FakeEngine:
         self.stat_loggers: list[Any] = []  # AsyncLLM's: each output is reported as a step of its own
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, lora_request: Any = None) -> AsyncIterator[RequestOutput]:
         if self.dead:
             raise EngineDeadError("the engine core died")
         if params.logprobs is not None and params.logprobs > 20:
@@ -117,7 +117,7 @@ class ScriptedEngine(FakeEngine):
         self.finish_reason, self.stop_reason = finish_reason, stop_reason
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0, lora_request: Any = None) -> AsyncIterator[RequestOutput]:
         self.prompts.append(prompt)
         self.params.append(params)
         for step, piece in enumerate(self.script):

@@ -67,7 +67,8 @@ def test_non_int_token_ids_are_400_naming_prompt(engine: FakeEngine) -> None:
 
 def test_a_bug_is_a_json_500_not_plain_text(tokenizer: Any) -> None:
     class BrokenEngine(FakeEngine):
-        async def generate(self, prompt: Any, params: Any, request_id: str, priority: int = 0) -> Any:
+        async def generate(self, prompt: Any, params: Any, request_id: str, priority: int = 0,
+                           lora_request: Any = None) -> Any:
             raise RuntimeError("a bug in the engine client")
             yield  # pragma: no cover
 

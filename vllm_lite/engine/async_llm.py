@@ -215,6 +215,24 @@ class AsyncLLM:
         self.engine_core.abort_requests_nowait([state.request_id for state in aborted])
         return aborted
 
+    # ---- LoRA adapters (vLLM's) ----
+    def check_lora(self, lora_request: LoRARequest) -> None:
+        """The adapter read and checked as a request naming it is (VLLMValidationError if it
+        cannot serve); the workers load it with the first such request."""
+        self.input_processor.check_lora(lora_request)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's: the adapter checked (`check_lora`) and known to the engine."""
+        self.check_lora(lora_request)
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """vLLM's: the id may name another adapter folder from now on."""
+        return self.input_processor.forget_lora(lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return self.input_processor.lora_ids()
+
     # ---- engine-wide calls ----
     async def get_stats(self) -> dict[str, Any]:
         return await self.engine_core.get_stats_async()

@@ -147,9 +147,12 @@ class InputProcessor:
         self._adapters[lora_request.lora_int_id] = (lora_request, adapter)
         return adapter
 
-    def forget_lora(self, lora_int_id: int) -> None:
+    def forget_lora(self, lora_int_id: int) -> bool:
         """The id may name another folder from now on (the adapter was removed)."""
-        self._adapters.pop(lora_int_id, None)
+        return self._adapters.pop(lora_int_id, None) is not None
+
+    def lora_ids(self) -> set[int]:
+        return set(self._adapters)
 
     def _thinking_budget(self, params: SamplingParams) -> ThinkingBudget:
         """vLLM's thinking_token_budget with the reasoning parser's tag ids, which it needs."""

@@ -69,6 +69,24 @@ class LLMEngine:
             self.abort_request([request_id])
             raise
 
+    # ---- LoRA adapters (vLLM's) ----
+    def check_lora(self, lora_request: LoRARequest) -> None:
+        """The adapter read and checked as a request naming it is (VLLMValidationError if it
+        cannot serve); the workers load it with the first such request."""
+        self.input_processor.check_lora(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """vLLM's: the adapter checked (`check_lora`) and known to the engine."""
+        self.check_lora(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """vLLM's: the id may name another adapter folder from now on."""
+        return self.input_processor.forget_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.input_processor.lora_ids()
+
     def abort_request(self, request_ids: list[str]) -> None:
         aborted = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests([state.request_id for state in aborted])

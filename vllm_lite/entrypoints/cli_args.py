@@ -33,6 +33,8 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         default = getattr(defaults, f.name)
         if isinstance(default, bool) or f.type == "bool | None":  # annotations are strings here
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default)
+        elif f.type.startswith("list[str]"):
+            parser.add_argument(*flags, nargs="+", default=default)
         else:
             parser.add_argument(*flags, type=_flag_type(f.name, f.type), default=default)
     # (read before parsing, by `vllm_argv`: listed here for --help)
@@ -72,6 +74,9 @@ def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a chat template may render before the request gets 400")
     parser.add_argument("--served-model-name", nargs="+", default=None,
                         help="model name(s) clients use (default: the model argument)")
+    parser.add_argument("--lora-modules", nargs="+", type=_lora_module, default=None,
+                        help="LoRA adapters served under their own model names (needs --enable-lora): name=path, or "
+                             "a JSON object with name, path and base_model_name (vLLM's flag)")
     parser.add_argument("--chat-template", default=None,
                         help="the chat template for chat requests instead of the tokenizer's: a file's path or the "
                              "template itself (vLLM's flag)")
@@ -93,6 +98,15 @@ def add_request_handling_args(parser: argparse.ArgumentParser) -> None:
                         help="with --enable-log-requests: the most prompt characters and token ids logged")
     parser.add_argument("--response-role", default="assistant",
                         help="the chat reply's role when add_generation_prompt is true (vLLM's flag)")
+
+
+def _lora_module(text: str) -> Any:
+    from vllm_lite.entrypoints.openai.serving_models import parse_lora_module
+
+    try:
+        return parse_lora_module(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _flag_type(name: str, annotation: str) -> Callable[[str], Any]:

@@ -43,10 +43,13 @@ class LoRAManager:
         """Have `lora` loaded for a request joining the batch (`ids_in_batch`: the adapters of
         the requests already there, which stay). Raises, naming the adapter, when it cannot be
         read or does not fit the model: that request fails, the others go on."""
-        if lora.lora_int_id in self.adapters:
+        loaded = self.adapters.get(lora.lora_int_id)
+        if loaded is not None and loaded.lora_path == lora.lora_path:
             self.adapters.move_to_end(lora.lora_int_id)
             return
         weights = self._read(lora)
+        if loaded is not None:  # the id was removed and now names another folder
+            self.remove(lora.lora_int_id)
         self._make_room(ids_in_batch)
         for layer_name, layer_weights in weights.items():
             self.layers[layer_name].lora.weights[lora.lora_int_id] = layer_weights

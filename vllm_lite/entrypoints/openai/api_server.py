@@ -32,13 +32,15 @@ import uvloop
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from vllm_lite.version import __version__
-from vllm_lite.exceptions import EngineDeadError
+from vllm_lite.exceptions import EngineDeadError, VLLMValidationError
+from vllm_lite.lora.request import LoRARequest
+from vllm_lite.entrypoints.openai.serving_models import ServedModels, parse_lora_module
 from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.entrypoints.openai import orca
@@ -53,6 +55,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     OpenAIBaseModel,
@@ -60,6 +63,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
     TokenizerInfoResponse,
+    UnloadLoRAAdapterRequest,
     tokenizer_config,
 )
 from vllm_lite.entrypoints.openai.serving import (
@@ -117,6 +121,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
         _refuse_text_options(options)
     names = tuple(served_model_names) or (model_config.model,)
     ctx = ServingContext(engine=engine, tokenizer=engine.tokenizer, model_names=names,
+                         models=_served_models(engine, names, options),
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
                          metrics=ServerMetrics(names[0], model_config.max_model_len,
                                                cache_config_info(engine.vllm_config)),
@@ -429,8 +434,44 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, root=ctx.model_path, max_model_len=ctx.max_model_len)
-                               for name in ctx.model_names])
+        """The base model's served names, then the LoRA adapters (their `parent`), as vLLM's."""
+        return ModelList(data=ctx.models.cards(ctx.model_path, ctx.max_model_len))
+
+    if ctx.options.allow_runtime_lora_updating:
+        _add_lora_routes(app, ctx)
+
+
+def _served_models(engine: EngineClient, names: tuple[str, ...], options: ServerOptions) -> ServedModels:
+    """The served names and the --lora-modules adapters, each checked now (a bad one stops the
+    server from starting, as vLLM's)."""
+    models = ServedModels(names, engine.check_lora if hasattr(engine, "check_lora") else _no_lora)
+    for module in options.lora_modules:
+        try:
+            models.load(module.name, module.path, base_model_name=module.base_model_name)
+        except ApiError as exc:
+            raise ValueError(f"--lora-modules {module.name}={module.path}: {exc.message}") from None
+    return models
+
+
+def _no_lora(lora_request: LoRARequest) -> None:
+    raise VLLMValidationError("this engine serves no LoRA adapters")
+
+
+def _add_lora_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """vLLM's runtime adapter routes (VLLM_ALLOW_RUNTIME_LORA_UPDATING): 200 with a text line, or
+    an error body."""
+    logger.warning("LoRA dynamic loading & unloading is enabled in the API server (VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    async def load_lora_adapter(request: LoadLoRAAdapterRequest) -> PlainTextResponse:
+        request.refuse_unknown_fields()
+        # (the adapter's config and safetensors header are read here: small files, no tensors)
+        return PlainTextResponse(ctx.models.load(request.lora_name, request.lora_path, request.load_inplace))
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+    async def unload_lora_adapter(request: UnloadLoRAAdapterRequest) -> PlainTextResponse:
+        request.refuse_unknown_fields()
+        return PlainTextResponse(ctx.models.unload(request.lora_name, request.lora_int_id))
 
 
 def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
@@ -636,7 +677,14 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          compact_structured_outputs=_compact_structured_outputs(args),
                          return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
                          exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
-                                                                     False))
+                                                                     False),
+                         lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
+                         allow_runtime_lora_updating=runtime_lora_updating_from_environment())
+
+
+def runtime_lora_updating_from_environment() -> bool:
+    """vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: "1" or "true" (any case) adds the adapter routes."""
+    return os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true")
 
 
 async def serve(args: argparse.Namespace, make_engine: Callable[[], EngineClient],

@@ -539,6 +539,22 @@ class DetokenizeRequest(RequestModel):
     tokens: list[int]
 
 
+class LoadLoRAAdapterRequest(RequestModel):
+    """vLLM's /v1/load_lora_adapter body."""
+
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+    is_3d_lora_weight: Literal[False] = False  # (vLLM's MoE weight layout flag: no MoE LoRA here)
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    """vLLM's /v1/unload_lora_adapter body (`lora_int_id`, when given, must be the adapter's)."""
+
+    lora_name: str
+    lora_int_id: int | None = None
+
+
 class RequestParamError(ValueError):
     """An invalid request field; `param` names it."""
 
@@ -762,6 +778,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=_now)
     owned_by: str = "vllm_lite"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's)
     max_model_len: int | None = None
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_lite.entrypoints.openai.serving_models import LoRAModulePath
+
 logger = logging.getLogger(__name__)
 
 # FastAPI parses and validates JSON on the event loop: a body of 4 MiB of token ids takes ~0.3 s
@@ -77,6 +79,8 @@ class ServerOptions:
     | exclude_tools_when_tool_choice_none | --exclude-tools-when-tool-choice-none | tool_choice "none": no tools in the template |
     | compact_structured_outputs | --structured-outputs-config disable_any_whitespace | every JSON grammar without whitespace |
     | dev_mode | vLLM's VLLM_SERVER_DEV_MODE=1 | its development routes (here: POST /reset_prefix_cache) |
+    | lora_modules | --lora-modules | LoRA adapters served under their names from the start (needs --enable-lora) |
+    | allow_runtime_lora_updating | vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 | POST /v1/load_lora_adapter, /v1/unload_lora_adapter |
     """
 
     api_key: str | tuple[str, ...] | None = None  # one key, or several (vLLM's --api-key k1 k2)
@@ -114,6 +118,8 @@ class ServerOptions:
     return_tokens_as_token_ids: bool = False
     exclude_tools_when_tool_choice_none: bool = False
     compact_structured_outputs: bool = False
+    lora_modules: tuple[LoRAModulePath, ...] = ()
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

@@ -31,7 +31,9 @@ from vllm_lite.entrypoints.openai.middleware import BODY_SEND
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
 from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
+from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.entrypoints.tokenization import default_truncation_side, truncated
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -60,8 +62,12 @@ class EngineClient(Protocol):
         """True once the engine is gone for good (the server then exits)."""
         ...
 
-    def generate(self, prompt: Any, sampling_params: SamplingParams,
-                 request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]: ...
+    def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, priority: int = 0, *,
+                 lora_request: LoRARequest | None = None) -> AsyncGenerator[RequestOutput, None]: ...
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool: ...
+
+    def check_lora(self, lora_request: LoRARequest) -> None: ...
 
     def encode(self, prompt: Any, pooling_params: PoolingParams | None,
                request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]: ...
@@ -88,6 +94,7 @@ class ServingContext:
     engine: EngineClient
     tokenizer: Any
     model_names: tuple[str, ...]
+    models: ServedModels  # the served names and LoRA adapters (serving_models.py)
     model_path: str
     max_model_len: int
     metrics: ServerMetrics
@@ -122,12 +129,13 @@ class ServingContext:
         return self.tokenizer
 
     def served_model(self, requested: str | None) -> str:
-        """The name to answer with; an unknown name is a 404, as with OpenAI."""
-        if requested is None:
-            return self.model_names[0]
-        if requested not in self.model_names:
-            raise ApiError(404, "NotFoundError", f"The model `{requested}` does not exist.", "model")
-        return requested
+        """The name to answer with (the base model's or a LoRA adapter's); an unknown name is a
+        404, as with OpenAI."""
+        return self.models.resolve(requested)[0]
+
+    def served_model_and_lora(self, requested: str | None) -> tuple[str, LoRARequest | None]:
+        """`served_model`, and the LoRA adapter a generation runs with (None: the base model)."""
+        return self.models.resolve(requested)
 
 
 # --------------------------------------------------------------------------- prompts
@@ -298,10 +306,12 @@ def check_request_priority(ctx: ServingContext, priority: int) -> None:
 
 
 async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], params: SamplingParams,
-                           request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
-    """`engine.generate` plus metrics. A consumer that stops early (client gone, cancelled task,
-    closed generator) closes the engine's generator, which aborts the request in the engine
-    core and so frees its KV blocks (AsyncLLM's contract)."""
+                           request_id: str, priority: int = 0,
+                           lora: LoRARequest | None = None) -> AsyncGenerator[RequestOutput, None]:
+    """`engine.generate` plus metrics, with the LoRA adapter the request's model names. A
+    consumer that stops early (client gone, cancelled task, closed generator) closes the
+    engine's generator, which aborts the request in the engine core and so frees its KV blocks
+    (AsyncLLM's contract)."""
     check_request_priority(ctx, priority)
     structured = params.structured_outputs
     if ctx.options.compact_structured_outputs and structured is not None and not structured.disable_any_whitespace:
@@ -313,7 +323,8 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
-        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id, priority)) as outputs:
+        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id, priority,
+                                                           lora_request=lora)) as outputs:
             async for output in outputs:
                 if ctx.drain.expired and output.finished and _was_aborted(output):
                     raise ApiError(503, "ServiceUnavailableError", "the server shut down before the request "
@@ -639,7 +650,8 @@ def sse_event(chunk: BaseModel) -> bytes:
 
 
 async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any], params: BeamSearchParams,
-                             request_id: str, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+                             request_id: str, priority: int = 0,
+                             lora: LoRARequest | None = None) -> AsyncGenerator[RequestOutput, None]:
     """vLLM's server-side beam search: every step sends each live beam to the engine for one
     token (BeamSearch decides what to keep), then yields one finished RequestOutput whose
     outputs are the beam_width best beams, best first, so the handlers treat it as any
@@ -651,7 +663,7 @@ async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any],
     step = 0
     while batch := search.pending():
         step_streams = [tracked_generate(ctx, {**engine_prompt, "prompt": None, "prompt_token_ids": tokens},
-                                         step_params, f"{request_id}-beam{step}-{i}", priority)
+                                         step_params, f"{request_id}-beam{step}-{i}", priority, lora)
                         for i, tokens in enumerate(batch)]
         collected = await asyncio.gather(*(collect_choices(stream, 1) for stream in step_streams))
         search.advance([c.choices[0].logprobs[0] for c in collected])

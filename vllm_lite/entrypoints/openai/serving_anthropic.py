@@ -57,7 +57,7 @@ class _Turn:
 
 async def create_message(ctx: ServingContext, request: AnthropicMessagesRequest, raw_request: Request) -> Response:
     request.refuse_unknown_fields()
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     chat = request.chat_request(await _merges_inline_system(ctx, request))
     try:
         params = chat.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
@@ -69,7 +69,7 @@ async def create_message(ctx: ServingContext, request: AnthropicMessagesRequest,
     num_prompt_tokens = len(prompt["prompt_token_ids"])
     params = fit_max_tokens(ctx, num_prompt_tokens, params, "messages")
     turn = _Turn(f"msg_{uuid.uuid4().hex}", model, tools, num_prompt_tokens, request.omits_thinking())
-    stream = tracked_generate(ctx, prompt, params, turn.message_id)
+    stream = tracked_generate(ctx, prompt, params, turn.message_id, lora=lora)
     if request.stream:
         started = await start_stream(stream)
         return SSEResponse(_sse(_stream_events(ctx, turn, started)), last=None, error_event=_sse_error)

@@ -42,7 +42,7 @@ from vllm_lite.outputs import Logprob, RequestOutput
 
 async def create_chat_completion(ctx: ServingContext, request: ChatCompletionRequest,
                                  raw_request: Request) -> Response:
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     check_n(ctx, request.n)
     params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     tools = plan_tools(request, ctx.options)
@@ -53,9 +53,9 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
     beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
     if beam is not None:
-        stream = beam_search_stream(ctx, prompt, beam, engine_id, request.priority)
+        stream = beam_search_stream(ctx, prompt, beam, engine_id, request.priority, lora)
     else:
-        stream = tracked_generate(ctx, prompt, params, engine_id, request.priority)
+        stream = tracked_generate(ctx, prompt, params, engine_id, request.priority, lora)
     num_top = params.logprobs if request.logprobs else None
     if request.stream:
         started = await start_stream(stream)
@@ -252,7 +252,7 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
                                        raw_request: Request) -> Response:
     """vLLM's batch endpoint: each conversation is one engine request (all run together), and
     choice i answers conversation i; usage sums them."""
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     requests = request.conversation_requests()
     prompts, streams = [], []
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
@@ -262,7 +262,7 @@ async def create_batch_chat_completion(ctx: ServingContext, request: BatchChatCo
         params = fit_max_tokens(ctx, len(prompt["prompt_token_ids"]), params,
                                 field=single.max_tokens_field())
         prompts.append(prompt)
-        streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority))
+        streams.append(tracked_generate(ctx, prompt, params, f"{engine_id}-{i}", request.priority, lora))
     roles = [single.reply_role(ctx.options.response_role) for single in requests]
     return await json_response(_batch_response(ctx, request, model, request_id, prompts, streams, roles), raw_request)
 

@@ -34,7 +34,7 @@ from vllm_lite.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 async def create_completion(ctx: ServingContext, request: CompletionRequest, raw_request: Request) -> Response:
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     check_n(ctx, request.n)
     params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
@@ -47,8 +47,9 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     for i, (prompt, fitted) in enumerate(zip(prompts, prompt_params)):
         beam = request.beam_search_params(fitted.max_tokens, request.logprobs is not None)
         engine_request_id = f"{engine_id}-{i}"
-        streams.append(beam_search_stream(ctx, prompt, beam, engine_request_id, request.priority) if beam is not None
-                       else tracked_generate(ctx, prompt, fitted, engine_request_id, request.priority))
+        streams.append(beam_search_stream(ctx, prompt, beam, engine_request_id, request.priority, lora)
+                       if beam is not None
+                       else tracked_generate(ctx, prompt, fitted, engine_request_id, request.priority, lora))
     shape = _ChoiceShape.of(request, params.logprobs, ctx.tokens_as_ids(request.return_tokens_as_token_ids))
     if request.stream:
         started = await start_streams(streams)

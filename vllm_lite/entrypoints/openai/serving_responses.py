@@ -91,7 +91,7 @@ class ResponseTurn:
 
 async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_request: Request) -> Response:
     request.check_supported()
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     history = ctx.responses.history(request.previous_response_id)
     if history is None:
         raise ApiError(404, "NotFoundError", f"Response with id '{request.previous_response_id}' not found.",
@@ -112,7 +112,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
     response_id, engine_request_id = request.ids()
     turn = ResponseTurn(request, response_id, model, params.max_tokens or ctx.max_model_len - num_prompt_tokens,
                         history, tools, prompt)
-    stream = tracked_generate(ctx, prompt, params, engine_request_id, request.priority)
+    stream = tracked_generate(ctx, prompt, params, engine_request_id, request.priority, lora)
     if request.background:
         return _start_background(ctx, turn, await start_stream(stream))
     if request.stream:

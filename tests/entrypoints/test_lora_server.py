@@ -1,0 +1,130 @@
+"""vLLM's LoRA serving: `--enable-lora --lora-modules`, a request's `model` naming an adapter, the
+adapters in /v1/models, and the runtime routes (/v1/load_lora_adapter, /v1/unload_lora_adapter
+under VLLM_ALLOW_RUNTIME_LORA_UPDATING). A live server's greedy tokens with an adapter equal PEFT's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fake_engine import FakeEngine
+from hf_reference import hf_greedy
+from live_server import running_server
+from lora_adapters import edit_adapter_config, make_adapter, peft_greedy
+from vllm_lite.entrypoints.cli_args import add_request_handling_args
+from vllm_lite.entrypoints.openai.api_server import build_app
+from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.entrypoints.openai.serving_models import LoRAModulePath
+
+KEY = "lora-key"
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("server_adapters")
+    bad = make_adapter(tiny_llama, folder / "dora", seed=9)
+    edit_adapter_config(bad, use_dora=True)
+    return {"a": make_adapter(tiny_llama, folder / "a", seed=1), "b": make_adapter(tiny_llama, folder / "b", seed=2),
+            "c": make_adapter(tiny_llama, folder / "c", seed=3, r=4), "dora": bad}
+
+
+def completion_tokens(client: httpx.Client, model: str, prompt: list[int]) -> list[int]:
+    reply = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": NEW_TOKENS,
+                                                 "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model"] == model
+    return reply.json()["choices"][0]["token_ids"]
+
+
+def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, adapters: dict[str, Path],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            prompts_token_ids: list[list[int]]) -> None:
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "true")
+    modules = ("--lora-modules", f"a={adapters['a']}",
+               json.dumps({"name": "b", "path": str(adapters["b"]), "base_model_name": "tiny"}))
+    prompt = prompts_token_ids[1]
+    with running_server(tiny_llama, tmp_path / "server.log", "tiny", KEY,
+                        ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", *modules)) as server, \
+            httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        cards = client.get("/v1/models").json()["data"]
+        assert [(c["id"], c["root"], c.get("parent")) for c in cards] == [
+            ("tiny", str(tiny_llama), None), ("a", str(adapters["a"]), "tiny"), ("b", str(adapters["b"]), "tiny")]
+        assert completion_tokens(client, "a", prompt) == peft_greedy(tiny_llama, adapters["a"], [prompt], NEW_TOKENS)[0]
+        assert completion_tokens(client, "b", prompt) == peft_greedy(tiny_llama, adapters["b"], [prompt], NEW_TOKENS)[0]
+        assert completion_tokens(client, "tiny", prompt) == hf_greedy(tiny_llama, [prompt], NEW_TOKENS)[0]
+        chat = client.post("/v1/chat/completions", json={"model": "a", "max_tokens": 4,
+                                                        "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200 and chat.json()["model"] == "a", chat.text
+
+        missing = client.post("/v1/completions", json={"model": "c", "prompt": "x", "max_tokens": 1})
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        loaded = client.post("/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(adapters["c"])})
+        assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'c' added successfully."
+        assert completion_tokens(client, "c", prompt) == peft_greedy(tiny_llama, adapters["c"], [prompt], NEW_TOKENS)[0]
+        again = client.post("/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(adapters["a"])})
+        assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
+        # in place: the name now serves the other folder (its own id: nothing cached under c's old weights is read)
+        replaced = client.post("/v1/load_lora_adapter",
+                               json={"lora_name": "c", "lora_path": str(adapters["a"]), "load_inplace": True})
+        assert replaced.status_code == 200, replaced.text
+        assert completion_tokens(client, "c", prompt) == peft_greedy(tiny_llama, adapters["a"], [prompt], NEW_TOKENS)[0]
+        for body, status, message in [
+            ({"lora_name": "d", "lora_path": str(adapters["dora"])}, 400, "use_dora=True"),
+            ({"lora_name": "tiny", "lora_path": str(adapters["a"])}, 400, "conflicts with a served base model"),
+            ({"lora_name": "d", "lora_path": str(tmp_path / "nowhere")}, 400, "no adapter_config.json"),
+            ({"lora_name": "d", "lora_path": str(adapters["a"]), "is_3d_lora_weight": True}, 400, "is_3d_lora_weight"),
+            ({"lora_name": "d", "lora_path": str(adapters["a"]), "revision": "x"}, 400, "revision"),
+        ]:
+            reply = client.post("/v1/load_lora_adapter", json=body)
+            assert reply.status_code == status and message in reply.text, (body, reply.text)
+        unloaded = client.post("/v1/unload_lora_adapter", json={"lora_name": "c"})
+        assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'c' removed successfully."
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "c"}).status_code == 404
+        assert client.post("/v1/completions", json={"model": "c", "prompt": "x", "max_tokens": 1}).status_code == 404
+        assert [c["id"] for c in client.get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
+        assert client.get("/health").status_code == 200
+    assert server.leftover_processes() == set()
+
+
+def test_adapter_routes_are_off_without_the_environment_switch(tokenizer) -> None:
+    from starlette.testclient import TestClient
+
+    with TestClient(build_app(FakeEngine(tokenizer), ["m"])) as client:
+        assert client.post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"}).status_code == 404
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 404
+
+
+def test_lora_modules_on_an_engine_without_lora_stop_the_start(tokenizer) -> None:
+    options = ServerOptions(lora_modules=(LoRAModulePath("a", "/x"),))
+    with pytest.raises(ValueError, match="--lora-modules a=/x: this engine serves no LoRA adapters"):
+        build_app(FakeEngine(tokenizer), ["m"], options=options)
+
+
+@pytest.mark.parametrize("values, expected", [
+    (["a=/x"], [LoRAModulePath("a", "/x")]),
+    (['{"name": "b", "path": "/y", "base_model_name": "m"}', "c=/z"],
+     [LoRAModulePath("b", "/y", "m"), LoRAModulePath("c", "/z")]),
+])
+def test_lora_modules_flag_takes_vllms_two_forms(values: list[str], expected: list[LoRAModulePath]) -> None:
+    parser = argparse.ArgumentParser()
+    add_request_handling_args(parser)
+    assert parser.parse_args(["--lora-modules", *values]).lora_modules == expected
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{not json", "neither name=path nor a JSON object"),
+    ('{"name": "a"}', "needs string 'name' and 'path'"),
+    ('{"name": "a", "path": "/x", "is_3d_lora_weight": true}', "keys ['is_3d_lora_weight']"),
+])
+def test_lora_modules_flag_refuses_what_it_cannot_read(value: str, message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_request_handling_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--lora-modules", value])
+    assert message in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""The models a server answers to, as vLLM's OpenAIServingModels: the base model under its served
+names, and LoRA adapters under theirs (`--lora-modules` at start; `/v1/load_lora_adapter` and
+`/v1/unload_lora_adapter` at run time when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set). A request's
+`model` names one of them; an adapter's requests run with its LoRARequest."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_lite.entrypoints.openai.errors import ApiError
+from vllm_lite.entrypoints.openai.protocol import ModelCard
+from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.lora.request import LoRARequest
+
+LORA_MODULE_KEYS = ("name", "path", "base_model_name")
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAModulePath:
+    """vLLM's --lora-modules entry: an adapter's served name and folder (and the base model it is
+    listed under in /v1/models)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_module(text: str) -> LoRAModulePath:
+    """vLLM's two forms: `name=path`, or a JSON object with name, path and base_model_name."""
+    if "=" in text and "," not in text and not text.lstrip().startswith("{"):
+        name, path = text.split("=", 1)
+        return LoRAModulePath(name, path)
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        raise ValueError(f"--lora-modules: {text!r} is neither name=path nor a JSON object") from None
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("path"), str):
+        raise ValueError(f"--lora-modules: {text!r} needs string 'name' and 'path'")
+    unknown = sorted(set(entry) - set(LORA_MODULE_KEYS))
+    if unknown:
+        raise ValueError(f"--lora-modules: {text!r} has keys {unknown} that vllm_lite does not take "
+                         f"(it takes {', '.join(LORA_MODULE_KEYS)})")
+    return LoRAModulePath(entry["name"], entry["path"], entry.get("base_model_name"))
+
+
+@dataclass
+class ServedModels:
+    """`check_lora(request)`: the engine's check of an adapter (its folder, config and weights'
+    names and shapes), raising VLLMValidationError."""
+
+    base_names: tuple[str, ...]
+    check_lora: Any
+    loras: dict[str, LoRARequest] = field(default_factory=dict)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def resolve(self, requested: str | None) -> tuple[str, LoRARequest | None]:
+        """The name to answer with and the adapter it stands for (None: the base model); an
+        unknown name is a 404, as with OpenAI."""
+        if requested is None:
+            return self.base_names[0], None
+        if requested in self.base_names:
+            return requested, None
+        lora = self.loras.get(requested)
+        if lora is None:
+            raise ApiError(404, "NotFoundError", f"The model `{requested}` does not exist.", "model")
+        return requested, lora
+
+    def cards(self, model_path: str, max_model_len: int) -> list[ModelCard]:
+        """vLLM's /v1/models: the base model's names, then each adapter under its parent."""
+        base = [ModelCard(id=name, root=model_path, max_model_len=max_model_len) for name in self.base_names]
+        return base + [ModelCard(id=lora.lora_name, root=lora.lora_path, parent=lora.base_model_name or self.base_names[0])
+                       for lora in self.loras.values()]
+
+    def load(self, name: str, path: str, load_inplace: bool = False, base_model_name: str | None = None) -> str:
+        """Serve the adapter in `path` as `name` (vLLM's load_lora_adapter). `load_inplace`
+        replaces an adapter already served under that name: its later requests read the folder
+        again (a new adapter id, so no KV computed with the old weights is reused); requests in
+        flight finish with the old one."""
+        if not name or not path:
+            raise ApiError(400, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
+        if name in self.base_names:
+            raise ApiError(400, "InvalidUserInput", f"The lora adapter '{name}' conflicts with a served base model.")
+        if name in self.loras and not load_inplace:
+            raise ApiError(400, "InvalidUserInput", f"The lora adapter '{name}' has already been loaded. If you "
+                           "want to load the adapter in place, set 'load_inplace' to True.")
+        parent = base_model_name if base_model_name in self.base_names else None
+        lora = LoRARequest(name, next(self._ids), path, base_model_name=parent)
+        try:
+            self.check_lora(lora)
+        except (VLLMValidationError, TypeError) as exc:
+            raise ApiError(400, "BadRequestError", str(exc), "lora_path") from None
+        self.loras[name] = lora
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload(self, name: str, lora_int_id: int | None = None) -> str:
+        """Stop serving an adapter (vLLM's unload_lora_adapter); requests in flight finish with it."""
+        if not name:
+            raise ApiError(400, "InvalidUserInput", "'lora_name' needs to be provided to unload a LoRA adapter.")
+        lora = self.loras.get(name)
+        if lora is None or (lora_int_id is not None and lora_int_id != lora.lora_int_id):
+            raise ApiError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
+        del self.loras[name]
+        return f"Success: LoRA adapter '{name}' removed successfully."
