@@ -147,6 +147,8 @@ def test_scheduler_passes_over_a_request_whose_adapter_is_one_too_many() -> None
     assert [new.req_id for new in first.scheduled_new_reqs] == ["a1", "base", "a2"]
     assert [r.request_id for r in scheduler.waiting] == ["b1"]
     assert first.scheduled_new_reqs[0].lora_request == a
+    stats = scheduler.get_stats()  # (vllm:lora_requests_info's labels)
+    assert (stats["max_lora"], stats["running_lora_adapters"], stats["waiting_lora_adapters"]) == (1, "a", "b")
 
 
 def test_adapters_keep_their_own_prefix_cache_entries(tiny_llama: Path, llama_adapters: dict[str, Path],
@@ -294,12 +296,12 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
                for part, tensor in (("A", torch.zeros(8, 64)), ("B", torch.zeros(128, 8)))},
               experts / "adapter_model.safetensors")
     cases = [
-        (dora, "use_dora=True"),
+        (dora, "does not yet support DoRA"),
         (unknown, "future_feature"),
-        (saved_modules, "modules_to_save"),
+        (saved_modules, r"only supports modules_to_save being None \(got \['lm_head'\]\)"),
         (pickled, "pickled .bin weights are not read"),
         (rank16, "LoRA rank 16 is greater than max_lora_rank 8"),
-        (tmp_path / "missing", "no adapter_config.json"),
+        (tmp_path / "missing", "Loading lora bad5 failed: No adapter found for"),
         (other_model, "module 'model.decoder.layers.0.fc1' is not a weight of the base model"),
         (other_shapes, r"down_proj' maps 64 -> 32 features; the base model's weight is \[64, 128\]"),
     ]

@@ -35,6 +35,18 @@ class VLLMValidationError(VLLMClientError, ValueError):
         self.value = value
 
 
+class VLLMNotFoundError(VLLMClientError):
+    """vLLM's: something a request names does not exist (a server answers 404)."""
+
+
+class LoRAAdapterNotFoundError(VLLMNotFoundError, ValueError):
+    """vLLM's: no LoRA adapter in the folder a LoRARequest names (also a ValueError, as the
+    other request checks' errors are)."""
+
+    def __init__(self, lora_name: str, lora_path: str) -> None:
+        super().__init__(f"Loading lora {lora_name} failed: No adapter found for {lora_path}")
+
+
 class EngineDeadError(RuntimeError):
     """The engine core is gone (its process died, stopped answering, or failed in its busy
     loop). Every pending request raises it, and so does every later call."""

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from live_server import LiveServer, running_server
 
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite import LLM, SamplingParams
 from vllm_lite.entrypoints.chat_content import detect_content_format, resolve_content_format, with_content_format
 
@@ -105,8 +106,10 @@ def test_llm_chat_takes_vllms_chat_arguments(llm: LLM) -> None:
                        continue_final_message=True) == "q|partial"  # cut after the final message's text
     with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt cannot both be True"):
         chat_prompt(llm, messages, continue_final_message=True)
-    with pytest.raises(ValueError, match="lora_request is not supported by vllm_lite"):
+    with pytest.raises(TypeError, match="lora_request must be a LoRARequest"):
         chat_prompt(llm, messages, lora_request=object())
+    with pytest.raises(ValueError, match="LoRA is not enabled"):  # (a LoRARequest: the engine runs without LoRA)
+        chat_prompt(llm, messages, lora_request=LoRARequest("a", 1, "/adapter"))
     with pytest.raises(ValueError, match="priority=1 needs the priority scheduling policy"):
         llm.generate("x", SamplingParams(max_tokens=1), use_tqdm=False, priority=[1])
 

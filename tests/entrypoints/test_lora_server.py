@@ -5,6 +5,7 @@ under VLLM_ALLOW_RUNTIME_LORA_UPDATING). A live server's greedy tokens with an a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -48,12 +49,17 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
     modules = ("--lora-modules", f"a={adapters['a']}",
                json.dumps({"name": "b", "path": str(adapters["b"]), "base_model_name": "tiny"}))
     prompt = prompts_token_ids[1]
+    not_json = tmp_path / "not_json"
+    not_json.mkdir()
+    (not_json / "adapter_config.json").write_text("this is not json")
     with running_server(tiny_llama, tmp_path / "server.log", "tiny", KEY,
                         ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", *modules)) as server, \
             httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
         cards = client.get("/v1/models").json()["data"]
         assert [(c["id"], c["root"], c.get("parent")) for c in cards] == [
             ("tiny", str(tiny_llama), None), ("a", str(adapters["a"]), "tiny"), ("b", str(adapters["b"]), "tiny")]
+        metrics = client.get("/metrics").text
+        assert 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}' in metrics
         assert completion_tokens(client, "a", prompt) == peft_greedy(tiny_llama, adapters["a"], [prompt], NEW_TOKENS)[0]
         assert completion_tokens(client, "b", prompt) == peft_greedy(tiny_llama, adapters["b"], [prompt], NEW_TOKENS)[0]
         assert completion_tokens(client, "tiny", prompt) == hf_greedy(tiny_llama, [prompt], NEW_TOKENS)[0]
@@ -74,9 +80,11 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
         assert replaced.status_code == 200, replaced.text
         assert completion_tokens(client, "c", prompt) == peft_greedy(tiny_llama, adapters["a"], [prompt], NEW_TOKENS)[0]
         for body, status, message in [
-            ({"lora_name": "d", "lora_path": str(adapters["dora"])}, 400, "use_dora=True"),
+            ({"lora_name": "d", "lora_path": str(adapters["dora"])}, 400, "does not yet support DoRA"),
             ({"lora_name": "tiny", "lora_path": str(adapters["a"])}, 400, "conflicts with a served base model"),
-            ({"lora_name": "d", "lora_path": str(tmp_path / "nowhere")}, 400, "no adapter_config.json"),
+            ({"lora_name": "d", "lora_path": str(tmp_path / "nowhere")}, 404,
+             f"Loading lora d failed: No adapter found for {tmp_path / 'nowhere'}"),
+            ({"lora_name": "d", "lora_path": str(not_json)}, 400, "is not readable JSON"),
             ({"lora_name": "d", "lora_path": str(adapters["a"]), "is_3d_lora_weight": True}, 400, "is_3d_lora_weight"),
             ({"lora_name": "d", "lora_path": str(adapters["a"]), "revision": "x"}, 400, "revision"),
         ]:
@@ -87,8 +95,33 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
         assert client.post("/v1/unload_lora_adapter", json={"lora_name": "c"}).status_code == 404
         assert client.post("/v1/completions", json={"model": "c", "prompt": "x", "max_tokens": 1}).status_code == 404
         assert [c["id"] for c in client.get("/v1/models").json()["data"]] == ["tiny", "a", "b"]
+        # vLLM's test_multiple_lora_adapters: adapters loaded and run at once, more than max_cpu_loras (2)
+        got = asyncio.run(_load_and_run_concurrently(server.base_url, adapters, prompt))
+        for folder, tokens in got:
+            assert tokens == peft_greedy(tiny_llama, adapters[folder], [prompt], NEW_TOKENS)[0], folder
         assert client.get("/health").status_code == 200
     assert server.leftover_processes() == set()
+
+
+async def _load_and_run_concurrently(base_url: str, adapters: dict[str, Path],
+                                     prompt: list[int]) -> list[tuple[str, list[int]]]:
+    async with httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {KEY}"},
+                                 timeout=120) as client:
+        async def load_and_run(index: int) -> tuple[str, list[int]]:
+            folder, name = "abc"[index % 3], f"x{index}"
+            loaded = await client.post("/v1/load_lora_adapter", json={"lora_name": name,
+                                                                     "lora_path": str(adapters[folder])})
+            assert loaded.status_code == 200, loaded.text
+            beam = await client.post("/v1/completions", json={"model": name, "prompt": prompt, "max_tokens": 4,
+                                                              "use_beam_search": True, "n": 2})
+            assert beam.status_code == 200 and len(beam.json()["choices"]) == 2, beam.text
+            reply = await client.post("/v1/completions", json={
+                "model": name, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True})
+            assert reply.status_code == 200, reply.text
+            return folder, reply.json()["choices"][0]["token_ids"]
+
+        return list(await asyncio.gather(*(load_and_run(i) for i in range(6))))
 
 
 def test_adapter_routes_are_off_without_the_environment_switch(tokenizer) -> None:

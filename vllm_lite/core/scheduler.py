@@ -614,7 +614,12 @@ class Scheduler:
     # ---- stats and cache control ----
     def get_stats(self) -> dict[str, Any]:
         kv = self.kv_cache_manager
-        return {
+        loras = {} if self.max_loras is None else {  # (vLLM's vllm:lora_requests_info labels)
+            "max_lora": self.max_loras,
+            "running_lora_adapters": _lora_names(self.running),
+            "waiting_lora_adapters": _lora_names(self.waiting),
+        }
+        return {**loras,
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),
             # vLLM's "deferred" waiting requests: held by a transient constraint (here: a grammar
@@ -772,6 +777,11 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
+
+
+def _lora_names(requests: Any) -> str:
+    """The adapters of `requests`, by name, comma-separated (vLLM's label value)."""
+    return ",".join(sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None}))
 
 
 def _first(item: tuple[int, Request, bool]) -> int:

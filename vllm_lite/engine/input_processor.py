@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, TypedDict, Union
 
 import numpy as np
 
 from vllm_lite.config import LoRAConfig, ModelConfig
-from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
-from vllm_lite.lora.peft import PEFTAdapter, check_against_checkpoint, read_adapter
+from vllm_lite.lora.peft import CONFIG_FILE, PEFTAdapter, check_against_checkpoint, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
 from vllm_lite.reasoning_tags import END, START, ThinkTokens, think_tokens
@@ -142,6 +143,8 @@ class InputProcessor:
                     f"lora_int_id {lora_request.lora_int_id} is adapter '{known[0].lora_path}' in this engine; "
                     f"'{lora_request.lora_path}' needs an id of its own", parameter="lora_request")
             return known[1]
+        if not (Path(lora_request.lora_path) / CONFIG_FILE).is_file():
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path)
         adapter = read_adapter(lora_request.lora_path, self.lora_config.max_lora_rank)
         check_against_checkpoint(adapter, self.model_config.model)
         self._adapters[lora_request.lora_int_id] = (lora_request, adapter)

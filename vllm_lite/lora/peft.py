@@ -155,7 +155,7 @@ def _check_keys(raw: dict[str, Any], path: str) -> None:
     if raw.get("peft_type", "LORA") != "LORA":
         raise VLLMValidationError(f"LoRA adapter '{path}': peft_type {raw['peft_type']!r} is not LoRA",
                                   parameter="lora_path")
-    refused = [f"{key}={raw[key]!r}" for key, off in UNSUPPORTED_FEATURES.items()
+    refused = [_refusal(key, raw[key]) for key, off in UNSUPPORTED_FEATURES.items()
                if key in raw and raw[key] not in off]
     init = raw.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower() not in PLAIN_INITS:
@@ -167,6 +167,15 @@ def _check_keys(raw: dict[str, Any], path: str) -> None:
     if refused:
         raise VLLMValidationError(f"LoRA adapter '{path}': {CONFIG_FILE} asks for what vllm_lite does not "
                                   f"implement: {', '.join(refused)}", parameter="lora_path")
+
+
+def _refusal(key: str, value: Any) -> str:
+    """A refused feature, in vLLM's words where its tests match them."""
+    if key == "use_dora":
+        return "vllm_lite does not yet support DoRA (use_dora=True)"
+    if key == "modules_to_save":
+        return f"vllm_lite only supports modules_to_save being None (got {value!r})"
+    return f"{key}={value!r}"
 
 
 def _tensor_shapes(folder: Path, path: str) -> dict[str, list[int]]:

@@ -80,6 +80,12 @@ class EngineStatsCollector:
         yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)
         yield self._counter("vllm:num_preemptions", "Requests preempted (KV blocks ran out).",
                             stats.get("num_preemptions", 0))
+        if "max_lora" in stats:  # an engine serving LoRA adapters: vLLM's info gauge, set to the time
+            info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                     labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+            info.add_metric([str(stats["max_lora"]), stats["waiting_lora_adapters"], stats["running_lora_adapters"]],
+                            time.time())
+            yield info
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         metric = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.protocol import ModelCard
-from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
 
 LORA_MODULE_KEYS = ("name", "path", "base_model_name")
@@ -90,6 +90,8 @@ class ServedModels:
         lora = LoRARequest(name, next(self._ids), path, base_model_name=parent)
         try:
             self.check_lora(lora)
+        except LoRAAdapterNotFoundError as exc:
+            raise ApiError(404, "NotFoundError", str(exc), "lora_path") from None
         except (VLLMValidationError, TypeError) as exc:
             raise ApiError(400, "BadRequestError", str(exc), "lora_path") from None
         self.loras[name] = lora
