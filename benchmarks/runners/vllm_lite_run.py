@@ -3,7 +3,9 @@
     python benchmarks/runners/vllm_lite_run.py JOB.json RESULT.json
 
 The job and result formats are those of benchmarks/benchlib.py (run_engine / engine_job); a job
-with `json_schema` constrains its first `num_constrained` requests to it (structured outputs).
+with `json_schema` constrains its first `num_constrained` requests to it (structured outputs); a
+job with `lora` ({"paths", "of_request", "max_loras", "max_lora_rank"}) runs request i with
+adapter `paths[of_request[i]]` (-1: the base model).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def main(job_path: str, result_path: str) -> None:
         optional["kv_cache_dtype"] = job["kv_cache_dtype"]
     if job.get("async_scheduling") is not None:  # only then: a baseline checkout may predate the option
         optional["async_scheduling"] = job["async_scheduling"]
+    lora = job.get("lora")
+    if lora:
+        optional.update(enable_lora=True, max_loras=lora["max_loras"], max_lora_rank=lora["max_lora_rank"])
     llm = LLM(job["model"], dtype=job.get("dtype", "float32"), max_model_len=job["max_model_len"],
               max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job["max_num_batched_tokens"],
               kv_cache_memory_bytes=job["kv_cache_gib"] * 1024 ** 3, seed=0, **optional)
@@ -41,8 +46,16 @@ def main(job_path: str, result_path: str) -> None:
                   for i, n in enumerate(job["max_tokens"])]
         # Warm-up (with the grammar, when there is one: its compilation is cached, as in vLLM).
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, **constrained), use_tqdm=False)
+        adapters = {}
+        if lora:
+            from vllm_lite.lora.request import LoRARequest
+
+            requests = [LoRARequest(f"adapter{i}", i + 1, path) for i, path in enumerate(lora["paths"])]
+            adapters = {"lora_request": [requests[i] if i >= 0 else None for i in lora["of_request"]]}
+            llm.generate(prompts[:len(requests)], SamplingParams(max_tokens=4), use_tqdm=False,
+                         lora_request=requests)  # (warm-up: the workers read the adapters)
         start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False, **adapters)
         elapsed = time.perf_counter() - start
         dtype = llm.llm_engine.vllm_config.model_config.dtype  # what dtype="auto" resolved to
         async_scheduling = llm.llm_engine.vllm_config.scheduler_config.async_scheduling  # what the default was
