@@ -52,28 +52,32 @@ class LoRAManager:
             self.remove(lora.lora_int_id)
         self._make_room(ids_in_batch)
         for layer_name, layer_weights in weights.items():
-            self.layers[layer_name].lora.weights[lora.lora_int_id] = layer_weights
+            self.layers[layer_name].lora.set_weights(lora.lora_int_id, layer_weights)
         self.adapters[lora.lora_int_id] = lora
 
     def remove(self, lora_int_id: int) -> bool:
         if self.adapters.pop(lora_int_id, None) is None:
             return False
         for layer in self.layers.values():
-            layer.lora.weights.pop(lora_int_id, None)
+            layer.lora.set_weights(lora_int_id, None)
         return True
 
     def set_step(self, lora_ids: np.ndarray, query_lens: np.ndarray) -> None:
-        """Group the step's tokens by adapter: `lora_ids` are the scheduled rows' adapters (0:
-        none), in row order, whose tokens come in that order, `query_lens` each."""
-        groups: list[tuple[int, slice | torch.Tensor]] = []
-        if lora_ids.any():
-            token_ids = np.repeat(lora_ids, query_lens)
-            for adapter_id in np.unique(token_ids[token_ids > 0]).tolist():
-                rows = np.flatnonzero(token_ids == adapter_id)
-                consecutive = int(rows[-1]) - int(rows[0]) + 1 == len(rows)
-                groups.append((adapter_id, slice(int(rows[0]), int(rows[-1]) + 1) if consecutive
-                               else torch.from_numpy(rows).to(self.device)))
-        self.step.groups = groups
+        """The step's adapters for the layers (`LoRAStep`): `lora_ids` are the scheduled rows'
+        adapters (0: none), in row order, whose tokens come in that order, `query_lens` each."""
+        step = self.step
+        step.masks.clear()
+        if not lora_ids.any():
+            step.adapters, step.whole, step.token_adapters = (), 0, None
+            return
+        adapters = np.unique(lora_ids)
+        step.num_tokens = int(query_lens.sum())
+        if len(adapters) == 1:  # one adapter, every row
+            step.adapters, step.whole, step.token_adapters = (int(adapters[0]),), int(adapters[0]), None
+            return
+        step.adapters = tuple(int(a) for a in adapters if a)
+        step.whole = 0
+        step.token_adapters = torch.from_numpy(np.repeat(lora_ids, query_lens).astype(np.int32)).to(self.device)
 
     def _make_room(self, ids_in_batch: np.ndarray) -> None:
         in_use = set(ids_in_batch.tolist())
