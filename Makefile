@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-client bench-decode bench-amx
+.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora
 
 setup: $(STAMP)
 
@@ -87,7 +87,10 @@ bench-decode: $(STAMP)
 bench-amx: $(STAMP)
 	$(BENCH)/amx_kernels.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx
+bench-lora: $(STAMP)
+	$(BENCH)/lora_serving.py
+
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so vllm_lite/_bookkeeping*.so

@@ -5,7 +5,7 @@ base model in an engine without LoRA, the base model in an engine with LoRA on, 
 with one adapter, and the requests spread over four adapters (max_loras 4). Output tokens/s of
 each, the ratio, and how many requests' greedy tokens the two engines agree on.
 
-    VLLM_CPU_PYTHON=/path/to/peer/bin/python PYTHONPATH=tests .venv/bin/python benchmarks/lora_serving.py
+    VLLM_CPU_PYTHON=/path/to/peer/bin/python .venv/bin/python benchmarks/lora_serving.py   (make bench-lora)
 
 (without a peer interpreter, vllm_lite's side alone)
 """
