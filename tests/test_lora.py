@@ -331,3 +331,26 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
             greedy(llm, prompts, LoRARequest("experts", 1, str(experts)))
     finally:
         llm.shutdown()
+
+
+def test_beam_search_runs_each_prompt_with_its_adapter(tiny_llama: Path, llama_adapters: dict[str, Path],
+                                                       prompts_token_ids: list[list[int]]) -> None:
+    """LLM.beam_search's lora_request (vLLM's third argument): width 1 is the greedy search, so
+    each prompt's tokens are its adapter's greedy ones; concurrency_limit changes nothing."""
+    from vllm_lite.entrypoints.beam_search import BeamSearchParams
+
+    prompts = prompts_token_ids[:3]
+    names = ["a", None, "b"]
+    loras = {"a": LoRARequest("a", 1, str(llama_adapters["a"])), "b": LoRARequest("b", 2, str(llama_adapters["b"]))}
+    params = BeamSearchParams(beam_width=1, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm = make_llm(tiny_llama, enable_lora=True, max_loras=2)
+    try:
+        requests = [loras[n] if n else None for n in names]
+        outputs = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params, requests)
+        one_at_a_time = llm.beam_search([{"prompt_token_ids": p} for p in prompts], params, requests,
+                                        concurrency_limit=1)
+    finally:
+        llm.shutdown()
+    got = [output.sequences[0].tokens[len(prompt):] for output, prompt in zip(outputs, prompts)]
+    assert got == _expected(tiny_llama, llama_adapters, prompts, names)
+    assert [o.sequences[0].tokens for o in one_at_a_time] == [o.sequences[0].tokens for o in outputs]

@@ -83,6 +83,10 @@ class BeamSearch:
             return []
         return [beam.tokens for instance in self._instances for beam in instance.beams]
 
+    def pending_prompts(self) -> list[int]:
+        """The prompt (its index) each of `pending()`'s beams continues."""
+        return [index for index, instance in enumerate(self._instances) for _ in instance.beams]
+
     def advance(self, step_logprobs: list[dict[int, Logprob]]) -> None:
         """One step: `step_logprobs[i]` are the candidates after the i-th pending beam."""
         position = 0

@@ -278,19 +278,34 @@ class LLM:
         return prompts
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                    lora_request: LoRARequest | Sequence[LoRARequest] | None = None, use_tqdm: bool = False,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
         """vLLM's `LLM.beam_search`: per prompt, the `beam_width` best sequences (best first), found
-        by stepping every live beam one token at a time through `generate` (see beam_search.py).
-        A sequence's `text` is its prompt's and its output's, as vLLM's."""
+        by stepping every live beam one token at a time through `generate` (see beam_search.py),
+        each prompt's with its LoRA adapter (one for all or one per prompt), at most
+        `concurrency_limit` prompts searched at once (vLLM's; the results are the same). A
+        sequence's `text` is its prompt's and its output's, as vLLM's."""
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+                                              or concurrency_limit < 1):
+            raise VLLMValidationError(f"concurrency_limit must be an int >= 1 or None, got {concurrency_limit!r}")
+        loras = _per_prompt_lora(lora_request, len(prompts))
+        size = concurrency_limit or max(len(prompts), 1)
+        return [output for start in range(0, len(prompts), size)
+                for output in self._beam_search(prompts[start:start + size], params, loras[start:start + size],
+                                                use_tqdm)]
+
+    def _beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                     loras: list[LoRARequest | None], use_tqdm: bool) -> list[BeamSearchOutput]:
         tokenizer = self.get_tokenizer()
         token_prompts = [self._prompt_token_ids(prompt) for prompt in prompts]
         search = BeamSearch(token_prompts, params, tokenizer.eos_token_id)
         step = params.step_params()
         while batch := search.pending():
-            outputs = self.generate([{"prompt_token_ids": tokens} for tokens in batch], step, use_tqdm=use_tqdm)
+            outputs = self.generate([{"prompt_token_ids": tokens} for tokens in batch], step, use_tqdm=use_tqdm,
+                                    lora_request=[loras[index] for index in search.pending_prompts()])
             search.advance([output.outputs[0].logprobs[0] for output in outputs])
         results = []
-        for index, beams in enumerate(search.results()):
+        for beams in search.results():
             for beam in beams:
                 beam.text = tokenizer.decode(beam.tokens, skip_special_tokens=params.skip_special_tokens)
             results.append(BeamSearchOutput(beams))

@@ -186,10 +186,7 @@ def _tensor_shapes(folder: Path, path: str) -> dict[str, list[int]]:
         why = f" (found {other}: pickled .bin weights are not read; save with safe_serialization)" if other else ""
         raise VLLMValidationError(f"LoRA adapter '{path}': no {WEIGHTS_FILE}{why}", parameter="lora_path")
     try:
-        with file.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+        return header_shapes(file)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         raise VLLMValidationError(f"LoRA adapter '{path}': {WEIGHTS_FILE} is not a safetensors file ({exc})",
                                   parameter="lora_path") from None
@@ -244,8 +241,13 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, list[int]]:
     """Every tensor's shape in a model folder's safetensors files, from their headers."""
     shapes: dict[str, list[int]] = {}
     for file in sorted(model_dir.glob("*.safetensors")):
-        with file.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        shapes.update({name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+        shapes.update(header_shapes(file))
     return shapes
+
+
+def header_shapes(file: Path) -> dict[str, list[int]]:
+    """A safetensors file's tensor shapes, from its header (8 bytes of length, then JSON)."""
+    with file.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
