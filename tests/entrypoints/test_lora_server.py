@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -46,6 +47,12 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             prompts_token_ids: list[list[int]]) -> None:
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "true")
+    resolver = tmp_path / "resolver"  # vLLM's filesystem resolver: adapters by model name
+    shutil.copytree(adapters["c"], resolver / "resolved-c")
+    shutil.copytree(adapters["dora"], resolver / "resolved-dora")
+    shutil.copytree(adapters["a"], resolver / "other-base")
+    edit_adapter_config(resolver / "other-base", base_model_name_or_path="someone/else")
+    monkeypatch.setenv("VLLM_LORA_RESOLVER_CACHE_DIR", str(resolver))
     modules = ("--lora-modules", f"a={adapters['a']}",
                json.dumps({"name": "b", "path": str(adapters["b"]), "base_model_name": "tiny"}))
     prompt = prompts_token_ids[1]
@@ -69,6 +76,15 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
 
         missing = client.post("/v1/completions", json={"model": "c", "prompt": "x", "max_tokens": 1})
         assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        assert missing.json()["error"]["message"] == "The model `c` does not exist. Valid aliases: tiny."
+        assert completion_tokens(client, "resolved-c", prompt) == peft_greedy(tiny_llama, adapters["c"], [prompt],
+                                                                              NEW_TOKENS)[0]
+        assert "resolved-c" in [card["id"] for card in client.get("/v1/models").json()["data"]]
+        for name, status, message in [("resolved-dora", 400, "was found but could not be loaded"),
+                                      ("other-base", 404, "does not exist"), ("..", 404, "does not exist")]:
+            reply = client.post("/v1/completions", json={"model": name, "prompt": "x", "max_tokens": 1})
+            assert reply.status_code == status and message in reply.json()["error"]["message"], (name, reply.text)
+        client.post("/v1/unload_lora_adapter", json={"lora_name": "resolved-c"}).raise_for_status()
         loaded = client.post("/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(adapters["c"])})
         assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'c' added successfully."
         assert completion_tokens(client, "c", prompt) == peft_greedy(tiny_llama, adapters["c"], [prompt], NEW_TOKENS)[0]
@@ -161,3 +177,21 @@ def test_lora_modules_flag_refuses_what_it_cannot_read(value: str, message: str,
     with pytest.raises(SystemExit):
         parser.parse_args(["--lora-modules", value])
     assert message in capsys.readouterr().err
+
+
+def test_the_resolver_reads_nothing_without_runtime_updating(tiny_llama: Path, adapters: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """vLLM's rule: the filesystem resolver answers only under VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    (build_app gives ServedModels no folder otherwise); with the folder, a LoRA of the served model
+    is loaded under the requested name."""
+    from vllm_lite.entrypoints.openai.errors import ApiError
+    from vllm_lite.entrypoints.openai.serving_models import ServedModels
+
+    shutil.copytree(adapters["a"], tmp_path / "found")
+    checked = []
+    without = ServedModels(("tiny",), checked.append, None, frozenset({str(tiny_llama)}))
+    with pytest.raises(ApiError, match="does not exist"):
+        without.resolve("found")
+    with_folder = ServedModels(("tiny",), checked.append, str(tmp_path), frozenset({str(tiny_llama)}))
+    name, lora = with_folder.resolve("found")
+    assert (name, lora.lora_path) == ("found", str(tmp_path / "found")) and checked == [lora]

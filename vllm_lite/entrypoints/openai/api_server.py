@@ -444,7 +444,10 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
 def _served_models(engine: EngineClient, names: tuple[str, ...], options: ServerOptions) -> ServedModels:
     """The served names and the --lora-modules adapters, each checked now (a bad one stops the
     server from starting, as vLLM's)."""
-    models = ServedModels(names, engine.check_lora if hasattr(engine, "check_lora") else _no_lora)
+    resolver_dir = options.lora_resolver_cache_dir if options.allow_runtime_lora_updating else None
+    model_ids = frozenset({engine.vllm_config.model_config.model, *names})
+    models = ServedModels(names, engine.check_lora if hasattr(engine, "check_lora") else _no_lora, resolver_dir,
+                          model_ids)
     for module in options.lora_modules:
         try:
             models.load(module.name, module.path, base_model_name=module.base_model_name)
@@ -679,7 +682,16 @@ def server_options_from(args: argparse.Namespace) -> ServerOptions:
                          exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
                                                                      False),
                          lora_modules=tuple(getattr(args, "lora_modules", None) or ()),
-                         allow_runtime_lora_updating=runtime_lora_updating_from_environment())
+                         allow_runtime_lora_updating=runtime_lora_updating_from_environment(),
+                         lora_resolver_cache_dir=lora_resolver_dir_from_environment())
+
+
+def lora_resolver_dir_from_environment() -> str | None:
+    """vLLM's VLLM_LORA_RESOLVER_CACHE_DIR: a folder of adapter folders (refused if it is no folder, as vLLM)."""
+    folder = os.environ.get("VLLM_LORA_RESOLVER_CACHE_DIR") or None
+    if folder is not None and not os.path.isdir(folder):
+        raise ValueError(f"VLLM_LORA_RESOLVER_CACHE_DIR must be set to a valid directory, got {folder!r}")
+    return folder
 
 
 def runtime_lora_updating_from_environment() -> bool:

@@ -81,6 +81,7 @@ class ServerOptions:
     | dev_mode | vLLM's VLLM_SERVER_DEV_MODE=1 | its development routes (here: POST /reset_prefix_cache) |
     | lora_modules | --lora-modules | LoRA adapters served under their names from the start (needs --enable-lora) |
     | allow_runtime_lora_updating | vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 | POST /v1/load_lora_adapter, /v1/unload_lora_adapter |
+    | lora_resolver_cache_dir | vLLM's VLLM_LORA_RESOLVER_CACHE_DIR (with runtime updating) | an unknown model name loads the adapter in that folder's sub-folder of the name |
     """
 
     api_key: str | tuple[str, ...] | None = None  # one key, or several (vLLM's --api-key k1 k2)
@@ -120,6 +121,7 @@ class ServerOptions:
     compact_structured_outputs: bool = False
     lora_modules: tuple[LoRAModulePath, ...] = ()
     allow_runtime_lora_updating: bool = False
+    lora_resolver_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_log_len is not None and self.max_log_len < 0:

@@ -1,18 +1,23 @@
 """The models a server answers to, as vLLM's OpenAIServingModels: the base model under its served
 names, and LoRA adapters under theirs (`--lora-modules` at start; `/v1/load_lora_adapter` and
 `/v1/unload_lora_adapter` at run time when VLLM_ALLOW_RUNTIME_LORA_UPDATING is set). A request's
-`model` names one of them; an adapter's requests run with its LoRARequest."""
+`model` names one of them; an adapter's requests run with its LoRARequest. With runtime updating
+on and VLLM_LORA_RESOLVER_CACHE_DIR set (vLLM's filesystem resolver), a request naming an unknown
+model loads the adapter in that folder's sub-folder of the same name, if it is a LoRA of the
+served model."""
 
 from __future__ import annotations
 
 import itertools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.protocol import ModelCard
 from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
+from vllm_lite.lora.peft import CONFIG_FILE
 from vllm_lite.lora.request import LoRARequest
 
 LORA_MODULE_KEYS = ("name", "path", "base_model_name")
@@ -49,24 +54,50 @@ def parse_lora_module(text: str) -> LoRAModulePath:
 @dataclass
 class ServedModels:
     """`check_lora(request)`: the engine's check of an adapter (its folder, config and weights'
-    names and shapes), raising VLLMValidationError."""
+    names and shapes), raising VLLMValidationError. `resolver_dir`: vLLM's filesystem resolver's
+    folder (None: off); `base_model_ids`: what an adapter's `base_model_name_or_path` may be to
+    be resolved (the model as the server was given it, its folder, its served names)."""
 
     base_names: tuple[str, ...]
     check_lora: Any
+    resolver_dir: str | None = None
+    base_model_ids: frozenset[str] = frozenset()
     loras: dict[str, LoRARequest] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def resolve(self, requested: str | None) -> tuple[str, LoRARequest | None]:
         """The name to answer with and the adapter it stands for (None: the base model); an
-        unknown name is a 404, as with OpenAI."""
+        unknown name is a 404, as with OpenAI (vLLM 0.32's message)."""
         if requested is None:
             return self.base_names[0], None
         if requested in self.base_names:
             return requested, None
-        lora = self.loras.get(requested)
+        lora = self.loras.get(requested) or self._resolved(requested)
         if lora is None:
-            raise ApiError(404, "NotFoundError", f"The model `{requested}` does not exist.", "model")
+            raise ApiError(404, "NotFoundError", f"The model `{requested}` does not exist. Valid aliases: "
+                           f"{', '.join(self.base_names)}.", "model")
         return requested, lora
+
+    def _resolved(self, name: str) -> LoRARequest | None:
+        """vLLM's filesystem resolver: `resolver_dir/name` when it holds a LoRA adapter of the
+        served model (its adapter_config.json's peft_type LORA, base_model_name_or_path one of
+        `base_model_ids`), loaded as `name`; a found adapter that cannot serve is a 400."""
+        if self.resolver_dir is None or not _plain_folder_name(name):
+            return None
+        folder = Path(self.resolver_dir) / name
+        try:
+            config = json.loads((folder / CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if (not isinstance(config, dict) or config.get("peft_type") != "LORA"
+                or config.get("base_model_name_or_path") not in self.base_model_ids):
+            return None
+        try:
+            self.load(name, str(folder))
+        except ApiError as exc:
+            raise ApiError(400, "BadRequestError", f"LoRA adapter '{name}' was found but could not be loaded: "
+                           f"{exc.message}", "model") from None
+        return self.loras[name]
 
     def cards(self, model_path: str, max_model_len: int) -> list[ModelCard]:
         """vLLM's /v1/models: the base model's names, then each adapter under its parent."""
@@ -106,3 +137,8 @@ class ServedModels:
             raise ApiError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
         del self.loras[name]
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+
+def _plain_folder_name(name: str) -> bool:
+    """A model name that names one folder inside the resolver's (no separator, no `..`)."""
+    return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..") and "\0" not in name
