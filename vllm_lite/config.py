@@ -20,6 +20,7 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
                                      check_quantization_config, gemma_layer_types, implementing_architecture,
                                      resolve_model_impl, rope_type_of, with_defaults)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
+from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
 from vllm_lite.sampling_params import SamplingParams
 
@@ -354,6 +355,8 @@ class ModelConfig:
     # vLLM's reasoning_parser (one of reasoning_tags.REASONING_PARSERS): the tags a request's
     # thinking_token_budget counts between. None: no budget can be asked for.
     reasoning_parser: str | None = None
+    # vLLM's custom logits processors (vllm_lite.logits_processor), by 'module:Class' name
+    logits_processors: tuple[str, ...] = ()
 
     @property
     def runner(self) -> str:
@@ -593,6 +596,8 @@ class EngineArgs:
     # (here lora_A of a row-parallel layer and lora_B of a column-parallel one are split)
     fully_sharded_loras: bool = False
     lora_target_modules: list[str] | None = None
+    # vLLM's custom logits processors: LogitsProcessor subclasses or their 'module:Class' names
+    logits_processors: list[Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -649,7 +654,7 @@ class EngineArgs:
             from vllm_lite.cpu_info import bound_cpu_lists
 
             bound_cpu_lists(parallel_config.ranks_per_node)
-        return VllmConfig(
+        config = VllmConfig(
             model_config=model_config,
             cache_config=self._cache_config(model_config, device),
             scheduler_config=self._scheduler_config(max_len, device),
@@ -657,6 +662,25 @@ class EngineArgs:
             device_config=DeviceConfig(device=device),
             lora_config=self._lora_config(model_config),
         )
+        self._check_logits_processors(config)
+        return config
+
+    def _logits_processors(self) -> tuple[str, ...]:
+        """vLLM's custom logits processors by name, each imported here once (a name that does not
+        import, or a class that is no LogitsProcessor, is refused before any process starts)."""
+        names = tuple(processor_name(p) for p in self.logits_processors or ())
+        load_logits_processors(names)
+        return names
+
+    def _check_logits_processors(self, config: VllmConfig) -> None:
+        """Where custom logits processors run here: the generate runner, on CPU, steps in order."""
+        if not config.model_config.logits_processors:
+            return
+        _check(config.model_config.pooler is None, "Pooling models do not support custom logits processors.")
+        _check(config.device_config.device == "cpu", "logits_processors run on CPU only here (a CUDA step is "
+               "launched before the last one's tokens are known, which a processor's output lists need)")
+        _check(not config.scheduler_config.async_scheduling, "logits_processors with async_scheduling: a "
+               "processor sees each step's batch after the last step's tokens; pass async_scheduling=False")
 
     def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
         """vLLM's LoRA settings, checked as vLLM checks them; None without enable_lora (then every
@@ -749,6 +773,7 @@ class EngineArgs:
             gguf_file=str(gguf_file) if gguf_file is not None else None,
             skip_tokenizer_init=self.skip_tokenizer_init,
             reasoning_parser=self.reasoning_parser,
+            logits_processors=self._logits_processors(),
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir),
         )

@@ -11,6 +11,7 @@ import logging
 import math
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -137,6 +138,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | stream_interval | a streamed (cumulative or delta) output every this many new tokens; the first and last come at once; raised to the engine's `stream_interval` | None or >= 1 |
     | skip_reading_prefix_cache | the prompt is computed whole, none of it read from the prefix cache (vLLM's); None: only with prompt_logprobs (every prompt position needs its logits) | bool or None |
     | thinking_token_budget | most tokens of a thinking section (after the reasoning parser's start tag); then the end tag is forced (vLLM's; needs the engine's reasoning_parser) | >= 0, -1 or None = no limit |
+    | extra_args | arguments for the engine's custom logits processors (vLLM's; the server's `vllm_xargs`); refused when the engine has none | a JSON-like dict with string keys, or None |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
@@ -170,6 +172,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     stream_interval: int | None = None
     thinking_token_budget: int | None = None
     skip_reading_prefix_cache: bool | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -225,6 +228,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
             value = getattr(self, name)
             _require(_is_number(value) and math.isfinite(value), name,
                      f"must be a finite number, got {value!r}")
+        _require(self.extra_args is None or (isinstance(self.extra_args, dict)
+                                             and all(isinstance(key, str) for key in self.extra_args)),
+                 "extra_args", f"must be a dict with string keys or None, got {self.extra_args!r}")
         _require(self.skip_reading_prefix_cache is None or isinstance(self.skip_reading_prefix_cache, bool),
                  "skip_reading_prefix_cache", f"must be a bool or None, got {self.skip_reading_prefix_cache!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):

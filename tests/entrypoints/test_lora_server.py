@@ -65,6 +65,9 @@ def test_served_adapters_answer_as_peft_and_load_at_run_time(tiny_llama: Path, a
         cards = client.get("/v1/models").json()["data"]
         assert [(c["id"], c["root"], c.get("parent")) for c in cards] == [
             ("tiny", str(tiny_llama), None), ("a", str(adapters["a"]), "tiny"), ("b", str(adapters["b"]), "tiny")]
+        no_processor = client.post("/v1/completions", json={"model": "a", "prompt": "x", "max_tokens": 1,
+                                                            "vllm_xargs": {"k": 1}})
+        assert no_processor.status_code == 400 and "read by custom logits processors only" in no_processor.text
         metrics = client.get("/metrics").text
         assert 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}' in metrics
         assert completion_tokens(client, "a", prompt) == peft_greedy(tiny_llama, adapters["a"], [prompt], NEW_TOKENS)[0]

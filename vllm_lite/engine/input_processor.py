@@ -12,6 +12,7 @@ from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
+from vllm_lite.logits_processor import load_logits_processors
 from vllm_lite.lora.peft import CONFIG_FILE, PEFTAdapter, check_against_checkpoint, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
@@ -44,6 +45,7 @@ class InputProcessor:
         self.lora_config = lora_config
         # LoRA adapters checked so far, by lora_int_id: one id is one adapter folder for the engine's life
         self._adapters: dict[int, tuple[LoRARequest, PEFTAdapter]] = {}
+        self._logits_processors = load_logits_processors(model_config.logits_processors)  # (their validate_params)
         self.tokenizer = tokenizer
         eos = list(model_config.hf.eos_token_ids)
         tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
@@ -103,6 +105,7 @@ class InputProcessor:
         params = params.with_bad_words_tokenized(self._encode_plain if self.tokenizer is not None else None)
         check_sampling_params(params, self.model_config)
         check_structured_outputs(params)
+        self._check_logits_processor_params(params)
         if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
         if not INT64_MIN <= priority <= INT64_MAX:
@@ -125,6 +128,20 @@ class InputProcessor:
             thinking=thinking,
             lora_request=lora_request,
         )
+
+    def _check_logits_processor_params(self, params: SamplingParams) -> None:
+        """Each custom logits processor's `validate_params` (vLLM's: a ValueError is the request's);
+        `extra_args`, which only they read, is refused without one."""
+        if params.extra_args and not self._logits_processors:
+            raise VLLMValidationError("extra_args (vllm_xargs) are read by custom logits processors only, and this "
+                                      "engine has none (logits_processors=...)", parameter="extra_args")
+        for processor in self._logits_processors:
+            try:
+                processor.validate_params(params)
+            except VLLMValidationError:
+                raise
+            except ValueError as exc:
+                raise VLLMValidationError(str(exc)) from None
 
     def check_lora(self, lora_request: LoRARequest) -> PEFTAdapter:
         """The adapter a request names, read and checked once per lora_int_id (its config, its

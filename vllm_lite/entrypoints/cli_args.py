@@ -33,7 +33,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Fa
         default = getattr(defaults, f.name)
         if isinstance(default, bool) or f.type == "bool | None":  # annotations are strings here
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default)
-        elif f.type.startswith("list[str]"):
+        elif f.type.startswith("list["):
             parser.add_argument(*flags, nargs="+", default=default)
         else:
             parser.add_argument(*flags, type=_flag_type(f.name, f.type), default=default)

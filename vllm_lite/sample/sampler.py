@@ -1,8 +1,9 @@
 """Token sampling. An all-greedy batch is one argmax over the logits, with no copy.
 
 Order (vLLM's): grammar bitmask (structured outputs, constrained rows only) -> raw logprobs
-(if asked) -> allowed_token_ids, bad words, min_tokens, logit_bias, penalties -> greedy argmax
--> temperature -> min-p -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py);
+(if asked) -> allowed_token_ids, bad words, min_tokens, logit_bias, custom logits processors
+that can change an argmax, penalties -> greedy argmax -> temperature -> min-p -> the other custom
+processors -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py);
 with a "processed" logprobs_mode the logprobs are taken just before the draw instead.
 
 The sampler owns `logits`: float32 logits are edited in place, half-precision ones are copied
@@ -19,6 +20,7 @@ import torch
 from vllm_lite import _custom_ops as cpu_native
 from vllm_lite.config import LOGPROBS_MODES
 from vllm_lite.host_to_device import host_to_device
+from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask, apply_grammar_bitmask
 from vllm_lite.sample.ops.logits_bias import (apply_allowed_tokens, apply_bad_words, apply_logit_bias,
@@ -52,9 +54,10 @@ class Sampler:
         self.processed = logprobs_mode.startswith("processed")
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata,
-                 grammar: GrammarBitmask | None = None) -> SamplerOutput:
+                 grammar: GrammarBitmask | None = None, custom: CustomLogitsStep | None = None) -> SamplerOutput:
         """logits [num_rows, vocab] -> sampled token ids (and logprobs when asked).
-        `grammar`: the allowed tokens of the structured-output rows (None: no such row)."""
+        `grammar`: the allowed tokens of the structured-output rows (None: no such row).
+        `custom`: the engine's custom logits processors (None: it has none)."""
         if grammar is not None:  # as in vLLM, before everything else (logprobs included)
             logits = logits.to(torch.float32)  # no-op for float32 logits
             apply_grammar_bitmask(logits, grammar)
@@ -63,13 +66,14 @@ class Sampler:
         wanted = metadata.max_num_logprobs >= 0
         index = None if asked is None or not wanted else host_to_device(asked, logits.device)
         values = self._values(logits, index) if wanted and not self.processed else None
-        if metadata.needs_logits_processing or not metadata.all_greedy:
+        if metadata.needs_logits_processing or not metadata.all_greedy or (custom is not None
+                                                                              and custom.non_argmax_invariant):
             logits = logits.to(torch.float32)  # no-op for float32 logits
-            self._process_logits(logits, metadata, None if grammar is None else grammar.logits_rows)
+            self._process_logits(logits, metadata, None if grammar is None else grammar.logits_rows, custom)
         if wanted and self.processed:
-            sampled, values = self._sample_processed(logits, metadata, index)
+            sampled, values = self._sample_processed(logits, metadata, index, custom)
         else:
-            sampled = self._sample(logits, metadata)
+            sampled = self._sample(logits, metadata, custom)
         if values is None:
             return SamplerOutput(sampled, None)
         chosen = sampled if index is None else sampled.index_select(0, index)
@@ -80,12 +84,13 @@ class Sampler:
         return SamplerOutput(sampled, logprobs, asked)
 
     @staticmethod
-    def takes_argmax_only(metadata: SamplingMetadata) -> bool:
+    def takes_argmax_only(metadata: SamplingMetadata, custom: CustomLogitsStep | None = None) -> bool:
         """Whether sampling these rows is their logits' argmax and nothing else: all greedy, no
-        logprobs, nothing that edits the logits (a grammar's bitmask is the caller's to check).
-        The model may then give the tokens without the logits (`compute_greedy_tokens`)."""
+        logprobs, nothing that edits the logits (a grammar's bitmask is the caller's to check;
+        custom processors that cannot change an argmax do not count). The model may then give
+        the tokens without the logits (`compute_greedy_tokens`)."""
         return (metadata.all_greedy and not metadata.needs_logits_processing and metadata.max_num_logprobs < 0
-                and metadata.requested_logprobs is None)
+                and metadata.requested_logprobs is None and (custom is None or not custom.non_argmax_invariant))
 
     def _values(self, logits: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """The asked rows' logprobs, or logits (a copy: sampling goes on in place), float32."""
@@ -94,14 +99,14 @@ class Sampler:
             return compute_logprobs(rows)
         return rows.to(torch.float32, copy=index is None)
 
-    def _sample_processed(self, logits: torch.Tensor, metadata: SamplingMetadata,
-                          index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_processed(self, logits: torch.Tensor, metadata: SamplingMetadata, index: torch.Tensor | None,
+                          custom: CustomLogitsStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`_sample` with the truncation written into the logits, whose values are taken just
         before the draw (greedy rows of a mixed batch: at temperature 1, as in vLLM)."""
         if metadata.all_greedy:
             return greedy_tokens(logits), self._values(logits, index)
         greedy = None if metadata.all_random else greedy_tokens(logits)
-        self._temper(logits, metadata)
+        self._temper(logits, metadata, custom)
         truncate(logits, metadata.top_k, metadata.top_p, metadata.top_k_host, metadata.top_p_host)
         values = self._values(logits, index)
         sampled = sample_truncated(logits, self._uniforms(logits.shape[0], metadata.generators, logits.device))
@@ -109,7 +114,7 @@ class Sampler:
 
     @staticmethod
     def _process_logits(logits: torch.Tensor, metadata: SamplingMetadata,
-                        grammar_rows: torch.Tensor | None) -> None:
+                        grammar_rows: torch.Tensor | None, custom: CustomLogitsStep | None = None) -> None:
         if metadata.allowed_tokens is not None:  # vLLM's order: the whitelist first
             apply_allowed_tokens(logits, metadata.allowed_tokens)
         if metadata.bad_words is not None:
@@ -118,14 +123,17 @@ class Sampler:
             apply_min_tokens(logits, metadata.min_tokens, grammar_rows)
         if metadata.logit_bias is not None:
             apply_logit_bias(logits, metadata.logit_bias)
+        if custom is not None:
+            custom.apply(logits, custom.non_argmax_invariant)
         if metadata.penalties is not None:
             apply_penalties(logits, metadata.penalties)
 
-    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata,
+                custom: CustomLogitsStep | None = None) -> torch.Tensor:
         if metadata.all_greedy:
             return greedy_tokens(logits)
         greedy = None if metadata.all_random else greedy_tokens(logits)
-        self._temper(logits, metadata)
+        self._temper(logits, metadata, custom)
         uniforms = self._uniforms(logits.shape[0], metadata.generators, logits.device)
         sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms,
                                 metadata.top_k_host, metadata.top_p_host)
@@ -134,11 +142,13 @@ class Sampler:
         return torch.where(metadata.greedy_mask, greedy, sampled)
 
     @staticmethod
-    def _temper(logits: torch.Tensor, metadata: SamplingMetadata) -> None:
+    def _temper(logits: torch.Tensor, metadata: SamplingMetadata, custom: CustomLogitsStep | None = None) -> None:
         if metadata.temperature is not None:
             logits.div_(metadata.temperature)
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
+        if custom is not None:
+            custom.apply(logits, custom.argmax_invariant)
 
     @staticmethod
     def _uniforms(num_rows: int, generators: dict[int, torch.Generator], device: torch.device) -> torch.Tensor:

@@ -10,6 +10,8 @@ scalars, never the whole `max_model_len` row; `num_elements_moved` counts what w
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from vllm_lite.core.scheduler_output import NewRequestData
@@ -59,6 +61,8 @@ class InputBatch:
         self.version = 0  # bumped whenever the batch's composition or row order changes
         self._live: tuple[tuple[int, int], list[str]] = ((0, 0), [])  # see live_req_ids
         self.num_elements_moved = 0
+        # Told each row move of `condense` (src, dst): the custom logits processors' BatchUpdate
+        self.on_move: Callable[[int, int], None] | None = None
 
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
     def row_arrays(self) -> tuple[np.ndarray, ...]:
@@ -178,6 +182,8 @@ class InputBatch:
         self.num_elements_moved += n + moved + len(self.row_arrays())
         req_id = self.req_ids[src]
         self.req_ids[dst], self.req_ids[src] = req_id, None
+        if self.on_move is not None:
+            self.on_move(src, dst)
         self.sampling_params[dst], self.sampling_params[src] = self.sampling_params[src], None
         self.req_id_to_index[req_id] = dst
         self.version += 1

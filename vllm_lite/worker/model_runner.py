@@ -40,7 +40,9 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.input_batch import InputBatch
+from vllm_lite.worker.logits_processors import CustomLogitsProcessors
 from vllm_lite.worker.lora_manager import LoRAManager
+from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.worker.pooler import Pooler
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
@@ -155,6 +157,11 @@ class ModelRunner:
         max_blocks = max_blocks_per_seq(model_config.max_model_len, self.block_size)
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
                                       model_config.max_model_len, max_blocks)
+        # vLLM's custom logits processors (None without them: nothing below reports to them)
+        self.custom_logits = (CustomLogitsProcessors(model_config.logits_processors, vllm_config, device)
+                              if model_config.logits_processors else None)
+        if self.custom_logits is not None:
+            self.input_batch.on_move = self.custom_logits.moved
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
         pooler = vllm_config.model_config.pooler
         self.pooler = Pooler(pooler, device) if pooler is not None else None  # the pooling runner
@@ -288,6 +295,8 @@ class ModelRunner:
         step = LaunchedStep(output, None, None, None)
         inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
         if inputs is not None:
+            if self.custom_logits is not None:
+                self.custom_logits.update_state(self.input_batch.num_reqs)
             if self.lora is not None:
                 self.lora.set_step(self.input_batch.lora_ids[self.input_batch.row_index(inputs.rows)],
                                    inputs.query_lens)
@@ -338,6 +347,8 @@ class ModelRunner:
             if sampled.copied is not None:
                 sampled.copied.synchronize()
             self._take_sampled(sampled, sampled.host.numpy(), output)
+            if self.custom_logits is not None:
+                self.custom_logits.append_sampled(sampled.req_ids, sampled.host.numpy())
             output.every_row_sampled = len(sampled.rows) == len(output.num_sampled)
             if self.unfinished is sampled:
                 self.unfinished = None
@@ -370,7 +381,9 @@ class ModelRunner:
             self.logits_width = logits.shape[-1]
         vocab_size = self.logits_width
         metadata, failed = self._sampling_metadata_for(rows, vocab_size)
-        if logits is None and not failed and sched.grammar_bitmask is None and self.sampler.takes_argmax_only(metadata):
+        custom = self._custom_logits_for(rows)
+        if (logits is None and not failed and sched.grammar_bitmask is None
+                and self.sampler.takes_argmax_only(metadata, custom)):
             tokens = self.model.compute_greedy_tokens(sampling_hidden)
             if tokens is not None:  # the LM head's argmax without the logits (one rank, CPU fp32)
                 step.sampled = self._count_sampled(rows, tokens)
@@ -385,9 +398,10 @@ class ModelRunner:
             logits = logits.index_select(0, self._to_device(np.flatnonzero(kept)))
             if len(rows) == 0:
                 return
+            custom = self._custom_logits_for(rows)
         every_planned_row = not (output.failed or self.dropped_failed)
         try:
-            sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, rows, every_planned_row))
+            sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, rows, every_planned_row), custom)
         except Exception:
             if self.tp.size > 1:  # a probe would need fresh logits: a collective only this rank enters
                 raise
@@ -497,7 +511,12 @@ class ModelRunner:
         positions = np.searchsorted(inputs.sample_rows, rows)
         logits = self.model.compute_logits(hidden[inputs.logits_indices[self._to_device(positions.astype(np.int64))]])
         return self.sampler(logits, self._build_sampling_metadata(rows, vocab_size),
-                            self._grammar_bitmask(sched, rows, every_planned_row=False))
+                            self._grammar_bitmask(sched, rows, every_planned_row=False), self._custom_logits_for(rows))
+
+    def _custom_logits_for(self, rows: np.ndarray) -> CustomLogitsStep | None:
+        if self.custom_logits is None:
+            return None
+        return self.custom_logits.for_rows(rows, self.input_batch.num_reqs, self.device)
 
     def _probe_sampling(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray,
                         sched: SchedulerOutput, vocab_size: int) -> dict[str, str] | None:
@@ -542,7 +561,9 @@ class ModelRunner:
             self.dropped_failed.difference_update(sched.finished_req_ids)
         for req_id in sched.preempted_req_ids:
             # Its generator stays: the request resumes its random stream where it stopped.
-            batch.remove_request(req_id)
+            row = batch.remove_request(req_id)
+            if self.custom_logits is not None and row is not None:
+                self.custom_logits.removed(row, req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
         new_reqs = sched.scheduled_new_reqs
         failed = (run_each_contained(new_reqs, self._add_one, _new_req_id, self._where("while joining the batch"))
@@ -640,11 +661,15 @@ class ModelRunner:
         if new.lora_request is not None:
             batch = self.input_batch
             self.lora.use(new.lora_request, batch.lora_ids[:batch.num_reqs])
-        self.input_batch.add_request(new)
+        row = self.input_batch.add_request(new)
+        if self.custom_logits is not None:
+            self.custom_logits.added(row, new)
         self._add_sampling_state(new)
 
     def _drop_request(self, req_id: str) -> None:
-        self.input_batch.remove_request(req_id)
+        row = self.input_batch.remove_request(req_id)
+        if self.custom_logits is not None and row is not None:
+            self.custom_logits.removed(row, req_id)
         self.generators.pop(req_id, None)
         self.min_tokens_stop_ids.pop(req_id, None)
         self.token_occurrences.release(req_id)

@@ -73,13 +73,13 @@ class OpenAIBaseModel(BaseModel):
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
     "spaces_between_special_tokens",
-    "mm_processor_kwargs", "logits_processors", "kv_transfer_params", "vllm_xargs",
+    "mm_processor_kwargs", "logits_processors", "kv_transfer_params",
     "repetition_detection",
     "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
-    "logits_processors": (None, []), "vllm_xargs": (None, {}), "mm_processor_kwargs": (None, {}),
+    "logits_processors": (None, []), "mm_processor_kwargs": (None, {}),
     "modalities": (None, ["text"]), "audio": (None,),  # (a text reply: what is served)
 }
 
@@ -212,6 +212,9 @@ class _GenerationRequest(RequestModel):
         f"1 to {MAX_REQUEST_ID_CHARS} characters; unset, a random one"))
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = Field(default=None, description=(
+        "vLLM: arguments for the server's custom logits processors (--logits-processors), as "
+        "SamplingParams.extra_args; refused when it has none"))
     # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
     # structured_outputs and its legacy guided_* fields.
     response_format: dict[str, Any] | None = None
@@ -299,7 +302,7 @@ class _GenerationRequest(RequestModel):
             kwargs["logprob_token_ids"], logprobs = self.logprob_token_ids, None
         return SamplingParams(**kwargs, max_tokens=max_tokens, logprobs=_whole_vocab(logprobs, vocab_size),
                               prompt_logprobs=prompt_count, output_kind=RequestOutputKind.DELTA,
-                              structured_outputs=self._structured_outputs())
+                              structured_outputs=self._structured_outputs(), extra_args=self.vllm_xargs or None)
 
     def _structured_outputs(self) -> StructuredOutputsParams | None:
         _check(self.guided_whitespace_pattern is None, "guided_whitespace_pattern",
