@@ -12,15 +12,17 @@ import torch
 
 
 def make_adapter(base: Path, out: Path, *, seed: int = 0, r: int = 8, alpha: float = 16,
-                 target_modules: Any = "all-linear", **config: Any) -> Path:
+                 target_modules: Any = "all-linear", decoder_only: bool = False, **config: Any) -> Path:
     """A LoRA adapter of `base` saved by PEFT's save_pretrained. Both A and B are random
     (init_lora_weights=False; PEFT's default B is zero, which would change nothing), scaled so the
-    adapter changes the model's greedy tokens without swamping it."""
+    adapter changes the model's greedy tokens without swamping it. `decoder_only`: of the base
+    as transformers' AutoModel loads it (an embedding model's `*Model`: module names without
+    the `model.` prefix)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = (AutoModel if decoder_only else AutoModelForCausalLM).from_pretrained(base, dtype=torch.float32)
     peft_config = LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules, init_lora_weights=False,
                              **config)
     peft_model = get_peft_model(model, peft_config)
@@ -65,3 +67,14 @@ def peft_prompt_logprobs(base: Path, adapter: Path, prompt: list[int]) -> torch.
     input_ids = torch.tensor([prompt])
     logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0].float()
     return torch.log_softmax(logits, dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]]
+
+
+@torch.inference_mode()
+def peft_hidden_states(base: Path, adapter: Path, prompt: list[int]) -> torch.Tensor:
+    """The decoder's final hidden states [len(prompt), hidden] with the adapter (AutoModel: what
+    an embedding model pools)."""
+    from peft import PeftModel
+    from transformers import AutoModel
+
+    model = PeftModel.from_pretrained(AutoModel.from_pretrained(base, dtype=torch.float32), adapter).eval()
+    return model(input_ids=torch.tensor([prompt])).last_hidden_state[0].float()

@@ -262,3 +262,20 @@ def test_llm_score_is_the_cosine_of_transformers_embeddings(tiny_qwen3: Path) ->
             llm.score("a", "b", chat_template="{{ x }}", use_tqdm=False)
     finally:
         llm.shutdown()
+
+
+def test_llm_encode_is_embed_as_tensors(tiny_qwen3: Path, prompts_token_ids: list[list[int]]) -> None:
+    """vLLM's LLM.encode with pooling_task="embed": the embeddings as PoolingOutput tensors; its
+    other tasks and a missing task are refused by name."""
+    llm = make_llm(tiny_qwen3, runner="pooling")
+    try:
+        prompts = [{"prompt_token_ids": p} for p in prompts_token_ids[:2]]
+        encoded = llm.encode(prompts, pooling_task="embed", use_tqdm=False)
+        assert [out.outputs.data.tolist() for out in encoded] == [
+            out.outputs.embedding for out in llm.embed(prompts, use_tqdm=False)]
+        with pytest.raises(ValueError, match="pooling_task required"):
+            llm.encode(prompts, use_tqdm=False)
+        with pytest.raises(ValueError, match="pooling_task 'classify' is not supported"):
+            llm.encode(prompts, pooling_task="classify", use_tqdm=False)
+    finally:
+        llm.shutdown()

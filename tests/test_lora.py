@@ -265,7 +265,7 @@ def test_lora_engine_arguments_are_checked(tiny_llama: Path, args: dict, message
 
 
 def test_lora_on_the_transformers_fallback_is_refused(tiny_gpt_neox: Path) -> None:
-    with pytest.raises(ValueError, match="native generating models only"):
+    with pytest.raises(ValueError, match="LoRA adapters run on the native models only"):
         EngineArgs(model=str(tiny_gpt_neox), enable_lora=True).create_engine_config()
 
 
@@ -354,3 +354,32 @@ def test_beam_search_runs_each_prompt_with_its_adapter(tiny_llama: Path, llama_a
     got = [output.sequences[0].tokens[len(prompt):] for output, prompt in zip(outputs, prompts)]
     assert got == _expected(tiny_llama, llama_adapters, prompts, names)
     assert [o.sequences[0].tokens for o in one_at_a_time] == [o.sequences[0].tokens for o in outputs]
+
+
+def test_embedding_model_with_adapter_matches_peft(tiny_qwen3: Path, tmp_path: Path,
+                                                   prompts_token_ids: list[list[int]]) -> None:
+    """An embedding model (a `Qwen3Model` checkpoint, LAST pooling) with an adapter PEFT wrote on
+    transformers' AutoModel: the pooled, normalized vectors are PEFT's; LLM.encode gives the same
+    as a tensor; requests without the adapter are the base model's."""
+    from lora_adapters import peft_hidden_states
+    from test_embeddings import decoder_only_checkpoint, hf_embedding
+
+    checkpoint = decoder_only_checkpoint(tiny_qwen3, tmp_path)
+    adapter = make_adapter(checkpoint, tmp_path / "adapter", seed=6, decoder_only=True)
+    lora = LoRARequest("embed", 1, str(adapter))
+    prompts = prompts_token_ids[:3]
+    llm = make_llm(checkpoint, enable_lora=True)
+    try:
+        outputs = llm.embed([{"prompt_token_ids": p} for p in prompts], lora_request=[lora, None, lora],
+                            use_tqdm=False)
+        encoded = llm.encode({"prompt_token_ids": prompts[0]}, pooling_task="embed", lora_request=lora,
+                             use_tqdm=False)
+    finally:
+        llm.shutdown()
+    expected = [torch.nn.functional.normalize(peft_hidden_states(checkpoint, adapter, prompts[0])[-1], dim=-1),
+                hf_embedding(tiny_qwen3, prompts[1], "LAST"),
+                torch.nn.functional.normalize(peft_hidden_states(checkpoint, adapter, prompts[2])[-1], dim=-1)]
+    for output, want in zip(outputs, expected):
+        torch.testing.assert_close(torch.tensor(output.outputs.embedding), want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(encoded[0].outputs.data, torch.tensor(outputs[0].outputs.embedding))
+    assert not torch.allclose(expected[0], hf_embedding(tiny_qwen3, prompts[0], "LAST"), atol=1e-3)

@@ -690,10 +690,9 @@ class EngineArgs:
                      if getattr(self, name) != default]
             _check(not given, f"{', '.join(given)} set without enable_lora=True")
             return None
-        _check(model_config.hf.model_impl == "vllm" and model_config.pooler is None,
-               "enable_lora: LoRA adapters run on the native generating models only "
-               f"({model_config.hf.architecture}{' through transformers' if model_config.hf.model_impl != 'vllm' else ''}"
-               f"{', an embedding model' if model_config.pooler is not None else ''})")
+        _check(model_config.hf.model_impl == "vllm",
+               f"enable_lora: LoRA adapters run on the native models only ({model_config.hf.architecture} runs "
+               "through transformers' modelling code)")
         _check(self.max_lora_rank in MAX_LORA_RANKS,
                f"max_lora_rank must be one of {MAX_LORA_RANKS} (vLLM's), got {self.max_lora_rank!r}")
         _check(isinstance(self.max_loras, int) and self.max_loras >= 1, f"max_loras must be >= 1, got {self.max_loras!r}")

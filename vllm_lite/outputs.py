@@ -4,6 +4,7 @@ EmbeddingRequestOutput."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_lite.lora.request import LoRARequest
 
@@ -80,6 +81,24 @@ class EmbeddingRequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0
     metrics: RequestStateStats | None = None
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    """vLLM's: a pooled output as a tensor (`LLM.encode`; here the embedding, a float32 torch.Tensor)."""
+
+    data: Any
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """What `LLM.encode` returns per prompt (vLLM's PoolingRequestOutput)."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
 
 
 @dataclass(slots=True)

@@ -198,3 +198,28 @@ def test_the_resolver_reads_nothing_without_runtime_updating(tiny_llama: Path, a
     with_folder = ServedModels(("tiny",), checked.append, str(tmp_path), frozenset({str(tiny_llama)}))
     name, lora = with_folder.resolve("found")
     assert (name, lora.lora_path) == ("found", str(tmp_path / "found")) and checked == [lora]
+
+
+def test_an_embedding_server_serves_adapters(tiny_qwen3: Path, tmp_path: Path,
+                                             prompts_token_ids: list[list[int]]) -> None:
+    """/v1/embeddings (and /v1/score) with a request's model naming an adapter of the embedding model."""
+    import torch
+
+    from lora_adapters import peft_hidden_states
+    from test_embeddings import decoder_only_checkpoint
+
+    checkpoint = decoder_only_checkpoint(tiny_qwen3, tmp_path)
+    adapter = make_adapter(checkpoint, tmp_path / "adapter", seed=6, decoder_only=True)
+    prompt = prompts_token_ids[2]
+    with running_server(checkpoint, tmp_path / "server.log", "embedder", KEY,
+                        ("--enable-lora", "--lora-modules", f"tuned={adapter}")) as server, \
+            httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        reply = client.post("/v1/embeddings", json={"model": "tuned", "input": prompt})
+        assert reply.status_code == 200 and reply.json()["model"] == "tuned", reply.text
+        want = torch.nn.functional.normalize(peft_hidden_states(checkpoint, adapter, prompt)[-1], dim=-1)
+        torch.testing.assert_close(torch.tensor(reply.json()["data"][0]["embedding"]), want, atol=2e-5, rtol=1e-4)
+        base = client.post("/v1/embeddings", json={"model": "embedder", "input": prompt}).json()["data"][0]
+        assert base["embedding"] != reply.json()["data"][0]["embedding"]
+        score = client.post("/v1/score", json={"model": "tuned", "text_1": "a", "text_2": ["b", "c"]})
+        assert score.status_code == 200 and len(score.json()["data"]) == 2, score.text
+    assert server.leftover_processes() == set()

@@ -136,19 +136,20 @@ class AsyncLLM:
                              request_id)
 
     def encode(self, prompt: PromptType, pooling_params: PoolingParams | None,
-               request_id: str, priority: int = 0) -> AsyncGenerator[EmbeddingRequestOutput, None]:
+               request_id: str, priority: int = 0, *,
+               lora_request: LoRARequest | None = None) -> AsyncGenerator[EmbeddingRequestOutput, None]:
         """An embedding model's vector for the prompt (the pooling runner; vLLM's AsyncLLM.encode):
         one output, when the prompt is computed."""
-        return self._outputs(lambda: self._add_pooling_request(request_id, prompt, pooling_params, priority),
-                             request_id)
+        return self._outputs(lambda: self._add_pooling_request(request_id, prompt, pooling_params, priority,
+                                                               lora_request), request_id)
 
     async def _add_pooling_request(self, request_id: str, prompt: PromptType, pooling_params: PoolingParams | None,
-                                   priority: int) -> RequestOutputCollector:
+                                   priority: int, lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         if self.errored:
             raise self.dead_error
         self._start_output_handler()
         text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, pooling_params,
-                                                                                priority)
+                                                                                priority, lora_request)
         queue = RequestOutputCollector(request.sampling_params.output_kind, self.max_unread_outputs)
         self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, queue=queue,
                                           pooling=pooling)

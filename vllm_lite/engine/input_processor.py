@@ -86,12 +86,13 @@ class InputProcessor:
         return salt
 
     def process_pooling(self, request_id: str, prompt: PromptType, params: PoolingParams | None,
-                        priority: int = 0) -> tuple[str | None, list[int], EngineCoreRequest, PoolingParams]:
+                        priority: int = 0, lora_request: LoRARequest | None = None
+                        ) -> tuple[str | None, list[int], EngineCoreRequest, PoolingParams]:
         """An embedding request: its prompt's text and ids, the engine-core request (one
         placeholder token) and its pooling resolved against the model."""
         text, token_ids = self.tokenize(prompt)
         request = self.process(request_id, token_ids, pooling_sampling_params(), self.cache_salt(prompt), priority,
-                               pooling=True)
+                               pooling=True, lora_request=lora_request)
         return text, token_ids, request, resolve_pooling(params, self.model_config)
 
     def process(self, request_id: str, prompt_token_ids: list[int],

@@ -58,10 +58,11 @@ class LLMEngine:
             raise
 
     def add_pooling_request(self, request_id: str, prompt: PromptType, params: PoolingParams | None = None,
-                            priority: int = 0) -> None:
+                            priority: int = 0, lora_request: LoRARequest | None = None) -> None:
         """An embedding request (the pooling runner): its prompt's vector, as `params` says (None:
-        the engine's pooler config)."""
-        text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, params, priority)
+        the engine's pooler config), with the LoRA adapter `lora_request` (None: the base model)."""
+        text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, params, priority,
+                                                                                lora_request)
         self.output_processor.add_request(request_id, text, token_ids, request.sampling_params, pooling=pooling)
         try:
             self.engine_core.add_request(request)

@@ -24,7 +24,8 @@ from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_inf
 from vllm_lite.metrics_reader import Metric, snapshot
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
-from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
+from vllm_lite.outputs import (EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput, RequestOutput,
+                               ScoringOutput, ScoringRequestOutput)
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -140,13 +141,14 @@ class LLM:
                                                                  loras)]
 
     def embed(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
-              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request: None = None,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
               tokenization_kwargs: dict[str, Any] | None = None,
               truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """One vector per prompt from an embedding model (runner='pooling'), vLLM's interface:
         the pooler config's pooling of the final hidden states, L2-normalized unless
-        `pooling_params.use_activation` is False (or the pooler config's is)."""
-        _refuse_unless_none(lora_request=lora_request)
+        `pooling_params.use_activation` is False (or the pooler config's is); `lora_request`
+        as `generate`'s."""
         if self.llm_engine.vllm_config.model_config.pooler is None:
             raise VLLMValidationError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
                                       "engine generates text")
@@ -155,25 +157,51 @@ class LLM:
             params_list = [pooling_params] * len(prompt_list)
         else:
             params_list = _one_per_prompt("pooling_params", pooling_params, len(prompt_list))
-        return self._run_requests([functools.partial(self.llm_engine.add_pooling_request, prompt=prompt, params=params)
-                                   for prompt, params in zip(prompt_list, params_list)], use_tqdm)
+        loras = _per_prompt_lora(lora_request, len(prompt_list))
+        return self._run_requests([functools.partial(self.llm_engine.add_pooling_request, prompt=prompt, params=params,
+                                                     lora_request=lora)
+                                   for prompt, params, lora in zip(prompt_list, params_list, loras)], use_tqdm)
+
+    def encode(self, prompts: PromptType | Sequence[PromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, *, use_tqdm: bool = True,
+               lora_request: LoRARequest | Sequence[LoRARequest] | None = None, pooling_task: str | None = None,
+               tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
+        """vLLM's: the pooled output per prompt as a tensor (`outputs.data`); `pooling_task` must be
+        given, and only "embed" (the vectors `embed` returns) is implemented."""
+        if pooling_task is None:
+            raise VLLMValidationError("pooling_task required for `LLM.encode`: use `LLM.embed(...)` or "
+                                      'pooling_task="embed"', parameter="pooling_task")
+        if pooling_task != "embed":
+            raise VLLMValidationError(f"pooling_task {pooling_task!r} is not supported by vllm_lite (only 'embed': "
+                                      "classify, token_embed and token_classify are not implemented)",
+                                      parameter="pooling_task")
+        import torch  # (only here: the CLI and the server import this module without torch)
+
+        embedded = self.embed(prompts, use_tqdm=use_tqdm, pooling_params=pooling_params, lora_request=lora_request,
+                              tokenization_kwargs=tokenization_kwargs)
+        return [PoolingRequestOutput(output.request_id, PoolingOutput(torch.tensor(output.outputs.embedding)),
+                                     output.prompt_token_ids, output.num_cached_tokens, output.finished)
+                for output in embedded]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], /, *, use_tqdm: bool = True,
-              pooling_params: PoolingParams | None = None, lora_request: None = None,
+              pooling_params: PoolingParams | None = None, lora_request: LoRARequest | None = None,
               tokenization_kwargs: dict[str, Any] | None = None,
               chat_template: None = None) -> list[ScoringRequestOutput]:
         """vLLM's: a score per pair of texts, 1 : N (one `data_1` text against each of `data_2`) or
         N : N; with an embedding model (runner='pooling'), the pair's cosine similarity (each text
-        embedded once). Cross-encoder models, LoRA and score templates are not implemented (only
-        None)."""
-        _refuse_unless_none(lora_request=lora_request, chat_template=chat_template)
+        embedded once, with the LoRA adapter `lora_request` if given). Cross-encoder models and
+        score templates are not implemented (only None)."""
+        _refuse_unless_none(chat_template=chat_template)
+        if isinstance(lora_request, (list, tuple)):
+            raise VLLMValidationError("LLM.score takes one lora_request for every text (as vLLM's)",
+                                      parameter="lora_request")
         if self.llm_engine.vllm_config.model_config.pooler is None:
             raise VLLMValidationError("LLM.score() needs an embedding model (runner='pooling'); cross-encoder "
                                       "(classification) models are not implemented")
         first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
         pairs = pair_indices(len(first), len(second))
         embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params,
-                              tokenization_kwargs=tokenization_kwargs)
+                              lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
         vectors = np.asarray([output.outputs.embedding for output in embedded], dtype=np.float32)
         scores = cosine_scores(vectors[:len(first)], vectors[len(first):], pairs)
         pad = self.get_tokenizer().pad_token_id

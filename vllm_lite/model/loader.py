@@ -149,7 +149,13 @@ class _Int8Checkpoint:
 
 def _decoder_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     for name, weight in weights:
-        yield (name if name.startswith(("model.", "lm_head.")) else "model." + name), weight
+        yield decoder_name(name), weight
+
+
+def decoder_name(name: str) -> str:
+    """A decoder-only checkpoint's name (a `*Model`'s, without the `model.` prefix) as the
+    `*ForCausalLM` model's parameter name (names that have the prefix are kept)."""
+    return name if name.startswith(("model.", "lm_head.")) else "model." + name
 
 
 def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:

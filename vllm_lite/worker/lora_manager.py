@@ -21,12 +21,16 @@ from vllm_lite.lora.peft import LORA_A, LORA_B, PREFIX, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
-from vllm_lite.model.loader import checkpoint_target
+from vllm_lite.model.loader import checkpoint_target, decoder_name
 
 
 class LoRAManager:
-    def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device, dtype: torch.dtype,
+                 pooling: bool = False) -> None:
+        """`pooling`: an embedding model, whose adapters may name the decoder alone (a `*Model`'s
+        modules, without the `model.` prefix), as its checkpoint may."""
         self.model = model
+        self.pooling = pooling
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -97,8 +101,9 @@ class LoRAManager:
             for module in adapter.modules:
                 lora_a = f.get_tensor(PREFIX + module.name + LORA_A).float()
                 lora_b = f.get_tensor(PREFIX + module.name + LORA_B).float() * module.scaling
-                fused = split(module.name + ".weight", lora_b) if split is not None else None
-                for name, b in fused if fused is not None else [(module.name + ".weight", lora_b)]:
+                weight_name = (decoder_name(module.name) if self.pooling else module.name) + ".weight"
+                fused = split(weight_name, lora_b) if split is not None else None
+                for name, b in fused if fused is not None else [(weight_name, lora_b)]:
                     target, shard_id = checkpoint_target(self.model, name)
                     layer_name = target.removesuffix(".weight")
                     layer = self.layers.get(layer_name) if target.endswith(".weight") else None

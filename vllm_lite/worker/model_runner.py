@@ -143,7 +143,8 @@ class ModelRunner:
             vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
         lora_config = vllm_config.lora_config
-        self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype))
+        self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
+                                 pooling=vllm_config.model_config.pooler is not None)
                      if lora_config is not None else None)
         # CPU steps go through the model padded to a matmul bucket size (`_padded_to_bucket`),
         # unless a layer would compute the padded rows at a cost (a MoE layer routes them).

@@ -24,6 +24,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import Field
 
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.config import ModelConfig
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.metrics import RequestTracker
@@ -139,7 +140,7 @@ class PoolingResponse(ListResponse):
 
 async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:
     """/v1/embeddings, and /pooling (a PoolingRequest) in its own response shape."""
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     model_config = ctx.engine.vllm_config.model_config
     pooling = isinstance(request, PoolingRequest)
     if model_config.pooler is None:
@@ -158,7 +159,8 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
         prompts = [await _conversation_prompt(ctx, request, conversation, truncate) for conversation in conversations]
     prefix = "pool" if pooling else "embd"
     response_id, engine_id = request_ids(prefix, raw_request.headers.get("x-request-id"), request.request_id)
-    work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority) for i, prompt in enumerate(prompts)]
+    work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority, lora)
+            for i, prompt in enumerate(prompts)]
     return await json_response(_response(request, model, response_id, work), raw_request)
 
 
@@ -191,13 +193,15 @@ async def _response(request: EmbeddingRequest, model: str, response_id: str,
 
 
 async def encode_one(ctx: ServingContext, prompt: dict[str, Any], params: PoolingParams, request_id: str,
-                  priority: int) -> EmbeddingRequestOutput:
-    """The prompt's embedding; leaving early (a client gone) aborts it in the engine core."""
+                     priority: int, lora: LoRARequest | None = None) -> EmbeddingRequestOutput:
+    """The prompt's embedding (with the LoRA adapter the request's model names); leaving early (a
+    client gone) aborts it in the engine core."""
     tracker = RequestTracker(ctx.metrics, len(prompt["prompt_token_ids"]))
     ctx.drain.in_flight.add(request_id)
     finished = False
     try:
-        async with contextlib.aclosing(ctx.engine.encode(prompt, params, request_id, priority)) as outputs:
+        async with contextlib.aclosing(ctx.engine.encode(prompt, params, request_id, priority,
+                                                         lora_request=lora)) as outputs:
             async for output in outputs:
                 finished = True
                 tracker.finish_pooled()

@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
+from vllm_lite.lora.request import LoRARequest
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ListResponse, OpenAIBaseModel,
                                                    RequestModel, RequestParamError, UsageInfo, request_ids)
@@ -128,11 +129,11 @@ async def create_score(ctx: ServingContext, request: ScoreRequest, raw_request: 
     names = next(pair for pair in SCORE_SIDES if getattr(request, pair[0]) is not None
                  and getattr(request, pair[1]) is not None)
     pairs = pair_indices(len(first), len(second), *names)
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     response_id, engine_id = request_ids("score", raw_request.headers.get("x-request-id"), request.request_id)
 
     async def respond() -> ScoreResponse:
-        (left, right), prompt_tokens = await _embed_sides(ctx, request, first, second, engine_id)
+        (left, right), prompt_tokens = await _embed_sides(ctx, request, first, second, engine_id, lora)
         data = [ScoreResponseData(index=i, score=score) for i, score in enumerate(cosine_scores(left, right, pairs))]
         return ScoreResponse(id=response_id, model=model, data=data, usage=UsageInfo.of(prompt_tokens, 0))
 
@@ -142,11 +143,11 @@ async def create_score(ctx: ServingContext, request: ScoreRequest, raw_request: 
 async def create_rerank(ctx: ServingContext, request: RerankRequest, raw_request: Request) -> Response:
     documents = _texts(request.documents)
     pairs = pair_indices(1, len(documents), "query", "documents")
-    model = ctx.served_model(request.model)
+    model, lora = ctx.served_model_and_lora(request.model)
     response_id, engine_id = request_ids("rerank", raw_request.headers.get("x-request-id"), request.request_id)
 
     async def respond() -> RerankResponse:
-        (left, right), prompt_tokens = await _embed_sides(ctx, request, [request.query], documents, engine_id)
+        (left, right), prompt_tokens = await _embed_sides(ctx, request, [request.query], documents, engine_id, lora)
         results = [RerankResult(index=i, document=RerankDocument(text=documents[i]), relevance_score=score)
                    for i, score in enumerate(cosine_scores(left, right, pairs))]
         results.sort(key=lambda result: result.relevance_score, reverse=True)
@@ -158,7 +159,7 @@ async def create_rerank(ctx: ServingContext, request: RerankRequest, raw_request
 
 
 async def _embed_sides(ctx: ServingContext, request: ScoringRequest, first: list[str], second: list[str],
-                       engine_id: str) -> tuple[tuple[np.ndarray, np.ndarray], int]:
+                       engine_id: str, lora: LoRARequest | None = None) -> tuple[tuple[np.ndarray, np.ndarray], int]:
     """Both sides' embeddings (float32 `[texts, dim]` each) and the prompt tokens they took."""
     model_config = ctx.engine.vllm_config.model_config
     if model_config.pooler is None:
@@ -170,7 +171,7 @@ async def _embed_sides(ctx: ServingContext, request: ScoringRequest, first: list
     params = resolve_pooling(PoolingParams(request.use_activation), model_config)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
     prompts = await engine_prompts(ctx, first + second, None, truncate, param="documents")
-    outputs = await asyncio.gather(*(encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority)
+    outputs = await asyncio.gather(*(encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority, lora)
                                      for i, prompt in enumerate(prompts)))
     vectors = np.asarray([output.outputs.embedding for output in outputs], dtype=np.float32)
     prompt_tokens = sum(len(output.prompt_token_ids) for output in outputs)
