@@ -74,9 +74,22 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
     ("llama4_json", '{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", {"zone": "UTC"})], None),
     ("qwen3_json", '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
      [("get_time", {"zone": "UTC"})], None),
+    # Qwen3-Coder's XML: values typed by the tool's schema (days: integer), one wrapping newline off
+    ("qwen3_coder", "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Jose\n</parameter>\n"
+     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", [("get_weather", {"city": "San Jose", "days": 3})],
+     "I will check.\n"),
+    ("qwen3_xml", "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n</tool_call>\n"
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n<parameter=days>\nsoon\n</parameter>\n"
+     "</function>\n</tool_call> Done.", [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "12", "days": "soon"})],
+     "\n Done."),  # (a string-typed "12" stays a string; "soon" is no integer: kept as text, as vLLM)
+    ("qwen3_coder", "<function=unknown>\n<parameter=n>\n2\n</parameter>\n</function>", [("unknown", {"n": "2"})],
+     None),  # (a bare <function=> without <tool_call>; a function the tools do not type: strings)
+    ("qwen3_coder", "<tool_call>\nno function here\n</tool_call>", [],
+     "<tool_call>\nno function here\n</tool_call>"),
 ])
 def test_parsers(parser: str, text: str, calls: list, content: str | None) -> None:
-    parsed = TOOL_PARSERS[parser](text)
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+    parsed = TOOL_PARSERS[parser](text, schemas)
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
     assert parsed.content == content
 
@@ -383,3 +396,19 @@ def test_required_with_defs_references_is_served(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_WITH_DEFS, clash],
                                        tool_choice="required", max_tokens=4)
     assert info.value.body["param"] == "tools"
+
+
+@pytest.mark.parametrize(("value", "schema", "expected"), [
+    ("2.5", {"type": "number"}, 2.5), ("4.0", {"type": "number"}, 4), ("true", {"type": "boolean"}, True),
+    ("0", {"type": "bool"}, False), ("null", {"type": ["string", "null"]}, None), ("x", {"type": ["integer", "null"]}, "x"),
+    ('[1, "a"]', {"type": "array"}, [1, "a"]), ('{"k": 1}', {"type": "object"}, {"k": 1}),
+    ("1e999", {"type": "number"}, "1e999"), ("7", {"anyOf": [{"type": "integer"}, {"type": "string"}]}, 7),
+    ("2", {"enum": [1, 2, 3]}, 2), ("5", {"description": "no type"}, "5"), ("[1]", {"type": "string"}, "[1]"),
+])
+def test_qwen3_coder_values_take_the_schemas_type(value: str, schema: dict, expected) -> None:
+    """vLLM's coercion of a Qwen3-Coder parameter's text by its schema: the first of the schema's
+    types (null, integer, number, boolean, object, array, string) the text reads as."""
+    text = f"<tool_call>\n<function=f>\n<parameter=p>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    schemas = {"f": {"type": "object", "properties": {"p": schema}}}
+    (call,) = TOOL_PARSERS["qwen3_coder"](text, schemas).tool_calls
+    assert json.loads(call.arguments) == {"p": expected}

@@ -23,6 +23,8 @@ GRANITE_31 = '<tool_call>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"
 PHI4 = 'functools[{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}]'
 JAMBA = 'ok <tool_calls>[{"name": "get_time", "arguments": {"zone": "CET"}}]</tool_calls>'
 LFM2 = 'Checking.<|tool_call_start|>[get_weather(city="Oslo", days=2)]<|tool_call_end|>'
+QWEN3_XML = ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n"
+             "2\n</parameter>\n</function>\n</tool_call>")
 
 
 def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], dict[int, str], dict[int, int]]:
@@ -56,6 +58,8 @@ def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], 
     (ToolPlan("auto", parser="lfm2"), LFM2, False),
     (ToolPlan("auto", parser="llama4_json"), LLAMA3, True),
     (ToolPlan("auto", parser="qwen3_json"), HERMES, True),
+    (ToolPlan("auto", parser="qwen3_coder",
+              schemas={"get_weather": {"properties": {"days": {"type": "integer"}}}}), QWEN3_XML, False),
 ])
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremental: bool, size: int) -> None:

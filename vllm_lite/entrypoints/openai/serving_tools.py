@@ -16,7 +16,8 @@ the finish reason is decided on the whole text, as without streaming.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_lite.engine.request_checks import check_structured_outputs
@@ -34,6 +35,8 @@ class ToolPlan:
     function_name: str | None = None
     parser: str | None = None
     parallel: bool = True  # False: at most one call
+    # auto: each tool's parameters schema by function name (the parsers that type arguments read it)
+    schemas: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def parses_output(self) -> bool:
@@ -56,7 +59,8 @@ def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPl
     if choice is None or choice == "auto":
         _check(options.enable_auto_tool_choice and options.tool_call_parser is not None, "tool_choice",
                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
-        return ToolPlan("auto", parser=options.tool_call_parser, parallel=request.parallel_tool_calls is not False)
+        return ToolPlan("auto", parser=options.tool_call_parser, parallel=request.parallel_tool_calls is not False,
+                        schemas={function_of(tool)["name"]: parameters_schema(function_of(tool)) for tool in tools})
     if choice == "required":
         return ToolPlan("required", parallel=request.parallel_tool_calls is not False)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
@@ -106,7 +110,7 @@ def _all_tool_calls(plan: ToolPlan, text: str) -> tuple[list[dict[str, Any]], st
         except (ValueError, KeyError, TypeError):  # cut by max_tokens: not complete JSON
             return [], None
     if plan.mode == "auto":
-        parsed = TOOL_PARSERS[plan.parser](text)
+        parsed = TOOL_PARSERS[plan.parser](text, plan.schemas)
         return [call.to_openai() for call in parsed.tool_calls], parsed.content
     return [], text
 

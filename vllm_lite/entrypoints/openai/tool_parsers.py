@@ -11,19 +11,23 @@ schemas that make `tool_choice: "required"` / a named function hold by construct
 | jamba | `<tool_calls>[...]</tool_calls>`, the array as mistral's |
 | pythonic (Llama 4, Qwen3-coder style) | `[get_weather(city="Paris"), ...]` |
 | lfm2 (Liquid LFM2) | `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`, text around it is content |
+| qwen3_coder (Qwen3-Coder; also `qwen3_xml`) | `<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>`, any number; text outside them is content; each value typed by the tool's JSON schema |
 
 `qwen3_json` is hermes, `llama4_json` llama3_json (vLLM's aliases).
 
-A parser returns the calls and the text outside them (the message `content`, None when empty).
+A parser takes the text and the request's tools' parameter schemas (function name -> its
+`parameters`; read by the formats whose arguments are untyped text, qwen3_coder) and returns the
+calls and the text outside them (the message `content`, None when empty).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,15 +193,141 @@ def parse_pythonic(text: str) -> ParsedOutput:
     return ParsedOutput(calls, None)
 
 
-TOOL_PARSERS: dict[str, Callable[[str], ParsedOutput]] = {
-    "hermes": parse_hermes,
-    "qwen3": parse_hermes,  # Qwen3 writes the hermes format
-    "qwen3_json": parse_hermes,  # (vLLM's name for it)
-    "llama3_json": parse_llama3_json,
-    "llama4_json": parse_llama3_json,
-    "pythonic": parse_pythonic,
-    "lfm2": parse_lfm2,
-    **{name: array_format.parse for name, array_format in ARRAY_FORMATS.items()},
+QWEN3_XML_OPEN, QWEN3_XML_CLOSE, QWEN3_FUNCTION = "<tool_call>", "</tool_call>", "<function="
+_QWEN3_PARAMETER = re.compile(r"<\s*parameter\s*=\s*([^>]*)>(.*?)(?:<\s*/\s*parameter\s*>|(?=<\s*parameter\s*=)|$)",
+                              re.DOTALL)
+_QWEN3_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|$)", re.DOTALL)
+
+
+def parse_qwen3_xml(text: str, schemas: Mapping[str, Any]) -> ParsedOutput:
+    """Qwen3-Coder's XML calls (vLLM's qwen3_coder): `<tool_call>` blocks (or a bare
+    `<function=...>` the model wrote without one), each one function with `<parameter=...>`
+    values; a value loses one wrapping newline each side, then takes its type from the tool's
+    schema (vLLM's coercion: a parameter the schema does not type stays a string). Text outside
+    the blocks is the content; a block without a function leaves the reply as text."""
+    opener = QWEN3_XML_OPEN if QWEN3_XML_OPEN in text else QWEN3_FUNCTION if QWEN3_FUNCTION in text else None
+    if opener is None:
+        return ParsedOutput([], text)
+    first = text.index(opener)
+    calls, outside = [], [text[:first]]
+    blocks = text[first:].split(QWEN3_XML_OPEN)[1:] if opener == QWEN3_XML_OPEN else [text[first:]]
+    for block in blocks:
+        body, _, after = block.partition(QWEN3_XML_CLOSE)
+        functions = list(_QWEN3_FUNCTION.finditer(body))
+        if not functions:
+            return ParsedOutput([], text)
+        for function in functions:
+            name = function.group(1).strip()
+            properties = (schemas.get(name) or {}).get("properties") or {}
+            arguments = {match.group(1).strip(): _typed(_unwrapped(match.group(2)), properties.get(match.group(1).strip()))
+                         for match in _QWEN3_PARAMETER.finditer(function.group(2))}
+            calls.append(ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False)))
+        outside.append(after)
+    return ParsedOutput(calls, _content("".join(outside)))
+
+
+def _unwrapped(value: str) -> str:
+    """The value without one leading and one trailing newline (the template's markup)."""
+    return value.removeprefix("\n").removesuffix("\n")
+
+
+# vLLM's order of trying a schema's types, and its other names for them
+_TYPE_ORDER = ("null", "integer", "number", "boolean", "object", "array", "string")
+_TYPE_NAMES = {"str": "string", "text": "string", "varchar": "string", "char": "string", "enum": "string",
+               "int": "integer", "int32": "integer", "int64": "integer", "uint": "integer", "uint32": "integer",
+               "uint64": "integer", "long": "integer", "short": "integer", "unsigned": "integer",
+               "float": "number", "float32": "number", "float64": "number", "double": "number",
+               "bool": "boolean", "dict": "object", "arr": "array", "list": "array", "sequence": "array"}
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """A parameter's text as its schema's type (vLLM's coerce_to_schema_type: the first of the
+    schema's types the text reads as, by _TYPE_ORDER); no schema: the text itself."""
+    if not isinstance(schema, dict):
+        return value
+    types = {_TYPE_NAMES.get(t.strip().lower(), t.strip().lower()) for t in _schema_types(schema)}
+    for kind in _TYPE_ORDER:
+        if kind not in types:
+            continue
+        if kind == "string":
+            return value
+        typed = _read_as(value, kind)
+        if typed is not _UNREAD:
+            return typed
+    whole = _finite_json(value)
+    return value if whole is _UNREAD else whole
+
+
+_UNREAD = object()
+
+
+def _read_as(value: str, kind: str) -> Any:
+    if kind == "null":
+        return None if value.lower() == "null" else _UNREAD
+    if kind == "integer":
+        try:
+            return int(value)
+        except ValueError:
+            return _UNREAD
+    if kind == "number":
+        try:
+            number = float(value)
+        except ValueError:
+            return _UNREAD
+        return _UNREAD if not math.isfinite(number) else int(number) if number == int(number) else number
+    if kind == "boolean":
+        return {"true": True, "1": True, "false": False, "0": False}.get(value.lower().strip(), _UNREAD)
+    return _finite_json(value)  # object, array
+
+
+def _finite_json(value: str) -> Any:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return _UNREAD
+    try:
+        json.dumps(parsed, allow_nan=False)
+    except ValueError:  # (1e999 reads as inf: no JSON value)
+        return _UNREAD
+    return parsed
+
+
+def _schema_types(schema: dict[str, Any]) -> set[str]:
+    """The types a JSON schema allows (`type`, an `enum`'s values, anyOf / oneOf / allOf); none
+    said: string."""
+    types: set[str] = set()
+    declared = schema.get("type")
+    types.update([declared] if isinstance(declared, str) else [t for t in declared or () if isinstance(t, str)]
+                 if isinstance(declared, list) else [])
+    enum_types = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string",
+                  list: "array", dict: "object"}
+    for value in schema.get("enum") or () if isinstance(schema.get("enum"), list) else ():
+        types.add(enum_types.get(type(value), "string"))
+    for key in ("anyOf", "oneOf", "allOf"):
+        for choice in schema.get(key) or () if isinstance(schema.get(key), list) else ():
+            if isinstance(choice, dict):
+                types |= _schema_types(choice)
+    return types or {"string"}
+
+
+ToolSchemas = Mapping[str, Any]  # function name -> its parameters' JSON schema
+
+
+def _text_only(parse: Callable[[str], ParsedOutput]) -> Callable[[str, ToolSchemas], ParsedOutput]:
+    return lambda text, schemas: parse(text)
+
+
+TOOL_PARSERS: dict[str, Callable[[str, ToolSchemas], ParsedOutput]] = {
+    "hermes": _text_only(parse_hermes),
+    "qwen3": _text_only(parse_hermes),  # Qwen3 writes the hermes format
+    "qwen3_json": _text_only(parse_hermes),  # (vLLM's name for it)
+    "llama3_json": _text_only(parse_llama3_json),
+    "llama4_json": _text_only(parse_llama3_json),
+    "pythonic": _text_only(parse_pythonic),
+    "lfm2": _text_only(parse_lfm2),
+    "qwen3_coder": parse_qwen3_xml,
+    "qwen3_xml": parse_qwen3_xml,  # (vLLM's other name for it)
+    **{name: _text_only(array_format.parse) for name, array_format in ARRAY_FORMATS.items()},
 }
 
 

@@ -11,6 +11,7 @@ Each feed re-reads the choice's whole text and works out what is certain so far:
 | mistral, granite, jamba | the text before the marker (`[TOOL_CALLS]`, `<|tool_call|>` / `<tool_call>`, `<tool_calls>`) | the objects of the array after it |
 | phi4_mini_json | none | the objects of the array after `functools` |
 | lfm2 | the text before `<|tool_call_start|>` | (pythonic) decided when the choice ends |
+| qwen3_coder / qwen3_xml | the text before the first `<tool_call>` (or a bare `<function=`) | (typed by the tools' schemas) decided when the choice ends |
 | required | none | the objects of the JSON array, `parameters` |
 | named | none | one call to the named function: the whole text is its arguments |
 | pythonic | (not incremental) everything is decided when the choice ends |
@@ -32,7 +33,8 @@ from typing import Any, Protocol
 
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
-from vllm_lite.entrypoints.openai.tool_parsers import ARRAY_FORMATS, LFM2_START, ArrayFormat
+from vllm_lite.entrypoints.openai.tool_parsers import (ARRAY_FORMATS, LFM2_START, QWEN3_FUNCTION, QWEN3_XML_OPEN,
+                                                       ArrayFormat)
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -116,6 +118,12 @@ class ToolCallStream:
         if parser == "lfm2":  # the content before the calls streams; the calls are decided at the end
             start = text.find(LFM2_START)
             return (_held_back(text, LFM2_START, final) if start < 0 else text[:start]), []
+        if parser in ("qwen3_coder", "qwen3_xml"):  # the same: a value's type needs the whole value
+            starts = [i for i in (text.find(QWEN3_XML_OPEN), text.find(QWEN3_FUNCTION)) if i >= 0]
+            if starts:
+                return text[:min(starts)], []
+            held = min(_held_back(text, QWEN3_XML_OPEN, final), _held_back(text, QWEN3_FUNCTION, final), key=len)
+            return held, []
         return "", []  # pythonic: decided when the choice ends
 
     def _advance_content(self, content: str) -> str | None:
