@@ -98,7 +98,7 @@ def test_a_model_architecture_runs_as_an_embedding_model(tiny_qwen3: Path, tmp_p
     try:
         prompts = prompts_token_ids[:3]
         assert_close(embeddings(llm, prompts), [hf_embedding(tiny_qwen3, p, "LAST") for p in prompts])
-        with pytest.raises(ValueError, match=r"LLM.generate\(\) is not supported for embedding models"):
+        with pytest.raises(ValueError, match=r"LLM.generate\(\) is not supported for pooling models"):
             llm.generate("hi", SamplingParams(max_tokens=2))
     finally:
         llm.shutdown()

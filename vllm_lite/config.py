@@ -64,7 +64,7 @@ LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed
 # else generate. vLLM's --convert turns a *ForCausalLM into an embedding model ("embed"); its other
 # conversions (classify, reward, ...) are not implemented.
 RUNNERS = ("auto", "generate", "pooling")
-CONVERTS = ("auto", "none", "embed")
+CONVERTS = ("auto", "none", "embed", "classify")
 # vLLM's sequence pooling types: the last token's hidden state, the mean over the prompt, the first's.
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 # The KV cache's dtype (vLLM's `kv_cache_dtype`): "auto" = the model's dtype; "bfloat16" stores K/V
@@ -365,11 +365,17 @@ class ModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class PoolerConfig:
-    """An embedding model's pooling (vLLM's PoolerConfig): `pooling_type` over the prompt's final
-    hidden states, then L2-normalized when `normalize` (vLLM's use_activation for embeddings)."""
+    """A pooling model's pooling (vLLM's PoolerConfig): `pooling_type` over the prompt's final
+    hidden states. `task` "embed": the vector, L2-normalized when `normalize` (vLLM's
+    use_activation for embeddings); "classify" (a `*ForSequenceClassification` checkpoint): the
+    classification head's logits over `labels`, through `activation` (vLLM's rule from the
+    config's problem_type and num_labels: softmax, sigmoid or identity) when `normalize`."""
 
     pooling_type: str  # one of POOLING_TYPES
     normalize: bool = True
+    task: str = "embed"  # "embed" | "classify"
+    labels: tuple[str, ...] = ()  # classify: the config's id2label, by index
+    activation: str = "softmax"  # classify: "softmax" | "sigmoid" | "identity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -785,15 +791,25 @@ class EngineArgs:
                                          f"conversions are not implemented), got {self.convert!r}")
         runner = self.runner
         decoder_only = hf.checkpoint_architecture.endswith("Model")  # no LM head: an embedding model
+        classifier = hf.checkpoint_architecture.endswith("ForSequenceClassification")
         if runner == "auto":
-            runner = "pooling" if decoder_only or self.convert == "embed" else "generate"
+            runner = "pooling" if decoder_only or classifier or self.convert in ("embed", "classify") else "generate"
         if runner == "generate":
-            _check(self.convert != "embed" and self.pooler_config is None,
-                   "convert='embed' and pooler_config are for the pooling runner (runner='pooling')")
-            _check(not decoder_only,
+            _check(self.convert not in ("embed", "classify") and self.pooler_config is None,
+                   f"convert={self.convert!r} and pooler_config are for the pooling runner (runner='pooling')")
+            _check(not (decoder_only or classifier),
                    f"architecture {hf.checkpoint_architecture!r} has no language-model head: it runs with "
-                   "runner='pooling' (an embedding model)")
+                   f"runner='pooling' ({'a classification' if classifier else 'an embedding'} model)")
             return None
+        if classifier or self.convert == "classify":
+            _check(classifier, f"convert='classify' makes a classifier of a *ForSequenceClassification checkpoint "
+                               f"only (vLLM's conversion of {hf.checkpoint_architecture} with a head from its "
+                               "language-model head is not implemented)")
+            _check(self.convert in ("auto", "classify"), f"convert={self.convert!r}: {hf.checkpoint_architecture} "
+                                                         "is a classification model (convert='classify')")
+            _check(hf.model_impl == "vllm", "runner='pooling' runs the native implementations only "
+                                            f"({hf.architecture} runs through transformers' modelling code)")
+            return classifier_pooler_config(self.pooler_config, hf)
         _check(self.convert != "none", f"convert='none' with runner='pooling': {hf.checkpoint_architecture} is no "
                                        "pooling model of its own; convert='embed' (the default) makes it one")
         _check(hf.model_impl == "vllm", "runner='pooling' runs the native implementations only "
@@ -926,6 +942,49 @@ _ST_NORMALIZE_MODULES = frozenset({"sentence_transformers.models.Normalize",
                                    "sentence_transformers.base.modules.normalize.Normalize",
                                    "sentence_transformers.sentence_transformer.modules.normalize.Normalize"})
 _POOLER_CONFIG_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation"})
+
+
+def classifier_pooler_config(given: dict[str, Any] | None, hf: HFModelConfig) -> PoolerConfig:
+    """A `*ForSequenceClassification` checkpoint's pooling: the last token by default (the
+    transformers classifiers' rule), its labels from id2label (else num_labels, LABEL_i), and
+    vLLM's activation: problem_type regression -> identity, multi_label_classification ->
+    sigmoid, otherwise softmax, or sigmoid for one label (a cross-encoder's score); a
+    sentence-transformers cross-encoder's `sbert_ce_default_activation_function` when it names
+    torch's Sigmoid or Identity."""
+    given = dict(given or {})
+    unknown = sorted(set(given) - _POOLER_CONFIG_KEYS)
+    _check(not unknown, f"pooler_config: {', '.join(unknown)} not implemented (implemented: "
+                        f"{', '.join(sorted(_POOLER_CONFIG_KEYS))})")
+    pooling_type = given.get("seq_pooling_type", given.get("pooling_type", "LAST"))
+    _check(pooling_type in POOLING_TYPES, f"pooler_config: pooling_type must be one of {POOLING_TYPES}, "
+                                          f"got {pooling_type!r}")
+    use_activation = given.get("use_activation", True)
+    _check(isinstance(use_activation, bool), f"pooler_config: use_activation must be a bool, got {use_activation!r}")
+    raw = hf.raw
+    id2label = raw.get("id2label") or {}
+    num_labels = raw.get("num_labels", len(id2label) or 2)
+    _check(isinstance(num_labels, int) and num_labels >= 1, f"config.json: num_labels must be >= 1, got {num_labels!r}")
+    labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(num_labels))
+    return PoolerConfig(pooling_type, use_activation, "classify", labels, _classifier_activation(raw, num_labels))
+
+
+_CROSS_ENCODER_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid",
+                              "torch.nn.modules.linear.Identity": "identity"}
+
+
+def _classifier_activation(raw: dict[str, Any], num_labels: int) -> str:
+    problem_type = raw.get("problem_type") or ""
+    if problem_type == "regression":
+        return "identity"
+    if problem_type == "multi_label_classification":
+        return "sigmoid"
+    named = (raw.get("sentence_transformers") or {}).get("activation_fn") or raw.get(
+        "sbert_ce_default_activation_function")
+    if named is not None and problem_type != "single_label_classification":
+        _check(named in _CROSS_ENCODER_ACTIVATIONS, f"config.json: the cross-encoder activation {named!r} is not "
+                                                    f"implemented (implemented: {', '.join(_CROSS_ENCODER_ACTIVATIONS)})")
+        return _CROSS_ENCODER_ACTIVATIONS[named]
+    return "sigmoid" if num_labels < 2 else "softmax"
 
 
 def pooler_config(given: dict[str, Any] | None, model_dir: Path) -> PoolerConfig:

@@ -25,7 +25,9 @@ from typing import Any
 COMMON_IGNORED = frozenset({
     "_name_or_path", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    # (a classifier's labels, problem type and cross-encoder activation: read by config.classifier_pooler_config)
     "use_cache", "initializer_range", "id2label", "label2id", "num_labels", "problem_type",
+    "sbert_ce_default_activation_function", "sentence_transformers",
     "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
     "attention_dropout", "tokenizer_class", "finetuning_task", "prefix", "task_specific_params",
     "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "_attn_implementation_autoset",
@@ -247,11 +249,13 @@ POLICIES: Mapping[str, FieldPolicy] = {
 
 def implementing_architecture(architecture: str) -> str:
     """The implementation a checkpoint's architecture runs on: a `*Model` (the decoder without
-    its language-model head, as embedding models ship it) on its `*ForCausalLM`."""
-    if architecture.endswith("Model"):
-        causal = architecture.removesuffix("Model") + "ForCausalLM"
-        if causal in POLICIES:
-            return causal
+    its language-model head, as embedding models ship it) and a `*ForSequenceClassification`
+    (the decoder with a classification head, `score`) on its `*ForCausalLM`."""
+    for suffix in ("Model", "ForSequenceClassification"):
+        if architecture.endswith(suffix):
+            causal = architecture.removesuffix(suffix) + "ForCausalLM"
+            if causal in POLICIES:
+                return causal
     return architecture
 
 

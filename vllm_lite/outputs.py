@@ -84,6 +84,30 @@ class EmbeddingRequestOutput:
 
 
 @dataclass(slots=True)
+class ClassificationOutput:
+    """A classification model's class probabilities for one prompt (vLLM's ClassificationOutput;
+    the logits themselves with use_activation=False or a regression model)."""
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput:
+    """What `LLM.classify` returns per prompt (vLLM's ClassificationRequestOutput)."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    metrics: RequestStateStats | None = None
+
+
+@dataclass(slots=True)
 class PoolingOutput:
     """vLLM's: a pooled output as a tensor (`LLM.encode`; here the embedding, a float32 torch.Tensor)."""
 

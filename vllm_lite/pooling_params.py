@@ -1,4 +1,5 @@
-"""vLLM's PoolingParams for an embedding model's requests (`LLM.embed`, `/v1/embeddings`)."""
+"""vLLM's PoolingParams for a pooling model's requests (`LLM.embed` / `/v1/embeddings`,
+`LLM.classify` / `/classify`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ if TYPE_CHECKING:
 class PoolingParams:
     """| field | meaning |
     |---|---|
-    | use_activation | L2-normalize the vector (vLLM's name for embeddings); None: the engine's pooler config |
+    | use_activation | embeddings: L2-normalize the vector; classification: the model's activation (softmax, sigmoid) over the logits; None: the engine's pooler config |
     | dimensions | vLLM's Matryoshka truncation: the vector's first `dimensions` numbers (normalized after), for a model whose config.json says it was trained so (`is_matryoshka`, `matryoshka_dimensions`) |
+    | task | vLLM's: "embed" or "classify", the model's own (set by the engine; another is refused) |
+    | activation | set by the engine for classification: "softmax", "sigmoid" or "identity" |
     """
 
     use_activation: bool | None = None
     dimensions: int | None = None
+    task: str | None = None
+    activation: str | None = None
 
     def __post_init__(self) -> None:
         if self.use_activation is not None and not isinstance(self.use_activation, bool):
@@ -35,7 +40,16 @@ def resolve_pooling(params: PoolingParams | None, model_config: ModelConfig) -> 
     """A request's pooling with the engine's default filled in (use_activation: the pooler
     config's) and its dimensions checked against the model, by vLLM's rules."""
     params = params or PoolingParams()
-    use_activation = model_config.pooler.normalize if params.use_activation is None else params.use_activation
+    pooler = model_config.pooler
+    use_activation = pooler.normalize if params.use_activation is None else params.use_activation
+    if params.task is not None and params.task != pooler.task:
+        raise VLLMValidationError(f"PoolingParams.task {params.task!r}: this model's task is {pooler.task!r}",
+                                  parameter="task")
+    if pooler.task == "classify":
+        if params.dimensions is not None:
+            raise VLLMValidationError("PoolingParams.dimensions is for embeddings; this is a classification model",
+                                      parameter="dimensions")
+        return PoolingParams(use_activation, None, "classify", pooler.activation if use_activation else "identity")
     dimensions = params.dimensions
     if dimensions is not None:
         hf = model_config.hf
@@ -51,7 +65,7 @@ def resolve_pooling(params: PoolingParams | None, model_config: ModelConfig) -> 
         if named and dimensions not in named:
             raise VLLMValidationError(f"PoolingParams.dimensions: the model only supports Matryoshka dimensions "
                                       f"{named}, got {dimensions}")
-    return PoolingParams(use_activation, dimensions)
+    return PoolingParams(use_activation, dimensions, "embed")
 
 
 def pooling_sampling_params() -> SamplingParams:

@@ -17,8 +17,8 @@ from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
 from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
-from vllm_lite.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput,
-                               RequestStateStats)
+from vllm_lite.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
+                               EmbeddingRequestOutput, RequestOutput, RequestStateStats)
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -193,9 +193,13 @@ class RequestState:
                                  prompt_logprobs, self.num_cached_tokens, self.stats, self.lora_request)
         return self._parent_output(completion, prompt_logprobs)
 
-    def _embedding_output(self) -> EmbeddingRequestOutput | None:
+    def _embedding_output(self) -> EmbeddingRequestOutput | ClassificationRequestOutput | None:
         if self.finish_reason is None or self.pooled is None:  # (aborted before its vector: no output)
             return None
+        if self.pooling.task == "classify":
+            probs = classifier_activation(self.pooled.astype(np.float64), self.pooling.activation)
+            return ClassificationRequestOutput(self.request_id, ClassificationOutput(probs.astype(np.float32).tolist()),
+                                               self.prompt_token_ids, True, self.num_cached_tokens, self.stats)
         vector = self.pooled[:self.pooling.dimensions].astype(np.float64)  # (Matryoshka: the first ones)
         if self.pooling.use_activation:  # as torch.nn.functional.normalize: x / max(||x||, 1e-12)
             vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
@@ -483,3 +487,13 @@ class OutputProcessor:
 
 def _no_text(token_id: int) -> None:
     return None
+
+
+def classifier_activation(logits: np.ndarray, activation: str | None) -> np.ndarray:
+    """vLLM's classification activations over one prompt's logits (float64 here)."""
+    if activation == "softmax":
+        shifted = np.exp(logits - logits.max())
+        return shifted / shifted.sum()
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits

@@ -24,8 +24,8 @@ from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_inf
 from vllm_lite.metrics_reader import Metric, snapshot
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
-from vllm_lite.outputs import (EmbeddingRequestOutput, PoolingOutput, PoolingRequestOutput, RequestOutput,
-                               ScoringOutput, ScoringRequestOutput)
+from vllm_lite.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
+                               PoolingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput)
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 
@@ -129,8 +129,8 @@ class LLM:
         """One `add(request_id)` per prompt: its request with its params (final output only),
         priority and LoRA adapter."""
         if self.llm_engine.vllm_config.model_config.pooler is not None:
-            raise VLLMValidationError(f"LLM.{method}() is not supported for embedding models (runner='pooling'): "
-                                      "use LLM.embed()")
+            raise VLLMValidationError(f"LLM.{method}() is not supported for pooling models (runner='pooling'): "
+                                      "use LLM.embed() or, for a classification model, LLM.classify()")
         prompt_list = self._tokenized(_prompt_list(prompts), tokenization_kwargs)
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         priorities = _per_prompt_priority(priority, len(prompt_list))
@@ -149,9 +149,32 @@ class LLM:
         the pooler config's pooling of the final hidden states, L2-normalized unless
         `pooling_params.use_activation` is False (or the pooler config's is); `lora_request`
         as `generate`'s."""
-        if self.llm_engine.vllm_config.model_config.pooler is None:
-            raise VLLMValidationError("LLM.embed() is only supported for embedding models (runner='pooling'); this "
+        return self._pool(prompts, "embed", use_tqdm, pooling_params, lora_request, tokenization_kwargs,
+                          truncate_prompt_tokens)
+
+    def classify(self, prompts: PromptType | Sequence[PromptType], *, use_tqdm: bool = True,
+                 pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
+                 tokenization_kwargs: dict[str, Any] | None = None) -> list[ClassificationRequestOutput]:
+        """vLLM's: each prompt's class probabilities from a classification model (a
+        `*ForSequenceClassification` checkpoint): its head over the last token's hidden state,
+        through the model's activation (softmax; sigmoid for one label or multi-label; the
+        logits for regression or `use_activation=False`)."""
+        return self._pool(prompts, "classify", use_tqdm, pooling_params, lora_request, tokenization_kwargs)
+
+    def _pool(self, prompts: PromptType | Sequence[PromptType], task: str, use_tqdm: bool,
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None,
+              lora_request: LoRARequest | Sequence[LoRARequest] | None,
+              tokenization_kwargs: dict[str, Any] | None, truncate_prompt_tokens: int | None = None) -> list[Any]:
+        """One pooling request per prompt (`embed` / `classify`); the model's task must be `task`."""
+        pooler = self.llm_engine.vllm_config.model_config.pooler
+        if pooler is None:
+            raise VLLMValidationError(f"LLM.{task}() is only supported for pooling models (runner='pooling'); this "
                                       "engine generates text")
+        if pooler.task != task:
+            api = {"embed": "Embedding", "classify": "Classification"}[task]
+            raise VLLMValidationError(f"{api} API is not supported by this model (its task is {pooler.task!r}). "
+                                      f"Try converting the model using `--convert {task}`.")
         prompt_list = self._tokenized(_prompt_list(prompts), tokenization_kwargs, truncate_prompt_tokens)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params_list = [pooling_params] * len(prompt_list)
@@ -167,39 +190,47 @@ class LLM:
                lora_request: LoRARequest | Sequence[LoRARequest] | None = None, pooling_task: str | None = None,
                tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
         """vLLM's: the pooled output per prompt as a tensor (`outputs.data`); `pooling_task` must be
-        given, and only "embed" (the vectors `embed` returns) is implemented."""
+        given: "embed" (the vectors `embed` returns) or "classify" (the probabilities `classify`
+        returns); the token-wise tasks are not implemented."""
         if pooling_task is None:
-            raise VLLMValidationError("pooling_task required for `LLM.encode`: use `LLM.embed(...)` or "
-                                      'pooling_task="embed"', parameter="pooling_task")
-        if pooling_task != "embed":
-            raise VLLMValidationError(f"pooling_task {pooling_task!r} is not supported by vllm_lite (only 'embed': "
-                                      "classify, token_embed and token_classify are not implemented)",
+            raise VLLMValidationError("pooling_task required for `LLM.encode`: use `LLM.embed(...)` / "
+                                      '`LLM.classify(...)` or pooling_task="embed" / "classify"',
+                                      parameter="pooling_task")
+        if pooling_task not in ("embed", "classify"):
+            raise VLLMValidationError(f"pooling_task {pooling_task!r} is not supported by vllm_lite (only 'embed' and "
+                                      "'classify': token_embed and token_classify are not implemented)",
                                       parameter="pooling_task")
         import torch  # (only here: the CLI and the server import this module without torch)
 
-        embedded = self.embed(prompts, use_tqdm=use_tqdm, pooling_params=pooling_params, lora_request=lora_request,
-                              tokenization_kwargs=tokenization_kwargs)
-        return [PoolingRequestOutput(output.request_id, PoolingOutput(torch.tensor(output.outputs.embedding)),
+        outputs = self._pool(prompts, pooling_task, use_tqdm, pooling_params, lora_request, tokenization_kwargs)
+        data = [output.outputs.embedding if pooling_task == "embed" else output.outputs.probs for output in outputs]
+        return [PoolingRequestOutput(output.request_id, PoolingOutput(torch.tensor(values)),
                                      output.prompt_token_ids, output.num_cached_tokens, output.finished)
-                for output in embedded]
+                for output, values in zip(outputs, data)]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], /, *, use_tqdm: bool = True,
               pooling_params: PoolingParams | None = None, lora_request: LoRARequest | None = None,
               tokenization_kwargs: dict[str, Any] | None = None,
               chat_template: None = None) -> list[ScoringRequestOutput]:
         """vLLM's: a score per pair of texts, 1 : N (one `data_1` text against each of `data_2`) or
-        N : N; with an embedding model (runner='pooling'), the pair's cosine similarity (each text
-        embedded once, with the LoRA adapter `lora_request` if given). Cross-encoder models and
-        score templates are not implemented (only None)."""
+        N : N. With an embedding model (runner='pooling'), the pair's cosine similarity (each text
+        embedded once); with a cross-encoder (a classification model of one label), its
+        probability for the pair tokenized together (the tokenizer's text pair). The LoRA
+        adapter `lora_request` applies to every text. Score templates are not implemented (only
+        None)."""
         _refuse_unless_none(chat_template=chat_template)
         if isinstance(lora_request, (list, tuple)):
             raise VLLMValidationError("LLM.score takes one lora_request for every text (as vLLM's)",
                                       parameter="lora_request")
-        if self.llm_engine.vllm_config.model_config.pooler is None:
-            raise VLLMValidationError("LLM.score() needs an embedding model (runner='pooling'); cross-encoder "
-                                      "(classification) models are not implemented")
+        pooler = self.llm_engine.vllm_config.model_config.pooler
+        if pooler is None:
+            raise VLLMValidationError("LLM.score() needs a pooling model (runner='pooling'): an embedding model or "
+                                      "a cross-encoder")
         first, second = _score_texts(data_1, "data_1"), _score_texts(data_2, "data_2")
         pairs = pair_indices(len(first), len(second))
+        if pooler.task == "classify":
+            return self._cross_encoder_scores(first, second, pairs, use_tqdm, pooling_params, lora_request,
+                                              tokenization_kwargs)
         embedded = self.embed(first + second, use_tqdm=use_tqdm, pooling_params=pooling_params,
                               lora_request=lora_request, tokenization_kwargs=tokenization_kwargs)
         vectors = np.asarray([output.outputs.embedding for output in embedded], dtype=np.float32)
@@ -210,6 +241,21 @@ class LLM:
                                      ScoringOutput(score), embedded[i].prompt_token_ids + between
                                      + embedded[len(first) + j].prompt_token_ids)
                 for (i, j), score in zip(pairs, scores)]
+
+    def _cross_encoder_scores(self, first: list[str], second: list[str], pairs: list[tuple[int, int]],
+                              use_tqdm: bool, pooling_params: PoolingParams | None, lora_request: LoRARequest | None,
+                              tokenization_kwargs: dict[str, Any] | None) -> list[ScoringRequestOutput]:
+        """Each pair tokenized together (`tokenizer(text_1, text_pair=text_2)`, vLLM's) and
+        classified; the score is the one label's probability."""
+        labels = self.llm_engine.vllm_config.model_config.pooler.labels
+        if len(labels) != 1:
+            raise VLLMValidationError(f"Score API is only enabled for num_labels == 1 (this classifier has "
+                                      f"{len(labels)} labels)")
+        tokenizer = self.get_tokenizer()
+        prompts = [{"prompt_token_ids": tokenizer(first[i], text_pair=second[j])["input_ids"]} for i, j in pairs]
+        outputs = self._pool(prompts, "classify", use_tqdm, pooling_params, lora_request, tokenization_kwargs)
+        return [ScoringRequestOutput(output.request_id, ScoringOutput(output.outputs.probs[0]), output.prompt_token_ids)
+                for output in outputs]
 
     @property
     def _max_model_len(self) -> int:

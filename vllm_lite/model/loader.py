@@ -23,7 +23,7 @@ from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
-from vllm_lite.model.layers.linear import LinearBase, materialize
+from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, materialize
 from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
@@ -154,8 +154,9 @@ def _decoder_names(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, An
 
 def decoder_name(name: str) -> str:
     """A decoder-only checkpoint's name (a `*Model`'s, without the `model.` prefix) as the
-    `*ForCausalLM` model's parameter name (names that have the prefix are kept)."""
-    return name if name.startswith(("model.", "lm_head.")) else "model." + name
+    `*ForCausalLM` model's parameter name (names that have the prefix are kept, and a
+    classifier's head, `score`)."""
+    return name if name.startswith(("model.", "lm_head.", "score.")) else "model." + name
 
 
 def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
@@ -228,6 +229,9 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     else:
         with torch.device("cpu"):
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
+            pooler = model_config.pooler
+            if pooler is not None and pooler.task == "classify":  # a *ForSequenceClassification's head
+                model.score = ReplicatedLinear(model_config.hf.hidden_size, len(pooler.labels), bias=False)
         if not dummy:
             _load_checkpoint(model, model_config, tp)
     if dummy:

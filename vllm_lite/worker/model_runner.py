@@ -165,7 +165,9 @@ class ModelRunner:
             self.input_batch.on_move = self.custom_logits.moved
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
         pooler = vllm_config.model_config.pooler
-        self.pooler = Pooler(pooler, device) if pooler is not None else None  # the pooling runner
+        # the pooling runner (a classifier's pooled states go through its head, `score`)
+        self.pooler = (Pooler(pooler, device, self.model.score if pooler.task == "classify" else None)
+                       if pooler is not None else None)
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens

@@ -1,5 +1,6 @@
-"""The pooling runner's output (an embedding model): one vector per prompt from the final hidden
-states, in place of a sampled token.
+"""The pooling runner's output (an embedding or classification model): one vector per prompt
+from the final hidden states (a classifier's: through its head, the class logits), in place of a
+sampled token.
 
 A prompt may take several steps (chunked prefill): LAST reads the step that computes the prompt's
 last token; MEAN sums every chunk's hidden states per request (a running sum, restarted whenever
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch import nn
 
 from vllm_lite.config import PoolerConfig
 from vllm_lite.host_to_device import host_to_device
@@ -19,9 +21,11 @@ from vllm_lite.worker.input_batch import InputBatch
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig, device: torch.device) -> None:
+    def __init__(self, config: PoolerConfig, device: torch.device, head: nn.Module | None = None) -> None:
+        """`head`: a classifier's head (the pooled state -> class logits); None: the vector itself."""
         self.config = config
         self.device = device
+        self.head = head
         self._partial: dict[str, torch.Tensor] = {}  # MEAN: running sums; CLS: the first position's state
 
     def release(self, req_id: str) -> None:
@@ -49,6 +53,8 @@ class Pooler:
             if kind == "MEAN":
                 counts = batch.num_prompt_tokens[rows[finished]].astype(np.float32)[:, None]
                 pooled = pooled / host_to_device(counts, self.device)
+        if self.head is not None:
+            pooled = self.head(pooled.to(self.head.weight.dtype)).float()
         vectors = pooled.cpu().numpy()
         return {req_id: vectors[i] for i, req_id in enumerate(req_ids)}
 

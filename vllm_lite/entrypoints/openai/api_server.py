@@ -89,8 +89,9 @@ from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs,
                                                             retrieve_response)
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
-from vllm_lite.entrypoints.openai.serving_embedding import (EmbeddingRequest, EmbeddingResponse, PoolingRequest,
-                                                           PoolingResponse, create_embedding)
+from vllm_lite.entrypoints.openai.serving_embedding import (ClassificationRequest, ClassificationResponse,
+                                                           EmbeddingRequest, EmbeddingResponse, PoolingRequest,
+                                                           PoolingResponse, create_classification, create_embedding)
 from vllm_lite.entrypoints.openai.serving_score import (RerankRequest, RerankResponse, ScoreRequest, ScoreResponse,
                                                        create_rerank, create_score)
 
@@ -411,6 +412,12 @@ def _add_openai_routes(app: FastAPI, ctx: ServingContext) -> None:
         """vLLM's pooling API, its `embed` task (an embedding model's vectors)."""
         request.refuse_unknown_fields()
         return await _load_aware(ctx, create_embedding(ctx, request, raw_request), raw_request)
+
+    @app.post("/classify", response_model=ClassificationResponse)
+    async def classify(request: ClassificationRequest, raw_request: Request) -> Response:
+        """vLLM's classification API, on a classification model's server (a *ForSequenceClassification)."""
+        request.refuse_unknown_fields()
+        return await _load_aware(ctx, create_classification(ctx, request, raw_request), raw_request)
 
     @app.post("/score", response_model=ScoreResponse)
     @app.post("/v1/score", response_model=ScoreResponse)

@@ -43,23 +43,23 @@ from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 EMBED_DTYPES = {"float32": np.float32, "float16": np.float16}  # bfloat16: rounded by hand (no torch here)
 
 
-class EmbeddingRequest(RequestModel):
+class PoolingInputRequest(RequestModel):
+    """What vLLM's pooling requests share (its PoolingBasic, Completion and Chat mixins): the
+    input as texts or token ids, or as conversations through the chat template."""
+
     vllm_fields_not_implemented: ClassVar[frozenset[str]] = VLLM_FIELDS_NOT_IMPLEMENTED | {"padding"}
 
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]] | list[ChatMessage] | list[list[ChatMessage]] | None = None
     messages: list[ChatMessage] | list[list[ChatMessage]] | None = None
-    # vLLM's chat form's options (its defaults for embeddings)
+    # vLLM's chat form's options (its defaults for pooling)
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    endianness: Literal["native", "little", "big"] = "native"
-    dimensions: int | None = None
     use_activation: bool | None = Field(default=None, description=(
-        "vLLM: L2-normalize the embedding (None: the server's pooler config, normalized by default)"))
+        "vLLM: embeddings: L2-normalize; classification: the model's activation (softmax, sigmoid) over the "
+        "logits (None: the server's pooler config, on by default)"))
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
@@ -91,6 +91,17 @@ class EmbeddingRequest(RequestModel):
         return conversations
 
     def pooling_params(self, model_config: ModelConfig) -> PoolingParams:
+        """The request's pooling, checked against the model."""
+        return resolve_pooling(PoolingParams(self.use_activation), model_config)
+
+
+class EmbeddingRequest(PoolingInputRequest):
+    encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
+    dimensions: int | None = None
+
+    def pooling_params(self, model_config: ModelConfig) -> PoolingParams:
         """The request's pooling, checked against the model (a 400 naming `dimensions`)."""
         try:
             return resolve_pooling(PoolingParams(self.use_activation, self.dimensions), model_config)
@@ -98,12 +109,27 @@ class EmbeddingRequest(RequestModel):
             raise RequestParamError("dimensions", str(exc).removeprefix("PoolingParams.dimensions: ")) from None
 
 
+class ClassificationRequest(PoolingInputRequest):
+    """vLLM's /classify body (its completion and chat forms)."""
+
+
+class ClassificationData(OpenAIBaseModel):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(ListResponse):
+    data: list[ClassificationData]
+
+
 def _holds_messages(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], (ChatMessage, list)) and (
         not isinstance(value[0], list) or (bool(value[0]) and isinstance(value[0][0], ChatMessage)))
 
 
-def _check_plain_options(request: EmbeddingRequest) -> None:
+def _check_plain_options(request: PoolingInputRequest) -> None:
     """The chat form's options with texts or token ids: refused (they would change nothing)."""
     for name in ("add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs"):
         if name in request.model_fields_set and getattr(request, name) not in (None, False):
@@ -140,31 +166,63 @@ class PoolingResponse(ListResponse):
 
 async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_request: Request) -> Response:
     """/v1/embeddings, and /pooling (a PoolingRequest) in its own response shape."""
-    model, lora = ctx.served_model_and_lora(request.model)
-    model_config = ctx.engine.vllm_config.model_config
     pooling = isinstance(request, PoolingRequest)
-    if model_config.pooler is None:
-        api = "Pooling" if pooling else "Embeddings"
-        raise ApiError(400, "BadRequestError", f"The model does not support {api} API: it generates text "
-                       "(an embedding model runs with --runner pooling)", "model")
-    params = request.pooling_params(model_config)
-    check_request_priority(ctx, request.priority)
-    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
-    conversations = request.conversations()
-    if conversations is None:
-        special = True if request.add_special_tokens is None else request.add_special_tokens
-        prompts = await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
-                                       add_special_tokens=special)
-    else:
-        prompts = [await _conversation_prompt(ctx, request, conversation, truncate) for conversation in conversations]
-    prefix = "pool" if pooling else "embd"
-    response_id, engine_id = request_ids(prefix, raw_request.headers.get("x-request-id"), request.request_id)
+    model, lora = ctx.served_model_and_lora(request.model)
+    _check_task(ctx, "embed", "Pooling" if pooling else "Embeddings")
+    params = request.pooling_params(ctx.engine.vllm_config.model_config)
+    prompts = await _pooling_prompts(ctx, request)
+    response_id, engine_id = request_ids("pool" if pooling else "embd", raw_request.headers.get("x-request-id"),
+                                         request.request_id)
     work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority, lora)
             for i, prompt in enumerate(prompts)]
     return await json_response(_response(request, model, response_id, work), raw_request)
 
 
-async def _conversation_prompt(ctx: ServingContext, request: EmbeddingRequest, conversation: list[ChatMessage],
+async def create_classification(ctx: ServingContext, request: ClassificationRequest, raw_request: Request) -> Response:
+    """vLLM's /classify: each input's class probabilities, its most likely label named."""
+    model, lora = ctx.served_model_and_lora(request.model)
+    _check_task(ctx, "classify", "Classification")
+    params = request.pooling_params(ctx.engine.vllm_config.model_config)
+    prompts = await _pooling_prompts(ctx, request)
+    response_id, engine_id = request_ids("classify", raw_request.headers.get("x-request-id"), request.request_id)
+    labels = ctx.engine.vllm_config.model_config.pooler.labels
+    work = [encode_one(ctx, prompt, params, f"{engine_id}-{i}", request.priority, lora)
+            for i, prompt in enumerate(prompts)]
+
+    async def respond() -> ClassificationResponse:
+        outputs = await asyncio.gather(*work)
+        data = [ClassificationData(index=i, label=labels[int(np.argmax(out.outputs.probs))], probs=out.outputs.probs,
+                                   num_classes=len(out.outputs.probs)) for i, out in enumerate(outputs)]
+        usage = UsageInfo.of(sum(len(out.prompt_token_ids) for out in outputs), 0)
+        return ClassificationResponse(id=response_id, model=model, data=data, usage=usage)
+
+    return await json_response(respond(), raw_request)
+
+
+def _check_task(ctx: ServingContext, task: str, api: str) -> None:
+    """A 400 naming `model` when the server's model does not serve `api` (vLLM's wording)."""
+    pooler = ctx.engine.vllm_config.model_config.pooler
+    if pooler is None:
+        raise ApiError(400, "BadRequestError", f"The model does not support {api} API: it generates text "
+                       "(a pooling model runs with --runner pooling)", "model")
+    if pooler.task != task:
+        raise ApiError(400, "BadRequestError", f"The model does not support {api} API: its task is "
+                       f"{pooler.task!r}", "model")
+
+
+async def _pooling_prompts(ctx: ServingContext, request: PoolingInputRequest) -> list[dict[str, Any]]:
+    """The request's engine prompts: its texts or token ids, or its conversations rendered."""
+    check_request_priority(ctx, request.priority)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
+    conversations = request.conversations()
+    if conversations is None:
+        special = True if request.add_special_tokens is None else request.add_special_tokens
+        return await engine_prompts(ctx, request.input, request.cache_salt, truncate, param="input",
+                                    add_special_tokens=special)
+    return [await _conversation_prompt(ctx, request, conversation, truncate) for conversation in conversations]
+
+
+async def _conversation_prompt(ctx: ServingContext, request: PoolingInputRequest, conversation: list[ChatMessage],
                                truncate: Truncation | None) -> dict[str, Any]:
     """A conversation through the chat template, then tokenized (vLLM's chat-style embeddings)."""
     if truncate is None:

@@ -1,10 +1,12 @@
 """vLLM's score and rerank APIs on an embedding model's server (a bi-encoder): `/score` (and
 `/v1/score`) scores pairs of texts, `/rerank` (`/v1/rerank`, `/v2/rerank`: Jina's and Cohere's
-shape) orders documents by their score against a query. A pair's score is the cosine similarity of
-the two texts' embeddings, as vLLM computes it for embedding models; each text given is
-embedded by one engine request (the query of a 1 : N request once). Cross-encoder
-(classification) models are not implemented here, so the chat-template fields of vLLM's scoring
-requests (`instruction`, `chat_template_kwargs`) and per-side truncation are refused by name.
+shape) orders documents by their score against a query. On an embedding model (a bi-encoder) a
+pair's score is the cosine similarity of the two texts' embeddings, as vLLM computes it; each
+text given is embedded by one engine request (the query of a 1 : N request once). On a
+cross-encoder (a classification model of one label) it is the model's probability for the pair
+tokenized together (`tokenizer(text_1, text_pair=text_2)`, vLLM's), one engine request per pair.
+The chat-template fields of vLLM's scoring requests (`instruction`, `chat_template_kwargs`) and
+per-side truncation are refused by name.
 
 | request | pairs |
 |---|---|
@@ -26,7 +28,8 @@ from vllm_lite.lora.request import LoRARequest
 from vllm_lite.entrypoints.openai.errors import ApiError
 from vllm_lite.entrypoints.openai.protocol import (VLLM_FIELDS_NOT_IMPLEMENTED, ListResponse, OpenAIBaseModel,
                                                    RequestModel, RequestParamError, UsageInfo, request_ids)
-from vllm_lite.entrypoints.openai.serving import ServingContext, check_request_priority, json_response, truncation
+from vllm_lite.entrypoints.openai.serving import (ServingContext, check_length, check_prompt_chars,
+                                                  check_request_priority, json_response, off_loop, truncation)
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.entrypoints.openai.serving_embedding import encode_one
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
@@ -133,8 +136,8 @@ async def create_score(ctx: ServingContext, request: ScoreRequest, raw_request: 
     response_id, engine_id = request_ids("score", raw_request.headers.get("x-request-id"), request.request_id)
 
     async def respond() -> ScoreResponse:
-        (left, right), prompt_tokens = await _embed_sides(ctx, request, first, second, engine_id, lora)
-        data = [ScoreResponseData(index=i, score=score) for i, score in enumerate(cosine_scores(left, right, pairs))]
+        scores, prompt_tokens = await _pair_scores(ctx, request, first, second, pairs, engine_id, lora)
+        data = [ScoreResponseData(index=i, score=score) for i, score in enumerate(scores)]
         return ScoreResponse(id=response_id, model=model, data=data, usage=UsageInfo.of(prompt_tokens, 0))
 
     return await json_response(respond(), raw_request)
@@ -147,9 +150,9 @@ async def create_rerank(ctx: ServingContext, request: RerankRequest, raw_request
     response_id, engine_id = request_ids("rerank", raw_request.headers.get("x-request-id"), request.request_id)
 
     async def respond() -> RerankResponse:
-        (left, right), prompt_tokens = await _embed_sides(ctx, request, [request.query], documents, engine_id, lora)
+        scores, prompt_tokens = await _pair_scores(ctx, request, [request.query], documents, pairs, engine_id, lora)
         results = [RerankResult(index=i, document=RerankDocument(text=documents[i]), relevance_score=score)
-                   for i, score in enumerate(cosine_scores(left, right, pairs))]
+                   for i, score in enumerate(scores)]
         results.sort(key=lambda result: result.relevance_score, reverse=True)
         top_n = request.top_n or len(results)
         return RerankResponse(id=response_id, model=model, results=results[:top_n],
@@ -158,16 +161,53 @@ async def create_rerank(ctx: ServingContext, request: RerankRequest, raw_request
     return await json_response(respond(), raw_request)
 
 
+async def _pair_scores(ctx: ServingContext, request: ScoringRequest, first: list[str], second: list[str],
+                       pairs: list[tuple[int, int]], engine_id: str,
+                       lora: LoRARequest | None) -> tuple[list[float], int]:
+    """Each pair's score (an embedding model's cosine, a cross-encoder's probability) and the
+    prompt tokens they took."""
+    pooler = ctx.engine.vllm_config.model_config.pooler
+    if pooler is None:
+        raise ApiError(400, "BadRequestError", "The model does not support Score API: it generates text (an "
+                       "embedding model or a cross-encoder runs with --runner pooling)", "model")
+    request.check_supported()
+    check_request_priority(ctx, request.priority)
+    if pooler.task == "classify":
+        return await _cross_encoder_scores(ctx, request, first, second, pairs, engine_id, lora)
+    (left, right), prompt_tokens = await _embed_sides(ctx, request, first, second, engine_id, lora)
+    return cosine_scores(left, right, pairs).tolist(), prompt_tokens
+
+
+async def _cross_encoder_scores(ctx: ServingContext, request: ScoringRequest, first: list[str], second: list[str],
+                                pairs: list[tuple[int, int]], engine_id: str,
+                                lora: LoRARequest | None) -> tuple[list[float], int]:
+    model_config = ctx.engine.vllm_config.model_config
+    if len(model_config.pooler.labels) != 1:
+        raise ApiError(400, "BadRequestError", "Score API is only enabled for num_labels == 1 (this classifier has "
+                       f"{len(model_config.pooler.labels)} labels)", "model")
+    params = resolve_pooling(PoolingParams(request.use_activation), model_config)
+    truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
+    tokenizer = ctx.require_tokenizer("text_1")
+
+    def pair_ids(i: int, j: int) -> list[int]:
+        ids = tokenizer(first[i], text_pair=second[j])["input_ids"]
+        return truncate.apply(ids) if truncate is not None else ids
+
+    if truncate is None:
+        for i, j in pairs:
+            check_prompt_chars(ctx, len(first[i]) + len(second[j]), "documents")
+    prompts = [{"prompt_token_ids": await off_loop(ctx, pair_ids, i, j)} for i, j in pairs]
+    for prompt in prompts:
+        check_length(ctx, len(prompt["prompt_token_ids"]), "documents")
+    outputs = await asyncio.gather(*(encode_one(ctx, prompt, params, f"{engine_id}-{k}", request.priority, lora)
+                                     for k, prompt in enumerate(prompts)))
+    return [output.outputs.probs[0] for output in outputs], sum(len(o.prompt_token_ids) for o in outputs)
+
+
 async def _embed_sides(ctx: ServingContext, request: ScoringRequest, first: list[str], second: list[str],
                        engine_id: str, lora: LoRARequest | None = None) -> tuple[tuple[np.ndarray, np.ndarray], int]:
     """Both sides' embeddings (float32 `[texts, dim]` each) and the prompt tokens they took."""
     model_config = ctx.engine.vllm_config.model_config
-    if model_config.pooler is None:
-        raise ApiError(400, "BadRequestError", "The model does not support Score API: it generates text (an "
-                       "embedding model runs with --runner pooling; cross-encoder models are not implemented)",
-                       "model")
-    request.check_supported()
-    check_request_priority(ctx, request.priority)
     params = resolve_pooling(PoolingParams(request.use_activation), model_config)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side, pooling=True)
     prompts = await engine_prompts(ctx, first + second, None, truncate, param="documents")

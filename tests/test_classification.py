@@ -1,0 +1,121 @@
+"""vLLM's classification models on the pooling runner: a `*ForSequenceClassification` checkpoint's
+head over the last token's hidden state, held to transformers' own logits on the same weights
+(fp32, CPU): `LLM.classify` (vLLM's activations by problem type and label count), `LLM.encode`,
+cross-encoder `LLM.score`, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from classifier_models import build_classifier, hf_class_logits
+from llm_factory import make_llm
+from vllm_lite import PoolingParams
+from vllm_lite.config import EngineArgs
+from vllm_lite.exceptions import VLLMValidationError
+
+
+def probs(outputs) -> list[torch.Tensor]:
+    return [torch.tensor(output.outputs.probs) for output in outputs]
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_llama"])
+def test_classify_matches_transformers(fixture: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                       prompts_token_ids: list[list[int]]) -> None:
+    """Softmax over transformers' logits, plainly and in 16-token chunks with prefix-cache hits;
+    use_activation=False gives the logits; LLM.encode the same probabilities as tensors."""
+    model = build_classifier(request.getfixturevalue(fixture), tmp_path / "classifier", num_labels=3)
+    prompts = [{"prompt_token_ids": p} for p in prompts_token_ids]
+    expected = [torch.softmax(hf_class_logits(model, p["prompt_token_ids"]), -1) for p in prompts]
+    llm = make_llm(model)
+    try:
+        got = probs(llm.classify(prompts, use_tqdm=False))
+        logits = probs(llm.classify(prompts, pooling_params=PoolingParams(use_activation=False), use_tqdm=False))
+        encoded = llm.encode(prompts[:2], pooling_task="classify", use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for ours, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, want, atol=2e-5, rtol=1e-4)
+    for ours, prompt in zip(logits, prompts):
+        torch.testing.assert_close(ours, hf_class_logits(model, prompt["prompt_token_ids"]), atol=2e-4, rtol=1e-4)
+    assert [e.outputs.data.tolist() for e in encoded] == [g.tolist() for g in got[:2]]
+    llm = make_llm(model, block_size=16, max_num_batched_tokens=16)
+    try:
+        first, second = probs(llm.classify(prompts, use_tqdm=False)), probs(llm.classify(prompts, use_tqdm=False))
+        assert llm.stats()["prefix_cache_hits"] > 0
+    finally:
+        llm.shutdown()
+    for ours, again, want in zip(first, second, expected):
+        torch.testing.assert_close(ours, want, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(again, want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("changes, activation", [
+    ({"num_labels": 1}, torch.sigmoid),
+    ({"problem_type": "multi_label_classification"}, torch.sigmoid),
+    ({"num_labels": 1, "problem_type": "regression"}, lambda x: x),
+])
+def test_vllms_activation_by_problem_type(tiny_qwen3: Path, tmp_path: Path, prompts_token_ids: list[list[int]],
+                                          changes: dict, activation) -> None:
+    labels = changes.pop("num_labels", 3)
+    model = build_classifier(tiny_qwen3, tmp_path / "classifier", num_labels=labels, **changes)
+    prompt = prompts_token_ids[3]
+    llm = make_llm(model)
+    try:
+        (output,) = llm.classify({"prompt_token_ids": prompt}, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    torch.testing.assert_close(torch.tensor(output.outputs.probs), activation(hf_class_logits(model, prompt)),
+                               atol=2e-5, rtol=1e-4)
+    assert output.outputs.num_classes == labels
+
+
+def test_cross_encoder_scores_each_pair_tokenized_together(tiny_qwen3: Path, tmp_path: Path) -> None:
+    """A one-label classifier scores a pair as vLLM's cross-encoders do: the sigmoid of its logit
+    for `tokenizer(text_1, text_pair=text_2)`."""
+    from transformers import AutoTokenizer
+
+    model = build_classifier(tiny_qwen3, tmp_path / "cross_encoder", num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    query, documents = "what is a cat", ["a cat is an animal", "stocks fell today", "cats purr"]
+    llm = make_llm(model)
+    try:
+        scores = llm.score(query, documents, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for output, document in zip(scores, documents, strict=True):
+        ids = tokenizer(query, text_pair=document)["input_ids"]
+        assert output.prompt_token_ids == ids
+        assert output.outputs.score == pytest.approx(torch.sigmoid(hf_class_logits(model, ids))[0].item(), abs=2e-5)
+
+
+def test_classification_refusals(tiny_qwen3: Path, tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    model = build_classifier(tiny_qwen3, tmp_path / "classifier", num_labels=3)
+    prompt = {"prompt_token_ids": prompts_token_ids[1]}
+    llm = make_llm(model)
+    try:
+        with pytest.raises(VLLMValidationError, match="Embedding API is not supported by this model"):
+            llm.embed(prompt, use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match="Score API is only enabled for num_labels == 1"):
+            llm.score("a", "b", use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match="dimensions is for embeddings"):
+            llm.classify(prompt, pooling_params=PoolingParams(dimensions=4), use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match="this model's task is 'classify'"):
+            llm.classify(prompt, pooling_params=PoolingParams(task="embed"), use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match=r"LLM.generate\(\) is not supported for pooling models"):
+            llm.generate(prompt, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    embedder = make_llm(tiny_qwen3, runner="pooling")
+    try:
+        with pytest.raises(VLLMValidationError, match="Classification API is not supported by this model"):
+            embedder.classify(prompt, use_tqdm=False)
+    finally:
+        embedder.shutdown()
+    with pytest.raises(ValueError, match="has no language-model head: it runs with runner='pooling' "
+                                         r"\(a classification model\)"):
+        EngineArgs(model=str(model), runner="generate").create_engine_config()
+    with pytest.raises(ValueError, match="convert='classify' makes a classifier of a \\*ForSequenceClassification"):
+        EngineArgs(model=str(tiny_qwen3), convert="classify").create_engine_config()
