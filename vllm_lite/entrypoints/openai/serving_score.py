@@ -175,7 +175,7 @@ async def _pair_scores(ctx: ServingContext, request: ScoringRequest, first: list
     if pooler.task == "classify":
         return await _cross_encoder_scores(ctx, request, first, second, pairs, engine_id, lora)
     (left, right), prompt_tokens = await _embed_sides(ctx, request, first, second, engine_id, lora)
-    return cosine_scores(left, right, pairs).tolist(), prompt_tokens
+    return cosine_scores(left, right, pairs), prompt_tokens
 
 
 async def _cross_encoder_scores(ctx: ServingContext, request: ScoringRequest, first: list[str], second: list[str],
