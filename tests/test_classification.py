@@ -119,3 +119,33 @@ def test_classification_refusals(tiny_qwen3: Path, tmp_path: Path, prompts_token
         EngineArgs(model=str(model), runner="generate").create_engine_config()
     with pytest.raises(ValueError, match="convert='classify' makes a classifier of a \\*ForSequenceClassification"):
         EngineArgs(model=str(tiny_qwen3), convert="classify").create_engine_config()
+
+
+@pytest.mark.parametrize("method, tied", [("from_2_way_softmax", True), ("no_post_processing", False)])
+def test_classifier_from_language_model_rows(tiny_qwen3: Path, tiny_llama: Path, method: str, tied: bool,
+                                             prompts_token_ids: list[list[int]]) -> None:
+    """vLLM's classifier_from_token (how it serves Qwen3-Reranker: a causal LM made a classifier by
+    hf_overrides): from_2_way_softmax's one label is sigmoid(logit[yes] - logit[no]) of the last
+    position, what the reranker's own recipe computes; no_post_processing keeps each token's logit
+    (here through the softmax over them). Against transformers' causal-LM logits."""
+    from hf_reference import hf_logits
+
+    base = tiny_qwen3 if tied else tiny_llama  # (tied: the rows come from the embedding)
+    tokens = ["Ġsong", "Great"]  # (the tiny vocabulary has no "no" / "yes")
+    overrides = {"architectures": [("Qwen3" if tied else "Llama") + "ForSequenceClassification"],
+                 "classifier_from_token": tokens}
+    overrides |= {"is_original_qwen3_reranker": True} if method == "from_2_way_softmax" else {"method": method}
+    from tokenizers import Tokenizer
+
+    ids = [Tokenizer.from_file(str(base / "tokenizer.json")).token_to_id(t) for t in tokens]
+    prompts = prompts_token_ids[2:5]
+    llm = make_llm(base, hf_overrides=overrides)
+    try:
+        got = probs(llm.classify([{"prompt_token_ids": p} for p in prompts], use_tqdm=False))
+    finally:
+        llm.shutdown()
+    for ours, prompt in zip(got, prompts, strict=True):
+        logits = hf_logits(base, prompt)[-1][ids]
+        want = (torch.sigmoid(logits[1:] - logits[:1]) if method == "from_2_way_softmax"
+                else torch.softmax(logits, -1))
+        torch.testing.assert_close(ours, want, atol=2e-5, rtol=1e-4)

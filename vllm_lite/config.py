@@ -376,6 +376,11 @@ class PoolerConfig:
     task: str = "embed"  # "embed" | "classify"
     labels: tuple[str, ...] = ()  # classify: the config's id2label, by index
     activation: str = "softmax"  # classify: "softmax" | "sigmoid" | "identity"
+    # classify, vLLM's classifier_from_token: the head is made of these tokens' language-model rows
+    # (method "from_2_way_softmax": [no, yes] -> one label, the yes row less the no row; vLLM's
+    # "no_post_processing": one label per token); empty: the checkpoint's own `score` head
+    classifier_token_ids: tuple[int, ...] = ()
+    classifier_method: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -780,10 +785,10 @@ class EngineArgs:
             reasoning_parser=self.reasoning_parser,
             logits_processors=self._logits_processors(),
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
-            pooler=self._pooler(hf, model_dir),
+            pooler=self._pooler(hf, model_dir, tokenizer),
         )
 
-    def _pooler(self, hf: HFModelConfig, model_dir: Path) -> PoolerConfig | None:
+    def _pooler(self, hf: HFModelConfig, model_dir: Path, tokenizer: str) -> PoolerConfig | None:
         """The pooling runner's config, or None for the generate runner (vLLM's --runner,
         --convert and --pooler-config)."""
         _check(self.runner in RUNNERS, f"runner must be one of {RUNNERS}, got {self.runner!r}")
@@ -809,7 +814,7 @@ class EngineArgs:
                                                          "is a classification model (convert='classify')")
             _check(hf.model_impl == "vllm", "runner='pooling' runs the native implementations only "
                                             f"({hf.architecture} runs through transformers' modelling code)")
-            return classifier_pooler_config(self.pooler_config, hf)
+            return classifier_pooler_config(self.pooler_config, hf, tokenizer)
         _check(self.convert != "none", f"convert='none' with runner='pooling': {hf.checkpoint_architecture} is no "
                                        "pooling model of its own; convert='embed' (the default) makes it one")
         _check(hf.model_impl == "vllm", "runner='pooling' runs the native implementations only "
@@ -944,7 +949,7 @@ _ST_NORMALIZE_MODULES = frozenset({"sentence_transformers.models.Normalize",
 _POOLER_CONFIG_KEYS = frozenset({"pooling_type", "seq_pooling_type", "use_activation"})
 
 
-def classifier_pooler_config(given: dict[str, Any] | None, hf: HFModelConfig) -> PoolerConfig:
+def classifier_pooler_config(given: dict[str, Any] | None, hf: HFModelConfig, tokenizer: str) -> PoolerConfig:
     """A `*ForSequenceClassification` checkpoint's pooling: the last token by default (the
     transformers classifiers' rule), its labels from id2label (else num_labels, LABEL_i), and
     vLLM's activation: problem_type regression -> identity, multi_label_classification ->
@@ -961,11 +966,46 @@ def classifier_pooler_config(given: dict[str, Any] | None, hf: HFModelConfig) ->
     use_activation = given.get("use_activation", True)
     _check(isinstance(use_activation, bool), f"pooler_config: use_activation must be a bool, got {use_activation!r}")
     raw = hf.raw
+    token_ids, method = _classifier_tokens(raw, tokenizer)
     id2label = raw.get("id2label") or {}
     num_labels = raw.get("num_labels", len(id2label) or 2)
+    if method is not None:
+        num_labels = 1 if method == "from_2_way_softmax" else len(token_ids)
+        id2label = {}
     _check(isinstance(num_labels, int) and num_labels >= 1, f"config.json: num_labels must be >= 1, got {num_labels!r}")
     labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(num_labels))
-    return PoolerConfig(pooling_type, use_activation, "classify", labels, _classifier_activation(raw, num_labels))
+    return PoolerConfig(pooling_type, use_activation, "classify", labels, _classifier_activation(raw, num_labels),
+                        token_ids, method)
+
+
+_CLASSIFIER_METHODS = ("from_2_way_softmax", "no_post_processing")
+
+
+def _classifier_tokens(raw: dict[str, Any], tokenizer: str) -> tuple[tuple[int, ...], str | None]:
+    """vLLM's classifier_from_token (with `method`, or `is_original_qwen3_reranker`: a
+    Qwen3-Reranker given `hf_overrides={"architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": True}`): the tokens'
+    ids in the tokenizer's vocabulary, and the method. None: the checkpoint has its own head."""
+    tokens = raw.get("classifier_from_token")
+    if not tokens:
+        _check(not raw.get("is_original_qwen3_reranker"), "is_original_qwen3_reranker needs classifier_from_token "
+                                                          '(vLLM\'s ["no", "yes"])')
+        return (), None
+    method = raw.get("method") or ("from_2_way_softmax" if raw.get("is_original_qwen3_reranker") else None)
+    _check(method in _CLASSIFIER_METHODS, f"classifier_from_token needs method one of {_CLASSIFIER_METHODS} "
+                                          f"(or is_original_qwen3_reranker), got {method!r}")
+    _check(isinstance(tokens, list) and all(isinstance(t, str) for t in tokens) and
+           (method != "from_2_way_softmax" or len(tokens) == 2),
+           f"classifier_from_token must be a list of token strings (two for {method}), got {tokens!r}")
+    tokenizer_file = Path(tokenizer) / "tokenizer.json"
+    _check(tokenizer_file.is_file(), f"classifier_from_token needs the tokenizer's tokenizer.json ({tokenizer})")
+    from tokenizers import Tokenizer
+
+    vocabulary = Tokenizer.from_file(str(tokenizer_file))
+    ids = tuple(vocabulary.token_to_id(token) for token in tokens)
+    missing = [token for token, token_id in zip(tokens, ids) if token_id is None]
+    _check(not missing, f"classifier_from_token: {missing} are not tokens of the vocabulary")
+    return ids, method
 
 
 _CROSS_ENCODER_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid",

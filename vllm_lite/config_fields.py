@@ -28,6 +28,8 @@ COMMON_IGNORED = frozenset({
     # (a classifier's labels, problem type and cross-encoder activation: read by config.classifier_pooler_config)
     "use_cache", "initializer_range", "id2label", "label2id", "num_labels", "problem_type",
     "sbert_ce_default_activation_function", "sentence_transformers",
+    # (vLLM's classifier from language-model rows: a Qwen3-Reranker through hf_overrides)
+    "classifier_from_token", "method", "is_original_qwen3_reranker",
     "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
     "attention_dropout", "tokenizer_class", "finetuning_task", "prefix", "task_specific_params",
     "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads", "_attn_implementation_autoset",

@@ -181,6 +181,33 @@ def checkpoint_target(model: nn.Module, name: str) -> tuple[str, Any]:
     return name, None
 
 
+def _head_from_token_rows(model_config: ModelConfig) -> ReplicatedLinear:
+    """vLLM's classifier_from_token: a head made of the tokens' rows of the language-model head
+    (the embedding when tied), read from the checkpoint (whole rows, whatever this rank holds):
+    from_2_way_softmax, [no, yes] -> yes - no (in float32, as vLLM); no_post_processing, the rows."""
+    pooler = model_config.pooler
+    if model_config.gguf_file is not None:
+        raise ValueError("classifier_from_token reads the language-model head from a safetensors checkpoint (not GGUF)")
+    tied = model_config.hf.tie_word_embeddings
+    names = ("model.embed_tokens.weight", "embed_tokens.weight") if tied else ("lm_head.weight",)
+    rows = None
+    for path in safetensors_files(Path(model_config.model)):
+        with safe_open(str(path), framework="pt") as f:
+            found = next((name for name in names if name in f.keys()), None)
+            if found is not None:
+                table = f.get_slice(found)
+                rows = torch.stack([table[token_id:token_id + 1][0] for token_id in pooler.classifier_token_ids])
+                break
+    if rows is None:
+        raise ValueError(f"classifier_from_token: the checkpoint in '{model_config.model}' has no {names[0]}")
+    rows = rows.float()
+    weight = rows[1:2] - rows[0:1] if pooler.classifier_method == "from_2_way_softmax" else rows
+    with torch.device("cpu"):
+        head = ReplicatedLinear(model_config.hf.hidden_size, weight.shape[0], bias=False)
+    head.weight.data.copy_(weight)
+    return head
+
+
 def load_gguf_weights(model: nn.Module, gguf_path: Path) -> None:
     """Weights straight from a llama GGUF file: every linear layer (and the embedding / LM head)
     whose checkpoint tensors are all Q4_1 or all Q8_0 keeps them in their blocks; the rest (norms,
@@ -227,13 +254,17 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
         model = model_cls(model_config.hf, Path(model_config.model), backend, tp, model_config.hf_overrides,
                           dummy_weights=dummy)
     else:
+        pooler = model_config.pooler
+        classify = pooler is not None and pooler.task == "classify"  # a *ForSequenceClassification's head
+        rows_head = classify and bool(pooler.classifier_token_ids) and not dummy
         with torch.device("cpu"):
             model = model_cls(model_config.hf, model_config.max_model_len + 1, backend, tp)
-            pooler = model_config.pooler
-            if pooler is not None and pooler.task == "classify":  # a *ForSequenceClassification's head
+            if classify and not rows_head:
                 model.score = ReplicatedLinear(model_config.hf.hidden_size, len(pooler.labels), bias=False)
         if not dummy:
             _load_checkpoint(model, model_config, tp)
+        if rows_head:
+            model.score = _head_from_token_rows(model_config)
     if dummy:
         initialize_dummy_weights(model)
     model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks keep their dtype
