@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from vllm_lite.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from vllm_lite.logits_processor import BatchUpdate, LogitsProcessor, process_dict_updates
 
 
 class ForcedToken(LogitsProcessor):
@@ -28,24 +28,8 @@ class ForcedToken(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.targets.pop(index, None)
-        for index, params, _, _ in batch_update.added:
-            target = (params.extra_args or {}).get("target_token")
-            if target is None:
-                self.targets.pop(index, None)
-            else:
-                self.targets[index] = target
-        for src, dst, direction in batch_update.moved:
-            moving = self.targets.pop(src, None)
-            if direction == MoveDirectionality.SWAP:
-                staying = self.targets.pop(dst, None)
-                if staying is not None:
-                    self.targets[src] = staying
-            if moving is not None:
-                self.targets[dst] = moving
+        process_dict_updates(self.targets, batch_update,
+                             lambda params, prompt, outputs: (params.extra_args or {}).get("target_token"))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, target in self.targets.items():
@@ -79,8 +63,9 @@ class EchoPrompt(LogitsProcessor):
                 self.rows[index] = (prompt, outputs)
             else:
                 self.rows.pop(index, None)
-        for src, dst, _ in batch_update.moved:
+        for src, dst, _ in batch_update.moved:  # (a moved-to row is not listed as removed: vLLM's rule)
             moving = self.rows.pop(src, None)
+            self.rows.pop(dst, None)
             if moving is not None:
                 self.rows[dst] = moving
         self.batch_size = batch_update.batch_size
@@ -99,22 +84,14 @@ class Sharpen(LogitsProcessor):
     only, after temperature."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.rows: set[int] = set()
+        self.rows: dict[int, bool] = {}
 
     def is_argmax_invariant(self) -> bool:
         return True
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self.rows.discard(index)
-        for index, params, _, _ in batch_update.added:
-            (self.rows.add if (params.extra_args or {}).get("sharpen") else self.rows.discard)(index)
-        for src, dst, _ in batch_update.moved:
-            if src in self.rows:
-                self.rows.discard(src)
-                self.rows.add(dst)
+        process_dict_updates(self.rows, batch_update,
+                             lambda params, prompt, outputs: True if (params.extra_args or {}).get("sharpen") else None)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index in self.rows:
@@ -124,3 +101,14 @@ class Sharpen(LogitsProcessor):
 
 class NotAProcessor:
     pass
+
+
+class EchoPromptByDict(EchoPrompt):
+    """EchoPrompt keeping its rows with vLLM's process_dict_updates (which reads `added` before
+    `removed`: right only if a row a joining fills is not also listed as removed, vLLM's rule)."""
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.rows, batch_update, lambda params, prompt, outputs:
+                             (prompt, outputs) if (params.extra_args or {}).get("echo") else None)
+        if batch_update is not None:
+            self.batch_size = batch_update.batch_size

@@ -48,8 +48,9 @@ def test_forced_token_processor_steers_only_its_requests(tiny_llama: Path, promp
     assert sampled == [[5] * NEW_TOKENS] * 4
 
 
+@pytest.mark.parametrize("processor", ["EchoPrompt", "EchoPromptByDict"])
 def test_a_processor_sees_the_batch_as_it_is_through_preemption_and_row_moves(
-        tiny_llama: Path, prompts_token_ids: list[list[int]]) -> None:
+        tiny_llama: Path, prompts_token_ids: list[list[int]], processor: str) -> None:
     """EchoPrompt's tokens come from its own picture of the batch (rows, prompts, output lists):
     they are each prompt again only if every BatchUpdate was right. 16-token chunks, a cache small
     enough to preempt, at most 4 requests at once (requests leave and join, rows move)."""
@@ -64,7 +65,7 @@ def test_a_processor_sees_the_batch_as_it_is_through_preemption_and_row_moves(
                                                     for n in lengths], use_tqdm=False))
     finally:
         reference.shutdown()
-    llm = make_llm(tiny_llama, logits_processors=["custom_logits_processors:EchoPrompt"], num_kv_blocks=9,
+    llm = make_llm(tiny_llama, logits_processors=[f"custom_logits_processors:{processor}"], num_kv_blocks=9,
                    block_size=16, max_num_batched_tokens=16, max_num_seqs=4)
     try:
         got = tokens(llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False))

@@ -14,7 +14,7 @@ import importlib.util
 import inspect
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
 from pathlib import Path
@@ -75,6 +75,36 @@ class LogitsProcessor(ABC):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Before each step; `batch_update` is None when the batch did not change."""
         raise NotImplementedError
+
+
+def process_dict_updates(req_entries: dict[int, Any], batch_update: BatchUpdate | None,
+                         new_state: Callable[[SamplingParams, list[int] | None, list[int]], Any]) -> bool:
+    """vLLM's helper for a processor that keeps a state per batch row (`req_entries`): a joining
+    request's state from `new_state(params, prompt ids, output ids)` (None: it has none), removed
+    rows dropped, moved rows carried (swaps swapped). True when the states changed."""
+    if not batch_update:
+        return False
+    updated = False
+    for index, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            req_entries[index] = state
+            updated = True
+        elif req_entries.pop(index, None) is not None:
+            updated = True
+    for index in batch_update.removed:
+        if req_entries.pop(index, None) is not None:
+            updated = True
+    for src, dst, direction in batch_update.moved:
+        moving, staying = req_entries.pop(src, None), req_entries.pop(dst, None)
+        if moving is not None:
+            req_entries[dst] = moving
+            updated = True
+        if staying is not None:
+            updated = True
+            if direction == MoveDirectionality.SWAP:
+                req_entries[src] = staying
+    return updated
 
 
 def processor_name(processor: str | type) -> str:

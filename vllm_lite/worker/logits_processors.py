@@ -31,23 +31,29 @@ class CustomLogitsProcessors:
         self._added: list[AddedRequest] = []
         self._moved: list[tuple[int, int, MoveDirectionality]] = []
 
-    # ---- the batch's changes, as they happen ----
+    # ---- the batch's changes, as they happen (vLLM's BatchUpdateBuilder rules: `removed` keeps
+    # only the rows left empty, a row a joining or a move fills is no removal) ----
     def removed(self, row: int, req_id: str) -> None:
         self.outputs.pop(req_id, None)
         joined_now = [i for i, added in enumerate(self._added) if added[0] == row]
         if joined_now:  # it joined in this same update: the processors never see it
             del self._added[joined_now[-1]]
-            return
         self._removed.append(row)
 
     def added(self, row: int, new: NewRequestData) -> None:
         prompt = new.token_ids[:new.num_prompt_tokens].tolist()
         outputs = new.token_ids[new.num_prompt_tokens:].tolist()  # (a request back from preemption has some)
         self.outputs[new.req_id] = outputs
+        self._filled(row)
         self._added.append((row, new.sampling_params, prompt, outputs))
 
     def moved(self, src: int, dst: int) -> None:
+        self._filled(dst)
         self._moved.append((src, dst, MoveDirectionality.UNIDIRECTIONAL))
+
+    def _filled(self, row: int) -> None:
+        if row in self._removed:
+            self._removed.remove(row)
 
     def update_state(self, batch_size: int) -> None:
         """Before a step: every processor's update_state (None when the batch did not change)."""
