@@ -148,7 +148,8 @@ def test_sentence_transformers_pooling_config_is_read(tiny_qwen3: Path, tmp_path
     ({"runner": "pooling", "pooler_config": {"pooling_type": "MEAN"}, "enable_prefix_caching": True},
      "enable_prefix_caching with pooling_type 'MEAN'"),
     ({"runner": "pooling", "convert": "none"}, "convert='none' with runner='pooling'"),
-    ({"convert": "classify"}, "convert must be one of"),
+    ({"convert": "classify"}, r"convert='classify' makes a classifier of a \*ForSequenceClassification checkpoint"),
+    ({"convert": "reward"}, "convert must be one of"),
     ({"runner": "encode"}, "runner must be one of"),
     ({"pooler_config": {"pooling_type": "LAST"}, "runner": "generate"}, "are for the pooling runner"),
 ])
@@ -160,7 +161,7 @@ def test_pooling_arguments_are_checked(tiny_qwen3: Path, engine_args: dict, mess
 def test_each_runner_refuses_the_others_requests(tiny_qwen3: Path) -> None:
     llm = make_llm(tiny_qwen3)
     try:
-        with pytest.raises(ValueError, match=r"LLM.embed\(\) is only supported for embedding models"):
+        with pytest.raises(ValueError, match=r"LLM.embed\(\) is only supported for pooling models"):
             llm.embed("hi")
         with pytest.raises(ValueError, match="embeddings need an embedding model"):
             llm.llm_engine.add_pooling_request("x", "hi")
@@ -275,7 +276,9 @@ def test_llm_encode_is_embed_as_tensors(tiny_qwen3: Path, prompts_token_ids: lis
             out.outputs.embedding for out in llm.embed(prompts, use_tqdm=False)]
         with pytest.raises(ValueError, match="pooling_task required"):
             llm.encode(prompts, use_tqdm=False)
-        with pytest.raises(ValueError, match="pooling_task 'classify' is not supported"):
+        with pytest.raises(ValueError, match="pooling_task 'token_embed' is not supported"):
+            llm.encode(prompts, pooling_task="token_embed", use_tqdm=False)
+        with pytest.raises(ValueError, match="Classification API is not supported by this model"):
             llm.encode(prompts, pooling_task="classify", use_tqdm=False)
     finally:
         llm.shutdown()
