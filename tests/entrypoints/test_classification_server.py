@@ -33,6 +33,9 @@ def test_classify_route(tiny_qwen3: Path, tmp_path: Path, prompts_token_ids: lis
         raw = client.post("/classify", json={"model": "clf", "input": prompts[0], "use_activation": False}).json()
         torch.testing.assert_close(torch.tensor(raw["data"][0]["probs"]), hf_class_logits(model, prompts[0]),
                                    atol=2e-4, rtol=1e-4)
+        pooled = client.post("/pooling", json={"model": "clf", "input": prompts[0]})  # (vLLM's: the model's task)
+        assert pooled.status_code == 200 and pooled.json()["data"][0]["data"] == body["data"][0]["probs"], pooled.text
+        assert client.post("/pooling", json={"model": "clf", "input": "x", "task": "embed"}).status_code == 400
         text = client.post("/classify", json={"model": "clf", "input": "hello there"})
         assert text.status_code == 200 and len(text.json()["data"]) == 1, text.text
         for route, body in [("/v1/embeddings", {"model": "clf", "input": "x"}),

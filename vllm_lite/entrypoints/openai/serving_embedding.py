@@ -36,7 +36,7 @@ from vllm_lite.entrypoints.openai.serving import (ServingContext, Truncation, ch
                                                   truncation)
 from vllm_lite.entrypoints.openai.serving_completion import engine_prompts
 from vllm_lite.exceptions import RequestAbortedError
-from vllm_lite.outputs import EmbeddingRequestOutput
+from vllm_lite.outputs import ClassificationRequestOutput, EmbeddingRequestOutput
 from vllm_lite.pooling_params import PoolingParams, resolve_pooling
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
@@ -138,10 +138,11 @@ def _check_plain_options(request: PoolingInputRequest) -> None:
 
 
 class PoolingRequest(EmbeddingRequest):
-    """vLLM's /pooling (its completion-style form): on an embedding model, the `embed` task, the
-    same vectors as /v1/embeddings in vLLM's pooling response shape."""
+    """vLLM's /pooling (its completion-style form): the model's task (`embed`: the vectors of
+    /v1/embeddings; `classify`: the probabilities of /classify) in vLLM's pooling response shape.
+    `task` unset: the model's; another than the model's is refused."""
 
-    task: Literal["embed"] | None = None
+    task: Literal["embed", "classify"] | None = None
 
 
 class EmbeddingResponseData(OpenAIBaseModel):
@@ -168,7 +169,9 @@ async def create_embedding(ctx: ServingContext, request: EmbeddingRequest, raw_r
     """/v1/embeddings, and /pooling (a PoolingRequest) in its own response shape."""
     pooling = isinstance(request, PoolingRequest)
     model, lora = ctx.served_model_and_lora(request.model)
-    _check_task(ctx, "embed", "Pooling" if pooling else "Embeddings")
+    pooler = ctx.engine.vllm_config.model_config.pooler
+    task = (request.task or (pooler.task if pooler is not None else "embed")) if pooling else "embed"
+    _check_task(ctx, task, "Pooling" if pooling else "Embeddings", "task" if pooling and request.task else "model")
     params = request.pooling_params(ctx.engine.vllm_config.model_config)
     prompts = await _pooling_prompts(ctx, request)
     response_id, engine_id = request_ids("pool" if pooling else "embd", raw_request.headers.get("x-request-id"),
@@ -199,15 +202,15 @@ async def create_classification(ctx: ServingContext, request: ClassificationRequ
     return await json_response(respond(), raw_request)
 
 
-def _check_task(ctx: ServingContext, task: str, api: str) -> None:
-    """A 400 naming `model` when the server's model does not serve `api` (vLLM's wording)."""
+def _check_task(ctx: ServingContext, task: str, api: str, param: str = "model") -> None:
+    """A 400 naming `param` when the server's model does not serve `api` with `task` (vLLM's wording)."""
     pooler = ctx.engine.vllm_config.model_config.pooler
     if pooler is None:
         raise ApiError(400, "BadRequestError", f"The model does not support {api} API: it generates text "
                        "(a pooling model runs with --runner pooling)", "model")
     if pooler.task != task:
-        raise ApiError(400, "BadRequestError", f"The model does not support {api} API: its task is "
-                       f"{pooler.task!r}", "model")
+        raise ApiError(400, "BadRequestError", f"The model does not support {api} API with task {task!r}: its "
+                       f"task is {pooler.task!r}", param)
 
 
 async def _pooling_prompts(ctx: ServingContext, request: PoolingInputRequest) -> list[dict[str, Any]]:
@@ -241,7 +244,8 @@ async def _conversation_prompt(ctx: ServingContext, request: PoolingInputRequest
 async def _response(request: EmbeddingRequest, model: str, response_id: str,
                     work: list[Any]) -> EmbeddingResponse | PoolingResponse:
     outputs = await asyncio.gather(*work)
-    vectors = [_encoded(out.outputs.embedding, request) for out in outputs]
+    vectors = [_encoded(out.outputs.probs if isinstance(out, ClassificationRequestOutput) else out.outputs.embedding,
+                        request) for out in outputs]
     usage = UsageInfo.of(sum(len(out.prompt_token_ids) for out in outputs), 0)
     if isinstance(request, PoolingRequest):
         return PoolingResponse(id=response_id, model=model, usage=usage,
