@@ -383,3 +383,30 @@ def test_embedding_model_with_adapter_matches_peft(tiny_qwen3: Path, tmp_path: P
         torch.testing.assert_close(torch.tensor(output.outputs.embedding), want, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(encoded[0].outputs.data, torch.tensor(outputs[0].outputs.embedding))
     assert not torch.allclose(expected[0], hf_embedding(tiny_qwen3, prompts[0], "LAST"), atol=1e-3)
+
+
+def test_adapter_over_gguf_blocks_equals_the_dequantized_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                prompts_token_ids: list[list[int]]) -> None:
+    """The demo model is a GGUF kept in its blocks: an adapter's update is added to those layers'
+    output as to any other's. A Q8_0 tiny Llama with an adapter gives the tokens of the same
+    weights widened to fp32 with the adapter (the GGUF test's own standard, without LoRA)."""
+    from model.gguf_export import export_gguf
+    from vllm_lite.gguf_convert import gguf_model_dir
+
+    monkeypatch.setenv("VLLM_LITE_CACHE", str(tmp_path / "cache"))
+    base = build_tiny_model(tmp_path / "base", "llama", tie_word_embeddings=True, seed=3)
+    gguf_file = export_gguf(base, tmp_path / "tiny-q8_0.gguf", "llama", quant="Q8_0")
+    dequantized = gguf_model_dir(gguf_file)
+    adapter = make_adapter(dequantized, tmp_path / "adapter", seed=7)
+    lora = LoRARequest("a", 1, str(adapter))
+    prompts = prompts_token_ids[:4]
+    results = []
+    for model in (gguf_file, dequantized):
+        llm = make_llm(model, enable_lora=True)
+        try:
+            assert (llm.llm_engine.vllm_config.model_config.quantization == "gguf") == (model == gguf_file)
+            results.append((greedy(llm, prompts, lora), greedy(llm, prompts, None)))
+        finally:
+            llm.shutdown()
+    (kept, kept_base), (widened, widened_base) = results
+    assert kept == widened and kept_base == widened_base and kept != kept_base
