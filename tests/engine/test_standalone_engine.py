@@ -186,3 +186,28 @@ def test_a_client_attached_to_an_embedding_engine_takes_its_runner(tiny_qwen3: P
                 llm.shutdown()
         finally:
             stop_standalone(engine.proc)
+
+
+def test_a_client_attached_to_a_lora_engine_sends_adapters(tiny_llama: Path, tmp_path: Path,
+                                                           prompts_token_ids: list[list[int]]) -> None:
+    """`vllm-lite engine --enable-lora`: an attached LLM given no engine arguments learns the LoRA
+    settings (and checks adapters by them); its adapter's tokens are PEFT's."""
+    from lora_adapters import make_adapter, peft_greedy
+    from vllm_lite import SamplingParams
+    from vllm_lite.lora.request import LoRARequest
+
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter", seed=1)
+    with tempfile.TemporaryDirectory(prefix="vllm-lite-test-") as directory:
+        engine = start_standalone(tiny_llama, directory, ("--enable-lora", "--max-lora-rank", "8"))
+        try:
+            llm = LLM(engine_address=engine.address)
+            try:
+                prompts = prompts_token_ids[:2]
+                outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                       SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                                       lora_request=LoRARequest("a", 1, str(adapter)), use_tqdm=False)
+                assert [o.outputs[0].token_ids for o in outputs] == peft_greedy(tiny_llama, adapter, prompts, 6)
+            finally:
+                llm.shutdown()
+        finally:
+            stop_standalone(engine.proc)

@@ -396,13 +396,18 @@ class EngineCoreProc:
 
     def engine_info(self) -> dict[str, Any]:
         """What an attaching client needs to build a matching input side."""
-        model_config = self.vllm_config.model_config
+        model_config, lora = self.vllm_config.model_config, self.vllm_config.lora_config
         pooler = model_config.pooler
         return {"model": model_config.model, "tokenizer": model_config.tokenizer,
                 "max_model_len": model_config.max_model_len, "pid": os.getpid(),
                 "num_kv_blocks": self.engine_core.num_kv_blocks, "runner": model_config.runner,
                 "pooler_config": None if pooler is None else {"pooling_type": pooler.pooling_type,
-                                                              "use_activation": pooler.normalize}}
+                                                              "use_activation": pooler.normalize},
+                # (the client checks requests' adapters and processor arguments as the engine takes them)
+                "lora": None if lora is None else {"max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank,
+                                                   "max_cpu_loras": lora.max_cpu_loras,
+                                                   "lora_target_modules": list(lora.target_modules or []) or None},
+                "logits_processors": list(model_config.logits_processors)}
 
 
 def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> EngineCoreOutputs:

@@ -123,7 +123,8 @@ def fetch_engine_info(address: str, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> d
 
 def attached_engine_args(address: str, model: str | None, engine_args: dict[str, Any]) -> EngineArgs:
     """EngineArgs for a client of the engine core at `address`: the model, tokenizer,
-    max_model_len and runner (with its pooler config) the user left out are the engine's."""
+    max_model_len, runner (with its pooler config), LoRA settings and logits processors the user
+    left out are the engine's."""
     info = fetch_engine_info(address)
     values = dict(engine_args)
     values.setdefault("tokenizer", None)
@@ -135,6 +136,10 @@ def attached_engine_args(address: str, model: str | None, engine_args: dict[str,
         values["tokenizer"] = info["tokenizer"]
     if values["max_model_len"] is None:
         values["max_model_len"] = info["max_model_len"]
+    if info.get("lora") and "enable_lora" not in values:
+        values.update(enable_lora=True, **{key: value for key, value in info["lora"].items() if key not in values})
+    if info.get("logits_processors") and "logits_processors" not in values:
+        values["logits_processors"] = info["logits_processors"]
     return EngineArgs(model=model or info["model"], **values)
 
 
