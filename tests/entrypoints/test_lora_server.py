@@ -192,10 +192,11 @@ def test_the_resolver_reads_nothing_without_runtime_updating(tiny_llama: Path, a
 
     shutil.copytree(adapters["a"], tmp_path / "found")
     checked = []
-    without = ServedModels(("tiny",), checked.append, None, frozenset({str(tiny_llama)}))
+    without = ServedModels(("tiny",), checked.append, resolver_dir=None, base_model_ids=frozenset({str(tiny_llama)}))
     with pytest.raises(ApiError, match="does not exist"):
         without.resolve("found")
-    with_folder = ServedModels(("tiny",), checked.append, str(tmp_path), frozenset({str(tiny_llama)}))
+    with_folder = ServedModels(("tiny",), checked.append, resolver_dir=str(tmp_path),
+                               base_model_ids=frozenset({str(tiny_llama)}))
     name, lora = with_folder.resolve("found")
     assert (name, lora.lora_path) == ("found", str(tmp_path / "found")) and checked == [lora]
 
@@ -223,3 +224,20 @@ def test_an_embedding_server_serves_adapters(tiny_qwen3: Path, tmp_path: Path,
         score = client.post("/v1/score", json={"model": "tuned", "text_1": "a", "text_2": ["b", "c"]})
         assert score.status_code == 200 and len(score.json()["data"]) == 2, score.text
     assert server.leftover_processes() == set()
+
+
+def test_unloaded_and_replaced_adapters_are_let_go(adapters: dict[str, Path]) -> None:
+    """The engine forgets an adapter id no longer served (unloaded, or replaced in place): a
+    server loading and unloading adapters all day keeps no record of the old ones."""
+    from vllm_lite.entrypoints.openai.serving_models import ServedModels
+
+    forgotten: list[int] = []
+    models = ServedModels(("tiny",), lambda lora: None, forgotten.append)
+    models.load("x", str(adapters["a"]))
+    first = models.loras["x"].lora_int_id
+    models.load("x", str(adapters["b"]), load_inplace=True)
+    assert forgotten == [first] and models.loras["x"].lora_int_id != first
+    second = models.loras["x"].lora_int_id
+    models.unload("x")
+    assert forgotten == [first, second] and not models.loras
+

@@ -229,6 +229,10 @@ class AsyncLLM:
 
     async def remove_lora(self, lora_id: int) -> bool:
         """vLLM's: the id may name another adapter folder from now on."""
+        return self.forget_lora(lora_id)
+
+    def forget_lora(self, lora_id: int) -> bool:
+        """`remove_lora` without awaiting (the server's unload route calls it)."""
         return self.input_processor.forget_lora(lora_id)
 
     async def list_loras(self) -> set[int]:

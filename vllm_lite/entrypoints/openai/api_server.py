@@ -453,8 +453,8 @@ def _served_models(engine: EngineClient, names: tuple[str, ...], options: Server
     server from starting, as vLLM's)."""
     resolver_dir = options.lora_resolver_cache_dir if options.allow_runtime_lora_updating else None
     model_ids = frozenset({engine.vllm_config.model_config.model, *names})
-    models = ServedModels(names, engine.check_lora if hasattr(engine, "check_lora") else _no_lora, resolver_dir,
-                          model_ids)
+    models = ServedModels(names, engine.check_lora if hasattr(engine, "check_lora") else _no_lora,
+                          getattr(engine, "forget_lora", None), resolver_dir, model_ids)
     for module in options.lora_modules:
         try:
             models.load(module.name, module.path, base_model_name=module.base_model_name)

@@ -54,12 +54,15 @@ def parse_lora_module(text: str) -> LoRAModulePath:
 @dataclass
 class ServedModels:
     """`check_lora(request)`: the engine's check of an adapter (its folder, config and weights'
-    names and shapes), raising VLLMValidationError. `resolver_dir`: vLLM's filesystem resolver's
-    folder (None: off); `base_model_ids`: what an adapter's `base_model_name_or_path` may be to
-    be resolved (the model as the server was given it, its folder, its served names)."""
+    names and shapes), raising VLLMValidationError; `forget_lora(id)`: the engine lets go of an
+    adapter id no longer served (an unloaded or replaced adapter: a server that loads and unloads
+    adapters all day keeps no record of the old ones). `resolver_dir`: vLLM's filesystem
+    resolver's folder (None: off); `base_model_ids`: what an adapter's `base_model_name_or_path`
+    may be to be resolved (the model as the server was given it, its folder, its served names)."""
 
     base_names: tuple[str, ...]
     check_lora: Any
+    forget_lora: Any = None
     resolver_dir: str | None = None
     base_model_ids: frozenset[str] = frozenset()
     loras: dict[str, LoRARequest] = field(default_factory=dict)
@@ -125,7 +128,10 @@ class ServedModels:
             raise ApiError(404, "NotFoundError", str(exc), "lora_path") from None
         except (VLLMValidationError, TypeError) as exc:
             raise ApiError(400, "BadRequestError", str(exc), "lora_path") from None
+        replaced = self.loras.get(name)
         self.loras[name] = lora
+        if replaced is not None:
+            self._forget(replaced)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, name: str, lora_int_id: int | None = None) -> str:
@@ -136,7 +142,12 @@ class ServedModels:
         if lora is None or (lora_int_id is not None and lora_int_id != lora.lora_int_id):
             raise ApiError(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
         del self.loras[name]
+        self._forget(lora)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+    def _forget(self, lora: LoRARequest) -> None:
+        if self.forget_lora is not None:
+            self.forget_lora(lora.lora_int_id)
 
 
 def _plain_folder_name(name: str) -> bool:
