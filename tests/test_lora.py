@@ -212,12 +212,13 @@ def test_lora_target_modules_leaves_other_layers_alone(tiny_llama: Path, llama_a
     assert got == peft_greedy(tiny_llama, only_o, prompts, NEW_TOKENS)
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, 1])
-def test_tensor_parallel_adapter_matches_peft(num_kv_heads: int, tmp_path: Path,
+@pytest.mark.parametrize("arch, num_kv_heads", [("llama", 2), ("llama", 1), ("phi3", 2)])
+def test_tensor_parallel_adapter_matches_peft(arch: str, num_kv_heads: int, tmp_path: Path,
                                               prompts_token_ids: list[list[int]]) -> None:
     """TP=2: lora_B of q/k/v and gate/up split by output rows (k and v replicated when there is
-    one KV head), lora_A of o_proj and down_proj by input features, summed by the all-reduce."""
-    base = build_tiny_model(tmp_path / "base", "llama", tie_word_embeddings=False, num_kv_heads=num_kv_heads)
+    one KV head; Phi-3's fused modules split first), lora_A of o_proj and down_proj by input
+    features, summed by the all-reduce."""
+    base = build_tiny_model(tmp_path / "base", arch, tie_word_embeddings=False, num_kv_heads=num_kv_heads)
     adapter = make_adapter(base, tmp_path / "adapter", seed=5)
     prompts = prompts_token_ids[:3]
     lora = LoRARequest("a", 1, str(adapter))
