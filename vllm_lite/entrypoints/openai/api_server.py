@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError, VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
-from vllm_lite.entrypoints.openai.serving_models import ServedModels, parse_lora_module
+from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
 from vllm_lite.entrypoints.openai import orca
@@ -56,7 +56,6 @@ from vllm_lite.entrypoints.openai.protocol import (
     DetokenizeResponse,
     ErrorResponse,
     LoadLoRAAdapterRequest,
-    ModelCard,
     ModelList,
     OpenAIBaseModel,
     RequestModel,
