@@ -149,3 +149,39 @@ def test_classifier_from_language_model_rows(tiny_qwen3: Path, tiny_llama: Path,
         want = (torch.sigmoid(logits[1:] - logits[:1]) if method == "from_2_way_softmax"
                 else torch.softmax(logits, -1))
         torch.testing.assert_close(ours, want, atol=2e-5, rtol=1e-4)
+
+
+def test_lora_adapter_with_its_own_classifier_head_matches_peft(tiny_qwen3: Path, tmp_path: Path,
+                                                                prompts_token_ids: list[list[int]]) -> None:
+    """A PEFT SEQ_CLS adapter (LoRA on q/v and the head saved whole: modules_to_save ['classifier',
+    'score'], vLLM takes it): its requests use its head, the others the model's; PeftModel's
+    probabilities on the same weights."""
+    from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    from vllm_lite.lora.request import LoRARequest
+
+    model = build_classifier(tiny_qwen3, tmp_path / "classifier", num_labels=3)
+    torch.manual_seed(5)
+    peft_model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32),
+                                LoraConfig(task_type=TaskType.SEQ_CLS, r=4, lora_alpha=8,
+                                           target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    with torch.no_grad():
+        peft_model.base_model.model.score.modules_to_save["default"].weight.normal_(0.0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    reference = PeftModel.from_pretrained(AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32),
+                                          tmp_path / "adapter").eval()
+    prompts = prompts_token_ids[1:4]
+    lora = LoRARequest("tuned", 1, str(tmp_path / "adapter"))
+    llm = make_llm(model, enable_lora=True)
+    try:
+        got = probs(llm.classify([{"prompt_token_ids": p} for p in prompts], lora_request=[lora, None, lora],
+                                 use_tqdm=False))
+    finally:
+        llm.shutdown()
+    with torch.inference_mode():
+        tuned = [torch.softmax(reference(input_ids=torch.tensor([p])).logits[0], -1) for p in prompts]
+    torch.testing.assert_close(got[0], tuned[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got[2], tuned[2], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got[1], torch.softmax(hf_class_logits(model, prompts[1]), -1), atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(tuned[0], torch.softmax(hf_class_logits(model, prompts[0]), -1), atol=1e-3)

@@ -281,7 +281,7 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
         prompts_token_ids: list[list[int]]) -> None:
     """Each bad adapter fails its own request with a message naming what is wrong; the requests
     around it (and after it) are served."""
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     good = llama_adapters["a"]
     dora = _broken(good, tmp_path, "dora")
@@ -290,6 +290,10 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     edit_adapter_config(unknown, future_feature={"on": True})
     saved_modules = _broken(good, tmp_path, "saved_modules")
     edit_adapter_config(saved_modules, modules_to_save=["lm_head"])
+    saved_head = _broken(good, tmp_path, "saved_head")  # (a SEQ_CLS adapter's head, on a generating model)
+    head_tensors = load_file(saved_head / "adapter_model.safetensors")
+    save_file({**head_tensors, "base_model.model.score.weight": torch.zeros(3, 64)},
+              saved_head / "adapter_model.safetensors")
     pickled = _broken(good, tmp_path, "pickled")
     (pickled / "adapter_model.safetensors").rename(pickled / "adapter_model.bin")
     rank16 = make_adapter(tiny_llama, tmp_path / "rank16", r=16)
@@ -303,10 +307,11 @@ def test_bad_adapters_are_refused_by_name_and_the_engine_goes_on(
     cases = [
         (dora, "does not yet support DoRA"),
         (unknown, "future_feature"),
-        (saved_modules, r"only supports modules_to_save being None \(got \['lm_head'\]\)"),
+        (saved_modules, r"only supports modules_to_save being None or \['classifier', 'score'\] \(got \['lm_head'\]\)"),
+        (saved_head, "saves a classifier head \\[3, 64\\], and this model is no classification model"),
         (pickled, "pickled .bin weights are not read"),
         (rank16, "LoRA rank 16 is greater than max_lora_rank 8"),
-        (tmp_path / "missing", "Loading lora bad5 failed: No adapter found for"),
+        (tmp_path / "missing", "Loading lora bad6 failed: No adapter found for"),
         (other_model, "module 'model.decoder.layers.0.fc1' is not a weight of the base model"),
         (other_shapes, r"down_proj' maps 64 -> 32 features; the base model's weight is \[64, 128\]"),
     ]

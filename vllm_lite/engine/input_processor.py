@@ -164,7 +164,10 @@ class InputProcessor:
         if not (Path(lora_request.lora_path) / CONFIG_FILE).is_file():
             raise LoRAAdapterNotFoundError(lora_request.lora_name, lora_request.lora_path)
         adapter = read_adapter(lora_request.lora_path, self.lora_config.max_lora_rank)
-        check_against_checkpoint(adapter, self.model_config.model)
+        pooler = self.model_config.pooler
+        head_shape = ((len(pooler.labels), self.model_config.hf.hidden_size)
+                      if pooler is not None and pooler.task == "classify" else None)
+        check_against_checkpoint(adapter, self.model_config.model, head_shape)
         self._adapters[lora_request.lora_int_id] = (lora_request, adapter)
         return adapter
 

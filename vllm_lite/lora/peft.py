@@ -40,7 +40,8 @@ UNSUPPORTED_FEATURES: dict[str, tuple[Any, ...]] = {
     "bias": ("none",),
     "use_dora": (False, None),
     "lora_bias": (False, None),
-    "modules_to_save": (None, []),
+    # (a classifier's head, PEFT's SEQ_CLS default, is taken: `HEAD_MODULES`)
+    "modules_to_save": (None, [], ["classifier", "score"], ["score", "classifier"], ["score"], ["classifier"]),
     "fan_in_fan_out": (False, None),
     "layer_replication": (None, []),
     "alora_invocation_tokens": (None, []),
@@ -68,10 +69,17 @@ class LoRAModule:
     out_features: int
 
 
+HEAD_MODULES = ("score", "classifier")  # a classification model's head, which an adapter may replace whole
+
+
 @dataclass(frozen=True, slots=True)
 class PEFTAdapter:
+    """`head_shape`: the shape of the classifier head the adapter saved whole (PEFT's SEQ_CLS
+    `modules_to_save`: `score.weight`, [num_labels, hidden]); None: it keeps the model's."""
+
     path: str
     modules: tuple[LoRAModule, ...]
+    head_shape: tuple[int, ...] | None = None
 
     @property
     def weights_file(self) -> Path:
@@ -92,11 +100,12 @@ def read_adapter(path: str, max_lora_rank: int) -> PEFTAdapter:
                                   parameter="lora_path")
     config = _read_config(folder / CONFIG_FILE, path)
     shapes = _tensor_shapes(folder, path)
+    head = shapes.pop(HEAD_TENSOR, None)
     modules = tuple(_module(name, shapes, config, path) for name in _module_names(shapes, path))
     if not modules:
         raise VLLMValidationError(f"LoRA adapter '{path}': {WEIGHTS_FILE} holds no LoRA weights",
                                   parameter="lora_path")
-    adapter = PEFTAdapter(str(path), modules)
+    adapter = PEFTAdapter(str(path), modules, tuple(head) if head is not None else None)
     if adapter.max_rank > max_lora_rank:
         raise VLLMValidationError(f"LoRA adapter '{path}': LoRA rank {adapter.max_rank} is greater than "
                                   f"max_lora_rank {max_lora_rank}", parameter="lora_path")
@@ -174,7 +183,7 @@ def _refusal(key: str, value: Any) -> str:
     if key == "use_dora":
         return "vllm_lite does not yet support DoRA (use_dora=True)"
     if key == "modules_to_save":
-        return f"vllm_lite only supports modules_to_save being None (got {value!r})"
+        return f"vllm_lite only supports modules_to_save being None or ['classifier', 'score'] (got {value!r})"
     return f"{key}={value!r}"
 
 
@@ -190,6 +199,9 @@ def _tensor_shapes(folder: Path, path: str) -> dict[str, list[int]]:
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
         raise VLLMValidationError(f"LoRA adapter '{path}': {WEIGHTS_FILE} is not a safetensors file ({exc})",
                                   parameter="lora_path") from None
+
+
+HEAD_TENSOR = PREFIX + "score.weight"  # a saved classifier head (transformers' *ForSequenceClassification)
 
 
 def _module_names(shapes: dict[str, list[int]], path: str) -> list[str]:
@@ -218,10 +230,16 @@ def _module(name: str, shapes: dict[str, list[int]], config: _Config, path: str)
     return LoRAModule(name, rank, scaling, a[1], b[0])
 
 
-def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str) -> None:
+def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str, head_shape: tuple[int, int] | None = None) -> None:
     """Each adapted module is a weight of the base model's checkpoint, of the adapter's in and out
     features (read from the safetensors headers). A module stored quantized (no `.weight`, its
-    packed tensors instead) is left to the workers, which map every module onto the model."""
+    packed tensors instead) is left to the workers, which map every module onto the model. A
+    saved classifier head must be the model's head's shape (`head_shape`; None: the model has no
+    classifier head, so it cannot take one)."""
+    if adapter.head_shape is not None and adapter.head_shape != head_shape:
+        raise VLLMValidationError(f"LoRA adapter '{adapter.path}': it saves a classifier head {list(adapter.head_shape)}"
+                                  + (f"; the model's is {list(head_shape)}" if head_shape is not None else
+                                     ", and this model is no classification model"), parameter="lora_path")
     shapes = checkpoint_shapes(Path(model_dir))
     prefixes = {name.rsplit(".", 1)[0] for name in shapes}
     for module in adapter.modules:

@@ -10,6 +10,7 @@ gate_up_proj, a fused Phi-3 module split first) and sliced for this rank by the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from safetensors import safe_open
 from torch import nn
 
 from vllm_lite.config import LoRAConfig
-from vllm_lite.lora.peft import LORA_A, LORA_B, PREFIX, read_adapter
+from vllm_lite.lora.peft import HEAD_TENSOR, LORA_A, LORA_B, PREFIX, PEFTAdapter, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
@@ -35,13 +36,17 @@ class LoRAManager:
         self.device = device
         self.dtype = dtype
         self.step = LoRAStep()
-        # every layer an adapter may change: the linear layers (not an MoE layer's experts)
+        # every layer an adapter may change: the linear layers (not an MoE layer's experts, nor a
+        # classifier's head, which the pooler applies to pooled states: an adapter replaces it whole)
         self.layers: dict[str, LinearBase] = {}
         for name, module in model.named_modules():
-            if isinstance(module, LinearBase):
+            if isinstance(module, LinearBase) and name != "score":
                 module.lora = LinearLoRA(self.step)
                 self.layers[name] = module
         self.adapters: OrderedDict[int, LoRARequest] = OrderedDict()  # loaded, least recently used first
+        # a classification model's adapters that replace its head whole (PEFT's SEQ_CLS
+        # modules_to_save): adapter id -> the head's weight [num_labels, hidden] (the pooler reads it)
+        self.heads: dict[int, torch.Tensor] = {}
 
     def use(self, lora: LoRARequest, ids_in_batch: np.ndarray) -> None:
         """Have `lora` loaded for a request joining the batch (`ids_in_batch`: the adapters of
@@ -51,17 +56,20 @@ class LoRAManager:
         if loaded is not None and loaded.lora_path == lora.lora_path:
             self.adapters.move_to_end(lora.lora_int_id)
             return
-        weights = self._read(lora)
+        weights, head = self._read(lora)
         if loaded is not None:  # the id was removed and now names another folder
             self.remove(lora.lora_int_id)
         self._make_room(ids_in_batch)
         for layer_name, layer_weights in weights.items():
             self.layers[layer_name].lora.set_weights(lora.lora_int_id, layer_weights)
+        if head is not None:
+            self.heads[lora.lora_int_id] = head
         self.adapters[lora.lora_int_id] = lora
 
     def remove(self, lora_int_id: int) -> bool:
         if self.adapters.pop(lora_int_id, None) is None:
             return False
+        self.heads.pop(lora_int_id, None)
         for layer in self.layers.values():
             layer.lora.set_weights(lora_int_id, None)
         return True
@@ -91,13 +99,15 @@ class LoRAManager:
                 return
             self.remove(idle)
 
-    def _read(self, lora: LoRARequest) -> dict[str, LoRAWeights]:
-        """The adapter's update of each layer it changes, this rank's part."""
+    def _read(self, lora: LoRARequest) -> tuple[dict[str, LoRAWeights], torch.Tensor | None]:
+        """The adapter's update of each layer it changes, this rank's part, and the classifier
+        head it saves whole (None: it keeps the model's)."""
         adapter = read_adapter(lora.lora_path, self.config.max_lora_rank)
         pieces: dict[str, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
         split = getattr(self.model, "split_checkpoint_tensor", None)
         targets = self.config.target_modules
         with safe_open(str(adapter.weights_file), framework="pt") as f:
+            head = self._head(f, adapter)
             for module in adapter.modules:
                 lora_a = f.get_tensor(PREFIX + module.name + LORA_A).float()
                 lora_b = f.get_tensor(PREFIX + module.name + LORA_B).float() * module.scaling
@@ -116,7 +126,16 @@ class LoRAManager:
                         pieces.setdefault(layer_name, []).append(layer.lora_shard(shard_id, lora_a, b))
                     except ValueError as exc:
                         raise ValueError(f"LoRA adapter '{lora.lora_path}': module {module.name!r}: {exc}") from None
-        return {name: self._stacked(self.layers[name], layer_pieces) for name, layer_pieces in pieces.items()}
+        return {name: self._stacked(self.layers[name], layer_pieces) for name, layer_pieces in pieces.items()}, head
+
+    def _head(self, f: Any, adapter: PEFTAdapter) -> torch.Tensor | None:
+        if adapter.head_shape is None:
+            return None
+        score = getattr(self.model, "score", None)
+        if score is None or tuple(score.weight.shape) != adapter.head_shape:
+            raise ValueError(f"LoRA adapter '{adapter.path}': its classifier head {list(adapter.head_shape)} does not "
+                             "fit this model")
+        return f.get_tensor(HEAD_TENSOR).to(self.device, self.dtype)
 
     def _stacked(self, layer: LinearBase, pieces: list[tuple[int, torch.Tensor, torch.Tensor]]) -> LoRAWeights:
         """One layer's pieces (q, k, v; gate, up; or the one module) as one update: their

@@ -166,7 +166,8 @@ class ModelRunner:
         self.sampler = Sampler(vllm_config.model_config.logprobs_mode)
         pooler = vllm_config.model_config.pooler
         # the pooling runner (a classifier's pooled states go through its head, `score`)
-        self.pooler = (Pooler(pooler, device, self.model.score if pooler.task == "classify" else None)
+        self.pooler = (Pooler(pooler, device, self.model.score if pooler.task == "classify" else None,
+                              self.lora.heads if self.lora is not None else None)
                        if pooler is not None else None)
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only

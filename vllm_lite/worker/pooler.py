@@ -21,11 +21,15 @@ from vllm_lite.worker.input_batch import InputBatch
 
 
 class Pooler:
-    def __init__(self, config: PoolerConfig, device: torch.device, head: nn.Module | None = None) -> None:
-        """`head`: a classifier's head (the pooled state -> class logits); None: the vector itself."""
+    def __init__(self, config: PoolerConfig, device: torch.device, head: nn.Module | None = None,
+                 adapter_heads: dict[int, torch.Tensor] | None = None) -> None:
+        """`head`: a classifier's head (the pooled state -> class logits); None: the vector itself.
+        `adapter_heads`: the heads LoRA adapters replace it with, by adapter id (the LoRA
+        manager's, kept up to date there)."""
         self.config = config
         self.device = device
         self.head = head
+        self.adapter_heads = adapter_heads
         self._partial: dict[str, torch.Tensor] = {}  # MEAN: running sums; CLS: the first position's state
 
     def release(self, req_id: str) -> None:
@@ -54,9 +58,20 @@ class Pooler:
                 counts = batch.num_prompt_tokens[rows[finished]].astype(np.float32)[:, None]
                 pooled = pooled / host_to_device(counts, self.device)
         if self.head is not None:
-            pooled = self.head(pooled.to(self.head.weight.dtype)).float()
+            pooled = self._classified(pooled.to(self.head.weight.dtype), batch.lora_ids[rows[finished]])
         vectors = pooled.cpu().numpy()
         return {req_id: vectors[i] for i, req_id in enumerate(req_ids)}
+
+    def _classified(self, pooled: torch.Tensor, lora_ids: np.ndarray) -> torch.Tensor:
+        """The head's logits (float32), each row's adapter's own head where it saved one."""
+        logits = self.head(pooled).float()
+        if self.adapter_heads and lora_ids.any():
+            for adapter_id in np.unique(lora_ids[lora_ids > 0]).tolist():
+                weight = self.adapter_heads.get(adapter_id)
+                if weight is not None:
+                    index = host_to_device(np.flatnonzero(lora_ids == adapter_id).astype(np.int64), self.device)
+                    logits[index] = torch.nn.functional.linear(pooled[index], weight).float()
+        return logits
 
     def _accumulate_sums(self, hidden: torch.Tensor, batch: InputBatch, rows: np.ndarray,
                          query_starts: np.ndarray, query_lens: np.ndarray) -> None:
