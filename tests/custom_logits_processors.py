@@ -39,6 +39,35 @@ class ForcedToken(LogitsProcessor):
         return logits
 
 
+class ForcedSequence(LogitsProcessor):
+    """A request with extra_args {"forced_tokens": [t0, t1, ...]} gets t0, then t1, ...: a reply
+    written out token by token (special tokens included), for the server's parsers."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        forced = (sampling_params.extra_args or {}).get("forced_tokens")
+        if forced is not None and not (isinstance(forced, list) and all(type(t) is int for t in forced)):
+            raise ValueError(f"forced_tokens must be a list of ints, got {forced!r}")
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.rows: dict[int, tuple[list[int], list[int]]] = {}  # row -> (forced, outputs)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.rows, batch_update, lambda params, prompt, outputs:
+                             ((params.extra_args or {})["forced_tokens"], outputs)
+                             if (params.extra_args or {}).get("forced_tokens") else None)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, (forced, outputs) in self.rows.items():
+            if len(outputs) < len(forced):
+                logits[index].fill_(float("-inf"))
+                logits[index, forced[len(outputs)]] = 0.0
+        return logits
+
+
 class EchoPrompt(LogitsProcessor):
     """A request with extra_args {"echo": true} gets its prompt again, token by token: its next
     token is prompt[len(outputs) % len(prompt)], read from the prompt and output lists the batch

@@ -99,5 +99,11 @@ def test_refused_by_name_where_it_cannot_work(tiny_thinking_qwen3: Path, tiny_qw
                          use_tqdm=False)
     finally:
         llm.shutdown()
+    llm = make_llm(tiny_thinking_qwen3, reasoning_parser="granite")  # its markers are text
+    try:
+        with pytest.raises(VLLMValidationError, match="'granite' as single tokens; they are text"):
+            llm.generate("hi", SamplingParams(thinking_token_budget=4), use_tqdm=False)
+    finally:
+        llm.shutdown()
     with pytest.raises(ValueError, match="reasoning_parser must be one of"):
         make_llm(tiny_qwen3, reasoning_parser="nope")

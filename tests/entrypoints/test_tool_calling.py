@@ -290,6 +290,13 @@ def test_tool_choice_conflicts_are_400(client: openai.OpenAI) -> None:
     ("qwen3", "<think>cut short", ("cut short", None)),
     ("deepseek_r1", "hmm</think>Answer", ("hmm", "Answer")),
     ("deepseek_r1", "<think>hmm</think>", ("hmm", None)),
+    ("mistral", "[THINK]hmm[/THINK]Answer", ("hmm", "Answer")),
+    ("mistral", "Answer [THINK] later", (None, "Answer [THINK] later")),
+    ("mistral", "[THINK]cut", ("cut", None)),
+    ("granite", "Here is my thought process: hmm Here is my response: Answer", (" hmm ", " Answer")),
+    ("granite", "Here's my thought process:\nhmm\nHere's my response:\nAnswer", ("\nhmm\n", "Answer")),
+    ("granite", "Here is my thought process: cut", (" cut", None)),
+    ("granite", "Just an answer. Here is my response: no", (None, "Just an answer. Here is my response: no")),
 ])
 def test_reasoning_split_whole_and_streamed(parser: str, text: str, want: tuple) -> None:
     assert split_reasoning(parser, text) == want
@@ -339,6 +346,17 @@ def test_include_reasoning_false_hides_the_reasoning(client: openai.OpenAI) -> N
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert not any((d.model_extra or {}).get("reasoning") for d in deltas)
     assert "".join(d.content or "" for d in deltas) == shown.content
+
+
+def test_reasoning_markers_by_parser(tiny_tokenizer_dir: Path) -> None:
+    """Mistral's [THINK] / [/THINK] are looked up as tokens; granite's markers are text, so it
+    counts no reasoning tokens and takes no thinking budget."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[THINK]", "[/THINK]"]})
+    tokens = think_tokens(tokenizer, "mistral")
+    assert tokens is not None and tokenizer.convert_ids_to_tokens([tokens.start, tokens.end]) == ["[THINK]", "[/THINK]"]
+    assert think_tokens(tokenizer, "qwen3") is None and think_tokens(tokenizer, "granite") is None
+    assert ReasoningTokenCounter.for_parser("mistral", tokens).feed([tokens.start, 11, 12, tokens.end, 13]) == 2
 
 
 def test_reasoning_tokens_are_counted_between_think_tokens(tiny_tokenizer_dir: Path) -> None:

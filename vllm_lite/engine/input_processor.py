@@ -16,7 +16,7 @@ from vllm_lite.logits_processor import load_logits_processors
 from vllm_lite.lora.peft import CONFIG_FILE, PEFTAdapter, check_against_checkpoint, read_adapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams, pooling_sampling_params, resolve_pooling
-from vllm_lite.reasoning_tags import END, START, ThinkTokens, think_tokens
+from vllm_lite.reasoning_tags import REASONING_FORMATS, ThinkTokens, think_tokens
 from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
@@ -190,10 +190,13 @@ class InputProcessor:
                                       "grammar constrains the reply from its first token)",
                                       parameter="thinking_token_budget")
         if self._think_tokens is None:
-            tokens = think_tokens(self.tokenizer) if self.tokenizer is not None else None
+            tokens = think_tokens(self.tokenizer, parser) if self.tokenizer is not None else None
             if tokens is None:
-                raise VLLMValidationError(f"thinking_token_budget needs the {START} and {END} tags of reasoning "
-                                          f"parser {parser!r} as single tokens of the tokenizer, which it lacks",
+                tags = REASONING_FORMATS[parser]
+                lacking = ("are text, not tokens" if not tags.single_tokens
+                           else "are not single tokens of this tokenizer")
+                raise VLLMValidationError(f"thinking_token_budget needs the {tags.starts[0]!r} and {tags.ends[0]!r} "
+                                          f"tags of reasoning parser {parser!r} as single tokens; they {lacking}",
                                           parameter="thinking_token_budget")
             self._think_tokens = tokens
         thinking = ThinkingBudget(params.thinking_token_budget, self._think_tokens.start, self._think_tokens.end)

@@ -12,7 +12,7 @@ vLLM serves it, turned into the chat completion request it runs as:
 | thinking: enabled / disabled / adaptive | budget_tokens as vLLM's thinking_token_budget (needs --reasoning-parser) / reasoning_effort "none" (the template's enable_thinking false) / nothing pinned (as vLLM); display "omitted": thinking blocks without their text ("summarized": the whole text, as vLLM) |
 | output_config: format (json_schema), effort | response_format json_schema, reasoning_effort |
 | metadata, cache_control (top level and on blocks), service_tier, a tool_result's is_error | accepted: nothing the output depends on (prefix caching is automatic; an error result's text is its content) |
-| vLLM's cache_salt, chat_template_kwargs | chat's |
+| vLLM's cache_salt, chat_template_kwargs, vllm_xargs | chat's |
 
 What cannot be honoured is refused by name: image and document blocks (text models only),
 citations, server tools (web search, code execution, ...), deferred tools and tool changes, and
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestModel, RequestParamError
+from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestModel, RequestParamError, VllmXargs
 
 BILLING_HEADER = "x-anthropic-billing-header"
 _ROLES = ("user", "assistant", "system")
@@ -179,13 +179,14 @@ class AnthropicMessagesRequest(AnthropicConversation):
     cache_control: dict[str, Any] | None = None  # (a prompt-caching mark: caching here is automatic)
     # vLLM's extension
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    vllm_xargs: VllmXargs | None = None  # (chat's)
 
     def chat_request(self, merge_inline_system: bool) -> ChatCompletionRequest:
         """The chat completion request this runs as."""
         return ChatCompletionRequest(
             model=self.model, max_completion_tokens=self.max_tokens, stop=self.stop_sequences,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, cache_salt=self.cache_salt,
-            thinking_token_budget=self.thinking_budget(self.max_tokens), **self.chat_fields(merge_inline_system))
+            vllm_xargs=self.vllm_xargs, thinking_token_budget=self.thinking_budget(self.max_tokens), **self.chat_fields(merge_inline_system))
 
 
 class AnthropicCountTokensRequest(AnthropicConversation):

@@ -78,6 +78,8 @@ from vllm_lite.entrypoints.openai.serving import (
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
                                                        ServerOptions, load_chat_template)
 from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
+from vllm_lite.entrypoints.openai.tool_parsers import TOOL_MARKERS
+from vllm_lite.reasoning_tags import reasoning_markers, special_token_markers
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.entrypoints.openai.anthropic_protocol import (AnthropicCountTokensRequest, AnthropicErrorResponse,
@@ -108,6 +110,15 @@ _ANTHROPIC_ERROR_RESPONSES = {code: {**response, "model": AnthropicErrorResponse
                               for code, response in _ERROR_RESPONSES.items()}
 
 
+def _parser_special_markers(tokenizer: Any, options: ServerOptions) -> dict[str, tuple[str, ...]]:
+    if tokenizer is None:
+        return {}
+    tool = TOOL_MARKERS[options.tool_call_parser] if options.tool_call_parser else ()
+    reasoning = reasoning_markers(options.reasoning_parser) if options.reasoning_parser else ()
+    return {"tool_special_markers": special_token_markers(tokenizer, tool),
+            "reasoning_special_markers": special_token_markers(tokenizer, reasoning)}
+
+
 def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_key: str | None = None, *,
               owns_engine: bool = False, options: ServerOptions | None = None) -> FastAPI:
     """`engine` is an AsyncLLM (or anything with its interface). `owns_engine`: shut the engine
@@ -129,7 +140,9 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
                          responses=ResponseStore(options.max_stored_responses),
-                         think_tokens=think_tokens(engine.tokenizer) if options.reasoning_parser else None,
+                         think_tokens=(think_tokens(engine.tokenizer, options.reasoning_parser)
+                                       if options.reasoning_parser else None),
+                         **_parser_special_markers(engine.tokenizer, options),
                          scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",
                                                    "fcfs"))
     docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}

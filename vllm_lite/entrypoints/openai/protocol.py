@@ -157,6 +157,10 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_
                     "allowed_token_ids", "bad_words", "thinking_token_budget")
 
 
+# vLLM's vllm_xargs: a request's SamplingParams.extra_args (for the server's custom logits processors).
+VllmXargs = dict[str, str | int | float | list[str | int | float]]
+
+
 # What beam search reads of the sampling fields; the others are refused with it.
 _BEAM_SEARCH_FIELDS = ("n", "temperature", "ignore_eos", "skip_special_tokens")
 
@@ -212,7 +216,7 @@ class _GenerationRequest(RequestModel):
         f"1 to {MAX_REQUEST_ID_CHARS} characters; unset, a random one"))
     cache_salt: str | None = Field(default=None, min_length=1, description=(
         "vLLM's prefix-cache salt: requests share cached prompt blocks only with requests of the same salt"))
-    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = Field(default=None, description=(
+    vllm_xargs: VllmXargs | None = Field(default=None, description=(
         "vLLM: arguments for the server's custom logits processors (--logits-processors), as "
         "SamplingParams.extra_args; refused when it has none"))
     # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
@@ -243,10 +247,12 @@ class _GenerationRequest(RequestModel):
         "which end truncate_prompt_tokens cuts: 'left' (the default for a generating model, as vLLM: "
         "the last tokens are kept) or 'right'"))
 
-    def beam_search_params(self, max_tokens: int | None, logprobs: Any) -> BeamSearchParams | None:
+    def beam_search_params(self, max_tokens: int | None, logprobs: Any,
+                           skip_special_tokens: bool = True) -> BeamSearchParams | None:
         """With use_beam_search, its parameters (beam width = n, as vLLM); sampling fields beam
         search does not use are refused by name rather than ignored, and so is a length_penalty
-        without it (vLLM drops it unread there)."""
+        without it (vLLM drops it unread there). `skip_special_tokens`: the sampling params' (the
+        request's, or what a parser needs)."""
         if not self.use_beam_search:
             _check(self.length_penalty == 1.0, "length_penalty",
                    f"length_penalty scores beams: it needs use_beam_search, got {self.length_penalty} without it")
@@ -261,7 +267,8 @@ class _GenerationRequest(RequestModel):
                f"{', '.join(unused)} cannot be used with use_beam_search")
         _check(max_tokens is not None, "max_tokens", "max_tokens is needed with use_beam_search")
         return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos),
-                                temperature=self.temperature or 0.0, length_penalty=self.length_penalty)
+                                temperature=self.temperature or 0.0, length_penalty=self.length_penalty,
+                                skip_special_tokens=skip_special_tokens)
 
     def stream_usage(self, force_include_usage: bool) -> StreamUsage:
         """Which usage a stream carries (vLLM 0.32's should_include_usage: the server's

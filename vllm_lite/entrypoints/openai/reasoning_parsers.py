@@ -1,17 +1,23 @@
-"""`--reasoning-parser`: the `<think>...</think>` part of a chat reply as `reasoning` (vLLM's
-field, formerly `reasoning_content`), the rest as `content` (vLLM's parsers of the same names).
+"""`--reasoning-parser`: the thinking part of a chat reply as `reasoning` (vLLM's field, formerly
+`reasoning_content`), the rest as `content` (vLLM's parsers of the same names; their markers in
+vllm_lite/reasoning_tags.py).
 
 | parser | reasoning is |
 |---|---|
 | qwen3 | the text between a leading `<think>` and `</think>`; a reply not starting with `<think>` has none |
 | deepseek_r1 | the text before `</think>` (its template opens `<think>` in the prompt; a leading one is dropped) |
+| mistral | the text between a leading `[THINK]` and `[/THINK]` (Magistral) |
+| granite | the text between a leading "Here is my thought process:" and "Here is my response:" (or "Here's") |
 
-A reply cut before `</think>` is all reasoning. Streaming gives the same split: `ReasoningStream`
-holds back a trailing piece that may be the start of a tag until the next delta decides it.
+A reply cut before its end marker is all reasoning (vLLM's granite calls a cut reply all content
+when it is not streamed, and reasoning when it is: here both are reasoning). Streaming gives the
+same split: `ReasoningStream` holds back a trailing piece that may be the start of a marker until
+the next delta decides it.
 
 Usage reports the reasoning in tokens, in vLLM's field (`completion_tokens_details.reasoning_tokens`):
-the generated tokens after a `<think>` token up to the first `</think>` token (deepseek_r1: from
-the start), for tokenizers that have both tags as single tokens; with other tokenizers it is 0.
+the generated tokens after the start token up to the first end token (deepseek_r1: from the
+start), for tokenizers that have both markers as single tokens; otherwise (granite's text
+markers) it is 0.
 """
 
 from __future__ import annotations
@@ -19,19 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_lite.reasoning_tags import END, REASONING_PARSERS, START, ThinkTokens, think_tokens  # noqa: F401
+from vllm_lite.reasoning_tags import REASONING_FORMATS, REASONING_PARSERS, ThinkTokens, think_tokens  # noqa: F401
 
 
 def split_reasoning(parser: str, text: str) -> tuple[str | None, str | None]:
     """(reasoning, content) of a whole reply; None for an empty part."""
+    reasoning_format = REASONING_FORMATS[parser]
     stripped = text.lstrip()
-    opened = stripped.startswith(START)
-    if parser == "qwen3" and not opened:
+    start = next((marker for marker in reasoning_format.starts if stripped.startswith(marker)), None)
+    if start is None and not reasoning_format.opened_by_prompt:
         return None, text or None
-    body = stripped[len(START):] if opened else text
-    reasoning, closed, content = body.partition(END)
-    if not closed:
-        return reasoning or None, None
+    body = stripped[len(start):] if start is not None else text
+    ends = [(body.find(marker), marker) for marker in reasoning_format.ends if marker in body]
+    if not ends:
+        return body or None, None
+    where, marker = min(ends)
+    reasoning, content = body[:where], body[where + len(marker):]
     return reasoning or None, content.lstrip("\n") or None
 
 
@@ -40,29 +49,31 @@ class ReasoningStream:
 
     def __init__(self, parser: str) -> None:
         self.parser = parser
+        self.format = REASONING_FORMATS[parser]
         self.text = ""
         self.sent = ("", "")
 
     def feed(self, delta: str, final: bool) -> tuple[str | None, str | None]:
         self.text += delta
-        visible = self.text if final else self.text[: len(self.text) - _partial_tag_length(self.text)]
+        visible = self.text if final else self.text[: len(self.text) - self._partial_marker_length(self.text)]
         reasoning, content = split_reasoning(self.parser, visible)
         reasoning, content = reasoning or "", content or ""
-        if not final and self.parser == "qwen3" and not visible.lstrip() and self.text.strip():
-            return None, None  # only a piece of a possible leading <think> so far
+        if not final and not self.format.opened_by_prompt and not visible.lstrip() and self.text.strip():
+            return None, None  # only a piece of a possible leading start marker so far
         new_reasoning = reasoning[len(self.sent[0]):] if reasoning.startswith(self.sent[0]) else reasoning
         new_content = content[len(self.sent[1]):] if content.startswith(self.sent[1]) else content
         self.sent = (reasoning, content)
         return new_reasoning or None, new_content or None
 
-
-def _partial_tag_length(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a tag."""
-    for tag in (END, START):
-        for length in range(len(tag) - 1, 0, -1):
-            if text.endswith(tag[:length]):
-                return length
-    return 0
+    def _partial_marker_length(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of a marker."""
+        longest = 0
+        for marker in (*self.format.ends, *self.format.starts):
+            for length in range(len(marker) - 1, longest, -1):
+                if text.endswith(marker[:length]):
+                    longest = length
+                    break
+        return longest
 
 
 @dataclass(slots=True)
@@ -77,7 +88,7 @@ class ReasoningTokenCounter:
 
     @classmethod
     def for_parser(cls, parser: str, tokens: ThinkTokens | None) -> ReasoningTokenCounter:
-        return cls(tokens, inside=parser == "deepseek_r1")
+        return cls(tokens, inside=REASONING_FORMATS[parser].opened_by_prompt)
 
     def feed(self, token_ids: Any) -> int:
         if self.tokens is None or self.ended:

@@ -106,6 +106,9 @@ class ServingContext:
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
     think_tokens: ThinkTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
+    # The parsers' markers this tokenizer has as special tokens (serving_tools.keep_parser_markers).
+    tool_special_markers: tuple[str, ...] = ()
+    reasoning_special_markers: tuple[str, ...] = ()
     scheduling_policy: str = "fcfs"  # the engine's (SchedulerConfig.policy): requests' priority needs "priority"
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
@@ -673,7 +676,7 @@ async def beam_search_stream(ctx: ServingContext, engine_prompt: dict[str, Any],
     outputs = []
     for index, beam in enumerate(search.results()[0]):
         generated = search.generated(0, beam)
-        text = await off_loop(ctx, tokenizer.decode, generated, skip_special_tokens=True)
+        text = await off_loop(ctx, tokenizer.decode, generated, skip_special_tokens=params.skip_special_tokens)
         outputs.append(CompletionOutput(index=index, text=text, token_ids=generated, cumulative_logprob=beam.cum_logprob,
                                         finish_reason=beam.finish_reason))
     yield RequestOutput(request_id, engine_prompt.get("prompt"), prompt_ids, outputs, True)

@@ -37,7 +37,7 @@ from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, spli
 from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, cancel_on_disconnect, fit_max_tokens,
                                                   collect_choices, render_chat, start_stream, tracked_generate)
 from vllm_lite.entrypoints.openai.serving_chat import chat_prompt
-from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, constrain, extract_tool_calls, plan_tools
+from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, chat_sampling, extract_tool_calls
 from vllm_lite.entrypoints.openai.tool_streaming import ReplySplitter, ToolCallStream
 from vllm_lite.outputs import RequestOutput
 
@@ -60,9 +60,7 @@ async def create_message(ctx: ServingContext, request: AnthropicMessagesRequest,
     model, lora = ctx.served_model_and_lora(request.model)
     chat = request.chat_request(await _merges_inline_system(ctx, request))
     try:
-        params = chat.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
-        tools = plan_tools(chat, ctx.options)
-        params = constrain(params, chat, tools)
+        params, tools = chat_sampling(ctx, chat)
     except RequestParamError as exc:
         raise _in_anthropic_terms(exc) from None
     prompt = await chat_prompt(ctx, chat)

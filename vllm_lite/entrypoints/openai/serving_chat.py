@@ -32,8 +32,8 @@ from vllm_lite.entrypoints.openai.serving import (
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
     render_chat, sse_event, start_stream, top_logprobs, tracked_generate, truncation
 )
-from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, constrain, extract_tool_calls, finish_reason,
-                                                        forced_call_content, plan_tools)
+from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, chat_sampling, extract_tool_calls, finish_reason,
+                                                        forced_call_content)
 from vllm_lite.entrypoints.openai.tool_streaming import ToolCallStream
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream, ReasoningTokenCounter, split_reasoning
 from vllm_lite.entrypoints.openai.stream_chunks import ChatChunkChoice, ChatDelta, chat_chunk_event
@@ -44,14 +44,13 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
                                  raw_request: Request) -> Response:
     model, lora = ctx.served_model_and_lora(request.model)
     check_n(ctx, request.n)
-    params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
-    tools = plan_tools(request, ctx.options)
-    params = constrain(params, request, tools)
+    params, tools = chat_sampling(ctx, request)
     prompt = await chat_prompt(ctx, request)
     prompt_token_ids = prompt["prompt_token_ids"]
     params = fit_max_tokens(ctx, len(prompt_token_ids), params, field=request.max_tokens_field())
     request_id, engine_id = request_ids("chatcmpl", raw_request.headers.get("x-request-id"), request.request_id)
-    beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs)
+    beam = request.beam_search_params(params.max_tokens or ctx.max_model_len - len(prompt_token_ids), request.logprobs,
+                                      params.skip_special_tokens)
     if beam is not None:
         stream = beam_search_stream(ctx, prompt, beam, engine_id, request.priority, lora)
     else:

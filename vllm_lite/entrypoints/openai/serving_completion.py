@@ -45,7 +45,7 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     request_id, engine_id = request_ids("cmpl", raw_request.headers.get("x-request-id"), request.request_id)
     streams = []
     for i, (prompt, fitted) in enumerate(zip(prompts, prompt_params)):
-        beam = request.beam_search_params(fitted.max_tokens, request.logprobs is not None)
+        beam = request.beam_search_params(fitted.max_tokens, request.logprobs is not None, fitted.skip_special_tokens)
         engine_request_id = f"{engine_id}-{i}"
         streams.append(beam_search_stream(ctx, prompt, beam, engine_request_id, request.priority, lora)
                        if beam is not None

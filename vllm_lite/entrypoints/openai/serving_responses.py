@@ -47,7 +47,7 @@ from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, c
                                                   collect_choices, sse_error, start_stream, tracked_generate)
 from vllm_lite.entrypoints.openai.serving_chat import chat_logprobs, chat_prompt
 from vllm_lite.entrypoints.openai.server_state import BackgroundRun
-from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, constrain, extract_tool_calls, plan_tools
+from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, chat_sampling, extract_tool_calls
 from vllm_lite.entrypoints.openai.tool_streaming import ReplySplitter, ToolCallStream
 from vllm_lite.outputs import Logprob, RequestOutput
 
@@ -101,9 +101,7 @@ async def create_response(ctx: ServingContext, request: ResponsesRequest, raw_re
                        "running (background): continue it once it has ended", "previous_response_id")
     chat = request.chat_request(history)
     try:
-        params = chat.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
-        tools = plan_tools(chat, ctx.options)
-        params = constrain(params, chat, tools)
+        params, tools = chat_sampling(ctx, chat)
     except RequestParamError as exc:
         raise request.chat_error(exc) from None
     prompt = await chat_prompt(ctx, chat)

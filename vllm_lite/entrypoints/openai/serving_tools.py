@@ -23,6 +23,7 @@ from typing import Any
 from vllm_lite.engine.request_checks import check_structured_outputs
 from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, RequestParamError
 from vllm_lite.entrypoints.openai.server_state import ServerOptions
+from vllm_lite.entrypoints.openai.serving import ServingContext
 from vllm_lite.entrypoints.openai.tool_parsers import (TOOL_PARSERS, ParsedToolCall, function_of,
                                                        parameters_schema, parse_required_calls,
                                                        required_calls_schema)
@@ -69,6 +70,29 @@ def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPl
            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {choice!r}")
     _check(name in names, "tool_choice", f"tool_choice names the function {name!r}, which is not in tools")
     return ToolPlan("named", function_name=name)
+
+
+def chat_sampling(ctx: ServingContext, request: ChatCompletionRequest) -> tuple[SamplingParams, ToolPlan]:
+    """A chat request's sampling params and tool plan (chat completions, Responses and Messages)."""
+    params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
+    plan = plan_tools(request, ctx.options)
+    params = constrain(params, request, plan)
+    markers = ctx.reasoning_special_markers + (ctx.tool_special_markers if plan.mode == "auto" else ())
+    return keep_parser_markers(params, request, markers), plan
+
+
+def keep_parser_markers(params: SamplingParams, request: ChatCompletionRequest,
+                        markers: tuple[str, ...]) -> SamplingParams:
+    """The reply detokenized with special tokens kept when a parser it goes through reads markers
+    the tokenizer has as special tokens (Magistral's [THINK], Mistral's [TOOL_CALLS], ...):
+    skipping them would hide every call and every thought (vLLM's parsers' adjust_request). An
+    explicit skip_special_tokens: true cannot be honoured then, and is refused."""
+    if not markers or not params.skip_special_tokens:
+        return params
+    _check(request.skip_special_tokens is None, "skip_special_tokens",
+           f"skip_special_tokens: true would take {markers[0]}, a special token of this tokenizer, out of the "
+           "reply before the server's parser reads it; leave the field unset")
+    return params.clone_with(skip_special_tokens=False)
 
 
 def constrain(params: SamplingParams, request: ChatCompletionRequest, plan: ToolPlan) -> SamplingParams:

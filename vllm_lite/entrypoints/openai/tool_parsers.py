@@ -331,6 +331,20 @@ TOOL_PARSERS: dict[str, Callable[[str, ToolSchemas], ParsedOutput]] = {
 }
 
 
+_HERMES_TAGS = ("<tool_call>", "</tool_call>")
+# The text each parser looks for: where a tokenizer has one as a special token, the reply must be
+# detokenized with special tokens kept, or the parser never sees it (vLLM's adjust_request).
+TOOL_MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": _HERMES_TAGS, "qwen3": _HERMES_TAGS, "qwen3_json": _HERMES_TAGS,
+    "llama3_json": ("<|python_tag|>",), "llama4_json": ("<|python_tag|>",),
+    "pythonic": ("<|python_start|>", "<|python_end|>"),
+    "lfm2": (LFM2_START, LFM2_END),
+    "qwen3_coder": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE), "qwen3_xml": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE),
+    "mistral": ("[TOOL_CALLS]",), "granite": ("<|tool_call|>", "<tool_call>"), "phi4_mini_json": ("functools",),
+    "jamba": ("<tool_calls>", "</tool_calls>"),
+}
+
+
 # ---- tool_choice "required" / named: the output is the calls' JSON, enforced by a schema ----
 
 def function_of(tool: dict[str, Any]) -> dict[str, Any]:
