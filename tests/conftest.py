@@ -6,6 +6,7 @@ config.json, generation_config.json, safetensors weights and the tokenizer.
 
 from __future__ import annotations
 
+import json
 import os
 
 # Must happen before torch/triton are imported anywhere.
@@ -220,10 +221,30 @@ def tiny_opt_post_norm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gpt_neox(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """GPT-NeoX (no native implementation: the Transformers fallback): partial rotary (25% of
-    each head), parallel residual, LayerNorm with biases."""
-    return _build(tmp_path_factory, "tiny_gpt_neox", "gpt_neox", tie_word_embeddings=False,
-                  extra_config={"rotary_pct": 0.25})
+    """GPT-NeoX as Pythia's config.json has it (`rotary_pct`, `rotary_emb_base`, no rope dict):
+    partial rotary (25% of each head), parallel residual, LayerNorm with biases, exact gelu."""
+    out = _build(tmp_path_factory, "tiny_gpt_neox", "gpt_neox", tie_word_embeddings=False,
+                 extra_config={"rotary_pct": 0.25})
+    config = json.loads((out / "config.json").read_text())
+    for key in ("rope_parameters", "rope_scaling", "rope_theta"):
+        config.pop(key, None)
+    (out / "config.json").write_text(json.dumps({**config, "rotary_pct": 0.25, "rotary_emb_base": 10000}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_neox_serial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-NeoX as transformers 5 writes it (rope_parameters' partial_rotary_factor, here half of
+    each head), with the sequential residual and the tanh gelu."""
+    return _build(tmp_path_factory, "tiny_gpt_neox_serial", "gpt_neox", tie_word_embeddings=False,
+                  extra_config={"rotary_pct": 0.5, "use_parallel_residual": False, "hidden_act": "gelu_new"})
+
+
+@pytest.fixture(scope="session")
+def tiny_phi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Phi-2 (no native implementation: the Transformers fallback): partial rotary, attention and
+    MLP in parallel from one LayerNorm, biases."""
+    return _build(tmp_path_factory, "tiny_phi2", "phi", tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")

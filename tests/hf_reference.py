@@ -218,7 +218,7 @@ def _make_config(
     if extra and "rope_parameters" in extra:  # given whole (e.g. one per layer type)
         del common["rope_theta"], common["rope_scaling"]
     common.update(extra or {})
-    # GPT-NeoX and OPT: no GQA, head_dim, RMSNorm or rope fields; each adds its own MLP width.
+    # GPT-NeoX, Phi-2 and OPT: no GQA, head_dim, RMSNorm or rope fields; each adds its own MLP width.
     without_kv_heads = {name: common[name] for name in (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
         "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "dtype")} | dict(extra or {})
@@ -234,6 +234,10 @@ def _make_config(
         from transformers import GPTNeoXConfig
 
         return GPTNeoXConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
+    if arch == "phi":
+        from transformers import PhiConfig
+
+        return PhiConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
     if arch == "granite":
         from transformers import GraniteConfig
 

@@ -43,11 +43,14 @@ def greedy(model: Path, prompts: list[list[int]], **engine_args) -> list[list[in
         llm.shutdown()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gpt_neox"])  # native, Transformers fallback
-def test_overrides_change_the_model_as_the_written_config_does(fixture: str, request: pytest.FixtureRequest,
-                                                               tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixture, overrides", [
+    ("tiny_llama", OVERRIDES),
+    ("tiny_gpt_neox", {"rotary_pct": 0.5, "layer_norm_eps": 0.25}),  # (Pythia's names)
+    ("tiny_phi2", {"layer_norm_eps": 0.25}),  # the Transformers fallback
+])
+def test_overrides_change_the_model_as_the_written_config_does(fixture: str, overrides: dict,
+                                                               request: pytest.FixtureRequest, tmp_path: Path) -> None:
     model: Path = request.getfixturevalue(fixture)
-    overrides = OVERRIDES if fixture == "tiny_llama" else {"rotary_pct": 0.5, "layer_norm_eps": 0.25}
     prompts = build_prompts(model)[:2]
     written = hf_greedy(with_config_written(model, tmp_path, overrides), prompts, NEW_TOKENS)
     assert written != hf_greedy(model, prompts, NEW_TOKENS)  # the overrides matter
@@ -79,7 +82,7 @@ def without_weights(model: Path, folder: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_gpt_neox"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_phi2"])  # native, Transformers fallback
 def test_dummy_weights_need_no_checkpoint_and_repeat(fixture: str, request: pytest.FixtureRequest,
                                                      tmp_path: Path) -> None:
     model = without_weights(request.getfixturevalue(fixture), tmp_path)

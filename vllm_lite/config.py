@@ -130,6 +130,8 @@ class HFModelConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     mlp_bias: bool = False
+    # the share of each head's dimensions that rotary turns (GPT-NeoX's rotary_pct); the rest pass
+    partial_rotary_factor: float = 1.0
     # per layer: keys a query sees (itself included), None = every earlier key
     sliding_windows: tuple[int | None, ...] = ()
     # the whole config.json, for family-specific fields (vllm_lite/config_fields.py lists them)
@@ -177,6 +179,7 @@ class HFModelConfig:
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] in _ARCHITECTURES_WITH_MLP_BIAS,
+            partial_rotary_factor=_read_partial_rotary_factor(cfg, _DEFAULT_PARTIAL_ROTARY.get(archs[0], 1.0)),
             # the fallback's windows reach our attention from transformers' own modules
             sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
             raw=dict(cfg),
@@ -185,6 +188,11 @@ class HFModelConfig:
             quantization=(check_quantization_config(cfg["quantization_config"])
                           if cfg.get("quantization_config") is not None else None),
         )
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head that rotary turns (transformers' int(head_dim * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def has_sliding_window(self) -> bool:
@@ -210,6 +218,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return False
     if architecture == "Starcoder2ForCausalLM":  # every projection follows `use_bias`
         return bool(cfg.get("use_bias", True))
+    if architecture == "GPTNeoXForCausalLM":
+        return bool(cfg.get("attention_bias", True))
     return bool(cfg.get("attention_bias", False))
 
 
@@ -261,9 +271,34 @@ def complete_rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -
     return dict(scaling, original_max_position_embeddings=original, max_position_embeddings=max_positions)
 
 
+# transformers' share of each head that rotary turns when a config gives none (else all of it)
+_DEFAULT_PARTIAL_ROTARY = {"GPTNeoXForCausalLM": 0.25}
+
+
+def _read_partial_rotary_factor(cfg: dict[str, Any], default: float) -> float:
+    """The rope dict's partial_rotary_factor (transformers 5), else the top-level one, else
+    GPT-NeoX's older `rotary_pct`."""
+    rope = _rope_source(cfg)
+    given = {name: cfg[name] for name in ("partial_rotary_factor", "rotary_pct") if name in cfg}
+    if isinstance(rope, dict) and "partial_rotary_factor" in rope:
+        given = {"rope partial_rotary_factor": rope["partial_rotary_factor"], **given}
+    return float(_one_value(given, default))
+
+
+def _one_value(given: dict[str, Any], default: Any) -> Any:
+    """The value the config's names for one setting give (the first when they agree); where
+    they disagree transformers takes one silently, here it is refused naming both."""
+    values = list(given.items())
+    for name, value in values[1:]:
+        _check(value == values[0][1], f"config.json: {values[0][0]}={values[0][1]!r} and {name}={value!r} "
+                                      "disagree; give one")
+    return values[0][1] if values else default
+
+
 def _read_rope_dict(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rope = _rope_source(cfg)
-    theta = cfg.get("rope_theta", 10000.0)
+    # (rotary_emb_base: GPT-NeoX's older name)
+    theta = _one_value({name: cfg[name] for name in ("rope_theta", "rotary_emb_base") if name in cfg}, 10000.0)
     if not isinstance(rope, dict):
         return float(theta), None
     return float(rope.get("rope_theta", theta)), rope_scaling_of(rope)

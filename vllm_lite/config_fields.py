@@ -96,6 +96,8 @@ class FieldPolicy:
     ignored: frozenset[str] = frozenset()
     restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     rope_types: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+    # the rope dict's partial_rotary_factor may be below 1.0 (the model rotates that share)
+    partial_rotary: bool = False
     # transformers' value for a field a config.json may leave out, where it is not the one the
     # generic reader assumes (no window, untied embeddings, no soft cap, ...)
     defaults: Mapping[str, Any] = field(default_factory=dict)
@@ -230,7 +232,23 @@ _OPT = FieldPolicy(
     defaults={"tie_word_embeddings": True, "max_position_embeddings": 2048},
 )
 
+_GPT_NEOX = FieldPolicy(
+    implemented=frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                           "num_attention_heads", "max_position_embeddings", "tie_word_embeddings",
+                           "rope_theta", "rope_scaling", "rope_parameters", "rotary_pct", "rotary_emb_base",
+                           "partial_rotary_factor", "layer_norm_eps", "use_parallel_residual", "attention_bias"}),
+    ignored=frozenset({"hidden_dropout", "classifier_dropout"}),  # training-only
+    # "gelu" is exact; the tanh forms (gelu_new, gelu_fast, gelu_pytorch_tanh) are one formula
+    restricted={"hidden_act": ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh")},
+    rope_types=("default", "linear"),
+    partial_rotary=True,
+    # transformers' GPTNeoXConfig (its rotary_pct default, 0.25, is config.py's: the rope dict may carry the value)
+    defaults={"layer_norm_eps": 1e-5, "use_parallel_residual": True,
+              "hidden_act": "gelu", "max_position_embeddings": 2048, "intermediate_size": 24576},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
+    "GPTNeoXForCausalLM": _GPT_NEOX,
     "OPTForCausalLM": _OPT,
     "Olmo2ForCausalLM": _OLMO2,
     "Phi3ForCausalLM": _PHI3,
@@ -285,7 +303,7 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
             for layer_type, sub in rope.items():
                 check_rope_fields(architecture, f"{name}.{layer_type}", sub, policy.rope_types)
         elif isinstance(rope, Mapping):
-            check_rope_fields(architecture, name, rope, policy.rope_types)
+            check_rope_fields(architecture, name, rope, policy.rope_types, policy.partial_rotary)
     for layer_type in cfg.get("layer_types") or ():
         if layer_type not in SLIDING_LAYER_TYPES:
             raise ValueError(f"config.json: layer_types entry {layer_type!r} is not supported for "
@@ -298,7 +316,7 @@ def rope_type_of(rope: Mapping[str, Any]) -> str:
 
 
 def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
-                      rope_types: tuple[str, ...]) -> None:
+                      rope_types: tuple[str, ...], partial_rotary: bool = False) -> None:
     rope_type = rope_type_of(rope)
     if rope_type not in rope_types or rope_type not in ROPE_KEYS_BY_TYPE:
         raise ValueError(f"config.json: {name} rope_type {rope_type!r} is not supported for "
@@ -308,7 +326,9 @@ def check_rope_fields(architecture: str, name: str, rope: Mapping[str, Any],
         raise ValueError(f"config.json: {name} with rope_type {rope_type!r} lacks {', '.join(missing)}")
     known = ROPE_KEYS_IGNORED | ROPE_KEYS_BY_TYPE[rope_type]
     for key, value in rope.items():
-        if key == "partial_rotary_factor" and value == 1.0:
+        if key == "partial_rotary_factor" and (value == 1.0 or partial_rotary):
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"config.json: {name}.partial_rotary_factor must be in (0, 1], got {value!r}")
             continue
         if key not in known:
             raise ValueError(f"config.json: {name}.{key}={value!r} is not implemented for "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, str] = {
+    "GPTNeoXForCausalLM": "vllm_lite.model.models.gpt_neox:GPTNeoXForCausalLM",
     "GemmaForCausalLM": "vllm_lite.model.models.gemma:GemmaForCausalLM",
     "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "vllm_lite.model.models.gemma:Gemma3ForCausalLM",

@@ -118,13 +118,27 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """query [T, Hq, D], key [T, Hkv, D]; on CPU rotated in place by the csrc op (fp32
-        arithmetic, one rounding), else new tensors from torch ops."""
+        arithmetic, one rounding), else new tensors from torch ops. A layer made for fewer
+        dimensions than D (partial rotary: GPT-NeoX's rotary_pct) rotates the first ones only."""
+        rotary_dim = self.cos_sin_cache.shape[-1]
+        if rotary_dim < query.shape[-1]:
+            return self._partial(positions, query, key, rotary_dim)
         if self._native(positions, query, key):
             ops.rotary_embedding(positions, query, key, self.cos_sin_cache)
             return query, key
         cos = self.cos_cache[positions].unsqueeze(1).to(query.dtype)
         sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
         return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+
+    def _partial(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                 rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        query_rot, key_rot = query[..., :rotary_dim], key[..., :rotary_dim]
+        if self._native(positions, query_rot, key_rot):  # (the op takes the views: rows by stride)
+            ops.rotary_embedding(positions, query_rot, key_rot, self.cos_sin_cache)
+            return query, key
+        query_rot, key_rot = self.forward(positions, query_rot, key_rot)
+        return (torch.cat((query_rot, query[..., rotary_dim:]), dim=-1),
+                torch.cat((key_rot, key[..., rotary_dim:]), dim=-1))
 
     def _native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
         return (ops.takes_layer_ops(query) and key.dtype == query.dtype == self.cos_sin_cache.dtype

@@ -1,0 +1,120 @@
+"""GPT-NeoX (Pythia, Dolly v2, RedPajama-INCITE, StableLM-Alpha): multi-head attention whose
+rotary turns only the first `rotary_pct` of each head, LayerNorm with biases before attention and
+before a plain MLP (`dense_h_to_4h` -> gelu -> `dense_4h_to_h`), and by default the parallel
+residual: both branches read the same input, x + attn(ln1(x)) + mlp(ln2(x)).
+
+The checkpoint fuses q, k and v per head (`query_key_value` rows are [head][q, k, v][head_dim]);
+they are read apart into the q / k / v shards of the attention's QKV layer, so tensor
+parallelism slices them as any model's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import HFModelConfig
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.embedding import VocabParallelEmbedding
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
+from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
+
+# hidden_act -> gelu's `approximate` (the tanh forms are one formula)
+_GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh"}
+# checkpoint name fragment -> this model's (the rest of the names are the checkpoint's own)
+_RENAMES = (("gpt_neox.", "model."), ("embed_out.", "lm_head."), (".embed_in.", ".embed_tokens."),
+            (".attention.dense.", ".self_attn.o_proj."), (".attention.", ".self_attn."),
+            (".final_layer_norm.", ".norm."))
+# buffers older checkpoints saved beside the weights (the causal mask, its fill value)
+_SKIPPED_BUFFERS = (".attention.bias", ".attention.masked_bias")
+
+
+class GPTNeoXMLP(nn.Module):
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+        super().__init__()
+        self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.intermediate_size, True, tp)
+        self.dense_4h_to_h = RowParallelLinear(config.intermediate_size, config.hidden_size, True, tp)
+        self.approximate = _GELU_APPROXIMATION[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate=self.approximate))
+
+
+class GPTNeoXLayer(nn.Module):
+    def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
+                 tp: TensorParallelGroup) -> None:
+        super().__init__()
+        eps = config.raw["layer_norm_eps"]
+        self.parallel_residual = bool(config.raw["use_parallel_residual"])
+        self.self_attn = LlamaAttention(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True)
+        self.mlp = GPTNeoXMLP(config, tp)
+        self.input_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
+
+    def forward(self, positions, hidden, kv_cache, attn_metadata) -> torch.Tensor:
+        attended = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, attn_metadata)
+        if self.parallel_residual:
+            return hidden + attended + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class GPTNeoXModel(nn.Module):
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup) -> None:
+        super().__init__()
+        rotary_dim = config.rotary_dim
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(f"config.json: rotary_pct={config.partial_rotary_factor} turns {rotary_dim} of "
+                             f"head_dim={config.head_dim} dimensions; it must be an even number >= 2")
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        rotary = RotaryEmbedding(rotary_dim, max_position, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(GPTNeoXLayer(config, rotary, backend, tp)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, attn_metadata)
+        return self.norm(hidden)
+
+
+class GPTNeoXForCausalLM(DecoderForCausalLM):
+    stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
+
+    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+        if config.quantization is not None:  # (their packed query_key_value is not read apart per head)
+            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for "
+                             "GPTNeoXForCausalLM; load the unquantized checkpoint (quantization='int8' "
+                             "quantizes it here)")
+        super().__init__(config, GPTNeoXModel(config, max_position, backend, tp), tp)
+
+    def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
+        """query_key_value's rows, [heads][q, k, v][head_dim], as the q / k / v tensors; older
+        checkpoints' attention-mask buffers dropped."""
+        if name.endswith(_SKIPPED_BUFFERS):
+            return []
+        prefix, _, kind = name.rpartition(".")
+        if not prefix.endswith(".query_key_value"):
+            return None
+        config = self.config
+        tensor = materialize(weight)
+        per_head = tensor.reshape(config.num_attention_heads, 3, config.head_dim, *tensor.shape[1:])
+        base = prefix.removesuffix(".query_key_value")
+        return [(f"{base}.{part}.{kind}", per_head[:, i].reshape(-1, *tensor.shape[1:]))
+                for i, part in enumerate(("q_proj", "k_proj", "v_proj"))]
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
+        for fragment, ours in _RENAMES:
+            name = name.replace(fragment, ours)
+        for fragment, fused, shard in self.stacked_params_mapping:
+            if fragment in name:
+                return name.replace(fragment, fused), shard
+        return name, None
