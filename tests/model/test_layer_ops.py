@@ -169,3 +169,25 @@ def test_modules_match_their_torch_path(monkeypatch, dtype):
     new_q, new_k = rotary(positions, q.clone(), k.clone())
     torch.testing.assert_close(new_q, ref_q, **tol)
     torch.testing.assert_close(new_k, ref_k, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_partial_rotary_turns_the_first_dimensions_only(monkeypatch, dtype):
+    """A rotary layer made for 8 of 32 dimensions (GPT-NeoX's rotary_pct 0.25): the csrc op on
+    the views and the torch path agree, the first 8 dimensions are those of an 8-wide head, the
+    other 24 pass unchanged."""
+    gen = torch.Generator().manual_seed(1)
+    partial, full_width = RotaryEmbedding(8, 128, 10000.0, None).to(dtype), 32
+    qkv = torch.randn(5, 3 * full_width, generator=gen).to(dtype)
+    q, k = qkv[:, :full_width].view(5, 1, full_width), qkv[:, full_width:2 * full_width].view(5, 1, full_width)
+    positions = torch.tensor([0, 3, 17, 64, 127])
+    with torch_path(monkeypatch):
+        ref_q, ref_k = partial(positions, q.clone(), k.clone())
+        narrow_q, _ = partial(positions, q[..., :8].clone(), k[..., :8].clone())
+    torch.testing.assert_close(ref_q[..., :8], narrow_q)
+    assert torch.equal(ref_q[..., 8:], q[..., 8:]) and torch.equal(ref_k[..., 8:], k[..., 8:])
+    assert not torch.equal(ref_q[1:, :, :8], q[1:, :, :8])  # (position 0 turns nothing)
+    new_q, new_k = partial(positions, q, k)  # in place on the views where the op takes them
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2 * BF16_RTOL, "atol": 3e-2}
+    torch.testing.assert_close(new_q, ref_q, **tol)
+    torch.testing.assert_close(new_k, ref_k, **tol)
