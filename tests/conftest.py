@@ -242,9 +242,16 @@ def tiny_gpt_neox_serial(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_phi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Phi-2 (no native implementation: the Transformers fallback): partial rotary, attention and
-    MLP in parallel from one LayerNorm, biases."""
+    """Phi-2: partial rotary (half of each head), attention and MLP side by side on one
+    LayerNorm's output, biases everywhere including the LM head."""
     return _build(tmp_path_factory, "tiny_phi2", "phi", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
+    rotary, attention and MLP side by side, a logit scale."""
+    return _build(tmp_path_factory, "tiny_cohere", "cohere", tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="session")

@@ -234,6 +234,10 @@ def _make_config(
         from transformers import GPTNeoXConfig
 
         return GPTNeoXConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
+    if arch == "cohere":
+        from transformers import CohereConfig
+
+        return CohereConfig(**common)
     if arch == "phi":
         from transformers import PhiConfig
 

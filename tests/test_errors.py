@@ -15,9 +15,9 @@ def test_unknown_architecture_lists_supported(tiny_llama: Path, tmp_path: Path) 
     model = tmp_path / "model"
     shutil.copytree(tiny_llama, model)
     config = json.loads((model / "config.json").read_text())
-    config["architectures"] = ["PhiForCausalLM"]  # but model_type llama: no fallback either
+    config["architectures"] = ["CohereForCausalLM"]  # but model_type llama: no fallback either
     (model / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="PhiForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(ValueError, match="CohereForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(model), multiprocess=False)
 
 

@@ -46,7 +46,8 @@ def greedy(model: Path, prompts: list[list[int]], **engine_args) -> list[list[in
 @pytest.mark.parametrize("fixture, overrides", [
     ("tiny_llama", OVERRIDES),
     ("tiny_gpt_neox", {"rotary_pct": 0.5, "layer_norm_eps": 0.25}),  # (Pythia's names)
-    ("tiny_phi2", {"layer_norm_eps": 0.25}),  # the Transformers fallback
+    ("tiny_phi2", {"layer_norm_eps": 0.25}),
+    ("tiny_cohere", {"layer_norm_eps": 0.25, "logit_scale": 0.5}),  # the Transformers fallback
 ])
 def test_overrides_change_the_model_as_the_written_config_does(fixture: str, overrides: dict,
                                                                request: pytest.FixtureRequest, tmp_path: Path) -> None:
@@ -55,6 +56,18 @@ def test_overrides_change_the_model_as_the_written_config_does(fixture: str, ove
     written = hf_greedy(with_config_written(model, tmp_path, overrides), prompts, NEW_TOKENS)
     assert written != hf_greedy(model, prompts, NEW_TOKENS)  # the overrides matter
     assert greedy(model, prompts, hf_overrides=overrides) == written
+
+
+@pytest.mark.parametrize("fixture, overrides", [
+    ("tiny_phi2", {"partial_rotary_factor": 1.0}),  # beside rope_parameters' 0.5 (transformers takes that)
+    ("tiny_gpt_neox", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}),  # rotary_pct 0.25
+    ("tiny_gpt_neox", {"rotary_pct": 0.1}),  # 0.1 of 16 dimensions: 1
+])
+def test_partial_rotary_values_that_cannot_hold_are_refused(fixture: str, overrides: dict,
+                                                            request: pytest.FixtureRequest) -> None:
+    model: Path = request.getfixturevalue(fixture)
+    with pytest.raises(ValueError, match="disagree|must be an even number"):
+        EngineArgs(model=str(model), hf_overrides=overrides).create_engine_config()
 
 
 def test_overrides_set_the_default_context_and_are_checked(tiny_llama: Path) -> None:
@@ -82,7 +95,7 @@ def without_weights(model: Path, folder: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_phi2"])  # native, Transformers fallback
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_cohere"])  # native, Transformers fallback
 def test_dummy_weights_need_no_checkpoint_and_repeat(fixture: str, request: pytest.FixtureRequest,
                                                      tmp_path: Path) -> None:
     model = without_weights(request.getfixturevalue(fixture), tmp_path)

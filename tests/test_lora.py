@@ -27,7 +27,7 @@ from vllm_lite.lora.request import LoRARequest
 NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 FAMILIES = ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_phi3", "tiny_opt", "tiny_starcoder2", "tiny_gemma2",
-            "tiny_gpt_neox"]
+            "tiny_gpt_neox", "tiny_phi2"]
 
 
 def greedy(llm: LLM, prompts: list[list[int]], lora: LoRARequest | list | None,
@@ -266,9 +266,9 @@ def test_lora_engine_arguments_are_checked(tiny_llama: Path, args: dict, message
         EngineArgs(model=str(tiny_llama), **{"dtype": "float32", **args}).create_engine_config()
 
 
-def test_lora_on_the_transformers_fallback_is_refused(tiny_phi2: Path) -> None:
+def test_lora_on_the_transformers_fallback_is_refused(tiny_cohere: Path) -> None:
     with pytest.raises(ValueError, match="LoRA adapters run on the native models only"):
-        EngineArgs(model=str(tiny_phi2), enable_lora=True).create_engine_config()
+        EngineArgs(model=str(tiny_cohere), enable_lora=True).create_engine_config()
 
 
 def _broken(adapter: Path, tmp_path: Path, name: str) -> Path:

@@ -179,7 +179,8 @@ class HFModelConfig:
             eos_token_ids=_merge_ids(generation_cfg.get("eos_token_id"), cfg.get("eos_token_id")),
             bos_token_id=generation_cfg.get("bos_token_id", cfg.get("bos_token_id")),
             mlp_bias=bool(cfg.get("mlp_bias", False)) and archs[0] in _ARCHITECTURES_WITH_MLP_BIAS,
-            partial_rotary_factor=_read_partial_rotary_factor(cfg, _DEFAULT_PARTIAL_ROTARY.get(archs[0], 1.0)),
+            partial_rotary_factor=_read_partial_rotary_factor(cfg, _DEFAULT_PARTIAL_ROTARY.get(archs[0], 1.0),
+                                                              cfg.get("head_dim") or hidden // num_heads),
             # the fallback's windows reach our attention from transformers' own modules
             sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
             raw=dict(cfg),
@@ -220,6 +221,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("use_bias", True))
     if architecture == "GPTNeoXForCausalLM":
         return bool(cfg.get("attention_bias", True))
+    if architecture == "PhiForCausalLM":  # q / k / v / dense always have biases
+        return True
     return bool(cfg.get("attention_bias", False))
 
 
@@ -272,17 +275,23 @@ def complete_rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -
 
 
 # transformers' share of each head that rotary turns when a config gives none (else all of it)
-_DEFAULT_PARTIAL_ROTARY = {"GPTNeoXForCausalLM": 0.25}
+_DEFAULT_PARTIAL_ROTARY = {"GPTNeoXForCausalLM": 0.25, "PhiForCausalLM": 0.5}
 
 
-def _read_partial_rotary_factor(cfg: dict[str, Any], default: float) -> float:
+def _read_partial_rotary_factor(cfg: dict[str, Any], default: float, head_dim: int) -> float:
     """The rope dict's partial_rotary_factor (transformers 5), else the top-level one, else
-    GPT-NeoX's older `rotary_pct`."""
+    GPT-NeoX's older `rotary_pct`; it must turn an even number of each head's dimensions."""
     rope = _rope_source(cfg)
     given = {name: cfg[name] for name in ("partial_rotary_factor", "rotary_pct") if name in cfg}
     if isinstance(rope, dict) and "partial_rotary_factor" in rope:
         given = {"rope partial_rotary_factor": rope["partial_rotary_factor"], **given}
-    return float(_one_value(given, default))
+    factor = _one_value(given, default)
+    _check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1,
+           f"config.json: the partial rotary factor must be in (0, 1], got {factor!r}")
+    rotary_dim = int(head_dim * factor)
+    _check(rotary_dim >= 2 and rotary_dim % 2 == 0, f"config.json: a partial rotary factor of {factor} turns "
+           f"{rotary_dim} of head_dim={head_dim} dimensions; it must be an even number >= 2")
+    return float(factor)
 
 
 def _one_value(given: dict[str, Any], default: Any) -> Any:

@@ -247,8 +247,21 @@ _GPT_NEOX = FieldPolicy(
               "hidden_act": "gelu", "max_position_embeddings": 2048, "intermediate_size": 24576},
 )
 
+_PHI = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED - {"rms_norm_eps"} | {"partial_rotary_factor", "layer_norm_eps"},
+    # dropouts are training-only; the last is transformers' own bookkeeping for its rope validation
+    ignored=frozenset({"resid_pdrop", "embd_pdrop", "ignore_keys_at_rope_validation"}),
+    restricted={"hidden_act": ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh"), "qk_layernorm": (False,)},
+    rope_types=("default", "linear"),
+    partial_rotary=True,
+    # transformers' PhiConfig (its partial_rotary_factor default, 0.5, is config.py's)
+    defaults={"layer_norm_eps": 1e-5, "hidden_act": "gelu_new", "max_position_embeddings": 2048,
+              "intermediate_size": 8192},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "GPTNeoXForCausalLM": _GPT_NEOX,
+    "PhiForCausalLM": _PHI,
     "OPTForCausalLM": _OPT,
     "Olmo2ForCausalLM": _OLMO2,
     "Phi3ForCausalLM": _PHI3,

@@ -23,14 +23,14 @@ def test_native_architecture_through_transformers_on_request(tiny_qwen3: Path,
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3, prompts_token_ids, NEW_TOKENS)
 
 
-def test_auto_picks_native_then_fallback(tiny_llama: Path, tiny_phi2: Path) -> None:
+def test_auto_picks_native_then_fallback(tiny_llama: Path, tiny_cohere: Path) -> None:
     assert EngineArgs(model=str(tiny_llama)).create_engine_config().model_config.hf.model_impl == "vllm"
-    assert EngineArgs(model=str(tiny_phi2)).create_engine_config().model_config.hf.model_impl == "transformers"
+    assert EngineArgs(model=str(tiny_cohere)).create_engine_config().model_config.hf.model_impl == "transformers"
 
 
-def test_native_only_refuses_an_architecture_without_one(tiny_phi2: Path) -> None:
-    with pytest.raises(ValueError, match="PhiForCausalLM.*no native implementation"):
-        EngineArgs(model=str(tiny_phi2), model_impl="vllm").create_engine_config()
+def test_native_only_refuses_an_architecture_without_one(tiny_cohere: Path) -> None:
+    with pytest.raises(ValueError, match="CohereForCausalLM.*no native implementation"):
+        EngineArgs(model=str(tiny_cohere), model_impl="vllm").create_engine_config()
 
 
 def _with_config(src: Path, dst: Path, **changes) -> Path:
@@ -45,8 +45,8 @@ def _with_config(src: Path, dst: Path, **changes) -> Path:
     ("quantization_config", {"quant_method": "awq"}, "quantization_config"),
     ("model_type", "no_such_model", "no_such_model"),
 ])
-def test_fallback_refuses_what_transformers_cannot_run_here(tiny_phi2: Path, tmp_path: Path,
+def test_fallback_refuses_what_transformers_cannot_run_here(tiny_cohere: Path, tmp_path: Path,
                                                            field: str, value, message: str) -> None:
-    model = _with_config(tiny_phi2, tmp_path / "m", **{field: value})
+    model = _with_config(tiny_cohere, tmp_path / "m", **{field: value})
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(model)).create_engine_config()

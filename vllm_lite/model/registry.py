@@ -17,6 +17,7 @@ _MODELS: dict[str, str] = {
     "MixtralForCausalLM": "vllm_lite.model.models.moe:MixtralForCausalLM",
     "OPTForCausalLM": "vllm_lite.model.models.opt:OPTForCausalLM",
     "Olmo2ForCausalLM": "vllm_lite.model.models.olmo2:Olmo2ForCausalLM",
+    "PhiForCausalLM": "vllm_lite.model.models.phi:PhiForCausalLM",
     "Phi3ForCausalLM": "vllm_lite.model.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",

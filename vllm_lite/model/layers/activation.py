@@ -26,3 +26,20 @@ class GeluTanhAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+
+# transformers' gelu names -> F.gelu's `approximate` (the tanh forms are one formula)
+GELU_APPROXIMATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+class Gelu(nn.Module):
+    """A plain (not gated) MLP's gelu, by the config's `hidden_act` name."""
+
+    def __init__(self, hidden_act: str) -> None:
+        super().__init__()
+        if hidden_act not in GELU_APPROXIMATIONS:
+            raise ValueError(f"hidden_act {hidden_act!r} is not supported (supported: {', '.join(GELU_APPROXIMATIONS)})")
+        self.approximate = GELU_APPROXIMATIONS[hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate=self.approximate)

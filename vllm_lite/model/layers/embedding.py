@@ -52,6 +52,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden_size, tp)
         self.packed_weight: PackedWeight | None = None
         self.tied = False
+        self.bias: nn.Parameter | None = None  # (Phi-2's head has one: this rank's slice, as the weight's rows)
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.shard_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
@@ -77,13 +81,16 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits whatever the model dtype: sampling and logprobs work in fp32."""
-        logits = self.tp.all_gather(linear(hidden_states, self.weight, self.packed_weight), dim=-1)
+        local = linear(hidden_states, self.weight, self.packed_weight)
+        if self.bias is not None:  # (added here: the native head kernels take none)
+            local = local + self.bias.to(local.dtype)
+        logits = self.tp.all_gather(local, dim=-1)
         return logits[..., : self.vocab_size].float()
 
     def greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """`compute_logits(hidden_states).argmax(-1)` without the logits, int64 `[rows]` for
         `[rows, hidden]`, where the head runs on the native LM-head kernels on one rank; None
         elsewhere (the caller computes the logits)."""
-        if not isinstance(self.packed_weight, HeadPanels) or self.tp.size > 1:
+        if not isinstance(self.packed_weight, HeadPanels) or self.tp.size > 1 or self.bias is not None:
             return None
         return greedy_tokens(hidden_states, self.packed_weight)

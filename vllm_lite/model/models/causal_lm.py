@@ -17,11 +17,12 @@ class DecoderForCausalLM(nn.Module):
     """`model`: the decoder (`embed_tokens`, `layers`, forward(input_ids, positions, kv_caches,
     attn_metadata) -> final hidden states)."""
 
-    def __init__(self, config: HFModelConfig, model: nn.Module, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: HFModelConfig, model: nn.Module, tp: TensorParallelGroup,
+                 lm_head_bias: bool = False) -> None:
         super().__init__()
         self.config = config
         self.model = model
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp=tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, lm_head_bias, tp=tp)
         if config.tie_word_embeddings:
             self.lm_head.tie_weights(model.embed_tokens)
 

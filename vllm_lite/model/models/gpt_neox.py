@@ -12,20 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.activation import Gelu
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
 from vllm_lite.model.layers.rotary import RotaryEmbedding
 from vllm_lite.model.models.causal_lm import DecoderForCausalLM
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
-# hidden_act -> gelu's `approximate` (the tanh forms are one formula)
-_GELU_APPROXIMATION = {"gelu": "none", "gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh"}
 # checkpoint name fragment -> this model's (the rest of the names are the checkpoint's own)
 _RENAMES = (("gpt_neox.", "model."), ("embed_out.", "lm_head."), (".embed_in.", ".embed_tokens."),
             (".attention.dense.", ".self_attn.o_proj."), (".attention.", ".self_attn."),
@@ -39,10 +37,10 @@ class GPTNeoXMLP(nn.Module):
         super().__init__()
         self.dense_h_to_4h = ColumnParallelLinear(config.hidden_size, config.intermediate_size, True, tp)
         self.dense_4h_to_h = RowParallelLinear(config.intermediate_size, config.hidden_size, True, tp)
-        self.approximate = _GELU_APPROXIMATION[config.hidden_act]
+        self.act = Gelu(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate=self.approximate))
+        return self.dense_4h_to_h(self.act(self.dense_h_to_4h(x)))
 
 
 class GPTNeoXLayer(nn.Module):
@@ -68,12 +66,8 @@ class GPTNeoXModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup) -> None:
         super().__init__()
-        rotary_dim = config.rotary_dim
-        if rotary_dim < 2 or rotary_dim % 2:
-            raise ValueError(f"config.json: rotary_pct={config.partial_rotary_factor} turns {rotary_dim} of "
-                             f"head_dim={config.head_dim} dimensions; it must be an even number >= 2")
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(rotary_dim, max_position, config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(GPTNeoXLayer(config, rotary, backend, tp)
                                     for _ in range(config.num_hidden_layers))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])

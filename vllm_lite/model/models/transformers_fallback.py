@@ -71,6 +71,21 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
 
 
+class _GivenHiddenStates(nn.Module):
+    """Stands in for the base model while the `*ForCausalLM`'s own forward turns given hidden
+    states into logits: its head and whatever follows the head (Cohere's logit_scale, Granite's
+    logits_scaling, Gemma's soft cap, ...) are transformers' code, not a copy that could miss one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: torch.Tensor | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        return BaseModelOutputWithPast(last_hidden_state=self.hidden)
+
+
 @dataclass(frozen=True, slots=True)
 class _AttentionSpec:
     num_kv_heads: int
@@ -117,6 +132,7 @@ class TransformersForCausalLM(nn.Module):
         self.config = config
         self.backend = backend
         self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
+        object.__setattr__(self, "_given_hidden", _GivenHiddenStates())  # (not a submodule: no weights)
 
     @property
     def model(self) -> _LayersView:
@@ -130,8 +146,19 @@ class TransformersForCausalLM(nn.Module):
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.hf_model.get_output_embeddings()(hidden_states)
+        """float32 logits [rows, vocab] from the transformers model's own forward, its base model
+        swapped for the given hidden states for the call."""
+        model, prefix, given = self.hf_model, self.hf_model.base_model_prefix, self._given_hidden
+        base = model._modules[prefix]
+        given.hidden = hidden_states[None]
+        model._modules[prefix] = given
+        try:
+            rows = hidden_states.shape[0]
+            logits = model(input_ids=torch.zeros(1, rows, dtype=torch.long), use_cache=False).logits
+        finally:
+            model._modules[prefix], given.hidden = base, None
+        return logits[0].float()
 
     def compute_greedy_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """Always None: the logits come from the transformers model's own output layer."""
+        """Always None: the logits come from the transformers model's own forward."""
         return None
