@@ -248,6 +248,21 @@ def tiny_phi2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_stablelm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """StableLM 2 (1.6B's form): LayerNorm, partial rotary (a quarter of each head), q/k/v biases,
+    GQA, the sequential residual."""
+    return _build(tmp_path_factory, "tiny_stablelm", "stablelm", tie_word_embeddings=False, attention_bias=True,
+                  extra_config={"partial_rotary_factor": 0.25})
+
+
+@pytest.fixture(scope="session")
+def tiny_stablelm_parallel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """StableLM with the parallel residual (one LayerNorm per layer) and no q/k/v biases."""
+    return _build(tmp_path_factory, "tiny_stablelm_parallel", "stablelm", tie_word_embeddings=False,
+                  extra_config={"partial_rotary_factor": 0.5, "use_parallel_residual": True})
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

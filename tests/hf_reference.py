@@ -234,6 +234,11 @@ def _make_config(
         from transformers import GPTNeoXConfig
 
         return GPTNeoXConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
+    if arch == "stablelm":
+        from transformers import StableLmConfig
+
+        return StableLmConfig(intermediate_size=2 * hidden_size, num_key_value_heads=num_kv_heads,
+                              use_qkv_bias=attention_bias, **without_kv_heads)
     if arch == "cohere":
         from transformers import CohereConfig
 

@@ -223,6 +223,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("attention_bias", True))
     if architecture == "PhiForCausalLM":  # q / k / v / dense always have biases
         return True
+    if architecture == "StableLmForCausalLM":  # q / k / v only (o_proj has none)
+        return bool(cfg.get("use_qkv_bias", False))
     return bool(cfg.get("attention_bias", False))
 
 
@@ -275,7 +277,7 @@ def complete_rope_scaling(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -
 
 
 # transformers' share of each head that rotary turns when a config gives none (else all of it)
-_DEFAULT_PARTIAL_ROTARY = {"GPTNeoXForCausalLM": 0.25, "PhiForCausalLM": 0.5}
+_DEFAULT_PARTIAL_ROTARY = {"GPTNeoXForCausalLM": 0.25, "PhiForCausalLM": 0.5, "StableLmForCausalLM": 0.25}
 
 
 def _read_partial_rotary_factor(cfg: dict[str, Any], default: float, head_dim: int) -> float:

@@ -39,6 +39,7 @@ COMMON_IGNORED = frozenset({
     "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
     "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
     "suppress_tokens", "begin_suppress_tokens", "output_router_logits", "router_aux_loss_coef",
+    "ignore_keys_at_rope_validation",  # transformers' bookkeeping for its own rope-dict check
     "pretraining_tp",  # a training-time slicing of the same matmuls; transformers 5 ignores it
     # custom-code classes a repository offers; with a native (or transformers') implementation
     # they are not used (as with transformers' trust_remote_code=False); see _refuse_remote_code
@@ -249,8 +250,7 @@ _GPT_NEOX = FieldPolicy(
 
 _PHI = FieldPolicy(
     implemented=DENSE_IMPLEMENTED - {"rms_norm_eps"} | {"partial_rotary_factor", "layer_norm_eps"},
-    # dropouts are training-only; the last is transformers' own bookkeeping for its rope validation
-    ignored=frozenset({"resid_pdrop", "embd_pdrop", "ignore_keys_at_rope_validation"}),
+    ignored=frozenset({"resid_pdrop", "embd_pdrop"}),  # training-only
     restricted={"hidden_act": ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh"), "qk_layernorm": (False,)},
     rope_types=("default", "linear"),
     partial_rotary=True,
@@ -259,8 +259,22 @@ _PHI = FieldPolicy(
               "intermediate_size": 8192},
 )
 
+_STABLELM = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED - {"rms_norm_eps"} | {"partial_rotary_factor", "layer_norm_eps", "use_qkv_bias",
+                                                      "use_parallel_residual"},
+    ignored=frozenset({"hidden_dropout"}),  # training-only
+    # qk_layernorm (StableLM 2 12B's per-head LayerNorm on q and k) is not implemented
+    restricted={"hidden_act": ("silu",), "qk_layernorm": (False,)},
+    rope_types=("default", "linear"),
+    partial_rotary=True,
+    # transformers' StableLmConfig (its partial_rotary_factor default, 0.25, is config.py's)
+    defaults={"layer_norm_eps": 1e-5, "use_parallel_residual": False, "max_position_embeddings": 4096,
+              "intermediate_size": 6912},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "GPTNeoXForCausalLM": _GPT_NEOX,
+    "StableLmForCausalLM": _STABLELM,
     "PhiForCausalLM": _PHI,
     "OPTForCausalLM": _OPT,
     "Olmo2ForCausalLM": _OLMO2,

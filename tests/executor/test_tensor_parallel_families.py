@@ -15,7 +15,7 @@ from test_tensor_parallel import NEW_TOKENS, run_greedy, shared_prefix_prompts, 
 from vllm_lite import LLM
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gemma", "tiny_gemma3", "tiny_gpt_neox", "tiny_phi2", "tiny_granite", "tiny_phi3", "tiny_mixtral",
+@pytest.mark.parametrize("fixture", ["tiny_gemma", "tiny_gemma3", "tiny_gpt_neox", "tiny_phi2", "tiny_stablelm", "tiny_granite", "tiny_phi3", "tiny_mixtral",
                                      "tiny_qwen3_moe", "tiny_smollm3", "tiny_starcoder2", "tiny_olmo2",
                                      "tiny_mistral_window"])
 def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRequest,

@@ -23,6 +23,7 @@ _MODELS: dict[str, str] = {
     "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "vllm_lite.model.models.moe:Qwen3MoeForCausalLM",
     "SmolLM3ForCausalLM": "vllm_lite.model.models.smollm3:SmolLM3ForCausalLM",
+    "StableLmForCausalLM": "vllm_lite.model.models.stablelm:StableLmForCausalLM",
     "Starcoder2ForCausalLM": "vllm_lite.model.models.starcoder2:Starcoder2ForCausalLM",
 }
 
