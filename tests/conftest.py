@@ -263,6 +263,37 @@ def tiny_stablelm_parallel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-2 as openai-community/gpt2 ships it: a GPT2Model's tensor names (no `transformer.`
+    prefix, no lm_head: tied to wte), the causal-mask buffers beside the weights, Conv1D
+    projections ([in, out])."""
+    from safetensors.torch import load_file, save_file
+
+    out = _build(tmp_path_factory, "tiny_gpt2", "gpt2", tie_word_embeddings=True)
+    tensors = {name.removeprefix("transformer."): t for name, t in load_file(out / "model.safetensors").items()
+               if not name.startswith("lm_head.")}
+    mask = torch.tril(torch.ones(512, 512)).view(1, 1, 512, 512)
+    for layer in range(2):
+        tensors[f"h.{layer}.attn.bias"] = mask.clone()
+    tensors["h.0.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_bigcode(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPTBigCode (SantaCoder / StarCoder 1): multi-query attention, gelu-tanh, tied head."""
+    return _build(tmp_path_factory, "tiny_gpt_bigcode", "gpt_bigcode", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_bigcode_mha(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPTBigCode with multi_query false: c_attn fused per head, untied head, exact gelu."""
+    return _build(tmp_path_factory, "tiny_gpt_bigcode_mha", "gpt_bigcode", tie_word_embeddings=False,
+                  extra_config={"multi_query": False, "activation_function": "gelu"})
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

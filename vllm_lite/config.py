@@ -221,7 +221,7 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("use_bias", True))
     if architecture == "GPTNeoXForCausalLM":
         return bool(cfg.get("attention_bias", True))
-    if architecture == "PhiForCausalLM":  # q / k / v / dense always have biases
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "PhiForCausalLM"):
         return True
     if architecture == "StableLmForCausalLM":  # q / k / v only (o_proj has none)
         return bool(cfg.get("use_qkv_bias", False))
@@ -750,6 +750,9 @@ class EngineArgs:
         _check(model_config.hf.model_impl == "vllm",
                f"enable_lora: LoRA adapters run on the native models only ({model_config.hf.architecture} runs "
                "through transformers' modelling code)")
+        _check(model_config.hf.architecture != "GPT2LMHeadModel",
+               "enable_lora: LoRA adapters of GPT-2 (PEFT's fan_in_fan_out adapters of its Conv1D layers) are "
+               "not implemented")
         _check(self.max_lora_rank in MAX_LORA_RANKS,
                f"max_lora_rank must be one of {MAX_LORA_RANKS} (vLLM's), got {self.max_lora_rank!r}")
         _check(isinstance(self.max_loras, int) and self.max_loras >= 1, f"max_loras must be >= 1, got {self.max_loras!r}")
@@ -841,7 +844,9 @@ class EngineArgs:
         _check(self.convert in CONVERTS, f"convert must be one of {CONVERTS} (vLLM's classify, reward and other "
                                          f"conversions are not implemented), got {self.convert!r}")
         runner = self.runner
-        decoder_only = hf.checkpoint_architecture.endswith("Model")  # no LM head: an embedding model
+        # no LM head: an embedding model (GPT-2's `*LMHeadModel` has one)
+        decoder_only = hf.checkpoint_architecture.endswith("Model") and not hf.checkpoint_architecture.endswith(
+            "LMHeadModel")
         classifier = hf.checkpoint_architecture.endswith("ForSequenceClassification")
         if runner == "auto":
             runner = "pooling" if decoder_only or classifier or self.convert in ("embed", "classify") else "generate"

@@ -102,6 +102,8 @@ class FieldPolicy:
     # transformers' value for a field a config.json may leave out, where it is not the one the
     # generic reader assumes (no window, untied embeddings, no soft cap, ...)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # the generic names a config gives under its family's own (GPT-2's n_embd is hidden_size, ...)
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def all_fields(self) -> frozenset[str]:
         return (self.implemented | self.ignored | COMMON_IGNORED | frozenset(self.restricted)
@@ -272,7 +274,42 @@ _STABLELM = FieldPolicy(
               "intermediate_size": 6912},
 )
 
+# GPT-2's names (transformers' attribute_map), GPTBigCode's too
+_GPT_ALIASES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+                "max_position_embeddings": "n_positions", "intermediate_size": "n_inner",
+                "hidden_act": "activation_function"}
+_GPT_GELUS = ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh")
+_GPT2 = FieldPolicy(
+    implemented=frozenset({"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+                           "layer_norm_epsilon", "tie_word_embeddings"}),
+    # dropouts are training-only; summary_*: GPT2DoubleHeadsModel's multiple-choice head; n_ctx:
+    # older configs' copy of n_positions, which transformers no longer reads
+    ignored=frozenset({"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type", "summary_use_proj",
+                       "summary_activation", "summary_first_dropout", "summary_proj_to_labels", "n_ctx"}),
+    restricted={"activation_function": _GPT_GELUS, "scale_attn_weights": (True,),
+                "scale_attn_by_inverse_layer_idx": (False,), "reorder_and_upcast_attn": (False,)},
+    rope_types=(),
+    defaults={"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+              "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    aliases=_GPT_ALIASES,
+)
+_GPT_BIGCODE = FieldPolicy(
+    # (transformers 5 writes num_key_value_heads beside multi_query; the model checks they agree)
+    implemented=_GPT2.implemented | {"multi_query", "num_key_value_heads"},
+    # softmax in fp32: ours always is
+    ignored=frozenset({"resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_softmax_in_fp32",
+                       "scale_attention_softmax_in_fp32", "n_ctx"}),
+    restricted={"activation_function": _GPT_GELUS, "scale_attn_weights": (True,)},
+    rope_types=(),
+    defaults={"vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
+              "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True,
+              "multi_query": True},
+    aliases=_GPT_ALIASES,
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
+    "GPT2LMHeadModel": _GPT2,
+    "GPTBigCodeForCausalLM": _GPT_BIGCODE,
     "GPTNeoXForCausalLM": _GPT_NEOX,
     "StableLmForCausalLM": _STABLELM,
     "PhiForCausalLM": _PHI,
@@ -367,9 +404,17 @@ def _describe(values: tuple[Any, ...]) -> str:
 
 
 def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """`cfg` with transformers' defaults filled in for the fields it leaves out."""
+    """`cfg` with transformers' defaults filled in for the fields it leaves out, and the generic
+    names of the fields its family names its own way."""
     policy = POLICIES.get(architecture)
-    return {**(policy.defaults if policy else {}), **cfg}
+    full = {**(policy.defaults if policy else {}), **cfg}
+    for generic, own in (policy.aliases if policy else {}).items():
+        if full.get(own) is not None:
+            full.setdefault(generic, full[own])
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM"):
+        full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null)
+        full.setdefault("num_key_value_heads", 1 if full.get("multi_query") else full["num_attention_heads"])
+    return full
 
 
 def gemma_layer_types(cfg: Mapping[str, Any], architecture: str) -> list[str]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, str] = {
+    "GPT2LMHeadModel": "vllm_lite.model.models.gpt2:GPT2LMHeadModel",
+    "GPTBigCodeForCausalLM": "vllm_lite.model.models.gpt2:GPTBigCodeForCausalLM",
     "GPTNeoXForCausalLM": "vllm_lite.model.models.gpt_neox:GPTNeoXForCausalLM",
     "GemmaForCausalLM": "vllm_lite.model.models.gemma:GemmaForCausalLM",
     "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",
