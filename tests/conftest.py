@@ -294,6 +294,13 @@ def tiny_gpt_bigcode_mha(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gptj(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GPT-J (the Transformers fallback): GPT-2's config names (n_embd, n_head, ...), read through
+    transformers' attribute_map."""
+    return _build(tmp_path_factory, "tiny_gptj", "gptj", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

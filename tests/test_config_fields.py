@@ -73,6 +73,18 @@ def test_unimplemented_llama_field_is_refused_by_name(tiny_llama: Path, field: s
         HFModelConfig.from_dict(cfg, {})
 
 
+@pytest.mark.parametrize("fixture, field", [("tiny_llama", "num_attention_heads"), ("tiny_gpt2", "n_head"),
+                                            ("tiny_gptj", "n_head")])  # native, native with aliases, fallback
+def test_a_config_without_the_head_count_is_refused_by_name(fixture: str, field: str,
+                                                            request: pytest.FixtureRequest) -> None:
+    cfg = _tiny_config(request.getfixturevalue(fixture))
+    del cfg[field]
+    if fixture != "tiny_llama":  # (their defaults would fill it, as transformers': a value of the wrong type)
+        cfg[field] = "4"
+    with pytest.raises(ValueError, match="num_attention_heads missing or not an integer"):
+        HFModelConfig.from_dict(cfg, {})
+
+
 def test_unknown_rope_key_is_refused(tiny_llama: Path) -> None:
     cfg = _tiny_config(tiny_llama)
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mscale": 0.7}

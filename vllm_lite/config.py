@@ -18,7 +18,8 @@ from typing import Any
 
 from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fields, check_fallback_fields,
                                      check_quantization_config, gemma_layer_types, implementing_architecture,
-                                     resolve_model_impl, rope_type_of, with_defaults)
+                                     resolve_model_impl, rope_type_of, with_defaults,
+                                     with_transformers_names)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
@@ -155,6 +156,10 @@ class HFModelConfig:
             cfg = with_defaults(archs[0], cfg)
         else:
             check_fallback_fields(archs[0], cfg)
+            cfg = with_transformers_names(cfg)
+        missing = [name for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+                   if not isinstance(cfg.get(name), int)]
+        _check(not missing, f"config.json: {', '.join(missing)} missing or not an integer (for {archs[0]})")
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         rope_theta, rope_scaling = _read_rope(cfg)
@@ -291,7 +296,7 @@ def _read_partial_rotary_factor(cfg: dict[str, Any], default: float, head_dim: i
     _check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1,
            f"config.json: the partial rotary factor must be in (0, 1], got {factor!r}")
     rotary_dim = int(head_dim * factor)
-    _check(rotary_dim >= 2 and rotary_dim % 2 == 0, f"config.json: a partial rotary factor of {factor} turns "
+    _check(factor == 1 or (rotary_dim >= 2 and rotary_dim % 2 == 0), f"config.json: a partial rotary factor of {factor} turns "
            f"{rotary_dim} of head_dim={head_dim} dimensions; it must be an even number >= 2")
     return float(factor)
 

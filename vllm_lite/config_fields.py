@@ -466,6 +466,20 @@ def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
                          f"transformers builds {built or 'no causal-LM class'} for that model_type")
 
 
+def with_transformers_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A fallback model's config with the generic names its transformers config class maps onto
+    its own (`attribute_map`: GPT-J's n_head is num_attention_heads, MPT's d_model hidden_size,
+    ...), as transformers reads them."""
+    from transformers import AutoConfig
+
+    attribute_map = getattr(type(AutoConfig.for_model(cfg["model_type"])), "attribute_map", {})
+    full = dict(cfg)
+    for generic, own in attribute_map.items():
+        if isinstance(own, str) and own in cfg:
+            full.setdefault(generic, cfg[own])
+    return full
+
+
 
 # A checkpoint's `quantization_config` this engine loads. compressed-tensors' W8A8 int8 (vLLM's
 # CompressedTensorsW8A8Int8 with dynamic per-token activations), run by the int8 linear layers
