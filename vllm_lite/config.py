@@ -296,8 +296,9 @@ def _read_partial_rotary_factor(cfg: dict[str, Any], default: float, head_dim: i
     _check(isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1,
            f"config.json: the partial rotary factor must be in (0, 1], got {factor!r}")
     rotary_dim = int(head_dim * factor)
-    _check(factor == 1 or (rotary_dim >= 2 and rotary_dim % 2 == 0), f"config.json: a partial rotary factor of {factor} turns "
-           f"{rotary_dim} of head_dim={head_dim} dimensions; it must be an even number >= 2")
+    _check(factor == 1 or (rotary_dim >= 2 and rotary_dim % 2 == 0),
+           f"config.json: a partial rotary factor of {factor} turns {rotary_dim} of head_dim={head_dim} "
+           "dimensions; it must be an even number >= 2")
     return float(factor)
 
 
@@ -1293,9 +1294,9 @@ def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str |
 
 def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None, device: str,
                                tensor_parallel_size: int, model_impl: str) -> str | None:
-    """A llama .gguf model on CPU implies quantization="gguf" (as vLLM infers it from the file);
-    other architectures, CUDA and the Transformers fallback load it dequantized. To run a GGUF file dequantized on CPU, pass
-    its converted folder (`vllm_lite.gguf_convert.gguf_model_dir`)."""
+    """A llama / Qwen2 / Qwen3 .gguf model on CPU implies quantization="gguf" (as vLLM infers it from
+    the file); other architectures, CUDA and the Transformers fallback load it dequantized. To run
+    a GGUF file dequantized on CPU, pass its converted folder (`vllm_lite.gguf_convert.gguf_model_dir`)."""
     if quantization not in (None, "gguf"):
         return quantization
     if gguf_file is None:
@@ -1305,8 +1306,8 @@ def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None,
 
     keepable = supports_kept_quantized(gguf_file) and model_impl != "transformers"
     _check(quantization is None or keepable,
-           f"quantization='gguf': '{gguf_file}' is not a llama GGUF file run by our model code; other "
-           "architectures and model_impl='transformers' load it dequantized (leave quantization unset)")
+           f"quantization='gguf': '{gguf_file}' is not a llama / Qwen2 / Qwen3 GGUF file run by our model code; "
+           "other architectures and model_impl='transformers' load it dequantized (leave quantization unset)")
     if device != "cpu" or not keepable:
         return None
     _check(tensor_parallel_size == 1, f"quantization='gguf' runs on one rank, got tensor_parallel_size="

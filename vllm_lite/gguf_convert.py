@@ -38,8 +38,13 @@ OUTPUT_FILES = (
     "special_tokens_map.json",
 )
 
-# general.architecture -> (HF architecture class, HF model_type)
+# general.architecture -> (HF architecture class, HF model_type): the files our converter writes a
+# folder for (others: transformers')
 _ARCHITECTURES: Mapping[str, tuple[str, str]] = MappingProxyType({"llama": ("LlamaForCausalLM", "llama")})
+# the files whose tensors load straight from the GGUF (blocks kept): llama.cpp names their tensors
+# as below for these architectures; llama's q / k rows are permuted (it rotates interleaved
+# pairs), Qwen's are not (llama.cpp runs them with NEOX rotary, as transformers does)
+KEPT_QUANTIZED_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
 
 _GLOBAL_TENSORS: Mapping[str, str] = MappingProxyType({
     "token_embd.weight": "model.embed_tokens.weight",
@@ -56,6 +61,8 @@ _LAYER_TENSORS: Mapping[str, str] = MappingProxyType({
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # (Qwen3)
+    "attn_k_norm": "self_attn.k_norm",
 })
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -319,9 +326,10 @@ def _convert_tensor(tensor: Any, config: Mapping[str, Any]) -> tuple[str, np.nda
 
 
 def supports_kept_quantized(gguf_path: Path) -> bool:
-    """Whether our converter maps this file's tensors (llama files), so they can be loaded straight
-    from the GGUF file with quantized tensors kept in their blocks (`quantization="gguf"`)."""
-    return gguf_architecture(gguf_path) in _ARCHITECTURES
+    """Whether our tensor names map this file's tensors (llama, Qwen2, Qwen3 files), so they can be
+    loaded straight from the GGUF file with quantized tensors kept in their blocks
+    (`quantization="gguf"`)."""
+    return gguf_architecture(gguf_path) in KEPT_QUANTIZED_ARCHITECTURES
 
 
 def gguf_architecture(gguf_path: Path) -> str | None:
@@ -448,7 +456,7 @@ def gguf_tensor_types(tensors: list[GGUFTensor]) -> dict[str, tuple[int, int]]:
 
 def iterate_gguf_weights(tensors: list[GGUFTensor], config: Mapping[str, Any],
                          keep_quantized: frozenset[str]) -> Iterator[tuple[str, Any]]:
-    """(Hugging Face name, torch tensor) for every tensor of a llama GGUF file: the tensors named in
+    """(Hugging Face name, torch tensor) for every tensor of a llama / Qwen GGUF file: the tensors named in
     `keep_quantized` as their raw blocks (uint8 [rows, row_bytes]; q/k rows un-permuted like the
     dequantized ones: the permutation moves whole rows), every other one dequantized to float32."""
     import torch
@@ -465,6 +473,9 @@ def iterate_gguf_weights(tensors: list[GGUFTensor], config: Mapping[str, Any],
 
 
 def _unpermute_if_rotary(gguf_name: str, weight: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
+    """llama files' q / k rows back in Hugging Face's order (`config`: the folder's config.json)."""
+    if config.get("model_type", "llama") != "llama":
+        return weight
     if ".attn_q." in gguf_name:
         return unpermute_rotary_rows(weight, config["num_attention_heads"])
     if ".attn_k." in gguf_name:

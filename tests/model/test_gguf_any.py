@@ -28,9 +28,12 @@ def test_gguf_file_matches_its_source_checkpoint(fixture: str, arch: str, reques
     assert len(converted) == 1 and (converted[0] / "model.safetensors").is_file()
 
 
-def test_quantized_gguf_is_dequantized_at_load(tiny_qwen2: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               prompts_token_ids: list[list[int]]) -> None:
+def test_quantized_gguf_folder_holds_the_dequantized_weights(tiny_qwen2: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             prompts_token_ids: list[list[int]]) -> None:
+    """The converted folder (config, tokenizer, and the weights widened to float32: what a
+    dequantized run and transformers load); the engine itself keeps the file's blocks
+    (tests/model/test_gguf_quantized.py)."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file

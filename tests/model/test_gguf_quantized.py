@@ -137,14 +137,19 @@ def tiny_llama_32(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             num_heads=4, num_kv_heads=2, hidden_size=64, seed=3)
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
-def test_kept_quantized_matches_dequantized(quant: str, tiny_llama_32: Path, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("quant, fixture, arch", [
+    ("Q8_0", "tiny_llama_32", "llama"), ("Q4_1", "tiny_llama_32", "llama"),
+    # Qwen files: not permuted, q/k/v biases (Qwen2), q/k norms and a wider head (Qwen3)
+    ("Q4_1", "tiny_qwen2", "qwen2"), ("Q8_0", "tiny_qwen3", "qwen3"),
+])
+def test_kept_quantized_matches_dequantized(quant: str, fixture: str, arch: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
                                             prompts_token_ids: list[list[int]]) -> None:
     from vllm_lite.gguf_convert import gguf_model_dir
 
     monkeypatch.setenv("VLLM_LITE_CACHE", str(tmp_path / "cache"))
-    gguf_file = export_gguf(tiny_llama_32, tmp_path / f"tiny-llama-{quant}.gguf", "llama", quant=quant)
+    source: Path = request.getfixturevalue(fixture)
+    gguf_file = export_gguf(source, tmp_path / f"tiny-{arch}-{quant}.gguf", arch, quant=quant)
     assert EngineArgs(model=str(gguf_file)).create_engine_config().model_config.quantization == "gguf"
     kept = make_llm(gguf_file)
     dequantized = make_llm(gguf_model_dir(gguf_file))  # the same weights, widened to fp32 at load
