@@ -301,6 +301,13 @@ def tiny_gptj(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2-MoE (the Transformers fallback): routed experts and a gated shared expert; its
+    forward reads the base model's router logits."""
+    return _build(tmp_path_factory, "tiny_qwen2_moe", "qwen2_moe", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

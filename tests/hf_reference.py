@@ -248,6 +248,17 @@ def _make_config(
 
         return StableLmConfig(intermediate_size=2 * hidden_size, num_key_value_heads=num_kv_heads,
                               use_qkv_bias=attention_bias, **without_kv_heads)
+    if arch == "qwen2_moe":
+        from transformers import Qwen2MoeConfig
+
+        return Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size,
+                              shared_expert_intermediate_size=hidden_size, **common)
+    if arch == "falcon":
+        from transformers import FalconConfig
+
+        return FalconConfig(**{name: common[name] for name in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                               "num_attention_heads", "bos_token_id", "eos_token_id",
+                                                               "dtype")})
     if arch == "cohere":
         from transformers import CohereConfig
 

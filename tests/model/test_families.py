@@ -18,7 +18,7 @@ FAMILIES = ["tiny_gemma", "tiny_gemma2", "tiny_gemma3", "tiny_gpt2", "tiny_gpt_b
             "tiny_mixtral", "tiny_olmo2", "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_qwen3_moe",
             "tiny_qwen2_window", "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
-            "tiny_cohere", "tiny_gptj"]
+            "tiny_cohere", "tiny_gptj", "tiny_qwen2_moe"]
 
 
 @pytest.mark.parametrize("fixture", FAMILIES)

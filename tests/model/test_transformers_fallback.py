@@ -33,6 +33,16 @@ def test_native_only_refuses_an_architecture_without_one(tiny_cohere: Path) -> N
         EngineArgs(model=str(tiny_cohere), model_impl="vllm").create_engine_config()
 
 
+def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tmp_path: Path) -> None:
+    """Falcon picks its attention class from a fixed table: no place for ours (a KeyError inside
+    transformers before)."""
+    from hf_reference import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "falcon", "falcon", tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="FalconForCausalLM has no place for an attention implementation"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+
+
 def _with_config(src: Path, dst: Path, **changes) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())

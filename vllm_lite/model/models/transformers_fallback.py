@@ -80,10 +80,27 @@ class _GivenHiddenStates(nn.Module):
         super().__init__()
         self.hidden: torch.Tensor | None = None
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from transformers.modeling_outputs import BaseModelOutputWithPast
+    def forward(self, *args: Any, **kwargs: Any) -> _HiddenStatesOnly:
+        return _HiddenStatesOnly(self.hidden)
 
-        return BaseModelOutputWithPast(last_hidden_state=self.hidden)
+
+class _HiddenStatesOnly:
+    """A base model's output holding only its last hidden states (also as item 0); any other
+    field a forward reads (an MoE's router_logits, past_key_values, ...) is None, as it is when
+    not asked for."""
+
+    def __init__(self, hidden: torch.Tensor | None) -> None:
+        self.last_hidden_state = hidden
+
+    def __getattr__(self, name: str) -> None:  # (only for attributes not set above)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+    def __getitem__(self, index: int) -> torch.Tensor | None:
+        if index != 0:
+            raise IndexError(index)
+        return self.last_hidden_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +136,17 @@ class TransformersForCausalLM(nn.Module):
         register_attention()
         hf_config = AutoConfig.from_pretrained(model_dir)
         hf_config.update(hf_overrides or {})
-        if dummy_weights:  # the loader then sets them as for a native model
-            self.hf_model = AutoModelForCausalLM.from_config(
-                hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
-        else:
-            self.hf_model = AutoModelForCausalLM.from_pretrained(
-                model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+        try:
+            if dummy_weights:  # the loader then sets them as for a native model
+                self.hf_model = AutoModelForCausalLM.from_config(
+                    hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+            else:
+                self.hf_model = AutoModelForCausalLM.from_pretrained(
+                    model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+        except KeyError as exc:  # (a model that picks its attention class from a fixed table: Falcon's)
+            raise ValueError(f"model_impl='transformers': transformers' {config.architecture} has no place for "
+                             f"an attention implementation of its own (it looked up {exc}), so it cannot run "
+                             "on the paged KV cache") from None
         if not type(self.hf_model)._supports_attention_backend:
             raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
                              "of its attention through transformers' attention interface (e.g. it adds "
