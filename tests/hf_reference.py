@@ -253,6 +253,13 @@ def _make_config(
 
         return Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size,
                               shared_expert_intermediate_size=hidden_size, **common)
+    if arch == "deepseek_v2":  # multi-head latent attention: keys of 8 + 8 dimensions, values of 24
+        from transformers import DeepseekV2Config
+
+        return DeepseekV2Config(q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                moe_intermediate_size=hidden_size // 2, first_k_dense_replace=1, n_group=1,
+                                topk_group=1, **{**common, "num_key_value_heads": num_heads})
     if arch == "falcon":
         from transformers import FalconConfig
 

@@ -43,6 +43,17 @@ def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tmp_path: Path)
         LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 
+def test_attention_the_kv_cache_cannot_hold_is_refused_by_name(tmp_path: Path) -> None:
+    """DeepSeek-V2's latent attention caches keys and values of other widths than config.json's
+    head_dim: refused when the model is built (it failed inside its first step before)."""
+    from hf_reference import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "deepseek_v2", "deepseek_v2", tie_word_embeddings=False)
+    with pytest.raises(ValueError, match=r"DeepseekV2ForCausalLM's attention caches keys of 4 heads x 16 and "
+                                         r"values of 24 dimensions"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+
+
 def _with_config(src: Path, dst: Path, **changes) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())

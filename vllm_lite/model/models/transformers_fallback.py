@@ -35,7 +35,12 @@ _NEUTRAL_KWARGS = {"dropout": (0.0, None), "is_causal": (True, None), "position_
 def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          attention_mask: Any, scaling: float | None = None, **kwargs: Any):
     """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None), through the
-    backend with this layer's cache; `kv_caches` and `attn_metadata` ride in the kwargs."""
+    backend with this layer's cache; `kv_caches` and `attn_metadata` ride in the kwargs. A load-time
+    probe (`vllm_lite_probe`, a list) records each layer's key / value shapes instead."""
+    probe = kwargs.pop("vllm_lite_probe", None)
+    if probe is not None:
+        probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1]))
+        return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
     sliding_window, soft_cap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
@@ -104,6 +109,15 @@ class _HiddenStatesOnly:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What one layer's attention hands the KV cache: key heads, key and value head dims."""
+
+    num_kv_heads: int
+    key_dim: int
+    value_dim: int
+
+
+@dataclass(frozen=True, slots=True)
 class _AttentionSpec:
     num_kv_heads: int
 
@@ -153,8 +167,27 @@ class TransformersForCausalLM(nn.Module):
                              "ALiBi biases through the mask), so it cannot run on the paged KV cache")
         self.config = config
         self.backend = backend
+        self._check_attention_shapes()
         self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
         object.__setattr__(self, "_given_hidden", _GivenHiddenStates())  # (not a submodule: no weights)
+
+    def _check_attention_shapes(self) -> None:
+        """One forward over a few tokens records what each layer's attention would cache; the
+        paged KV cache is sized from config.json (its KV heads, one head_dim for keys and values),
+        so a model that caches other shapes (DeepSeek's multi-head latent attention, ...) is
+        refused by name here rather than failing in its first step."""
+        shapes: list[AttentionShape] = []
+        with torch.no_grad():
+            self.hf_model.base_model(input_ids=torch.zeros(1, 2, dtype=torch.long),
+                                     position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
+        config = self.config
+        expected = AttentionShape(config.num_key_value_heads, config.head_dim, config.head_dim)
+        wrong = next((shape for shape in shapes if shape != expected), None)
+        if wrong is not None:
+            raise ValueError(f"model_impl='transformers': {config.architecture}'s attention caches keys of "
+                             f"{wrong.num_kv_heads} heads x {wrong.key_dim} and values of {wrong.value_dim} dimensions; "
+                             f"the paged KV cache holds {expected.num_kv_heads} heads x {expected.key_dim} for both "
+                             "(config.json's num_key_value_heads and head_dim), so it cannot run here")
 
     @property
     def model(self) -> _LayersView:
