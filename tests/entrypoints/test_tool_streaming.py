@@ -60,6 +60,9 @@ def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], 
     (ToolPlan("auto", parser="qwen3_json"), HERMES, True),
     (ToolPlan("auto", parser="qwen3_coder",
               schemas={"get_weather": {"properties": {"days": {"type": "integer"}}}}), QWEN3_XML, False),
+    # text after the call blocks is content for these two (the whole reply's and the stream's alike)
+    (ToolPlan("auto", parser="lfm2"), LFM2 + " Done.", False),
+    (ToolPlan("auto", parser="qwen3_coder"), QWEN3_XML + "\nI asked for Oslo.", False),
 ])
 @pytest.mark.parametrize("size", [1, 3, 7])
 def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremental: bool, size: int) -> None:
@@ -71,6 +74,7 @@ def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremen
         if incremental and len(call["function"]["arguments"]) > 2 * size + 2:
             assert pieces[index] > 2, "the arguments arrive in pieces, not at the end"
     assert (content.strip() or None) == (want_content.strip() if want_content else None)
+    assert content == (want_content or "")
 
 
 @pytest.mark.parametrize("parser", ["hermes", "llama3_json", "granite", "jamba", "lfm2", "phi4_mini_json"])

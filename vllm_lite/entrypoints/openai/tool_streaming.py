@@ -152,11 +152,13 @@ class ToolCallStream:
         return pieces
 
     def _finish(self) -> tuple[str, list[ToolCallDelta]]:
-        """What the whole-text parser finds beyond what was streamed."""
+        """What the whole-text parser finds beyond what was streamed: calls, and content not sent
+        yet (all of a plain reply's held-back text; the text after lfm2's and qwen3_coder's call
+        blocks, which is content there)."""
         calls, content = extract_tool_calls(self.plan, self.text)
+        rest = (content or "")[len(self.sent_content):] if (content or "").startswith(self.sent_content) else ""
+        self.sent_content += rest
         if not calls and not self.sent_calls:
-            rest = (content or "")[len(self.sent_content):] if (content or "").startswith(self.sent_content) else ""
-            self.sent_content += rest
             return rest, []
         pieces = []
         for index, sent in enumerate(self.sent_calls[: len(calls)]):
@@ -168,7 +170,7 @@ class ToolCallStream:
             call_id = calls[index]["id"]
             self.sent_calls.append(_SentCall(function["name"], call_id, function["arguments"]))
             pieces.append(ToolCallDelta(index, function["arguments"], function["name"], call_id))
-        return "", pieces
+        return rest, pieces
 
 
 # ---- format readers (pure functions of the text so far)
