@@ -308,6 +308,13 @@ def tiny_qwen2_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_bloom(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Bloom: ALiBi (no position embeddings), a LayerNorm after the embeddings, per-head fused
+    query_key_value; 6 heads, so the slopes include the series past the largest power of two."""
+    return _build(tmp_path_factory, "tiny_bloom", "bloom", tie_word_embeddings=True, num_heads=6, hidden_size=96)
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

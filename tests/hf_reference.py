@@ -253,6 +253,12 @@ def _make_config(
 
         return Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size,
                               shared_expert_intermediate_size=hidden_size, **common)
+    if arch == "bloom":
+        from transformers import BloomConfig
+
+        return BloomConfig(n_layer=num_layers, n_head=num_heads, **{
+            name: common[name] for name in ("vocab_size", "hidden_size", "tie_word_embeddings", "bos_token_id",
+                                            "eos_token_id", "pad_token_id", "dtype")})
     if arch == "deepseek_v2":  # multi-head latent attention: keys of 8 + 8 dimensions, values of 24
         from transformers import DeepseekV2Config
 

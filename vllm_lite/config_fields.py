@@ -307,7 +307,23 @@ _GPT_BIGCODE = FieldPolicy(
     aliases=_GPT_ALIASES,
 )
 
+_BLOOM = FieldPolicy(
+    implemented=frozenset({"vocab_size", "hidden_size", "n_embed", "n_layer", "n_head", "layer_norm_epsilon",
+                           "tie_word_embeddings"}),
+    # dropouts are training-only; the rest are Megatron-DeepSpeed's training switches that
+    # bigscience's configs carry and transformers never reads (n_inner included: the MLP is 4x wide)
+    ignored=frozenset({"hidden_dropout", "slow_but_exact", "attention_softmax_in_fp32", "bias_dropout_fusion",
+                       "masked_softmax_fusion", "offset_alibi", "skip_bias_add", "skip_bias_add_qkv",
+                       "unk_token_id", "seq_length", "n_inner"}),
+    restricted={"apply_residual_connection_post_layernorm": (False,)},
+    rope_types=(),
+    defaults={"vocab_size": 250880, "hidden_size": 64, "n_layer": 2, "n_head": 8, "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": True},
+    aliases={"hidden_size": "n_embed", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
+    "BloomForCausalLM": _BLOOM,
     "GPT2LMHeadModel": _GPT2,
     "GPTBigCodeForCausalLM": _GPT_BIGCODE,
     "GPTNeoXForCausalLM": _GPT_NEOX,
@@ -411,8 +427,8 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     for generic, own in (policy.aliases if policy else {}).items():
         if full.get(own) is not None:
             full.setdefault(generic, full[own])
-    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM"):
-        full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null)
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM"):
+        full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null; Bloom's always 4x)
         full.setdefault("num_key_value_heads", 1 if full.get("multi_query") else full["num_attention_heads"])
     return full
 

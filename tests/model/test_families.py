@@ -13,7 +13,7 @@ from hf_reference import hf_greedy, hf_logits
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
-FAMILIES = ["tiny_gemma", "tiny_gemma2", "tiny_gemma3", "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha",
+FAMILIES = ["tiny_bloom", "tiny_gemma", "tiny_gemma2", "tiny_gemma3", "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha",
             "tiny_gpt_neox", "tiny_gpt_neox_serial", "tiny_granite",
             "tiny_mixtral", "tiny_olmo2", "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_qwen3_moe",
             "tiny_qwen2_window", "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
@@ -87,3 +87,17 @@ def test_starcoder2_sliding_window_matches_transformers(tiny_starcoder2: Path, t
     llm = LLM(str(windowed), max_model_len=256, dtype="float32", multiprocess=False)
     assert run_greedy(llm, prompts_token_ids) == expected
     llm.shutdown()
+
+
+def test_bloom_alibi_on_the_torch_backend(tiny_bloom: Path, prompts_token_ids: list[list[int]]) -> None:
+    """ALiBi through the plain torch attention backend too (the families above run the CPU
+    backend, whose decode kernel hands ALiBi layers to the torch paths), chunked and prefix-cached."""
+    expected = hf_greedy(tiny_bloom, prompts_token_ids, NEW_TOKENS)
+    llm = LLM(str(tiny_bloom), max_model_len=256, dtype="float32", multiprocess=False, attention_backend="torch",
+              block_size=16, max_num_batched_tokens=16)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == expected
+        assert run_greedy(llm, prompts_token_ids) == expected
+        assert llm.stats()["prefix_cache_hits"] > 0
+    finally:
+        llm.shutdown()

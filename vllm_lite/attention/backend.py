@@ -41,6 +41,8 @@ class AttentionBackend(ABC):
     # CPU model runner pads a step to a matmul bucket size (worker/model_runner.py); the rows past
     # the step's tokens are attended by nobody (zeros out) and write no cache.
     takes_padded_rows: bool = False
+    # Whether `forward` takes ALiBi slopes (Bloom's position biases): the torch paths do
+    supports_alibi: bool = False
 
     @abstractmethod
     def build(self, common: CommonAttentionMetadata) -> Any:
@@ -49,14 +51,17 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any, scale: float,
-                sliding_window: int | None = None, logits_soft_cap: float | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D] (T may exceed the step's tokens
         where `takes_padded_rows`). Writes key/value into the cache at the metadata's slots before
         attending (so sequences in the same step can read each other's freshly cached prefix
         blocks). With `sliding_window` W the query at position p sees keys at positions
         p - W + 1 .. p only (transformers' convention); blocks wholly before that may already hold
         other data (freed by the KV-cache manager). `logits_soft_cap` c: scores become
-        c * tanh(score / c) before the softmax (Gemma 2)."""
+        c * tanh(score / c) before the softmax (Gemma 2). `alibi_slopes` [Hq] (float32): each
+        score of a key at position j gains slope * j (ALiBi as Bloom adds it; the query's own
+        position would shift a whole softmax row, which changes nothing)."""
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, row_size: int) -> tuple[int, ...]:

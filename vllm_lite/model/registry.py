@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 
 _MODELS: dict[str, str] = {
+    "BloomForCausalLM": "vllm_lite.model.models.bloom:BloomForCausalLM",
     "GPT2LMHeadModel": "vllm_lite.model.models.gpt2:GPT2LMHeadModel",
     "GPTBigCodeForCausalLM": "vllm_lite.model.models.gpt2:GPTBigCodeForCausalLM",
     "GPTNeoXForCausalLM": "vllm_lite.model.models.gpt_neox:GPTNeoXForCausalLM",

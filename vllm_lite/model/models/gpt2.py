@@ -23,6 +23,7 @@ from vllm_lite.model.layers.activation import Gelu
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
 from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.gpt_neox import per_head_qkv
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 # checkpoint name fragment -> this model's (after the `transformer.` prefix became `model.`)
@@ -136,6 +137,4 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
         """Multi-query: [q; k; v] rows; multi-head: per head [head][q, k, v][head_dim]."""
         if self.config.num_key_value_heads == 1:
             return super().split_qkv(tensor)
-        config = self.config
-        per_head = tensor.reshape(config.num_attention_heads, 3, config.head_dim, *tensor.shape[1:])
-        return tuple(per_head[:, i].reshape(-1, *tensor.shape[1:]) for i in range(3))
+        return per_head_qkv(tensor, self.config.num_attention_heads, self.config.head_dim)

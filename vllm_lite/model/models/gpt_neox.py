@@ -32,6 +32,13 @@ _RENAMES = (("gpt_neox.", "model."), ("embed_out.", "lm_head."), (".embed_in.", 
 _SKIPPED_BUFFERS = (".attention.bias", ".attention.masked_bias")
 
 
+def per_head_qkv(tensor: torch.Tensor, num_heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v of a projection whose rows are [head][q, k, v][head_dim] (GPT-NeoX's, Bloom's and
+    multi-head GPTBigCode's query_key_value / c_attn), each [num_heads * head_dim, ...]."""
+    per_head = tensor.reshape(num_heads, 3, head_dim, *tensor.shape[1:])
+    return tuple(per_head[:, i].reshape(-1, *tensor.shape[1:]) for i in range(3))
+
+
 class GPTNeoXMLP(nn.Module):
     def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
         super().__init__()
@@ -98,12 +105,9 @@ class GPTNeoXForCausalLM(DecoderForCausalLM):
         prefix, _, kind = name.rpartition(".")
         if not prefix.endswith(".query_key_value"):
             return None
-        config = self.config
-        tensor = materialize(weight)
-        per_head = tensor.reshape(config.num_attention_heads, 3, config.head_dim, *tensor.shape[1:])
+        pieces = per_head_qkv(materialize(weight), self.config.num_attention_heads, self.config.head_dim)
         base = prefix.removesuffix(".query_key_value")
-        return [(f"{base}.{part}.{kind}", per_head[:, i].reshape(-1, *tensor.shape[1:]))
-                for i, part in enumerate(("q_proj", "k_proj", "v_proj"))]
+        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)]
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         for fragment, ours in _RENAMES:

@@ -39,7 +39,10 @@ class Scales:
 class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding | None, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
-                 sliding_window: int | None = None, scale: float | None = None) -> None:
+                 sliding_window: int | None = None, scale: float | None = None,
+                 alibi_slopes: torch.Tensor | None = None) -> None:
+        """`alibi_slopes`: every head's ALiBi slopes (Bloom, without rotary); this rank takes its
+        heads' ones."""
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -51,7 +54,11 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window, scale)
+        if alibi_slopes is not None:
+            first = tp.rank * self.num_heads
+            alibi_slopes = alibi_slopes[first:first + self.num_heads]
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, sliding_window, scale,
+                              alibi_slopes=alibi_slopes)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
