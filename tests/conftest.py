@@ -315,6 +315,28 @@ def tiny_bloom(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_falcon(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Falcon-7B's form: multi-query attention (one KV head), attention and MLP side by side on
+    one LayerNorm, no biases, tied head."""
+    return _build(tmp_path_factory, "tiny_falcon", "falcon", tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_falcon_40b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Falcon-40B's form: the new decoder architecture (2 KV groups of 2 queries, query_key_value
+    grouped per KV head), two LayerNorms per layer; with biases and an untied head."""
+    return _build(tmp_path_factory, "tiny_falcon_40b", "falcon", tie_word_embeddings=False,
+                  extra_config={"new_decoder_architecture": True, "num_kv_heads": 2, "bias": True})
+
+
+@pytest.fixture(scope="session")
+def tiny_falcon_sequential(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Falcon with multi-head attention (query_key_value per head) and the sequential residual."""
+    return _build(tmp_path_factory, "tiny_falcon_sequential", "falcon", tie_word_embeddings=True,
+                  extra_config={"multi_query": False, "parallel_attn": False})
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

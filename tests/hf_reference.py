@@ -271,7 +271,7 @@ def _make_config(
 
         return FalconConfig(**{name: common[name] for name in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                                "num_attention_heads", "bos_token_id", "eos_token_id",
-                                                               "dtype")})
+                                                               "dtype", "tie_word_embeddings")}, **(extra or {}))
     if arch == "cohere":
         from transformers import CohereConfig
 

@@ -228,6 +228,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("attention_bias", True))
     if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "PhiForCausalLM", "BloomForCausalLM"):
         return True
+    if architecture == "FalconForCausalLM":  # every projection follows `bias`
+        return bool(cfg.get("bias", False))
     if architecture == "StableLmForCausalLM":  # q / k / v only (o_proj has none)
         return bool(cfg.get("use_qkv_bias", False))
     return bool(cfg.get("attention_bias", False))

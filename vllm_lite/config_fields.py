@@ -322,8 +322,27 @@ _BLOOM = FieldPolicy(
     aliases={"hidden_size": "n_embed", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head"},
 )
 
+_FALCON = FieldPolicy(
+    implemented=frozenset({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "n_layer",
+                           "n_head", "num_kv_heads", "num_ln_in_parallel_attn", "layer_norm_epsilon",
+                           "new_decoder_architecture", "multi_query", "parallel_attn", "bias",
+                           "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+                           "ffn_hidden_size", "tie_word_embeddings"}),
+    ignored=frozenset({"hidden_dropout"}),  # training-only
+    # ALiBi Falcons (falcon-rw) scale their biases with the scores: not implemented
+    restricted={"alibi": (False,), "activation": _GPT_GELUS, "apply_residual_connection_post_layernorm": (False,)},
+    rope_types=("default", "linear"),
+    defaults={"vocab_size": 65024, "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+              "layer_norm_epsilon": 1e-5, "new_decoder_architecture": False, "multi_query": True,
+              "parallel_attn": True, "bias": False, "activation": "gelu", "tie_word_embeddings": True,
+              "max_position_embeddings": 2048},
+    aliases={"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "intermediate_size": "ffn_hidden_size",
+             "hidden_act": "activation"},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "BloomForCausalLM": _BLOOM,
+    "FalconForCausalLM": _FALCON,
     "GPT2LMHeadModel": _GPT2,
     "GPTBigCodeForCausalLM": _GPT_BIGCODE,
     "GPTNeoXForCausalLM": _GPT_NEOX,
@@ -357,6 +376,18 @@ def implementing_architecture(architecture: str) -> str:
             if causal in POLICIES:
                 return causal
     return architecture
+
+
+def _falcon_kv_layout(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Falcon's key / value heads as transformers builds them (models/falcon.py's table), and its
+    norms: two in the new decoder architecture unless it says one."""
+    heads, new_architecture = cfg["num_attention_heads"], cfg["new_decoder_architecture"]
+    if new_architecture:
+        kv_heads = cfg.get("num_kv_heads") or heads
+    else:
+        kv_heads = 1 if cfg["multi_query"] else heads
+    norms = cfg.get("num_ln_in_parallel_attn") or (2 if new_architecture else 1)
+    return {"num_key_value_heads": kv_heads, "num_ln_in_parallel_attn": norms}
 
 
 def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
@@ -427,8 +458,10 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     for generic, own in (policy.aliases if policy else {}).items():
         if full.get(own) is not None:
             full.setdefault(generic, full[own])
-    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM"):
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM", "FalconForCausalLM"):
         full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null; Bloom's always 4x)
+    if architecture == "FalconForCausalLM":
+        full.update(_falcon_kv_layout(full))
         full.setdefault("num_key_value_heads", 1 if full.get("multi_query") else full["num_attention_heads"])
     return full
 

@@ -8,6 +8,7 @@ import importlib
 
 _MODELS: dict[str, str] = {
     "BloomForCausalLM": "vllm_lite.model.models.bloom:BloomForCausalLM",
+    "FalconForCausalLM": "vllm_lite.model.models.falcon:FalconForCausalLM",
     "GPT2LMHeadModel": "vllm_lite.model.models.gpt2:GPT2LMHeadModel",
     "GPTBigCodeForCausalLM": "vllm_lite.model.models.gpt2:GPTBigCodeForCausalLM",
     "GPTNeoXForCausalLM": "vllm_lite.model.models.gpt_neox:GPTNeoXForCausalLM",
