@@ -337,6 +337,13 @@ def tiny_falcon_sequential(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MPT: ALiBi with MPT's slope series (6 heads: the odd terms of 8's, then the even), bias-free
+    LayerNorm and projections, fused Wqkv, tied head."""
+    return _build(tmp_path_factory, "tiny_mpt", "mpt", tie_word_embeddings=True, num_heads=6, hidden_size=96)
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

@@ -253,6 +253,12 @@ def _make_config(
 
         return Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden_size,
                               shared_expert_intermediate_size=hidden_size, **common)
+    if arch == "mpt":
+        from transformers import MptConfig
+
+        return MptConfig(d_model=hidden_size, n_heads=num_heads, n_layers=num_layers, max_seq_len=512, **{
+            name: common[name] for name in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "dtype")},
+            **(extra or {}))
     if arch == "bloom":
         from transformers import BloomConfig
 

@@ -14,7 +14,8 @@ from vllm_lite.config_fields import POLICIES
 from vllm_lite.model.registry import supported_architectures
 
 
-CONFIG_CLASS_NAMES = {"Gemma3ForCausalLM": "Gemma3TextConfig", "GPT2LMHeadModel": "GPT2Config"}  # else <Family>Config
+CONFIG_CLASS_NAMES = {"Gemma3ForCausalLM": "Gemma3TextConfig", "GPT2LMHeadModel": "GPT2Config",
+                      "MPTForCausalLM": "MptConfig"}  # else <Family>Config
 
 
 def _config_classes() -> dict[str, type]:

@@ -340,8 +340,27 @@ _FALCON = FieldPolicy(
              "hidden_act": "activation"},
 )
 
+_MPT = FieldPolicy(
+    # attn_config's keys are checked by the model (models/mpt.py)
+    implemented=frozenset({"vocab_size", "d_model", "n_heads", "n_layers", "max_seq_len", "layer_norm_epsilon",
+                           "attn_config", "tie_word_embeddings"}),
+    # dropouts, init and logging are training-only; transformers' MPT has no position embeddings
+    # whatever learned_pos_emb says (ALiBi); tokenizer_name names the tokenizer MosaicML trained with
+    ignored=frozenset({"resid_pdrop", "emb_pdrop", "init_device", "init_config", "verbose", "embedding_fraction",
+                       "learned_pos_emb", "tokenizer_name"}),
+    restricted={"expansion_ratio": (4,), "no_bias": (True,), "logit_scale": (None,),
+                "norm_type": ("low_precision_layernorm", "layernorm")},
+    rope_types=(),
+    defaults={"d_model": 2048, "n_heads": 16, "n_layers": 24, "max_seq_len": 2048, "vocab_size": 50368,
+              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": True},
+    aliases={"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
+             "max_position_embeddings": "max_seq_len"},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "BloomForCausalLM": _BLOOM,
+    "MptForCausalLM": _MPT,
+    "MPTForCausalLM": _MPT,  # (MosaicML's own configs name its custom class)
     "FalconForCausalLM": _FALCON,
     "GPT2LMHeadModel": _GPT2,
     "GPTBigCodeForCausalLM": _GPT_BIGCODE,
@@ -458,7 +477,8 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     for generic, own in (policy.aliases if policy else {}).items():
         if full.get(own) is not None:
             full.setdefault(generic, full[own])
-    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM", "FalconForCausalLM"):
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM", "FalconForCausalLM",
+                        "MptForCausalLM", "MPTForCausalLM"):
         full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null; Bloom's always 4x)
     if architecture == "FalconForCausalLM":
         full.update(_falcon_kv_layout(full))

@@ -1,5 +1,6 @@
-"""TP=2 greedy parity with transformers for GPT-2 / GPTBigCode / GPT-NeoX (fused q / k / v read
-apart, then sharded; GPTBigCode's single key / value head replicated), Gemma 3 (local/global layers, qk-norm), Phi-3
+"""TP=2 greedy parity with transformers for GPT-2 / GPTBigCode / GPT-NeoX / Bloom / Falcon / MPT
+(fused q / k / v read apart, then sharded; a single key / value head replicated; ALiBi slopes per
+rank), Gemma 3 (local/global layers, qk-norm), Phi-3
 (fused checkpoint tensors split per rank), Mistral with a sliding window (blocks freed) and the
 mixture-of-experts families (each expert's intermediate dimension split over the ranks), with
 chunked prefill and prefix caching."""
@@ -16,11 +17,11 @@ from test_tensor_parallel import NEW_TOKENS, run_greedy, shared_prefix_prompts, 
 from vllm_lite import LLM
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gemma", "tiny_gemma3", "tiny_bloom", "tiny_falcon_40b", "tiny_gpt2",
-                                     "tiny_gpt_bigcode",
-                                     "tiny_gpt_bigcode_mha", "tiny_gpt_neox", "tiny_phi2", "tiny_stablelm",
-                                     "tiny_granite", "tiny_phi3", "tiny_mixtral", "tiny_qwen3_moe", "tiny_smollm3",
-                                     "tiny_starcoder2", "tiny_olmo2", "tiny_mistral_window"])
+@pytest.mark.parametrize("fixture", ["tiny_gemma", "tiny_gemma3", "tiny_bloom", "tiny_falcon_40b", "tiny_mpt",
+                                     "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha", "tiny_gpt_neox",
+                                     "tiny_phi2", "tiny_stablelm", "tiny_granite", "tiny_phi3", "tiny_mixtral",
+                                     "tiny_qwen3_moe", "tiny_smollm3", "tiny_starcoder2", "tiny_olmo2",
+                                     "tiny_mistral_window"])
 def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRequest,
                                          prompts_token_ids: list[list[int]],
                                          tp_llm: Callable[..., LLM]) -> None:  # noqa: F811

@@ -13,10 +13,11 @@ from hf_reference import hf_greedy, hf_logits
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
 
-FAMILIES = ["tiny_bloom", "tiny_falcon", "tiny_falcon_40b", "tiny_falcon_sequential", "tiny_gemma", "tiny_gemma2", "tiny_gemma3", "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha",
-            "tiny_gpt_neox", "tiny_gpt_neox_serial", "tiny_granite",
-            "tiny_mixtral", "tiny_olmo2", "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_qwen3_moe",
-            "tiny_qwen2_window", "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
+FAMILIES = ["tiny_bloom", "tiny_falcon", "tiny_falcon_40b", "tiny_falcon_sequential", "tiny_gemma", "tiny_gemma2",
+            "tiny_gemma3", "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha", "tiny_gpt_neox",
+            "tiny_gpt_neox_serial", "tiny_granite", "tiny_mixtral", "tiny_mpt", "tiny_olmo2", "tiny_opt",
+            "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_window", "tiny_smollm3",
+            "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
             "tiny_cohere", "tiny_gptj", "tiny_qwen2_moe"]
 
@@ -99,5 +100,24 @@ def test_bloom_alibi_on_the_torch_backend(tiny_bloom: Path, prompts_token_ids: l
         assert run_greedy(llm, prompts_token_ids) == expected
         assert run_greedy(llm, prompts_token_ids) == expected
         assert llm.stats()["prefix_cache_hits"] > 0
+    finally:
+        llm.shutdown()
+
+
+def test_mosaicmls_own_architecture_name_runs_natively(tiny_mpt: Path, tmp_path: Path,
+                                                       prompts_token_ids: list[list[int]]) -> None:
+    """MosaicML's configs name their custom class, `MPTForCausalLM` (with an auto_map to it): the
+    native MPT runs it, no repository code."""
+    import json
+    import shutil
+
+    model = tmp_path / "mpt"
+    shutil.copytree(tiny_mpt, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(architectures=["MPTForCausalLM"], auto_map={"AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"})
+    (model / "config.json").write_text(json.dumps(config))
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_mpt, prompts_token_ids, NEW_TOKENS)
     finally:
         llm.shutdown()

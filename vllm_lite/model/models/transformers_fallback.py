@@ -185,8 +185,9 @@ class TransformersForCausalLM(nn.Module):
         wrong = next((shape for shape in shapes if shape != expected), None)
         if wrong is not None:
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention caches keys of "
-                             f"{wrong.num_kv_heads} heads x {wrong.key_dim} and values of {wrong.value_dim} dimensions; "
-                             f"the paged KV cache holds {expected.num_kv_heads} heads x {expected.key_dim} for both "
+                             f"{wrong.num_kv_heads} heads x {wrong.key_dim} and values of {wrong.value_dim} "
+                             f"dimensions; the paged KV cache holds {expected.num_kv_heads} heads x "
+                             f"{expected.key_dim} for both "
                              "(config.json's num_key_value_heads and head_dim), so it cannot run here")
 
     @property
