@@ -121,3 +121,17 @@ def test_mosaicmls_own_architecture_name_runs_natively(tiny_mpt: Path, tmp_path:
         assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_mpt, prompts_token_ids, NEW_TOKENS)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("key, value", [("clip_qkv", 6.0), ("qk_ln", True), ("alibi", False), ("rope", True)])
+def test_mpt_attn_config_is_checked_key_by_key(tiny_mpt: Path, tmp_path: Path, key: str, value: object) -> None:
+    import json
+    import shutil
+
+    model = tmp_path / "mpt"
+    shutil.copytree(tiny_mpt, model)
+    config = json.loads((model / "config.json").read_text())
+    config["attn_config"][key] = value
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"attn_config.{key}"):
+        LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
