@@ -282,8 +282,13 @@ def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gpt_bigcode(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """GPTBigCode (SantaCoder / StarCoder 1): multi-query attention, gelu-tanh, tied head."""
-    return _build(tmp_path_factory, "tiny_gpt_bigcode", "gpt_bigcode", tie_word_embeddings=True)
+    """GPTBigCode (SantaCoder / StarCoder 1): multi-query attention, gelu-tanh, tied head; its
+    config.json as the hub's were written (no num_key_value_heads beside multi_query)."""
+    out = _build(tmp_path_factory, "tiny_gpt_bigcode", "gpt_bigcode", tie_word_embeddings=True)
+    config = json.loads((out / "config.json").read_text())
+    config.pop("num_key_value_heads")
+    (out / "config.json").write_text(json.dumps(config))
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -482,6 +482,7 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
         full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null; Bloom's always 4x)
     if architecture == "FalconForCausalLM":
         full.update(_falcon_kv_layout(full))
+    if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM"):
         full.setdefault("num_key_value_heads", 1 if full.get("multi_query") else full["num_attention_heads"])
     return full
 

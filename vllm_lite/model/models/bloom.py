@@ -16,9 +16,9 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
-from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm_lite.model.models.causal_lm import (DecoderForCausalLM, DecoderStack, mapped_name,
+                                              refuse_checkpoint_quantization, split_fused_qkv)
 from vllm_lite.model.models.gpt_neox import per_head_qkv
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
@@ -64,50 +64,24 @@ class BloomBlock(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class BloomModel(nn.Module):
-    def __init__(self, config: HFModelConfig, backend: AttentionBackend, tp: TensorParallelGroup) -> None:
-        super().__init__()
-        eps = config.raw["layer_norm_epsilon"]
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.embed_layernorm = nn.LayerNorm(config.hidden_size, eps=eps)
-        slopes = alibi_slopes(config.num_attention_heads)
-        self.layers = nn.ModuleList(BloomBlock(config, slopes, backend, tp) for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=eps)
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_layernorm(self.embed_tokens(input_ids))
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class BloomForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        if config.quantization is not None:  # (their packed query_key_value is not read apart per head)
-            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for "
-                             "BloomForCausalLM; load the unquantized checkpoint (quantization='int8' quantizes it "
-                             "here)")
-        super().__init__(config, BloomModel(config, backend, tp), tp)
+        refuse_checkpoint_quantization(config)
+        eps = config.raw["layer_norm_epsilon"]
+        slopes = alibi_slopes(config.num_attention_heads)
+        layers = [BloomBlock(config, slopes, backend, tp) for _ in range(config.num_hidden_layers)]
+        stack = DecoderStack(config, layers, nn.LayerNorm(config.hidden_size, eps=eps), tp,
+                             embed_layernorm=nn.LayerNorm(config.hidden_size, eps=eps))
+        super().__init__(config, stack, tp)
 
     def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
-        prefix, _, kind = name.rpartition(".")
-        if not prefix.endswith(".query_key_value"):
-            return None
-        pieces = per_head_qkv(materialize(weight), self.config.num_attention_heads, self.config.head_dim)
-        base = prefix.removesuffix(".query_key_value")
-        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)]
+        return split_fused_qkv(name, weight, "query_key_value",
+                               lambda t: per_head_qkv(t, self.config.num_attention_heads, self.config.head_dim))
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         if not name.startswith(("transformer.", "lm_head.")):
             name = "transformer." + name  # (bigscience's own checkpoints: a BloomModel's names)
-        if name.startswith("transformer."):
-            name = "model." + name.removeprefix("transformer.")
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name, _RENAMES, self.stacked_params_mapping)

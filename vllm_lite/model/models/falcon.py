@@ -22,10 +22,10 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
-from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import (DecoderForCausalLM, DecoderStack, mapped_name,
+                                              refuse_checkpoint_quantization, split_fused_qkv)
 from vllm_lite.model.models.gpt_neox import per_head_qkv
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
@@ -74,41 +74,19 @@ class FalconDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class FalconModel(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(FalconDecoderLayer(config, rotary, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"])
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class FalconForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        if config.quantization is not None:  # (their packed query_key_value is not read apart)
-            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for "
-                             "FalconForCausalLM; load the unquantized checkpoint (quantization='int8' quantizes "
-                             "it here)")
-        super().__init__(config, FalconModel(config, max_position, backend, tp), tp)
+        refuse_checkpoint_quantization(config)
+        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [FalconDecoderLayer(config, rotary, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"])
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp)
 
     def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
-        prefix, _, kind = name.rpartition(".")
-        if not prefix.endswith(".query_key_value"):
-            return None
-        pieces = self._split_qkv(materialize(weight))
-        base = prefix.removesuffix(".query_key_value")
-        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)]
+        return split_fused_qkv(name, weight, "query_key_value", self._split_qkv)
 
     def _split_qkv(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         config = self.config
@@ -122,11 +100,4 @@ class FalconForCausalLM(DecoderForCausalLM):
         return per_head_qkv(tensor, heads, d)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        if name.startswith("transformer."):
-            name = "model." + name.removeprefix("transformer.")
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name, _RENAMES, self.stacked_params_mapping)

@@ -20,9 +20,9 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import (DecoderForCausalLM, DecoderStack, mapped_name,
+                                              refuse_checkpoint_quantization, split_fused_qkv)
 from vllm_lite.model.models.gpt_neox import per_head_qkv
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
@@ -59,33 +59,16 @@ class GPTBlock(nn.Module):
         return hidden + self.mlp(self.ln_2(hidden))
 
 
-class GPTModel(nn.Module):
-    def __init__(self, config: HFModelConfig, backend: AttentionBackend, tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.embed_positions = nn.Parameter(torch.zeros(config.max_position_embeddings, config.hidden_size),
-                                            requires_grad=False)
-        self.layers = nn.ModuleList(GPTBlock(config, backend, tp) for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"])
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) + self.embed_positions[positions]
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class GPT2LMHeadModel(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
     conv1d = True  # GPT-2 stores its projections [in, out]
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        if config.quantization is not None:  # (their packed c_attn is not read apart)
-            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for "
-                             f"{config.architecture}; load the unquantized checkpoint (quantization='int8' "
-                             "quantizes it here)")
-        super().__init__(config, GPTModel(config, backend, tp), tp)
+        refuse_checkpoint_quantization(config)
+        layers = [GPTBlock(config, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"])
+        super().__init__(config, DecoderStack(config, layers, norm, tp, learned_positions=True), tp)
 
     def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
         """Older checkpoints' attention-mask buffers dropped; Conv1D weights transposed; c_attn
@@ -98,11 +81,7 @@ class GPT2LMHeadModel(DecoderForCausalLM):
         tensor = materialize(weight)
         if self.conv1d and kind == "weight":
             tensor = tensor.t().contiguous()
-        if not layer.endswith(".attn.c_attn"):
-            return [(name, tensor)]
-        base = layer.removesuffix(".c_attn")
-        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"),
-                                                                        self.split_qkv(tensor))]
+        return split_fused_qkv(name, tensor, "c_attn", self.split_qkv) or [(name, tensor)]
 
     def split_qkv(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """c_attn's rows [q; k; v]."""
@@ -113,13 +92,7 @@ class GPT2LMHeadModel(DecoderForCausalLM):
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         if not name.startswith(("transformer.", "lm_head.")):
             name = "transformer." + name  # (GPT-2's own checkpoints: a GPT2Model's names)
-        name = "model." + name.removeprefix("transformer.") if name.startswith("transformer.") else name
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name, _RENAMES, self.stacked_params_mapping)
 
 
 class GPTBigCodeForCausalLM(GPT2LMHeadModel):

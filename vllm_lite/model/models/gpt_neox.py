@@ -18,14 +18,14 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
-from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import (DecoderForCausalLM, DecoderStack, mapped_name,
+                                              refuse_checkpoint_quantization, split_fused_qkv)
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 # checkpoint name fragment -> this model's (the rest of the names are the checkpoint's own)
-_RENAMES = (("gpt_neox.", "model."), ("embed_out.", "lm_head."), (".embed_in.", ".embed_tokens."),
+_RENAMES = (("embed_out.", "lm_head."), (".embed_in.", ".embed_tokens."),
             (".attention.dense.", ".self_attn.o_proj."), (".attention.", ".self_attn."),
             (".final_layer_norm.", ".norm."))
 # buffers older checkpoints saved beside the weights (the causal mask, its fill value)
@@ -69,50 +69,24 @@ class GPTNeoXLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class GPTNeoXModel(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(GPTNeoXLayer(config, rotary, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class GPTNeoXForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        if config.quantization is not None:  # (their packed query_key_value is not read apart per head)
-            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for "
-                             "GPTNeoXForCausalLM; load the unquantized checkpoint (quantization='int8' "
-                             "quantizes it here)")
-        super().__init__(config, GPTNeoXModel(config, max_position, backend, tp), tp)
+        refuse_checkpoint_quantization(config)
+        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [GPTNeoXLayer(config, rotary, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp)
 
     def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
         """query_key_value's rows, [heads][q, k, v][head_dim], as the q / k / v tensors; older
         checkpoints' attention-mask buffers dropped."""
         if name.endswith(_SKIPPED_BUFFERS):
             return []
-        prefix, _, kind = name.rpartition(".")
-        if not prefix.endswith(".query_key_value"):
-            return None
-        pieces = per_head_qkv(materialize(weight), self.config.num_attention_heads, self.config.head_dim)
-        base = prefix.removesuffix(".query_key_value")
-        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)]
+        return split_fused_qkv(name, weight, "query_key_value",
+                               lambda t: per_head_qkv(t, self.config.num_attention_heads, self.config.head_dim))
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name.replace("gpt_neox.", "model.", 1), _RENAMES, self.stacked_params_mapping)

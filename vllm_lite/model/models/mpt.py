@@ -16,9 +16,9 @@ from vllm_lite.config import HFModelConfig
 from vllm_lite.config_fields import COMMON_IGNORED, COMMON_RESTRICTED
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
-from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear, materialize
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm_lite.model.models.causal_lm import (DecoderForCausalLM, DecoderStack, mapped_name,
+                                              refuse_checkpoint_quantization, split_fused_qkv)
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 # attn_config key -> the values implemented (None: any value, read or without effect on the math)
@@ -27,8 +27,8 @@ ATTN_CONFIG: dict[str, tuple[Any, ...] | None] = {
     "softmax_scale": None, "prefix_lm": (False, None), "qk_ln": (False,), "attn_uses_sequence_id": (False,),
     "attn_pdrop": None, "attn_impl": None,  # (dropout is training-only; attn_impl picks a kernel)
 }
-_RENAMES = ((".blocks.", ".layers."), (".attn.out_proj.", ".self_attn.o_proj."), (".attn.", ".self_attn."),
-            (".norm_f.", ".norm."))
+_RENAMES = ((".wte.", ".embed_tokens."), (".blocks.", ".layers."), (".attn.out_proj.", ".self_attn.o_proj."),
+            (".attn.", ".self_attn."), (".norm_f.", ".norm."))
 
 
 def check_attn_config(attn_config: dict[str, Any]) -> None:
@@ -84,50 +84,22 @@ class MptBlock(nn.Module):
         return hidden + self.ffn(self.norm_2(hidden))
 
 
-class MptModel(nn.Module):
-    def __init__(self, config: HFModelConfig, backend: AttentionBackend, tp: TensorParallelGroup) -> None:
-        super().__init__()
-        attn_config = config.raw.get("attn_config") or {}
-        check_attn_config(attn_config)
-        slopes = mpt_alibi_slopes(config.num_attention_heads, attn_config.get("alibi_bias_max", 8))
-        scale = attn_config.get("softmax_scale")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(MptBlock(config, slopes, scale, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"], bias=False)
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class MptForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        if config.quantization is not None:  # (their packed Wqkv is not read apart)
-            raise ValueError(f"config.json: quantization_config ({config.quantization}) is not supported for MPT; "
-                             "load the unquantized checkpoint (quantization='int8' quantizes it here)")
-        super().__init__(config, MptModel(config, backend, tp), tp)
+        refuse_checkpoint_quantization(config)
+        attn_config = config.raw.get("attn_config") or {}
+        check_attn_config(attn_config)
+        slopes = mpt_alibi_slopes(config.num_attention_heads, attn_config.get("alibi_bias_max", 8))
+        scale = attn_config.get("softmax_scale")
+        layers = [MptBlock(config, slopes, scale, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_epsilon"], bias=False)
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp)
 
     def split_checkpoint_tensor(self, name: str, weight: Any) -> list[tuple[str, Any]] | None:
-        prefix, _, kind = name.rpartition(".")
-        if not prefix.endswith(".attn.Wqkv"):
-            return None
-        pieces = materialize(weight).chunk(3, dim=0)
-        base = prefix.removesuffix(".Wqkv")
-        return [(f"{base}.{part}.{kind}", piece) for part, piece in zip(("q_proj", "k_proj", "v_proj"), pieces)]
+        return split_fused_qkv(name, weight, "Wqkv", lambda t: t.chunk(3, dim=0))
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        if name.startswith("transformer."):
-            name = "model." + name.removeprefix("transformer.")
-        name = name.replace(".wte.", ".embed_tokens.")
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name, _RENAMES, self.stacked_params_mapping)

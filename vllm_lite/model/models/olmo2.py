@@ -13,11 +13,10 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.attention import Attention
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import QKVParallelLinear, RowParallelLinear, materialize, narrow_loaded
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM, DecoderStack
 from vllm_lite.model.models.llama import LlamaForCausalLM, LlamaMLP
 
 
@@ -84,26 +83,11 @@ class Olmo2DecoderLayer(nn.Module):
         return hidden + self.post_feedforward_layernorm(self.mlp(hidden))
 
 
-class Olmo2Model(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(Olmo2DecoderLayer(config, rotary, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class Olmo2ForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__(config, Olmo2Model(config, max_position, backend, tp), tp)
+        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [Olmo2DecoderLayer(config, rotary, backend, tp) for _ in range(config.num_hidden_layers)]
+        super().__init__(config, DecoderStack(config, layers, RMSNorm(config.hidden_size, config.rms_norm_eps), tp), tp)

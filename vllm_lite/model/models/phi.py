@@ -14,10 +14,9 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.activation import Gelu
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM, DecoderStack, mapped_name
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 # checkpoint name fragment -> this model's
@@ -48,34 +47,15 @@ class PhiDecoderLayer(nn.Module):
         return hidden + self.self_attn(positions, normed, kv_cache, attn_metadata) + self.mlp(normed)
 
 
-class PhiModel(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(PhiDecoderLayer(config, rotary, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class PhiForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__(config, PhiModel(config, max_position, backend, tp), tp, lm_head_bias=True)
+        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [PhiDecoderLayer(config, rotary, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp, lm_head_bias=True)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
-        for fragment, ours in _RENAMES:
-            name = name.replace(fragment, ours)
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name, _RENAMES, self.stacked_params_mapping)

@@ -12,9 +12,8 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM, DecoderStack
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 
@@ -39,26 +38,12 @@ class StableLmDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class StableLmModel(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(StableLmDecoderLayer(config, rotary, backend, tp)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class StableLmForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__(config, StableLmModel(config, max_position, backend, tp), tp)
+        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [StableLmDecoderLayer(config, rotary, backend, tp) for _ in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw["layer_norm_eps"])
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp)

@@ -11,10 +11,9 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.rotary import RotaryEmbedding
-from vllm_lite.model.models.causal_lm import DecoderForCausalLM
+from vllm_lite.model.models.causal_lm import DecoderForCausalLM, DecoderStack
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
 
 DEFAULT_NORM_EPSILON = 1e-5  # transformers' Starcoder2Config
@@ -48,26 +47,12 @@ class Starcoder2DecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Starcoder2Model(nn.Module):
-    def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(Starcoder2DecoderLayer(config, rotary, backend, tp, i)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.raw.get("norm_epsilon", DEFAULT_NORM_EPSILON))
-
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, attn_metadata)
-        return self.norm(hidden)
-
-
 class Starcoder2ForCausalLM(DecoderForCausalLM):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping[:3]  # q / k / v (the MLP is not gated)
 
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK) -> None:
-        super().__init__(config, Starcoder2Model(config, max_position, backend, tp), tp)
+        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        layers = [Starcoder2DecoderLayer(config, rotary, backend, tp, i) for i in range(config.num_hidden_layers)]
+        norm = nn.LayerNorm(config.hidden_size, eps=config.raw.get("norm_epsilon", DEFAULT_NORM_EPSILON))
+        super().__init__(config, DecoderStack(config, layers, norm, tp), tp)
