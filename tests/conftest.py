@@ -349,6 +349,13 @@ def tiny_mpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_olmo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OLMo (1): weightless float32 LayerNorms, q/k/v clamped (OLMo 1.7's clip_qkv), biases."""
+    return _build(tmp_path_factory, "tiny_olmo", "olmo", tie_word_embeddings=False, attention_bias=True,
+                  extra_config={"clip_qkv": 0.5})
+
+
+@pytest.fixture(scope="session")
 def tiny_cohere(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Cohere Command-R (no native implementation: the Transformers fallback): interleaved
     rotary, attention and MLP side by side, a logit scale."""

@@ -290,6 +290,10 @@ def _make_config(
         from transformers import GraniteConfig
 
         return GraniteConfig(**common)
+    if arch == "olmo":
+        from transformers import OlmoConfig
+
+        return OlmoConfig(attention_bias=attention_bias, **{k: v for k, v in common.items() if k != "rms_norm_eps"})
     if arch == "olmo2":
         from transformers import Olmo2Config
 

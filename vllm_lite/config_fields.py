@@ -357,8 +357,16 @@ _MPT = FieldPolicy(
              "max_position_embeddings": "max_seq_len"},
 )
 
+_OLMO = FieldPolicy(
+    # (rms_norm_eps: OLMo's norms are LayerNorms with a fixed eps; the key is not OLMo's)
+    implemented=DENSE_IMPLEMENTED - {"rms_norm_eps"} | {"attention_bias", "clip_qkv"},
+    restricted={"hidden_act": ("silu",)},
+    defaults={"max_position_embeddings": 2048, "vocab_size": 50304},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "BloomForCausalLM": _BLOOM,
+    "OlmoForCausalLM": _OLMO,
     "MptForCausalLM": _MPT,
     "MPTForCausalLM": _MPT,  # (MosaicML's own configs name its custom class)
     "FalconForCausalLM": _FALCON,

@@ -22,6 +22,7 @@ _MODELS: dict[str, str] = {
     "MixtralForCausalLM": "vllm_lite.model.models.moe:MixtralForCausalLM",
     "MptForCausalLM": "vllm_lite.model.models.mpt:MptForCausalLM",
     "OPTForCausalLM": "vllm_lite.model.models.opt:OPTForCausalLM",
+    "OlmoForCausalLM": "vllm_lite.model.models.olmo:OlmoForCausalLM",
     "Olmo2ForCausalLM": "vllm_lite.model.models.olmo2:Olmo2ForCausalLM",
     "PhiForCausalLM": "vllm_lite.model.models.phi:PhiForCausalLM",
     "Phi3ForCausalLM": "vllm_lite.model.models.phi3:Phi3ForCausalLM",

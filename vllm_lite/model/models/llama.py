@@ -40,9 +40,9 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding | None, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
                  sliding_window: int | None = None, scale: float | None = None,
-                 alibi_slopes: torch.Tensor | None = None) -> None:
+                 alibi_slopes: torch.Tensor | None = None, clip_qkv: float | None = None) -> None:
         """`alibi_slopes`: every head's ALiBi slopes (Bloom, without rotary); this rank takes its
-        heads' ones."""
+        heads' ones. `clip_qkv` c: q, k and v clamped to [-c, c] (OLMo)."""
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -54,6 +54,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
+        self.clip_qkv = clip_qkv
         if alibi_slopes is not None:
             first = tp.rank * self.num_heads
             alibi_slopes = alibi_slopes[first:first + self.num_heads]
@@ -63,6 +64,8 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if self.clip_qkv is not None:
+            qkv = qkv.clamp(-self.clip_qkv, self.clip_qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
