@@ -300,9 +300,16 @@ def tiny_gpt_bigcode_mha(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gptj(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """GPT-J (the Transformers fallback): GPT-2's config names (n_embd, n_head, ...), read through
-    transformers' attribute_map."""
+    """GPT-J: rotary over half of each head with neighbouring pairs turned, attention and MLP side
+    by side, an LM head with a bias."""
     return _build(tmp_path_factory, "tiny_gptj", "gptj", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_codegen(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """CodeGen (the Transformers fallback): GPT-2's config names (n_embd, n_head, ...), read
+    through transformers' attribute_map."""
+    return _build(tmp_path_factory, "tiny_codegen", "codegen", tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")

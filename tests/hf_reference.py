@@ -234,11 +234,11 @@ def _make_config(
         from transformers import GPTNeoXConfig
 
         return GPTNeoXConfig(intermediate_size=2 * hidden_size, **without_kv_heads)
-    if arch in ("gpt2", "gpt_bigcode", "gptj"):
+    if arch in ("gpt2", "gpt_bigcode", "gptj", "codegen"):
         from transformers import AutoConfig
 
         gpt = {"n_embd": hidden_size, "n_layer": num_layers, "n_head": num_heads, "n_positions": 512}
-        if arch == "gptj":  # (interleaved rotary over the first rotary_dim dimensions of each head)
+        if arch in ("gptj", "codegen"):  # (interleaved rotary over the first rotary_dim dimensions of each head)
             gpt["rotary_dim"] = hidden_size // num_heads // 2
         plain = {name: common[name] for name in ("vocab_size", "tie_word_embeddings", "bos_token_id",
                                                  "eos_token_id", "pad_token_id", "dtype")}

@@ -75,7 +75,7 @@ def test_unimplemented_llama_field_is_refused_by_name(tiny_llama: Path, field: s
 
 
 @pytest.mark.parametrize("fixture, field", [("tiny_llama", "num_attention_heads"), ("tiny_gpt2", "n_head"),
-                                            ("tiny_gptj", "n_head")])  # native, native with aliases, fallback
+                                            ("tiny_codegen", "n_head")])  # native, native with aliases, fallback
 def test_a_config_without_the_head_count_is_refused_by_name(fixture: str, field: str,
                                                             request: pytest.FixtureRequest) -> None:
     cfg = _tiny_config(request.getfixturevalue(fixture))

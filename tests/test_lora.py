@@ -27,7 +27,8 @@ from vllm_lite.lora.request import LoRARequest
 NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 FAMILIES = ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_phi3", "tiny_opt", "tiny_starcoder2", "tiny_gemma2",
-            "tiny_gpt_neox", "tiny_phi2", "tiny_stablelm", "tiny_gpt_bigcode_mha", "tiny_bloom", "tiny_falcon_40b", "tiny_olmo"]
+            "tiny_gpt_neox", "tiny_phi2", "tiny_stablelm", "tiny_gpt_bigcode_mha", "tiny_bloom", "tiny_falcon_40b",
+            "tiny_olmo", "tiny_gptj"]
 
 
 def greedy(llm: LLM, prompts: list[list[int]], lora: LoRARequest | list | None,

@@ -364,8 +364,21 @@ _OLMO = FieldPolicy(
     defaults={"max_position_embeddings": 2048, "vocab_size": 50304},
 )
 
+_GPTJ = FieldPolicy(
+    implemented=frozenset({"vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "rotary_dim",
+                           "layer_norm_epsilon", "tie_word_embeddings"}),
+    ignored=frozenset({"resid_pdrop", "embd_pdrop", "attn_pdrop"}),  # training-only
+    restricted={"activation_function": _GPT_GELUS},
+    rope_types=(),
+    defaults={"vocab_size": 50400, "n_positions": 2048, "n_embd": 4096, "n_layer": 28, "n_head": 16,
+              "rotary_dim": 64, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+              "tie_word_embeddings": False},
+    aliases=_GPT_ALIASES,
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "BloomForCausalLM": _BLOOM,
+    "GPTJForCausalLM": _GPTJ,
     "OlmoForCausalLM": _OLMO,
     "MptForCausalLM": _MPT,
     "MPTForCausalLM": _MPT,  # (MosaicML's own configs name its custom class)
@@ -486,7 +499,7 @@ def with_defaults(architecture: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
         if full.get(own) is not None:
             full.setdefault(generic, full[own])
     if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "BloomForCausalLM", "FalconForCausalLM",
-                        "MptForCausalLM", "MPTForCausalLM"):
+                        "MptForCausalLM", "MPTForCausalLM", "GPTJForCausalLM"):
         full.setdefault("intermediate_size", 4 * full["hidden_size"])  # (n_inner null; Bloom's always 4x)
     if architecture == "FalconForCausalLM":
         full.update(_falcon_kv_layout(full))

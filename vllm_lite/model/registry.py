@@ -11,6 +11,7 @@ _MODELS: dict[str, str] = {
     "FalconForCausalLM": "vllm_lite.model.models.falcon:FalconForCausalLM",
     "GPT2LMHeadModel": "vllm_lite.model.models.gpt2:GPT2LMHeadModel",
     "GPTBigCodeForCausalLM": "vllm_lite.model.models.gpt2:GPTBigCodeForCausalLM",
+    "GPTJForCausalLM": "vllm_lite.model.models.gptj:GPTJForCausalLM",
     "GPTNeoXForCausalLM": "vllm_lite.model.models.gpt_neox:GPTNeoXForCausalLM",
     "GemmaForCausalLM": "vllm_lite.model.models.gemma:GemmaForCausalLM",
     "Gemma2ForCausalLM": "vllm_lite.model.models.gemma:Gemma2ForCausalLM",

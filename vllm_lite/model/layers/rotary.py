@@ -88,8 +88,12 @@ def _yarn_correction_dim(rotations: float, head_dim: int, base: float, context: 
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float,
-                 rope_scaling: dict[str, Any] | None) -> None:
+                 rope_scaling: dict[str, Any] | None, interleaved: bool = False) -> None:
+        """`interleaved`: the pairs turned are neighbours (x0, x1), (x2, x3), ... (GPT-J's
+        rotate_every_two) rather than the two halves of the head (NEOX style, the csrc op's);
+        such a layer takes the torch path."""
         super().__init__()
+        self.interleaved = interleaved
         inv_freq = _inv_freq(head_dim, base)
         rope_type = (rope_scaling or {}).get("rope_type", "default")
         mscale = 1.0
@@ -106,13 +110,12 @@ class RotaryEmbedding(nn.Module):
                              "(supported: default, linear, llama3, yarn, longrope)")
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos() * mscale, persistent=False)
         self.register_buffer("sin_cache", emb.sin() * mscale, persistent=False)
         # vLLM's layout for the csrc op: cos of each rotated pair, then sin ([max_position, D]);
         # like the caches above it takes the model's dtype when the model is cast.
-        half = head_dim // 2
-        self.register_buffer("cos_sin_cache", torch.cat((self.cos_cache[:, :half], self.sin_cache[:, :half]), -1),
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos() * mscale, freqs.sin() * mscale), -1),
                              persistent=False)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
@@ -128,7 +131,8 @@ class RotaryEmbedding(nn.Module):
             return query, key
         cos = self.cos_cache[positions].unsqueeze(1).to(query.dtype)
         sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
-        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        rotate = _rotate_every_two if self.interleaved else _rotate_half
+        return query * cos + rotate(query) * sin, key * cos + rotate(key) * sin
 
     def _partial(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                  rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,8 +145,14 @@ class RotaryEmbedding(nn.Module):
                 torch.cat((key_rot, key[..., rotary_dim:]), dim=-1))
 
     def _native(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
-        return (ops.takes_layer_ops(query) and key.dtype == query.dtype == self.cos_sin_cache.dtype
+        return (not self.interleaved and ops.takes_layer_ops(query)
+                and key.dtype == query.dtype == self.cos_sin_cache.dtype
                 and positions.dtype == torch.int64 and query.stride(-1) == 1 and key.stride(-1) == 1)
+
+
+def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
