@@ -314,9 +314,17 @@ def tiny_codegen(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Qwen2-MoE (the Transformers fallback): routed experts and a gated shared expert; its
-    forward reads the base model's router logits."""
-    return _build(tmp_path_factory, "tiny_qwen2_moe", "qwen2_moe", tie_word_embeddings=False)
+    """Qwen2-MoE: routed experts (4, top 2) and a shared expert gated per token by a sigmoid,
+    q/k/v biases; the first layer dense (mlp_only_layers)."""
+    return _build(tmp_path_factory, "tiny_qwen2_moe", "qwen2_moe", tie_word_embeddings=False,
+                  extra_config={"mlp_only_layers": [0]})
+
+
+@pytest.fixture(scope="session")
+def tiny_olmoe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """OLMoE (the Transformers fallback): a mixture of experts whose forward reads the base
+    model's router logits."""
+    return _build(tmp_path_factory, "tiny_olmoe", "olmoe", tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")

@@ -248,6 +248,11 @@ def _make_config(
 
         return StableLmConfig(intermediate_size=2 * hidden_size, num_key_value_heads=num_kv_heads,
                               use_qkv_bias=attention_bias, **without_kv_heads)
+    if arch == "olmoe":
+        from transformers import OlmoeConfig
+
+        return OlmoeConfig(num_experts=4, num_experts_per_tok=2, **{k: v for k, v in common.items()
+                                                                      if k not in ("rms_norm_eps", "head_dim")})
     if arch == "qwen2_moe":
         from transformers import Qwen2MoeConfig
 

@@ -228,6 +228,8 @@ def _read_attention_bias(architecture: str, cfg: dict[str, Any]) -> bool:
         return bool(cfg.get("attention_bias", True))
     if architecture in ("GPT2LMHeadModel", "GPTBigCodeForCausalLM", "PhiForCausalLM", "BloomForCausalLM"):
         return True
+    if architecture == "Qwen2MoeForCausalLM":  # q / k / v per qkv_bias (o_proj has none)
+        return bool(cfg.get("qkv_bias", True))
     if architecture == "FalconForCausalLM":  # every projection follows `bias`
         return bool(cfg.get("bias", False))
     if architecture == "StableLmForCausalLM":  # q / k / v only (o_proj has none)
@@ -241,6 +243,8 @@ def _read_sliding_windows(architecture: str, cfg: dict[str, Any]) -> tuple[int |
     with `use_sliding_window`, on the layers `layer_types` marks sliding (by default those from
     `max_window_layers` on), Qwen3-MoE then on every layer."""
     num_layers = cfg["num_hidden_layers"]
+    if architecture == "Qwen2MoeForCausalLM":  # (use_sliding_window is refused; its configs say sliding_window 0)
+        return (None,) * num_layers
     window = cfg.get("sliding_window")
     _check(window is None or (isinstance(window, int) and window >= 1),
            f"config.json: sliding_window must be an integer >= 1 or null, got {window!r}")

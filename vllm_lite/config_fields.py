@@ -376,8 +376,21 @@ _GPTJ = FieldPolicy(
     aliases=_GPT_ALIASES,
 )
 
+_QWEN2_MOE = FieldPolicy(
+    implemented=DENSE_IMPLEMENTED | {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                     "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                     "mlp_only_layers", "qkv_bias", "layer_types"},
+    # (the window settings are read only with use_sliding_window, which is refused)
+    ignored=frozenset({"sliding_window", "max_window_layers"}),
+    restricted={"hidden_act": ("silu",), "use_sliding_window": (False,)},
+    defaults={"max_position_embeddings": 32768, "num_experts": 60, "num_experts_per_tok": 4,
+              "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "norm_topk_prob": False,
+              "decoder_sparse_step": 1, "vocab_size": 151936, "rms_norm_eps": 1e-6},
+)
+
 POLICIES: Mapping[str, FieldPolicy] = {
     "BloomForCausalLM": _BLOOM,
+    "Qwen2MoeForCausalLM": _QWEN2_MOE,
     "GPTJForCausalLM": _GPTJ,
     "OlmoForCausalLM": _OLMO,
     "MptForCausalLM": _MPT,

@@ -28,6 +28,7 @@ _MODELS: dict[str, str] = {
     "PhiForCausalLM": "vllm_lite.model.models.phi:PhiForCausalLM",
     "Phi3ForCausalLM": "vllm_lite.model.models.phi3:Phi3ForCausalLM",
     "Qwen2ForCausalLM": "vllm_lite.model.models.qwen2:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "vllm_lite.model.models.moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "vllm_lite.model.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "vllm_lite.model.models.moe:Qwen3MoeForCausalLM",
     "SmolLM3ForCausalLM": "vllm_lite.model.models.smollm3:SmolLM3ForCausalLM",

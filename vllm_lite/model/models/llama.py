@@ -78,11 +78,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup, intermediate_size: int | None = None) -> None:
+        """`intermediate_size`: another width than config.json's (a MoE's shared expert)."""
         super().__init__()
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only 'silu')")
-        inter = config.intermediate_size
+        inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], config.mlp_bias, tp)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, config.mlp_bias, tp)
         self.act_fn = SiluAndMul()

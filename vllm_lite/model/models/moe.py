@@ -1,17 +1,21 @@
 """Mixture-of-experts decoders on the Llama block: Mixtral (every layer sparse, top-k always
-renormalised) and Qwen3-MoE (qk-norm, `norm_topk_prob`, dense layers per `mlp_only_layers` /
-`decoder_sparse_step`). The experts run as one grouped computation (layers/fused_moe.py)."""
+renormalised), Qwen3-MoE (qk-norm, `norm_topk_prob`, dense layers per `mlp_only_layers` /
+`decoder_sparse_step`) and Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B: Qwen3-MoE's routing with q/k/v
+biases instead of qk-norm, and a shared expert beside the routed ones, gated per token by a
+sigmoid). The experts run as one grouped computation (layers/fused_moe.py)."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+import torch
 from torch import nn
 
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import TensorParallelGroup
 from vllm_lite.model.layers.fused_moe import FusedMoE
+from vllm_lite.model.layers.linear import ReplicatedLinear
 from vllm_lite.model.models.llama import LlamaForCausalLM, LlamaMLP
 
 _EXPERT_SHARDS = {"w1": "gate", "w3": "up", "w2": "down",
@@ -67,6 +71,32 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         raw = config.raw
         return FusedMoE(num_experts(config), raw["num_experts_per_tok"], config.hidden_size,
                         raw["moe_intermediate_size"], renormalize=bool(raw.get("norm_topk_prob", False)), tp=tp)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
+        return _expert_name(name, "mlp")
+
+
+class SharedExpertMoE(FusedMoE):
+    """Routed experts plus one shared expert that every token takes, scaled per token by
+    sigmoid(shared_expert_gate(x)) (Qwen2-MoE's sparse block; the names are its checkpoint's)."""
+
+    def __init__(self, config: HFModelConfig, tp: TensorParallelGroup) -> None:
+        raw = config.raw
+        super().__init__(num_experts(config), raw["num_experts_per_tok"], config.hidden_size,
+                         raw["moe_intermediate_size"], renormalize=bool(raw.get("norm_topk_prob", False)), tp=tp)
+        self.shared_expert = LlamaMLP(config, tp, intermediate_size=raw["shared_expert_intermediate_size"])
+        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class Qwen2MoeForCausalLM(LlamaForCausalLM):
+    o_proj_bias = False  # (q / k / v have biases, as Qwen2's)
+
+    @staticmethod
+    def build_mlp(config: HFModelConfig, layer_idx: int, tp: TensorParallelGroup) -> nn.Module:
+        return SharedExpertMoE(config, tp) if qwen3_moe_is_sparse(config, layer_idx) else LlamaMLP(config, tp)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         return _expert_name(name, "mlp")
