@@ -54,6 +54,7 @@ class GemmaAttention(nn.Module):
         self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary
+        self.clip_qkv = None  # (LlamaAttention.forward reads it: OLMo's clamp)
         self.attn = Attention(self.num_heads, self.num_kv_heads, d, backend, window,
                               scale=raw.get("query_pre_attn_scalar", d) ** -0.5,
                               logits_soft_cap=raw.get("attn_logit_softcapping"))
