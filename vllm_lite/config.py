@@ -486,6 +486,22 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """vLLM's speculative decoding, its n-gram (prompt lookup) method: each decode step a request
+    proposes up to `num_speculative_tokens` draft tokens, the ones that followed the latest
+    n-gram of its tokens (the longest of prompt_lookup_min..prompt_lookup_max tokens) where it
+    occurred before; the step computes them with its token and keeps those the model itself
+    samples (core/ngram_proposer.py, worker/model_runner.py)."""
+
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    # vLLM's: no drafts while more than this many requests run (None: always drafts)
+    disable_by_batch_size: int | None = None
+    method: str = "ngram"
+
+
+@dataclass(frozen=True, slots=True)
 class ParallelConfig:
     """Tensor parallelism over `nnodes` hosts, `tensor_parallel_size // nnodes` ranks on each.
     Node 0 runs the engine core and ranks 0..ranks_per_node-1; node k runs the next ranks
@@ -539,6 +555,7 @@ class VllmConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
     lora_config: LoRAConfig | None = None  # set: the engine serves LoRA adapters (enable_lora)
+    speculative_config: SpeculativeConfig | None = None  # set: n-gram speculative decoding
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -667,6 +684,9 @@ class EngineArgs:
     lora_target_modules: list[str] | None = None
     # vLLM's custom logits processors: LogitsProcessor subclasses or their 'module:Class' names
     logits_processors: list[Any] | None = None
+    # vLLM's speculative decoding (--speculative-config): {"method": "ngram",
+    # "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}
+    speculative_config: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -732,7 +752,19 @@ class EngineArgs:
             lora_config=self._lora_config(model_config),
         )
         self._check_logits_processors(config)
+        if self.speculative_config is not None:
+            config = dataclasses.replace(config, speculative_config=speculative_config(self.speculative_config),
+                                         scheduler_config=self._without_async_scheduling(config.scheduler_config))
+            check_speculative_decoding(config)
         return config
+
+    def _without_async_scheduling(self, scheduler_config: SchedulerConfig) -> SchedulerConfig:
+        """Speculative decoding schedules a request's drafts from its tokens, which must all be
+        known: its steps run in order. Unset async_scheduling then means off (a choice of speed
+        only); asking for it is refused."""
+        _check(self.async_scheduling is not True, "speculative_config with async_scheduling=True is not "
+               "implemented here (a step's drafts come from the last step's tokens); leave async_scheduling unset")
+        return dataclasses.replace(scheduler_config, async_scheduling=False)
 
     def _logits_processors(self) -> tuple[str, ...]:
         """vLLM's custom logits processors by name, each imported here once (a name that does not
@@ -1343,3 +1375,63 @@ def _demo_model_dir() -> Path:
 # vLLM's name for AsyncLLM's engine arguments (its extra logging fields are server flags here):
 # the same class, so AsyncEngineArgs(model=..., enable_log_requests=True) is refused by name.
 AsyncEngineArgs = EngineArgs
+
+
+# vLLM's SpeculativeConfig fields this engine takes for the n-gram method, and those that only
+# describe a draft model (taken at their default, None: refused otherwise, by name).
+SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                      "disable_by_batch_size")
+DRAFT_MODEL_FIELDS = ("draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
+                      "speculative_token_tree", "enforce_eager")
+SPECULATIVE_METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 128  # vLLM's rejection sampler's limit (MAX_SPEC_LEN)
+# vLLM's defaults when neither prompt_lookup bound is given.
+DEFAULT_PROMPT_LOOKUP = 5
+
+
+def speculative_config(given: Any) -> SpeculativeConfig:
+    """vLLM's speculative_config dict, checked as vLLM checks it; what is not implemented (the
+    draft-model methods: eagle, medusa, mtp, draft models, suffix decoding) refused by name."""
+    _check(isinstance(given, dict), f"speculative_config must be a dict (vLLM's SpeculativeConfig fields), "
+                                    f"got {type(given).__name__}")
+    unknown = sorted(set(given) - set(SPECULATIVE_FIELDS) - set(DRAFT_MODEL_FIELDS))
+    _check(not unknown, f"speculative_config: {', '.join(map(repr, unknown))} not implemented (implemented: "
+                        f"{', '.join(SPECULATIVE_FIELDS)})")
+    drafting = [name for name in DRAFT_MODEL_FIELDS if given.get(name) is not None]
+    _check(not drafting, f"speculative_config: {', '.join(drafting)} describe a draft model, which the n-gram "
+                         "method has none of")
+    method, model = given.get("method"), given.get("model")
+    if method is None and model in ("ngram", "[ngram]"):  # vLLM's older spelling
+        method, model = "ngram", None
+    _check(model is None, f"speculative_config: model={model!r}: speculative decoding with a draft model is not "
+                          f"implemented (methods: {', '.join(SPECULATIVE_METHODS)})")
+    _check(method in SPECULATIVE_METHODS, f"speculative_config: method={method!r} is not implemented (methods: "
+                                          f"{', '.join(SPECULATIVE_METHODS)}: prompt lookup, no draft model)")
+    k = given.get("num_speculative_tokens")
+    _check(_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
+           f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+    low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
+    if low is None and high is None:
+        low = high = DEFAULT_PROMPT_LOOKUP
+    low, high = (high if low is None else low), (low if high is None else high)
+    for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+        _check(_is_int(value) and value >= 1, f"speculative_config: {name} must be an integer >= 1, got {value!r}")
+    _check(low <= high, f"speculative_config: prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
+    threshold = given.get("disable_by_batch_size")
+    _check(threshold is None or (_is_int(threshold) and threshold >= 2),
+           f"speculative_config: disable_by_batch_size must be an integer >= 2, got {threshold!r}")
+    return SpeculativeConfig(k, low, high, threshold)
+
+
+def check_speculative_decoding(config: VllmConfig) -> None:
+    """Where n-gram drafts run here: generating models whose KV cache keeps every block."""
+    _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
+    _check(not config.model_config.logits_processors,
+           "speculative_config with logits_processors is not implemented (a processor sees one row per request)")
+    _check(config.cache_config.sliding_window is None,
+           "speculative_config with a model whose every layer slides (its KV blocks outside the window are freed as "
+           "it goes) is not implemented")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

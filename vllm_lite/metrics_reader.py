@@ -32,8 +32,8 @@ class Counter(Metric):
 
 @dataclass
 class Vector(Metric):
-    """vLLM's per-position counters (speculative decoding's accepted tokens); none here, since
-    this engine does not decode speculatively, but code that checks for the type finds it."""
+    """vLLM's per-position counters (speculative decoding's accepted tokens per draft position,
+    `values[p]` for position p), read from a counter with a `position` label."""
 
     values: list[int]
 
@@ -64,7 +64,10 @@ def _read(family: PrometheusMetric) -> Iterable[Metric]:
     if family.type == "gauge":
         return [Gauge(family.name, s.labels, s.value) for s in _samples(family, "")]
     if family.type == "counter":
-        return [Counter(family.name, s.labels, int(s.value)) for s in _samples(family, "_total")]
+        samples = _samples(family, "_total")
+        if samples and "position" in samples[0].labels:
+            return _vectors(family.name, samples)
+        return [Counter(family.name, s.labels, int(s.value)) for s in samples]
     if family.type == "histogram":
         return _histograms(family)
     raise ValueError(f"metric {family.name} has type {family.type!r}, which the snapshot does not read")
@@ -72,6 +75,15 @@ def _read(family: PrometheusMetric) -> Iterable[Metric]:
 
 def _samples(family: PrometheusMetric, suffix: str) -> list[Sample]:
     return [s for s in family.samples if s.name == family.name + suffix]
+
+
+def _vectors(name: str, samples: list[Sample]) -> list[Vector]:
+    """One Vector per label set but `position`: the counts in position order."""
+    by_labels: dict[tuple[tuple[str, str], ...], dict[int, int]] = {}
+    for sample in samples:
+        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "position"))
+        by_labels.setdefault(labels, {})[int(sample.labels["position"])] = int(sample.value)
+    return [Vector(name, dict(labels), [counts[p] for p in sorted(counts)]) for labels, counts in by_labels.items()]
 
 
 def _histograms(family: PrometheusMetric) -> list[Histogram]:

@@ -57,7 +57,7 @@ class Request:
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "thinking", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
-        "arrival_time", "lora_request",
+        "arrival_time", "lora_request", "may_draft",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -106,6 +106,8 @@ class Request:
         # The LoRA adapter it runs with (vllm_lite.lora.request.LoRARequest); None: the base model.
         # Its id keys its prefix-cache blocks apart and counts against max_loras per step.
         self.lora_request = None
+        # Whether speculative decoding may give it drafts (the scheduler's `drafts_allowed`)
+        self.may_draft = False
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:

@@ -53,8 +53,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vllm_lite.config import CacheConfig, SchedulerConfig, check_priority
+from vllm_lite.config import CacheConfig, SchedulerConfig, SpeculativeConfig, check_priority
 from vllm_lite.core.kv_cache_manager import KVCacheManager
+from vllm_lite.core.ngram_proposer import propose_ngram
 from vllm_lite.core.request import Request, RequestStatus
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.core.thinking_budget import forced_token_rows
@@ -106,12 +107,14 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_kv_blocks: int, structured_output_manager: Any = None, native_loops: bool | None = None,
-                 max_loras: int | None = None) -> None:
+                 max_loras: int | None = None, speculative_config: SpeculativeConfig | None = None) -> None:
         """`native_loops`: whether the token store's per-request loops run in C (`TokenStore`;
         None: where csrc is built); False also keeps the prefix-cache keys in hashlib
         (`KVCacheManager`: else in C where the CPU has SHA extensions). `max_loras`: at most this
-        many LoRA adapters among the running requests (vLLM's; None: LoRA is off)."""
+        many LoRA adapters among the running requests (vLLM's; None: LoRA is off).
+        `speculative_config`: n-gram drafts for the running requests that may have them."""
         self.config = scheduler_config
+        self.speculative_config = speculative_config
         self.max_loras = max_loras
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
@@ -161,6 +164,7 @@ class Scheduler:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
         if request.thinking is not None:
             self.thinking_req_ids.add(request.request_id)
+        request.may_draft = self.speculative_config is not None and drafts_allowed(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
@@ -186,10 +190,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         preempted: set[str] = set()
+        drafts: dict[str, np.ndarray] = {}
         running_part = (self._schedule_running_at_once(budget)
-                        if len(self.running) >= self.AT_ONCE_MIN_RUNNING else None)
+                        if len(self.running) >= self.AT_ONCE_MIN_RUNNING and not self._drafting() else None)
         if running_part is None:
-            running_part = self._schedule_running_loop(budget, preempted)
+            running_part = self._schedule_running_loop(budget, preempted, drafts if self._drafting() else None)
         cached_ids, cached_num_computed, num_new_blocks, new_block_ids, num_scheduled, budget = running_part
         new_reqs: list[NewRequestData] = []
         if not preempted and self.waiting and len(self.running) < self.config.max_num_seqs:
@@ -212,6 +217,7 @@ class Scheduler:
             grammar_bitmask=bitmask,
             # (a budget's next forced token depends on this step's tokens: async scheduling waits)
             needs_output_first=bool(self.thinking_req_ids) and not self.thinking_req_ids.isdisjoint(num_scheduled),
+            scheduled_spec_decode_tokens=drafts,
         )
         if output.is_empty:
             # No worker runs this step, so none sees these ids: hand them to the next step
@@ -224,9 +230,18 @@ class Scheduler:
             self._fail_requests(bitmask_failures)
         return output
 
-    def _schedule_running_loop(self, budget: int, preempted: set[str]) -> RunningSchedule:
+    def _drafting(self) -> bool:
+        """Whether this step's running requests may get drafts (vLLM's disable_by_batch_size:
+        none while more requests than that run)."""
+        spec = self.speculative_config
+        return spec is not None and (spec.disable_by_batch_size is None or len(self.running) <= spec.disable_by_batch_size)
+
+    def _schedule_running_loop(self, budget: int, preempted: set[str],
+                               drafts: dict[str, np.ndarray] | None = None) -> RunningSchedule:
         """Running requests in admission order, one at a time: each gets its remaining tokens
-        (what budget is left), blocks allocated or requests preempted from the back."""
+        (what budget is left), blocks allocated or requests preempted from the back. `drafts`
+        (speculative decoding): the draft tokens of the requests that get some are put there;
+        they are scheduled after the request's token."""
         cached_ids: list[str] = []
         cached_num_computed: list[int] = []
         num_new_blocks: list[int] = []
@@ -248,6 +263,10 @@ class Scheduler:
                 continue
             num_computed = all_computed[index]
             num_new = min(num_known - num_computed, budget)
+            draft = (self._propose(request, slots[index], num_known, budget)
+                     if drafts is not None and num_new == 1 and request.may_draft else None)
+            num_drafts = 0 if draft is None else len(draft)
+            num_new += num_drafts
             num_blocks = 0  # (most decode steps: the request's blocks hold its new tokens)
             if not kv.fits_held_blocks(request, num_computed + num_new):
                 new_blocks = self._allocate_or_preempt(request, num_new, preempted)
@@ -260,13 +279,27 @@ class Scheduler:
             cached_num_computed.append(num_computed)
             num_new_blocks.append(num_blocks)
             slot = slots[index]
-            store.num_computed_tokens[slot], store.num_tokens_with_placeholders[slot] = _advanced(
-                num_computed, num_known, num_new)
+            computed, store.num_tokens_with_placeholders[slot] = _advanced(num_computed, num_known, num_new - num_drafts)
+            store.num_computed_tokens[slot] = computed + num_drafts  # (back by the rejected ones on output)
+            if num_drafts:
+                drafts[request.request_id] = draft
             budget -= num_new
             index += 1
 
         return RunningSchedule(cached_ids, cached_num_computed, np.array(num_new_blocks, dtype=np.int32),
                                np.array(new_block_ids, dtype=np.int32), num_scheduled, budget)
+
+    def _propose(self, request: Request, slot: int, num_known: int, budget: int) -> np.ndarray | None:
+        """A decoding request's n-gram drafts: at most what the step's budget leaves after its
+        token, and no more than the tokens it may still produce after it (max_tokens,
+        max_model_len); None without any. Not while min_tokens outputs are still to come (the
+        sampler's stop-token mask is per request, not per draft position)."""
+        spec = self.speculative_config
+        k = min(spec.num_speculative_tokens, budget - 1, request.length_limit - num_known - 1)
+        if k <= 0 or num_known - request.num_prompt_tokens < request.min_tokens:
+            return None
+        draft = propose_ngram(self.token_store.row(slot)[:num_known], spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+        return draft.copy() if len(draft) else None  # (the row changes with the step's tokens)
 
     def _schedule_running_at_once(self, budget: int) -> RunningSchedule | None:
         """What `_schedule_running_loop` would decide, with array operations over the running
@@ -432,7 +465,62 @@ class Scheduler:
             outputs.logprob_token_ids = logprobs.token_ids[kept_rows]
             outputs.logprobs = logprobs.logprobs[kept_rows]
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self._take_drafted(scheduler_output.scheduled_spec_decode_tokens, req_ids, sampled_token_ids,
+                               num_sampled, outputs, stale)
         return outputs
+
+    def _take_drafted(self, drafts: dict[str, np.ndarray], req_ids: list[str], sampled_token_ids: np.ndarray,
+                      num_sampled: np.ndarray, outputs: EngineCoreOutputs, stale: frozenset[str]) -> None:
+        """Speculative decoding's part of a step's update, after every row's first token was taken:
+        a drafted request's further tokens (the drafts the model kept, then its own; stop checks
+        token by token) go into `outputs.more_token_ids`, and its computed count comes back by the
+        drafts it did not keep (their KV is overwritten later)."""
+        worker_row = {request_id: row for row, request_id in enumerate(req_ids) if request_id in drafts}
+        out_row = {request_id: row for row, request_id in enumerate(outputs.req_ids) if request_id in drafts}
+        more = np.full((len(outputs.req_ids), max(sampled_token_ids.shape[1] - 1, 1)), -1, dtype=np.int32)
+        num_draft_tokens = np.zeros(len(outputs.req_ids), dtype=np.int32)
+        num_accepted = np.zeros(len(outputs.req_ids), dtype=np.int32)
+        num_finished_running = 0
+        for request_id, draft in drafts.items():
+            request, row, out = self.requests.get(request_id), worker_row.get(request_id), out_row.get(request_id)
+            if request is None or row is None or out is None or request_id in stale:
+                continue  # failed, or finished by its first token
+            num_draft_tokens[out], num_accepted[out] = len(draft), int(num_sampled[row]) - 1
+            if request.status != RequestStatus.RUNNING:
+                continue
+            try:
+                stop = self._take_more_tokens(request, sampled_token_ids[row, 1:num_sampled[row]], more[out])
+            except Exception as exc:  # this request's alone
+                logger.exception("request %r failed while taking its drafted tokens", request_id)
+                num_finished_running += self._fail(request, f"in the engine core: {describe_error(exc)}")
+                continue
+            if stop is not None:
+                self._free(request)
+                outputs.finished.append(FinishedRequest(request_id, stop[0], stop[1], request.num_preemptions))
+                num_finished_running += 1
+        if num_finished_running:
+            self._drop_finished_from_running()
+        outputs.num_draft_tokens, outputs.num_accepted_drafts = num_draft_tokens, num_accepted
+        if (more >= 0).any():
+            outputs.more_token_ids = more
+
+    def _take_more_tokens(self, request: Request, tokens: np.ndarray,
+                          out: np.ndarray) -> tuple[FinishReason, int | None] | None:
+        """A running request's tokens after its first in a step, each appended and stop-checked
+        (into `out` as taken); then its counters as for a token each: every known token but the
+        last computed, no placeholder. Returns why it stops, or None."""
+        max_model_len = self.config.max_model_len
+        stop = None
+        for i, token_id in enumerate(tokens.tolist()):
+            request.append_token(token_id)
+            out[i] = token_id
+            stop = request.check_stop(token_id, max_model_len)
+            if stop is not None:
+                break
+        num_tokens = request.num_tokens
+        request.num_computed_tokens, request.num_tokens_with_placeholders = num_tokens - 1, num_tokens
+        return stop
 
     def _slots_of(self, req_ids: list[str], stale: frozenset[str]) -> tuple[np.ndarray, bool]:
         """The token-store slot of each of a step's rows (`_DISCARD`, `_UNSLOTTED` for rows
@@ -777,6 +865,17 @@ class Scheduler:
         if needed > total:
             raise ValueError(f"request {request.request_id!r} needs up to {needed} KV blocks "
                              f"({max_len} tokens) but the cache has {total}")
+
+
+def drafts_allowed(request: Request) -> bool:
+    """Whether speculative decoding may give `request` drafts: the sampler then draws each draft
+    position from the request's own distribution at that position. Not for what depends on the
+    tokens before it within the step (penalties, bad words, a grammar, a thinking budget) or
+    asks for each token's logprobs; those requests decode a token a step, as without drafts."""
+    params = request.sampling_params
+    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
+            and params.logprobs is None and not params.bad_words and not params.bad_words_token_ids
+            and request.structured_output_request is None and request.thinking is None)
 
 
 def _lora_names(requests: Any) -> str:

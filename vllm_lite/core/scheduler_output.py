@@ -9,7 +9,7 @@ from the previous step; a request that joins the batch in a step has no token in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,6 +78,10 @@ class SchedulerOutput:
     # A request in it has a thinking budget (whose next forced token depends on this step's
     # tokens): under async scheduling the engine core takes this step's output before scheduling.
     needs_output_first: bool = False
+    # Speculative decoding: request id -> its draft tokens (int32), computed this step after its
+    # token (vLLM's name). Their count is in num_scheduled_tokens; num_computed_tokens moved past
+    # them and comes back by the drafts the model did not keep.
+    scheduled_spec_decode_tokens: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

@@ -36,7 +36,7 @@ from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
-from vllm_lite.wire import EngineCoreOutputs, RequestError
+from vllm_lite.wire import EngineCoreOutputs, RequestError, split_token_columns
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
@@ -303,10 +303,18 @@ class AsyncLLM:
 
     async def _process_outputs(self, outputs: EngineCoreOutputs) -> None:
         """One step's outputs, `output_chunk_size` rows at a time with a yield between chunks.
-        A request aborted meanwhile is simply not found by the later chunk."""
-        processor = self.output_processor
+        A request aborted meanwhile is simply not found by the later chunk. A step whose rows
+        took several tokens (speculative decoding) as that many steps of one."""
         iteration_stats = IterationStats() if self.stat_loggers else None
-        processor.begin_step(outputs)
+        for part in split_token_columns(outputs):
+            await self._process_step(part, iteration_stats)
+        if iteration_stats is not None:
+            for stat_logger in self.stat_loggers:
+                stat_logger(iteration_stats)
+
+    async def _process_step(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None) -> None:
+        processor = self.output_processor
+        processor.begin_step(outputs, iteration_stats)
         num_rows = len(outputs.req_ids)
         for start in range(0, num_rows, self.output_chunk_size):
             if start:
@@ -317,9 +325,6 @@ class AsyncLLM:
             if stopped_by_string:
                 self.engine_core.abort_requests_nowait(stopped_by_string)
         self._hand_out(processor.end_step(outputs, iteration_stats))
-        if iteration_stats is not None:
-            for stat_logger in self.stat_loggers:
-                stat_logger(iteration_stats)
 
     def _hand_out(self, states: list[RequestState]) -> None:
         stopped_reading: list[RequestState] = []

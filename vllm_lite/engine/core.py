@@ -77,7 +77,8 @@ class EngineCore:
         lora_config = vllm_config.lora_config
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
                                    self.structured_output_manager,
-                                   max_loras=lora_config.max_loras if lora_config is not None else None)
+                                   max_loras=lora_config.max_loras if lora_config is not None else None,
+                                   speculative_config=vllm_config.speculative_config)
         # Requests a step failed on (attributably): freed already, their clients not yet told.
         self.failed_requests: list[RequestError] = []
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
@@ -432,7 +433,8 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 
 
 # Arrays with one row per entry of `req_ids`.
-_ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks")
+_ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks", "more_token_ids",
+               "num_draft_tokens", "num_accepted_drafts")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
 # `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client

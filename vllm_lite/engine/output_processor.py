@@ -16,7 +16,7 @@ from vllm_lite.engine.output_text import OutputText
 from vllm_lite.engine.parallel_sampling import ParentRequest
 from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
 from vllm_lite.engine.output_token_store import OutputTokenStore
-from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
+from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason, split_token_columns
 from vllm_lite.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
                                EmbeddingRequestOutput, RequestOutput, RequestStateStats)
 from vllm_lite.lora.request import LoRARequest
@@ -308,13 +308,29 @@ class OutputProcessor:
         `process_rows` over all rows and `end_step`, which let a caller spread one step's
         work over several turns of its event loop. `iteration_stats`, when given, collects the
         step's numbers for the metrics (engine/stats.py)."""
-        self.begin_step(outputs)
+        if outputs.more_token_ids is not None:  # (speculative decoding: rows with several tokens)
+            return self._process_token_columns(outputs, iteration_stats)
+        self.begin_step(outputs, iteration_stats)
         states, stopped_by_string = self.process_rows(outputs, 0, len(outputs.req_ids), iteration_stats)
         return states + self.end_step(outputs, iteration_stats), stopped_by_string
 
-    def begin_step(self, outputs: EngineCoreOutputs) -> None:
+    def _process_token_columns(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None
+                               ) -> tuple[list[RequestState], list[str]]:
+        """`process_outputs` for a step whose rows took several tokens: as that many steps of one."""
+        states: list[RequestState] = []
+        stopped_by_string: list[str] = []
+        for part in split_token_columns(outputs):
+            part_states, part_stopped = self.process_outputs(part, iteration_stats)
+            states.extend(part_states)
+            stopped_by_string.extend(part_stopped)
+        return states, stopped_by_string
+
+    def begin_step(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None = None) -> None:
         """What comes before the step's token rows: prompt logprobs, prefix-cache hits, and which
-        requests the engine core finished (so their last token is handled as the last)."""
+        requests the engine core finished (so their last token is handled as the last); the
+        step's speculative decoding counts into `iteration_stats`."""
+        if iteration_stats is not None and outputs.num_draft_tokens is not None:
+            iteration_stats.count_drafts(outputs.num_draft_tokens, outputs.num_accepted_drafts)
         if outputs.prompt_logprobs_req_ids:
             self._add_prompt_logprobs(outputs)
         states = self.request_states

@@ -66,12 +66,39 @@ class FinishedRequestStats:
 
 
 @dataclass(slots=True)
+class SpecDecodingStats:
+    """A step's speculative decoding (vLLM's SpecDecodingStats): the requests that had drafts,
+    their draft tokens, the drafts the model kept, and the kept ones at each draft position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class IterationStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     # seconds, one array per batch of rows the step was processed in
     inter_token_latencies: list[np.ndarray] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    spec_decoding: SpecDecodingStats | None = None  # set in a step with drafts
+
+    def count_drafts(self, num_draft_tokens: np.ndarray, num_accepted: np.ndarray) -> None:
+        """A step's rows' draft counts and kept drafts (0 drafts: a row without any)."""
+        drafted = num_draft_tokens > 0
+        if not drafted.any():
+            return
+        accepted = num_accepted[drafted]
+        spec = self.spec_decoding = self.spec_decoding or SpecDecodingStats()
+        spec.num_drafts += int(drafted.sum())
+        spec.num_draft_tokens += int(num_draft_tokens.sum())
+        spec.num_accepted_tokens += int(accepted.sum())
+        per_pos = spec.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (int(num_draft_tokens.max()) - len(per_pos)))
+        for position in range(int(accepted.max(initial=0))):  # (kept at a position: kept more than it)
+            per_pos[position] += int((accepted > position).sum())
 
     @property
     def num_tokens(self) -> int:

@@ -29,6 +29,7 @@ from vllm_lite.wire.engine_core import (
     ThinkingBudget,
     UtilityRequest,
     UtilityResult,
+    split_token_columns,
 )
 from vllm_lite.wire.worker import (
     Flush,
@@ -45,5 +46,5 @@ __all__ = [
     "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
-    "UtilityResult", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Shutdown", "WorkerReply",
+    "UtilityResult", "split_token_columns", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Shutdown", "WorkerReply",
 ]

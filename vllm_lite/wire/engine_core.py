@@ -107,6 +107,14 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     prompt_logprob_token_ids: np.ndarray | None = None  # int32 [total_rows, k + 1]
     prompt_logprobs: np.ndarray | None = None  # float32 [total_rows, k + 1]
     prompt_logprob_ranks: np.ndarray | None = None  # int32 [total_rows, k + 1]
+    # Speculative decoding: a row's tokens after its first (drafts the model kept, then its own),
+    # -1 past the row's last. None when no row took more than one token this step (every step
+    # without speculative decoding). `split_token_columns` makes them steps of one token a row.
+    more_token_ids: np.ndarray | None = None  # int32 [num_reqs, k]
+    # With drafts in the step (else None): each row's draft tokens, and how many of them the
+    # model kept (its sampled tokens matched them; the request may have stopped before some).
+    num_draft_tokens: np.ndarray | None = None  # int32 [num_reqs]
+    num_accepted_drafts: np.ndarray | None = None  # int32 [num_reqs]
     # Set on the wire only (`RequestIdsSender`): this message's number when it carries `req_ids`,
     # or, when it left them out, the number of the message whose `req_ids` they are.
     req_ids_number: int = 0
@@ -235,3 +243,25 @@ OUTPUT_STRUCTS: dict[bytes, type] = {
     OutputType.ERROR: RequestError,
     OutputType.ENGINE_DEAD: EngineDead,
 }
+
+
+def split_token_columns(outputs: EngineCoreOutputs) -> list[EngineCoreOutputs]:
+    """A step whose rows took several tokens (speculative decoding: `more_token_ids`) as steps of
+    one token a row, in order, for the client's per-step processing; each finished request in the
+    step of its last token. Every other field (prompt logprobs, cached tokens, logprobs of the
+    rows' first tokens, the stats) stays with the first. A step without them: itself."""
+    more = outputs.more_token_ids
+    if more is None:
+        return [outputs]
+    steps = [msgspec.structs.replace(outputs, more_token_ids=None, finished=[])]
+    last_step: dict[str, int] = {}
+    for column in range(more.shape[1]):
+        rows = np.flatnonzero(more[:, column] >= 0)
+        if len(rows) == 0:
+            break
+        req_ids = [outputs.req_ids[row] for row in rows.tolist()]
+        last_step.update(dict.fromkeys(req_ids, len(steps)))
+        steps.append(EngineCoreOutputs(req_ids, more[rows, column], timestamp=outputs.timestamp))
+    for finished in outputs.finished:
+        steps[last_step.get(finished.request_id, 0)].finished.append(finished)
+    return steps

@@ -294,10 +294,13 @@ class ModelRunner:
         failed = self._update_states(scheduler_output)
         batch = self.input_batch
         num_rows = batch.num_reqs
-        output = ModelRunnerOutput(batch.live_req_ids, np.zeros((num_rows, 1), dtype=np.int32),
+        drafts = self._place_drafts(scheduler_output.scheduled_spec_decode_tokens)
+        width = 1 if drafts is None else 1 + int(drafts.max(initial=0))
+        output = ModelRunnerOutput(batch.live_req_ids, np.zeros((num_rows, width), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
         step = LaunchedStep(output, None, None, None)
-        inputs = self._prepare_inputs(scheduler_output) if scheduler_output.total_num_scheduled_tokens > 0 else None
+        inputs = (self._prepare_inputs(scheduler_output, drafts) if scheduler_output.total_num_scheduled_tokens > 0
+                  else None)
         if inputs is not None:
             if self.custom_logits is not None:
                 self.custom_logits.update_state(self.input_batch.num_reqs)
@@ -314,9 +317,88 @@ class ModelRunner:
                 self._pool(hidden, inputs, output)
                 return step
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
-            if len(inputs.sample_rows):
+            if len(inputs.sample_rows) and drafts is not None:
+                self._sample_drafted(hidden, inputs, step, scheduler_output, drafts)
+            elif len(inputs.sample_rows):
                 self._sample(hidden, inputs, step, scheduler_output)
         return step
+
+    # ---- speculative decoding ----
+    def _place_drafts(self, drafts: dict[str, np.ndarray]) -> np.ndarray | None:
+        """A step's draft tokens written after their rows' known tokens (the step's input ids
+        read them there; they do not count as known). Returns each batch row's number of drafts
+        (None in a step without any)."""
+        if not drafts:
+            return None
+        batch = self.input_batch
+        counts = np.zeros(batch.num_reqs, dtype=np.int64)
+        for req_id, draft in drafts.items():
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:  # (not one that failed to join)
+                start = int(batch.num_tokens[row])
+                batch.token_ids[row, start:start + len(draft)] = draft
+                counts[row] = len(draft)
+        return counts
+
+    def _sample_drafted(self, hidden: torch.Tensor, inputs: StepInputs, step: LaunchedStep,
+                        sched: SchedulerOutput, drafts: np.ndarray) -> None:
+        """A step with drafts: each sampling row samples at its token's position and at each of
+        its drafts' (the same request's sampling, one logits row each), and keeps its drafts up to
+        the first its samples differ from, then that sample (or, all kept, the one after the
+        last). With a draft that is one token for sure (n-gram drafts), this draws exactly what
+        rejection sampling draws: the draft with the model's probability of it, else a token from
+        the model's distribution without it; greedy rows keep the argmax."""
+        rows = inputs.sample_rows
+        positions = np.searchsorted(inputs.rows, rows)
+        num_positions = 1 + drafts[rows]
+        ends = inputs.query_starts[positions] + inputs.query_lens[positions]
+        logits_rows = np.repeat(rows, num_positions)
+        hidden_index = np.repeat(ends - num_positions, num_positions) + segment_offsets(num_positions)
+        logits = self.model.compute_logits(hidden[self._to_device(hidden_index.astype(np.int64))])
+        self.logits_width = logits.shape[-1]
+        try:
+            metadata = self._build_sampling_metadata(logits_rows, self.logits_width)
+        except Exception:
+            metadata, failed = self._sampling_metadata_without_culprits(logits_rows, self.logits_width)
+            step.output.failed = {**(step.output.failed or {}), **failed}
+            req_ids = self.input_batch.req_ids
+            kept = np.array([req_ids[row] not in failed for row in logits_rows.tolist()], dtype=bool)
+            logits, logits_rows = logits[self._to_device(np.flatnonzero(kept))], logits_rows[kept]
+            kept_rows = np.array([req_ids[row] not in failed for row in rows.tolist()], dtype=bool)
+            self._append_sampled(rows[~kept_rows], np.zeros(int((~kept_rows).sum()), dtype=np.int32))
+            rows, num_positions = rows[kept_rows], num_positions[kept_rows]
+            if len(rows) == 0:
+                return
+        every_planned_row = not (step.output.failed or self.dropped_failed)
+        sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, logits_rows, every_planned_row))
+        self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
+        if sampled.logprobs is not None:  # (rows without drafts only: a drafted request asks for none)
+            step.logprobs = sampled.logprobs
+            step.logprobs_rows = logits_rows if sampled.logprobs_rows is None else logits_rows[sampled.logprobs_rows]
+
+    def _keep_drafts(self, rows: np.ndarray, num_positions: np.ndarray, samples: np.ndarray,
+                     output: ModelRunnerOutput) -> None:
+        """Each row's kept tokens (its drafts up to the first its samples differ from, then that
+        sample) into the batch and the step's output."""
+        batch = self.input_batch
+        starts = np.cumsum(num_positions) - num_positions
+        single = num_positions == 1
+        if single.any():
+            plain, firsts = rows[single], samples[starts[single]].astype(np.int32)
+            self._append_sampled(plain, firsts)
+            output.sampled_token_ids[plain, 0] = firsts
+            output.num_sampled[plain] = 1
+        for row, start, n in zip(rows[~single].tolist(), starts[~single].tolist(), num_positions[~single].tolist()):
+            num_tokens = int(batch.num_tokens[row])
+            drafted = batch.token_ids[row, num_tokens:num_tokens + n - 1]
+            own = samples[start:start + n]
+            differs = np.flatnonzero(own[:n - 1] != drafted)
+            kept = own[:(int(differs[0]) if len(differs) else n - 1) + 1].astype(np.int32)
+            batch.token_ids[row, num_tokens:num_tokens + len(kept)] = kept
+            batch.num_tokens[row] = num_tokens + len(kept)
+            batch.last_token_ids[row] = kept[-1]
+            output.sampled_token_ids[row, :len(kept)] = kept
+            output.num_sampled[row] = len(kept)
 
     def _padded_to_bucket(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Where `_pads_steps` (CPU), the step's tokens padded (token 0 at position 0) to
@@ -688,8 +770,9 @@ class ModelRunner:
             self.min_tokens_stop_ids[new.req_id] = tuple(set(new.eos_token_ids) | set(params.stop_token_ids or ()))
 
     # ---- inputs ----
-    def _prepare_inputs(self, sched: SchedulerOutput) -> StepInputs | None:
-        """None when no scheduled request is in the batch (every one failed)."""
+    def _prepare_inputs(self, sched: SchedulerOutput, drafts: np.ndarray | None = None) -> StepInputs | None:
+        """None when no scheduled request is in the batch (every one failed). `drafts`: each
+        batch row's draft tokens this step (`_place_drafts`), None without any."""
         batch = self.input_batch
         step = self._scheduled_rows(sched.num_scheduled_tokens)
         if step is None:
@@ -709,8 +792,8 @@ class ModelRunner:
             offsets = segment_offsets(query_lens)
             positions = batch.num_computed_tokens[token_rows] + offsets
             seq_lens = batch.num_computed_tokens[at] + query_lens
-        # Rows whose known tokens are all computed after this step produce a new token.
-        samples = seq_lens == batch.num_tokens[at]
+        # Rows whose known tokens (and drafts) are all computed after this step produce a new token.
+        samples = seq_lens == batch.num_tokens[at] + (0 if drafts is None else drafts[at])
         every_row_samples = bool(samples.all())
         every_token_samples = total == len(rows) and every_row_samples  # every row computes its last token
         if every_token_samples:

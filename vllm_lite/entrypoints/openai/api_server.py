@@ -42,7 +42,7 @@ from vllm_lite.exceptions import EngineDeadError, VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.lifecycle import freeze_startup_heap
-from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info
+from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info, num_speculative_tokens
 from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, route_error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend, route_path
@@ -135,7 +135,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          models=_served_models(engine, names, options),
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
                          metrics=ServerMetrics(names[0], model_config.max_model_len,
-                                               cache_config_info(engine.vllm_config)),
+                                               cache_config_info(engine.vllm_config),
+                                               num_speculative_tokens(engine.vllm_config)),
                          vocab_size=model_config.hf.vocab_size, sampling_defaults=model_config.sampling_defaults,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),

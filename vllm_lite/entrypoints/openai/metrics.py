@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from vllm_lite.config import VllmConfig
-from vllm_lite.engine.stats import IterationStats, kv_cache_usage
+from vllm_lite.engine.stats import IterationStats, SpecDecodingStats, kv_cache_usage
 from vllm_lite.outputs import RequestOutput
 from vllm_lite.sampling_params import SamplingParams
 
@@ -112,6 +112,12 @@ class CacheConfigCollector:
         yield info
 
 
+def num_speculative_tokens(vllm_config: Any) -> int:
+    """The drafts a step may give a request (0: no speculative decoding), for ServerMetrics."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return 0 if spec is None else spec.num_speculative_tokens
+
+
 def cache_config_info(vllm_config: Any) -> dict[str, str] | None:
     """The KV-cache configuration's fields as strings (vllm:cache_config_info's labels)."""
     cache_config = getattr(vllm_config, "cache_config", None)
@@ -158,10 +164,37 @@ def observe_many(histogram: Histogram, values: np.ndarray) -> None:
         histogram._buckets[bucket].inc(int(per_bucket[bucket]))
 
 
+class SpecDecodeMetrics:
+    """vLLM's speculative decoding counters: drafts (requests that had some in a step), draft
+    tokens, the drafts the model kept, and the kept ones per draft position."""
+
+    def __init__(self, model_name: str, num_speculative_tokens: int, registry: CollectorRegistry) -> None:
+        labels = ["model_name"]
+        self.num_drafts = Counter("vllm:spec_decode_num_drafts", "Requests with drafts, counted per step.", labels,
+                                  registry=registry).labels(model_name)
+        self.num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Draft tokens.", labels,
+                                        registry=registry).labels(model_name)
+        self.num_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens the model kept.",
+                                           labels, registry=registry).labels(model_name)
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens kept, per draft position.",
+                          labels + ["position"], registry=registry)
+        self.accepted_per_pos = [per_pos.labels(model_name, str(position)) for position in range(num_speculative_tokens)]
+
+    def record(self, stats: SpecDecodingStats) -> None:
+        self.num_drafts.inc(stats.num_drafts)
+        self.num_draft_tokens.inc(stats.num_draft_tokens)
+        self.num_accepted_tokens.inc(stats.num_accepted_tokens)
+        for counter, accepted in zip(self.accepted_per_pos, stats.num_accepted_tokens_per_pos):
+            counter.inc(accepted)
+
+
 class ServerMetrics:
     """`cache_info`: the KV-cache configuration as label -> value strings (vllm:cache_config_info)."""
 
-    def __init__(self, model_name: str, max_model_len: int = 2048, cache_info: dict[str, str] | None = None) -> None:
+    def __init__(self, model_name: str, max_model_len: int = 2048, cache_info: dict[str, str] | None = None,
+                 num_speculative_tokens: int = 0) -> None:
+        """`num_speculative_tokens`: with speculative decoding, its drafts' counters (vLLM's
+        vllm:spec_decode_*) are kept too."""
         self.registry = CollectorRegistry()
         self.engine_stats = EngineStatsCollector(model_name)
         self.registry.register(self.engine_stats)
@@ -214,6 +247,7 @@ class ServerMetrics:
         self.request_params_max_tokens = Histogram(
             "vllm:request_params_max_tokens", "The max_tokens request parameter.", labels,
             buckets=_token_buckets(max_model_len), registry=reg).labels(model_name)
+        self.spec_decode = SpecDecodeMetrics(model_name, num_speculative_tokens, reg) if num_speculative_tokens else None
         self.model_name = model_name
         self.exposition = self._exposition_registry(cache_info)
 
@@ -240,6 +274,8 @@ class ServerMetrics:
             self.generation_tokens.inc(stats.num_generation_tokens)
         if stats.inter_token_latencies:
             observe_many(self.inter_token_latency, np.concatenate(stats.inter_token_latencies))
+        if stats.spec_decoding is not None and self.spec_decode is not None:
+            self.spec_decode.record(stats.spec_decoding)
         phases = self.request_phase_times
         for finished in stats.finished_requests:
             phases["queue"].observe(finished.queued_time)
