@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 ENDOFTEXT = "<|endoftext|>"
@@ -457,6 +458,29 @@ def build_tiny_model(
 
 
 _FILLER_WORDS = (" the", " of", " and", " a", " to", " in")  # single tokens in the tiny vocab
+
+
+def build_cycling_model(out_dir: Path, block_scale: float, head_scale: float = 10.0, cycle_length: int = 7) -> Path:
+    """A tiny Llama (for speculative decoding's tests) whose LM head sends each token's (normalized) embedding to the next token of
+    its cycle (by a logit margin that grows with `head_scale`), with its blocks' output
+    projections scaled by `block_scale` (0: a pure bigram)."""
+    build_tiny_model(out_dir, "llama", tie_word_embeddings=False)
+    weights = load_file(out_dir / "model.safetensors")
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name] = weights[name] * block_scale
+    embeddings = weights["model.embed_tokens.weight"]
+    order = torch.randperm(embeddings.shape[0], generator=torch.Generator().manual_seed(0))
+    successor = torch.empty_like(order)
+    for start in range(0, len(order), cycle_length):
+        cycle = order[start:start + cycle_length]
+        successor[cycle] = cycle.roll(-1)
+    head = torch.zeros_like(weights["lm_head.weight"])
+    head[successor] = embeddings / embeddings.norm(dim=1, keepdim=True) * head_scale
+    weights["lm_head.weight"] = head
+    weights["model.norm.weight"] = torch.ones_like(weights["model.norm.weight"])
+    save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
+    return out_dir
 
 
 def _canonical_prompt(tokenizer, text: str, length: int, rng: random.Random) -> list[int]:

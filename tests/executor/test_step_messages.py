@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from vllm_lite.config import CacheConfig, SchedulerConfig
+from vllm_lite.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
@@ -84,6 +84,24 @@ def test_scheduler_output_round_trip() -> None:
     assert steps_with_new_blocks
 
 
+def test_scheduler_output_with_drafts_round_trip() -> None:
+    """Speculative decoding's drafts reach every rank (a rank without them would compute other
+    rows than the rest, and the collectives would never meet)."""
+    scheduler = Scheduler(SchedulerConfig(8, 1 << 20, 256, True), CacheConfig(BLOCK_SIZE, 64, None, True), 64,
+                          speculative_config=SpeculativeConfig(3, 1, 2))
+    for i in range(4):
+        prompt = np.array([5, 6, 7, 8] * 4 + [5, 6], dtype=np.int32) + i
+        scheduler.add_request(Request(f"req-{i}", prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                                         ignore_eos=True), (2,), 8))
+    codec = MessageCodec()
+    step(scheduler)  # prefill
+    sched = scheduler.schedule()
+    drafts = sched.scheduled_spec_decode_tokens
+    assert drafts and all(sched.num_scheduled_tokens[r] == 1 + len(d) for r, d in drafts.items())
+    decoded = codec.decode_to_worker(codec.encode_to_worker(StepDiff.from_scheduler_output(sched)))
+    assert_same_scheduler_output(decoded.to_scheduler_output(), sched)
+
+
 # needs_output_first: whether async scheduling must take the step's output before scheduling the
 # next (a thinking budget); the workers run steps in order either way.
 ENGINE_CORE_ONLY = {"needs_output_first"}
@@ -95,7 +113,9 @@ def assert_same_scheduler_output(got: SchedulerOutput, want: SchedulerOutput) ->
     assert {f.name for f in dataclasses.fields(SchedulerOutput)} - ENGINE_CORE_ONLY == {
         "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
         "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids",
-        "structured_output_req_ids", "grammar_bitmask"}
+        "structured_output_req_ids", "grammar_bitmask", "scheduled_spec_decode_tokens"}
+    assert {r: d.tolist() for r, d in got.scheduled_spec_decode_tokens.items()} == \
+           {r: d.tolist() for r, d in want.scheduled_spec_decode_tokens.items()}
     assert got.structured_output_req_ids == want.structured_output_req_ids
     assert (got.grammar_bitmask is None) == (want.grammar_bitmask is None)
     if want.grammar_bitmask is not None:

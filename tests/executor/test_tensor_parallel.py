@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_reference import hf_greedy
+from hf_reference import build_cycling_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import LLM, SamplingParams
 from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
@@ -360,3 +360,22 @@ def test_tp2_forces_the_end_of_a_spent_thinking_budget(tiny_thinking_qwen3: Path
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, thinking_token_budget=2)
     (output,) = llm.generate({"prompt_token_ids": [5, 17, 300, start]}, params, use_tqdm=False)
     assert output.outputs[0].token_ids[2] == end
+
+
+# ---- speculative decoding over 2 ranks ----
+
+def test_tp2_speculative_decoding_keeps_the_tokens_of_tp1(tmp_path: Path, tp_llm: Callable[..., LLM]) -> None:
+    """n-gram drafts checked on both ranks (each samples every draft position from the gathered
+    logits): the greedy tokens of decoding without drafts on one rank, drafts kept."""
+    model = build_cycling_model(tmp_path / "cycling", 0.05)
+    prompts = [list(range(10 + 7 * i, 30 + 7 * i)) for i in range(4)]
+    tp1 = make_llm(model, max_model_len=MAX_MODEL_LEN)
+    try:
+        expected = run_greedy(tp1, prompts)
+    finally:
+        tp1.shutdown()
+    tp2 = tp_llm(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                             "prompt_lookup_max": 3}, disable_log_stats=False)
+    assert run_greedy(tp2, prompts) == expected
+    accepted = {m.name: m for m in tp2.get_metrics()}["vllm:spec_decode_num_accepted_tokens"].value
+    assert accepted > 0

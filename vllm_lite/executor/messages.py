@@ -41,6 +41,8 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
     preempted_req_ids: list[str]
     structured_output_req_ids: list[str]
     grammar_bitmask: np.ndarray | None
+    # speculative decoding: request id -> its draft tokens (int32); empty in most steps
+    spec_decode_tokens: dict[str, np.ndarray] = {}
 
     @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> StepDiff:
@@ -59,6 +61,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
             preempted_req_ids=list(sched.preempted_req_ids),
             structured_output_req_ids=list(sched.structured_output_req_ids),
             grammar_bitmask=sched.grammar_bitmask,
+            spec_decode_tokens=sched.scheduled_spec_decode_tokens,
         )
 
     def to_scheduler_output(self) -> SchedulerOutput:
@@ -75,6 +78,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
             preempted_req_ids=frozenset(self.preempted_req_ids),
             structured_output_req_ids=tuple(self.structured_output_req_ids),
             grammar_bitmask=self.grammar_bitmask,
+            scheduled_spec_decode_tokens=self.spec_decode_tokens,
         )
 
 
