@@ -109,15 +109,25 @@ def test_greedy_tokens_equal_decoding_without_drafts_and_transformers(cycling_mo
     {"speculative_config": NGRAM, "block_size": 16, "num_kv_blocks": 20, "enable_prefix_caching": False},
     {"speculative_config": {**NGRAM, "disable_by_batch_size": 3}},
     {"speculative_config": {"model": "[ngram]", "num_speculative_tokens": 3}},  # vLLM's older spelling
+    # the other attention backends (a drafted request's query is several tokens, as a prompt chunk's)
+    {"speculative_config": NGRAM, "attention_backend": "torch"},
+    {"speculative_config": NGRAM, "attention_backend": "triton", "block_size": 16, "shorter": True},
+    {"speculative_config": NGRAM, "dtype": "bfloat16", "reference_dtype": "bfloat16"},
 ])
 def test_greedy_tokens_under_every_schedule(cycling_model: Path, greedy_reference: list[list[int]],
                                             engine_args: dict) -> None:
+    engine_args = dict(engine_args)
+    reference_dtype = engine_args.pop("reference_dtype", None)
+    prompts, max_tokens = (PROMPTS[:2], 50) if engine_args.pop("shorter", False) else (PROMPTS, 100)  # (Triton's interpreter)
     llm = make_llm(cycling_model, **engine_args)
-    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
-    assert _token_ids(llm, PROMPTS, params) == greedy_reference
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    if reference_dtype is not None:  # (bf16 rounds otherwise than fp32: decoding without drafts in bf16)
+        greedy_reference = _token_ids(make_llm(cycling_model, dtype=reference_dtype), prompts, params)
+    expected = [tokens[:max_tokens] for tokens in greedy_reference[:len(prompts)]]
+    assert _token_ids(llm, prompts, params) == expected
     if "num_kv_blocks" in engine_args:
         assert llm.stats()["num_preemptions"] > 0
-    assert _token_ids(llm, PROMPTS[:2], params) == greedy_reference[:2]  # prefix-cache hits where cached
+    assert _token_ids(llm, prompts[:2], params) == expected[:2]  # prefix-cache hits where cached
 
 
 def test_prefix_cache_keeps_only_kept_tokens(cycling_model: Path, greedy_reference: list[list[int]]) -> None:

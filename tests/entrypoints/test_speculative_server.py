@@ -1,0 +1,65 @@
+"""`vllm-lite serve --speculative-config` (vLLM's flag, JSON or key by key): completions keep the
+tokens of decoding without drafts, streamed ones too, and /metrics has vLLM's
+vllm:spec_decode_* counters, counting what the server's requests drafted and kept."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import LiveServer, running_server
+
+from hf_reference import build_cycling_model, hf_greedy
+
+MODEL = "cycling"
+API_KEY = "sk-spec"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = list(range(10, 30))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_cycling_model(tmp_path_factory.mktemp("cycling"), 0.05)
+
+
+@pytest.fixture(scope="module")
+def server(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with running_server(model, tmp_path_factory.mktemp("spec") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256",
+                         "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}',
+                         "--speculative-config.prompt_lookup_max", "3",
+                         "--speculative-config.prompt_lookup_min", "2")) as live:
+        yield live
+
+
+def _counter(metrics: str, name: str, labels: str = "") -> float:
+    match = re.search(rf'^{re.escape(name)}_total{{[^}}]*{re.escape(labels)}[^}}]*}} (\S+)$', metrics, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
+def test_completions_keep_the_tokens_of_decoding_without_drafts(server: LiveServer, model: Path) -> None:
+    expected = hf_greedy(model, [PROMPT], 80)[0]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 80, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        whole = client.post("/v1/completions", json=body).json()
+        assert whole["choices"][0]["token_ids"] == expected
+        streamed: list[int] = []
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    streamed.extend(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+        assert streamed == expected
+        metrics = client.get("/metrics").text
+    accepted = _counter(metrics, "vllm:spec_decode_num_accepted_tokens")
+    assert 0 < accepted < _counter(metrics, "vllm:spec_decode_num_draft_tokens")
+    assert _counter(metrics, "vllm:spec_decode_num_drafts") > 0
+    per_position = [_counter(metrics, "vllm:spec_decode_num_accepted_tokens_per_pos", f'position="{p}"')
+                    for p in range(4)]
+    assert sum(per_position) == accepted
+    assert _counter(metrics, "vllm:generation_tokens") == 160
