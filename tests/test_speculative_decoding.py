@@ -96,6 +96,9 @@ def test_greedy_tokens_equal_decoding_without_drafts_and_transformers(cycling_mo
     per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values
     assert len(per_position) == 4 and sum(per_position) == accepted and per_position == sorted(per_position, reverse=True)
     assert metrics["vllm:spec_decode_num_drafts"].value > 0
+    # one inter-token latency per step and request (vLLM's count), not one per kept draft
+    latencies = {m.name: m for m in llm.get_metrics()}["vllm:inter_token_latency_seconds"].count
+    assert 0 < latencies <= len(PROMPTS) * 99 - accepted
     prompts = [prompt["prompt_token_ids"] for prompt in PROMPTS[:2]]
     assert hf_greedy(cycling_model, prompts, 100) == greedy_reference[:2]
 

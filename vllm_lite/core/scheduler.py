@@ -486,7 +486,7 @@ class Scheduler:
             request, row, out = self.requests.get(request_id), worker_row.get(request_id), out_row.get(request_id)
             if request is None or row is None or out is None or request_id in stale:
                 continue  # failed, or finished by its first token
-            num_draft_tokens[out], num_accepted[out] = len(draft), int(num_sampled[row]) - 1
+            num_draft_tokens[out], num_accepted[out] = len(draft), max(int(num_sampled[row]) - 1, 0)
             if request.status != RequestStatus.RUNNING:
                 continue
             try:

@@ -429,7 +429,10 @@ class OutputProcessor:
             iteration_stats.num_prompt_tokens += len(states[i].prompt_token_ids)
         later = slots[~first]
         if len(later):
-            iteration_stats.inter_token_latencies.append(now - store.last_token_ts[later])
+            gaps = now - store.last_token_ts[later]
+            # (a row's later tokens of one step, speculative decoding's, share its time: one
+            # latency per step and request, as vLLM counts them)
+            iteration_stats.inter_token_latencies.append(gaps if gaps.all() else gaps[gaps > 0])
         store.last_token_ts[slots] = now
 
     def end_step(self, outputs: EngineCoreOutputs,
