@@ -21,7 +21,7 @@ from hf_reference import build_cycling_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import AsyncLLM, EngineArgs, SamplingParams
 from vllm_lite.core.ngram_proposer import propose_ngram
-from vllm_lite.sampling_params import RequestOutputKind
+from vllm_lite.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason, split_token_columns
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
@@ -214,18 +214,29 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
-    """Penalties, logprobs, bad words and grammars depend on every token before: those requests
-    get no drafts (and the tokens of decoding without them), while others in the same steps do."""
+    """Penalties, logprobs and grammars depend on every token before: those requests get no drafts
+    (and the tokens of decoding without them), while others in the same steps do, with their
+    logit bias, allowed tokens and prompt logprobs."""
     plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
     special = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, repetition_penalty=1.3),
                SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, logprobs=2),
-               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, presence_penalty=0.5)]
-    params = special + [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)] * 3
-    expected, got = plain.generate(PROMPTS, params, use_tqdm=False), spec.generate(PROMPTS, params, use_tqdm=False)
+               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, presence_penalty=0.5),
+               SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))]
+    # these draft: their sampling at a position does not depend on the tokens before it
+    drafting = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+                SamplingParams(temperature=0, max_tokens=100, ignore_eos=True,
+                               logit_bias={greedy_reference[5][50]: -100.0}, prompt_logprobs=1),
+                SamplingParams(temperature=0, max_tokens=100, ignore_eos=True,
+                               allowed_token_ids=sorted(set(greedy_reference[4])))]
+    prompts, params = PROMPTS + PROMPTS[:1], special[:3] + drafting + special[3:]
+    expected, got = plain.generate(prompts, params, use_tqdm=False), spec.generate(prompts, params, use_tqdm=False)
     for want, have in zip(expected, got):
-        assert list(have.outputs[0].token_ids) == list(want.outputs[0].token_ids)
+        assert (list(have.outputs[0].token_ids), have.outputs[0].text) == \
+               (list(want.outputs[0].token_ids), want.outputs[0].text)
     assert [len(lp) for lp in got[1].outputs[0].logprobs] == [len(lp) for lp in expected[1].outputs[0].logprobs]
-    assert [list(o.outputs[0].token_ids) for o in got[3:]] == greedy_reference[3:]
+    assert got[4].prompt_logprobs == expected[4].prompt_logprobs
+    assert list(got[3].outputs[0].token_ids) == greedy_reference[3]
+    assert set(got[5].outputs[0].token_ids) <= set(greedy_reference[4])
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 0
 
 
