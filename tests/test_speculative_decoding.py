@@ -214,12 +214,12 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
-    """Penalties, logprobs and grammars depend on every token before: those requests get no drafts
+    """Penalties, bad words and grammars depend on every token before: those requests get no drafts
     (and the tokens of decoding without them), while others in the same steps do, with their
     logit bias, allowed tokens and prompt logprobs."""
     plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
     special = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, repetition_penalty=1.3),
-               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, logprobs=2),
+               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["zzz"]),
                SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, presence_penalty=0.5),
                SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))]
     # these draft: their sampling at a position does not depend on the tokens before it
@@ -233,11 +233,37 @@ def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: P
     for want, have in zip(expected, got):
         assert (list(have.outputs[0].token_ids), have.outputs[0].text) == \
                (list(want.outputs[0].token_ids), want.outputs[0].text)
-    assert [len(lp) for lp in got[1].outputs[0].logprobs] == [len(lp) for lp in expected[1].outputs[0].logprobs]
     assert got[4].prompt_logprobs == expected[4].prompt_logprobs
     assert list(got[3].outputs[0].token_ids) == greedy_reference[3]
     assert set(got[5].outputs[0].token_ids) <= set(greedy_reference[4])
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 0
+
+
+@pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logprobs"])
+def test_logprobs_of_kept_drafts(cycling_model: Path, logprobs_mode: str) -> None:
+    """A request asking for logprobs drafts too: each kept token's logprobs (its own and the top
+    ones) are those decoding without drafts gives, at their positions."""
+    params = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+              SamplingParams(temperature=0.5, top_k=20, max_tokens=80, ignore_eos=True, logprobs=0, seed=3),
+              SamplingParams(temperature=0, max_tokens=70, ignore_eos=True, logprobs=2, stop_token_ids=[1])]
+    plain = make_llm(cycling_model, logprobs_mode=logprobs_mode)
+    spec = make_llm(cycling_model, logprobs_mode=logprobs_mode, speculative_config=NGRAM, disable_log_stats=False)
+    expected, got = plain.generate(PROMPTS[:4], params, use_tqdm=False), spec.generate(PROMPTS[:4], params, use_tqdm=False)
+    for index in (0, 1, 3):
+        want, have = expected[index].outputs[0], got[index].outputs[0]
+        assert list(have.token_ids) == list(want.token_ids)
+        if want.logprobs is None:
+            assert have.logprobs is None
+            continue
+        assert len(have.logprobs) == len(want.logprobs) == len(want.token_ids)
+        for token, a, b in zip(want.token_ids, want.logprobs, have.logprobs):
+            assert token in b and list(a) == list(b)
+            assert [x.rank for x in b.values()] == [x.rank for x in a.values()]
+            assert np.allclose([x.logprob for x in b.values()], [x.logprob for x in a.values()], atol=1e-4)
+    sampled = got[2].outputs[0]
+    assert [list(lp) for lp in sampled.logprobs] == [[token] for token in sampled.token_ids]
+    assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 100
 
 
 def test_streamed_deltas_over_a_spawned_engine_core(cycling_model: Path, greedy_reference: list[list[int]]) -> None:

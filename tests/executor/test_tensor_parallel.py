@@ -366,7 +366,8 @@ def test_tp2_forces_the_end_of_a_spent_thinking_budget(tiny_thinking_qwen3: Path
 
 def test_tp2_speculative_decoding_keeps_the_tokens_of_tp1(tmp_path: Path, tp_llm: Callable[..., LLM]) -> None:
     """n-gram drafts checked on both ranks (each samples every draft position from the gathered
-    logits): the greedy tokens of decoding without drafts on one rank, drafts kept."""
+    logits): the greedy tokens of decoding without drafts on one rank, drafts kept, and with
+    logprobs asked for."""
     model = build_cycling_model(tmp_path / "cycling", 0.05)
     prompts = [list(range(10 + 7 * i, 30 + 7 * i)) for i in range(4)]
     tp1 = make_llm(model, max_model_len=MAX_MODEL_LEN)
@@ -379,3 +380,10 @@ def test_tp2_speculative_decoding_keeps_the_tokens_of_tp1(tmp_path: Path, tp_llm
     assert run_greedy(tp2, prompts) == expected
     accepted = {m.name: m for m in tp2.get_metrics()}["vllm:spec_decode_num_accepted_tokens"].value
     assert accepted > 0
+    # the kept drafts' logprobs come back from rank 0 with the tokens (the worker reply's codec)
+    with_logprobs = tp2.generate([{"prompt_token_ids": p} for p in prompts],
+                                 SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1),
+                                 use_tqdm=False)
+    for output, tokens in zip(with_logprobs, expected):
+        assert list(output.outputs[0].token_ids) == tokens
+        assert [next(iter(lp)) for lp in output.outputs[0].logprobs] == tokens

@@ -392,13 +392,17 @@ class Scheduler:
                            logprobs: LogprobsArrays | None = None,
                            prompt_logprobs: dict[str, tuple[int, LogprobsArrays]] | None = None,
                            failed: dict[str, str] | None = None,
-                           every_row_sampled: bool = False) -> EngineCoreOutputs:
+                           every_row_sampled: bool = False,
+                           more_logprobs: tuple[LogprobsArrays | None, np.ndarray | None] = (None, None)
+                           ) -> EngineCoreOutputs:
         """Append each row's sampled token (rows with num_sampled == 0 were mid-prefill) and
         check stop conditions. Returns the step's outputs column-wise. `logprobs` rows are
         batch rows (like `sampled_token_ids`); `prompt_logprobs` maps a request to the prompt
         position of its first row and its rows; `failed`: the requests the worker could not run
         in this step ({request id: why}), failed before any token is taken;
-        `every_row_sampled`: the worker says num_sampled is all 1 (False: it is looked at).
+        `every_row_sampled`: the worker says num_sampled is all 1 (False: it is looked at);
+        `more_logprobs`: with speculative decoding, the logprobs of rows' kept tokens after their
+        first and where they belong (ModelRunnerOutput.more_logprobs / more_logprobs_at).
 
         Array code over the batch: the tokens are appended in the token store, which also finds
         the rows that may stop (length, EOS / stop ids) or need Python for another reason (a
@@ -468,6 +472,8 @@ class Scheduler:
         if scheduler_output.scheduled_spec_decode_tokens:
             self._take_drafted(scheduler_output.scheduled_spec_decode_tokens, req_ids, sampled_token_ids,
                                num_sampled, outputs, stale)
+            if more_logprobs[0] is not None:
+                _place_more_logprobs(outputs, req_ids, *more_logprobs)
         return outputs
 
     def _take_drafted(self, drafts: dict[str, np.ndarray], req_ids: list[str], sampled_token_ids: np.ndarray,
@@ -867,14 +873,29 @@ class Scheduler:
                              f"({max_len} tokens) but the cache has {total}")
 
 
+def _place_more_logprobs(outputs: EngineCoreOutputs, req_ids: list[str], arrays: LogprobsArrays,
+                         at: np.ndarray) -> None:
+    """The worker's logprobs of kept tokens after a row's first, at [output row, token - 1] of
+    `outputs.more_logprob_*` (the tokens a stop cut off are not read)."""
+    out_row = {request_id: row for row, request_id in enumerate(outputs.req_ids)}
+    shape = (len(outputs.req_ids), max(int(at[:, 1].max()), 1), arrays.token_ids.shape[1])
+    token_ids, logprobs, ranks = np.zeros(shape, np.int32), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
+    for i, (row, position) in enumerate(at.tolist()):
+        out = out_row.get(req_ids[row])
+        if out is not None:
+            token_ids[out, position - 1], logprobs[out, position - 1], ranks[out, position - 1] = (
+                arrays.token_ids[i], arrays.logprobs[i], arrays.ranks[i])
+    outputs.more_logprob_token_ids, outputs.more_logprobs, outputs.more_logprob_ranks = token_ids, logprobs, ranks
+
+
 def drafts_allowed(request: Request) -> bool:
     """Whether speculative decoding may give `request` drafts: the sampler then draws each draft
     position from the request's own distribution at that position. Not for what depends on the
-    tokens before it within the step (penalties, bad words, a grammar, a thinking budget) or
-    asks for each token's logprobs; those requests decode a token a step, as without drafts."""
+    tokens before it within the step (penalties, bad words, a grammar, a thinking budget); those
+    requests decode a token a step, as without drafts."""
     params = request.sampling_params
     return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
-            and params.logprobs is None and not params.bad_words and not params.bad_words_token_ids
+            and not params.bad_words and not params.bad_words_token_ids
             and request.structured_output_request is None and request.thinking is None)
 
 

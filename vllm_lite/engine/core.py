@@ -158,7 +158,8 @@ class EngineCore:
     def _update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> EngineCoreOutputs:
         outputs = self.scheduler.update_from_output(sched, out.req_ids, out.sampled_token_ids, out.num_sampled,
                                                     out.logprobs, out.prompt_logprobs, out.failed,
-                                                    every_row_sampled=out.every_row_sampled)
+                                                    every_row_sampled=out.every_row_sampled,
+                                                    more_logprobs=(out.more_logprobs, out.more_logprobs_at))
         if out.pooled:  # (the vectors of requests that are still the engine's: they come with their token)
             taken = set(outputs.req_ids)
             outputs.pooled = {r: vector for r, vector in out.pooled.items() if r in taken}
@@ -434,7 +435,8 @@ def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> Engine
 
 # Arrays with one row per entry of `req_ids`.
 _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks", "more_token_ids",
-               "num_draft_tokens", "num_accepted_drafts")
+               "num_draft_tokens", "num_accepted_drafts", "more_logprob_token_ids", "more_logprobs",
+               "more_logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
 # `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client

@@ -115,6 +115,11 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # model kept (its sampled tokens matched them; the request may have stopped before some).
     num_draft_tokens: np.ndarray | None = None  # int32 [num_reqs]
     num_accepted_drafts: np.ndarray | None = None  # int32 [num_reqs]
+    # The logprobs of `more_token_ids` (entry [i, j] of each is token more_token_ids[i, j]'s, as
+    # the logprob arrays' row i is new_token_ids[i]'s); None when no request with them asked.
+    more_logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k, width]
+    more_logprobs: np.ndarray | None = None  # float32 [num_reqs, k, width]
+    more_logprob_ranks: np.ndarray | None = None  # int32 [num_reqs, k, width]
     # Set on the wire only (`RequestIdsSender`): this message's number when it carries `req_ids`,
     # or, when it left them out, the number of the message whose `req_ids` they are.
     req_ids_number: int = 0
@@ -253,7 +258,8 @@ def split_token_columns(outputs: EngineCoreOutputs) -> list[EngineCoreOutputs]:
     more = outputs.more_token_ids
     if more is None:
         return [outputs]
-    steps = [msgspec.structs.replace(outputs, more_token_ids=None, finished=[])]
+    steps = [msgspec.structs.replace(outputs, more_token_ids=None, more_logprob_token_ids=None, more_logprobs=None,
+                                     more_logprob_ranks=None, finished=[])]
     last_step: dict[str, int] = {}
     for column in range(more.shape[1]):
         rows = np.flatnonzero(more[:, column] >= 0)
@@ -261,7 +267,12 @@ def split_token_columns(outputs: EngineCoreOutputs) -> list[EngineCoreOutputs]:
             break
         req_ids = [outputs.req_ids[row] for row in rows.tolist()]
         last_step.update(dict.fromkeys(req_ids, len(steps)))
-        steps.append(EngineCoreOutputs(req_ids, more[rows, column], timestamp=outputs.timestamp))
+        step = EngineCoreOutputs(req_ids, more[rows, column], timestamp=outputs.timestamp)
+        if outputs.more_logprobs is not None:
+            step.logprob_token_ids = outputs.more_logprob_token_ids[rows, column]
+            step.logprobs = outputs.more_logprobs[rows, column]
+            step.logprob_ranks = outputs.more_logprob_ranks[rows, column]
+        steps.append(step)
     for finished in outputs.finished:
         steps[last_step.get(finished.request_id, 0)].finished.append(finished)
     return steps

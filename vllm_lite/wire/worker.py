@@ -44,6 +44,11 @@ class ModelRunnerOutput:
     # True: every row sampled (num_sampled all 1), as the worker knows; the engine core then
     # skips looking (its first numpy call after a forward pass costs tens of us). False: look.
     every_row_sampled: bool = False
+    # Speculative decoding: the logprobs of the tokens a row kept after its first (row i of
+    # `more_logprobs` is batch row more_logprobs_at[i, 0]'s token at position more_logprobs_at[i, 1]
+    # >= 1 of its kept ones). None without such tokens of a request that asked for logprobs.
+    more_logprobs: LogprobsArrays | None = None
+    more_logprobs_at: np.ndarray | None = None  # int32 [num, 2]
 
 
 class InitKVCache(msgspec.Struct, array_like=True, gc=False):

@@ -372,9 +372,24 @@ class ModelRunner:
         every_planned_row = not (step.output.failed or self.dropped_failed)
         sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, logits_rows, every_planned_row))
         self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
-        if sampled.logprobs is not None:  # (rows without drafts only: a drafted request asks for none)
-            step.logprobs = sampled.logprobs
-            step.logprobs_rows = logits_rows if sampled.logprobs_rows is None else logits_rows[sampled.logprobs_rows]
+        if sampled.logprobs is not None:
+            self._kept_logprobs(sampled, logits_rows, num_positions, step.output)
+
+    @staticmethod
+    def _kept_logprobs(sampled: SamplerOutput, logits_rows: np.ndarray, num_positions: np.ndarray,
+                       output: ModelRunnerOutput) -> None:
+        """The logprobs of each asking row's kept tokens: its first token's as every step's
+        (`output.logprobs`, by batch row), the others' in `output.more_logprobs`."""
+        arrays = sampled.logprobs.to_numpy()
+        asked = np.arange(len(logits_rows)) if sampled.logprobs_rows is None else np.asarray(sampled.logprobs_rows)
+        position = np.arange(len(logits_rows)) - np.repeat(np.cumsum(num_positions) - num_positions, num_positions)
+        asked_rows, asked_positions = logits_rows[asked], position[asked]
+        first = asked_positions == 0
+        output.logprobs = scatter_rows(_logprob_rows(arrays, first), asked_rows[first], len(output.num_sampled))
+        more = (asked_positions > 0) & (asked_positions < output.num_sampled[asked_rows])
+        if more.any():
+            output.more_logprobs = _logprob_rows(arrays, more)
+            output.more_logprobs_at = np.stack([asked_rows[more], asked_positions[more]], axis=1).astype(np.int32)
 
     def _keep_drafts(self, rows: np.ndarray, num_positions: np.ndarray, samples: np.ndarray,
                      output: ModelRunnerOutput) -> None:
@@ -1008,6 +1023,10 @@ class ModelRunner:
 
 def _new_req_id(new: NewRequestData) -> str:
     return new.req_id
+
+
+def _logprob_rows(arrays: LogprobsArrays, rows: np.ndarray) -> LogprobsArrays:
+    return LogprobsArrays(arrays.token_ids[rows], arrays.logprobs[rows], arrays.ranks[rows])
 
 
 def _writable(array: np.ndarray) -> np.ndarray:
