@@ -214,13 +214,13 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
-    """Penalties, bad words and grammars depend on every token before: those requests get no drafts
+    """Bad words, grammars and min_tokens depend on every token before: those requests get no drafts
     (and the tokens of decoding without them), while others in the same steps do, with their
     logit bias, allowed tokens and prompt logprobs."""
     plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
-    special = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, repetition_penalty=1.3),
-               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["zzz"]),
-               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, presence_penalty=0.5),
+    special = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["zzz"]),
+               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["a b"]),
+               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, min_tokens=50),
                SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))]
     # these draft: their sampling at a position does not depend on the tokens before it
     drafting = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
@@ -237,6 +237,26 @@ def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: P
     assert list(got[3].outputs[0].token_ids) == greedy_reference[3]
     assert set(got[5].outputs[0].token_ids) <= set(greedy_reference[4])
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 0
+
+
+@pytest.mark.parametrize("penalties", [{"frequency_penalty": 2.0}, {"presence_penalty": 1.5, "frequency_penalty": 0.5},
+                                       {"repetition_penalty": 1.2}])
+def test_penalties_count_the_drafts_before_each_position(bigram_model: Path, penalties: dict) -> None:
+    """A penalized request drafts too: at each draft position the drafts before it count as its
+    outputs (the penalties there are those decoding a token a step would apply: the processed
+    logprobs, penalties applied, are the same at every position; the bigram model's margins are
+    small enough for the penalties to move them)."""
+    params = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True, logprobs=2, **penalties)
+              for _ in PROMPTS]
+    expected = make_llm(bigram_model, logprobs_mode="processed_logprobs").generate(PROMPTS, params, use_tqdm=False)
+    spec = make_llm(bigram_model, speculative_config=NGRAM, disable_log_stats=False, logprobs_mode="processed_logprobs")
+    got = spec.generate(PROMPTS, params, use_tqdm=False)
+    for want, have in zip(expected, got):
+        assert list(have.outputs[0].token_ids) == list(want.outputs[0].token_ids)
+        for a, b in zip(want.outputs[0].logprobs, have.outputs[0].logprobs):
+            assert list(a) == list(b)
+            assert np.allclose([x.logprob for x in b.values()], [x.logprob for x in a.values()], atol=1e-4)
+    assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 50
 
 
 @pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logprobs"])

@@ -890,12 +890,11 @@ def _place_more_logprobs(outputs: EngineCoreOutputs, req_ids: list[str], arrays:
 
 def drafts_allowed(request: Request) -> bool:
     """Whether speculative decoding may give `request` drafts: the sampler then draws each draft
-    position from the request's own distribution at that position. Not for what depends on the
-    tokens before it within the step (penalties, bad words, a grammar, a thinking budget); those
-    requests decode a token a step, as without drafts."""
+    position from the request's own distribution at that position (penalties count the drafts
+    before it). Not for what depends on the tokens before it within the step otherwise (bad
+    words, a grammar, a thinking budget); those requests decode a token a step, as without drafts."""
     params = request.sampling_params
-    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
-            and not params.bad_words and not params.bad_words_token_ids
+    return (not params.bad_words and not params.bad_words_token_ids
             and request.structured_output_request is None and request.thinking is None)
 
 

@@ -28,6 +28,9 @@ class PenaltyMetadata:
     history: TokenHistory
     occurrences: TokenOccurrences  # outlives the metadata: kept by the model runner
     all_rows: bool  # every logits row is penalized, in order: no gather/scatter needed
+    # Speculative decoding: output tokens a row has beyond its history (the drafts before its
+    # position) as (index among the m rows, token) pairs; None without any.
+    preceding: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(slots=True)

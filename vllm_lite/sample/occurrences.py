@@ -47,7 +47,11 @@ class TokenOccurrences:
         if vocab_size != self.vocab_size:
             self._reset(vocab_size)
         slots = np.array([self._slot(req_id) for req_id in req_ids], dtype=np.int64)
-        self._catch_up(slots, batch_rows, history)
+        unique, first = np.unique(slots, return_index=True)
+        if len(unique) < len(slots):  # a request on several rows (speculative decoding's positions)
+            self._catch_up(unique, batch_rows[first], history)
+        else:
+            self._catch_up(slots, batch_rows, history)
         if len(slots) and np.array_equal(slots, np.arange(slots[0], slots[0] + len(slots))):
             return (self.prompt_mask[slots[0]:slots[0] + len(slots)],  # views: no copy
                     self.output_counts[slots[0]:slots[0] + len(slots)])

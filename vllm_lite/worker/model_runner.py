@@ -357,9 +357,10 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[self._to_device(hidden_index.astype(np.int64))])
         self.logits_width = logits.shape[-1]
         try:
-            metadata = self._build_sampling_metadata(logits_rows, self.logits_width)
+            metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
+                                                     self._preceding_drafts(rows, num_positions))
         except Exception:
-            metadata, failed = self._sampling_metadata_without_culprits(logits_rows, self.logits_width)
+            _, failed = self._sampling_metadata_without_culprits(logits_rows, self.logits_width)
             step.output.failed = {**(step.output.failed or {}), **failed}
             req_ids = self.input_batch.req_ids
             kept = np.array([req_ids[row] not in failed for row in logits_rows.tolist()], dtype=bool)
@@ -369,6 +370,8 @@ class ModelRunner:
             rows, num_positions = rows[kept_rows], num_positions[kept_rows]
             if len(rows) == 0:
                 return
+            metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
+                                                     self._preceding_drafts(rows, num_positions))
         every_planned_row = not (step.output.failed or self.dropped_failed)
         sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, logits_rows, every_planned_row))
         self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
@@ -390,6 +393,24 @@ class ModelRunner:
         if more.any():
             output.more_logprobs = _logprob_rows(arrays, more)
             output.more_logprobs_at = np.stack([asked_rows[more], asked_positions[more]], axis=1).astype(np.int32)
+
+    def _preceding_drafts(self, rows: np.ndarray, num_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """For the penalties: the drafts before each draft position of the penalized rows, as
+        (logits row, token) pairs (position j of a row has its first j drafts as outputs
+        beyond its history); None when no drafting row is penalized."""
+        batch = self.input_batch
+        drafting = (num_positions > 1) & penalized(batch, rows)
+        if not drafting.any():
+            return None
+        starts = np.cumsum(num_positions) - num_positions
+        logits_rows, tokens = [], []
+        for row, start, n in zip(rows[drafting].tolist(), starts[drafting].tolist(), num_positions[drafting].tolist()):
+            num_tokens = int(batch.num_tokens[row])
+            draft = batch.token_ids[row, num_tokens:num_tokens + n - 1]
+            before = np.arange(1, n)  # position j has j drafts before it
+            logits_rows.append(np.repeat(start + before, before))
+            tokens.append(draft[segment_offsets(before)])
+        return np.concatenate(logits_rows), np.concatenate(tokens)
 
     def _keep_drafts(self, rows: np.ndarray, num_positions: np.ndarray, samples: np.ndarray,
                      output: ModelRunnerOutput) -> None:
@@ -947,9 +968,10 @@ class ModelRunner:
         self._sampling_metadata, self._sampling_key = metadata, key
         return metadata, None
 
-    def _build_sampling_metadata(self, rows: np.ndarray, vocab_size: int) -> SamplingMetadata:
+    def _build_sampling_metadata(self, rows: np.ndarray, vocab_size: int,
+                                 preceding: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingMetadata:
         return build_sampling_metadata(self.input_batch, rows, self.generators, self.min_tokens_stop_ids,
-                                       self.device, self.token_occurrences, vocab_size)
+                                       self.device, self.token_occurrences, vocab_size, preceding)
 
     def _sampling_metadata_without_culprits(self, rows: np.ndarray, vocab_size: int
                                             ) -> tuple[SamplingMetadata, dict[str, str] | None]:

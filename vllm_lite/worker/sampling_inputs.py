@@ -25,10 +25,14 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
                             min_tokens_stop_ids: Mapping[str, tuple[int, ...]],
                             device: torch.device,
                             occurrences: TokenOccurrences | None = None,
-                            vocab_size: int | None = None) -> SamplingMetadata:
-    """`rows`: the batch rows that sample, in logits-row order. `occurrences`: the penalty
-    state kept across steps (the model runner's); a fresh one is built from the history if None.
-    `vocab_size`: the logits' width; a token id of a row outside it raises ValueError."""
+                            vocab_size: int | None = None,
+                            preceding: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingMetadata:
+    """`rows`: the batch rows that sample, in logits-row order (a row may come several times:
+    speculative decoding's draft positions). `occurrences`: the penalty state kept across steps
+    (the model runner's); a fresh one is built from the history if None. `vocab_size`: the
+    logits' width; a token id of a row outside it raises ValueError. `preceding`: (logits row,
+    token) pairs of output tokens a logits row has beyond its row's history (the drafts before
+    its position), for the penalties."""
     temperature = batch.temperature[rows]
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
@@ -50,7 +54,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         max_num_logprobs=_max_num_logprobs(batch, rows),
         logprobs_rows=_logprobs_rows(batch.num_logprobs[rows]),
         requested_logprobs=_requested_logprobs(batch, rows, device),
-        penalties=_penalties(batch, rows, history, device, occurrences),
+        penalties=_penalties(batch, rows, history, device, occurrences, preceding),
         logit_bias=_logit_bias(batch, rows, device, vocab_size),
         allowed_tokens=_allowed_tokens(batch, rows, device, vocab_size),
         bad_words=_bad_words(batch, rows, history, vocab_size),
@@ -111,11 +115,19 @@ def penalized(batch: InputBatch, rows: np.ndarray | slice) -> np.ndarray:
 
 
 def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, device: torch.device,
-               occurrences: TokenOccurrences | None) -> PenaltyMetadata | None:
+               occurrences: TokenOccurrences | None,
+               preceding: tuple[np.ndarray, np.ndarray] | None = None) -> PenaltyMetadata | None:
     used = np.flatnonzero(penalized(batch, rows))
     if len(used) == 0:
         return None
     used_rows = rows[used]
+    preceding_pairs = None
+    if preceding is not None and len(preceding[0]):
+        at = np.minimum(np.searchsorted(used, preceding[0]), len(used) - 1)
+        kept = used[at] == preceding[0]
+        if kept.any():
+            preceding_pairs = (host_to_device(at[kept].astype(np.int64), device),
+                               host_to_device(preceding[1][kept].astype(np.int64), device))
     return PenaltyMetadata(
         logits_rows=host_to_device(used.astype(np.int64), device),
         batch_rows=used_rows,
@@ -126,6 +138,7 @@ def _penalties(batch: InputBatch, rows: np.ndarray, history: TokenHistory, devic
         history=history,
         occurrences=occurrences if occurrences is not None else TokenOccurrences(device),
         all_rows=len(used) == len(rows),
+        preceding=preceding_pairs,
     )
 
 

@@ -21,6 +21,10 @@ def apply_penalties(logits: torch.Tensor, penalties: PenaltyMetadata) -> None:
     """In place on float32 logits; only the penalized rows are read or written."""
     prompt_mask, output_counts = penalties.occurrences.gather(
         penalties.req_ids, penalties.batch_rows, penalties.history, logits.shape[1])
+    if penalties.preceding is not None:  # (drafts before a row's position count as its outputs)
+        rows, tokens = penalties.preceding
+        output_counts = output_counts.index_put((rows, tokens), torch.ones(len(rows), device=output_counts.device),
+                                                accumulate=True)
     if penalties.all_rows:
         penalize(logits, prompt_mask, output_counts, penalties.repetition, penalties.frequency,
                  penalties.presence)
