@@ -174,6 +174,30 @@ def test_stops_inside_kept_drafts(cycling_model: Path, greedy_reference: list[li
     assert expected[0].outputs[0].finish_reason == ("length" if stop_kind == "max_tokens" else "stop")
 
 
+def test_min_tokens_counts_the_drafts_before_each_position(cycling_model: Path,
+                                                            greedy_reference: list[list[int]]) -> None:
+    """A request with min_tokens drafts from the start: at each draft position its stop tokens
+    are masked while the outputs so far (the drafts before it included) are fewer than
+    min_tokens. A sweep puts the boundary everywhere: each prompt, stop tokens taken along its
+    run, min_tokens values up to the stop token's first place (where the mask decides whether
+    the run stops there, inside a step of kept drafts in some of them)."""
+    prompts, params = [], []
+    for prompt, tokens in zip(PROMPTS, greedy_reference):
+        for stop_token in tokens[10:90:8]:
+            first = tokens.index(stop_token)
+            for min_tokens in range(max(1, first - 4), first + 1):
+                prompts.append(prompt)
+                params.append(SamplingParams(temperature=0, max_tokens=100, ignore_eos=True,
+                                             stop_token_ids=[stop_token], min_tokens=min_tokens))
+    expected = make_llm(cycling_model).generate(prompts, params, use_tqdm=False)
+    spec = make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    for want, have in zip(expected, got):
+        assert (list(have.outputs[0].token_ids), have.outputs[0].finish_reason) == \
+               (list(want.outputs[0].token_ids), want.outputs[0].finish_reason)
+    assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 1000
+
+
 # ---- sampling ----
 def test_sampled_tokens_follow_the_models_distribution(bigram_model: Path) -> None:
     """On the blocks-off model the next token's distribution depends on the last token alone:
@@ -214,13 +238,13 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
-    """Bad words, grammars and min_tokens depend on every token before: those requests get no drafts
+    """Bad words and grammars depend on every token before: those requests get no drafts
     (and the tokens of decoding without them), while others in the same steps do, with their
     logit bias, allowed tokens and prompt logprobs."""
     plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
     special = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["zzz"]),
                SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["a b"]),
-               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, min_tokens=50),
+               SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, bad_words=["the"]),
                SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(regex="[a-z ]+"))]
     # these draft: their sampling at a position does not depend on the tokens before it
     drafting = [SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),

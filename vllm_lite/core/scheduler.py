@@ -292,11 +292,10 @@ class Scheduler:
     def _propose(self, request: Request, slot: int, num_known: int, budget: int) -> np.ndarray | None:
         """A decoding request's n-gram drafts: at most what the step's budget leaves after its
         token, and no more than the tokens it may still produce after it (max_tokens,
-        max_model_len); None without any. Not while min_tokens outputs are still to come (the
-        sampler's stop-token mask is per request, not per draft position)."""
+        max_model_len); None without any."""
         spec = self.speculative_config
         k = min(spec.num_speculative_tokens, budget - 1, request.length_limit - num_known - 1)
-        if k <= 0 or num_known - request.num_prompt_tokens < request.min_tokens:
+        if k <= 0:
             return None
         draft = propose_ngram(self.token_store.row(slot)[:num_known], spec.prompt_lookup_min, spec.prompt_lookup_max, k)
         return draft.copy() if len(draft) else None  # (the row changes with the step's tokens)

@@ -73,6 +73,9 @@ class MinTokensMetadata:
     pair_logits_rows: np.ndarray  # int64 [num_pairs]
     pair_token_ids: np.ndarray  # int64 [num_pairs]
     history: TokenHistory
+    # Speculative decoding: each row's outputs beyond its history (the drafts before its
+    # position); None without drafts.
+    output_offsets: np.ndarray | None = None  # [m]
 
 
 @dataclass(slots=True)

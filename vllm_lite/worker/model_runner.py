@@ -358,7 +358,8 @@ class ModelRunner:
         self.logits_width = logits.shape[-1]
         try:
             metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
-                                                     self._preceding_drafts(rows, num_positions))
+                                                     self._preceding_drafts(rows, num_positions),
+                                                     segment_offsets(num_positions))
         except Exception:
             _, failed = self._sampling_metadata_without_culprits(logits_rows, self.logits_width)
             step.output.failed = {**(step.output.failed or {}), **failed}
@@ -371,7 +372,8 @@ class ModelRunner:
             if len(rows) == 0:
                 return
             metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
-                                                     self._preceding_drafts(rows, num_positions))
+                                                     self._preceding_drafts(rows, num_positions),
+                                                     segment_offsets(num_positions))
         every_planned_row = not (step.output.failed or self.dropped_failed)
         sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, logits_rows, every_planned_row))
         self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
@@ -385,8 +387,7 @@ class ModelRunner:
         (`output.logprobs`, by batch row), the others' in `output.more_logprobs`."""
         arrays = sampled.logprobs.to_numpy()
         asked = np.arange(len(logits_rows)) if sampled.logprobs_rows is None else np.asarray(sampled.logprobs_rows)
-        position = np.arange(len(logits_rows)) - np.repeat(np.cumsum(num_positions) - num_positions, num_positions)
-        asked_rows, asked_positions = logits_rows[asked], position[asked]
+        asked_rows, asked_positions = logits_rows[asked], segment_offsets(num_positions)[asked]
         first = asked_positions == 0
         output.logprobs = scatter_rows(_logprob_rows(arrays, first), asked_rows[first], len(output.num_sampled))
         more = (asked_positions > 0) & (asked_positions < output.num_sampled[asked_rows])
@@ -969,9 +970,10 @@ class ModelRunner:
         return metadata, None
 
     def _build_sampling_metadata(self, rows: np.ndarray, vocab_size: int,
-                                 preceding: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingMetadata:
+                                 preceding: tuple[np.ndarray, np.ndarray] | None = None,
+                                 draft_positions: np.ndarray | None = None) -> SamplingMetadata:
         return build_sampling_metadata(self.input_batch, rows, self.generators, self.min_tokens_stop_ids,
-                                       self.device, self.token_occurrences, vocab_size, preceding)
+                                       self.device, self.token_occurrences, vocab_size, preceding, draft_positions)
 
     def _sampling_metadata_without_culprits(self, rows: np.ndarray, vocab_size: int
                                             ) -> tuple[SamplingMetadata, dict[str, str] | None]:

@@ -26,13 +26,15 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
                             device: torch.device,
                             occurrences: TokenOccurrences | None = None,
                             vocab_size: int | None = None,
-                            preceding: tuple[np.ndarray, np.ndarray] | None = None) -> SamplingMetadata:
+                            preceding: tuple[np.ndarray, np.ndarray] | None = None,
+                            draft_positions: np.ndarray | None = None) -> SamplingMetadata:
     """`rows`: the batch rows that sample, in logits-row order (a row may come several times:
     speculative decoding's draft positions). `occurrences`: the penalty state kept across steps
     (the model runner's); a fresh one is built from the history if None. `vocab_size`: the
     logits' width; a token id of a row outside it raises ValueError. `preceding`: (logits row,
     token) pairs of output tokens a logits row has beyond its row's history (the drafts before
-    its position), for the penalties."""
+    its position), for the penalties; `draft_positions`: each logits row's position among its
+    request's (0: its token's, j: after j drafts), for min_tokens."""
     temperature = batch.temperature[rows]
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
@@ -58,7 +60,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         logit_bias=_logit_bias(batch, rows, device, vocab_size),
         allowed_tokens=_allowed_tokens(batch, rows, device, vocab_size),
         bad_words=_bad_words(batch, rows, history, vocab_size),
-        min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size),
+        min_tokens=_min_tokens(batch, rows, history, min_tokens_stop_ids, vocab_size, draft_positions),
     )
 
 
@@ -203,7 +205,8 @@ def _bad_words(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
 
 
 def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
-                stop_ids: Mapping[str, tuple[int, ...]], vocab_size: int | None = None) -> MinTokensMetadata | None:
+                stop_ids: Mapping[str, tuple[int, ...]], vocab_size: int | None = None,
+                draft_positions: np.ndarray | None = None) -> MinTokensMetadata | None:
     used = np.flatnonzero(batch.min_tokens[rows] > 0)
     pair_index: list[int] = []
     pair_token_ids: list[int] = []
@@ -223,4 +226,5 @@ def _min_tokens(batch: InputBatch, rows: np.ndarray, history: TokenHistory,
         pair_logits_rows=used[pair_index_np].astype(np.int64),
         pair_token_ids=pair_token_ids_np,
         history=history,
+        output_offsets=None if draft_positions is None else draft_positions[used],
     )

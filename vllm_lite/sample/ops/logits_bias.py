@@ -55,6 +55,8 @@ def apply_min_tokens(logits: torch.Tensor, min_tokens: MinTokensMetadata,
     history = min_tokens.history
     rows = min_tokens.batch_rows
     num_output = history.num_tokens[rows] - history.num_prompt_tokens[rows]
+    if min_tokens.output_offsets is not None:
+        num_output = num_output + min_tokens.output_offsets
     active = (num_output < min_tokens.min_tokens)[min_tokens.pair_index]
     if not active.any():
         return
