@@ -1,0 +1,39 @@
+"""n-gram speculative decoding (vLLM's prompt lookup): replies that repeat their prompt, as
+edits and rewrites do, come several tokens a step; greedy replies are the very tokens of
+decoding without drafts.
+
+    python examples/speculative_decoding.py                  # the demo model
+    python examples/speculative_decoding.py /path/to/model
+    # the server: vllm-lite serve MODEL --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
+"""
+
+import sys
+import time
+
+from vllm_lite import LLM, SamplingParams
+
+TEXT = ("The committee met on Tuesday to review the budget. The members agreed to increase funding for the "
+        "public library, to repair the roof of the town hall before winter, and to hire two more teachers.")
+
+
+def main(model: str | None) -> None:
+    llm = LLM(model, max_model_len=1024, disable_log_stats=False,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                  "prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    try:
+        messages = [{"role": "user", "content": f"Repeat this text exactly:\n\n{TEXT}"}]
+        start = time.perf_counter()
+        output = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=80), use_tqdm=False)[0].outputs[0]
+        elapsed = time.perf_counter() - start
+        print(output.text)
+        metrics = {metric.name: metric for metric in llm.get_metrics()}
+        kept = metrics["vllm:spec_decode_num_accepted_tokens"].value
+        drafted = metrics["vllm:spec_decode_num_draft_tokens"].value
+        print(f"\n{len(output.token_ids)} tokens in {elapsed:.2f} s; {kept} of {drafted} draft tokens kept; "
+              f"kept per draft position: {metrics['vllm:spec_decode_num_accepted_tokens_per_pos'].values}")
+    finally:
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
