@@ -11,6 +11,8 @@ distribution (checked against the exact one, on the blocks-off model where it is
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,27 @@ def test_greedy_tokens_equal_decoding_without_drafts_and_transformers(cycling_mo
     assert 0 < latencies <= len(PROMPTS) * 99 - accepted
     prompts = [prompt["prompt_token_ids"] for prompt in PROMPTS[:2]]
     assert hf_greedy(cycling_model, prompts, 100) == greedy_reference[:2]
+
+
+def test_the_stats_line_reports_the_drafts(cycling_model: Path, monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's "SpecDecoding metrics" line after the stats line: the lines' counts add up to the
+    metrics' (but for the last steps', whose line is not due yet)."""
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.001")
+    llm = make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
+    with caplog.at_level(logging.INFO):
+        _token_ids(llm, PROMPTS, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SpecDecoding metrics: ")]
+    assert lines
+    pattern = re.compile(r"Mean acceptance length: [\d.]+, Accepted throughput: [\d.]+ tokens/s, Drafted throughput: "
+                         r"[\d.]+ tokens/s, Accepted: (\d+) tokens, Drafted: (\d+) tokens, Per-position acceptance "
+                         r"rate: [\d., ]+, Avg Draft acceptance rate: [\d.]+%$")
+    counts = [pattern.search(line) for line in lines]
+    assert all(counts), lines[0]
+    metrics = _spec_metrics(llm)
+    accepted, drafted = sum(int(m.group(1)) for m in counts), sum(int(m.group(2)) for m in counts)
+    assert 0 < accepted <= metrics["vllm:spec_decode_num_accepted_tokens"].value
+    assert accepted < drafted <= metrics["vllm:spec_decode_num_draft_tokens"].value
 
 
 @pytest.mark.parametrize("engine_args", [

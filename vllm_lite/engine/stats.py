@@ -75,6 +75,18 @@ class SpecDecodingStats:
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
+    def add(self, other: SpecDecodingStats) -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        self.add_per_position(other.num_accepted_tokens_per_pos)
+
+    def add_per_position(self, accepted: list[int]) -> None:
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (len(accepted) - len(per_pos)))
+        for position, count in enumerate(accepted):
+            per_pos[position] += count
+
 
 @dataclass(slots=True)
 class IterationStats:
@@ -95,10 +107,8 @@ class IterationStats:
         spec.num_drafts += int(drafted.sum())
         spec.num_draft_tokens += int(num_draft_tokens.sum())
         spec.num_accepted_tokens += int(accepted.sum())
-        per_pos = spec.num_accepted_tokens_per_pos
-        per_pos.extend([0] * (int(num_draft_tokens.max()) - len(per_pos)))
-        for position in range(int(accepted.max(initial=0))):  # (kept at a position: kept more than it)
-            per_pos[position] += int((accepted > position).sum())
+        # (kept at a position: kept more drafts than the position's index)
+        spec.add_per_position([int((accepted > position).sum()) for position in range(int(num_draft_tokens.max()))])
 
     @property
     def num_tokens(self) -> int:

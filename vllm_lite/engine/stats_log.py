@@ -1,7 +1,8 @@
 """vLLM's periodic stats line (its LoggingStatLogger): every `VLLM_LOG_STATS_INTERVAL` seconds
 (vLLM's variable, default 10) while the engine has work, the prompt and generation throughput over
 the interval, the running and waiting requests, the KV cache in use and the prefix-cache hit rate
-over the interval; one more line once it has gone idle. Off with --disable-log-stats (the
+over the interval; one more line once it has gone idle. With speculative decoding, vLLM's
+"SpecDecoding metrics" line after it (acceptance length and rates of the interval's drafts). Off with --disable-log-stats (the
 /metrics endpoint counts either way). `LLM(disable_log_stats=False)` writes it too, checked after
 each engine step; an application's AsyncLLM writes one when it calls `do_log_stats()`."""
 
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lite.engine.stats import IterationStats, kv_cache_usage
+from vllm_lite.engine.stats import IterationStats, SpecDecodingStats, kv_cache_usage
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,14 @@ class StatsLog:
     _hits: int = 0
     _was_busy: bool = False
     _last_ts: float = field(default_factory=time.monotonic)
+    spec_decoding: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # since the last line
 
     def record_iteration(self, stats: IterationStats) -> None:
         """A stat logger of the engine client (called with each step's stats)."""
         self.prompt_tokens += stats.num_prompt_tokens
         self.generation_tokens += stats.num_generation_tokens
+        if stats.spec_decoding is not None:
+            self.spec_decoding.add(stats.spec_decoding)
 
     async def run(self, get_stats: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         """Until cancelled (the server's lifespan) or the engine stops answering."""
@@ -67,10 +71,25 @@ class StatsLog:
     def log(self, stats: dict[str, Any]) -> None:
         """The line for the time since the last one (none while the engine stays idle)."""
         now = time.monotonic()
-        line = self.line(stats, now - self._last_ts)
+        line, spec_line = self.line(stats, now - self._last_ts), self.spec_decoding_line(now - self._last_ts)
         self._last_ts = now
         if line is not None:
             logger.info("%s", line)
+        if spec_line is not None:
+            logger.info("%s", spec_line)
+
+    def spec_decoding_line(self, elapsed_s: float) -> str | None:
+        """vLLM's speculative decoding line for the interval; None without drafts in it."""
+        spec, self.spec_decoding = self.spec_decoding, SpecDecodingStats()
+        if not spec.num_drafts:
+            return None
+        rates = ", ".join(f"{accepted / spec.num_drafts:.3f}" for accepted in spec.num_accepted_tokens_per_pos)
+        return (f"SpecDecoding metrics: Mean acceptance length: {1 + spec.num_accepted_tokens / spec.num_drafts:.2f}, "
+                f"Accepted throughput: {spec.num_accepted_tokens / elapsed_s:.2f} tokens/s, "
+                f"Drafted throughput: {spec.num_draft_tokens / elapsed_s:.2f} tokens/s, "
+                f"Accepted: {spec.num_accepted_tokens} tokens, Drafted: {spec.num_draft_tokens} tokens, "
+                f"Per-position acceptance rate: {rates}, "
+                f"Avg Draft acceptance rate: {100.0 * spec.num_accepted_tokens / spec.num_draft_tokens:.1f}%")
 
     def line(self, stats: dict[str, Any], elapsed_s: float) -> str | None:
         """The interval's line; None while the engine stays idle."""
