@@ -261,7 +261,7 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
-    """Bad words and grammars depend on every token before: those requests get no drafts
+    """Bad words depend on every token before: those requests get no drafts
     (and the tokens of decoding without them), while others in the same steps do, with their
     logit bias, allowed tokens and prompt logprobs."""
     plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM, disable_log_stats=False)
@@ -304,6 +304,27 @@ def test_penalties_count_the_drafts_before_each_position(bigram_model: Path, pen
             assert list(a) == list(b)
             assert np.allclose([x.logprob for x in b.values()], [x.logprob for x in a.values()], atol=1e-4)
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 50
+
+
+def test_grammars_constrain_every_draft_position(cycling_model: Path) -> None:
+    """A constrained request drafts too: its drafts are cut where its grammar would not accept
+    them, each draft position samples under the grammar's state after the drafts before it (a
+    bitmask row per position), and its matcher advances through the kept tokens: the tokens of
+    decoding without drafts, whole JSON values included."""
+    constraints = [StructuredOutputsParams(regex="(ab|cd|ef)+"), StructuredOutputsParams(regex="[a-z ]+"),
+                   StructuredOutputsParams(json={"type": "object", "required": ["a"],
+                                                 "properties": {"a": {"type": "array", "items": {"type": "integer"}}}})]
+    params = [SamplingParams(temperature=0, max_tokens=60, structured_outputs=constraint)
+              for constraint in constraints for _ in range(2)]
+    prompts = PROMPTS[:2] * len(constraints)
+    expected = make_llm(cycling_model).generate(prompts, params, use_tqdm=False)
+    spec = make_llm(cycling_model, speculative_config={**NGRAM, "prompt_lookup_min": 1}, disable_log_stats=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    for want, have in zip(expected, got):
+        assert (list(have.outputs[0].token_ids), have.outputs[0].text, have.outputs[0].finish_reason) == \
+               (list(want.outputs[0].token_ids), want.outputs[0].text, want.outputs[0].finish_reason)
+    assert got[-1].outputs[0].text.lstrip().startswith("{")
+    assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 100
 
 
 @pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logprobs"])

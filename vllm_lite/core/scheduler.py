@@ -75,6 +75,7 @@ _UNSLOTTED = -2
 _request_id = attrgetter("request_id")
 _slot = attrgetter("slot")
 _block_id = attrgetter("block_id")
+_NO_DRAFT = np.zeros(0, dtype=np.int32)
 _NO_BLOCK_IDS = np.zeros(0, dtype=np.int32)
 _NO_BLOCK_IDS.flags.writeable = False  # shared by the steps that take no block
 
@@ -202,7 +203,7 @@ class Scheduler:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
 
         bitmask_failures: dict[str, str] = {}
-        structured_ids, bitmask = (self._grammar_bitmask(num_scheduled, bitmask_failures)
+        structured_ids, bitmask = (self._grammar_bitmask(num_scheduled, bitmask_failures, drafts)
                                    if self.structured_req_ids else ((), None))
         if self.thinking_req_ids:
             structured_ids, bitmask = self._with_forced_tokens(num_scheduled, structured_ids, bitmask)
@@ -298,6 +299,8 @@ class Scheduler:
         if k <= 0:
             return None
         draft = propose_ngram(self.token_store.row(slot)[:num_known], spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+        if len(draft) and request.structured_output_request is not None:  # (what its grammar allows)
+            draft = self.structured_output_manager.valid_drafts(request.structured_output_request, draft)
         return draft.copy() if len(draft) else None  # (the row changes with the step's tokens)
 
     def _schedule_running_at_once(self, budget: int) -> RunningSchedule | None:
@@ -521,6 +524,8 @@ class Scheduler:
             request.append_token(token_id)
             out[i] = token_id
             stop = request.check_stop(token_id, max_model_len)
+            if request.structured_output_request is not None:
+                stop = self._advance_grammar(request, token_id, stop)
             if stop is not None:
                 break
         num_tokens = request.num_tokens
@@ -631,34 +636,43 @@ class Scheduler:
         }
 
     # ---- structured outputs ----
-    def _grammar_bitmask(self, num_scheduled: dict[str, int], failures: dict[str, str]
-                         ) -> tuple[tuple[str, ...], np.ndarray | None]:
-        """The constrained requests that sample this step (all their known tokens computed
-        after it) and their bitmask rows. Loops over the constrained requests only. Requests
-        whose own row cannot be filled are added to `failures` and left out."""
-        req_ids = tuple(r for r in self.structured_req_ids
-                        if r in num_scheduled and self.requests[r].num_computed_tokens == self.requests[r].num_tokens)
+    def _grammar_bitmask(self, num_scheduled: dict[str, int], failures: dict[str, str],
+                         drafts: dict[str, np.ndarray]) -> tuple[tuple[str, ...], np.ndarray | None]:
+        """The constrained requests that sample this step (all their known tokens, and drafts,
+        computed after it) and their bitmask rows, a request with drafts once per position (its
+        id repeated). Loops over the constrained requests only. Requests whose own rows cannot
+        be filled are added to `failures` and left out."""
+        req_ids = tuple(r for r in self.structured_req_ids if r in num_scheduled and self.requests[r].num_computed_tokens
+                        == self.requests[r].num_tokens + len(drafts.get(r, ())))
         if not req_ids:
             return (), None
-        grammars = [self.requests[r].structured_output_request for r in req_ids]
         try:
-            return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
+            return self._grammar_rows(req_ids, drafts)
         except Exception:
-            return self._grammar_bitmask_without_culprits(req_ids, failures)
+            return self._grammar_bitmask_without_culprits(req_ids, failures, drafts)
 
-    def _grammar_bitmask_without_culprits(self, req_ids: tuple[str, ...], failures: dict[str, str]
-                                          ) -> tuple[tuple[str, ...], np.ndarray | None]:
-        """Filling the bitmask failed: fill each request's row alone to find the ones that
+    def _grammar_rows(self, req_ids: tuple[str, ...], drafts: dict[str, np.ndarray]
+                      ) -> tuple[tuple[str, ...], np.ndarray]:
+        """`req_ids`' bitmask rows and the id of each row."""
+        grammars = [self.requests[r].structured_output_request for r in req_ids]
+        if not drafts or drafts.keys().isdisjoint(req_ids):
+            return req_ids, self.structured_output_manager.grammar_bitmask(grammars)
+        positions = [drafts.get(r, _NO_DRAFT) for r in req_ids]
+        row_ids = tuple(r for r, draft in zip(req_ids, positions) for _ in range(1 + len(draft)))
+        return row_ids, self.structured_output_manager.grammar_bitmask(grammars, positions)
+
+    def _grammar_bitmask_without_culprits(self, req_ids: tuple[str, ...], failures: dict[str, str],
+                                          drafts: dict[str, np.ndarray]) -> tuple[tuple[str, ...], np.ndarray | None]:
+        """Filling the bitmask failed: fill each request's rows alone to find the ones that
         fail (they sample unconstrained this step and are failed once it is scheduled), then the
         others' together."""
-        manager = self.structured_output_manager
-        failed = run_each_contained(req_ids, lambda r: manager.grammar_bitmask([self.requests[r].structured_output_request]),
+        failed = run_each_contained(req_ids, lambda r: self._grammar_rows((r,), drafts),
                                     lambda r: r, "while filling its grammar bitmask") or {}
         failures.update((request_id, f"in the engine core: {why}") for request_id, why in failed.items())
         kept = tuple(r for r in req_ids if r not in failed)
         if not kept:
             return (), None
-        return kept, manager.grammar_bitmask([self.requests[r].structured_output_request for r in kept])
+        return self._grammar_rows(kept, drafts)
 
     def _with_forced_tokens(self, num_scheduled: dict[str, int], req_ids: tuple[str, ...],
                             bitmask: np.ndarray | None) -> tuple[tuple[str, ...], np.ndarray | None]:
@@ -889,12 +903,12 @@ def _place_more_logprobs(outputs: EngineCoreOutputs, req_ids: list[str], arrays:
 
 def drafts_allowed(request: Request) -> bool:
     """Whether speculative decoding may give `request` drafts: the sampler then draws each draft
-    position from the request's own distribution at that position (penalties count the drafts
-    before it). Not for what depends on the tokens before it within the step otherwise (bad
-    words, a grammar, a thinking budget); those requests decode a token a step, as without drafts."""
+    position from the request's own distribution at that position (penalties and min_tokens
+    count the drafts before it, a grammar's bitmask row is its state after them). Not for what
+    depends on the tokens before it within the step otherwise (bad words, a thinking budget);
+    those requests decode a token a step, as without drafts."""
     params = request.sampling_params
-    return (not params.bad_words and not params.bad_words_token_ids
-            and request.structured_output_request is None and request.thinking is None)
+    return not params.bad_words and not params.bad_words_token_ids and request.thinking is None
 
 
 def _lora_names(requests: Any) -> str:

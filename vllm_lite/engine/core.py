@@ -214,7 +214,9 @@ def make_structured_output_manager(vllm_config: VllmConfig) -> StructuredOutputM
 
         XgrammarBackend.validate(key)
 
-    return StructuredOutputManager(make_backend, vllm_config.scheduler_config.max_num_seqs, validate)
+    spec = vllm_config.speculative_config
+    return StructuredOutputManager(make_backend, vllm_config.scheduler_config.max_num_seqs, validate,
+                                   1 if spec is None else 1 + spec.num_speculative_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

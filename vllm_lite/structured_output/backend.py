@@ -57,6 +57,10 @@ class GrammarMatcher(ABC):
     def is_terminated(self) -> bool:
         """The grammar reached its end (its stop token was accepted)."""
 
+    @abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (speculative decoding's drafts)."""
+
 
 class CompiledGrammar(ABC):
     @abstractmethod

@@ -61,10 +61,12 @@ class StructuredOutputManager:
     constrained request arrives."""
 
     def __init__(self, make_backend: Callable[[], StructuredOutputBackend], max_num_seqs: int,
-                 validate: Callable[[GrammarKey], None]) -> None:
+                 validate: Callable[[GrammarKey], None], positions_per_request: int = 1) -> None:
+        """`positions_per_request`: the most positions a request samples in a step (speculative
+        decoding: 1 + its drafts), for the bitmask buffer's rows."""
         self._make_backend = make_backend
         self._validate = validate
-        self._max_num_seqs = max_num_seqs
+        self._max_rows = max_num_seqs * positions_per_request
         self._pool: ThreadPoolExecutor | None = None
         self._backend: StructuredOutputBackend | None = None  # set on the pool thread
         self._grammars: OrderedDict[GrammarKey, Future] = OrderedDict()
@@ -96,21 +98,48 @@ class StructuredOutputManager:
         if pending:
             wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
 
-    def grammar_bitmask(self, requests: list[StructuredOutputRequest]) -> np.ndarray:
-        """Rows 0..len(requests)-1 of the preallocated buffer, row i the allowed next tokens
-        of requests[i]. A view: valid until the next call (the step that reads it runs first).
-        Raises GrammarDeadEnd when a row allows no token: sampling it would emit a token outside
-        the grammar (the engine core fails that request instead: see `Scheduler._grammar_bitmask`)."""
+    def grammar_bitmask(self, requests: list[StructuredOutputRequest],
+                        drafts: list[np.ndarray] | None = None) -> np.ndarray:
+        """Rows of the preallocated buffer, the allowed next tokens of each of `requests` in
+        order: one row each, or with `drafts` (speculative decoding: request i's draft tokens,
+        which its grammar accepts: `valid_drafts`) one row per position, after each draft (the
+        matcher advanced through them and rolled back). A view: valid until the next call (the
+        step that reads it runs first). Raises GrammarDeadEnd when a row allows no token:
+        sampling it would emit a token outside the grammar (the engine core fails that request
+        instead: see `Scheduler._grammar_bitmask`)."""
         if self._bitmask is None:
             assert self._backend is not None, "the bitmask is asked for before any grammar compiled"
-            self._bitmask, self._bitmask_np = self._backend.allocate_bitmask(self._max_num_seqs)
-        for row, request in enumerate(requests):
-            request.matcher.fill_bitmask(self._bitmask, row)
-        rows = self._bitmask_np[: len(requests)]
-        if not rows.any(axis=1).all():
+            self._bitmask, self._bitmask_np = self._backend.allocate_bitmask(self._max_rows)
+        row = 0
+        for i, request in enumerate(requests):
+            draft = () if drafts is None else drafts[i].tolist()
+            matcher = request.matcher
+            matcher.fill_bitmask(self._bitmask, row)
+            for token_id in draft:
+                matcher.accept_token(token_id)
+                row += 1
+                matcher.fill_bitmask(self._bitmask, row)
+            if draft:
+                matcher.rollback(len(draft))
+            row += 1
+        rows = self._bitmask_np[:row]
+        if not rows.any(axis=1).all():  # (a draft position's row: only after drafts its grammar accepts)
             raise GrammarDeadEnd("the grammar allows no next token: its language is empty (e.g. a schema that no "
                                  "value satisfies), or no token of this vocabulary continues the text")
         return rows
+
+    @staticmethod
+    def valid_drafts(request: StructuredOutputRequest, draft: np.ndarray) -> np.ndarray:
+        """The longest start of `draft` the request's grammar accepts, stopping where it ends
+        (the matcher is left as it was)."""
+        matcher, accepted = request.matcher, 0
+        for token_id in draft.tolist():
+            if matcher.is_terminated() or not matcher.accept_token(token_id):
+                break
+            accepted += 1
+        if accepted:
+            matcher.rollback(accepted)
+        return draft[:accepted]
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -27,6 +27,9 @@ class XgrammarMatcher(GrammarMatcher):
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
 
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
 
 class XgrammarCompiledGrammar(CompiledGrammar):
     def __init__(self, compiled: Any) -> None:

@@ -998,7 +998,13 @@ class ModelRunner:
         index = self.input_batch.req_id_to_index
         req_ids, bitmask = sched.structured_output_req_ids, sched.grammar_bitmask
         batch_rows = np.array([index.get(r, -1) for r in req_ids])
-        logits_rows = np.minimum(np.searchsorted(sample_rows, batch_rows), len(sample_rows) - 1)
+        # A request's k-th row (speculative decoding: its id repeated, a row per position) is
+        # its k-th logits row (a row's positions are consecutive in `sample_rows`).
+        position: np.ndarray | int = 0
+        if sched.scheduled_spec_decode_tokens:
+            first: dict[str, int] = {}
+            position = np.array([i - first.setdefault(r, i) for i, r in enumerate(req_ids)])
+        logits_rows = np.minimum(np.searchsorted(sample_rows, batch_rows) + position, len(sample_rows) - 1)
         present = sample_rows[logits_rows] == batch_rows
         if not present.all():
             assert not every_planned_row, "a constrained request does not sample"
