@@ -22,6 +22,7 @@ import torch
 from hf_reference import build_cycling_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import AsyncLLM, EngineArgs, SamplingParams
+from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.core.ngram_proposer import propose_ngram
 from vllm_lite.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason, split_token_columns
@@ -352,6 +353,22 @@ def test_logprobs_of_kept_drafts(cycling_model: Path, logprobs_mode: str) -> Non
     sampled = got[2].outputs[0]
     assert [list(lp) for lp in sampled.logprobs] == [[token] for token in sampled.token_ids]
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 100
+
+
+def test_parallel_samples_and_beam_search_with_drafts(cycling_model: Path, greedy_reference: list[list[int]]) -> None:
+    """n > 1 (each sample its own engine request, drafting on its own) and beam search (on top
+    of the engine, one token a request) give what they give without drafts."""
+    plain, spec = make_llm(cycling_model), make_llm(cycling_model, speculative_config=NGRAM)
+    samples = spec.generate(PROMPTS[:2], SamplingParams(n=3, temperature=0, max_tokens=100, ignore_eos=True),
+                            use_tqdm=False)
+    assert [[list(c.token_ids) for c in output.outputs] for output in samples] == \
+           [[tokens] * 3 for tokens in greedy_reference[:2]]
+    seeded = SamplingParams(n=3, temperature=0.8, seed=7, max_tokens=40, ignore_eos=True)
+    first, again = (spec.generate(PROMPTS[:1], seeded, use_tqdm=False)[0] for _ in range(2))
+    assert [list(c.token_ids) for c in first.outputs] == [list(c.token_ids) for c in again.outputs]
+    beams = BeamSearchParams(beam_width=3, max_tokens=12)
+    want, have = plain.beam_search(PROMPTS[:2], beams), spec.beam_search(PROMPTS[:2], beams)
+    assert [[b.tokens for b in o.sequences] for o in have] == [[b.tokens for b in o.sequences] for o in want]
 
 
 def test_streamed_deltas_over_a_spawned_engine_core(cycling_model: Path, greedy_reference: list[list[int]]) -> None:
