@@ -473,17 +473,17 @@ class Scheduler:
             outputs.logprob_ranks = logprobs.ranks[kept_rows]
         if scheduler_output.scheduled_spec_decode_tokens:
             self._take_drafted(scheduler_output.scheduled_spec_decode_tokens, req_ids, sampled_token_ids,
-                               num_sampled, outputs, stale)
-            if more_logprobs[0] is not None:
-                _place_more_logprobs(outputs, req_ids, *more_logprobs)
+                               num_sampled, outputs, stale, *more_logprobs)
         return outputs
 
     def _take_drafted(self, drafts: dict[str, np.ndarray], req_ids: list[str], sampled_token_ids: np.ndarray,
-                      num_sampled: np.ndarray, outputs: EngineCoreOutputs, stale: frozenset[str]) -> None:
+                      num_sampled: np.ndarray, outputs: EngineCoreOutputs, stale: frozenset[str],
+                      more_logprobs: LogprobsArrays | None, more_logprobs_at: np.ndarray | None) -> None:
         """Speculative decoding's part of a step's update, after every row's first token was taken:
         a drafted request's further tokens (the drafts the model kept, then its own; stop checks
-        token by token) go into `outputs.more_token_ids`, and its computed count comes back by the
-        drafts it did not keep (their KV is overwritten later)."""
+        token by token) go into `outputs.more_token_ids` (their logprobs, when asked for, into
+        `outputs.more_logprob_*`), and its computed count comes back by the drafts it did not
+        keep (their KV is overwritten later)."""
         worker_row = {request_id: row for row, request_id in enumerate(req_ids) if request_id in drafts}
         out_row = {request_id: row for row, request_id in enumerate(outputs.req_ids) if request_id in drafts}
         more = np.full((len(outputs.req_ids), max(sampled_token_ids.shape[1] - 1, 1)), -1, dtype=np.int32)
@@ -512,6 +512,9 @@ class Scheduler:
         outputs.num_draft_tokens, outputs.num_accepted_drafts = num_draft_tokens, num_accepted
         if (more >= 0).any():
             outputs.more_token_ids = more
+        if more_logprobs is not None:
+            _place_more_logprobs(outputs, [out_row.get(req_ids[row], -1) for row in more_logprobs_at[:, 0].tolist()],
+                                 more_logprobs, more_logprobs_at[:, 1], more.shape[1])
 
     def _take_more_tokens(self, request: Request, tokens: np.ndarray,
                           out: np.ndarray) -> tuple[FinishReason, int | None] | None:
@@ -886,18 +889,18 @@ class Scheduler:
                              f"({max_len} tokens) but the cache has {total}")
 
 
-def _place_more_logprobs(outputs: EngineCoreOutputs, req_ids: list[str], arrays: LogprobsArrays,
-                         at: np.ndarray) -> None:
-    """The worker's logprobs of kept tokens after a row's first, at [output row, token - 1] of
-    `outputs.more_logprob_*` (the tokens a stop cut off are not read)."""
-    out_row = {request_id: row for row, request_id in enumerate(outputs.req_ids)}
-    shape = (len(outputs.req_ids), max(int(at[:, 1].max()), 1), arrays.token_ids.shape[1])
+def _place_more_logprobs(outputs: EngineCoreOutputs, out_rows: list[int], arrays: LogprobsArrays,
+                         positions: np.ndarray, width: int) -> None:
+    """The worker's logprobs of kept tokens after a row's first (row i: output row out_rows[i],
+    -1 for one not in the outputs; its token at `positions[i]` >= 1) at [output row, position - 1]
+    of `outputs.more_logprob_*`, `width` columns as `more_token_ids` (the tokens a stop cut off
+    are not read)."""
+    shape = (len(outputs.req_ids), width, arrays.token_ids.shape[1])
     token_ids, logprobs, ranks = np.zeros(shape, np.int32), np.zeros(shape, np.float32), np.zeros(shape, np.int32)
-    for i, (row, position) in enumerate(at.tolist()):
-        out = out_row.get(req_ids[row])
-        if out is not None:
-            token_ids[out, position - 1], logprobs[out, position - 1], ranks[out, position - 1] = (
-                arrays.token_ids[i], arrays.logprobs[i], arrays.ranks[i])
+    present = np.array(out_rows, dtype=np.int64) >= 0
+    at = (np.array(out_rows, dtype=np.int64)[present], positions[present] - 1)
+    token_ids[at], logprobs[at], ranks[at] = (arrays.token_ids[present], arrays.logprobs[present],
+                                              arrays.ranks[present])
     outputs.more_logprob_token_ids, outputs.more_logprobs, outputs.more_logprob_ranks = token_ids, logprobs, ranks
 
 

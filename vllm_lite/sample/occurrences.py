@@ -41,14 +41,15 @@ class TokenOccurrences:
             self._free_slots.append(slot)
 
     def gather(self, req_ids: list[str], batch_rows: np.ndarray, history: TokenHistory,
-               vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+               vocab_size: int, repeated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Brings the requests' rows up to date with their histories and returns
-        (prompt_mask [m, vocab], output_counts [m, vocab]) in the order of `req_ids`."""
+        (prompt_mask [m, vocab], output_counts [m, vocab]) in the order of `req_ids`.
+        `repeated`: a request may be there several times (speculative decoding's positions)."""
         if vocab_size != self.vocab_size:
             self._reset(vocab_size)
         slots = np.array([self._slot(req_id) for req_id in req_ids], dtype=np.int64)
-        unique, first = np.unique(slots, return_index=True)
-        if len(unique) < len(slots):  # a request on several rows (speculative decoding's positions)
+        if repeated:  # (each request's history counted once)
+            unique, first = np.unique(slots, return_index=True)
             self._catch_up(unique, batch_rows[first], history)
         else:
             self._catch_up(slots, batch_rows, history)

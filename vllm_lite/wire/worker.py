@@ -25,7 +25,10 @@ class LogprobsArrays:
     ranks: np.ndarray  # int32 [num_positions, k + 1]
 
     def slice_rows(self, start: int, stop: int) -> LogprobsArrays:
-        return LogprobsArrays(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+        return self.take_rows(slice(start, stop))
+
+    def take_rows(self, rows: np.ndarray | slice) -> LogprobsArrays:
+        return LogprobsArrays(self.token_ids[rows], self.logprobs[rows], self.ranks[rows])
 
 
 @dataclass(slots=True)

@@ -356,10 +356,14 @@ class ModelRunner:
         hidden_index = np.repeat(ends - num_positions, num_positions) + segment_offsets(num_positions)
         logits = self.model.compute_logits(hidden[self._to_device(hidden_index.astype(np.int64))])
         self.logits_width = logits.shape[-1]
+
+        def metadata_of(rows: np.ndarray, num_positions: np.ndarray) -> SamplingMetadata:
+            return self._build_sampling_metadata(np.repeat(rows, num_positions), self.logits_width,
+                                                 self._preceding_drafts(rows, num_positions),
+                                                 segment_offsets(num_positions))
+
         try:
-            metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
-                                                     self._preceding_drafts(rows, num_positions),
-                                                     segment_offsets(num_positions))
+            metadata = metadata_of(rows, num_positions)
         except Exception:
             _, failed = self._sampling_metadata_without_culprits(logits_rows, self.logits_width)
             step.output.failed = {**(step.output.failed or {}), **failed}
@@ -371,9 +375,7 @@ class ModelRunner:
             rows, num_positions = rows[kept_rows], num_positions[kept_rows]
             if len(rows) == 0:
                 return
-            metadata = self._build_sampling_metadata(logits_rows, self.logits_width,
-                                                     self._preceding_drafts(rows, num_positions),
-                                                     segment_offsets(num_positions))
+            metadata = metadata_of(rows, num_positions)
         every_planned_row = not (step.output.failed or self.dropped_failed)
         sampled = self.sampler(logits, metadata, self._grammar_bitmask(sched, logits_rows, every_planned_row))
         self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
@@ -389,10 +391,10 @@ class ModelRunner:
         asked = np.arange(len(logits_rows)) if sampled.logprobs_rows is None else np.asarray(sampled.logprobs_rows)
         asked_rows, asked_positions = logits_rows[asked], segment_offsets(num_positions)[asked]
         first = asked_positions == 0
-        output.logprobs = scatter_rows(_logprob_rows(arrays, first), asked_rows[first], len(output.num_sampled))
+        output.logprobs = scatter_rows(arrays.take_rows(first), asked_rows[first], len(output.num_sampled))
         more = (asked_positions > 0) & (asked_positions < output.num_sampled[asked_rows])
         if more.any():
-            output.more_logprobs = _logprob_rows(arrays, more)
+            output.more_logprobs = arrays.take_rows(more)
             output.more_logprobs_at = np.stack([asked_rows[more], asked_positions[more]], axis=1).astype(np.int32)
 
     def _preceding_drafts(self, rows: np.ndarray, num_positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -1053,10 +1055,6 @@ class ModelRunner:
 
 def _new_req_id(new: NewRequestData) -> str:
     return new.req_id
-
-
-def _logprob_rows(arrays: LogprobsArrays, rows: np.ndarray) -> LogprobsArrays:
-    return LogprobsArrays(arrays.token_ids[rows], arrays.logprobs[rows], arrays.ranks[rows])
 
 
 def _writable(array: np.ndarray) -> np.ndarray:

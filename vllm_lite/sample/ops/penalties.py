@@ -19,8 +19,10 @@ from vllm_lite.sample.metadata import PenaltyMetadata
 
 def apply_penalties(logits: torch.Tensor, penalties: PenaltyMetadata) -> None:
     """In place on float32 logits; only the penalized rows are read or written."""
+    # (rows with drafts before them are the only requests on several rows)
     prompt_mask, output_counts = penalties.occurrences.gather(
-        penalties.req_ids, penalties.batch_rows, penalties.history, logits.shape[1])
+        penalties.req_ids, penalties.batch_rows, penalties.history, logits.shape[1],
+        repeated=penalties.preceding is not None)
     if penalties.preceding is not None:  # (drafts before a row's position count as its outputs)
         rows, tokens = penalties.preceding
         output_counts = output_counts.index_put((rows, tokens), torch.ones(len(rows), device=output_counts.device),
