@@ -100,8 +100,6 @@ class LLMEngine:
             raise
         iteration_stats = IterationStats() if self.stat_loggers else None
         states, to_abort = self.output_processor.process_outputs(outputs, iteration_stats)
-        if outputs.more_token_ids is not None:  # (speculative decoding: a row took several tokens)
-            states = list({id(state): state for state in states}.values())
         if to_abort:
             self.engine_core.abort_requests(to_abort)
         if iteration_stats is not None:

@@ -316,14 +316,15 @@ class OutputProcessor:
 
     def _process_token_columns(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None
                                ) -> tuple[list[RequestState], list[str]]:
-        """`process_outputs` for a step whose rows took several tokens: as that many steps of one."""
-        states: list[RequestState] = []
+        """`process_outputs` for a step whose rows took several tokens: as that many steps of one
+        (each state changed returned once)."""
+        states: dict[int, RequestState] = {}
         stopped_by_string: list[str] = []
         for part in split_token_columns(outputs):
             part_states, part_stopped = self.process_outputs(part, iteration_stats)
-            states.extend(part_states)
+            states.update((id(state), state) for state in part_states)
             stopped_by_string.extend(part_stopped)
-        return states, stopped_by_string
+        return list(states.values()), stopped_by_string
 
     def begin_step(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None = None) -> None:
         """What comes before the step's token rows: prompt logprobs, prefix-cache hits, and which
