@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from hf_reference import build_prompts, build_tiny_model, build_tokenizer  # noqa: E402
+from hf_reference import build_prompts, build_tiny_model, build_tiny_multimodal_model, build_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
 hf_logging.disable_progress_bar()
@@ -188,6 +188,57 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   extra_config={"sliding_window": 8, "query_pre_attn_scalar": 32,
                                 "final_logit_softcapping": 5.0, "rope_parameters": GEMMA3_ROPE,
                                 "layer_types": ["sliding_attention", "full_attention"]})
+
+
+def _build_multimodal(factory: pytest.TempPathFactory, name: str, architecture: str, text_arch: str,
+                      **kwargs) -> Path:
+    return build_tiny_multimodal_model(factory.mktemp(name), architecture, text_arch, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_mm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma3ForConditionalGeneration (Gemma 3 4B and up): a tiny SigLIP encoder and projector
+    beside tiny_gemma3's language model (local then global layer, linear scaling), tied."""
+    return _build_multimodal(tmp_path_factory, "tiny_gemma3_mm", "Gemma3ForConditionalGeneration", "gemma3",
+                             tie_word_embeddings=True, head_dim=32,
+                             text_extra={"sliding_window": 8, "query_pre_attn_scalar": 32,
+                                         "rope_parameters": GEMMA3_ROPE,
+                                         "layer_types": ["sliding_attention", "full_attention"]})
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral3ForConditionalGeneration (Mistral Small 3.1 / 3.2): Pixtral encoder, Mistral decoder."""
+    return _build_multimodal(tmp_path_factory, "tiny_mistral3", "Mistral3ForConditionalGeneration", "mistral",
+                             tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LlavaForConditionalGeneration (LLaVA 1.5): CLIP encoder, Llama decoder."""
+    return _build_multimodal(tmp_path_factory, "tiny_llava", "LlavaForConditionalGeneration", "llama",
+                             tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2_5_VLForConditionalGeneration: M-RoPE sections, Qwen2 decoder (q/k/v biases), tied."""
+    return _build_multimodal(tmp_path_factory, "tiny_qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2",
+                             tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3VLForConditionalGeneration: interleaved M-RoPE, Qwen3 decoder (qk-norm), DeepStack encoder."""
+    return _build_multimodal(tmp_path_factory, "tiny_qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3",
+                             tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_smolvlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolVLMForConditionalGeneration (SmolVLM / SmolVLM2): SigLIP encoder, Llama decoder (`model.text_model`)."""
+    return _build_multimodal(tmp_path_factory, "tiny_smolvlm", "SmolVLMForConditionalGeneration", "llama",
+                             tie_word_embeddings=False)
 
 
 PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,

@@ -452,6 +452,55 @@ def build_tiny_model(
     return out_dir
 
 
+# A tiny vision side for each multimodal architecture (its encoder is built and saved, never run).
+_TINY_VISION = {
+    "Gemma3ForConditionalGeneration": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    "Mistral3ForConditionalGeneration": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                                         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                                         "patch_size": 14, "head_dim": 16},
+    "LlavaForConditionalGeneration": {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                      "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+                                      "patch_size": 14, "projection_dim": 32},
+    "Qwen2_5_VLForConditionalGeneration": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                           "out_hidden_size": 64, "fullatt_block_indexes": [0]},
+    "Qwen3VLForConditionalGeneration": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                        "out_hidden_size": 64, "deepstack_visual_indexes": [0]},
+    "SmolVLMForConditionalGeneration": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                        "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+}
+# the image placeholder token: the last id of the tiny vocabulary, which no test prompt holds
+IMAGE_TOKEN_ID = 999
+
+
+def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str, *, tie_word_embeddings: bool,
+                                seed: int = 0, text_extra: dict | None = None, head_dim: int | None = None) -> Path:
+    """A random-weight multimodal checkpoint (`architecture`, e.g. Gemma3ForConditionalGeneration)
+    whose language model is `text_arch`'s tiny decoder (as build_tiny_model's), saved by
+    transformers with its tiny vision encoder and projector, plus the tiny tokenizer."""
+    import transformers
+
+    text = _make_config(text_arch, vocab_size=tokenizer_vocab_size(), tie_word_embeddings=tie_word_embeddings,
+                        attention_bias=False, num_kv_heads=2, num_heads=4, hidden_size=64, num_layers=2,
+                        head_dim=head_dim, rope_scaling=None, extra=text_extra).to_dict()
+    if architecture.startswith("Qwen"):  # M-RoPE: three sections of the rotary dimensions
+        rope = dict(text.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0})
+        text["rope_parameters"] = {**rope, "mrope_section": [2, 3, 3],
+                                   **({"mrope_interleaved": True} if architecture.startswith("Qwen3") else {})}
+    config_class = getattr(transformers, architecture.replace("ForConditionalGeneration", "Config"))
+    token_field = "image_token_index" if architecture.startswith(("Gemma3", "Mistral3", "Llava")) else "image_token_id"
+    config = config_class(text_config=text, vision_config=_TINY_VISION[architecture],
+                          tie_word_embeddings=tie_word_embeddings, **{token_field: IMAGE_TOKEN_ID})
+    model = getattr(transformers, architecture)(config).to(torch.float32)
+    _redraw_weights(model.get_decoder(), seed)
+    if not tie_word_embeddings:
+        _redraw_weights(model.lm_head, seed + 1)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    _write_generation_config(out_dir)
+    build_tokenizer(out_dir)
+    return out_dir
+
+
 # --------------------------------------------------------------------------- #
 # Prompts
 # --------------------------------------------------------------------------- #
@@ -522,9 +571,13 @@ def build_prompts(tokenizer_dir: Path, lengths: Sequence[int] = PROMPT_LENGTHS) 
 def _load_model(model_dir: str):
     """Load once per process. EOS is removed from the model's own generation
     config, because generate() fills any ``None`` field of a passed config from it."""
+    import transformers
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    architecture = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
+    model_class = (getattr(transformers, architecture) if architecture.endswith("ForConditionalGeneration")
+                   else AutoModelForCausalLM)  # (a multimodal checkpoint: its own class, text in)
+    model = model_class.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     model.generation_config = _greedy_no_eos_config(model.generation_config.pad_token_id)
     return model

@@ -21,6 +21,7 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
                                      resolve_model_impl, rope_type_of, with_defaults,
                                      with_transformers_names)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
+from vllm_lite.multimodal_checkpoints import check_multimodal_limits, is_multimodal, language_model_config
 from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
 from vllm_lite.sampling_params import SamplingParams
@@ -149,6 +150,11 @@ class HFModelConfig:
         archs = cfg.get("architectures") or []
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
         checkpoint_architecture = archs[0]
+        if is_multimodal(checkpoint_architecture):  # served as its language model
+            _check(model_impl in ("auto", "vllm"), f"model_impl={model_impl!r}: {checkpoint_architecture}'s "
+                                                   "language model runs on its native implementation only")
+            cfg = language_model_config(cfg)
+            archs = cfg["architectures"]
         archs = [implementing_architecture(archs[0])]
         model_impl = resolve_model_impl(model_impl, archs[0])
         if model_impl == "vllm":
@@ -687,6 +693,11 @@ class EngineArgs:
     # vLLM's speculative decoding (--speculative-config): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}
     speculative_config: dict[str, Any] | None = None
+    # vLLM's multimodal limits: image / video / audio inputs are not implemented, so a multimodal
+    # checkpoint is served as its language model either way; these take only "no such inputs"
+    # (language_model_only, or 0 for every modality)
+    language_model_only: bool = False
+    limit_mm_per_prompt: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -794,6 +805,9 @@ class EngineArgs:
         _check(model_config.hf.model_impl == "vllm",
                f"enable_lora: LoRA adapters run on the native models only ({model_config.hf.architecture} runs "
                "through transformers' modelling code)")
+        _check(not is_multimodal(model_config.hf.checkpoint_architecture),
+               f"enable_lora: LoRA adapters of {model_config.hf.checkpoint_architecture} (a multimodal checkpoint, "
+               "served as its language model) are not implemented")
         _check(model_config.hf.architecture != "GPT2LMHeadModel",
                "enable_lora: LoRA adapters of GPT-2 (PEFT's fan_in_fan_out adapters of its Conv1D layers) are "
                "not implemented")
@@ -819,6 +833,7 @@ class EngineArgs:
         _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder (nor a .gguf file)")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
+        check_multimodal_limits(self.limit_mm_per_prompt)
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode must be one of {TOKENIZER_MODES} (the Hugging Face tokenizer; vLLM's 'slow', "
@@ -888,6 +903,11 @@ class EngineArgs:
         _check(self.convert in CONVERTS, f"convert must be one of {CONVERTS} (vLLM's classify, reward and other "
                                          f"conversions are not implemented), got {self.convert!r}")
         runner = self.runner
+        _check(not is_multimodal(hf.checkpoint_architecture) or (runner in ("auto", "generate")
+                                                                 and self.convert in ("auto", "none")
+                                                                 and self.pooler_config is None),
+               f"runner={runner!r}, convert={self.convert!r}, pooler_config: {hf.checkpoint_architecture} (a multimodal "
+               "checkpoint, served as its language model) runs with the generate runner only")
         # no LM head: an embedding model (GPT-2's `*LMHeadModel` has one)
         decoder_only = hf.checkpoint_architecture.endswith("Model") and not hf.checkpoint_architecture.endswith(
             "LMHeadModel")

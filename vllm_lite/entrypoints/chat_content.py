@@ -35,7 +35,9 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind != "text":
-            raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+            raise ValueError(f"only text content parts are supported, got a part of type {kind!r} (image, audio "
+                             "and video inputs are not implemented: a multimodal checkpoint is served as its "
+                             "language model)")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"a text content part's `text` must be a string, got {part.get('text')!r}")
     return content

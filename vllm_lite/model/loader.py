@@ -28,6 +28,7 @@ from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weight
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
 from vllm_lite.model.registry import get_model_class
+from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -284,6 +285,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
         weights = iterate_weights(Path(model_config.model))
+        if is_multimodal(model_config.hf.checkpoint_architecture):
+            weights = language_model_weights(model_config.hf.checkpoint_architecture, weights)
         quantization_config = model_config.hf.raw.get("quantization_config")
         if model_config.quantization in ("awq", "gptq") or (model_config.quantization == "compressed-tensors"
                                                              and quantization_config["format"] == "pack-quantized"):

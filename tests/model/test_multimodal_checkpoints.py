@@ -1,0 +1,214 @@
+"""Multimodal checkpoints served as their language model (vLLM's --language-model-only): Gemma 3,
+Mistral 3, LLaVA, Qwen2.5-VL, Qwen3-VL and SmolVLM checkpoints written by transformers (a tiny
+vision encoder and projector beside a tiny decoder, random weights, fp32) give, text in, the
+tokens and logprobs of transformers' own multimodal class; the older and newer tensor-name and
+config forms load alike; what is not implemented (image inputs, LoRA, pooling, quantized
+multimodal checkpoints) is refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_reference import IMAGE_TOKEN_ID, hf_greedy, hf_logits
+from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
+from vllm_lite import LLM, SamplingParams
+from vllm_lite.config import EngineArgs
+
+MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_smolvlm"]
+
+
+def _copy(model: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(model, tmp_path / model.name))
+
+
+def _edit_config(model: Path, **changes: object) -> None:
+    path = model / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _config(model: Path) -> dict:
+    return json.loads((model / "config.json").read_text())
+
+
+@pytest.mark.parametrize("fixture", MULTIMODAL)
+def test_language_model_matches_transformers_multimodal_class(fixture: str, request: pytest.FixtureRequest,
+                                                               prompts_token_ids: list[list[int]]) -> None:
+    model: Path = request.getfixturevalue(fixture)
+    assert not any(IMAGE_TOKEN_ID in prompt for prompt in prompts_token_ids)
+    expected = hf_greedy(model, prompts_token_ids, NEW_TOKENS)
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == expected
+    finally:
+        llm.shutdown()
+    # chunks of 16 tokens, a cache that forces preemption, and a second pass over prefix-cache hits
+    llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, block_size=16,
+              max_num_batched_tokens=16, multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == expected
+        assert run_greedy(llm, prompts_token_ids) == expected
+        stats = llm.stats()
+        assert stats["num_preemptions"] > 0 and stats["prefix_cache_hits"] > 0, stats
+        assert_no_leaked_blocks(llm)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("fixture", MULTIMODAL)
+def test_prompt_logprobs_match_transformers_multimodal_class(fixture: str, request: pytest.FixtureRequest,
+                                                             prompts_token_ids: list[list[int]]) -> None:
+    model: Path = request.getfixturevalue(fixture)
+    prompt = prompts_token_ids[3]
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        [output] = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                use_tqdm=False)
+    finally:
+        llm.shutdown()
+    expected = torch.log_softmax(hf_logits(model, prompt), dim=-1)
+    for position in range(1, len(prompt)):
+        got = output.prompt_logprobs[position][prompt[position]].logprob
+        assert abs(got - expected[position - 1, prompt[position]].item()) < 2e-4, position
+
+
+def test_tensor_names_of_newer_transformers_load_alike(tiny_gemma3_mm: Path, tiny_qwen2_5_vl: Path,
+                                                       tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    """transformers 4.52+ names a composite model's language model `model.language_model.` and its
+    LM head `lm_head.` in memory (vLLM maps both forms); a checkpoint written that way loads the
+    same weights."""
+    prompts = prompts_token_ids[:3]
+    renames = {"tiny_gemma3_mm": [("language_model.model.", "model.language_model."),
+                                  ("vision_tower.", "model.vision_tower."),
+                                  ("multi_modal_projector.", "model.multi_modal_projector.")],
+               "tiny_qwen2_5_vl": [("model.", "model.language_model."), ("visual.", "model.visual.")]}
+    for original in (tiny_gemma3_mm, tiny_qwen2_5_vl):
+        model = _copy(original, tmp_path)
+        tensors = load_file(model / "model.safetensors")
+        renamed = {}
+        for name, tensor in tensors.items():
+            for old, new in renames[original.name.rstrip("0123456789")]:
+                if name.startswith(old):
+                    name = new + name[len(old):]
+                    break
+            renamed[name] = tensor
+        assert renamed.keys() != tensors.keys()
+        save_file(renamed, model / "model.safetensors", metadata={"format": "pt"})
+        llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+        try:
+            assert run_greedy(llm, prompts) == hf_greedy(original, prompts, NEW_TOKENS)
+        finally:
+            llm.shutdown()
+
+
+def test_qwen2_vl_config_with_the_text_fields_at_the_top_level(tiny_qwen2_5_vl: Path, tmp_path: Path,
+                                                               prompts_token_ids: list[list[int]]) -> None:
+    """Released Qwen2-VL / Qwen2.5-VL configs keep the language model's fields at the top level
+    (no text_config) with `rope_scaling: {"type": "mrope", ...}`; transformers moves them into its
+    text config, and so they are read here."""
+    model = _copy(tiny_qwen2_5_vl, tmp_path)
+    cfg = _config(model)
+    text = cfg.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**cfg, **{k: v for k, v in text.items() if k not in ("model_type", "layer_types", "head_dim")},
+            "rope_theta": rope["rope_theta"], "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    (model / "config.json").write_text(json.dumps(flat))
+    prompts = prompts_token_ids[:3]
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts) == hf_greedy(tiny_qwen2_5_vl, prompts, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
+def test_the_vision_tensors_are_not_read_and_unknown_tensors_are_refused(tiny_llava: Path, tmp_path: Path,
+                                                                        prompts_token_ids: list[list[int]]) -> None:
+    model = _copy(tiny_llava, tmp_path)
+    tensors = load_file(model / "model.safetensors")
+    text_only = {name: t for name, t in tensors.items() if name.startswith("language_model.")}
+    assert len(text_only) < len(tensors)
+    save_file(text_only, model / "model.safetensors", metadata={"format": "pt"})
+    prompts = prompts_token_ids[:2]
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts) == hf_greedy(tiny_llava, prompts, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+    save_file({**text_only, "audio_tower.proj.weight": torch.zeros(2, 2)}, model / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="'audio_tower.proj.weight' has no matching model parameter"):
+        LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+
+
+def test_chat_template_of_the_processor_is_used(tiny_gemma3_mm: Path, tmp_path: Path) -> None:
+    """A multimodal checkpoint may keep its chat template in the processor's chat_template.json,
+    which vLLM reads (through the processor) and transformers' tokenizer does not."""
+    model = _copy(tiny_gemma3_mm, tmp_path)
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    for name in ("tokenizer_config.json",):
+        cfg = json.loads((model / name).read_text())
+        cfg.pop("chat_template", None)
+        (model / name).write_text(json.dumps(cfg))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    (model / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        [output] = llm.chat([{"role": "user", "content": "the cat"}],
+                            SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+        tokenizer = llm.get_tokenizer()
+        assert tokenizer.chat_template == template
+        assert output.prompt_token_ids == tokenizer("<user>the cat", add_special_tokens=False)["input_ids"]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("args", [{"language_model_only": True}, {"limit_mm_per_prompt": {"image": 0}},
+                                  {"limit_mm_per_prompt": {"image": {"count": 0}, "video": 0}}])
+def test_vllms_text_only_settings_are_taken(args: dict, tiny_gemma3_mm: Path, prompts_token_ids: list[list[int]]) -> None:
+    llm = LLM(str(tiny_gemma3_mm), max_model_len=256, dtype="float32", multiprocess=False, **args)
+    try:
+        assert run_greedy(llm, prompts_token_ids[:1]) == hf_greedy(tiny_gemma3_mm, prompts_token_ids[:1], NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("limit", [{"image": 1}, {"video": {"count": 2, "num_frames": 8}}])
+def test_multimodal_inputs_asked_for_are_refused_by_name(limit: dict) -> None:
+    modality = next(iter(limit))
+    with pytest.raises(ValueError, match=f"limit_mm_per_prompt: {modality}=.*multimodal inputs are not implemented"):
+        EngineArgs(limit_mm_per_prompt=limit).create_engine_config()
+
+
+def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_llava: Path, tmp_path: Path) -> None:
+    def refused(model: Path, match: str, **args: object) -> None:
+        with pytest.raises(ValueError, match=match):
+            EngineArgs(model=str(model), dtype="float32", **args).create_engine_config()
+
+    refused(tiny_gemma3_mm, "enable_lora: LoRA adapters of Gemma3ForConditionalGeneration", enable_lora=True)
+    refused(tiny_gemma3_mm, "runs with the generate runner only", runner="pooling")
+    refused(tiny_gemma3_mm, "runs with the generate runner only", convert="embed")
+    refused(tiny_gemma3_mm, "language model runs on its native implementation only", model_impl="transformers")
+    model = _copy(tiny_gemma3_mm, tmp_path)
+    cfg = _config(model)
+    cfg["text_config"]["final_logit_softcapping"] = 30.0
+    (model / "config.json").write_text(json.dumps(cfg))
+    refused(model, "text_config.final_logit_softcapping=30.0 is not supported for Gemma3ForConditionalGeneration")
+    model = _copy(tiny_llava, tmp_path)
+    _edit_config(model, quantization_config={"quant_method": "awq", "bits": 4})
+    refused(model, "quantization_config: quantized LlavaForConditionalGeneration checkpoints are not implemented")
+    _edit_config(model, quantization_config=None, vision_feature_layer_weights=[1.0])
+    refused(model, "field 'vision_feature_layer_weights' is not implemented for LlavaForConditionalGeneration")
+    cfg = _config(model)
+    del cfg["vision_feature_layer_weights"]
+    cfg["text_config"]["model_type"] = "phi3"
+    (model / "config.json").write_text(json.dumps(cfg))
+    refused(model, "text_config.model_type 'phi3' of LlavaForConditionalGeneration is not supported")
+    cfg["text_config"]["model_type"] = "llama"
+    cfg["text_config"]["hidden_act"] = "gelu"
+    (model / "config.json").write_text(json.dumps(cfg))
+    refused(model, "hidden_act='gelu' is not supported for LlamaForCausalLM")
