@@ -221,6 +221,27 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LlavaNextForConditionalGeneration (LLaVA-NeXT / 1.6): CLIP encoder, its image_newline, Qwen2 decoder."""
+    return _build_multimodal(tmp_path_factory, "tiny_llava_next", "LlavaNextForConditionalGeneration", "qwen2",
+                             tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2VLForConditionalGeneration: M-RoPE sections, Qwen2 decoder, untied."""
+    return _build_multimodal(tmp_path_factory, "tiny_qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2",
+                             tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Idefics3ForConditionalGeneration: SigLIP encoder, Llama decoder under `model.text_model`."""
+    return _build_multimodal(tmp_path_factory, "tiny_idefics3", "Idefics3ForConditionalGeneration", "llama",
+                             tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen2_5_VLForConditionalGeneration: M-RoPE sections, Qwen2 decoder (q/k/v biases), tied."""
     return _build_multimodal(tmp_path_factory, "tiny_qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2",

@@ -2,8 +2,9 @@
 (fused q / k / v read apart, then sharded; a single key / value head replicated; ALiBi slopes per
 rank), Gemma 3 (local/global layers, qk-norm), Phi-3
 (fused checkpoint tensors split per rank), Mistral with a sliding window (blocks freed) and the
-mixture-of-experts families (each expert's intermediate dimension split over the ranks), with
-chunked prefill and prefix caching."""
+mixture-of-experts families (each expert's intermediate dimension split over the ranks), and the
+language models of multimodal checkpoints (their tensors renamed, then sharded), with chunked
+prefill and prefix caching."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from vllm_lite import LLM
                                      "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha", "tiny_gpt_neox",
                                      "tiny_gptj", "tiny_phi2", "tiny_stablelm", "tiny_granite", "tiny_phi3",
                                      "tiny_mixtral", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_smollm3", "tiny_starcoder2", "tiny_olmo",
-                                     "tiny_olmo2", "tiny_mistral_window"])
+                                     "tiny_olmo2", "tiny_mistral_window",
+                                     # multimodal checkpoints, served as their language model
+                                     "tiny_gemma3_mm", "tiny_qwen2_5_vl"])
 def test_tp2_family_matches_transformers(fixture: str, request: pytest.FixtureRequest,
                                          prompts_token_ids: list[list[int]],
                                          tp_llm: Callable[..., LLM]) -> None:  # noqa: F811
