@@ -143,11 +143,21 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     text = {name: _without_mrope(value) if name in ("rope_parameters", "rope_scaling") else value
             for name, value in text.items()}
     text["architectures"] = [text_architecture]
-    text["tie_word_embeddings"] = bool(outer.tie_word_embeddings)  # (transformers ties by the outer config)
+    text["tie_word_embeddings"] = _tied(outer.tie_word_embeddings, text.get("tie_word_embeddings"))
     text["dtype"] = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("dtype")
     if cfg.get("eos_token_id") is not None:
         text["eos_token_id"] = cfg["eos_token_id"]
     return text
+
+
+def _tied(outer_tie: Any, text_tie: Any) -> bool:
+    """Whether the LM head is the embedding: only where the outer config and the text config (as
+    their classes read them) both say so. transformers 5 ties by the outer config alone, whose
+    class default is True for Mistral 3, but transformers 4 (which wrote the released checkpoints)
+    and vLLM tie by the text config: Mistral Small 3.1's config says nothing at the top, its text
+    config is untied, and its checkpoint has the LM head. Where they disagree the head is read from
+    the checkpoint, whose lack of one is then an error naming it rather than a silent choice."""
+    return bool(outer_tie) and (text_tie is None or bool(text_tie))
 
 
 def _transformers_config(cfg: Mapping[str, Any]) -> Any:

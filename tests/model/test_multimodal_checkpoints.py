@@ -127,6 +127,24 @@ def test_qwen2_vl_config_with_the_text_fields_at_the_top_level(tiny_qwen2_5_vl: 
         llm.shutdown()
 
 
+def test_an_lm_head_is_tied_only_where_the_outer_and_the_text_config_both_say_so(
+        tiny_mistral3: Path, tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    """Mistral Small 3.1's config (written by transformers 4) says nothing of tying at the top,
+    where transformers 5's Mistral3 class defaults to tied, and its text config is untied; its
+    checkpoint has the LM head, which is read (as transformers 4 and vLLM read it)."""
+    model = _copy(tiny_mistral3, tmp_path)
+    cfg = _config(model)
+    del cfg["tie_word_embeddings"]
+    cfg["text_config"]["tie_word_embeddings"] = False
+    (model / "config.json").write_text(json.dumps(cfg))
+    prompts = prompts_token_ids[:2]
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+    try:
+        assert run_greedy(llm, prompts) == hf_greedy(tiny_mistral3, prompts, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
 def test_the_vision_tensors_are_not_read_and_unknown_tensors_are_refused(tiny_llava: Path, tmp_path: Path,
                                                                         prompts_token_ids: list[list[int]]) -> None:
     model = _copy(tiny_llava, tmp_path)
