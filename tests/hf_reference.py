@@ -572,17 +572,22 @@ def build_prompts(tokenizer_dir: Path, lengths: Sequence[int] = PROMPT_LENGTHS) 
 # --------------------------------------------------------------------------- #
 
 
+def causal_lm_class(model_dir: Path) -> type:
+    """transformers' class that generates with the checkpoint: AutoModelForCausalLM, or a
+    multimodal checkpoint's own class (text in)."""
+    import transformers
+
+    architecture = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
+    if architecture.endswith("ForConditionalGeneration"):
+        return getattr(transformers, architecture)
+    return transformers.AutoModelForCausalLM
+
+
 @functools.lru_cache(maxsize=16)
 def _load_model(model_dir: str):
     """Load once per process. EOS is removed from the model's own generation
     config, because generate() fills any ``None`` field of a passed config from it."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    architecture = json.loads((Path(model_dir) / "config.json").read_text())["architectures"][0]
-    model_class = (getattr(transformers, architecture) if architecture.endswith("ForConditionalGeneration")
-                   else AutoModelForCausalLM)  # (a multimodal checkpoint: its own class, text in)
-    model = model_class.from_pretrained(model_dir, dtype=torch.float32)
+    model = causal_lm_class(Path(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     model.generation_config = _greedy_no_eos_config(model.generation_config.pad_token_id)
     return model

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from hf_reference import causal_lm_class
+
 
 def make_adapter(base: Path, out: Path, *, seed: int = 0, r: int = 8, alpha: float = 16,
                  target_modules: Any = "all-linear", decoder_only: bool = False, **config: Any) -> Path:
@@ -19,10 +21,10 @@ def make_adapter(base: Path, out: Path, *, seed: int = 0, r: int = 8, alpha: flo
     as transformers' AutoModel loads it (an embedding model's `*Model`: module names without
     the `model.` prefix)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel
 
     torch.manual_seed(seed)
-    model = (AutoModel if decoder_only else AutoModelForCausalLM).from_pretrained(base, dtype=torch.float32)
+    model = (AutoModel if decoder_only else causal_lm_class(base)).from_pretrained(base, dtype=torch.float32)
     peft_config = LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules, init_lora_weights=False,
                              **config)
     peft_model = get_peft_model(model, peft_config)
@@ -40,9 +42,8 @@ def edit_adapter_config(adapter: Path, **changes: Any) -> None:
 @functools.lru_cache(maxsize=8)
 def _peft_model(base: str, adapter: str):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = causal_lm_class(Path(base)).from_pretrained(base, dtype=torch.float32)
     return PeftModel.from_pretrained(model, adapter).eval()
 
 

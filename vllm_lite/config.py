@@ -805,9 +805,6 @@ class EngineArgs:
         _check(model_config.hf.model_impl == "vllm",
                f"enable_lora: LoRA adapters run on the native models only ({model_config.hf.architecture} runs "
                "through transformers' modelling code)")
-        _check(not is_multimodal(model_config.hf.checkpoint_architecture),
-               f"enable_lora: LoRA adapters of {model_config.hf.checkpoint_architecture} (a multimodal checkpoint, "
-               "served as its language model) are not implemented")
         _check(model_config.hf.architecture != "GPT2LMHeadModel",
                "enable_lora: LoRA adapters of GPT-2 (PEFT's fan_in_fan_out adapters of its Conv1D layers) are "
                "not implemented")

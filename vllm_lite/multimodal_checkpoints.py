@@ -187,9 +187,8 @@ def language_model_weights(architecture: str, weights: Iterator[tuple[str, Any]]
     as one no parameter takes)."""
     spec = LANGUAGE_MODELS[architecture]
     for name, weight in weights:
-        if name.startswith(spec.vision_prefixes):
-            continue
-        yield language_model_name(spec, name), weight
+        if not name.startswith(spec.vision_prefixes):
+            yield language_model_name(spec, name), weight
 
 
 def language_model_name(spec: LanguageModelOf, name: str) -> str:
@@ -212,3 +211,21 @@ def check_multimodal_limits(limit_mm_per_prompt: Mapping[str, Any] | None) -> No
             raise ValueError(f"limit_mm_per_prompt: {modality}={limit!r}: multimodal inputs are not implemented "
                              "(the language model of a multimodal checkpoint is served, text only); give 0 for "
                              "every modality, or language_model_only=True")
+
+
+def is_vision_tensor(architecture: str, name: str) -> bool:
+    spec = LANGUAGE_MODELS.get(architecture)
+    return spec is not None and name.startswith(spec.vision_prefixes)
+
+
+def adapter_module_name(architecture: str, name: str) -> str:
+    """A LoRA adapter's module (PEFT names it as the model class's module tree: either of
+    transformers' forms) as this engine's checkpoint name; the identity for other architectures.
+    A module of the vision encoder or projector, which are not loaded, is refused (ValueError)."""
+    spec = LANGUAGE_MODELS.get(architecture)
+    if spec is None:
+        return name
+    if name.startswith(spec.vision_prefixes):
+        raise ValueError(f"module {name!r} belongs to {architecture}'s vision encoder or projector, which are not "
+                         "loaded (only its language model is served; LoRA of the vision side is not implemented)")
+    return language_model_name(spec, name)

@@ -1,9 +1,10 @@
 """Multimodal checkpoints served as their language model (vLLM's --language-model-only): Gemma 3,
 Mistral 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM and Idefics3 checkpoints written by transformers (a tiny
 vision encoder and projector beside a tiny decoder, random weights, fp32) give, text in, the
-tokens and logprobs of transformers' own multimodal class; the older and newer tensor-name and
-config forms load alike; what is not implemented (image inputs, LoRA, pooling, quantized
-multimodal checkpoints) is refused by name."""
+tokens and logprobs of transformers' own multimodal class, and with a LoRA adapter of its
+language model PEFT's; the older and newer tensor-name and config forms load alike; what is not
+implemented (image inputs, LoRA of the vision side, pooling, quantized multimodal checkpoints) is
+refused by name."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_reference import IMAGE_TOKEN_ID, hf_greedy, hf_logits
+from lora_adapters import make_adapter, peft_greedy, peft_prompt_logprobs
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM, SamplingParams
 from vllm_lite.config import EngineArgs
+from vllm_lite.lora.request import LoRARequest
 
 MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_llava_next", "tiny_qwen2_vl", "tiny_qwen2_5_vl",
               "tiny_qwen3_vl", "tiny_smolvlm", "tiny_idefics3"]
@@ -208,7 +211,6 @@ def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_l
         with pytest.raises(ValueError, match=match):
             EngineArgs(model=str(model), dtype="float32", **args).create_engine_config()
 
-    refused(tiny_gemma3_mm, "enable_lora: LoRA adapters of Gemma3ForConditionalGeneration", enable_lora=True)
     refused(tiny_gemma3_mm, "runs with the generate runner only", runner="pooling")
     refused(tiny_gemma3_mm, "runs with the generate runner only", convert="embed")
     refused(tiny_gemma3_mm, "language model runs on its native implementation only", model_impl="transformers")
@@ -231,3 +233,47 @@ def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_l
     cfg["text_config"]["hidden_act"] = "gelu"
     (model / "config.json").write_text(json.dumps(cfg))
     refused(model, "hidden_act='gelu' is not supported for LlamaForCausalLM")
+
+
+LANGUAGE_MODEL_LINEAR = r".*(language_model|text_model).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+@pytest.mark.parametrize("fixture", ["tiny_gemma3_mm", "tiny_qwen2_5_vl", "tiny_smolvlm"])
+def test_lora_adapter_of_the_language_model_matches_peft(fixture: str, request: pytest.FixtureRequest,
+                                                         tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    """PEFT names a multimodal model's modules by its class's tree (`model.language_model.*`);
+    the adapter applies to the served language model as PEFT applies it."""
+    base: Path = request.getfixturevalue(fixture)
+    adapter = make_adapter(base, tmp_path / "adapter", seed=5, target_modules=LANGUAGE_MODEL_LINEAR)
+    lora = LoRARequest("adapter", 1, str(adapter))
+    prompts = prompts_token_ids[:3]
+    llm = LLM(str(base), max_model_len=256, dtype="float32", multiprocess=False, enable_lora=True, max_lora_rank=8)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+                               lora_request=lora, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == peft_greedy(base, adapter, prompts, NEW_TOKENS)
+        prompt = prompts_token_ids[4]
+        logprobs = {}
+        for name, adapter_request in (("adapter", lora), ("base", None)):
+            [output] = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                    lora_request=adapter_request, use_tqdm=False)
+            logprobs[name] = torch.tensor([entry[t].logprob for entry, t in zip(output.prompt_logprobs[1:], prompt[1:])])
+    finally:
+        llm.shutdown()
+    torch.testing.assert_close(logprobs["adapter"], peft_prompt_logprobs(base, adapter, prompt), atol=2e-4, rtol=0)
+    assert (logprobs["adapter"] - logprobs["base"]).abs().max() > 0.05  # (the adapter changes the model)
+
+
+def test_lora_adapter_of_the_vision_side_is_refused_by_name(tiny_gemma3_mm: Path, tmp_path: Path,
+                                                            prompts_token_ids: list[list[int]]) -> None:
+    adapter = make_adapter(tiny_gemma3_mm, tmp_path / "adapter", target_modules=r".*vision_tower.*\.q_proj")
+    llm = LLM(str(tiny_gemma3_mm), max_model_len=256, dtype="float32", multiprocess=False, enable_lora=True,
+              max_lora_rank=8)
+    try:
+        with pytest.raises(ValueError, match="belongs to Gemma3ForConditionalGeneration's vision encoder or projector"):
+            llm.generate([{"prompt_token_ids": prompts_token_ids[0]}], SamplingParams(max_tokens=2),
+                         lora_request=LoRARequest("vision", 1, str(adapter)), use_tqdm=False)
+        assert run_greedy(llm, prompts_token_ids[:1]) == hf_greedy(tiny_gemma3_mm, prompts_token_ids[:1], NEW_TOKENS)
+    finally:
+        llm.shutdown()

@@ -167,7 +167,7 @@ class InputProcessor:
         pooler = self.model_config.pooler
         head_shape = ((len(pooler.labels), self.model_config.hf.hidden_size)
                       if pooler is not None and pooler.task == "classify" else None)
-        check_against_checkpoint(adapter, self.model_config.model, head_shape)
+        check_against_checkpoint(adapter, self.model_config.model, head_shape, self.model_config.hf.checkpoint_architecture)
         self._adapters[lora_request.lora_int_id] = (lora_request, adapter)
         return adapter
 

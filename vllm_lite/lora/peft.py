@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.multimodal_checkpoints import adapter_module_name, is_vision_tensor
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -230,7 +231,8 @@ def _module(name: str, shapes: dict[str, list[int]], config: _Config, path: str)
     return LoRAModule(name, rank, scaling, a[1], b[0])
 
 
-def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str, head_shape: tuple[int, int] | None = None) -> None:
+def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str, head_shape: tuple[int, int] | None = None,
+                             checkpoint_architecture: str = "") -> None:
     """Each adapted module is a weight of the base model's checkpoint, of the adapter's in and out
     features (read from the safetensors headers). A module stored quantized (no `.weight`, its
     packed tensors instead) is left to the workers, which map every module onto the model. A
@@ -240,11 +242,17 @@ def check_against_checkpoint(adapter: PEFTAdapter, model_dir: str, head_shape: t
         raise VLLMValidationError(f"LoRA adapter '{adapter.path}': it saves a classifier head {list(adapter.head_shape)}"
                                   + (f"; the model's is {list(head_shape)}" if head_shape is not None else
                                      ", and this model is no classification model"), parameter="lora_path")
-    shapes = checkpoint_shapes(Path(model_dir))
+    shapes = {adapter_module_name(checkpoint_architecture, name): shape
+              for name, shape in checkpoint_shapes(Path(model_dir)).items()
+              if not is_vision_tensor(checkpoint_architecture, name)}
     prefixes = {name.rsplit(".", 1)[0] for name in shapes}
     for module in adapter.modules:
-        weight = shapes.get(module.name + ".weight")
-        if weight is None and module.name in prefixes:
+        try:
+            name = adapter_module_name(checkpoint_architecture, module.name)
+        except ValueError as exc:
+            raise VLLMValidationError(f"LoRA adapter '{adapter.path}': {exc}", parameter="lora_path") from None
+        weight = shapes.get(name + ".weight")
+        if weight is None and name in prefixes:
             continue
         if weight is None:
             raise VLLMValidationError(f"LoRA adapter '{adapter.path}': module {module.name!r} is not a weight of the "

@@ -23,15 +23,18 @@ from vllm_lite.lora.request import LoRARequest
 from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
 from vllm_lite.model.loader import checkpoint_target, decoder_name
+from vllm_lite.multimodal_checkpoints import adapter_module_name
 
 
 class LoRAManager:
     def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device, dtype: torch.dtype,
-                 pooling: bool = False) -> None:
+                 pooling: bool = False, checkpoint_architecture: str = "") -> None:
         """`pooling`: an embedding model, whose adapters may name the decoder alone (a `*Model`'s
-        modules, without the `model.` prefix), as its checkpoint may."""
+        modules, without the `model.` prefix), as its checkpoint may. `checkpoint_architecture`: a
+        multimodal one's adapters name its language model's modules as its checkpoint does."""
         self.model = model
         self.pooling = pooling
+        self.checkpoint_architecture = checkpoint_architecture
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -111,7 +114,8 @@ class LoRAManager:
             for module in adapter.modules:
                 lora_a = f.get_tensor(PREFIX + module.name + LORA_A).float()
                 lora_b = f.get_tensor(PREFIX + module.name + LORA_B).float() * module.scaling
-                weight_name = (decoder_name(module.name) if self.pooling else module.name) + ".weight"
+                name = adapter_module_name(self.checkpoint_architecture, module.name)
+                weight_name = (decoder_name(name) if self.pooling else name) + ".weight"
                 fused = split(weight_name, lora_b) if split is not None else None
                 for name, b in fused if fused is not None else [(weight_name, lora_b)]:
                     target, shard_id = checkpoint_target(self.model, name)

@@ -144,7 +144,8 @@ class ModelRunner:
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
         lora_config = vllm_config.lora_config
         self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
-                                 pooling=vllm_config.model_config.pooler is not None)
+                                 pooling=vllm_config.model_config.pooler is not None,
+                                 checkpoint_architecture=vllm_config.model_config.hf.checkpoint_architecture)
                      if lora_config is not None else None)
         # CPU steps go through the model padded to a matmul bucket size (`_padded_to_bucket`),
         # unless a layer would compute the padded rows at a cost (a MoE layer routes them).
