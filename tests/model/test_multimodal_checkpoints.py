@@ -40,17 +40,22 @@ def _config(model: Path) -> dict:
     return json.loads((model / "config.json").read_text())
 
 
+def _assert_greedy_equals_transformers(model: Path, reference: Path, prompts: list[list[int]], **args: object) -> None:
+    """The engine on `model` gives transformers' greedy tokens on `reference` (the same weights)."""
+    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False, **args)
+    try:
+        assert run_greedy(llm, prompts) == hf_greedy(reference, prompts, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("fixture", MULTIMODAL)
 def test_language_model_matches_transformers_multimodal_class(fixture: str, request: pytest.FixtureRequest,
                                                                prompts_token_ids: list[list[int]]) -> None:
     model: Path = request.getfixturevalue(fixture)
     assert not any(IMAGE_TOKEN_ID in prompt for prompt in prompts_token_ids)
+    _assert_greedy_equals_transformers(model, model, prompts_token_ids)
     expected = hf_greedy(model, prompts_token_ids, NEW_TOKENS)
-    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
-    try:
-        assert run_greedy(llm, prompts_token_ids) == expected
-    finally:
-        llm.shutdown()
     # chunks of 16 tokens, a cache that forces preemption, and a second pass over prefix-cache hits
     llm = LLM(str(model), max_model_len=256, dtype="float32", num_kv_blocks=18, block_size=16,
               max_num_batched_tokens=16, multiprocess=False)
@@ -103,11 +108,7 @@ def test_tensor_names_of_newer_transformers_load_alike(tiny_gemma3_mm: Path, tin
             renamed[name] = tensor
         assert renamed.keys() != tensors.keys()
         save_file(renamed, model / "model.safetensors", metadata={"format": "pt"})
-        llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
-        try:
-            assert run_greedy(llm, prompts) == hf_greedy(original, prompts, NEW_TOKENS)
-        finally:
-            llm.shutdown()
+        _assert_greedy_equals_transformers(model, original, prompts)
 
 
 def test_qwen2_vl_config_with_the_text_fields_at_the_top_level(tiny_qwen2_5_vl: Path, tmp_path: Path,
@@ -123,11 +124,7 @@ def test_qwen2_vl_config_with_the_text_fields_at_the_top_level(tiny_qwen2_5_vl: 
             "rope_theta": rope["rope_theta"], "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
     (model / "config.json").write_text(json.dumps(flat))
     prompts = prompts_token_ids[:3]
-    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
-    try:
-        assert run_greedy(llm, prompts) == hf_greedy(tiny_qwen2_5_vl, prompts, NEW_TOKENS)
-    finally:
-        llm.shutdown()
+    _assert_greedy_equals_transformers(model, tiny_qwen2_5_vl, prompts)
 
 
 def test_an_lm_head_is_tied_only_where_the_outer_and_the_text_config_both_say_so(
@@ -141,11 +138,7 @@ def test_an_lm_head_is_tied_only_where_the_outer_and_the_text_config_both_say_so
     cfg["text_config"]["tie_word_embeddings"] = False
     (model / "config.json").write_text(json.dumps(cfg))
     prompts = prompts_token_ids[:2]
-    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
-    try:
-        assert run_greedy(llm, prompts) == hf_greedy(tiny_mistral3, prompts, NEW_TOKENS)
-    finally:
-        llm.shutdown()
+    _assert_greedy_equals_transformers(model, tiny_mistral3, prompts)
 
 
 def test_the_vision_tensors_are_not_read_and_unknown_tensors_are_refused(tiny_llava: Path, tmp_path: Path,
@@ -156,11 +149,7 @@ def test_the_vision_tensors_are_not_read_and_unknown_tensors_are_refused(tiny_ll
     assert len(text_only) < len(tensors)
     save_file(text_only, model / "model.safetensors", metadata={"format": "pt"})
     prompts = prompts_token_ids[:2]
-    llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
-    try:
-        assert run_greedy(llm, prompts) == hf_greedy(tiny_llava, prompts, NEW_TOKENS)
-    finally:
-        llm.shutdown()
+    _assert_greedy_equals_transformers(model, tiny_llava, prompts)
     save_file({**text_only, "audio_tower.proj.weight": torch.zeros(2, 2)}, model / "model.safetensors",
               metadata={"format": "pt"})
     with pytest.raises(ValueError, match="'audio_tower.proj.weight' has no matching model parameter"):
@@ -192,11 +181,7 @@ def test_chat_template_of_the_processor_is_used(tiny_gemma3_mm: Path, tmp_path: 
 @pytest.mark.parametrize("args", [{"language_model_only": True}, {"limit_mm_per_prompt": {"image": 0}},
                                   {"limit_mm_per_prompt": {"image": {"count": 0}, "video": 0}}])
 def test_vllms_text_only_settings_are_taken(args: dict, tiny_gemma3_mm: Path, prompts_token_ids: list[list[int]]) -> None:
-    llm = LLM(str(tiny_gemma3_mm), max_model_len=256, dtype="float32", multiprocess=False, **args)
-    try:
-        assert run_greedy(llm, prompts_token_ids[:1]) == hf_greedy(tiny_gemma3_mm, prompts_token_ids[:1], NEW_TOKENS)
-    finally:
-        llm.shutdown()
+    _assert_greedy_equals_transformers(tiny_gemma3_mm, tiny_gemma3_mm, prompts_token_ids[:1], **args)
 
 
 @pytest.mark.parametrize("limit", [{"image": 1}, {"video": {"count": 2, "num_frames": 8}}])
