@@ -277,6 +277,18 @@ def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_phi4_mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Phi-4-mini's form of Phi-3: rotary over 3/4 of each head (LongRoPE factors for those 12 of
+    16 dimensions), GQA, tied embeddings."""
+    rotary_pairs = 6  # (head_dim 16 x 0.75 / 2)
+    longrope = {**PHI3_LONGROPE, "short_factor": PHI3_LONGROPE["short_factor"][:rotary_pairs],
+                "long_factor": PHI3_LONGROPE["long_factor"][:rotary_pairs], "partial_rotary_factor": 0.75}
+    return _build(tmp_path_factory, "tiny_phi4_mini", "phi3", tie_word_embeddings=True,
+                  extra_config={"rope_parameters": longrope, "original_max_position_embeddings": 256,
+                                "partial_rotary_factor": 0.75})
+
+
+@pytest.fixture(scope="session")
 def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """OPT: learned positions, ReLU, biases, pre-LayerNorm, word embeddings of 32 projected in
     and out of the hidden size 64 (project_in / project_out), tied LM head."""

@@ -36,7 +36,8 @@ LAYERS: dict[str, int] = {
     "__init__": 8,  # the public API re-exports from every layer
 }
 BASE_MODULES = {"wire", "lora", "logits_processor", "config", "sampling_params", "pooling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_bookkeeping", "bookkeeping", "_custom_ops", "gguf_convert", "version",
-                "config_fields", "hub", "cpu_info", "ragged", "host_to_device", "metrics_reader", "reasoning_tags"}
+                "config_fields", "hub", "cpu_info", "ragged", "host_to_device", "metrics_reader", "reasoning_tags",
+                "multimodal_checkpoints"}
 
 
 def _unit(module: str) -> str:

@@ -215,11 +215,13 @@ _GEMMA3 = FieldPolicy(
 )
 
 _PHI3 = FieldPolicy(
-    implemented=DENSE_IMPLEMENTED | {"sliding_window", "original_max_position_embeddings"},
+    # (partial_rotary_factor: Phi-4-mini turns 3/4 of each head's dimensions)
+    implemented=DENSE_IMPLEMENTED | {"sliding_window", "original_max_position_embeddings", "partial_rotary_factor"},
     # dropouts are training-only; transformers' Phi-3 has no attention or MLP biases
     ignored=frozenset({"embd_pdrop", "resid_pdrop", "attention_bias", "mlp_bias"}),
-    restricted={"hidden_act": ("silu",), "partial_rotary_factor": (1.0,)},
+    restricted={"hidden_act": ("silu",)},
     rope_types=("default", "longrope", "su"),
+    partial_rotary=True,
     defaults={"max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
               "original_max_position_embeddings": 4096},
 )

@@ -20,7 +20,7 @@ from vllm_lite import LLM
 
 @pytest.mark.parametrize("fixture", ["tiny_gemma", "tiny_gemma3", "tiny_bloom", "tiny_falcon_40b", "tiny_mpt",
                                      "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha", "tiny_gpt_neox",
-                                     "tiny_gptj", "tiny_phi2", "tiny_stablelm", "tiny_granite", "tiny_phi3",
+                                     "tiny_gptj", "tiny_phi2", "tiny_stablelm", "tiny_granite", "tiny_phi3", "tiny_phi4_mini",
                                      "tiny_mixtral", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_smollm3", "tiny_starcoder2", "tiny_olmo",
                                      "tiny_olmo2", "tiny_mistral_window",
                                      # multimodal checkpoints, served as their language model

@@ -16,7 +16,7 @@ from vllm_lite import LLM
 FAMILIES = ["tiny_bloom", "tiny_falcon", "tiny_falcon_40b", "tiny_falcon_sequential", "tiny_gemma", "tiny_gemma2",
             "tiny_gemma3", "tiny_gpt2", "tiny_gpt_bigcode", "tiny_gpt_bigcode_mha", "tiny_gpt_neox",
             "tiny_gpt_neox_serial", "tiny_gptj", "tiny_granite", "tiny_mixtral", "tiny_mpt", "tiny_olmo", "tiny_olmo2",
-            "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_qwen2_window",
+            "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_phi4_mini", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_qwen2_window",
             "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
             "tiny_cohere", "tiny_codegen", "tiny_olmoe"]

@@ -136,7 +136,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.embedding_scale = scales.embedding
-        rotary = RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
         rope_layers = rope_layers or (True,) * config.num_hidden_layers
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, rotary if rope_layers[i] else None, backend, tp, qk_norm, o_proj_bias, i,
