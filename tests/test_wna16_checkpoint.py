@@ -146,6 +146,9 @@ def write_compressed_tensors(model_dir: Path, out_dir: Path, config: dict[str, A
     ("tiny_qwen2", _ct_config(symmetric=False, strategy="channel"), False),
     ("tiny_phi3", _ct_config(symmetric=False, bits=8), False),
     ("tiny_llama", _ct_config(actorder="group"), True),
+    # multimodal checkpoints (their language model; the vision side's packed tensors are not read)
+    ("tiny_qwen2_5_vl", AWQ_CONFIG, False),
+    ("tiny_gemma3_mm", _ct_config(), False),
 ])
 def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dict[str, Any], act_order: bool,
                                                           request: pytest.FixtureRequest, tmp_path: Path,
@@ -160,7 +163,8 @@ def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dic
 
 @pytest.mark.parametrize("name, config", [("tiny_llama", AWQ_CONFIG), ("tiny_phi3", AWQ_CONFIG),
                                           ("tiny_qwen2", {**GPTQ_CONFIG, "group_size": 64}),
-                                          ("tiny_qwen3", _ct_config(symmetric=False))])
+                                          ("tiny_qwen3", _ct_config(symmetric=False)),
+                                          ("tiny_qwen2_5_vl", _ct_config())])
 def test_4_bit_layers_stay_in_q4_1_blocks(name: str, config: dict[str, Any], request: pytest.FixtureRequest,
                                           tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     """On one rank, 4-bit weights in consecutive groups of a multiple of 32 features stay 4-bit

@@ -113,16 +113,13 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """A multimodal checkpoint's config.json as its language model's: the text_config as
     transformers completes it, naming the architecture it runs on, with the outer config's
     embedding tying, dtype and end-of-sequence ids. Raises ValueError naming a field that cannot
-    be honoured (a quantized checkpoint, an outer field that is neither the vision side's nor
+    be honoured (an outer field that is neither the vision side's nor
     metadata, a text model without a native implementation)."""
     from vllm_lite.config_fields import COMMON_IGNORED
 
     architecture = cfg["architectures"][0]
     spec = LANGUAGE_MODELS[architecture]
-    if cfg.get("quantization_config") is not None:
-        raise ValueError(f"config.json: quantization_config: quantized {architecture} checkpoints are not "
-                         "implemented (the unquantized checkpoint's language model is served)")
-    outer = _transformers_config(cfg)
+    outer = _transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
     text = outer.get_text_config().to_dict()
     # older Qwen2-VL configs keep the text fields at the top, which transformers moves into its text
     # config (rope_theta and rope_scaling into rope_parameters)
@@ -147,6 +144,9 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     text["dtype"] = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("dtype")
     if cfg.get("eos_token_id") is not None:
         text["eos_token_id"] = cfg["eos_token_id"]
+    # (a quantized checkpoint says per tensor which layers are quantized: the vision side's, which
+    # its ignore list usually leaves unquantized, are not read)
+    text["quantization_config"] = cfg.get("quantization_config")
     return text
 
 

@@ -3,8 +3,8 @@ Mistral 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM and Idefic
 vision encoder and projector beside a tiny decoder, random weights, fp32) give, text in, the
 tokens and logprobs of transformers' own multimodal class, and with a LoRA adapter of its
 language model PEFT's; the older and newer tensor-name and config forms load alike; what is not
-implemented (image inputs, LoRA of the vision side, pooling, quantized multimodal checkpoints) is
-refused by name."""
+implemented (image inputs, LoRA of the vision side, pooling) is refused by name. (Quantized ones:
+tests/test_wna16_checkpoint.py.)"""
 
 from __future__ import annotations
 
@@ -205,8 +205,8 @@ def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_l
     (model / "config.json").write_text(json.dumps(cfg))
     refused(model, "text_config.final_logit_softcapping=30.0 is not supported for Gemma3ForConditionalGeneration")
     model = _copy(tiny_llava, tmp_path)
-    _edit_config(model, quantization_config={"quant_method": "awq", "bits": 4})
-    refused(model, "quantization_config: quantized LlavaForConditionalGeneration checkpoints are not implemented")
+    _edit_config(model, quantization_config={"quant_method": "awq", "bits": 3})
+    refused(model, "quantization_config.bits=3 is not supported")
     _edit_config(model, quantization_config=None, vision_feature_layer_weights=[1.0])
     refused(model, "field 'vision_feature_layer_weights' is not implemented for LlavaForConditionalGeneration")
     cfg = _config(model)

@@ -284,14 +284,12 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
     if model_config.quantization == "gguf":
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
-        weights = iterate_weights(Path(model_config.model))
-        if is_multimodal(model_config.hf.checkpoint_architecture):
-            weights = language_model_weights(model_config.hf.checkpoint_architecture, weights)
+        weights = checkpoint_weights(model_config)
         quantization_config = model_config.hf.raw.get("quantization_config")
         if model_config.quantization in ("awq", "gptq") or (model_config.quantization == "compressed-tensors"
                                                              and quantization_config["format"] == "pack-quantized"):
             scheme = WNA16Scheme.of(quantization_config)
-            kept = _kept_int4_layers(model, Path(model_config.model), scheme) if tp.size == 1 else frozenset()
+            kept = _kept_int4_layers(model, checkpoint_weights(model_config), scheme) if tp.size == 1 else frozenset()
             weights = dequantized_weights(weights, scheme, kept)
         elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
                                                      and quantization_config["format"] == "float-quantized"):
@@ -302,7 +300,15 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
                      zero_biases_optional=model_config.quantization in ("awq", "gptq"))
 
 
-def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) -> frozenset[str]:
+def checkpoint_weights(model_config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    """The checkpoint's (name, lazy slice) pairs as this engine names them (a multimodal
+    checkpoint's language model under `model.` / `lm_head.`, its vision side left out)."""
+    weights = iterate_weights(Path(model_config.model))
+    architecture = model_config.hf.checkpoint_architecture
+    return language_model_weights(architecture, weights) if is_multimodal(architecture) else weights
+
+
+def _kept_int4_layers(model: nn.Module, weights: Iterator[tuple[str, Any]], scheme: WNA16Scheme) -> frozenset[str]:
     """The AWQ / GPTQ layers (checkpoint prefixes) whose 4-bit weights stay in Q4_1 blocks, their
     model parameters made block parameters (as GGUF's are): every linear layer whose checkpoint
     parts all fit the blocks (wna16.fits_q4_1), read from the tensors' shapes and g_idx alone.
@@ -311,7 +317,7 @@ def _kept_int4_layers(model: nn.Module, model_dir: Path, scheme: WNA16Scheme) ->
     num_groups: dict[str, int] = {}
     g_idx: dict[str, torch.Tensor] = {}
     unpadded: dict[str, tuple[int, int]] = {}
-    for name, tensor in iterate_weights(model_dir):
+    for name, tensor in weights:
         prefix, _, part = name.rpartition(".")
         role = scheme.parts.get(part)
         if role == "values":
