@@ -289,6 +289,20 @@ def tiny_phi4_mini(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_deepseek_v2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DeepSeek-V2 (the Transformers fallback): latent attention, keys of 8 + 8 dimensions and
+    values of 24 per head, a dense first layer, then 4 routed experts and a shared one."""
+    return _build(tmp_path_factory, "tiny_deepseek_v2", "deepseek_v2", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DeepSeek-V3 / Moonlight / Kimi's architecture (the Transformers fallback): latent attention
+    with a LoRA-compressed query, sigmoid-scored experts."""
+    return _build(tmp_path_factory, "tiny_deepseek_v3", "deepseek_v3", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """OPT: learned positions, ReLU, biases, pre-LayerNorm, word embeddings of 32 projected in
     and out of the hidden size 64 (project_in / project_out), tied LM head."""

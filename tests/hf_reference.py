@@ -278,6 +278,13 @@ def _make_config(
                                 v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                                 moe_intermediate_size=hidden_size // 2, first_k_dense_replace=1, n_group=1,
                                 topk_group=1, **{**common, "num_key_value_heads": num_heads})
+    if arch == "deepseek_v3":  # (Moonlight, Kimi): latent attention with a q LoRA, sigmoid-routed experts
+        from transformers import DeepseekV3Config
+
+        return DeepseekV3Config(q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                moe_intermediate_size=hidden_size // 2, first_k_dense_replace=1, n_group=1,
+                                topk_group=1, **{**common, "num_key_value_heads": num_heads, "head_dim": 8})
     if arch == "falcon":
         from transformers import FalconConfig
 

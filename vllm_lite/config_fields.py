@@ -583,7 +583,19 @@ def with_transformers_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for generic, own in attribute_map.items():
         if isinstance(own, str) and own in cfg:
             full.setdefault(generic, cfg[own])
+    if full.get("kv_lora_rank") is not None:
+        full.update(latent_attention_cache_shape(full))
     return full
+
+
+def latent_attention_cache_shape(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """Multi-head latent attention (DeepSeek-V2 / V3, Moonlight, Kimi) through the fallback: the
+    paged KV cache holds each head's whole key (qk_nope_head_dim + qk_rope_head_dim dimensions) and
+    value (v_head_dim), in one head width, the wider of the two (the fallback pads the narrower
+    with zeros, which leave the scores and the output unchanged). vLLM caches the compressed
+    latent instead: this takes several times the memory per token."""
+    key_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    return {"num_key_value_heads": cfg["num_attention_heads"], "head_dim": max(key_dim, cfg["v_head_dim"])}
 
 
 

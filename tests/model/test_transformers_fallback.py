@@ -40,15 +40,12 @@ def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tiny_falcon: Pa
         LLM(str(tiny_falcon), max_model_len=64, dtype="float32", multiprocess=False, model_impl="transformers")
 
 
-def test_attention_the_kv_cache_cannot_hold_is_refused_by_name(tmp_path: Path) -> None:
-    """DeepSeek-V2's latent attention caches keys and values of other widths than config.json's
-    head_dim: refused when the model is built (it failed inside its first step before)."""
-    from hf_reference import build_tiny_model
-
-    model = build_tiny_model(tmp_path / "deepseek_v2", "deepseek_v2", tie_word_embeddings=False)
-    with pytest.raises(ValueError, match=r"DeepseekV2ForCausalLM's attention caches keys of 4 heads x 16 and "
-                                         r"values of 24 dimensions"):
-        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+def test_latent_attention_is_cached_at_the_wider_of_its_key_and_value_widths(tiny_deepseek_v2: Path) -> None:
+    """DeepSeek-V2's latent attention hands the cache keys of 8 + 8 dimensions and values of 24
+    per head (it was refused before): the cache holds every head at 24 (parity with transformers:
+    tests/model/test_families.py)."""
+    hf = EngineArgs(model=str(tiny_deepseek_v2)).create_engine_config().model_config.hf
+    assert (hf.model_impl, hf.num_key_value_heads, hf.head_dim) == ("transformers", hf.num_attention_heads, 24)
 
 
 def _with_config(src: Path, dst: Path, **changes) -> Path:

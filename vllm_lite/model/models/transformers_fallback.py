@@ -43,13 +43,20 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
+    cache_head_dim: int = kwargs.pop("vllm_lite_head_dim")
     sliding_window, soft_cap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
     _refuse_unknown(kwargs)
     scale = module.head_dim ** -0.5 if scaling is None else scaling
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+    # [T, H, D]; keys and values narrower than the cache's heads (latent attention's) padded with
+    # zeros: q.k and the weighted sum of values are unchanged, the padding is sliced off the output
+    q, k, v = (_padded(t[0].transpose(0, 1), cache_head_dim) for t in (query, key, value))
     out = backend.forward(q, k.contiguous(), v.contiguous(), kv_caches[module.layer_idx], metadata,
                           scale, sliding_window, soft_cap)
-    return out.unsqueeze(0), None
+    return out[..., :value.shape[-1]].unsqueeze(0), None
+
+
+def _padded(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
 
 
 def _refuse_unknown(kwargs: dict[str, Any]) -> None:
@@ -182,7 +189,8 @@ class TransformersForCausalLM(nn.Module):
                                      position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
         config = self.config
         expected = AttentionShape(config.num_key_value_heads, config.head_dim, config.head_dim)
-        wrong = next((shape for shape in shapes if shape != expected), None)
+        wrong = next((shape for shape in shapes if shape.num_kv_heads != expected.num_kv_heads
+                      or max(shape.key_dim, shape.value_dim) != expected.key_dim), None)
         if wrong is not None:
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention caches keys of "
                              f"{wrong.num_kv_heads} heads x {wrong.key_dim} and values of {wrong.value_dim} "
@@ -198,7 +206,7 @@ class TransformersForCausalLM(nn.Module):
         base = self.hf_model.base_model
         out = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
                    vllm_lite_kv_caches=kv_caches, vllm_lite_attn_metadata=attn_metadata,
-                   vllm_lite_backend=self.backend)
+                   vllm_lite_backend=self.backend, vllm_lite_head_dim=self.config.head_dim)
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
