@@ -22,6 +22,7 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
                                      with_transformers_names)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.multimodal_checkpoints import check_multimodal_limits, is_multimodal, language_model_config
+from vllm_lite.profiler_config import ProfilerConfig, profiler_config
 from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
 from vllm_lite.sampling_params import SamplingParams
@@ -562,6 +563,7 @@ class VllmConfig:
     device_config: DeviceConfig
     lora_config: LoRAConfig | None = None  # set: the engine serves LoRA adapters (enable_lora)
     speculative_config: SpeculativeConfig | None = None  # set: n-gram speculative decoding
+    profiler_config: ProfilerConfig = ProfilerConfig()  # what start_profile records (profiler_config.py)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -698,6 +700,9 @@ class EngineArgs:
     # (language_model_only, or 0 for every modality)
     language_model_only: bool = False
     limit_mm_per_prompt: dict[str, Any] | None = None
+    # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
+    # start_profile / stop_profile record torch profiler traces (profiler_config.py)
+    profiler_config: dict[str, Any] | None = None
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -761,6 +766,7 @@ class EngineArgs:
             parallel_config=parallel_config,
             device_config=DeviceConfig(device=device),
             lora_config=self._lora_config(model_config),
+            profiler_config=profiler_config(self.profiler_config, device),
         )
         self._check_logits_processors(config)
         if self.speculative_config is not None:

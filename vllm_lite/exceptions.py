@@ -47,6 +47,13 @@ class LoRAAdapterNotFoundError(VLLMNotFoundError, ValueError):
         super().__init__(f"Loading lora {lora_name} failed: No adapter found for {lora_path}")
 
 
+class ProfilerAlreadyActiveError(VLLMClientError, RuntimeError):
+    """vLLM's: start_profile while a session is on (a server answers 409)."""
+
+    def __init__(self) -> None:
+        super().__init__("A profiling session is already active. Call /stop_profile before starting another session.")
+
+
 class EngineDeadError(RuntimeError):
     """The engine core is gone (its process died, stopped answering, or failed in its busy
     loop). Every pending request raises it, and so does every later call."""

@@ -36,6 +36,7 @@ from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
 from vllm_lite.engine.output_processor import OutputProcessor, RequestState
 from vllm_lite.engine.parallel_sampling import fan_out
+from vllm_lite.engine.profiling import ProfileSessions, frontend_trace_name
 from vllm_lite.wire import EngineCoreOutputs, RequestError, split_token_columns
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
@@ -69,6 +70,8 @@ class AsyncLLM:
         self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
+        self.profile_sessions = ProfileSessions(vllm_config.profiler_config)
+        self._frontend_profiler: Any = None  # (worker.profiler.TorchProfiler, made by the first start_profile)
         self._output_handler: asyncio.Task | None = None
         self._handler_error: EngineDeadError | None = None  # the output handler failed
         # Called with each step's IterationStats (the server's Prometheus metrics); while the
@@ -244,6 +247,34 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
+
+    async def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,
+                            max_iterations: int | None = None) -> None:
+        """vLLM's: every rank's torch profiler records from now (profiler_config), and, unless
+        ignore_frontend, this process's own (`[<prefix>_]<host>_<pid>.async_llm`)."""
+        self.profile_sessions.begin(profile_prefix, delay_iterations, max_iterations)
+        try:
+            await self.engine_core.profile_async(True, profile_prefix, delay_iterations, max_iterations)
+        except BaseException:
+            self.profile_sessions.failed()
+            raise
+        config = self.vllm_config.profiler_config
+        if config.profiles_frontend:
+            from vllm_lite.worker.profiler import TorchProfiler
+
+            if self._frontend_profiler is None:
+                self._frontend_profiler = TorchProfiler(config, "cpu", frontend_trace_name(profile_prefix))
+            self._frontend_profiler.set_name(frontend_trace_name(profile_prefix))
+            # (on the event loop's thread, where this process's work runs: the torch profiler
+            # records the thread that starts it, and must be stopped there)
+            self._frontend_profiler.start()
+
+    async def stop_profile(self) -> None:
+        """vLLM's: the ranks (and this process) stop recording and write their traces."""
+        self.profile_sessions.end()
+        await self.engine_core.profile_async(False)
+        if self._frontend_profiler is not None:
+            self._frontend_profiler.stop()
 
     async def do_log_stats(self) -> None:
         """vLLM's: write the stats line for the time since the last one (vLLM's server calls it

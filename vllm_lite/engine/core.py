@@ -83,6 +83,8 @@ class EngineCore:
         self.failed_requests: list[RequestError] = []
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self.in_flight: SchedulerOutput | None = None  # async: submitted, output not yet taken
+        # async: the in-flight step's outputs, taken early (by `profile`): the next step returns them
+        self.taken_early: EngineCoreOutputs | None = None
 
     def _kv_cache_blocks(self) -> int:
         """The KV cache's size: fixed by the config, or what the workers measured free under
@@ -128,7 +130,7 @@ class EngineCore:
         """Schedule and submit step N+1, then wait for step N and update from its output: the
         scheduling here, and what the caller does with the outputs before the next call, overlap
         the model running step N+1. Returns step N's outputs."""
-        drained = None
+        drained, self.taken_early = self.taken_early, None
         if self.in_flight is not None and (self.in_flight.structured_output_req_ids
                                            or self.in_flight.needs_output_first):
             # Constrained requests sample in it: their next bitmask needs those tokens first.
@@ -181,7 +183,16 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """Requests not finished, or a step whose output is still to be taken (async)."""
-        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
+        return (self.scheduler.has_unfinished_requests() or self.in_flight is not None
+                or self.taken_early is not None)
+
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        """start_profile / stop_profile on every rank, between steps: a step in flight (async
+        scheduling) is finished first, its outputs kept for the next `step`."""
+        if self.in_flight is not None:
+            self.taken_early = self._finish_in_flight()
+        self.executor.profile(is_start, profile_prefix, delay_iterations, max_iterations)
 
     def get_stats(self) -> dict[str, Any]:
         return self.scheduler.get_stats()
@@ -251,6 +262,7 @@ class EngineCoreProc:
             "is_healthy": lambda: True,
             "reset_prefix_cache": self.engine_core.reset_prefix_cache,
             "engine_info": self.engine_info,
+            "profile": self.engine_core.profile,
         }
 
     @property

@@ -280,6 +280,10 @@ class SyncMPClient(MPClient):
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
 
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        self.call_utility("profile", is_start, profile_prefix, delay_iterations, max_iterations)
+
     def is_healthy(self) -> bool:
         return self.call_utility("is_healthy")
 
@@ -352,6 +356,10 @@ class AsyncMPClient(MPClient):
 
     async def reset_prefix_cache_async(self) -> bool:
         return await self.call_utility_async("reset_prefix_cache")
+
+    async def profile_async(self, is_start: bool, profile_prefix: str | None = None,
+                            delay_iterations: int | None = None, max_iterations: int | None = None) -> None:
+        await self.call_utility_async("profile", is_start, profile_prefix, delay_iterations, max_iterations)
 
     async def is_healthy_async(self) -> bool:
         return await self.call_utility_async("is_healthy")

@@ -12,6 +12,7 @@ from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
+from vllm_lite.engine.profiling import ProfileSessions
 from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
@@ -31,6 +32,7 @@ class LLMEngine:
         self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
+        self.profile_sessions = ProfileSessions(vllm_config.profiler_config)
         # Called with each step's IterationStats (LLM's metrics, when it keeps them).
         self.stat_loggers: list[StatLogger] = []
 
@@ -115,6 +117,21 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,
+                      max_iterations: int | None = None) -> None:
+        """vLLM's: every rank's torch profiler records from now (profiler_config)."""
+        self.profile_sessions.begin(profile_prefix, delay_iterations, max_iterations)
+        try:
+            self.engine_core.profile(True, profile_prefix, delay_iterations, max_iterations)
+        except BaseException:
+            self.profile_sessions.failed()
+            raise
+
+    def stop_profile(self) -> None:
+        """vLLM's: the ranks stop recording and write their traces."""
+        self.profile_sessions.end()
+        self.engine_core.profile(False)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -407,6 +407,16 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,
+                      max_iterations: int | None = None) -> None:
+        """vLLM's: every rank's torch profiler records from now until `stop_profile` (or
+        `max_iterations` engine steps), into profiler_config's torch_profiler_dir."""
+        self.llm_engine.start_profile(profile_prefix, delay_iterations=delay_iterations,
+                                      max_iterations=max_iterations)
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 

@@ -40,6 +40,11 @@ class Executor(ABC):
     def take_model_output(self) -> ModelRunnerOutput:
         """The output of the oldest submitted step not taken yet (waits for it)."""
 
+    @abstractmethod
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        """start_profile / stop_profile on every rank (`Worker.profile`), with no step in flight."""
+
     def step_thread_mode(self) -> contextlib.AbstractContextManager:
         """Held by a thread that runs this executor's steps for as long as it runs them (the
         engine-core process's loop): the thread state the steps need is set once, not entered

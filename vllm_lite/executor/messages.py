@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.wire import (Flush, Frame, InitKVCache, MeasureMemory, MsgpackDecoder, MsgpackEncoder,
+from vllm_lite.wire import (Flush, Frame, InitKVCache, MeasureMemory, MsgpackDecoder, MsgpackEncoder, Profile,
                             Shutdown, WorkerReply)
 
 
@@ -82,7 +82,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
 
-EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown | MeasureMemory
+EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown | MeasureMemory | Profile
 
 
 def _int32(values: list[int]) -> np.ndarray:
@@ -90,9 +90,10 @@ def _int32(values: list[int]) -> np.ndarray:
 
 
 # First frame of an engine core -> rank message (wire.codec frames follow).
-_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH, _MEASURE_MEMORY = b"\x00", b"\x01", b"\x02", b"\x03", b"\x04"
+_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH, _MEASURE_MEMORY, _PROFILE = (b"\x00", b"\x01", b"\x02", b"\x03", b"\x04",
+                                                                    b"\x05")
 _TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown,
-                                 _FLUSH: Flush, _MEASURE_MEMORY: MeasureMemory}
+                                 _FLUSH: Flush, _MEASURE_MEMORY: MeasureMemory, _PROFILE: Profile}
 _KIND = {struct: kind for kind, struct in _TO_WORKER.items()}
 
 

@@ -60,7 +60,7 @@ from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
 from vllm_lite.executor.step_order import HeldSteps, launches_ahead
 from vllm_lite.executor.worker_proc import start_worker_processes
 from vllm_lite.lifecycle import DeathWatch, ProcessResources, describe_exit
-from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown, WorkerReply
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +183,14 @@ class MultiprocExecutor(Executor):
             if reply.failed:  # this rank's own failures (agreed ones are in rank 0's already)
                 output.failed = {**reply.failed, **(output.failed or {})}
         return output
+
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        assert not self.held_steps.num_pending, "a submitted step is not taken"
+        self._broadcast(Profile(is_start, profile_prefix, delay_iterations, max_iterations))
+        errors = [reply.profile_error for reply in self._receive_replies() if reply.profile_error]
+        if errors:
+            raise RuntimeError("; ".join(errors))
 
     def shutdown(self) -> None:
         """Ask the ranks to exit and make sure they did (SIGTERM, then SIGKILL); idempotent."""

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import functools
 import queue
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -53,10 +55,25 @@ class UniProcExecutor(Executor):
         assert self._step_thread is not None, "no step was submitted"
         return self._step_thread.take()
 
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        """On the thread that runs the steps (the torch profiler records the thread it starts in,
+        and must be stepped and stopped there): the step thread when steps are submitted (async
+        scheduling; started now if no step was yet), else the caller's."""
+        call = functools.partial(self.worker.profile, is_start, profile_prefix, delay_iterations, max_iterations)
+        if self._step_thread is None and self.vllm_config.scheduler_config.async_scheduling:
+            self._step_thread = StepThread(self.worker, self.launch_ahead)
+        if self._step_thread is None:
+            call()
+        else:
+            self._step_thread.call(call)
+
     def shutdown(self) -> None:
-        if self._step_thread is not None:
+        if self._step_thread is not None:  # (it stops a profiling session still on, where it runs)
             self._step_thread.stop()
             self._step_thread = None
+        else:
+            self.worker.stop_profiling()
 
 
 class StepThread:
@@ -71,8 +88,8 @@ class StepThread:
         self.worker = worker
         self.held_steps = HeldSteps(launch_ahead)
         self._pipeline = StepPipeline(worker, launch_ahead)
-        self._inputs: queue.SimpleQueue[SchedulerOutput | str | None] = queue.SimpleQueue()
-        self._outputs: queue.SimpleQueue[StepResult] = queue.SimpleQueue()
+        self._inputs: queue.SimpleQueue[SchedulerOutput | Callable[[], None] | str | None] = queue.SimpleQueue()
+        self._outputs: queue.SimpleQueue[StepResult | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="vllm_lite-step")
         self._thread.start()
 
@@ -98,6 +115,15 @@ class StepThread:
         self._inputs.put(self._STOP)
         self._thread.join()
 
+    def call(self, function: Callable[[], None]) -> None:
+        """Runs `function` on the step thread, between steps (none may be submitted and not
+        taken), and raises what it raised."""
+        assert not self.num_pending, "a submitted step is not taken"
+        self._inputs.put(function)
+        result = self._outputs.get()
+        if isinstance(result, BaseException):
+            raise result
+
     def _run(self) -> None:
         if self.worker.device.type == "cuda":
             torch.cuda.set_device(self.worker.device)  # the current device is per thread
@@ -106,7 +132,19 @@ class StepThread:
                 item = self._inputs.get()
                 if item is self._STOP:
                     self._pipeline.stop()
+                    self.worker.stop_profiling()
                     return
+                if callable(item):  # (`call`: its result, None, stands in the outputs)
+                    self._outputs.put(_called(item))
+                    continue
                 results = self._pipeline.flush() if item is self._FLUSH else self._pipeline.run(item)
                 for result in results:
                     self._outputs.put(result)
+
+
+def _called(function: Callable[[], None]) -> BaseException | None:
+    try:
+        function()
+    except BaseException as exc:  # raised by `call`, in the caller's thread
+        return exc
+    return None

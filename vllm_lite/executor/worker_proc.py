@@ -9,6 +9,7 @@ subscribes to the step broadcast, and from then on runs every message it receive
     StepDiff    -> launch the step and finish it, or   (rank 0 replies with the output, the
                    the one launched before it           others with the requests failed on them)
     Flush       -> finish the step launched ahead      (replies as for the step)
+    Profile     -> start or stop this rank's profiler  (every rank replies, with its error if any)
     Shutdown    -> leave the process group and exit
 
 Every rank samples from the same all-gathered logits with the same seeds, so all ranks append the
@@ -44,7 +45,7 @@ from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
 from vllm_lite.executor.step_order import StepPipeline
 from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
-from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Shutdown, WorkerReply
+from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown, WorkerReply
 from vllm_lite.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class WorkerProc:
                 if isinstance(message, Shutdown):
                     if self.pipeline is not None:
                         self.pipeline.stop()
+                    self.worker.stop_profiling()
                     self.stopping.set()
                     return
                 self._answer(message)
@@ -130,6 +132,8 @@ class WorkerProc:
         ahead is answered after the next step's launch, or at a Flush."""
         if isinstance(message, MeasureMemory):
             return [WorkerReply(rank=self.rank, kv_cache_budget=self.worker.determine_available_memory())]
+        if isinstance(message, Profile):
+            return [self._profile(message)]
         if isinstance(message, InitKVCache):
             self.worker.initialize_kv_cache(message.num_blocks)
             self.pipeline = StepPipeline(self.worker, message.launch_ahead)
@@ -138,6 +142,16 @@ class WorkerProc:
         results = (self.pipeline.flush() if isinstance(message, Flush)
                    else self.pipeline.run(message.to_scheduler_output()))
         return [result if isinstance(result, BaseException) else self._reply(result) for result in results]
+
+    def _profile(self, message: Profile) -> WorkerReply:
+        """A profiler that cannot start or write is this call's failure, not the rank's."""
+        try:
+            self.worker.profile(message.is_start, message.profile_prefix, message.delay_iterations,
+                                message.max_iterations)
+        except Exception as exc:
+            logger.warning("rank %d: profile(is_start=%s) failed", self.rank, message.is_start, exc_info=exc)
+            return WorkerReply(rank=self.rank, profile_error=f"rank {self.rank}: {describe_error(exc)}")
+        return WorkerReply(rank=self.rank)
 
     def _reply(self, output: ModelRunnerOutput) -> WorkerReply:
         if self.rank == 0:

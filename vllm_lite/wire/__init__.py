@@ -37,6 +37,7 @@ from vllm_lite.wire.worker import (
     LogprobsArrays,
     MeasureMemory,
     ModelRunnerOutput,
+    Profile,
     Shutdown,
     WorkerReply,
 )
@@ -46,5 +47,5 @@ __all__ = [
     "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
-    "UtilityResult", "split_token_columns", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Shutdown", "WorkerReply",
+    "UtilityResult", "split_token_columns", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Profile", "Shutdown", "WorkerReply",
 ]

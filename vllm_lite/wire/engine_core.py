@@ -205,7 +205,7 @@ class OutputType:
 
 
 # Utility calls an engine core answers; anything else gets an error result.
-UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info")
+UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info", "profile")
 
 
 class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

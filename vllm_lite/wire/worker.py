@@ -1,7 +1,7 @@
 """Wire structs between the engine core and its workers (ranks).
 
 Engine core -> every rank: `InitKVCache`, the step (`SchedulerOutput` in the diff form
-`executor/messages.py` gives it), `Flush`, `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
+`executor/messages.py` gives it), `Flush`, `Profile`, `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
 with the step's `ModelRunnerOutput`; an error (naming the rank) when a rank failed or died.
 """
 
@@ -75,6 +75,16 @@ class Shutdown(msgspec.Struct, array_like=True, gc=False):
     pass
 
 
+class Profile(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """start_profile (`is_start`) or stop_profile on every rank (`Worker.profile`); every rank
+    replies, with `profile_error` if it could not."""
+
+    is_start: bool
+    profile_prefix: str | None = None
+    delay_iterations: int | None = None
+    max_iterations: int | None = None
+
+
 class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Every rank replies once to every step (and to InitKVCache and MeasureMemory), in order. Rank 0's reply
     to a step carries the output; the other ranks' carry only the requests that failed on them
@@ -87,3 +97,4 @@ class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     failed: dict[str, str] | None = None  # ranks > 0: request id -> why it failed on this rank
     kv_cache_budget: int | None = None  # the reply to MeasureMemory
     death_notice: bool = False  # posted by the executor's death watch, not by a rank
+    profile_error: str | None = None  # the reply to Profile: why this rank could not (the engine goes on)

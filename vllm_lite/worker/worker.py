@@ -11,7 +11,9 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.worker.memory import device_memory, host_memory, kv_cache_budget, resident_bytes
+from vllm_lite.profiler_config import NOT_ENABLED
 from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
+from vllm_lite.worker.profiler import TorchProfiler
 from vllm_lite.wire import ModelRunnerOutput
 
 
@@ -31,6 +33,8 @@ class Worker:
                                 if vllm_config.cache_config.gpu_memory_utilization is not None else None)
         torch.manual_seed(vllm_config.model_config.seed)
         self.model_runner = ModelRunner(vllm_config, self.device, tp)
+        self.rank = tp.rank
+        self.profiler: TorchProfiler | None = None  # made by the first start_profile
 
     def determine_available_memory(self) -> int:
         """The bytes this rank's KV cache may take under gpu_memory_utilization
@@ -60,14 +64,49 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
+    def stop_profiling(self) -> None:
+        """At shutdown: a session still on writes its trace (as vLLM's)."""
+        if self.profiler is not None:
+            self.profiler.stop()
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        if self.profiler is None:
+            return self.model_runner.execute_model(scheduler_output)
+        with self.profiler.annotate_step():
+            output = self.model_runner.execute_model(scheduler_output)
+        self.profiler.step()
+        return output
 
     def launch(self, scheduler_output: SchedulerOutput) -> LaunchedStep:
-        return self.model_runner.launch(scheduler_output)
+        if self.profiler is None:
+            return self.model_runner.launch(scheduler_output)
+        with self.profiler.annotate_step():
+            return self.model_runner.launch(scheduler_output)
+
+    def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
+                max_iterations: int | None = None) -> None:
+        """start_profile / stop_profile on this rank, in the thread that runs its steps (the torch
+        profiler records the thread that starts it). Traces are named as vLLM names them:
+        `[<prefix>_]dp0_pp0_tp<rank>_dcp0_ep0_rank<rank>`."""
+        config = self.vllm_config.profiler_config
+        if not config.enabled:
+            raise RuntimeError(NOT_ENABLED)
+        if not is_start:
+            if self.profiler is not None:
+                self.profiler.stop()
+            return
+        name = f"dp0_pp0_tp{self.rank}_dcp0_ep0_rank{self.rank}"
+        name = f"{profile_prefix}_{name}" if profile_prefix else name
+        if self.profiler is None:
+            self.profiler = TorchProfiler(config, self.device.type, name, log_table=self.rank == 0)
+        self.profiler.set_name(name)
+        self.profiler.start(delay_iterations, max_iterations)
 
     def finish(self, step: LaunchedStep) -> ModelRunnerOutput:
-        return self.model_runner.finish(step)
+        output = self.model_runner.finish(step)
+        if self.profiler is not None:
+            self.profiler.step()
+        return output
 
     def needs_sampled_tokens_on_host(self) -> bool:
         return self.model_runner.needs_sampled_tokens_on_host()

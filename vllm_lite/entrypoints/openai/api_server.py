@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 import uvloop
-from fastapi import FastAPI, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from vllm_lite.version import __version__
-from vllm_lite.exceptions import EngineDeadError, VLLMValidationError
+from vllm_lite.exceptions import EngineDeadError, ProfilerAlreadyActiveError, VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.lifecycle import freeze_startup_heap
@@ -59,6 +59,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     ModelList,
     OpenAIBaseModel,
     RequestModel,
+    StartProfileRequest,
     TokenizeRequest,
     TokenizeResponse,
     TokenizerInfoResponse,
@@ -497,6 +498,29 @@ def _add_lora_routes(app: FastAPI, ctx: ServingContext) -> None:
         return PlainTextResponse(ctx.models.unload(request.lora_name, request.lora_int_id))
 
 
+def _add_profile_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """vLLM's profiler routes, there when --profiler-config enables a profiler: 200 and an empty
+    body; a second start while a session is on is a 409."""
+    logger.warning("the profiler routes /start_profile and /stop_profile are enabled (--profiler-config); "
+                   "traces go to %s", ctx.engine.vllm_config.profiler_config.torch_profiler_dir)
+
+    @app.post("/start_profile", response_class=Response)
+    async def start_profile(request: StartProfileRequest | None = Body(default=None)) -> Response:
+        request = request or StartProfileRequest()
+        request.refuse_unknown_fields()
+        try:
+            await ctx.engine.start_profile(request.profile_prefix, delay_iterations=request.delay_iterations,
+                                           max_iterations=request.max_iterations)
+        except ProfilerAlreadyActiveError as exc:
+            raise ApiError(409, "ConflictError", str(exc)) from None
+        return Response(status_code=200)
+
+    @app.post("/stop_profile", response_class=Response)
+    async def stop_profile() -> Response:
+        await ctx.engine.stop_profile()
+        return Response(status_code=200)
+
+
 def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.get("/health", response_class=Response, responses={200: {"description": "the engine answers"}})
     async def health() -> Response:
@@ -566,6 +590,10 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
                                "reset_running_requests")
             logger.info("resetting the prefix cache")
             return JSONResponse({"success": bool(await ctx.engine.reset_prefix_cache())})
+
+    profiler_config = getattr(ctx.engine.vllm_config, "profiler_config", None)
+    if profiler_config is not None and profiler_config.enabled:
+        _add_profile_routes(app, ctx)
 
     if ctx.options.enable_tokenizer_info_endpoint:
         @app.get("/tokenizer_info")

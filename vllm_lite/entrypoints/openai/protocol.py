@@ -558,6 +558,14 @@ class LoadLoRAAdapterRequest(RequestModel):
     is_3d_lora_weight: Literal[False] = False  # (vLLM's MoE weight layout flag: no MoE LoRA here)
 
 
+class StartProfileRequest(RequestModel):
+    """vLLM's /start_profile body (optional): one session's overrides of profiler_config."""
+
+    profile_prefix: str | None = None
+    delay_iterations: int | None = None
+    max_iterations: int | None = None
+
+
 class UnloadLoRAAdapterRequest(RequestModel):
     """vLLM's /v1/unload_lora_adapter body (`lora_int_id`, when given, must be the adapter's)."""
 
