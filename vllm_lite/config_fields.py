@@ -549,10 +549,16 @@ def resolve_model_impl(model_impl: str, architecture: str) -> str:
     return model_impl
 
 
+# What the fallback's attention cannot honour although transformers' model would: chunked local
+# attention (Llama 4's), which transformers builds into the attention mask the fallback replaces.
+FALLBACK_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"attention_chunk_size": (None,)}
+
+
 def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
-    only what bypasses it is refused (custom code, quantized weights, encoder-decoders)."""
-    for name, allowed in COMMON_RESTRICTED.items():
+    only what bypasses it is refused (custom code, quantized weights, encoder-decoders, attention
+    patterns made by the mask)."""
+    for name, allowed in {**COMMON_RESTRICTED, **FALLBACK_RESTRICTED}.items():
         if name in cfg and cfg[name] not in allowed:
             raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
                              f"(supported: {_describe(allowed)})")

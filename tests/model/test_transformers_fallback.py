@@ -59,9 +59,67 @@ def _with_config(src: Path, dst: Path, **changes) -> Path:
 @pytest.mark.parametrize("field,value,message", [
     ("quantization_config", {"quant_method": "awq"}, "quantization_config"),
     ("model_type", "no_such_model", "no_such_model"),
+    # Llama 4's chunked local attention: made by the attention mask, which the fallback replaces
+    ("attention_chunk_size", 8192, "attention_chunk_size=8192 is not supported"),
 ])
 def test_fallback_refuses_what_transformers_cannot_run_here(tiny_cohere: Path, tmp_path: Path,
                                                            field: str, value, message: str) -> None:
     model = _with_config(tiny_cohere, tmp_path / "m", **{field: value})
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(model)).create_engine_config()
+
+
+HYBRIDS = {
+    # Granite 4.0-H (Mamba-2 and attention layers), LFM2 (short convolutions and attention)
+    "GraniteMoeHybridForCausalLM": ("GraniteMoeHybridConfig", {
+        "layer_types": ["mamba", "attention"], "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16,
+        "mamba_n_groups": 1, "mamba_expand": 2, "num_local_experts": 0}),
+    "Lfm2ForCausalLM": ("Lfm2Config", {"layer_types": ["conv", "full_attention"]}),
+}
+
+
+def _hybrid(architecture: str, out: Path) -> Path:
+    import transformers
+
+    from hf_reference import build_tokenizer, tokenizer_vocab_size
+
+    config_class, fields = HYBRIDS[architecture]
+    config = getattr(transformers, config_class)(vocab_size=tokenizer_vocab_size(), hidden_size=64,
+                                                 intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, max_position_embeddings=256, **fields)
+    getattr(transformers, architecture)(config).save_pretrained(out)
+    build_tokenizer(out)
+    return out
+
+
+@pytest.mark.parametrize("architecture, layer", [("GraniteMoeHybridForCausalLM", "GraniteMoeHybridMambaLayer"),
+                                                 ("Lfm2ForCausalLM", "Lfm2ShortConv")])
+def test_layers_with_a_recurrent_state_are_refused_by_name(architecture: str, layer: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their Mamba / convolution layers keep a state per request from step to step; fed a step's
+    tokens of every request as one sequence, without that state, they gave other tokens than
+    transformers (silently, before)."""
+    model = _hybrid(architecture, tmp_path / architecture)
+    with pytest.raises(ValueError, match=f"{architecture} has layers that keep a per-request state .*{layer}"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+    # a layer of a kind not named there is still caught: it does not attend
+    monkeypatch.setattr("vllm_lite.model.models.transformers_fallback._RECURRENT_LAYER_NAMES", ())
+    with pytest.raises(ValueError, match=f"{architecture} attends in 1 of its 2 layers"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+
+
+def test_a_model_without_a_base_model_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers' Llama4ForCausalLM (Llama 4's text model) names no base model: its hidden states
+    cannot be taken apart from its head (an AttributeError in its first step before)."""
+    import transformers
+
+    from hf_reference import build_tokenizer, tokenizer_vocab_size
+
+    config = transformers.Llama4TextConfig(
+        vocab_size=tokenizer_vocab_size(), hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_chunk_size=None,
+        num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=256)
+    transformers.Llama4ForCausalLM(config).save_pretrained(tmp_path / "llama4")
+    build_tokenizer(tmp_path / "llama4")
+    with pytest.raises(ValueError, match="Llama4ForCausalLM names no base model"):
+        LLM(str(tmp_path / "llama4"), max_model_len=64, dtype="float32", multiprocess=False)

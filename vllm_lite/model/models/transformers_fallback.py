@@ -70,6 +70,21 @@ def _refuse_unknown(kwargs: dict[str, Any]) -> None:
                          "which the vllm_lite attention does not implement")
 
 
+# Class-name parts of layers that carry a recurrent state from step to step (a hybrid model's
+# Mamba / SSM mixers, LFM2's short convolutions, gated-delta-net linear attention, RWKV): the
+# fallback feeds a step's tokens of every request as one sequence, without that state.
+_RECURRENT_LAYER_NAMES = ("mamba", "ssm", "shortconv", "gateddeltanet", "linearattention", "rwkv", "recurrent")
+
+
+def _refuse_recurrent_layers(model: nn.Module, architecture: str) -> None:
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if any(part in kind.lower() for part in _RECURRENT_LAYER_NAMES):
+            raise ValueError(f"model_impl='transformers': {architecture} has layers that keep a per-request state "
+                             f"from step to step ({name}: {kind}); the Transformers fallback runs only attention "
+                             "models on the paged KV cache, so it cannot run here")
+
+
 def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
@@ -172,6 +187,11 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
                              "of its attention through transformers' attention interface (e.g. it adds "
                              "ALiBi biases through the mask), so it cannot run on the paged KV cache")
+        if self.hf_model.base_model is self.hf_model:
+            raise ValueError(f"model_impl='transformers': transformers' {config.architecture} names no base model "
+                             f"({type(self.hf_model).__name__}.base_model_prefix), so its hidden states cannot be "
+                             "taken apart from its head")
+        _refuse_recurrent_layers(self.hf_model, config.architecture)
         self.config = config
         self.backend = backend
         self._check_attention_shapes()
@@ -188,6 +208,11 @@ class TransformersForCausalLM(nn.Module):
             self.hf_model.base_model(input_ids=torch.zeros(1, 2, dtype=torch.long),
                                      position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
         config = self.config
+        if len(shapes) != config.num_hidden_layers:
+            raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
+                             f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
+                             "layers, or none) would run here without the per-request state they keep, so it cannot "
+                             "run on the paged KV cache")
         expected = AttentionShape(config.num_key_value_heads, config.head_dim, config.head_dim)
         wrong = next((shape for shape in shapes if shape.num_kv_heads != expected.num_kv_heads
                       or max(shape.key_dim, shape.value_dim) != expected.key_dim), None)
