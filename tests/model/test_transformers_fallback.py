@@ -123,3 +123,26 @@ def test_a_model_without_a_base_model_is_refused_by_name(tmp_path: Path) -> None
     build_tokenizer(tmp_path / "llama4")
     with pytest.raises(ValueError, match="Llama4ForCausalLM names no base model"):
         LLM(str(tmp_path / "llama4"), max_model_len=64, dtype="float32", multiprocess=False)
+
+
+@pytest.mark.parametrize("architecture, config_class, fields, message", [
+    # a BERT-style causal LM whose config leaves is_decoder false attends both ways (it ran causally
+    # here, with other tokens than transformers', before)
+    ("RobertaForCausalLM", "RobertaConfig", {"is_decoder": False}, "attention is bidirectional"),
+    # differential attention: two attention maps per layer (it wrote one cache layer twice before)
+    ("DiffLlamaForCausalLM", "DiffLlamaConfig", {"num_key_value_heads": 2}, "attends 4 times in its 2 layers"),
+])
+def test_attention_the_cache_cannot_reproduce_is_refused_by_name(architecture: str, config_class: str, fields: dict,
+                                                                 message: str, tmp_path: Path) -> None:
+    import transformers
+
+    from hf_reference import build_tokenizer, tokenizer_vocab_size
+
+    config = getattr(transformers, config_class)(vocab_size=tokenizer_vocab_size(), hidden_size=64,
+                                                 intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                                 max_position_embeddings=256, bos_token_id=0, eos_token_id=2,
+                                                 pad_token_id=0, **fields)
+    getattr(transformers, architecture)(config).save_pretrained(tmp_path / "m")
+    build_tokenizer(tmp_path / "m")
+    with pytest.raises(ValueError, match=f"{architecture}.*{message}"):
+        LLM(str(tmp_path / "m"), max_model_len=64, dtype="float32", multiprocess=False)

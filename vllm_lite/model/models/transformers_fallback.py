@@ -39,7 +39,8 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     probe (`vllm_lite_probe`, a list) records each layer's key / value shapes instead."""
     probe = kwargs.pop("vllm_lite_probe", None)
     if probe is not None:
-        probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1]))
+        causal = kwargs.get("is_causal") is not False and getattr(module, "is_causal", True) is not False
+        probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal))
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
@@ -137,6 +138,7 @@ class AttentionShape:
     num_kv_heads: int
     key_dim: int
     value_dim: int
+    causal: bool = True  # False: bidirectional (an encoder's, BERT-style models' without is_decoder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,11 +210,19 @@ class TransformersForCausalLM(nn.Module):
             self.hf_model.base_model(input_ids=torch.zeros(1, 2, dtype=torch.long),
                                      position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
         config = self.config
-        if len(shapes) != config.num_hidden_layers:
+        if len(shapes) < config.num_hidden_layers:
             raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
                              f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
+        if len(shapes) > config.num_hidden_layers:
+            raise ValueError(f"model_impl='transformers': {config.architecture} attends {len(shapes)} times in its "
+                             f"{config.num_hidden_layers} layers (e.g. differential attention's two maps); the paged "
+                             "KV cache holds one key and value per layer, so it cannot run here")
+        if not all(shape.causal for shape in shapes):
+            raise ValueError(f"model_impl='transformers': {config.architecture}'s attention is bidirectional (an "
+                             "encoder's: a BERT-style model whose config.json leaves is_decoder false), which a "
+                             "generating engine's causal attention cannot reproduce")
         expected = AttentionShape(config.num_key_value_heads, config.head_dim, config.head_dim)
         wrong = next((shape for shape in shapes if shape.num_kv_heads != expected.num_kv_heads
                       or max(shape.key_dim, shape.value_dim) != expected.key_dim), None)
