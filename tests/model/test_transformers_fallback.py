@@ -130,7 +130,10 @@ def test_a_model_without_a_base_model_is_refused_by_name(tmp_path: Path) -> None
     # here, with other tokens than transformers', before)
     ("RobertaForCausalLM", "RobertaConfig", {"is_decoder": False}, "attention is bidirectional"),
     # differential attention: two attention maps per layer (it wrote one cache layer twice before)
-    ("DiffLlamaForCausalLM", "DiffLlamaConfig", {"num_key_value_heads": 2}, "attends 4 times in its 2 layers"),
+    ("DiffLlamaForCausalLM", "DiffLlamaConfig", {"num_key_value_heads": 2}, "attends 4 times in its 2 layers, not once per cache layer"),
+    # recurrent depth: one stack of 2 layers run in 2 x (3 + 1) cycles, its 16 cache slots by the layers' own index
+    ("HrmTextForCausalLM", "HrmTextConfig", {"num_hidden_layers": 16, "num_layers_per_stack": 2, "H_cycles": 2,
+                                             "L_cycles": 3}, "attends 16 times in its 16 layers, not once per cache"),
 ])
 def test_attention_the_cache_cannot_reproduce_is_refused_by_name(architecture: str, config_class: str, fields: dict,
                                                                  message: str, tmp_path: Path) -> None:
@@ -138,10 +141,10 @@ def test_attention_the_cache_cannot_reproduce_is_refused_by_name(architecture: s
 
     from hf_reference import build_tokenizer, tokenizer_vocab_size
 
-    config = getattr(transformers, config_class)(vocab_size=tokenizer_vocab_size(), hidden_size=64,
-                                                 intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                                 max_position_embeddings=256, bos_token_id=0, eos_token_id=2,
-                                                 pad_token_id=0, **fields)
+    config = getattr(transformers, config_class)(**{
+        "vocab_size": tokenizer_vocab_size(), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 256, "bos_token_id": 0, "eos_token_id": 2,
+        "pad_token_id": 0, **fields})
     getattr(transformers, architecture)(config).save_pretrained(tmp_path / "m")
     build_tokenizer(tmp_path / "m")
     with pytest.raises(ValueError, match=f"{architecture}.*{message}"):

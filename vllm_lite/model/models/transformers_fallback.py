@@ -14,6 +14,7 @@ otherwise lose it silently. One rank only: tensor parallelism needs a native imp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     probe = kwargs.pop("vllm_lite_probe", None)
     if probe is not None:
         causal = kwargs.get("is_causal") is not False and getattr(module, "is_causal", True) is not False
-        probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal))
+        probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal,
+                                    getattr(module, "layer_idx", None)))
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
@@ -74,13 +76,19 @@ def _refuse_unknown(kwargs: dict[str, Any]) -> None:
 # Class-name parts of layers that carry a recurrent state from step to step (a hybrid model's
 # Mamba / SSM mixers, LFM2's short convolutions, gated-delta-net linear attention, RWKV): the
 # fallback feeds a step's tokens of every request as one sequence, without that state.
-_RECURRENT_LAYER_NAMES = ("mamba", "ssm", "shortconv", "gateddeltanet", "linearattention", "rwkv", "recurrent")
+# Matched as whole words of the class name (GptOssModel is no SSM).
+_RECURRENT_LAYER_NAMES = ("mamba", "mamba2", "ssm", "short conv", "gated delta net", "linear attention", "rwkv", "recurrent")
+
+
+def _words(class_name: str) -> str:
+    """`Lfm2ShortConv` -> " lfm2 short conv " (its CamelCase words, lower case, space-separated)."""
+    return " " + " ".join(re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+", class_name)).lower() + " "
 
 
 def _refuse_recurrent_layers(model: nn.Module, architecture: str) -> None:
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if any(part in kind.lower() for part in _RECURRENT_LAYER_NAMES):
+        if any(f" {part} " in _words(kind) for part in _RECURRENT_LAYER_NAMES):
             raise ValueError(f"model_impl='transformers': {architecture} has layers that keep a per-request state "
                              f"from step to step ({name}: {kind}); the Transformers fallback runs only attention "
                              "models on the paged KV cache, so it cannot run here")
@@ -139,6 +147,7 @@ class AttentionShape:
     key_dim: int
     value_dim: int
     causal: bool = True  # False: bidirectional (an encoder's, BERT-style models' without is_decoder)
+    layer_idx: int | None = None  # the cache layer it reads and writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +224,12 @@ class TransformersForCausalLM(nn.Module):
                              f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
-        if len(shapes) > config.num_hidden_layers:
+        cache_layers = [shape.layer_idx for shape in shapes]
+        if sorted(cache_layers, key=str) != sorted(range(config.num_hidden_layers), key=str):
             raise ValueError(f"model_impl='transformers': {config.architecture} attends {len(shapes)} times in its "
-                             f"{config.num_hidden_layers} layers (e.g. differential attention's two maps); the paged "
-                             "KV cache holds one key and value per layer, so it cannot run here")
+                             f"{config.num_hidden_layers} layers, not once per cache layer (e.g. differential "
+                             "attention's two maps, or a layer run again in recurrent-depth cycles); the paged KV "
+                             "cache holds one key and value per layer, so it cannot run here")
         if not all(shape.causal for shape in shapes):
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention is bidirectional (an "
                              "encoder's: a BERT-style model whose config.json leaves is_decoder false), which a "
