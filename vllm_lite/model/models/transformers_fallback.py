@@ -44,6 +44,9 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
         probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal,
                                     getattr(module, "layer_idx", None)))
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
+    if "vllm_lite_kv_caches" not in kwargs:
+        raise ValueError(f"model_impl='transformers': {type(module).__name__} does not hand its model's keyword "
+                         "arguments on to its attention, so it cannot reach the paged KV cache")
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
     cache_head_dim: int = kwargs.pop("vllm_lite_head_dim")
