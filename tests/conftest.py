@@ -303,6 +303,13 @@ def tiny_deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gpt-oss (the Transformers fallback): attention sinks, a sliding-window layer (8) then a full
+    one, 4 experts (2 a token) with clamped SwiGLU and biases."""
+    return _build(tmp_path_factory, "tiny_gpt_oss", "gpt_oss", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """OPT: learned positions, ReLU, biases, pre-LayerNorm, word embeddings of 32 projected in
     and out of the hidden size 64 (project_in / project_out), tied LM head."""

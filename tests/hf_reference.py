@@ -285,6 +285,14 @@ def _make_config(
                                 v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                                 moe_intermediate_size=hidden_size // 2, first_k_dense_replace=1, n_group=1,
                                 topk_group=1, **{**common, "num_key_value_heads": num_heads, "head_dim": 8})
+    if arch == "gpt_oss":  # attention sinks, alternating sliding / full layers, clamped SwiGLU experts with biases
+        from transformers import GptOssConfig
+
+        return GptOssConfig(num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                            layer_types=["sliding_attention", "full_attention"],
+                            **{**common, "head_dim": head_dim or 16, "intermediate_size": hidden_size,
+                               **({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+                                  if "rope_parameters" not in (extra or {}) else {})})
     if arch == "falcon":
         from transformers import FalconConfig
 
@@ -359,8 +367,8 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if pname == "bias":
-                yield "bias", param  # also LayerNorm's shift
+            if pname in ("bias", "sinks"):
+                yield "bias", param  # also LayerNorm's shift, and gpt-oss's per-head sink logits
             elif is_norm and type(module).__name__.startswith("Gemma"):
                 yield "offset_norm", param  # Gemma scales by (1 + weight)
             elif is_norm:

@@ -19,7 +19,7 @@ FAMILIES = ["tiny_bloom", "tiny_falcon", "tiny_falcon_40b", "tiny_falcon_sequent
             "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_phi4_mini", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_qwen2_window",
             "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
-            "tiny_cohere", "tiny_codegen", "tiny_olmoe", "tiny_deepseek_v2", "tiny_deepseek_v3"]
+            "tiny_cohere", "tiny_codegen", "tiny_olmoe", "tiny_deepseek_v2", "tiny_deepseek_v3", "tiny_gpt_oss"]
 
 
 @pytest.mark.parametrize("fixture", FAMILIES)
@@ -100,6 +100,18 @@ def test_bloom_alibi_on_the_torch_backend(tiny_bloom: Path, prompts_token_ids: l
         assert run_greedy(llm, prompts_token_ids) == expected
         assert run_greedy(llm, prompts_token_ids) == expected
         assert llm.stats()["prefix_cache_hits"] > 0
+    finally:
+        llm.shutdown()
+
+
+def test_gpt_oss_attention_sinks_on_the_torch_backend(tiny_gpt_oss: Path, prompts_token_ids: list[list[int]]) -> None:
+    """Attention sinks (gpt-oss through the Transformers fallback) through the plain torch backend
+    too (the families above run the CPU backend, which hands layers with sinks to its torch paths)."""
+    expected = hf_greedy(tiny_gpt_oss, prompts_token_ids, NEW_TOKENS)
+    llm = LLM(str(tiny_gpt_oss), max_model_len=256, dtype="float32", multiprocess=False, attention_backend="torch",
+              block_size=16, max_num_batched_tokens=16)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == expected
     finally:
         llm.shutdown()
 

@@ -43,6 +43,8 @@ class AttentionBackend(ABC):
     takes_padded_rows: bool = False
     # Whether `forward` takes ALiBi slopes (Bloom's position biases): the torch paths do
     supports_alibi: bool = False
+    # Whether `forward` takes attention sinks: the torch paths do
+    supports_sinks: bool = False
 
     @abstractmethod
     def build(self, common: CommonAttentionMetadata) -> Any:
@@ -52,7 +54,7 @@ class AttentionBackend(ABC):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any, scale: float,
                 sliding_window: int | None = None, logits_soft_cap: float | None = None,
-                alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D] (T may exceed the step's tokens
         where `takes_padded_rows`). Writes key/value into the cache at the metadata's slots before
         attending (so sequences in the same step can read each other's freshly cached prefix
@@ -61,7 +63,9 @@ class AttentionBackend(ABC):
         other data (freed by the KV-cache manager). `logits_soft_cap` c: scores become
         c * tanh(score / c) before the softmax (Gemma 2). `alibi_slopes` [Hq] (float32): each
         score of a key at position j gains slope * j (ALiBi as Bloom adds it; the query's own
-        position would shift a whole softmax row, which changes nothing)."""
+        position would shift a whole softmax row, which changes nothing). `sinks` [Hq] (float32):
+        attention sinks (gpt-oss's): each head's softmax also takes its sink's logit in the
+        denominator, which attends to no value."""
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, row_size: int) -> tuple[int, ...]:

@@ -106,6 +106,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
     name = "cpu_native"
     takes_padded_rows = True
     supports_alibi = True  # (on the torch paths)
+    supports_sinks = True  # (likewise)
 
     def __init__(self) -> None:
         if not cpu_native.is_available():
@@ -150,7 +151,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         return TokenRows(table, torch.from_numpy(lens.astype(np.int32)), token_idx)
 
     def forward(self, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
-                sliding_window=None, logits_soft_cap=None, alibi_slopes=None):
+                sliding_window=None, logits_soft_cap=None, alibi_slopes=None, sinks=None):
         """Rows past the step's tokens (`takes_padded_rows`): zeros in the output."""
         out = step_out = torch.empty(query.shape, dtype=query.dtype)
         n = metadata.num_tokens
@@ -158,21 +159,21 @@ class CpuNativeAttentionBackend(AttentionBackend):
             out[n:].zero_()
             step_out, query, key, value = out[:n], query[:n], key[:n], value[:n]
         self._attend(step_out, query, key, value, kv_cache, metadata, scale, sliding_window, logits_soft_cap,
-                     alibi_slopes)
+                     alibi_slopes, sinks)
         return out
 
     def _attend(self, out, query, key, value, kv_cache, metadata: CpuNativeAttentionMetadata, scale,
-                sliding_window, logits_soft_cap, alibi_slopes=None) -> None:
+                sliding_window, logits_soft_cap, alibi_slopes=None, sinks=None) -> None:
         int8_cache = is_int8_cache(kv_cache)
         self._write_cache(key, value, kv_cache, metadata.slot_mapping, int8_cache)
-        native_decode = (logits_soft_cap is None and alibi_slopes is None
+        native_decode = (logits_soft_cap is None and alibi_slopes is None and sinks is None
                          and (sliding_window is None or kv_cache.dtype == torch.float32))
         if not native_decode:
             if metadata.decodes is not None:
                 self._torch_decodes(out, query, kv_cache, metadata.decodes, scale, sliding_window, logits_soft_cap,
-                                    alibi_slopes)
+                                    alibi_slopes, sinks)
             self._sdpa_prefills(out, query, kv_cache, metadata.every_prefill(), scale, sliding_window,
-                                logits_soft_cap, alibi_slopes)
+                                logits_soft_cap, alibi_slopes, sinks)
             return
         if metadata.decodes is not None:
             self._decode(out, query, kv_cache, metadata.decodes, scale, sliding_window, int8_cache)
@@ -208,11 +209,11 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _sdpa_prefills(out, query, kv_cache, prefills: list[PrefillSeq], scale, sliding_window,
-                       logits_soft_cap, alibi_slopes=None) -> None:
+                       logits_soft_cap, alibi_slopes=None, sinks=None) -> None:
         for seq in prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
-                                                         sliding_window, logits_soft_cap, alibi_slopes)
+                                                         sliding_window, logits_soft_cap, alibi_slopes, sinks)
 
     @staticmethod
     def _native_prefill(query, kv_cache, sliding_window, logits_soft_cap) -> bool:
@@ -233,9 +234,9 @@ class CpuNativeAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _torch_decodes(out, query, kv_cache, decodes: TokenRows, scale, sliding_window, logits_soft_cap,
-                       alibi_slopes=None) -> None:
-        """The native decode op has no soft cap (Gemma 2), no ALiBi (Bloom) and no bf16 sliding
-        window: such layers take the torch path."""
+                       alibi_slopes=None, sinks=None) -> None:
+        """The native decode op has no soft cap (Gemma 2), no ALiBi (Bloom), no sinks (gpt-oss)
+        and no bf16 sliding window: such layers take the torch path."""
         idx = decodes.token_idx
         rows = query if idx is None else query[idx]
         seq_lens = decodes.seq_lens.long()
@@ -246,7 +247,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
         if sliding_window is not None:
             mask &= positions[None, :] >= (seq_lens - sliding_window)[:, None]
         decoded = decode_attention(rows, kv_cache, decodes.block_table[:, :max_blocks].long(),
-                                   mask[:, None, None, :], scale, logits_soft_cap, alibi_slopes)
+                                   mask[:, None, None, :], scale, logits_soft_cap, alibi_slopes, sinks)
         if idx is None:
             out.copy_(decoded)
         else:

@@ -72,6 +72,7 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     takes_padded_rows = True
     supports_alibi = True
+    supports_sinks = True
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs = common.block_size
@@ -118,7 +119,7 @@ class TorchAttentionBackend(AttentionBackend):
         return PrefillSeq(start, query_len, seq_len, block_ids, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,
-                sliding_window=None, logits_soft_cap=None, alibi_slopes=None):
+                sliding_window=None, logits_soft_cap=None, alibi_slopes=None, sinks=None):
         n = metadata.num_tokens
         kv_cache[metadata.slot_blocks, 0, metadata.slot_offsets] = to_cache_rows(key[:n], kv_cache)
         kv_cache[metadata.slot_blocks, 1, metadata.slot_offsets] = to_cache_rows(value[:n], kv_cache)
@@ -127,11 +128,11 @@ class TorchAttentionBackend(AttentionBackend):
         if metadata.decode_token_idx is not None:
             out[metadata.decode_token_idx] = decode_attention(
                 query[metadata.decode_token_idx], kv_cache, metadata.decode_block_table,
-                metadata.decode_mask_for(sliding_window), scale, logits_soft_cap, alibi_slopes)
+                metadata.decode_mask_for(sliding_window), scale, logits_soft_cap, alibi_slopes, sinks)
         for seq in metadata.prefills:
             end = seq.token_start + seq.query_len
             out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale,
-                                                         sliding_window, logits_soft_cap, alibi_slopes)
+                                                         sliding_window, logits_soft_cap, alibi_slopes, sinks)
         return out
 
 
@@ -156,11 +157,13 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: 
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           logits_soft_cap: float | None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+           logits_soft_cap: float | None, alibi_slopes: torch.Tensor | None = None,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA over [..., H, L, D] (GQA: fewer k/v heads), causal when `mask` is None. With a soft
     cap the scores are `cap * tanh(score / cap)` before the mask (Gemma 2), with ALiBi slopes
-    [H] they gain slope * key position (Bloom); both computed explicitly."""
-    if logits_soft_cap is None and alibi_slopes is None:
+    [H] they gain slope * key position (Bloom), with sinks [H] each row's softmax also counts
+    its head's sink logit (gpt-oss); all computed explicitly."""
+    if logits_soft_cap is None and alibi_slopes is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                               scale=scale, enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
@@ -174,12 +177,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if mask is None:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    sink_logits = sinks.to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+    weights = torch.softmax(torch.cat((scores, sink_logits), dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(weights, v)
 
 
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      mask: torch.Tensor, scale: float, logits_soft_cap: float | None = None,
-                     alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                     alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per row: query [B, Hq, D] over `block_table` [B, nb] (int64) with a key
     mask [B, 1, 1, nb * block_size]. Over an int8_per_token_head cache each query head is rounded
     to its own int8 quantization (the cache rows' rule; the csrc op multiplies int8 codes) and the
@@ -190,15 +197,16 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     q = query.unsqueeze(2)  # [B, Hq, 1, D]
     k = _gather(kv_cache, block_table, 0, query.dtype)  # [B, Hkv, S, D]
     v = _gather(kv_cache, block_table, 1, query.dtype)
-    return attend(q, k, v, mask, scale, logits_soft_cap, alibi_slopes).squeeze(2).to(dtype)
+    return attend(q, k, v, mask, scale, logits_soft_cap, alibi_slopes, sinks).squeeze(2).to(dtype)
 
 
 def prefill_attention(query, kv_cache, seq: PrefillSeq, scale, sliding_window: int | None = None,
-                      logits_soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                      logits_soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     q = query.transpose(0, 1)  # [Hq, L, D]
     k = _gather(kv_cache, seq.block_ids, 0, query.dtype)[:, : seq.seq_len]
     v = _gather(kv_cache, seq.block_ids, 1, query.dtype)[:, : seq.seq_len]
     # With a batch dimension CPU torch takes its flash-attention kernel; 3-D inputs fall to the
     # math path, 2-5x slower at prompt lengths of 300-2,048 (measured, torch 2.13).
-    out = attend(q[None], k[None], v[None], seq.mask_for(sliding_window), scale, logits_soft_cap, alibi_slopes)
+    out = attend(q[None], k[None], v[None], seq.mask_for(sliding_window), scale, logits_soft_cap, alibi_slopes, sinks)
     return out[0].transpose(0, 1)

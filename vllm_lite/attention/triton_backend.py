@@ -45,9 +45,9 @@ class TritonAttentionBackend(AttentionBackend):
         )
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale,
-                sliding_window=None, logits_soft_cap=None, alibi_slopes=None):
-        if alibi_slopes is not None:  # (supports_alibi is False: the model refuses it first)
-            raise ValueError("the Triton attention backend has no ALiBi")
+                sliding_window=None, logits_soft_cap=None, alibi_slopes=None, sinks=None):
+        if alibi_slopes is not None or sinks is not None:  # (supports_alibi / _sinks False: refused first)
+            raise ValueError("the Triton attention backend has no ALiBi and no attention sinks")
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         args = (out, query, kv_cache, metadata.block_table, metadata.seq_lens,

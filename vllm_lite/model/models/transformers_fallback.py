@@ -42,7 +42,7 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     if probe is not None:
         causal = kwargs.get("is_causal") is not False and getattr(module, "is_causal", True) is not False
         probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal,
-                                    getattr(module, "layer_idx", None)))
+                                    getattr(module, "layer_idx", None), kwargs.get("s_aux") is not None))
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     if "vllm_lite_kv_caches" not in kwargs:
         raise ValueError(f"model_impl='transformers': {type(module).__name__} does not hand its model's keyword "
@@ -51,13 +51,14 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
     cache_head_dim: int = kwargs.pop("vllm_lite_head_dim")
     sliding_window, soft_cap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
+    sinks = kwargs.pop("s_aux", None)  # (gpt-oss's attention sinks: one logit per head)
     _refuse_unknown(kwargs)
     scale = module.head_dim ** -0.5 if scaling is None else scaling
     # [T, H, D]; keys and values narrower than the cache's heads (latent attention's) padded with
     # zeros: q.k and the weighted sum of values are unchanged, the padding is sliced off the output
     q, k, v = (_padded(t[0].transpose(0, 1), cache_head_dim) for t in (query, key, value))
     out = backend.forward(q, k.contiguous(), v.contiguous(), kv_caches[module.layer_idx], metadata,
-                          scale, sliding_window, soft_cap)
+                          scale, sliding_window, soft_cap, sinks=None if sinks is None else sinks.float())
     return out[..., :value.shape[-1]].unsqueeze(0), None
 
 
@@ -151,6 +152,7 @@ class AttentionShape:
     value_dim: int
     causal: bool = True  # False: bidirectional (an encoder's, BERT-style models' without is_decoder)
     layer_idx: int | None = None  # the cache layer it reads and writes
+    sinks: bool = False  # it has attention sinks (gpt-oss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +235,9 @@ class TransformersForCausalLM(nn.Module):
                              f"{config.num_hidden_layers} layers, not once per cache layer (e.g. differential "
                              "attention's two maps, or a layer run again in recurrent-depth cycles); the paged KV "
                              "cache holds one key and value per layer, so it cannot run here")
+        if any(shape.sinks for shape in shapes) and not self.backend.supports_sinks:
+            raise ValueError(f"model_impl='transformers': {config.architecture} has attention sinks, which the "
+                             f"{self.backend.name} attention backend does not implement (the CPU backends do)")
         if not all(shape.causal for shape in shapes):
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention is bidirectional (an "
                              "encoder's: a BERT-style model whose config.json leaves is_decoder false), which a "
