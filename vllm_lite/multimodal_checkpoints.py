@@ -55,7 +55,8 @@ _COMPOSITE_TEXT = (("language_model.model.", "model."), ("language_model.lm_head
 _COMPOSITE_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                      "model.multi_modal_projector.")
 _LLAVA_FIELDS = frozenset({"image_token_index", "image_token_id", "projector_hidden_act", "vision_feature_layer",
-                           "vision_feature_select_strategy", "image_seq_length", "multimodal_projector_bias"})
+                           "vision_feature_select_strategy", "image_seq_length", "multimodal_projector_bias",
+                           "ignore_index"})  # (the training loss's label to skip)
 _QWEN_VL_FIELDS = frozenset({"image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id",
                              "vision_token_id"})
 # Qwen2-VL / Qwen2.5-VL: the language model's tensors under `model.` (no `language_model.`) in the
@@ -80,7 +81,8 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
         text_architectures=_LLAVA_TEXT, vision_fields=_LLAVA_FIELDS,
         text_prefixes=_COMPOSITE_TEXT, vision_prefixes=_COMPOSITE_VISION),
     "LlavaNextForConditionalGeneration": LanguageModelOf(
-        text_architectures=_LLAVA_TEXT, vision_fields=_LLAVA_FIELDS | {"image_grid_pinpoints"},
+        text_architectures=_LLAVA_TEXT,
+        vision_fields=_LLAVA_FIELDS | {"image_grid_pinpoints", "use_image_newline_parameter"},
         text_prefixes=_COMPOSITE_TEXT,
         vision_prefixes=(*_COMPOSITE_VISION, "image_newline", "model.image_newline")),
     "Qwen2VLForConditionalGeneration": LanguageModelOf(
@@ -124,8 +126,13 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     # older Qwen2-VL configs keep the text fields at the top, which transformers moves into its text
     # config (rope_theta and rope_scaling into rope_parameters)
     moved_to_text = set(text) | {"rope_theta", "rope_scaling"} if "text_config" not in cfg else set()
+    # (older LLaVA / Idefics3 configs repeat the language model's vocab_size at the top)
+    if "vocab_size" in cfg and "text_config" in cfg and cfg["vocab_size"] != text.get("vocab_size"):
+        raise ValueError(f"config.json: vocab_size={cfg['vocab_size']} and text_config.vocab_size="
+                         f"{text.get('vocab_size')} disagree; refusing to load rather than pick one")
     for name in cfg:
-        if name not in _OUTER_FIELDS | spec.vision_fields | COMMON_IGNORED | moved_to_text | {"quantization_config"}:
+        if name not in (_OUTER_FIELDS | spec.vision_fields | COMMON_IGNORED | moved_to_text
+                        | {"quantization_config", "vocab_size"}):
             raise ValueError(f"config.json: field {name!r} is not implemented for {architecture}; "
                              "refusing to load rather than ignore it")
     text_type = text.get("model_type")

@@ -127,6 +127,19 @@ def test_qwen2_vl_config_with_the_text_fields_at_the_top_level(tiny_qwen2_5_vl: 
     _assert_greedy_equals_transformers(model, tiny_qwen2_5_vl, prompts)
 
 
+def test_llava_15_config_keys_are_read(tiny_llava: Path, tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
+    """llava-hf's LLaVA 1.5 configs (transformers 4.36) carry the loss's `ignore_index` and repeat the
+    language model's vocab_size at the top: read as transformers reads them; a top-level
+    vocab_size that disagrees with the text config's is refused rather than picked."""
+    model = _copy(tiny_llava, tmp_path)
+    vocab = _config(model)["text_config"]["vocab_size"]
+    _edit_config(model, ignore_index=-100, vocab_size=vocab)
+    _assert_greedy_equals_transformers(model, tiny_llava, prompts_token_ids[:2])
+    _edit_config(model, vocab_size=vocab + 64)
+    with pytest.raises(ValueError, match=f"vocab_size={vocab + 64} and text_config.vocab_size={vocab} disagree"):
+        EngineArgs(model=str(model)).create_engine_config()
+
+
 def test_an_lm_head_is_tied_only_where_the_outer_and_the_text_config_both_say_so(
         tiny_mistral3: Path, tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     """Mistral Small 3.1's config (written by transformers 4) says nothing of tying at the top,
