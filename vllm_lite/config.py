@@ -355,6 +355,19 @@ def _merge_ids(*values: int | list[int] | None) -> tuple[int, ...]:
     return tuple(ids)
 
 
+# A multimodal config's sub-configs: an override of one updates it (vLLM's nested update), other
+# dict-valued fields (rope_scaling, quantization_config) are replaced whole
+SUB_CONFIGS = ("text_config", "vision_config", "audio_config")
+
+
+def with_hf_overrides(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = {**cfg, **overrides}
+    for name in SUB_CONFIGS:
+        if isinstance(cfg.get(name), dict) and isinstance(overrides.get(name), dict):
+            merged[name] = {**cfg[name], **overrides[name]}
+    return merged
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -845,7 +858,7 @@ class EngineArgs:
                f"hf_overrides must be a dict of config.json keys (vLLM's callable form is not implemented), "
                f"got {type(self.hf_overrides).__name__}")
         hf_overrides = dict(self.hf_overrides or {})
-        hf = HFModelConfig.from_dict({**_read_json(cfg_path), **hf_overrides},
+        hf = HFModelConfig.from_dict(with_hf_overrides(_read_json(cfg_path), hf_overrides),
                                      _read_json(model_dir / "generation_config.json"), self.model_impl)
         load_format = _resolve_load_format(self.load_format, gguf_file)
         _check(self.logprobs_mode in LOGPROBS_MODES,

@@ -140,6 +140,13 @@ def test_llava_15_config_keys_are_read(tiny_llava: Path, tmp_path: Path, prompts
         EngineArgs(model=str(model)).create_engine_config()
 
 
+def test_hf_overrides_update_the_text_config(tiny_gemma3_mm: Path) -> None:
+    """vLLM updates a nested config with a dict override (the others of its fields kept)."""
+    hf = EngineArgs(model=str(tiny_gemma3_mm), dtype="float32",
+                    hf_overrides={"text_config": {"sliding_window": 4}}).create_engine_config().model_config.hf
+    assert hf.sliding_windows == (4, None) and hf.head_dim == 32 and hf.hidden_size == 64
+
+
 def test_an_lm_head_is_tied_only_where_the_outer_and_the_text_config_both_say_so(
         tiny_mistral3: Path, tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     """Mistral Small 3.1's config (written by transformers 4) says nothing of tying at the top,
