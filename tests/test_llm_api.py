@@ -192,6 +192,8 @@ def test_a_prompt_key_this_engine_does_not_take_is_refused_by_name(llm: LLM) -> 
     for key in ("multi_modal_data", "prompt_embeds", "promt"):
         with pytest.raises(ValueError, match=rf"prompt keys \['{key}'\] are not supported"):
             llm.generate({"prompt": "hi", key: {"image": 1}}, params, use_tqdm=False)
+    with pytest.raises(ValueError, match="image, audio and video inputs are not implemented"):
+        llm.generate({"prompt": "hi", "multi_modal_data": {"image": 1}}, params, use_tqdm=False)
     plain = llm.generate({"prompt": "hi"}, params, use_tqdm=False)[0].outputs[0].token_ids
     assert llm.generate({"prompt": "hi", "multi_modal_data": None}, params,
                         use_tqdm=False)[0].outputs[0].token_ids == plain

@@ -221,5 +221,7 @@ def _check_prompt_keys(prompt: dict[str, Any]) -> None:
     stands for an absent key."""
     unknown = sorted(str(key) for key, value in prompt.items() if key not in PROMPT_KEYS and value is not None)
     if unknown:
-        raise VLLMValidationError(f"prompt keys {unknown} are not supported: a prompt dict takes "
+        media = (" (image, audio and video inputs are not implemented: a multimodal checkpoint is served as its "
+                 "language model)") if "multi_modal_data" in unknown else ""
+        raise VLLMValidationError(f"prompt keys {unknown} are not supported{media}: a prompt dict takes "
                                   f"{', '.join(repr(key) for key in PROMPT_KEYS)}")
