@@ -152,3 +152,31 @@ def test_attention_the_cache_cannot_reproduce_is_refused_by_name(architecture: s
     build_tokenizer(tmp_path / "m")
     with pytest.raises(ValueError, match=f"{architecture.removesuffix('ForCausalLM')}.*{message}"):
         LLM(str(tmp_path / "m"), max_model_len=64, dtype="float32", multiprocess=False)
+
+
+def test_a_bf16_model_loads_straight_into_bf16(tiny_cohere: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback has transformers load the checkpoint in the engine's dtype (it loaded float32
+    and cast after: twice a bf16 model's bytes at the peak); the weights are the same."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load = AutoModelForCausalLM.from_pretrained
+    asked: list[torch.dtype] = []
+
+    def recording_load(*args, **kwargs):
+        asked.append(kwargs.get("dtype"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording_load)
+    llm = LLM(str(tiny_cohere), max_model_len=64, dtype="bfloat16", multiprocess=False)
+    monkeypatch.undo()
+    assert asked == [torch.bfloat16]
+    try:
+        hf_model = llm.llm_engine.engine_core.executor.worker.model_runner.model.hf_model
+        reference = AutoModelForCausalLM.from_pretrained(tiny_cohere, dtype=torch.float32).to(torch.bfloat16)
+        loaded = dict(hf_model.named_parameters())
+        assert {p.dtype for p in loaded.values()} == {torch.bfloat16}
+        for name, param in reference.named_parameters():
+            assert torch.equal(loaded[name], param), name
+    finally:
+        llm.shutdown()

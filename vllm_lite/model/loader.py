@@ -253,7 +253,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     dummy = model_config.load_format == "dummy"
     if model_config.hf.model_impl == "transformers":  # transformers reads its own checkpoint
         model = model_cls(model_config.hf, Path(model_config.model), backend, tp, model_config.hf_overrides,
-                          dummy_weights=dummy)
+                          dummy_weights=dummy, dtype=dtype)
     else:
         pooler = model_config.pooler
         classify = pooler is not None and pooler.task == "classify"  # a *ForSequenceClassification's head

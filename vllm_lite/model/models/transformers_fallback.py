@@ -175,10 +175,11 @@ class _LayersView:
 class TransformersForCausalLM(nn.Module):
     def __init__(self, config: HFModelConfig, model_dir: Path, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK, hf_overrides: dict[str, Any] | None = None,
-                 dummy_weights: bool = False) -> None:
+                 dummy_weights: bool = False, dtype: torch.dtype = torch.float32) -> None:
         """Transformers loads the checkpoint itself (it knows each family's tensor names and
-        conversions), with the config that `hf_overrides` changed; `dummy_weights`: built from
-        that config, no checkpoint read (load_format="dummy")."""
+        conversions), with the config that `hf_overrides` changed, straight into the engine's
+        `dtype` (a bf16 model never passes through float32: half the peak memory); `dummy_weights`:
+        built from that config, no checkpoint read (load_format="dummy")."""
         super().__init__()
         if tp.size > 1:
             raise ValueError("model_impl='transformers' runs on one rank; tensor_parallel_size > 1 needs "
@@ -191,10 +192,10 @@ class TransformersForCausalLM(nn.Module):
         try:
             if dummy_weights:  # the loader then sets them as for a native model
                 self.hf_model = AutoModelForCausalLM.from_config(
-                    hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+                    hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
             else:
                 self.hf_model = AutoModelForCausalLM.from_pretrained(
-                    model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
+                    model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
         except KeyError as exc:  # (a model that picks its attention class from a fixed table: Falcon's)
             raise ValueError(f"model_impl='transformers': transformers' {config.architecture} has no place for "
                              f"an attention implementation of its own (it looked up {exc}), so it cannot run "
