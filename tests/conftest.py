@@ -228,6 +228,20 @@ def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llava_onevision(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LlavaOnevisionForConditionalGeneration (LLaVA-OneVision): SigLIP encoder, Qwen2 decoder."""
+    return _build_multimodal(tmp_path_factory, "tiny_llava_onevision", "LlavaOnevisionForConditionalGeneration",
+                             "qwen2", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_internvl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """InternVLForConditionalGeneration (InternVL3's transformers format): InternViT encoder, Qwen2 decoder, tied."""
+    return _build_multimodal(tmp_path_factory, "tiny_internvl", "InternVLForConditionalGeneration", "qwen2",
+                             tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen2VLForConditionalGeneration: M-RoPE sections, Qwen2 decoder, untied."""
     return _build_multimodal(tmp_path_factory, "tiny_qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2",

@@ -486,6 +486,12 @@ _TINY_VISION = {
     "Qwen2VLForConditionalGeneration": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
 }
 _TINY_VISION["LlavaNextForConditionalGeneration"] = _TINY_VISION["LlavaForConditionalGeneration"]
+_TINY_VISION["LlavaOnevisionForConditionalGeneration"] = {"model_type": "siglip_vision_model", "hidden_size": 32,
+                                                          "intermediate_size": 64, "num_hidden_layers": 1,
+                                                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+_TINY_VISION["InternVLForConditionalGeneration"] = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                                    "num_attention_heads": 2, "image_size": [28, 28],
+                                                    "patch_size": [14, 14]}
 _TINY_VISION["Idefics3ForConditionalGeneration"] = _TINY_VISION["SmolVLMForConditionalGeneration"]
 # the image placeholder token: the last id of the tiny vocabulary, which no test prompt holds
 IMAGE_TOKEN_ID = 999
@@ -509,6 +515,8 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
     if architecture.startswith("LlavaNext"):  # (its any-resolution grid, for images of up to 2 x 2 tiles)
         config_class = functools.partial(config_class, image_grid_pinpoints=[[28, 28], [28, 56], [56, 28]])
     token_field = "image_token_index" if architecture.startswith(("Gemma3", "Mistral3", "Llava")) else "image_token_id"
+    if architecture.startswith("LlavaOnevision"):  # (its video placeholder beside the image one)
+        config_class = functools.partial(config_class, video_token_index=IMAGE_TOKEN_ID - 1)
     config = config_class(text_config=text, vision_config=_TINY_VISION[architecture],
                           tie_word_embeddings=tie_word_embeddings, **{token_field: IMAGE_TOKEN_ID})
     model = getattr(transformers, architecture)(config).to(torch.float32)

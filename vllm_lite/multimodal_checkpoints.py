@@ -1,6 +1,7 @@
 """Multimodal checkpoints served as their language model (vLLM's `--language-model-only`).
 
-Gemma 3 (4B and up), Mistral Small 3.1 / 3.2, LLaVA, Qwen2-VL / Qwen2.5-VL / Qwen3-VL and SmolVLM
+Gemma 3 (4B and up), Mistral Small 3.1 / 3.2, LLaVA (1.5, NeXT, OneVision), InternVL (its
+transformers-format checkpoints), Qwen2-VL / Qwen2.5-VL / Qwen3-VL and SmolVLM
 ship as one `*ForConditionalGeneration` checkpoint: a vision encoder, a projector and a language
 model that is one of the decoders this engine implements. Text in, text out, those models are
 their language model alone: a text token's hidden states never depend on the vision side, whose
@@ -85,6 +86,16 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
         vision_fields=_LLAVA_FIELDS | {"image_grid_pinpoints", "use_image_newline_parameter"},
         text_prefixes=_COMPOSITE_TEXT,
         vision_prefixes=(*_COMPOSITE_VISION, "image_newline", "model.image_newline")),
+    "LlavaOnevisionForConditionalGeneration": LanguageModelOf(
+        text_architectures=_LLAVA_TEXT,
+        vision_fields=_LLAVA_FIELDS | {"image_grid_pinpoints", "video_token_index", "video_token_id",
+                                       "vision_aspect_ratio"},
+        text_prefixes=_COMPOSITE_TEXT,
+        vision_prefixes=(*_COMPOSITE_VISION, "image_newline", "model.image_newline")),
+    "InternVLForConditionalGeneration": LanguageModelOf(
+        text_architectures={"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"},
+        vision_fields=_LLAVA_FIELDS | {"downsample_ratio"},
+        text_prefixes=_COMPOSITE_TEXT, vision_prefixes=_COMPOSITE_VISION),
     "Qwen2VLForConditionalGeneration": LanguageModelOf(
         text_architectures={"qwen2_vl_text": "Qwen2ForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
         text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION),

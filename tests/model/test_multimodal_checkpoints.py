@@ -1,5 +1,6 @@
 """Multimodal checkpoints served as their language model (vLLM's --language-model-only): Gemma 3,
-Mistral 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM and Idefics3 checkpoints written by transformers (a tiny
+Mistral 3, LLaVA, LLaVA-NeXT, LLaVA-OneVision, InternVL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM and
+Idefics3 checkpoints written by transformers (a tiny
 vision encoder and projector beside a tiny decoder, random weights, fp32) give, text in, the
 tokens and logprobs of transformers' own multimodal class, and with a LoRA adapter of its
 language model PEFT's; the older and newer tensor-name and config forms load alike; what is not
@@ -23,8 +24,8 @@ from vllm_lite import LLM, SamplingParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.lora.request import LoRARequest
 
-MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_llava_next", "tiny_qwen2_vl", "tiny_qwen2_5_vl",
-              "tiny_qwen3_vl", "tiny_smolvlm", "tiny_idefics3"]
+MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_llava_next", "tiny_llava_onevision", "tiny_internvl",
+              "tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_smolvlm", "tiny_idefics3"]
 
 
 def _copy(model: Path, tmp_path: Path) -> Path:
