@@ -317,6 +317,13 @@ def tiny_deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3n(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3n's text model (the Transformers fallback): AltUp, LAuReL, per-layer inputs, local /
+    global layers, the last 2 of 4 layers reading the keys and values of earlier ones."""
+    return _build(tmp_path_factory, "tiny_gemma3n", "gemma3n", tie_word_embeddings=True, num_layers=4)
+
+
+@pytest.fixture(scope="session")
 def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """gpt-oss (the Transformers fallback): attention sinks, a sliding-window layer (8) then a full
     one, 4 experts (2 a token) with clamped SwiGLU and biases."""

@@ -285,6 +285,14 @@ def _make_config(
                                 v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                                 moe_intermediate_size=hidden_size // 2, first_k_dense_replace=1, n_group=1,
                                 topk_group=1, **{**common, "num_key_value_heads": num_heads, "head_dim": 8})
+    if arch == "gemma3n":  # Gemma 3n's text model: AltUp, LAuReL, per-layer inputs, KV shared by the last 2 layers
+        from transformers import Gemma3nTextConfig
+
+        return Gemma3nTextConfig(
+            vocab_size_per_layer_input=vocab_size, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2), sliding_window=8,
+            activation_sparsity_pattern=[0.0] * num_layers, laurel_rank=4, altup_num_inputs=2,
+            **{**common, "head_dim": head_dim or 16, "rope_parameters": None})
     if arch == "gpt_oss":  # attention sinks, alternating sliding / full layers, clamped SwiGLU experts with biases
         from transformers import GptOssConfig
 
@@ -367,8 +375,8 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if pname in ("bias", "sinks"):
-                yield "bias", param  # also LayerNorm's shift, and gpt-oss's per-head sink logits
+            if pname in ("bias", "sinks", "correct_output_scale"):
+                yield "bias", param  # also LayerNorm's shift, gpt-oss's sink logits, Gemma 3n's AltUp scale
             elif is_norm and type(module).__name__.startswith("Gemma"):
                 yield "offset_norm", param  # Gemma scales by (1 + weight)
             elif is_norm:

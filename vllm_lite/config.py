@@ -1275,6 +1275,8 @@ def _check_longrope_length(hf: HFModelConfig, max_len: int) -> None:
 def check_tensor_parallel_split(hf: HFModelConfig, tp: int) -> None:
     """Refuse a model whose layers cannot be split over `tp` ranks, naming the dimension.
     The vocabulary always splits (it is padded); KV heads are replicated when fewer than ranks."""
+    if tp == 1:  # (nothing to split; a fallback model's sizes may be per-layer lists: Gemma 3n's)
+        return
     for name, value in (("num_attention_heads", hf.num_attention_heads),
                         ("intermediate_size", hf.intermediate_size),
                         ("moe_intermediate_size", hf.raw.get("moe_intermediate_size") or 0)):
