@@ -152,8 +152,6 @@ class HFModelConfig:
         _check(len(archs) > 0, "config.json: 'architectures' is missing or empty")
         checkpoint_architecture = archs[0]
         if is_multimodal(checkpoint_architecture):  # served as its language model
-            _check(model_impl in ("auto", "vllm"), f"model_impl={model_impl!r}: {checkpoint_architecture}'s "
-                                                   "language model runs on its native implementation only")
             cfg = language_model_config(cfg)
             archs = cfg["architectures"]
         archs = [implementing_architecture(archs[0])]

@@ -74,6 +74,15 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
         # (transformers' Gemma3ForConditionalGeneration leaves it out, vLLM's applies it; Gemma 3's
         # releases have none)
         text_restricted={"final_logit_softcapping": (None,)}),
+    # (its text model runs on the Transformers fallback)
+    "Gemma3nForConditionalGeneration": LanguageModelOf(
+        text_architectures={"gemma3n_text": "Gemma3nForCausalLM"},
+        vision_fields=frozenset({"audio_config", "audio_soft_tokens_per_image", "vision_soft_tokens_per_image",
+                                 "audio_token_id", "boa_token_id", "eoa_token_id", "boi_token_id", "eoi_token_id",
+                                 "image_token_id"}),
+        text_prefixes=_COMPOSITE_TEXT,
+        vision_prefixes=(*_COMPOSITE_VISION, "audio_tower.", "embed_vision.", "embed_audio.", "model.audio_tower.",
+                         "model.embed_vision.", "model.embed_audio.")),
     "Mistral3ForConditionalGeneration": LanguageModelOf(
         text_architectures={"mistral": "MistralForCausalLM", "llama": "LlamaForCausalLM"},
         vision_fields=_LLAVA_FIELDS | {"spatial_merge_size"},

@@ -141,6 +141,38 @@ def test_llava_15_config_keys_are_read(tiny_llava: Path, tmp_path: Path, prompts
         EngineArgs(model=str(model)).create_engine_config()
 
 
+def test_the_language_model_through_the_transformers_fallback(tiny_gemma3_mm: Path,
+                                                              prompts_token_ids: list[list[int]]) -> None:
+    """model_impl="transformers": transformers' text model built from the text config, the
+    checkpoint's language-model tensors loaded into it (how Gemma 3n's, which has no native
+    implementation, is served)."""
+    _assert_greedy_equals_transformers(tiny_gemma3_mm, tiny_gemma3_mm, prompts_token_ids[:3], model_impl="transformers")
+
+
+def test_gemma_3n_is_served_as_its_text_model(tiny_gemma3n: Path, tmp_path: Path,
+                                              prompts_token_ids: list[list[int]]) -> None:
+    """Gemma 3n's releases are `Gemma3nForConditionalGeneration` (vision and audio towers beside its
+    text model, which has no native implementation): the text model through the Transformers
+    fallback. The checkpoint is tiny_gemma3n's text model in that form (transformers' vision tower
+    needs timm, which is not installed here, so the towers are stand-in tensors, never read)."""
+    model = tmp_path / "gemma3n_mm"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny_gemma3n / name, model / name)
+    text = _config(tiny_gemma3n)
+    text.pop("architectures")
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n", "text_config": text,
+        "audio_soft_tokens_per_image": 188, "vision_soft_tokens_per_image": 256, "image_token_id": 999,
+        "tie_word_embeddings": True, "torch_dtype": "float32"}))
+    tensors = {"model.language_model." + name.removeprefix("model."): tensor
+               for name, tensor in load_file(tiny_gemma3n / "model.safetensors").items()}
+    tensors.update({"model.vision_tower.stem.weight": torch.zeros(2), "model.audio_tower.conv.weight": torch.zeros(2),
+                    "model.embed_vision.embedding.weight": torch.zeros(2, 2)})
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    _assert_greedy_equals_transformers(model, tiny_gemma3n, prompts_token_ids[:3])
+
+
 def test_hf_overrides_update_the_text_config(tiny_gemma3_mm: Path) -> None:
     """vLLM updates a nested config with a dict override (the others of its fields kept)."""
     hf = EngineArgs(model=str(tiny_gemma3_mm), dtype="float32",
@@ -219,7 +251,6 @@ def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_l
 
     refused(tiny_gemma3_mm, "runs with the generate runner only", runner="pooling")
     refused(tiny_gemma3_mm, "runs with the generate runner only", convert="embed")
-    refused(tiny_gemma3_mm, "language model runs on its native implementation only", model_impl="transformers")
     model = _copy(tiny_gemma3_mm, tmp_path)
     cfg = _config(model)
     cfg["text_config"]["final_logit_softcapping"] = 30.0

@@ -8,7 +8,6 @@ kept in their blocks (layers/gguf_quant.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,29 +26,11 @@ from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, material
 from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
+from vllm_lite.model.checkpoint_files import iterate_weights, safetensors_files
 from vllm_lite.model.registry import get_model_class
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
 _SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def safetensors_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"model: no *.safetensors weights in '{model_dir}'")
-    return files
-
-
-def iterate_weights(model_dir: Path) -> Iterator[tuple[str, Any]]:
-    """(name, lazy slice) pairs: a weight loader reads just the part its rank needs."""
-    for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_slice(name)
 
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False,

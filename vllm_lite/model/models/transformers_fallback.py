@@ -25,6 +25,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
 ATTN_IMPLEMENTATION = "vllm_lite"
 # keyword arguments transformers' attention modules pass that need nothing from us
@@ -96,6 +97,23 @@ def _refuse_recurrent_layers(model: nn.Module, architecture: str) -> None:
             raise ValueError(f"model_impl='transformers': {architecture} has layers that keep a per-request state "
                              f"from step to step ({name}: {kind}); the Transformers fallback runs only attention "
                              "models on the paged KV cache, so it cannot run here")
+
+
+def _load_language_model(model: nn.Module, model_dir: Path, architecture: str) -> None:
+    """A multimodal checkpoint's language-model tensors into transformers' text model (the vision
+    and audio towers' are not read); a tensor it has no place for, or a parameter without one,
+    is refused by name."""
+    from vllm_lite.model.layers.linear import materialize
+    from vllm_lite.model.checkpoint_files import iterate_weights
+
+    state = {name: materialize(weight)
+             for name, weight in language_model_weights(architecture, iterate_weights(model_dir))}
+    result = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = [name for name in result.missing_keys if name not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"checkpoint in '{model_dir}': {architecture}'s language model lacks tensors for "
+                         f"{missing[:5]} and has no place for {result.unexpected_keys[:5]}")
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -187,10 +205,15 @@ class TransformersForCausalLM(nn.Module):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         register_attention()
-        hf_config = AutoConfig.from_pretrained(model_dir)
-        hf_config.update(hf_overrides or {})
+        multimodal = is_multimodal(config.checkpoint_architecture)
+        if multimodal:  # its language model: the text config (overrides applied) and its tensors
+            text = {name: value for name, value in config.raw.items() if name != "model_type"}
+            hf_config = AutoConfig.for_model(config.raw["model_type"], **text)
+        else:
+            hf_config = AutoConfig.from_pretrained(model_dir)
+            hf_config.update(hf_overrides or {})
         try:
-            if dummy_weights:  # the loader then sets them as for a native model
+            if dummy_weights or multimodal:  # (dummy: the loader then sets them as for a native model)
                 self.hf_model = AutoModelForCausalLM.from_config(
                     hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
             else:
@@ -209,6 +232,8 @@ class TransformersForCausalLM(nn.Module):
                              f"({type(self.hf_model).__name__}.base_model_prefix), so its hidden states cannot be "
                              "taken apart from its head")
         _refuse_recurrent_layers(self.hf_model, config.architecture)
+        if multimodal and not dummy_weights:
+            _load_language_model(self.hf_model, model_dir, config.checkpoint_architecture)
         self.config = config
         self.backend = backend
         self._check_attention_shapes()
