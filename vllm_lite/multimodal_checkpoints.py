@@ -141,7 +141,7 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
     architecture = cfg["architectures"][0]
     spec = LANGUAGE_MODELS[architecture]
-    outer = _transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
+    outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
     text = outer.get_text_config().to_dict()
     # older Qwen2-VL configs keep the text fields at the top, which transformers moves into its text
     # config (rope_theta and rope_scaling into rope_parameters)
@@ -187,7 +187,8 @@ def _tied(outer_tie: Any, text_tie: Any) -> bool:
     return bool(outer_tie) and (text_tie is None or bool(text_tie))
 
 
-def _transformers_config(cfg: Mapping[str, Any]) -> Any:
+def transformers_config(cfg: Mapping[str, Any]) -> Any:
+    """`cfg` (a config.json's dict) as transformers' config class for its model_type reads it."""
     from transformers import AutoConfig
 
     given = {name: value for name, value in cfg.items() if name != "model_type"}
@@ -214,7 +215,7 @@ def language_model_weights(architecture: str, weights: Iterator[tuple[str, Any]]
     as one no parameter takes)."""
     spec = LANGUAGE_MODELS[architecture]
     for name, weight in weights:
-        if not name.startswith(spec.vision_prefixes):
+        if not is_vision_tensor(architecture, name):
             yield language_model_name(spec, name), weight
 
 
@@ -252,7 +253,7 @@ def adapter_module_name(architecture: str, name: str) -> str:
     spec = LANGUAGE_MODELS.get(architecture)
     if spec is None:
         return name
-    if name.startswith(spec.vision_prefixes):
+    if is_vision_tensor(architecture, name):
         raise ValueError(f"module {name!r} belongs to {architecture}'s vision encoder or projector, which are not "
                          "loaded (only its language model is served; LoRA of the vision side is not implemented)")
     return language_model_name(spec, name)

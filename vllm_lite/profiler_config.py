@@ -11,7 +11,7 @@ Torch-free: the engine configuration checks it before any process starts.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 PROFILERS = ("torch",)
@@ -86,9 +86,8 @@ def profiler_config(given: Any, device: str) -> ProfilerConfig:
     if profiler == "torch" and "://" not in directory:
         directory = os.path.abspath(os.path.expanduser(directory))
     activities = config.torch_profiler_activities
-    return ProfilerConfig(**{**{f.name: getattr(config, f.name) for f in fields(ProfilerConfig)},
-                             "torch_profiler_dir": directory,
-                             "torch_profiler_activities": tuple(activities) if activities is not None else None})
+    return replace(config, torch_profiler_dir=directory,
+                   torch_profiler_activities=tuple(activities) if activities is not None else None)
 
 
 def _check_fields(config: ProfilerConfig, device: str) -> None:

@@ -47,9 +47,7 @@ class UniProcExecutor(Executor):
         return self.worker.execute_model(scheduler_output)
 
     def submit_model(self, scheduler_output: SchedulerOutput) -> None:
-        if self._step_thread is None:
-            self._step_thread = StepThread(self.worker, self.launch_ahead)
-        self._step_thread.submit(scheduler_output)
+        self._started_step_thread().submit(scheduler_output)
 
     def take_model_output(self) -> ModelRunnerOutput:
         assert self._step_thread is not None, "no step was submitted"
@@ -61,12 +59,15 @@ class UniProcExecutor(Executor):
         and must be stepped and stopped there): the step thread when steps are submitted (async
         scheduling; started now if no step was yet), else the caller's."""
         call = functools.partial(self.worker.profile, is_start, profile_prefix, delay_iterations, max_iterations)
-        if self._step_thread is None and self.vllm_config.scheduler_config.async_scheduling:
-            self._step_thread = StepThread(self.worker, self.launch_ahead)
-        if self._step_thread is None:
+        if self._step_thread is None and not self.vllm_config.scheduler_config.async_scheduling:
             call()
         else:
-            self._step_thread.call(call)
+            self._started_step_thread().call(call)
+
+    def _started_step_thread(self) -> StepThread:
+        if self._step_thread is None:
+            self._step_thread = StepThread(self.worker, self.launch_ahead)
+        return self._step_thread
 
     def shutdown(self) -> None:
         if self._step_thread is not None:  # (it stops a profiling session still on, where it runs)

@@ -38,10 +38,6 @@ class TorchProfiler:
         self._schedule = _schedule(config)
         self._unrecorded_steps = 0  # a schedule's wait and warmup steps still to come
 
-    @property
-    def running(self) -> bool:
-        return self.profiler is not None
-
     def annotate_step(self) -> Any:
         """A `STEP_EVENT` range around one engine step in the trace while recording."""
         return torch.profiler.record_function(STEP_EVENT) if self.profiler is not None else contextlib.nullcontext()

@@ -15,6 +15,7 @@ otherwise lose it silently. One rank only: tensor parallelism needs a native imp
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
+from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights, transformers_config
 
 ATTN_IMPLEMENTATION = "vllm_lite"
 # keyword arguments transformers' attention modules pass that need nothing from us
@@ -93,7 +94,8 @@ def _words(class_name: str) -> str:
 def _refuse_recurrent_layers(model: nn.Module, architecture: str) -> None:
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if any(f" {part} " in _words(kind) for part in _RECURRENT_LAYER_NAMES):
+        words = _words(kind)
+        if any(f" {part} " in words for part in _RECURRENT_LAYER_NAMES):
             raise ValueError(f"model_impl='transformers': {architecture} has layers that keep a per-request state "
                              f"from step to step ({name}: {kind}); the Transformers fallback runs only attention "
                              "models on the paged KV cache, so it cannot run here")
@@ -207,8 +209,7 @@ class TransformersForCausalLM(nn.Module):
         register_attention()
         multimodal = is_multimodal(config.checkpoint_architecture)
         if multimodal:  # its language model: the text config (overrides applied) and its tensors
-            text = {name: value for name, value in config.raw.items() if name != "model_type"}
-            hf_config = AutoConfig.for_model(config.raw["model_type"], **text)
+            hf_config = transformers_config(config.raw)
         else:
             hf_config = AutoConfig.from_pretrained(model_dir)
             hf_config.update(hf_overrides or {})
@@ -255,8 +256,7 @@ class TransformersForCausalLM(nn.Module):
                              f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
-        cache_layers = [shape.layer_idx for shape in shapes]
-        if sorted(cache_layers, key=str) != sorted(range(config.num_hidden_layers), key=str):
+        if Counter(shape.layer_idx for shape in shapes) != Counter(range(config.num_hidden_layers)):
             raise ValueError(f"model_impl='transformers': {config.architecture} attends {len(shapes)} times in its "
                              f"{config.num_hidden_layers} layers, not once per cache layer (e.g. differential "
                              "attention's two maps, or a layer run again in recurrent-depth cycles); the paged KV "
