@@ -532,6 +532,8 @@ class ParallelConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    # vLLM's: a class ('module.Class') whose methods every worker gains, for collective_rpc
+    worker_extension_cls: str = ""
 
     @property
     def world_size(self) -> int:
@@ -714,6 +716,9 @@ class EngineArgs:
     # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
     # start_profile / stop_profile record torch profiler traces (profiler_config.py)
     profiler_config: dict[str, Any] | None = None
+    # vLLM's --worker-extension-cls: a class ('module.Class') whose methods every worker gains
+    # (called by LLM.collective_rpc by name: an RL trainer's weight-update methods)
+    worker_extension_cls: str = ""
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -1066,7 +1071,13 @@ class EngineArgs:
                f"distributed_executor_backend='uni' runs a single worker; tensor_parallel_size={tp} "
                f"and nnodes={nnodes} need 'mp'")
         check_tensor_parallel_split(hf, tp)
-        return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port)
+        if self.worker_extension_cls:  # (imported here too: a bad name is refused before any process starts)
+            from vllm_lite.rpc import resolve_qualname
+
+            _check(isinstance(resolve_qualname(self.worker_extension_cls, "worker_extension_cls"), type),
+                   f"worker_extension_cls={self.worker_extension_cls!r} is not a class")
+        return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port,
+                              self.worker_extension_cls)
 
 
 # sentence-transformers' module types (modules.json), as vLLM reads them

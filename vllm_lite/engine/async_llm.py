@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.engine.core import check_pause_mode, check_sleep, check_wake_up_tags
 from vllm_lite.engine.core_client import AsyncMPClient
 from vllm_lite.exceptions import EngineDeadError, RequestAbortedError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
@@ -41,6 +42,7 @@ from vllm_lite.wire import EngineCoreOutputs, RequestError, split_token_columns
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
+from vllm_lite.rpc import make_call
 from vllm_lite.sampling_params import SamplingParams
 
 # Requests whose outputs are processed between two yields to the event loop (vLLM's default).
@@ -247,6 +249,38 @@ class AsyncLLM:
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()
+
+    # ---- vLLM's pause and sleep (an RL trainer's weight updates) ----
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        """vLLM's: requests added from now wait until `resume_generation`. `mode`: "abort" ends
+        the requests in flight (finish_reason abort), "wait" returns once they have finished,
+        "keep" freezes them until resumed. `clear_cache`: the prefix cache is forgotten once
+        nothing runs (not with "keep")."""
+        check_pause_mode(mode)
+        await self.engine_core.pause_async(mode, clear_cache)
+
+    async def resume_generation(self) -> None:
+        await self.engine_core.resume_async()
+
+    async def is_paused(self) -> bool:
+        return await self.engine_core.is_paused_async()
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's (`LLM.sleep`): level 0 pauses; level 1 on CPU also releases the KV cache."""
+        check_sleep(level, mode, self.vllm_config.device_config.device)
+        await self.engine_core.sleep_async(level, mode)
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        check_wake_up_tags(tags)
+        return await self.engine_core.wake_up_async(tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.engine_core.is_sleeping_async()
+
+    async def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple = (),
+                             kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's: `method` on every worker between engine steps (`LLM.collective_rpc`)."""
+        return await self.engine_core.collective_rpc_async(make_call(method, args, kwargs), timeout)
 
     async def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,
                             max_iterations: int | None = None) -> None:

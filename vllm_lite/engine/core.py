@@ -3,6 +3,7 @@ its own process, serving clients over ZMQ (`run_engine_core` is the process entr
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import os
@@ -25,12 +26,16 @@ from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.cpu_info import bind_model_threads, model_threads
 from vllm_lite.engine.core_io import CLIENT_GONE, EngineCoreIO
 from vllm_lite.engine.request_checks import check_request
+from vllm_lite.rpc import RpcCall, decode_call, encode
 from vllm_lite.structured_output import StructuredOutputBackend, StructuredOutputManager
 from vllm_lite.structured_output.backend import GrammarKey
 from vllm_lite.wire import (
+    PAUSE_MODES,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineDead,
+    FinishedRequest,
+    FinishReason,
     ModelRunnerOutput,
     OutputType,
     RequestError,
@@ -62,6 +67,45 @@ def make_executor(vllm_config: VllmConfig) -> Executor:
     return UniProcExecutor(vllm_config)
 
 
+# vLLM's wake_up tags: what a sleep put to sleep
+SLEEP_TAGS = ("weights", "kv_cache", "scheduling")
+
+
+def check_pause_mode(mode: str) -> None:
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+
+
+def check_sleep(level: int, mode: str, device: str) -> None:
+    """What `EngineCore.sleep` takes (clients check first, for a clear error where they are)."""
+    if isinstance(level, bool) or level not in (0, 1, 2):
+        raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}")
+    check_pause_mode(mode)
+    if level == 2:
+        raise ValueError("sleep(level=2) discards the weights, which is not implemented here; level 1 releases "
+                         "the KV cache, level 0 pauses")
+    if level == 1 and device != "cpu":
+        raise ValueError("sleep(level=1) on CUDA offloads the weights to host memory, which is not implemented "
+                         "here; level 0 pauses")
+    if level == 1 and mode == "keep":
+        raise ValueError("sleep(level=1, mode='keep') would release the KV cache of the requests it keeps; "
+                         "use mode 'abort' or 'wait'")
+
+
+def check_wake_up_tags(tags: list[str] | None) -> None:
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags)):
+        raise ValueError(f"wake_up tags must be a list of strings or None, got {tags!r}")
+    unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
+    if unknown:
+        raise ValueError(f"wake_up tags must be among {SLEEP_TAGS}, got {unknown}")
+
+
+class PauseState(enum.Enum):
+    UNPAUSED = 0
+    PAUSED_NEW = 1  # requests added meanwhile are held; those running go on ("abort", "wait")
+    PAUSED_ALL = 2  # nothing runs ("keep")
+
+
 class EngineCore:
     def __init__(self, vllm_config: VllmConfig) -> None:
         self.vllm_config = vllm_config
@@ -85,6 +129,14 @@ class EngineCore:
         self.in_flight: SchedulerOutput | None = None  # async: submitted, output not yet taken
         # async: the in-flight step's outputs, taken early (by `profile`): the next step returns them
         self.taken_early: EngineCoreOutputs | None = None
+        # vLLM's pause (`pause`): requests added meanwhile wait here until `resume`; the requests a
+        # pause aborted are reported by the next step
+        self.pause_state = PauseState.UNPAUSED
+        self.held_requests: list[EngineCoreRequest] = []
+        self.aborted_by_pause: list[FinishedRequest] = []
+        self.clear_cache_when_drained = False
+        self.release_kv_when_drained = False  # a level-1 sleep waiting for its requests to finish
+        self.kv_cache_released = False
 
     def _kv_cache_blocks(self) -> int:
         """The KV cache's size: fixed by the config, or what the workers measured free under
@@ -100,6 +152,11 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
+        if self.pause_state is not PauseState.UNPAUSED:
+            if any(held.request_id == request.request_id for held in self.held_requests):
+                raise ValueError(f"request_id {request.request_id!r} is already in use")
+            self.held_requests.append(request)
+            return
         core_request = Request.from_engine_core_request(request)
         structured = request.sampling_params.structured_outputs
         if structured is not None:  # compiles on the manager's thread; the request waits for it
@@ -108,12 +165,103 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
+        if self.held_requests:
+            aborted = set(request_ids)
+            self.held_requests = [held for held in self.held_requests if held.request_id not in aborted]
+
+    # ---- vLLM's pause / resume (what RL trainers do around weight updates) ----
+    def pause(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        """vLLM's pause_scheduler: requests added from now wait until `resume`. `mode`:
+        "abort" aborts every request (their clients get finish_reason abort), "wait" lets the
+        running ones finish (`is_drained` says when), "keep" freezes them too (no step runs).
+        `clear_cache`: the prefix cache is forgotten once nothing runs (not with "keep")."""
+        check_pause_mode(mode)
+        self._finish_step_in_flight()
+        if mode == "abort":
+            self.aborted_by_pause += self.scheduler.abort_requests(list(self.scheduler.requests))
+            self.aborted_by_pause += [FinishedRequest(held.request_id, FinishReason.ABORT)
+                                      for held in self.held_requests]
+            self.held_requests = []
+        self.pause_state = PauseState.PAUSED_ALL if mode == "keep" else PauseState.PAUSED_NEW
+        self.clear_cache_when_drained = clear_cache and mode != "keep"
+        self.when_drained()
+
+    def is_drained(self) -> bool:
+        """No request of those the pause let finish is left (what a "wait" pause waits for)."""
+        return not self.scheduler.has_unfinished_requests() and self.in_flight is None
+
+    def when_drained(self) -> None:
+        """What a pause or sleep does once no request runs: forget the prefix cache, release the KV cache."""
+        if not self.is_drained():
+            return
+        if self.clear_cache_when_drained:
+            self.clear_cache_when_drained = False
+            self.scheduler.reset_prefix_cache()
+        if self.release_kv_when_drained:
+            self.release_kv_when_drained = False
+            self.executor.collective_rpc(RpcCall("sleep", (1,)))
+            self.kv_cache_released = True
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's sleep: level 0 pauses (`pause`, the prefix cache kept); level 1 also forgets
+        the prefix cache and, once no request runs, releases every rank's KV cache (on CPU the
+        weights already are in host memory, where level 1 puts them). Level 2 (the weights
+        discarded) and level 1 on CUDA (the weights offloaded) are not implemented: refused."""
+        check_sleep(level, mode, self.vllm_config.device_config.device)
+        self.pause(mode, clear_cache=level == 1)
+        if level == 1 and not self.kv_cache_released:
+            self.release_kv_when_drained = True
+            self.when_drained()
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's: what sleep released is back (`tags` None: all of it), and once nothing is
+        left asleep the engine resumes; returns whether it did."""
+        check_wake_up_tags(tags)
+        self.release_kv_when_drained = False
+        if self.kv_cache_released and (tags is None or "kv_cache" in tags):
+            self.executor.collective_rpc(RpcCall("wake_up", (tags,)))
+            self.kv_cache_released = False
+        if self.kv_cache_released:
+            return False
+        self.resume()
+        return True
+
+    def is_sleeping(self) -> bool:
+        return self.is_paused() or self.kv_cache_released
+
+    def resume(self) -> None:
+        """vLLM's resume_scheduler: the requests held meanwhile are added, in order (one that
+        can no longer be added fails on its own)."""
+        self.pause_state = PauseState.UNPAUSED
+        self.clear_cache_when_drained = False
+        held, self.held_requests = self.held_requests, []
+        for request in held:
+            try:
+                self.add_request(request)
+            except (ValueError, TypeError) as exc:
+                self.failed_requests.append(RequestError(request.request_id, str(exc)))
+
+    def is_paused(self) -> bool:
+        return self.pause_state is not PauseState.UNPAUSED
 
     def step(self) -> EngineCoreOutputs:
-        outputs = self._step_async() if self.async_scheduling else self._step_sync()
+        if self.pause_state is PauseState.PAUSED_ALL:
+            outputs = self._paused_step()
+        else:
+            outputs = self._step_async() if self.async_scheduling else self._step_sync()
+        if self.aborted_by_pause:
+            outputs.finished.extend(self.aborted_by_pause)
+            self.aborted_by_pause = []
+        if self.clear_cache_when_drained or self.release_kv_when_drained:
+            self.when_drained()
         if self.scheduler.step_failures:  # freed by the scheduler; their clients get an error
             self._report_failures(self.scheduler.take_step_failures())
         return outputs
+
+    def _paused_step(self) -> EngineCoreOutputs:
+        """Frozen ("keep"): no step runs; the outputs of the step the pause finished go out."""
+        outputs, self.taken_early = self.taken_early, None
+        return outputs if outputs is not None else EngineCoreOutputs([], np.zeros(0, dtype=np.int32))
 
     def _step_sync(self) -> EngineCoreOutputs:
         sched = self.scheduler.schedule()
@@ -182,17 +330,31 @@ class EngineCore:
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:
-        """Requests not finished, or a step whose output is still to be taken (async)."""
-        return (self.scheduler.has_unfinished_requests() or self.in_flight is not None
-                or self.taken_early is not None)
+        """Requests not finished, or a step whose output is still to be taken (async), or aborts
+        to report; frozen by a "keep" pause, only the last two."""
+        if self.aborted_by_pause or self.taken_early is not None:
+            return True
+        if self.pause_state is PauseState.PAUSED_ALL:
+            return False
+        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
                 max_iterations: int | None = None) -> None:
         """start_profile / stop_profile on every rank, between steps: a step in flight (async
         scheduling) is finished first, its outputs kept for the next `step`."""
+        self._finish_step_in_flight()
+        self.executor.profile(is_start, profile_prefix, delay_iterations, max_iterations)
+
+    def collective_rpc(self, call: RpcCall) -> list[Any]:
+        """vLLM's: `call` on every rank's worker, between steps (as `profile`); the results in
+        rank order."""
+        self._finish_step_in_flight()
+        return self.executor.collective_rpc(call)
+
+    def _finish_step_in_flight(self) -> None:
+        """Async scheduling: the step in flight is finished now, its outputs kept for the next `step`."""
         if self.in_flight is not None:
             self.taken_early = self._finish_in_flight()
-        self.executor.profile(is_start, profile_prefix, delay_iterations, max_iterations)
 
     def get_stats(self) -> dict[str, Any]:
         return self.scheduler.get_stats()
@@ -263,7 +425,16 @@ class EngineCoreProc:
             "reset_prefix_cache": self.engine_core.reset_prefix_cache,
             "engine_info": self.engine_info,
             "profile": self.engine_core.profile,
+            "collective_rpc": self.collective_rpc,
+            "pause": self.pause,
+            "resume": self.engine_core.resume,
+            "is_paused": self.engine_core.is_paused,
+            "sleep": self.sleep,
+            "wake_up": self.engine_core.wake_up,
+            "is_sleeping": self.engine_core.is_sleeping,
         }
+        # (client, call id) of "wait" pauses, answered once the running requests have finished
+        self.drain_waiters: list[tuple[bytes, int]] = []
 
     @property
     def address(self) -> str:
@@ -312,6 +483,14 @@ class EngineCoreProc:
             self._send_outputs(outputs)
         if self.engine_core.failed_requests:
             self._send_failures()
+        if self.drain_waiters:
+            self._answer_drain_waiters()
+
+    def _answer_drain_waiters(self) -> None:
+        if self.engine_core.is_drained():
+            for identity, call_id in self.drain_waiters:
+                self.output_queue.put((identity, OutputType.UTILITY_RESULT, UtilityResult(call_id)))
+            self.drain_waiters = []
 
     def _send_failures(self) -> None:
         errors, self.engine_core.failed_requests = self.engine_core.failed_requests, []
@@ -328,7 +507,12 @@ class EngineCoreProc:
         elif request_type == RequestType.ABORT:
             self._abort_requests(identity, message.request_ids)
         elif request_type == RequestType.UTILITY:
-            self.output_queue.put((identity, OutputType.UTILITY_RESULT, self._call_utility(message)))
+            result = self._call_utility(message)
+            if result.result is _WHEN_DRAINED:
+                self.drain_waiters.append((identity, message.call_id))
+                self._answer_drain_waiters()
+            else:
+                self.output_queue.put((identity, OutputType.UTILITY_RESULT, result))
         elif request_type == CLIENT_GONE:
             self._abort_requests(identity, list(self.client_requests.get(identity, ())))
         elif request_type == _STOP_ENGINE:
@@ -410,6 +594,21 @@ class EngineCoreProc:
         stats["gc_threshold"] = list(gc.get_threshold())
         return stats
 
+    def pause(self, mode: str = "abort", clear_cache: bool = True) -> Any:
+        """The utility: a "wait" pause is answered once the running requests have finished
+        (the loop goes on stepping them meanwhile)."""
+        self.engine_core.pause(mode, clear_cache)
+        return _WHEN_DRAINED if mode == "wait" else None
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> Any:
+        """The utility: as `pause`, a "wait" sleep is answered once its requests have finished."""
+        self.engine_core.sleep(level, mode)
+        return _WHEN_DRAINED if mode == "wait" else None
+
+    def collective_rpc(self, call: bytes) -> list[bytes]:
+        """The utility: a call and its results in `vllm_lite.rpc`'s encoding (the client's)."""
+        return [encode(result) for result in self.engine_core.collective_rpc(decode_call(call))]
+
     def engine_info(self) -> dict[str, Any]:
         """What an attaching client needs to build a matching input side."""
         model_config, lora = self.vllm_config.model_config, self.vllm_config.lora_config
@@ -424,6 +623,9 @@ class EngineCoreProc:
                                                    "max_cpu_loras": lora.max_cpu_loras,
                                                    "lora_target_modules": list(lora.target_modules or []) or None},
                 "logits_processors": list(model_config.logits_processors)}
+
+
+_WHEN_DRAINED = object()  # a utility's answer that waits until no request runs
 
 
 def select_requests(outputs: EngineCoreOutputs, request_ids: set[str]) -> EngineCoreOutputs:

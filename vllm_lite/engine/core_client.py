@@ -36,6 +36,7 @@ from vllm_lite.cpu_info import THREADS_BIND_ENV, bound_cpu_lists
 from vllm_lite.engine.core import EngineCore
 from vllm_lite.exceptions import EngineDeadError, RequestRejectedError
 from vllm_lite.engine.launch import EngineLaunch, fetch_engine_info, launch_engine_core, utility_value
+from vllm_lite.rpc import RpcCall, decode, encode_call
 from vllm_lite.wire import (
     OUTPUT_STRUCTS,
     AbortRequests,
@@ -72,6 +73,29 @@ class InprocClient(EngineCore):
             error = self.failed_requests.pop(0)
             raise RequestRejectedError(error.request_id, error.message)
         return self.step()
+
+    def collective_rpc(self, call: RpcCall, timeout_s: float | None = None) -> list[Any]:
+        """In this process the call runs in the caller's thread (nothing is serialized, so any
+        function may be given), where it cannot be abandoned: a timeout is refused."""
+        if timeout_s is not None:
+            raise ValueError("collective_rpc: timeout needs the engine core in its own process (multiprocess=True); "
+                             "in this process a call runs in the caller's thread and cannot be abandoned")
+        return super().collective_rpc(call)
+
+    def pause(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        _refuse_wait_in_process(mode)
+        super().pause(mode, clear_cache)
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        _refuse_wait_in_process(mode)
+        super().sleep(level, mode)
+
+
+def _refuse_wait_in_process(mode: str) -> None:
+    """vLLM's rule: with the engine core in the caller's thread, nothing steps while it waits."""
+    if mode == "wait":
+        raise ValueError("'wait' mode can't be used with the engine core in this process (multiprocess=False): "
+                         "its requests run only when the caller steps them")
 
 
 def make_client(vllm_config: VllmConfig, multiprocess: bool, engine_address: str | None = None,
@@ -263,11 +287,16 @@ class SyncMPClient(MPClient):
                 raise RequestRejectedError(message.request_id, message.message)
             # Anything else is a utility answer nobody waits for (a heartbeat's).
 
-    def call_utility(self, method: str, *args: Any) -> Any:
+    def call_utility(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """The call's result; TimeoutError after `timeout_s` (the engine core goes on with the
+        call, and its late answer is dropped)."""
         call_id = next(self._call_ids)
         self._send(RequestType.UTILITY, UtilityRequest(call_id, method, list(args)))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            message = self._receive()
+            message = self._receive(deadline)
+            if message is None:
+                raise TimeoutError(f"the engine core's {method} call did not finish within {timeout_s} s")
             if isinstance(message, UtilityResult):
                 if message.call_id == call_id:
                     return utility_value(message)
@@ -284,6 +313,28 @@ class SyncMPClient(MPClient):
                 max_iterations: int | None = None) -> None:
         self.call_utility("profile", is_start, profile_prefix, delay_iterations, max_iterations)
 
+    def collective_rpc(self, call: RpcCall, timeout_s: float | None = None) -> list[Any]:
+        return [decode(result) for result in self.call_utility("collective_rpc", encode_call(call),
+                                                               timeout_s=timeout_s)]
+
+    def pause(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        self.call_utility("pause", mode, clear_cache)
+
+    def resume(self) -> None:
+        self.call_utility("resume")
+
+    def is_paused(self) -> bool:
+        return self.call_utility("is_paused")
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self.call_utility("sleep", level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        return self.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.call_utility("is_sleeping")
+
     def is_healthy(self) -> bool:
         return self.call_utility("is_healthy")
 
@@ -291,10 +342,13 @@ class SyncMPClient(MPClient):
         self._check_alive()
         self.socket.send_multipart(self._frames(request_type, message), copy=False)
 
-    def _receive(self) -> Any:
+    def _receive(self, deadline: float | None = None) -> Any:
+        """The next engine message; None once `deadline` (time.monotonic()) has passed."""
         since = time.monotonic()
         while True:
             self._check_alive()
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
             if self.socket.poll(int(_POLL_S * 1000)):
                 message = self._decode(self.socket.recv_multipart(copy=False))
                 if isinstance(message, EngineDead):
@@ -360,6 +414,28 @@ class AsyncMPClient(MPClient):
     async def profile_async(self, is_start: bool, profile_prefix: str | None = None,
                             delay_iterations: int | None = None, max_iterations: int | None = None) -> None:
         await self.call_utility_async("profile", is_start, profile_prefix, delay_iterations, max_iterations)
+
+    async def collective_rpc_async(self, call: RpcCall, timeout_s: float | None = None) -> list[Any]:
+        results = await self.call_utility_async("collective_rpc", encode_call(call), timeout_s=timeout_s)
+        return [decode(result) for result in results]
+
+    async def pause_async(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        await self.call_utility_async("pause", mode, clear_cache)
+
+    async def resume_async(self) -> None:
+        await self.call_utility_async("resume")
+
+    async def is_paused_async(self) -> bool:
+        return await self.call_utility_async("is_paused")
+
+    async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
+        await self.call_utility_async("sleep", level, mode)
+
+    async def wake_up_async(self, tags: list[str] | None = None) -> bool:
+        return await self.call_utility_async("wake_up", tags)
+
+    async def is_sleeping_async(self) -> bool:
+        return await self.call_utility_async("is_sleeping")
 
     async def is_healthy_async(self) -> bool:
         return await self.call_utility_async("is_healthy")

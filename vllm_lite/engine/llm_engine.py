@@ -3,9 +3,11 @@ process, in a spawned process, or attached at an address), output processing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
+from vllm_lite.engine.core import check_sleep, check_wake_up_tags
 from vllm_lite.engine.core_client import make_client
 from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
@@ -17,6 +19,7 @@ from vllm_lite.engine.stats import IterationStats, StatLogger
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
+from vllm_lite.rpc import make_call
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -132,6 +135,24 @@ class LLMEngine:
         """vLLM's: the ranks stop recording and write their traces."""
         self.profile_sessions.end()
         self.engine_core.profile(False)
+
+    # ---- vLLM's sleep mode (level 0: pause; level 1 on CPU: the KV cache released) ----
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        check_sleep(level, mode, self.vllm_config.device_config.device)
+        self.engine_core.sleep(level, mode)
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        check_wake_up_tags(tags)
+        return self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine_core.is_sleeping()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's: `method` (a worker method's name, or a function taking the worker first) on
+        every rank; the results in rank order (vllm_lite/rpc.py)."""
+        return self.engine_core.collective_rpc(make_call(method, args, kwargs), timeout)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -59,6 +59,7 @@ class LLM:
         self._request_prefix = f"{uuid.uuid4().hex[:12]}-" if engine_address is not None else ""
         # enqueue()'d requests, in order: request id -> its final output once finished.
         self._enqueued: dict[str, RequestOutput | None] = {}
+        self._asleep = False  # between sleep() and a wake_up() that woke it fully
 
     def _keep_stats(self) -> None:
         config = self.llm_engine.vllm_config
@@ -417,6 +418,37 @@ class LLM:
     def stop_profile(self) -> None:
         self.llm_engine.stop_profile()
 
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's: the engine stops running requests until `wake_up`. Level 0 pauses (the prefix
+        cache kept); level 1 also forgets the prefix cache and releases the KV cache's memory (on
+        CPU; the weights stay in host memory, where level 1 keeps them). `mode`: enqueued
+        requests are aborted ("abort"), finished first ("wait", with the engine core in its own
+        process) or kept for after `wake_up` ("keep", level 0). Level 2 (weights discarded) and
+        level 1 on CUDA are not implemented: refused."""
+        self.llm_engine.sleep(level, mode)
+        self._asleep = True
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """vLLM's: what `sleep` released comes back (`tags`: "weights", "kv_cache", "scheduling";
+        None: all); returns whether the engine is fully awake (and runs requests again)."""
+        awake = self.llm_engine.wake_up(tags)
+        self._asleep = not awake
+        return awake
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """vLLM's: run `method` on every worker, between engine steps; the results in rank order.
+        `method` is a worker method's name (the worker's own, e.g. `get_model`'s callers, or one a
+        `worker_extension_cls` adds) or a function taking the worker first. Arguments and results
+        cross processes as msgpack with tensors and arrays; a function or another object needs
+        VLLM_ALLOW_INSECURE_SERIALIZATION=1 (pickle), as in vLLM. `timeout` (seconds): TimeoutError
+        when the call takes longer (the engine core in its own process only)."""
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """vLLM's: `func(model)` on every worker; the results in rank order."""
+        return self.llm_engine.collective_rpc("apply_model", args=(func,))
+
     def shutdown(self) -> None:
         self.llm_engine.shutdown()
 
@@ -428,6 +460,9 @@ class LLM:
         """Steps the engine until no request is left: the final outputs by request id, but those
         of enqueued requests, which are kept for `wait_for_completion` (the bar counts
         `num_requests`, the caller's)."""
+        if self._asleep:
+            raise RuntimeError("the engine is asleep (LLM.sleep): its requests would never finish; call "
+                               "LLM.wake_up() first")
         results: dict[str, RequestOutput] = {}
         enqueued = self._enqueued
         with tqdm(total=num_requests, desc="Processed prompts", disable=not use_tqdm) as bar:

@@ -4,7 +4,10 @@ import contextlib
 from abc import ABC, abstractmethod
 
 from vllm_lite.config import VllmConfig
+from typing import Any
+
 from vllm_lite.core.scheduler_output import SchedulerOutput
+from vllm_lite.rpc import RpcCall
 from vllm_lite.wire import ModelRunnerOutput
 
 
@@ -44,6 +47,11 @@ class Executor(ABC):
     def profile(self, is_start: bool, profile_prefix: str | None = None, delay_iterations: int | None = None,
                 max_iterations: int | None = None) -> None:
         """start_profile / stop_profile on every rank (`Worker.profile`), with no step in flight."""
+
+    @abstractmethod
+    def collective_rpc(self, call: RpcCall) -> list[Any]:
+        """vLLM's collective_rpc: `call` on every rank's worker, with no step in flight; the
+        results in rank order. A call failing on a rank raises; the engine goes on."""
 
     def step_thread_mode(self) -> contextlib.AbstractContextManager:
         """Held by a thread that runs this executor's steps for as long as it runs them (the

@@ -20,8 +20,8 @@ import msgspec
 import numpy as np
 
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm_lite.wire import (Flush, Frame, InitKVCache, MeasureMemory, MsgpackDecoder, MsgpackEncoder, Profile,
-                            Shutdown, WorkerReply)
+from vllm_lite.wire import (CollectiveRpc, Flush, Frame, InitKVCache, MeasureMemory, MsgpackDecoder, MsgpackEncoder,
+                            Profile, Shutdown, WorkerReply)
 
 
 class StepDiff(msgspec.Struct, array_like=True, gc=False):
@@ -82,7 +82,7 @@ class StepDiff(msgspec.Struct, array_like=True, gc=False):
         )
 
 
-EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown | MeasureMemory | Profile
+EngineToWorker = InitKVCache | StepDiff | Flush | Shutdown | MeasureMemory | Profile | CollectiveRpc
 
 
 def _int32(values: list[int]) -> np.ndarray:
@@ -90,10 +90,11 @@ def _int32(values: list[int]) -> np.ndarray:
 
 
 # First frame of an engine core -> rank message (wire.codec frames follow).
-_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH, _MEASURE_MEMORY, _PROFILE = (b"\x00", b"\x01", b"\x02", b"\x03", b"\x04",
-                                                                    b"\x05")
+_INIT_KV_CACHE, _STEP, _SHUTDOWN, _FLUSH, _MEASURE_MEMORY, _PROFILE, _RPC = (b"\x00", b"\x01", b"\x02", b"\x03",
+                                                                          b"\x04", b"\x05", b"\x06")
 _TO_WORKER: dict[bytes, type] = {_INIT_KV_CACHE: InitKVCache, _STEP: StepDiff, _SHUTDOWN: Shutdown,
-                                 _FLUSH: Flush, _MEASURE_MEMORY: MeasureMemory, _PROFILE: Profile}
+                                 _FLUSH: Flush, _MEASURE_MEMORY: MeasureMemory, _PROFILE: Profile,
+                                 _RPC: CollectiveRpc}
 _KIND = {struct: kind for kind, struct in _TO_WORKER.items()}
 
 

@@ -47,6 +47,7 @@ import time
 import weakref
 from collections import deque
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import msgspec
 import zmq
@@ -60,7 +61,9 @@ from vllm_lite.executor.rendezvous import Endpoints, host_store, publish
 from vllm_lite.executor.step_order import HeldSteps, launches_ahead
 from vllm_lite.executor.worker_proc import start_worker_processes
 from vllm_lite.lifecycle import DeathWatch, ProcessResources, describe_exit
-from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown, WorkerReply
+from vllm_lite.rpc import RpcCall, decode, encode_call
+from vllm_lite.wire import (CollectiveRpc, Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown,
+                            WorkerReply)
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +194,15 @@ class MultiprocExecutor(Executor):
         errors = [reply.profile_error for reply in self._receive_replies() if reply.profile_error]
         if errors:
             raise RuntimeError("; ".join(errors))
+
+    def collective_rpc(self, call: RpcCall) -> list[Any]:
+        assert not self.held_steps.num_pending, "a submitted step is not taken"
+        self._broadcast(CollectiveRpc(encode_call(call)))
+        replies = self._receive_replies()
+        errors = [reply.rpc_error for reply in replies if reply.rpc_error]
+        if errors:
+            raise RuntimeError("collective_rpc failed: " + "; ".join(errors))
+        return [decode(reply.rpc_result) for reply in replies]
 
     def shutdown(self) -> None:
         """Ask the ranks to exit and make sure they did (SIGTERM, then SIGKILL); idempotent."""

@@ -4,6 +4,7 @@ import functools
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -11,8 +12,9 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.executor.abstract import Executor
 from vllm_lite.executor.step_order import HeldSteps, StepPipeline, StepResult, launches_ahead
+from vllm_lite.rpc import RpcCall, run_call
 from vllm_lite.wire import ModelRunnerOutput
-from vllm_lite.worker.worker import Worker
+from vllm_lite.worker.worker import Worker, worker_class
 
 
 class UniProcExecutor(Executor):
@@ -23,7 +25,7 @@ class UniProcExecutor(Executor):
 
     def __init__(self, vllm_config: VllmConfig) -> None:
         super().__init__(vllm_config)
-        self.worker = Worker(vllm_config)
+        self.worker = worker_class(vllm_config)(vllm_config)
         self.launch_ahead = self.launches_ahead(self.worker.device)
         self._step_thread: StepThread | None = None
 
@@ -63,6 +65,13 @@ class UniProcExecutor(Executor):
             call()
         else:
             self._started_step_thread().call(call)
+
+    def collective_rpc(self, call: RpcCall) -> list[Any]:
+        """On the thread that runs the steps, as `profile` (the worker's state is that thread's)."""
+        run = functools.partial(run_call, self.worker, call)
+        if self._step_thread is None and not self.vllm_config.scheduler_config.async_scheduling:
+            return [run()]
+        return [self._started_step_thread().call(run)]
 
     def _started_step_thread(self) -> StepThread:
         if self._step_thread is None:
@@ -116,14 +125,15 @@ class StepThread:
         self._inputs.put(self._STOP)
         self._thread.join()
 
-    def call(self, function: Callable[[], None]) -> None:
+    def call(self, function: Callable[[], Any]) -> Any:
         """Runs `function` on the step thread, between steps (none may be submitted and not
-        taken), and raises what it raised."""
+        taken): returns what it returned, raises what it raised."""
         assert not self.num_pending, "a submitted step is not taken"
         self._inputs.put(function)
         result = self._outputs.get()
         if isinstance(result, BaseException):
             raise result
+        return result.value
 
     def _run(self) -> None:
         if self.worker.device.type == "cuda":
@@ -135,7 +145,7 @@ class StepThread:
                     self._pipeline.stop()
                     self.worker.stop_profiling()
                     return
-                if callable(item):  # (`call`: its result, None, stands in the outputs)
+                if callable(item):  # (`call`: its result stands in the outputs)
                     self._outputs.put(_called(item))
                     continue
                 results = self._pipeline.flush() if item is self._FLUSH else self._pipeline.run(item)
@@ -143,9 +153,15 @@ class StepThread:
                     self._outputs.put(result)
 
 
-def _called(function: Callable[[], None]) -> BaseException | None:
+class _Returned:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _called(function: Callable[[], Any]) -> BaseException | _Returned:
     try:
-        function()
+        return _Returned(function())
     except BaseException as exc:  # raised by `call`, in the caller's thread
         return exc
-    return None

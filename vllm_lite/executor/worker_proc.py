@@ -10,6 +10,7 @@ subscribes to the step broadcast, and from then on runs every message it receive
                    the one launched before it           others with the requests failed on them)
     Flush       -> finish the step launched ahead      (replies as for the step)
     Profile     -> start or stop this rank's profiler  (every rank replies, with its error if any)
+    CollectiveRpc -> run the call on this rank's worker (every rank replies with its result or error)
     Shutdown    -> leave the process group and exit
 
 Every rank samples from the same all-gathered logits with the same seeds, so all ranks append the
@@ -45,8 +46,10 @@ from vllm_lite.executor.messages import MessageCodec
 from vllm_lite.executor.rendezvous import join_store, read_config, read_endpoints, wait_for_store
 from vllm_lite.executor.step_order import StepPipeline
 from vllm_lite.lifecycle import on_parent_death, spawn, stop_processes
-from vllm_lite.wire import Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown, WorkerReply
-from vllm_lite.worker.worker import Worker
+from vllm_lite.rpc import decode_call, encode, run_call
+from vllm_lite.wire import (CollectiveRpc, Flush, InitKVCache, MeasureMemory, ModelRunnerOutput, Profile, Shutdown,
+                            WorkerReply)
+from vllm_lite.worker.worker import Worker, worker_class
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ def run_worker(args: WorkerProcArgs) -> None:
         torch.cuda.set_device(args.local_rank)
     tp = init_tensor_parallel_group(store, args.rank, parallel.world_size, config.device_config.device)
     endpoints = read_endpoints(store)
-    worker = Worker(config, tp, args.local_rank)
+    worker = worker_class(config)(config, tp, args.local_rank)
     proc = WorkerProc(worker, endpoints.steps, endpoints.replies, stopping, args.rank)
     proc.serve()
     _exit_within(DISCONNECT_GRACE_S)  # a teardown stuck on a peer that is already gone must not
@@ -134,6 +137,8 @@ class WorkerProc:
             return [WorkerReply(rank=self.rank, kv_cache_budget=self.worker.determine_available_memory())]
         if isinstance(message, Profile):
             return [self._profile(message)]
+        if isinstance(message, CollectiveRpc):
+            return [self._collective_rpc(message)]
         if isinstance(message, InitKVCache):
             self.worker.initialize_kv_cache(message.num_blocks)
             self.pipeline = StepPipeline(self.worker, message.launch_ahead)
@@ -152,6 +157,14 @@ class WorkerProc:
             logger.warning("rank %d: profile(is_start=%s) failed", self.rank, message.is_start, exc_info=exc)
             return WorkerReply(rank=self.rank, profile_error=f"rank {self.rank}: {describe_error(exc)}")
         return WorkerReply(rank=self.rank)
+
+    def _collective_rpc(self, message: CollectiveRpc) -> WorkerReply:
+        """A call that fails (or whose result cannot be encoded) is the call's failure, not the rank's."""
+        try:
+            return WorkerReply(rank=self.rank, rpc_result=encode(run_call(self.worker, decode_call(message.call))))
+        except Exception as exc:
+            logger.warning("rank %d: collective_rpc failed", self.rank, exc_info=exc)
+            return WorkerReply(rank=self.rank, rpc_error=f"rank {self.rank}: {describe_error(exc)}")
 
     def _reply(self, output: ModelRunnerOutput) -> WorkerReply:
         if self.rank == 0:

@@ -27,11 +27,9 @@ from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weight
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
 from vllm_lite.model.checkpoint_files import iterate_weights, safetensors_files
+from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
 from vllm_lite.model.registry import get_model_class
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
-
-_SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
-
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False,
                  int8_checkpoint: bool = False, zero_biases_optional: bool = False) -> None:
@@ -50,8 +48,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: s
     tied = getattr(model.config, "tie_word_embeddings", False)
     split = getattr(model, "split_checkpoint_tensor", None)
     int8 = _Int8Checkpoint() if int8_checkpoint else None
-    for name, weight in _split_fused(iter(weights), split):
-        if name.endswith(_SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
+    for name, weight in split_fused(iter(weights), split):
+        if name.endswith(SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
             continue
         if int8 is not None and name.endswith(".weight_scale"):
             int8.add_scale(*checkpoint_target(model, name.removesuffix("_scale")), materialize(weight))
@@ -139,28 +137,6 @@ def decoder_name(name: str) -> str:
     `*ForCausalLM` model's parameter name (names that have the prefix are kept, and a
     classifier's head, `score`)."""
     return name if name.startswith(("model.", "lm_head.", "score.")) else "model." + name
-
-
-def _split_fused(weights: Iterator[tuple[str, Any]], split: Any) -> Iterator[tuple[str, Any]]:
-    """A checkpoint that fuses projections (Phi-3's qkv_proj, gate_up_proj) is read as the
-    separate tensors the model's weight loaders take: `split(name, weight)` returns them, or
-    None for a tensor that is not fused."""
-    for name, weight in weights:
-        parts = split(name, weight) if split is not None else None
-        yield from parts if parts is not None else [(name, weight)]
-
-
-def checkpoint_target(model: nn.Module, name: str) -> tuple[str, Any]:
-    """The model parameter a checkpoint tensor loads into, and its shard id there (None: the
-    whole parameter)."""
-    hook = getattr(model, "map_checkpoint_name", None)
-    mapped = hook(name) if hook is not None else None
-    if mapped is not None:
-        return mapped
-    for ckpt_fragment, param_fragment, shard_id in getattr(model, "stacked_params_mapping", ()):
-        if ckpt_fragment in name:
-            return name.replace(ckpt_fragment, param_fragment), shard_id
-    return name, None
 
 
 def _head_from_token_rows(model_config: ModelConfig) -> ReplicatedLinear:

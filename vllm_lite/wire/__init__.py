@@ -13,6 +13,7 @@ from vllm_lite.wire.codec import (
 )
 from vllm_lite.wire.engine_core import (
     OUTPUT_STRUCTS,
+    PAUSE_MODES,
     REQUEST_STRUCTS,
     UTILITY_METHODS,
     AbortRequests,
@@ -32,6 +33,7 @@ from vllm_lite.wire.engine_core import (
     split_token_columns,
 )
 from vllm_lite.wire.worker import (
+    CollectiveRpc,
     Flush,
     InitKVCache,
     LogprobsArrays,
@@ -44,8 +46,8 @@ from vllm_lite.wire.worker import (
 
 __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
-    "OUTPUT_STRUCTS", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
+    "OUTPUT_STRUCTS", "PAUSE_MODES", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
-    "UtilityResult", "split_token_columns", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Profile", "Shutdown", "WorkerReply",
+    "UtilityResult", "split_token_columns", "CollectiveRpc", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Profile", "Shutdown", "WorkerReply",
 ]

@@ -205,7 +205,11 @@ class OutputType:
 
 
 # Utility calls an engine core answers; anything else gets an error result.
-UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info", "profile")
+# vLLM's pause modes (EngineCore.pause): what happens to the requests in the engine
+PAUSE_MODES = ("abort", "wait", "keep")
+
+UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info", "profile", "collective_rpc", "pause",
+                   "resume", "is_paused", "sleep", "wake_up", "is_sleeping")
 
 
 class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

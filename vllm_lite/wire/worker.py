@@ -1,7 +1,7 @@
 """Wire structs between the engine core and its workers (ranks).
 
 Engine core -> every rank: `InitKVCache`, the step (`SchedulerOutput` in the diff form
-`executor/messages.py` gives it), `Flush`, `Profile`, `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
+`executor/messages.py` gives it), `Flush`, `Profile`, `CollectiveRpc`, `Shutdown`. Every rank -> engine core: `WorkerReply`, rank 0's
 with the step's `ModelRunnerOutput`; an error (naming the rank) when a rank failed or died.
 """
 
@@ -85,6 +85,14 @@ class Profile(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     max_iterations: int | None = None
 
 
+class CollectiveRpc(msgspec.Struct, array_like=True, gc=False):
+    """collective_rpc on every rank: `call` is `vllm_lite.rpc`'s encoding of the method and its
+    arguments (decoded by each rank); every rank replies with its result, encoded the same way,
+    or with `rpc_error`."""
+
+    call: bytes
+
+
 class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """Every rank replies once to every step (and to InitKVCache and MeasureMemory), in order. Rank 0's reply
     to a step carries the output; the other ranks' carry only the requests that failed on them
@@ -98,3 +106,5 @@ class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, gc=False)
     kv_cache_budget: int | None = None  # the reply to MeasureMemory
     death_notice: bool = False  # posted by the executor's death watch, not by a rank
     profile_error: str | None = None  # the reply to Profile: why this rank could not (the engine goes on)
+    rpc_result: bytes | None = None  # the reply to CollectiveRpc: the result (`vllm_lite.rpc` encoding)
+    rpc_error: str | None = None  # ... or why the call failed on this rank (the engine goes on)

@@ -22,7 +22,8 @@ from vllm_lite.lora.peft import HEAD_TENSOR, LORA_A, LORA_B, PREFIX, PEFTAdapter
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.model.layers.linear import LinearBase
 from vllm_lite.model.layers.lora import LinearLoRA, LoRAStep, LoRAWeights
-from vllm_lite.model.loader import checkpoint_target, decoder_name
+from vllm_lite.model.checkpoint_names import checkpoint_target
+from vllm_lite.model.loader import decoder_name
 from vllm_lite.multimodal_checkpoints import adapter_module_name
 
 

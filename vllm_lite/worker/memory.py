@@ -5,8 +5,10 @@ share is of the host's memory and what the rank uses is its resident set."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +82,14 @@ def kv_cache_budget(utilization: float, at_start: DeviceMemory, used: int, now_f
         logger.warning("gpu_memory_utilization=%s leaves %.2f GiB for the KV cache, but only %.2f GiB are free: the "
                        "KV cache takes at most that", utilization, budget / GIB, now_free / GIB)
     return min(budget, now_free)
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim): the worker keeps
+    freed buffers in its heap for the next step (`worker.keep_freed_memory_in_heap`), which a
+    released KV cache must not stay in."""
+    if not sys.platform.startswith("linux"):
+        return
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if malloc_trim is not None:  # (glibc only)
+        malloc_trim(0)

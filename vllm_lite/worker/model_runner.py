@@ -42,6 +42,7 @@ from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_grap
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.worker.logits_processors import CustomLogitsProcessors
 from vllm_lite.worker.lora_manager import LoRAManager
+from vllm_lite.worker.memory import return_freed_memory
 from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.worker.pooler import Pooler
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
@@ -231,9 +232,16 @@ class ModelRunner:
         return best
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.num_kv_blocks = num_blocks
         self.kv_caches = self._new_kv_caches(num_blocks)
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
+
+    def release_kv_cache(self) -> None:
+        """vLLM's sleep level 1 on CPU: the KV cache's memory goes back to the system (no
+        request may hold blocks; `initialize_kv_cache` makes a new, zeroed one)."""
+        self.kv_caches, self.cuda_graphs = [], None
+        return_freed_memory()
 
     @torch.inference_mode()
     def profile_run(self) -> int:

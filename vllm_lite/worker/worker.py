@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.worker.memory import device_memory, host_memory, kv_cache_budget, resident_bytes
 from vllm_lite.profiler_config import NOT_ENABLED
+from vllm_lite.rpc import resolve_qualname
 from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
 from vllm_lite.worker.profiler import TorchProfiler
 from vllm_lite.wire import ModelRunnerOutput
@@ -34,6 +38,7 @@ class Worker:
         torch.manual_seed(vllm_config.model_config.seed)
         self.model_runner = ModelRunner(vllm_config, self.device, tp)
         self.rank = tp.rank
+        self.local_rank = local_rank
         self.profiler: TorchProfiler | None = None  # made by the first start_profile
 
     def determine_available_memory(self) -> int:
@@ -63,6 +68,26 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep on this rank (the engine core has checked the level and that no request
+        holds blocks): level 1 on CPU releases the KV cache; the weights stay in host memory,
+        where level 1 keeps them."""
+        if level == 1:
+            self.model_runner.release_kv_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's: what `sleep` released is back (a new, zeroed KV cache)."""
+        if not self.model_runner.kv_caches and (tags is None or "kv_cache" in tags):
+            self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks)
+
+    def get_model(self) -> nn.Module:
+        """vLLM's: this rank's model (`model.load_weights(weights)` updates its weights in place)."""
+        return self.model_runner.model
+
+    def apply_model(self, function: Callable[[nn.Module], Any]) -> Any:
+        """vLLM's `LLM.apply_model` on this rank: `function(model)`."""
+        return function(self.get_model())
 
     def stop_profiling(self) -> None:
         """At shutdown: a session still on writes its trace (as vLLM's)."""
@@ -118,6 +143,23 @@ class Worker:
         by every step (`ModelRunner.launch` enters it only for a caller not in it; each entry
         costs tens of us on a CPU whose caches the forward pass has refilled)."""
         return torch.inference_mode()
+
+
+def worker_class(vllm_config: VllmConfig) -> type[Worker]:
+    """Worker, with vLLM's `worker_extension_cls` mixed in when one is set: its methods become
+    the worker's, for `collective_rpc` to call by name. A name both classes define is refused
+    (vLLM's rule: the extension adds, it does not replace)."""
+    qualname = vllm_config.parallel_config.worker_extension_cls
+    if not qualname:
+        return Worker
+    extension = resolve_qualname(qualname, "worker_extension_cls")
+    if not isinstance(extension, type):
+        raise ValueError(f"worker_extension_cls={qualname!r} is not a class")
+    clashes = sorted(name for name in dir(extension) if not name.startswith("__") and hasattr(Worker, name))
+    if clashes:
+        raise ValueError(f"worker_extension_cls={qualname!r} defines {clashes}, which the worker has already; "
+                         "an extension may only add methods")
+    return type(f"Worker_{extension.__name__}", (Worker, extension), {})
 
 
 # glibc mallopt parameters

@@ -73,6 +73,11 @@ class HeadPanels:
             screen = HeadScreen(*cpu_native.pack_head_screen(weight))
         return HeadPanels(cpu_native.pack_head_panels(weight), weight.shape[0], screen)
 
+    def unpack(self) -> torch.Tensor:
+        """The weight `pack` was given ([vocab, hidden]: the panels' entries back in rows)."""
+        panels = self.panels
+        return panels.permute(0, 2, 1).reshape(-1, panels.shape[1])[: self.out_features].contiguous()
+
 
 def head_panels_usable(weight: torch.Tensor) -> bool:
     """Whether an LM head weight runs on the native LM-head kernels: float32 on CPU, with the

@@ -77,6 +77,19 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | AmxWeight:
 PackedWeight = torch.Tensor | AmxWeight | Int8Weight | GGUFWeight | HeadPanels
 
 
+def unpacked_weight(packed_weight: PackedWeight) -> torch.Tensor | None:
+    """The row-major float weight a repacked one was made from, exactly (for weight updates:
+    model/weight_updates.py); None for a weight kept quantized (int8, GGUF blocks), which holds
+    less than the float weight did."""
+    if isinstance(packed_weight, HeadPanels):
+        return packed_weight.unpack()
+    if isinstance(packed_weight, AmxWeight):
+        packed_weight = packed_weight.onednn
+    if isinstance(packed_weight, torch.Tensor):
+        return packed_weight.to_dense() if packed_weight.is_mkldnn else packed_weight
+    return None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, packed_weight: PackedWeight | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, through the weight made by `prepack` (or int8 quantization, or a GGUF weight

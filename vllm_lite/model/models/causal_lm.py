@@ -14,6 +14,7 @@ from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import TensorParallelGroup
 from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm_lite.model.layers.linear import materialize
+from vllm_lite.model.weight_updates import CheckpointWeightUpdates
 
 QKV_PARTS = ("q_proj", "k_proj", "v_proj")
 
@@ -78,7 +79,7 @@ def refuse_checkpoint_quantization(config: HFModelConfig) -> None:
                          "it here)")
 
 
-class DecoderForCausalLM(nn.Module):
+class DecoderForCausalLM(CheckpointWeightUpdates, nn.Module):
     """`model`: the decoder (`embed_tokens`, `layers`, forward(input_ids, positions, kv_caches,
     attn_metadata) -> final hidden states)."""
 

@@ -23,6 +23,7 @@ from vllm_lite.model.layers.linear import MergedColumnParallelLinear, QKVParalle
 from vllm_lite.model.layers.norm import GemmaRMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
 from vllm_lite.model.models.llama import LlamaAttention, LlamaForCausalLM
+from vllm_lite.model.weight_updates import CheckpointWeightUpdates
 
 SLIDING = "sliding_attention"
 
@@ -132,7 +133,7 @@ class GemmaModel(nn.Module):
         return self.norm(hidden)
 
 
-class Gemma2ForCausalLM(nn.Module):
+class Gemma2ForCausalLM(CheckpointWeightUpdates, nn.Module):
     qk_norm = False
     sandwich_norms = True
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping

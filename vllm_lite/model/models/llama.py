@@ -21,6 +21,7 @@ from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from vllm_lite.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.weight_updates import CheckpointWeightUpdates
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,7 @@ class LlamaModel(nn.Module):
         return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CheckpointWeightUpdates, nn.Module):
     qk_norm = False
     o_proj_bias = True  # o_proj has a bias whenever `attention_bias` is set (not so in Qwen2)
 

@@ -22,6 +22,7 @@ from vllm_lite.model.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from vllm_lite.model.weight_updates import CheckpointWeightUpdates
 
 POSITION_OFFSET = 2  # OPT's position table starts at index 2 (a fairseq padding convention)
 
@@ -109,7 +110,7 @@ class OPTModel(nn.Module):
         return self.decoder(input_ids, positions, kv_caches, attn_metadata)
 
 
-class OPTForCausalLM(nn.Module):
+class OPTForCausalLM(CheckpointWeightUpdates, nn.Module):
     stacked_params_mapping = (
         (".q_proj", ".qkv_proj", "q"),
         (".k_proj", ".qkv_proj", "k"),

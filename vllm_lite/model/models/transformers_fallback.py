@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.weight_updates import update_module_parameters
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights, transformers_config
 
 ATTN_IMPLEMENTATION = "vllm_lite"
@@ -240,6 +242,15 @@ class TransformersForCausalLM(nn.Module):
         self._check_attention_shapes()
         self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
         object.__setattr__(self, "_given_hidden", _GivenHiddenStates())  # (not a submodule: no weights)
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
+        """vLLM's: weights replaced in place, named as transformers' model names its parameters
+        (what a trainer of the same class sends from its `named_parameters()`; a multimodal
+        checkpoint's language model under either of its name forms)."""
+        architecture = self.config.checkpoint_architecture
+        if is_multimodal(architecture):
+            weights = language_model_weights(architecture, weights)
+        return update_module_parameters(self.hf_model, weights)
 
     def _check_attention_shapes(self) -> None:
         """One forward over a few tokens records what each layer's attention would cache; the

@@ -1,0 +1,42 @@
+"""Worker extensions written as vLLM's RLHF examples write them (`worker_extension_cls`), for
+tests/test_collective_rpc.py: importable by name from the engine's processes
+(`worker_extensions.WeightSync`; the tests' folder is on their path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class WeightSync:
+    """A trainer's weight updates: tensors sent through collective_rpc, loaded by the model's
+    `load_weights` (vLLM's model interface)."""
+
+    def update_weights(self, weights: dict[str, torch.Tensor]) -> list[str]:
+        return sorted(self.model_runner.model.load_weights(weights=list(weights.items())))
+
+    def update_weight(self, name: str, weight: torch.Tensor) -> None:
+        self.model_runner.model.load_weights(weights=[(name, weight)])
+
+    def rank_and_device(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "device": str(self.device)}
+
+    def fail(self, message: str) -> None:
+        raise RuntimeError(message)
+
+    def sleep_for(self, seconds: float) -> str:
+        import time
+
+        time.sleep(seconds)
+        return "slept"
+
+
+class ClashingExtension:
+    """Defines a method the worker has: refused."""
+
+    def execute_model(self) -> None:
+        pass
+
+
+not_a_class = 42

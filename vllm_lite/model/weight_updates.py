@@ -1,0 +1,126 @@
+"""vLLM's `model.load_weights(weights)` on a running engine: an RL trainer's new weights, sent to
+every worker through `collective_rpc` (a `worker_extension_cls` method calls it, as in vLLM's
+RLHF examples). Any subset of the checkpoint's tensors, by the checkpoint's names, each loaded
+in place through its parameter's weight loader as at start (this rank's slice, a fused layer's
+shard). A layer repacked for the CPU matmul (oneDNN's blocked layout, the LM head's panels) is
+unpacked exactly, updated, and packed again once per call; a layer kept quantized (int8, GGUF
+blocks) is refused by name, since its float weight is gone. Prefix-cache entries computed with
+the old weights stay until `reset_prefix_cache()`, as in vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
+from vllm_lite.model.layers.linear import unpacked_weight
+from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
+
+
+class CheckpointWeightUpdates:
+    """What every native model class offers its workers' extensions (vLLM's model interface)."""
+
+    def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
+        """Replace the named weights in place; returns the parameters loaded."""
+        return update_weights(self, weights)
+
+
+def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:
+    config = model.config
+    if is_multimodal(config.checkpoint_architecture):  # (a trainer of the whole model names its tensors so)
+        weights = language_model_weights(config.checkpoint_architecture, weights)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    modules = dict(model.named_modules())
+    tied = getattr(config, "tie_word_embeddings", False)
+    unpacked: list[nn.Module] = []
+    updated: set[int] = set()
+    loaded: set[str] = set()
+    try:
+        for name, weight in split_fused(_tensors(weights), getattr(model, "split_checkpoint_tensor", None)):
+            if name.endswith(SKIPPED_SUFFIXES) or (tied and name.startswith("lm_head.")):
+                continue
+            target, shard_id = checkpoint_target(model, name)
+            if target not in params:
+                raise ValueError(f"load_weights: {name!r} has no matching model parameter")
+            module_name, _, attribute = target.rpartition(".")
+            module = modules[module_name]
+            if attribute == "weight" and getattr(module, "packed_weight", None) is not None and module.weight.is_meta:
+                params[target] = _unpack(module, name)
+                unpacked.append(module)
+            param = params[target]
+            _check_shape(name, weight, param)
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                param.data.copy_(weight)
+            else:
+                loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
+            updated.add(id(param))
+            loaded.add(target)
+    finally:  # (a failed update still leaves every layer packed and usable)
+        _repack(model, unpacked, updated)
+    return loaded
+
+
+def update_module_parameters(module: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:
+    """`load_weights` for a model whose parameters are named as its checkpoint's tensors (the
+    Transformers fallback: transformers' own module tree): each copied in place, its shape the
+    parameter's."""
+    params = dict(module.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for name, weight in _tensors(weights):
+        param = params.get(name)
+        if param is None:
+            raise ValueError(f"load_weights: {name!r} has no matching model parameter")
+        if tuple(weight.shape) != tuple(param.shape):
+            raise ValueError(f"load_weights: {name!r} has shape {tuple(weight.shape)}, the parameter "
+                             f"{tuple(param.shape)}")
+        param.data.copy_(weight)
+        loaded.add(name)
+    return loaded
+
+
+def _tensors(weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, torch.Tensor]]:
+    for item in weights:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)):
+            raise TypeError("load_weights takes (name, tensor) pairs")
+        name, weight = item
+        if isinstance(weight, np.ndarray):
+            weight = torch.from_numpy(np.array(weight))
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"load_weights: {name!r} is a {type(weight).__name__}, not a tensor")
+        yield name, weight
+
+
+def _unpack(module: nn.Module, name: str) -> nn.Parameter:
+    """The layer's row-major weight back from its packed copy, as the parameter to load into."""
+    dense = unpacked_weight(module.packed_weight)
+    if dense is None:
+        raise ValueError(f"load_weights: {name!r} belongs to a layer kept quantized "
+                         f"({type(module.packed_weight).__name__}); updating quantized weights is not supported")
+    module.weight = nn.Parameter(dense, requires_grad=False)
+    module.weight.weight_loader = module.weight_loader
+    module.packed_weight = None
+    return module.weight
+
+
+def _check_shape(name: str, weight: torch.Tensor, param: nn.Parameter) -> None:
+    """A weight loader slices and copies: a tensor of another rank, or with a dimension of 1
+    where the parameter has more, would be broadcast into it instead of refused."""
+    broadcast = any(size == 1 < ours for size, ours in zip(weight.shape, param.shape))
+    if weight.dim() != param.dim() or broadcast:
+        raise ValueError(f"load_weights: {name!r} has shape {tuple(weight.shape)}, which does not fit the "
+                         f"parameter it loads into ({tuple(param.shape)} on this rank)")
+
+
+def _repack(model: nn.Module, unpacked: list[nn.Module], updated: set[int]) -> None:
+    """Pack again every layer unpacked here, and every packed layer whose weight was updated in
+    place (a tied LM head: the embedding's weight is its own)."""
+    for module in model.modules():
+        if module in unpacked or (getattr(module, "packed_weight", None) is not None
+                                  and id(getattr(module, "weight", None)) in updated):
+            module.packed_weight = None
+            module.process_weights_after_loading()
