@@ -22,13 +22,23 @@ class WeightSync:
     def rank_and_device(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "device": str(self.device)}
 
+    def load_checkpoint(self, path: str) -> int:
+        """A trainer's checkpoint by path (an HTTP client's collective_rpc passes strings only)."""
+        from safetensors.torch import load_file
+
+        return len(self.model_runner.model.load_weights(weights=load_file(path).items()))
+
+    def kv_cache_layers(self) -> int:
+        """How many layers' KV cache this rank holds (0 while asleep at level 1)."""
+        return len(self.model_runner.kv_caches)
+
     def fail(self, message: str) -> None:
         raise RuntimeError(message)
 
     def sleep_for(self, seconds: float) -> str:
         import time
 
-        time.sleep(seconds)
+        time.sleep(float(seconds))  # (an HTTP client passes strings)
         return "slept"
 
 

@@ -216,6 +216,10 @@ class AsyncLLM:
             if output is not None and state.queue is not None:
                 state.queue.put_nowait(output)
 
+    def unfinished_request_ids(self) -> list[str]:
+        """The requests in flight (n > 1: each sample's own id)."""
+        return list(self.output_processor.request_states)
+
     def _abort_now(self, request_ids: list[str]) -> list[RequestState]:
         aborted = self.output_processor.abort_requests(request_ids)
         self.engine_core.abort_requests_nowait([state.request_id for state in aborted])

@@ -357,7 +357,9 @@ class EngineCore:
             self.taken_early = self._finish_in_flight()
 
     def get_stats(self) -> dict[str, Any]:
-        return self.scheduler.get_stats()
+        stats = self.scheduler.get_stats()
+        stats["num_waiting"] += len(self.held_requests)  # (added while paused: they wait too)
+        return stats
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
+import json
 import logging
 import os
 import socket
@@ -47,9 +48,11 @@ from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, route_error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend, route_path
 from vllm_lite.entrypoints.openai.protocol import (
+    AbortRequestsRequest,
     BatchChatCompletionRequest,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    CollectiveRpcRequest,
     CompletionRequest,
     CompletionResponse,
     DetokenizeRequest,
@@ -521,6 +524,93 @@ def _add_profile_routes(app: FastAPI, ctx: ServingContext) -> None:
         return Response(status_code=200)
 
 
+def _add_engine_control_routes(app: FastAPI, ctx: ServingContext) -> None:
+    """vLLM's development and RL routes (VLLM_SERVER_DEV_MODE=1), which an RL trainer drives
+    around its weight updates: collective_rpc on the workers, sleep / wake_up, pause / resume,
+    aborting every request, the world size. Bad arguments are a 400 naming them."""
+    logger.warning("SECURITY WARNING: development endpoints are enabled (VLLM_SERVER_DEV_MODE=1): /collective_rpc "
+                   "runs worker methods; do not expose this server")
+    engine = ctx.engine
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: CollectiveRpcRequest) -> JSONResponse:
+        """vLLM's: a worker method by name; arguments are strings (the method decodes them), as in vLLM."""
+        request.refuse_unknown_fields()
+        results = await _engine_call(engine.collective_rpc(request.method, request.timeout, tuple(request.args),
+                                                           request.kwargs))
+        return JSONResponse({"results": [_json_result(result) for result in results]})
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1, mode: str = "abort") -> JSONResponse:
+        await _engine_call(engine.sleep(level, mode))
+        return JSONResponse({"status": "sleeping", "level": level})
+
+    @app.post("/wake_up")
+    async def wake_up(raw_request: Request) -> JSONResponse:
+        tags = raw_request.query_params.getlist("tags") or None
+        awake = await _engine_call(engine.wake_up(tags))
+        return JSONResponse({"status": "awake" if awake else "sleeping", "tags": tags})
+
+    @app.get("/is_sleeping")
+    async def is_sleeping() -> JSONResponse:
+        return JSONResponse({"is_sleeping": await engine.is_sleeping()})
+
+    @app.post("/pause")
+    async def pause(mode: str = "abort", clear_cache: bool = True) -> JSONResponse:
+        await _engine_call(engine.pause_generation(mode=mode, clear_cache=clear_cache))
+        return JSONResponse({"status": "paused"})
+
+    @app.post("/resume")
+    async def resume() -> JSONResponse:
+        await engine.resume_generation()
+        return JSONResponse({"status": "resumed"})
+
+    @app.get("/is_paused")
+    async def is_paused() -> JSONResponse:
+        return JSONResponse({"is_paused": await engine.is_paused()})
+
+    @app.post("/abort_requests")
+    async def abort_requests(request: AbortRequestsRequest) -> JSONResponse:
+        """vLLM's: the named requests, or every request in flight when none are named."""
+        request.refuse_unknown_fields()
+        request_ids = request.request_ids or engine.unfinished_request_ids()
+        await engine.abort(request_ids)
+        return JSONResponse({"status": "aborted", "aborted": len(request_ids)})
+
+    @app.get("/get_world_size")
+    async def get_world_size(include_dp: bool = True) -> JSONResponse:
+        return JSONResponse({"world_size": engine.vllm_config.parallel_config.world_size})
+
+
+async def _engine_call(call: Awaitable[Any]) -> Any:
+    """An engine control call whose arguments the engine refused (ValueError, TypeError, a
+    worker method's own error) answers 400 with the reason; a timeout, 504."""
+    try:
+        return await call
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ApiError(400, "BadRequestError", str(exc)) from None
+    except TimeoutError as exc:
+        raise ApiError(504, "TimeoutError", str(exc) or "the call did not finish in time") from None
+    except RuntimeError as exc:
+        if isinstance(exc, EngineDeadError):
+            raise
+        raise ApiError(400, "BadRequestError", str(exc)) from None
+
+
+def _json_result(result: Any) -> Any:
+    """vLLM's rendering of a worker's result: None, a dict or a list as JSON, anything else as
+    its str (and so is a dict or list JSON cannot hold)."""
+    if result is None:
+        return None
+    if isinstance(result, (dict, list)):
+        try:
+            json.dumps(result)
+            return result
+        except (TypeError, ValueError):
+            pass
+    return str(result)
+
+
 def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.get("/health", response_class=Response, responses={200: {"description": "the engine answers"}})
     async def health() -> Response:
@@ -590,6 +680,8 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
                                "reset_running_requests")
             logger.info("resetting the prefix cache")
             return JSONResponse({"success": bool(await ctx.engine.reset_prefix_cache())})
+
+        _add_engine_control_routes(app, ctx)
 
     profiler_config = getattr(ctx.engine.vllm_config, "profiler_config", None)
     if profiler_config is not None and profiler_config.enabled:

@@ -558,6 +558,22 @@ class LoadLoRAAdapterRequest(RequestModel):
     is_3d_lora_weight: Literal[False] = False  # (vLLM's MoE weight layout flag: no MoE LoRA here)
 
 
+class CollectiveRpcRequest(RequestModel):
+    """vLLM's /collective_rpc body (development mode): a worker method by name, with string
+    arguments only (the method decodes them: nothing else is deserialized from a request)."""
+
+    method: str
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class AbortRequestsRequest(RequestModel):
+    """vLLM's /abort_requests body: the requests to abort; none named: every one in flight."""
+
+    request_ids: list[str] | None = None
+
+
 class StartProfileRequest(RequestModel):
     """vLLM's /start_profile body (optional): one session's overrides of profiler_config."""
 

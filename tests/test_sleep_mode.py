@@ -1,0 +1,172 @@
+"""vLLM's sleep mode and pause: `LLM.sleep` / `wake_up` (level 0 pauses; level 1 also forgets the
+prefix cache and releases every rank's KV cache on CPU), `AsyncLLM.pause_generation` /
+`resume_generation` with vLLM's three modes (abort the requests in flight, wait for them, keep
+them frozen), requests added meanwhile held until resumed. What RL trainers do around weight
+updates; the tokens after waking are the tokens before."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from hf_reference import hf_greedy
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.config import EngineArgs
+from vllm_lite.sampling_params import RequestOutputKind
+
+EXTENSION = "worker_extensions.WeightSync"
+PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42], list(range(100, 140))]  # (the last fills two KV blocks)
+NUM_TOKENS = 24
+LONG = 160
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
+
+
+def prompts() -> list[dict]:
+    return [{"prompt_token_ids": p} for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama: Path) -> list[list[int]]:
+    return hf_greedy(tiny_llama, PROMPTS, NUM_TOKENS)
+
+
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_level_1_releases_the_kv_cache_and_wake_up_brings_it_back(tiny_llama: Path, expected: list[list[int]],
+                                                                  multiprocess: bool) -> None:
+    llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION, block_size=16)
+    try:
+        assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)] == expected
+        assert llm.generate(prompts(), GREEDY, use_tqdm=False)[2].num_cached_tokens == 32  # (the prefix cache)
+        assert llm.collective_rpc("kv_cache_layers") == [2]
+        llm.sleep(level=1)
+        assert llm.llm_engine.is_sleeping() and llm.collective_rpc("kv_cache_layers") == [0]
+        with pytest.raises(RuntimeError, match="the engine is asleep"):
+            llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert llm.wake_up(["scheduling"]) is False  # (the KV cache is still released)
+        assert llm.wake_up(["kv_cache"]) is True and not llm.llm_engine.is_sleeping()
+        assert llm.collective_rpc("kv_cache_layers") == [2]
+        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+        assert outputs[2].num_cached_tokens == 0  # (level 1 forgot the prefix cache)
+    finally:
+        llm.shutdown()
+
+
+def test_keep_freezes_requests_in_flight_and_they_finish_after_wake_up(tiny_llama: Path,
+                                                                        expected: list[list[int]]) -> None:
+    llm = make_llm(tiny_llama, multiprocess=True)
+    try:
+        llm.enqueue(prompts(), GREEDY, use_tqdm=False)  # (the engine core starts them at once)
+        llm.sleep(level=0, mode="keep")
+        assert llm.llm_engine.is_sleeping()
+        assert llm.wake_up() is True
+        outputs = llm.wait_for_completion(use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    finally:
+        llm.shutdown()
+
+
+def test_abort_ends_the_requests_and_wait_lets_them_finish(tiny_llama: Path, expected: list[list[int]]) -> None:
+    llm = make_llm(tiny_llama)  # (in this process: nothing runs until the caller steps it)
+    try:
+        llm.enqueue(prompts(), GREEDY, use_tqdm=False)
+        llm.sleep(level=1, mode="abort")
+        llm.wake_up()
+        outputs = llm.wait_for_completion(use_tqdm=False)
+        assert [o.outputs[0].finish_reason for o in outputs] == ["abort"] * len(PROMPTS)
+        with pytest.raises(ValueError, match="'wait' mode can't be used with the engine core in this process"):
+            llm.sleep(level=0, mode="wait")
+    finally:
+        llm.shutdown()
+    llm = make_llm(tiny_llama, multiprocess=True)
+    try:
+        llm.enqueue(prompts(), GREEDY, use_tqdm=False)
+        llm.sleep(level=1, mode="wait")  # (returns once they have finished)
+        llm.wake_up()
+        outputs = llm.wait_for_completion(use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == expected
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"level": 2}, "sleep\\(level=2\\) discards the weights, which is not implemented"),
+    ({"level": 1, "mode": "keep"}, "would release the KV cache of the requests it keeps"),
+    ({"level": 3}, "sleep level must be 0, 1 or 2, got 3"),
+    ({"level": 0, "mode": "later"}, "pause mode must be one of \\('abort', 'wait', 'keep'\\), got 'later'"),
+])
+def test_what_sleep_does_not_implement_is_refused(tiny_llama: Path, arguments: dict, message: str) -> None:
+    llm = make_llm(tiny_llama)
+    try:
+        with pytest.raises(ValueError, match=message):
+            llm.sleep(**arguments)
+        with pytest.raises(ValueError, match="wake_up tags must be among"):
+            llm.wake_up(["gpu"])
+        assert not llm.llm_engine.is_sleeping()
+    finally:
+        llm.shutdown()
+
+
+def test_async_pause_modes(tiny_llama: Path, expected: list[list[int]]) -> None:
+    from vllm_lite.engine.async_llm import AsyncLLM
+
+    # (long enough that no stream ends before the pause reaches the engine)
+    expected_long = hf_greedy(tiny_llama, PROMPTS, LONG)
+
+    async def stream(engine: AsyncLLM, request_id: str, prompt: list[int], started: asyncio.Event | None = None,
+                     max_tokens: int = LONG):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                output_kind=RequestOutputKind.CUMULATIVE)
+        last = None
+        async for output in engine.generate({"prompt_token_ids": prompt}, params, request_id):
+            last = output
+            if started is not None:
+                started.set()
+        return last.outputs[0]
+
+    async def go() -> None:
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32"))
+        try:
+            # keep: the streams stop mid-way and finish after resume with the same tokens
+            started = asyncio.Event()
+            tasks = [asyncio.create_task(stream(engine, f"keep-{i}", p, started)) for i, p in enumerate(PROMPTS)]
+            await started.wait()
+            await engine.pause_generation(mode="keep")
+            assert await engine.is_paused()
+            held = asyncio.create_task(stream(engine, "held", PROMPTS[0]))  # added while paused: waits
+            await asyncio.sleep(0.3)
+            assert not any(task.done() for task in (*tasks, held))
+            await engine.resume_generation()
+            assert not await engine.is_paused()
+            results = await asyncio.gather(*tasks, held)
+            assert [list(r.token_ids) for r in results] == [*expected_long, expected_long[0]]
+            # abort: the streams end at once, finish_reason abort
+            started = asyncio.Event()
+            tasks = [asyncio.create_task(stream(engine, f"abort-{i}", p, started)) for i, p in enumerate(PROMPTS)]
+            await started.wait()
+            await engine.pause_generation(mode="abort")
+            results = await asyncio.gather(*tasks)
+            assert [r.finish_reason for r in results] == ["abort"] * len(PROMPTS)
+            await engine.resume_generation()
+            # wait: returns once the streams have finished
+            tasks = [asyncio.create_task(stream(engine, f"wait-{i}", p, max_tokens=NUM_TOKENS))
+                     for i, p in enumerate(PROMPTS)]
+            await asyncio.sleep(0)
+            await engine.pause_generation(mode="wait")
+            stats = await engine.get_stats()
+            assert (stats["num_running"], stats["num_waiting"]) == (0, 0)
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+            assert [list(r.token_ids) for r in results] == expected
+            assert [r.finish_reason for r in results] == ["length"] * len(PROMPTS)
+            await engine.resume_generation()
+            await engine.sleep(level=1, mode="wait")
+            assert await engine.is_sleeping()
+            assert await engine.wake_up() is True and not await engine.is_sleeping()
+            assert list((await stream(engine, "after", PROMPTS[1], max_tokens=NUM_TOKENS)).token_ids) == expected[1]
+        finally:
+            engine.shutdown()
+
+    asyncio.run(go())
