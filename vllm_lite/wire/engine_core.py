@@ -16,7 +16,9 @@ peer's identity in front). The tag says which struct the msgpack frame holds:
 | engine -> client | ERROR `\x02` | RequestError (a request the engine core rejected) |
 | engine -> client | ENGINE_DEAD `\x03` | EngineDead (the busy loop failed; the engine exits) |
 
-numpy arrays travel as `wire.codec` frames them (extra zmq frames, uncopied). No pickle.
+numpy arrays travel as `wire.codec` frames them (extra zmq frames, uncopied). No pickle (the
+`collective_rpc` utility carries its call as bytes in `vllm_lite.rpc`'s encoding, which pickles
+only where VLLM_ALLOW_INSECURE_SERIALIZATION allows it, as vLLM).
 
 An OUTPUTS message leaves its `req_ids` out when they are those of the client's previous OUTPUTS
 message with ids (every steady decode step): it names that message's number instead
