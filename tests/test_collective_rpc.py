@@ -116,7 +116,10 @@ def test_bf16_engine_takes_float32_updates_as_it_loads_a_checkpoint(tiny_llama: 
 
 
 def test_spawned_engine_and_tensor_parallel_ranks_take_the_update(tiny_llama: Path, other_llama: Path) -> None:
+    """Then vLLM's `reload_weights` on every rank: the model's own checkpoint again (each rank reads
+    its part), and another checkpoint's folder."""
     expected = hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+    original = hf_greedy(tiny_llama, PROMPTS, NUM_TOKENS)
     for tp in (1, 2):
         llm = make_llm(tiny_llama, multiprocess=True, tensor_parallel_size=tp, worker_extension_cls=EXTENSION)
         try:
@@ -125,6 +128,14 @@ def test_spawned_engine_and_tensor_parallel_ranks_take_the_update(tiny_llama: Pa
             llm.collective_rpc("update_weights", args=(weights_of(other_llama),))
             llm.reset_prefix_cache()
             assert greedy(llm) == expected
+            assert llm.collective_rpc("reload_weights") == [None] * tp
+            llm.reset_prefix_cache()
+            assert greedy(llm) == original
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(other_llama)})
+            llm.reset_prefix_cache()
+            assert greedy(llm) == expected
+            with pytest.raises(RuntimeError, match="is_checkpoint_format=False"):
+                llm.collective_rpc("reload_weights", kwargs={"is_checkpoint_format": False})
         finally:
             llm.shutdown()
 

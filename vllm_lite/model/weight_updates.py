@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
-from vllm_lite.model.layers.linear import unpacked_weight
+from vllm_lite.model.layers.linear import materialize, unpacked_weight
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
 
@@ -55,7 +55,7 @@ def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[
             _check_shape(name, weight, param)
             loader = getattr(param, "weight_loader", None)
             if loader is None:
-                param.data.copy_(weight)
+                param.data.copy_(materialize(weight))
             else:
                 loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
             updated.add(id(param))
@@ -75,24 +75,30 @@ def update_module_parameters(module: nn.Module, weights: Iterable[tuple[str, Any
         param = params.get(name)
         if param is None:
             raise ValueError(f"load_weights: {name!r} has no matching model parameter")
-        if tuple(weight.shape) != tuple(param.shape):
-            raise ValueError(f"load_weights: {name!r} has shape {tuple(weight.shape)}, the parameter "
+        if _shape(weight) != tuple(param.shape):
+            raise ValueError(f"load_weights: {name!r} has shape {_shape(weight)}, the parameter "
                              f"{tuple(param.shape)}")
-        param.data.copy_(weight)
+        param.data.copy_(materialize(weight))
         loaded.add(name)
     return loaded
 
 
-def _tensors(weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, torch.Tensor]]:
+def _tensors(weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+    """Tensors, numpy arrays as tensors, or safetensors' lazy slices (a checkpoint read by each
+    rank for its part only: `reload_weights`)."""
     for item in weights:
         if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)):
             raise TypeError("load_weights takes (name, tensor) pairs")
         name, weight = item
         if isinstance(weight, np.ndarray):
             weight = torch.from_numpy(np.array(weight))
-        if not isinstance(weight, torch.Tensor):
+        if not isinstance(weight, torch.Tensor) and not hasattr(weight, "get_shape"):
             raise TypeError(f"load_weights: {name!r} is a {type(weight).__name__}, not a tensor")
         yield name, weight
+
+
+def _shape(weight: Any) -> tuple[int, ...]:
+    return tuple(weight.shape) if isinstance(weight, torch.Tensor) else tuple(weight.get_shape())
 
 
 def _unpack(module: nn.Module, name: str) -> nn.Parameter:
@@ -110,9 +116,10 @@ def _unpack(module: nn.Module, name: str) -> nn.Parameter:
 def _check_shape(name: str, weight: torch.Tensor, param: nn.Parameter) -> None:
     """A weight loader slices and copies: a tensor of another rank, or with a dimension of 1
     where the parameter has more, would be broadcast into it instead of refused."""
-    broadcast = any(size == 1 < ours for size, ours in zip(weight.shape, param.shape))
-    if weight.dim() != param.dim() or broadcast:
-        raise ValueError(f"load_weights: {name!r} has shape {tuple(weight.shape)}, which does not fit the "
+    shape = _shape(weight)
+    broadcast = any(size == 1 < ours for size, ours in zip(shape, param.shape))
+    if len(shape) != param.dim() or broadcast:
+        raise ValueError(f"load_weights: {name!r} has shape {shape}, which does not fit the "
                          f"parameter it loads into ({tuple(param.shape)} on this rank)")
 
 

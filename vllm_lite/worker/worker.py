@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.worker.memory import device_memory, host_memory, kv_cache_budget, resident_bytes
+from vllm_lite.model.checkpoint_files import iterate_weights
 from vllm_lite.profiler_config import NOT_ENABLED
 from vllm_lite.rpc import resolve_qualname
 from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
@@ -80,6 +82,21 @@ class Worker:
         """vLLM's: what `sleep` released is back (a new, zeroed KV cache)."""
         if not self.model_runner.kv_caches and (tags is None or "kv_cache" in tags):
             self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks)
+
+    def reload_weights(self, weights_iterator: Iterable[tuple[str, Any]] | None = None, weights_path: str | None = None,
+                       is_checkpoint_format: bool = True) -> None:
+        """vLLM's: the model's weights replaced in place (`model.load_weights`) from
+        `weights_iterator`, or from the safetensors checkpoint in `weights_path` (this rank reads
+        its part), or from the model's own checkpoint again."""
+        if not is_checkpoint_format:
+            raise ValueError("reload_weights(is_checkpoint_format=False): weights already in a kernel's layout are "
+                             "not taken here; give the checkpoint's tensors")
+        if weights_iterator is None:
+            folder = Path(weights_path or self.vllm_config.model_config.model)
+            if not folder.is_dir():
+                raise ValueError(f"reload_weights: {str(folder)!r} is no checkpoint folder (safetensors files)")
+            weights_iterator = iterate_weights(folder)
+        self.get_model().load_weights(weights_iterator)
 
     def get_model(self) -> nn.Module:
         """vLLM's: this rank's model (`model.load_weights(weights)` updates its weights in place)."""
