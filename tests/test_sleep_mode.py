@@ -106,6 +106,9 @@ def test_what_sleep_does_not_implement_is_refused(tiny_llama: Path, arguments: d
         with pytest.raises(ValueError, match="wake_up tags must be among"):
             llm.wake_up(["gpu"])
         assert not llm.llm_engine.is_sleeping()
+        with pytest.raises(ValueError, match="reset_running_requests=True"):
+            llm.reset_prefix_cache(reset_running_requests=True)
+        assert llm.reset_prefix_cache(reset_connector=True) is True
     finally:
         llm.shutdown()
 

@@ -882,6 +882,9 @@ class EngineArgs:
         _check(quantization is None or device == "cpu",
                f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
         quantization = _resolve_checkpoint_quantization(quantization, hf.quantization, device)
+        _check(quantization != "mxfp4" or hf.model_impl == "transformers",
+               f"config.json: quantization_config.quant_method='mxfp4' (gpt-oss's experts) loads through the "
+               f"Transformers fallback only, which dequantizes them; {hf.architecture} runs natively here")
         if quantization in ("int8", "compressed-tensors"):
             _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(quantization, gguf_file, device, self.tensor_parallel_size,

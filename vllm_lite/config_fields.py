@@ -57,7 +57,7 @@ COMMON_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
     "cross_attention_hidden_size": (None,),
     "tie_encoder_decoder": (False,),
     # quantized checkpoints: compressed-tensors W8A8 int8, AWQ and GPTQ, by native implementations
-    # (check_quantization_config); the transformers fallback loads none
+    # (check_quantization_config); the transformers fallback loads gpt-oss's mxfp4 only
     "quantization_config": (None,),
 }
 
@@ -557,7 +557,15 @@ FALLBACK_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"attention_chunk_size": (N
 def check_fallback_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """What the Transformers fallback cannot honour: transformers runs the model's own maths, so
     only what bypasses it is refused (custom code, quantized weights, encoder-decoders, attention
-    patterns made by the mask)."""
+    patterns made by the mask). gpt-oss's MXFP4 experts are the one quantization it loads
+    (transformers dequantizes them)."""
+    quantization = cfg.get("quantization_config")
+    if isinstance(quantization, Mapping) and quantization.get("quant_method") == "mxfp4":
+        check_quantization_config(quantization)
+        if cfg.get("model_type") != "gpt_oss":
+            raise ValueError(f"config.json: quantization_config.quant_method='mxfp4' is gpt-oss's (its experts); "
+                             f"transformers does not load it for model_type {cfg.get('model_type')!r}")
+        cfg = {name: value for name, value in cfg.items() if name != "quantization_config"}
     for name, allowed in {**COMMON_RESTRICTED, **FALLBACK_RESTRICTED}.items():
         if name in cfg and cfg[name] not in allowed:
             raise ValueError(f"config.json: {name}={cfg.get(name)!r} is not supported "
@@ -676,7 +684,10 @@ GPTQ_IGNORED = QUANTIZER_SETTINGS
 # weight_block_size; read into float weights as compressed-tensors' FP8 is.
 FP8_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"activation_scheme": ("dynamic", "static"), "fmt": ("e4m3",)}
 FP8_IGNORED = frozenset({"quant_method", "ignored_layers", "modules_to_not_convert", "weight_block_size"})
-CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8")
+CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8", "mxfp4")
+# gpt-oss's released checkpoints: its MoE experts in MXFP4 (e2m1 values, an e8m0 scale per 32);
+# `modules_to_not_convert` lists what the checkpoint keeps in bf16 (transformers reads it).
+MXFP4_IGNORED = frozenset({"quant_method", "modules_to_not_convert"})
 
 
 def check_quantization_config(config: Any) -> str:
@@ -695,13 +706,16 @@ def check_quantization_config(config: Any) -> str:
         _check_keys(where, config, GPTQ_RESTRICTED, GPTQ_IGNORED)
         _check_group_size(where, config.get("group_size"))
         return method
+    if method == "mxfp4":
+        _check_keys(where, config, {}, MXFP4_IGNORED)
+        return method
     if method == "fp8":
         _check_keys(where, config, FP8_RESTRICTED, FP8_IGNORED)
         _check_block(f"{where}.weight_block_size", config.get("weight_block_size"))
         return method
     if method != "compressed-tensors":
         raise ValueError(f"{where}.quant_method={method!r} is not supported (supported: compressed-tensors W8A8 "
-                         "int8 and FP8, fp8, AWQ, GPTQ)")
+                         "int8 and FP8, fp8, AWQ, GPTQ, gpt-oss's mxfp4)")
     _check_keys(where, config, CT_TOP_RESTRICTED, CT_TOP_IGNORED)
     groups = config.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:

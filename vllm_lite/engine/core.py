@@ -331,8 +331,9 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """Requests not finished, or a step whose output is still to be taken (async), or aborts
-        to report; frozen by a "keep" pause, only the last two."""
-        if self.aborted_by_pause or self.taken_early is not None:
+        or failures to report (a held request that could not be added on resume); frozen by a
+        "keep" pause, only the last three."""
+        if self.aborted_by_pause or self.taken_early is not None or self.failed_requests:
             return True
         if self.pause_state is PauseState.PAUSED_ALL:
             return False

@@ -405,7 +405,13 @@ class LLM:
         self._metrics.engine_stats.stats = self.llm_engine.get_stats()
         return snapshot(self._metrics.registry)
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """vLLM's: forget the prefix cache's blocks (after a weight update); False while requests
+        hold blocks. There is no KV connector to reset; preempting the running requests to reset
+        the cache under them (`reset_running_requests=True`) is refused by name."""
+        if reset_running_requests:
+            raise ValueError("reset_prefix_cache(reset_running_requests=True) is not supported; call it when the "
+                             "running requests have finished (or after LLM.sleep)")
         return self.llm_engine.reset_prefix_cache()
 
     def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,

@@ -124,6 +124,16 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+def _dequantized(config: HFModelConfig) -> dict[str, Any]:
+    """gpt-oss's MXFP4 experts are dequantized into the engine's dtype as transformers loads them
+    (its MXFP4 kernels are not used: the same weights on every device)."""
+    if config.quantization != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 def register_attention() -> None:
     """Idempotent: transformers keeps the registry for the process."""
     from transformers import AttentionInterface
@@ -221,7 +231,8 @@ class TransformersForCausalLM(nn.Module):
                     hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
             else:
                 self.hf_model = AutoModelForCausalLM.from_pretrained(
-                    model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype)
+                    model_dir, config=hf_config, attn_implementation=ATTN_IMPLEMENTATION, dtype=dtype,
+                    **_dequantized(config))
         except KeyError as exc:  # (a model that picks its attention class from a fixed table: Falcon's)
             raise ValueError(f"model_impl='transformers': transformers' {config.architecture} has no place for "
                              f"an attention implementation of its own (it looked up {exc}), so it cannot run "
