@@ -8,6 +8,7 @@ thinking_token_budget (core/thinking_budget.py) both read.
 | deepseek_r1 | ... `</think>` (a leading `<think>` dropped) | the prompt (its template opens it) |
 | mistral (Magistral) | `[THINK]` ... `[/THINK]` | the reply's first token |
 | granite (Granite 3.2 / 3.3 with `thinking`) | `Here is my thought process:` ... `Here is my response:` (or `Here's`), plain text | the reply's start |
+| openai_gptoss (gpt-oss) | harmony messages on the `analysis` channel (entrypoints/openai/harmony.py) | their headers |
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 START, END = "<think>", "</think>"
+# gpt-oss's harmony format's special tokens (entrypoints/openai/harmony.py reads them)
+HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,7 @@ class ReasoningFormat:
     ends: tuple[str, ...]
     opened_by_prompt: bool = False
     single_tokens: bool = True
+    harmony: bool = False  # gpt-oss's messages, not a thinking section: `starts` lists their markers
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
@@ -37,6 +41,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "mistral": ReasoningFormat(("[THINK]",), ("[/THINK]",)),
     "granite": ReasoningFormat(("Here is my thought process:", "Here's my thought process:"),
                                ("Here is my response:", "Here's my response:"), single_tokens=False),
+    "openai_gptoss": ReasoningFormat(HARMONY_MARKERS, (), single_tokens=False, harmony=True),
 }
 REASONING_PARSERS = tuple(REASONING_FORMATS)
 

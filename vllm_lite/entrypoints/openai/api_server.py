@@ -123,6 +123,24 @@ def _parser_special_markers(tokenizer: Any, options: ServerOptions) -> dict[str,
             "reasoning_special_markers": special_token_markers(tokenizer, reasoning)}
 
 
+def _harmony_options(options: ServerOptions, model_config: Any) -> ServerOptions:
+    """gpt-oss replies in the harmony format, which vLLM always reads as such (harmony.py): its
+    parsers are `openai_gptoss` and `openai` (another is refused, as vLLM refuses it); without
+    --reasoning-parser the analysis channel is read and left out."""
+    raw = getattr(getattr(model_config, "hf", None), "raw", None) or {}
+    if raw.get("model_type") != "gpt_oss":
+        return options
+    if options.reasoning_parser not in (None, "openai_gptoss"):
+        raise ValueError(f"gpt-oss replies in the harmony format: --reasoning-parser must be openai_gptoss (or "
+                         f"unset), got {options.reasoning_parser!r}")
+    if options.tool_call_parser not in (None, "openai"):
+        raise ValueError(f"gpt-oss replies in the harmony format: --tool-call-parser must be openai, got "
+                         f"{options.tool_call_parser!r}")
+    if options.reasoning_parser is None:
+        return dataclasses.replace(options, reasoning_parser="openai_gptoss", show_reasoning=False)
+    return options
+
+
 def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_key: str | None = None, *,
               owns_engine: bool = False, options: ServerOptions | None = None) -> FastAPI:
     """`engine` is an AsyncLLM (or anything with its interface). `owns_engine`: shut the engine
@@ -132,6 +150,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     if api_key:
         options = dataclasses.replace(options, api_key=api_key)
     model_config = engine.vllm_config.model_config
+    options = _harmony_options(options, model_config)
     if engine.tokenizer is None:
         _refuse_text_options(options)
     names = tuple(served_model_names) or (model_config.model,)

@@ -8,6 +8,7 @@ vllm_lite/reasoning_tags.py).
 | deepseek_r1 | the text before `</think>` (its template opens `<think>` in the prompt; a leading one is dropped) |
 | mistral | the text between a leading `[THINK]` and `[/THINK]` (Magistral) |
 | granite | the text between a leading "Here is my thought process:" and "Here is my response:" (or "Here's") |
+| openai_gptoss | gpt-oss's harmony messages on the analysis channel; the content is the final channel's (harmony.py) |
 
 A reply cut before its end marker is all reasoning (vLLM's granite calls a cut reply all content
 when it is not streamed, and reasoning when it is: here both are reasoning). Streaming gives the
@@ -25,12 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_lite.entrypoints.openai import harmony
 from vllm_lite.reasoning_tags import REASONING_FORMATS, REASONING_PARSERS, ThinkTokens, think_tokens  # noqa: F401
 
 
-def split_reasoning(parser: str, text: str) -> tuple[str | None, str | None]:
-    """(reasoning, content) of a whole reply; None for an empty part."""
+def split_reasoning(parser: str, text: str, keep_calls: bool = False) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a whole reply; None for an empty part. `keep_calls` (gpt-oss's
+    harmony replies only): its tool calls follow the content, for the `openai` tool parser."""
     reasoning_format = REASONING_FORMATS[parser]
+    if reasoning_format.harmony:
+        return harmony.split(text, keep_calls)
     stripped = text.lstrip()
     start = next((marker for marker in reasoning_format.starts if stripped.startswith(marker)), None)
     if start is None and not reasoning_format.opened_by_prompt:
@@ -47,16 +52,17 @@ def split_reasoning(parser: str, text: str) -> tuple[str | None, str | None]:
 class ReasoningStream:
     """Feeds a reply's deltas; returns the new (reasoning, content) pieces of each."""
 
-    def __init__(self, parser: str) -> None:
+    def __init__(self, parser: str, keep_calls: bool = False) -> None:
         self.parser = parser
         self.format = REASONING_FORMATS[parser]
+        self.keep_calls = keep_calls
         self.text = ""
         self.sent = ("", "")
 
     def feed(self, delta: str, final: bool) -> tuple[str | None, str | None]:
         self.text += delta
         visible = self.text if final else self.text[: len(self.text) - self._partial_marker_length(self.text)]
-        reasoning, content = split_reasoning(self.parser, visible)
+        reasoning, content = split_reasoning(self.parser, visible, self.keep_calls)
         reasoning, content = reasoning or "", content or ""
         if not final and not self.format.opened_by_prompt and not visible.lstrip() and self.text.strip():
             return None, None  # only a piece of a possible leading start marker so far
@@ -67,6 +73,8 @@ class ReasoningStream:
 
     def _partial_marker_length(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of a marker."""
+        if self.format.harmony:
+            return harmony.partial_marker_length(text)
         longest = 0
         for marker in (*self.format.ends, *self.format.starts):
             for length in range(len(marker) - 1, longest, -1):

@@ -99,6 +99,9 @@ class ServerOptions:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # False: the reasoning is split off and left out (gpt-oss's analysis channel without
+    # --reasoning-parser, as vLLM)
+    show_reasoning: bool = True
     enable_tokenizer_info_endpoint: bool = False
     root_path: str = ""
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES

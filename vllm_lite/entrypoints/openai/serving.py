@@ -134,6 +134,12 @@ class ServingContext:
     tokenizer_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer"))
 
+    def hides_reasoning(self, include_reasoning: bool) -> bool:
+        """Whether a reply's reasoning is split off and left out: the request asks so
+        (`include_reasoning: false`), or the server shows none (gpt-oss's analysis channel
+        without --reasoning-parser)."""
+        return self.options.reasoning_parser is not None and not (include_reasoning and self.options.show_reasoning)
+
     def tokens_as_ids(self, requested: bool | None) -> bool:
         """Logprob tokens as 'token_id:<int>': the request's return_tokens_as_token_ids, else the
         server's --return-tokens-as-token-ids (vLLM's rule)."""

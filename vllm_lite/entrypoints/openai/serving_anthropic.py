@@ -155,7 +155,9 @@ async def _full_message(ctx: ServingContext, turn: _Turn,
     choice = collected.choices[0]
     reasoning, text = None, choice.text
     if ctx.options.reasoning_parser is not None:
-        reasoning, text = split_reasoning(ctx.options.reasoning_parser, choice.text)
+        reasoning, text = split_reasoning(ctx.options.reasoning_parser, choice.text, turn.tools.parses_output)
+        if ctx.hides_reasoning(True):
+            reasoning = None
     calls, content = extract_tool_calls(turn.tools, text or "") if turn.tools.parses_output else ([], text)
     blocks: list[dict[str, Any]] = []
     if reasoning:
@@ -257,7 +259,8 @@ async def _stream_events(ctx: ServingContext, turn: _Turn,
     writer = _BlockWriter(turn.omit_thinking)
     parser = ctx.options.reasoning_parser
     tool_stream = ToolCallStream(turn.tools) if turn.tools.parses_output else None
-    pieces = ReplySplitter(ReasoningStream(parser) if parser else None, tool_stream)
+    pieces = ReplySplitter(ReasoningStream(parser, turn.tools.parses_output) if parser else None, tool_stream,
+                           ctx.hides_reasoning(True))
     finish_reason, stop_reason, tool_used, cached_tokens = None, None, False, 0
     async with contextlib.aclosing(stream):
         async for output in stream:

@@ -98,7 +98,7 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
     collected = await collect_choices(stream, request.n)
     as_ids = ctx.tokens_as_ids(request.return_tokens_as_token_ids)
     parser = ctx.options.reasoning_parser
-    hide_reasoning = parser is not None and not request.include_reasoning
+    hide_reasoning = ctx.hides_reasoning(request.include_reasoning)
     choices, reasoning_tokens = [], 0
     for index, acc in enumerate(collected.choices):
         logprobs = None
@@ -107,7 +107,7 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
                                      request.logprob_token_ids is not None)
         reasoning, text = None, acc.text
         if parser is not None:
-            reasoning, text = split_reasoning(parser, acc.text)
+            reasoning, text = split_reasoning(parser, acc.text, tools.parses_output)
             reasoning_tokens += ReasoningTokenCounter.for_parser(parser, ctx.think_tokens).feed(acc.token_ids)
         calls, content = extract_tool_calls(tools, text or "") if tools.parses_output else ([], text)
         if content is not None:
@@ -143,10 +143,10 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     plain = not usage_mode.every_chunk
     tool_streams = [ToolCallStream(tools) for _ in range(request.n)] if tools.parses_output else None
     parser = ctx.options.reasoning_parser
-    reasoning_streams = [ReasoningStream(parser) for _ in range(request.n)] if parser else None
+    reasoning_streams = [ReasoningStream(parser, tools.parses_output) for _ in range(request.n)] if parser else None
     counters = [ReasoningTokenCounter.for_parser(parser, ctx.think_tokens) for _ in range(request.n)] if parser \
         else None
-    hide_reasoning = parser is not None and not request.include_reasoning
+    hide_reasoning = ctx.hides_reasoning(request.include_reasoning)
 
     def reasoning_tokens(indices: range | list[int]) -> int | None:
         return None if counters is None else sum(counters[i].count for i in indices)

@@ -183,7 +183,7 @@ async def _full_response(ctx: ServingContext, turn: ResponseTurn,
 
 
 def _hides_reasoning(ctx: ServingContext, request: ResponsesRequest) -> bool:
-    return ctx.options.reasoning_parser is not None and not request.include_reasoning
+    return ctx.hides_reasoning(request.include_reasoning)
 
 
 def _logprobs(ctx: ServingContext, request: ResponsesRequest, token_ids: list[int],
@@ -200,7 +200,7 @@ def _output_items(ctx: ServingContext, turn: ResponseTurn, text: str, incomplete
     tools = turn.tools
     reasoning, content = None, text
     if ctx.options.reasoning_parser is not None:
-        reasoning, content = split_reasoning(ctx.options.reasoning_parser, text)
+        reasoning, content = split_reasoning(ctx.options.reasoning_parser, text, tools.parses_output)
     if _hides_reasoning(ctx, turn.request):
         reasoning = None
     calls: list[dict[str, Any]] = []
@@ -453,7 +453,7 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
     yield writer.event("response.created", response=started)
     yield writer.event("response.in_progress", response=started)
     parser = ctx.options.reasoning_parser
-    pieces = ReplySplitter(ReasoningStream(parser) if parser else None,
+    pieces = ReplySplitter(ReasoningStream(parser, turn.tools.parses_output) if parser else None,
                            ToolCallStream(turn.tools) if turn.tools.parses_output else None,
                            _hides_reasoning(ctx, turn.request))
     finish_reason = None

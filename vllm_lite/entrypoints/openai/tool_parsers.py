@@ -12,6 +12,7 @@ schemas that make `tool_choice: "required"` / a named function hold by construct
 | pythonic (Llama 4, Qwen3-coder style) | `[get_weather(city="Paris"), ...]` |
 | lfm2 (Liquid LFM2) | `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`, text around it is content |
 | qwen3_coder (Qwen3-Coder; also `qwen3_xml`) | `<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>`, any number; text outside them is content; each value typed by the tool's JSON schema |
+| openai (gpt-oss) | harmony messages to `functions.NAME` on the commentary channel, the body the arguments (harmony.py) |
 
 `qwen3_json` is hermes, `llama4_json` llama3_json (vLLM's aliases).
 
@@ -31,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_lite.entrypoints.openai.harmony import CALL, CALL_BLOCK_START, CHANNEL, CONSTRAIN, MESSAGE
+from vllm_lite.reasoning_tags import HARMONY_MARKERS
 
 @dataclass(frozen=True, slots=True)
 class ParsedToolCall:
@@ -313,6 +316,28 @@ def _schema_types(schema: dict[str, Any]) -> set[str]:
 ToolSchemas = Mapping[str, Any]  # function name -> its parameters' JSON schema
 
 
+_OPENAI_CALL = re.compile(re.escape(CALL_BLOCK_START) + r"([^<]+)" + re.escape(CHANNEL) + r"commentary"
+                          + re.escape(CONSTRAIN) + r"([^<]*)" + re.escape(MESSAGE) + r"(.*?)(?:"
+                          + re.escape(CALL) + r"|$)", re.DOTALL)
+
+
+def parse_openai(text: str) -> ParsedOutput:
+    """gpt-oss's calls (vLLM's `openai` parser), as harmony.split writes them after the content:
+    a JSON body is the arguments (compacted as vLLM does; left as written when it does not
+    parse), another content type's body is passed as it is."""
+    start = text.find(CALL_BLOCK_START)
+    if start < 0:
+        return ParsedOutput([], _content(text))
+    calls = []
+    for name, content_type, body in _OPENAI_CALL.findall(text[start:]):
+        arguments = body
+        if "json" in content_type:
+            value = _json_object(body)
+            arguments = body if value is None else json.dumps(value, ensure_ascii=False)
+        calls.append(ParsedToolCall(name, arguments))
+    return ParsedOutput(calls, _content(text[:start]))
+
+
 def _text_only(parse: Callable[[str], ParsedOutput]) -> Callable[[str, ToolSchemas], ParsedOutput]:
     return lambda text, schemas: parse(text)
 
@@ -327,6 +352,7 @@ TOOL_PARSERS: dict[str, Callable[[str, ToolSchemas], ParsedOutput]] = {
     "lfm2": _text_only(parse_lfm2),
     "qwen3_coder": parse_qwen3_xml,
     "qwen3_xml": parse_qwen3_xml,  # (vLLM's other name for it)
+    "openai": _text_only(parse_openai),  # gpt-oss (harmony.py)
     **{name: _text_only(array_format.parse) for name, array_format in ARRAY_FORMATS.items()},
 }
 
@@ -342,6 +368,7 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "qwen3_coder": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE), "qwen3_xml": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE),
     "mistral": ("[TOOL_CALLS]",), "granite": ("<|tool_call|>", "<tool_call>"), "phi4_mini_json": ("functools",),
     "jamba": ("<tool_calls>", "</tool_calls>"),
+    "openai": HARMONY_MARKERS,
 }
 
 

@@ -12,6 +12,7 @@ Each feed re-reads the choice's whole text and works out what is certain so far:
 | phi4_mini_json | none | the objects of the array after `functools` |
 | lfm2 | the text before `<|tool_call_start|>` | (pythonic) decided when the choice ends |
 | qwen3_coder / qwen3_xml | the text before the first `<tool_call>` (or a bare `<function=`) | (typed by the tools' schemas) decided when the choice ends |
+| openai (gpt-oss) | the final channel's text (harmony.py puts the calls after it) | decided when the choice ends |
 | required | none | the objects of the JSON array, `parameters` |
 | named | none | one call to the named function: the whole text is its arguments |
 | pythonic | (not incremental) everything is decided when the choice ends |
@@ -31,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vllm_lite.entrypoints.openai.harmony import CALL_BLOCK_START
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
 from vllm_lite.entrypoints.openai.tool_parsers import (ARRAY_FORMATS, LFM2_START, QWEN3_FUNCTION, QWEN3_XML_OPEN,
@@ -118,6 +120,9 @@ class ToolCallStream:
         if parser == "lfm2":  # the content before the calls streams; the calls are decided at the end
             start = text.find(LFM2_START)
             return (_held_back(text, LFM2_START, final) if start < 0 else text[:start]), []
+        if parser == "openai":  # gpt-oss: the content before the calls streams; the calls come whole at the end
+            start = text.find(CALL_BLOCK_START)
+            return (_held_back(text, CALL_BLOCK_START, final) if start < 0 else text[:start]), []
         if parser in ("qwen3_coder", "qwen3_xml"):  # the same: a value's type needs the whole value
             starts = [i for i in (text.find(QWEN3_XML_OPEN), text.find(QWEN3_FUNCTION)) if i >= 0]
             if starts:
