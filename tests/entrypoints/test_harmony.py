@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -159,10 +160,34 @@ def test_other_parsers_are_refused_for_gpt_oss(tokenizer: Any) -> None:
         _app(tokenizer, ["x"], enable_auto_tool_choice=True, tool_call_parser="hermes")
 
 
-def test_gpt_oss_special_tokens_are_kept_in_the_text(tokenizer: Any) -> None:
+def harmony_tokenizer(tiny_tokenizer_dir: Path) -> Any:
+    """The tiny tokenizer with gpt-oss's harmony markers as special tokens (a fresh one: the
+    shared fixture is not changed)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(HARMONY_MARKERS)})
+    return tokenizer
+
+
+def test_gpt_oss_special_tokens_are_kept_in_the_text(tiny_tokenizer_dir: Path) -> None:
     """The markers are special tokens in gpt-oss's tokenizer: kept in the replies' text, else the
     parser would never see them (vLLM reads token ids; here the text keeps them)."""
-    tokenizer.add_special_tokens({"additional_special_tokens": list(HARMONY_MARKERS)})
+    tokenizer = harmony_tokenizer(tiny_tokenizer_dir)
     assert special_token_markers(tokenizer, HARMONY_MARKERS) == HARMONY_MARKERS
     app = _app(tokenizer, _pieces(THINK_THEN_ANSWER))
     assert set(app.state.ctx.reasoning_special_markers) == set(HARMONY_MARKERS)
+
+
+def test_reasoning_tokens_count_the_analysis_bodies(tokenizer: Any, tiny_tokenizer_dir: Path) -> None:
+    """vLLM's usage.completion_tokens_details.reasoning_tokens for gpt-oss: the analysis bodies' tokens."""
+    from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningTokenCounter, reasoning_count_tokens
+
+    assert reasoning_count_tokens(tokenizer, "openai_gptoss") is None  # (no harmony tokens: counted as 0)
+    tokenizer = harmony_tokenizer(tiny_tokenizer_dir)
+    tokens = reasoning_count_tokens(tokenizer, "openai_gptoss")
+    ids = tokenizer.encode(THINK_THEN_CALL, add_special_tokens=False)
+    counter = ReasoningTokenCounter.for_parser("openai_gptoss", tokens)
+    for token_id in ids:  # (fed one token at a time, as a stream does)
+        counter.feed([token_id])
+    assert counter.count == len(tokenizer.encode("Need the weather tool.", add_special_tokens=False))

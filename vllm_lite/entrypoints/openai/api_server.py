@@ -81,7 +81,7 @@ from vllm_lite.entrypoints.openai.serving import (
 )
 from vllm_lite.entrypoints.openai.server_state import (DEFAULT_MAX_STORED_RESPONSES, ResponseStore, ServerLoad,
                                                        ServerOptions, load_chat_template)
-from vllm_lite.entrypoints.openai.reasoning_parsers import think_tokens
+from vllm_lite.entrypoints.openai.reasoning_parsers import reasoning_count_tokens
 from vllm_lite.entrypoints.openai.tool_parsers import TOOL_MARKERS
 from vllm_lite.reasoning_tags import reasoning_markers, special_token_markers
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
@@ -164,7 +164,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
                          responses=ResponseStore(options.max_stored_responses),
-                         think_tokens=(think_tokens(engine.tokenizer, options.reasoning_parser)
+                         think_tokens=(reasoning_count_tokens(engine.tokenizer, options.reasoning_parser)
                                        if options.reasoning_parser else None),
                          **_parser_special_markers(engine.tokenizer, options),
                          scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",

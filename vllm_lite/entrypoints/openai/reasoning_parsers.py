@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_lite.entrypoints.openai import harmony
-from vllm_lite.reasoning_tags import REASONING_FORMATS, REASONING_PARSERS, ThinkTokens, think_tokens  # noqa: F401
+from vllm_lite.reasoning_tags import (HARMONY_MARKERS, REASONING_FORMATS, REASONING_PARSERS, ThinkTokens,  # noqa: F401
+                                     single_token_id, think_tokens)
 
 
 def split_reasoning(parser: str, text: str, keep_calls: bool = False) -> tuple[str | None, str | None]:
@@ -95,7 +96,10 @@ class ReasoningTokenCounter:
     count: int = 0
 
     @classmethod
-    def for_parser(cls, parser: str, tokens: ThinkTokens | None) -> ReasoningTokenCounter:
+    def for_parser(cls, parser: str, tokens: ThinkTokens | HarmonyTokens | None
+                   ) -> ReasoningTokenCounter | HarmonyTokenCounter:
+        if isinstance(tokens, HarmonyTokens):
+            return HarmonyTokenCounter(tokens)
         return cls(tokens, inside=REASONING_FORMATS[parser].opened_by_prompt)
 
     def feed(self, token_ids: Any) -> int:
@@ -107,6 +111,57 @@ class ReasoningTokenCounter:
                 break
             if token_id == self.tokens.start:
                 self.inside = True
+            elif self.inside:
+                self.count += 1
+        return self.count
+
+
+@dataclass(frozen=True, slots=True)
+class HarmonyTokens:
+    """gpt-oss's tokenizer's ids of the harmony markers, and of the word `analysis`."""
+
+    channel: int
+    message: int
+    ends: frozenset[int]  # <|end|>, <|start|>, <|return|>, <|call|>: a message's body ends
+    analysis: tuple[int, ...]
+
+
+def reasoning_count_tokens(tokenizer: Any, parser: str) -> ThinkTokens | HarmonyTokens | None:
+    """What counting a reply's reasoning tokens reads (`ServingContext.think_tokens`): the
+    thinking markers' ids, or gpt-oss's harmony markers'; None where the markers are no single
+    tokens (the count is then 0)."""
+    if not REASONING_FORMATS[parser].harmony:
+        return think_tokens(tokenizer, parser)
+    ids = {marker: single_token_id(tokenizer, marker) for marker in HARMONY_MARKERS}
+    if None in ids.values():
+        return None
+    ends = frozenset(ids[marker] for marker in (harmony.END, harmony.START, harmony.RETURN, harmony.CALL))
+    return HarmonyTokens(ids[harmony.CHANNEL], ids[harmony.MESSAGE], ends,
+                         tuple(tokenizer.encode("analysis", add_special_tokens=False)))
+
+
+@dataclass(slots=True)
+class HarmonyTokenCounter:
+    """Counts the tokens of a harmony reply's analysis bodies (vLLM's reasoning_tokens for
+    gpt-oss): after a `<|message|>` whose header names the analysis channel, up to its end."""
+
+    tokens: HarmonyTokens
+    header: list[int] | None = None  # the ids after <|channel|> while the header is read
+    inside: bool = False
+    count: int = 0
+
+    def feed(self, token_ids: Any) -> int:
+        tokens = self.tokens
+        for token_id in token_ids:
+            if token_id == tokens.channel:
+                self.header, self.inside = [], False
+            elif token_id == tokens.message:
+                self.inside = self.header is not None and tuple(self.header[:len(tokens.analysis)]) == tokens.analysis
+                self.header = None
+            elif token_id in tokens.ends:
+                self.header, self.inside = None, False
+            elif self.header is not None:
+                self.header.append(token_id)
             elif self.inside:
                 self.count += 1
         return self.count

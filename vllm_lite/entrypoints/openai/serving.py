@@ -29,7 +29,7 @@ from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.middleware import BODY_SEND
 from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
-from vllm_lite.entrypoints.openai.reasoning_parsers import ThinkTokens
+from vllm_lite.entrypoints.openai.reasoning_parsers import HarmonyTokens, ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.entrypoints.tokenization import default_truncation_side, truncated
@@ -123,7 +123,7 @@ class ServingContext:
     # The model's sampling defaults (ModelConfig.sampling_defaults): what a request leaves unset.
     sampling_defaults: dict[str, float | int] = field(default_factory=dict)
     options: ServerOptions = field(default_factory=ServerOptions)
-    think_tokens: ThinkTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
+    think_tokens: ThinkTokens | HarmonyTokens | None = None  # counted as reasoning tokens (reasoning_parsers.py)
     # The parsers' markers this tokenizer has as special tokens (serving_tools.keep_parser_markers).
     tool_special_markers: tuple[str, ...] = ()
     reasoning_special_markers: tuple[str, ...] = ()
