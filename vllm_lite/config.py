@@ -501,6 +501,9 @@ class SchedulerConfig:
     # client's OutputProcessor applies it): fewer outputs, chunks and socket writes per token.
     stream_interval: int = 1
     policy: str = "fcfs"  # one of SCHEDULING_POLICIES (vLLM's --scheduling-policy)
+    # vLLM's: a request's prompt chunk per step is at most this many tokens while other requests
+    # wait or run (a long prefill does not starve them); 0: no cap
+    long_prefill_token_threshold: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,6 +719,11 @@ class EngineArgs:
     # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
     # start_profile / stop_profile record torch profiler traces (profiler_config.py)
     profiler_config: dict[str, Any] | None = None
+    # vLLM's: while other requests wait or run, a request's prompt chunk per step is at most this
+    # many tokens (0: no cap)
+    long_prefill_token_threshold: int = 0
+    # vLLM's (its default): cascade attention is not implemented here, so only True is taken
+    disable_cascade_attn: bool = True
     # vLLM's --worker-extension-cls: a class ('module.Class') whose methods every worker gains
     # (called by LLM.collective_rpc by name: an RL trainer's weight-update methods)
     worker_extension_cls: str = ""
@@ -767,6 +775,8 @@ class EngineArgs:
     def _engine_config(self) -> VllmConfig:
         if self.max_model_len == -1:
             return self._auto_max_model_len()
+        _check(self.disable_cascade_attn is True, "disable_cascade_attn=False: cascade attention is not implemented "
+                                                  "here (attention over a shared prefix runs per request)")
         device = _resolve_device(self.device)
         model_config = self._model_config(device)
         max_len = model_config.max_model_len
@@ -1053,8 +1063,13 @@ class EngineArgs:
         async_scheduling = self.async_scheduling if self.async_scheduling is not None else device != "cpu"
         _check(self.scheduling_policy in SCHEDULING_POLICIES,
                f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        threshold = self.long_prefill_token_threshold
+        _check(isinstance(threshold, int) and 0 <= threshold <= max_model_len,
+               f"long_prefill_token_threshold must be in [0, max_model_len={max_model_len}], got {threshold!r}")
+        _check(threshold == 0 or self.enable_chunked_prefill,
+               "long_prefill_token_threshold cuts prompts into chunks: it needs enable_chunked_prefill")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
-                               async_scheduling, self.stream_interval, self.scheduling_policy)
+                               async_scheduling, self.stream_interval, self.scheduling_policy, threshold)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

@@ -165,3 +165,22 @@ def test_scheduling_times_come_with_the_first_token() -> None:
     assert 0 < request.queued_ts <= request.scheduled_ts <= outputs.timestamp
     _, later = step(scheduler)
     assert later.scheduling_times == {} and later.timestamp >= outputs.timestamp
+
+
+def test_long_prefill_token_threshold_caps_prompt_chunks_while_others_wait() -> None:
+    """vLLM's long_prefill_token_threshold: while another request is in the engine, a prompt is
+    computed at most that many tokens a step; a lone request takes the whole budget."""
+    scheduler = Scheduler(SchedulerConfig(8, 64, 256, True, long_prefill_token_threshold=6),
+                          CacheConfig(4, 64, None, True), 64)
+    scheduler.add_request(make_request("alone", 20))
+    assert scheduler.schedule().num_scheduled_tokens == {"alone": 20}
+    scheduler = Scheduler(SchedulerConfig(8, 64, 256, True, long_prefill_token_threshold=6),
+                          CacheConfig(4, 64, None, True), 64)
+    scheduler.add_request(make_request("long", 20))
+    scheduler.add_request(make_request("short", 3))
+    chunks = []
+    for _ in range(4):
+        out, _ = step(scheduler)
+        chunks.append(out.num_scheduled_tokens)
+    assert chunks[0] == {"long": 6, "short": 3}
+    assert [c["long"] for c in chunks] == [6, 6, 6, 2]

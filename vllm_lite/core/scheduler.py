@@ -115,6 +115,8 @@ class Scheduler:
         many LoRA adapters among the running requests (vLLM's; None: LoRA is off).
         `speculative_config`: n-gram drafts for the running requests that may have them."""
         self.config = scheduler_config
+        # the most prompt tokens a request takes this step (long_prefill_token_threshold, set by `schedule`)
+        self.prefill_cap = scheduler_config.max_num_batched_tokens
         self.speculative_config = speculative_config
         self.max_loras = max_loras
         self.block_size = cache_config.block_size
@@ -190,6 +192,9 @@ class Scheduler:
     # ---- one step ----
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
+        threshold = self.config.long_prefill_token_threshold
+        # vLLM's rule: a lone request has nobody to starve, so no cap then
+        self.prefill_cap = threshold if threshold and len(self.requests) > 1 else budget
         preempted: set[str] = set()
         drafts: dict[str, np.ndarray] = {}
         running_part = (self._schedule_running_at_once(budget)
@@ -263,7 +268,7 @@ class Scheduler:
                 index += 1  # its tokens in flight end it: a step would compute a token nobody keeps
                 continue
             num_computed = all_computed[index]
-            num_new = min(num_known - num_computed, budget)
+            num_new = min(num_known - num_computed, budget, self.prefill_cap)
             draft = (self._propose(request, slots[index], num_known, budget)
                      if drafts is not None and num_new == 1 and request.may_draft else None)
             num_drafts = 0 if draft is None else len(draft)
@@ -321,6 +326,8 @@ class Scheduler:
             slots, held, kv.block_size)
         if total > budget or min_new <= 0:
             return None
+        if self.prefill_cap < budget and int((known - computed).max()) > self.prefill_cap:
+            return None  # a prompt chunk over long_prefill_token_threshold: the loop cuts it
         new_block_ids = _NO_BLOCK_IDS
         if len(to_allocate):
             if blocks_needed > kv.get_num_free_blocks():
@@ -769,7 +776,7 @@ class Scheduler:
             num_new = request.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
-            num_new = min(num_new, budget)
+            num_new = min(num_new, budget, self.prefill_cap)
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)

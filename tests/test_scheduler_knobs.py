@@ -1,0 +1,47 @@
+"""vLLM's scheduler and model knobs beyond the basics: `long_prefill_token_threshold` (prompt
+chunks capped while other requests are in the engine; greedy tokens unchanged, also when enough
+requests run for the scheduler's array path), `disable_cascade_attn` (only its default, True:
+there is no cascade attention here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_reference import hf_greedy
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+
+NEW_TOKENS = 6
+
+
+def test_capped_prompt_chunks_keep_the_tokens(tiny_llama: Path) -> None:
+    prompts = [[(7 * i + j) % 900 + 3 for j in range(5 + (i * 13) % 40)] for i in range(60)]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm = make_llm(tiny_llama, long_prefill_token_threshold=8, block_size=16, max_num_seqs=64)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    assert tokens[:4] == hf_greedy(tiny_llama, prompts[:4], NEW_TOKENS)
+    plain = make_llm(tiny_llama, block_size=16, max_num_seqs=64)
+    try:
+        expected = [list(o.outputs[0].token_ids)
+                    for o in plain.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    finally:
+        plain.shutdown()
+    assert tokens == expected
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"long_prefill_token_threshold": -1}, "long_prefill_token_threshold must be in \\[0, max_model_len=256\\]"),
+    ({"long_prefill_token_threshold": 300}, "long_prefill_token_threshold must be in"),
+    ({"long_prefill_token_threshold": 8, "enable_chunked_prefill": False, "max_num_batched_tokens": 256},
+     "needs enable_chunked_prefill"),
+    ({"disable_cascade_attn": False}, "cascade attention is not implemented"),
+])
+def test_knob_values_that_cannot_hold_are_refused(tiny_llama: Path, arguments: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_llm(tiny_llama, **arguments)
