@@ -1,7 +1,7 @@
 """vLLM's scheduler and model knobs beyond the basics: `long_prefill_token_threshold` (prompt
 chunks capped while other requests are in the engine; greedy tokens unchanged, also when enough
 requests run for the scheduler's array path), `disable_cascade_attn` (only its default, True:
-there is no cascade attention here)."""
+there is no cascade attention here), `disable_sliding_window` (the context capped at the window)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,22 @@ def test_capped_prompt_chunks_keep_the_tokens(tiny_llama: Path) -> None:
 def test_knob_values_that_cannot_hold_are_refused(tiny_llama: Path, arguments: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_llm(tiny_llama, **arguments)
+
+
+def test_disable_sliding_window_caps_the_context_at_the_window(tiny_mistral_window: Path,
+                                                               tiny_gpt_oss: Path) -> None:
+    """vLLM's disable_sliding_window: max_model_len becomes the window (8 and 8 here), where the
+    sliding layers attend as full attention; a longer max_model_len is refused naming it."""
+    for model in (tiny_mistral_window, tiny_gpt_oss):
+        llm = make_llm(model, max_model_len=None, disable_sliding_window=True)
+        try:
+            assert llm.llm_engine.vllm_config.model_config.max_model_len == 8
+            prompt = [5, 6, 7, 8]
+            output = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0.0, max_tokens=4,
+                                                                                 ignore_eos=True), use_tqdm=False)
+            assert list(output[0].outputs[0].token_ids) == hf_greedy(model, [prompt], 4)[0]
+        finally:
+            llm.shutdown()
+        with pytest.raises(ValueError, match="exceeds the model's context of 8 positions \\(sliding_window=8, with "
+                                             "disable_sliding_window\\)"):
+            make_llm(model, max_model_len=9, disable_sliding_window=True)

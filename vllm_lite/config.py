@@ -724,6 +724,9 @@ class EngineArgs:
     long_prefill_token_threshold: int = 0
     # vLLM's (its default): cascade attention is not implemented here, so only True is taken
     disable_cascade_attn: bool = True
+    # vLLM's: max_model_len capped at the model's sliding window (where its sliding layers attend
+    # to every earlier token, as full attention does)
+    disable_sliding_window: bool = False
     # vLLM's --worker-extension-cls: a class ('module.Class') whose methods every worker gains
     # (called by LLM.collective_rpc by name: an RL trainer's weight-update methods)
     worker_extension_cls: str = ""
@@ -901,6 +904,10 @@ class EngineArgs:
                                                   hf.model_impl)
         tokenizer = self._tokenizer_path(model_dir)
         model_len, source = derived_max_model_len(hf, tokenizer)
+        window = smallest_sliding_window(hf)
+        if self.disable_sliding_window and window is not None and window < model_len:
+            # (within the window a sliding layer attends to every earlier token: full attention)
+            model_len, source = window, f"sliding_window={window}, with disable_sliding_window"
         max_len = _default_max_model_len(hf, model_len) if self.max_model_len is None else self.max_model_len
         _check(max_len >= 1, f"max_model_len must be >= 1, got {max_len}")
         if max_len > model_len:
@@ -1261,6 +1268,18 @@ def _rope_dicts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     if rope and all(isinstance(value, dict) for value in rope.values()):
         return list(rope.values())
     return [rope]
+
+
+def smallest_sliding_window(hf: HFModelConfig) -> int | None:
+    """The narrowest sliding window of the model's layers (vLLM's disable_sliding_window caps
+    max_model_len there); None without one. The Transformers fallback's: config.json's
+    `sliding_window`, unless `use_sliding_window` is false."""
+    windows = [w for w in hf.sliding_windows if w is not None]
+    if hf.model_impl == "transformers":
+        window = hf.raw.get("sliding_window")
+        if isinstance(window, int) and window >= 1 and hf.raw.get("use_sliding_window", True) is not False:
+            windows.append(window)
+    return min(windows, default=None)
 
 
 def _allow_long_max_model_len(hf: HFModelConfig, max_len: int, model_len: int, source: str) -> None:
