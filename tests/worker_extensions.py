@@ -28,6 +28,11 @@ class WeightSync:
 
         return len(self.model_runner.model.load_weights(weights=load_file(path).items()))
 
+    def cpu_affinity(self) -> list[int]:
+        import os
+
+        return sorted(os.sched_getaffinity(0))
+
     def kv_cache_layers(self) -> int:
         """How many layers' KV cache this rank holds (0 while asleep at level 1)."""
         return len(self.model_runner.kv_caches)

@@ -537,6 +537,10 @@ class ParallelConfig:
     master_port: int | None = None
     # vLLM's: a class ('module.Class') whose methods every worker gains, for collective_rpc
     worker_extension_cls: str = ""
+    # vLLM's data parallelism: this many engine cores, each with its own tensor-parallel ranks
+    # (engine/dp_client.py); `data_parallel_rank` is this engine core's
+    data_parallel_size: int = 1
+    data_parallel_rank: int = 0
 
     @property
     def world_size(self) -> int:
@@ -545,6 +549,16 @@ class ParallelConfig:
     @property
     def ranks_per_node(self) -> int:
         return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def model_processes_per_node(self) -> int:
+        """The processes that run the model on this node, every data-parallel engine's ranks."""
+        return self.ranks_per_node * self.data_parallel_size
+
+    @property
+    def first_local_process(self) -> int:
+        """This engine's first rank among them (its CPU list, its first GPU)."""
+        return self.data_parallel_rank * self.ranks_per_node
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,6 +741,9 @@ class EngineArgs:
     # vLLM's: max_model_len capped at the model's sliding window (where its sliding layers attend
     # to every earlier token, as full attention does)
     disable_sliding_window: bool = False
+    # vLLM's --data-parallel-size (-dp): this many engine cores, each a copy of the model with its
+    # own tensor-parallel ranks, requests balanced between them (engine/dp_client.py)
+    data_parallel_size: int = 1
     # vLLM's --worker-extension-cls: a class ('module.Class') whose methods every worker gains
     # (called by LLM.collective_rpc by name: an RL trainer's weight-update methods)
     worker_extension_cls: str = ""
@@ -787,7 +804,7 @@ class EngineArgs:
         if device == "cpu":  # VLLM_CPU_OMP_THREADS_BIND, checked before any process starts
             from vllm_lite.cpu_info import bound_cpu_lists
 
-            bound_cpu_lists(parallel_config.ranks_per_node)
+            bound_cpu_lists(parallel_config.model_processes_per_node)
         config = VllmConfig(
             model_config=model_config,
             cache_config=self._cache_config(model_config, device),
@@ -1101,8 +1118,13 @@ class EngineArgs:
 
             _check(isinstance(resolve_qualname(self.worker_extension_cls, "worker_extension_cls"), type),
                    f"worker_extension_cls={self.worker_extension_cls!r} is not a class")
+        dp = self.data_parallel_size
+        _check(isinstance(dp, int) and dp >= 1, f"data_parallel_size must be >= 1, got {dp!r}")
+        _check(dp == 1 or (nnodes == 1 and port is None),
+               "data_parallel_size > 1 runs its engines on this node, each with its own free port: nnodes and "
+               "master_port are for one engine's tensor-parallel ranks across nodes")
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port,
-                              self.worker_extension_cls)
+                              self.worker_extension_cls, dp)
 
 
 # sentence-transformers' module types (modules.json), as vLLM reads them

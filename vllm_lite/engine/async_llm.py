@@ -27,6 +27,7 @@ from typing import Any
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core import check_pause_mode, check_sleep, check_wake_up_tags
 from vllm_lite.engine.core_client import AsyncMPClient
+from vllm_lite.engine.dp_client import DPAsyncClient, launch_engine_cores
 from vllm_lite.exceptions import EngineDeadError, RequestAbortedError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
@@ -65,11 +66,18 @@ class AsyncLLM:
         self.vllm_config = vllm_config
         self.max_unread_outputs = max_unread_outputs
         self.output_chunk_size = output_chunk_size
-        launch = launch_engine_core(vllm_config) if engine_address is None else None
+        data_parallel = vllm_config.parallel_config.data_parallel_size > 1
+        if data_parallel and engine_address is not None:
+            raise ValueError("data_parallel_size > 1 starts its own engine cores; it does not attach to engine_address")
+        if data_parallel:
+            launch = launch_engine_cores(vllm_config)
+        else:
+            launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
-        self.engine_core = AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs)
+        self.engine_core = (DPAsyncClient(vllm_config, launch, **client_kwargs) if data_parallel
+                            else AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs))
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
         self.profile_sessions = ProfileSessions(vllm_config.profiler_config)

@@ -762,8 +762,12 @@ def _set_torch_threads(vllm_config: VllmConfig) -> None:
     if vllm_config.device_config.device == "cpu":
         import torch
 
-        runs_the_model = vllm_config.parallel_config.tensor_parallel_size == 1
-        torch.set_num_threads(bind_model_threads(0, 1) if runs_the_model else model_threads())
+        parallel = vllm_config.parallel_config
+        if parallel.tensor_parallel_size == 1:
+            threads = bind_model_threads(parallel.first_local_process, parallel.model_processes_per_node)
+        else:
+            threads = model_threads()
+        torch.set_num_threads(threads)
 
 
 def _watch_parent(stop: StopSignals) -> None:

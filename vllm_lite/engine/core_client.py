@@ -287,6 +287,25 @@ class SyncMPClient(MPClient):
                 raise RequestRejectedError(message.request_id, message.message)
             # Anything else is a utility answer nobody waits for (a heartbeat's).
 
+    def try_get_output(self) -> EngineCoreOutputs | None:
+        """A step's outputs that have arrived already, else None (never blocks; data-parallel
+        clients read several engines so). A rejected request raises as in `get_output`."""
+        while True:
+            if self._pending:
+                message = self._pending.popleft()
+            else:
+                self._check_alive()
+                if not self.socket.poll(0):
+                    return None
+                message = self._decode(self.socket.recv_multipart(copy=False))
+                if isinstance(message, EngineDead):
+                    self.state.mark_dead(message.message)
+                    self._check_alive()
+            if isinstance(message, EngineCoreOutputs):
+                return message
+            if isinstance(message, RequestError):
+                raise RequestRejectedError(message.request_id, message.message)
+
     def call_utility(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         """The call's result; TimeoutError after `timeout_s` (the engine core goes on with the
         call, and its late answer is dropped)."""

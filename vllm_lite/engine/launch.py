@@ -91,16 +91,17 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
     return EngineLaunch(proc, address, reader)
 
 
-def load_tokenizer_while_launching(vllm_config: VllmConfig, launch: EngineLaunch | None) -> Any:
-    """The client's tokenizer, loaded while a spawned engine core (if any) loads its model; if
-    loading fails, the launch is stopped rather than left running. None with skip_tokenizer_init."""
+def load_tokenizer_while_launching(vllm_config: VllmConfig, launch: EngineLaunch | list[EngineLaunch] | None) -> Any:
+    """The client's tokenizer, loaded while spawned engine cores (if any: one, or a data-parallel
+    engine's each) load their models; if loading fails, the launches are stopped rather than left
+    running. None with skip_tokenizer_init."""
     if vllm_config.model_config.skip_tokenizer_init:
         return None
     try:
         return load_tokenizer(vllm_config.model_config.tokenizer)
     except BaseException:
-        if launch is not None:
-            launch.abort()
+        for each in launch if isinstance(launch, list) else [launch] if launch is not None else []:
+            each.abort()
         raise
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core import check_sleep, check_wake_up_tags
 from vllm_lite.engine.core_client import make_client
+from vllm_lite.engine.dp_client import DPSyncClient, launch_engine_cores
 from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
@@ -27,12 +28,20 @@ class LLMEngine:
     def __init__(self, vllm_config: VllmConfig, multiprocess: bool = False,
                  engine_address: str | None = None) -> None:
         self.vllm_config = vllm_config
-        # A spawned engine core loads its model while this process loads the tokenizer.
-        launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
+        data_parallel = vllm_config.parallel_config.data_parallel_size > 1
+        if data_parallel and (not multiprocess or engine_address is not None):
+            raise ValueError("data_parallel_size > 1 starts its engine cores in their own processes: it needs "
+                             "multiprocess=True and no engine_address")
+        # Spawned engine cores load their models while this process loads the tokenizer.
+        if data_parallel:
+            launch = launch_engine_cores(vllm_config)
+        else:
+            launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
         self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
-        self.engine_core = make_client(vllm_config, multiprocess, engine_address, launch)
+        self.engine_core = (DPSyncClient(vllm_config, launch) if data_parallel
+                            else make_client(vllm_config, multiprocess, engine_address, launch))
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
         self.profile_sessions = ProfileSessions(vllm_config.profiler_config)

@@ -459,8 +459,10 @@ class LLM:
         self.llm_engine.shutdown()
 
     def get_world_size(self, include_dp: bool = True) -> int:
-        """vLLM's: the processes running the model (tensor parallel; no pipeline or data parallel here)."""
-        return self.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+        """vLLM's: the processes running the model (tensor parallel; with `include_dp`, times the
+        data-parallel engines; no pipeline parallelism here)."""
+        parallel = self.llm_engine.vllm_config.parallel_config
+        return parallel.tensor_parallel_size * (parallel.data_parallel_size if include_dp else 1)
 
     def _run_engine(self, num_requests: int, use_tqdm: bool) -> dict[str, RequestOutput]:
         """Steps the engine until no request is left: the final outputs by request id, but those

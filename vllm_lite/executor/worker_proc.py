@@ -71,11 +71,12 @@ def run_worker(args: WorkerProcArgs) -> None:
     config = args.vllm_config
     parallel = config.parallel_config
     on_cpu = config.device_config.device == "cpu"  # (VLLM_CPU_OMP_THREADS_BIND binds CPU ranks only)
-    torch.set_num_threads(bind_model_threads(args.local_rank, parallel.ranks_per_node) if on_cpu
-                          else model_threads(parallel.ranks_per_node))
+    torch.set_num_threads(bind_model_threads(parallel.first_local_process + args.local_rank,
+                                             parallel.model_processes_per_node) if on_cpu
+                          else model_threads(parallel.model_processes_per_node))
     store = join_store(parallel.master_addr, args.master_port)
     if config.device_config.device == "cuda":
-        torch.cuda.set_device(args.local_rank)
+        torch.cuda.set_device(parallel.first_local_process + args.local_rank)
     tp = init_tensor_parallel_group(store, args.rank, parallel.world_size, config.device_config.device)
     endpoints = read_endpoints(store)
     worker = worker_class(config)(config, tp, args.local_rank)
@@ -231,9 +232,9 @@ def _exit_within(seconds: float) -> None:
 def start_worker_processes(vllm_config: VllmConfig, master_port: int, procs: list[BaseProcess]) -> None:
     """Spawn this node's ranks into `procs` (filled as they start, so a caller can stop them)."""
     parallel = vllm_config.parallel_config
-    if vllm_config.device_config.device == "cuda" and torch.cuda.device_count() < parallel.ranks_per_node:
-        raise ValueError(f"{parallel.ranks_per_node} ranks on this node need as many GPUs; "
-                         f"found {torch.cuda.device_count()}")
+    if vllm_config.device_config.device == "cuda" and torch.cuda.device_count() < parallel.model_processes_per_node:
+        raise ValueError(f"{parallel.model_processes_per_node} ranks on this node (data-parallel engines' included) "
+                         f"need as many GPUs; found {torch.cuda.device_count()}")
     for local_rank in range(parallel.ranks_per_node):
         rank = parallel.node_rank * parallel.ranks_per_node + local_rank
         args = WorkerProcArgs(vllm_config, master_port, rank, local_rank)

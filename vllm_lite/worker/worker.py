@@ -27,9 +27,10 @@ class Worker:
     def __init__(self, vllm_config: VllmConfig, tp: TensorParallelGroup = SINGLE_RANK,
                  local_rank: int = 0) -> None:
         device_name = vllm_config.device_config.device
-        if device_name == "cuda":
-            torch.cuda.set_device(local_rank)
-            self.device = torch.device("cuda", local_rank)
+        if device_name == "cuda":  # (a data-parallel engine's ranks take the GPUs after the engines before it)
+            gpu = vllm_config.parallel_config.first_local_process + local_rank
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
         else:
             self.device = torch.device("cpu")
             keep_freed_memory_in_heap()
@@ -55,7 +56,7 @@ class Worker:
             return kv_cache_budget(utilization, self.memory_at_start, used, device_memory(self.device).free)
         parallel = self.vllm_config.parallel_config
         return kv_cache_budget(utilization, self.memory_at_start, resident_bytes(), host_memory().free,
-                               sharers=parallel.world_size // parallel.nnodes, device="cpu")
+                               sharers=parallel.model_processes_per_node, device="cpu")
 
     def _profiled_cuda_use(self) -> int:
         """This rank's peak use in the largest step: torch's peak allocation over a profile step

@@ -55,6 +55,9 @@ _EXIT_GRACE_S = 10.0  # beyond --shutdown-timeout: uvicorn closing connections, 
 
 def run_api_server_pool(args: argparse.Namespace) -> int:
     vllm_config = engine_args_from(args).create_engine_config()
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        raise ValueError("--api-server-count > 1 with --data-parallel-size > 1 is not implemented: the API servers "
+                         "share one engine core (one API server balances data-parallel engines)")
     reservation = reserve_port(args.host, args.port)
     port = reservation.getsockname()[1]
     metrics_dir = tempfile.mkdtemp(prefix="vllm-lite-metrics-")
