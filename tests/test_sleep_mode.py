@@ -55,6 +55,25 @@ def test_level_1_releases_the_kv_cache_and_wake_up_brings_it_back(tiny_llama: Pa
         llm.shutdown()
 
 
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_release_kv_cache_memory_after_a_completed_pause(tiny_llama: Path, expected: list[list[int]],
+                                                         multiprocess: bool) -> None:
+    """vLLM's: sleep(level=0) with nothing left, then the KV cache released; wake_up(["kv_cache"])."""
+    llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION)
+    try:
+        with pytest.raises(RuntimeError, match="requires a completed pause first"):
+            llm.release_kv_cache_memory()
+        llm.sleep(level=0)
+        llm.release_kv_cache_memory()
+        assert llm.collective_rpc("kv_cache_layers") == [0]
+        with pytest.raises(RuntimeError, match="released already"):
+            llm.release_kv_cache_memory()
+        assert llm.wake_up(["kv_cache"]) is True
+        assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)] == expected
+    finally:
+        llm.shutdown()
+
+
 def test_keep_freezes_requests_in_flight_and_they_finish_after_wake_up(tiny_llama: Path,
                                                                         expected: list[list[int]]) -> None:
     llm = make_llm(tiny_llama, multiprocess=True)

@@ -27,6 +27,7 @@ API_KEY = "sk-control"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROMPT = [5, 6, 7, 8, 9]
 ROUTES = (("POST", "/collective_rpc"), ("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),
+          ("POST", "/release_kv_cache_memory"),
           ("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/abort_requests"),
           ("GET", "/get_world_size"))
 
@@ -82,6 +83,11 @@ def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:
         assert client.post("/wake_up").json() == {"status": "awake", "tags": None}
         assert client.get("/is_sleeping").json() == {"is_sleeping": False}
         assert completion_ids(client) == before
+        assert client.post("/release_kv_cache_memory").status_code == 400  # (no completed pause)
+        assert client.post("/sleep", params={"level": 0}).json() == {"status": "sleeping", "level": 0}
+        assert client.post("/release_kv_cache_memory").json() == {"status": "kv_cache_released"}
+        assert client.post("/collective_rpc", json={"method": "kv_cache_layers"}).json() == {"results": ["0"]}
+        assert client.post("/wake_up", params={"tags": "kv_cache"}).json() == {"status": "awake", "tags": ["kv_cache"]}
         refusals = {
             "level=2": client.post("/sleep", params={"level": 2}),
             "mode": client.post("/pause", params={"mode": "later"}),

@@ -282,6 +282,11 @@ class AsyncLLM:
         check_sleep(level, mode, self.vllm_config.device_config.device)
         await self.engine_core.sleep_async(level, mode)
 
+    async def release_kv_cache_memory(self) -> None:
+        """vLLM's: after a completed pause (sleep level 0, nothing left running), the KV cache's
+        memory is released; `wake_up(["kv_cache"])` brings it back."""
+        await self.engine_core.release_kv_cache_memory_async()
+
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         check_wake_up_tags(tags)
         return await self.engine_core.wake_up_async(tags)

@@ -213,6 +213,19 @@ class EngineCore:
             self.release_kv_when_drained = True
             self.when_drained()
 
+    def release_kv_cache_memory(self) -> None:
+        """vLLM's: after a completed pause with no request left (sleep level 0), every rank's KV
+        cache is released as level 1 releases it (`wake_up(["kv_cache"])` brings it back)."""
+        if not (self.is_paused() and self.is_drained() and not self.held_requests):
+            raise RuntimeError("release_kv_cache_memory() requires a completed pause first (sleep(level=0) with no "
+                               "request left in the engine)")
+        if self.kv_cache_released:
+            raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident: the KV "
+                               "cache is released already")
+        self.scheduler.reset_prefix_cache()
+        self.executor.collective_rpc(RpcCall("sleep", (1,)))
+        self.kv_cache_released = True
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         """vLLM's: what sleep released is back (`tags` None: all of it), and once nothing is
         left asleep the engine resumes; returns whether it did."""
@@ -433,6 +446,7 @@ class EngineCoreProc:
             "resume": self.engine_core.resume,
             "is_paused": self.engine_core.is_paused,
             "sleep": self.sleep,
+            "release_kv_cache_memory": self.engine_core.release_kv_cache_memory,
             "wake_up": self.engine_core.wake_up,
             "is_sleeping": self.engine_core.is_sleeping,
         }

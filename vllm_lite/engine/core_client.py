@@ -348,6 +348,9 @@ class SyncMPClient(MPClient):
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.call_utility("sleep", level, mode)
 
+    def release_kv_cache_memory(self) -> None:
+        self.call_utility("release_kv_cache_memory")
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         return self.call_utility("wake_up", tags)
 
@@ -449,6 +452,9 @@ class AsyncMPClient(MPClient):
 
     async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
         await self.call_utility_async("sleep", level, mode)
+
+    async def release_kv_cache_memory_async(self) -> None:
+        await self.call_utility_async("release_kv_cache_memory")
 
     async def wake_up_async(self, tags: list[str] | None = None) -> bool:
         return await self.call_utility_async("wake_up", tags)

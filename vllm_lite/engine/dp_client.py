@@ -189,6 +189,9 @@ class DPSyncClient:
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self._all("sleep", level, mode)
 
+    def release_kv_cache_memory(self) -> None:
+        self._all("release_kv_cache_memory")
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         return all(self._all("wake_up", tags))
 
@@ -296,6 +299,9 @@ class DPAsyncClient:
 
     async def sleep_async(self, level: int = 1, mode: str = "abort") -> None:
         await self._all("sleep_async", level, mode)
+
+    async def release_kv_cache_memory_async(self) -> None:
+        await self._all("release_kv_cache_memory_async")
 
     async def wake_up_async(self, tags: list[str] | None = None) -> bool:
         return all(await self._all("wake_up_async", tags))

@@ -150,6 +150,9 @@ class LLMEngine:
         check_sleep(level, mode, self.vllm_config.device_config.device)
         self.engine_core.sleep(level, mode)
 
+    def release_kv_cache_memory(self) -> None:
+        self.engine_core.release_kv_cache_memory()
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         check_wake_up_tags(tags)
         return self.engine_core.wake_up(tags)

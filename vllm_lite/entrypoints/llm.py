@@ -434,6 +434,11 @@ class LLM:
         self.llm_engine.sleep(level, mode)
         self._asleep = True
 
+    def release_kv_cache_memory(self) -> None:
+        """vLLM's: after `sleep(level=0)` with no request left, the KV cache's memory is released
+        as level 1 releases it; `wake_up(tags=["kv_cache"])` (or `wake_up()`) brings it back."""
+        self.llm_engine.release_kv_cache_memory()
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         """vLLM's: what `sleep` released comes back (`tags`: "weights", "kv_cache", "scheduling";
         None: all); returns whether the engine is fully awake (and runs requests again)."""

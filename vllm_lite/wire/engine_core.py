@@ -211,7 +211,8 @@ class OutputType:
 PAUSE_MODES = ("abort", "wait", "keep")
 
 UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info", "profile", "collective_rpc", "pause",
-                   "resume", "is_paused", "sleep", "wake_up", "is_sleeping")
+                   "resume", "is_paused", "sleep", "release_kv_cache_memory", "wake_up",
+                   "is_sleeping")
 
 
 class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

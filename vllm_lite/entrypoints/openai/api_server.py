@@ -564,6 +564,11 @@ def _add_engine_control_routes(app: FastAPI, ctx: ServingContext) -> None:
         await _engine_call(engine.sleep(level, mode))
         return JSONResponse({"status": "sleeping", "level": level})
 
+    @app.post("/release_kv_cache_memory")
+    async def release_kv_cache_memory() -> JSONResponse:
+        await _engine_call(engine.release_kv_cache_memory())
+        return JSONResponse({"status": "kv_cache_released"})
+
     @app.post("/wake_up")
     async def wake_up(raw_request: Request) -> JSONResponse:
         tags = raw_request.query_params.getlist("tags") or None
