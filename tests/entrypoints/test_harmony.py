@@ -141,6 +141,7 @@ def test_openai_gptoss_and_openai_parsers(tokenizer: Any) -> None:
     assert (content, reasoning, finish) == ("Checking the weather.", "Need the weather tool.", "tool_calls")
     assert [c["function"]["name"] for c in calls if "name" in c["function"]] == ["get_weather"]
     assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"city": "Paris"}
+    assert len(calls) > 2  # (the arguments stream as they are generated, in pieces)
     # tool_choice none: the call is left out, as vLLM leaves it without a tool parser
     message = _post(app, "/v1/chat/completions", {**body, "tool_choice": "none"}).json()["choices"][0]["message"]
     assert message["content"] == "Checking the weather." and not message.get("tool_calls")

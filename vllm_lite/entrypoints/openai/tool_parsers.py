@@ -317,8 +317,13 @@ ToolSchemas = Mapping[str, Any]  # function name -> its parameters' JSON schema
 
 
 _OPENAI_CALL = re.compile(re.escape(CALL_BLOCK_START) + r"([^<]+)" + re.escape(CHANNEL) + r"commentary"
-                          + re.escape(CONSTRAIN) + r"([^<]*)" + re.escape(MESSAGE) + r"(.*?)(?:"
+                          + re.escape(CONSTRAIN) + r"([^<]*)" + re.escape(MESSAGE) + r"(.*?)("
                           + re.escape(CALL) + r"|$)", re.DOTALL)
+
+
+def openai_call_blocks(text: str) -> list[tuple[str, str, str, bool]]:
+    """(name, content type, body, whether its end was read) of each call block harmony.split wrote."""
+    return [(name, content_type, body, bool(end)) for name, content_type, body, end in _OPENAI_CALL.findall(text)]
 
 
 def parse_openai(text: str) -> ParsedOutput:
@@ -329,7 +334,7 @@ def parse_openai(text: str) -> ParsedOutput:
     if start < 0:
         return ParsedOutput([], _content(text))
     calls = []
-    for name, content_type, body in _OPENAI_CALL.findall(text[start:]):
+    for name, content_type, body, _ in openai_call_blocks(text[start:]):
         arguments = body
         if "json" in content_type:
             value = _json_object(body)

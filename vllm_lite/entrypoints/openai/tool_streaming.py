@@ -12,7 +12,7 @@ Each feed re-reads the choice's whole text and works out what is certain so far:
 | phi4_mini_json | none | the objects of the array after `functools` |
 | lfm2 | the text before `<|tool_call_start|>` | (pythonic) decided when the choice ends |
 | qwen3_coder / qwen3_xml | the text before the first `<tool_call>` (or a bare `<function=`) | (typed by the tools' schemas) decided when the choice ends |
-| openai (gpt-oss) | the final channel's text (harmony.py puts the calls after it) | decided when the choice ends |
+| openai (gpt-oss) | the final channel's text (harmony.py puts the calls after it) | each message to `functions.NAME`, its body |
 | required | none | the objects of the JSON array, `parameters` |
 | named | none | one call to the named function: the whole text is its arguments |
 | pythonic | (not incremental) everything is decided when the choice ends |
@@ -36,7 +36,7 @@ from vllm_lite.entrypoints.openai.harmony import CALL_BLOCK_START
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
 from vllm_lite.entrypoints.openai.tool_parsers import (ARRAY_FORMATS, LFM2_START, QWEN3_FUNCTION, QWEN3_XML_OPEN,
-                                                       ArrayFormat)
+                                                       ArrayFormat, openai_call_blocks)
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -120,9 +120,12 @@ class ToolCallStream:
         if parser == "lfm2":  # the content before the calls streams; the calls are decided at the end
             start = text.find(LFM2_START)
             return (_held_back(text, LFM2_START, final) if start < 0 else text[:start]), []
-        if parser == "openai":  # gpt-oss: the content before the calls streams; the calls come whole at the end
+        if parser == "openai":  # gpt-oss: each call's body (its arguments) as it is generated
             start = text.find(CALL_BLOCK_START)
-            return (_held_back(text, CALL_BLOCK_START, final) if start < 0 else text[:start]), []
+            if start < 0:
+                return _held_back(text, CALL_BLOCK_START, final), []
+            return text[:start], [_CallView(name, body, complete)
+                                  for name, _, body, complete in openai_call_blocks(text[start:])]
         if parser in ("qwen3_coder", "qwen3_xml"):  # the same: a value's type needs the whole value
             starts = [i for i in (text.find(QWEN3_XML_OPEN), text.find(QWEN3_FUNCTION)) if i >= 0]
             if starts:
