@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from async_streams import stream_to_end
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
-from vllm_lite.sampling_params import RequestOutputKind
 
 EXTENSION = "worker_extensions.WeightSync"
 PROMPTS = [[5 + i, 6, 7 + i, 8, 9] for i in range(8)]
@@ -52,17 +52,9 @@ def test_two_engines_share_the_requests(tiny_llama: Path, expected: list[list[in
 def test_async_engines_stream_and_abort(tiny_llama: Path, expected: list[list[int]]) -> None:
     from vllm_lite.engine.async_llm import AsyncLLM
 
-    async def stream(engine: AsyncLLM, request_id: str, prompt: list[int], max_tokens: int = NUM_TOKENS,
-                     started: asyncio.Event | None = None):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                output_kind=RequestOutputKind.CUMULATIVE)
-        last = None
-        async for output in engine.generate({"prompt_token_ids": prompt}, params, request_id):
-            last = output
-            if started is not None:
-                started.set()
-                await asyncio.sleep(0.05)  # (the abort arrives while it runs)
-        return last.outputs[0]
+    def stream(engine: AsyncLLM, request_id: str, prompt: list[int], max_tokens: int = NUM_TOKENS,
+               started: asyncio.Event | None = None):
+        return stream_to_end(engine, request_id, prompt, max_tokens, started, pace_s=0.05 if started else 0.0)
 
     async def go() -> None:
         engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32",

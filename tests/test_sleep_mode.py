@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from async_streams import stream_to_end
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
-from vllm_lite.sampling_params import RequestOutputKind
 
 EXTENSION = "worker_extensions.WeightSync"
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41, 42], list(range(100, 140))]  # (the last fills two KV blocks)
@@ -138,16 +138,9 @@ def test_async_pause_modes(tiny_llama: Path, expected: list[list[int]]) -> None:
     # (long enough that no stream ends before the pause reaches the engine)
     expected_long = hf_greedy(tiny_llama, PROMPTS, LONG)
 
-    async def stream(engine: AsyncLLM, request_id: str, prompt: list[int], started: asyncio.Event | None = None,
-                     max_tokens: int = LONG):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                output_kind=RequestOutputKind.CUMULATIVE)
-        last = None
-        async for output in engine.generate({"prompt_token_ids": prompt}, params, request_id):
-            last = output
-            if started is not None:
-                started.set()
-        return last.outputs[0]
+    def stream(engine: AsyncLLM, request_id: str, prompt: list[int], started: asyncio.Event | None = None,
+               max_tokens: int = LONG):
+        return stream_to_end(engine, request_id, prompt, max_tokens, started)
 
     async def go() -> None:
         engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32"))

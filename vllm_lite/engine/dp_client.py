@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
@@ -46,6 +46,23 @@ def launch_engine_cores(vllm_config: VllmConfig) -> list[EngineLaunch]:
             launch.abort()
         raise
     return launches
+
+
+def _engine_clients(vllm_config: VllmConfig, launches: list[EngineLaunch] | None,
+                    make: Callable[[VllmConfig, EngineLaunch], Any]) -> list[Any]:
+    """A client of each engine (`make(config, launch)`); if one cannot start, every engine is stopped."""
+    launches = launches or launch_engine_cores(vllm_config)
+    clients: list[Any] = []
+    try:
+        for config, launch in zip(engine_configs(vllm_config), launches):
+            clients.append(make(config, launch))
+    except BaseException:
+        for client in clients:
+            client.shutdown()
+        for launch in launches[len(clients):]:
+            launch.abort()
+        raise
+    return clients
 
 
 class _Balance:
@@ -105,16 +122,8 @@ class DPSyncClient:
     """For `LLM`: one SyncMPClient per engine."""
 
     def __init__(self, vllm_config: VllmConfig, launches: list[EngineLaunch] | None = None) -> None:
-        launches = launches or launch_engine_cores(vllm_config)
-        self.clients: list[SyncMPClient] = []
-        try:
-            for config, launch in zip(engine_configs(vllm_config), launches):
-                self.clients.append(SyncMPClient(config, launch=launch))
-        except BaseException:
-            self.shutdown()
-            for launch in launches[len(self.clients):]:
-                launch.abort()
-            raise
+        self.clients: list[SyncMPClient] = _engine_clients(
+            vllm_config, launches, lambda config, launch: SyncMPClient(config, launch=launch))
         self.balance = _Balance(len(self.clients))
         self._poller = zmq.Poller()
         for client in self.clients:
@@ -211,16 +220,8 @@ class DPAsyncClient:
     queue."""
 
     def __init__(self, vllm_config: VllmConfig, launches: list[EngineLaunch] | None = None, **kwargs: Any) -> None:
-        launches = launches or launch_engine_cores(vllm_config)
-        self.clients: list[AsyncMPClient] = []
-        try:
-            for config, launch in zip(engine_configs(vllm_config), launches):
-                self.clients.append(AsyncMPClient(config, launch=launch, **kwargs))
-        except BaseException:
-            self.shutdown()
-            for launch in launches[len(self.clients):]:
-                launch.abort()
-            raise
+        self.clients: list[AsyncMPClient] = _engine_clients(
+            vllm_config, launches, lambda config, launch: AsyncMPClient(config, launch=launch, **kwargs))
         self.balance = _Balance(len(self.clients))
         self._outputs: asyncio.Queue | None = None
         self._pumps: list[asyncio.Task] = []
