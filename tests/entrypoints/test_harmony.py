@@ -192,3 +192,16 @@ def test_reasoning_tokens_count_the_analysis_bodies(tokenizer: Any, tiny_tokeniz
     for token_id in ids:  # (fed one token at a time, as a stream does)
         counter.feed([token_id])
     assert counter.count == len(tokenizer.encode("Need the weather tool.", add_special_tokens=False))
+
+
+def test_an_assistant_turns_reasoning_reaches_gpt_oss_templates_as_thinking() -> None:
+    """gpt-oss's chat template renders an assistant tool-call turn's analysis from `thinking`
+    (vLLM's harmony renderer takes the message's `reasoning`)."""
+    from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, template_message
+
+    request = ChatCompletionRequest(model=MODEL, messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "reasoning": "Need the tool.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
+    assert template_message(request.messages[1])["thinking"] == "Need the tool."

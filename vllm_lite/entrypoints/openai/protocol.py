@@ -473,8 +473,8 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
     message.text()  # the parts are checked here, naming the field
     out: dict[str, Any] = {"role": message.role, "content": message.content}
     reasoning = _reasoning_of(message)
-    if reasoning is not None:
-        out["reasoning"] = out["reasoning_content"] = reasoning
+    if reasoning is not None:  # (gpt-oss's template reads it as `thinking`: its analysis message)
+        out["reasoning"] = out["reasoning_content"] = out["thinking"] = reasoning
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
