@@ -205,3 +205,12 @@ def test_an_assistant_turns_reasoning_reaches_gpt_oss_templates_as_thinking() ->
             {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])
     assert template_message(request.messages[1])["thinking"] == "Need the tool."
+
+
+def test_responses_api_function_calls(tokenizer: Any) -> None:
+    app = _app(tokenizer, _pieces(THINK_THEN_CALL), reasoning_parser="openai_gptoss",
+               enable_auto_tool_choice=True, tool_call_parser="openai")
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    output = _post(app, "/v1/responses", {"input": "weather in Paris?", "tools": [tool]}).json()["output"]
+    assert [item["type"] for item in output] == ["reasoning", "message", "function_call"]
+    assert (output[2]["name"], json.loads(output[2]["arguments"])) == ("get_weather", {"city": "Paris"})
