@@ -244,3 +244,46 @@ def test_the_transformers_fallback_takes_updates_by_its_parameter_names(tiny_lla
             llm.collective_rpc("update_weights", args=({"model.nope.weight": torch.zeros(1)},))
     finally:
         llm.shutdown()
+
+
+def test_weight_versions_label_the_tokens_each_weights_sampled(tiny_llama: Path) -> None:
+    """vLLM's update_weight_version: each finished output says which label's weights sampled
+    which of its tokens; a label set while a request is paused mid-generation ("keep") splits it."""
+    from vllm_lite import WeightVersionSpan
+    from vllm_lite.engine.async_llm import AsyncLLM
+
+    for multiprocess in (False, True):
+        llm = make_llm(tiny_llama, multiprocess=multiprocess)
+        try:
+            assert llm.get_weight_version() == "default"
+            assert greedy_outputs(llm)[0].weight_versions == [WeightVersionSpan("default", 0, NUM_TOKENS)]
+            llm.update_weight_version("step-1")
+            assert llm.get_weight_version() == "step-1"
+            assert greedy_outputs(llm)[0].weight_versions == [WeightVersionSpan("step-1", 0, NUM_TOKENS)]
+            with pytest.raises((ValueError, RuntimeError), match="weight_version must be a non-empty string"):
+                llm.update_weight_version("")
+        finally:
+            llm.shutdown()
+
+    async def go() -> list:
+        from async_streams import stream_to_end
+
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32"))
+        try:
+            started = asyncio.Event()
+            task = asyncio.create_task(stream_to_end(engine, "r", PROMPTS[0], 120, started))
+            await started.wait()
+            await engine.pause_generation(mode="keep")
+            await engine.update_weight_version("step-2")
+            await engine.resume_generation()
+            return (await task).weight_versions
+        finally:
+            engine.shutdown()
+
+    spans = asyncio.run(go())
+    assert [span.version for span in spans] == ["default", "step-2"]
+    assert spans[0].start == 0 and 0 < spans[0].end == spans[1].start < spans[1].end == 120
+
+
+def greedy_outputs(llm: LLM) -> list:
+    return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)]

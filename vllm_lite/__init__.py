@@ -25,6 +25,7 @@ _EXPORTS = {
     "TokensPrompt": "vllm_lite.engine.input_processor",
     "RequestOutput": "vllm_lite.outputs",
     "CompletionOutput": "vllm_lite.outputs",
+    "WeightVersionSpan": "vllm_lite.outputs",
     "Logprob": "vllm_lite.outputs",
     "PoolingParams": "vllm_lite.pooling_params",
     "EmbeddingRequestOutput": "vllm_lite.outputs",

@@ -24,9 +24,21 @@ class CompletionOutput:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: int | str | None = None
+    # vLLM's: which weights (their version label, `LLM.update_weight_version`) sampled which output
+    # tokens; on the final output only
+    weight_versions: list[WeightVersionSpan] | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightVersionSpan:
+    """vLLM's: output tokens `[start, end)` were sampled by the weights labelled `version`."""
+
+    version: str
+    start: int
+    end: int
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ PROMPT = [5, 6, 7, 8, 9]
 ROUTES = (("POST", "/collective_rpc"), ("POST", "/sleep"), ("POST", "/wake_up"), ("GET", "/is_sleeping"),
           ("POST", "/release_kv_cache_memory"),
           ("POST", "/pause"), ("POST", "/resume"), ("GET", "/is_paused"), ("POST", "/abort_requests"),
-          ("GET", "/get_world_size"))
+          ("GET", "/get_world_size"), ("POST", "/update_weight_version"), ("GET", "/weight_info"))
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,11 @@ def test_a_trainers_weight_update_over_http(server: LiveServer, tiny_llama: Path
         ranks = client.post("/collective_rpc", json={"method": "rank_and_device"}).json()
         assert ranks == {"results": [{"rank": 0, "local_rank": 0, "device": "cpu"}]}
         assert client.get("/get_world_size").json() == {"world_size": 1}
+        assert client.get("/weight_info").json() == {"weight_version": "default"}
+        updated = client.post("/update_weight_version", json={"new_version": "trained-1"})
+        assert updated.json() == {"success": True, "new_version": "trained-1"}
+        assert client.get("/weight_info").json() == {"weight_version": "trained-1"}
+        assert client.post("/update_weight_version", json={"new_version": ""}).status_code == 400
 
 
 def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:

@@ -287,6 +287,14 @@ class AsyncLLM:
         memory is released; `wake_up(["kv_cache"])` brings it back."""
         await self.engine_core.release_kv_cache_memory_async()
 
+    async def update_weight_version(self, new_version: str) -> None:
+        """vLLM's: the label of the engine's weights from its next step on; each finished
+        output's `weight_versions` says which label sampled which of its tokens."""
+        await self.engine_core.set_weight_version_async(new_version)
+
+    async def get_weight_version(self) -> str:
+        return await self.engine_core.get_weight_version_async()
+
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         check_wake_up_tags(tags)
         return await self.engine_core.wake_up_async(tags)

@@ -137,6 +137,7 @@ class EngineCore:
         self.clear_cache_when_drained = False
         self.release_kv_when_drained = False  # a level-1 sleep waiting for its requests to finish
         self.kv_cache_released = False
+        self.weight_version = "default"  # vLLM's label of the weights, on every step's outputs
 
     def _kv_cache_blocks(self) -> int:
         """The KV cache's size: fixed by the config, or what the workers measured free under
@@ -242,6 +243,15 @@ class EngineCore:
     def is_sleeping(self) -> bool:
         return self.is_paused() or self.kv_cache_released
 
+    def set_weight_version(self, weight_version: str) -> None:
+        """vLLM's: the label of the weights from the next step on (a trainer sets it after an update)."""
+        if not isinstance(weight_version, str) or not weight_version:
+            raise ValueError(f"weight_version must be a non-empty string, got {weight_version!r}")
+        self.weight_version = weight_version
+
+    def get_weight_version(self) -> str:
+        return self.weight_version
+
     def resume(self) -> None:
         """vLLM's resume_scheduler: the requests held meanwhile are added, in order (one that
         can no longer be added fails on its own)."""
@@ -265,6 +275,7 @@ class EngineCore:
         if self.aborted_by_pause:
             outputs.finished.extend(self.aborted_by_pause)
             self.aborted_by_pause = []
+        outputs.weight_version = self.weight_version
         if self.clear_cache_when_drained or self.release_kv_when_drained:
             self.when_drained()
         if self.scheduler.step_failures:  # freed by the scheduler; their clients get an error
@@ -449,6 +460,8 @@ class EngineCoreProc:
             "release_kv_cache_memory": self.engine_core.release_kv_cache_memory,
             "wake_up": self.engine_core.wake_up,
             "is_sleeping": self.engine_core.is_sleeping,
+            "set_weight_version": self.engine_core.set_weight_version,
+            "get_weight_version": self.engine_core.get_weight_version,
         }
         # (client, call id) of "wait" pauses, answered once the running requests have finished
         self.drain_waiters: list[tuple[bytes, int]] = []
@@ -675,6 +688,7 @@ _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_log
 # `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client
 # after selection (`RequestIdsSender`, in the output thread).
 SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp", "pooled",
+                             "weight_version",
                              "req_ids_number", "repeats_req_ids_of",
                              *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))

@@ -351,6 +351,12 @@ class SyncMPClient(MPClient):
     def release_kv_cache_memory(self) -> None:
         self.call_utility("release_kv_cache_memory")
 
+    def set_weight_version(self, weight_version: str) -> None:
+        self.call_utility("set_weight_version", weight_version)
+
+    def get_weight_version(self) -> str:
+        return self.call_utility("get_weight_version")
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         return self.call_utility("wake_up", tags)
 
@@ -455,6 +461,12 @@ class AsyncMPClient(MPClient):
 
     async def release_kv_cache_memory_async(self) -> None:
         await self.call_utility_async("release_kv_cache_memory")
+
+    async def set_weight_version_async(self, weight_version: str) -> None:
+        await self.call_utility_async("set_weight_version", weight_version)
+
+    async def get_weight_version_async(self) -> str:
+        return await self.call_utility_async("get_weight_version")
 
     async def wake_up_async(self, tags: list[str] | None = None) -> bool:
         return await self.call_utility_async("wake_up", tags)

@@ -201,6 +201,12 @@ class DPSyncClient:
     def release_kv_cache_memory(self) -> None:
         self._all("release_kv_cache_memory")
 
+    def set_weight_version(self, weight_version: str) -> None:
+        self._all("set_weight_version", weight_version)
+
+    def get_weight_version(self) -> str:
+        return self.clients[0].get_weight_version()
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         return all(self._all("wake_up", tags))
 
@@ -303,6 +309,12 @@ class DPAsyncClient:
 
     async def release_kv_cache_memory_async(self) -> None:
         await self._all("release_kv_cache_memory_async")
+
+    async def set_weight_version_async(self, weight_version: str) -> None:
+        await self._all("set_weight_version_async", weight_version)
+
+    async def get_weight_version_async(self) -> str:
+        return await self.clients[0].get_weight_version_async()
 
     async def wake_up_async(self, tags: list[str] | None = None) -> bool:
         return all(await self._all("wake_up_async", tags))

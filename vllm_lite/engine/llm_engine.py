@@ -153,6 +153,12 @@ class LLMEngine:
     def release_kv_cache_memory(self) -> None:
         self.engine_core.release_kv_cache_memory()
 
+    def set_weight_version(self, weight_version: str) -> None:
+        self.engine_core.set_weight_version(weight_version)
+
+    def get_weight_version(self) -> str:
+        return self.engine_core.get_weight_version()
+
     def wake_up(self, tags: list[str] | None = None) -> bool:
         check_wake_up_tags(tags)
         return self.engine_core.wake_up(tags)

@@ -18,7 +18,7 @@ from vllm_lite.engine.stats import FinishedRequestStats, IterationStats
 from vllm_lite.engine.output_token_store import OutputTokenStore
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason, split_token_columns
 from vllm_lite.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
-                               EmbeddingRequestOutput, RequestOutput, RequestStateStats)
+                               EmbeddingRequestOutput, RequestOutput, RequestStateStats, WeightVersionSpan)
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
@@ -66,6 +66,10 @@ class RequestState:
     num_cached_tokens: int = 0  # from the engine core, with the first output token
     stats: RequestStateStats = field(default_factory=RequestStateStats)
     lora_request: LoRARequest | None = None  # the adapter it runs with (handed out in its outputs)
+    # vLLM's weight versions: the label when the request came, then (label, output tokens then)
+    # at each change of the engine's weights' label while it ran
+    first_weight_version: str = "default"
+    weight_version_starts: list[tuple[str, int]] | None = None
     # An embedding request (the pooling runner): its resolved pooling (None: not one), and the
     # vector once it came (with the request's one placeholder token).
     pooling: PoolingParams | None = None
@@ -114,6 +118,18 @@ class RequestState:
             self.own_ids = self.store.release(self.slot)
             self.slot = -1
             self.num_tokens = len(self.own_ids)
+
+    def _weight_versions(self) -> list[WeightVersionSpan]:
+        """vLLM's spans of output tokens by the label of the weights that sampled them (empty ones left out)."""
+        starts = [(self.first_weight_version, 0), *(self.weight_version_starts or ())]
+        ends = [start for _, start in starts[1:]] + [self.num_tokens]
+        return [WeightVersionSpan(version, start, end) for (version, start), end in zip(starts, ends) if end > start]
+
+    def weight_version_changed(self, version: str) -> None:
+        self._sync_num_tokens()
+        if self.weight_version_starts is None:
+            self.weight_version_starts = []
+        self.weight_version_starts.append((version, self.num_tokens))
 
     def _sync_num_tokens(self) -> None:
         if self.slot >= 0:
@@ -178,14 +194,15 @@ class RequestState:
         else:
             token_ids = self.token_ids[token_start:].tolist()
         self.sent_tokens = self.num_tokens
+        versions = self._weight_versions() if finished else None
         if self.logprobs is None:
             completion = CompletionOutput(self.index, text, token_ids, None, None, self.finish_reason,
-                                          self.stop_reason)
+                                          self.stop_reason, versions)
             prompt_logprobs = None
         else:
             completion = CompletionOutput(self.index, text, token_ids, self._cumulative_logprob(),
                                           self._sample_logprobs(token_start), self.finish_reason,
-                                          self.stop_reason)
+                                          self.stop_reason, versions)
             prompt_logprobs = self._prompt_logprobs(delta)
         if self.parent is None:
             # `metrics` is the live stats object, as in vLLM.
@@ -251,6 +268,7 @@ class OutputProcessor:
         self._token_pieces = TokenPieces.for_tokenizer(tokenizer)  # None: no byte-level decoder (or no tokenizer)
         # `_states_of`'s answer for each chunk start; emptied whenever a request comes or goes.
         self._rows_cache: dict[int, tuple[list[str], list[RequestState], np.ndarray, range | list[int]]] = {}
+        self.weight_version = "default"  # the engine's label of its weights, as its last outputs said
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
@@ -281,6 +299,7 @@ class OutputProcessor:
                              every_token=every_token, output_text=output_text, queue=queue,
                              stream_interval=interval, stats=RequestStateStats(time.time(), time.monotonic()),
                              pooling=pooling, lora_request=lora_request)
+        state.first_weight_version = self.weight_version
         self.request_states[request_id] = state
         self._rows_cache.clear()
         if parent is not None:
@@ -332,6 +351,10 @@ class OutputProcessor:
         step's speculative decoding counts into `iteration_stats`."""
         if iteration_stats is not None and outputs.num_draft_tokens is not None:
             iteration_stats.count_drafts(outputs.num_draft_tokens, outputs.num_accepted_drafts)
+        if outputs.weight_version != self.weight_version:  # (new weights sampled this step's tokens)
+            self.weight_version = outputs.weight_version
+            for state in self.request_states.values():
+                state.weight_version_changed(outputs.weight_version)
         if outputs.prompt_logprobs_req_ids:
             self._add_prompt_logprobs(outputs)
         states = self.request_states

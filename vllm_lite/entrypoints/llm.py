@@ -434,6 +434,15 @@ class LLM:
         self.llm_engine.sleep(level, mode)
         self._asleep = True
 
+    def update_weight_version(self, new_version: str) -> None:
+        """vLLM's: the label of the engine's weights from its next step on (a trainer sets it after
+        `collective_rpc` updated them); each finished output's `weight_versions` says which label
+        sampled which of its tokens ("default" until set)."""
+        self.llm_engine.set_weight_version(new_version)
+
+    def get_weight_version(self) -> str:
+        return self.llm_engine.get_weight_version()
+
     def release_kv_cache_memory(self) -> None:
         """vLLM's: after `sleep(level=0)` with no request left, the KV cache's memory is released
         as level 1 releases it; `wake_up(tags=["kv_cache"])` (or `wake_up()`) brings it back."""

@@ -122,6 +122,9 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     more_logprob_token_ids: np.ndarray | None = None  # int32 [num_reqs, k, width]
     more_logprobs: np.ndarray | None = None  # float32 [num_reqs, k, width]
     more_logprob_ranks: np.ndarray | None = None  # int32 [num_reqs, k, width]
+    # The label of the weights that sampled this step's tokens (vLLM's weight version; omitted on
+    # the wire while it is the default)
+    weight_version: str = "default"
     # Set on the wire only (`RequestIdsSender`): this message's number when it carries `req_ids`,
     # or, when it left them out, the number of the message whose `req_ids` they are.
     req_ids_number: int = 0
@@ -212,7 +215,7 @@ PAUSE_MODES = ("abort", "wait", "keep")
 
 UTILITY_METHODS = ("get_stats", "is_healthy", "reset_prefix_cache", "engine_info", "profile", "collective_rpc", "pause",
                    "resume", "is_paused", "sleep", "release_kv_cache_memory", "wake_up",
-                   "is_sleeping")
+                   "is_sleeping", "set_weight_version", "get_weight_version")
 
 
 class AbortRequests(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

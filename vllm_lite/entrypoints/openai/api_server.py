@@ -63,6 +63,7 @@ from vllm_lite.entrypoints.openai.protocol import (
     OpenAIBaseModel,
     RequestModel,
     StartProfileRequest,
+    UpdateWeightVersionRequest,
     TokenizeRequest,
     TokenizeResponse,
     TokenizerInfoResponse,
@@ -601,9 +602,20 @@ def _add_engine_control_routes(app: FastAPI, ctx: ServingContext) -> None:
         await engine.abort(request_ids)
         return JSONResponse({"status": "aborted", "aborted": len(request_ids)})
 
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: UpdateWeightVersionRequest) -> JSONResponse:
+        request.refuse_unknown_fields()
+        await _engine_call(engine.update_weight_version(request.new_version))
+        return JSONResponse({"success": True, "new_version": request.new_version})
+
+    @app.get("/weight_info")
+    async def weight_info() -> JSONResponse:
+        return JSONResponse({"weight_version": await engine.get_weight_version()})
+
     @app.get("/get_world_size")
     async def get_world_size(include_dp: bool = True) -> JSONResponse:
-        return JSONResponse({"world_size": engine.vllm_config.parallel_config.world_size})
+        parallel = engine.vllm_config.parallel_config
+        return JSONResponse({"world_size": parallel.world_size * (parallel.data_parallel_size if include_dp else 1)})
 
 
 async def _engine_call(call: Awaitable[Any]) -> Any:

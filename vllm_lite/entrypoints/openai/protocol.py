@@ -568,6 +568,12 @@ class CollectiveRpcRequest(RequestModel):
     timeout: float | None = Field(default=None, gt=0)
 
 
+class UpdateWeightVersionRequest(RequestModel):
+    """vLLM's /update_weight_version body: the label of the engine's weights from now on."""
+
+    new_version: str = Field(min_length=1)
+
+
 class AbortRequestsRequest(RequestModel):
     """vLLM's /abort_requests body: the requests to abort; none named: every one in flight."""
 
