@@ -33,21 +33,22 @@ def expected(tiny_llama: Path) -> list[list[int]]:
     return hf_greedy(tiny_llama, PROMPTS, NUM_TOKENS)
 
 
-@pytest.mark.parametrize("multiprocess", [False, True])
+@pytest.mark.parametrize("multiprocess, tp", [(False, 1), (True, 1), (True, 2)])
 def test_level_1_releases_the_kv_cache_and_wake_up_brings_it_back(tiny_llama: Path, expected: list[list[int]],
-                                                                  multiprocess: bool) -> None:
-    llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION, block_size=16)
+                                                                  multiprocess: bool, tp: int) -> None:
+    llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION, block_size=16,
+                   tensor_parallel_size=tp)
     try:
         assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)] == expected
         assert llm.generate(prompts(), GREEDY, use_tqdm=False)[2].num_cached_tokens == 32  # (the prefix cache)
-        assert llm.collective_rpc("kv_cache_layers") == [2]
+        assert llm.collective_rpc("kv_cache_layers") == [2] * tp
         llm.sleep(level=1)
-        assert llm.llm_engine.is_sleeping() and llm.collective_rpc("kv_cache_layers") == [0]
+        assert llm.llm_engine.is_sleeping() and llm.collective_rpc("kv_cache_layers") == [0] * tp
         with pytest.raises(RuntimeError, match="the engine is asleep"):
             llm.generate(prompts(), GREEDY, use_tqdm=False)
         assert llm.wake_up(["scheduling"]) is False  # (the KV cache is still released)
         assert llm.wake_up(["kv_cache"]) is True and not llm.llm_engine.is_sleeping()
-        assert llm.collective_rpc("kv_cache_layers") == [2]
+        assert llm.collective_rpc("kv_cache_layers") == [2] * tp
         outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
         assert [list(o.outputs[0].token_ids) for o in outputs] == expected
         assert outputs[2].num_cached_tokens == 0  # (level 1 forgot the prefix cache)
