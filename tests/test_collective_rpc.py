@@ -285,5 +285,18 @@ def test_weight_versions_label_the_tokens_each_weights_sampled(tiny_llama: Path)
     assert spans[0].start == 0 and 0 < spans[0].end == spans[1].start < spans[1].end == 120
 
 
+
+def test_a_step_of_several_tokens_a_row_keeps_its_weight_version() -> None:
+    """Speculative decoding's steps are handed to the client as steps of one token a row: each
+    keeps the step's label (else the client would see the label change and change back)."""
+    import numpy as np
+
+    from vllm_lite.wire import EngineCoreOutputs, split_token_columns
+
+    outputs = EngineCoreOutputs(["a", "b"], np.array([1, 2], dtype=np.int32), weight_version="step-3",
+                                more_token_ids=np.array([[3, 4], [5, -1]], dtype=np.int32))
+    assert [part.weight_version for part in split_token_columns(outputs)] == ["step-3"] * 3
+
+
 def greedy_outputs(llm: LLM) -> list:
     return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)]

@@ -277,7 +277,8 @@ def split_token_columns(outputs: EngineCoreOutputs) -> list[EngineCoreOutputs]:
             break
         req_ids = [outputs.req_ids[row] for row in rows.tolist()]
         last_step.update(dict.fromkeys(req_ids, len(steps)))
-        step = EngineCoreOutputs(req_ids, more[rows, column], timestamp=outputs.timestamp)
+        step = EngineCoreOutputs(req_ids, more[rows, column], timestamp=outputs.timestamp,
+                                 weight_version=outputs.weight_version)
         if outputs.more_logprobs is not None:
             step.logprob_token_ids = outputs.more_logprob_token_ids[rows, column]
             step.logprobs = outputs.more_logprobs[rows, column]
