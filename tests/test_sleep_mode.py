@@ -186,3 +186,32 @@ def test_async_pause_modes(tiny_llama: Path, expected: list[list[int]]) -> None:
             engine.shutdown()
 
     asyncio.run(go())
+
+
+def test_admission_limits_refuse_requests_past_them(tiny_llama: Path, expected: list[list[int]]) -> None:
+    """vLLM's max_num_queued_reqs / max_num_queued_tokens: a request past them is refused with
+    vLLM's message (a 503 on the server), the others run; a pause keeps the counts still."""
+    from vllm_lite.engine.async_llm import AsyncLLM
+    from vllm_lite.entrypoints.openai.errors import describe_error
+    from vllm_lite.exceptions import AdmissionRejectedError
+
+    async def go(limits: dict) -> tuple[list, BaseException]:
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32",
+                                                      **limits))
+        try:
+            await engine.pause_generation(mode="keep")  # (nothing runs: the requests stay queued)
+            tasks = [asyncio.create_task(stream_to_end(engine, f"r{i}", p, NUM_TOKENS))
+                     for i, p in enumerate(PROMPTS[:2])]
+            await asyncio.sleep(0.2)
+            with pytest.raises(AdmissionRejectedError) as refused:
+                await stream_to_end(engine, "over", PROMPTS[2], NUM_TOKENS)
+            await engine.resume_generation()
+            return [list(r.token_ids) for r in await asyncio.gather(*tasks)], refused.value
+        finally:
+            engine.shutdown()
+
+    results, refused = asyncio.run(go({"max_num_queued_reqs": 2}))
+    assert results == expected[:2] and str(refused).startswith("The engine is currently busy")
+    assert describe_error(refused)[0] == 503
+    results, refused = asyncio.run(go({"max_num_queued_tokens": len(PROMPTS[0]) + len(PROMPTS[1])}))
+    assert results == expected[:2] and "prefill token backlog limit" in str(refused)

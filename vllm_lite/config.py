@@ -504,6 +504,10 @@ class SchedulerConfig:
     # vLLM's: a request's prompt chunk per step is at most this many tokens while other requests
     # wait or run (a long prefill does not starve them); 0: no cap
     long_prefill_token_threshold: int = 0
+    # vLLM's admission limits (AsyncLLM, the server: a request past them is refused with 503):
+    # unfinished requests (n > 1 counting n), prompt tokens of requests not past their prefill
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -736,6 +740,10 @@ class EngineArgs:
     # vLLM's: while other requests wait or run, a request's prompt chunk per step is at most this
     # many tokens (0: no cap)
     long_prefill_token_threshold: int = 0
+    # vLLM's: the server (AsyncLLM) refuses a request with 503 past this many unfinished requests,
+    # or past this many prompt tokens of requests not past their prefill
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     # vLLM's (its default): cascade attention is not implemented here, so only True is taken
     disable_cascade_attn: bool = True
     # vLLM's: max_model_len capped at the model's sliding window (where its sliding layers attend
@@ -1092,8 +1100,12 @@ class EngineArgs:
                f"long_prefill_token_threshold must be in [0, max_model_len={max_model_len}], got {threshold!r}")
         _check(threshold == 0 or self.enable_chunked_prefill,
                "long_prefill_token_threshold cuts prompts into chunks: it needs enable_chunked_prefill")
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and value >= 0), f"{name} must be >= 0 or None, got {value!r}")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
-                               async_scheduling, self.stream_interval, self.scheduling_policy, threshold)
+                               async_scheduling, self.stream_interval, self.scheduling_policy, threshold,
+                               self.max_num_queued_reqs, self.max_num_queued_tokens)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

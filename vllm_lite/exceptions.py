@@ -54,6 +54,16 @@ class ProfilerAlreadyActiveError(VLLMClientError, RuntimeError):
         super().__init__("A profiling session is already active. Call /stop_profile before starting another session.")
 
 
+class AdmissionRejectedError(RuntimeError):
+    """vLLM's QueueOverflowError / MaxQueuedTokensError: admitting the request would pass
+    max_num_queued_reqs or max_num_queued_tokens (a server answers 503, for a retry elsewhere)."""
+
+    QUEUE_FULL = ("The engine is currently busy and cannot accept new requests. Please try again later or on a "
+                  "different instance.")
+    TOKENS_FULL = ("The engine has reached its prefill token backlog limit. Please try again later or on a "
+                   "different instance.")
+
+
 class EngineDeadError(RuntimeError):
     """The engine core is gone (its process died, stopped answering, or failed in its busy
     loop). Every pending request raises it, and so does every later call."""

@@ -28,7 +28,7 @@ from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core import check_pause_mode, check_sleep, check_wake_up_tags
 from vllm_lite.engine.core_client import AsyncMPClient
 from vllm_lite.engine.dp_client import DPAsyncClient, launch_engine_cores
-from vllm_lite.exceptions import EngineDeadError, RequestAbortedError, RequestRejectedError
+from vllm_lite.exceptions import AdmissionRejectedError, EngineDeadError, RequestAbortedError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
                                     load_tokenizer_while_launching)
@@ -160,6 +160,7 @@ class AsyncLLM:
                                    priority: int, lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         if self.errored:
             raise self.dead_error
+        self.check_admission()
         self._start_output_handler()
         text, token_ids, request, pooling = self.input_processor.process_pooling(request_id, prompt, pooling_params,
                                                                                 priority, lora_request)
@@ -192,11 +193,24 @@ class AsyncLLM:
             if not finished:
                 self._abort_now([request_id])
 
+    def check_admission(self, n: int = 1) -> None:
+        """vLLM's admission limits: refuse (AdmissionRejectedError, a 503) a request whose `n`
+        sequences would pass max_num_queued_reqs, or any while the prompt tokens of requests not
+        past their prefill reach max_num_queued_tokens (counted whole, as vLLM counts them)."""
+        scheduler = self.vllm_config.scheduler_config
+        if scheduler.max_num_queued_reqs is not None and \
+                len(self.output_processor.request_states) + n > scheduler.max_num_queued_reqs:
+            raise AdmissionRejectedError(AdmissionRejectedError.QUEUE_FULL)
+        if scheduler.max_num_queued_tokens is not None and \
+                self.output_processor.num_prefill_tokens() >= scheduler.max_num_queued_tokens:
+            raise AdmissionRejectedError(AdmissionRejectedError.TOKENS_FULL)
+
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
                           lora_request: LoRARequest | None = None) -> RequestOutputCollector:
         """Send the request (n > 1 fans out); its outputs arrive in the returned collector."""
         if self.errored:
             raise self.dead_error
+        self.check_admission(params.n)
         self._start_output_handler()
         text, token_ids = self.input_processor.tokenize(prompt)
         request = self.input_processor.process(request_id, token_ids, params,

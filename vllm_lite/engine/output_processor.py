@@ -320,6 +320,15 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
+    def num_prefill_tokens(self) -> int:
+        """The prompt tokens of the requests without an output token yet (max_num_queued_tokens)."""
+        total = 0
+        for state in self.request_states.values():
+            state._sync_num_tokens()
+            if state.num_tokens == 0:
+                total += len(state.prompt_token_ids)
+        return total
+
     def process_outputs(self, outputs: EngineCoreOutputs, iteration_stats: IterationStats | None = None
                         ) -> tuple[list[RequestState], list[str]]:
         """Returns the states that changed this step and the ids whose generation a stop string

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vllm_lite.exceptions import EngineDeadError
+from vllm_lite.exceptions import AdmissionRejectedError, EngineDeadError
 from vllm_lite.entrypoints.openai.protocol import RequestParamError
 
 _FIELD_IN_MESSAGE = re.compile(r"SamplingParams\.(\w+) ")
@@ -52,6 +52,8 @@ def describe_error(exc: Exception) -> tuple[int, str, str, str | None]:
         return exc.status_code, exc.err_type, exc.message, exc.param
     if isinstance(exc, EngineDeadError):
         return 503, "ServiceUnavailableError", f"the engine is dead: {exc}", None
+    if isinstance(exc, AdmissionRejectedError):
+        return 503, "ServiceUnavailableError", str(exc), None
     if isinstance(exc, RequestParamError):
         return 400, "BadRequestError", str(exc), exc.param
     if isinstance(exc, (ValueError, TypeError)):
