@@ -64,3 +64,16 @@ def test_disable_sliding_window_caps_the_context_at_the_window(tiny_mistral_wind
         with pytest.raises(ValueError, match="exceeds the model's context of 8 positions \\(sliding_window=8, with "
                                              "disable_sliding_window\\)"):
             make_llm(model, max_model_len=9, disable_sliding_window=True)
+
+
+def test_fewer_active_requests_keep_the_tokens(tiny_llama: Path) -> None:
+    prompts = [[(5 * i + j) % 900 + 3 for j in range(4 + i)] for i in range(6)]
+    llm = make_llm(tiny_llama, max_num_active_seqs=2)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(tiny_llama, prompts, NEW_TOKENS)
+    with pytest.raises(ValueError, match="max_num_active_seqs must be in \\[1, max_num_seqs=4\\]"):
+        make_llm(tiny_llama, max_num_seqs=4, max_num_active_seqs=5)

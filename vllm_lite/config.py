@@ -508,7 +508,13 @@ class SchedulerConfig:
     # unfinished requests (n > 1 counting n), prompt tokens of requests not past their prefill
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    # vLLM's: at most this many requests run at once (max_num_seqs still sizes the batch); None:
+    # max_num_seqs
+    max_num_active: int | None = None
 
+    @property
+    def max_num_active_seqs(self) -> int:
+        return self.max_num_seqs if self.max_num_active is None else self.max_num_active
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
@@ -744,6 +750,9 @@ class EngineArgs:
     # or past this many prompt tokens of requests not past their prefill
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    # vLLM's: at most this many requests run at once (smaller decode batches), max_num_seqs still
+    # sizing the batch's buffers; None: max_num_seqs
+    max_num_active_seqs: int | None = None
     # vLLM's (its default): cascade attention is not implemented here, so only True is taken
     disable_cascade_attn: bool = True
     # vLLM's: max_model_len capped at the model's sliding window (where its sliding layers attend
@@ -1103,9 +1112,12 @@ class EngineArgs:
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             value = getattr(self, name)
             _check(value is None or (isinstance(value, int) and value >= 0), f"{name} must be >= 0 or None, got {value!r}")
+        active = self.max_num_active_seqs
+        _check(active is None or (isinstance(active, int) and 1 <= active <= self.max_num_seqs),
+               f"max_num_active_seqs must be in [1, max_num_seqs={self.max_num_seqs}] or None, got {active!r}")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
                                async_scheduling, self.stream_interval, self.scheduling_policy, threshold,
-                               self.max_num_queued_reqs, self.max_num_queued_tokens)
+                               self.max_num_queued_reqs, self.max_num_queued_tokens, active)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

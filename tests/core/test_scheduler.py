@@ -184,3 +184,14 @@ def test_long_prefill_token_threshold_caps_prompt_chunks_while_others_wait() -> 
         chunks.append(out.num_scheduled_tokens)
     assert chunks[0] == {"long": 6, "short": 3}
     assert [c["long"] for c in chunks] == [6, 6, 6, 2]
+
+
+def test_max_num_active_seqs_limits_the_running_requests() -> None:
+    """vLLM's max_num_active_seqs: at most that many requests run (max_num_seqs still sizes the batch)."""
+    scheduler = Scheduler(SchedulerConfig(8, 64, 256, True, max_num_active=2), CacheConfig(4, 64, None, True), 64)
+    for name in "abcd":
+        scheduler.add_request(make_request(name, 3, max_tokens=2))
+    out, _ = step(scheduler)
+    assert sorted(out.num_scheduled_tokens) == ["a", "b"]
+    running = [sorted(step(scheduler)[0].num_scheduled_tokens) for _ in range(4)]
+    assert all(len(names) <= 2 for names in running) and ["c", "d"] in running

@@ -203,7 +203,7 @@ class Scheduler:
             running_part = self._schedule_running_loop(budget, preempted, drafts if self._drafting() else None)
         cached_ids, cached_num_computed, num_new_blocks, new_block_ids, num_scheduled, budget = running_part
         new_reqs: list[NewRequestData] = []
-        if not preempted and self.waiting and len(self.running) < self.config.max_num_seqs:
+        if not preempted and self.waiting and len(self.running) < self.config.max_num_active_seqs:
             num_scheduled = dict(num_scheduled)  # (the running part's may be kept for later steps)
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
 
@@ -760,7 +760,7 @@ class Scheduler:
         # still compiling their grammar, or their LoRA adapter would be one too many: they keep their place
         passed_over: list[Request] = []
         running_loras: set[int] | None = None  # the adapters running (computed when a waiting request has one)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_active_seqs:
             request = self.waiting[0]
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR and not self._grammar_ready(request):
                 self.waiting.popleft()
