@@ -154,7 +154,8 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)
         if self.pause_state is not PauseState.UNPAUSED:
-            if any(held.request_id == request.request_id for held in self.held_requests):
+            if request.request_id in self.scheduler.requests or any(
+                    held.request_id == request.request_id for held in self.held_requests):
                 raise ValueError(f"request_id {request.request_id!r} is already in use")
             self.held_requests.append(request)
             return
