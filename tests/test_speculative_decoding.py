@@ -414,7 +414,7 @@ def test_split_token_columns_places_each_finish_with_its_last_token() -> None:
 
 # ---- what is refused ----
 @pytest.mark.parametrize("config, words", [
-    ({"method": "eagle", "model": "some/eagle-head", "num_speculative_tokens": 3}, "draft model"),
+    ({"method": "eagle", "model": "some/eagle-head", "num_speculative_tokens": 3}, "method='eagle' is not implemented"),
     ({"method": "eagle3", "num_speculative_tokens": 3}, "method='eagle3' is not implemented"),
     ({"method": "ngram"}, "num_speculative_tokens must be an integer"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer"),

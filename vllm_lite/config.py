@@ -529,7 +529,14 @@ class SpeculativeConfig:
     prompt_lookup_max: int
     # vLLM's: no drafts while more than this many requests run (None: always drafts)
     disable_by_batch_size: int | None = None
-    method: str = "ngram"
+    method: str = "ngram"  # or "draft_model": a smaller model of the same vocabulary drafts greedily
+    draft_model: str | None = None  # draft_model's folder (as `model` was given)
+    draft_model_config: ModelConfig | None = None  # the draft's, built with the engine's dtype and length
+    draft_tensor_parallel_size: int | None = None  # vLLM's; the model's only (the draft runs on its ranks)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,9 +618,14 @@ class VllmConfig:
         return stored_kv_cache_dtype(self.cache_config.cache_dtype, self.model_config.dtype)
 
     def kv_block_bytes(self) -> int:
-        """Bytes one KV block takes on one rank across all layers (K and V). A rank holds its
-        share of the KV heads, or one replicated head when there are fewer heads than ranks."""
-        hf = self.model_config.hf
+        """Bytes one KV block takes on one rank across all layers (K and V): the model's, and a
+        draft model's beside it (its own KV cache, the same blocks). A rank holds its share of the
+        KV heads, or one replicated head when there are fewer heads than ranks."""
+        spec = self.speculative_config
+        draft = spec.draft_model_config if spec is not None else None
+        return sum(self._model_block_bytes(config.hf) for config in (self.model_config, draft) if config is not None)
+
+    def _model_block_bytes(self, hf: HFModelConfig) -> int:
         kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
         element, row_size = kv_cache_row(self.kv_cache_dtype, hf.head_dim)
         per_layer = 2 * self.cache_config.block_size * kv_heads * row_size * KV_ELEMENT_SIZES[element]
@@ -833,10 +845,35 @@ class EngineArgs:
         )
         self._check_logits_processors(config)
         if self.speculative_config is not None:
-            config = dataclasses.replace(config, speculative_config=speculative_config(self.speculative_config),
+            spec = speculative_config(self.speculative_config)
+            if spec.uses_draft_model:
+                spec = dataclasses.replace(spec, draft_model_config=self._draft_model_config(spec, model_config, device))
+            config = dataclasses.replace(config, speculative_config=spec,
                                          scheduler_config=self._without_async_scheduling(config.scheduler_config))
             check_speculative_decoding(config)
         return config
+
+    def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig, device: str) -> ModelConfig:
+        """The draft model's config: read as the engine's model is, in the engine's dtype and
+        length; its vocabulary must be the model's (vLLM's rule: the draft's tokens are the model's)."""
+        _check(spec.draft_tensor_parallel_size in (None, self.tensor_parallel_size),
+               f"speculative_config: draft_tensor_parallel_size={spec.draft_tensor_parallel_size}: the draft runs on "
+               f"the model's {self.tensor_parallel_size} rank(s), split as the model is")
+        draft = dataclasses.replace(
+            self, model=spec.draft_model, tokenizer=None, revision=None, tokenizer_revision=None, quantization=None,
+            max_model_len=target.max_model_len, dtype=target.dtype, hf_overrides=None, speculative_config=None,
+            model_impl="auto", generation_config="vllm", override_generation_config=None, runner="generate",
+            convert="auto", pooler_config=None, logits_processors=None)._model_config(device)
+        _check(draft.hf.vocab_size == target.hf.vocab_size,
+               f"speculative_config: the draft model's vocab_size={draft.hf.vocab_size} is not the model's "
+               f"({target.hf.vocab_size}): a draft model must share the model's tokenizer")
+        _check(draft.hf.model_impl == "vllm", f"speculative_config: draft model {draft.hf.architecture} runs through "
+                                               "transformers' modelling code, which drafts are not implemented for")
+        _check(draft.quantization is None, f"speculative_config: a quantized draft model ({draft.quantization}) is "
+                                            "not implemented")
+        _check(not draft.hf.has_sliding_window, "speculative_config: a draft model with sliding-window layers is not "
+                                                 "implemented")
+        return draft
 
     def _without_async_scheduling(self, scheduler_config: SchedulerConfig) -> SchedulerConfig:
         """Speculative decoding schedules a request's drafts from its tokens, which must all be
@@ -1513,31 +1550,34 @@ SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_looku
                       "disable_by_batch_size")
 DRAFT_MODEL_FIELDS = ("draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
                       "speculative_token_tree", "enforce_eager")
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 128  # vLLM's rejection sampler's limit (MAX_SPEC_LEN)
 # vLLM's defaults when neither prompt_lookup bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 
 
 def speculative_config(given: Any) -> SpeculativeConfig:
-    """vLLM's speculative_config dict, checked as vLLM checks it; what is not implemented (the
-    draft-model methods: eagle, medusa, mtp, draft models, suffix decoding) refused by name."""
+    """vLLM's speculative_config dict, checked as vLLM checks it: the n-gram method and a draft
+    model; what is not implemented (eagle, medusa, mtp heads, suffix decoding) refused by name."""
     _check(isinstance(given, dict), f"speculative_config must be a dict (vLLM's SpeculativeConfig fields), "
                                     f"got {type(given).__name__}")
     unknown = sorted(set(given) - set(SPECULATIVE_FIELDS) - set(DRAFT_MODEL_FIELDS))
     _check(not unknown, f"speculative_config: {', '.join(map(repr, unknown))} not implemented (implemented: "
                         f"{', '.join(SPECULATIVE_FIELDS)})")
-    drafting = [name for name in DRAFT_MODEL_FIELDS if given.get(name) is not None]
-    _check(not drafting, f"speculative_config: {', '.join(drafting)} describe a draft model, which the n-gram "
-                         "method has none of")
     method, model = given.get("method"), given.get("model")
     if method is None and model in ("ngram", "[ngram]"):  # vLLM's older spelling
         method, model = "ngram", None
-    _check(model is None, f"speculative_config: model={model!r}: speculative decoding with a draft model is not "
-                          f"implemented (methods: {', '.join(SPECULATIVE_METHODS)})")
+    if method is None and model is not None:  # (vLLM's inference: a model without a method drafts)
+        method = "draft_model"
     _check(method in SPECULATIVE_METHODS, f"speculative_config: method={method!r} is not implemented (methods: "
-                                          f"{', '.join(SPECULATIVE_METHODS)}: prompt lookup, no draft model)")
+                                          f"{', '.join(SPECULATIVE_METHODS)}; EAGLE, Medusa and MTP heads are not)")
     k = given.get("num_speculative_tokens")
+    if method == "draft_model":
+        return _draft_model_speculation(given, model, k)
+    _check(model is None, f"speculative_config: model={model!r} with method='ngram': prompt lookup has no model")
+    drafting = [name for name in DRAFT_MODEL_FIELDS if given.get(name) is not None]
+    _check(not drafting, f"speculative_config: {', '.join(drafting)} describe a draft model, which the n-gram "
+                         "method has none of")
     _check(_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
            f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
     low, high = given.get("prompt_lookup_min"), given.get("prompt_lookup_max")
@@ -1553,8 +1593,26 @@ def speculative_config(given: Any) -> SpeculativeConfig:
     return SpeculativeConfig(k, low, high, threshold)
 
 
+def _draft_model_speculation(given: dict[str, Any], model: Any, k: Any) -> SpeculativeConfig:
+    """vLLM's method "draft_model": `model` (a folder or hub id) drafts k tokens a step greedily."""
+    _check(isinstance(model, str) and model, "speculative_config: method='draft_model' needs the draft's `model`")
+    _check(_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
+           f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+    lookup = [name for name in ("prompt_lookup_min", "prompt_lookup_max") if given.get(name) is not None]
+    _check(not lookup, f"speculative_config: {', '.join(lookup)} are the n-gram method's, not a draft model's")
+    given_others = {name: given[name] for name in DRAFT_MODEL_FIELDS if given.get(name) is not None}
+    unsupported = sorted(set(given_others) - {"draft_tensor_parallel_size"})
+    _check(not unsupported, f"speculative_config: {', '.join(unsupported)} for a draft model are not implemented "
+                            "(the draft runs eagerly, at the model's length, unquantized)")
+    threshold = given.get("disable_by_batch_size")
+    _check(threshold is None or (_is_int(threshold) and threshold >= 2),
+           f"speculative_config: disable_by_batch_size must be an integer >= 2, got {threshold!r}")
+    return SpeculativeConfig(k, 0, 0, threshold, method="draft_model", draft_model=model,
+                             draft_tensor_parallel_size=given.get("draft_tensor_parallel_size"))
+
+
 def check_speculative_decoding(config: VllmConfig) -> None:
-    """Where n-gram drafts run here: generating models whose KV cache keeps every block."""
+    """Where drafts run here: generating models whose KV cache keeps every block."""
     _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
     _check(not config.model_config.logits_processors,
            "speculative_config with logits_processors is not implemented (a processor sees one row per request)")

@@ -167,7 +167,10 @@ class Scheduler:
             request.status = RequestStatus.WAITING_FOR_GRAMMAR
         if request.thinking is not None:
             self.thinking_req_ids.add(request.request_id)
-        request.may_draft = self.speculative_config is not None and drafts_allowed(request)
+        spec = self.speculative_config
+        # (a draft model's drafts are made by the workers, after the grammar's bitmask is: none for constrained requests)
+        request.may_draft = spec is not None and drafts_allowed(request) and not (
+            spec.uses_draft_model and request.structured_output_request is not None)
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
@@ -296,13 +299,16 @@ class Scheduler:
                                np.array(new_block_ids, dtype=np.int32), num_scheduled, budget)
 
     def _propose(self, request: Request, slot: int, num_known: int, budget: int) -> np.ndarray | None:
-        """A decoding request's n-gram drafts: at most what the step's budget leaves after its
-        token, and no more than the tokens it may still produce after it (max_tokens,
-        max_model_len); None without any."""
+        """A decoding request's drafts: at most what the step's budget leaves after its token,
+        and no more than the tokens it may still produce after it (max_tokens, max_model_len);
+        None without any. n-gram drafts are found here; a draft model's places are zeros, which
+        the workers fill."""
         spec = self.speculative_config
         k = min(spec.num_speculative_tokens, budget - 1, request.length_limit - num_known - 1)
         if k <= 0:
             return None
+        if spec.uses_draft_model:  # k places: the workers' draft model fills them (worker/draft_model.py)
+            return np.zeros(k, dtype=np.int32)
         draft = propose_ngram(self.token_store.row(slot)[:num_known], spec.prompt_lookup_min, spec.prompt_lookup_max, k)
         if len(draft) and request.structured_output_request is not None:  # (what its grammar allows)
             draft = self.structured_output_manager.valid_drafts(request.structured_output_request, draft)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata, kv_cache_shape
 from vllm_lite.attention.selector import get_attn_backend
 from vllm_lite.bookkeeping import native_loops
-from vllm_lite.config import VllmConfig, kv_cache_row, max_blocks_per_seq
+from vllm_lite.config import HFModelConfig, VllmConfig, kv_cache_row, max_blocks_per_seq
 from vllm_lite.cpu_info import openmp_threads_sleep
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
@@ -39,6 +39,7 @@ from vllm_lite.sample.ops.logprobs import LogprobsTensors, compute_logprobs, gat
 from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
+from vllm_lite.worker.draft_model import DraftModelProposer
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.worker.logits_processors import CustomLogitsProcessors
 from vllm_lite.worker.lora_manager import LoRAManager
@@ -175,6 +176,10 @@ class ModelRunner:
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
+        spec = vllm_config.speculative_config
+        # vLLM's draft_model speculative decoding: the draft beside the model (worker/draft_model.py)
+        self.drafter = (DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
+                        if spec is not None and spec.uses_draft_model else None)
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
@@ -234,6 +239,8 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._new_kv_caches(num_blocks)
+        if self.drafter is not None:  # (the same blocks: a request's block table is the draft's too)
+            self.drafter.kv_caches = self._new_kv_caches(num_blocks, self.drafter.model, self.drafter.config.hf)
         self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
                                                      self.kv_caches, self.device)
 
@@ -241,6 +248,9 @@ class ModelRunner:
         """vLLM's sleep level 1 on CPU: the KV cache's memory goes back to the system (no
         request may hold blocks; `initialize_kv_cache` makes a new, zeroed one)."""
         self.kv_caches, self.cuda_graphs = [], None
+        if self.drafter is not None:
+            self.drafter.kv_caches = []
+            self.drafter.computed.clear()
         return_freed_memory()
 
     @torch.inference_mode()
@@ -275,12 +285,14 @@ class ModelRunner:
         torch.sort(logits.float().softmax(-1), dim=-1, descending=True)
         return sum(layer.numel() * layer.element_size() for layer in scratch)
 
-    def _new_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _new_kv_caches(self, num_blocks: int, model: torch.nn.Module | None = None,
+                       hf: HFModelConfig | None = None) -> list[torch.Tensor]:
         """Zeroed KV caches of `num_blocks` blocks, one per layer: this rank's KV heads, in the KV
-        cache dtype's rows (the engine's cache, or profile_run's scratch one)."""
-        hf = self.config.model_config.hf
+        cache dtype's rows (the engine's cache, or profile_run's scratch one; a draft model's
+        with `model` and its `hf`)."""
+        model, hf = model or self.model, hf or self.config.model_config.hf
         element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
-        num_kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
+        num_kv_heads = model.model.layers[0].self_attn.num_kv_heads
         shape = kv_cache_shape(num_blocks, self.block_size, num_kv_heads, row_size)
         return [torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
                 for _ in range(hf.num_hidden_layers)]
@@ -304,6 +316,10 @@ class ModelRunner:
         batch = self.input_batch
         num_rows = batch.num_reqs
         drafts = self._place_drafts(scheduler_output.scheduled_spec_decode_tokens)
+        if self.drafter is not None:
+            self.drafter.forget(scheduler_output.finished_req_ids | scheduler_output.preempted_req_ids)
+            if drafts is not None:
+                self.drafter.propose(batch, drafts)
         width = 1 if drafts is None else 1 + int(drafts.max(initial=0))
         output = ModelRunnerOutput(batch.live_req_ids, np.zeros((num_rows, width), dtype=np.int32),
                                    np.zeros(num_rows, dtype=np.int32), failed=failed)
