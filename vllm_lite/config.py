@@ -873,6 +873,7 @@ class EngineArgs:
                                             "not implemented")
         _check(not draft.hf.has_sliding_window, "speculative_config: a draft model with sliding-window layers is not "
                                                  "implemented")
+        check_tensor_parallel_split(draft.hf, self.tensor_parallel_size)  # (the draft is split as the model is)
         return draft
 
     def _without_async_scheduling(self, scheduler_config: SchedulerConfig) -> SchedulerConfig:
