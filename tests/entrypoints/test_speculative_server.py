@@ -63,3 +63,19 @@ def test_completions_keep_the_tokens_of_decoding_without_drafts(server: LiveServ
                     for p in range(4)]
     assert sum(per_position) == accepted
     assert _counter(metrics, "vllm:generation_tokens") == 160
+
+
+def test_a_draft_model_over_http(model: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--speculative-config '{"model": DRAFT, ...}'` (vLLM's draft-model method): the same tokens,
+    drafts kept, the counters on /metrics."""
+    draft = build_cycling_model(tmp_path_factory.mktemp("cycling_draft"), 0.0)
+    config = json.dumps({"model": str(draft), "num_speculative_tokens": 3})
+    with running_server(model, tmp_path_factory.mktemp("spec_draft") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--speculative-config", config)) as live:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True}
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            tokens = client.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+            metrics = client.get("/metrics").text
+    assert tokens == hf_greedy(model, [PROMPT], 60)[0]
+    assert 0 < _counter(metrics, "vllm:spec_decode_num_accepted_tokens")
