@@ -29,8 +29,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True)
 
 
 def greedy(llm: LLM) -> list[list[int]]:
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
-    return [list(output.outputs[0].token_ids) for output in outputs]
+    return [list(completion.token_ids) for completion in greedy_outputs(llm)]
 
 
 def weights_of(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -201,8 +201,7 @@ class EngineCore:
             self.scheduler.reset_prefix_cache()
         if self.release_kv_when_drained:
             self.release_kv_when_drained = False
-            self.executor.collective_rpc(RpcCall("sleep", (1,)))
-            self.kv_cache_released = True
+            self._release_kv_cache()
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's sleep: level 0 pauses (`pause`, the prefix cache kept); level 1 also forgets
@@ -225,6 +224,10 @@ class EngineCore:
             raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident: the KV "
                                "cache is released already")
         self.scheduler.reset_prefix_cache()
+        self._release_kv_cache()
+
+    def _release_kv_cache(self) -> None:
+        """Every rank's KV cache released (`Worker.sleep(1)`); `wake_up` makes a new one."""
         self.executor.collective_rpc(RpcCall("sleep", (1,)))
         self.kv_cache_released = True
 

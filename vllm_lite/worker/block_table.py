@@ -64,3 +64,9 @@ class BlockTable:
         self.block_ids[b, :na] = saved
         self.num_blocks[a], self.num_blocks[b] = nb, na
         return 2 * na + nb
+
+    def slot_mapping(self, rows: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+        """The KV cache slot of each token (int64): the token at `positions[i]` of batch row
+        `rows[i]`, in that row's block for the position."""
+        return (self.block_ids[rows, positions // block_size].astype(np.int64) * block_size
+                + positions % block_size)

@@ -21,6 +21,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import TensorParallelGroup
+from vllm_lite.host_to_device import host_to_device
 from vllm_lite.model.loader import load_model
 from vllm_lite.ragged import segment_offsets
 from vllm_lite.worker.input_batch import InputBatch
@@ -78,8 +79,7 @@ class DraftModelProposer:
         query_start_loc[1:] = np.cumsum(lens)
         seq_lens = (positions[query_start_loc[1:] - 1] + 1).astype(np.int32)
         block_ids = batch.block_table.block_ids
-        slot_mapping = (block_ids[token_rows, positions // block_size].astype(np.int64) * block_size
-                        + positions % block_size)
+        slot_mapping = batch.block_table.slot_mapping(token_rows, positions, block_size)
         max_blocks = -(-int(seq_lens.max()) // block_size)
         common = CommonAttentionMetadata(
             query_start_loc=self._device(query_start_loc), seq_lens=self._device(seq_lens),
@@ -93,4 +93,4 @@ class DraftModelProposer:
         return self.model.compute_logits(hidden[last]).argmax(dim=-1).cpu().numpy()
 
     def _device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+        return host_to_device(array, self.device)

@@ -865,8 +865,7 @@ class ModelRunner:
         else:
             input_ids = batch.token_ids[token_rows, positions]
         block_ids = batch.block_table.block_ids
-        slot_mapping = (block_ids[token_rows, positions // self.block_size].astype(np.int64)
-                        * self.block_size + positions % self.block_size)
+        slot_mapping = batch.block_table.slot_mapping(token_rows, positions, self.block_size)
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
         put = self.step_inputs.put
         common = CommonAttentionMetadata(
