@@ -662,6 +662,22 @@ def hf_greedy(model_dir: Path, prompts_token_ids: list[list[int]], max_new_token
 
 
 @torch.inference_mode()
+def hf_greedy_from_embeds(model_dir: Path, prompts_embeds: list[torch.Tensor], max_new_tokens: int) -> list[list[int]]:
+    """`hf_greedy` of prompts given as input embeddings ([num_tokens, hidden] each: transformers'
+    `inputs_embeds`), one at a time, EOS disabled."""
+    model = _model(model_dir)
+    gen_config = _greedy_no_eos_config(model.generation_config.pad_token_id, max_new_tokens)
+    outputs = []
+    for embeds in prompts_embeds:
+        inputs_embeds = embeds[None].to(model.dtype)
+        out = model.generate(inputs_embeds=inputs_embeds, attention_mask=torch.ones(inputs_embeds.shape[:2], dtype=torch.long),
+                             generation_config=gen_config)
+        assert out.shape[1] == max_new_tokens, (out.shape, max_new_tokens)  # (only the new tokens come back)
+        outputs.append(out[0].tolist())
+    return outputs
+
+
+@torch.inference_mode()
 def hf_hidden_states(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """The decoder's final hidden states (after its last norm), [len(token_ids), hidden_size]:
     what an embedding model pools (the cached causal LM's base model, as AutoModel loads it)."""

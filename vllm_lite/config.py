@@ -210,6 +210,12 @@ class HFModelConfig:
         return any(window is not None for window in self.sliding_windows)
 
     @property
+    def inputs_embeds_size(self) -> int:
+        """The width of the model's input embeddings (a prompt_embeds row): OPT's word_embed_proj_dim
+        where it projects them in, hidden_size otherwise."""
+        return int(self.raw.get("word_embed_proj_dim") or self.hidden_size)
+
+    @property
     def all_layers_window(self) -> int | None:
         """The widest window when every layer slides, else None."""
         if not self.sliding_windows or None in self.sliding_windows:
@@ -433,6 +439,8 @@ class ModelConfig:
     reasoning_parser: str | None = None
     # vLLM's custom logits processors (vllm_lite.logits_processor), by 'module:Class' name
     logits_processors: tuple[str, ...] = ()
+    # vLLM's enable_prompt_embeds: a prompt may be given as the model's input embeddings
+    enable_prompt_embeds: bool = False
 
     @property
     def runner(self) -> str:
@@ -776,6 +784,9 @@ class EngineArgs:
     # vLLM's --worker-extension-cls: a class ('module.Class') whose methods every worker gains
     # (called by LLM.collective_rpc by name: an RL trainer's weight-update methods)
     worker_extension_cls: str = ""
+    # vLLM's --enable-prompt-embeds: prompts may be given as input embeddings ({"prompt_embeds": tensor},
+    # the completions API's base64 `prompt_embeds`) in place of token ids
+    enable_prompt_embeds: bool = False
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -1005,6 +1016,7 @@ class EngineArgs:
             logits_processors=self._logits_processors(),
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir, tokenizer),
+            enable_prompt_embeds=self.enable_prompt_embeds,
         )
 
     def _pooler(self, hf: HFModelConfig, model_dir: Path, tokenizer: str) -> PoolerConfig | None:
@@ -1615,6 +1627,9 @@ def _draft_model_speculation(given: dict[str, Any], model: Any, k: Any) -> Specu
 def check_speculative_decoding(config: VllmConfig) -> None:
     """Where drafts run here: generating models whose KV cache keeps every block."""
     _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
+    _check(not (config.model_config.enable_prompt_embeds and config.speculative_config.uses_draft_model),
+           "speculative_config with a draft model and enable_prompt_embeds is not implemented (the draft reads "
+           "prompts as token ids; prompt_embeds are the model's own input embeddings)")
     _check(not config.model_config.logits_processors,
            "speculative_config with logits_processors is not implemented (a processor sees one row per request)")
     _check(config.cache_config.sliding_window is None,

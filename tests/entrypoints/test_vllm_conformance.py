@@ -328,9 +328,11 @@ def test_empty_prompt_gets_vllms_message(client: openai.OpenAI, prompt: str | No
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, extra_body={"prompt_embeds": []})
 
 
-def test_prompt_embeds_are_refused_by_name(server: LiveServer) -> None:
+def test_prompt_embeds_need_the_flag(server: LiveServer) -> None:
+    """vLLM's message, before the payload is read (served with --enable-prompt-embeds:
+    test_prompt_embeds_server.py)."""
     reply = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_embeds": "AAAA"})
-    assert "not supported" in _error(reply, "prompt_embeds")
+    assert "You must set `--enable-prompt-embeds` to input `prompt_embeds`" in _error(reply, "prompt_embeds")
 
 
 def test_score_and_rerank_on_a_generating_model_are_400(server: LiveServer) -> None:

@@ -323,7 +323,11 @@ class KVCacheManager:
         count = num_known // bs - len(hashes)
         if count > 0:
             parent = hashes[-1] if hashes else root_block_key(request.cache_salt, request.lora_request)
-            hashes.extend(block_keys(parent, request.token_ids, len(hashes) * bs, count, bs, self._native))
+            start = len(hashes) * bs
+            if request.prompt_embeds is not None and start < request.num_prompt_tokens:
+                hashes.extend(embeds_block_keys(parent, request.token_ids, request.prompt_embeds, start, count, bs))
+            else:
+                hashes.extend(block_keys(parent, request.token_ids, start, count, bs, self._native))
 
 
 def root_block_key(cache_salt: str | None, lora: LoRARequest | None = None) -> BlockHash:
@@ -343,6 +347,22 @@ def root_block_key(cache_salt: str | None, lora: LoRARequest | None = None) -> B
 def block_key(parent: BlockHash, token_bytes: bytes) -> BlockHash:
     """One full block's key: SHA-256 over the parent's 32-byte key and the block's int32 tokens."""
     return hashlib.sha256(parent + token_bytes).digest()
+
+
+def embeds_block_keys(parent: BlockHash, token_ids: np.ndarray, prompt_embeds: np.ndarray, start: int, count: int,
+                      block_size: int) -> list[BlockHash]:
+    """`block_keys` of a prompt given as input embeddings (its token ids placeholders): a block
+    holding prompt positions adds the SHA-256 of their embedding rows to its tokens (as vLLM adds
+    them to its block hashes), so equal embeddings share blocks and no other prompt does."""
+    keys = []
+    for first in range(start, start + count * block_size, block_size):
+        data = token_ids[first:first + block_size].tobytes()
+        rows = prompt_embeds[first:first + block_size]
+        if len(rows):
+            data += b"\0vllm_lite prompt_embeds\0" + hashlib.sha256(rows.tobytes()).digest()
+        parent = block_key(parent, data)
+        keys.append(parent)
+    return keys
 
 
 def block_keys(parent: BlockHash, token_ids: np.ndarray, start: int, count: int, block_size: int,

@@ -57,7 +57,7 @@ class Request:
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "thinking", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
-        "arrival_time", "lora_request", "may_draft",
+        "arrival_time", "lora_request", "may_draft", "prompt_embeds",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -108,6 +108,9 @@ class Request:
         self.lora_request = None
         # Whether speculative decoding may give it drafts (the scheduler's `drafts_allowed`)
         self.may_draft = False
+        # vLLM's prompt_embeds (float32 [num_prompt_tokens, width]): the prompt's inputs, its token
+        # ids placeholders; their bytes go into its prefix-cache keys
+        self.prompt_embeds: np.ndarray | None = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -116,6 +119,7 @@ class Request:
         if req.thinking is not None:
             request.thinking = ThinkingBudgetState(req.thinking, req.prompt_token_ids)
         request.lora_request = req.lora_request
+        request.prompt_embeds = req.prompt_embeds
         return request
 
     def queue_key(self) -> tuple[int, float]:

@@ -804,6 +804,7 @@ class Scheduler:
                 num_computed_tokens=num_computed,
                 eos_token_ids=tuple(sorted(request.eos_token_ids)),
                 lora_request=request.lora_request,
+                prompt_embeds=request.prompt_embeds,
             ))
             num_scheduled[request.request_id] = num_new
             self._advance_computed(request, num_new)

@@ -32,6 +32,9 @@ class NewRequestData:
     # sampler suppresses until min_tokens outputs exist.
     eos_token_ids: tuple[int, ...] = ()
     lora_request: LoRARequest | None = None  # the adapter it runs with (the workers load it)
+    # vLLM's prompt_embeds (float32 [num_prompt_tokens, width]): the prompt's inputs in place of its
+    # token ids, which are placeholders then
+    prompt_embeds: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

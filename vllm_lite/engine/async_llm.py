@@ -212,15 +212,15 @@ class AsyncLLM:
             raise self.dead_error
         self.check_admission(params.n)
         self._start_output_handler()
-        text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt), priority, lora_request=lora_request)
+        text, token_ids, request = self.input_processor.process_prompt(request_id, prompt, params, priority,
+                                                                      lora_request)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)
         added = []
         try:
             for child, parent, index in fan_out(request):
                 self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
-                                                  queue=queue, parent=parent, index=index, lora_request=lora_request)
+                                                  queue=queue, parent=parent, index=index, lora_request=lora_request,
+                                                  prompt_is_embeds=request.prompt_embeds is not None)
                 added.append(child.request_id)
                 await self.engine_core.add_request_async(child)
         except BaseException:

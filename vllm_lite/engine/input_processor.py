@@ -35,8 +35,17 @@ class TokensPrompt(TypedDict, total=False):
     cache_salt: str
 
 
-PromptType = Union[str, TextPrompt, TokensPrompt, dict[str, Any]]
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # of vLLM's TextPrompt / TokensPrompt
+class EmbedsPrompt(TypedDict, total=False):
+    """vLLM's: a prompt as the model's input embeddings, a float tensor [num_tokens, hidden_size]
+    (the output of the model's input embedding layer), with enable_prompt_embeds."""
+
+    prompt_embeds: Any  # torch.Tensor
+    cache_salt: str
+
+
+PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt, dict[str, Any]]
+# of vLLM's TextPrompt / TokensPrompt / EmbedsPrompt
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "cache_salt")
 
 
 class InputProcessor:
@@ -53,6 +62,42 @@ class InputProcessor:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
         self._think_tokens: ThinkTokens | None = None  # resolved by the first request with a budget
+
+    def process_prompt(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> tuple[str | None, list[int], EngineCoreRequest]:
+        """A generate request from any of vLLM's prompt forms: its text (None when it came as ids or
+        embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
+        engine-core request."""
+        embeds = self.prompt_embeds(prompt)
+        if embeds is None:
+            text, token_ids = self.tokenize(prompt)
+        else:
+            text, token_ids = None, [0] * len(embeds)
+            refuse_with_prompt_embeds(params)
+        request = self.process(request_id, token_ids, params, self.cache_salt(prompt), priority,
+                               lora_request=lora_request)
+        if embeds is not None:
+            request.prompt_embeds = embeds
+        return text, token_ids, request
+
+    def prompt_embeds(self, prompt: PromptType) -> np.ndarray | None:
+        """A prompt's `prompt_embeds` checked against the model (vLLM's rules: 2-D, or 3-D with a
+        batch of one; the model's embedding width; floating point, cast to the model's dtype), as
+        float32 for the wire; None for a prompt without them."""
+        if not isinstance(prompt, dict) or prompt.get("prompt_embeds") is None:
+            return None
+        _check_prompt_keys(prompt)
+        self.require_prompt_embeds()
+        given = [key for key in ("prompt", "prompt_token_ids") if prompt.get(key) is not None]
+        if given:
+            raise VLLMValidationError(f"a prompt with prompt_embeds takes no {' or '.join(given)}: the embeddings are "
+                                      "the whole prompt", parameter="prompt_embeds")
+        return embeds_array(prompt["prompt_embeds"], self.model_config)
+
+    def require_prompt_embeds(self) -> None:
+        if not self.model_config.enable_prompt_embeds:
+            raise VLLMValidationError("You must set `--enable-prompt-embeds` to input `prompt_embeds` (LLM: "
+                                      "enable_prompt_embeds=True).", parameter="prompt_embeds")
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -90,6 +135,9 @@ class InputProcessor:
                         ) -> tuple[str | None, list[int], EngineCoreRequest, PoolingParams]:
         """An embedding request: its prompt's text and ids, the engine-core request (one
         placeholder token) and its pooling resolved against the model."""
+        if isinstance(prompt, dict) and prompt.get("prompt_embeds") is not None:
+            raise VLLMValidationError("prompt_embeds are not implemented for pooling (embedding, classification) "
+                                      "requests: give the prompt as text or token ids", parameter="prompt_embeds")
         text, token_ids = self.tokenize(prompt)
         request = self.process(request_id, token_ids, pooling_sampling_params(), self.cache_salt(prompt), priority,
                                pooling=True, lora_request=lora_request)
@@ -202,6 +250,46 @@ class InputProcessor:
         thinking = ThinkingBudget(params.thinking_token_budget, self._think_tokens.start, self._think_tokens.end)
         check_thinking_budget(thinking, self.model_config)
         return thinking
+
+
+def embeds_array(embeds: Any, model_config: ModelConfig) -> np.ndarray:
+    """`prompt_embeds` as the engine takes them: float32 [num_tokens, width] holding the values of
+    the model's dtype (the cast vLLM makes), every one finite."""
+    import torch
+
+    if isinstance(embeds, np.ndarray):
+        embeds = torch.from_numpy(embeds)
+    if not isinstance(embeds, torch.Tensor):
+        raise VLLMValidationError(f"prompt_embeds must be a torch.Tensor, got {type(embeds).__name__}",
+                                  parameter="prompt_embeds")
+    if embeds.is_sparse:
+        embeds = embeds.to_dense()
+    if embeds.dim() == 3 and embeds.shape[0] == 1:  # a batch of one
+        embeds = embeds.squeeze(0)
+    width = model_config.hf.inputs_embeds_size
+    if embeds.dim() != 2:
+        raise VLLMValidationError(f"`prompt_embeds` must be a 2D tensor of shape (num_tokens, hidden_size); got "
+                                  f"shape {tuple(embeds.shape)}.", parameter="prompt_embeds")
+    if embeds.shape[1] != width:
+        raise VLLMValidationError(f"`prompt_embeds` hidden_size {embeds.shape[1]} does not match the model's "
+                                  f"hidden_size {width}.", parameter="prompt_embeds")
+    if embeds.shape[0] == 0:
+        raise VLLMValidationError("prompt_embeds holds no rows: a prompt needs at least one token",
+                                  parameter="prompt_embeds")
+    if not embeds.is_floating_point():
+        raise VLLMValidationError(f"`prompt_embeds` dtype {embeds.dtype} is not a floating-point type, cannot safely "
+                                  f"cast to the model's dtype {model_config.dtype}.", parameter="prompt_embeds")
+    embeds = embeds.detach().to("cpu", getattr(torch, model_config.dtype))
+    if not bool(torch.isfinite(embeds).all()):
+        raise VLLMValidationError("prompt_embeds holds NaN or infinite values (in the model's dtype "
+                                  f"{model_config.dtype})", parameter="prompt_embeds")
+    return embeds.float().numpy()
+
+
+def refuse_with_prompt_embeds(params: SamplingParams) -> None:
+    """What a prompt given as embeddings cannot have: its token ids are placeholders."""
+    if params.prompt_logprobs is not None:
+        raise VLLMValidationError("prompt_logprobs is not compatible with prompt embeds.", parameter="prompt_logprobs")
 
 
 def check_utf8(text: str, field: str) -> None:

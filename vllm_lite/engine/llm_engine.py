@@ -57,14 +57,14 @@ class LLMEngine:
                     lora_request: LoRARequest | None = None) -> None:
         """n > 1 fans out into n engine-core requests (see parallel_sampling). `priority`: vLLM's
         (lower first), under the priority scheduling policy. `lora_request`: the adapter it runs with."""
-        text, token_ids = self.input_processor.tokenize(prompt)
-        request = self.input_processor.process(request_id, token_ids, params,
-                                              InputProcessor.cache_salt(prompt), priority, lora_request=lora_request)
+        text, token_ids, request = self.input_processor.process_prompt(request_id, prompt, params, priority,
+                                                                      lora_request)
         added = []
         try:
             for child, parent, index in fan_out(request):
                 self.output_processor.add_request(child.request_id, text, token_ids, child.sampling_params,
-                                                  parent=parent, index=index, lora_request=lora_request)
+                                                  parent=parent, index=index, lora_request=lora_request,
+                                                  prompt_is_embeds=request.prompt_embeds is not None)
                 added.append(child.request_id)
                 self.engine_core.add_request(child)
         except Exception:

@@ -273,8 +273,9 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, queue: Any = None, parent: ParentRequest | None = None,
                     index: int = 0, pooling: PoolingParams | None = None,
-                    lora_request: LoRARequest | None = None) -> RequestState:
-        """`pooling`: set for an embedding request (resolved: `resolve_pooling`)."""
+                    lora_request: LoRARequest | None = None, prompt_is_embeds: bool = False) -> RequestState:
+        """`pooling`: set for an embedding request (resolved: `resolve_pooling`). `prompt_is_embeds`:
+        the prompt came as embeddings (its token ids placeholders, so the text starts without them)."""
         if request_id in self.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         detokenizer = output_text = None
@@ -282,8 +283,8 @@ class OutputProcessor:
         # were refused by the input checks.
         detokenize = params.detokenize and self.tokenizer is not None
         if detokenize:
-            detokenizer = new_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
-                                          self._token_pieces)
+            detokenizer = new_detokenizer(self.tokenizer, () if prompt_is_embeds else prompt_token_ids,
+                                          params.skip_special_tokens, self._token_pieces)
             output_text = OutputText(params.stop, params.include_stop_str_in_output,
                                      delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None

@@ -72,6 +72,26 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
     check_something_to_sample(request.sampling_params, request.eos_token_ids)
     if request.thinking is not None:
         check_thinking_budget(request.thinking, model_config)
+    if request.prompt_embeds is not None:
+        check_prompt_embeds(request, model_config)
+
+
+def check_prompt_embeds(request: EngineCoreRequest, model_config: ModelConfig) -> None:
+    """Embeddings the worker can splice in: enabled, one finite float32 row of the model's width per
+    prompt token (the client makes them so; another client may not)."""
+    embeds = request.prompt_embeds
+    if not model_config.enable_prompt_embeds:
+        raise VLLMValidationError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.",
+                                  parameter="prompt_embeds")
+    shape = (len(request.prompt_token_ids), model_config.hf.inputs_embeds_size)
+    if embeds.dtype != np.float32 or embeds.shape != shape:
+        raise VLLMValidationError(f"prompt_embeds must be float32 {shape} (a row per prompt token, the model's width), "
+                                  f"got {embeds.dtype} {embeds.shape}", parameter="prompt_embeds")
+    if not np.isfinite(embeds).all():
+        raise VLLMValidationError("prompt_embeds holds NaN or infinite values", parameter="prompt_embeds")
+    if request.pooling or request.sampling_params.prompt_logprobs is not None:
+        raise VLLMValidationError("prompt_embeds are for generation requests without prompt_logprobs",
+                                  parameter="prompt_embeds")
 
 
 def check_thinking_budget(thinking: ThinkingBudget, model_config: ModelConfig) -> None:

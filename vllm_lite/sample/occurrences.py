@@ -20,6 +20,8 @@ class TokenHistory:
     token_ids: np.ndarray  # int32 [max_num_reqs, max_len]
     num_prompt_tokens: np.ndarray  # int32 [max_num_reqs]
     num_tokens: np.ndarray  # int32 [max_num_reqs]
+    # rows whose prompt came as embeddings: its token ids are placeholders, no prompt tokens known
+    prompt_is_embeds: np.ndarray  # bool [max_num_reqs]
 
 
 class TokenOccurrences:
@@ -85,8 +87,9 @@ class TokenOccurrences:
         tokens = torch.from_numpy(history.token_ids[token_rows, positions].astype(np.int64))
         token_slots = np.repeat(slots, lengths)
         in_prompt = positions < history.num_prompt_tokens[token_rows]
-        self.prompt_mask[torch.from_numpy(token_slots[in_prompt]).to(self.device),
-                         tokens[in_prompt].to(self.device)] = True
+        known = in_prompt & ~history.prompt_is_embeds[token_rows]
+        self.prompt_mask[torch.from_numpy(token_slots[known]).to(self.device),
+                         tokens[known].to(self.device)] = True
         out = ~in_prompt
         self.output_counts.index_put_(
             (torch.from_numpy(token_slots[out]).to(self.device), tokens[out].to(self.device)),

@@ -69,6 +69,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     pooling: bool = False
     thinking: ThinkingBudget | None = None  # (core/thinking_budget.py)
     lora_request: LoRARequest | None = None  # the LoRA adapter it runs with (checked by the client)
+    # vLLM's prompt_embeds: the prompt as the model's input embeddings, float32 [num_prompt_tokens,
+    # inputs_embeds_size] (the model's dtype's values); its prompt_token_ids are placeholders (0)
+    prompt_embeds: np.ndarray | None = None
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

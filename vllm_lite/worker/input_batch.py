@@ -45,6 +45,8 @@ class InputBatch:
         # logprob_token_ids: these rows' logprobs are of given ids (the ids: sampling_params)
         self.has_logprob_token_ids = np.zeros(max_num_reqs, dtype=bool)
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int32)  # the row's LoRA adapter (lora_int_id; 0: none)
+        # the prompt came as embeddings (vLLM's prompt_embeds): its token ids are placeholders
+        self.prompt_is_embeds = np.zeros(max_num_reqs, dtype=bool)
         # Which joining of a request a row holds (the batch's version when it joined): a step's
         # sampled tokens that reach the host after the batch changed are written only where the
         # request that sampled them still is (not a later one with the same id).
@@ -70,7 +72,7 @@ class InputBatch:
                 self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
                 self.has_logit_bias, self.has_allowed_token_ids, self.has_bad_words, self.has_logprob_token_ids,
-                self.lora_ids, self.row_serial)
+                self.lora_ids, self.row_serial, self.prompt_is_embeds)
 
     @property
     def live_req_ids(self) -> list[str]:
@@ -103,6 +105,7 @@ class InputBatch:
         self.num_computed_tokens[row] = new.num_computed_tokens
         self._set_sampling_params(row, new.sampling_params)
         self.lora_ids[row] = new.lora_request.lora_int_id if new.lora_request is not None else 0
+        self.prompt_is_embeds[row] = new.prompt_embeds is not None
         self.block_table.add_row(row, new.block_ids)
         if self._holes:
             self._holes.pop()

@@ -46,6 +46,7 @@ from vllm_lite.worker.lora_manager import LoRAManager
 from vllm_lite.worker.memory import return_freed_memory
 from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.worker.pooler import Pooler
+from vllm_lite.worker.prompt_embeds import PromptEmbeds
 from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
 
@@ -174,6 +175,7 @@ class ModelRunner:
                        if pooler is not None else None)
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
+        self.prompt_embeds = PromptEmbeds()  # vLLM's prompt_embeds of prompts not computed yet
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config
@@ -333,7 +335,11 @@ class ModelRunner:
                 self.lora.set_step(self.input_batch.lora_ids[self.input_batch.row_index(inputs.rows)],
                                    inputs.query_lens)
             self._set_step_threads(scheduler_output.total_num_scheduled_tokens)
-            if self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
+            given = (self.prompt_embeds.take_step(self.input_batch, inputs.rows, inputs.query_starts,
+                                                  inputs.query_lens) if self.prompt_embeds else None)
+            if given is not None:
+                hidden = self._forward_with_embeds(inputs, given)
+            elif self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
                 hidden = self.model(*self._padded_to_bucket(inputs.input_ids, inputs.positions), self.kv_caches,
@@ -347,6 +353,15 @@ class ModelRunner:
             elif len(inputs.sample_rows):
                 self._sample(hidden, inputs, step, scheduler_output)
         return step
+
+    def _forward_with_embeds(self, inputs: StepInputs, given: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The model on input embeddings: its own embeddings of the step's tokens, with the given
+        rows of prompts that came as embeddings in their places (vLLM's splice)."""
+        input_ids, positions = self._padded_to_bucket(inputs.input_ids, inputs.positions)
+        embeds = self.model.embed_input_ids(input_ids)
+        indices, rows = given
+        embeds[indices.to(self.device)] = rows.to(self.device, embeds.dtype)
+        return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds)
 
     # ---- speculative decoding ----
     def _place_drafts(self, drafts: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -715,6 +730,7 @@ class ModelRunner:
             if self.custom_logits is not None and row is not None:
                 self.custom_logits.removed(row, req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
+            self.prompt_embeds.forget(req_id)  # (back with the request)
         new_reqs = sched.scheduled_new_reqs
         failed = (run_each_contained(new_reqs, self._add_one, _new_req_id, self._where("while joining the batch"))
                   if new_reqs else None)
@@ -815,6 +831,7 @@ class ModelRunner:
         if self.custom_logits is not None:
             self.custom_logits.added(row, new)
         self._add_sampling_state(new)
+        self.prompt_embeds.add(new)
 
     def _drop_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)
@@ -823,6 +840,7 @@ class ModelRunner:
         self.generators.pop(req_id, None)
         self.min_tokens_stop_ids.pop(req_id, None)
         self.token_occurrences.release(req_id)
+        self.prompt_embeds.forget(req_id)
         if self.pooler is not None:
             self.pooler.release(req_id)
 

@@ -39,7 +39,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
     random_rows = ~greedy
-    history = TokenHistory(batch.token_ids, batch.num_prompt_tokens, batch.num_tokens)
+    history = TokenHistory(batch.token_ids, batch.num_prompt_tokens, batch.num_tokens, batch.prompt_is_embeds)
     top_p, top_k, min_p = batch.top_p[rows], batch.top_k[rows].astype(np.int64), batch.min_p[rows]
     uses_top_p, uses_top_k = bool((top_p[random_rows] < 1.0).any()), bool((top_k[random_rows] > 0).any())
     return SamplingMetadata(

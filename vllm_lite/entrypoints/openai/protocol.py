@@ -323,10 +323,10 @@ class _GenerationRequest(RequestModel):
 
 
 class CompletionRequest(_GenerationRequest):
-    # prompt_embeds: none given is no embeddings
-    no_op_values = {**_NO_OP_VALUES, "prompt_embeds": (None, [])}
-
     prompt: str | list[str] | list[int] | list[list[int]] | None = None
+    # vLLM's: prompts as input embeddings, each a base64 torch.save'd tensor [num_tokens, hidden_size]
+    # (with --enable-prompt-embeds); they come before `prompt`'s prompts in the batch
+    prompt_embeds: str | list[str] | None = None
     # vLLM's: the tokenizer's special tokens (BOS) around a text prompt (token ids are taken as given)
     add_special_tokens: bool = True
     max_tokens: int | None = 16
@@ -337,10 +337,14 @@ class CompletionRequest(_GenerationRequest):
 
     def to_sampling_params(self, vocab_size: int | None = None,
                            defaults: dict[str, float | int] | None = None) -> SamplingParams:
-        # vLLM's message; prompt embeddings are not implemented, so only an empty list of them
-        # gets this far (refuse_unknown_fields refuses others by name).
-        _check(self.prompt is not None and self.prompt != "", "prompt",
+        _check((self.prompt is not None and self.prompt != "") or bool(self.prompt_embeds), "prompt",
                "Either prompt or prompt_embeds must be provided and non-empty.")
+        if self.prompt_embeds:  # (vLLM's messages)
+            _check(not self.echo, "echo", "Echo is unsupported with prompt embeds.")
+            _check(self.prompt_logprobs is None, "prompt_logprobs",
+                   "prompt_logprobs is not compatible with prompt embeds.")
+            _check(not self.use_beam_search, "use_beam_search",
+                   "use_beam_search with prompt_embeds is not implemented (beam search extends token ids)")
         _check_logprob_count(self.logprobs, "logprobs")
         _check(not self.logprob_token_ids or self.logprobs is not None, "logprob_token_ids",
                "when using `logprob_token_ids`, `logprobs` must be set.")

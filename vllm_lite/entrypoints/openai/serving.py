@@ -28,7 +28,7 @@ from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_
 from vllm_lite.engine.stats import StatLogger
 from vllm_lite.entrypoints.openai.metrics import RequestTracker, ServerMetrics
 from vllm_lite.entrypoints.openai.middleware import BODY_SEND
-from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs
+from vllm_lite.entrypoints.openai.protocol import LogprobEntry, PromptLogprobs, RequestParamError
 from vllm_lite.entrypoints.openai.reasoning_parsers import HarmonyTokens, ThinkTokens
 from vllm_lite.entrypoints.openai.server_state import ResponseStore, ServerLoad, ServerOptions, ShutdownDrain
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
@@ -235,6 +235,49 @@ async def encode_prompt(ctx: ServingContext, prompt: str | list[int], add_specia
     return {"prompt": text, "prompt_token_ids": token_ids}
 
 
+# How much of torch's reason for refusing a `prompt_embeds` payload is repeated (it is built from
+# the caller's bytes, so it is bounded, as vLLM bounds it)
+EMBEDS_ERROR_REASON_CHARS = 200
+
+
+def load_prompt_embeds(data: str) -> Any:
+    """vLLM's `prompt_embeds` wire form: base64 of a `torch.save`d tensor, read with torch's
+    weights-only loader (no code runs) onto the CPU; anything else is a 400 naming the field."""
+    import base64
+    import binascii
+    import io
+
+    import torch
+
+    try:
+        payload = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RequestParamError("prompt_embeds", f"`prompt_embeds` is not base64: {exc}") from None
+    try:
+        tensor = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # torch raises several types for bytes that are not a tensor file
+        reason = str(exc).strip() or type(exc).__name__
+        if len(reason) > EMBEDS_ERROR_REASON_CHARS:
+            reason = f"{reason[:EMBEDS_ERROR_REASON_CHARS]}... ({len(reason) - EMBEDS_ERROR_REASON_CHARS} more " \
+                     "characters truncated)"
+        raise RequestParamError("prompt_embeds", f"`prompt_embeds` could not be deserialized as a torch tensor: "
+                                f"{reason}") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise RequestParamError("prompt_embeds", f"`prompt_embeds` must hold one torch tensor, got "
+                                f"{type(tensor).__name__}")
+    return tensor
+
+
+def engine_input(engine_prompt: dict[str, Any]) -> dict[str, Any]:
+    """What the engine is given: a prompt of embeddings without the placeholder ids the server
+    keeps for its counts."""
+    if "prompt_embeds" not in engine_prompt:
+        return engine_prompt
+    return {key: value for key, value in engine_prompt.items() if key not in ("prompt", "prompt_token_ids")}
+
+
 def check_token_ids(ctx: ServingContext, token_ids: list[int], param: str) -> None:
     vocab_size = ctx.vocab_size
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
@@ -358,8 +401,8 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
     finished = False
     ctx.drain.in_flight.add(request_id)
     try:
-        async with contextlib.aclosing(ctx.engine.generate(engine_prompt, params, request_id, priority,
-                                                           lora_request=lora)) as outputs:
+        async with contextlib.aclosing(ctx.engine.generate(engine_input(engine_prompt), params, request_id,
+                                                           priority, lora_request=lora)) as outputs:
             async for output in outputs:
                 if ctx.drain.expired and output.finished and _was_aborted(output):
                     raise ApiError(503, "ServiceUnavailableError", "the server shut down before the request "

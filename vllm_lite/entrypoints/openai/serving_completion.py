@@ -24,8 +24,8 @@ from vllm_lite.entrypoints.openai.protocol import (
     request_ids,
 )
 from vllm_lite.entrypoints.openai.serving import (
-    ServingContext, SSEResponse, Truncation, beam_search_stream, check_n, collect_choices, decode_token, fit_max_tokens,
-    gather_or_cancel,
+    ServingContext, SSEResponse, Truncation, beam_search_stream, check_length, check_n, collect_choices, decode_token,
+    fit_max_tokens, gather_or_cancel, load_prompt_embeds,
     encode_prompt, json_logprob, json_response, merge_streams, off_loop, prompt_logprobs_json, sse_event,
     start_streams, tracked_generate, truncation
 )
@@ -38,8 +38,11 @@ async def create_completion(ctx: ServingContext, request: CompletionRequest, raw
     check_n(ctx, request.n)
     params = request.to_sampling_params(ctx.vocab_size, ctx.sampling_defaults)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
-    prompts = await engine_prompts(ctx, request.prompt, request.cache_salt, truncate,
-                                   add_special_tokens=request.add_special_tokens)
+    prompts = await embeds_engine_prompts(ctx, request.prompt_embeds, request.cache_salt, truncate)
+    if request.prompt is not None and request.prompt != "":
+        prompts += await engine_prompts(ctx, request.prompt, request.cache_salt, truncate,
+                                        add_special_tokens=request.add_special_tokens,
+                                        batch_so_far=len(prompts))
     echoed = [await _prompt_text(ctx, prompt) if request.echo else "" for prompt in prompts]
     prompt_params = [fit_max_tokens(ctx, len(prompt["prompt_token_ids"]), params) for prompt in prompts]
     request_id, engine_id = request_ids("cmpl", raw_request.headers.get("x-request-id"), request.request_id)
@@ -78,21 +81,48 @@ class _ChoiceShape:
 
 async def engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
                          cache_salt: str | None, truncate: Truncation | None, param: str = "prompt",
-                         add_special_tokens: bool = True) -> list[dict[str, Any]]:
-    """One engine prompt per text or token list of a request's `param` (a batch or one)."""
+                         add_special_tokens: bool = True, batch_so_far: int = 0) -> list[dict[str, Any]]:
+    """One engine prompt per text or token list of a request's `param` (a batch or one;
+    `batch_so_far`: the request's prompts before these, from `prompt_embeds`)."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items: list[Any] = [prompt]
     else:
         items = list(prompt)
     if not items:
         raise RequestParamError(param, f"{param} must not be empty")
-    if len(items) > ctx.options.max_n_sequences:
-        raise RequestParamError(param, f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
-                                f"(--max-n-sequences), got {len(items)}")
+    check_batch_size(ctx, batch_so_far + len(items), param)
     prompts = [await encode_prompt(ctx, item, add_special_tokens, param=param, truncate=truncate) for item in items]
     if cache_salt is not None:
         for engine_prompt in prompts:
             engine_prompt["cache_salt"] = cache_salt
+    return prompts
+
+
+def check_batch_size(ctx: ServingContext, num_prompts: int, param: str) -> None:
+    if num_prompts > ctx.options.max_n_sequences:
+        raise RequestParamError(param, f"a batch may hold at most {ctx.options.max_n_sequences} prompts "
+                                f"(--max-n-sequences), got {num_prompts}")
+
+
+async def embeds_engine_prompts(ctx: ServingContext, prompt_embeds: str | list[str] | None, cache_salt: str | None,
+                                truncate: Truncation | None) -> list[dict[str, Any]]:
+    """One engine prompt per base64 tensor of vLLM's `prompt_embeds` (decoded and checked on the
+    tokenizer thread); their `prompt_token_ids` are the placeholders the engine reports."""
+    items = [prompt_embeds] if isinstance(prompt_embeds, str) else list(prompt_embeds or ())
+    if items:
+        ctx.engine.input_processor.require_prompt_embeds()
+    check_batch_size(ctx, len(items), "prompt_embeds")
+    prompts = []
+    for item in items:
+        embeds = await off_loop(ctx, ctx.engine.input_processor.prompt_embeds,
+                                {"prompt_embeds": await off_loop(ctx, load_prompt_embeds, item)})
+        if truncate is not None:
+            embeds = truncate.apply(embeds)
+        check_length(ctx, len(embeds), "prompt_embeds")
+        prompt = {"prompt": None, "prompt_token_ids": [0] * len(embeds), "prompt_embeds": embeds}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        prompts.append(prompt)
     return prompts
 
 

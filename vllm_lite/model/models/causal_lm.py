@@ -34,8 +34,12 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = norm
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.embed_positions is not None:
             hidden = hidden + self.embed_positions[positions]
         if self.embed_layernorm is not None:
@@ -95,8 +99,13 @@ class DecoderForCausalLM(CheckpointWeightUpdates, nn.Module):
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         return None
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """vLLM's: the input embeddings of token ids (what `inputs_embeds` stands in for)."""
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden_states)

@@ -125,9 +125,15 @@ class GemmaModel(nn.Module):
             return RotaryEmbedding(config.head_dim, max_position, base, scaling)
         return RotaryEmbedding(config.head_dim, max_position, config.rope_theta, config.rope_scaling)
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Scaled by sqrt(hidden_size) here, as vLLM's Gemma models embed (so given embeddings
+        are taken as they are)."""
         hidden = self.embed_tokens(input_ids)
-        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        return hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden = layer(positions, hidden, kv_cache, attn_metadata)
         return self.norm(hidden)
@@ -148,8 +154,13 @@ class Gemma2ForCausalLM(CheckpointWeightUpdates, nn.Module):
             self.lm_head.tie_weights(self.model.embed_tokens)
         self.final_logit_softcapping = config.raw.get("final_logit_softcapping")
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """vLLM's: the input embeddings of token ids (what `inputs_embeds` stands in for)."""
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.compute_logits(hidden_states)

@@ -146,8 +146,13 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        # (Granite's embedding multiplier applies to given embeddings too, as in vLLM and transformers)
+        hidden, residual = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds, None
         if self.embedding_scale != 1.0:
             hidden = hidden * self.embedding_scale
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -198,8 +203,13 @@ class LlamaForCausalLM(CheckpointWeightUpdates, nn.Module):
         (per-expert tensors); None: use `stacked_params_mapping`."""
         return None
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """vLLM's: the input embeddings of token ids (what `inputs_embeds` stands in for)."""
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.compute_logits(hidden_states)

@@ -85,8 +85,12 @@ class OPTDecoder(nn.Module):
         self.final_layer_norm = (nn.LayerNorm(h, elementwise_affine=raw.get("layer_norm_elementwise_affine", True))
                                  if has_final_norm else None)
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.project_in is not None:
             hidden = self.project_in(hidden)
         hidden = hidden + self.embed_positions[positions + POSITION_OFFSET]
@@ -106,8 +110,12 @@ class OPTModel(nn.Module):
     def layers(self) -> nn.ModuleList:  # what the model runner sizes the KV cache from
         return self.decoder.layers
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.decoder(input_ids, positions, kv_caches, attn_metadata)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decoder(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
 
 
 class OPTForCausalLM(CheckpointWeightUpdates, nn.Module):
@@ -137,8 +145,13 @@ class OPTForCausalLM(CheckpointWeightUpdates, nn.Module):
                 return name.replace(fragment, fused), shard
         return name, None
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """vLLM's: the input embeddings of token ids (what `inputs_embeds` stands in for)."""
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden_states)

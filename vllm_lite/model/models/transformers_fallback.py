@@ -304,9 +304,15 @@ class TransformersForCausalLM(nn.Module):
     def model(self) -> _LayersView:
         return self._layers_view
 
-    def forward(self, input_ids, positions, kv_caches, attn_metadata) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The transformers model's input embedding layer (what its `inputs_embeds` stand in for)."""
+        return self.hf_model.get_input_embeddings()(input_ids)
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         base = self.hf_model.base_model
-        out = base(input_ids=input_ids[None], position_ids=positions[None], use_cache=False,
+        tokens = dict(input_ids=input_ids[None]) if inputs_embeds is None else dict(inputs_embeds=inputs_embeds[None])
+        out = base(**tokens, position_ids=positions[None], use_cache=False,
                    vllm_lite_kv_caches=kv_caches, vllm_lite_attn_metadata=attn_metadata,
                    vllm_lite_backend=self.backend, vllm_lite_head_dim=self.config.head_dim)
         return out.last_hidden_state[0]
