@@ -214,6 +214,19 @@ def test_refused_by_name(embeds_llm, prompt: dict, params: SamplingParams, messa
     assert embeds_llm.generate({"prompt_embeds": torch.zeros(3, 64)}, GREEDY, use_tqdm=False)[0].finished
 
 
+def test_beam_search_and_pooling_refuse_embeds_by_name(embeds_llm, tiny_qwen3: Path) -> None:
+    from vllm_lite.entrypoints.beam_search import BeamSearchParams
+
+    with pytest.raises(ValueError, match="prompt_embeds are taken by generate only"):
+        embeds_llm.beam_search([{"prompt_embeds": torch.zeros(3, 64)}], BeamSearchParams(beam_width=2, max_tokens=2))
+    pooling = make_llm(tiny_qwen3, runner="pooling", enable_prompt_embeds=True)
+    try:
+        with pytest.raises(ValueError, match="prompt_embeds are not implemented for pooling"):
+            pooling.embed({"prompt_embeds": torch.zeros(3, width_of(tiny_qwen3))})
+    finally:
+        pooling.shutdown()
+
+
 def test_refused_without_the_flag_and_with_a_draft_model(tiny_llama: Path) -> None:
     llm = make_llm(tiny_llama)
     try:

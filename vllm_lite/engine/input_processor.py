@@ -102,6 +102,10 @@ class InputProcessor:
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             _check_prompt_keys(prompt)
+            if prompt.get("prompt_embeds") is not None:
+                raise VLLMValidationError("prompt_embeds are taken by generate only (not by beam search, pooling or "
+                                          "tokenizing): give this prompt as text or token ids",
+                                          parameter="prompt_embeds")
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None

@@ -34,6 +34,9 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
         raise ValueError(f"a message's content must be a string or a list of parts, got {type(content).__name__}")
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "prompt_embeds":
+            raise ValueError("prompt_embeds content parts (vLLM's chat prompts mixing text and embeddings) are not "
+                             "implemented: give the whole prompt's embeddings to /v1/completions' prompt_embeds")
         if kind != "text":
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r} (image, audio "
                              "and video inputs are not implemented: a multimodal checkpoint is served as its "

@@ -388,10 +388,7 @@ class LLM:
         return results
 
     def _prompt_token_ids(self, prompt: PromptType) -> list[int]:
-        if isinstance(prompt, dict) and prompt.get("prompt_token_ids") is not None:
-            return list(prompt["prompt_token_ids"])
-        text = prompt["prompt"] if isinstance(prompt, dict) else prompt
-        return self.get_tokenizer().encode(text)
+        return self.llm_engine.input_processor.tokenize(prompt)[1]
 
     def stats(self) -> dict[str, Any]:
         return self.llm_engine.get_stats()
