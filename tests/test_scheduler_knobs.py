@@ -1,7 +1,9 @@
 """vLLM's scheduler and model knobs beyond the basics: `long_prefill_token_threshold` (prompt
 chunks capped while other requests are in the engine; greedy tokens unchanged, also when enough
 requests run for the scheduler's array path), `disable_cascade_attn` (only its default, True:
-there is no cascade attention here), `disable_sliding_window` (the context capped at the window)."""
+there is no cascade attention here), `disable_sliding_window` (the context capped at the window),
+and what RL frameworks pass (enable_sleep_mode, disable_custom_all_reduce, pipeline_parallel_size=1,
+enable_expert_parallel=False)."""
 
 from __future__ import annotations
 
@@ -41,10 +43,29 @@ def test_capped_prompt_chunks_keep_the_tokens(tiny_llama: Path) -> None:
     ({"long_prefill_token_threshold": 8, "enable_chunked_prefill": False, "max_num_batched_tokens": 256},
      "needs enable_chunked_prefill"),
     ({"disable_cascade_attn": False}, "cascade attention is not implemented"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2: pipeline parallelism is not implemented"),
+    ({"enable_expert_parallel": True}, "enable_expert_parallel=True: expert parallelism is not implemented"),
 ])
 def test_knob_values_that_cannot_hold_are_refused(tiny_llama: Path, arguments: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_llm(tiny_llama, **arguments)
+
+
+def test_what_rl_frameworks_pass_is_taken(tiny_llama: Path) -> None:
+    """TRL's, verl's and OpenRLHF's LLM(...) arguments: enable_sleep_mode (sleep works either way
+    here), disable_custom_all_reduce (no custom kernel exists), pipeline_parallel_size=1,
+    enable_expert_parallel=False; the engine then sleeps, wakes and generates transformers' tokens."""
+    prompt = [5, 17, 99, 4, 250]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm = make_llm(tiny_llama, enable_sleep_mode=True, disable_custom_all_reduce=True, pipeline_parallel_size=1,
+                   enable_expert_parallel=False)
+    try:
+        llm.sleep(level=1)
+        llm.wake_up()
+        tokens = list(llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        llm.shutdown()
+    assert tokens == hf_greedy(tiny_llama, [prompt], NEW_TOKENS)[0]
 
 
 def test_disable_sliding_window_caps_the_context_at_the_window(tiny_mistral_window: Path,

@@ -787,6 +787,16 @@ class EngineArgs:
     # vLLM's --enable-prompt-embeds: prompts may be given as input embeddings ({"prompt_embeds": tensor},
     # the completions API's base64 `prompt_embeds`) in place of token ids
     enable_prompt_embeds: bool = False
+    # vLLM's --enable-sleep-mode, which RL frameworks pass: sleep / wake_up are always available
+    # here (levels 0 and 1 on CPU, 0 on CUDA; others refused when asked), so both values are taken
+    enable_sleep_mode: bool = False
+    # vLLM's --disable-custom-all-reduce: no custom all-reduce kernel exists here (torch.distributed's
+    # all-reduce always runs), so both values run the same reduction
+    disable_custom_all_reduce: bool = False
+    # vLLM's --pipeline-parallel-size (-pp): pipeline parallelism is not implemented, so only 1
+    pipeline_parallel_size: int = 1
+    # vLLM's --enable-expert-parallel: MoE experts are split by tensor parallelism here, so only False
+    enable_expert_parallel: bool = False
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -837,6 +847,10 @@ class EngineArgs:
             return self._auto_max_model_len()
         _check(self.disable_cascade_attn is True, "disable_cascade_attn=False: cascade attention is not implemented "
                                                   "here (attention over a shared prefix runs per request)")
+        _check(self.pipeline_parallel_size == 1, f"pipeline_parallel_size={self.pipeline_parallel_size}: pipeline "
+               "parallelism is not implemented here; split the model with tensor_parallel_size")
+        _check(self.enable_expert_parallel is False, "enable_expert_parallel=True: expert parallelism is not "
+               "implemented here (a MoE layer's experts are split across ranks by tensor parallelism)")
         device = _resolve_device(self.device)
         model_config = self._model_config(device)
         max_len = model_config.max_model_len

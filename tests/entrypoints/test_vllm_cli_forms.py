@@ -91,12 +91,19 @@ def test_a_json_flag_key_by_key_merges_in_order() -> None:
     assert parsed("serve", "--hf-overrides.a", "1", "--hf-overrides", '{"b": 2}').hf_overrides == {"b": 2}
 
 
+def test_vllms_parallel_and_sleep_flags_are_read() -> None:
+    args = parsed("serve", "-pp", "1", "--enable-sleep-mode", "--disable-custom-all-reduce", "--no-enable-expert-parallel")
+    assert (args.pipeline_parallel_size, args.enable_sleep_mode, args.disable_custom_all_reduce,
+            args.enable_expert_parallel) == (1, True, True, False)
+    assert parsed("serve", "-ep").enable_expert_parallel is True  # (then refused by the engine config, by name)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--max-model-len", "1.5K"], "decimals are not allowed with the binary suffix K"),
     (["--max-model-len", "1.2345k"], "not a whole number"),
     (["--max-num-batched-tokens", "lots"], "not an integer"),
     (["--compilation-config.level", "3"], "unrecognized arguments: --compilation-config"),
-    (["-pp", "2"], "unrecognized arguments: -pp"),
+    (["-O3"], "unrecognized arguments: -O3"),
     (["--hf-overrides.rope_theta"], "--hf-overrides.rope_theta: expected a value"),
     (["--hf-overrides", "[1]", "--hf-overrides.a", "1"], "--hf-overrides: must be a JSON object"),
 ])

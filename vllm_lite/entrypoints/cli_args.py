@@ -16,10 +16,10 @@ from typing import Any
 from vllm_lite.config import EngineArgs
 from vllm_lite.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
-# vLLM's short spellings of the engine flags this engine has. Its others (-pp, -dp, -O3, ...)
-# name flags this engine does not have: argparse refuses them by name.
-SHORT_FLAGS = {"tensor_parallel_size": "-tp", "data_parallel_size": "-dp", "quantization": "-q", "nnodes": "-n",
-               "node_rank": "-r"}
+# vLLM's short spellings of the engine flags this engine has. Its others (-O3, ...) name flags
+# this engine does not have: argparse refuses them by name.
+SHORT_FLAGS = {"tensor_parallel_size": "-tp", "data_parallel_size": "-dp", "pipeline_parallel_size": "-pp",
+               "enable_expert_parallel": "-ep", "quantization": "-q", "nnodes": "-n", "node_rank": "-r"}
 # The fields whose flag takes vLLM's human-readable integers ("32k", "1K", "25.6k", "2G").
 HUMAN_READABLE_FIELDS = frozenset({"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"})
 DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
