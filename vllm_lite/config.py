@@ -100,7 +100,9 @@ def kv_cache_row(stored_dtype: str, head_dim: int) -> tuple[str, int]:
         return "int8", head_dim + KV_SCALE_BYTES
     return KV_FP8_STORAGE.get(stored_dtype, stored_dtype), head_dim
 
-EXECUTOR_BACKENDS = ("uni", "mp")  # worker in the engine-core process | one process per rank
+# worker in the engine-core process | one process per rank | vLLM's external_launcher: every process of a
+# torchrun job runs the engine in process for its rank
+EXECUTOR_BACKENDS = ("uni", "mp", "external_launcher")
 # auto: our implementation when there is one, else transformers' modelling code on our KV cache
 MODEL_IMPLS = ("auto", "vllm", "transformers")
 
@@ -1197,9 +1199,11 @@ class EngineArgs:
         backend = self.distributed_executor_backend or ("mp" if tp > 1 else "uni")
         _check(backend in EXECUTOR_BACKENDS,
                f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, got {backend!r}")
-        _check(backend == "mp" or (tp == 1 and nnodes == 1),
+        _check(backend != "uni" or (tp == 1 and nnodes == 1),
                f"distributed_executor_backend='uni' runs a single worker; tensor_parallel_size={tp} "
                f"and nnodes={nnodes} need 'mp'")
+        if backend == "external_launcher":
+            _check_launcher_world(tp, nnodes, self.data_parallel_size)
         check_tensor_parallel_split(hf, tp)
         if self.worker_extension_cls:  # (imported here too: a bad name is refused before any process starts)
             from vllm_lite.rpc import resolve_qualname
@@ -1213,6 +1217,19 @@ class EngineArgs:
                "master_port are for one engine's tensor-parallel ranks across nodes")
         return ParallelConfig(tp, backend, nnodes, self.node_rank, self.master_addr, port,
                               self.worker_extension_cls, dp)
+
+
+def _check_launcher_world(tp: int, nnodes: int, dp: int) -> None:
+    """external_launcher's processes are torchrun's (or a job's with its process group made): their
+    ranks are torchrun's, so vllm_lite's own multi-node and data-parallel launch do not apply."""
+    _check(nnodes == 1 and dp == 1, "distributed_executor_backend='external_launcher' takes its ranks from the "
+           "launcher (torchrun's RANK / WORLD_SIZE): nnodes and data_parallel_size stay 1")
+    world = os.environ.get("WORLD_SIZE")
+    _check(tp == 1 or world is not None, "distributed_executor_backend='external_launcher' runs in the processes "
+           "torchrun starts (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT are not set here)")
+    _check(world is None or (world.isdigit() and int(world) % tp == 0),
+           f"distributed_executor_backend='external_launcher': WORLD_SIZE={world} processes cannot be split into "
+           f"engines of tensor_parallel_size={tp}")
 
 
 # sentence-transformers' module types (modules.json), as vLLM reads them

@@ -47,6 +47,27 @@ class TensorParallelGroup:
 SINGLE_RANK = TensorParallelGroup()
 
 
+def join_launcher_group(tp_size: int, device: str) -> tuple[TensorParallelGroup, bool]:
+    """vLLM's external_launcher: this process (one of torchrun's, or of a job that has its own
+    process group) is one rank of an engine of `tp_size` consecutive ranks of the world. Joins
+    the world first where nobody has (torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT);
+    every rank makes every engine's group, in order, as torch.distributed requires. Returns the
+    group and whether this call joined the world (and so leaves it at shutdown)."""
+    if tp_size == 1:
+        return SINGLE_RANK, False
+    joined = not dist.is_initialized()
+    if joined:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method="env://")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % tp_size:
+        raise ValueError(f"distributed_executor_backend='external_launcher': the world's {world} processes cannot "
+                         f"be split into engines of tensor_parallel_size={tp_size}")
+    if world == tp_size:
+        return TensorParallelGroup(rank=rank, size=tp_size, group=dist.group.WORLD), joined
+    groups = [dist.new_group(list(range(first, first + tp_size))) for first in range(0, world, tp_size)]
+    return TensorParallelGroup(rank=rank % tp_size, size=tp_size, group=groups[rank // tp_size]), joined
+
+
 def init_tensor_parallel_group(store: dist.Store, rank: int, world_size: int,
                                device: str) -> TensorParallelGroup:
     """Join the default process group through `store` (gloo on CPU, NCCL on CUDA)."""

@@ -63,6 +63,9 @@ class AsyncLLM:
             raise ValueError(f"max_unread_outputs must be >= 1, got {max_unread_outputs}")
         if output_chunk_size < 1:
             raise ValueError(f"output_chunk_size must be >= 1, got {output_chunk_size}")
+        if vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
+            raise ValueError("distributed_executor_backend='external_launcher' is for LLM in the processes torchrun "
+                             "starts (vLLM's offline use); AsyncLLM and the server take 'mp'")
         self.vllm_config = vllm_config
         self.max_unread_outputs = max_unread_outputs
         self.output_chunk_size = output_chunk_size

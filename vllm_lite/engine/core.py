@@ -57,14 +57,16 @@ MAX_RECENT_CLIENTS = 1024
 
 def make_executor(vllm_config: VllmConfig) -> Executor:
     """`uni`: the worker runs in this process; `mp` (the default for tensor_parallel_size > 1):
-    one worker process per rank."""
-    if vllm_config.parallel_config.distributed_executor_backend == "mp":
+    one worker process per rank; `external_launcher` (vLLM's): this process is one rank, of a
+    torchrun job."""
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if backend == "mp":
         from vllm_lite.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(vllm_config)
-    from vllm_lite.executor.uniproc import UniProcExecutor
+    from vllm_lite.executor.uniproc import LauncherExecutor, UniProcExecutor
 
-    return UniProcExecutor(vllm_config)
+    return LauncherExecutor(vllm_config) if backend == "external_launcher" else UniProcExecutor(vllm_config)
 
 
 # vLLM's wake_up tags: what a sleep put to sleep

@@ -32,17 +32,29 @@ from vllm_lite.sampling_params import RequestOutputKind, SamplingParams
 T = TypeVar("T")
 
 
+def in_process_default(backend: str | None, multiprocess: bool | None) -> bool:
+    """vLLM's external_launcher runs the engine in the launcher's process (as vLLM turns its
+    multiprocessing off for it); elsewhere the engine core gets a process of its own by default."""
+    if backend != "external_launcher":
+        return True if multiprocess is None else multiprocess
+    if multiprocess:
+        raise ValueError("distributed_executor_backend='external_launcher' runs the engine in this process (one rank "
+                         "of the launcher's job): multiprocess=True cannot hold")
+    return False
+
+
 class LLM:
-    """`multiprocess=True` (default) runs the engine core in its own process; False keeps it in
-    this one. `engine_address` attaches to an engine core started on its own (`vllm-lite engine
+    """`multiprocess=True` (the default, except with vLLM's external_launcher) runs the engine core
+    in its own process; False keeps it in this one. `engine_address` attaches to an engine core started on its own (`vllm-lite engine
     --address ...`); the model, tokenizer and max_model_len left out are then the engine's.
     `shutdown()` stops a spawned engine core (so does garbage collection or interpreter exit)."""
 
-    def __init__(self, model: str | None = None, *, multiprocess: bool = True,
+    def __init__(self, model: str | None = None, *, multiprocess: bool | None = None,
                  engine_address: str | None = None, **engine_args: Any) -> None:
         unknown = set(engine_args) - set(EngineArgs.field_names())
         if unknown:
             raise TypeError(f"LLM() got unknown engine arguments: {sorted(unknown)}")
+        multiprocess = in_process_default(engine_args.get("distributed_executor_backend"), multiprocess)
         if engine_address is not None:
             args = attached_engine_args(engine_address, model, engine_args)
         else:

@@ -1,14 +1,18 @@
 from __future__ import annotations
 
 import functools
+import gc
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from vllm_lite.config import VllmConfig
+from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup, join_launcher_group
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.executor.abstract import Executor
 from vllm_lite.executor.step_order import HeldSteps, StepPipeline, StepResult, launches_ahead
@@ -23,9 +27,10 @@ class UniProcExecutor(Executor):
     (started on first use), so the engine core schedules while the model runs (torch releases
     the GIL in its kernels)."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, tp: TensorParallelGroup = SINGLE_RANK, local_rank: int = 0) -> None:
+        """`tp`: this process's rank of the model (vLLM's external_launcher: `LauncherExecutor`)."""
         super().__init__(vllm_config)
-        self.worker = worker_class(vllm_config)(vllm_config)
+        self.worker = worker_class(vllm_config)(vllm_config, tp, local_rank)
         self.launch_ahead = self.launches_ahead(self.worker.device)
         self._step_thread: StepThread | None = None
 
@@ -84,6 +89,38 @@ class UniProcExecutor(Executor):
             self._step_thread = None
         else:
             self.worker.stop_profiling()
+
+
+class LauncherExecutor(UniProcExecutor):
+    """vLLM's external_launcher: every process of a torchrun job (or of a trainer's own process
+    group) runs the whole engine in process, for its rank of the model; the ranks of one engine
+    schedule alike because they are given the same requests (vLLM's contract) and agree on the KV
+    cache's size here."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        device = vllm_config.device_config.device
+        tp, self.joined_world = join_launcher_group(vllm_config.parallel_config.tensor_parallel_size, device)
+        super().__init__(vllm_config, tp, int(os.environ.get("LOCAL_RANK", "0")))
+        self.tp = tp
+
+    def determine_available_memory(self) -> int:
+        """The least any rank of this engine measured: every rank's scheduler must have as many blocks."""
+        available = torch.tensor([self.worker.determine_available_memory()], dtype=torch.int64,
+                                 device=self.worker.device)
+        if self.tp.size > 1:
+            dist.all_reduce(available, op=dist.ReduceOp.MIN, group=self.tp.group)
+        return int(available.item())
+
+    def shutdown(self) -> None:
+        """The worker (whose model's layers hold the process group) is let go before the group is
+        left: a gloo group still referenced when the interpreter exits can abort it (torch's
+        "terminate called without an active exception")."""
+        super().shutdown()
+        self.worker = self.tp = None  # type: ignore[assignment]
+        gc.collect()
+        if self.joined_world and dist.is_initialized():
+            dist.destroy_process_group()
+            self.joined_world = False
 
 
 class StepThread:
