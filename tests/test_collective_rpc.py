@@ -196,6 +196,24 @@ def test_in_process_calls_take_functions_but_no_timeout(tiny_llama: Path) -> Non
         llm.shutdown()
 
 
+def test_trainers_reach_the_model_through_vllms_attributes(tiny_llama: Path, other_llama: Path) -> None:
+    """TRL's and verl's colocated weight sync, with the engine in the trainer's process:
+    `llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.load_weights(...)`."""
+    llm = make_llm(tiny_llama)
+    try:
+        model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        model.load_weights(weights_of(other_llama).items())
+        llm.reset_prefix_cache()
+        assert greedy(llm) == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+    finally:
+        llm.shutdown()
+    spawned = make_llm(tiny_llama, multiprocess=True)
+    try:
+        assert not hasattr(spawned.llm_engine, "model_executor")  # (vLLM's: only in process)
+    finally:
+        spawned.shutdown()
+
+
 def test_async_llm_collective_rpc(tiny_llama: Path) -> None:
     from vllm_lite.engine.async_llm import AsyncLLM
 

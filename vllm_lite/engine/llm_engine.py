@@ -8,7 +8,7 @@ from typing import Any
 
 from vllm_lite.config import EngineArgs, VllmConfig
 from vllm_lite.engine.core import check_sleep, check_wake_up_tags
-from vllm_lite.engine.core_client import make_client
+from vllm_lite.engine.core_client import InprocClient, make_client
 from vllm_lite.engine.dp_client import DPSyncClient, launch_engine_cores
 from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
@@ -44,6 +44,10 @@ class LLMEngine:
                             else make_client(vllm_config, multiprocess, engine_address, launch))
         # The KV cache's size is the engine core's (measured there under gpu_memory_utilization).
         self.vllm_config = vllm_config.with_num_kv_blocks(self.engine_core.num_kv_blocks)
+        if isinstance(self.engine_core, InprocClient):
+            # vLLM's, with the engine core in this process only: trainers (TRL, verl) reach the model
+            # through it (`model_executor.driver_worker.worker.model_runner.model.load_weights`)
+            self.model_executor = self.engine_core.executor
         self.profile_sessions = ProfileSessions(vllm_config.profiler_config)
         # Called with each step's IterationStats (LLM's metrics, when it keeps them).
         self.stat_loggers: list[StatLogger] = []

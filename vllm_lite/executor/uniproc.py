@@ -6,6 +6,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ class UniProcExecutor(Executor):
         """`tp`: this process's rank of the model (vLLM's external_launcher: `LauncherExecutor`)."""
         super().__init__(vllm_config)
         self.worker = worker_class(vllm_config)(vllm_config, tp, local_rank)
+        self.driver_worker = WorkerWrapper(self.worker)
         self.launch_ahead = self.launches_ahead(self.worker.device)
         self._step_thread: StepThread | None = None
 
@@ -91,6 +93,14 @@ class UniProcExecutor(Executor):
             self.worker.stop_profiling()
 
 
+@dataclass(slots=True)
+class WorkerWrapper:
+    """vLLM's WorkerWrapperBase, as far as trainers written against vLLM reach into it
+    (`llm.llm_engine.model_executor.driver_worker.worker.model_runner.model`)."""
+
+    worker: Worker
+
+
 class LauncherExecutor(UniProcExecutor):
     """vLLM's external_launcher: every process of a torchrun job (or of a trainer's own process
     group) runs the whole engine in process, for its rank of the model; the ranks of one engine
@@ -116,7 +126,7 @@ class LauncherExecutor(UniProcExecutor):
         left: a gloo group still referenced when the interpreter exits can abort it (torch's
         "terminate called without an active exception")."""
         super().shutdown()
-        self.worker = self.tp = None  # type: ignore[assignment]
+        self.worker = self.tp = self.driver_worker = None  # type: ignore[assignment]
         gc.collect()
         if self.joined_world and dist.is_initialized():
             dist.destroy_process_group()
