@@ -48,7 +48,8 @@ ALLOW_LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
 QUANTIZATION_METHODS = ("int8", "gguf", *CHECKPOINT_QUANTIZATIONS)
 # vLLM's names for its faster kernels of a checkpoint's method: the same weights here
 QUANTIZATION_ALIASES = {"awq_marlin": "awq", "gptq_marlin": "gptq"}
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# ("bitsandbytes": vLLM's older spelling for a bitsandbytes checkpoint's safetensors folder)
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "bitsandbytes")
 # fcfs: requests in arrival order; priority: by (priority, arrival), the lowest preempted first.
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -975,7 +976,12 @@ class EngineArgs:
         hf_overrides = dict(self.hf_overrides or {})
         hf = HFModelConfig.from_dict(with_hf_overrides(_read_json(cfg_path), hf_overrides),
                                      _read_json(model_dir / "generation_config.json"), self.model_impl)
-        load_format = _resolve_load_format(self.load_format, gguf_file)
+        _check(self.load_format != "bitsandbytes" or hf.quantization == "bitsandbytes",
+               "load_format='bitsandbytes' reads a bitsandbytes checkpoint (config.json's quantization_config); "
+               "quantizing a float checkpoint with bitsandbytes at load is not implemented (quantization='int8' "
+               "quantizes here)")
+        load_format = _resolve_load_format("safetensors" if self.load_format == "bitsandbytes" else self.load_format,
+                                           gguf_file)
         _check(self.logprobs_mode in LOGPROBS_MODES,
                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         _check(self.reasoning_parser in (None, *REASONING_PARSERS),

@@ -684,7 +684,19 @@ GPTQ_IGNORED = QUANTIZER_SETTINGS
 # weight_block_size; read into float weights as compressed-tensors' FP8 is.
 FP8_RESTRICTED: Mapping[str, tuple[Any, ...]] = {"activation_scheme": ("dynamic", "static"), "fmt": ("e4m3",)}
 FP8_IGNORED = frozenset({"quant_method", "ignored_layers", "modules_to_not_convert", "weight_block_size"})
-CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8", "mxfp4")
+# quant_method "bitsandbytes" (transformers' BitsAndBytesConfig): 4-bit NF4 / FP4 weights, double
+# quantization or not, read into float weights (model/layers/bnb_weights.py). LLM.int8 checkpoints
+# (load_in_8bit) are refused: bitsandbytes multiplies their activations in int8 with fp16 outliers,
+# which float weights do not reproduce. The compute dtype is the engine's dtype's role here; the
+# skipped modules are stored unquantized (their tensors say so); the llm_int8_* settings are 8-bit's.
+BNB_RESTRICTED: Mapping[str, tuple[Any, ...]] = {
+    "load_in_4bit": (True,), "_load_in_4bit": (True,), "load_in_8bit": (False,), "_load_in_8bit": (False,),
+    "bnb_4bit_quant_type": ("nf4", "fp4"), "bnb_4bit_quant_storage": ("uint8", None),
+    "bnb_4bit_use_double_quant": (True, False),
+}
+BNB_IGNORED = frozenset({"quant_method", "bnb_4bit_compute_dtype", "llm_int8_skip_modules", "llm_int8_threshold",
+                         "llm_int8_has_fp16_weight", "llm_int8_enable_fp32_cpu_offload"})
+CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "awq", "gptq", "fp8", "mxfp4", "bitsandbytes")
 # gpt-oss's released checkpoints: its MoE experts in MXFP4 (e2m1 values, an e8m0 scale per 32);
 # `modules_to_not_convert` lists what the checkpoint keeps in bf16 (transformers reads it).
 MXFP4_IGNORED = frozenset({"quant_method", "modules_to_not_convert"})
@@ -709,13 +721,21 @@ def check_quantization_config(config: Any) -> str:
     if method == "mxfp4":
         _check_keys(where, config, {}, MXFP4_IGNORED)
         return method
+    if method == "bitsandbytes":
+        if config.get("load_in_8bit") or config.get("_load_in_8bit"):
+            raise ValueError(f"{where}: load_in_8bit (bitsandbytes' LLM.int8: activations multiplied in int8 with "
+                             "fp16 outliers) is not implemented here; 4-bit bitsandbytes checkpoints are")
+        _check_keys(where, config, BNB_RESTRICTED, BNB_IGNORED)
+        if not (config.get("load_in_4bit") or config.get("_load_in_4bit")):
+            raise ValueError(f"{where}: a bitsandbytes checkpoint here is a 4-bit one (load_in_4bit: true)")
+        return method
     if method == "fp8":
         _check_keys(where, config, FP8_RESTRICTED, FP8_IGNORED)
         _check_block(f"{where}.weight_block_size", config.get("weight_block_size"))
         return method
     if method != "compressed-tensors":
         raise ValueError(f"{where}.quant_method={method!r} is not supported (supported: compressed-tensors W8A8 "
-                         "int8 and FP8, fp8, AWQ, GPTQ, gpt-oss's mxfp4)")
+                         "int8 and FP8, fp8, AWQ, GPTQ, bitsandbytes 4-bit, gpt-oss's mxfp4)")
     _check_keys(where, config, CT_TOP_RESTRICTED, CT_TOP_IGNORED)
     groups = config.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:

@@ -23,6 +23,7 @@ from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGrou
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, materialize
+from vllm_lite.model.layers.bnb_weights import dequantized_bnb_weights
 from vllm_lite.model.layers.fp8_weights import FP8Scheme, dequantized_fp8_weights
 from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
@@ -251,6 +252,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
         elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
                                                      and quantization_config["format"] == "float-quantized"):
             weights = dequantized_fp8_weights(weights, FP8Scheme.of(quantization_config))
+        elif model_config.quantization == "bitsandbytes":
+            weights = dequantized_bnb_weights(weights)
         load_weights(model, weights, model_config.model, pooling=model_config.pooler is not None,
                      int8_checkpoint=(model_config.quantization == "compressed-tensors"
                                       and quantization_config["format"] == "int-quantized"),
