@@ -88,28 +88,22 @@ def test_embeddings_of_token_ids_generate_what_the_ids_do(tiny_llama: Path,
     assert from_embeds == hf_greedy(tiny_llama, prompts, NEW_TOKENS)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gpt2", "tiny_opt", "tiny_qwen3"])
-def test_other_families_match_transformers(fixture: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(("fixture", "engine_args"), [
+    ("tiny_gpt2", {}), ("tiny_opt", {}), ("tiny_qwen3", {}),
+    ("tiny_qwen3", {"model_impl": "transformers", "max_num_batched_tokens": 16}),
+], ids=["gpt2", "opt", "qwen3", "transformers-fallback"])
+def test_other_families_match_transformers(fixture: str, engine_args: dict, request: pytest.FixtureRequest) -> None:
     """Learned absolute positions added to given embeddings (GPT-2), OPT's project_in from its
-    narrower word embeddings (the width asked is word_embed_proj_dim), Qwen3."""
+    narrower word embeddings (the width asked is word_embed_proj_dim), Qwen3, and the Transformers
+    fallback (transformers' own `inputs_embeds`), in chunks."""
     model = request.getfixturevalue(fixture)
     embeds = random_embeds((6, 19), width_of(model), seed=2)
-    llm = make_llm(model, enable_prompt_embeds=True)
+    llm = make_llm(model, enable_prompt_embeds=True, **engine_args)
     try:
         outputs = llm.generate([{"prompt_embeds": e} for e in embeds], GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
     assert generated(outputs) == hf_greedy_from_embeds(model, embeds, NEW_TOKENS)
-
-
-def test_the_transformers_fallback(tiny_qwen3: Path) -> None:
-    embeds = random_embeds((7, 21), width_of(tiny_qwen3), seed=3)
-    llm = make_llm(tiny_qwen3, enable_prompt_embeds=True, model_impl="transformers", max_num_batched_tokens=16)
-    try:
-        outputs = llm.generate([{"prompt_embeds": e} for e in embeds], GREEDY, use_tqdm=False)
-    finally:
-        llm.shutdown()
-    assert generated(outputs) == hf_greedy_from_embeds(tiny_qwen3, embeds, NEW_TOKENS)
 
 
 def test_preempted_embeds_prompts_resume_with_their_embeddings(tiny_llama_tied: Path) -> None:
