@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from vllm_lite.exceptions import VLLMValidationError
 
@@ -108,6 +109,45 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True, 
 STRUCTURED_OUTPUT_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
+class RepetitionDetectionParams(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknown_fields=True,
+                                frozen=True):
+    """vLLM's: the request stops (finish_reason "repetition", stop_reason "repetition_detected")
+    once its output ends with `min_count` equal runs of some length in [min_pattern_size,
+    max_pattern_size] tokens (min_pattern_size 0: 1). max_pattern_size 0 turns it off."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            value = getattr(self, name)
+            _require(_is_int(value) and 0 <= value <= MAX_INT32, f"repetition_detection.{name}",
+                     f"must be an int in [0, {MAX_INT32}], got {value!r}")
+        _require(self.min_pattern_size <= self.max_pattern_size, "repetition_detection",
+                 "max_pattern_size, min_pattern_size must be >=0, with min_pattern_size <= max_pattern_size. Set "
+                 "both to 0 to disable repetitive pattern detection.")
+        _require(self.max_pattern_size == 0 or self.min_count >= 2, "repetition_detection.min_count",
+                 "must be >= 2 to detect repetitive patterns in engine output. If you do not wish to detect "
+                 "repetitive patterns, set max_pattern_size to 0.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_pattern_size > 0
+
+    def repeats(self, output: np.ndarray) -> bool:
+        """Whether `output` (the request's output tokens) ends with `min_count` equal runs of one
+        of the pattern lengths (vLLM's check_sequence_repetition)."""
+        count, length = self.min_count, len(output)
+        for size in range(max(self.min_pattern_size, 1), self.max_pattern_size + 1):
+            if size * count > length:
+                return False
+            tail = output[length - size * count:]
+            if tail[-1] == tail[-1 - size] and bool((tail.reshape(count, size) == tail[-size:]).all()):
+                return True
+        return False
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=False):
     """Field meanings follow vLLM:
 
@@ -139,6 +179,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | skip_reading_prefix_cache | the prompt is computed whole, none of it read from the prefix cache (vLLM's); None: only with prompt_logprobs (every prompt position needs its logits) | bool or None |
     | thinking_token_budget | most tokens of a thinking section (after the reasoning parser's start tag); then the end tag is forced (vLLM's; needs the engine's reasoning_parser) | >= 0, -1 or None = no limit |
     | extra_args | arguments for the engine's custom logits processors (vLLM's; the server's `vllm_xargs`); refused when the engine has none | a JSON-like dict with string keys, or None |
+    | repetition_detection | stop once the output ends with a repeated token pattern (vLLM's RepetitionDetectionParams: finish_reason "repetition") | RepetitionDetectionParams, its dict or None |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
     """
@@ -173,9 +214,21 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     thinking_token_budget: int | None = None
     skip_reading_prefix_cache: bool | None = None
     extra_args: dict[str, Any] | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
+        if isinstance(self.repetition_detection, dict):
+            try:
+                self.repetition_detection = RepetitionDetectionParams(**self.repetition_detection)
+            except TypeError as exc:
+                raise VLLMValidationError(f"SamplingParams.repetition_detection: {exc}",
+                                          parameter="repetition_detection") from None
+        _require(self.repetition_detection is None or isinstance(self.repetition_detection, RepetitionDetectionParams),
+                 "repetition_detection", f"must be a RepetitionDetectionParams, its dict or None, got "
+                 f"{type(self.repetition_detection).__name__}")
+        if self.repetition_detection is not None and not self.repetition_detection.enabled:
+            self.repetition_detection = None  # (vLLM's "off": max_pattern_size 0)
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

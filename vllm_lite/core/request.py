@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lite.core.thinking_budget import ThinkingBudgetState
-from vllm_lite.wire import EngineCoreRequest, FinishReason
+from vllm_lite.wire import REPETITION_STOP_REASON, EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
 
@@ -188,7 +188,7 @@ class Request:
         self._num_computed_tokens = num_computed_tokens
         self._num_tokens_with_placeholders = num_tokens_with_placeholders
 
-    def check_stop(self, token_id: int, max_model_len: int) -> tuple[FinishReason, int | None] | None:
+    def check_stop(self, token_id: int, max_model_len: int) -> tuple[FinishReason, int | str | None] | None:
         """Why the request stops after `token_id` was appended, or None to go on.
         EOS and stop tokens count only once `min_tokens` outputs exist."""
         num_output = self.num_tokens - self.num_prompt_tokens
@@ -199,4 +199,8 @@ class Request:
                 return FinishReason.STOP, token_id
         if num_output >= self.max_tokens or self.num_tokens >= max_model_len:
             return FinishReason.LENGTH, None
+        repetition = self.sampling_params.repetition_detection
+        if repetition is not None and num_output >= self.min_tokens and \
+                repetition.repeats(self.token_ids[self.num_prompt_tokens:self.num_tokens]):
+            return FinishReason.REPETITION, REPETITION_STOP_REASON
         return None

@@ -530,7 +530,7 @@ class Scheduler:
                                  more_logprobs, more_logprobs_at[:, 1], more.shape[1])
 
     def _take_more_tokens(self, request: Request, tokens: np.ndarray,
-                          out: np.ndarray) -> tuple[FinishReason, int | None] | None:
+                          out: np.ndarray) -> tuple[FinishReason, int | str | None] | None:
         """A running request's tokens after its first in a step, each appended and stop-checked
         (into `out` as taken); then its counters as for a token each: every known token but the
         last computed, no placeholder. Returns why it stops, or None."""
@@ -586,7 +586,7 @@ class Scheduler:
         return stale
 
     def _take_token(self, request: Request, token_id: int, to_append: bool,
-                    max_model_len: int) -> tuple[FinishReason, int | None] | None:
+                    max_model_len: int) -> tuple[FinishReason, int | str | None] | None:
         """Python's part of taking a request's token (appended already unless `to_append`):
         the exact stop check and the grammar. Returns why it stops, or None."""
         if to_append:
@@ -714,7 +714,7 @@ class Scheduler:
 
     @staticmethod
     def _advance_grammar(request: Request, token_id: int,
-                         stop: tuple[FinishReason, int | None] | None) -> tuple[FinishReason, int | None] | None:
+                         stop: tuple[FinishReason, int | str | None] | None) -> tuple[FinishReason, int | str | None] | None:
         """Feed the token to the request's matcher; a grammar that reached its end stops the
         request (`stop`)."""
         matcher = request.structured_output_request.matcher
@@ -786,8 +786,9 @@ class Scheduler:
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)
-            self.token_store.assign(request, request.length_limit,
-                                    request.structured_output_request is not None or request.thinking is not None)
+            self.token_store.assign(request, request.length_limit, request.structured_output_request is not None
+                                    or request.thinking is not None
+                                    or request.sampling_params.repetition_detection is not None)
             self.waiting.popleft()
             self._enqueue(self.running, request, front=False)
             request.status = RequestStatus.RUNNING

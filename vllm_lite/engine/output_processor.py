@@ -143,7 +143,7 @@ class RequestState:
         stats.last_token_ts = now
         stats.num_generation_tokens = self.num_tokens
 
-    def finish(self, reason: FinishReason, stop_reason: int | None) -> None:
+    def finish(self, reason: FinishReason, stop_reason: int | str | None) -> None:
         if self.finished:
             return
         if self.output_text is not None:

@@ -42,9 +42,13 @@ class FinishReason(enum.IntEnum):
     STOP = 0
     LENGTH = 1
     ABORT = 2
+    REPETITION = 3  # vLLM's: SamplingParams.repetition_detection found a repeated pattern
 
     def __str__(self) -> str:
         return self.name.lower()
+
+
+REPETITION_STOP_REASON = "repetition_detected"  # vLLM's stop_reason for FinishReason.REPETITION
 
 
 class ThinkingBudget(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -77,7 +81,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     finish_reason: FinishReason
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None  # a stop token id, or REPETITION_STOP_REASON
     num_preemptions: int = 0  # times the request was preempted (vllm:request_num_preemptions)
 
 

@@ -154,7 +154,7 @@ class ErrorResponse(OpenAIBaseModel):
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval",
-                    "allowed_token_ids", "bad_words", "thinking_token_budget")
+                    "allowed_token_ids", "bad_words", "thinking_token_budget", "repetition_detection")
 
 
 # vLLM's vllm_xargs: a request's SamplingParams.extra_args (for the server's custom logits processors).
@@ -246,6 +246,9 @@ class _GenerationRequest(RequestModel):
     truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
         "which end truncate_prompt_tokens cuts: 'left' (the default for a generating model, as vLLM: "
         "the last tokens are kept) or 'right'"))
+    repetition_detection: dict[str, Any] | None = Field(default=None, description=(
+        "vLLM: {max_pattern_size, min_pattern_size, min_count}: generation stops (finish_reason "
+        "'repetition') once the output ends with min_count equal runs of one pattern length"))
 
     def beam_search_params(self, max_tokens: int | None, logprobs: Any,
                            skip_special_tokens: bool = True) -> BeamSearchParams | None:
