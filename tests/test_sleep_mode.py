@@ -1,8 +1,9 @@
 """vLLM's sleep mode and pause: `LLM.sleep` / `wake_up` (level 0 pauses; level 1 also forgets the
 prefix cache and releases every rank's KV cache on CPU), `AsyncLLM.pause_generation` /
 `resume_generation` with vLLM's three modes (abort the requests in flight, wait for them, keep
-them frozen), requests added meanwhile held until resumed. What RL trainers do around weight
-updates; the tokens after waking are the tokens before."""
+them frozen), requests added meanwhile held until resumed; level 2 also lets the weights go, for
+a trainer to load new ones. What RL trainers do around weight updates; the tokens after waking
+are the tokens before (or the new weights')."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from async_streams import stream_to_end
-from hf_reference import hf_greedy
+from safetensors.torch import load_file
+
+from hf_reference import build_tiny_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -112,8 +115,76 @@ def test_abort_ends_the_requests_and_wait_lets_them_finish(tiny_llama: Path, exp
         llm.shutdown()
 
 
+@pytest.fixture(scope="module")
+def other_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama's shapes, other weights (what a trainer's step made)."""
+    return build_tiny_model(tmp_path_factory.mktemp("other_llama_sleep"), "llama", tie_word_embeddings=False, seed=7)
+
+
+@pytest.mark.parametrize("multiprocess, tp", [(False, 1), (True, 2)])
+def test_level_2_lets_the_weights_go_and_a_trainer_loads_new_ones(tiny_llama: Path, other_llama: Path,
+                                                                   multiprocess: bool, tp: int) -> None:
+    """TRL's and verl's colocated cycle: sleep(level=2), wake_up(["weights"]), load the trained
+    weights, wake_up(["kv_cache"]), generate. Waking before the weights are loaded is refused
+    (they are zeros), a partial load too; the weights' memory is gone while asleep."""
+    llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION, block_size=16,
+                   tensor_parallel_size=tp)
+    try:
+        assert all(elements > 0 for elements in llm.collective_rpc("weight_elements"))
+        llm.sleep(level=2)
+        assert llm.collective_rpc("weight_elements") == [0] * tp and llm.collective_rpc("kv_cache_layers") == [0] * tp
+        assert llm.wake_up(["weights"]) is False  # (the KV cache is still released)
+        assert all(elements > 0 for elements in llm.collective_rpc("weight_elements"))
+        llm.collective_rpc("update_weight", args=("model.norm.weight", load_file(other_llama / "model.safetensors")
+                                                  ["model.norm.weight"]))
+        with pytest.raises(RuntimeError, match="have not been loaded since wake_up"):
+            llm.wake_up(["kv_cache"])
+        with pytest.raises(RuntimeError, match="the engine is asleep"):
+            llm.generate(prompts(), GREEDY, use_tqdm=False)
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(other_llama)})
+        assert llm.wake_up() is True and not llm.llm_engine.is_sleeping()
+        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+    finally:
+        llm.shutdown()
+
+
+def test_level_2_with_a_tied_head_repacks_it(tiny_llama_tied: Path) -> None:
+    """The LM head shares the embedding's weight, packed for the CPU matmul on its own: both are
+    back after the load."""
+    llm = make_llm(tiny_llama_tied)
+    try:
+        def packed_layers(model) -> int:
+            return sum(getattr(module, "packed_weight", None) is not None for module in model.modules())
+
+        assert llm.apply_model(packed_layers)[0] > 0
+        llm.sleep(level=2)
+        assert llm.apply_model(packed_layers) == [0]  # (their packed copies let go too)
+        llm.wake_up(["weights"])
+        llm.collective_rpc("reload_weights")  # (the model's own checkpoint again)
+        llm.wake_up()
+        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(tiny_llama_tied, PROMPTS, NUM_TOKENS)
+        assert "NoneType" not in llm.apply_model(
+            lambda model: type(model.lm_head.packed_weight).__name__)[0]
+    finally:
+        llm.shutdown()
+
+
+def test_level_2_is_refused_where_weights_cannot_be_loaded_again(tiny_llama: Path, tiny_qwen3: Path) -> None:
+    for model, arguments, message in ((tiny_llama, {"quantization": "int8"}, "quantization='int8' keeps layers "
+                                       "quantized"),
+                                      (tiny_qwen3, {"model_impl": "transformers"}, "the Transformers fallback's")):
+        llm = make_llm(model, **arguments)
+        try:
+            with pytest.raises(ValueError, match=message):
+                llm.sleep(level=2)
+            assert not llm.llm_engine.is_sleeping()
+        finally:
+            llm.shutdown()
+
+
 @pytest.mark.parametrize("arguments, message", [
-    ({"level": 2}, "sleep\\(level=2\\) discards the weights, which is not implemented"),
     ({"level": 1, "mode": "keep"}, "would release the KV cache of the requests it keeps"),
     ({"level": 3}, "sleep level must be 0, 1 or 2, got 3"),
     ({"level": 0, "mode": "later"}, "pause mode must be one of \\('abort', 'wait', 'keep'\\), got 'later'"),

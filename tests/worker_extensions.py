@@ -33,6 +33,11 @@ class WeightSync:
 
         return sorted(os.sched_getaffinity(0))
 
+    def weight_elements(self) -> int:
+        """The model's parameter elements held in memory on this rank (0 while asleep at level 2; a
+        layer packed for the CPU matmul holds its weight elsewhere, its parameter is a meta tensor)."""
+        return sum(param.numel() for param in self.model_runner.model.parameters() if not param.is_meta)
+
     def kv_cache_layers(self) -> int:
         """How many layers' KV cache this rank holds (0 while asleep at level 1)."""
         return len(self.model_runner.kv_caches)

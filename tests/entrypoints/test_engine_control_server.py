@@ -94,7 +94,7 @@ def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:
         assert client.post("/collective_rpc", json={"method": "kv_cache_layers"}).json() == {"results": ["0"]}
         assert client.post("/wake_up", params={"tags": "kv_cache"}).json() == {"status": "awake", "tags": ["kv_cache"]}
         refusals = {
-            "level=2": client.post("/sleep", params={"level": 2}),
+            "level=3": client.post("/sleep", params={"level": 3}),
             "mode": client.post("/pause", params={"mode": "later"}),
             "tags": client.post("/wake_up", params={"tags": "gpu"}),
             "method": client.post("/collective_rpc", json={"method": "no_such_method"}),
@@ -105,7 +105,7 @@ def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:
         }
         messages = {name: (response.status_code, response.json()["error"]["message"])
                     for name, response in refusals.items()}
-        assert messages["level=2"][0] == 400 and "discards the weights" in messages["level=2"][1]
+        assert messages["level=3"][0] == 400 and "sleep level must be 0, 1 or 2" in messages["level=3"][1]
         assert messages["mode"][0] == 400 and "pause mode must be one of" in messages["mode"][1]
         assert messages["tags"][0] == 400 and "wake_up tags must be among" in messages["tags"][1]
         assert messages["method"][0] == 400 and "has no method 'no_such_method'" in messages["method"][1]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from vllm_lite.config import VllmConfig
+from vllm_lite.config import ModelConfig, VllmConfig
 from vllm_lite.core.request import Request
 from vllm_lite.core.scheduler import Scheduler
 from vllm_lite.core.scheduler_output import SchedulerOutput
@@ -83,15 +83,23 @@ def check_sleep(level: int, mode: str, device: str) -> None:
     if isinstance(level, bool) or level not in (0, 1, 2):
         raise ValueError(f"sleep level must be 0, 1 or 2, got {level!r}")
     check_pause_mode(mode)
-    if level == 2:
-        raise ValueError("sleep(level=2) discards the weights, which is not implemented here; level 1 releases "
-                         "the KV cache, level 0 pauses")
-    if level == 1 and device != "cpu":
-        raise ValueError("sleep(level=1) on CUDA offloads the weights to host memory, which is not implemented "
-                         "here; level 0 pauses")
-    if level == 1 and mode == "keep":
-        raise ValueError("sleep(level=1, mode='keep') would release the KV cache of the requests it keeps; "
+    if level >= 1 and device != "cpu":
+        raise ValueError(f"sleep(level={level}) on CUDA frees GPU memory through vLLM's CUDA memory pool, which is "
+                         "not implemented here; level 0 pauses")
+    if level >= 1 and mode == "keep":
+        raise ValueError(f"sleep(level={level}, mode='keep') would release the KV cache of the requests it keeps; "
                          "use mode 'abort' or 'wait'")
+
+
+def check_weights_discardable(model_config: ModelConfig) -> None:
+    """sleep(level=2) needs weights a trainer can load again: the native models' float (or
+    dequantized-at-load) weights, not layers kept quantized nor the Transformers fallback."""
+    if model_config.hf.model_impl != "vllm":
+        raise ValueError("sleep(level=2) discards the weights; the Transformers fallback's cannot be loaded again "
+                         "here (level 1 releases the KV cache)")
+    if model_config.quantization not in (None, "fp8", "bitsandbytes"):
+        raise ValueError(f"sleep(level=2) discards the weights; quantization={model_config.quantization!r} keeps "
+                         "layers quantized, which load_weights cannot load again (level 1 releases the KV cache)")
 
 
 def check_wake_up_tags(tags: list[str] | None) -> None:
@@ -139,6 +147,9 @@ class EngineCore:
         self.clear_cache_when_drained = False
         self.release_kv_when_drained = False  # a level-1 sleep waiting for its requests to finish
         self.kv_cache_released = False
+        self.discard_weights_when_drained = False  # a level-2 sleep waiting for its requests to finish
+        self.weights_discarded = False  # level 2: the weights let go, until wake_up(["weights"])
+        self.weights_to_load = False  # woken weights (zeros) a trainer has still to load
         self.weight_version = "default"  # vLLM's label of the weights, on every step's outputs
 
     def _kv_cache_blocks(self) -> int:
@@ -204,17 +215,26 @@ class EngineCore:
         if self.release_kv_when_drained:
             self.release_kv_when_drained = False
             self._release_kv_cache()
+        if self.discard_weights_when_drained:
+            self.discard_weights_when_drained = False
+            self.executor.collective_rpc(RpcCall("discard_weights"))
+            self.weights_discarded = True
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's sleep: level 0 pauses (`pause`, the prefix cache kept); level 1 also forgets
         the prefix cache and, once no request runs, releases every rank's KV cache (on CPU the
-        weights already are in host memory, where level 1 puts them). Level 2 (the weights
-        discarded) and level 1 on CUDA (the weights offloaded) are not implemented: refused."""
+        weights already are in host memory, where level 1 puts them); level 2 also lets the
+        weights go (a trainer loads new ones after `wake_up(["weights"])`). Levels 1 and 2 on
+        CUDA (vLLM's CUDA memory pool) are not implemented: refused."""
         check_sleep(level, mode, self.vllm_config.device_config.device)
-        self.pause(mode, clear_cache=level == 1)
-        if level == 1 and not self.kv_cache_released:
+        if level == 2:
+            check_weights_discardable(self.vllm_config.model_config)
+        self.pause(mode, clear_cache=level >= 1)
+        if level >= 1 and not self.kv_cache_released:
             self.release_kv_when_drained = True
-            self.when_drained()
+        if level == 2 and not self.weights_discarded and not self.weights_to_load:
+            self.discard_weights_when_drained = True
+        self.when_drained()
 
     def release_kv_cache_memory(self) -> None:
         """vLLM's: after a completed pause with no request left (sleep level 0), every rank's KV
@@ -237,17 +257,27 @@ class EngineCore:
         """vLLM's: what sleep released is back (`tags` None: all of it), and once nothing is
         left asleep the engine resumes; returns whether it did."""
         check_wake_up_tags(tags)
-        self.release_kv_when_drained = False
+        self.release_kv_when_drained = self.discard_weights_when_drained = False
+        if self.weights_discarded and (tags is None or "weights" in tags):
+            self.executor.collective_rpc(RpcCall("restore_weights"))
+            self.weights_discarded, self.weights_to_load = False, True
         if self.kv_cache_released and (tags is None or "kv_cache" in tags):
             self.executor.collective_rpc(RpcCall("wake_up", (tags,)))
             self.kv_cache_released = False
-        if self.kv_cache_released:
+        if self.kv_cache_released or self.weights_discarded:
             return False
+        if self.weights_to_load:
+            missing = sum(self.executor.collective_rpc(RpcCall("num_missing_weights")))
+            if missing:
+                raise RuntimeError(f"sleep(level=2) let the weights go and {missing} parameters (over the ranks) have "
+                                   "not been loaded since wake_up(['weights']): load them (model.load_weights through "
+                                   "collective_rpc, or collective_rpc('reload_weights')) before the engine resumes")
+            self.weights_to_load = False
         self.resume()
         return True
 
     def is_sleeping(self) -> bool:
-        return self.is_paused() or self.kv_cache_released
+        return self.is_paused() or self.kv_cache_released or self.weights_discarded
 
     def set_weight_version(self, weight_version: str) -> None:
         """vLLM's: the label of the weights from the next step on (a trainer sets it after an update)."""

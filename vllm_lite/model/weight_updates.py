@@ -10,6 +10,7 @@ the old weights stay until `reset_prefix_cache()`, as in vLLM."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,74 @@ def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[
             loaded.add(target)
     finally:  # (a failed update still leaves every layer packed and usable)
         _repack(model, unpacked, updated)
+        _count_restored(model, updated)
     return loaded
+
+
+@dataclass
+class DiscardedWeights:
+    """vLLM's sleep(level=2) on a model: its parameters' memory let go (their shapes kept), and,
+    once woken, which parameters are still to be loaded. Layers that were packed for the CPU
+    matmul come back unpacked and are packed again when their weight is loaded."""
+
+    shapes: list[tuple[nn.Parameter, torch.Size]]
+    packed_layers: list[nn.Module]
+    missing: set[int] = field(default_factory=set)  # ids of the parameters not loaded since the wake
+
+
+def discard_weights(model: nn.Module) -> None:
+    """Every parameter's memory let go (the buffers kept, as vLLM keeps them); `restore_weights`
+    makes them again (zeros) for a trainer's `load_weights`."""
+    packed = [module for module in model.modules() if getattr(module, "packed_weight", None) is not None]
+    for module in packed:
+        if unpacked_weight(module.packed_weight) is None:
+            raise ValueError(f"sleep(level=2): {type(module.packed_weight).__name__} layers are kept quantized; their "
+                             "weights could not be loaded again")
+    shapes = []
+    for param in _unique_parameters(model):
+        if not param.is_meta:
+            shapes.append((param, param.shape))
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    for module in packed:
+        module.packed_weight = None
+    model.discarded_weights = DiscardedWeights(shapes, packed)
+
+
+def restore_weights(model: nn.Module) -> None:
+    """The discarded parameters back, zeroed, their layers unpacked: each is to be loaded."""
+    discarded = model.discarded_weights
+    for param, shape in discarded.shapes:
+        param.data = torch.zeros(shape, dtype=param.dtype, device=param.device)
+    for module in discarded.packed_layers:
+        if module.weight.is_meta:  # (a tied head's weight is the embedding's, restored above)
+            meta = module.weight
+            module.weight = nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
+            module.weight.weight_loader = module.weight_loader
+    discarded.missing = {id(param) for param in _unique_parameters(model)}
+
+
+def num_missing_weights(model: nn.Module) -> int:
+    """Parameters not loaded since `restore_weights` (0 when nothing was discarded)."""
+    discarded = getattr(model, "discarded_weights", None)
+    return 0 if discarded is None else len(discarded.missing)
+
+
+def _count_restored(model: nn.Module, updated: set[int]) -> None:
+    """After a load: the parameters loaded are no longer missing; a layer that was packed is
+    packed again once its weight is back; nothing missing, the model is whole again."""
+    discarded = getattr(model, "discarded_weights", None)
+    if discarded is None or not discarded.missing:
+        return
+    discarded.missing -= updated
+    for module in [m for m in discarded.packed_layers if id(m.weight) in updated]:
+        module.process_weights_after_loading()
+        discarded.packed_layers.remove(module)
+    if not discarded.missing:
+        model.discarded_weights = None
+
+
+def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return list(model.parameters())  # (a tied head's weight once)
 
 
 def update_module_parameters(module: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:

@@ -14,8 +14,10 @@ from torch import nn
 from vllm_lite.config import VllmConfig
 from vllm_lite.core.scheduler_output import SchedulerOutput
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
-from vllm_lite.worker.memory import device_memory, host_memory, kv_cache_budget, resident_bytes
+from vllm_lite.worker.memory import (device_memory, host_memory, kv_cache_budget, resident_bytes,
+                                     return_freed_memory)
 from vllm_lite.model.checkpoint_files import iterate_weights
+from vllm_lite.model.weight_updates import discard_weights, num_missing_weights, restore_weights
 from vllm_lite.profiler_config import NOT_ENABLED
 from vllm_lite.rpc import resolve_qualname
 from vllm_lite.worker.model_runner import LaunchedStep, ModelRunner
@@ -83,6 +85,18 @@ class Worker:
         """vLLM's: what `sleep` released is back (a new, zeroed KV cache)."""
         if not self.model_runner.kv_caches and (tags is None or "kv_cache" in tags):
             self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks)
+
+    def discard_weights(self) -> None:
+        """Sleep level 2's part past level 1: the model's weights let go (model/weight_updates.py)."""
+        discard_weights(self.get_model())
+        return_freed_memory()
+
+    def restore_weights(self) -> None:
+        """wake_up(["weights"]) after level 2: the weights back, zeroed, for a trainer to load."""
+        restore_weights(self.get_model())
+
+    def num_missing_weights(self) -> int:
+        return num_missing_weights(self.get_model())
 
     def reload_weights(self, weights_iterator: Iterable[tuple[str, Any]] | None = None, weights_path: str | None = None,
                        is_checkpoint_format: bool = True) -> None:
