@@ -97,6 +97,10 @@ def check_weights_discardable(model_config: ModelConfig) -> None:
     if model_config.hf.model_impl != "vllm":
         raise ValueError("sleep(level=2) discards the weights; the Transformers fallback's cannot be loaded again "
                          "here (level 1 releases the KV cache)")
+    if model_config.pooler is not None:
+        raise ValueError("sleep(level=2) discards the weights for a trainer to load new ones; a pooling model's "
+                         "checkpoint has no LM head to load back, so it is not taken here (level 1 releases the "
+                         "KV cache)")
     if model_config.quantization not in (None, "fp8", "bitsandbytes"):
         raise ValueError(f"sleep(level=2) discards the weights; quantization={model_config.quantization!r} keeps "
                          "layers quantized, which load_weights cannot load again (level 1 releases the KV cache)")
