@@ -159,7 +159,7 @@ INPUTS = ("config_groups", "group_0", "input_activations")
 
 
 @pytest.mark.parametrize("config, message", [
-    (_with(("quant_method",), "bitsandbytes"), "quantization_config.quant_method='bitsandbytes' is not supported"),
+    (_with(("quant_method",), "hqq"), "quantization_config.quant_method='hqq' is not supported"),
     (_with(("format",), "naive-quantized"), "quantization_config.format='naive-quantized' is not supported"),
     (_with(("format",), "pack-quantized"), "input_activations is not supported with pack-quantized weights"),
     (_with(("kv_cache_scheme",), {"num_bits": 8, "type": "float"}), "quantization_config.kv_cache_scheme="),

@@ -304,7 +304,7 @@ def _config(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
     (_config(GPTQ_CONFIG, lm_head=True), "quantization_config.lm_head=True is not supported"),
     (_config(GPTQ_CONFIG, checkpoint_format="marlin"), "quantization_config.checkpoint_format='marlin'"),
     (_config(GPTQ_CONFIG, quantize_everything_twice=True), "quantization_config.quantize_everything_twice is not"),
-    (_config(GPTQ_CONFIG, quant_method="bitsandbytes"), "quantization_config.quant_method='bitsandbytes' is not"),
+    (_config(GPTQ_CONFIG, quant_method="hqq"), "quantization_config.quant_method='hqq' is not"),
 ])
 def test_what_this_engine_does_not_run_is_refused_by_name(tiny_llama: Path, tmp_path: Path, config: dict[str, Any],
                                                           message: str) -> None:
