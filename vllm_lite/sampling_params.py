@@ -179,6 +179,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     | skip_reading_prefix_cache | the prompt is computed whole, none of it read from the prefix cache (vLLM's); None: only with prompt_logprobs (every prompt position needs its logits) | bool or None |
     | thinking_token_budget | most tokens of a thinking section (after the reasoning parser's start tag); then the end tag is forced (vLLM's; needs the engine's reasoning_parser) | >= 0, -1 or None = no limit |
     | extra_args | arguments for the engine's custom logits processors (vLLM's; the server's `vllm_xargs`); refused when the engine has none | a JSON-like dict with string keys, or None |
+    | spaces_between_special_tokens | False: an added token right after another is its bare text, without a space the decoder puts before it (vLLM's; only with skip_special_tokens False) | bool |
     | repetition_detection | stop once the output ends with a repeated token pattern (vLLM's RepetitionDetectionParams: finish_reason "repetition") | RepetitionDetectionParams, its dict or None |
 
     With `logprob_token_ids`, `logprobs` (None or equal to their count) becomes their count.
@@ -207,6 +208,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
     bad_words_token_ids: list[list[int]] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
@@ -286,7 +288,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, dict=Fals
                  "extra_args", f"must be a dict with string keys or None, got {self.extra_args!r}")
         _require(self.skip_reading_prefix_cache is None or isinstance(self.skip_reading_prefix_cache, bool),
                  "skip_reading_prefix_cache", f"must be a bool or None, got {self.skip_reading_prefix_cache!r}")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens",
+                     "detokenize"):
             _require(isinstance(getattr(self, name), bool), name, f"must be a bool, got {getattr(self, name)!r}")
         _require(self.stop is None or isinstance(self.stop, (str, list, tuple)), "stop",
                  f"must be a string or a list of strings, got {self.stop!r}")

@@ -186,3 +186,91 @@ def test_stop_strings_on_random_text_cut_at_the_first_occurrence(tokenizer, incl
         assert "".join(deltas) == text[:first + len(stop) if include else first]
         checked += 1
     assert checked >= NUM_CASES // 4
+
+
+def wordpiece_style_tokenizer():
+    """A tokenizer whose decoder puts a space before every token, added ones included (a
+    WordPiece decoder over a BPE vocabulary): where spaces_between_special_tokens shows."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(["hello world this is a test of the tokenizer"] * 20, trainer)
+    tokenizer.add_tokens([AddedToken("<tool>", normalized=False)])
+    return tokenizer
+
+
+def vllms_text(tokenizer, token_ids: list[int], prompt: list[int] | None = None) -> str:
+    """vLLM's FastIncrementalDetokenizer with spaces_between_special_tokens=False, transcribed:
+    the stream (primed with the prompt) gives each token's piece, or an added token's bare
+    content right after another added token."""
+    from tokenizers.decoders import DecodeStream
+
+    added = {token_id: token.content for token_id, token in tokenizer.get_added_tokens_decoder().items()}
+    stream, last_special, text = DecodeStream(ids=prompt or [], skip_special_tokens=False), False, ""
+    for token_id in token_ids:
+        piece = stream.step(tokenizer, token_id) or ""
+        special = added.get(token_id)
+        if special is not None and last_special:
+            piece = special
+        last_special = special is not None
+        text += piece
+    return text
+
+
+def test_spaces_between_special_tokens_false_is_vllms() -> None:
+    tokenizer = wordpiece_style_tokenizer()
+    words = tokenizer.encode("hello world").ids
+    s, e, tool = (tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<tool>"))
+    rng = np.random.default_rng(0)
+    cases = [words + [s, e, tool, s] + words + [e, e]]
+    cases += [rng.choice(words + [s, e, tool], size=12).tolist() for _ in range(30)]
+    for ids in cases:
+        expected = vllms_text(tokenizer, ids)
+        joined = new_detokenizer(tokenizer, [], False, spaces_between_special_tokens=False)
+        assert "".join(joined.add_token(t) for t in ids) + joined.flush() == expected
+        batched = new_detokenizer(tokenizer, [], False, spaces_between_special_tokens=False)
+        assert batched.add_tokens(ids[:5]) + batched.decode_rest(ids[5:]) == expected
+        spaced = new_detokenizer(tokenizer, [], False)
+        assert "".join(spaced.add_token(t) for t in ids) + spaced.flush() == tokenizer.decode(ids, skip_special_tokens=False)
+    # (the case that differs: the decoder spaces them, vLLM's rule joins them)
+    assert "<s> </s>" in tokenizer.decode([s, e], skip_special_tokens=False)
+    assert vllms_text(tokenizer, [s, e]).endswith("<s></s>")
+    # skipped special tokens have no text to join: the request's text is as with spaces
+    assert type(new_detokenizer(tokenizer, [], True, spaces_between_special_tokens=False)).__name__ == \
+        "FastIncrementalDetokenizer"
+
+
+def test_spaces_between_special_tokens_reaches_the_output(tiny_llama, tmp_path) -> None:
+    """Through LLM.generate: the sampling parameter picks the detokenizer (allowed_token_ids make
+    the model write added tokens only)."""
+    import json
+    import shutil
+
+    from llm_factory import make_llm
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    tokenizer = wordpiece_style_tokenizer()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (model / name).unlink(missing_ok=True)
+    tokenizer.save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    specials = [tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<tool>")]
+    llm = make_llm(model)
+    try:
+        texts = {}
+        for spaces in (True, False):
+            params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, allowed_token_ids=specials,
+                                    skip_special_tokens=False, spaces_between_special_tokens=spaces)
+            output = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
+            texts[spaces] = (output.text, list(output.token_ids))
+    finally:
+        llm.shutdown()
+    ids, prompt = texts[True][1], [5, 6, 7]
+    assert texts[False][1] == ids
+    whole, prompt_text = (tokenizer.decode(t, skip_special_tokens=False) for t in (prompt + ids, prompt))
+    assert texts[True][0] == whole[len(prompt_text):]
+    assert texts[False][0] == vllms_text(tokenizer, ids, prompt) != texts[True][0]

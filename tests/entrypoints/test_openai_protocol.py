@@ -116,3 +116,16 @@ def test_openai_s_bookkeeping_fields_are_taken_and_store_true_is_refused() -> No
     with pytest.raises(RequestParamError, match="must not be an empty array") as refused:  # (vLLM's answer)
         plan_tools(ChatCompletionRequest(**base, tools=[], tool_choice="none"), ServerOptions())
     assert refused.value.param == "tools"
+
+
+def test_vllms_detokenization_and_repetition_fields_reach_the_sampling_params() -> None:
+    """spaces_between_special_tokens (tests/engine/test_detokenizer.py shows its effect) and
+    repetition_detection (tests/test_repetition_detection.py), on both generation routes."""
+    for request in (CompletionRequest(prompt="x", spaces_between_special_tokens=False,
+                                      repetition_detection={"max_pattern_size": 4, "min_count": 3}),
+                    ChatCompletionRequest(messages=CHAT, spaces_between_special_tokens=False,
+                                          repetition_detection={"max_pattern_size": 4, "min_count": 3})):
+        params = request.to_sampling_params()
+        assert params.spaces_between_special_tokens is False
+        assert (params.repetition_detection.max_pattern_size, params.repetition_detection.min_count) == (4, 3)
+    assert CompletionRequest(prompt="x").to_sampling_params().spaces_between_special_tokens is True

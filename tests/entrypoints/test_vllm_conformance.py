@@ -292,7 +292,7 @@ def test_every_metric_name_vllm_expects(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("route, body, field, value", [
-    ("/v1/chat/completions", {"messages": CHAT}, "spaces_between_special_tokens", True),
+    ("/v1/chat/completions", {"messages": CHAT}, "logits_processors", []),
 ])
 def test_vllm_fields_with_the_value_that_changes_nothing_pass(server: LiveServer, route: str, body: dict,
                                                               field: str, value: Any) -> None:

@@ -49,13 +49,49 @@ class IncrementalDetokenizer(Protocol):
 
 
 def new_detokenizer(tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool,
-                    pieces: TokenPieces | None = None) -> IncrementalDetokenizer:
+                    pieces: TokenPieces | None = None,
+                    spaces_between_special_tokens: bool = True) -> IncrementalDetokenizer:
     """`pieces`: the tokenizer's TokenPieces, shared by its requests (None: every token takes a
-    stream step)."""
+    stream step). `spaces_between_special_tokens` False (vLLM's): an added token right after
+    another is its bare text, without the space a decoder may put before it."""
     backend = fast_backend(tokenizer)
     if backend is None:
-        return SlowIncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens)
-    return FastIncrementalDetokenizer(backend, prompt_token_ids, skip_special_tokens, pieces)
+        return SlowIncrementalDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens,
+                                          spaces_between_special_tokens)
+    detokenizer = FastIncrementalDetokenizer(backend, prompt_token_ids, skip_special_tokens, pieces)
+    if spaces_between_special_tokens or skip_special_tokens:  # (vLLM's rule: skipped ones have no text)
+        return detokenizer
+    added = {token_id: token.content for token_id, token in backend.get_added_tokens_decoder().items()}
+    return AdjacentAddedTokens(detokenizer, added) if added else detokenizer
+
+
+class AdjacentAddedTokens:
+    """vLLM's spaces_between_special_tokens=False over a fast detokenizer: tokens go one by one,
+    and an added token that follows another is given as its bare content."""
+
+    __slots__ = ("inner", "added", "last_added")
+
+    def __init__(self, inner: FastIncrementalDetokenizer, added: dict[int, str]) -> None:
+        self.inner = inner
+        self.added = added
+        self.last_added = False
+
+    def add_token(self, token_id: int) -> str:
+        text = self.inner.add_token(token_id)
+        content = self.added.get(token_id)
+        if content is not None and self.last_added:
+            text = content
+        self.last_added = content is not None
+        return text
+
+    def add_tokens(self, token_ids: Sequence[int]) -> str:
+        return "".join([self.add_token(int(t)) for t in token_ids])
+
+    def flush(self) -> str:
+        return self.inner.flush()
+
+    def decode_rest(self, token_ids: Sequence[int]) -> str:
+        return self.add_tokens(token_ids) + self.flush()
 
 
 class TokenPieces:
@@ -197,11 +233,14 @@ class SlowIncrementalDetokenizer:
     """Invariant: `tokens[prefix_offset:read_offset]` decodes to text that ends on a whole
     character and has been emitted; only text after it is new."""
 
-    __slots__ = ("tokenizer", "skip_special_tokens", "tokens", "prefix_offset", "read_offset")
+    __slots__ = ("tokenizer", "skip_special_tokens", "spaces_between_special_tokens", "tokens", "prefix_offset",
+                 "read_offset")
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int], skip_special_tokens: bool,
+                 spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         context = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
         self.tokens: list[int] = context
         self.prefix_offset = 0
@@ -238,4 +277,8 @@ class SlowIncrementalDetokenizer:
         return full[len(prefix):]
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+        if self.spaces_between_special_tokens:
+            return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
+        # (transformers' slow tokenizers take vLLM's argument themselves)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens,
+                                     spaces_between_special_tokens=False)

@@ -284,7 +284,8 @@ class OutputProcessor:
         detokenize = params.detokenize and self.tokenizer is not None
         if detokenize:
             detokenizer = new_detokenizer(self.tokenizer, () if prompt_is_embeds else prompt_token_ids,
-                                          params.skip_special_tokens, self._token_pieces)
+                                          params.skip_special_tokens, self._token_pieces,
+                                          params.spaces_between_special_tokens)
             output_text = OutputText(params.stop, params.include_stop_str_in_output,
                                      delta=params.output_kind == RequestOutputKind.DELTA)
         logprobs = None

@@ -72,7 +72,7 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "spaces_between_special_tokens",
+    "spaces_between_special_tokens",  # (served on completions and chat: their declared field)
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params",
     "repetition_detection",
     "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
@@ -154,7 +154,8 @@ class ErrorResponse(OpenAIBaseModel):
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias",
                     "seed", "stop", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                     "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "stream_interval",
-                    "allowed_token_ids", "bad_words", "thinking_token_budget", "repetition_detection")
+                    "allowed_token_ids", "bad_words", "thinking_token_budget", "repetition_detection",
+                    "spaces_between_special_tokens")
 
 
 # vLLM's vllm_xargs: a request's SamplingParams.extra_args (for the server's custom logits processors).
@@ -246,6 +247,8 @@ class _GenerationRequest(RequestModel):
     truncation_side: Literal["left", "right"] | None = Field(default=None, description=(
         "which end truncate_prompt_tokens cuts: 'left' (the default for a generating model, as vLLM: "
         "the last tokens are kept) or 'right'"))
+    spaces_between_special_tokens: bool | None = Field(default=None, description=(
+        "vLLM: false: an added token right after another is its bare text (with skip_special_tokens false)"))
     repetition_detection: dict[str, Any] | None = Field(default=None, description=(
         "vLLM: {max_pattern_size, min_pattern_size, min_count}: generation stops (finish_reason "
         "'repetition') once the output ends with min_count equal runs of one pattern length"))
