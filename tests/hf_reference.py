@@ -670,8 +670,8 @@ def hf_greedy_from_embeds(model_dir: Path, prompts_embeds: list[torch.Tensor], m
     outputs = []
     for embeds in prompts_embeds:
         inputs_embeds = embeds[None].to(model.dtype)
-        out = model.generate(inputs_embeds=inputs_embeds, attention_mask=torch.ones(inputs_embeds.shape[:2], dtype=torch.long),
-                             generation_config=gen_config)
+        out = model.generate(inputs_embeds=inputs_embeds, generation_config=gen_config,
+                             attention_mask=torch.ones(inputs_embeds.shape[:2], dtype=torch.long))
         assert out.shape[1] == max_new_tokens, (out.shape, max_new_tokens)  # (only the new tokens come back)
         outputs.append(out[0].tolist())
     return outputs

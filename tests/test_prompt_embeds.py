@@ -189,7 +189,8 @@ def test_spawned_engine_and_tensor_parallel(tiny_llama: Path, engine_args: dict)
 
 
 @pytest.mark.parametrize(("prompt", "params", "message"), [
-    ({"prompt_embeds": torch.zeros(4)}, GREEDY, r"must be a 2D tensor of shape \(num_tokens, hidden_size\); got shape \(4,\)"),
+    ({"prompt_embeds": torch.zeros(4)}, GREEDY,
+     r"must be a 2D tensor of shape \(num_tokens, hidden_size\); got shape \(4,\)"),
     ({"prompt_embeds": torch.zeros(2, 3, 64)}, GREEDY, r"must be a 2D tensor"),
     ({"prompt_embeds": torch.zeros(3, 65)}, GREEDY, "hidden_size 65 does not match the model's hidden_size 64"),
     ({"prompt_embeds": torch.zeros(0, 64)}, GREEDY, "prompt_embeds holds no rows"),

@@ -3,7 +3,8 @@ finish_reason "repetition" and stop_reason "repetition_detected" at the first ou
 ends `min_count` equal runs of a pattern length in [min_pattern_size, max_pattern_size], not
 before `min_tokens`; the check is vLLM's (held to a transcription of its loop on random
 sequences); a model that cycles through 7 tokens stops where the reference says, in and out of
-process (over HTTP: tests/entrypoints/test_repetition_detection_server.py); values that cannot hold are refused by name."""
+process (over HTTP: tests/entrypoints/test_repetition_detection_server.py); values that cannot
+hold are refused by name."""
 
 from __future__ import annotations
 

@@ -234,7 +234,8 @@ def test_spaces_between_special_tokens_false_is_vllms() -> None:
         batched = new_detokenizer(tokenizer, [], False, spaces_between_special_tokens=False)
         assert batched.add_tokens(ids[:5]) + batched.decode_rest(ids[5:]) == expected
         spaced = new_detokenizer(tokenizer, [], False)
-        assert "".join(spaced.add_token(t) for t in ids) + spaced.flush() == tokenizer.decode(ids, skip_special_tokens=False)
+        spaced_text = "".join(spaced.add_token(t) for t in ids) + spaced.flush()
+        assert spaced_text == tokenizer.decode(ids, skip_special_tokens=False)
     # (the case that differs: the decoder spaces them, vLLM's rule joins them)
     assert "<s> </s>" in tokenizer.decode([s, e], skip_special_tokens=False)
     assert vllms_text(tokenizer, [s, e]).endswith("<s></s>")

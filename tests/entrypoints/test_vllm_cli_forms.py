@@ -92,7 +92,8 @@ def test_a_json_flag_key_by_key_merges_in_order() -> None:
 
 
 def test_vllms_parallel_and_sleep_flags_are_read() -> None:
-    args = parsed("serve", "-pp", "1", "--enable-sleep-mode", "--disable-custom-all-reduce", "--no-enable-expert-parallel")
+    args = parsed("serve", "-pp", "1", "--enable-sleep-mode", "--disable-custom-all-reduce",
+                  "--no-enable-expert-parallel")
     assert (args.pipeline_parallel_size, args.enable_sleep_mode, args.disable_custom_all_reduce,
             args.enable_expert_parallel) == (1, True, True, False)
     assert parsed("serve", "-ep").enable_expert_parallel is True  # (then refused by the engine config, by name)

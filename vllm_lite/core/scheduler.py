@@ -66,6 +66,9 @@ from vllm_lite.wire import LogprobsArrays
 
 logger = logging.getLogger(__name__)
 
+# Why a request stops: the reason and its stop_reason (a stop token id, REPETITION_STOP_REASON, None)
+StopReason = tuple[FinishReason, int | str | None]
+
 _NO_REQ_IDS: frozenset[str] = frozenset()
 # A step's row whose request holds no slot in the token store: freed since the step was
 # scheduled (its row is discarded), or live without a slot (preempted with its token in flight).
@@ -530,7 +533,7 @@ class Scheduler:
                                  more_logprobs, more_logprobs_at[:, 1], more.shape[1])
 
     def _take_more_tokens(self, request: Request, tokens: np.ndarray,
-                          out: np.ndarray) -> tuple[FinishReason, int | str | None] | None:
+                          out: np.ndarray) -> StopReason | None:
         """A running request's tokens after its first in a step, each appended and stop-checked
         (into `out` as taken); then its counters as for a token each: every known token but the
         last computed, no placeholder. Returns why it stops, or None."""
@@ -586,7 +589,7 @@ class Scheduler:
         return stale
 
     def _take_token(self, request: Request, token_id: int, to_append: bool,
-                    max_model_len: int) -> tuple[FinishReason, int | str | None] | None:
+                    max_model_len: int) -> StopReason | None:
         """Python's part of taking a request's token (appended already unless `to_append`):
         the exact stop check and the grammar. Returns why it stops, or None."""
         if to_append:
@@ -714,7 +717,7 @@ class Scheduler:
 
     @staticmethod
     def _advance_grammar(request: Request, token_id: int,
-                         stop: tuple[FinishReason, int | str | None] | None) -> tuple[FinishReason, int | str | None] | None:
+                         stop: StopReason | None) -> StopReason | None:
         """Feed the token to the request's matcher; a grammar that reached its end stops the
         request (`stop`)."""
         matcher = request.structured_output_request.matcher

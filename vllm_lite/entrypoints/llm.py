@@ -45,8 +45,9 @@ def in_process_default(backend: str | None, multiprocess: bool | None) -> bool:
 
 class LLM:
     """`multiprocess=True` (the default, except with vLLM's external_launcher) runs the engine core
-    in its own process; False keeps it in this one. `engine_address` attaches to an engine core started on its own (`vllm-lite engine
-    --address ...`); the model, tokenizer and max_model_len left out are then the engine's.
+    in its own process; False keeps it in this one. `engine_address` attaches to an engine core
+    started on its own (`vllm-lite engine --address ...`); the model, tokenizer and max_model_len
+    left out are then the engine's.
     `shutdown()` stops a spawned engine core (so does garbage collection or interpreter exit)."""
 
     def __init__(self, model: str | None = None, *, multiprocess: bool | None = None,

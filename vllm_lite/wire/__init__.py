@@ -47,7 +47,8 @@ from vllm_lite.wire.worker import (
 
 __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
-    "OUTPUT_STRUCTS", "PAUSE_MODES", "REPETITION_STOP_REASON", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests", "EngineCoreOutputs",
+    "OUTPUT_STRUCTS", "PAUSE_MODES", "REPETITION_STOP_REASON", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests",
+    "EngineCoreOutputs",
     "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
     "UtilityResult", "split_token_columns", "CollectiveRpc", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Profile", "Shutdown", "WorkerReply",
