@@ -63,10 +63,11 @@ def test_embeds_generate_transformers_tokens_beside_token_prompts(embeds_llm, ti
 
 
 def test_a_batch_of_one_and_other_float_dtypes_are_taken(embeds_llm, tiny_llama: Path) -> None:
-    """vLLM's rules: [1, n, hidden] is squeezed; any floating dtype is cast to the model's."""
+    """vLLM's rules: [1, n, hidden] is squeezed; any floating dtype is cast to the model's; a
+    sparse COO tensor is made dense (its indices checked first)."""
     embeds = random_embeds((9,), width_of(tiny_llama), seed=1)[0]
     expected = hf_greedy_from_embeds(tiny_llama, [embeds], NEW_TOKENS)
-    for given in (embeds[None], embeds.double(), embeds.numpy()):
+    for given in (embeds[None], embeds.double(), embeds.numpy(), embeds.to_sparse()):
         assert generated(embeds_llm.generate({"prompt_embeds": given}, GREEDY, use_tqdm=False)) == expected
 
 
@@ -198,6 +199,10 @@ def test_spawned_engine_and_tensor_parallel(tiny_llama: Path, engine_args: dict)
     ({"prompt_embeds": torch.full((3, 64), float("nan"))}, GREEDY, "NaN or infinite"),
     ({"prompt_embeds": torch.full((3, 64), 1e39, dtype=torch.float64)}, GREEDY, "NaN or infinite"),
     ({"prompt_embeds": [[0.0] * 64]}, GREEDY, "must be a torch.Tensor, got list"),
+    ({"prompt_embeds": torch.sparse_coo_tensor(torch.tensor([[0, 100000], [0, 3]]), torch.ones(2), (4, 64),
+                                               check_invariants=False)}, GREEDY,
+     "malformed sparse tensor: .*found index 100000"),
+    ({"prompt_embeds": torch.zeros(3, 64).to_sparse_csr()}, GREEDY, "must be a dense or sparse COO tensor"),
     ({"prompt_embeds": torch.zeros(3, 64), "prompt_token_ids": [1, 2, 3]}, GREEDY, "takes no prompt_token_ids"),
     ({"prompt_embeds": torch.zeros(300, 64)}, GREEDY, "more than max_model_len=256"),
     ({"prompt_embeds": torch.zeros(3, 64)}, SamplingParams(max_tokens=2, prompt_logprobs=1),

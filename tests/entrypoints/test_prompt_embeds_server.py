@@ -100,6 +100,10 @@ def test_truncate_prompt_tokens_keeps_the_last_rows(server: LiveServer, tiny_lla
     ({"prompt_embeds": "not base64!"}, "prompt_embeds", "is not base64"),
     ({"prompt_embeds": base64.b64encode(b"no tensor here").decode()}, "prompt_embeds",
      "could not be deserialized as a torch tensor"),
+    # an index past the shape (to_dense would write out of bounds), refused as it is read
+    ({"prompt_embeds": encoded(torch.sparse_coo_tensor(torch.tensor([[0, 100000], [0, 3]]), torch.ones(2),
+                                                       (4, WIDTH), check_invariants=False))}, "prompt_embeds",
+     "could not be deserialized as a torch tensor: size is inconsistent with indices"),
     ({"prompt_embeds": encoded({"rows": torch.zeros(2, WIDTH)})}, "prompt_embeds",
      "must hold one torch tensor, got dict"),
     ({"prompt_embeds": encoded(torch.zeros(3, WIDTH + 1))}, "prompt_embeds",

@@ -266,8 +266,7 @@ def embeds_array(embeds: Any, model_config: ModelConfig) -> np.ndarray:
     if not isinstance(embeds, torch.Tensor):
         raise VLLMValidationError(f"prompt_embeds must be a torch.Tensor, got {type(embeds).__name__}",
                                   parameter="prompt_embeds")
-    if embeds.is_sparse:
-        embeds = embeds.to_dense()
+    embeds = dense_embeds(embeds)
     if embeds.dim() == 3 and embeds.shape[0] == 1:  # a batch of one
         embeds = embeds.squeeze(0)
     width = model_config.hf.inputs_embeds_size
@@ -288,6 +287,24 @@ def embeds_array(embeds: Any, model_config: ModelConfig) -> np.ndarray:
         raise VLLMValidationError("prompt_embeds holds NaN or infinite values (in the model's dtype "
                                   f"{model_config.dtype})", parameter="prompt_embeds")
     return embeds.float().numpy()
+
+
+def dense_embeds(embeds: Any) -> Any:
+    """A sparse COO tensor made dense once its indices are checked against its shape (an index out
+    of range would make `to_dense` write out of bounds); other sparse layouts are refused."""
+    import torch
+
+    if embeds.layout == torch.strided:
+        return embeds
+    if embeds.layout != torch.sparse_coo:
+        raise VLLMValidationError(f"prompt_embeds must be a dense or sparse COO tensor, got layout {embeds.layout}",
+                                  parameter="prompt_embeds")
+    try:
+        checked = torch.sparse_coo_tensor(embeds._indices(), embeds._values(), embeds.shape, check_invariants=True)
+    except RuntimeError as exc:
+        raise VLLMValidationError(f"prompt_embeds is a malformed sparse tensor: {exc}",
+                                  parameter="prompt_embeds") from None
+    return checked.to_dense()
 
 
 def refuse_with_prompt_embeds(params: SamplingParams) -> None:

@@ -254,7 +254,10 @@ def load_prompt_embeds(data: str) -> Any:
     except (binascii.Error, ValueError) as exc:
         raise RequestParamError("prompt_embeds", f"`prompt_embeds` is not base64: {exc}") from None
     try:
-        tensor = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        # (a sparse tensor's indices are checked against its shape as it is read: out of range, a
+        # later to_dense would write out of bounds)
+        with torch.sparse.check_sparse_tensor_invariants():
+            tensor = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # torch raises several types for bytes that are not a tensor file
