@@ -1,7 +1,7 @@
 """vLLM's development and RL routes (VLLM_SERVER_DEV_MODE=1), as an RL trainer drives a live
 server around a weight update: /pause, /collective_rpc (a `--worker-extension-cls` method loading
 the trainer's checkpoint), /reset_prefix_cache, /resume, then completions of the new weights;
-/sleep and /wake_up (level 1 releases the KV cache), /is_sleeping, /is_paused, /abort_requests,
+/sleep and /wake_up (level 1 releases the KV cache, level 2 the weights too), /is_sleeping, /is_paused, /abort_requests,
 /get_world_size. Bad arguments are a 400 naming them; without dev mode the routes do not exist."""
 
 from __future__ import annotations
@@ -74,6 +74,26 @@ def test_a_trainers_weight_update_over_http(server: LiveServer, tiny_llama: Path
         assert updated.json() == {"success": True, "new_version": "trained-1"}
         assert client.get("/weight_info").json() == {"weight_version": "trained-1"}
         assert client.post("/update_weight_version", json={"new_version": ""}).status_code == 400
+
+
+def test_a_level_2_sleep_and_a_trainers_checkpoint_over_http(server: LiveServer, tiny_llama: Path,
+                                                             trained: Path) -> None:
+    """The colocated cycle over HTTP: /sleep?level=2 lets the weights go, /wake_up?tags=weights
+    brings them back empty, waking the rest before they are loaded is a 400, then the trainer's
+    checkpoint loads and the server answers with its tokens (the original's again after)."""
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        for checkpoint in (trained, tiny_llama):
+            assert client.post("/sleep", params={"level": 2}).json() == {"status": "sleeping", "level": 2}
+            assert client.post("/collective_rpc", json={"method": "weight_elements"}).json() == {"results": ["0"]}
+            assert client.post("/wake_up", params={"tags": "weights"}).json() == {"status": "sleeping",
+                                                                                 "tags": ["weights"]}
+            early = client.post("/wake_up")
+            assert early.status_code == 400 and "have not been loaded since wake_up" in early.json()["error"]["message"]
+            loaded = client.post("/collective_rpc", json={"method": "load_checkpoint",
+                                                          "args": [str(checkpoint / "model.safetensors")]})
+            assert loaded.status_code == 200
+            assert client.post("/wake_up").json() == {"status": "awake", "tags": None}
+            assert completion_ids(client) == hf_greedy(checkpoint, [PROMPT], 8)[0]
 
 
 def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:
