@@ -110,7 +110,12 @@ class LauncherExecutor(UniProcExecutor):
     def __init__(self, vllm_config: VllmConfig) -> None:
         device = vllm_config.device_config.device
         tp, self.joined_world = join_launcher_group(vllm_config.parallel_config.tensor_parallel_size, device)
-        super().__init__(vllm_config, tp, int(os.environ.get("LOCAL_RANK", "0")))
+        try:
+            super().__init__(vllm_config, tp, int(os.environ.get("LOCAL_RANK", "0")))
+        except BaseException:
+            if self.joined_world:  # (a failed start leaves the world it joined)
+                dist.destroy_process_group()
+            raise
         self.tp = tp
 
     def determine_available_memory(self) -> int:
