@@ -12,6 +12,9 @@ from vllm_lite.core.thinking_budget import ThinkingBudgetState
 from vllm_lite.wire import REPETITION_STOP_REASON, EngineCoreRequest, FinishReason
 from vllm_lite.sampling_params import SamplingParams
 
+# Why a request stops: the reason and its stop_reason (a stop token id, REPETITION_STOP_REASON, None)
+StopReason = tuple[FinishReason, int | str | None]
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
@@ -188,7 +191,7 @@ class Request:
         self._num_computed_tokens = num_computed_tokens
         self._num_tokens_with_placeholders = num_tokens_with_placeholders
 
-    def check_stop(self, token_id: int, max_model_len: int) -> tuple[FinishReason, int | str | None] | None:
+    def check_stop(self, token_id: int, max_model_len: int) -> StopReason | None:
         """Why the request stops after `token_id` was appended, or None to go on.
         EOS and stop tokens count only once `min_tokens` outputs exist."""
         num_output = self.num_tokens - self.num_prompt_tokens

@@ -56,7 +56,7 @@ import numpy as np
 from vllm_lite.config import CacheConfig, SchedulerConfig, SpeculativeConfig, check_priority
 from vllm_lite.core.kv_cache_manager import KVCacheManager
 from vllm_lite.core.ngram_proposer import propose_ngram
-from vllm_lite.core.request import Request, RequestStatus
+from vllm_lite.core.request import Request, RequestStatus, StopReason
 from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm_lite.core.thinking_budget import forced_token_rows
 from vllm_lite.core.token_store import TokenStore
@@ -65,9 +65,6 @@ from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
 from vllm_lite.wire import LogprobsArrays
 
 logger = logging.getLogger(__name__)
-
-# Why a request stops: the reason and its stop_reason (a stop token id, REPETITION_STOP_REASON, None)
-StopReason = tuple[FinishReason, int | str | None]
 
 _NO_REQ_IDS: frozenset[str] = frozenset()
 # A step's row whose request holds no slot in the token store: freed since the step was

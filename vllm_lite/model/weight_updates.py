@@ -87,7 +87,7 @@ def discard_weights(model: nn.Module) -> None:
             raise ValueError(f"sleep(level=2): {type(module.packed_weight).__name__} layers are kept quantized; their "
                              "weights could not be loaded again")
     shapes = []
-    for param in _unique_parameters(model):
+    for param in model.parameters():  # (a tied head's weight once)
         if not param.is_meta:
             shapes.append((param, param.shape))
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
@@ -106,7 +106,7 @@ def restore_weights(model: nn.Module) -> None:
             meta = module.weight
             module.weight = nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
             module.weight.weight_loader = module.weight_loader
-    discarded.missing = {id(param) for param in _unique_parameters(model)}
+    discarded.missing = {id(param) for param in model.parameters()}
 
 
 def num_missing_weights(model: nn.Module) -> int:
@@ -127,10 +127,6 @@ def _count_restored(model: nn.Module, updated: set[int]) -> None:
         discarded.packed_layers.remove(module)
     if not discarded.missing:
         model.discarded_weights = None
-
-
-def _unique_parameters(model: nn.Module) -> list[nn.Parameter]:
-    return list(model.parameters())  # (a tied head's weight once)
 
 
 def update_module_parameters(module: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:

@@ -42,7 +42,7 @@ class PromptEmbeds:
             start = int(batch.num_computed_tokens[row])
             end = min(start + int(query_lens[k]), len(embeds))
             if start < end:
-                indices.append(np.arange(start, end) - start + int(query_starts[k]))
+                indices.append(np.arange(end - start) + int(query_starts[k]))
                 pieces.append(embeds[start:end])
             if end >= len(embeds):
                 del self.pending[req_id]
