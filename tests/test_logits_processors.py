@@ -119,8 +119,12 @@ def test_processors_that_cannot_run_are_refused_before_the_engine_starts(tiny_ll
 
 
 def test_processors_with_async_scheduling_or_pooling_are_refused(tiny_llama: Path) -> None:
-    with pytest.raises(ValueError, match="pass async_scheduling=False"):
+    with pytest.raises(ValueError, match="logits_processors with async_scheduling=True is not implemented"):
         EngineArgs(model=str(tiny_llama), logits_processors=[ForcedToken], async_scheduling=True).create_engine_config()
+    # unset, async scheduling is off with processors where it would be on (a CUDA device's default)
+    assert EngineArgs(model=str(tiny_llama), device="cuda").create_engine_config().scheduler_config.async_scheduling
+    config = EngineArgs(model=str(tiny_llama), logits_processors=[ForcedToken], device="cuda").create_engine_config()
+    assert config.scheduler_config.async_scheduling is False
     with pytest.raises(ValueError, match="Pooling models do not support custom logits processors"):
         EngineArgs(model=str(tiny_llama), logits_processors=[ForcedToken], runner="pooling").create_engine_config()
 

@@ -36,6 +36,7 @@ def test_greedy_matches_transformers(name: str, tiny_models: dict[str, Path],
     assert_no_leaked_blocks(llm)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="matmul buckets are the CPU model runner's")
 @pytest.mark.parametrize("name, padded", [("tiny_qwen3", True), ("tiny_qwen3_moe", False)])
 def test_steps_padded_to_a_matmul_bucket_keep_parity(name: str, padded: bool, request: pytest.FixtureRequest,
                                                      prompts_token_ids: list[list[int]],

@@ -145,6 +145,8 @@ def test_greedy_tokens_under_every_schedule(cycling_model: Path, greedy_referenc
                                             engine_args: dict) -> None:
     engine_args = dict(engine_args)
     reference_dtype = engine_args.pop("reference_dtype", None)
+    if reference_dtype is not None and torch.cuda.is_available():
+        pytest.skip("bf16 on CUDA: cuBLAS rounds a drafted step's several rows otherwise than one decode row")
     prompts, max_tokens = (PROMPTS[:2], 50) if engine_args.pop("shorter", False) else (PROMPTS, 100)  # (Triton's interpreter)
     llm = make_llm(cycling_model, **engine_args)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)

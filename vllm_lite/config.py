@@ -871,13 +871,17 @@ class EngineArgs:
             lora_config=self._lora_config(model_config),
             profiler_config=profiler_config(self.profiler_config, device),
         )
-        self._check_logits_processors(config)
+        if config.model_config.logits_processors:
+            self._check_logits_processors(config)
+            config = dataclasses.replace(config, scheduler_config=self._without_async_scheduling(
+                config.scheduler_config, "logits_processors", "a processor sees each step's batch after the last "
+                "step's tokens"))
         if self.speculative_config is not None:
             spec = speculative_config(self.speculative_config)
             if spec.uses_draft_model:
                 spec = dataclasses.replace(spec, draft_model_config=self._draft_model_config(spec, model_config, device))
-            config = dataclasses.replace(config, speculative_config=spec,
-                                         scheduler_config=self._without_async_scheduling(config.scheduler_config))
+            config = dataclasses.replace(config, speculative_config=spec, scheduler_config=self._without_async_scheduling(
+                config.scheduler_config, "speculative_config", "a step's drafts come from the last step's tokens"))
             check_speculative_decoding(config)
         return config
 
@@ -904,12 +908,13 @@ class EngineArgs:
         check_tensor_parallel_split(draft.hf, self.tensor_parallel_size)  # (the draft is split as the model is)
         return draft
 
-    def _without_async_scheduling(self, scheduler_config: SchedulerConfig) -> SchedulerConfig:
-        """Speculative decoding schedules a request's drafts from its tokens, which must all be
-        known: its steps run in order. Unset async_scheduling then means off (a choice of speed
-        only); asking for it is refused."""
-        _check(self.async_scheduling is not True, "speculative_config with async_scheduling=True is not "
-               "implemented here (a step's drafts come from the last step's tokens); leave async_scheduling unset")
+    def _without_async_scheduling(self, scheduler_config: SchedulerConfig, feature: str, why: str) -> SchedulerConfig:
+        """Features that need each step's tokens known before the next step is scheduled
+        (speculative decoding's drafts, custom logits processors' output lists): their steps run
+        in order. Unset async_scheduling then means off (a choice of speed only); asking for it
+        is refused."""
+        _check(self.async_scheduling is not True, f"{feature} with async_scheduling=True is not implemented here "
+               f"({why}); leave async_scheduling unset or pass async_scheduling=False")
         return dataclasses.replace(scheduler_config, async_scheduling=False)
 
     def _logits_processors(self) -> tuple[str, ...]:
@@ -919,15 +924,11 @@ class EngineArgs:
         load_logits_processors(names)
         return names
 
-    def _check_logits_processors(self, config: VllmConfig) -> None:
-        """Where custom logits processors run here: the generate runner, on CPU, steps in order."""
-        if not config.model_config.logits_processors:
-            return
+    @staticmethod
+    def _check_logits_processors(config: VllmConfig) -> None:
+        """Custom logits processors run in the generate runner (their steps in order: the caller
+        turns async scheduling off)."""
         _check(config.model_config.pooler is None, "Pooling models do not support custom logits processors.")
-        _check(config.device_config.device == "cpu", "logits_processors run on CPU only here (a CUDA step is "
-               "launched before the last one's tokens are known, which a processor's output lists need)")
-        _check(not config.scheduler_config.async_scheduling, "logits_processors with async_scheduling: a "
-               "processor sees each step's batch after the last step's tokens; pass async_scheduling=False")
 
     def _lora_config(self, model_config: ModelConfig) -> LoRAConfig | None:
         """vLLM's LoRA settings, checked as vLLM checks them; None without enable_lora (then every

@@ -11,10 +11,13 @@ def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     allocator: no allocation per step once warm, and the block is not reused before the copy has
     run), so it is asynchronous; from numpy's pageable memory the driver would stage it and the
     host would wait. On CPU the result shares the array's memory."""
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
+    if device.type != "cuda":
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+    # Copied into the pinned block through numpy, not through `torch.from_numpy(array)`: arrays
+    # decoded off the wire are read-only, which torch.from_numpy warns about.
+    pinned = torch.empty(array.shape, dtype=torch.from_numpy(np.empty(0, array.dtype)).dtype, pin_memory=True)
+    pinned.numpy()[...] = array
+    return pinned.to(device, non_blocking=True)
 
 
 class StepInputTensors:

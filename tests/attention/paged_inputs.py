@@ -90,8 +90,9 @@ def make_paged_batch(specs: list[tuple[int, int]], num_q_heads: int, num_kv_head
     )
 
 
-def reference_forward(batch: PagedBatch, sliding_window: int | None = None,
-                      logits_soft_cap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_forward(batch: PagedBatch, sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                      alibi_slopes: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, cache after the write) from the torch reference backend, on a copy of the cache.
     Padded tokens (slot -1) are dropped first: the reference does not take them."""
     from vllm_lite.attention.torch_backend import TorchAttentionBackend
@@ -109,5 +110,5 @@ def reference_forward(batch: PagedBatch, sliding_window: int | None = None,
     backend = TorchAttentionBackend()
     cache = batch.kv_cache.clone()
     out = backend.forward(batch.query[:n], batch.key[:n], batch.value[:n], cache,
-                          backend.build(trimmed), batch.scale, sliding_window, logits_soft_cap)
+                          backend.build(trimmed), batch.scale, sliding_window, logits_soft_cap, alibi_slopes, sinks)
     return out, cache

@@ -116,3 +116,40 @@ def test_padded_decode_batch_like_cuda_graph_replay():
     assert torch.equal(cache, ref_cache)
     assert _max_err(out[:n], ref_out) <= ATOL
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+
+
+@pytest.mark.parametrize("specs", [MIXED, DECODES], ids=["mixed", "decode_split_kv"])
+# (not ALiBi with sinks: no model has both, and the kernel's relative ALiBi form leaves out a
+# per-row constant that only a softmax without a sink drops)
+@pytest.mark.parametrize("terms", ["alibi", "sinks", "alibi+window", "sinks+window"])
+def test_alibi_slopes_and_attention_sinks(specs, terms):
+    """Bloom's / MPT's ALiBi slopes and gpt-oss's sinks as the torch reference applies them, in
+    the unified kernel and the split-KV one (whose segments must count each sink once), beside
+    CUDA-graph padding rows, which stay zeros."""
+    from vllm_lite.model.models.bloom import alibi_slopes
+
+    num_q_heads = 6
+    batch = make_paged_batch(specs, num_q_heads, 2, 16, block_size=4, seed=11, num_padded=2, device=TRITON_DEVICE)
+    gen = torch.Generator().manual_seed(5)
+    slopes = alibi_slopes(num_q_heads).to(TRITON_DEVICE) if "alibi" in terms else None
+    sinks = (2 * torch.randn(num_q_heads, generator=gen)).to(TRITON_DEVICE) if "sinks" in terms else None
+    window = 5 if "window" in terms else None
+    ref_out, ref_cache = reference_forward(batch, window, None, slopes, sinks)
+    assert _max_err(ref_out, reference_forward(batch, window)[0]) > 1e-2  # the terms matter here
+    backend = TritonAttentionBackend()
+    cache = batch.kv_cache.clone()
+    out = backend.forward(batch.query, batch.key, batch.value, cache, backend.build(batch.common), batch.scale,
+                          window, None, slopes, sinks)
+    n = ref_out.shape[0]
+    assert torch.equal(cache, ref_cache)
+    assert _max_err(out[:n], ref_out) <= ATOL
+    assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+
+
+def test_head_terms_of_another_shape_or_device_are_refused():
+    batch = make_paged_batch(DECODES, 4, 2, 16, block_size=4, device=TRITON_DEVICE)
+    common = batch.common
+    out = torch.empty_like(batch.query)
+    with pytest.raises(ValueError, match=r"sinks: one float per query head .* \[4\]"):
+        unified_attention(out, batch.query, batch.kv_cache, common.block_table, common.seq_lens,
+                          common.query_start_loc, batch.scale, sinks=torch.zeros(3, device=TRITON_DEVICE))

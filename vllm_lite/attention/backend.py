@@ -41,10 +41,6 @@ class AttentionBackend(ABC):
     # CPU model runner pads a step to a matmul bucket size (worker/model_runner.py); the rows past
     # the step's tokens are attended by nobody (zeros out) and write no cache.
     takes_padded_rows: bool = False
-    # Whether `forward` takes ALiBi slopes (Bloom's position biases): the torch paths do
-    supports_alibi: bool = False
-    # Whether `forward` takes attention sinks: the torch paths do
-    supports_sinks: bool = False
 
     @abstractmethod
     def build(self, common: CommonAttentionMetadata) -> Any:

@@ -105,8 +105,6 @@ class PrefillTables:
 class CpuNativeAttentionBackend(AttentionBackend):
     name = "cpu_native"
     takes_padded_rows = True
-    supports_alibi = True  # (on the torch paths)
-    supports_sinks = True  # (likewise)
 
     def __init__(self) -> None:
         if not cpu_native.is_available():

@@ -71,8 +71,6 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     takes_padded_rows = True
-    supports_alibi = True
-    supports_sinks = True
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         bs = common.block_size

@@ -46,15 +46,14 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale,
                 sliding_window=None, logits_soft_cap=None, alibi_slopes=None, sinks=None):
-        if alibi_slopes is not None or sinks is not None:  # (supports_alibi / _sinks False: refused first)
-            raise ValueError("the Triton attention backend has no ALiBi and no attention sinks")
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         args = (out, query, kv_cache, metadata.block_table, metadata.seq_lens,
                 metadata.query_start_loc, scale)
+        terms = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
+                     sinks=sinks)
         if metadata.max_query_len == 1 and metadata.num_seqs * kv_cache.shape[3] < SPLIT_KV_MAX_PROGRAMS:
-            split_kv_attention(*args, num_segments=NUM_SEGMENTS, sliding_window=sliding_window,
-                               logits_soft_cap=logits_soft_cap)
+            split_kv_attention(*args, num_segments=NUM_SEGMENTS, **terms)
         else:
-            unified_attention(*args, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+            unified_attention(*args, **terms)
         return out

@@ -17,6 +17,13 @@ a GPU): a third grid axis cuts each sequence's tiles into NUM_SEGMENTS segments;
 partial (acc, m, l) and a reduce kernel merges them:
 `out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s` with `M = max_s m_s`.
 
+ALiBi (Bloom, MPT): each score gains `slope[head] * (key_pos - query_pos)`, the torch
+reference's `slope * key_pos` less a per-row constant, which the softmax drops (the relative form
+keeps the biases small in fp32 at long contexts; with a sink the constant would count, but no
+model has both). Attention sinks (gpt-oss): a head's sink logit
+joins each row's softmax denominator and attends to no value: the online softmax starts from
+m = sink, l = 1 (in the split-KV variant segment 0 alone starts so, to count the sink once).
+
 Rows with no visible key (a padded CUDA-graph row has seq_len 0) come out as zeros, never NaN.
 """
 
@@ -43,13 +50,14 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
 
 @triton.jit
 def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
-                  tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
+                  tile_begin, tile_end, seq_len, query_pos, scale, window, softcap, alibi_slope,
                   stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                  TILE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  TILE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_ALIBI: tl.constexpr):
     """Online softmax over key tiles [tile_begin, tile_end) of one sequence and one KV head;
     window > 0 hides keys more than window - 1 positions before each query; softcap > 0 maps
-    scores to softcap * tanh(score / softcap)."""
+    scores to softcap * tanh(score / softcap); with USE_ALIBI each row's scores gain its slope
+    times the key's distance from the query."""
     offs_t = tl.arange(0, TILE_SIZE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_valid = offs_d < HEAD_DIM
@@ -66,6 +74,8 @@ def _attend_tiles(acc, m_i, l_i, q, cache_ptr, block_table_row_ptr, kv_head,
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * scale  # [M, TILE] fp32
         if softcap > 0:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # tanh
+        if USE_ALIBI:
+            s += alibi_slope[:, None] * (key_pos[None, :] - query_pos[:, None]).to(tl.float32)
         visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
         if window > 0:
             visible = visible & (key_pos[None, :] > query_pos[:, None] - window)
@@ -117,14 +127,31 @@ def _first_tile(first_query_pos, window, TILE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def _row_terms(alibi_ptr, sinks_ptr, head, row_valid, sink_rows,
+               BLOCK_M: tl.constexpr, USE_ALIBI: tl.constexpr, USE_SINKS: tl.constexpr):
+    """Each row's ALiBi slope (0 without ALiBi) and its online softmax's start (m, l): (-inf, 0),
+    or with sinks in `sink_rows` (sink, 1), the sink's own term of the denominator."""
+    slope = tl.zeros([BLOCK_M], tl.float32)
+    if USE_ALIBI:
+        slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=sink_rows, other=float("-inf"))
+        m_i = tl.where(sink_rows, sink, m_i)
+        l_i = tl.where(sink_rows, 1.0, l_i)
+    return slope, m_i, l_i
+
+
+@triton.jit
 def _unified_attention_kernel(
-    out_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr, alibi_ptr, sinks_ptr,
     scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_Q: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_ALIBI: tl.constexpr, USE_SINKS: tl.constexpr,
 ):
     is_empty, seq, q, token, head, row_valid, query_pos, seq_len, num_keys = _query_block(
         q_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs, stride_q_t, stride_q_h,
@@ -132,14 +159,13 @@ def _unified_attention_kernel(
     if is_empty:
         return
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    slope, m_i, l_i = _row_terms(alibi_ptr, sinks_ptr, head, row_valid, row_valid, BLOCK_M, USE_ALIBI, USE_SINKS)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
         _first_tile(tl.min(tl.where(row_valid, query_pos, seq_len), axis=0), window, TILE_SIZE),
-        tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale, window, softcap,
+        tl.cdiv(num_keys, TILE_SIZE), seq_len, query_pos, scale, window, softcap, slope,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, USE_ALIBI)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     tl.store(out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
@@ -149,13 +175,13 @@ def _unified_attention_kernel(
 @triton.jit
 def _split_kv_attention_kernel(
     segm_out_ptr, segm_max_ptr, segm_sum_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr,
-    query_start_loc_ptr, scale, num_seqs, window, softcap,
+    query_start_loc_ptr, alibi_ptr, sinks_ptr, scale, num_seqs, window, softcap,
     stride_q_t, stride_q_h, stride_bt,
     stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
     NUM_Q_HEADS: tl.constexpr, NUM_QUERIES_PER_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_ALIBI: tl.constexpr, USE_SINKS: tl.constexpr,
 ):
     is_empty, seq, q, token, head, row_valid, query_pos, seq_len, num_keys = _query_block(
         q_ptr, query_start_loc_ptr, seq_lens_ptr, num_seqs, stride_q_t, stride_q_h,
@@ -169,13 +195,12 @@ def _split_kv_attention_kernel(
     tile_begin = first_tile + segment * tiles_per_segment
     tile_end = tl.minimum(tile_begin + tiles_per_segment, first_tile + num_tiles)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    slope, m_i, l_i = _row_terms(alibi_ptr, sinks_ptr, head, row_valid, row_valid & (tl.zeros([BLOCK_M], tl.int32) + segment == 0), BLOCK_M, USE_ALIBI, USE_SINKS)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
-        tile_begin, tile_end, seq_len, query_pos, scale, window, softcap,
+        tile_begin, tile_end, seq_len, query_pos, scale, window, softcap, slope,
         stride_c_blk, stride_c_kv, stride_c_off, stride_c_h,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION)
+        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_SIZE, DOT_PRECISION, USE_ALIBI)
     # Partials: [T, NUM_Q_HEADS, NUM_SEGMENTS] (+ HEAD_DIM_PAD for acc), every entry written.
     part = (token * NUM_Q_HEADS + head) * NUM_SEGMENTS + segment
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -226,24 +251,40 @@ def _check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torc
         raise ValueError("query, kv_cache and block_table need a contiguous last dimension")
 
 
+def _head_terms(query: torch.Tensor, alibi_slopes: torch.Tensor | None, sinks: torch.Tensor | None) -> dict:
+    """The per-head ALiBi slopes and sink logits as the kernels take them: float32 [Hq] on the
+    query's device (absent ones: the query itself, never read, with the flag off)."""
+    terms = {}
+    for name, values in (("alibi", alibi_slopes), ("sinks", sinks)):
+        if values is not None and (values.shape != (query.shape[1],) or values.device != query.device):
+            raise ValueError(f"{name}: one float per query head on the query's device, [{query.shape[1]}] on "
+                             f"{query.device}; got {list(values.shape)} on {values.device}")
+        terms[f"{name}_ptr"] = query if values is None else values.float().contiguous()
+        terms[f"USE_{name.upper()}"] = values is not None
+    return terms
+
+
 def unified_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
                       block_table: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, scale: float, tile_size: int = 32,
-                      sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
+                      sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                      alibi_slopes: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> None:
     """query/out `[T, Hq, D]`, kv_cache `[num_blocks, 2, block_size, Hkv, D]`, block_table int32
     `[num_seqs, max_blocks]`, seq_lens int32 `[num_seqs]` (context + new tokens),
     query_start_loc int32 `[num_seqs + 1]`. Writes `out` in place; no host synchronization.
-    `sliding_window` W: each query sees its last W keys (itself included) only."""
+    `sliding_window` W: each query sees its last W keys (itself included) only. `alibi_slopes`,
+    `sinks`: float32 `[Hq]` on the query's device (AttentionBackend.forward's meaning)."""
     _check_inputs(query, kv_cache, block_table)
     params = _shape_params(query, kv_cache)
     num_seqs = seq_lens.shape[0]
     grid = (query.shape[0] // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3])
     _unified_attention_kernel[grid](
-        out, query, kv_cache, block_table, seq_lens, query_start_loc, scale, num_seqs, sliding_window or 0,
-        float(logits_soft_cap or 0.0),
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        TILE_SIZE=tile_size, **params,
+        out, query, kv_cache, block_table, seq_lens, query_start_loc, scale=scale, num_seqs=num_seqs,
+        window=sliding_window or 0, softcap=float(logits_soft_cap or 0.0),
+        stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+        stride_bt=block_table.stride(0), stride_c_blk=kv_cache.stride(0), stride_c_kv=kv_cache.stride(1),
+        stride_c_off=kv_cache.stride(2), stride_c_h=kv_cache.stride(3),
+        TILE_SIZE=tile_size, **params, **_head_terms(query, alibi_slopes, sinks),
     )
 
 
@@ -251,7 +292,8 @@ def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.T
                        block_table: torch.Tensor, seq_lens: torch.Tensor,
                        query_start_loc: torch.Tensor, scale: float, num_segments: int = 16,
                        tile_size: int = 16, sliding_window: int | None = None,
-                       logits_soft_cap: float | None = None) -> None:
+                       logits_soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+                       sinks: torch.Tensor | None = None) -> None:
     """Same contract as `unified_attention`; meant for decode batches with few sequences.
     `num_segments` must be a power of two."""
     _check_inputs(query, kv_cache, block_table)
@@ -267,9 +309,11 @@ def split_kv_attention(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.T
     grid = (num_tokens // params["BLOCK_Q"] + num_seqs, kv_cache.shape[3], num_segments)
     _split_kv_attention_kernel[grid](
         segm_out, segm_max, segm_sum, query, kv_cache, block_table, seq_lens, query_start_loc,
-        scale, num_seqs, sliding_window or 0, float(logits_soft_cap or 0.0), query.stride(0), query.stride(1), block_table.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        NUM_Q_HEADS=num_q_heads, TILE_SIZE=tile_size, NUM_SEGMENTS=num_segments, **params,
+        scale=scale, num_seqs=num_seqs, window=sliding_window or 0, softcap=float(logits_soft_cap or 0.0),
+        stride_q_t=query.stride(0), stride_q_h=query.stride(1), stride_bt=block_table.stride(0),
+        stride_c_blk=kv_cache.stride(0), stride_c_kv=kv_cache.stride(1), stride_c_off=kv_cache.stride(2),
+        stride_c_h=kv_cache.stride(3), NUM_Q_HEADS=num_q_heads, TILE_SIZE=tile_size, NUM_SEGMENTS=num_segments,
+        **params, **_head_terms(query, alibi_slopes, sinks),
     )
     _reduce_segments_kernel[(num_tokens, num_q_heads)](
         out, segm_out, segm_max, segm_sum, out.stride(0), out.stride(1),

@@ -14,8 +14,7 @@ class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: AttentionBackend,
                  sliding_window: int | None = None, scale: float | None = None,
                  logits_soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None) -> None:
-        """`alibi_slopes`: this rank's heads' ALiBi slopes (float32 [num_heads]), for backends that
-        take them (the torch paths; the Triton backend refuses)."""
+        """`alibi_slopes`: this rank's heads' ALiBi slopes (float32 [num_heads])."""
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -24,9 +23,8 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window  # keys a query sees, itself included; None = all
         self.logits_soft_cap = logits_soft_cap
         self.backend = backend
-        if alibi_slopes is not None and not backend.supports_alibi:
-            raise ValueError(f"ALiBi attention runs on the CPU backends only (this one is {backend.name!r})")
-        # (a plain attribute, not a buffer: it stays float32 when the model is cast; CPU only)
+        # A plain attribute, not a buffer, so it stays float32 when the model is cast; it follows
+        # the model to its device at the first forward (`model.to(device)` moves buffers only).
         self.alibi_slopes = None if alibi_slopes is None else alibi_slopes.float()
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -35,6 +33,8 @@ class Attention(nn.Module):
             out = self.backend.forward(query, key, value, kv_cache, attn_metadata, self.scale,
                                        self.sliding_window, self.logits_soft_cap)
         else:
+            if self.alibi_slopes.device != query.device:
+                self.alibi_slopes = self.alibi_slopes.to(query.device)
             out = self.backend.forward(query, key, value, kv_cache, attn_metadata, self.scale,
                                        self.sliding_window, self.logits_soft_cap, self.alibi_slopes)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

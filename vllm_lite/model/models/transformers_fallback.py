@@ -46,7 +46,7 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     if probe is not None:
         causal = kwargs.get("is_causal") is not False and getattr(module, "is_causal", True) is not False
         probe.append(AttentionShape(key.shape[1], key.shape[-1], value.shape[-1], causal,
-                                    getattr(module, "layer_idx", None), kwargs.get("s_aux") is not None))
+                                    getattr(module, "layer_idx", None)))
         return query.new_zeros(1, query.shape[2], query.shape[1], value.shape[-1]), None
     if "vllm_lite_kv_caches" not in kwargs:
         raise ValueError(f"model_impl='transformers': {type(module).__name__} does not hand its model's keyword "
@@ -184,7 +184,6 @@ class AttentionShape:
     value_dim: int
     causal: bool = True  # False: bidirectional (an encoder's, BERT-style models' without is_decoder)
     layer_idx: int | None = None  # the cache layer it reads and writes
-    sinks: bool = False  # it has attention sinks (gpt-oss)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +204,11 @@ class _LayersView:
 
 
 class TransformersForCausalLM(nn.Module):
+    # Transformers' modelling code is not written for CUDA graph capture: some families make host
+    # tensors inside forward (Gemma 3n's AltUp epsilon; the grouped-mm experts of gpt-oss, OLMoE,
+    # DeepSeek copy group sizes), which capture refuses. Its decode steps run eagerly on CUDA.
+    cuda_graph_capturable = False
+
     def __init__(self, config: HFModelConfig, model_dir: Path, backend: AttentionBackend,
                  tp: TensorParallelGroup = SINGLE_RANK, hf_overrides: dict[str, Any] | None = None,
                  dummy_weights: bool = False, dtype: torch.dtype = torch.float32) -> None:
@@ -283,9 +287,6 @@ class TransformersForCausalLM(nn.Module):
                              f"{config.num_hidden_layers} layers, not once per cache layer (e.g. differential "
                              "attention's two maps, or a layer run again in recurrent-depth cycles); the paged KV "
                              "cache holds one key and value per layer, so it cannot run here")
-        if any(shape.sinks for shape in shapes) and not self.backend.supports_sinks:
-            raise ValueError(f"model_impl='transformers': {config.architecture} has attention sinks, which the "
-                             f"{self.backend.name} attention backend does not implement (the CPU backends do)")
         if not all(shape.causal for shape in shapes):
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention is bidirectional (an "
                              "encoder's: a BERT-style model whose config.json leaves is_decoder false), which a "
