@@ -137,12 +137,33 @@ def test_level_2_lets_the_weights_go_and_a_trainer_loads_new_ones(tiny_llama: Pa
         assert all(elements > 0 for elements in llm.collective_rpc("weight_elements"))
         llm.collective_rpc("update_weight", args=("model.norm.weight", load_file(other_llama / "model.safetensors")
                                                   ["model.norm.weight"]))
-        with pytest.raises(RuntimeError, match="have not been loaded since wake_up"):
+        with pytest.raises(RuntimeError, match="have not been loaded whole since wake_up"):
             llm.wake_up(["kv_cache"])
         with pytest.raises(RuntimeError, match="the engine is asleep"):
             llm.generate(prompts(), GREEDY, use_tqdm=False)
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(other_llama)})
         assert llm.wake_up() is True and not llm.llm_engine.is_sleeping()
+        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+    finally:
+        llm.shutdown()
+
+
+def test_level_2_counts_a_fused_layer_loaded_only_when_every_shard_is(tiny_llama: Path, other_llama: Path) -> None:
+    """q, k and v load into one fused parameter (gate and up likewise): a trainer's checkpoint
+    without k_proj leaves that layer's key rows unloaded, so the engine must not resume; the
+    missing shard then makes it whole (and packed again)."""
+    checkpoint = load_file(other_llama / "model.safetensors")
+    missing_shard = "model.layers.0.self_attn.k_proj.weight"
+    llm = make_llm(tiny_llama, worker_extension_cls=EXTENSION)
+    try:
+        llm.sleep(level=2)
+        llm.wake_up(["weights"])
+        llm.collective_rpc("update_weights", args=({k: v for k, v in checkpoint.items() if k != missing_shard},))
+        with pytest.raises(RuntimeError, match=r"1 parameters \(over the ranks\) have not been loaded whole"):
+            llm.wake_up(["kv_cache"])
+        llm.collective_rpc("update_weight", args=(missing_shard, checkpoint[missing_shard]))
+        assert llm.wake_up() is True
         outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
         assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
     finally:

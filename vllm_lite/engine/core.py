@@ -153,7 +153,7 @@ class EngineCore:
         self.kv_cache_released = False
         self.discard_weights_when_drained = False  # a level-2 sleep waiting for its requests to finish
         self.weights_discarded = False  # level 2: the weights let go, until wake_up(["weights"])
-        self.weights_to_load = False  # woken weights (zeros) a trainer has still to load
+        self.weights_to_load = False  # woken weights (NaN) a trainer has still to load
         self.weight_version = "default"  # vLLM's label of the weights, on every step's outputs
 
     def _kv_cache_blocks(self) -> int:
@@ -274,7 +274,8 @@ class EngineCore:
             missing = sum(self.executor.collective_rpc(RpcCall("num_missing_weights")))
             if missing:
                 raise RuntimeError(f"sleep(level=2) let the weights go and {missing} parameters (over the ranks) have "
-                                   "not been loaded since wake_up(['weights']): load them (model.load_weights through "
+                                   "not been loaded whole since wake_up(['weights']) (each shard of a fused layer "
+                                   "counts: q, k and v, gate and up): load them (model.load_weights through "
                                    "collective_rpc, or collective_rpc('reload_weights')) before the engine resumes")
             self.weights_to_load = False
         self.resume()

@@ -38,7 +38,7 @@ def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[
     modules = dict(model.named_modules())
     tied = getattr(config, "tie_word_embeddings", False)
     unpacked: list[nn.Module] = []
-    updated: set[int] = set()
+    updated: dict[int, nn.Parameter] = {}
     loaded: set[str] = set()
     try:
         for name, weight in split_fused(_tensors(weights), getattr(model, "split_checkpoint_tensor", None)):
@@ -59,7 +59,7 @@ def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[
                 param.data.copy_(materialize(weight))
             else:
                 loader(param, weight, shard_id) if shard_id is not None else loader(param, weight)
-            updated.add(id(param))
+            updated[id(param)] = param
             loaded.add(target)
     finally:  # (a failed update still leaves every layer packed and usable)
         _repack(model, unpacked, updated)
@@ -75,7 +75,7 @@ class DiscardedWeights:
 
     shapes: list[tuple[nn.Parameter, torch.Size]]
     packed_layers: list[nn.Module]
-    missing: set[int] = field(default_factory=set)  # ids of the parameters not loaded since the wake
+    missing: set[int] = field(default_factory=set)  # ids of the parameters not loaded whole since the wake
 
 
 def discard_weights(model: nn.Module) -> None:
@@ -97,32 +97,37 @@ def discard_weights(model: nn.Module) -> None:
 
 
 def restore_weights(model: nn.Module) -> None:
-    """The discarded parameters back, zeroed, their layers unpacked: each is to be loaded."""
+    """The discarded parameters back, their layers unpacked: each is to be loaded. They are made
+    NaN, not zeros, so that a parameter counts as loaded only once every element was written: a
+    fused layer (q, k and v in one) loads shard by shard, and a checkpoint without one of them
+    must not pass."""
     discarded = model.discarded_weights
     for param, shape in discarded.shapes:
-        param.data = torch.zeros(shape, dtype=param.dtype, device=param.device)
+        param.data = torch.full(shape, float("nan"), dtype=param.dtype, device=param.device)
     for module in discarded.packed_layers:
         if module.weight.is_meta:  # (a tied head's weight is the embedding's, restored above)
             meta = module.weight
-            module.weight = nn.Parameter(torch.zeros(meta.shape, dtype=meta.dtype), requires_grad=False)
+            module.weight = nn.Parameter(torch.full(meta.shape, float("nan"), dtype=meta.dtype), requires_grad=False)
             module.weight.weight_loader = module.weight_loader
     discarded.missing = {id(param) for param in model.parameters()}
 
 
 def num_missing_weights(model: nn.Module) -> int:
-    """Parameters not loaded since `restore_weights` (0 when nothing was discarded)."""
+    """Parameters not loaded whole since `restore_weights` (0 when nothing was discarded)."""
     discarded = getattr(model, "discarded_weights", None)
     return 0 if discarded is None else len(discarded.missing)
 
 
-def _count_restored(model: nn.Module, updated: set[int]) -> None:
-    """After a load: the parameters loaded are no longer missing; a layer that was packed is
-    packed again once its weight is back; nothing missing, the model is whole again."""
+def _count_restored(model: nn.Module, updated: dict[int, nn.Parameter]) -> None:
+    """After a load: the parameters loaded whole (no NaN of `restore_weights` left) are no longer
+    missing; a layer that was packed is packed again once its weight is whole; nothing missing,
+    the model is whole again. (Runs only after a level-2 sleep: other loads skip the scan.)"""
     discarded = getattr(model, "discarded_weights", None)
     if discarded is None or not discarded.missing:
         return
-    discarded.missing -= updated
-    for module in [m for m in discarded.packed_layers if id(m.weight) in updated]:
+    whole = {key for key, param in updated.items() if key in discarded.missing and not param.isnan().any()}
+    discarded.missing -= whole
+    for module in [m for m in discarded.packed_layers if id(m.weight) in whole]:
         module.process_weights_after_loading()
         discarded.packed_layers.remove(module)
     if not discarded.missing:
@@ -187,7 +192,7 @@ def _check_shape(name: str, weight: torch.Tensor, param: nn.Parameter) -> None:
                          f"parameter it loads into ({tuple(param.shape)} on this rank)")
 
 
-def _repack(model: nn.Module, unpacked: list[nn.Module], updated: set[int]) -> None:
+def _repack(model: nn.Module, unpacked: list[nn.Module], updated: dict[int, nn.Parameter]) -> None:
     """Pack again every layer unpacked here, and every packed layer whose weight was updated in
     place (a tied LM head: the embedding's weight is its own)."""
     for module in model.modules():

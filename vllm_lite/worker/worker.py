@@ -92,7 +92,7 @@ class Worker:
         return_freed_memory()
 
     def restore_weights(self) -> None:
-        """wake_up(["weights"]) after level 2: the weights back, zeroed, for a trainer to load."""
+        """wake_up(["weights"]) after level 2: the weights back (NaN until loaded) for a trainer to load."""
         restore_weights(self.get_model())
 
     def num_missing_weights(self) -> int:
