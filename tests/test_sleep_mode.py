@@ -170,6 +170,23 @@ def test_level_2_counts_a_fused_layer_loaded_only_when_every_shard_is(tiny_llama
         llm.shutdown()
 
 
+def test_level_2_on_ranks_whose_vocabulary_shard_has_padding_rows(tmp_path: Path) -> None:
+    """A vocabulary of 1,001 over two ranks: the last rank's embedding and head shards have a row
+    no checkpoint tensor fills. Loading the checkpoint again must count them whole."""
+    model = build_tiny_model(tmp_path / "odd_vocab", "llama", tie_word_embeddings=False, seed=3,
+                             extra_config={"vocab_size": 1001})
+    llm = make_llm(model, multiprocess=True, tensor_parallel_size=2)
+    try:
+        llm.sleep(level=2)
+        llm.wake_up(["weights"])
+        llm.collective_rpc("reload_weights")
+        assert llm.wake_up() is True
+        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(model, PROMPTS, NUM_TOKENS)
+    finally:
+        llm.shutdown()
+
+
 def test_level_2_with_a_tied_head_repacks_it(tiny_llama_tied: Path) -> None:
     """The LM head shares the embedding's weight, packed for the CPU matmul on its own: both are
     back after the load."""

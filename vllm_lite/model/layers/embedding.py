@@ -31,6 +31,7 @@ class VocabParallelEmbedding(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: Any = None) -> None:
         rows = self.vocab_end - self.vocab_start
         param.data[:rows].copy_(materialize(narrow_loaded(loaded, 0, self.vocab_start, rows)))
+        param.data[rows:].zero_()  # (the last rank's padding rows when the vocabulary does not split evenly)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         gguf_weight = gguf_weight_of(self.weight)
