@@ -317,3 +317,25 @@ def test_the_quantization_argument_and_a_missing_part(tiny_llama: Path, tmp_path
     with pytest.raises(ValueError, match="quantization='gptq': the checkpoint is quantized already"):
         make_llm(quantized, device="cpu", quantization="gptq")
     assert_refused_without(quantized, "down_proj.qzeros", r"down_proj lacks \['qzeros'\] beside its other awq tensors")
+
+
+def test_off_the_cpu_checkpoints_load_as_float_weights_and_int8_kernels_are_refused(tiny_llama: Path,
+                                                                                   tmp_path: Path) -> None:
+    """On CUDA a quantized checkpoint runs on the float weights it stands for (no Q4_1 blocks:
+    those kernels are the CPU's; the dequantize-everything load is the one tensor-parallel ranks
+    take, tested above); what needs the CPU's int8 matmuls is refused by name. The config alone:
+    no GPU needed."""
+    from test_fp8_checkpoint import write_fp8
+    from test_int8_checkpoint import write_w8a8
+
+    from vllm_lite.config import EngineArgs
+
+    def quantization_on_cuda(model: Path, **args: Any) -> str | None:
+        return EngineArgs(model=str(model), device="cuda", **args).create_engine_config().model_config.quantization
+
+    assert quantization_on_cuda(write_quantized(tiny_llama, tmp_path / "awq", AWQ_CONFIG)[0]) == "awq"
+    assert quantization_on_cuda(write_fp8(tiny_llama, tmp_path / "fp8", "fp8 blocks")[0]) == "fp8"
+    with pytest.raises(ValueError, match=r"int-quantized \(W8A8 int8\) checkpoint runs on CPU only here"):
+        quantization_on_cuda(write_w8a8(tiny_llama, tmp_path / "w8a8")[0])
+    with pytest.raises(ValueError, match="quantization='int8' runs on CPU only here"):
+        quantization_on_cuda(tiny_llama, quantization="int8")

@@ -998,13 +998,12 @@ class EngineArgs:
         _check(quantization is None or quantization in QUANTIZATION_METHODS,
                f"quantization must be one of {QUANTIZATION_METHODS} (or vLLM's {', '.join(QUANTIZATION_ALIASES)}) "
                f"or None, got {self.quantization!r}")
-        _check(quantization is None or device == "cpu",
-               f"quantization={self.quantization!r} runs on CPU only (device is {device!r})")
-        quantization = _resolve_checkpoint_quantization(quantization, hf.quantization, device)
+        quantization = _resolve_checkpoint_quantization(quantization, hf.quantization)
+        _check_quantization_device(quantization, hf, device)
         _check(quantization != "mxfp4" or hf.model_impl == "transformers",
                f"config.json: quantization_config.quant_method='mxfp4' (gpt-oss's experts) loads through the "
                f"Transformers fallback only, which dequantizes them; {hf.architecture} runs natively here")
-        if quantization in ("int8", "compressed-tensors"):
+        if quantization in ("int8", "compressed-tensors") and device == "cpu":
             _warn_int8_without_dot_products()
         quantization = _resolve_gguf_quantization(quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
@@ -1535,7 +1534,7 @@ def _warn_int8_without_dot_products() -> None:
                        "still take a quarter of float32's memory)")
 
 
-def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None, device: str) -> str | None:
+def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None) -> str | None:
     """A checkpoint quantized already (compressed-tensors, AWQ, GPTQ, FP8) implies its method, as
     vLLM infers it from config.json; asking for another, or for it without one, is refused."""
     if checkpoint is None:
@@ -1544,8 +1543,22 @@ def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str |
         return quantization
     _check(quantization in (None, checkpoint), f"quantization={quantization!r}: the checkpoint is quantized "
            f"already (config.json quantization_config: {checkpoint}); leave quantization unset")
-    _check(device == "cpu", f"the checkpoint's {checkpoint} weights run on CPU only here (device is {device!r})")
     return checkpoint
+
+
+def _check_quantization_device(quantization: str | None, hf: HFModelConfig, device: str) -> None:
+    """Off the CPU a quantized checkpoint runs on the float weights it stands for (FP8,
+    bitsandbytes, MXFP4, AWQ, GPTQ and pack-quantized ones are read so on every device; the CPU
+    alone keeps fitting 4-bit layers in GGUF Q4_1 blocks: model/loader.py), as a .gguf model
+    does. What needs the CPU's int8 or GGUF kernels is refused there."""
+    if device == "cpu" or quantization is None:
+        return
+    _check(quantization not in ("int8", "gguf"), f"quantization={quantization!r} runs on CPU only here: its int8 "
+           f"or GGUF block matmuls are the CPU's kernels (device is {device!r})")
+    checkpoint_format = (hf.raw.get("quantization_config") or {}).get("format")
+    _check(not (quantization == "compressed-tensors" and checkpoint_format == "int-quantized"),
+           f"config.json: a compressed-tensors int-quantized (W8A8 int8) checkpoint runs on CPU only here: its int8 "
+           f"matmuls are the CPU's kernels (device is {device!r})")
 
 
 def _resolve_gguf_quantization(quantization: str | None, gguf_file: Path | None, device: str,

@@ -221,7 +221,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
             if classify and not rows_head:
                 model.score = ReplicatedLinear(model_config.hf.hidden_size, len(pooler.labels), bias=False)
         if not dummy:
-            _load_checkpoint(model, model_config, tp)
+            _load_checkpoint(model, model_config, tp, keep_int4_blocks=device.type == "cpu" and tp.size == 1)
         if rows_head:
             model.score = _head_from_token_rows(model_config)
     if dummy:
@@ -238,7 +238,10 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     return model
 
 
-def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorParallelGroup = SINGLE_RANK) -> None:
+def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorParallelGroup = SINGLE_RANK,
+                     keep_int4_blocks: bool = False) -> None:
+    """`keep_int4_blocks`: AWQ / GPTQ layers that fit stay in GGUF Q4_1 blocks (the CPU's kernels,
+    one rank); the others, and every layer elsewhere, are dequantized into float weights."""
     if model_config.quantization == "gguf":
         load_gguf_weights(model, Path(model_config.gguf_file))
     else:
@@ -247,7 +250,7 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
         if model_config.quantization in ("awq", "gptq") or (model_config.quantization == "compressed-tensors"
                                                              and quantization_config["format"] == "pack-quantized"):
             scheme = WNA16Scheme.of(quantization_config)
-            kept = _kept_int4_layers(model, checkpoint_weights(model_config), scheme) if tp.size == 1 else frozenset()
+            kept = _kept_int4_layers(model, checkpoint_weights(model_config), scheme) if keep_int4_blocks else frozenset()
             weights = dequantized_weights(weights, scheme, kept)
         elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
                                                      and quantization_config["format"] == "float-quantized"):
