@@ -93,7 +93,7 @@ def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, layout: str
                                                           tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     quantized, dequantized = write_fp8(request.getfixturevalue(name), tmp_path, layout)
     prompts = prompts_token_ids[:4]
-    assert _run(quantized, prompts) == _run(dequantized, prompts)
+    assert _run(quantized, prompts, device="auto") == _run(dequantized, prompts, device="auto")  # (CUDA too)
 
 
 def test_tensor_parallel_slices_the_dequantized_weights(tiny_llama: Path, tmp_path: Path,

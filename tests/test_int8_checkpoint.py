@@ -75,7 +75,9 @@ def _tokens_and_logprobs(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[
 
 
 def _run(model: Path, prompts: list[list[int]], **engine_args: Any) -> list[tuple[list[int], list[float]]]:
-    llm = make_llm(model, device="cpu", **engine_args)
+    """Tokens and logprobs, on the CPU unless `device` says otherwise (int8 runs there only)."""
+    engine_args.setdefault("device", "cpu")
+    llm = make_llm(model, **engine_args)
     try:
         return _tokens_and_logprobs(llm, prompts)
     finally:

@@ -158,7 +158,7 @@ def test_the_checkpoint_runs_as_the_weights_it_stands_for(name: str, config: dic
     monkeypatch.setattr("vllm_lite.model.loader.fits_q4_1", lambda *args: False)
     quantized, dequantized = _write(request.getfixturevalue(name), tmp_path, config, act_order)
     prompts = prompts_token_ids[:4]
-    assert _run(quantized, prompts) == _run(dequantized, prompts)
+    assert _run(quantized, prompts, device="auto") == _run(dequantized, prompts, device="auto")  # (CUDA too)
 
 
 @pytest.mark.parametrize("name, config", [("tiny_llama", AWQ_CONFIG), ("tiny_phi3", AWQ_CONFIG),

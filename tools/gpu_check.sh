@@ -27,6 +27,7 @@ timeout "${GPU_CHECK_TEST_SECONDS:-480}" $PY -m pytest -q -p no:cacheprovider -o
     tests/test_speculative_decoding.py tests/test_draft_model_speculation.py tests/test_logits_processors.py \
     tests/test_thinking_budget.py tests/worker/test_decode_step_inputs.py tests/test_scheduler_knobs.py \
     tests/test_ragged.py tests/test_classification.py tests/test_gpu_memory_utilization.py \
+    tests/test_fp8_checkpoint.py tests/test_wna16_checkpoint.py tests/test_mxfp4_checkpoint.py \
     2>&1 | tee "$OUT_DIR/gpu_check.log"
 tests_rc=${PIPESTATUS[0]}
 timeout 180 $PY tools/gpu_memory_check.py 2>&1 | tee "$OUT_DIR/gpu_memory.log"
