@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from hf_reference import build_tiny_model, hf_greedy
 from llm_factory import make_llm
-from vllm_lite import SamplingParams
+from vllm_lite import LLM, SamplingParams
 from vllm_lite.config import EngineArgs
 
 EXTENSION = "worker_extensions.WeightSync"
@@ -31,6 +31,10 @@ def prompts() -> list[dict]:
     return [{"prompt_token_ids": p} for p in PROMPTS]
 
 
+def greedy_tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)]
+
+
 @pytest.fixture(scope="module")
 def expected(tiny_llama: Path) -> list[list[int]]:
     return hf_greedy(tiny_llama, PROMPTS, NUM_TOKENS)
@@ -42,7 +46,7 @@ def test_level_1_releases_the_kv_cache_and_wake_up_brings_it_back(tiny_llama: Pa
     llm = make_llm(tiny_llama, multiprocess=multiprocess, worker_extension_cls=EXTENSION, block_size=16,
                    tensor_parallel_size=tp)
     try:
-        assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)] == expected
+        assert greedy_tokens(llm) == expected
         assert llm.generate(prompts(), GREEDY, use_tqdm=False)[2].num_cached_tokens == 32  # (the prefix cache)
         assert llm.collective_rpc("kv_cache_layers") == [2] * tp
         llm.sleep(level=1)
@@ -73,7 +77,7 @@ def test_release_kv_cache_memory_after_a_completed_pause(tiny_llama: Path, expec
         with pytest.raises(RuntimeError, match="released already"):
             llm.release_kv_cache_memory()
         assert llm.wake_up(["kv_cache"]) is True
-        assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts(), GREEDY, use_tqdm=False)] == expected
+        assert greedy_tokens(llm) == expected
     finally:
         llm.shutdown()
 
@@ -143,8 +147,7 @@ def test_level_2_lets_the_weights_go_and_a_trainer_loads_new_ones(tiny_llama: Pa
             llm.generate(prompts(), GREEDY, use_tqdm=False)
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(other_llama)})
         assert llm.wake_up() is True and not llm.llm_engine.is_sleeping()
-        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+        assert greedy_tokens(llm) == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
     finally:
         llm.shutdown()
 
@@ -164,8 +167,7 @@ def test_level_2_counts_a_fused_layer_loaded_only_when_every_shard_is(tiny_llama
             llm.wake_up(["kv_cache"])
         llm.collective_rpc("update_weight", args=(missing_shard, checkpoint[missing_shard]))
         assert llm.wake_up() is True
-        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
+        assert greedy_tokens(llm) == hf_greedy(other_llama, PROMPTS, NUM_TOKENS)
     finally:
         llm.shutdown()
 
@@ -181,8 +183,7 @@ def test_level_2_on_ranks_whose_vocabulary_shard_has_padding_rows(tmp_path: Path
         llm.wake_up(["weights"])
         llm.collective_rpc("reload_weights")
         assert llm.wake_up() is True
-        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(model, PROMPTS, NUM_TOKENS)
+        assert greedy_tokens(llm) == hf_greedy(model, PROMPTS, NUM_TOKENS)
     finally:
         llm.shutdown()
 
@@ -201,8 +202,7 @@ def test_level_2_with_a_tied_head_repacks_it(tiny_llama_tied: Path) -> None:
         llm.wake_up(["weights"])
         llm.collective_rpc("reload_weights")  # (the model's own checkpoint again)
         llm.wake_up()
-        outputs = llm.generate(prompts(), GREEDY, use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(tiny_llama_tied, PROMPTS, NUM_TOKENS)
+        assert greedy_tokens(llm) == hf_greedy(tiny_llama_tied, PROMPTS, NUM_TOKENS)
         assert "NoneType" not in llm.apply_model(
             lambda model: type(model.lm_head.packed_weight).__name__)[0]
     finally:
