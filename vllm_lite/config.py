@@ -880,8 +880,9 @@ class EngineArgs:
             spec = speculative_config(self.speculative_config)
             if spec.uses_draft_model:
                 spec = dataclasses.replace(spec, draft_model_config=self._draft_model_config(spec, model_config, device))
-            config = dataclasses.replace(config, speculative_config=spec, scheduler_config=self._without_async_scheduling(
-                config.scheduler_config, "speculative_config", "a step's drafts come from the last step's tokens"))
+            scheduler_config = self._without_async_scheduling(config.scheduler_config, "speculative_config",
+                                                              "a step's drafts come from the last step's tokens")
+            config = dataclasses.replace(config, speculative_config=spec, scheduler_config=scheduler_config)
             check_speculative_decoding(config)
         return config
 

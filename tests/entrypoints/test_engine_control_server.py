@@ -88,7 +88,8 @@ def test_a_level_2_sleep_and_a_trainers_checkpoint_over_http(server: LiveServer,
             assert client.post("/wake_up", params={"tags": "weights"}).json() == {"status": "sleeping",
                                                                                  "tags": ["weights"]}
             early = client.post("/wake_up")
-            assert early.status_code == 400 and "have not been loaded whole since wake_up" in early.json()["error"]["message"]
+            assert early.status_code == 400
+            assert "have not been loaded whole since wake_up" in early.json()["error"]["message"]
             loaded = client.post("/collective_rpc", json={"method": "load_checkpoint",
                                                           "args": [str(checkpoint / "model.safetensors")]})
             assert loaded.status_code == 200

@@ -250,7 +250,8 @@ def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorPara
         if model_config.quantization in ("awq", "gptq") or (model_config.quantization == "compressed-tensors"
                                                              and quantization_config["format"] == "pack-quantized"):
             scheme = WNA16Scheme.of(quantization_config)
-            kept = _kept_int4_layers(model, checkpoint_weights(model_config), scheme) if keep_int4_blocks else frozenset()
+            kept = (_kept_int4_layers(model, checkpoint_weights(model_config), scheme) if keep_int4_blocks
+                    else frozenset())
             weights = dequantized_weights(weights, scheme, kept)
         elif model_config.quantization == "fp8" or (model_config.quantization == "compressed-tensors"
                                                      and quantization_config["format"] == "float-quantized"):

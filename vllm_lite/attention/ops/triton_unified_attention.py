@@ -195,7 +195,9 @@ def _split_kv_attention_kernel(
     tile_begin = first_tile + segment * tiles_per_segment
     tile_end = tl.minimum(tile_begin + tiles_per_segment, first_tile + num_tiles)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    slope, m_i, l_i = _row_terms(alibi_ptr, sinks_ptr, head, row_valid, row_valid & (tl.zeros([BLOCK_M], tl.int32) + segment == 0), BLOCK_M, USE_ALIBI, USE_SINKS)
+    first_segment = tl.zeros([BLOCK_M], tl.int32) + segment == 0
+    slope, m_i, l_i = _row_terms(alibi_ptr, sinks_ptr, head, row_valid, row_valid & first_segment, BLOCK_M,
+                                 USE_ALIBI, USE_SINKS)
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt, tl.program_id(1),
         tile_begin, tile_end, seq_len, query_pos, scale, window, softcap, slope,
