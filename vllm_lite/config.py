@@ -791,7 +791,7 @@ class EngineArgs:
     # the completions API's base64 `prompt_embeds`) in place of token ids
     enable_prompt_embeds: bool = False
     # vLLM's --enable-sleep-mode, which RL frameworks pass: sleep / wake_up are always available
-    # here (levels 0 and 1 on CPU, 0 on CUDA; others refused when asked), so both values are taken
+    # here (levels 0, 1 and 2 on CPU, 0 on CUDA; others refused when asked), so both values are taken
     enable_sleep_mode: bool = False
     # vLLM's --disable-custom-all-reduce: no custom all-reduce kernel exists here (torch.distributed's
     # all-reduce always runs), so both values run the same reduction

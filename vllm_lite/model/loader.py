@@ -221,7 +221,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
             if classify and not rows_head:
                 model.score = ReplicatedLinear(model_config.hf.hidden_size, len(pooler.labels), bias=False)
         if not dummy:
-            _load_checkpoint(model, model_config, tp, keep_int4_blocks=device.type == "cpu" and tp.size == 1)
+            _load_checkpoint(model, model_config, keep_int4_blocks=device.type == "cpu" and tp.size == 1)
         if rows_head:
             model.score = _head_from_token_rows(model_config)
     if dummy:
@@ -238,8 +238,7 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
     return model
 
 
-def _load_checkpoint(model: nn.Module, model_config: ModelConfig, tp: TensorParallelGroup = SINGLE_RANK,
-                     keep_int4_blocks: bool = False) -> None:
+def _load_checkpoint(model: nn.Module, model_config: ModelConfig, keep_int4_blocks: bool) -> None:
     """`keep_int4_blocks`: AWQ / GPTQ layers that fit stay in GGUF Q4_1 blocks (the CPU's kernels,
     one rank); the others, and every layer elsewhere, are dequantized into float weights."""
     if model_config.quantization == "gguf":

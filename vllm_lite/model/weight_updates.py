@@ -80,7 +80,7 @@ class DiscardedWeights:
 
 def discard_weights(model: nn.Module) -> None:
     """Every parameter's memory let go (the buffers kept, as vLLM keeps them); `restore_weights`
-    makes them again (zeros) for a trainer's `load_weights`."""
+    makes them again (NaN until loaded) for a trainer's `load_weights`."""
     packed = [module for module in model.modules() if getattr(module, "packed_weight", None) is not None]
     for module in packed:
         if unpacked_weight(module.packed_weight) is None:

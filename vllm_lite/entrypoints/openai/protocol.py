@@ -72,10 +72,11 @@ class OpenAIBaseModel(BaseModel):
 # field that changes the result is never dropped), unless given with the value that changes
 # nothing (vLLM's default, in _NO_OP_VALUES). Other unknown fields are refused as unknown.
 VLLM_FIELDS_NOT_IMPLEMENTED = frozenset((
-    "spaces_between_special_tokens",  # (served on completions and chat: their declared field)
+    # (spaces_between_special_tokens and repetition_detection are served on completions and chat,
+    # prompt_embeds on completions: declared fields there; refused here on the other routes)
+    "spaces_between_special_tokens", "repetition_detection", "prompt_embeds",
     "mm_processor_kwargs", "logits_processors", "kv_transfer_params",
-    "repetition_detection",
-    "return_tokens_as_token_ids_format", "prompt_embeds", "media_io_kwargs",
+    "return_tokens_as_token_ids_format", "media_io_kwargs",
     "functions", "function_call", "audio", "modalities", "web_search_options"))
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,9 +58,7 @@ def dequantize_4bit(codes: torch.Tensor, state: dict[str, torch.Tensor], name: s
     `quant_state.bitsandbytes__*` JSON)."""
     meta = _meta(state, name)
     blocksize, shape = meta["blocksize"], tuple(meta["shape"])
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     flat = codes.reshape(-1).view(torch.uint8) if codes.dtype != torch.uint8 else codes.reshape(-1)
     if 2 * flat.numel() < numel:
         raise ValueError(f"checkpoint: {name} holds {2 * flat.numel()} 4-bit codes for a weight of shape {shape}")
