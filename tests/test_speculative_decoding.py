@@ -416,8 +416,10 @@ def test_split_token_columns_places_each_finish_with_its_last_token() -> None:
 
 # ---- what is refused ----
 @pytest.mark.parametrize("config, words", [
-    ({"method": "eagle", "model": "some/eagle-head", "num_speculative_tokens": 3}, "method='eagle' is not implemented"),
-    ({"method": "eagle3", "num_speculative_tokens": 3}, "method='eagle3' is not implemented"),
+    ({"method": "medusa", "model": "some/medusa-head", "num_speculative_tokens": 3},
+     "method='medusa' is not implemented"),
+    ({"method": "mtp", "num_speculative_tokens": 3}, "method='mtp' is not implemented"),
+    ({"method": "suffix", "num_speculative_tokens": 3}, "method='suffix' is not implemented"),
     ({"method": "ngram"}, "num_speculative_tokens must be an integer"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},

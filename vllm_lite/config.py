@@ -20,6 +20,8 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
                                      check_quantization_config, gemma_layer_types, implementing_architecture,
                                      resolve_model_impl, rope_type_of, with_defaults,
                                      with_transformers_names)
+from vllm_lite.eagle_config import (EAGLE_METHODS, EAGLE_TARGET_ARCHITECTURES, EagleHeadConfig, eagle_method_of,
+                                    read_eagle_head)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.multimodal_checkpoints import check_multimodal_limits, is_multimodal, language_model_config
 from vllm_lite.profiler_config import ProfilerConfig, profiler_config
@@ -540,14 +542,24 @@ class SpeculativeConfig:
     prompt_lookup_max: int
     # vLLM's: no drafts while more than this many requests run (None: always drafts)
     disable_by_batch_size: int | None = None
-    method: str = "ngram"  # or "draft_model": a smaller model of the same vocabulary drafts greedily
-    draft_model: str | None = None  # draft_model's folder (as `model` was given)
-    draft_model_config: ModelConfig | None = None  # the draft's, built with the engine's dtype and length
+    # or "draft_model": a smaller model of the same vocabulary drafts greedily; "eagle" / "eagle3":
+    # an EAGLE head drafts from the model's hidden states (eagle_config.py, worker/eagle.py)
+    method: str = "ngram"
+    draft_model: str | None = None  # the draft model's or EAGLE head's folder (as `model` was given)
+    # the draft's, built with the engine's dtype and length (an EAGLE head's: its Llama layers' config)
+    draft_model_config: ModelConfig | None = None
     draft_tensor_parallel_size: int | None = None  # vLLM's; the model's only (the draft runs on its ranks)
+    eagle: EagleHeadConfig | None = None  # an EAGLE head's own settings
 
     @property
     def uses_draft_model(self) -> bool:
         return self.method == "draft_model"
+
+    @property
+    def drafts_on_workers(self) -> bool:
+        """Whether the workers make the drafts (a draft model or an EAGLE head; the scheduler
+        gives each drafting request k places), not the scheduler (n-gram)."""
+        return self.method != "ngram"
 
 
 @dataclass(frozen=True, slots=True)
@@ -880,6 +892,8 @@ class EngineArgs:
             spec = speculative_config(self.speculative_config)
             if spec.uses_draft_model:
                 spec = dataclasses.replace(spec, draft_model_config=self._draft_model_config(spec, model_config, device))
+            elif spec.method in EAGLE_METHODS:
+                spec = self._with_eagle_head(spec, model_config)
             scheduler_config = self._without_async_scheduling(config.scheduler_config, "speculative_config",
                                                               "a step's drafts come from the last step's tokens")
             config = dataclasses.replace(config, speculative_config=spec, scheduler_config=scheduler_config)
@@ -908,6 +922,30 @@ class EngineArgs:
                                                  "implemented")
         check_tensor_parallel_split(draft.hf, self.tensor_parallel_size)  # (the draft is split as the model is)
         return draft
+
+    def _with_eagle_head(self, spec: SpeculativeConfig, target: ModelConfig) -> SpeculativeConfig:
+        """An EAGLE head's settings and its Llama layers' config (its KV cache sits beside the
+        model's, in the same blocks, as a draft model's does)."""
+        _check(target.hf.architecture in EAGLE_TARGET_ARCHITECTURES and target.hf.model_impl == "vllm",
+               f"speculative_config: method={spec.method!r} drafts for the Llama-family models here "
+               f"({', '.join(EAGLE_TARGET_ARCHITECTURES)}), not {target.hf.architecture}"
+               f"{' through the Transformers fallback' if target.hf.model_impl != 'vllm' else ''}")
+        _check(self.tensor_parallel_size == 1, f"speculative_config: method={spec.method!r} with "
+                                               f"tensor_parallel_size={self.tensor_parallel_size} is not implemented "
+                                               "(the head runs on one rank)")
+        _check(target.quantization is None, f"speculative_config: method={spec.method!r} on a quantized model "
+                                            f"({target.quantization}) is not implemented")
+        head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
+        _check(head_dir.is_dir() and (head_dir / "config.json").is_file(),
+               f"speculative_config: model '{spec.draft_model}' is no folder with a config.json")
+        eagle, cfg = read_eagle_head(_read_json(head_dir / "config.json"), spec.method, target.hf.num_hidden_layers,
+                                     target.hf.hidden_size, target.hf.vocab_size)
+        hf = HFModelConfig.from_dict(cfg, {}, "vllm")
+        _check(hf.quantization is None, "speculative_config: a quantized EAGLE head is not implemented")
+        _check(not hf.has_sliding_window, "speculative_config: an EAGLE head with sliding-window layers is not "
+                                          "implemented")
+        head = dataclasses.replace(target, model=str(head_dir), hf=hf, quantization=None, gguf_file=None)
+        return dataclasses.replace(spec, draft_model_config=head, eagle=eagle)
 
     def _without_async_scheduling(self, scheduler_config: SchedulerConfig, feature: str, why: str) -> SchedulerConfig:
         """Features that need each step's tokens known before the next step is scheduled
@@ -1615,7 +1653,7 @@ SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_looku
                       "disable_by_batch_size")
 DRAFT_MODEL_FIELDS = ("draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
                       "speculative_token_tree", "enforce_eager")
-SPECULATIVE_METHODS = ("ngram", "draft_model")
+SPECULATIVE_METHODS = ("ngram", "draft_model", *EAGLE_METHODS)
 MAX_SPECULATIVE_TOKENS = 128  # vLLM's rejection sampler's limit (MAX_SPEC_LEN)
 # vLLM's defaults when neither prompt_lookup bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
@@ -1632,13 +1670,14 @@ def speculative_config(given: Any) -> SpeculativeConfig:
     method, model = given.get("method"), given.get("model")
     if method is None and model in ("ngram", "[ngram]"):  # vLLM's older spelling
         method, model = "ngram", None
-    if method is None and model is not None:  # (vLLM's inference: a model without a method drafts)
-        method = "draft_model"
+    if method is None and isinstance(model, str):  # (vLLM's inference: an EAGLE head by its name, else a draft)
+        method = eagle_method_of(model) or "draft_model"
     _check(method in SPECULATIVE_METHODS, f"speculative_config: method={method!r} is not implemented (methods: "
-                                          f"{', '.join(SPECULATIVE_METHODS)}; EAGLE, Medusa and MTP heads are not)")
+                                          f"{', '.join(SPECULATIVE_METHODS)}; Medusa, MTP heads and suffix decoding "
+                                          "are not)")
     k = given.get("num_speculative_tokens")
-    if method == "draft_model":
-        return _draft_model_speculation(given, model, k)
+    if method != "ngram":
+        return _draft_model_speculation(given, method, model, k)
     _check(model is None, f"speculative_config: model={model!r} with method='ngram': prompt lookup has no model")
     drafting = [name for name in DRAFT_MODEL_FIELDS if given.get(name) is not None]
     _check(not drafting, f"speculative_config: {', '.join(drafting)} describe a draft model, which the n-gram "
@@ -1658,9 +1697,10 @@ def speculative_config(given: Any) -> SpeculativeConfig:
     return SpeculativeConfig(k, low, high, threshold)
 
 
-def _draft_model_speculation(given: dict[str, Any], model: Any, k: Any) -> SpeculativeConfig:
-    """vLLM's method "draft_model": `model` (a folder or hub id) drafts k tokens a step greedily."""
-    _check(isinstance(model, str) and model, "speculative_config: method='draft_model' needs the draft's `model`")
+def _draft_model_speculation(given: dict[str, Any], method: str, model: Any, k: Any) -> SpeculativeConfig:
+    """vLLM's methods "draft_model" (`model`, a folder or hub id, drafts k tokens a step greedily)
+    and "eagle" / "eagle3" (`model` is an EAGLE head)."""
+    _check(isinstance(model, str) and model, f"speculative_config: method={method!r} needs the draft's `model`")
     _check(_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
            f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
     lookup = [name for name in ("prompt_lookup_min", "prompt_lookup_max") if given.get(name) is not None]
@@ -1672,16 +1712,16 @@ def _draft_model_speculation(given: dict[str, Any], model: Any, k: Any) -> Specu
     threshold = given.get("disable_by_batch_size")
     _check(threshold is None or (_is_int(threshold) and threshold >= 2),
            f"speculative_config: disable_by_batch_size must be an integer >= 2, got {threshold!r}")
-    return SpeculativeConfig(k, 0, 0, threshold, method="draft_model", draft_model=model,
+    return SpeculativeConfig(k, 0, 0, threshold, method=method, draft_model=model,
                              draft_tensor_parallel_size=given.get("draft_tensor_parallel_size"))
 
 
 def check_speculative_decoding(config: VllmConfig) -> None:
     """Where drafts run here: generating models whose KV cache keeps every block."""
     _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
-    _check(not (config.model_config.enable_prompt_embeds and config.speculative_config.uses_draft_model),
-           "speculative_config with a draft model and enable_prompt_embeds is not implemented (the draft reads "
-           "prompts as token ids; prompt_embeds are the model's own input embeddings)")
+    _check(not (config.model_config.enable_prompt_embeds and config.speculative_config.drafts_on_workers),
+           "speculative_config with a draft model or EAGLE head and enable_prompt_embeds is not implemented (the "
+           "draft reads prompts as token ids; prompt_embeds are the model's own input embeddings)")
     _check(not config.model_config.logits_processors,
            "speculative_config with logits_processors is not implemented (a processor sees one row per request)")
     _check(config.cache_config.sliding_window is None,

@@ -49,9 +49,13 @@ class KVCacheManager:
     fills blocks does no prefix-cache work: a request's decode blocks are keyed together, once."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 sliding_window: int | None = None, native: bool | None = None) -> None:
+                 sliding_window: int | None = None, native: bool | None = None,
+                 drop_last_hit_block: bool = False) -> None:
         """`native`: whether prefix-cache keys are computed by csrc's SHA-256 (`block_keys`; None:
-        where it is built and the CPU has SHA extensions; True: it must be), else by hashlib."""
+        where it is built and the CPU has SHA extensions; True: it must be), else by hashlib.
+        `drop_last_hit_block` (an EAGLE head, vLLM's rule): a hit leaves its last block out, to be
+        computed again: the head's entry at a block's last position was written with the token
+        after it, which the next block holds and the block's key does not."""
         native_keys = native_loops is not None and native_loops.sha256_extensions()
         if native and not native_keys:
             raise RuntimeError("csrc's block keys need vllm_lite._bookkeeping built and a CPU with SHA extensions")
@@ -59,6 +63,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_window = sliding_window  # set only when every layer slides
+        self.drop_last_hit_block = drop_last_hit_block
         self.block_pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
@@ -92,6 +97,8 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.drop_last_hit_block:
+            hits = hits[:-1]
         request.prefix_lookup = (version, hits, len(hits) * self.block_size)
         return hits, len(hits) * self.block_size
 

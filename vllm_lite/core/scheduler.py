@@ -123,7 +123,9 @@ class Scheduler:
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
                                                cache_config.sliding_window,
-                                               False if native_loops is False else None)
+                                               False if native_loops is False else None,
+                                               drop_last_hit_block=speculative_config is not None
+                                               and speculative_config.eagle is not None)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -168,9 +170,10 @@ class Scheduler:
         if request.thinking is not None:
             self.thinking_req_ids.add(request.request_id)
         spec = self.speculative_config
-        # (a draft model's drafts are made by the workers, after the grammar's bitmask is: none for constrained requests)
+        # (a draft model's or EAGLE head's drafts are made by the workers, after the grammar's bitmask is: none
+        # for constrained requests)
         request.may_draft = spec is not None and drafts_allowed(request) and not (
-            spec.uses_draft_model and request.structured_output_request is not None)
+            spec.drafts_on_workers and request.structured_output_request is not None)
 
     def abort_requests(self, request_ids: list[str]) -> list[FinishedRequest]:
         aborted = []
@@ -307,7 +310,7 @@ class Scheduler:
         k = min(spec.num_speculative_tokens, budget - 1, request.length_limit - num_known - 1)
         if k <= 0:
             return None
-        if spec.uses_draft_model:  # k places: the workers' draft model fills them (worker/draft_model.py)
+        if spec.drafts_on_workers:  # k places: the workers' drafter fills them (worker/draft_model.py, eagle.py)
             return np.zeros(k, dtype=np.int32)
         draft = propose_ngram(self.token_store.row(slot)[:num_known], spec.prompt_lookup_min, spec.prompt_lookup_max, k)
         if len(draft) and request.structured_output_request is not None:  # (what its grammar allows)

@@ -20,6 +20,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.eagle_config import EagleHeadConfig
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, materialize
@@ -29,6 +30,7 @@ from vllm_lite.model.layers.quantization import quantize_model
 from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_q4_1
 from vllm_lite.model.checkpoint_files import iterate_weights, safetensors_files
 from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
+from vllm_lite.model.models.eagle import EagleHead
 from vllm_lite.model.registry import get_model_class
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
@@ -207,11 +209,10 @@ def _default_loader(param: nn.Parameter, loaded: Any) -> None:
 def load_model(model_config: ModelConfig, backend: AttentionBackend, device: torch.device,
                tp: TensorParallelGroup = SINGLE_RANK) -> nn.Module:
     model_cls = get_model_class(model_config.hf.architecture, model_config.hf.model_impl)
-    dtype = getattr(torch, model_config.dtype)
     dummy = model_config.load_format == "dummy"
     if model_config.hf.model_impl == "transformers":  # transformers reads its own checkpoint
         model = model_cls(model_config.hf, Path(model_config.model), backend, tp, model_config.hf_overrides,
-                          dummy_weights=dummy, dtype=dtype)
+                          dummy_weights=dummy, dtype=getattr(torch, model_config.dtype))
     else:
         pooler = model_config.pooler
         classify = pooler is not None and pooler.task == "classify"  # a *ForSequenceClassification's head
@@ -226,7 +227,13 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
             model.score = _head_from_token_rows(model_config)
     if dummy:
         initialize_dummy_weights(model)
-    model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks keep their dtype
+    return _placed(model, model_config, device)
+
+
+def _placed(model: nn.Module, model_config: ModelConfig, device: torch.device) -> nn.Module:
+    """A loaded model on its device in the engine's dtype, its layers ready to run."""
+    dtype = getattr(torch, model_config.dtype)
+    model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks (and int64 ids) keep their dtype
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):
             module.output_dtype = dtype
@@ -236,6 +243,28 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model
+
+
+def load_eagle_head(head_config: ModelConfig, eagle: EagleHeadConfig, target: nn.Module, backend: AttentionBackend,
+                    device: torch.device) -> EagleHead:
+    """An EAGLE head from its folder (one rank), sharing the model's embedding where its checkpoint
+    has none (vLLM's rule; EAGLE-3 heads usually have none) and, without an LM head of its own,
+    drafting with the model's (EAGLE-1's usual form)."""
+    source = Path(head_config.model)
+    names = {name for name, _ in iterate_weights(source)}
+    own_embeddings = bool({"embed_tokens.weight", "model.embed_tokens.weight"} & names)
+    own_lm_head = "lm_head.weight" in names
+    if not own_lm_head and eagle.draft_vocab_size != head_config.hf.vocab_size:
+        raise ValueError(f"speculative_config: the EAGLE head in '{source}' has a draft vocabulary "
+                         f"(draft_vocab_size={eagle.draft_vocab_size}) but no lm_head.weight for it")
+    with torch.device("cpu"):
+        head = EagleHead(head_config.hf, eagle, head_config.max_model_len + 1, backend,
+                         own_embeddings=own_embeddings, own_lm_head=own_lm_head)
+    load_weights(head, ((name, weight) for name, weight in iterate_weights(source) if name != "t2d"), str(source))
+    head = _placed(head, head_config, device)
+    if not own_embeddings:
+        head.model.embed_tokens = target.model.embed_tokens
+    return head
 
 
 def _load_checkpoint(model: nn.Module, model_config: ModelConfig, keep_int4_blocks: bool) -> None:

@@ -43,6 +43,10 @@ class DraftModelProposer:
         for request_id in request_ids:
             self.computed.pop(request_id, None)
 
+    def reset(self) -> None:
+        """The KV cache was let go (sleep): every request catches up again."""
+        self.computed.clear()
+
     @torch.inference_mode()
     def propose(self, batch: InputBatch, counts: np.ndarray) -> None:
         """Each batch row's `counts[row]` drafts, written after its known tokens."""
@@ -74,23 +78,29 @@ class DraftModelProposer:
     def _next_tokens(self, batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,
                      positions: np.ndarray, input_ids: np.ndarray) -> np.ndarray:
         """The draft's greedy token after each row's last given token (the given tokens' KV written)."""
-        block_size = self.block_size
-        query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
-        query_start_loc[1:] = np.cumsum(lens)
-        seq_lens = (positions[query_start_loc[1:] - 1] + 1).astype(np.int32)
-        block_ids = batch.block_table.block_ids
-        slot_mapping = batch.block_table.slot_mapping(token_rows, positions, block_size)
-        max_blocks = -(-int(seq_lens.max()) // block_size)
-        common = CommonAttentionMetadata(
-            query_start_loc=self._device(query_start_loc), seq_lens=self._device(seq_lens),
-            block_table=self._device(np.ascontiguousarray(block_ids[rows, :max_blocks])),
-            slot_mapping=self._device(slot_mapping), query_start_loc_np=query_start_loc, seq_lens_np=seq_lens,
-            num_actual_tokens=int(query_start_loc[-1]), max_query_len=int(lens.max()), block_size=block_size)
-        hidden = self.model(self._device(np.asarray(input_ids, dtype=np.int64)),
-                            self._device(np.asarray(positions, dtype=np.int64)), self.kv_caches,
-                            self.backend.build(common))
-        last = self._device(query_start_loc[1:].astype(np.int64) - 1)
+        attn_metadata, last = draft_pass_metadata(batch, rows, lens, token_rows, positions, self.backend,
+                                                  self.block_size, self.device)
+        hidden = self.model(host_to_device(np.asarray(input_ids, dtype=np.int64), self.device),
+                            host_to_device(np.asarray(positions, dtype=np.int64), self.device), self.kv_caches,
+                            attn_metadata)
         return self.model.compute_logits(hidden[last]).argmax(dim=-1).cpu().numpy()
 
-    def _device(self, array: np.ndarray) -> torch.Tensor:
-        return host_to_device(array, self.device)
+
+def draft_pass_metadata(batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,
+                        positions: np.ndarray, backend: AttentionBackend, block_size: int,
+                        device: torch.device) -> tuple[object, torch.Tensor]:
+    """A drafter's pass over `lens[i]` tokens of each batch row `rows[i]` (flat: `token_rows`,
+    `positions`), in the requests' blocks: its attention metadata, and the index of each row's
+    last token in the pass (on the device)."""
+    query_start_loc = np.zeros(len(rows) + 1, dtype=np.int32)
+    query_start_loc[1:] = np.cumsum(lens)
+    seq_lens = (positions[query_start_loc[1:] - 1] + 1).astype(np.int32)
+    block_ids = batch.block_table.block_ids
+    slot_mapping = batch.block_table.slot_mapping(token_rows, positions, block_size)
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    common = CommonAttentionMetadata(
+        query_start_loc=host_to_device(query_start_loc, device), seq_lens=host_to_device(seq_lens, device),
+        block_table=host_to_device(np.ascontiguousarray(block_ids[rows, :max_blocks]), device),
+        slot_mapping=host_to_device(slot_mapping, device), query_start_loc_np=query_start_loc, seq_lens_np=seq_lens,
+        num_actual_tokens=int(query_start_loc[-1]), max_query_len=int(lens.max()), block_size=block_size)
+    return backend.build(common), host_to_device(query_start_loc[1:].astype(np.int64) - 1, device)

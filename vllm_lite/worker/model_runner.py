@@ -40,6 +40,7 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.draft_model import DraftModelProposer
+from vllm_lite.worker.eagle import EagleProposer, EagleStep
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.worker.logits_processors import CustomLogitsProcessors
 from vllm_lite.worker.lora_manager import LoRAManager
@@ -133,6 +134,7 @@ class LaunchedStep:
     sampled: SampledTokens | None
     logprobs: LogprobsTensors | None
     logprobs_rows: np.ndarray | None  # the batch rows `logprobs` holds
+    eagle: EagleStep | None = None  # what an EAGLE head reads once the step is finished
 
 
 class ModelRunner:
@@ -179,9 +181,13 @@ class ModelRunner:
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config
-        # vLLM's draft_model speculative decoding: the draft beside the model (worker/draft_model.py)
-        self.drafter = (DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
-                        if spec is not None and spec.uses_draft_model else None)
+        # vLLM's draft_model and EAGLE speculative decoding: the draft beside the model
+        # (worker/draft_model.py, worker/eagle.py)
+        self.drafter: DraftModelProposer | EagleProposer | None = None
+        if spec is not None and spec.uses_draft_model:
+            self.drafter = DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
+        elif spec is not None and spec.eagle is not None:
+            self.drafter = EagleProposer(spec, self.model, self.attn_backend, device, self.block_size)
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
@@ -252,7 +258,7 @@ class ModelRunner:
         self.kv_caches, self.cuda_graphs = [], None
         if self.drafter is not None:
             self.drafter.kv_caches = []
-            self.drafter.computed.clear()
+            self.drafter.reset()
         return_freed_memory()
 
     @torch.inference_mode()
@@ -347,6 +353,10 @@ class ModelRunner:
             if self.pooler is not None:
                 self._pool(hidden, inputs, output)
                 return step
+            if isinstance(self.drafter, EagleProposer):
+                step.eagle = EagleStep(self.drafter.step_states(hidden), inputs.rows,
+                                       [batch.req_ids[row] for row in inputs.rows.tolist()], inputs.query_starts,
+                                       inputs.query_lens, batch.num_computed_tokens[inputs.rows].astype(np.int64))
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
             if len(inputs.sample_rows) and drafts is not None:
                 self._sample_drafted(hidden, inputs, step, scheduler_output, drafts)
@@ -519,6 +529,8 @@ class ModelRunner:
                 self.unfinished = None
         if step.logprobs is not None:
             output.logprobs = scatter_rows(step.logprobs.to_numpy(), step.logprobs_rows, len(output.num_sampled))
+        if step.eagle is not None:
+            self.drafter.consume(self.input_batch, step.eagle)
         return output
 
     def needs_sampled_tokens_on_host(self) -> bool:

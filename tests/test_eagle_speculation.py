@@ -1,0 +1,182 @@
+"""vLLM's EAGLE speculative decoding (speculative_config={"method": "eagle" | "eagle3", "model":
+HEAD, ...}): a head drafts each request's next k tokens from the model's hidden states (EAGLE-1:
+the last layer's; EAGLE-3: the residual stream at three layers), and the step keeps the drafts
+the model itself samples.
+
+The model is the draft-model tests' cycling Llama; the heads (tests/eagle_heads.py) draft its
+walk, perturbed by the hidden states they read. Greedy tokens must be transformers' under every
+schedule, and the drafts kept at each position must be those a reference head computed from
+transformers' hidden states keeps: a head reading the wrong states, positions or tokens keeps
+others."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle_heads import ReferenceHead, build_eagle1_head, build_eagle3_head
+from hf_reference import build_cycling_model, build_tiny_model, hf_greedy
+from llm_factory import make_llm
+from vllm_lite import EngineArgs, SamplingParams
+
+PROMPTS = [list(range(10 + 7 * i, 30 + 7 * i)) for i in range(4)]
+NUM_TOKENS = 40
+K = 3
+GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+AUX_LAYERS = [1, 2, 0]  # (2: the stream after the last layer; 0: the embeddings)
+
+
+@pytest.fixture(scope="module")
+def cycling_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_cycling_model(tmp_path_factory.mktemp("cycling"), 0.05)
+
+
+@pytest.fixture(scope="module")
+def heads(cycling_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    vocab = json.loads((cycling_model / "config.json").read_text())["vocab_size"]
+    root = tmp_path_factory.mktemp("heads")
+    return {"eagle": build_eagle1_head(root / "eagle1", cycling_model, mix=0.5),
+            "eagle3": build_eagle3_head(root / "eagle3", cycling_model, mix=33.0, aux_layer_ids=AUX_LAYERS,
+                                        draft_vocab_size=vocab * 3 // 4)}
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(cycling_model: Path) -> list[list[int]]:
+    return hf_greedy(cycling_model, PROMPTS, NUM_TOKENS)
+
+
+def spec(method: str, head: Path, k: int = K) -> dict:
+    return {"speculative_config": {"method": method, "model": str(head), "num_speculative_tokens": k}}
+
+
+def run(llm) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def kept_per_position(llm) -> list[int]:
+    metrics = {metric.name: metric for metric in llm.get_metrics()}
+    return [int(v) for v in metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values]
+
+
+def reference_kept_per_position(head: Path, model: Path, continuations: list[list[int]]) -> list[int]:
+    """Each request decoded as the engine decodes it: k drafts a step (fewer near max_tokens) from
+    the reference head, kept while they are the model's tokens, then the model's next token."""
+    from transformers import AutoModelForCausalLM
+
+    reference = ReferenceHead(head, AutoModelForCausalLM.from_pretrained(model).eval())
+    kept = [0] * K
+    for prompt, continuation in zip(PROMPTS, continuations):
+        generated = 1  # (the prompt's step samples the first token, without drafts)
+        while generated < NUM_TOKENS:
+            k = min(K, NUM_TOKENS - generated - 1)
+            accepted = 0
+            if k > 0:
+                drafts = reference.drafts(prompt + continuation[:generated], k)
+                while accepted < k and drafts[accepted] == continuation[generated + accepted]:
+                    kept[accepted] += 1
+                    accepted += 1
+            generated += accepted + 1
+    return kept
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
+        cycling_model: Path, heads: dict[str, Path], greedy_reference: list[list[int]], method: str) -> None:
+    llm = make_llm(cycling_model, disable_log_stats=False, **spec(method, heads[method]))
+    try:
+        assert run(llm) == greedy_reference
+        kept = kept_per_position(llm)
+    finally:
+        llm.shutdown()
+    expected = reference_kept_per_position(heads[method], cycling_model, greedy_reference)
+    assert kept == expected
+    assert 0 < expected[-1] < expected[0] < len(PROMPTS) * NUM_TOKENS // 2  # (mostly kept, not always)
+
+
+@pytest.mark.parametrize("engine_args", [
+    {"max_num_batched_tokens": 9},  # prompts chunked beside drafting requests; drafts cut by the budget
+    {"block_size": 16, "num_kv_blocks": 12, "enable_prefix_caching": False},  # preempted and resumed
+    {"block_size": 16},  # the second run hits the prefix cache (its last block computed again)
+    {"attention_backend": "torch"},
+    {"multiprocess": True},
+])
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_greedy_tokens_under_every_schedule(cycling_model: Path, heads: dict[str, Path],
+                                            greedy_reference: list[list[int]], method: str,
+                                            engine_args: dict) -> None:
+    llm = make_llm(cycling_model, disable_log_stats=False, **spec(method, heads[method]), **engine_args)
+    try:
+        assert run(llm) == greedy_reference
+        if "num_kv_blocks" in engine_args:
+            assert llm.stats()["num_preemptions"] > 0
+        first = kept_per_position(llm)
+        assert first[0] > 0
+        assert run(llm) == greedy_reference
+        if engine_args == {"block_size": 16}:  # (hits read again as a first run: the same drafts kept)
+            assert kept_per_position(llm) == [2 * n for n in first]
+    finally:
+        llm.shutdown()
+
+
+def test_the_method_is_read_from_the_heads_name(cycling_model: Path, heads: dict[str, Path],
+                                                greedy_reference: list[list[int]], tmp_path: Path) -> None:
+    named = tmp_path / "my-eagle3-head"
+    named.symlink_to(heads["eagle3"], target_is_directory=True)
+    config = EngineArgs(model=str(cycling_model), speculative_config={
+        "model": str(named), "num_speculative_tokens": 2}).create_engine_config()
+    assert config.speculative_config.method == "eagle3"
+    assert config.speculative_config.eagle.aux_layer_ids == tuple(AUX_LAYERS)
+
+
+def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    gpt2 = build_tiny_model(tmp_path / "gpt2", "gpt2", tie_word_embeddings=True)
+    eagle1_config = json.loads((heads["eagle"] / "config.json").read_text())
+
+    def head_with(name: str, **changes: object) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**eagle1_config, **changes}))
+        return folder
+
+    cases = [
+        (cycling_model, spec("eagle", heads["eagle3"]), "architectures=\\['LlamaForCausalLMEagle3'\\]"),
+        (cycling_model, spec("eagle3", head_with("wide", hidden_size=128, architectures=["LlamaForCausalLMEagle3"],
+                                                 target_hidden_size=96)),
+         "hidden states of width 96"),
+        (cycling_model, spec("eagle", head_with("vocab", vocab_size=7)), "vocab_size=7 is not the model's"),
+        (cycling_model, spec("eagle", head_with("eagle3_fields", draft_vocab_size=10)),
+         "draft_vocab_size are EAGLE-3 fields"),
+        (cycling_model, spec("eagle3", head_with("speculators", speculators_model_type="eagle3")),
+         "speculators format"),
+        (cycling_model, spec("eagle3", head_with("layers", architectures=["LlamaForCausalLMEagle3"],
+                                                 eagle_aux_hidden_state_layer_ids=[1, 5])),
+         r"layers \[1, 5\]"),
+        (cycling_model, spec("eagle3", head_with("unknown", architectures=["LlamaForCausalLMEagle3"],
+                                                 eagle_config={"parallel_drafting": True})),
+         "'parallel_drafting' not implemented"),
+        (cycling_model, spec("eagle", head_with("field", rope_type_x=1)), "rope_type_x"),
+        (gpt2, spec("eagle", heads["eagle"]), "not GPT2LMHeadModel"),
+        (cycling_model, {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 2}},
+         "needs the draft's `model`"),
+    ]
+    for model, arguments, message in cases:
+        with pytest.raises(ValueError, match=message.replace("`", ".")):
+            EngineArgs(model=str(model), **arguments).create_engine_config()
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not implemented"):
+        EngineArgs(model=str(cycling_model), tensor_parallel_size=2,
+                   **spec("eagle", heads["eagle"])).create_engine_config()
+
+
+def test_every_eagle_target_keeps_the_residual_where_the_head_reads_it() -> None:
+    """EAGLE-3's hooks read (hidden, residual) at the model's layers and norm: the targets the
+    config takes must be Llama-family classes (their layers' form)."""
+    from vllm_lite.eagle_config import EAGLE_TARGET_ARCHITECTURES
+    from vllm_lite.model.models.llama import LlamaForCausalLM
+    from vllm_lite.model.registry import get_model_class
+
+    for architecture in EAGLE_TARGET_ARCHITECTURES:
+        assert issubclass(get_model_class(architecture), LlamaForCausalLM), architecture

@@ -1,0 +1,159 @@
+"""vLLM's EAGLE speculative decoding (methods "eagle" and "eagle3"), on the worker: an EAGLE head
+(model/models/eagle.py) drafts a request's next k tokens greedily from the model's hidden states,
+and the step verifies them as any drafts are verified (model_runner.py's draft path).
+
+The head's KV cache sits in the request's blocks beside the model's, as a draft model's does. Its
+position p holds what the head read there: the token at p + 1 and the model's states at p. So the
+head follows the model step by step: once a step is finished (its sampled tokens known), the head
+reads every position the step computed whose next token is known (`consume`: a prompt chunk's
+positions, a decode step's kept tokens; rejected drafts are not kept, and the next step writes
+over their places), and keeps, for a request whose last known token it read, its output there
+(`pending`). The next step's `propose` drafts from those: the first draft from the kept output,
+each later one by a pass over the draft before it. A prefix-cache hit leaves the last block out
+(the scheduler's `drop_last_hit_block`, vLLM's rule): the head's entry at a hit's last position
+was written with the next token of whichever request computed it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from vllm_lite.attention.backend import AttentionBackend
+from vllm_lite.config import SpeculativeConfig
+from vllm_lite.host_to_device import host_to_device
+from vllm_lite.model.loader import load_eagle_head
+from vllm_lite.ragged import segment_offsets
+from vllm_lite.worker.draft_model import draft_pass_metadata
+from vllm_lite.worker.input_batch import InputBatch
+
+
+@dataclass(slots=True)
+class EagleStep:
+    """What a launched step leaves for the head: the model's states at each of the step's
+    tokens (its final hidden states, or EAGLE-3's aux states), and where each row's tokens are."""
+
+    states: torch.Tensor
+    rows: np.ndarray  # batch rows, in the step's token order
+    req_ids: list[str]  # each row's request at launch
+    query_starts: np.ndarray  # each row's first token in `states`
+    query_lens: np.ndarray
+    starts: np.ndarray  # each row's first position this step (its computed tokens before it)
+
+
+class EagleProposer:
+    def __init__(self, spec: SpeculativeConfig, target: nn.Module, backend: AttentionBackend, device: torch.device,
+                 block_size: int) -> None:
+        self.config = spec.draft_model_config
+        self.eagle = spec.eagle
+        self.target = target
+        self.model = load_eagle_head(self.config, self.eagle, target, backend, device)
+        self.backend = backend
+        self.device = device
+        self.block_size = block_size
+        self.kv_caches: list[torch.Tensor] = []
+        # request -> the head's (logits states, next-pass states) at the position before its last known token
+        self.pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._captured: dict[int, torch.Tensor] = {}  # EAGLE-3: the model's residual stream at its aux layers
+        self._capture_aux_states()
+
+    def _capture_aux_states(self) -> None:
+        """EAGLE-3 reads the model's residual stream where its aux layers start (the stream after
+        the last layer for id num_layers): hooks on those layers keep it at every forward."""
+        layers = self.target.model.layers
+        for layer_id in sorted(set(self.eagle.aux_layer_ids)):
+            module = layers[layer_id] if layer_id < len(layers) else self.target.model.norm
+            position = 1 if layer_id < len(layers) else 0  # (a layer's args start with positions)
+            module.register_forward_pre_hook(self._keeper(layer_id, position))
+
+    def _keeper(self, layer_id: int, position: int):
+        def keep(module: nn.Module, args: tuple) -> None:
+            hidden, residual = args[position], args[position + 1]
+            # (cloned: the first layer's norm adds into its input, the embedding, in place)
+            self._captured[layer_id] = hidden.clone() if residual is None else hidden + residual
+        return keep
+
+    def step_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The states the head reads for the forward just run (`hidden`: its final states)."""
+        if not self.eagle.aux_layer_ids:
+            return hidden
+        return torch.cat([self._captured[i] for i in self.eagle.aux_layer_ids], dim=-1)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Finished or preempted requests (a resumed one is read again as it is recomputed)."""
+        for request_id in request_ids:
+            self.pending.pop(request_id, None)
+
+    def reset(self) -> None:
+        """The KV cache was let go (sleep)."""
+        self.pending.clear()
+
+    @torch.inference_mode()
+    def consume(self, batch: InputBatch, step: EagleStep) -> None:
+        """The head reads a finished step's positions whose next token is known."""
+        known = batch.num_tokens[step.rows].astype(np.int64)
+        here = np.fromiter((batch.req_ids[row] == req_id for row, req_id in zip(step.rows.tolist(), step.req_ids)),
+                           bool, len(step.rows))
+        lens = np.where(here, np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None), 0)
+        up_to_last = (lens > 0) & (step.starts + lens == known - 1)  # (read up to its last known token)
+        for index in np.flatnonzero(~up_to_last).tolist():
+            self.pending.pop(step.req_ids[index], None)
+        read = np.flatnonzero(lens)
+        if not len(read):
+            return
+        rows, lens, starts = step.rows[read], lens[read], step.starts[read]
+        token_rows = np.repeat(rows, lens)
+        positions = np.repeat(starts, lens) + segment_offsets(lens)
+        state_index = np.repeat(step.query_starts[read].astype(np.int64), lens) + segment_offsets(lens)
+        states = self.model.model.combine_target_states(step.states[host_to_device(state_index, self.device)])
+        logits_states, carried = self._pass(batch, rows, lens, token_rows, positions,
+                                            batch.token_ids[token_rows, positions + 1], states)
+        ends = np.flatnonzero(up_to_last[read])
+        at = host_to_device((np.cumsum(lens) - 1)[ends], self.device)
+        logits_states, carried = logits_states[at], carried[at]
+        for j, index in enumerate(ends.tolist()):
+            self.pending[step.req_ids[read[index]]] = (logits_states[j], carried[j])
+
+    @torch.inference_mode()
+    def propose(self, batch: InputBatch, counts: np.ndarray) -> None:
+        """Each batch row's `counts[row]` drafts, written after its known tokens. (A row the head
+        has not read up to its last token keeps zeros there: drafts the step rejects.)"""
+        rows = np.array([row for row in np.flatnonzero(counts).tolist() if batch.req_ids[row] in self.pending],
+                        dtype=np.int64)
+        if not len(rows):
+            return
+        kept = [self.pending[batch.req_ids[row]] for row in rows.tolist()]
+        logits_states = torch.stack([states for states, _ in kept])
+        carried = torch.stack([states for _, states in kept])
+        num_drafts = counts[rows]
+        known = batch.num_tokens[rows].astype(np.int64)
+        drafts = np.zeros((len(rows), int(num_drafts.max())), dtype=np.int64)
+        drafts[:, 0] = self._draft_tokens(logits_states)
+        for i in range(1, drafts.shape[1]):
+            active = np.flatnonzero(num_drafts > i)
+            step_rows = rows[active]
+            at = host_to_device(active, self.device)
+            logits_states, carried = self._pass(batch, step_rows, np.ones(len(active), dtype=np.int64), step_rows,
+                                                known[active] - 2 + i, drafts[active, i - 1], carried[at])
+            drafts[active, i] = self._draft_tokens(logits_states)
+            carried = carried.new_zeros((len(rows), carried.shape[-1])).index_copy_(0, at, carried)
+        for index, row in enumerate(rows.tolist()):
+            k = int(num_drafts[index])
+            batch.token_ids[row, known[index]:known[index] + k] = drafts[index, :k]
+
+    def _pass(self, batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,
+              positions: np.ndarray, input_ids: np.ndarray,
+              states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the given tokens (its KV written at their positions): its logits states
+        and next-pass states at each."""
+        attn_metadata, _ = draft_pass_metadata(batch, rows, lens, token_rows, positions, self.backend,
+                                               self.block_size, self.device)
+        return self.model.model(host_to_device(np.asarray(input_ids, dtype=np.int64), self.device),
+                                host_to_device(np.asarray(positions, dtype=np.int64), self.device), states,
+                                self.kv_caches, attn_metadata)
+
+    def _draft_tokens(self, logits_states: torch.Tensor) -> np.ndarray:
+        return self.model.draft_tokens(logits_states, self.target.compute_logits).cpu().numpy()
