@@ -249,8 +249,12 @@ class ModelRunner:
         self.kv_caches = self._new_kv_caches(num_blocks)
         if self.drafter is not None:  # (the same blocks: a request's block table is the draft's too)
             self.drafter.kv_caches = self._new_kv_caches(num_blocks, self.drafter.model, self.drafter.config.hf)
-        self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
-                                                     self.kv_caches, self.device)
+        if self.device.type == "cuda" and isinstance(self.drafter, EagleProposer) and self.drafter.eagle.aux_layer_ids:
+            logger.info("CUDA graphs off: the EAGLE-3 head reads the model's layers through hooks, which a graph "
+                        "replay does not run")
+        else:
+            self.cuda_graphs = maybe_capture_cuda_graphs(self.config, self.model, self.attn_backend,
+                                                         self.kv_caches, self.device)
 
     def release_kv_cache(self) -> None:
         """vLLM's sleep level 1 on CPU: the KV cache's memory goes back to the system (no

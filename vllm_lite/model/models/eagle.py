@@ -55,7 +55,8 @@ class EagleModel(nn.Module):
                  tp: TensorParallelGroup, own_embeddings: bool) -> None:
         super().__init__()
         self.eagle = eagle
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if own_embeddings else None
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if own_embeddings
+                             else None)
         rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
         first = (Eagle3FirstLayer(config, rotary, backend, tp, eagle.norm_before_residual) if eagle.version == 3
                  else LlamaDecoderLayer(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True, layer_idx=0))
