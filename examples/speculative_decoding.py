@@ -4,7 +4,11 @@ decoding without drafts.
 
     python examples/speculative_decoding.py                  # the demo model
     python examples/speculative_decoding.py /path/to/model
+    python examples/speculative_decoding.py /path/to/Llama-3.1-8B-Instruct /path/to/EAGLE3-LLaMA3.1-Instruct-8B
     # the server: vllm-lite serve MODEL --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
+
+With a second argument, an EAGLE head drafts instead (vLLM's methods "eagle" / "eagle3", read
+from the head's name as vLLM reads it, else pass "method" yourself).
 """
 
 import sys
@@ -16,10 +20,11 @@ TEXT = ("The committee met on Tuesday to review the budget. The members agreed t
         "public library, to repair the roof of the town hall before winter, and to hire two more teachers.")
 
 
-def main(model: str | None) -> None:
-    llm = LLM(model, max_model_len=1024, disable_log_stats=False,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                  "prompt_lookup_max": 4, "prompt_lookup_min": 2})
+def main(model: str | None, eagle_head: str | None) -> None:
+    speculative_config = ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                           "prompt_lookup_min": 2} if eagle_head is None
+                          else {"model": eagle_head, "num_speculative_tokens": 3})
+    llm = LLM(model, max_model_len=1024, disable_log_stats=False, speculative_config=speculative_config)
     try:
         messages = [{"role": "user", "content": f"Repeat this text exactly:\n\n{TEXT}"}]
         start = time.perf_counter()
@@ -36,4 +41,4 @@ def main(model: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main(sys.argv[1] if len(sys.argv) > 1 else None, sys.argv[2] if len(sys.argv) > 2 else None)

@@ -101,7 +101,7 @@ def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
     {"block_size": 16, "num_kv_blocks": 12, "enable_prefix_caching": False},  # preempted and resumed
     {"block_size": 16},  # the second run hits the prefix cache (its last block computed again)
     {"attention_backend": "torch"},
-    {"multiprocess": True},
+    {"multiprocess": True, "tensor_parallel_size": 2},
 ])
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_greedy_tokens_under_every_schedule(cycling_model: Path, heads: dict[str, Path],
@@ -166,9 +166,9 @@ def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dic
     for model, arguments, message in cases:
         with pytest.raises(ValueError, match=message.replace("`", ".")):
             EngineArgs(model=str(model), **arguments).create_engine_config()
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not implemented"):
-        EngineArgs(model=str(cycling_model), tensor_parallel_size=2,
-                   **spec("eagle", heads["eagle"])).create_engine_config()
+    with pytest.raises(ValueError, match="num_attention_heads=3 is not divisible by tensor_parallel_size=2"):
+        EngineArgs(model=str(cycling_model), tensor_parallel_size=2, **spec("eagle", head_with(
+            "odd_heads", num_attention_heads=3, num_key_value_heads=1, head_dim=16))).create_engine_config()
 
 
 def test_every_eagle_target_keeps_the_residual_where_the_head_reads_it() -> None:

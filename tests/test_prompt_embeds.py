@@ -234,7 +234,7 @@ def test_refused_without_the_flag_and_with_a_draft_model(tiny_llama: Path) -> No
             llm.generate({"prompt_embeds": torch.zeros(3, 64)}, GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
-    with pytest.raises(ValueError, match="a draft model and enable_prompt_embeds is not implemented"):
+    with pytest.raises(ValueError, match="a draft model or EAGLE head and enable_prompt_embeds is not implemented"):
         EngineArgs(model=str(tiny_llama), enable_prompt_embeds=True,
                    speculative_config={"model": str(tiny_llama), "num_speculative_tokens": 2}).create_engine_config()
 

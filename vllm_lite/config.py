@@ -930,9 +930,6 @@ class EngineArgs:
                f"speculative_config: method={spec.method!r} drafts for the Llama-family models here "
                f"({', '.join(EAGLE_TARGET_ARCHITECTURES)}), not {target.hf.architecture}"
                f"{' through the Transformers fallback' if target.hf.model_impl != 'vllm' else ''}")
-        _check(self.tensor_parallel_size == 1, f"speculative_config: method={spec.method!r} with "
-                                               f"tensor_parallel_size={self.tensor_parallel_size} is not implemented "
-                                               "(the head runs on one rank)")
         _check(target.quantization is None, f"speculative_config: method={spec.method!r} on a quantized model "
                                             f"({target.quantization}) is not implemented")
         head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
@@ -944,6 +941,7 @@ class EngineArgs:
         _check(hf.quantization is None, "speculative_config: a quantized EAGLE head is not implemented")
         _check(not hf.has_sliding_window, "speculative_config: an EAGLE head with sliding-window layers is not "
                                           "implemented")
+        check_tensor_parallel_split(hf, self.tensor_parallel_size)  # (the head is split as the model is)
         head = dataclasses.replace(target, model=str(head_dir), hf=hf, quantization=None, gguf_file=None)
         return dataclasses.replace(spec, draft_model_config=head, eagle=eagle)
 

@@ -246,8 +246,8 @@ def _placed(model: nn.Module, model_config: ModelConfig, device: torch.device) -
 
 
 def load_eagle_head(head_config: ModelConfig, eagle: EagleHeadConfig, target: nn.Module, backend: AttentionBackend,
-                    device: torch.device) -> EagleHead:
-    """An EAGLE head from its folder (one rank), sharing the model's embedding where its checkpoint
+                    device: torch.device, tp: TensorParallelGroup = SINGLE_RANK) -> EagleHead:
+    """An EAGLE head from its folder (this rank's part, split as the model is), sharing the model's embedding where its checkpoint
     has none (vLLM's rule; EAGLE-3 heads usually have none) and, without an LM head of its own,
     drafting with the model's (EAGLE-1's usual form)."""
     source = Path(head_config.model)
@@ -258,7 +258,7 @@ def load_eagle_head(head_config: ModelConfig, eagle: EagleHeadConfig, target: nn
         raise ValueError(f"speculative_config: the EAGLE head in '{source}' has a draft vocabulary "
                          f"(draft_vocab_size={eagle.draft_vocab_size}) but no lm_head.weight for it")
     with torch.device("cpu"):
-        head = EagleHead(head_config.hf, eagle, head_config.max_model_len + 1, backend,
+        head = EagleHead(head_config.hf, eagle, head_config.max_model_len + 1, backend, tp,
                          own_embeddings=own_embeddings, own_lm_head=own_lm_head)
     load_weights(head, ((name, weight) for name, weight in iterate_weights(source) if name != "t2d"), str(source))
     head = _placed(head, head_config, device)

@@ -24,6 +24,7 @@ from torch import nn
 
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import SpeculativeConfig
+from vllm_lite.distributed.parallel_state import TensorParallelGroup
 from vllm_lite.host_to_device import host_to_device
 from vllm_lite.model.loader import load_eagle_head
 from vllm_lite.ragged import segment_offsets
@@ -44,19 +45,33 @@ class EagleStep:
     starts: np.ndarray  # each row's first position this step (its computed tokens before it)
 
 
+@dataclass(slots=True)
+class PendingStates:
+    """The head's outputs at each request's last known position (the position before its last
+    known token): what its next drafts start from. Rows of two tensors, one per request in
+    `index` (a forgotten request's row stays until the next step's states replace them)."""
+
+    logits_states: torch.Tensor  # what the draft logits are taken from
+    carried: torch.Tensor  # what the next pass reads
+    index: dict[str, int]  # request -> row
+
+    @staticmethod
+    def empty() -> PendingStates:
+        return PendingStates(torch.empty(0), torch.empty(0), {})
+
+
 class EagleProposer:
     def __init__(self, spec: SpeculativeConfig, target: nn.Module, backend: AttentionBackend, device: torch.device,
-                 block_size: int) -> None:
+                 tp: TensorParallelGroup, block_size: int) -> None:
         self.config = spec.draft_model_config
         self.eagle = spec.eagle
         self.target = target
-        self.model = load_eagle_head(self.config, self.eagle, target, backend, device)
+        self.model = load_eagle_head(self.config, self.eagle, target, backend, device, tp)
         self.backend = backend
         self.device = device
         self.block_size = block_size
         self.kv_caches: list[torch.Tensor] = []
-        # request -> the head's (logits states, next-pass states) at the position before its last known token
-        self.pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pending = PendingStates.empty()
         self._captured: dict[int, torch.Tensor] = {}  # EAGLE-3: the model's residual stream at its aux layers
         self._capture_aux_states()
 
@@ -85,11 +100,11 @@ class EagleProposer:
     def forget(self, request_ids: Iterable[str]) -> None:
         """Finished or preempted requests (a resumed one is read again as it is recomputed)."""
         for request_id in request_ids:
-            self.pending.pop(request_id, None)
+            self.pending.index.pop(request_id, None)
 
     def reset(self) -> None:
         """The KV cache was let go (sleep)."""
-        self.pending.clear()
+        self.pending = PendingStates.empty()
 
     @torch.inference_mode()
     def consume(self, batch: InputBatch, step: EagleStep) -> None:
@@ -99,10 +114,9 @@ class EagleProposer:
                            bool, len(step.rows))
         lens = np.where(here, np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None), 0)
         up_to_last = (lens > 0) & (step.starts + lens == known - 1)  # (read up to its last known token)
-        for index in np.flatnonzero(~up_to_last).tolist():
-            self.pending.pop(step.req_ids[index], None)
         read = np.flatnonzero(lens)
         if not len(read):
+            self._keep_pending(step.req_ids, [], None, None)
             return
         rows, lens, starts = step.rows[read], lens[read], step.starts[read]
         token_rows = np.repeat(rows, lens)
@@ -113,21 +127,36 @@ class EagleProposer:
                                             batch.token_ids[token_rows, positions + 1], states)
         ends = np.flatnonzero(up_to_last[read])
         at = host_to_device((np.cumsum(lens) - 1)[ends], self.device)
-        logits_states, carried = logits_states[at], carried[at]
-        for j, index in enumerate(ends.tolist()):
-            self.pending[step.req_ids[read[index]]] = (logits_states[j], carried[j])
+        self._keep_pending(step.req_ids, [step.req_ids[i] for i in read[ends].tolist()], logits_states[at],
+                           carried[at])
+
+    def _keep_pending(self, step_req_ids: list[str], req_ids: list[str], logits_states: torch.Tensor | None,
+                      carried: torch.Tensor | None) -> None:
+        """The step's requests' entries replaced by `req_ids`' new states (the others of the step
+        have none now: not read up to their last token); other requests' entries kept."""
+        old, in_step = self.pending, set(step_req_ids)
+        others = [req_id for req_id in old.index if req_id not in in_step]
+        if others:
+            kept_at = host_to_device(np.array([old.index[r] for r in others], dtype=np.int64), self.device)
+            kept = (old.logits_states[kept_at], old.carried[kept_at])
+            logits_states = kept[0] if logits_states is None else torch.cat([kept[0], logits_states])
+            carried = kept[1] if carried is None else torch.cat([kept[1], carried])
+        ids = others + req_ids
+        self.pending = (PendingStates(logits_states, carried, dict(zip(ids, range(len(ids))))) if ids
+                        else PendingStates.empty())
 
     @torch.inference_mode()
     def propose(self, batch: InputBatch, counts: np.ndarray) -> None:
         """Each batch row's `counts[row]` drafts, written after its known tokens. (A row the head
         has not read up to its last token keeps zeros there: drafts the step rejects.)"""
-        rows = np.array([row for row in np.flatnonzero(counts).tolist() if batch.req_ids[row] in self.pending],
-                        dtype=np.int64)
-        if not len(rows):
+        index = self.pending.index
+        found = [(row, index.get(batch.req_ids[row])) for row in np.flatnonzero(counts).tolist()]
+        found = [(row, at) for row, at in found if at is not None]
+        if not found:
             return
-        kept = [self.pending[batch.req_ids[row]] for row in rows.tolist()]
-        logits_states = torch.stack([states for states, _ in kept])
-        carried = torch.stack([states for _, states in kept])
+        rows = np.array([row for row, _ in found], dtype=np.int64)
+        at = host_to_device(np.array([at for _, at in found], dtype=np.int64), self.device)
+        logits_states, carried = self.pending.logits_states[at], self.pending.carried[at]
         num_drafts = counts[rows]
         known = batch.num_tokens[rows].astype(np.int64)
         drafts = np.zeros((len(rows), int(num_drafts.max())), dtype=np.int64)
@@ -140,9 +169,9 @@ class EagleProposer:
                                                 known[active] - 2 + i, drafts[active, i - 1], carried[at])
             drafts[active, i] = self._draft_tokens(logits_states)
             carried = carried.new_zeros((len(rows), carried.shape[-1])).index_copy_(0, at, carried)
-        for index, row in enumerate(rows.tolist()):
-            k = int(num_drafts[index])
-            batch.token_ids[row, known[index]:known[index] + k] = drafts[index, :k]
+        placed = np.arange(drafts.shape[1]) < num_drafts[:, None]
+        batch.token_ids[np.repeat(rows, num_drafts), (known[:, None] + np.arange(drafts.shape[1]))[placed]] = \
+            drafts[placed]
 
     def _pass(self, batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,
               positions: np.ndarray, input_ids: np.ndarray,

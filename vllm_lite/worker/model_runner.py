@@ -187,7 +187,7 @@ class ModelRunner:
         if spec is not None and spec.uses_draft_model:
             self.drafter = DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
         elif spec is not None and spec.eagle is not None:
-            self.drafter = EagleProposer(spec, self.model, self.attn_backend, device, self.block_size)
+            self.drafter = EagleProposer(spec, self.model, self.attn_backend, device, tp, self.block_size)
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
