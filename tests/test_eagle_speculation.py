@@ -180,3 +180,31 @@ def test_every_eagle_target_keeps_the_residual_where_the_head_reads_it() -> None
 
     for architecture in EAGLE_TARGET_ARCHITECTURES:
         assert issubclass(get_model_class(architecture), LlamaForCausalLM), architecture
+
+
+def test_seeded_sampling_repeats_and_grammars_decode_beside_drafting_requests(
+        cycling_model: Path, heads: dict[str, Path]) -> None:
+    """Sampled drafts are verified by the sampler (the same seeded tokens in any batch order); a
+    request with a grammar decodes without drafts while the head still reads its steps."""
+    from vllm_lite.sampling_params import StructuredOutputsParams
+
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    params = [SamplingParams(temperature=0.8, top_k=50, max_tokens=30, ignore_eos=True, seed=i)
+              for i in range(len(PROMPTS))]
+    choice = SamplingParams(temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(
+        choice=["alpha", "beta"]))
+    plain = make_llm(cycling_model)
+    try:
+        expected_choice = plain.generate("pick one:", choice, use_tqdm=False)[0].outputs[0].text
+    finally:
+        plain.shutdown()
+    llm = make_llm(cycling_model, **spec("eagle3", heads["eagle3"]))
+    try:
+        first = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+        again = [list(o.outputs[0].token_ids) for o in llm.generate(prompts[::-1], params[::-1], use_tqdm=False)]
+        assert again == first[::-1]
+        mixed = llm.generate(["pick one:", *prompts], [choice, *params], use_tqdm=False)
+        assert mixed[0].outputs[0].text == expected_choice
+        assert [list(o.outputs[0].token_ids) for o in mixed[1:]] == first
+    finally:
+        llm.shutdown()
