@@ -45,19 +45,62 @@ class EagleStep:
     starts: np.ndarray  # each row's first position this step (its computed tokens before it)
 
 
+def positions_read(batch: InputBatch, step: EagleStep) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of a finished step: how many of the positions it computed have their next
+    token known (0 for a row whose request left the batch: nothing is read), and whether those
+    reach the position before its last known token (what its next drafts start from)."""
+    known = batch.num_tokens[step.rows].astype(np.int64)
+    here = np.fromiter((batch.req_ids[row] == req_id for row, req_id in zip(step.rows.tolist(), step.req_ids)),
+                       bool, len(step.rows))
+    lens = np.where(here, np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None), 0)
+    return lens, (lens > 0) & (step.starts + lens == known - 1)
+
+
 @dataclass(slots=True)
 class PendingStates:
-    """The head's outputs at each request's last known position (the position before its last
-    known token): what its next drafts start from. Rows of two tensors, one per request in
-    `index` (a forgotten request's row stays until the next step's states replace them)."""
+    """A drafter's states at each request's position before its last known token: what its next
+    drafts start from (an EAGLE head's outputs there, or the model's hidden state for Medusa).
+    Rows of the tensors in `states`, one per request in `index` (a forgotten request's row stays
+    until the next step's states replace them)."""
 
-    logits_states: torch.Tensor  # what the draft logits are taken from
-    carried: torch.Tensor  # what the next pass reads
+    states: tuple[torch.Tensor, ...]
     index: dict[str, int]  # request -> row
 
     @staticmethod
     def empty() -> PendingStates:
-        return PendingStates(torch.empty(0), torch.empty(0), {})
+        return PendingStates((), {})
+
+    def replaced(self, step_req_ids: list[str], req_ids: list[str], states: tuple[torch.Tensor, ...] | None,
+                 device: torch.device) -> PendingStates:
+        """A step's requests' rows replaced by `req_ids`' new `states` (the step's other requests
+        have none now: not read up to their last token); other requests' rows kept."""
+        in_step = set(step_req_ids)
+        others = [req_id for req_id in self.index if req_id not in in_step]
+        if others:
+            kept_at = host_to_device(np.array([self.index[r] for r in others], dtype=np.int64), device)
+            kept = tuple(tensor[kept_at] for tensor in self.states)
+            states = kept if states is None else tuple(torch.cat(pair) for pair in zip(kept, states))
+        ids = others + req_ids
+        return PendingStates(states, dict(zip(ids, range(len(ids))))) if ids else PendingStates.empty()
+
+    def drafting_rows(self, batch: InputBatch, counts: np.ndarray,
+                      device: torch.device) -> tuple[np.ndarray, tuple[torch.Tensor, ...]] | None:
+        """The batch rows that draft this step and have states (a row without any keeps zeros in
+        its places: drafts the step rejects), and their states; None without any."""
+        found = [(row, self.index.get(batch.req_ids[row])) for row in np.flatnonzero(counts).tolist()]
+        found = [(row, at) for row, at in found if at is not None]
+        if not found:
+            return None
+        at = host_to_device(np.array([at for _, at in found], dtype=np.int64), device)
+        return np.array([row for row, _ in found], dtype=np.int64), tuple(tensor[at] for tensor in self.states)
+
+
+def place_drafts(batch: InputBatch, rows: np.ndarray, num_drafts: np.ndarray, drafts: np.ndarray) -> None:
+    """Each row's first `num_drafts` of its `drafts` row written after its known tokens."""
+    known = batch.num_tokens[rows].astype(np.int64)
+    placed = np.arange(drafts.shape[1]) < num_drafts[:, None]
+    batch.token_ids[np.repeat(rows, num_drafts), (known[:, None] + np.arange(drafts.shape[1]))[placed]] = \
+        drafts[placed]
 
 
 class EagleProposer:
@@ -109,14 +152,10 @@ class EagleProposer:
     @torch.inference_mode()
     def consume(self, batch: InputBatch, step: EagleStep) -> None:
         """The head reads a finished step's positions whose next token is known."""
-        known = batch.num_tokens[step.rows].astype(np.int64)
-        here = np.fromiter((batch.req_ids[row] == req_id for row, req_id in zip(step.rows.tolist(), step.req_ids)),
-                           bool, len(step.rows))
-        lens = np.where(here, np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None), 0)
-        up_to_last = (lens > 0) & (step.starts + lens == known - 1)  # (read up to its last known token)
+        lens, up_to_last = positions_read(batch, step)
         read = np.flatnonzero(lens)
         if not len(read):
-            self._keep_pending(step.req_ids, [], None, None)
+            self.pending = self.pending.replaced(step.req_ids, [], None, self.device)
             return
         rows, lens, starts = step.rows[read], lens[read], step.starts[read]
         token_rows = np.repeat(rows, lens)
@@ -127,36 +166,17 @@ class EagleProposer:
                                             batch.token_ids[token_rows, positions + 1], states)
         ends = np.flatnonzero(up_to_last[read])
         at = host_to_device((np.cumsum(lens) - 1)[ends], self.device)
-        self._keep_pending(step.req_ids, [step.req_ids[i] for i in read[ends].tolist()], logits_states[at],
-                           carried[at])
-
-    def _keep_pending(self, step_req_ids: list[str], req_ids: list[str], logits_states: torch.Tensor | None,
-                      carried: torch.Tensor | None) -> None:
-        """The step's requests' entries replaced by `req_ids`' new states (the others of the step
-        have none now: not read up to their last token); other requests' entries kept."""
-        old, in_step = self.pending, set(step_req_ids)
-        others = [req_id for req_id in old.index if req_id not in in_step]
-        if others:
-            kept_at = host_to_device(np.array([old.index[r] for r in others], dtype=np.int64), self.device)
-            kept = (old.logits_states[kept_at], old.carried[kept_at])
-            logits_states = kept[0] if logits_states is None else torch.cat([kept[0], logits_states])
-            carried = kept[1] if carried is None else torch.cat([kept[1], carried])
-        ids = others + req_ids
-        self.pending = (PendingStates(logits_states, carried, dict(zip(ids, range(len(ids))))) if ids
-                        else PendingStates.empty())
+        self.pending = self.pending.replaced(step.req_ids, [step.req_ids[i] for i in read[ends].tolist()],
+                                             (logits_states[at], carried[at]), self.device)
 
     @torch.inference_mode()
     def propose(self, batch: InputBatch, counts: np.ndarray) -> None:
         """Each batch row's `counts[row]` drafts, written after its known tokens. (A row the head
         has not read up to its last token keeps zeros there: drafts the step rejects.)"""
-        index = self.pending.index
-        found = [(row, index.get(batch.req_ids[row])) for row in np.flatnonzero(counts).tolist()]
-        found = [(row, at) for row, at in found if at is not None]
-        if not found:
+        drafting = self.pending.drafting_rows(batch, counts, self.device)
+        if drafting is None:
             return
-        rows = np.array([row for row, _ in found], dtype=np.int64)
-        at = host_to_device(np.array([at for _, at in found], dtype=np.int64), self.device)
-        logits_states, carried = self.pending.logits_states[at], self.pending.carried[at]
+        rows, (logits_states, carried) = drafting
         num_drafts = counts[rows]
         known = batch.num_tokens[rows].astype(np.int64)
         drafts = np.zeros((len(rows), int(num_drafts.max())), dtype=np.int64)
@@ -169,9 +189,7 @@ class EagleProposer:
                                                 known[active] - 2 + i, drafts[active, i - 1], carried[at])
             drafts[active, i] = self._draft_tokens(logits_states)
             carried = carried.new_zeros((len(rows), carried.shape[-1])).index_copy_(0, at, carried)
-        placed = np.arange(drafts.shape[1]) < num_drafts[:, None]
-        batch.token_ids[np.repeat(rows, num_drafts), (known[:, None] + np.arange(drafts.shape[1]))[placed]] = \
-            drafts[placed]
+        place_drafts(batch, rows, num_drafts, drafts)
 
     def _pass(self, batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,
               positions: np.ndarray, input_ids: np.ndarray,
