@@ -416,8 +416,8 @@ def test_split_token_columns_places_each_finish_with_its_last_token() -> None:
 
 # ---- what is refused ----
 @pytest.mark.parametrize("config, words", [
-    ({"method": "medusa", "model": "some/medusa-head", "num_speculative_tokens": 3},
-     "method='medusa' is not implemented"),
+    ({"method": "mlp_speculator", "model": "some/speculator", "num_speculative_tokens": 3},
+     "method='mlp_speculator' is not implemented"),
     ({"method": "mtp", "num_speculative_tokens": 3}, "method='mtp' is not implemented"),
     ({"method": "suffix", "num_speculative_tokens": 3}, "method='suffix' is not implemented"),
     ({"method": "ngram"}, "num_speculative_tokens must be an integer"),

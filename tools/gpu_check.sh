@@ -24,7 +24,7 @@ timeout "${GPU_CHECK_TEST_SECONDS:-480}" $PY -m pytest -q -p no:cacheprovider -o
     tests/test_n_samples.py tests/model/test_families.py tests/test_sliding_window.py tests/sample/test_logprobs.py \
     tests/test_beam_search.py tests/sample/test_bad_words.py tests/test_embeddings.py tests/model/test_rope_scaling.py \
     tests/test_lifecycle.py tests/test_prompt_embeds.py tests/test_repetition_detection.py tests/test_lora.py \
-    tests/test_speculative_decoding.py tests/test_draft_model_speculation.py tests/test_eagle_speculation.py \
+    tests/test_speculative_decoding.py tests/test_draft_model_speculation.py tests/test_speculative_heads.py \
     tests/test_logits_processors.py \
     tests/test_thinking_budget.py tests/worker/test_decode_step_inputs.py tests/test_scheduler_knobs.py \
     tests/test_ragged.py tests/test_classification.py tests/test_gpu_memory_utilization.py \

@@ -23,6 +23,7 @@ from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fiel
 from vllm_lite.eagle_config import (EAGLE_METHODS, EAGLE_TARGET_ARCHITECTURES, EagleHeadConfig, eagle_method_of,
                                     read_eagle_head)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
+from vllm_lite.medusa_config import MedusaHeadConfig, read_medusa_head
 from vllm_lite.multimodal_checkpoints import check_multimodal_limits, is_multimodal, language_model_config
 from vllm_lite.profiler_config import ProfilerConfig, profiler_config
 from vllm_lite.logits_processor import load_logits_processors, processor_name
@@ -543,13 +544,15 @@ class SpeculativeConfig:
     # vLLM's: no drafts while more than this many requests run (None: always drafts)
     disable_by_batch_size: int | None = None
     # or "draft_model": a smaller model of the same vocabulary drafts greedily; "eagle" / "eagle3":
-    # an EAGLE head drafts from the model's hidden states (eagle_config.py, worker/eagle.py)
+    # an EAGLE head drafts from the model's hidden states (eagle_config.py, worker/eagle.py);
+    # "medusa": a Medusa head's k LM heads draft from the model's last hidden state (worker/medusa.py)
     method: str = "ngram"
     draft_model: str | None = None  # the draft model's or EAGLE head's folder (as `model` was given)
     # the draft's, built with the engine's dtype and length (an EAGLE head's: its Llama layers' config)
     draft_model_config: ModelConfig | None = None
     draft_tensor_parallel_size: int | None = None  # vLLM's; the model's only (the draft runs on its ranks)
     eagle: EagleHeadConfig | None = None  # an EAGLE head's own settings
+    medusa: MedusaHeadConfig | None = None  # a Medusa head's (no KV cache: draft_model_config stays None)
 
     @property
     def uses_draft_model(self) -> bool:
@@ -890,10 +893,14 @@ class EngineArgs:
                 "step's tokens"))
         if self.speculative_config is not None:
             spec = speculative_config(self.speculative_config)
+            if spec.uses_draft_model and _is_medusa_head(spec.draft_model, self.download_dir, self.hf_token):
+                spec = dataclasses.replace(spec, method="medusa")  # (vLLM's inference, from the head's model_type)
             if spec.uses_draft_model:
                 spec = dataclasses.replace(spec, draft_model_config=self._draft_model_config(spec, model_config, device))
             elif spec.method in EAGLE_METHODS:
                 spec = self._with_eagle_head(spec, model_config)
+            elif spec.method == "medusa":
+                spec = self._with_medusa_head(spec, model_config)
             scheduler_config = self._without_async_scheduling(config.scheduler_config, "speculative_config",
                                                               "a step's drafts come from the last step's tokens")
             config = dataclasses.replace(config, speculative_config=spec, scheduler_config=scheduler_config)
@@ -944,6 +951,19 @@ class EngineArgs:
         check_tensor_parallel_split(hf, self.tensor_parallel_size)  # (the head is split as the model is)
         head = dataclasses.replace(target, model=str(head_dir), hf=hf, quantization=None, gguf_file=None)
         return dataclasses.replace(spec, draft_model_config=head, eagle=eagle)
+
+    def _with_medusa_head(self, spec: SpeculativeConfig, target: ModelConfig) -> SpeculativeConfig:
+        """A Medusa head's settings; k defaults to its number of heads (vLLM's) and may not pass it."""
+        _check(target.hf.model_impl == "vllm", f"speculative_config: method='medusa' on {target.hf.architecture} "
+                                               "through the Transformers fallback is not implemented")
+        head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
+        _check(head_dir.is_dir() and (head_dir / "config.json").is_file(),
+               f"speculative_config: model '{spec.draft_model}' is no folder with a config.json")
+        medusa = read_medusa_head(_read_json(head_dir / "config.json"), target.hf.hidden_size, target.hf.vocab_size)
+        k = spec.num_speculative_tokens or medusa.num_heads
+        _check(k <= medusa.num_heads, f"speculative_config: num_speculative_tokens={k} is more than the Medusa "
+                                      f"head's {medusa.num_heads} heads")
+        return dataclasses.replace(spec, num_speculative_tokens=k, draft_model=str(head_dir), medusa=medusa)
 
     def _without_async_scheduling(self, scheduler_config: SchedulerConfig, feature: str, why: str) -> SchedulerConfig:
         """Features that need each step's tokens known before the next step is scheduled
@@ -1651,7 +1671,7 @@ SPECULATIVE_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_looku
                       "disable_by_batch_size")
 DRAFT_MODEL_FIELDS = ("draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
                       "speculative_token_tree", "enforce_eager")
-SPECULATIVE_METHODS = ("ngram", "draft_model", *EAGLE_METHODS)
+SPECULATIVE_METHODS = ("ngram", "draft_model", *EAGLE_METHODS, "medusa")
 MAX_SPECULATIVE_TOKENS = 128  # vLLM's rejection sampler's limit (MAX_SPEC_LEN)
 # vLLM's defaults when neither prompt_lookup bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
@@ -1671,8 +1691,8 @@ def speculative_config(given: Any) -> SpeculativeConfig:
     if method is None and isinstance(model, str):  # (vLLM's inference: an EAGLE head by its name, else a draft)
         method = eagle_method_of(model) or "draft_model"
     _check(method in SPECULATIVE_METHODS, f"speculative_config: method={method!r} is not implemented (methods: "
-                                          f"{', '.join(SPECULATIVE_METHODS)}; Medusa, MTP heads and suffix decoding "
-                                          "are not)")
+                                          f"{', '.join(SPECULATIVE_METHODS)}; MTP heads and suffix decoding are "
+                                          "not)")
     k = given.get("num_speculative_tokens")
     if method != "ngram":
         return _draft_model_speculation(given, method, model, k)
@@ -1699,7 +1719,7 @@ def _draft_model_speculation(given: dict[str, Any], method: str, model: Any, k: 
     """vLLM's methods "draft_model" (`model`, a folder or hub id, drafts k tokens a step greedily)
     and "eagle" / "eagle3" (`model` is an EAGLE head)."""
     _check(isinstance(model, str) and model, f"speculative_config: method={method!r} needs the draft's `model`")
-    _check(_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
+    _check((k is None and method == "medusa") or (_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS),
            f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
     lookup = [name for name in ("prompt_lookup_min", "prompt_lookup_max") if given.get(name) is not None]
     _check(not lookup, f"speculative_config: {', '.join(lookup)} are the n-gram method's, not a draft model's")
@@ -1714,10 +1734,17 @@ def _draft_model_speculation(given: dict[str, Any], method: str, model: Any, k: 
                              draft_tensor_parallel_size=given.get("draft_tensor_parallel_size"))
 
 
+def _is_medusa_head(model: str, download_dir: str | None, hf_token: str | None) -> bool:
+    config_path = resolve_model_path(model, None, download_dir, hf_token, weights=False) / "config.json"
+    return config_path.is_file() and _read_json(config_path).get("model_type") == "medusa"
+
+
 def check_speculative_decoding(config: VllmConfig) -> None:
     """Where drafts run here: generating models whose KV cache keeps every block."""
     _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
-    _check(not (config.model_config.enable_prompt_embeds and config.speculative_config.drafts_on_workers),
+    # (a Medusa head reads only the model's hidden states; a draft model and an EAGLE head read token ids)
+    _check(not (config.model_config.enable_prompt_embeds and config.speculative_config.drafts_on_workers
+                and config.speculative_config.method != "medusa"),
            "speculative_config with a draft model or EAGLE head and enable_prompt_embeds is not implemented (the "
            "draft reads prompts as token ids; prompt_embeds are the model's own input embeddings)")
     _check(not config.model_config.logits_processors,

@@ -21,6 +21,7 @@ from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import ModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.eagle_config import EagleHeadConfig
+from vllm_lite.medusa_config import MedusaHeadConfig
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
 from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, materialize
@@ -31,6 +32,7 @@ from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_
 from vllm_lite.model.checkpoint_files import iterate_weights, safetensors_files
 from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
 from vllm_lite.model.models.eagle import EagleHead
+from vllm_lite.model.models.medusa import MedusaHead
 from vllm_lite.model.registry import get_model_class
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
 
@@ -227,18 +229,18 @@ def load_model(model_config: ModelConfig, backend: AttentionBackend, device: tor
             model.score = _head_from_token_rows(model_config)
     if dummy:
         initialize_dummy_weights(model)
-    return _placed(model, model_config, device)
+    return _placed(model, model_config.dtype, device, model_config.quantization)
 
 
-def _placed(model: nn.Module, model_config: ModelConfig, device: torch.device) -> nn.Module:
+def _placed(model: nn.Module, dtype_name: str, device: torch.device, quantization: str | None = None) -> nn.Module:
     """A loaded model on its device in the engine's dtype, its layers ready to run."""
-    dtype = getattr(torch, model_config.dtype)
+    dtype = getattr(torch, dtype_name)
     model = model.to(device=device, dtype=dtype).eval()  # uint8 GGUF blocks (and int64 ids) keep their dtype
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding):
             module.output_dtype = dtype
-    if model_config.quantization == "int8":
-        quantize_model(model, model_config.quantization)
+    if quantization == "int8":
+        quantize_model(model, quantization)
     for module in model.modules():
         if hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
@@ -261,10 +263,19 @@ def load_eagle_head(head_config: ModelConfig, eagle: EagleHeadConfig, target: nn
         head = EagleHead(head_config.hf, eagle, head_config.max_model_len + 1, backend, tp,
                          own_embeddings=own_embeddings, own_lm_head=own_lm_head)
     load_weights(head, ((name, weight) for name, weight in iterate_weights(source) if name != "t2d"), str(source))
-    head = _placed(head, head_config, device)
+    head = _placed(head, head_config.dtype, device)
     if not own_embeddings:
         head.model.embed_tokens = target.model.embed_tokens
     return head
+
+
+def load_medusa_head(source: Path, config: MedusaHeadConfig, dtype_name: str, device: torch.device,
+                     tp: TensorParallelGroup = SINGLE_RANK) -> MedusaHead:
+    """A Medusa head from its folder (safetensors), in the engine's dtype (never quantized)."""
+    with torch.device("cpu"):
+        head = MedusaHead(config, tp)
+    load_weights(head, iterate_weights(source), str(source))
+    return _placed(head, dtype_name, device)
 
 
 def _load_checkpoint(model: nn.Module, model_config: ModelConfig, keep_int4_blocks: bool) -> None:

@@ -33,9 +33,10 @@ from vllm_lite.worker.input_batch import InputBatch
 
 
 @dataclass(slots=True)
-class EagleStep:
-    """What a launched step leaves for the head: the model's states at each of the step's
-    tokens (its final hidden states, or EAGLE-3's aux states), and where each row's tokens are."""
+class StepStates:
+    """What a launched step leaves for a head that reads the model's states (EAGLE, Medusa): those
+    states at each of the step's tokens (its final hidden states, or EAGLE-3's aux states), and
+    where each row's tokens are."""
 
     states: torch.Tensor
     rows: np.ndarray  # batch rows, in the step's token order
@@ -45,7 +46,7 @@ class EagleStep:
     starts: np.ndarray  # each row's first position this step (its computed tokens before it)
 
 
-def positions_read(batch: InputBatch, step: EagleStep) -> tuple[np.ndarray, np.ndarray]:
+def positions_read(batch: InputBatch, step: StepStates) -> tuple[np.ndarray, np.ndarray]:
     """For each row of a finished step: how many of the positions it computed have their next
     token known (0 for a row whose request left the batch: nothing is read), and whether those
     reach the position before its last known token (what its next drafts start from)."""
@@ -150,7 +151,7 @@ class EagleProposer:
         self.pending = PendingStates.empty()
 
     @torch.inference_mode()
-    def consume(self, batch: InputBatch, step: EagleStep) -> None:
+    def consume(self, batch: InputBatch, step: StepStates) -> None:
         """The head reads a finished step's positions whose next token is known."""
         lens, up_to_last = positions_read(batch, step)
         read = np.flatnonzero(lens)

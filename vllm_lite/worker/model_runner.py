@@ -40,7 +40,8 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.draft_model import DraftModelProposer
-from vllm_lite.worker.eagle import EagleProposer, EagleStep
+from vllm_lite.worker.eagle import EagleProposer, StepStates
+from vllm_lite.worker.medusa import MedusaProposer
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.worker.logits_processors import CustomLogitsProcessors
 from vllm_lite.worker.lora_manager import LoRAManager
@@ -134,7 +135,8 @@ class LaunchedStep:
     sampled: SampledTokens | None
     logprobs: LogprobsTensors | None
     logprobs_rows: np.ndarray | None  # the batch rows `logprobs` holds
-    eagle: EagleStep | None = None  # what an EAGLE head reads once the step is finished
+    # the model's states an EAGLE or Medusa head reads once the step is finished
+    drafter_states: StepStates | None = None
 
 
 class ModelRunner:
@@ -183,11 +185,13 @@ class ModelRunner:
         spec = vllm_config.speculative_config
         # vLLM's draft_model and EAGLE speculative decoding: the draft beside the model
         # (worker/draft_model.py, worker/eagle.py)
-        self.drafter: DraftModelProposer | EagleProposer | None = None
+        self.drafter: DraftModelProposer | EagleProposer | MedusaProposer | None = None
         if spec is not None and spec.uses_draft_model:
             self.drafter = DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
         elif spec is not None and spec.eagle is not None:
             self.drafter = EagleProposer(spec, self.model, self.attn_backend, device, tp, self.block_size)
+        elif spec is not None and spec.medusa is not None:
+            self.drafter = MedusaProposer(spec, vllm_config.model_config.dtype, device, tp)
         self.cuda_graphs: CudaGraphRunner | None = None  # decode steps replay these (CUDA only)
         self._sampling_metadata: SamplingMetadata | None = None
         self._sampling_key: tuple[int, int] = (-1, -1)
@@ -247,7 +251,8 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._new_kv_caches(num_blocks)
-        if self.drafter is not None:  # (the same blocks: a request's block table is the draft's too)
+        if self.drafter is not None and not isinstance(self.drafter, MedusaProposer):  # (the same blocks: a
+            # request's block table is the draft's too; a Medusa head keeps no KV)
             self.drafter.kv_caches = self._new_kv_caches(num_blocks, self.drafter.model, self.drafter.config.hf)
         if self.device.type == "cuda" and isinstance(self.drafter, EagleProposer) and self.drafter.eagle.aux_layer_ids:
             logger.info("CUDA graphs off: the EAGLE-3 head reads the model's layers through hooks, which a graph "
@@ -357,8 +362,8 @@ class ModelRunner:
             if self.pooler is not None:
                 self._pool(hidden, inputs, output)
                 return step
-            if isinstance(self.drafter, EagleProposer):
-                step.eagle = EagleStep(self.drafter.step_states(hidden), inputs.rows,
+            if isinstance(self.drafter, (EagleProposer, MedusaProposer)):  # (they read the model's states)
+                step.drafter_states = StepStates(self.drafter.step_states(hidden), inputs.rows,
                                        [batch.req_ids[row] for row in inputs.rows.tolist()], inputs.query_starts,
                                        inputs.query_lens, batch.num_computed_tokens[inputs.rows].astype(np.int64))
             output.prompt_logprobs = self._prompt_logprobs(hidden, inputs)
@@ -533,8 +538,8 @@ class ModelRunner:
                 self.unfinished = None
         if step.logprobs is not None:
             output.logprobs = scatter_rows(step.logprobs.to_numpy(), step.logprobs_rows, len(output.num_sampled))
-        if step.eagle is not None:
-            self.drafter.consume(self.input_batch, step.eagle)
+        if step.drafter_states is not None:
+            self.drafter.consume(self.input_batch, step.drafter_states)
         return output
 
     def needs_sampled_tokens_on_host(self) -> bool:

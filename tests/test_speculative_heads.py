@@ -1,9 +1,10 @@
-"""vLLM's EAGLE speculative decoding (speculative_config={"method": "eagle" | "eagle3", "model":
-HEAD, ...}): a head drafts each request's next k tokens from the model's hidden states (EAGLE-1:
-the last layer's; EAGLE-3: the residual stream at three layers), and the step keeps the drafts
-the model itself samples.
+"""vLLM's EAGLE and Medusa speculative decoding (speculative_config={"method": "eagle" | "eagle3" |
+"medusa", "model": HEAD, ...}): a head drafts each request's next k tokens from the model's hidden
+states (EAGLE-1: the last layer's; EAGLE-3: the residual stream at three layers; Medusa: the last
+layer's at one position, one LM head per draft), and the step keeps the drafts the model itself
+samples.
 
-The model is the draft-model tests' cycling Llama; the heads (tests/eagle_heads.py) draft its
+The model is the draft-model tests' cycling Llama; the heads (tests/speculative_heads.py) draft its
 walk, perturbed by the hidden states they read. Greedy tokens must be transformers' under every
 schedule, and the drafts kept at each position must be those a reference head computed from
 transformers' hidden states keeps: a head reading the wrong states, positions or tokens keeps
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle_heads import ReferenceHead, build_eagle1_head, build_eagle3_head
+from speculative_heads import ReferenceHead, ReferenceMedusa, build_eagle1_head, build_eagle3_head, build_medusa_head
 from hf_reference import build_cycling_model, build_tiny_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import EngineArgs, SamplingParams
@@ -26,6 +27,7 @@ NUM_TOKENS = 40
 K = 3
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
 AUX_LAYERS = [1, 2, 0]  # (2: the stream after the last layer; 0: the embeddings)
+METHODS = ["eagle", "eagle3", "medusa"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,10 @@ def heads(cycling_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     root = tmp_path_factory.mktemp("heads")
     return {"eagle": build_eagle1_head(root / "eagle1", cycling_model, mix=0.5),
             "eagle3": build_eagle3_head(root / "eagle3", cycling_model, mix=33.0, aux_layer_ids=AUX_LAYERS,
-                                        draft_vocab_size=vocab * 3 // 4)}
+                                        draft_vocab_size=vocab * 3 // 4),
+            "medusa": build_medusa_head(root / "medusa", cycling_model, mix=1.0, num_heads=K),
+            "medusa_old_names": build_medusa_head(root / "medusa_old", cycling_model, mix=1.0, num_heads=K,
+                                                  old_names=True)}
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +66,13 @@ def kept_per_position(llm) -> list[int]:
     return [int(v) for v in metrics["vllm:spec_decode_num_accepted_tokens_per_pos"].values]
 
 
-def reference_kept_per_position(head: Path, model: Path, continuations: list[list[int]]) -> list[int]:
+def reference_kept_per_position(method: str, head: Path, model: Path, continuations: list[list[int]]) -> list[int]:
     """Each request decoded as the engine decodes it: k drafts a step (fewer near max_tokens) from
     the reference head, kept while they are the model's tokens, then the model's next token."""
     from transformers import AutoModelForCausalLM
 
-    reference = ReferenceHead(head, AutoModelForCausalLM.from_pretrained(model).eval())
+    reference = (ReferenceMedusa if method == "medusa" else ReferenceHead)(
+        head, AutoModelForCausalLM.from_pretrained(model).eval())
     kept = [0] * K
     for prompt, continuation in zip(PROMPTS, continuations):
         generated = 1  # (the prompt's step samples the first token, without drafts)
@@ -82,7 +88,7 @@ def reference_kept_per_position(head: Path, model: Path, continuations: list[lis
     return kept
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", METHODS)
 def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
         cycling_model: Path, heads: dict[str, Path], greedy_reference: list[list[int]], method: str) -> None:
     llm = make_llm(cycling_model, disable_log_stats=False, **spec(method, heads[method]))
@@ -91,7 +97,7 @@ def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
         kept = kept_per_position(llm)
     finally:
         llm.shutdown()
-    expected = reference_kept_per_position(heads[method], cycling_model, greedy_reference)
+    expected = reference_kept_per_position(method, heads[method], cycling_model, greedy_reference)
     assert kept == expected
     assert 0 < expected[-1] < expected[0] < len(PROMPTS) * NUM_TOKENS // 2  # (mostly kept, not always)
 
@@ -103,7 +109,7 @@ def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
     {"attention_backend": "torch"},
     {"multiprocess": True, "tensor_parallel_size": 2},
 ])
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("method", METHODS)
 def test_greedy_tokens_under_every_schedule(cycling_model: Path, heads: dict[str, Path],
                                             greedy_reference: list[list[int]], method: str,
                                             engine_args: dict) -> None:
@@ -142,6 +148,14 @@ def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dic
         (folder / "config.json").write_text(json.dumps({**eagle1_config, **changes}))
         return folder
 
+    medusa_config = json.loads((heads["medusa"] / "config.json").read_text())
+
+    def medusa_with(name: str, **changes: object) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**medusa_config, **changes}))
+        return folder
+
     cases = [
         (cycling_model, spec("eagle", heads["eagle3"]), "architectures=\\['LlamaForCausalLMEagle3'\\]"),
         (cycling_model, spec("eagle3", head_with("wide", hidden_size=128, architectures=["LlamaForCausalLMEagle3"],
@@ -162,6 +176,10 @@ def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dic
         (gpt2, spec("eagle", heads["eagle"]), "not GPT2LMHeadModel"),
         (cycling_model, {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 2}},
          "needs the draft's `model`"),
+        (cycling_model, spec("medusa", medusa_with("medusa_vocab", truncated_vocab_size=100)),
+         "truncated_vocab_size"),
+        (cycling_model, spec("medusa", medusa_with("medusa_width", hidden_size=32)), "does not fit the model"),
+        (cycling_model, spec("medusa", heads["eagle"]), "the Medusa head's config.json field"),
     ]
     for model, arguments, message in cases:
         with pytest.raises(ValueError, match=message.replace("`", ".")):
@@ -208,3 +226,49 @@ def test_seeded_sampling_repeats_and_grammars_decode_beside_drafting_requests(
         assert [list(o.outputs[0].token_ids) for o in mixed[1:]] == first
     finally:
         llm.shutdown()
+
+
+def test_medusa_in_fasterdecodings_form_drafts_as_in_vllms(cycling_model: Path, heads: dict[str, Path],
+                                                           greedy_reference: list[list[int]]) -> None:
+    """FasterDecoding's tensor names and config fields (medusa_num_heads, no model_type) read as
+    vLLM reads them; k defaults to the head count; the method comes from model_type."""
+    config = EngineArgs(model=str(cycling_model), speculative_config={
+        "model": str(heads["medusa"]), "num_speculative_tokens": 2}).create_engine_config()
+    assert config.speculative_config.method == "medusa"
+    old = EngineArgs(model=str(cycling_model), speculative_config={
+        "method": "medusa", "model": str(heads["medusa_old_names"])}).create_engine_config()
+    assert old.speculative_config.num_speculative_tokens == K
+    kept = []
+    for head in (heads["medusa"], heads["medusa_old_names"]):
+        llm = make_llm(cycling_model, disable_log_stats=False, **spec("medusa", head))
+        try:
+            assert run(llm) == greedy_reference
+            kept.append(kept_per_position(llm))
+        finally:
+            llm.shutdown()
+    assert kept[0] == kept[1]
+    with pytest.raises(ValueError, match="num_speculative_tokens=4 is more than the Medusa head's 3 heads"):
+        EngineArgs(model=str(cycling_model), **spec("medusa", heads["medusa"], k=4)).create_engine_config()
+
+
+def test_medusa_drafts_for_prompts_given_as_embeddings(cycling_model: Path, heads: dict[str, Path]) -> None:
+    """A Medusa head reads only the model's hidden states, so prompt embeddings take it (vLLM
+    refuses none of it); the tokens are those of decoding without drafts."""
+    import torch
+
+    from safetensors.torch import load_file
+
+    embeddings = load_file(cycling_model / "model.safetensors")["model.embed_tokens.weight"]
+    prompts = [{"prompt_embeds": embeddings[p] + 0.01 * torch.randn(len(p), embeddings.shape[1],
+                                                                    generator=torch.Generator().manual_seed(i))}
+               for i, p in enumerate(PROMPTS)]
+    outputs = []
+    for arguments in ({}, spec("medusa", heads["medusa"])):
+        llm = make_llm(cycling_model, enable_prompt_embeds=True, disable_log_stats=False, **arguments)
+        try:
+            outputs.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY, use_tqdm=False)])
+            if arguments:
+                assert kept_per_position(llm)[0] > 0
+        finally:
+            llm.shutdown()
+    assert outputs[0] == outputs[1]

@@ -1,6 +1,7 @@
-"""EAGLE heads for the tests (tests/test_eagle_speculation.py), written as SafeAILab's / vLLM's
-checkpoints name them, and a reference of what a head drafts, computed from transformers' hidden
-states of the model by a plain recompute over the whole sequence (no KV cache).
+"""EAGLE and Medusa heads for the tests (tests/test_speculative_heads.py), written as SafeAILab's /
+FasterDecoding's / vLLM's checkpoints name them, and a reference of what a head drafts, computed
+from transformers' hidden states of the model by a plain recompute over the whole sequence (no KV
+cache).
 
 The heads draft the cycling model's walk (hf_reference.build_cycling_model: each token's
 successor) plus a perturbation by the model's hidden states (`fc`'s random part, `mix`): the
@@ -13,7 +14,8 @@ scaled down); the model's LM head drafts. EAGLE-3: the first layer's attention l
 current position only (q = k = a constant bias, through rotary at distance 0) and copies the
 token's normed embedding into the stream (v picks the embedding half, o scales it), `fc` is mix *
 random over the aux states; its own LM head maps a token's embedding to its successor over a draft
-vocabulary (`d2t` offsets)."""
+vocabulary (`d2t` offsets). Medusa: head i's LM head maps a state to the token i + 2 steps along
+the walk from the state's token, its residual block (mix * random) perturbs the state."""
 
 from __future__ import annotations
 
@@ -86,6 +88,55 @@ def build_eagle3_head(out_dir: Path, model_dir: Path, mix: float, aux_layer_ids:
              "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}}
     _save(out_dir, model_dir, {**config, **extra}, head)
     return out_dir
+
+
+def build_medusa_head(out_dir: Path, model_dir: Path, mix: float, num_heads: int, old_names: bool = False,
+                      seed: int = 0) -> Path:
+    """`old_names`: FasterDecoding's tensor names and config fields, else vLLM's converted form."""
+    config = json.loads((model_dir / "config.json").read_text())
+    weights = load_file(model_dir / "model.safetensors")
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    generator = torch.Generator().manual_seed(seed)
+    successor = _successors(weights)
+    embeddings = weights["model.embed_tokens.weight"]
+    unit = embeddings / embeddings.norm(dim=1, keepdim=True)
+    source = torch.arange(vocab)  # head i's row for token T: the embedding of T's (i + 2)-th predecessor
+    predecessor = torch.empty_like(successor)
+    predecessor[successor] = torch.arange(vocab)
+    head = {}
+    for i in range(num_heads):
+        source = predecessor[source] if i else predecessor[predecessor]
+        linear = mix * torch.randn(hidden, hidden, generator=generator) / math.sqrt(hidden)
+        block, lm_head = (f"{i}.0.linear.weight", f"{i}.1.weight") if old_names else \
+            (f"blocks.{i}.layers.0.weight", f"lm_heads.{i}.weight")
+        head[block] = linear
+        head[lm_head] = 10.0 * unit[source]
+    medusa_config = ({"medusa_num_heads": num_heads, "medusa_num_layers": 1, "base_model_name_or_path": "cycling"}
+                     if old_names else {"architectures": ["MedusaModel"], "model_type": "medusa",
+                                        "hidden_size": hidden, "vocab_size": vocab, "num_heads": num_heads,
+                                        "num_hidden_layers": 1, "truncated_vocab_size": vocab})
+    _save(out_dir, model_dir, medusa_config, head)
+    return out_dir
+
+
+class ReferenceMedusa:
+    """What a Medusa head drafts after a sequence: its heads over transformers' last hidden state
+    of the model at the position before the last token."""
+
+    def __init__(self, head_dir: Path, model) -> None:
+        self.w = {name: tensor.double() for name, tensor in load_file(head_dir / "model.safetensors").items()}
+        self.model = model.double()
+
+    @torch.inference_mode()
+    def drafts(self, tokens: list[int], k: int) -> list[int]:
+        state = self.model(torch.tensor([tokens]), output_hidden_states=True).hidden_states[-1][0, -2]
+        drafts = []
+        for i in range(k):
+            linear = self.w.get(f"blocks.{i}.layers.0.weight", self.w.get(f"{i}.0.linear.weight"))
+            lm_head = self.w.get(f"lm_heads.{i}.weight", self.w.get(f"{i}.1.weight"))
+            x = state + torch.nn.functional.silu(linear @ state)
+            drafts.append(int((lm_head @ x).argmax()))
+        return drafts
 
 
 def _successors(weights: dict[str, torch.Tensor]) -> torch.Tensor:
