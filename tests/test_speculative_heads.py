@@ -180,6 +180,8 @@ def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dic
          "truncated_vocab_size"),
         (cycling_model, spec("medusa", medusa_with("medusa_width", hidden_size=32)), "does not fit the model"),
         (cycling_model, spec("medusa", heads["eagle"]), "the Medusa head's config.json field"),
+        (cycling_model, {"speculative_config": {**spec("eagle3", heads["eagle3"])["speculative_config"],
+                                                "draft_tensor_parallel_size": 2}}, "draft_tensor_parallel_size=2"),
     ]
     for model, arguments, message in cases:
         with pytest.raises(ValueError, match=message.replace("`", ".")):

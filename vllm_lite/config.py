@@ -547,7 +547,7 @@ class SpeculativeConfig:
     # an EAGLE head drafts from the model's hidden states (eagle_config.py, worker/eagle.py);
     # "medusa": a Medusa head's k LM heads draft from the model's last hidden state (worker/medusa.py)
     method: str = "ngram"
-    draft_model: str | None = None  # the draft model's or EAGLE head's folder (as `model` was given)
+    draft_model: str | None = None  # the draft model's or head's folder (as `model` was given)
     # the draft's, built with the engine's dtype and length (an EAGLE head's: its Llama layers' config)
     draft_model_config: ModelConfig | None = None
     draft_tensor_parallel_size: int | None = None  # vLLM's; the model's only (the draft runs on its ranks)
@@ -560,8 +560,8 @@ class SpeculativeConfig:
 
     @property
     def drafts_on_workers(self) -> bool:
-        """Whether the workers make the drafts (a draft model or an EAGLE head; the scheduler
-        gives each drafting request k places), not the scheduler (n-gram)."""
+        """Whether the workers make the drafts (a draft model, an EAGLE or a Medusa head; the
+        scheduler gives each drafting request k places), not the scheduler (n-gram)."""
         return self.method != "ngram"
 
 
@@ -910,9 +910,7 @@ class EngineArgs:
     def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig, device: str) -> ModelConfig:
         """The draft model's config: read as the engine's model is, in the engine's dtype and
         length; its vocabulary must be the model's (vLLM's rule: the draft's tokens are the model's)."""
-        _check(spec.draft_tensor_parallel_size in (None, self.tensor_parallel_size),
-               f"speculative_config: draft_tensor_parallel_size={spec.draft_tensor_parallel_size}: the draft runs on "
-               f"the model's {self.tensor_parallel_size} rank(s), split as the model is")
+        self._check_draft_ranks(spec)
         draft = dataclasses.replace(
             self, model=spec.draft_model, tokenizer=None, revision=None, tokenizer_revision=None, quantization=None,
             max_model_len=target.max_model_len, dtype=target.dtype, hf_overrides=None, speculative_config=None,
@@ -939,9 +937,7 @@ class EngineArgs:
                f"{' through the Transformers fallback' if target.hf.model_impl != 'vllm' else ''}")
         _check(target.quantization is None, f"speculative_config: method={spec.method!r} on a quantized model "
                                             f"({target.quantization}) is not implemented")
-        head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
-        _check(head_dir.is_dir() and (head_dir / "config.json").is_file(),
-               f"speculative_config: model '{spec.draft_model}' is no folder with a config.json")
+        head_dir = self._head_folder(spec)
         eagle, cfg = read_eagle_head(_read_json(head_dir / "config.json"), spec.method, target.hf.num_hidden_layers,
                                      target.hf.hidden_size, target.hf.vocab_size)
         hf = HFModelConfig.from_dict(cfg, {}, "vllm")
@@ -956,14 +952,25 @@ class EngineArgs:
         """A Medusa head's settings; k defaults to its number of heads (vLLM's) and may not pass it."""
         _check(target.hf.model_impl == "vllm", f"speculative_config: method='medusa' on {target.hf.architecture} "
                                                "through the Transformers fallback is not implemented")
-        head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
-        _check(head_dir.is_dir() and (head_dir / "config.json").is_file(),
-               f"speculative_config: model '{spec.draft_model}' is no folder with a config.json")
+        head_dir = self._head_folder(spec)
         medusa = read_medusa_head(_read_json(head_dir / "config.json"), target.hf.hidden_size, target.hf.vocab_size)
         k = spec.num_speculative_tokens or medusa.num_heads
         _check(k <= medusa.num_heads, f"speculative_config: num_speculative_tokens={k} is more than the Medusa "
                                       f"head's {medusa.num_heads} heads")
         return dataclasses.replace(spec, num_speculative_tokens=k, draft_model=str(head_dir), medusa=medusa)
+
+    def _head_folder(self, spec: SpeculativeConfig) -> Path:
+        """An EAGLE or Medusa head's folder (a hub id downloaded), which runs on the model's ranks."""
+        self._check_draft_ranks(spec)
+        head_dir = resolve_model_path(spec.draft_model, None, self.download_dir, self.hf_token)
+        _check(head_dir.is_dir() and (head_dir / "config.json").is_file(),
+               f"speculative_config: model '{spec.draft_model}' is no folder with a config.json")
+        return head_dir
+
+    def _check_draft_ranks(self, spec: SpeculativeConfig) -> None:
+        _check(spec.draft_tensor_parallel_size in (None, self.tensor_parallel_size),
+               f"speculative_config: draft_tensor_parallel_size={spec.draft_tensor_parallel_size}: the draft runs on "
+               f"the model's {self.tensor_parallel_size} rank(s), split as the model is")
 
     def _without_async_scheduling(self, scheduler_config: SchedulerConfig, feature: str, why: str) -> SchedulerConfig:
         """Features that need each step's tokens known before the next step is scheduled
@@ -1716,8 +1723,8 @@ def speculative_config(given: Any) -> SpeculativeConfig:
 
 
 def _draft_model_speculation(given: dict[str, Any], method: str, model: Any, k: Any) -> SpeculativeConfig:
-    """vLLM's methods "draft_model" (`model`, a folder or hub id, drafts k tokens a step greedily)
-    and "eagle" / "eagle3" (`model` is an EAGLE head)."""
+    """vLLM's methods "draft_model" (`model`, a folder or hub id, drafts k tokens a step greedily),
+    "eagle" / "eagle3" and "medusa" (`model` is the head; a Medusa head's k may be left unset)."""
     _check(isinstance(model, str) and model, f"speculative_config: method={method!r} needs the draft's `model`")
     _check((k is None and method == "medusa") or (_is_int(k) and 1 <= k <= MAX_SPECULATIVE_TOKENS),
            f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")

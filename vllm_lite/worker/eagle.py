@@ -48,12 +48,11 @@ class StepStates:
 
 def positions_read(batch: InputBatch, step: StepStates) -> tuple[np.ndarray, np.ndarray]:
     """For each row of a finished step: how many of the positions it computed have their next
-    token known (0 for a row whose request left the batch: nothing is read), and whether those
-    reach the position before its last known token (what its next drafts start from)."""
+    token known, and whether those reach the position before its last known token (what its
+    next drafts start from). The batch's rows are the step's: a step with drafters is finished
+    before the next one is launched (`ModelRunner.needs_sampled_tokens_on_host`)."""
     known = batch.num_tokens[step.rows].astype(np.int64)
-    here = np.fromiter((batch.req_ids[row] == req_id for row, req_id in zip(step.rows.tolist(), step.req_ids)),
-                       bool, len(step.rows))
-    lens = np.where(here, np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None), 0)
+    lens = np.clip(np.minimum(step.query_lens, known - 1 - step.starts), 0, None)
     return lens, (lens > 0) & (step.starts + lens == known - 1)
 
 

@@ -547,9 +547,11 @@ class ModelRunner:
         penalties count a row's whole history from the batch's host copy (TokenOccurrences), and
         bad words match the end of a row's output there; it holds the last sampled tokens only
         once that step is finished. Custom logits processors read their requests' output lists,
-        which `finish` appends to."""
+        which `finish` appends to. A drafter reads the last step's tokens (and EAGLE / Medusa heads
+        its states, in `finish`) before it drafts the next."""
         batch, live = self.input_batch, slice(0, self.input_batch.num_reqs)
-        return bool(self.custom_logits is not None or penalized(batch, live).any() or batch.has_bad_words[live].any())
+        return bool(self.custom_logits is not None or self.drafter is not None or penalized(batch, live).any()
+                    or batch.has_bad_words[live].any())
 
     def _set_step_threads(self, num_tokens: int) -> None:
         threads = 1 if self._small_steps_on_one_thread and num_tokens <= ONE_THREAD_MAX_TOKENS else self.num_threads
