@@ -103,7 +103,27 @@ def place_drafts(batch: InputBatch, rows: np.ndarray, num_drafts: np.ndarray, dr
         drafts[placed]
 
 
-class EagleProposer:
+class StateReadingProposer:
+    """What the EAGLE and Medusa proposers share: they read the model's states of each finished
+    step (`consume`) and keep, per request, what its next drafts start from (`pending`)."""
+
+    pending: PendingStates
+
+    def step_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The states the head reads for the forward just run (`hidden`: its final states)."""
+        return hidden
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Finished or preempted requests (a resumed one is read again as it is recomputed)."""
+        for request_id in request_ids:
+            self.pending.index.pop(request_id, None)
+
+    def reset(self) -> None:
+        """The KV cache was let go (sleep)."""
+        self.pending = PendingStates.empty()
+
+
+class EagleProposer(StateReadingProposer):
     def __init__(self, spec: SpeculativeConfig, target: nn.Module, backend: AttentionBackend, device: torch.device,
                  tp: TensorParallelGroup, block_size: int) -> None:
         self.config = spec.draft_model_config
@@ -135,19 +155,10 @@ class EagleProposer:
         return keep
 
     def step_states(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The states the head reads for the forward just run (`hidden`: its final states)."""
+        """EAGLE-3's aux layers' streams side by side where it reads them, else `hidden`."""
         if not self.eagle.aux_layer_ids:
             return hidden
         return torch.cat([self._captured[i] for i in self.eagle.aux_layer_ids], dim=-1)
-
-    def forget(self, request_ids: Iterable[str]) -> None:
-        """Finished or preempted requests (a resumed one is read again as it is recomputed)."""
-        for request_id in request_ids:
-            self.pending.index.pop(request_id, None)
-
-    def reset(self) -> None:
-        """The KV cache was let go (sleep)."""
-        self.pending = PendingStates.empty()
 
     @torch.inference_mode()
     def consume(self, batch: InputBatch, step: StepStates) -> None:

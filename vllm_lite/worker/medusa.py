@@ -6,7 +6,6 @@ has no KV cache: it reads that one state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -16,26 +15,15 @@ from vllm_lite.config import SpeculativeConfig
 from vllm_lite.distributed.parallel_state import TensorParallelGroup
 from vllm_lite.host_to_device import host_to_device
 from vllm_lite.model.loader import load_medusa_head
-from vllm_lite.worker.eagle import StepStates, PendingStates, place_drafts, positions_read
+from vllm_lite.worker.eagle import PendingStates, StateReadingProposer, StepStates, place_drafts, positions_read
 from vllm_lite.worker.input_batch import InputBatch
 
 
-class MedusaProposer:
+class MedusaProposer(StateReadingProposer):
     def __init__(self, spec: SpeculativeConfig, dtype: str, device: torch.device, tp: TensorParallelGroup) -> None:
         self.model = load_medusa_head(Path(spec.draft_model), spec.medusa, dtype, device, tp)
         self.device = device
         self.pending = PendingStates.empty()  # the model's hidden state before each request's last known token
-
-    @staticmethod
-    def step_states(hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-    def forget(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
-            self.pending.index.pop(request_id, None)
-
-    def reset(self) -> None:
-        self.pending = PendingStates.empty()
 
     @torch.inference_mode()
     def consume(self, batch: InputBatch, step: StepStates) -> None:

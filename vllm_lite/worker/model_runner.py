@@ -40,7 +40,7 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.draft_model import DraftModelProposer
-from vllm_lite.worker.eagle import EagleProposer, StepStates
+from vllm_lite.worker.eagle import EagleProposer, StateReadingProposer, StepStates
 from vllm_lite.worker.medusa import MedusaProposer
 from vllm_lite.worker.input_batch import InputBatch
 from vllm_lite.worker.logits_processors import CustomLogitsProcessors
@@ -362,7 +362,7 @@ class ModelRunner:
             if self.pooler is not None:
                 self._pool(hidden, inputs, output)
                 return step
-            if isinstance(self.drafter, (EagleProposer, MedusaProposer)):  # (they read the model's states)
+            if isinstance(self.drafter, StateReadingProposer):
                 step.drafter_states = StepStates(self.drafter.step_states(hidden), inputs.rows,
                                        [batch.req_ids[row] for row in inputs.rows.tolist()], inputs.query_starts,
                                        inputs.query_lens, batch.num_computed_tokens[inputs.rows].astype(np.int64))
