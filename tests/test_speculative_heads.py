@@ -137,24 +137,22 @@ def test_the_method_is_read_from_the_heads_name(cycling_model: Path, heads: dict
     assert config.speculative_config.eagle.aux_layer_ids == tuple(AUX_LAYERS)
 
 
-def test_what_an_eagle_head_cannot_be_is_refused(cycling_model: Path, heads: dict[str, Path],
-                                                 tmp_path: Path) -> None:
+def test_what_a_head_cannot_be_is_refused(cycling_model: Path, heads: dict[str, Path], tmp_path: Path) -> None:
     gpt2 = build_tiny_model(tmp_path / "gpt2", "gpt2", tie_word_embeddings=True)
-    eagle1_config = json.loads((heads["eagle"] / "config.json").read_text())
+
+    def changed(head: Path, name: str, **changes: object) -> Path:
+        """A folder with `head`'s config.json changed so (weights are not read by these checks)."""
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**json.loads((head / "config.json").read_text()),
+                                                        **changes}))
+        return folder
 
     def head_with(name: str, **changes: object) -> Path:
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({**eagle1_config, **changes}))
-        return folder
-
-    medusa_config = json.loads((heads["medusa"] / "config.json").read_text())
+        return changed(heads["eagle"], name, **changes)
 
     def medusa_with(name: str, **changes: object) -> Path:
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({**medusa_config, **changes}))
-        return folder
+        return changed(heads["medusa"], name, **changes)
 
     cases = [
         (cycling_model, spec("eagle", heads["eagle3"]), "architectures=\\['LlamaForCausalLMEagle3'\\]"),
