@@ -261,7 +261,7 @@ def load_eagle_head(head_config: ModelConfig, eagle: EagleHeadConfig, target: nn
                          f"(draft_vocab_size={eagle.draft_vocab_size}) but no lm_head.weight for it")
     with torch.device("cpu"):
         head = EagleHead(head_config.hf, eagle, head_config.max_model_len + 1, backend, tp,
-                         own_embeddings=own_embeddings, own_lm_head=own_lm_head)
+                         own_embeddings=own_embeddings, own_lm_head=own_lm_head, token_map="d2t" in names)
     load_weights(head, ((name, weight) for name, weight in iterate_weights(source) if name != "t2d"), str(source))
     head = _placed(head, head_config.dtype, device)
     if not own_embeddings:

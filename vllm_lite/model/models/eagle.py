@@ -110,7 +110,9 @@ class EagleHead(nn.Module):
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
 
     def __init__(self, config: HFModelConfig, eagle: EagleHeadConfig, max_position: int, backend: AttentionBackend,
-                 tp: TensorParallelGroup = SINGLE_RANK, own_embeddings: bool = True, own_lm_head: bool = True) -> None:
+                 tp: TensorParallelGroup = SINGLE_RANK, own_embeddings: bool = True, own_lm_head: bool = True,
+                 token_map: bool = False) -> None:
+        """`token_map`: the checkpoint has `d2t` (always, with a smaller draft vocabulary)."""
         super().__init__()
         self.config = config
         self.eagle = eagle
@@ -118,7 +120,7 @@ class EagleHead(nn.Module):
         self.lm_head = ParallelLMHead(eagle.draft_vocab_size, config.hidden_size, tp=tp) if own_lm_head else None
         self.draft_id_to_target_id = (nn.Parameter(torch.zeros(eagle.draft_vocab_size, dtype=torch.int64),
                                                    requires_grad=False)
-                                      if eagle.draft_vocab_size != config.vocab_size else None)
+                                      if token_map or eagle.draft_vocab_size != config.vocab_size else None)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any] | None:
         """(parameter name, shard id) of an EAGLE checkpoint's tensor."""
