@@ -47,7 +47,9 @@ def build_eagle1_head(out_dir: Path, model_dir: Path, mix: float, seed: int = 0)
 
 
 def build_eagle3_head(out_dir: Path, model_dir: Path, mix: float, aux_layer_ids: list[int],
-                      draft_vocab_size: int, seed: int = 0) -> Path:
+                      draft_vocab_size: int, qwen3: bool = False, seed: int = 0) -> Path:
+    """`qwen3`: a head with Qwen3's layers (vLLM's Eagle3Qwen3ForCausalLM: q and k normed per head,
+    the norms scaled up so that the current position still wins)."""
     config = json.loads((model_dir / "config.json").read_text())
     weights = load_file(model_dir / "model.safetensors")
     hidden, heads, vocab = config["hidden_size"], config["num_attention_heads"], config["vocab_size"]
@@ -83,9 +85,14 @@ def build_eagle3_head(out_dir: Path, model_dir: Path, mix: float, aux_layer_ids:
         "d2t": draft_ids - torch.arange(len(draft_ids)),
         "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, draft_ids, True),
     }
-    extra = {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1, "attention_bias": True,
-             "num_key_value_heads": heads, "draft_vocab_size": len(draft_ids),
-             "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}}
+    extra = {"architectures": ["Eagle3Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLMEagle3"],
+             "num_hidden_layers": 1, "attention_bias": True, "num_key_value_heads": heads,
+             "draft_vocab_size": len(draft_ids), "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}}
+    if qwen3:  # (a Qwen3 config: without Llama's own fields)
+        extra["head_dim"] = head_dim
+        config = {name: value for name, value in config.items() if name not in ("mlp_bias", "pretraining_tp")}
+        for name in ("q_norm", "k_norm"):
+            head[f"midlayer.self_attn.{name}.weight"] = ATTENTION_SCALE / 4 * torch.ones(head_dim)
     _save(out_dir, model_dir, {**config, **extra}, head)
     return out_dir
 
@@ -227,6 +234,9 @@ class ReferenceHead:
             return out.view(n, count, d).transpose(0, 1)
 
         q, k, v = proj("q_proj", heads), proj("k_proj", kv_heads), proj("v_proj", kv_heads)
+        if "self_attn.q_norm.weight" in lw:  # (Qwen3's layers)
+            q = _rms(q, lw["self_attn.q_norm.weight"], cfg["rms_norm_eps"])
+            k = _rms(k, lw["self_attn.k_norm.weight"], cfg["rms_norm_eps"])
         q, k = _rotary(q, cfg["rope_theta"]), _rotary(k, cfg["rope_theta"])
         k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
         scores = (q @ k.transpose(1, 2)) / math.sqrt(d)

@@ -28,6 +28,7 @@ K = 3
 GREEDY = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
 AUX_LAYERS = [1, 2, 0]  # (2: the stream after the last layer; 0: the embeddings)
 METHODS = ["eagle", "eagle3", "medusa"]
+REFERENCE_METHODS = [*METHODS, "eagle3_qwen3"]  # (method, or the head's name where the method is another's)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,8 @@ def heads(cycling_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     return {"eagle": build_eagle1_head(root / "eagle1", cycling_model, mix=0.5),
             "eagle3": build_eagle3_head(root / "eagle3", cycling_model, mix=33.0, aux_layer_ids=AUX_LAYERS,
                                         draft_vocab_size=vocab * 3 // 4),
+            "eagle3_qwen3": build_eagle3_head(root / "eagle3_qwen3", cycling_model, mix=33.0,
+                                              aux_layer_ids=AUX_LAYERS, draft_vocab_size=vocab * 3 // 4, qwen3=True),
             "medusa": build_medusa_head(root / "medusa", cycling_model, mix=1.0, num_heads=K),
             "medusa_old_names": build_medusa_head(root / "medusa_old", cycling_model, mix=1.0, num_heads=K,
                                                   old_names=True)}
@@ -88,16 +91,17 @@ def reference_kept_per_position(method: str, head: Path, model: Path, continuati
     return kept
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("head", REFERENCE_METHODS)
 def test_greedy_tokens_equal_transformers_and_kept_drafts_equal_the_reference(
-        cycling_model: Path, heads: dict[str, Path], greedy_reference: list[list[int]], method: str) -> None:
-    llm = make_llm(cycling_model, disable_log_stats=False, **spec(method, heads[method]))
+        cycling_model: Path, heads: dict[str, Path], greedy_reference: list[list[int]], head: str) -> None:
+    method = head.split("_")[0]
+    llm = make_llm(cycling_model, disable_log_stats=False, **spec(method, heads[head]))
     try:
         assert run(llm) == greedy_reference
         kept = kept_per_position(llm)
     finally:
         llm.shutdown()
-    expected = reference_kept_per_position(method, heads[method], cycling_model, greedy_reference)
+    expected = reference_kept_per_position(method, heads[head], cycling_model, greedy_reference)
     assert kept == expected
     assert 0 < expected[-1] < expected[0] < len(PROMPTS) * NUM_TOKENS // 2  # (mostly kept, not always)
 

@@ -19,8 +19,10 @@ EAGLE_METHODS = ("eagle", "eagle3")
 # config.json architectures an EAGLE head is saved under (vLLM's names and SafeAILab's)
 EAGLE_HEAD_ARCHITECTURES = {
     "eagle": ("LlamaForCausalLM", "EagleLlamaForCausalLM", "LlamaForCausalLMEagle"),
-    "eagle3": ("LlamaForCausalLM", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3"),
+    "eagle3": ("LlamaForCausalLM", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen3ForCausalLM"),
 }
+# heads whose layers are Qwen3's (per-head RMSNorm on q and k; vLLM's Eagle3Qwen3ForCausalLM)
+_QWEN3_HEADS = ("Eagle3Qwen3ForCausalLM",)
 # Models whose layers keep the residual apart from the layer output as vLLM's Llama does (our
 # LlamaModel): where EAGLE-3 reads the residual stream; EAGLE-1 heads were trained on these too.
 EAGLE_TARGET_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -47,6 +49,7 @@ class EagleHeadConfig:
     norm_output: bool = False  # EAGLE-3: the next draft pass reads the normed output, not the pre-norm one
     fc_norm: bool = False  # EAGLE-3: each aux layer's states normed before `fc`
     norm_before_fc: bool = False  # EAGLE-3: the concatenated aux states normed before `fc`
+    qk_norm: bool = False  # the layers norm q and k per head (a Qwen3 head)
 
 
 def eagle_method_of(model: str) -> str | None:
@@ -74,7 +77,8 @@ def read_eagle_head(raw: dict[str, Any], method: str, target_layers: int, target
                          f"({', '.join(EAGLE_HEAD_ARCHITECTURES[method])}); its config.json says "
                          f"architectures={architectures!r}")
     cfg = {name: value for name, value in raw.items() if name not in _EAGLE3_FIELDS}
-    cfg["architectures"] = ["LlamaForCausalLM"]
+    qwen3 = architectures[0] in _QWEN3_HEADS
+    cfg["architectures"] = ["Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM"]
     if raw.get("vocab_size") != target_vocab:
         raise ValueError(f"speculative_config: the EAGLE head's vocab_size={raw.get('vocab_size')} is not the "
                          f"model's ({target_vocab})")
@@ -85,10 +89,11 @@ def read_eagle_head(raw: dict[str, Any], method: str, target_layers: int, target
                              "(method='eagle') has none")
         _check_same_width(raw, target_hidden, "EAGLE-1")
         return EagleHeadConfig(1, (), target_vocab, target_hidden), cfg
-    return _eagle3_head(raw, target_layers, target_hidden, target_vocab), cfg
+    return _eagle3_head(raw, target_layers, target_hidden, target_vocab, qwen3), cfg
 
 
-def _eagle3_head(raw: dict[str, Any], target_layers: int, target_hidden: int, target_vocab: int) -> EagleHeadConfig:
+def _eagle3_head(raw: dict[str, Any], target_layers: int, target_hidden: int, target_vocab: int,
+                 qk_norm: bool) -> EagleHeadConfig:
     nested = raw.get("eagle_config") or {}
     if not isinstance(nested, dict):
         raise ValueError(f"speculative_config: the EAGLE head's eagle_config must be a mapping, got {nested!r}")
@@ -112,7 +117,7 @@ def _eagle3_head(raw: dict[str, Any], target_layers: int, target_hidden: int, ta
     layer_ids = () if use_aux is False else _aux_layer_ids(raw, nested, target_layers)
     if not layer_ids:
         _check_same_width(raw, target_hidden, "EAGLE-3 without aux hidden states")
-    return EagleHeadConfig(3, layer_ids, draft_vocab, target_hidden_size, **flags)
+    return EagleHeadConfig(3, layer_ids, draft_vocab, target_hidden_size, **flags, qk_norm=qk_norm)
 
 
 def _aux_layer_ids(raw: dict[str, Any], nested: dict[str, Any], target_layers: int) -> tuple[int, ...]:

@@ -29,8 +29,8 @@ class Eagle3FirstLayer(LlamaDecoderLayer):
     width), the hidden state as the residual."""
 
     def __init__(self, config: HFModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend,
-                 tp: TensorParallelGroup, norm_before_residual: bool) -> None:
-        super().__init__(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True, layer_idx=0)
+                 tp: TensorParallelGroup, norm_before_residual: bool, qk_norm: bool) -> None:
+        super().__init__(config, rotary, backend, tp, qk_norm=qk_norm, o_proj_bias=True, layer_idx=0)
         attn = self.self_attn
         attn.qkv_proj = QKVParallelLinear(2 * config.hidden_size, config.head_dim, config.num_attention_heads,
                                           config.num_key_value_heads, config.attention_bias, tp)
@@ -58,12 +58,13 @@ class EagleModel(nn.Module):
         self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if own_embeddings
                              else None)
         rotary = RotaryEmbedding(config.rotary_dim, max_position, config.rope_theta, config.rope_scaling)
-        first = (Eagle3FirstLayer(config, rotary, backend, tp, eagle.norm_before_residual) if eagle.version == 3
+        first = (Eagle3FirstLayer(config, rotary, backend, tp, eagle.norm_before_residual, eagle.qk_norm)
+                 if eagle.version == 3
                  else LlamaDecoderLayer(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True, layer_idx=0))
         if eagle.version == 1:  # (SafeAILab's EAGLE: the first layer reads fc's output unnormed)
             first.input_layernorm = nn.Identity()
         self.layers = nn.ModuleList([first, *(
-            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm=False, o_proj_bias=True, layer_idx=i)
+            LlamaDecoderLayer(config, rotary, backend, tp, qk_norm=eagle.qk_norm, o_proj_bias=True, layer_idx=i)
             for i in range(1, config.num_hidden_layers))])
         num_aux = len(eagle.aux_layer_ids)
         fc_input = eagle.target_hidden_size * num_aux if eagle.version == 3 else 2 * config.hidden_size
