@@ -276,3 +276,20 @@ def test_medusa_drafts_for_prompts_given_as_embeddings(cycling_model: Path, head
         finally:
             llm.shutdown()
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sleep_level_1_and_a_wake_up_keep_the_heads_drafting(cycling_model: Path, heads: dict[str, Path],
+                                                              greedy_reference: list[list[int]], method: str) -> None:
+    """vLLM's sleep(level=1) lets the KV cache go (the heads' KV and kept states with it); after
+    wake_up the heads read the model's steps again from the start of each prompt."""
+    llm = make_llm(cycling_model, disable_log_stats=False, enable_sleep_mode=True, **spec(method, heads[method]))
+    try:
+        assert run(llm) == greedy_reference
+        first = kept_per_position(llm)
+        llm.sleep(level=1)
+        assert llm.wake_up() is True
+        assert run(llm) == greedy_reference
+        assert kept_per_position(llm) == [2 * n for n in first]  # (the same drafts kept as before the sleep)
+    finally:
+        llm.shutdown()
