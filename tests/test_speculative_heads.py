@@ -136,8 +136,8 @@ def test_the_method_is_read_from_the_heads_name(cycling_model: Path, heads: dict
     named = tmp_path / "my-eagle3-head"
     named.symlink_to(heads["eagle3"], target_is_directory=True)
     config = EngineArgs(model=str(cycling_model), speculative_config={
-        "model": str(named), "num_speculative_tokens": 2}).create_engine_config()
-    assert config.speculative_config.method == "eagle3"
+        "model": str(named), "num_speculative_tokens": 2, "enforce_eager": True}).create_engine_config()
+    assert config.speculative_config.method == "eagle3"  # (and enforce_eager=True is what a head does here)
     assert config.speculative_config.eagle.aux_layer_ids == tuple(AUX_LAYERS)
 
 
@@ -184,6 +184,8 @@ def test_what_a_head_cannot_be_is_refused(cycling_model: Path, heads: dict[str, 
         (cycling_model, spec("medusa", heads["eagle"]), "the Medusa head's config.json field"),
         (cycling_model, {"speculative_config": {**spec("eagle3", heads["eagle3"])["speculative_config"],
                                                 "draft_tensor_parallel_size": 2}}, "draft_tensor_parallel_size=2"),
+        (cycling_model, {"speculative_config": {**spec("eagle", heads["eagle"])["speculative_config"],
+                                                "enforce_eager": False}}, "enforce_eager for a draft model"),
     ]
     for model, arguments, message in cases:
         with pytest.raises(ValueError, match=message.replace("`", ".")):

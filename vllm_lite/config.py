@@ -1731,7 +1731,9 @@ def _draft_model_speculation(given: dict[str, Any], method: str, model: Any, k: 
     lookup = [name for name in ("prompt_lookup_min", "prompt_lookup_max") if given.get(name) is not None]
     _check(not lookup, f"speculative_config: {', '.join(lookup)} are the n-gram method's, not a draft model's")
     given_others = {name: given[name] for name in DRAFT_MODEL_FIELDS if given.get(name) is not None}
-    unsupported = sorted(set(given_others) - {"draft_tensor_parallel_size"})
+    # (enforce_eager=True asks for what every drafter here does: run eagerly)
+    unsupported = sorted(set(given_others) - {"draft_tensor_parallel_size"}
+                         - ({"enforce_eager"} if given_others.get("enforce_eager") is True else set()))
     _check(not unsupported, f"speculative_config: {', '.join(unsupported)} for a draft model are not implemented "
                             "(the draft runs eagerly, at the model's length, unquantized)")
     threshold = given.get("disable_by_batch_size")
