@@ -295,3 +295,43 @@ def test_sleep_level_1_and_a_wake_up_keep_the_heads_drafting(cycling_model: Path
         assert kept_per_position(llm) == [2 * n for n in first]  # (the same drafts kept as before the sleep)
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_heads_keep_reading_while_drafts_are_off_by_batch_size(cycling_model: Path, heads: dict[str, Path],
+                                                              greedy_reference: list[list[int]], method: str) -> None:
+    """vLLM's disable_by_batch_size: no drafts while more requests run than that; the heads still
+    read every step, so the requests left draft again once the batch is small enough."""
+    config = {**spec(method, heads[method])["speculative_config"], "disable_by_batch_size": 2}
+    llm = make_llm(cycling_model, disable_log_stats=False, speculative_config=config)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                               [SamplingParams(temperature=0, max_tokens=NUM_TOKENS - 10 * i, ignore_eos=True)
+                                for i in range(len(PROMPTS))], use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == [
+            reference[:NUM_TOKENS - 10 * i] for i, reference in enumerate(greedy_reference)]
+        assert 0 < kept_per_position(llm)[0]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_bf16_drafted_steps_give_the_tokens_of_bf16_decoding(cycling_model: Path, heads: dict[str, Path],
+                                                             method: str) -> None:
+    """In bf16 (the CPU's native precision here) a drafted step's rows round as one decode row's
+    do: the tokens are those of bf16 decoding without drafts (and the heads run in bf16)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("bf16 on CUDA: cuBLAS rounds a drafted step's several rows otherwise than one decode row")
+    plain = make_llm(cycling_model, dtype="bfloat16")
+    try:
+        expected = run(plain)
+    finally:
+        plain.shutdown()
+    llm = make_llm(cycling_model, dtype="bfloat16", disable_log_stats=False, **spec(method, heads[method]))
+    try:
+        assert run(llm) == expected
+        assert kept_per_position(llm)[0] > 0
+    finally:
+        llm.shutdown()
