@@ -315,21 +315,23 @@ def test_heads_keep_reading_while_drafts_are_off_by_batch_size(cycling_model: Pa
         llm.shutdown()
 
 
+@pytest.mark.parametrize("precision", [{"dtype": "bfloat16"}, {"quantization": "int8"}])
 @pytest.mark.parametrize("method", METHODS)
-def test_bf16_drafted_steps_give_the_tokens_of_bf16_decoding(cycling_model: Path, heads: dict[str, Path],
-                                                             method: str) -> None:
-    """In bf16 (the CPU's native precision here) a drafted step's rows round as one decode row's
-    do: the tokens are those of bf16 decoding without drafts (and the heads run in bf16)."""
+def test_reduced_precision_drafted_steps_give_the_tokens_of_decoding_without_drafts(
+        cycling_model: Path, heads: dict[str, Path], method: str, precision: dict) -> None:
+    """In bf16 (the CPU's native precision here) and with the model's linear layers in int8 (W8A8,
+    the heads staying float), a drafted step's rows round as one decode row's do: the tokens are
+    those of decoding without drafts in the same precision."""
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("bf16 on CUDA: cuBLAS rounds a drafted step's several rows otherwise than one decode row")
-    plain = make_llm(cycling_model, dtype="bfloat16")
+        pytest.skip("reduced precision on CUDA: a drafted step's several rows round otherwise than one decode row")
+    plain = make_llm(cycling_model, **precision)
     try:
         expected = run(plain)
     finally:
         plain.shutdown()
-    llm = make_llm(cycling_model, dtype="bfloat16", disable_log_stats=False, **spec(method, heads[method]))
+    llm = make_llm(cycling_model, disable_log_stats=False, **precision, **spec(method, heads[method]))
     try:
         assert run(llm) == expected
         assert kept_per_position(llm)[0] > 0

@@ -935,8 +935,6 @@ class EngineArgs:
                f"speculative_config: method={spec.method!r} drafts for the Llama-family models here "
                f"({', '.join(EAGLE_TARGET_ARCHITECTURES)}), not {target.hf.architecture}"
                f"{' through the Transformers fallback' if target.hf.model_impl != 'vllm' else ''}")
-        _check(target.quantization is None, f"speculative_config: method={spec.method!r} on a quantized model "
-                                            f"({target.quantization}) is not implemented")
         head_dir = self._head_folder(spec)
         eagle, cfg = read_eagle_head(_read_json(head_dir / "config.json"), spec.method, target.hf.num_hidden_layers,
                                      target.hf.hidden_size, target.hf.vocab_size)
