@@ -66,31 +66,21 @@ def test_completions_keep_the_tokens_of_decoding_without_drafts(server: LiveServ
     assert _counter(metrics, "vllm:generation_tokens") == 160
 
 
-def test_a_draft_model_over_http(model: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """`--speculative-config '{"model": DRAFT, ...}'` (vLLM's draft-model method): the same tokens,
-    drafts kept, the counters on /metrics."""
-    draft = build_cycling_model(tmp_path_factory.mktemp("cycling_draft"), 0.0)
-    config = json.dumps({"model": str(draft), "num_speculative_tokens": 3})
-    with running_server(model, tmp_path_factory.mktemp("spec_draft") / "server.log", MODEL, API_KEY,
-                        ("--max-model-len", "256", "--speculative-config", config)) as live:
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True,
-                "return_token_ids": True}
-        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
-            tokens = client.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
-            metrics = client.get("/metrics").text
-    assert tokens == hf_greedy(model, [PROMPT], 60)[0]
-    assert 0 < _counter(metrics, "vllm:spec_decode_num_accepted_tokens")
-
-
-def test_an_eagle3_head_over_http(model: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """`--speculative-config '{"method": "eagle3", "model": HEAD, ...}'` (vLLM's EAGLE-3): the
-    same tokens, drafts kept, the counters on /metrics."""
-    head = build_eagle3_head(tmp_path_factory.mktemp("eagle3_head") / "head", model, mix=0.0,
-                             aux_layer_ids=[1, 2, 0], draft_vocab_size=json.loads(
-                                 (model / "config.json").read_text())["vocab_size"])
-    config = json.dumps({"method": "eagle3", "model": str(head), "num_speculative_tokens": 3})
-    with running_server(model, tmp_path_factory.mktemp("spec_eagle3") / "server.log", MODEL, API_KEY,
-                        ("--max-model-len", "256", "--speculative-config", config)) as live:
+@pytest.mark.parametrize("drafter", ["draft_model", "eagle3"])
+def test_a_draft_model_or_head_over_http(model: Path, tmp_path_factory: pytest.TempPathFactory,
+                                         drafter: str) -> None:
+    """`--speculative-config '{"model": DRAFT, ...}'` (vLLM's draft-model method) and
+    `'{"method": "eagle3", "model": HEAD, ...}'` (vLLM's EAGLE-3): the same tokens, drafts kept,
+    the counters on /metrics."""
+    folder = tmp_path_factory.mktemp(drafter)
+    if drafter == "draft_model":
+        config = {"model": str(build_cycling_model(folder, 0.0)), "num_speculative_tokens": 3}
+    else:
+        vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+        head = build_eagle3_head(folder / "head", model, mix=0.0, aux_layer_ids=[1, 2, 0], draft_vocab_size=vocab)
+        config = {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    with running_server(model, folder / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--speculative-config", json.dumps(config))) as live:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 60, "temperature": 0, "ignore_eos": True,
                 "return_token_ids": True}
         with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
