@@ -1,6 +1,6 @@
 """n-gram speculative decoding (vLLM's prompt lookup): replies that repeat their prompt, as
 edits and rewrites do, come several tokens a step; greedy replies are the tokens of decoding
-without drafts (in fp32; in bf16 a near-tie may go the other way: README, "Speculative decoding").
+without drafts (in bf16 mind near-ties: README, "Speculative decoding").
 
     python examples/speculative_decoding.py                  # the demo model
     python examples/speculative_decoding.py /path/to/model
