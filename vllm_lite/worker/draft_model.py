@@ -44,7 +44,8 @@ class DraftModelProposer:
             self.computed.pop(request_id, None)
 
     def reset(self) -> None:
-        """The KV cache was let go (sleep): every request catches up again."""
+        """The KV cache was let go (sleep), the draft's with it: every request catches up again."""
+        self.kv_caches = []
         self.computed.clear()
 
     @torch.inference_mode()

@@ -119,7 +119,7 @@ class StateReadingProposer:
             self.pending.index.pop(request_id, None)
 
     def reset(self) -> None:
-        """The KV cache was let go (sleep)."""
+        """The KV cache was let go (sleep): the head's states with it."""
         self.pending = PendingStates.empty()
 
 
@@ -153,6 +153,11 @@ class EagleProposer(StateReadingProposer):
             # (cloned: the first layer's norm adds into its input, the embedding, in place)
             self._captured[layer_id] = hidden.clone() if residual is None else hidden + residual
         return keep
+
+    def reset(self) -> None:
+        """The KV cache was let go (sleep), the head's with it."""
+        super().reset()
+        self.kv_caches = []
 
     def step_states(self, hidden: torch.Tensor) -> torch.Tensor:
         """EAGLE-3's aux layers' streams side by side where it reads them, else `hidden`."""
@@ -192,14 +197,15 @@ class EagleProposer(StateReadingProposer):
         known = batch.num_tokens[rows].astype(np.int64)
         drafts = np.zeros((len(rows), int(num_drafts.max())), dtype=np.int64)
         drafts[:, 0] = self._draft_tokens(logits_states)
+        carried_rows = np.arange(len(rows))  # the indices into `rows` whose states `carried` holds
         for i in range(1, drafts.shape[1]):
-            active = np.flatnonzero(num_drafts > i)
+            active = np.flatnonzero(num_drafts > i)  # (a subset of the last pass's rows)
             step_rows = rows[active]
-            at = host_to_device(active, self.device)
+            at = host_to_device(np.searchsorted(carried_rows, active), self.device)
             logits_states, carried = self._pass(batch, step_rows, np.ones(len(active), dtype=np.int64), step_rows,
                                                 known[active] - 2 + i, drafts[active, i - 1], carried[at])
             drafts[active, i] = self._draft_tokens(logits_states)
-            carried = carried.new_zeros((len(rows), carried.shape[-1])).index_copy_(0, at, carried)
+            carried_rows = active
         place_drafts(batch, rows, num_drafts, drafts)
 
     def _pass(self, batch: InputBatch, rows: np.ndarray, lens: np.ndarray, token_rows: np.ndarray,

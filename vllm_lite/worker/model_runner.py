@@ -183,8 +183,8 @@ class ModelRunner:
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config
-        # vLLM's draft_model and EAGLE speculative decoding: the draft beside the model
-        # (worker/draft_model.py, worker/eagle.py)
+        # vLLM's draft_model, EAGLE and Medusa speculative decoding: the drafter beside the model
+        # (worker/draft_model.py, worker/eagle.py, worker/medusa.py)
         self.drafter: DraftModelProposer | EagleProposer | MedusaProposer | None = None
         if spec is not None and spec.uses_draft_model:
             self.drafter = DraftModelProposer(spec.draft_model_config, self.attn_backend, device, tp, self.block_size)
@@ -251,8 +251,9 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._new_kv_caches(num_blocks)
-        if self.drafter is not None and not isinstance(self.drafter, MedusaProposer):  # (the same blocks: a
-            # request's block table is the draft's too; a Medusa head keeps no KV)
+        # (a draft model's or EAGLE head's KV in the same blocks: a request's block table is theirs too; a
+        # Medusa head keeps none)
+        if isinstance(self.drafter, (DraftModelProposer, EagleProposer)):
             self.drafter.kv_caches = self._new_kv_caches(num_blocks, self.drafter.model, self.drafter.config.hf)
         if self.device.type == "cuda" and isinstance(self.drafter, EagleProposer) and self.drafter.eagle.aux_layer_ids:
             logger.info("CUDA graphs off: the EAGLE-3 head reads the model's layers through hooks, which a graph "
@@ -266,7 +267,6 @@ class ModelRunner:
         request may hold blocks; `initialize_kv_cache` makes a new, zeroed one)."""
         self.kv_caches, self.cuda_graphs = [], None
         if self.drafter is not None:
-            self.drafter.kv_caches = []
             self.drafter.reset()
         return_freed_memory()
 

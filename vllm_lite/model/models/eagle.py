@@ -21,6 +21,7 @@ from vllm_lite.model.layers.embedding import ParallelLMHead, VocabParallelEmbedd
 from vllm_lite.model.layers.linear import QKVParallelLinear, ReplicatedLinear
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import RotaryEmbedding
+from vllm_lite.model.models.causal_lm import mapped_name
 from vllm_lite.model.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -129,12 +130,8 @@ class EagleHead(nn.Module):
             return "draft_id_to_target_id", None
         if name.startswith("lm_head."):
             return name, None
-        name = name.replace("midlayer.", "layers.0.")
-        name = name if name.startswith("model.") else "model." + name
-        for fragment, fused, shard in self.stacked_params_mapping:
-            if fragment in name:
-                return name.replace(fragment, fused), shard
-        return name, None
+        return mapped_name(name if name.startswith("model.") else "model." + name, (("midlayer.", "layers.0."),),
+                           self.stacked_params_mapping)
 
     def draft_tokens(self, states: torch.Tensor, model_logits: Any) -> torch.Tensor:
         """The greedy draft token of each row of `states` (the head's logits states), in the
