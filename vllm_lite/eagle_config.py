@@ -79,6 +79,9 @@ def read_eagle_head(raw: dict[str, Any], method: str, target_layers: int, target
     cfg = {name: value for name, value in raw.items() if name not in _EAGLE3_FIELDS}
     qwen3 = architectures[0] in _QWEN3_HEADS
     cfg["architectures"] = ["Qwen3ForCausalLM" if qwen3 else "LlamaForCausalLM"]
+    if raw.get("tie_word_embeddings"):  # (a tied head would leave its own lm_head unread)
+        raise ValueError("speculative_config: an EAGLE head with tie_word_embeddings=true is not implemented (its "
+                         "LM head is its own lm_head.weight, or the model's)")
     if raw.get("vocab_size") != target_vocab:
         raise ValueError(f"speculative_config: the EAGLE head's vocab_size={raw.get('vocab_size')} is not the "
                          f"model's ({target_vocab})")
