@@ -506,7 +506,8 @@ IMAGE_TOKEN_ID = 999
 
 
 def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str, *, tie_word_embeddings: bool,
-                                seed: int = 0, text_extra: dict | None = None, head_dim: int | None = None) -> Path:
+                                seed: int = 0, text_extra: dict | None = None, head_dim: int | None = None,
+                                vision_extra: dict | None = None, config_extra: dict | None = None) -> Path:
     """A random-weight multimodal checkpoint (`architecture`, e.g. Gemma3ForConditionalGeneration)
     whose language model is `text_arch`'s tiny decoder (as build_tiny_model's), saved by
     transformers with its tiny vision encoder and projector, plus the tiny tokenizer."""
@@ -525,10 +526,15 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
     token_field = "image_token_index" if architecture.startswith(("Gemma3", "Mistral3", "Llava")) else "image_token_id"
     if architecture.startswith("LlavaOnevision"):  # (its video placeholder beside the image one)
         config_class = functools.partial(config_class, video_token_index=IMAGE_TOKEN_ID - 1)
-    config = config_class(text_config=text, vision_config=_TINY_VISION[architecture],
-                          tie_word_embeddings=tie_word_embeddings, **{token_field: IMAGE_TOKEN_ID})
+    config = config_class(text_config=text, vision_config={**_TINY_VISION[architecture], **(vision_extra or {})},
+                          tie_word_embeddings=tie_word_embeddings, **{token_field: IMAGE_TOKEN_ID},
+                          **(config_extra or {}))
     model = getattr(transformers, architecture)(config).to(torch.float32)
     _redraw_weights(model.get_decoder(), seed)
+    if vision_extra is not None:  # (a vision side that is run: drawn as widely, so that images matter)
+        tower = model.model.vision_tower
+        _redraw_weights(next(module for name, module in tower.named_modules() if name.endswith("encoder")), seed + 2)
+        _redraw_weights(model.model.multi_modal_projector, seed + 3)
     if not tie_word_embeddings:
         _redraw_weights(model.lm_head, seed + 1)
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -675,6 +681,19 @@ def hf_greedy_from_embeds(model_dir: Path, prompts_embeds: list[torch.Tensor], m
         assert out.shape[1] == max_new_tokens, (out.shape, max_new_tokens)  # (only the new tokens come back)
         outputs.append(out[0].tolist())
     return outputs
+
+
+@torch.inference_mode()
+def hf_greedy_with_images(model_dir: Path, token_ids: list[int], pixel_values: torch.Tensor,
+                          max_new_tokens: int) -> list[int]:
+    """`hf_greedy` of one prompt with images (transformers' multimodal class; `token_ids` with
+    each image's placeholder expanded, as its processor makes them), EOS disabled."""
+    model = _model(model_dir)
+    gen_config = _greedy_no_eos_config(model.generation_config.pad_token_id, max_new_tokens)
+    input_ids = torch.tensor([token_ids], dtype=torch.long)
+    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                         pixel_values=pixel_values.to(model.dtype), generation_config=gen_config)
+    return out[0, len(token_ids):].tolist()
 
 
 @torch.inference_mode()

@@ -24,7 +24,8 @@ from vllm_lite.eagle_config import (EAGLE_METHODS, EAGLE_TARGET_ARCHITECTURES, E
                                     read_eagle_head)
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.medusa_config import MedusaHeadConfig, read_medusa_head
-from vllm_lite.multimodal_checkpoints import check_multimodal_limits, is_multimodal, language_model_config
+from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_config
+from vllm_lite.vision_config import ImageEncoderConfig, images_per_prompt, read_image_encoder
 from vllm_lite.profiler_config import ProfilerConfig, profiler_config
 from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
@@ -447,6 +448,11 @@ class ModelConfig:
     logits_processors: tuple[str, ...] = ()
     # vLLM's enable_prompt_embeds: a prompt may be given as the model's input embeddings
     enable_prompt_embeds: bool = False
+    # image inputs (vllm_lite/vision_config.py): the vision side the workers build, the most images
+    # a prompt may carry (vLLM's limit_mm_per_prompt), and why a prompt may carry none
+    image_encoder: ImageEncoderConfig | None = None
+    max_images_per_prompt: int = 0
+    images_refused: str = ""
 
     @property
     def runner(self) -> str:
@@ -773,9 +779,9 @@ class EngineArgs:
     # vLLM's speculative decoding (--speculative-config): {"method": "ngram",
     # "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}
     speculative_config: dict[str, Any] | None = None
-    # vLLM's multimodal limits: image / video / audio inputs are not implemented, so a multimodal
-    # checkpoint is served as its language model either way; these take only "no such inputs"
-    # (language_model_only, or 0 for every modality)
+    # vLLM's multimodal limits: a checkpoint whose image inputs are implemented (vision_config.py)
+    # takes images unless these say otherwise; any other multimodal checkpoint is served as its
+    # language model, and these take only "no such inputs" for it (language_model_only, or 0)
     language_model_only: bool = False
     limit_mm_per_prompt: dict[str, Any] | None = None
     # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
@@ -1028,7 +1034,6 @@ class EngineArgs:
         _check(model_dir.is_dir(), f"model: '{model_dir}' is not a folder (nor a .gguf file)")
         cfg_path = model_dir / "config.json"
         _check(cfg_path.is_file(), f"model: '{model_dir}' has no config.json")
-        check_multimodal_limits(self.limit_mm_per_prompt)
         _check(self.model_impl in MODEL_IMPLS, f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         _check(self.tokenizer_mode in TOKENIZER_MODES,
                f"tokenizer_mode must be one of {TOKENIZER_MODES} (the Hugging Face tokenizer; vLLM's 'slow', "
@@ -1080,6 +1085,10 @@ class EngineArgs:
         if max_len > model_len:
             _allow_long_max_model_len(hf, max_len, model_len, source)
         _check_longrope_length(hf, max_len)
+        image_encoder, images_refused = _image_inputs(hf, with_hf_overrides(_read_json(cfg_path), hf_overrides),
+                                                      self.language_model_only)
+        max_images = images_per_prompt(self.limit_mm_per_prompt, self.language_model_only, hf.checkpoint_architecture,
+                                       images_refused)
         return ModelConfig(
             model=str(model_dir),
             tokenizer=tokenizer,
@@ -1101,6 +1110,9 @@ class EngineArgs:
             sampling_defaults=sampling_defaults(self._generation_cfg(model_dir), self.override_generation_config or {}),
             pooler=self._pooler(hf, model_dir, tokenizer),
             enable_prompt_embeds=self.enable_prompt_embeds,
+            image_encoder=image_encoder if max_images else None,
+            max_images_per_prompt=max_images,
+            images_refused=images_refused or ("" if max_images else "limit_mm_per_prompt gives 0 images"),
         )
 
     def _pooler(self, hf: HFModelConfig, model_dir: Path, tokenizer: str) -> PoolerConfig | None:
@@ -1746,6 +1758,23 @@ def _is_medusa_head(model: str, download_dir: str | None, hf_token: str | None) 
     return config_path.is_file() and _read_json(config_path).get("model_type") == "medusa"
 
 
+def _image_inputs(hf: HFModelConfig, cfg: dict[str, Any], language_model_only: bool
+                  ) -> tuple[ImageEncoderConfig | None, str]:
+    """The checkpoint's vision side where its image inputs are implemented, else None with the
+    reason a request's image is refused."""
+    architecture = hf.checkpoint_architecture
+    if not is_multimodal(architecture):
+        return None, f"{architecture} is a text model"
+    if language_model_only:
+        return None, "language_model_only=True serves the language model alone"
+    if hf.model_impl != "vllm":
+        return None, "its language model runs on the Transformers fallback, which takes no image features"
+    try:
+        return read_image_encoder(cfg), ""
+    except ValueError as exc:
+        return None, f"{exc}; the checkpoint is served as its language model"
+
+
 def check_speculative_decoding(config: VllmConfig) -> None:
     """Where drafts run here: generating models whose KV cache keeps every block."""
     _check(config.model_config.pooler is None, "speculative_config: pooling models generate no tokens to draft")
@@ -1754,6 +1783,11 @@ def check_speculative_decoding(config: VllmConfig) -> None:
                 and config.speculative_config.method != "medusa"),
            "speculative_config with a draft model or EAGLE head and enable_prompt_embeds is not implemented (the "
            "draft reads prompts as token ids; prompt_embeds are the model's own input embeddings)")
+    _check(not (config.model_config.max_images_per_prompt and config.speculative_config.drafts_on_workers
+                and config.speculative_config.method != "medusa"),
+           "speculative_config with a draft model or EAGLE head and image inputs is not implemented (the draft reads "
+           "an image's placeholder tokens, not its features): give limit_mm_per_prompt={'image': 0} to serve the "
+           "language model alone")
     _check(not config.model_config.logits_processors,
            "speculative_config with logits_processors is not implemented (a processor sees one row per request)")
     _check(config.cache_config.sliding_window is None,

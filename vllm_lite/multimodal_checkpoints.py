@@ -8,8 +8,9 @@ their language model alone: a text token's hidden states never depend on the vis
 output only replaces the embeddings of image placeholder tokens. So the language model is built
 from the checkpoint's `text_config` (read as transformers reads it: its config classes fill the
 defaults that hub configs leave out) and loaded from the checkpoint's language-model tensors; the
-vision encoder's and projector's tensors are not read. Image, audio and video inputs are not
-implemented: a request that carries them is refused by name, as with any text model.
+vision encoder's and projector's tensors are not read by it. Where a checkpoint's image inputs are
+implemented (vision_config.py: LLaVA 1.5's form) the workers build its vision side beside it
+(model/models/llava_vision.py); other image, audio and video inputs are refused by name.
 
 Torch-free: the engine configuration reads this before any worker starts.
 """
@@ -224,21 +225,6 @@ def language_model_name(spec: LanguageModelOf, name: str) -> str:
         if name.startswith(prefix):
             return ours + name[len(prefix):]
     return name
-
-
-def check_multimodal_limits(limit_mm_per_prompt: Mapping[str, Any] | None) -> None:
-    """vLLM's limit_mm_per_prompt ({"image": 2} or {"image": {"count": 2, ...}}): only 0 inputs of
-    any modality can be honoured here."""
-    if limit_mm_per_prompt is None:
-        return
-    if not isinstance(limit_mm_per_prompt, Mapping):
-        raise ValueError(f"limit_mm_per_prompt must be a dict of modality -> count, got {limit_mm_per_prompt!r}")
-    for modality, limit in limit_mm_per_prompt.items():
-        count = limit.get("count") if isinstance(limit, Mapping) else limit
-        if count != 0:
-            raise ValueError(f"limit_mm_per_prompt: {modality}={limit!r}: multimodal inputs are not implemented "
-                             "(the language model of a multimodal checkpoint is served, text only); give 0 for "
-                             "every modality, or language_model_only=True")
 
 
 def is_vision_tensor(architecture: str, name: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -12,6 +13,7 @@ from vllm_lite.bookkeeping import native_loops
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.core.block_pool import BlockHash, BlockPool, KVCacheBlock
 from vllm_lite.core.request import Request
+from vllm_lite.wire import ImageInputs
 
 # The parent key of a request's first block when it has no cache_salt. Every key is a 32-byte
 # SHA-256 digest, so a salted root (the digest of the salt) can equal this only by a preimage.
@@ -332,7 +334,11 @@ class KVCacheManager:
             parent = hashes[-1] if hashes else root_block_key(request.cache_salt, request.lora_request)
             start = len(hashes) * bs
             if request.prompt_embeds is not None and start < request.num_prompt_tokens:
-                hashes.extend(embeds_block_keys(parent, request.token_ids, request.prompt_embeds, start, count, bs))
+                hashes.extend(extra_block_keys(parent, request.token_ids, start, count, bs,
+                                               embeds_extra(request.prompt_embeds)))
+            elif request.images is not None and start <= request.images.offsets[-1]:
+                hashes.extend(extra_block_keys(parent, request.token_ids, start, count, bs,
+                                               images_extra(request.images)))
             else:
                 hashes.extend(block_keys(parent, request.token_ids, start, count, bs, self._native))
 
@@ -356,20 +362,35 @@ def block_key(parent: BlockHash, token_bytes: bytes) -> BlockHash:
     return hashlib.sha256(parent + token_bytes).digest()
 
 
-def embeds_block_keys(parent: BlockHash, token_ids: np.ndarray, prompt_embeds: np.ndarray, start: int, count: int,
-                      block_size: int) -> list[BlockHash]:
-    """`block_keys` of a prompt given as input embeddings (its token ids placeholders): a block
-    holding prompt positions adds the SHA-256 of their embedding rows to its tokens (as vLLM adds
-    them to its block hashes), so equal embeddings share blocks and no other prompt does."""
+def extra_block_keys(parent: BlockHash, token_ids: np.ndarray, start: int, count: int, block_size: int,
+                     extra: Callable[[int, int], bytes]) -> list[BlockHash]:
+    """`block_keys` of a prompt whose inputs are more than its token ids (vLLM's extra keys): a
+    block's key also covers `extra(first, end)`, the bytes its positions first..end - 1 add, so
+    equal inputs share blocks and no other prompt does."""
     keys = []
     for first in range(start, start + count * block_size, block_size):
-        data = token_ids[first:first + block_size].tobytes()
-        rows = prompt_embeds[first:first + block_size]
-        if len(rows):
-            data += b"\0vllm_lite prompt_embeds\0" + hashlib.sha256(rows.tobytes()).digest()
+        data = token_ids[first:first + block_size].tobytes() + extra(first, first + block_size)
         parent = block_key(parent, data)
         keys.append(parent)
     return keys
+
+
+def embeds_extra(prompt_embeds: np.ndarray) -> Callable[[int, int], bytes]:
+    """A prompt given as input embeddings (its token ids placeholders): the SHA-256 of the
+    block's embedding rows."""
+    def extra(first: int, end: int) -> bytes:
+        rows = prompt_embeds[first:end]
+        return b"\0vllm_lite prompt_embeds\0" + hashlib.sha256(rows.tobytes()).digest() if len(rows) else b""
+    return extra
+
+
+def images_extra(images: ImageInputs) -> Callable[[int, int], bytes]:
+    """A prompt with images: the hash of each image whose placeholders start in the block (the
+    blocks after it hold it through the chain of keys)."""
+    def extra(first: int, end: int) -> bytes:
+        starting = np.flatnonzero((images.offsets >= first) & (images.offsets < end))
+        return b"".join(b"\0vllm_lite image\0" + images.hashes[i] for i in starting.tolist())
+    return extra
 
 
 def block_keys(parent: BlockHash, token_ids: np.ndarray, start: int, count: int, block_size: int,

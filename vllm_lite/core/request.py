@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lite.core.thinking_budget import ThinkingBudgetState
-from vllm_lite.wire import REPETITION_STOP_REASON, EngineCoreRequest, FinishReason
+from vllm_lite.wire import REPETITION_STOP_REASON, EngineCoreRequest, FinishReason, ImageInputs
 from vllm_lite.sampling_params import SamplingParams
 
 # Why a request stops: the reason and its stop_reason (a stop token id, REPETITION_STOP_REASON, None)
@@ -60,7 +60,7 @@ class Request:
         "min_tokens", "eos_token_ids", "stop_token_ids", "block_hashes", "num_cached_tokens",
         "cache_salt", "prefix_lookup", "structured_output_request", "thinking", "queued_ts", "scheduled_ts",
         "num_preemptions", "_num_tokens_with_placeholders", "length_limit", "store", "slot", "priority",
-        "arrival_time", "lora_request", "may_draft", "prompt_embeds",
+        "arrival_time", "lora_request", "may_draft", "prompt_embeds", "images",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: np.ndarray, sampling_params: SamplingParams,
@@ -114,6 +114,9 @@ class Request:
         # vLLM's prompt_embeds (float32 [num_prompt_tokens, width]): the prompt's inputs, its token
         # ids placeholders; their bytes go into its prefix-cache keys
         self.prompt_embeds: np.ndarray | None = None
+        # its images (wire.ImageInputs): the workers encode them; their hashes go into its
+        # prefix-cache keys
+        self.images: ImageInputs | None = None
 
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> Request:
@@ -123,6 +126,7 @@ class Request:
             request.thinking = ThinkingBudgetState(req.thinking, req.prompt_token_ids)
         request.lora_request = req.lora_request
         request.prompt_embeds = req.prompt_embeds
+        request.images = req.images
         return request
 
     def queue_key(self) -> tuple[int, float]:

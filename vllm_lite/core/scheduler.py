@@ -809,6 +809,7 @@ class Scheduler:
                 eos_token_ids=tuple(sorted(request.eos_token_ids)),
                 lora_request=request.lora_request,
                 prompt_embeds=request.prompt_embeds,
+                images=request.images,
             ))
             num_scheduled[request.request_id] = num_new
             self._advance_computed(request, num_new)

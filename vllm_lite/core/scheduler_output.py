@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_lite.lora.request import LoRARequest
 from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.wire import ImageInputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class NewRequestData:
     # vLLM's prompt_embeds (float32 [num_prompt_tokens, width]): the prompt's inputs in place of its
     # token ids, which are placeholders then
     prompt_embeds: np.ndarray | None = None
+    images: ImageInputs | None = None  # its images (the workers encode those not computed yet)
 
 
 @dataclass(frozen=True, slots=True)

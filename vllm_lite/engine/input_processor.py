@@ -10,6 +10,7 @@ import numpy as np
 
 from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
+from vllm_lite.engine.image_inputs import ImageProcessor, check_multi_modal_data
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
 from vllm_lite.logits_processor import load_logits_processors
@@ -21,9 +22,10 @@ from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 class TextPrompt(TypedDict, total=False):
-    """vLLM's: a text prompt (the keys this engine takes; vLLM's multimodal ones are refused)."""
+    """vLLM's: a text prompt (the keys this engine takes), with images where the model takes them."""
 
     prompt: str
+    multi_modal_data: dict[str, Any]
     cache_salt: str
 
 
@@ -32,6 +34,7 @@ class TokensPrompt(TypedDict, total=False):
 
     prompt_token_ids: list[int]
     prompt: str
+    multi_modal_data: dict[str, Any]
     cache_salt: str
 
 
@@ -45,7 +48,7 @@ class EmbedsPrompt(TypedDict, total=False):
 
 PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt, dict[str, Any]]
 # of vLLM's TextPrompt / TokensPrompt / EmbedsPrompt
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "cache_salt")
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "multi_modal_data", "cache_salt")
 
 
 class InputProcessor:
@@ -62,6 +65,7 @@ class InputProcessor:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
         self._think_tokens: ThinkTokens | None = None  # resolved by the first request with a budget
+        self._images = ImageProcessor(model_config)
 
     def process_prompt(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
                        lora_request: LoRARequest | None = None) -> tuple[str | None, list[int], EngineCoreRequest]:
@@ -69,16 +73,29 @@ class InputProcessor:
         embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
         engine-core request."""
         embeds = self.prompt_embeds(prompt)
+        images = self.images(prompt)
         if embeds is None:
-            text, token_ids = self.tokenize(prompt)
+            text, token_ids = self.tokenize(prompt, images_allowed=True)
         else:
             text, token_ids = None, [0] * len(embeds)
             refuse_with_prompt_embeds(params)
+        image_inputs = None
+        if images:
+            token_ids, image_inputs = self._images.inputs(images, token_ids)
         request = self.process(request_id, token_ids, params, self.cache_salt(prompt), priority,
                                lora_request=lora_request)
-        if embeds is not None:
-            request.prompt_embeds = embeds
+        request.prompt_embeds = embeds
+        request.images = image_inputs
         return text, token_ids, request
+
+    def images(self, prompt: PromptType) -> list[Any]:
+        """The images of a prompt's vLLM `multi_modal_data` (checked against the model)."""
+        if not isinstance(prompt, dict) or prompt.get("multi_modal_data") is None:
+            return []
+        if prompt.get("prompt_embeds") is not None:
+            raise VLLMValidationError("a prompt with prompt_embeds takes no multi_modal_data",
+                                      parameter="multi_modal_data")
+        return check_multi_modal_data(prompt["multi_modal_data"], self.model_config)
 
     def prompt_embeds(self, prompt: PromptType) -> np.ndarray | None:
         """A prompt's `prompt_embeds` checked against the model (vLLM's rules: 2-D, or 3-D with a
@@ -99,9 +116,13 @@ class InputProcessor:
             raise VLLMValidationError("You must set `--enable-prompt-embeds` to input `prompt_embeds` (LLM: "
                                       "enable_prompt_embeds=True).", parameter="prompt_embeds")
 
-    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: PromptType, images_allowed: bool = False) -> tuple[str | None, list[int]]:
+        """`images_allowed`: the caller takes the prompt's multi_modal_data (generate does)."""
         if isinstance(prompt, dict):
             _check_prompt_keys(prompt)
+            if not images_allowed and prompt.get("multi_modal_data") is not None:
+                raise VLLMValidationError("multi_modal_data is taken by generate only (not by beam search, pooling "
+                                          "or tokenizing)", parameter="multi_modal_data")
             if prompt.get("prompt_embeds") is not None:
                 raise VLLMValidationError("prompt_embeds are taken by generate only (not by beam search, pooling or "
                                           "tokenizing): give this prompt as text or token ids",
@@ -330,7 +351,5 @@ def _check_prompt_keys(prompt: dict[str, Any]) -> None:
     stands for an absent key."""
     unknown = sorted(str(key) for key, value in prompt.items() if key not in PROMPT_KEYS and value is not None)
     if unknown:
-        media = (" (image, audio and video inputs are not implemented: a multimodal checkpoint is served as its "
-                 "language model)") if "multi_modal_data" in unknown else ""
-        raise VLLMValidationError(f"prompt keys {unknown} are not supported{media}: a prompt dict takes "
+        raise VLLMValidationError(f"prompt keys {unknown} are not supported: a prompt dict takes "
                                   f"{', '.join(repr(key) for key in PROMPT_KEYS)}")

@@ -32,9 +32,10 @@ from vllm_lite.model.layers.wna16 import WNA16Scheme, dequantized_weights, fits_
 from vllm_lite.model.checkpoint_files import iterate_weights, safetensors_files
 from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
 from vllm_lite.model.models.eagle import EagleHead
+from vllm_lite.model.models.llava_vision import LlavaImageEncoder
 from vllm_lite.model.models.medusa import MedusaHead
 from vllm_lite.model.registry import get_model_class
-from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
+from vllm_lite.multimodal_checkpoints import is_multimodal, is_vision_tensor, language_model_weights
 
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, Any]], source: str, pooling: bool = False,
                  int8_checkpoint: bool = False, zero_biases_optional: bool = False) -> None:
@@ -276,6 +277,21 @@ def load_medusa_head(source: Path, config: MedusaHeadConfig, dtype_name: str, de
         head = MedusaHead(config, tp)
     load_weights(head, iterate_weights(source), str(source))
     return _placed(head, dtype_name, device)
+
+
+def load_image_encoder(model_config: ModelConfig, device: torch.device) -> LlavaImageEncoder:
+    """A multimodal checkpoint's vision side (model_config.image_encoder), in the engine's dtype
+    (never quantized: quantization="int8" is the language model's)."""
+    with torch.device("cpu"):
+        encoder = LlavaImageEncoder(model_config.image_encoder)
+    if model_config.load_format == "dummy":
+        initialize_dummy_weights(encoder)
+    else:
+        architecture = model_config.hf.checkpoint_architecture
+        weights = ((name, weight) for name, weight in iterate_weights(Path(model_config.model))
+                   if is_vision_tensor(architecture, name))
+        load_weights(encoder, weights, model_config.model)
+    return _placed(encoder, model_config.dtype, device)
 
 
 def _load_checkpoint(model: nn.Module, model_config: ModelConfig, keep_int4_blocks: bool) -> None:

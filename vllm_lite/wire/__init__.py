@@ -23,6 +23,7 @@ from vllm_lite.wire.engine_core import (
     EngineDead,
     FinishedRequest,
     FinishReason,
+    ImageInputs,
     OutputType,
     RequestError,
     RequestIdsReceiver,
@@ -49,7 +50,7 @@ __all__ = [
     "INLINE_ARRAY_MAX_BYTES", "Frame", "MsgpackDecoder", "MsgpackEncoder", "peek_request_id",
     "OUTPUT_STRUCTS", "PAUSE_MODES", "REPETITION_STOP_REASON", "REQUEST_STRUCTS", "UTILITY_METHODS", "AbortRequests",
     "EngineCoreOutputs",
-    "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "OutputType",
+    "EngineCoreRequest", "EngineDead", "FinishedRequest", "FinishReason", "ImageInputs", "OutputType",
     "RequestError", "RequestIdsReceiver", "RequestIdsSender", "RequestType", "ThinkingBudget", "UtilityRequest",
     "UtilityResult", "split_token_columns", "CollectiveRpc", "Flush", "InitKVCache", "LogprobsArrays", "MeasureMemory", "ModelRunnerOutput", "Profile", "Shutdown", "WorkerReply",
 ]

@@ -60,6 +60,16 @@ class ThinkingBudget(msgspec.Struct, array_like=True, frozen=True, gc=False):
     end_id: int
 
 
+class ImageInputs(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A prompt's images as the model's image processor made them: image i's features replace
+    the inputs of its `tokens_per_image` placeholder tokens from prompt position offsets[i]."""
+
+    pixel_values: np.ndarray  # float32 [num_images, channels, height, width]
+    offsets: np.ndarray  # int64 [num_images], ascending
+    tokens_per_image: int
+    hashes: list[bytes]  # SHA-256 of each image's pixel values: its prefix-cache key
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     prompt_token_ids: np.ndarray
@@ -76,6 +86,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # vLLM's prompt_embeds: the prompt as the model's input embeddings, float32 [num_prompt_tokens,
     # inputs_embeds_size] (the model's dtype's values); its prompt_token_ids are placeholders (0)
     prompt_embeds: np.ndarray | None = None
+    images: ImageInputs | None = None  # vLLM's multi_modal_data {"image": ...}, processed by the client
 
 
 class FinishedRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

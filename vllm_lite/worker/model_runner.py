@@ -31,7 +31,7 @@ from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.host_to_device import StepInputTensors, host_to_device
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.layers.matmul_rows import bucket_rows
-from vllm_lite.model.loader import load_model
+from vllm_lite.model.loader import load_image_encoder, load_model
 from vllm_lite.ragged import segment_offsets
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
@@ -149,6 +149,9 @@ class ModelRunner:
         self.attn_backend = attn_backend or get_attn_backend(
             vllm_config.model_config.attention_backend, device, getattr(torch, vllm_config.model_config.dtype))
         self.model = load_model(vllm_config.model_config, self.attn_backend, device, tp)
+        # a multimodal checkpoint's vision side, where its image inputs are taken
+        self.image_encoder = (load_image_encoder(vllm_config.model_config, device)
+                              if vllm_config.model_config.image_encoder is not None else None)
         lora_config = vllm_config.lora_config
         self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
                                  pooling=vllm_config.model_config.pooler is not None,
@@ -179,7 +182,8 @@ class ModelRunner:
                        if pooler is not None else None)
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
-        self.prompt_embeds = PromptEmbeds()  # vLLM's prompt_embeds of prompts not computed yet
+        # vLLM's prompt_embeds and image features of prompts not computed yet
+        self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype))
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config
@@ -855,7 +859,12 @@ class ModelRunner:
         if self.custom_logits is not None:
             self.custom_logits.added(row, new)
         self._add_sampling_state(new)
-        self.prompt_embeds.add(new)
+        self.prompt_embeds.add(new, self._encode_images)
+
+    def _encode_images(self, pixel_values: np.ndarray) -> torch.Tensor:
+        """Images [n, channels, height, width] -> their input embeddings [n, tokens, width]."""
+        with torch.inference_mode():
+            return self.image_encoder(torch.from_numpy(pixel_values).to(self.device))
 
     def _drop_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)

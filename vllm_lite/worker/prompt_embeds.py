@@ -1,7 +1,10 @@
-"""vLLM's prompt_embeds in the worker: the prompt positions whose inputs are given embeddings
-rather than token ids, spliced into the step's input embeddings."""
+"""Prompt positions whose inputs are given embeddings rather than their tokens' (vLLM's
+prompt_embeds: the whole prompt; an image's features: its placeholder tokens), spliced into the
+step's input embeddings."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -9,43 +12,64 @@ import torch
 from vllm_lite.core.scheduler_output import NewRequestData
 from vllm_lite.worker.input_batch import InputBatch
 
+# (first prompt position, rows [n, width]): the inputs of positions first..first + n - 1
+Segment = tuple[int, torch.Tensor]
+
 
 class PromptEmbeds:
-    """The given embeddings of the batch's requests whose prompt is not computed yet: a request
-    leaves once its last prompt position is in a step (back with its NewRequestData after a
-    preemption), so a step without any costs one dictionary test."""
+    """The given embeddings of the batch's requests whose given positions are not all computed
+    yet: a request leaves once its last given position is in a step (back with its
+    NewRequestData after a preemption), so a step without any costs one dictionary test."""
 
-    def __init__(self) -> None:
-        self.pending: dict[str, np.ndarray] = {}
+    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+        self.device = device
+        self.dtype = dtype
+        self.pending: dict[str, list[Segment]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.pending)
 
-    def add(self, new: NewRequestData) -> None:
-        if new.prompt_embeds is not None and new.num_computed_tokens < new.num_prompt_tokens:
-            self.pending[new.req_id] = new.prompt_embeds
+    def add(self, new: NewRequestData, encode_images: Callable[[np.ndarray], torch.Tensor]) -> None:
+        """`encode_images`: pixel values [n, channels, height, width] -> features [n, tokens, width]
+        (run only for the images whose placeholders are not all computed, e.g. prefix-cache hits)."""
+        segments: list[Segment] = []
+        if new.prompt_embeds is not None:
+            segments.append((0, torch.from_numpy(new.prompt_embeds)))
+        images = new.images
+        if images is not None:
+            ends = images.offsets + images.tokens_per_image
+            needed = np.flatnonzero(ends > new.num_computed_tokens)
+            if len(needed):
+                features = encode_images(images.pixel_values[needed])
+                segments.extend(zip(images.offsets[needed].tolist(), features.unbind()))
+        if segments and segments[-1][0] + len(segments[-1][1]) > new.num_computed_tokens:
+            self.pending[new.req_id] = segments
 
     def forget(self, req_id: str) -> None:
         self.pending.pop(req_id, None)
 
     def take_step(self, batch: InputBatch, rows: np.ndarray, query_starts: np.ndarray,
                   query_lens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(flat token indices, float32 embedding rows) of the step's positions given as embeddings
-        (`rows`: the step's batch rows, ascending, before their computed counts advance); None
-        when it has none. Requests whose prompt this step completes leave."""
+        """(flat token indices, embedding rows in the model's dtype on its device) of the step's
+        positions given as embeddings (`rows`: the step's batch rows, ascending, before their
+        computed counts advance); None when it has none. Requests whose last given position this
+        step reaches leave."""
         indices, pieces = [], []
-        for req_id, embeds in list(self.pending.items()):
+        for req_id, segments in list(self.pending.items()):
             row = batch.req_id_to_index.get(req_id)
             k = int(np.searchsorted(rows, row)) if row is not None else len(rows)
             if k == len(rows) or rows[k] != row:
                 continue  # not in this step
             start = int(batch.num_computed_tokens[row])
-            end = min(start + int(query_lens[k]), len(embeds))
-            if start < end:
-                indices.append(np.arange(end - start) + int(query_starts[k]))
-                pieces.append(embeds[start:end])
-            if end >= len(embeds):
+            end = start + int(query_lens[k])
+            for first, embeds in segments:
+                low, high = max(start, first), min(end, first + len(embeds))
+                if low < high:
+                    indices.append(np.arange(low - start, high - start) + int(query_starts[k]))
+                    pieces.append(embeds[low - first:high - first].to(self.device, self.dtype))
+            last_first, last_embeds = segments[-1]
+            if end >= last_first + len(last_embeds):
                 del self.pending[req_id]
         if not indices:
             return None
-        return torch.from_numpy(np.concatenate(indices)), torch.from_numpy(np.concatenate(pieces))
+        return torch.from_numpy(np.concatenate(indices)), torch.cat(pieces)

@@ -43,3 +43,21 @@ class Gelu(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate=self.approximate)
+
+
+class QuickGelu(nn.Module):
+    """transformers' `quick_gelu` (CLIP's): x * sigmoid(1.702 x)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def plain_activation(hidden_act: str) -> nn.Module:
+    """A plain (not gated) activation by transformers' name (vision_config.PLAIN_ACTIVATIONS)."""
+    if hidden_act == "quick_gelu":
+        return QuickGelu()
+    if hidden_act == "relu":
+        return nn.ReLU()
+    if hidden_act == "silu":
+        return nn.SiLU()
+    return Gelu(hidden_act)

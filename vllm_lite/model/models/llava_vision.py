@@ -1,0 +1,141 @@
+"""LLaVA 1.5's vision side: a CLIP vision transformer and the two-layer projector that turns its
+patch features into language-model input embeddings (one per image placeholder token).
+
+Runs once per image when its request joins a step (worker/prompt_embeds.py splices the rows in);
+every rank holds all of it (it is small beside the language model, and its output is needed
+whole). Its names are the checkpoint's (`vision_tower.vision_model.*`, `multi_modal_projector.*`;
+also under `model.`, and `vision_tower.*` without `vision_model.`, as newer transformers save them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_lite.model.layers.activation import plain_activation
+from vllm_lite.vision_config import ImageEncoderConfig
+
+
+class ClipEmbeddings(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.class_embedding = nn.Parameter(torch.empty(config.hidden_size))
+        self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size, kernel_size=config.patch_size,
+                                         stride=config.patch_size, bias=False)
+        self.position_embedding = nn.Embedding(config.num_patches + 1, config.hidden_size)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        patches = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        cls = self.class_embedding.expand(len(pixel_values), 1, -1)
+        return torch.cat([cls, patches], dim=1) + self.position_embedding.weight
+
+
+class ClipAttention(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        width = config.hidden_size
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        images, tokens, width = x.shape
+
+        def heads(projection: nn.Linear) -> torch.Tensor:
+            return projection(x).view(images, tokens, self.num_heads, -1).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj))
+        return self.out_proj(attended.transpose(1, 2).reshape(images, tokens, width))
+
+
+class ClipMlp(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = plain_activation(config.hidden_act)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ClipEncoderLayer(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = ClipAttention(config)
+        self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = ClipMlp(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class ClipEncoder(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ClipEncoderLayer(config) for _ in range(config.num_layers))
+
+
+class ClipVisionModel(nn.Module):
+    """CLIP's vision transformer; its post_layernorm (of the pooled output, which LLaVA does not
+    read) is loaded with the checkpoint and not run."""
+
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.embeddings = ClipEmbeddings(config)
+        self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # (CLIP's spelling)
+        self.encoder = ClipEncoder(config)
+        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def hidden_states(self, pixel_values: torch.Tensor, count: int) -> list[torch.Tensor]:
+        """transformers' hidden states 0..count: the embeddings, then each layer's output."""
+        states = [self.pre_layrnorm(self.embeddings(pixel_values))]
+        for layer in self.encoder.layers[:count]:
+            states.append(layer(states[-1]))
+        return states
+
+
+class ClipVisionTower(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.vision_model = ClipVisionModel(config)
+
+
+class LlavaProjector(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        features = config.hidden_size * len(config.feature_layers)
+        self.linear_1 = nn.Linear(features, config.text_hidden_size, bias=config.projector_bias)
+        self.act = plain_activation(config.projector_act)
+        self.linear_2 = nn.Linear(config.text_hidden_size, config.text_hidden_size, bias=config.projector_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class LlavaImageEncoder(nn.Module):
+    """Pixel values [images, channels, height, width] -> input embeddings [images,
+    tokens_per_image, text hidden size] (transformers' LlavaModel.get_image_features)."""
+
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vision_tower = ClipVisionTower(config)
+        self.multi_modal_projector = LlavaProjector(config)
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
+        name = name.removeprefix("model.")
+        if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+            name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")  # (transformers 5's form)
+        return name, None
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        config = self.config
+        states = self.vision_tower.vision_model.hidden_states(pixel_values, config.layers_run)
+        first = 0 if config.keep_cls else 1
+        depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
+        features = torch.cat([states[layer % depth][:, first:] for layer in config.feature_layers], dim=-1)
+        return self.multi_modal_projector(features)

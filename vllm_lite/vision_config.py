@@ -1,0 +1,158 @@
+"""Image inputs of a multimodal checkpoint: which checkpoints take them, and how their vision
+side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP vision encoder, a
+two-layer projector, an image placeholder token expanded to one token per image feature).
+
+A multimodal checkpoint whose vision side is not implemented here is still served as its language
+model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
+request carrying an image is refused with it.
+
+Torch-free: the engine configuration reads this before any worker starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# the architectures whose image inputs are implemented
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+# vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
+DEFAULT_IMAGES_PER_PROMPT = 999
+_VISION_MODEL_TYPES = ("clip_vision_model",)
+_SELECT_STRATEGIES = ("default", "full")  # drop the CLS feature / keep it
+# the activations model/layers/activation.py `plain_activation` runs
+PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
+# CLIPVisionConfig fields that change nothing at inference (the projection head and the text
+# side of a full CLIP model are not part of a vision tower) besides transformers' metadata
+_VISION_INERT = frozenset({"model_type", "projection_dim", "attention_dropout", "dropout", "initializer_range",
+                           "initializer_factor", "torch_dtype", "dtype", "transformers_version", "vocab_size",
+                           "architectures", "_name_or_path", "output_attentions", "output_hidden_states",
+                           "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward",
+                           "is_encoder_decoder", "add_cross_attention", "tie_word_embeddings", "pruned_heads",
+                           "torchscript", "use_bfloat16", "tf_legacy_loss", "bos_token_id", "eos_token_id",
+                           "pad_token_id", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+                           "cross_attention_hidden_size", "finetuning_task", "tokenizer_class", "prefix",
+                           "is_decoder", "_attn_implementation_autoset"})
+_VISION_READ = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                          "num_channels", "image_size", "patch_size", "layer_norm_eps", "hidden_act"})
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEncoderConfig:
+    """LLaVA's vision side: a CLIP vision transformer (the features of `feature_layers`, indices
+    into its hidden states as transformers counts them, concatenated), then the projector."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_channels: int
+    image_size: int
+    patch_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    feature_layers: tuple[int, ...]
+    keep_cls: bool  # vision_feature_select_strategy "full"
+    projector_act: str
+    projector_bias: bool
+    text_hidden_size: int
+    image_token_id: int
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens_per_image(self) -> int:
+        """An image's placeholder tokens in the prompt: one per feature it becomes."""
+        return self.num_patches + int(self.keep_cls)
+
+    @property
+    def layers_run(self) -> int:
+        """The encoder layers the deepest feature layer needs (hidden state k is layer k's output)."""
+        return max(layer % (self.num_layers + 1) for layer in self.feature_layers)
+
+
+def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
+    """The vision side of a multimodal config.json (the outer config), read as transformers'
+    class for it reads it. Raises ValueError naming what is not implemented."""
+    from vllm_lite.multimodal_checkpoints import transformers_config
+
+    architecture = cfg["architectures"][0]
+    if architecture not in IMAGE_ARCHITECTURES:
+        raise ValueError(f"image inputs of {architecture} are not implemented (implemented: "
+                         f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP vision encoder)")
+    outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
+    vision = outer.vision_config.to_dict()
+    if vision.get("model_type") not in _VISION_MODEL_TYPES:
+        raise ValueError(f"vision_config.model_type {vision.get('model_type')!r} is not implemented for image "
+                         f"inputs (implemented: {', '.join(_VISION_MODEL_TYPES)})")
+    unknown = sorted(name for name in vision if name not in _VISION_READ | _VISION_INERT)
+    if unknown:
+        raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
+    if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"vision_config.hidden_act={vision['hidden_act']!r} is not implemented")
+    if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"projector_hidden_act={outer.projector_hidden_act!r} is not implemented")
+    strategy = outer.vision_feature_select_strategy
+    if strategy not in _SELECT_STRATEGIES:
+        raise ValueError(f"vision_feature_select_strategy={strategy!r} is not implemented "
+                         f"(implemented: {', '.join(_SELECT_STRATEGIES)})")
+    layers = outer.vision_feature_layer
+    layers = (layers,) if isinstance(layers, int) else tuple(layers)
+    depth = vision["num_hidden_layers"]
+    if not layers or any(not isinstance(layer, int) or not -depth - 1 <= layer <= depth for layer in layers):
+        raise ValueError(f"vision_feature_layer={outer.vision_feature_layer!r} names no hidden state of the "
+                         f"{depth}-layer vision encoder")
+    if quantized_vision(cfg):
+        raise ValueError("a quantized vision encoder is not implemented for image inputs")
+    return ImageEncoderConfig(
+        hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"], num_layers=depth,
+        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
+        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
+        hidden_act=vision["hidden_act"], feature_layers=layers, keep_cls=strategy == "full",
+        projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
+        text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id)
+
+
+def quantized_vision(cfg: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint's quantization covers the vision side (its ignore lists usually
+    leave the vision tower out; a quantized checkpoint that says nothing is taken as covering it)."""
+    quantization = cfg.get("quantization_config")
+    if not quantization:
+        return False
+    skipped = [*(quantization.get("ignore") or ()), *(quantization.get("modules_to_not_convert") or ()),
+               *(quantization.get("llm_int8_skip_modules") or ())]
+    return not any("vision" in str(name) for name in skipped)
+
+
+def images_per_prompt(limit_mm_per_prompt: Mapping[str, Any] | None, language_model_only: bool,
+                      architecture: str, refusal: str) -> int:
+    """The most images a prompt may carry (vLLM's limit_mm_per_prompt; 0: text only). Raises
+    ValueError where a limit above 0 is asked for inputs that cannot be taken (`refusal`: why this
+    checkpoint takes no images, "" where it does)."""
+    limits = dict(limit_mm_per_prompt or {})
+    if not isinstance(limit_mm_per_prompt or {}, Mapping):
+        raise ValueError(f"limit_mm_per_prompt must be a dict of modality -> count, got {limit_mm_per_prompt!r}")
+    counts = {modality: limit.get("count") if isinstance(limit, Mapping) else limit
+              for modality, limit in limits.items()}
+    for modality, count in counts.items():
+        if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
+            raise ValueError(f"limit_mm_per_prompt: {modality}={limits[modality]!r}: the count must be an integer >= 0")
+        if count == 0:
+            continue
+        if modality != "image":
+            raise ValueError(f"limit_mm_per_prompt: {modality}={limits[modality]!r}: multimodal inputs are not "
+                             f"implemented for {modality} (image inputs of {', '.join(IMAGE_ARCHITECTURES)} are); "
+                             "give 0")
+        if language_model_only:
+            raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r} with language_model_only=True: "
+                             "the language model alone takes no images")
+        if refusal:
+            raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r}: multimodal inputs are not "
+                             f"implemented for {architecture or 'this model'} ({refusal}); give 0 for every "
+                             "modality, or language_model_only=True")
+    if language_model_only or refusal:
+        return 0
+    return counts.get("image", DEFAULT_IMAGES_PER_PROMPT)
