@@ -186,15 +186,15 @@ def test_text_with_an_unpaired_surrogate_is_refused_by_field(llm: LLM) -> None:
 
 
 def test_a_prompt_key_this_engine_does_not_take_is_refused_by_name(llm: LLM) -> None:
-    """vLLM's multi_modal_data (or a misspelt key) would otherwise be dropped: another prompt
-    answered. None stands for an absent key."""
+    """A misspelt key (or vLLM's multi_modal_data for a text model) would otherwise be dropped:
+    another prompt answered. None stands for an absent key."""
     params = SamplingParams(temperature=0.0, max_tokens=2)
-    for key in ("multi_modal_data", "promt"):
-        with pytest.raises(ValueError, match=rf"prompt keys \['{key}'\] are not supported"):
-            llm.generate({"prompt": "hi", key: {"image": 1}}, params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"prompt keys \['promt'\] are not supported"):
+        llm.generate({"prompt": "hi", "promt": {"image": 1}}, params, use_tqdm=False)
     with pytest.raises(ValueError, match="You must set `--enable-prompt-embeds`"):  # (tests/test_prompt_embeds.py)
         llm.generate({"prompt_embeds": {"image": 1}}, params, use_tqdm=False)
-    with pytest.raises(ValueError, match="image, audio and video inputs are not implemented"):
+    # (tests/test_image_inputs.py: a model that takes images)
+    with pytest.raises(ValueError, match="image inputs are not taken by this model: .*ForCausalLM is a text model"):
         llm.generate({"prompt": "hi", "multi_modal_data": {"image": 1}}, params, use_tqdm=False)
     plain = llm.generate({"prompt": "hi"}, params, use_tqdm=False)[0].outputs[0].token_ids
     assert llm.generate({"prompt": "hi", "multi_modal_data": None}, params,

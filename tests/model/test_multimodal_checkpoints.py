@@ -202,11 +202,15 @@ def test_the_vision_tensors_are_not_read_and_unknown_tensors_are_refused(tiny_ll
     assert len(text_only) < len(tensors)
     save_file(text_only, model / "model.safetensors", metadata={"format": "pt"})
     prompts = prompts_token_ids[:2]
-    _assert_greedy_equals_transformers(model, tiny_llava, prompts)
+    _assert_greedy_equals_transformers(model, tiny_llava, prompts, language_model_only=True)
+    # (LLaVA's image inputs are taken by default, as in vLLM: its vision side is then needed)
+    with pytest.raises(ValueError, match="lacks weights for.*the vision encoder and projector, which image inputs "
+                                         "need; language_model_only=True serves the language model alone"):
+        LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     save_file({**text_only, "audio_tower.proj.weight": torch.zeros(2, 2)}, model / "model.safetensors",
               metadata={"format": "pt"})
     with pytest.raises(ValueError, match="'audio_tower.proj.weight' has no matching model parameter"):
-        LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
+        LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False, language_model_only=True)
 
 
 def test_chat_template_of_the_processor_is_used(tiny_gemma3_mm: Path, tmp_path: Path) -> None:

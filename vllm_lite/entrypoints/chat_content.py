@@ -3,8 +3,10 @@
 "string": each message's text parts joined with newlines. "openai": a list of parts,
 `[{"type": "text", "text": ...}]` (a string content becomes one part), for templates that loop
 over a message's content; tool messages stay strings, as vLLM keeps them. "auto" picks by
-reading the template: a loop over a message's `content` means "openai". Only text parts exist
-here; any other part is refused by name.
+reading the template: a loop over a message's `content` means "openai". Text parts, and image
+parts (vLLM's `image_url` and `image_pil`) where the model takes images: the template sees an
+image as `{"type": "image"}` ("openai") or as the model's image placeholder on a line of its own
+before the text ("string"), as vLLM shows them; any other part is refused by name.
 
 A text part's other fields (TranslateGemma's template reads `source_lang_code` and
 `target_lang_code` there) reach the template as the part's, as in vLLM, with the "openai"
@@ -22,10 +24,12 @@ CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 TEXT_PART_FIELDS = frozenset({"type", "text"})
+IMAGE_PART_TYPES = ("image_url", "image_pil")
 
 
-def content_parts(content: Any) -> list[dict[str, Any]]:
-    """A message's content as its text parts (a string is one part, None none), each checked."""
+def content_parts(content: Any, images: bool = False) -> list[dict[str, Any]]:
+    """A message's content as its parts (a string is one text part, None none), each checked;
+    `images`: image parts are taken (the model takes images)."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -37,10 +41,13 @@ def content_parts(content: Any) -> list[dict[str, Any]]:
         if kind == "prompt_embeds":
             raise ValueError("prompt_embeds content parts (vLLM's chat prompts mixing text and embeddings) are not "
                              "implemented: give the whole prompt's embeddings to /v1/completions' prompt_embeds")
+        if kind in IMAGE_PART_TYPES and images:
+            continue
         if kind != "text":
-            raise ValueError(f"only text content parts are supported, got a part of type {kind!r} (image, audio "
-                             "and video inputs are not implemented: a multimodal checkpoint is served as its "
-                             "language model)")
+            media = ("image inputs over the server are not implemented; LLM.chat and LLM.generate's "
+                     "multi_modal_data take them where the model does" if kind in IMAGE_PART_TYPES else
+                     "audio and video inputs are not implemented")
+            raise ValueError(f"only text content parts are supported, got a part of type {kind!r} ({media})")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"a text content part's `text` must be a string, got {part.get('text')!r}")
     return content
@@ -51,14 +58,39 @@ def content_texts(content: Any) -> list[str]:
     return [part["text"] for part in content_parts(content)]
 
 
-def with_content_format(conversation: list[dict[str, Any]], content_format: str) -> list[dict[str, Any]]:
-    """The messages with their content in `content_format` ("string" or "openai")."""
-    return [{**message, "content": _formatted(message.get("content"), message.get("role"), content_format)}
+def with_content_format(conversation: list[dict[str, Any]], content_format: str,
+                        image_placeholder: str | None = None) -> list[dict[str, Any]]:
+    """The messages with their content in `content_format` ("string" or "openai");
+    `image_placeholder`: the model takes images, which the "string" format writes so."""
+    return [{**message, "content": _formatted(message.get("content"), message.get("role"), content_format,
+                                              image_placeholder)}
             for message in conversation]
 
 
-def _formatted(content: Any, role: Any, content_format: str) -> str | list[dict[str, Any]]:
-    parts = content_parts(content)
+def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
+    """The images of the messages' image parts, in order (URLs fetched or decoded: media.py)."""
+    from vllm_lite.entrypoints.media import load_image
+
+    images = []
+    for message in conversation:
+        for part in content_parts(message.get("content"), images=True):
+            if part["type"] == "image_url":
+                url = part.get("image_url")
+                images.append(load_image(url.get("url") if isinstance(url, dict) else url))
+            elif part["type"] == "image_pil":
+                images.append(part.get("image_pil"))
+    return images
+
+
+def _formatted(content: Any, role: Any, content_format: str,
+               image_placeholder: str | None) -> str | list[dict[str, Any]]:
+    parts = content_parts(content, images=image_placeholder is not None)
+    if image_placeholder is not None:
+        if content_format == "openai" and role != "tool":  # (each image where its part was)
+            return [{"type": "image"} if part["type"] in IMAGE_PART_TYPES else dict(part) for part in parts]
+        num_images = sum(part["type"] in IMAGE_PART_TYPES for part in parts)
+        parts = ([{"type": "text", "text": image_placeholder}] * num_images
+                 + [part for part in parts if part["type"] not in IMAGE_PART_TYPES])
     if content_format == "openai" and role != "tool":
         return [dict(part) for part in parts]
     extra = sorted({key for part in parts for key in part} - TEXT_PART_FIELDS)

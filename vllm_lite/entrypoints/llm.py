@@ -12,7 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
+from vllm_lite.entrypoints.chat_content import conversation_images, resolve_content_format, with_content_format
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
@@ -322,7 +322,8 @@ class LLM:
              mm_processor_kwargs: None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
         template's format: `chat_content`), then `generate` (`priority` and `lora_request` as
-        there). Multimodal arguments are not implemented: refused unless None."""
+        there). Image parts (`image_url`, `image_pil`) where the model takes images;
+        mm_processor_kwargs is not implemented: refused unless None."""
         _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
         return self.generate(self._chat_prompts(messages, chat_template, chat_template_content_format,
                                                 add_generation_prompt, continue_final_message, tools,
@@ -357,13 +358,22 @@ class LLM:
         tokenizer = self.get_tokenizer()
         template = chat_template if chat_template is not None else tokenizer.chat_template
         content_format = resolve_content_format(chat_template_content_format, template)
+        image_encoder = self.llm_engine.vllm_config.model_config.image_encoder
+        placeholder = (tokenizer.convert_ids_to_tokens(image_encoder.image_token_id) if image_encoder is not None
+                       else None)
         prompts = []
         for conversation in conversations:
+            try:
+                messages = with_content_format(conversation, content_format, placeholder)
+                images = conversation_images(conversation) if placeholder is not None else []
+            except ValueError as exc:
+                raise VLLMValidationError(str(exc), parameter="messages") from None
             text = tokenizer.apply_chat_template(
-                with_content_format(conversation, content_format), chat_template=chat_template, tokenize=False,
+                messages, chat_template=chat_template, tokenize=False,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
-            prompts.append(tokenization.prompt(tokenizer, text, default_special=False))
+            prompt = tokenization.prompt(tokenizer, text, default_special=False)
+            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
         return prompts
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,

@@ -290,7 +290,11 @@ def load_image_encoder(model_config: ModelConfig, device: torch.device) -> Llava
         architecture = model_config.hf.checkpoint_architecture
         weights = ((name, weight) for name, weight in iterate_weights(Path(model_config.model))
                    if is_vision_tensor(architecture, name))
-        load_weights(encoder, weights, model_config.model)
+        try:
+            load_weights(encoder, weights, model_config.model)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (the vision encoder and projector, which image inputs need; "
+                             "language_model_only=True serves the language model alone)") from None
     return _placed(encoder, model_config.dtype, device)
 
 

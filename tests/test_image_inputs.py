@@ -1,0 +1,211 @@
+"""Image inputs (vLLM's multi_modal_data) of a LLaVA 1.5 checkpoint: a tiny CLIP encoder (two
+layers, 56 x 56 images, 16 features each) and projector drawn wide enough that the image changes
+the reply; greedy tokens equal transformers' LlavaForConditionalGeneration on the pixel values of
+its own image processor, under chunked prompts, preemption, prefix caching, TP=2 and LLM.chat;
+what cannot be honoured is refused by name."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_reference import IMAGE_TOKEN_ID, build_tiny_multimodal_model, hf_greedy_with_images
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.config import EngineArgs
+from vllm_lite.entrypoints.beam_search import BeamSearchParams
+
+NUM_TOKENS = 8
+TOKENS_PER_IMAGE = 16  # (56 / 14) ** 2 patches, the CLS feature dropped
+# one placeholder per image, as a chat template writes it
+PROMPTS = [[5, 17, IMAGE_TOKEN_ID, 33, 71], [9, IMAGE_TOKEN_ID, 40, IMAGE_TOKEN_ID, 61, 7], [IMAGE_TOKEN_ID, 3, 8]]
+IMAGES_PER_PROMPT = [[0], [1, 2], [2]]
+# a template that loops over content parts (vLLM's "openai" format), writing LLaVA's placeholder
+# (the tiny vocabulary's token 999 is "We", a token of its own after a newline)
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ':' }}{% for part in m['content'] %}"
+                 "{% if part['type'] == 'image' %}{{ '\\nWe' }}{% else %}{{ '\\n' + part['text'] }}{% endif %}"
+                 "{% endfor %}{{ '\\n' }}{% endfor %}{{ 'assistant:' }}")
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import CLIPImageProcessor
+
+    model = build_tiny_multimodal_model(tmp_path_factory.mktemp("llava_images"), "LlavaForConditionalGeneration",
+                                       "llama", tie_word_embeddings=False,
+                                       vision_extra={"num_hidden_layers": 2, "image_size": 56})
+    CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def images() -> list[Image.Image]:
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (48 + 16 * i, 80, 3), dtype=np.uint8)) for i in range(3)]
+
+
+def pixel_values(model: Path, images: list[Image.Image]) -> torch.Tensor:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(model)(images=images, return_tensors="pt")["pixel_values"]
+
+
+def expanded(prompt: list[int]) -> list[int]:
+    return [t for token in prompt for t in ([token] * TOKENS_PER_IMAGE if token == IMAGE_TOKEN_ID else [token])]
+
+
+@pytest.fixture(scope="module")
+def reference(llava: Path, images: list[Image.Image]) -> list[list[int]]:
+    return [hf_greedy_with_images(llava, expanded(prompt), pixel_values(llava, [images[i] for i in which]), NUM_TOKENS)
+            for prompt, which in zip(PROMPTS, IMAGES_PER_PROMPT)]
+
+
+def image_prompts(images: list[Image.Image]) -> list[dict]:
+    return [{"prompt_token_ids": prompt, "multi_modal_data": {"image": [images[i] for i in which]}}
+            for prompt, which in zip(PROMPTS, IMAGES_PER_PROMPT)]
+
+
+GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def run(llm, prompts: list) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("engine_args", [
+    {},
+    {"max_num_batched_tokens": 8, "enable_chunked_prefill": True},  # an image's features split across steps
+    {"block_size": 8, "num_kv_blocks": 9, "enable_prefix_caching": False},  # preempted and resumed
+    {"attention_backend": "torch", "dtype": "float32"},
+    {"multiprocess": True, "tensor_parallel_size": 2},  # the images cross both processes' wires
+])
+def test_greedy_tokens_equal_transformers(llava: Path, images: list[Image.Image], reference: list[list[int]],
+                                          engine_args: dict) -> None:
+    llm = make_llm(llava, disable_log_stats=False, **engine_args)
+    try:
+        outputs = llm.generate(image_prompts(images), GREEDY, use_tqdm=False)
+        assert [list(out.outputs[0].token_ids) for out in outputs] == reference
+        assert [list(out.prompt_token_ids) for out in outputs] == [expanded(prompt) for prompt in PROMPTS]
+        if "num_kv_blocks" in engine_args:
+            assert llm.stats()["num_preemptions"] > 0
+    finally:
+        llm.shutdown()
+
+
+def test_the_image_changes_the_reply_and_the_prefix_cache_keeps_images_apart(
+        llava: Path, images: list[Image.Image], reference: list[list[int]]) -> None:
+    """A prompt seen with one image is a prefix-cache hit only up to the block holding its image:
+    the same prompt with another image reads none of the first image's KV."""
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, IMAGE_TOKEN_ID, 30, 31]
+    llm = make_llm(llava, block_size=16, enable_prefix_caching=True)
+    try:
+        first, again, other = (llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"image": image}},
+                                            GREEDY, use_tqdm=False)[0]
+                               for image in (images[0], images[0], images[1]))
+    finally:
+        llm.shutdown()
+    full = expanded(prompt)
+    assert list(first.outputs[0].token_ids) == hf_greedy_with_images(llava, full, pixel_values(llava, images[:1]),
+                                                                     NUM_TOKENS)
+    assert list(other.outputs[0].token_ids) == hf_greedy_with_images(llava, full, pixel_values(llava, images[1:2]),
+                                                                     NUM_TOKENS)
+    assert first.outputs[0].token_ids != other.outputs[0].token_ids
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    assert again.num_cached_tokens == 32  # (every full block: the image's included)
+    assert other.num_cached_tokens == 16  # (the block before the image only)
+
+
+def test_a_prompt_already_expanded_is_taken_as_it_is(llava: Path, images: list[Image.Image],
+                                                     reference: list[list[int]]) -> None:
+    llm = make_llm(llava)
+    try:
+        prompts = [{"prompt_token_ids": expanded(p["prompt_token_ids"]), "multi_modal_data": p["multi_modal_data"]}
+                   for p in image_prompts(images)]
+        assert run(llm, prompts) == reference
+    finally:
+        llm.shutdown()
+
+
+def _data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_with_image_parts(llava: Path, images: list[Image.Image]) -> None:
+    """LLM.chat: an `image_url` part (a data URL) and an `image_pil` part reach the template as
+    images where their parts were, and the model as their features."""
+    llm = make_llm(llava)
+    try:
+        [output] = llm.chat([{"role": "user", "content": [
+            {"type": "text", "text": " the cat"}, {"type": "image_url", "image_url": {"url": _data_url(images[0])}},
+            {"type": "image_pil", "image_pil": images[1]}]}], GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)
+        tokenizer = llm.get_tokenizer()
+    finally:
+        llm.shutdown()
+    text = "user:\n the cat\nWe\nWe\nassistant:"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids.count(IMAGE_TOKEN_ID) == 2
+    assert list(output.prompt_token_ids) == expanded(ids)
+    # (the PNG round trip keeps the pixels exactly)
+    assert list(output.outputs[0].token_ids) == hf_greedy_with_images(llava, expanded(ids),
+                                                                      pixel_values(llava, images[:2]), NUM_TOKENS)
+
+
+def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Image.Image], tiny_llama: Path,
+                                                    tmp_path: Path) -> None:
+    llm = make_llm(llava, limit_mm_per_prompt={"image": 2})
+    try:
+        def refused(prompt: dict, match: str) -> None:
+            with pytest.raises(ValueError, match=match):
+                llm.generate(prompt, GREEDY, use_tqdm=False)
+
+        refused({"prompt_token_ids": [5, 6], "multi_modal_data": {"image": images[0]}},
+                r"the prompt holds 0 image placeholder tokens \(id 999\) for 1 image\(s\)")
+        refused({"prompt_token_ids": [5, IMAGE_TOKEN_ID, IMAGE_TOKEN_ID], "multi_modal_data": {"image": images[0]}},
+                "holds 2 image placeholder tokens")
+        refused({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": images}},
+                r"At most 2 image\(s\) may be provided in one prompt, got 3 \(limit_mm_per_prompt\)")
+        refused({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": np.zeros((56, 56, 3))}},
+                "multi_modal_data image must be a PIL.Image.Image, got ndarray")
+        refused({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"video": [images[0]]}},
+                r"modalities \['video'\] are not implemented")
+        refused({"prompt_token_ids": [5] * 250 + [IMAGE_TOKEN_ID], "multi_modal_data": {"image": images[0]}},
+                "max_model_len")
+        with pytest.raises(ValueError, match="image_url: URLs of scheme 'file' are not implemented"):
+            llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///x.png"}}]}],
+                     GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)
+        with pytest.raises(ValueError, match="multi_modal_data is taken by generate only"):
+            llm.beam_search([{"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": images[0]}}],
+                            BeamSearchParams(beam_width=2, max_tokens=2))
+        # the engine goes on: a good request after the refused ones
+        assert run(llm, image_prompts(images)[:1])[0]
+    finally:
+        llm.shutdown()
+    text_only = make_llm(llava, language_model_only=True)
+    try:
+        with pytest.raises(ValueError, match="image inputs are not taken by this model: language_model_only=True"):
+            text_only.generate({"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": images[0]}}, GREEDY,
+                               use_tqdm=False)
+    finally:
+        text_only.shutdown()
+    with pytest.raises(ValueError, match="limit_mm_per_prompt: image=1 with language_model_only=True"):
+        EngineArgs(model=str(llava), language_model_only=True, limit_mm_per_prompt={"image": 1}).create_engine_config()
+    with pytest.raises(ValueError, match="limit_mm_per_prompt: image=1: multimodal inputs are not implemented for "
+                                         "LlamaForCausalLM"):
+        EngineArgs(model=str(tiny_llama), limit_mm_per_prompt={"image": 1}).create_engine_config()
+    model = tmp_path / "deep_feature"
+    shutil.copytree(llava, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["vision_feature_layer"] = 7
+    (model / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="vision_feature_layer=7 names no hidden state of the 2-layer vision encoder"):
+        EngineArgs(model=str(model), limit_mm_per_prompt={"image": 1}).create_engine_config()
