@@ -221,6 +221,20 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llava_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LLaVA 1.5 whose vision side is run (tests/test_image_inputs.py): a two-layer CLIP encoder of
+    56 x 56 images (16 features each) and the projector drawn as widely as the decoder, so that
+    an image changes the reply; its image processor saved beside it."""
+    from transformers import CLIPImageProcessor
+
+    model = build_tiny_multimodal_model(tmp_path_factory.mktemp("tiny_llava_images"),
+                                        "LlavaForConditionalGeneration", "llama", tie_word_embeddings=False,
+                                        vision_extra={"num_hidden_layers": 2, "image_size": 56})
+    CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(model)
+    return model
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LlavaNextForConditionalGeneration (LLaVA-NeXT / 1.6): CLIP encoder, its image_newline, Qwen2 decoder."""
     return _build_multimodal(tmp_path_factory, "tiny_llava_next", "LlavaNextForConditionalGeneration", "qwen2",

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_reference import IMAGE_TOKEN_ID, build_tiny_multimodal_model, hf_greedy_with_images
+from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -36,14 +36,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ':' }}{% for part in m['
 
 
 @pytest.fixture(scope="module")
-def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import CLIPImageProcessor
-
-    model = build_tiny_multimodal_model(tmp_path_factory.mktemp("llava_images"), "LlavaForConditionalGeneration",
-                                       "llama", tie_word_embeddings=False,
-                                       vision_extra={"num_hidden_layers": 2, "image_size": 56})
-    CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(model)
-    return model
+def llava(tiny_llava_images: Path) -> Path:
+    return tiny_llava_images
 
 
 @pytest.fixture(scope="module")

@@ -57,9 +57,13 @@ def test_text_content_parts_and_unknown_fields() -> None:
     assert request.conversation() == [{"role": "user", "content": parts}]  # render_chat picks the format
     assert with_content_format(request.conversation(), "string") == [{"role": "user", "content": "a\nb"}]
     assert request.unknown_fields() == ["frobnicate"]
+    # (an image part passes here; the template's content format refuses it where the model takes no images)
     image = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
-    with pytest.raises(RequestParamError, match="only text content parts"):
-        image.conversation()
+    with pytest.raises(ValueError, match="only text content parts are supported, got a part of type 'image_url'"):
+        with_content_format(image.conversation(), "string")
+    audio = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "input_audio"}]}])
+    with pytest.raises(RequestParamError, match="only text content parts.*audio and video inputs are not implemented"):
+        audio.conversation()
 
 
 def test_echo_with_logprobs_asks_prompt_logprobs_and_minus_one_is_the_vocabulary() -> None:

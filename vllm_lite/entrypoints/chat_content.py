@@ -54,8 +54,9 @@ def content_parts(content: Any, images: bool = False) -> list[dict[str, Any]]:
 
 
 def content_texts(content: Any) -> list[str]:
-    """The text of each part of a message's content (a string is one part, None none)."""
-    return [part["text"] for part in content_parts(content)]
+    """The text of each text part of a message's content (a string is one part, None none);
+    image parts pass here (whether the model takes them is `with_content_format`'s to say)."""
+    return [part["text"] for part in content_parts(content, images=True) if part["type"] == "text"]
 
 
 def with_content_format(conversation: list[dict[str, Any]], content_format: str,

@@ -169,7 +169,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                                        if options.reasoning_parser else None),
                          **_parser_special_markers(engine.tokenizer, options),
                          scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",
-                                                   "fcfs"))
+                                                   "fcfs"),
+                         image_placeholder=_image_placeholder(engine.tokenizer, model_config))
     docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path, **docs)
@@ -221,6 +222,14 @@ def _refuse_text_options(options: ServerOptions) -> None:
     given = [flag for flag, value in needs_text.items() if value]
     if given:
         raise ValueError(f"{', '.join(given)} need(s) the tokenizer, which --skip-tokenizer-init leaves unloaded")
+
+
+def _image_placeholder(tokenizer: Any, model_config: Any) -> str | None:
+    """The text of the model's image placeholder token, where the model takes images."""
+    encoder = model_config.image_encoder
+    if encoder is None or tokenizer is None:
+        return None
+    return tokenizer.convert_ids_to_tokens(encoder.image_token_id)
 
 
 def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:

@@ -377,7 +377,7 @@ class ChatMessage(OpenAIBaseModel):
     reasoning_content: str | None = None
 
     def text(self) -> str:
-        """The message's text (its parts joined with newlines); content parts must all be text parts."""
+        """The message's text (its text parts joined with newlines); other parts must be images."""
         try:
             return "\n".join(content_texts(self.content))
         except ValueError as exc:

@@ -22,7 +22,9 @@ from starlette.types import Receive, Scope, Send
 
 from vllm_lite.config import VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
-from vllm_lite.entrypoints.chat_content import resolve_content_format, with_content_format
+from vllm_lite.engine.image_inputs import expand_placeholders
+from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.entrypoints.chat_content import conversation_images, resolve_content_format, with_content_format
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
@@ -134,6 +136,8 @@ class ServingContext:
     tool_special_markers: tuple[str, ...] = ()
     reasoning_special_markers: tuple[str, ...] = ()
     scheduling_policy: str = "fcfs"  # the engine's (SchedulerConfig.policy): requests' priority needs "priority"
+    # the text of the model's image placeholder token where it takes images (chat_content.py); None: it takes none
+    image_placeholder: str | None = None
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
     responses: ResponseStore = field(default_factory=ResponseStore)
@@ -308,9 +312,11 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
                       continue_final_message: bool = False, chat_template: str | None = None,
                       chat_template_kwargs: dict[str, Any] | None = None,
                       tools: list[dict[str, Any]] | None = None,
-                      documents: list[dict[str, str]] | None = None) -> str:
+                      documents: list[dict[str, str]] | None = None, images: bool = False) -> str:
     """The conversation through the chat template, off the event loop, with a deadline and a
-    size limit. A template from the request is used only with --trust-request-chat-template."""
+    size limit. A template from the request is used only with --trust-request-chat-template.
+    `images`: the caller sends the messages' images with the prompt (`chat_images`), so the
+    template shows them where the model takes them; otherwise an image part is refused."""
     kwargs = {**ctx.options.default_chat_template_kwargs, **(chat_template_kwargs or {})}  # the request's win
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
@@ -328,7 +334,7 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     content_format = resolve_content_format(ctx.options.chat_template_content_format, template)
     try:
-        conversation = with_content_format(conversation, content_format)
+        conversation = with_content_format(conversation, content_format, ctx.image_placeholder if images else None)
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     try:
@@ -344,6 +350,29 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
     except Exception as exc:  # a template error is the request's problem, not the server's
         raise ApiError(400, "BadRequestError", f"the chat template failed on these messages: {exc}",
                        "messages") from exc
+
+
+async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any]],
+                           prompt: dict[str, Any]) -> dict[str, Any]:
+    """The chat prompt with its messages' images (fetched or decoded off the event loop): its
+    placeholders expanded here, so that its token ids (counted, returned) are the ones the model
+    reads, and the images as vLLM's multi_modal_data. A conversation without images: `prompt`."""
+    if ctx.image_placeholder is None:
+        return prompt
+    try:
+        images = await off_loop(ctx, conversation_images, conversation)
+    except ValueError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
+    if not images:
+        return prompt
+    encoder = ctx.engine.vllm_config.model_config.image_encoder
+    try:
+        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], len(images), encoder.image_token_id,
+                                           encoder.tokens_per_image)
+    except VLLMValidationError as exc:
+        raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
+    check_length(ctx, len(token_ids), "messages")
+    return {**prompt, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images}}
 
 
 def check_length(ctx: ServingContext, num_prompt_tokens: int, param: str = "prompt") -> None:

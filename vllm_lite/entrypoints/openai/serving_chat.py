@@ -30,7 +30,7 @@ from vllm_lite.entrypoints.openai.serving import (
     MIN_JSON_LOGPROB, ServingContext, SSEResponse, beam_search_stream, check_n, fit_max_tokens, check_prompt_chars,
     gather_or_cancel,
     collect_choices, decode_token, encode_prompt, json_logprob, json_response, prompt_logprobs_json,
-    render_chat, sse_event, start_stream, top_logprobs, tracked_generate, truncation
+    render_chat, sse_event, start_stream, top_logprobs, tracked_generate, truncation, with_chat_images
 )
 from vllm_lite.entrypoints.openai.serving_tools import (ToolPlan, chat_sampling, extract_tool_calls, finish_reason,
                                                         forced_call_content)
@@ -82,10 +82,11 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
     text = await render_chat(ctx, conversation, add_generation_prompt=request.add_generation_prompt,
                              continue_final_message=request.continue_final_message,
                              chat_template=request.chat_template, chat_template_kwargs=request.template_kwargs(),
-                             tools=templated_tools(ctx, request), documents=request.documents)
+                             tools=templated_tools(ctx, request), documents=request.documents, images=True)
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=request.add_special_tokens, param="messages",
                                  truncate=truncate)
+    prompt = await with_chat_images(ctx, conversation, prompt)
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt

@@ -1,0 +1,86 @@
+"""`vllm-lite serve` of a LLaVA 1.5 checkpoint (tests/conftest.py's tiny_llava_images): a chat
+message's `image_url` parts (data URLs) reach the model as images, with transformers' tokens,
+the expanded prompt counted in usage and returned; an image that cannot be read, or one on an
+endpoint that does not take them (/tokenize), is a 400 naming it, and the server goes on serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from live_server import LiveServer, running_server
+from PIL import Image
+
+from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
+
+MODEL = "llava-images"
+API_KEY = "sk-llava"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TOKENS_PER_IMAGE = 16
+NUM_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llava_images: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with running_server(tiny_llava_images, tmp_path_factory.mktemp("llava") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--dtype", "float32")) as live:
+        yield live
+
+
+def _image(seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 72, 3), dtype=np.uint8))
+
+
+def _data_url(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _chat(client: httpx.Client, content: list[dict]) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": NUM_TOKENS,
+        "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+
+
+def test_chat_with_images_answers_as_transformers(server: LiveServer, tiny_llava_images: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    images = [_image(1), _image(2)]
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        reply = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(images[0])}},
+                               {"type": "text", "text": "the cat"},
+                               {"type": "image_url", "image_url": {"url": _data_url(images[1])}}])
+        other = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(images[1])}},
+                               {"type": "text", "text": "the cat"},
+                               {"type": "image_url", "image_url": {"url": _data_url(images[0])}}])
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    assert prompt_ids.count(IMAGE_TOKEN_ID) == 2 * TOKENS_PER_IMAGE  # (the template's content as a string:
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)        # a placeholder per image, before the text)
+    pixels = AutoImageProcessor.from_pretrained(tiny_llava_images)(images=images, return_tensors="pt")["pixel_values"]
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(tiny_llava_images, prompt_ids, pixels, NUM_TOKENS)
+    assert other.json()["choices"][0]["token_ids"] != body["choices"][0]["token_ids"]  # (the images' order matters)
+
+
+def test_what_cannot_be_read_is_a_400_and_the_server_goes_on(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        not_base64 = _chat(client, [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}])
+        not_an_image = _chat(client, [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}])
+        scheme = _chat(client, [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}])
+        too_many = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(_image(3))}}] * 20)
+        tokenize = client.post("/tokenize", json={"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": _data_url(_image(3))}}]}]})
+        after = _chat(client, [{"type": "text", "text": "the cat"}])
+    assert not_base64.status_code == 400 and "not valid base64" in not_base64.text, not_base64.text
+    assert not_an_image.status_code == 400 and "could not be decoded" in not_an_image.text, not_an_image.text
+    assert scheme.status_code == 400 and "scheme 'file' are not implemented" in scheme.text, scheme.text
+    assert too_many.status_code == 400 and "maximum context length" in too_many.text, too_many.text
+    assert tokenize.status_code == 400 and "'image_url'" in tokenize.text, tokenize.text
+    assert after.status_code == 200 and len(after.json()["choices"][0]["token_ids"]) == NUM_TOKENS
