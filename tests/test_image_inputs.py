@@ -203,3 +203,24 @@ def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Im
     (model / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="vision_feature_layer=7 names no hidden state of the 2-layer vision encoder"):
         EngineArgs(model=str(model), limit_mm_per_prompt={"image": 1}).create_engine_config()
+
+
+def test_a_trainers_update_of_the_whole_checkpoint_reaches_the_vision_side(
+        llava: Path, images: list[Image.Image], tmp_path: Path) -> None:
+    """vLLM's RLHF weight sync of a multimodal model: the vision encoder's and projector's tensors
+    are loaded into the encoder the workers run (not skipped, as for a model served text only)."""
+    from hf_reference import build_tiny_multimodal_model
+
+    other = build_tiny_multimodal_model(tmp_path / "other", "LlavaForConditionalGeneration", "llama",
+                                        tie_word_embeddings=False, seed=5,
+                                        vision_extra={"num_hidden_layers": 2, "image_size": 56})
+    prompt = image_prompts(images)[1]
+    expected = hf_greedy_with_images(other, expanded(PROMPTS[1]), pixel_values(llava, images[1:3]), NUM_TOKENS)
+    llm = make_llm(llava, worker_extension_cls="worker_extensions.WeightSync")
+    try:
+        assert run(llm, [prompt]) != [expected]
+        llm.collective_rpc("load_checkpoint", args=(str(other / "model.safetensors"),))
+        llm.reset_prefix_cache()
+        assert run(llm, [prompt]) == [expected]
+    finally:
+        llm.shutdown()

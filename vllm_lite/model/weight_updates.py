@@ -19,7 +19,7 @@ from torch import nn
 
 from vllm_lite.model.checkpoint_names import SKIPPED_SUFFIXES, checkpoint_target, split_fused
 from vllm_lite.model.layers.linear import materialize, unpacked_weight
-from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights
+from vllm_lite.multimodal_checkpoints import is_multimodal, is_vision_tensor, language_model_weights
 
 
 class CheckpointWeightUpdates:
@@ -31,9 +31,24 @@ class CheckpointWeightUpdates:
 
 
 def update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:
+    """A multimodal checkpoint's tensors (a trainer of the whole model names them so): the
+    language model's loaded here, the vision side's by `model.load_vision_weights` where the
+    workers run it (image inputs; the runner sets it), else skipped (it is not served)."""
     config = model.config
-    if is_multimodal(config.checkpoint_architecture):  # (a trainer of the whole model names its tensors so)
-        weights = language_model_weights(config.checkpoint_architecture, weights)
+    architecture = getattr(config, "checkpoint_architecture", "")
+    loaded: set[str] = set()
+    if is_multimodal(architecture):
+        weights = list(weights)
+        load_vision = getattr(model, "load_vision_weights", None)
+        vision = [(name, weight) for name, weight in weights if is_vision_tensor(architecture, name)]
+        if vision and load_vision is not None:
+            loaded |= load_vision(vision)
+        weights = language_model_weights(architecture, weights)
+    return loaded | _update_weights(model, weights)
+
+
+def _update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:
+    config = model.config
     params = dict(model.named_parameters(remove_duplicate=False))
     modules = dict(model.named_modules())
     tied = getattr(config, "tie_word_embeddings", False)

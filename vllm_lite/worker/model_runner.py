@@ -11,6 +11,7 @@ tensor the last step sampled into (`SampledTokens`)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -32,6 +33,7 @@ from vllm_lite.host_to_device import StepInputTensors, host_to_device
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.layers.matmul_rows import bucket_rows
 from vllm_lite.model.loader import load_image_encoder, load_model
+from vllm_lite.model.weight_updates import update_weights
 from vllm_lite.ragged import segment_offsets
 from vllm_lite.sample.metadata import SamplingMetadata
 from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
@@ -152,6 +154,8 @@ class ModelRunner:
         # a multimodal checkpoint's vision side, where its image inputs are taken
         self.image_encoder = (load_image_encoder(vllm_config.model_config, device)
                               if vllm_config.model_config.image_encoder is not None else None)
+        if self.image_encoder is not None:  # (a trainer's update of the whole checkpoint reaches it: weight_updates.py)
+            self.model.load_vision_weights = functools.partial(update_weights, self.image_encoder)
         lora_config = vllm_config.lora_config
         self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
                                  pooling=vllm_config.model_config.pooler is not None,
