@@ -20,7 +20,7 @@ class FakeEngine:
         self.tokenizer = tokenizer
         self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(
             model="fake/model", max_model_len=max_model_len, hf=SimpleNamespace(vocab_size=len(tokenizer)),
-            sampling_defaults={}, image_encoder=None))
+            sampling_defaults={}, image_encoder=None, images_refused="a text model"))
         self.step_delay_s = step_delay_s
         self.dead = False
         self.errored = False  # AsyncLLM's: the engine is gone for good

@@ -268,7 +268,8 @@ def _error(app: Any, body: dict[str, Any], path: str = "/v1/messages",
      "budget_tokens must be less than max_tokens"),
     ({"max_tokens": 4096, "messages": ASK, "thinking": {"type": "enabled", "budget_tokens": 100}}, ">= 1024"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}, "images are not supported"),
+        {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]},
+     "image inputs are not taken here"),  # (an image block as chat's image_url part; tests/entrypoints/test_image_server.py)
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "documents"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "citations": [
         {"type": "char_location"}]}]}]}, "citations"),

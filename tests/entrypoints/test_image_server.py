@@ -1,6 +1,7 @@
 """`vllm-lite serve` of a LLaVA 1.5 checkpoint (tests/conftest.py's tiny_llava_images): a chat
 message's `image_url` parts (data URLs) reach the model as images, with transformers' tokens,
-the expanded prompt counted in usage and returned; an image that cannot be read, or one on an
+the expanded prompt counted in usage and returned; Responses' `input_image` parts and Messages'
+image blocks answer as chat does; an image that cannot be read, or one on an
 endpoint that does not take them (/tokenize), is a 400 naming it, and the server goes on serving."""
 
 from __future__ import annotations
@@ -84,3 +85,31 @@ def test_what_cannot_be_read_is_a_400_and_the_server_goes_on(server: LiveServer)
     assert too_many.status_code == 400 and "maximum context length" in too_many.text, too_many.text
     assert tokenize.status_code == 400 and "'image_url'" in tokenize.text, tokenize.text
     assert after.status_code == 200 and len(after.json()["choices"][0]["token_ids"]) == NUM_TOKENS
+
+
+def test_responses_and_messages_images_answer_as_chat(server: LiveServer) -> None:
+    image = _image(4)
+    url = _data_url(image)
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        chat = client.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": NUM_TOKENS, "temperature": 0, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url, "detail": "high"}}, {"type": "text", "text": "a cat"}]}]})
+        responses = client.post("/v1/responses", json={
+            "model": MODEL, "max_output_tokens": NUM_TOKENS, "temperature": 0, "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": url, "detail": "auto"}, {"type": "input_text", "text": "a cat"}]}]})
+        messages = client.post("/v1/messages", json={
+            "model": MODEL, "max_tokens": NUM_TOKENS, "temperature": 0, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",")[1]}},
+                {"type": "text", "text": "a cat"}]}]})
+        file_id = client.post("/v1/responses", json={"model": MODEL, "input": [{"role": "user", "content": [
+            {"type": "input_image", "file_id": "file-1"}]}]})
+        detail = client.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url, "detail": "ultra"}}]}]})
+    text = chat.json()["choices"][0]["message"]["content"]
+    assert chat.json()["usage"]["prompt_tokens"] > TOKENS_PER_IMAGE
+    assert responses.status_code == 200, responses.text
+    assert responses.json()["output"][-1]["content"][0]["text"] == text
+    assert messages.status_code == 200, messages.text
+    assert messages.json()["content"][0]["text"] == text
+    assert file_id.status_code == 400 and "file_id is not implemented" in file_id.text, file_id.text
+    assert detail.status_code == 400 and "image_url.detail must be one of" in detail.text, detail.text

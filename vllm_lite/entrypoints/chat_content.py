@@ -24,12 +24,16 @@ CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 TEXT_PART_FIELDS = frozenset({"type", "text"})
-IMAGE_PART_TYPES = ("image_url", "image_pil")
+IMAGE_PART_FIELDS = {"image_url": frozenset({"type", "image_url"}), "image_pil": frozenset({"type", "image_pil"})}
+IMAGE_PART_TYPES = tuple(IMAGE_PART_FIELDS)
+# OpenAI's resolution hint: the model's image processor fixes the resolution, so each is the same
+# here (as in vLLM)
+IMAGE_DETAILS = ("auto", "low", "high")
 
 
-def content_parts(content: Any, images: bool = False) -> list[dict[str, Any]]:
+def content_parts(content: Any, images_refused: str | None = None) -> list[dict[str, Any]]:
     """A message's content as its parts (a string is one text part, None none), each checked;
-    `images`: image parts are taken (the model takes images)."""
+    image parts are taken unless `images_refused` says why not."""
     if content is None:
         return []
     if isinstance(content, str):
@@ -41,11 +45,11 @@ def content_parts(content: Any, images: bool = False) -> list[dict[str, Any]]:
         if kind == "prompt_embeds":
             raise ValueError("prompt_embeds content parts (vLLM's chat prompts mixing text and embeddings) are not "
                              "implemented: give the whole prompt's embeddings to /v1/completions' prompt_embeds")
-        if kind in IMAGE_PART_TYPES and images:
+        if kind in IMAGE_PART_TYPES and images_refused is None:
+            _check_image_part(part)
             continue
         if kind != "text":
-            media = ("image inputs over the server are not implemented; LLM.chat and LLM.generate's "
-                     "multi_modal_data take them where the model does" if kind in IMAGE_PART_TYPES else
+            media = (f"image inputs are not taken here: {images_refused}" if kind in IMAGE_PART_TYPES else
                      "audio and video inputs are not implemented")
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r} ({media})")
         if not isinstance(part.get("text"), str):
@@ -53,18 +57,34 @@ def content_parts(content: Any, images: bool = False) -> list[dict[str, Any]]:
     return content
 
 
+def _check_image_part(part: dict[str, Any]) -> None:
+    kind = part["type"]
+    unknown = sorted(set(part) - IMAGE_PART_FIELDS[kind])
+    if unknown:
+        raise ValueError(f"an {kind} content part's field(s) {unknown} are not implemented")
+    url = part.get("image_url")
+    if kind == "image_url" and isinstance(url, dict):
+        unknown = sorted(set(url) - {"url", "detail"})
+        if unknown:
+            raise ValueError(f"image_url field(s) {unknown} are not implemented (url, detail are)")
+        if url.get("detail") not in (None, *IMAGE_DETAILS):
+            raise ValueError(f"image_url.detail must be one of {IMAGE_DETAILS}, got {url.get('detail')!r}")
+
+
 def content_texts(content: Any) -> list[str]:
     """The text of each text part of a message's content (a string is one part, None none);
     image parts pass here (whether the model takes them is `with_content_format`'s to say)."""
-    return [part["text"] for part in content_parts(content, images=True) if part["type"] == "text"]
+    return [part["text"] for part in content_parts(content) if part["type"] == "text"]
 
 
 def with_content_format(conversation: list[dict[str, Any]], content_format: str,
-                        image_placeholder: str | None = None) -> list[dict[str, Any]]:
+                        image_placeholder: str | None = None,
+                        images_refused: str = "the model takes no images") -> list[dict[str, Any]]:
     """The messages with their content in `content_format` ("string" or "openai");
-    `image_placeholder`: the model takes images, which the "string" format writes so."""
+    `image_placeholder`: the model takes images, which the "string" format writes so; without
+    it an image part is refused, naming `images_refused`."""
     return [{**message, "content": _formatted(message.get("content"), message.get("role"), content_format,
-                                              image_placeholder)}
+                                              image_placeholder, images_refused)}
             for message in conversation]
 
 
@@ -74,7 +94,7 @@ def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
 
     images = []
     for message in conversation:
-        for part in content_parts(message.get("content"), images=True):
+        for part in content_parts(message.get("content")):
             if part["type"] == "image_url":
                 url = part.get("image_url")
                 images.append(load_image(url.get("url") if isinstance(url, dict) else url))
@@ -83,9 +103,9 @@ def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
     return images
 
 
-def _formatted(content: Any, role: Any, content_format: str,
-               image_placeholder: str | None) -> str | list[dict[str, Any]]:
-    parts = content_parts(content, images=image_placeholder is not None)
+def _formatted(content: Any, role: Any, content_format: str, image_placeholder: str | None,
+               images_refused: str) -> str | list[dict[str, Any]]:
+    parts = content_parts(content, None if image_placeholder is not None else images_refused)
     if image_placeholder is not None:
         if content_format == "openai" and role != "tool":  # (each image where its part was)
             return [{"type": "image"} if part["type"] in IMAGE_PART_TYPES else dict(part) for part in parts]

@@ -358,13 +358,13 @@ class LLM:
         tokenizer = self.get_tokenizer()
         template = chat_template if chat_template is not None else tokenizer.chat_template
         content_format = resolve_content_format(chat_template_content_format, template)
-        image_encoder = self.llm_engine.vllm_config.model_config.image_encoder
-        placeholder = (tokenizer.convert_ids_to_tokens(image_encoder.image_token_id) if image_encoder is not None
-                       else None)
+        model_config = self.llm_engine.vllm_config.model_config
+        placeholder = (tokenizer.convert_ids_to_tokens(model_config.image_encoder.image_token_id)
+                       if model_config.image_encoder is not None else None)
         prompts = []
         for conversation in conversations:
             try:
-                messages = with_content_format(conversation, content_format, placeholder)
+                messages = with_content_format(conversation, content_format, placeholder, model_config.images_refused)
                 images = conversation_images(conversation) if placeholder is not None else []
             except ValueError as exc:
                 raise VLLMValidationError(str(exc), parameter="messages") from None

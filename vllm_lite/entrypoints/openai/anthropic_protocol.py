@@ -14,7 +14,9 @@ vLLM serves it, turned into the chat completion request it runs as:
 | metadata, cache_control (top level and on blocks), service_tier, a tool_result's is_error | accepted: nothing the output depends on (prefix caching is automatic; an error result's text is its content) |
 | vLLM's cache_salt, chat_template_kwargs, vllm_xargs | chat's |
 
-What cannot be honoured is refused by name: image and document blocks (text models only),
+Image blocks (base64 or url sources) become chat's `image_url` parts (a model that takes images:
+README "Image inputs"; any other refuses them by name). What cannot be honoured is refused by name:
+document blocks,
 citations, server tools (web search, code execution, ...), deferred tools and tool changes, and
 unknown fields (mcp_servers, container, context_management, ...).
 """
@@ -36,6 +38,7 @@ _CONTENT_KEYS = {
     "tool_result": {"tool_use_id", "content", "is_error", "cache_control"},
     "thinking": {"thinking", "signature"},
     "redacted_thinking": {"data"},
+    "image": {"source", "cache_control"},
 }
 _TOOL_KEYS = {"name", "description", "input_schema", "cache_control", "strict", "type", "defer_loading",
               "input_examples"}
@@ -218,8 +221,8 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
 def _block_kind(block: dict[str, Any], where: str) -> str:
     kind = block.get("type")
     if kind not in _CONTENT_KEYS:
-        what = "images" if kind == "image" else "documents" if kind == "document" else f"{kind!r} blocks"
-        raise RequestParamError(f"{where}.type", f"{where}: {what} are not supported by vllm_lite (text, "
+        what = "documents" if kind == "document" else f"{kind!r} blocks"
+        raise RequestParamError(f"{where}.type", f"{where}: {what} are not supported by vllm_lite (text, image, "
                                 "tool_use, tool_result, thinking and redacted_thinking blocks are)")
     unknown = sorted(set(block) - _CONTENT_KEYS[kind] - {"type"})
     _check(not unknown, f"{where}.{unknown[0] if unknown else ''}", f"unknown field(s) in {where}: {unknown}")
@@ -240,6 +243,7 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         return [{"role": role, "content": content}]
     tool_messages: list[dict[str, Any]] = []
     texts: list[str] = []
+    images: list[tuple[int, dict[str, Any]]] = []  # (texts before it, chat's image_url part)
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for index, block in enumerate(_blocks(content, f"{where}.content")):
@@ -247,6 +251,8 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         kind = _block_kind(block, at)
         if kind == "text":
             texts.append(_text_block(block, at))
+        elif kind == "image" and role == "user":
+            images.append((len(texts), _image_part(block, at)))
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_call(block, at))
         elif kind == "tool_result" and role == "user":
@@ -258,7 +264,12 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         else:
             raise RequestParamError(f"{at}.type", f"{at}: a {kind} block cannot be in a {role} message")
     message: dict[str, Any] = {"role": role}
-    if texts:
+    if images:  # (chat's parts, each image where its block was)
+        parts: list[dict[str, Any]] = [{"type": "text", "text": text} for text in texts]
+        for offset, (before, image) in enumerate(images):
+            parts.insert(before + offset, image)
+        message["content"] = parts
+    elif texts:
         message["content"] = texts[0] if len(texts) == 1 else [{"type": "text", "text": text} for text in texts]
     if calls:
         message["tool_calls"] = calls
@@ -268,6 +279,24 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         return tool_messages
     message.setdefault("content", None if role == "assistant" else "")
     return tool_messages + [message]
+
+
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block as chat's `image_url` part (base64 data as a data URL)."""
+    source = block.get("source")
+    _check(isinstance(source, dict), f"{where}.source", f"{where}: an image block needs a source object")
+    kind = source.get("type")
+    if kind == "base64":
+        _check(isinstance(source.get("media_type"), str) and isinstance(source.get("data"), str),
+               f"{where}.source", f"{where}.source: a base64 image needs media_type and data strings")
+        url = f"data:{source['media_type']};base64,{source['data']}"
+    elif kind == "url":
+        _check(isinstance(source.get("url"), str), f"{where}.source.url", f"{where}.source.url must be a string")
+        url = source["url"]
+    else:
+        raise RequestParamError(f"{where}.source.type", f"{where}.source: images of source type {kind!r} are not "
+                                "supported by vllm_lite (base64 and url are)")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:

@@ -170,7 +170,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          **_parser_special_markers(engine.tokenizer, options),
                          scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",
                                                    "fcfs"),
-                         image_placeholder=_image_placeholder(engine.tokenizer, model_config))
+                         image_placeholder=_image_placeholder(engine.tokenizer, model_config),
+                         images_refused=model_config.images_refused or "the model takes no images")
     docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
                   responses=_ERROR_RESPONSES, root_path=options.root_path, **docs)

@@ -4,6 +4,7 @@ turned into the chat completion request it runs as, and the output items of its 
 | request field | becomes |
 |---|---|
 | input (a string, or message / function_call / function_call_output / reasoning items) | the chat messages after the stored conversation |
+| a message's `input_image` parts (image_url: data: or http(s): URL; detail) | chat's `image_url` parts (a model that takes images: README "Image inputs") |
 | instructions | a system message first (not carried over by previous_response_id, as OpenAI) |
 | previous_response_id | the stored conversation of that response (its input and its output) |
 | tools (`{"type": "function", "name", "parameters"}`), tool_choice | chat tools and tool_choice (serving_tools.py) |
@@ -195,17 +196,31 @@ def _input_message(item: dict[str, Any], index: int) -> dict[str, Any]:
     _check(role in _MESSAGE_ROLES, "input", f"input[{index}].role must be one of {', '.join(_MESSAGE_ROLES)}, "
            f"got {role!r}")
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            _check(isinstance(part, dict) and part.get("type") in _INPUT_TEXT_PARTS
-                   and isinstance(part.get("text"), str), "input",
-                   f"input[{index}].content: only text parts are supported, got "
-                   f"{part.get('type') if isinstance(part, dict) else type(part).__name__!r}")
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    _check(isinstance(content, str), "input", f"input[{index}].content must be text or a list of text parts")
+        parts = [_input_part(part, index) for part in content]
+        # (text alone: one string, as the template has always seen it; with images: chat's parts)
+        has_images = any(part["type"] == "image_url" for part in parts)
+        content = parts if has_images else "\n".join(part["text"] for part in parts)
+    _check(isinstance(content, (str, list)), "input",
+           f"input[{index}].content must be text or a list of text and input_image parts")
     # Chat templates know system, not OpenAI's newer developer role.
     return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _input_part(part: Any, index: int) -> dict[str, Any]:
+    """A message's content part as chat's: text, or an `input_image` as an `image_url` part."""
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    if kind == "input_image":
+        unknown = sorted(set(part) - {"type", "image_url", "detail", "file_id"})
+        _check(not unknown, "input", f"input[{index}].content: input_image field(s) {unknown} are not implemented")
+        _check(part.get("file_id") is None, "input", f"input[{index}].content: an input_image's file_id is not "
+               "implemented (there is no Files API here): give its image_url")
+        _check(isinstance(part.get("image_url"), str), "input",
+               f"input[{index}].content: an input_image needs an image_url string (a data: or http(s): URL)")
+        url = {"url": part["image_url"], **({"detail": part["detail"]} if part.get("detail") is not None else {})}
+        return {"type": "image_url", "image_url": url}
+    _check(kind in _INPUT_TEXT_PARTS and isinstance(part.get("text"), str), "input",
+           f"input[{index}].content: only text and input_image parts are supported, got {kind!r}")
+    return {"type": "text", "text": part["text"]}
 
 
 def _function_call(item: dict[str, Any], index: int) -> dict[str, Any]:

@@ -138,6 +138,7 @@ class ServingContext:
     scheduling_policy: str = "fcfs"  # the engine's (SchedulerConfig.policy): requests' priority needs "priority"
     # the text of the model's image placeholder token where it takes images (chat_content.py); None: it takes none
     image_placeholder: str | None = None
+    images_refused: str = "the model takes no images"  # (ModelConfig.images_refused)
     drain: ShutdownDrain = field(default_factory=ShutdownDrain)
     load: ServerLoad = field(default_factory=ServerLoad)
     responses: ResponseStore = field(default_factory=ResponseStore)
@@ -334,7 +335,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     content_format = resolve_content_format(ctx.options.chat_template_content_format, template)
     try:
-        conversation = with_content_format(conversation, content_format, ctx.image_placeholder if images else None)
+        conversation = with_content_format(conversation, content_format, ctx.image_placeholder if images else None,
+                                           ctx.images_refused if images else "this endpoint takes no images")
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     try:
