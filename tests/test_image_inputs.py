@@ -224,3 +224,43 @@ def test_a_trainers_update_of_the_whole_checkpoint_reaches_the_vision_side(
         assert run(llm, [prompt]) == [expected]
     finally:
         llm.shutdown()
+
+
+def test_the_engine_core_refuses_images_a_step_could_not_take(llava: Path, images: list[Image.Image]) -> None:
+    """What another client could send the engine core (its door's checks, request_checks.py):
+    each malformed ImageInputs field is refused by name, before it reaches a worker."""
+    import msgspec
+
+    from vllm_lite.engine.input_processor import InputProcessor
+    from vllm_lite.engine.request_checks import check_request
+    from vllm_lite.wire import ImageInputs
+
+    model_config = EngineArgs(model=str(llava), dtype="float32", max_model_len=256,
+                              limit_mm_per_prompt={"image": 2}).create_engine_config().model_config
+    processor = InputProcessor(model_config, None)
+    _, _, good = processor.process_prompt("r", image_prompts(images)[1], GREEDY)
+    check_request(good, model_config)
+    pixels, offsets = good.images.pixel_values, good.images.offsets
+
+    def refused(match: str, **images_fields: object) -> None:
+        bad = msgspec.structs.replace(good, images=msgspec.structs.replace(good.images, **images_fields))
+        with pytest.raises(ValueError, match=match):
+            check_request(bad, model_config)
+
+    refused(r"float32 \[n, 3, 56, 56\]", pixel_values=pixels[:, :, :28])
+    refused(r"float32 \[n, 3, 56, 56\]", pixel_values=pixels.astype(np.float64))
+    refused(r"float32 \[n, 3, 56, 56\] with 1 <= n <= 2 and an offset per image", offsets=offsets[:1])
+    refused("NaN or infinite", pixel_values=np.full_like(pixels, np.nan))
+    refused("a 32-byte SHA-256 hash per image", hashes=[b"x", b"y"])
+    refused("placeholder tokens must lie inside the prompt", offsets=offsets + 100)
+    refused("placeholder tokens must lie inside the prompt", offsets=offsets[::-1].copy())
+    refused("placeholder tokens must lie inside the prompt", tokens_per_image=4)
+    refused("must hold the image placeholder token 999", offsets=offsets - 1)
+    three = msgspec.structs.replace(good, images=ImageInputs(np.concatenate([pixels, pixels[:1]]),
+                                                             np.array([0, 17, 34]), 16, good.images.hashes * 2))
+    with pytest.raises(ValueError, match="1 <= n <= 2"):
+        check_request(three, model_config)
+    text_config = EngineArgs(model=str(llava), dtype="float32", max_model_len=256,
+                             language_model_only=True).create_engine_config().model_config
+    with pytest.raises(ValueError, match="image inputs are not taken by this model: language_model_only=True"):
+        check_request(good, text_config)

@@ -19,6 +19,8 @@ also when msgspec decodes it off the wire. What needs the engine's knowledge is 
 | sampling_params.bad_words | tokenized by the client (bad_words_token_ids set), ids in [0, vocab) |
 | sampling_params.logprobs, prompt_logprobs | <= the engine's max_logprobs |
 | request_id, cache_salt | at most MAX_ID_CHARS characters |
+| prompt_embeds | enabled; finite float32, a row of the model's width per prompt token |
+| images | taken by the model, at most max_images_per_prompt; finite float32 pixels of the encoder's shape; each image's placeholder tokens inside the prompt, in order, not overlapping; a 32-byte hash each |
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def check_request(request: EngineCoreRequest, model_config: ModelConfig) -> None
         check_thinking_budget(request.thinking, model_config)
     if request.prompt_embeds is not None:
         check_prompt_embeds(request, model_config)
+    if request.images is not None:
+        check_images(request, model_config)
 
 
 def check_prompt_embeds(request: EngineCoreRequest, model_config: ModelConfig) -> None:
@@ -92,6 +96,39 @@ def check_prompt_embeds(request: EngineCoreRequest, model_config: ModelConfig) -
     if request.pooling or request.sampling_params.prompt_logprobs is not None:
         raise VLLMValidationError("prompt_embeds are for generation requests without prompt_logprobs",
                                   parameter="prompt_embeds")
+
+
+def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
+    """Images the workers can encode and splice in (the client's ImageProcessor makes them so;
+    another client may not)."""
+    images, encoder = request.images, model_config.image_encoder
+    if encoder is None:
+        raise VLLMValidationError(f"image inputs are not taken by this model: {model_config.images_refused}",
+                                  parameter="multi_modal_data")
+    pixels, offsets = images.pixel_values, images.offsets
+    count = len(offsets)
+    shape = (count, encoder.num_channels, encoder.image_size, encoder.image_size)
+    if pixels.dtype != np.float32 or pixels.shape != shape or not 1 <= count <= model_config.max_images_per_prompt:
+        raise VLLMValidationError(f"images: pixel values must be float32 [n, {shape[1]}, {shape[2]}, {shape[3]}] "
+                                  f"with 1 <= n <= {model_config.max_images_per_prompt} and an offset per image, got "
+                                  f"{pixels.dtype} {pixels.shape} and {count} offsets", parameter="multi_modal_data")
+    if not np.isfinite(pixels).all():
+        raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
+    if len(images.hashes) != count or any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
+        raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")
+    width = encoder.tokens_per_image
+    tokens = request.prompt_token_ids
+    ends = offsets.astype(np.int64) + width
+    if (images.tokens_per_image != width or offsets.dtype.kind not in "iu" or offsets.ndim != 1
+            or offsets[0] < 0 or ends[-1] > len(tokens) or (count > 1 and (offsets[1:] < ends[:-1]).any())):
+        raise VLLMValidationError(f"images: each image's {width} placeholder tokens must lie inside the prompt, in "
+                                  "order and apart", parameter="multi_modal_data")
+    placeholders = (offsets[:, None] + np.arange(width)).ravel()
+    if (tokens[placeholders] != encoder.image_token_id).any():
+        raise VLLMValidationError(f"images: an image's positions must hold the image placeholder token "
+                                  f"{encoder.image_token_id}", parameter="multi_modal_data")
+    if request.prompt_embeds is not None or request.pooling:
+        raise VLLMValidationError("images are for generation requests given as token ids", parameter="multi_modal_data")
 
 
 def check_thinking_budget(thinking: ThinkingBudget, model_config: ModelConfig) -> None:
