@@ -94,6 +94,40 @@ def test_greedy_tokens_equal_transformers(llava: Path, images: list[Image.Image]
         llm.shutdown()
 
 
+# Other LLaVA vision sides: SigLIP with "full" features of the last layer (LLaVA-Interleave's form,
+# its pooling head in the checkpoint and never run), CLIP with the features of two layers concatenated
+VISION_SIDES = {
+    "siglip": ({"model_type": "siglip_vision_model", "vision_use_head": True},
+               {"vision_feature_select_strategy": "full", "vision_feature_layer": -1}, 16),
+    "clip_two_layers": ({}, {"vision_feature_select_strategy": "full", "vision_feature_layer": [-3, -1]}, 17),
+}
+
+
+@pytest.mark.parametrize("side", VISION_SIDES)
+def test_other_vision_sides_equal_transformers(side: str, images: list[Image.Image], tmp_path: Path) -> None:
+    from hf_reference import build_tiny_multimodal_model
+    from transformers import CLIPImageProcessor, SiglipImageProcessor
+
+    vision, outer, tokens = VISION_SIDES[side]
+    model = build_tiny_multimodal_model(tmp_path / side, "LlavaForConditionalGeneration", "llama",
+                                        tie_word_embeddings=False, config_extra=outer,
+                                        vision_extra={"num_hidden_layers": 2, "image_size": 56, **vision})
+    processor = (SiglipImageProcessor(size={"height": 56, "width": 56}) if side == "siglip" else
+                 CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}))
+    processor.save_pretrained(model)
+    prompt = [5, 17, IMAGE_TOKEN_ID, 33, 71]
+    full = [t for token in prompt for t in ([token] * tokens if token == IMAGE_TOKEN_ID else [token])]
+    llm = make_llm(model)
+    try:
+        [output] = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"image": images[0]}}, GREEDY,
+                                use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert list(output.prompt_token_ids) == full
+    assert list(output.outputs[0].token_ids) == hf_greedy_with_images(model, full, pixel_values(model, images[:1]),
+                                                                      NUM_TOKENS)
+
+
 def test_the_image_changes_the_reply_and_the_prefix_cache_keeps_images_apart(
         llava: Path, images: list[Image.Image], reference: list[list[int]]) -> None:
     """A prompt seen with one image is a prefix-cache hit only up to the block holding its image:

@@ -1,6 +1,7 @@
 """Image inputs of a multimodal checkpoint: which checkpoints take them, and how their vision
-side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP vision encoder, a
-two-layer projector, an image placeholder token expanded to one token per image feature).
+side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP or SigLIP vision encoder, a
+two-layer projector, an image placeholder token expanded to one token per image feature;
+LLaVA-Interleave is this form with SigLIP).
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -19,8 +20,10 @@ from typing import Any
 IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration",)
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
-_VISION_MODEL_TYPES = ("clip_vision_model",)
-_SELECT_STRATEGIES = ("default", "full")  # drop the CLS feature / keep it
+# the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
+# layer norm before its layers, SigLIP's neither (and a patch projection with a bias)
+_VISION_MODEL_TYPES = ("clip_vision_model", "siglip_vision_model")
+_SELECT_STRATEGIES = ("default", "full")  # drop the first feature (CLIP's CLS) / keep it
 # the activations model/layers/activation.py `plain_activation` runs
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
 # CLIPVisionConfig fields that change nothing at inference (the projection head and the text
@@ -35,14 +38,18 @@ _VISION_INERT = frozenset({"model_type", "projection_dim", "attention_dropout", 
                            "cross_attention_hidden_size", "finetuning_task", "tokenizer_class", "prefix",
                            "is_decoder", "_attn_implementation_autoset"})
 _VISION_READ = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                          "num_channels", "image_size", "patch_size", "layer_norm_eps", "hidden_act"})
+                          "num_channels", "image_size", "patch_size", "layer_norm_eps", "hidden_act",
+                          # SigLIP's pooling head: loaded with the checkpoint, never run (LLaVA reads
+                          # the layers' hidden states)
+                          "vision_use_head"})
 
 
 @dataclass(frozen=True, slots=True)
 class ImageEncoderConfig:
-    """LLaVA's vision side: a CLIP vision transformer (the features of `feature_layers`, indices
-    into its hidden states as transformers counts them, concatenated), then the projector."""
+    """LLaVA's vision side: a CLIP or SigLIP vision transformer (the features of `feature_layers`,
+    indices into its hidden states as transformers counts them, concatenated), then the projector."""
 
+    encoder_type: str  # one of _VISION_MODEL_TYPES
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -53,7 +60,7 @@ class ImageEncoderConfig:
     layer_norm_eps: float
     hidden_act: str
     feature_layers: tuple[int, ...]
-    keep_cls: bool  # vision_feature_select_strategy "full"
+    keep_first_feature: bool  # vision_feature_select_strategy "full" ("default" drops it)
     projector_act: str
     projector_bias: bool
     text_hidden_size: int
@@ -64,9 +71,17 @@ class ImageEncoderConfig:
         return (self.image_size // self.patch_size) ** 2
 
     @property
+    def has_cls(self) -> bool:
+        return self.encoder_type == "clip_vision_model"
+
+    @property
+    def num_positions(self) -> int:
+        return self.num_patches + int(self.has_cls)
+
+    @property
     def tokens_per_image(self) -> int:
         """An image's placeholder tokens in the prompt: one per feature it becomes."""
-        return self.num_patches + int(self.keep_cls)
+        return self.num_positions - int(not self.keep_first_feature)
 
     @property
     def layers_run(self) -> int:
@@ -82,7 +97,7 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     architecture = cfg["architectures"][0]
     if architecture not in IMAGE_ARCHITECTURES:
         raise ValueError(f"image inputs of {architecture} are not implemented (implemented: "
-                         f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP vision encoder)")
+                         f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP or SigLIP vision encoder)")
     outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
     vision = outer.vision_config.to_dict()
     if vision.get("model_type") not in _VISION_MODEL_TYPES:
@@ -108,10 +123,10 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     if quantized_vision(cfg):
         raise ValueError("a quantized vision encoder is not implemented for image inputs")
     return ImageEncoderConfig(
-        hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"], num_layers=depth,
+        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"], num_layers=depth,
         num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
         image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
-        hidden_act=vision["hidden_act"], feature_layers=layers, keep_cls=strategy == "full",
+        hidden_act=vision["hidden_act"], feature_layers=layers, keep_first_feature=strategy == "full",
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
         text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id)
 

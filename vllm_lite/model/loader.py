@@ -288,8 +288,8 @@ def load_image_encoder(model_config: ModelConfig, device: torch.device) -> Llava
         initialize_dummy_weights(encoder)
     else:
         architecture = model_config.hf.checkpoint_architecture
-        weights = ((name, weight) for name, weight in iterate_weights(Path(model_config.model))
-                   if is_vision_tensor(architecture, name))
+        weights = encoder.read_tensors((name, weight) for name, weight in iterate_weights(Path(model_config.model))
+                                       if is_vision_tensor(architecture, name))
         try:
             load_weights(encoder, weights, model_config.model)
         except ValueError as exc:

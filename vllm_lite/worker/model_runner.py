@@ -11,11 +11,11 @@ tensor the last step sampled into (`SampledTokens`)."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,7 +155,7 @@ class ModelRunner:
         self.image_encoder = (load_image_encoder(vllm_config.model_config, device)
                               if vllm_config.model_config.image_encoder is not None else None)
         if self.image_encoder is not None:  # (a trainer's update of the whole checkpoint reaches it: weight_updates.py)
-            self.model.load_vision_weights = functools.partial(update_weights, self.image_encoder)
+            self.model.load_vision_weights = self._update_vision_weights
         lora_config = vllm_config.lora_config
         self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
                                  pooling=vllm_config.model_config.pooler is not None,
@@ -864,6 +864,9 @@ class ModelRunner:
             self.custom_logits.added(row, new)
         self._add_sampling_state(new)
         self.prompt_embeds.add(new, self._encode_images)
+
+    def _update_vision_weights(self, weights: list[tuple[str, Any]]) -> set[str]:
+        return update_weights(self.image_encoder, self.image_encoder.read_tensors(weights))
 
     def _encode_images(self, pixel_values: np.ndarray) -> torch.Tensor:
         """Images [n, channels, height, width] -> their input embeddings [n, tokens, width]."""

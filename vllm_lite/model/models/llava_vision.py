@@ -1,5 +1,7 @@
-"""LLaVA 1.5's vision side: a CLIP vision transformer and the two-layer projector that turns its
-patch features into language-model input embeddings (one per image placeholder token).
+"""LLaVA 1.5's vision side: a CLIP or SigLIP vision transformer and the two-layer projector that
+turns its patch features into language-model input embeddings (one per image placeholder token).
+The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
+bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
 Runs once per image when its request joins a step (worker/prompt_embeds.py splices the rows in);
 every rank holds all of it (it is small beside the language model, and its output is needed
@@ -8,6 +10,7 @@ also under `model.`, and `vision_tower.*` without `vision_model.`, as newer tran
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -18,21 +21,22 @@ from vllm_lite.model.layers.activation import plain_activation
 from vllm_lite.vision_config import ImageEncoderConfig
 
 
-class ClipEmbeddings(nn.Module):
+class VisionEmbeddings(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
-        self.class_embedding = nn.Parameter(torch.empty(config.hidden_size))
+        self.class_embedding = nn.Parameter(torch.empty(config.hidden_size)) if config.has_cls else None
         self.patch_embedding = nn.Conv2d(config.num_channels, config.hidden_size, kernel_size=config.patch_size,
-                                         stride=config.patch_size, bias=False)
-        self.position_embedding = nn.Embedding(config.num_patches + 1, config.hidden_size)
+                                         stride=config.patch_size, bias=not config.has_cls)
+        self.position_embedding = nn.Embedding(config.num_positions, config.hidden_size)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         patches = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
-        cls = self.class_embedding.expand(len(pixel_values), 1, -1)
-        return torch.cat([cls, patches], dim=1) + self.position_embedding.weight
+        if self.class_embedding is not None:
+            patches = torch.cat([self.class_embedding.expand(len(pixel_values), 1, -1), patches], dim=1)
+        return patches + self.position_embedding.weight
 
 
-class ClipAttention(nn.Module):
+class VisionAttention(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
@@ -49,7 +53,7 @@ class ClipAttention(nn.Module):
         return self.out_proj(attended.transpose(1, 2).reshape(images, tokens, width))
 
 
-class ClipMlp(nn.Module):
+class VisionMlp(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
@@ -60,48 +64,50 @@ class ClipMlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class ClipEncoderLayer(nn.Module):
+class VisionEncoderLayer(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.self_attn = ClipAttention(config)
+        self.self_attn = VisionAttention(config)
         self.layer_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = ClipMlp(config)
+        self.mlp = VisionMlp(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.layer_norm1(x))
         return x + self.mlp(self.layer_norm2(x))
 
 
-class ClipEncoder(nn.Module):
+class VisionEncoder(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(ClipEncoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(VisionEncoderLayer(config) for _ in range(config.num_layers))
 
 
-class ClipVisionModel(nn.Module):
-    """CLIP's vision transformer; its post_layernorm (of the pooled output, which LLaVA does not
-    read) is loaded with the checkpoint and not run."""
+class VisionModel(nn.Module):
+    """The vision transformer; its post_layernorm (of the final output, which LLaVA does not read)
+    is loaded with the checkpoint and not run."""
 
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
-        self.embeddings = ClipEmbeddings(config)
-        self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # (CLIP's spelling)
-        self.encoder = ClipEncoder(config)
+        self.embeddings = VisionEmbeddings(config)
+        # (CLIP's spelling)
+        self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.has_cls else None
+        self.encoder = VisionEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def hidden_states(self, pixel_values: torch.Tensor, count: int) -> list[torch.Tensor]:
         """transformers' hidden states 0..count: the embeddings, then each layer's output."""
-        states = [self.pre_layrnorm(self.embeddings(pixel_values))]
+        embeddings = self.embeddings(pixel_values)
+        states = [self.pre_layrnorm(embeddings) if self.pre_layrnorm is not None else embeddings]
         for layer in self.encoder.layers[:count]:
             states.append(layer(states[-1]))
         return states
 
 
-class ClipVisionTower(nn.Module):
+class VisionTower(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
-        self.vision_model = ClipVisionModel(config)
+        self.vision_model = VisionModel(config)
 
 
 class LlavaProjector(nn.Module):
@@ -116,6 +122,14 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
+def _ours(name: str) -> str:
+    """A checkpoint name of the vision side as this module names it."""
+    name = name.removeprefix("model.")
+    if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+        name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")  # (transformers 5's form)
+    return name
+
+
 class LlavaImageEncoder(nn.Module):
     """Pixel values [images, channels, height, width] -> input embeddings [images,
     tokens_per_image, text hidden size] (transformers' LlavaModel.get_image_features)."""
@@ -123,19 +137,23 @@ class LlavaImageEncoder(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.config = config
-        self.vision_tower = ClipVisionTower(config)
+        self.vision_tower = VisionTower(config)
         self.multi_modal_projector = LlavaProjector(config)
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
-        name = name.removeprefix("model.")
-        if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
-            name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")  # (transformers 5's form)
-        return name, None
+        return _ours(name), None
+
+    @staticmethod
+    def read_tensors(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        """The vision side's checkpoint tensors this encoder reads: all but SigLIP's pooling head
+        (`vision_use_head`), which LLaVA never runs."""
+        return ((name, weight) for name, weight in weights
+                if not _ours(name).startswith("vision_tower.vision_model.head."))
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         config = self.config
         states = self.vision_tower.vision_model.hidden_states(pixel_values, config.layers_run)
-        first = 0 if config.keep_cls else 1
+        first = 0 if config.keep_first_feature else 1
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
         features = torch.cat([states[layer % depth][:, first:] for layer in config.feature_layers], dim=-1)
         return self.multi_modal_projector(features)
