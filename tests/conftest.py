@@ -15,8 +15,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -218,6 +220,42 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LlavaForConditionalGeneration (LLaVA 1.5): CLIP encoder, Llama decoder."""
     return _build_multimodal(tmp_path_factory, "tiny_llava", "LlavaForConditionalGeneration", "llama",
                              tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def image_host() -> Iterator[str]:
+    """A local HTTP server (real sockets) with one PNG, a random 64 x 72 image, at /cat.png;
+    anything else is a 404."""
+    import http.server
+    import io
+    import threading
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (64, 72, 3), dtype=np.uint8)).save(png, format="PNG")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = self.path == "/cat.png"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            if found:
+                self.wfile.write(png.getvalue())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=host.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{host.server_address[1]}"
+    finally:
+        host.shutdown()
+        host.server_close()
+        thread.join()
 
 
 @pytest.fixture(scope="session")

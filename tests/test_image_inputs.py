@@ -188,6 +188,24 @@ def test_chat_with_image_parts(llava: Path, images: list[Image.Image]) -> None:
                                                                       pixel_values(llava, images[:2]), NUM_TOKENS)
 
 
+def test_chat_fetches_http_image_urls(llava: Path, image_host: str) -> None:
+    import httpx
+
+    png = base64.b64encode(httpx.get(f"{image_host}/cat.png").content).decode()
+    llm = make_llm(llava)
+    try:
+        fetched, inline = (llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                                    GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)[0]
+                           for url in (f"{image_host}/cat.png", f"data:image/png;base64,{png}"))
+        with pytest.raises(ValueError, match="image_url: fetching .*/dog.png failed: .*404"):
+            llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"{image_host}/dog.png"}}]}],
+                     GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert list(fetched.outputs[0].token_ids) == list(inline.outputs[0].token_ids)
+    assert list(fetched.prompt_token_ids).count(IMAGE_TOKEN_ID) == TOKENS_PER_IMAGE
+
+
 def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Image.Image], tiny_llama: Path,
                                                     tmp_path: Path) -> None:
     llm = make_llm(llava, limit_mm_per_prompt={"image": 2})

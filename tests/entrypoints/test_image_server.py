@@ -113,3 +113,16 @@ def test_responses_and_messages_images_answer_as_chat(server: LiveServer) -> Non
     assert messages.json()["content"][0]["text"] == text
     assert file_id.status_code == 400 and "file_id is not implemented" in file_id.text, file_id.text
     assert detail.status_code == 400 and "image_url.detail must be one of" in detail.text, detail.text
+
+
+def test_http_image_urls_are_fetched(server: LiveServer, image_host: str) -> None:
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        fetched = _chat(client, [{"type": "image_url", "image_url": {"url": f"{image_host}/cat.png"}},
+                                 {"type": "text", "text": "the cat"}])
+        png = base64.b64encode(httpx.get(f"{image_host}/cat.png").content).decode()
+        inline = _chat(client, [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                                {"type": "text", "text": "the cat"}])
+        missing = _chat(client, [{"type": "image_url", "image_url": {"url": f"{image_host}/dog.png"}}])
+    assert fetched.status_code == 200, fetched.text
+    assert fetched.json()["choices"][0]["token_ids"] == inline.json()["choices"][0]["token_ids"]
+    assert missing.status_code == 400 and "fetching" in missing.text and "404" in missing.text, missing.text

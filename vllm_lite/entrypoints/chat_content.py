@@ -92,15 +92,20 @@ def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
     """The images of the messages' image parts, in order (URLs fetched or decoded: media.py)."""
     from vllm_lite.entrypoints.media import load_image
 
-    images = []
+    return [load_image(source) if isinstance(source, str) else source for source in image_sources(conversation)]
+
+
+def image_sources(conversation: list[dict[str, Any]]) -> list[Any]:
+    """Each image part's URL (`image_url`) or PIL image (`image_pil`), in order."""
+    sources = []
     for message in conversation:
         for part in content_parts(message.get("content")):
             if part["type"] == "image_url":
                 url = part.get("image_url")
-                images.append(load_image(url.get("url") if isinstance(url, dict) else url))
+                sources.append(url.get("url") if isinstance(url, dict) else url)
             elif part["type"] == "image_pil":
-                images.append(part.get("image_pil"))
-    return images
+                sources.append(part.get("image_pil"))
+    return sources
 
 
 def _formatted(content: Any, role: Any, content_format: str, image_placeholder: str | None,

@@ -24,7 +24,8 @@ from vllm_lite.config import VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.engine.image_inputs import expand_placeholders
 from vllm_lite.exceptions import VLLMValidationError
-from vllm_lite.entrypoints.chat_content import conversation_images, resolve_content_format, with_content_format
+from vllm_lite.entrypoints.chat_content import image_sources, resolve_content_format, with_content_format
+from vllm_lite.entrypoints.media import IMAGE_FETCH_TIMEOUT_S, load_image_bytes, open_image
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
@@ -356,17 +357,19 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
 
 async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any]],
                            prompt: dict[str, Any]) -> dict[str, Any]:
-    """The chat prompt with its messages' images (fetched or decoded off the event loop): its
-    placeholders expanded here, so that its token ids (counted, returned) are the ones the model
-    reads, and the images as vLLM's multi_modal_data. A conversation without images: `prompt`."""
+    """The chat prompt with its messages' images (fetched concurrently on the event loop, decoded
+    off it, so a slow image host holds up only its own request): its placeholders expanded here,
+    so that its token ids (counted, returned) are the ones the model reads, and the images as
+    vLLM's multi_modal_data. A conversation without images: `prompt`."""
     if ctx.image_placeholder is None:
         return prompt
     try:
-        images = await off_loop(ctx, conversation_images, conversation)
+        sources = image_sources(conversation)
+        if not sources:
+            return prompt
+        images = await _loaded_images(sources)
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
-    if not images:
-        return prompt
     encoder = ctx.engine.vllm_config.model_config.image_encoder
     try:
         token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], len(images), encoder.image_token_id,
@@ -375,6 +378,16 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     check_length(ctx, len(token_ids), "messages")
     return {**prompt, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images}}
+
+
+async def _loaded_images(sources: list[Any]) -> list[Any]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=IMAGE_FETCH_TIMEOUT_S) as client:
+        data = await asyncio.gather(*(load_image_bytes(source, client) for source in sources
+                                      if isinstance(source, str)))
+    opened = iter(await asyncio.to_thread(lambda: [open_image(item) for item in data]))
+    return [next(opened) if isinstance(source, str) else source for source in sources]
 
 
 def check_length(ctx: ServingContext, num_prompt_tokens: int, param: str = "prompt") -> None:
