@@ -685,14 +685,15 @@ def hf_greedy_from_embeds(model_dir: Path, prompts_embeds: list[torch.Tensor], m
 
 @torch.inference_mode()
 def hf_greedy_with_images(model_dir: Path, token_ids: list[int], pixel_values: torch.Tensor,
-                          max_new_tokens: int) -> list[int]:
+                          max_new_tokens: int, **image_inputs: torch.Tensor) -> list[int]:
     """`hf_greedy` of one prompt with images (transformers' multimodal class; `token_ids` with
-    each image's placeholder expanded, as its processor makes them), EOS disabled."""
+    each image's placeholder expanded, as its processor makes them; `image_inputs`: the
+    processor's other outputs, e.g. LLaVA-NeXT's image_sizes), EOS disabled."""
     model = _model(model_dir)
     gen_config = _greedy_no_eos_config(model.generation_config.pad_token_id, max_new_tokens)
     input_ids = torch.tensor([token_ids], dtype=torch.long)
     out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                         pixel_values=pixel_values.to(model.dtype), generation_config=gen_config)
+                         pixel_values=pixel_values.to(model.dtype), generation_config=gen_config, **image_inputs)
     return out[0, len(token_ids):].tolist()
 
 

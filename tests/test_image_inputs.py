@@ -128,6 +128,51 @@ def test_other_vision_sides_equal_transformers(side: str, images: list[Image.Ima
                                                                       NUM_TOKENS)
 
 
+@pytest.fixture(scope="module")
+def llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LLaVA-NeXT: the tiny CLIP encoder (28 x 28 tiles of 2 x 2 features) with up to 2 x 2 tiles."""
+    from hf_reference import build_tiny_multimodal_model
+    from transformers import LlavaNextImageProcessor
+
+    pinpoints = [[28, 28], [28, 56], [56, 28], [56, 56]]
+    model = build_tiny_multimodal_model(tmp_path_factory.mktemp("llava_next"), "LlavaNextForConditionalGeneration",
+                                        "llama", tie_word_embeddings=False, vision_extra={"num_hidden_layers": 2},
+                                        config_extra={"image_grid_pinpoints": pinpoints})
+    LlavaNextImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                            image_grid_pinpoints=pinpoints).save_pretrained(model)
+    return model
+
+
+def test_llava_next_tiles_equal_transformers(llava_next: Path) -> None:
+    """Images of several aspect ratios (wide, tall, square, odd): each read as the whole image
+    and its tiles, cut to its shape, a newline per row (features per image vary), beside a chunked
+    schedule that splits images across steps."""
+    from transformers import AutoImageProcessor
+
+    rng = np.random.default_rng(1)
+    shaped = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((40, 90), (90, 40), (50, 50), (30, 31))]
+    prompts = [([5, IMAGE_TOKEN_ID, 33, IMAGE_TOKEN_ID, 8], [0, 1]), ([IMAGE_TOKEN_ID, 3, 8], [2]),
+               ([9, 9, IMAGE_TOKEN_ID, 4], [3])]
+    processor = AutoImageProcessor.from_pretrained(llava_next)
+    expected, lengths = [], []  # (the features of each prompt's images)
+    llm = make_llm(llava_next, max_num_batched_tokens=8, enable_chunked_prefill=True)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": [shaped[i] for i in which]}}
+                                for prompt, which in prompts], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for (prompt, which), output in zip(prompts, outputs):
+        inputs = processor(images=[shaped[i] for i in which], return_tensors="pt")
+        full = list(output.prompt_token_ids)
+        expected.append(hf_greedy_with_images(llava_next, full, inputs["pixel_values"], NUM_TOKENS,
+                                              image_sizes=inputs["image_sizes"]))
+        lengths.append(full.count(IMAGE_TOKEN_ID))
+    # (transformers refuses placeholders that do not match its features: the counts are its own)
+    assert [list(output.outputs[0].token_ids) for output in outputs] == expected
+    assert all(count > 4 * len(which) for count, (_, which) in zip(lengths, prompts))  # (tiles read, not only the whole image's 4)
+
+
 def test_the_image_changes_the_reply_and_the_prefix_cache_keeps_images_apart(
         llava: Path, images: list[Image.Image], reference: list[list[int]]) -> None:
     """A prompt seen with one image is a prefix-cache hit only up to the block holding its image:
@@ -301,16 +346,17 @@ def test_the_engine_core_refuses_images_a_step_could_not_take(llava: Path, image
 
     refused(r"float32 \[n, 3, 56, 56\]", pixel_values=pixels[:, :, :28])
     refused(r"float32 \[n, 3, 56, 56\]", pixel_values=pixels.astype(np.float64))
-    refused(r"float32 \[n, 3, 56, 56\] with 1 <= n <= 2 and an offset per image", offsets=offsets[:1])
+    refused("1 to 2 images, each with an offset, a length and a hash", offsets=offsets[:1])
     refused("NaN or infinite", pixel_values=np.full_like(pixels, np.nan))
     refused("a 32-byte SHA-256 hash per image", hashes=[b"x", b"y"])
     refused("placeholder tokens must lie inside the prompt", offsets=offsets + 100)
     refused("placeholder tokens must lie inside the prompt", offsets=offsets[::-1].copy())
-    refused("placeholder tokens must lie inside the prompt", tokens_per_image=4)
+    refused("each image's length must be the features it becomes", lengths=np.array([4, 4]))
     refused("must hold the image placeholder token 999", offsets=offsets - 1)
     three = msgspec.structs.replace(good, images=ImageInputs(np.concatenate([pixels, pixels[:1]]),
-                                                             np.array([0, 17, 34]), 16, good.images.hashes * 2))
-    with pytest.raises(ValueError, match="1 <= n <= 2"):
+                                                             np.array([0, 17, 34]), np.full(3, 16),
+                                                             good.images.hashes * 2))
+    with pytest.raises(ValueError, match="1 to 2 images"):
         check_request(three, model_config)
     text_config = EngineArgs(model=str(llava), dtype="float32", max_model_len=256,
                              language_model_only=True).create_engine_config().model_config

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # the architectures whose image inputs are implemented
-IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -65,6 +65,50 @@ class ImageEncoderConfig:
     projector_bias: bool
     text_hidden_size: int
     image_token_id: int
+    # LLaVA-NeXT's "any resolution": the (height, width) an image may be resized to, a grid of
+    # encoder-sized tiles read beside the whole image resized (empty: LLaVA 1.5, one tile)
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def any_resolution(self) -> bool:
+        return bool(self.grid_pinpoints)
+
+    def tile_grid(self, height: int, width: int) -> tuple[int, int]:
+        """LLaVA-NeXT: the (rows, columns) of tiles an image of this size is read as (the
+        pinpoint transformers' processor resizes it to, in encoder-sized tiles)."""
+        from transformers.image_processing_utils import select_best_resolution
+
+        best_height, best_width = select_best_resolution((height, width), [list(p) for p in self.grid_pinpoints])
+        return best_height // self.image_size, best_width // self.image_size
+
+    def unpadded_features(self, height: int, width: int) -> tuple[int, int]:
+        """LLaVA-NeXT: the (rows, columns) of tile features left once the padding the resize added
+        around an image of this size is cut away (transformers' unpad_image)."""
+        rows, columns = self.tile_grid(height, width)
+        side = self.image_size // self.patch_size
+        current_height, current_width = rows * side, columns * side
+        if width / height > current_width / current_height:
+            new_height = int(round(height * (current_width / width), 7))
+            current_height -= (current_height - new_height) // 2 * 2
+        else:
+            new_width = int(round(width * (current_height / height), 7))
+            current_width -= (current_width - new_width) // 2 * 2
+        return current_height, current_width
+
+    def tokens_for(self, height: int, width: int) -> int:
+        """An image's placeholder tokens (one per feature): LLaVA 1.5's fixed count; LLaVA-NeXT's
+        whole-image features, then each unpadded row of tile features and its newline."""
+        if not self.any_resolution:
+            return self.tokens_per_image
+        rows, columns = self.unpadded_features(height, width)
+        return self.tokens_per_image + rows * (columns + 1)
+
+    def tiles_for(self, height: int, width: int) -> int:
+        """The encoder inputs of one image: 1, or LLaVA-NeXT's whole image and its tiles."""
+        if not self.any_resolution:
+            return 1
+        rows, columns = self.tile_grid(height, width)
+        return 1 + rows * columns
 
     @property
     def num_patches(self) -> int:
@@ -122,13 +166,27 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
                          f"{depth}-layer vision encoder")
     if quantized_vision(cfg):
         raise ValueError("a quantized vision encoder is not implemented for image inputs")
+    pinpoints = tuple(tuple(p) for p in getattr(outer, "image_grid_pinpoints", None) or ())
+    if architecture == "LlavaNextForConditionalGeneration":
+        if strategy != "default" or vision["model_type"] != "clip_vision_model":
+            raise ValueError(f"image inputs of {architecture} are implemented with a CLIP encoder and "
+                             f"vision_feature_select_strategy='default' (its tiles' features form a square grid), "
+                             f"got {vision['model_type']} and {strategy!r}")
+        side = vision["image_size"]
+        if not pinpoints or any(len(p) != 2 or p[0] % side or p[1] % side or min(p) <= 0 for p in pinpoints):
+            raise ValueError(f"image_grid_pinpoints={getattr(outer, 'image_grid_pinpoints', None)!r}: each must be "
+                             f"a (height, width) in whole tiles of the encoder's {side} pixels")
+        if getattr(outer, "use_image_newline_parameter", True) is False:
+            raise ValueError("use_image_newline_parameter=False is not implemented (transformers' LLaVA-NeXT "
+                             "always reads its image_newline)")
     return ImageEncoderConfig(
         encoder_type=vision["model_type"], hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"], num_layers=depth,
         num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
         image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
         hidden_act=vision["hidden_act"], feature_layers=layers, keep_first_feature=strategy == "full",
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
-        text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id)
+        text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id,
+        grid_pinpoints=pinpoints if architecture == "LlavaNextForConditionalGeneration" else ())
 
 
 def quantized_vision(cfg: Mapping[str, Any]) -> bool:

@@ -52,8 +52,9 @@ class ImageProcessor:
         self.model_config = model_config
         self._processor: Any = None
 
-    def pixel_values(self, images: list[Any]) -> np.ndarray:
-        """float32 [n, channels, height, width] as the model's encoder takes them."""
+    def processed(self, images: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Pixel values as the model's encoder takes them (float32 [n, channels, height, width];
+        LLaVA-NeXT's [n, tiles, channels, height, width] with each image's (height, width))."""
         config = self.model_config.image_encoder
         if self._processor is None:
             self._processor = _load_image_processor(self.model_config.model)
@@ -63,43 +64,59 @@ class ImageProcessor:
             raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
                                       parameter="multi_modal_data") from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
-        expected = (len(images), config.num_channels, config.image_size, config.image_size)
-        if values.shape != expected:
-            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made pixel values of shape "
-                                      f"{values.shape}; the vision encoder takes {expected}",
+        sizes = np.asarray(pixels["image_sizes"], dtype=np.int64) if config.any_resolution else None
+        tile = (config.num_channels, config.image_size, config.image_size)
+        shape_ok = (values.shape == (len(images), *tile) if sizes is None else
+                    values.ndim == 5 and values.shape[0] == len(images) and values.shape[2:] == tile
+                    and values.shape[1] >= max(config.tiles_for(*size) for size in sizes.tolist()))
+        if sizes is not None and sizes.tolist() != [[image.height, image.width] for image in images]:
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' read image sizes "
+                                      f"{sizes.tolist()} of images of sizes "
+                                      f"{[[image.height, image.width] for image in images]}",
                                       parameter="multi_modal_data")
-        return values
+        if not shape_ok:
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made pixel values of shape "
+                                      f"{values.shape}; the vision encoder takes tiles of {tile}",
+                                      parameter="multi_modal_data")
+        return values, sizes
 
     def inputs(self, images: list[Any], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
         """The prompt's token ids with each image's placeholder expanded, and its images."""
         config = self.model_config.image_encoder
-        token_ids, offsets = expand_placeholders(token_ids, len(images), config.image_token_id,
-                                                 config.tokens_per_image)
-        values = self.pixel_values(images)
-        hashes = [hashlib.sha256(np.ascontiguousarray(value).tobytes()).digest() for value in values]
-        return token_ids, ImageInputs(values, offsets, config.tokens_per_image, hashes)
+        values, sizes = self.processed(images)
+        lengths = placeholder_lengths(images, config)
+        token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
+        hashes = [hashlib.sha256(np.ascontiguousarray(value).tobytes()
+                                 + (sizes[i].tobytes() if sizes is not None else b"")).digest()
+                  for i, value in enumerate(values)]
+        return token_ids, ImageInputs(values, offsets, lengths, hashes, sizes)
 
 
-def expand_placeholders(token_ids: list[int], num_images: int, image_token_id: int,
-                        tokens_per_image: int) -> tuple[list[int], np.ndarray]:
-    """Each image's placeholder token (as a chat template writes it) made `tokens_per_image`
-    tokens, as transformers' processor expands it; a prompt already expanded (a run of
-    `tokens_per_image` per image) is taken as it is. Returns the token ids and each image's
-    first placeholder position."""
+def placeholder_lengths(images: list[Any], config: Any) -> np.ndarray:
+    """Each (PIL) image's placeholder tokens: one per feature it becomes (vision_config.py)."""
+    return np.array([config.tokens_for(image.height, image.width) for image in images], dtype=np.int64)
+
+
+def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_id: int) -> tuple[list[int], np.ndarray]:
+    """Each image's placeholder token (as a chat template writes it) made lengths[i] tokens, as
+    transformers' processor expands it; a prompt already expanded (a run of lengths[i] per image)
+    is taken as it is. Returns the token ids and each image's first placeholder position."""
     tokens = np.asarray(token_ids, dtype=np.int64)
     positions = np.flatnonzero(tokens == image_token_id)
-    if len(positions) == num_images:
-        expanded = np.repeat(tokens, np.where(tokens == image_token_id, tokens_per_image, 1))
-        offsets = positions + np.arange(num_images) * (tokens_per_image - 1)
-        return expanded.tolist(), offsets.astype(np.int64)
-    starts = positions[::tokens_per_image]
-    runs = (len(positions) == num_images * tokens_per_image
-            and np.array_equal(positions, (starts[:, None] + np.arange(tokens_per_image)).ravel()))
-    if runs:
-        return list(token_ids), starts.astype(np.int64)
+    if len(positions) == len(lengths):
+        repeats = np.ones(len(tokens), dtype=np.int64)
+        repeats[positions] = lengths
+        offsets = positions + np.concatenate([[0], np.cumsum(lengths - 1)[:-1]])
+        return np.repeat(tokens, repeats).tolist(), offsets.astype(np.int64)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    if len(positions) == bounds[-1]:
+        starts = positions[bounds[:-1]]
+        if np.array_equal(positions, np.concatenate([start + np.arange(n) for start, n in zip(starts, lengths)])):
+            return list(token_ids), starts.astype(np.int64)
     raise VLLMValidationError(f"the prompt holds {len(positions)} image placeholder tokens (id {image_token_id}) for "
-                              f"{num_images} image(s): give one per image (the model's chat template writes it), "
-                              f"or {tokens_per_image} in a row per image", parameter="multi_modal_data")
+                              f"{len(lengths)} image(s): give one per image (the model's chat template writes it), "
+                              f"or each image's {', '.join(map(str, lengths.tolist()))} in a row",
+                              parameter="multi_modal_data")
 
 
 def _load_image_processor(model: str) -> Any:

@@ -31,7 +31,8 @@ from vllm_lite.config import ModelConfig
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
-from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
+from vllm_lite.vision_config import ImageEncoderConfig
+from vllm_lite.wire import EngineCoreRequest, ImageInputs, ThinkingBudget
 
 MAX_EOS_TOKEN_IDS = 64
 MAX_STOP_TOKEN_IDS = 1024
@@ -105,30 +106,51 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
     if encoder is None:
         raise VLLMValidationError(f"image inputs are not taken by this model: {model_config.images_refused}",
                                   parameter="multi_modal_data")
-    pixels, offsets = images.pixel_values, images.offsets
+    if request.prompt_embeds is not None or request.pooling:
+        raise VLLMValidationError("images are for generation requests given as token ids", parameter="multi_modal_data")
+    offsets, lengths = images.offsets, images.lengths
     count = len(offsets)
-    shape = (count, encoder.num_channels, encoder.image_size, encoder.image_size)
-    if pixels.dtype != np.float32 or pixels.shape != shape or not 1 <= count <= model_config.max_images_per_prompt:
-        raise VLLMValidationError(f"images: pixel values must be float32 [n, {shape[1]}, {shape[2]}, {shape[3]}] "
-                                  f"with 1 <= n <= {model_config.max_images_per_prompt} and an offset per image, got "
-                                  f"{pixels.dtype} {pixels.shape} and {count} offsets", parameter="multi_modal_data")
-    if not np.isfinite(pixels).all():
-        raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
-    if len(images.hashes) != count or any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
+    if not (1 <= count <= model_config.max_images_per_prompt and offsets.shape == lengths.shape == (count,)
+            and offsets.dtype.kind in "iu" and lengths.dtype.kind in "iu" and len(images.hashes) == count):
+        raise VLLMValidationError(f"images: 1 to {model_config.max_images_per_prompt} images, each with an offset, a "
+                                  "length and a hash", parameter="multi_modal_data")
+    _check_pixels(images, encoder)
+    if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
         raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")
-    width = encoder.tokens_per_image
+    sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
+    if lengths.tolist() != [encoder.tokens_for(*size) if size else encoder.tokens_per_image for size in sizes]:
+        raise VLLMValidationError("images: each image's length must be the features it becomes",
+                                  parameter="multi_modal_data")
     tokens = request.prompt_token_ids
-    ends = offsets.astype(np.int64) + width
-    if (images.tokens_per_image != width or offsets.dtype.kind not in "iu" or offsets.ndim != 1
-            or offsets[0] < 0 or ends[-1] > len(tokens) or (count > 1 and (offsets[1:] < ends[:-1]).any())):
-        raise VLLMValidationError(f"images: each image's {width} placeholder tokens must lie inside the prompt, in "
-                                  "order and apart", parameter="multi_modal_data")
-    placeholders = (offsets[:, None] + np.arange(width)).ravel()
+    ends = offsets.astype(np.int64) + lengths
+    if offsets[0] < 0 or ends[-1] > len(tokens) or (count > 1 and (offsets[1:] < ends[:-1]).any()):
+        raise VLLMValidationError("images: each image's placeholder tokens must lie inside the prompt, in order and "
+                                  "apart", parameter="multi_modal_data")
+    placeholders = np.concatenate([np.arange(start, end) for start, end in zip(offsets.tolist(), ends.tolist())])
     if (tokens[placeholders] != encoder.image_token_id).any():
         raise VLLMValidationError(f"images: an image's positions must hold the image placeholder token "
                                   f"{encoder.image_token_id}", parameter="multi_modal_data")
-    if request.prompt_embeds is not None or request.pooling:
-        raise VLLMValidationError("images are for generation requests given as token ids", parameter="multi_modal_data")
+
+
+def _check_pixels(images: ImageInputs, encoder: ImageEncoderConfig) -> None:
+    """float32 finite pixel values of the encoder's tiles (LLaVA-NeXT: as many tiles as the
+    largest image needs, with each image's positive (height, width))."""
+    pixels, count = images.pixel_values, len(images.offsets)
+    tile = (encoder.num_channels, encoder.image_size, encoder.image_size)
+    sizes = images.image_sizes
+    if not encoder.any_resolution:
+        ok = sizes is None and pixels.shape == (count, *tile)
+    else:
+        ok = (sizes is not None and sizes.shape == (count, 2) and sizes.dtype.kind in "iu" and (sizes > 0).all()
+              and pixels.ndim == 5 and pixels.shape[0] == count and pixels.shape[2:] == tile
+              and pixels.shape[1] >= max(encoder.tiles_for(*size) for size in sizes.tolist()))
+    if pixels.dtype != np.float32 or not ok:
+        layout = (f"[n, {', '.join(map(str, tile))}]" if not encoder.any_resolution else
+                  f"[n, tiles, {', '.join(map(str, tile))}] with each image's (height, width)")
+        raise VLLMValidationError(f"images: pixel values must be float32 {layout}, got {pixels.dtype} {pixels.shape}",
+                                  parameter="multi_modal_data")
+    if not np.isfinite(pixels).all():
+        raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
 
 
 def check_thinking_budget(thinking: ThinkingBudget, model_config: ModelConfig) -> None:

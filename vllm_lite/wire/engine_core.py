@@ -62,12 +62,15 @@ class ThinkingBudget(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 class ImageInputs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     """A prompt's images as the model's image processor made them: image i's features replace
-    the inputs of its `tokens_per_image` placeholder tokens from prompt position offsets[i]."""
+    the inputs of its lengths[i] placeholder tokens from prompt position offsets[i]."""
 
-    pixel_values: np.ndarray  # float32 [num_images, channels, height, width]
+    # float32 [num_images, channels, height, width]; LLaVA-NeXT: [num_images, tiles, channels,
+    # height, width], padded to the most tiles of an image
+    pixel_values: np.ndarray
     offsets: np.ndarray  # int64 [num_images], ascending
-    tokens_per_image: int
-    hashes: list[bytes]  # SHA-256 of each image's pixel values: its prefix-cache key
+    lengths: np.ndarray  # int64 [num_images]
+    hashes: list[bytes]  # SHA-256 of each image's pixel values (and size): its prefix-cache key
+    image_sizes: np.ndarray | None = None  # LLaVA-NeXT: int64 [num_images, 2], each image's (height, width)
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

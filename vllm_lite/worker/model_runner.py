@@ -51,7 +51,7 @@ from vllm_lite.worker.memory import return_freed_memory
 from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.worker.pooler import Pooler
 from vllm_lite.worker.prompt_embeds import PromptEmbeds
-from vllm_lite.wire import LogprobsArrays, ModelRunnerOutput
+from vllm_lite.wire import ImageInputs, LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
 
 logger = logging.getLogger(__name__)
@@ -868,10 +868,11 @@ class ModelRunner:
     def _update_vision_weights(self, weights: list[tuple[str, Any]]) -> set[str]:
         return update_weights(self.image_encoder, self.image_encoder.read_tensors(weights))
 
-    def _encode_images(self, pixel_values: np.ndarray) -> torch.Tensor:
-        """Images [n, channels, height, width] -> their input embeddings [n, tokens, width]."""
+    def _encode_images(self, images: ImageInputs, which: np.ndarray) -> list[torch.Tensor]:
+        """The input embeddings [tokens, width] of each image `which` names."""
+        sizes = images.image_sizes[which].tolist() if images.image_sizes is not None else None
         with torch.inference_mode():
-            return self.image_encoder(torch.from_numpy(pixel_values).to(self.device))
+            return self.image_encoder(torch.from_numpy(images.pixel_values[which]).to(self.device), sizes)
 
     def _drop_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vllm_lite.core.scheduler_output import NewRequestData
+from vllm_lite.wire import ImageInputs
 from vllm_lite.worker.input_batch import InputBatch
 
 # (first prompt position, rows [n, width]): the inputs of positions first..first + n - 1
@@ -29,19 +30,18 @@ class PromptEmbeds:
     def __bool__(self) -> bool:
         return bool(self.pending)
 
-    def add(self, new: NewRequestData, encode_images: Callable[[np.ndarray], torch.Tensor]) -> None:
-        """`encode_images`: pixel values [n, channels, height, width] -> features [n, tokens, width]
-        (run only for the images whose placeholders are not all computed, e.g. prefix-cache hits)."""
+    def add(self, new: NewRequestData, encode_images: Callable[[ImageInputs, np.ndarray], list[torch.Tensor]]) -> None:
+        """`encode_images`: (images, indices of those to encode) -> each one's features [tokens,
+        width] (run only for the images whose placeholders are not all computed: not for
+        prefix-cache hits)."""
         segments: list[Segment] = []
         if new.prompt_embeds is not None:
             segments.append((0, torch.from_numpy(new.prompt_embeds)))
         images = new.images
         if images is not None:
-            ends = images.offsets + images.tokens_per_image
-            needed = np.flatnonzero(ends > new.num_computed_tokens)
+            needed = np.flatnonzero(images.offsets + images.lengths > new.num_computed_tokens)
             if len(needed):
-                features = encode_images(images.pixel_values[needed])
-                segments.extend(zip(images.offsets[needed].tolist(), features.unbind()))
+                segments.extend(zip(images.offsets[needed].tolist(), encode_images(images, needed)))
         if segments and segments[-1][0] + len(segments[-1][1]) > new.num_computed_tokens:
             self.pending[new.req_id] = segments
 

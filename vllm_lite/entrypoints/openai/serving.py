@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from vllm_lite.config import VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
-from vllm_lite.engine.image_inputs import expand_placeholders
+from vllm_lite.engine.image_inputs import expand_placeholders, placeholder_lengths
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.entrypoints.chat_content import image_sources, resolve_content_format, with_content_format
 from vllm_lite.entrypoints.media import IMAGE_FETCH_TIMEOUT_S, load_image_bytes, open_image
@@ -372,8 +372,8 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     encoder = ctx.engine.vllm_config.model_config.image_encoder
     try:
-        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], len(images), encoder.image_token_id,
-                                           encoder.tokens_per_image)
+        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], placeholder_lengths(images, encoder),
+                                           encoder.image_token_id)
     except VLLMValidationError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     check_length(ctx, len(token_ids), "messages")

@@ -131,14 +131,17 @@ def _ours(name: str) -> str:
 
 
 class LlavaImageEncoder(nn.Module):
-    """Pixel values [images, channels, height, width] -> input embeddings [images,
-    tokens_per_image, text hidden size] (transformers' LlavaModel.get_image_features)."""
+    """Images -> each one's input embeddings [tokens, text hidden size]: LLaVA 1.5's features of
+    the image (transformers' LlavaModel.get_image_features); LLaVA-NeXT's of the whole image, then
+    of its tiles laid out as the image, cut to its aspect ratio, each row ended by `image_newline`
+    (LlavaNextModel.pack_image_features)."""
 
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.config = config
         self.vision_tower = VisionTower(config)
         self.multi_modal_projector = LlavaProjector(config)
+        self.image_newline = nn.Parameter(torch.empty(config.text_hidden_size)) if config.any_resolution else None
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
         return _ours(name), None
@@ -150,10 +153,36 @@ class LlavaImageEncoder(nn.Module):
         return ((name, weight) for name, weight in weights
                 if not _ours(name).startswith("vision_tower.vision_model.head."))
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, image_sizes: list[list[int]] | None = None) -> list[torch.Tensor]:
+        """`pixel_values`: [images, channels, h, w], or LLaVA-NeXT's [images, tiles, channels, h,
+        w] with each image's (height, width) in `image_sizes`."""
+        if not self.config.any_resolution:
+            return list(self._features(pixel_values))
+        counts = [self.config.tiles_for(height, width) for height, width in image_sizes]
+        tiles = torch.cat([image[:count] for image, count in zip(pixel_values, counts)])
+        features = self._features(tiles).split(counts)
+        return [self._packed(image, height, width) for image, (height, width) in zip(features, image_sizes)]
+
+    def _features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """[inputs, channels, h, w] -> [inputs, features, text hidden size]."""
         config = self.config
         states = self.vision_tower.vision_model.hidden_states(pixel_values, config.layers_run)
         first = 0 if config.keep_first_feature else 1
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
         features = torch.cat([states[layer % depth][:, first:] for layer in config.feature_layers], dim=-1)
         return self.multi_modal_projector(features)
+
+    def _packed(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """LLaVA-NeXT: the whole image's features, then the tiles' as one grid of the image's
+        layout, the padding rows or columns the resize added cut off, a newline after each row."""
+        config = self.config
+        rows, columns = config.tile_grid(height, width)
+        side = config.image_size // config.patch_size
+        grid = (features[1:].view(rows, columns, side, side, -1).permute(4, 0, 2, 1, 3)
+                .reshape(-1, rows * side, columns * side))
+        kept_height, kept_width = config.unpadded_features(height, width)
+        top, left = (rows * side - kept_height) // 2, (columns * side - kept_width) // 2
+        grid = grid[:, top:top + kept_height, left:left + kept_width]
+        newlines = self.image_newline[:, None, None].expand(-1, kept_height, 1).to(grid.dtype)
+        grid = torch.cat([grid, newlines], dim=2)
+        return torch.cat([features[0], grid.flatten(1).transpose(0, 1)])
