@@ -80,10 +80,12 @@ class ImageProcessor:
                                       parameter="multi_modal_data")
         return values, sizes
 
-    def inputs(self, images: list[Any], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
-        """The prompt's token ids with each image's placeholder expanded, and its images."""
+    def inputs(self, images: list[Any], token_ids: list[int],
+               processed: tuple[np.ndarray, np.ndarray | None] | None = None) -> tuple[list[int], ImageInputs]:
+        """The prompt's token ids with each image's placeholder expanded, and its images
+        (`processed`: what `processed(images)` gave, where the caller ran it already)."""
         config = self.model_config.image_encoder
-        values, sizes = self.processed(images)
+        values, sizes = processed if processed is not None else self.processed(images)
         lengths = placeholder_lengths(images, config)
         token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
         hashes = [hashlib.sha256(np.ascontiguousarray(value).tobytes()

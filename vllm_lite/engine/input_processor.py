@@ -68,7 +68,9 @@ class InputProcessor:
         self._images = ImageProcessor(model_config)
 
     def process_prompt(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
-                       lora_request: LoRARequest | None = None) -> tuple[str | None, list[int], EngineCoreRequest]:
+                       lora_request: LoRARequest | None = None,
+                       processed_images: tuple[np.ndarray, np.ndarray | None] | None = None
+                       ) -> tuple[str | None, list[int], EngineCoreRequest]:
         """A generate request from any of vLLM's prompt forms: its text (None when it came as ids or
         embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
         engine-core request."""
@@ -81,12 +83,17 @@ class InputProcessor:
             refuse_with_prompt_embeds(params)
         image_inputs = None
         if images:
-            token_ids, image_inputs = self._images.inputs(images, token_ids)
+            token_ids, image_inputs = self._images.inputs(images, token_ids, processed_images)
         request = self.process(request_id, token_ids, params, self.cache_salt(prompt), priority,
                                lora_request=lora_request)
         request.prompt_embeds = embeds
         request.images = image_inputs
         return text, token_ids, request
+
+    def process_images(self, images: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The images' pixel values (and sizes) by the model's image processor: the costly part of
+        a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
+        return self._images.processed(images)
 
     def images(self, prompt: PromptType) -> list[Any]:
         """The images of a prompt's vLLM `multi_modal_data` (checked against the model)."""
