@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from vllm_lite.config import ModelConfig
+from vllm_lite.engine.request_checks import check_pixel_values
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.wire import ImageInputs
 
@@ -65,19 +66,16 @@ class ImageProcessor:
                                       parameter="multi_modal_data") from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
         sizes = np.asarray(pixels["image_sizes"], dtype=np.int64) if config.any_resolution else None
-        tile = (config.num_channels, config.image_size, config.image_size)
-        shape_ok = (values.shape == (len(images), *tile) if sizes is None else
-                    values.ndim == 5 and values.shape[0] == len(images) and values.shape[2:] == tile
-                    and values.shape[1] >= max(config.tiles_for(*size) for size in sizes.tolist()))
         if sizes is not None and sizes.tolist() != [[image.height, image.width] for image in images]:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' read image sizes "
                                       f"{sizes.tolist()} of images of sizes "
                                       f"{[[image.height, image.width] for image in images]}",
                                       parameter="multi_modal_data")
-        if not shape_ok:
-            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made pixel values of shape "
-                                      f"{values.shape}; the vision encoder takes tiles of {tile}",
-                                      parameter="multi_modal_data")
+        try:  # (the engine core's own check, run here to name the processor)
+            check_pixel_values(values, sizes, len(images), config)
+        except VLLMValidationError as exc:
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
+                                      f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
         return values, sizes
 
     def inputs(self, images: list[Any], token_ids: list[int],

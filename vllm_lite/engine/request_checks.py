@@ -32,7 +32,7 @@ from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
 from vllm_lite.vision_config import ImageEncoderConfig
-from vllm_lite.wire import EngineCoreRequest, ImageInputs, ThinkingBudget
+from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
 
 MAX_EOS_TOKEN_IDS = 64
 MAX_STOP_TOKEN_IDS = 1024
@@ -114,7 +114,7 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
             and offsets.dtype.kind in "iu" and lengths.dtype.kind in "iu" and len(images.hashes) == count):
         raise VLLMValidationError(f"images: 1 to {model_config.max_images_per_prompt} images, each with an offset, a "
                                   "length and a hash", parameter="multi_modal_data")
-    _check_pixels(images, encoder)
+    check_pixel_values(images.pixel_values, images.image_sizes, count, encoder)
     if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
         raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")
     sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
@@ -132,12 +132,10 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
                                   f"{encoder.image_token_id}", parameter="multi_modal_data")
 
 
-def _check_pixels(images: ImageInputs, encoder: ImageEncoderConfig) -> None:
-    """float32 finite pixel values of the encoder's tiles (LLaVA-NeXT: as many tiles as the
-    largest image needs, with each image's positive (height, width))."""
-    pixels, count = images.pixel_values, len(images.offsets)
+def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:
+    """float32 finite pixel values of `count` images in the encoder's tiles (LLaVA-NeXT: as many
+    tiles as the largest image needs, with each image's positive (height, width) in `sizes`)."""
     tile = (encoder.num_channels, encoder.image_size, encoder.image_size)
-    sizes = images.image_sizes
     if not encoder.any_resolution:
         ok = sizes is None and pixels.shape == (count, *tile)
     else:

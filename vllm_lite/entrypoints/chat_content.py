@@ -88,6 +88,14 @@ def with_content_format(conversation: list[dict[str, Any]], content_format: str,
             for message in conversation]
 
 
+def image_placeholder(tokenizer: Any, image_encoder: Any) -> str | None:
+    """The text of the model's image placeholder token (what the "string" format writes for an
+    image; vision_config.ImageEncoderConfig's token); None where the model takes no images."""
+    if image_encoder is None or tokenizer is None:
+        return None
+    return tokenizer.convert_ids_to_tokens(image_encoder.image_token_id)
+
+
 def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
     """The images of the messages' image parts, in order (URLs fetched or decoded: media.py)."""
     from vllm_lite.entrypoints.media import load_image

@@ -12,7 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from vllm_lite.entrypoints.chat_content import conversation_images, resolve_content_format, with_content_format
+from vllm_lite.entrypoints.chat_content import (conversation_images, image_placeholder, resolve_content_format,
+                                               with_content_format)
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
@@ -359,8 +360,7 @@ class LLM:
         template = chat_template if chat_template is not None else tokenizer.chat_template
         content_format = resolve_content_format(chat_template_content_format, template)
         model_config = self.llm_engine.vllm_config.model_config
-        placeholder = (tokenizer.convert_ids_to_tokens(model_config.image_encoder.image_token_id)
-                       if model_config.image_encoder is not None else None)
+        placeholder = image_placeholder(tokenizer, model_config.image_encoder)
         prompts = []
         for conversation in conversations:
             try:

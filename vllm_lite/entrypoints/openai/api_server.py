@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException
 from vllm_lite.version import __version__
 from vllm_lite.exceptions import EngineDeadError, ProfilerAlreadyActiveError, VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
+from vllm_lite.entrypoints.chat_content import image_placeholder
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.lifecycle import freeze_startup_heap
 from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info, num_speculative_tokens
@@ -170,7 +171,7 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          **_parser_special_markers(engine.tokenizer, options),
                          scheduling_policy=getattr(getattr(engine.vllm_config, "scheduler_config", None), "policy",
                                                    "fcfs"),
-                         image_placeholder=_image_placeholder(engine.tokenizer, model_config),
+                         image_placeholder=image_placeholder(engine.tokenizer, model_config.image_encoder),
                          images_refused=model_config.images_refused or "the model takes no images")
     docs = {} if not options.disable_fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="vllm_lite", version=__version__, lifespan=_lifespan(ctx, owns_engine),
@@ -223,14 +224,6 @@ def _refuse_text_options(options: ServerOptions) -> None:
     given = [flag for flag, value in needs_text.items() if value]
     if given:
         raise ValueError(f"{', '.join(given)} need(s) the tokenizer, which --skip-tokenizer-init leaves unloaded")
-
-
-def _image_placeholder(tokenizer: Any, model_config: Any) -> str | None:
-    """The text of the model's image placeholder token, where the model takes images."""
-    encoder = model_config.image_encoder
-    if encoder is None or tokenizer is None:
-        return None
-    return tokenizer.convert_ids_to_tokens(encoder.image_token_id)
 
 
 def _max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:

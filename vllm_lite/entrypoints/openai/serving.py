@@ -317,7 +317,7 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
                       documents: list[dict[str, str]] | None = None, images: bool = False) -> str:
     """The conversation through the chat template, off the event loop, with a deadline and a
     size limit. A template from the request is used only with --trust-request-chat-template.
-    `images`: the caller sends the messages' images with the prompt (`chat_images`), so the
+    `images`: the caller sends the messages' images with the prompt (`with_chat_images`), so the
     template shows them where the model takes them; otherwise an image part is refused."""
     kwargs = {**ctx.options.default_chat_template_kwargs, **(chat_template_kwargs or {})}  # the request's win
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
