@@ -242,17 +242,16 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     tool_messages: list[dict[str, Any]] = []
-    texts: list[str] = []
-    images: list[tuple[int, dict[str, Any]]] = []  # (texts before it, chat's image_url part)
+    parts: list[dict[str, Any]] = []  # the text and image blocks as chat's content parts, in order
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for index, block in enumerate(_blocks(content, f"{where}.content")):
         at = f"{where}.content[{index}]"
         kind = _block_kind(block, at)
         if kind == "text":
-            texts.append(_text_block(block, at))
+            parts.append({"type": "text", "text": _text_block(block, at)})
         elif kind == "image" and role == "user":
-            images.append((len(texts), _image_part(block, at)))
+            parts.append(_image_part(block, at))
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_call(block, at))
         elif kind == "tool_result" and role == "user":
@@ -264,13 +263,10 @@ def _chat_messages(role: str, content: Any, where: str) -> list[dict[str, Any]]:
         else:
             raise RequestParamError(f"{at}.type", f"{at}: a {kind} block cannot be in a {role} message")
     message: dict[str, Any] = {"role": role}
-    if images:  # (chat's parts, each image where its block was)
-        parts: list[dict[str, Any]] = [{"type": "text", "text": text} for text in texts]
-        for offset, (before, image) in enumerate(images):
-            parts.insert(before + offset, image)
+    if len(parts) == 1 and parts[0]["type"] == "text":  # (one text: a string, as chat takes it)
+        message["content"] = parts[0]["text"]
+    elif parts:
         message["content"] = parts
-    elif texts:
-        message["content"] = texts[0] if len(texts) == 1 else [{"type": "text", "text": text} for text in texts]
     if calls:
         message["tool_calls"] = calls
     if reasoning:
