@@ -288,6 +288,8 @@ def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Im
                                use_tqdm=False)
     finally:
         text_only.shutdown()
+    with pytest.raises(ValueError, match="limit_mm_per_prompt must be a dict of modality -> count"):
+        EngineArgs(model=str(llava), limit_mm_per_prompt="image=1").create_engine_config()
     with pytest.raises(ValueError, match="limit_mm_per_prompt: image=1 with language_model_only=True"):
         EngineArgs(model=str(llava), language_model_only=True, limit_mm_per_prompt={"image": 1}).create_engine_config()
     with pytest.raises(ValueError, match="limit_mm_per_prompt: image=1: multimodal inputs are not implemented for "

@@ -127,11 +127,6 @@ class ImageEncoderConfig:
         """An image's placeholder tokens in the prompt: one per feature it becomes."""
         return self.num_positions - int(not self.keep_first_feature)
 
-    @property
-    def layers_run(self) -> int:
-        """The encoder layers the deepest feature layer needs (hidden state k is layer k's output)."""
-        return max(layer % (self.num_layers + 1) for layer in self.feature_layers)
-
 
 def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     """The vision side of a multimodal config.json (the outer config), read as transformers'
@@ -180,8 +175,8 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
             raise ValueError("use_image_newline_parameter=False is not implemented (transformers' LLaVA-NeXT "
                              "always reads its image_newline)")
     return ImageEncoderConfig(
-        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"], num_layers=depth,
-        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
+        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"], num_layers=depth, num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
         image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
         hidden_act=vision["hidden_act"], feature_layers=layers, keep_first_feature=strategy == "full",
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
@@ -205,9 +200,9 @@ def images_per_prompt(limit_mm_per_prompt: Mapping[str, Any] | None, language_mo
     """The most images a prompt may carry (vLLM's limit_mm_per_prompt; 0: text only). Raises
     ValueError where a limit above 0 is asked for inputs that cannot be taken (`refusal`: why this
     checkpoint takes no images, "" where it does)."""
-    limits = dict(limit_mm_per_prompt or {})
-    if not isinstance(limit_mm_per_prompt or {}, Mapping):
+    if not isinstance(limit_mm_per_prompt or {}, Mapping):  # (before dict(), whose own error names nothing)
         raise ValueError(f"limit_mm_per_prompt must be a dict of modality -> count, got {limit_mm_per_prompt!r}")
+    limits = dict(limit_mm_per_prompt or {})
     counts = {modality: limit.get("count") if isinstance(limit, Mapping) else limit
               for modality, limit in limits.items()}
     for modality, count in counts.items():

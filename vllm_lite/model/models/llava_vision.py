@@ -1,5 +1,6 @@
-"""LLaVA 1.5's vision side: a CLIP or SigLIP vision transformer and the two-layer projector that
-turns its patch features into language-model input embeddings (one per image placeholder token).
+"""The vision side of LLaVA 1.5 and LLaVA-NeXT: a CLIP or SigLIP vision transformer and the
+two-layer projector that turns its patch features into language-model input embeddings (one per
+image placeholder token; LLaVA-NeXT's tiles packed as `LlavaImageEncoder._packed` says).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
@@ -10,7 +11,7 @@ also under `model.`, and `vision_tower.*` without `vision_model.`, as newer tran
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -95,13 +96,18 @@ class VisionModel(nn.Module):
         self.encoder = VisionEncoder(config)
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def hidden_states(self, pixel_values: torch.Tensor, count: int) -> list[torch.Tensor]:
-        """transformers' hidden states 0..count: the embeddings, then each layer's output."""
-        embeddings = self.embeddings(pixel_values)
-        states = [self.pre_layrnorm(embeddings) if self.pre_layrnorm is not None else embeddings]
-        for layer in self.encoder.layers[:count]:
-            states.append(layer(states[-1]))
-        return states
+    def hidden_states(self, pixel_values: torch.Tensor, wanted: Collection[int]) -> dict[int, torch.Tensor]:
+        """transformers' hidden states of the indices `wanted` (0: the embeddings, k: layer k's
+        output), the layers after the last of them not run, no other state kept."""
+        state = self.embeddings(pixel_values)
+        if self.pre_layrnorm is not None:
+            state = self.pre_layrnorm(state)
+        kept = {0: state} if 0 in wanted else {}
+        for index, layer in enumerate(self.encoder.layers[:max(wanted)], start=1):
+            state = layer(state)
+            if index in wanted:
+                kept[index] = state
+        return kept
 
 
 class VisionTower(nn.Module):
@@ -166,10 +172,11 @@ class LlavaImageEncoder(nn.Module):
     def _features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """[inputs, channels, h, w] -> [inputs, features, text hidden size]."""
         config = self.config
-        states = self.vision_tower.vision_model.hidden_states(pixel_values, config.layers_run)
-        first = 0 if config.keep_first_feature else 1
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
-        features = torch.cat([states[layer % depth][:, first:] for layer in config.feature_layers], dim=-1)
+        wanted = [layer % depth for layer in config.feature_layers]
+        states = self.vision_tower.vision_model.hidden_states(pixel_values, set(wanted))
+        first = 0 if config.keep_first_feature else 1
+        features = torch.cat([states[index][:, first:] for index in wanted], dim=-1)
         return self.multi_modal_projector(features)
 
     def _packed(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
