@@ -1042,8 +1042,8 @@ class EngineArgs:
                f"hf_overrides must be a dict of config.json keys (vLLM's callable form is not implemented), "
                f"got {type(self.hf_overrides).__name__}")
         hf_overrides = dict(self.hf_overrides or {})
-        hf = HFModelConfig.from_dict(with_hf_overrides(_read_json(cfg_path), hf_overrides),
-                                     _read_json(model_dir / "generation_config.json"), self.model_impl)
+        checkpoint_cfg = with_hf_overrides(_read_json(cfg_path), hf_overrides)
+        hf = HFModelConfig.from_dict(checkpoint_cfg, _read_json(model_dir / "generation_config.json"), self.model_impl)
         _check(self.load_format != "bitsandbytes" or hf.quantization == "bitsandbytes",
                "load_format='bitsandbytes' reads a bitsandbytes checkpoint (config.json's quantization_config); "
                "quantizing a float checkpoint with bitsandbytes at load is not implemented (quantization='int8' "
@@ -1085,8 +1085,7 @@ class EngineArgs:
         if max_len > model_len:
             _allow_long_max_model_len(hf, max_len, model_len, source)
         _check_longrope_length(hf, max_len)
-        image_encoder, images_refused = _image_inputs(hf, with_hf_overrides(_read_json(cfg_path), hf_overrides),
-                                                      self.language_model_only)
+        image_encoder, images_refused = _image_inputs(hf, checkpoint_cfg, self.language_model_only)
         max_images = images_per_prompt(self.limit_mm_per_prompt, self.language_model_only, hf.checkpoint_architecture,
                                        images_refused)
         return ModelConfig(
