@@ -27,8 +27,12 @@ $(STAMP): setup.py requirements.txt requirements-test.txt $(wildcard csrc/*.cpp 
 demo: $(STAMP)
 	$(VENV)/bin/vllm-lite generate "The capital of France is"
 
+# Two pytest workers (pytest-xdist), each taking a whole test file at a time so that a file's
+# module fixtures (servers, engines) start once: the tests run torch on one thread, so one process
+# leaves a 2-core machine half idle. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile
 
 # On a CUDA machine whose python3 already has torch with CUDA (no venv: the CPU torch pin above
 # would replace it): the CUDA-path tests on the GPU and a short bf16 throughput run.
