@@ -196,6 +196,24 @@ def test_the_image_changes_the_reply_and_the_prefix_cache_keeps_images_apart(
     assert other.num_cached_tokens == 16  # (the block before the image only)
 
 
+def test_an_image_seen_before_is_not_encoded_again(llava: Path, images: list[Image.Image],
+                                                  reference: list[list[int]]) -> None:
+    """vLLM's encoder cache: features kept by image hash serve the same image in a later request
+    (the prefix cache off, so the features are read again); `reset_encoder_cache` forgets them."""
+    llm = make_llm(llava, enable_prefix_caching=False, worker_extension_cls="worker_extensions.WeightSync")
+    try:
+        assert run(llm, image_prompts(images)) == reference
+        # the third prompt's image is the second prompt's second: found
+        assert llm.collective_rpc("encoder_cache_counts") == [{"hits": 1, "misses": 3}]
+        assert run(llm, image_prompts(images)) == reference
+        assert llm.collective_rpc("encoder_cache_counts") == [{"hits": 5, "misses": 3}]
+        llm.reset_encoder_cache()
+        assert run(llm, image_prompts(images)) == reference
+        assert llm.collective_rpc("encoder_cache_counts") == [{"hits": 6, "misses": 6}]
+    finally:
+        llm.shutdown()
+
+
 def test_a_prompt_already_expanded_is_taken_as_it_is(llava: Path, images: list[Image.Image],
                                                      reference: list[list[int]]) -> None:
     llm = make_llm(llava)

@@ -51,6 +51,11 @@ class WeightSync:
         time.sleep(float(seconds))  # (an HTTP client passes strings)
         return "slept"
 
+    def encoder_cache_counts(self) -> dict[str, int]:
+        """Images found in this rank's encoder cache, and those encoded."""
+        cache = self.model_runner.encoder_cache
+        return {"hits": cache.hits, "misses": cache.misses}
+
 
 class ClashingExtension:
     """Defines a method the worker has: refused."""

@@ -26,6 +26,7 @@ class FakeEngine:
         self.errored = False  # AsyncLLM's: the engine is gone for good
         self.running: set[str] = set()
         self.aborted: list[str] = []
+        self.encoder_cache_resets = 0
         self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
         self.prompts: list[dict[str, Any]] = []
@@ -89,6 +90,9 @@ class FakeEngine:
     async def reset_prefix_cache(self) -> bool:
         """AsyncLLM's: False while requests hold KV blocks."""
         return not self.running
+
+    async def reset_encoder_cache(self) -> None:
+        self.encoder_cache_resets += 1
 
     async def check_health(self) -> None:
         if self.dead:

@@ -129,7 +129,8 @@ def test_validation_messages_like_vllms(tokenizer: Any) -> None:
 
 def test_reset_prefix_cache_is_a_development_route(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's POST /reset_prefix_cache exists with VLLM_SERVER_DEV_MODE=1 only: {"success": false}
-    while a request holds blocks, true when idle; reset_running_requests=true is refused by name."""
+    while a request holds blocks, true when idle; reset_running_requests=true is refused by name.
+    POST /reset_encoder_cache too (200, empty), reaching the engine."""
     from vllm_lite.entrypoints.cli import build_parser
     from vllm_lite.entrypoints.openai.api_server import server_options_from
 
@@ -148,8 +149,12 @@ def test_reset_prefix_cache_is_a_development_route(tokenizer: Any, monkeypatch: 
             busy = await client.post("/reset_prefix_cache", params={"reset_external": "true"})
             await running
             refused = await client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
-            return [idle, busy, refused]
-    idle, busy, refused = asyncio.run(go(True))
+            encoder = await client.post("/reset_encoder_cache")
+            return [idle, busy, refused, encoder]
+    idle, busy, refused, encoder = asyncio.run(go(True))
+    assert encoder.status_code == 200 and encoder.content == b"" and engine.encoder_cache_resets == 1
     assert idle.json() == {"success": True} and busy.json() == {"success": False}
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "reset_running_requests"
-    assert all(response.status_code == 404 for response in asyncio.run(go(False))[:2])
+    idle, busy, _, encoder = asyncio.run(go(False))
+    assert idle.status_code == busy.status_code == encoder.status_code == 404
+    assert engine.encoder_cache_resets == 1

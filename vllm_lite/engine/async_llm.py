@@ -321,6 +321,10 @@ class AsyncLLM:
     async def is_sleeping(self) -> bool:
         return await self.engine_core.is_sleeping_async()
 
+    async def reset_encoder_cache(self) -> None:
+        """vLLM's: every worker forgets the image features it keeps for reuse."""
+        await self.collective_rpc("reset_encoder_cache")
+
     async def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None, args: tuple = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
         """vLLM's: `method` on every worker between engine steps (`LLM.collective_rpc`)."""

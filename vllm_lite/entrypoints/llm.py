@@ -434,6 +434,11 @@ class LLM:
                              "running requests have finished (or after LLM.sleep)")
         return self.llm_engine.reset_prefix_cache()
 
+    def reset_encoder_cache(self) -> None:
+        """vLLM's: every worker forgets the image features it keeps for reuse (by image hash, up to
+        a step's token budget of them); a weight update through `load_weights` does it itself."""
+        self.collective_rpc("reset_encoder_cache")
+
     def start_profile(self, profile_prefix: str | None = None, *, delay_iterations: int | None = None,
                       max_iterations: int | None = None) -> None:
         """vLLM's: every rank's torch profiler records from now until `stop_profile` (or

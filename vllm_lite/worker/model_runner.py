@@ -42,6 +42,7 @@ from vllm_lite.sample.occurrences import TokenOccurrences
 from vllm_lite.sample.sampler import Sampler, SamplerOutput
 from vllm_lite.worker.cuda_graph import CudaGraphRunner, maybe_capture_cuda_graphs
 from vllm_lite.worker.draft_model import DraftModelProposer
+from vllm_lite.worker.encoder_cache import EncoderCache
 from vllm_lite.worker.eagle import EagleProposer, StateReadingProposer, StepStates
 from vllm_lite.worker.medusa import MedusaProposer
 from vllm_lite.worker.input_batch import InputBatch
@@ -156,6 +157,9 @@ class ModelRunner:
                               if vllm_config.model_config.image_encoder is not None else None)
         if self.image_encoder is not None:  # (a trainer's update of the whole checkpoint reaches it: weight_updates.py)
             self.model.load_vision_weights = self._update_vision_weights
+        # vLLM's encoder cache, as large as its default (a step's token budget)
+        self.encoder_cache = (EncoderCache(vllm_config.scheduler_config.max_num_batched_tokens)
+                              if self.image_encoder is not None else None)
         lora_config = vllm_config.lora_config
         self.lora = (LoRAManager(self.model, lora_config, device, getattr(torch, vllm_config.model_config.dtype),
                                  pooling=vllm_config.model_config.pooler is not None,
@@ -863,10 +867,18 @@ class ModelRunner:
         if self.custom_logits is not None:
             self.custom_logits.added(row, new)
         self._add_sampling_state(new)
-        self.prompt_embeds.add(new, self._encode_images)
+        self.prompt_embeds.add(new, self._image_features)
 
     def _update_vision_weights(self, weights: list[tuple[str, Any]]) -> set[str]:
+        self.encoder_cache.clear()  # (features of the old weights)
         return update_weights(self.image_encoder, self.image_encoder.read_tensors(weights))
+
+    def reset_encoder_cache(self) -> None:
+        if self.encoder_cache is not None:
+            self.encoder_cache.clear()
+
+    def _image_features(self, images: ImageInputs, which: np.ndarray) -> list[torch.Tensor]:
+        return self.encoder_cache.features(images, which, self._encode_images)
 
     def _encode_images(self, images: ImageInputs, which: np.ndarray) -> list[torch.Tensor]:
         """The input embeddings [tokens, width] of each image `which` names."""

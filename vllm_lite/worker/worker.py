@@ -86,6 +86,10 @@ class Worker:
         if not self.model_runner.kv_caches and (tags is None or "kv_cache" in tags):
             self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks)
 
+    def reset_encoder_cache(self) -> None:
+        """vLLM's: forget the image features kept for reuse (each image is encoded again)."""
+        self.model_runner.reset_encoder_cache()
+
     def discard_weights(self) -> None:
         """Sleep level 2's part past level 1: the model's weights let go (model/weight_updates.py)."""
         discard_weights(self.get_model())

@@ -720,6 +720,13 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
             logger.info("resetting the prefix cache")
             return JSONResponse({"success": bool(await ctx.engine.reset_prefix_cache())})
 
+        @app.post("/reset_encoder_cache")
+        async def reset_encoder_cache() -> Response:
+            """vLLM's development route: the workers forget the image features kept for reuse."""
+            logger.info("resetting the encoder cache")
+            await ctx.engine.reset_encoder_cache()
+            return Response(status_code=200)
+
         _add_engine_control_routes(app, ctx)
 
     profiler_config = getattr(ctx.engine.vllm_config, "profiler_config", None)
