@@ -214,6 +214,38 @@ def test_an_image_seen_before_is_not_encoded_again(llava: Path, images: list[Ima
         llm.shutdown()
 
 
+def test_an_image_processed_before_skips_the_image_processor(llava: Path, images: list[Image.Image],
+                                                             reference: list[list[int]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's processor cache (mm_processor_cache_gb, 4 GiB by default): the client keeps processed
+    images by their content, so the same pixels (another PIL object) skip the image processor;
+    `reset_mm_cache` forgets them; 0 keeps none; a size that is no number of GiB is refused by name."""
+    from vllm_lite.engine.image_inputs import ImageProcessor
+
+    processed: list[Image.Image] = []
+    process = ImageProcessor._process
+    monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
+    llm = make_llm(llava)
+    try:
+        assert run(llm, image_prompts(images)) == reference
+        assert len(processed) == 3  # (the third prompt's image is the second prompt's second)
+        assert run(llm, image_prompts([image.copy() for image in images])) == reference
+        assert len(processed) == 3
+        llm.reset_mm_cache()
+        assert run(llm, image_prompts(images)) == reference
+        assert len(processed) == 6
+    finally:
+        llm.shutdown()
+    llm = make_llm(llava, mm_processor_cache_gb=0)
+    try:
+        assert run(llm, image_prompts(images)) == reference
+        assert len(processed) == 10
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="mm_processor_cache_gb must be a number of GiB >= 0, got -1"):
+        EngineArgs(model=str(llava), mm_processor_cache_gb=-1).create_engine_config()
+
+
 def test_a_prompt_already_expanded_is_taken_as_it_is(llava: Path, images: list[Image.Image],
                                                      reference: list[list[int]]) -> None:
     llm = make_llm(llava)

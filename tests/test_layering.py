@@ -38,7 +38,7 @@ LAYERS: dict[str, int] = {
 BASE_MODULES = {"wire", "lora", "logits_processor", "config", "sampling_params", "pooling_params", "outputs", "lifecycle", "exceptions", "envs", "_C", "_bookkeeping", "bookkeeping", "_custom_ops", "gguf_convert", "version",
                 "config_fields", "hub", "cpu_info", "ragged", "host_to_device", "metrics_reader", "reasoning_tags",
                 "multimodal_checkpoints", "profiler_config", "rpc", "eagle_config", "medusa_config",
-                "vision_config"}
+                "vision_config", "sized_lru"}
 
 
 def _unit(module: str) -> str:

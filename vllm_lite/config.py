@@ -453,6 +453,8 @@ class ModelConfig:
     image_encoder: ImageEncoderConfig | None = None
     max_images_per_prompt: int = 0
     images_refused: str = ""
+    # vLLM's mm_processor_cache_gb in bytes: the client keeps processed images up to this (0: none)
+    mm_processor_cache_bytes: int = 0
 
     @property
     def runner(self) -> str:
@@ -784,6 +786,9 @@ class EngineArgs:
     # language model, and these take only "no such inputs" for it (language_model_only, or 0)
     language_model_only: bool = False
     limit_mm_per_prompt: dict[str, Any] | None = None
+    # vLLM's: GiB of processed images (pixel values) the client keeps by image content, so an image
+    # seen again skips the image processor (0: none kept)
+    mm_processor_cache_gb: float = 4.0
     # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
     # start_profile / stop_profile record torch profiler traces (profiler_config.py)
     profiler_config: dict[str, Any] | None = None
@@ -1112,7 +1117,14 @@ class EngineArgs:
             image_encoder=image_encoder if max_images else None,
             max_images_per_prompt=max_images,
             images_refused=images_refused or ("" if max_images else "limit_mm_per_prompt gives 0 images"),
+            mm_processor_cache_bytes=self._mm_processor_cache_bytes(),
         )
+
+    def _mm_processor_cache_bytes(self) -> int:
+        gib = self.mm_processor_cache_gb
+        _check(isinstance(gib, (int, float)) and not isinstance(gib, bool) and 0 <= gib < float("inf"),
+               f"mm_processor_cache_gb must be a number of GiB >= 0, got {gib!r}")
+        return int(gib * 2**30)
 
     def _pooler(self, hf: HFModelConfig, model_dir: Path, tokenizer: str) -> PoolerConfig | None:
         """The pooling runner's config, or None for the generate runner (vLLM's --runner,

@@ -26,7 +26,7 @@ class FakeEngine:
         self.errored = False  # AsyncLLM's: the engine is gone for good
         self.running: set[str] = set()
         self.aborted: list[str] = []
-        self.encoder_cache_resets = 0
+        self.encoder_cache_resets = self.mm_cache_resets = 0
         self.abort_requested: set[str] = set()
         self.params: list[SamplingParams] = []
         self.prompts: list[dict[str, Any]] = []
@@ -93,6 +93,9 @@ class FakeEngine:
 
     async def reset_encoder_cache(self) -> None:
         self.encoder_cache_resets += 1
+
+    async def reset_mm_cache(self) -> None:
+        self.mm_cache_resets += 1
 
     async def check_health(self) -> None:
         if self.dead:

@@ -130,7 +130,7 @@ def test_validation_messages_like_vllms(tokenizer: Any) -> None:
 def test_reset_prefix_cache_is_a_development_route(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's POST /reset_prefix_cache exists with VLLM_SERVER_DEV_MODE=1 only: {"success": false}
     while a request holds blocks, true when idle; reset_running_requests=true is refused by name.
-    POST /reset_encoder_cache too (200, empty), reaching the engine."""
+    POST /reset_encoder_cache and /reset_mm_cache too (200, empty), reaching the engine."""
     from vllm_lite.entrypoints.cli import build_parser
     from vllm_lite.entrypoints.openai.api_server import server_options_from
 
@@ -150,11 +150,13 @@ def test_reset_prefix_cache_is_a_development_route(tokenizer: Any, monkeypatch: 
             await running
             refused = await client.post("/reset_prefix_cache", params={"reset_running_requests": "true"})
             encoder = await client.post("/reset_encoder_cache")
-            return [idle, busy, refused, encoder]
-    idle, busy, refused, encoder = asyncio.run(go(True))
-    assert encoder.status_code == 200 and encoder.content == b"" and engine.encoder_cache_resets == 1
+            processor = await client.post("/reset_mm_cache")
+            return [idle, busy, refused, encoder, processor]
+    idle, busy, refused, encoder, processor = asyncio.run(go(True))
+    assert encoder.status_code == processor.status_code == 200 and encoder.content == processor.content == b""
+    assert engine.encoder_cache_resets == engine.mm_cache_resets == 1
     assert idle.json() == {"success": True} and busy.json() == {"success": False}
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "reset_running_requests"
-    idle, busy, _, encoder = asyncio.run(go(False))
-    assert idle.status_code == busy.status_code == encoder.status_code == 404
-    assert engine.encoder_cache_resets == 1
+    idle, busy, _, encoder, processor = asyncio.run(go(False))
+    assert idle.status_code == busy.status_code == encoder.status_code == processor.status_code == 404
+    assert engine.encoder_cache_resets == engine.mm_cache_resets == 1

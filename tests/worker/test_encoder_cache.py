@@ -44,7 +44,7 @@ def test_the_least_recently_used_image_leaves_first() -> None:
     assert _features(cache, encoder, 0) == [0.0] and encoder.encoded == [0, 1]  # found: 0 now the most recent
     assert _features(cache, encoder, 2, 0) == [2.0, 0.0] and encoder.encoded == [0, 1, 2]  # 1 left for 2
     assert _features(cache, encoder, 1) == [1.0] and encoder.encoded == [0, 1, 2, 1]
-    assert (cache.hits, cache.misses, cache.num_tokens) == (2, 4, 8)
+    assert (cache.hits, cache.misses, cache.kept.used) == (2, 4, 8)
 
 
 def test_an_image_over_the_budget_is_not_kept_and_kept_rows_are_their_own() -> None:
@@ -52,7 +52,7 @@ def test_an_image_over_the_budget_is_not_kept_and_kept_rows_are_their_own() -> N
     _features(cache, encoder, 3, 0)
     _features(cache, encoder, 3, 0)
     assert encoder.encoded == [3, 0, 3]
-    kept = cache.entries[_images().hashes[0]]
+    kept = cache.kept.entries[_images().hashes[0]]
     assert kept.shape == (4, 2) and kept.untyped_storage().nbytes() == kept.nbytes
     cache.clear()
-    assert (len(cache.entries), cache.num_tokens) == (0, 0)
+    assert (len(cache.kept.entries), cache.kept.used) == (0, 0)

@@ -321,6 +321,10 @@ class AsyncLLM:
     async def is_sleeping(self) -> bool:
         return await self.engine_core.is_sleeping_async()
 
+    async def reset_mm_cache(self) -> None:
+        """vLLM's: forget the processed images kept by their content (mm_processor_cache_gb)."""
+        self.input_processor.reset_mm_cache()
+
     async def reset_encoder_cache(self) -> None:
         """vLLM's: every worker forgets the image features it keeps for reuse."""
         await self.collective_rpc("reset_encoder_cache")

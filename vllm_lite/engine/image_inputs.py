@@ -7,13 +7,15 @@ Runs in the client process: the engine core and the workers receive pixel values
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import threading
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from vllm_lite.config import ModelConfig
 from vllm_lite.engine.request_checks import check_pixel_values
 from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.sized_lru import SizedLru
 from vllm_lite.wire import ImageInputs
 
 MODALITIES = ("image",)
@@ -46,21 +48,52 @@ def check_multi_modal_data(data: Any, model_config: ModelConfig) -> list[Any]:
     return images
 
 
+class ProcessedImage(NamedTuple):
+    """One image as the vision encoder takes it."""
+
+    pixel_values: np.ndarray  # float32 [channels, height, width]; LLaVA-NeXT: [tiles, channels, height, width]
+    size: tuple[int, int]  # the image's (height, width)
+    digest: bytes  # SHA-256 of the pixel values (LLaVA-NeXT: and the size): the prefix and encoder caches' key
+
+
 class ImageProcessor:
-    """The checkpoint's image processor (its preprocessor_config.json), loaded at the first image."""
+    """The checkpoint's image processor (its preprocessor_config.json), loaded at the first image.
+    An image processed before is taken from a cache by its content (vLLM's processor cache,
+    `mm_processor_cache_gb`), skipping the processor and the hashing of its pixel values."""
 
     def __init__(self, model_config: ModelConfig) -> None:
         self.model_config = model_config
         self._processor: Any = None
+        self._cache: SizedLru[ProcessedImage] = SizedLru(model_config.mm_processor_cache_bytes,
+                                                         lambda image: image.pixel_values.nbytes)
+        self._cache_lock = threading.Lock()  # (AsyncLLM processes prompts' images on worker threads)
 
-    def processed(self, images: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Pixel values as the model's encoder takes them (float32 [n, channels, height, width];
-        LLaVA-NeXT's [n, tiles, channels, height, width] with each image's (height, width))."""
+    def processed(self, images: list[Any]) -> list[ProcessedImage]:
+        rgb = [image.convert("RGB") for image in images]
+        keys = [_content_key(image) for image in rgb] if self._cache.budget else [None] * len(rgb)
+        with self._cache_lock:
+            found = [self._cache.get(key) if key is not None else None for key in keys]
+        missing = [i for i, image in enumerate(found) if image is None]
+        if missing:
+            made = self._process([rgb[i] for i in missing])
+            with self._cache_lock:
+                for i, image in zip(missing, made):
+                    found[i] = image
+                    if keys[i] is not None:
+                        self._cache.put(keys[i], image)
+        return found
+
+    def reset_cache(self) -> None:
+        with self._cache_lock:
+            self._cache.clear()
+
+    def _process(self, images: list[Any]) -> list[ProcessedImage]:
+        """RGB images through the checkpoint's processor, each image's own tiles kept."""
         config = self.model_config.image_encoder
         if self._processor is None:
             self._processor = _load_image_processor(self.model_config.model)
         try:
-            pixels = self._processor(images=[image.convert("RGB") for image in images], return_tensors="np")
+            pixels = self._processor(images=images, return_tensors="np")
         except (ValueError, OSError) as exc:
             raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
                                       parameter="multi_modal_data") from None
@@ -76,20 +109,43 @@ class ImageProcessor:
         except VLLMValidationError as exc:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
                                       f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
-        return values, sizes
+        made = []
+        for i, image in enumerate(images):
+            own = values[i, :config.tiles_for(image.height, image.width)] if config.any_resolution else values[i]
+            own = own.copy()  # (not a view: a kept image would keep the whole batch)
+            size = (image.height, image.width)
+            digest = hashlib.sha256(own.tobytes() + (np.array(size, np.int64).tobytes() if config.any_resolution
+                                                     else b"")).digest()
+            made.append(ProcessedImage(own, size, digest))
+        return made
 
     def inputs(self, images: list[Any], token_ids: list[int],
-               processed: tuple[np.ndarray, np.ndarray | None] | None = None) -> tuple[list[int], ImageInputs]:
+               processed: list[ProcessedImage] | None = None) -> tuple[list[int], ImageInputs]:
         """The prompt's token ids with each image's placeholder expanded, and its images
         (`processed`: what `processed(images)` gave, where the caller ran it already)."""
         config = self.model_config.image_encoder
-        values, sizes = processed if processed is not None else self.processed(images)
+        processed = processed if processed is not None else self.processed(images)
         lengths = placeholder_lengths(images, config)
         token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
-        hashes = [hashlib.sha256(np.ascontiguousarray(value).tobytes()
-                                 + (sizes[i].tobytes() if sizes is not None else b"")).digest()
-                  for i, value in enumerate(values)]
-        return token_ids, ImageInputs(values, offsets, lengths, hashes, sizes)
+        values, sizes = _stacked(processed, config.any_resolution)
+        return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
+
+
+def _content_key(image: Any) -> bytes:
+    """An RGB image's identity for the processor cache: its size and pixels."""
+    return hashlib.sha256(np.array(image.size, np.int64).tobytes() + image.tobytes()).digest()
+
+
+def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The prompt's pixel values in one array (LLaVA-NeXT's tiles zero-padded to the most an
+    image has, as transformers' processor pads a batch) and, for LLaVA-NeXT, the images' sizes."""
+    if not any_resolution:
+        return np.stack([image.pixel_values for image in images]), None
+    most = max(len(image.pixel_values) for image in images)
+    values = np.zeros((len(images), most, *images[0].pixel_values.shape[1:]), dtype=np.float32)
+    for i, image in enumerate(images):
+        values[i, :len(image.pixel_values)] = image.pixel_values
+    return values, np.array([image.size for image in images], dtype=np.int64)
 
 
 def placeholder_lengths(images: list[Any], config: Any) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 
 from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
-from vllm_lite.engine.image_inputs import ImageProcessor, check_multi_modal_data
+from vllm_lite.engine.image_inputs import ImageProcessor, ProcessedImage, check_multi_modal_data
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
 from vllm_lite.logits_processor import load_logits_processors
@@ -69,7 +69,7 @@ class InputProcessor:
 
     def process_prompt(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
                        lora_request: LoRARequest | None = None,
-                       processed_images: tuple[np.ndarray, np.ndarray | None] | None = None
+                       processed_images: list[ProcessedImage] | None = None
                        ) -> tuple[str | None, list[int], EngineCoreRequest]:
         """A generate request from any of vLLM's prompt forms: its text (None when it came as ids or
         embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
@@ -90,10 +90,13 @@ class InputProcessor:
         request.images = image_inputs
         return text, token_ids, request
 
-    def process_images(self, images: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
-        """The images' pixel values (and sizes) by the model's image processor: the costly part of
-        a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
+    def process_images(self, images: list[Any]) -> list[ProcessedImage]:
+        """The images' pixel values by the model's image processor (or its cache): the costly part
+        of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
         return self._images.processed(images)
+
+    def reset_mm_cache(self) -> None:
+        self._images.reset_cache()
 
     def images(self, prompt: PromptType) -> list[Any]:
         """The images of a prompt's vLLM `multi_modal_data` (checked against the model)."""

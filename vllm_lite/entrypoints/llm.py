@@ -434,6 +434,11 @@ class LLM:
                              "running requests have finished (or after LLM.sleep)")
         return self.llm_engine.reset_prefix_cache()
 
+    def reset_mm_cache(self) -> None:
+        """vLLM's: forget the processed images this client keeps by their content (up to
+        `mm_processor_cache_gb`); an image seen again is processed again."""
+        self.llm_engine.input_processor.reset_mm_cache()
+
     def reset_encoder_cache(self) -> None:
         """vLLM's: every worker forgets the image features it keeps for reuse (by image hash, up to
         a step's token budget of them); a weight update through `load_weights` does it itself."""

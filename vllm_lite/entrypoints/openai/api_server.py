@@ -720,6 +720,13 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
             logger.info("resetting the prefix cache")
             return JSONResponse({"success": bool(await ctx.engine.reset_prefix_cache())})
 
+        @app.post("/reset_mm_cache")
+        async def reset_mm_cache() -> Response:
+            """vLLM's development route: this server forgets the processed images it keeps."""
+            logger.info("resetting the multi-modal processor cache")
+            await ctx.engine.reset_mm_cache()
+            return Response(status_code=200)
+
         @app.post("/reset_encoder_cache")
         async def reset_encoder_cache() -> Response:
             """vLLM's development route: the workers forget the image features kept for reuse."""
