@@ -246,6 +246,46 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
         EngineArgs(model=str(llava), mm_processor_cache_gb=-1).create_engine_config()
 
 
+def test_multi_modal_uuids_name_images_that_need_not_be_sent_again(llava: Path, images: list[Image.Image],
+                                                                   reference: list[list[int]],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's multi_modal_uuids: the caller's id stands for an image in the caches (None: its
+    content does), so a prompt may give None for an image processed before under its id; an id
+    that names nothing kept, or uuids that do not match the images, are refused by name."""
+    from vllm_lite.engine.image_inputs import ImageProcessor
+
+    processed: list[Image.Image] = []
+    process = ImageProcessor._process
+    monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
+    uuids = [["a"], ["b", None], "c"]
+
+    def prompts(given: list[list]) -> list[dict]:
+        return [{"prompt_token_ids": prompt, "multi_modal_data": {"image": items}, "multi_modal_uuids": {"image": ids}}
+                for prompt, items, ids in zip(PROMPTS, given, uuids)]
+    llm = make_llm(llava)
+    try:
+        assert run(llm, prompts([[images[0]], [images[1], images[2]], [images[2]]])) == reference
+        assert len(processed) == 4  # (image 2 once by its content, once as "c")
+        assert run(llm, prompts([[None], [None, images[2]], [None]])) == reference
+        assert len(processed) == 4
+        # the id, not the content, is the image: another picture under "a" reads as a's
+        assert run(llm, [{"prompt_token_ids": PROMPTS[0], "multi_modal_data": {"image": images[1]},
+                          "multi_modal_uuids": {"image": "a"}}]) == reference[:1]
+        refusals = [({"image": [None]}, {"image": ["never-seen"]}, "'never-seen' names no image processed before"),
+                    ({"image": [images[0]]}, {"image": ["a", "b"]}, "must give a non-empty string or None for each"),
+                    ({"image": [None]}, None, "must be a PIL.Image.Image"),
+                    ({"image": [images[0]]}, {"video": ["v"]}, "multi_modal_uuids must be a dict with the key 'image'")]
+        for data, ids, message in refusals:
+            with pytest.raises(ValueError, match=message):
+                llm.generate({"prompt_token_ids": PROMPTS[0], "multi_modal_data": data, "multi_modal_uuids": ids},
+                             GREEDY, use_tqdm=False)
+        with pytest.raises(ValueError, match="multi_modal_uuids without multi_modal_data"):
+            llm.generate({"prompt_token_ids": [5, 6], "multi_modal_uuids": {"image": "a"}}, GREEDY, use_tqdm=False)
+        assert run(llm, image_prompts(images)) == reference  # (the engine still answers)
+    finally:
+        llm.shutdown()
+
+
 def test_a_prompt_already_expanded_is_taken_as_it_is(llava: Path, images: list[Image.Image],
                                                      reference: list[list[int]]) -> None:
     llm = make_llm(llava)

@@ -215,8 +215,8 @@ class AsyncLLM:
             raise self.dead_error
         self.check_admission(params.n)
         self._start_output_handler()
-        images = self.input_processor.images(prompt)  # (resizing images takes milliseconds: off the loop)
-        processed = await asyncio.to_thread(self.input_processor.process_images, images) if images else None
+        images, uuids = self.input_processor.images(prompt)  # (resizing images takes milliseconds: off the loop)
+        processed = await asyncio.to_thread(self.input_processor.process_images, images, uuids) if images else None
         text, token_ids, request = self.input_processor.process_prompt(request_id, prompt, params, priority,
                                                                       lora_request, processed)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)

@@ -21,9 +21,11 @@ from vllm_lite.wire import ImageInputs
 MODALITIES = ("image",)
 
 
-def check_multi_modal_data(data: Any, model_config: ModelConfig) -> list[Any]:
-    """The images of a prompt's `multi_modal_data` (an image or a list of them), refused by name
-    where this model takes none or the data is not images."""
+def check_multi_modal_data(data: Any, model_config: ModelConfig,
+                           uuids: Any = None) -> tuple[list[Any], list[str | None]]:
+    """The images of a prompt's `multi_modal_data` (an image or a list of them) and their vLLM
+    `multi_modal_uuids` (None: identified by content), refused by name where this model takes
+    none or the data is not images. An image may be None where its uuid names one processed before."""
     if not isinstance(data, dict):
         raise VLLMValidationError(f"multi_modal_data must be a dict of modality -> data, got {type(data).__name__}",
                                   parameter="multi_modal_data")
@@ -39,13 +41,32 @@ def check_multi_modal_data(data: Any, model_config: ModelConfig) -> list[Any]:
     if len(images) > model_config.max_images_per_prompt:
         raise VLLMValidationError(f"At most {model_config.max_images_per_prompt} image(s) may be provided in one "
                                   f"prompt, got {len(images)} (limit_mm_per_prompt)", parameter="multi_modal_data")
+    image_uuids = _image_uuids(uuids, len(images))
     from PIL import Image
 
-    for image in images:
-        if not isinstance(image, Image.Image):
-            raise VLLMValidationError(f"multi_modal_data image must be a PIL.Image.Image, got {type(image).__name__}",
+    for image, uuid in zip(images, image_uuids):
+        if not isinstance(image, Image.Image) and not (image is None and uuid is not None):
+            raise VLLMValidationError(f"multi_modal_data image must be a PIL.Image.Image, got {type(image).__name__} "
+                                      f"(None only where multi_modal_uuids names the image)",
                                       parameter="multi_modal_data")
-    return images
+    return images, image_uuids
+
+
+def _image_uuids(uuids: Any, count: int) -> list[str | None]:
+    """vLLM's multi_modal_uuids for a prompt's `count` images: {"image": uuid or [uuid or None, ...]}."""
+    if uuids is None:
+        return [None] * count
+    if not isinstance(uuids, dict) or any(key not in MODALITIES for key in uuids):
+        raise VLLMValidationError(f"multi_modal_uuids must be a dict with the key 'image' (the one modality taken "
+                                  f"here), got {uuids!r:.200}", parameter="multi_modal_uuids")
+    given = uuids.get("image")
+    given = [given] if isinstance(given, str) or given is None else given
+    if not (isinstance(given, (list, tuple)) and len(given) == count
+            and all(uuid is None or isinstance(uuid, str) and uuid for uuid in given)):
+        raise VLLMValidationError(f"multi_modal_uuids['image'] must give a non-empty string or None for each of the "
+                                  f"prompt's {count} image(s), got {uuids.get('image')!r:.200}",
+                                  parameter="multi_modal_uuids")
+    return list(given)
 
 
 class ProcessedImage(NamedTuple):
@@ -68,16 +89,26 @@ class ImageProcessor:
                                                          lambda image: image.pixel_values.nbytes)
         self._cache_lock = threading.Lock()  # (AsyncLLM processes prompts' images on worker threads)
 
-    def processed(self, images: list[Any]) -> list[ProcessedImage]:
-        rgb = [image.convert("RGB") for image in images]
-        keys = [_content_key(image) for image in rgb] if self._cache.budget else [None] * len(rgb)
+    def processed(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
+        """Each image processed, or taken from the cache by its uuid or its content (an image
+        given as None: by its uuid, which must be there)."""
+        rgb = [image.convert("RGB") if image is not None else None for image in images]
+        keys = [_uuid_key(uuid) if uuid is not None else _content_key(image) if self._cache.budget else None
+                for image, uuid in zip(rgb, uuids)]
         with self._cache_lock:
             found = [self._cache.get(key) if key is not None else None for key in keys]
+        for i, (image, uuid) in enumerate(zip(images, uuids)):
+            if image is None and found[i] is None:
+                raise VLLMValidationError(f"multi_modal_data image {i} is None, and its multi_modal_uuids entry "
+                                          f"{uuid!r} names no image processed before (kept up to "
+                                          f"mm_processor_cache_gb): send the image", parameter="multi_modal_data")
         missing = [i for i, image in enumerate(found) if image is None]
         if missing:
             made = self._process([rgb[i] for i in missing])
             with self._cache_lock:
                 for i, image in zip(missing, made):
+                    if uuids[i] is not None:  # (vLLM's: the uuid identifies the image in the caches)
+                        image = image._replace(digest=_uuid_key(uuids[i]))
                     found[i] = image
                     if keys[i] is not None:
                         self._cache.put(keys[i], image)
@@ -119,16 +150,20 @@ class ImageProcessor:
             made.append(ProcessedImage(own, size, digest))
         return made
 
-    def inputs(self, images: list[Any], token_ids: list[int],
+    def inputs(self, images: list[Any], uuids: list[str | None], token_ids: list[int],
                processed: list[ProcessedImage] | None = None) -> tuple[list[int], ImageInputs]:
         """The prompt's token ids with each image's placeholder expanded, and its images
-        (`processed`: what `processed(images)` gave, where the caller ran it already)."""
+        (`processed`: what `processed(images, uuids)` gave, where the caller ran it already)."""
         config = self.model_config.image_encoder
-        processed = processed if processed is not None else self.processed(images)
-        lengths = placeholder_lengths(images, config)
+        processed = processed if processed is not None else self.processed(images, uuids)
+        lengths = placeholder_lengths([image.size for image in processed], config)
         token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
         values, sizes = _stacked(processed, config.any_resolution)
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
+
+
+def _uuid_key(uuid: str) -> bytes:
+    return hashlib.sha256(b"\0vllm_lite image uuid\0" + uuid.encode()).digest()
 
 
 def _content_key(image: Any) -> bytes:
@@ -148,9 +183,10 @@ def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.nda
     return values, np.array([image.size for image in images], dtype=np.int64)
 
 
-def placeholder_lengths(images: list[Any], config: Any) -> np.ndarray:
-    """Each (PIL) image's placeholder tokens: one per feature it becomes (vision_config.py)."""
-    return np.array([config.tokens_for(image.height, image.width) for image in images], dtype=np.int64)
+def placeholder_lengths(sizes: list[tuple[int, int]], config: Any) -> np.ndarray:
+    """The placeholder tokens of images of these (height, width): one per feature each becomes
+    (vision_config.py)."""
+    return np.array([config.tokens_for(height, width) for height, width in sizes], dtype=np.int64)
 
 
 def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_id: int) -> tuple[list[int], np.ndarray]:

@@ -48,7 +48,7 @@ class EmbedsPrompt(TypedDict, total=False):
 
 PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt, dict[str, Any]]
 # of vLLM's TextPrompt / TokensPrompt / EmbedsPrompt
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "multi_modal_data", "cache_salt")
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "multi_modal_data", "multi_modal_uuids", "cache_salt")
 
 
 class InputProcessor:
@@ -75,7 +75,7 @@ class InputProcessor:
         embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
         engine-core request."""
         embeds = self.prompt_embeds(prompt)
-        images = self.images(prompt)
+        images, uuids = self.images(prompt)
         if embeds is None:
             text, token_ids = self.tokenize(prompt, images_allowed=True)
         else:
@@ -83,29 +83,33 @@ class InputProcessor:
             refuse_with_prompt_embeds(params)
         image_inputs = None
         if images:
-            token_ids, image_inputs = self._images.inputs(images, token_ids, processed_images)
+            token_ids, image_inputs = self._images.inputs(images, uuids, token_ids, processed_images)
         request = self.process(request_id, token_ids, params, self.cache_salt(prompt), priority,
                                lora_request=lora_request)
         request.prompt_embeds = embeds
         request.images = image_inputs
         return text, token_ids, request
 
-    def process_images(self, images: list[Any]) -> list[ProcessedImage]:
+    def process_images(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
         """The images' pixel values by the model's image processor (or its cache): the costly part
         of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
-        return self._images.processed(images)
+        return self._images.processed(images, uuids)
 
     def reset_mm_cache(self) -> None:
         self._images.reset_cache()
 
-    def images(self, prompt: PromptType) -> list[Any]:
-        """The images of a prompt's vLLM `multi_modal_data` (checked against the model)."""
+    def images(self, prompt: PromptType) -> tuple[list[Any], list[str | None]]:
+        """The images of a prompt's vLLM `multi_modal_data` and their `multi_modal_uuids` (checked
+        against the model)."""
         if not isinstance(prompt, dict) or prompt.get("multi_modal_data") is None:
-            return []
+            if isinstance(prompt, dict) and prompt.get("multi_modal_uuids") is not None:
+                raise VLLMValidationError("multi_modal_uuids without multi_modal_data: give the images they name "
+                                          "(None for those processed before)", parameter="multi_modal_uuids")
+            return [], []
         if prompt.get("prompt_embeds") is not None:
             raise VLLMValidationError("a prompt with prompt_embeds takes no multi_modal_data",
                                       parameter="multi_modal_data")
-        return check_multi_modal_data(prompt["multi_modal_data"], self.model_config)
+        return check_multi_modal_data(prompt["multi_modal_data"], self.model_config, prompt.get("multi_modal_uuids"))
 
     def prompt_embeds(self, prompt: PromptType) -> np.ndarray | None:
         """A prompt's `prompt_embeds` checked against the model (vLLM's rules: 2-D, or 3-D with a

@@ -54,7 +54,7 @@ class Tokenization:
     def prompt(self, tokenizer: Any, prompt: PromptType, default_special: bool = True) -> dict[str, Any]:
         """`prompt` as a token prompt: its text encoded with these options, its ids truncated."""
         # (the keys that ride along with the tokens)
-        salt = ({key: prompt[key] for key in ("cache_salt", "multi_modal_data") if key in prompt}
+        salt = ({key: prompt[key] for key in ("cache_salt", "multi_modal_data", "multi_modal_uuids") if key in prompt}
                 if isinstance(prompt, dict) else {})
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             text, ids = prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]

@@ -376,7 +376,7 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     encoder = ctx.engine.vllm_config.model_config.image_encoder
     try:
-        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], placeholder_lengths(images, encoder),
+        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], placeholder_lengths([(image.height, image.width) for image in images], encoder),
                                            encoder.image_token_id)
     except VLLMValidationError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
