@@ -97,12 +97,7 @@ class ImageProcessor:
                 for image, uuid in zip(rgb, uuids)]
         with self._cache_lock:
             found = [self._cache.get(key) if key is not None else None for key in keys]
-        for i, (image, uuid) in enumerate(zip(images, uuids)):
-            if image is None and found[i] is None:
-                raise VLLMValidationError(f"multi_modal_data image {i} is None, and its multi_modal_uuids entry "
-                                          f"{uuid!r} names no image processed before (kept up to "
-                                          f"mm_processor_cache_gb): send the image", parameter="multi_modal_data")
-        missing = [i for i, image in enumerate(found) if image is None]
+        missing = [i for i, image in enumerate(found) if image is None and rgb[i] is not None]
         if missing:
             made = self._process([rgb[i] for i in missing])
             with self._cache_lock:
@@ -112,6 +107,14 @@ class ImageProcessor:
                     found[i] = image
                     if keys[i] is not None:
                         self._cache.put(keys[i], image)
+        made_here = {keys[i]: found[i] for i in missing}
+        for i, uuid in enumerate(uuids):
+            if found[i] is None:  # (an image given as None; its id may name an image earlier in the prompt)
+                found[i] = made_here.get(keys[i])
+            if found[i] is None:
+                raise VLLMValidationError(f"multi_modal_data image {i} is None, and its multi_modal_uuids entry "
+                                          f"{uuid!r} names no image processed before (kept up to "
+                                          f"mm_processor_cache_gb): send the image", parameter="multi_modal_data")
         return found
 
     def reset_cache(self) -> None:
