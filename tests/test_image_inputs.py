@@ -279,6 +279,13 @@ def test_multi_modal_uuids_name_images_that_need_not_be_sent_again(llava: Path, 
             with pytest.raises(ValueError, match=message):
                 llm.generate({"prompt_token_ids": PROMPTS[0], "multi_modal_data": data, "multi_modal_uuids": ids},
                              GREEDY, use_tqdm=False)
+        chat = [{"role": "user", "content": [{"type": "image_pil", "image_pil": images[1], "uuid": "d"},
+                                             {"type": "text", "text": "the cat"}]}]
+        first = llm.chat(chat, GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)[0]
+        chat[0]["content"][0]["image_pil"] = None
+        again = llm.chat(chat, GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)[0]
+        assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+        assert len(processed) == 5
         with pytest.raises(ValueError, match="multi_modal_uuids without multi_modal_data"):
             llm.generate({"prompt_token_ids": [5, 6], "multi_modal_uuids": {"image": "a"}}, GREEDY, use_tqdm=False)
         assert run(llm, image_prompts(images)) == reference  # (the engine still answers)

@@ -70,6 +70,25 @@ def test_chat_with_images_answers_as_transformers(server: LiveServer, tiny_llava
     assert other.json()["choices"][0]["token_ids"] != body["choices"][0]["token_ids"]  # (the images' order matters)
 
 
+def test_an_image_part_s_uuid_lets_a_later_request_leave_the_image_out(server: LiveServer) -> None:
+    """vLLM's `uuid` on image parts: a later request may give `image_url: null` with the uuid of an
+    image sent before and is answered as if it had sent it again; a uuid naming nothing sent, or a
+    part with neither, is a 400 naming it."""
+    image = _image(4)
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
+        sent = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(image)}, "uuid": "photo-4"},
+                              {"type": "text", "text": "the cat"}])
+        left_out = _chat(client, [{"type": "image_url", "image_url": None, "uuid": "photo-4"},
+                                  {"type": "text", "text": "the cat"}])
+        unknown = _chat(client, [{"type": "image_url", "image_url": None, "uuid": "photo-never-sent"}])
+        neither = _chat(client, [{"type": "image_url", "image_url": None}])
+    assert sent.status_code == left_out.status_code == 200, (sent.text, left_out.text)
+    assert left_out.json()["choices"][0]["token_ids"] == sent.json()["choices"][0]["token_ids"]
+    assert left_out.json()["prompt_token_ids"] == sent.json()["prompt_token_ids"]
+    assert unknown.status_code == 400 and "'photo-never-sent' names no image processed before" in unknown.text
+    assert neither.status_code == 400 and "needs the uuid of an image sent before" in neither.text
+
+
 def test_what_cannot_be_read_is_a_400_and_the_server_goes_on(server: LiveServer) -> None:
     with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=60) as client:
         not_base64 = _chat(client, [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}])

@@ -112,10 +112,24 @@ class ImageProcessor:
             if found[i] is None:  # (an image given as None; its id may name an image earlier in the prompt)
                 found[i] = made_here.get(keys[i])
             if found[i] is None:
-                raise VLLMValidationError(f"multi_modal_data image {i} is None, and its multi_modal_uuids entry "
-                                          f"{uuid!r} names no image processed before (kept up to "
-                                          f"mm_processor_cache_gb): send the image", parameter="multi_modal_data")
+                raise _not_kept(i, uuid)
         return found
+
+    def sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
+        """Each image's (height, width); an image given as None: that of the image its uuid names
+        (earlier in the prompt, or processed before)."""
+        given = {uuid: (image.height, image.width) for image, uuid in zip(images, uuids) if image is not None}
+        sizes = []
+        for i, (image, uuid) in enumerate(zip(images, uuids)):
+            if image is not None:
+                sizes.append((image.height, image.width))
+                continue
+            with self._cache_lock:
+                kept = self._cache.get(_uuid_key(uuid))
+            if kept is None and uuid not in given:
+                raise _not_kept(i, uuid)
+            sizes.append(kept.size if kept is not None else given[uuid])
+        return sizes
 
     def reset_cache(self) -> None:
         with self._cache_lock:
@@ -163,6 +177,12 @@ class ImageProcessor:
         token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
         values, sizes = _stacked(processed, config.any_resolution)
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
+
+
+def _not_kept(index: int, uuid: str | None) -> VLLMValidationError:
+    return VLLMValidationError(f"multi_modal_data image {index} is None, and its multi_modal_uuids entry {uuid!r} "
+                               f"names no image processed before (kept up to mm_processor_cache_gb): send the image",
+                               parameter="multi_modal_data")
 
 
 def _uuid_key(uuid: str) -> bytes:

@@ -95,6 +95,11 @@ class InputProcessor:
         of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
         return self._images.processed(images, uuids)
 
+    def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
+        """Each image's (height, width), an image left out (None) by its uuid's: what its placeholder
+        count depends on."""
+        return self._images.sizes(images, uuids)
+
     def reset_mm_cache(self) -> None:
         self._images.reset_cache()
 

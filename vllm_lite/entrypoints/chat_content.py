@@ -24,7 +24,9 @@ CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 TEXT_PART_FIELDS = frozenset({"type", "text"})
-IMAGE_PART_FIELDS = {"image_url": frozenset({"type", "image_url"}), "image_pil": frozenset({"type", "image_pil"})}
+# ("uuid": vLLM's id of the image for its caches; with it the image may be left out, None, once sent)
+IMAGE_PART_FIELDS = {"image_url": frozenset({"type", "image_url", "uuid"}),
+                     "image_pil": frozenset({"type", "image_pil", "uuid"})}
 IMAGE_PART_TYPES = tuple(IMAGE_PART_FIELDS)
 # OpenAI's resolution hint: the model's image processor fixes the resolution, so each is the same
 # here (as in vLLM)
@@ -62,6 +64,11 @@ def _check_image_part(part: dict[str, Any]) -> None:
     unknown = sorted(set(part) - IMAGE_PART_FIELDS[kind])
     if unknown:
         raise ValueError(f"an {kind} content part's field(s) {unknown} are not implemented")
+    uuid = part.get("uuid")
+    if uuid is not None and not (isinstance(uuid, str) and uuid):
+        raise ValueError(f"an {kind} content part's uuid must be a non-empty string, got {uuid!r:.100}")
+    if part.get(kind) is None and uuid is None:
+        raise ValueError(f"an {kind} content part without its {kind} needs the uuid of an image sent before")
     url = part.get("image_url")
     if kind == "image_url" and isinstance(url, dict):
         unknown = sorted(set(url) - {"url", "detail"})
@@ -103,8 +110,15 @@ def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
     return [load_image(source) if isinstance(source, str) else source for source in image_sources(conversation)]
 
 
+def image_uuids(conversation: list[dict[str, Any]]) -> list[str | None]:
+    """Each image part's vLLM `uuid` (None where it has none), in order."""
+    return [part.get("uuid") for message in conversation for part in content_parts(message.get("content"))
+            if part["type"] in IMAGE_PART_TYPES]
+
+
 def image_sources(conversation: list[dict[str, Any]]) -> list[Any]:
-    """Each image part's URL (`image_url`) or PIL image (`image_pil`), in order."""
+    """Each image part's URL (`image_url`) or PIL image (`image_pil`), in order (None: left out,
+    its uuid naming it)."""
     sources = []
     for message in conversation:
         for part in content_parts(message.get("content")):

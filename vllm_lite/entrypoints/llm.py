@@ -12,8 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from vllm_lite.entrypoints.chat_content import (conversation_images, image_placeholder, resolve_content_format,
-                                               with_content_format)
+from vllm_lite.entrypoints.chat_content import (conversation_images, image_placeholder, image_uuids,
+                                               resolve_content_format, with_content_format)
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
@@ -366,6 +366,7 @@ class LLM:
             try:
                 messages = with_content_format(conversation, content_format, placeholder, model_config.images_refused)
                 images = conversation_images(conversation) if placeholder is not None else []
+                uuids = image_uuids(conversation) if images else []
             except ValueError as exc:
                 raise VLLMValidationError(str(exc), parameter="messages") from None
             text = tokenizer.apply_chat_template(
@@ -373,7 +374,10 @@ class LLM:
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 **({"tools": tools} if tools else {}), **(chat_template_kwargs or {}))
             prompt = tokenization.prompt(tokenizer, text, default_special=False)
-            prompts.append({**prompt, "multi_modal_data": {"image": images}} if images else prompt)
+            if images:
+                prompt = {**prompt, "multi_modal_data": {"image": images},
+                          **({"multi_modal_uuids": {"image": uuids}} if any(uuids) else {})}
+            prompts.append(prompt)
         return prompts
 
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,

@@ -24,7 +24,7 @@ from vllm_lite.config import VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.engine.image_inputs import expand_placeholders, placeholder_lengths
 from vllm_lite.exceptions import VLLMValidationError
-from vllm_lite.entrypoints.chat_content import image_sources, resolve_content_format, with_content_format
+from vllm_lite.entrypoints.chat_content import image_sources, image_uuids, resolve_content_format, with_content_format
 from vllm_lite.entrypoints.media import IMAGE_FETCH_TIMEOUT_S, load_image_bytes, open_image
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
@@ -88,6 +88,8 @@ class EngineClient(Protocol):
     async def reset_encoder_cache(self) -> None: ...
 
     async def reset_mm_cache(self) -> None: ...
+
+    def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]: ...
 
     # (the development routes': VLLM_SERVER_DEV_MODE=1)
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
@@ -371,17 +373,19 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         sources = image_sources(conversation)
         if not sources:
             return prompt
+        uuids = image_uuids(conversation)
         images = await _loaded_images(sources)
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     encoder = ctx.engine.vllm_config.model_config.image_encoder
     try:
-        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], placeholder_lengths([(image.height, image.width) for image in images], encoder),
-                                           encoder.image_token_id)
+        lengths = placeholder_lengths(ctx.engine.image_sizes(images, uuids), encoder)
+        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], lengths, encoder.image_token_id)
     except VLLMValidationError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     check_length(ctx, len(token_ids), "messages")
-    return {**prompt, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images}}
+    return {**prompt, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images},
+            **({"multi_modal_uuids": {"image": uuids}} if any(uuids) else {})}
 
 
 async def _loaded_images(sources: list[Any]) -> list[Any]:
