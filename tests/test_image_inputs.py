@@ -225,7 +225,7 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
     processed: list[Image.Image] = []
     process = ImageProcessor._process
     monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
-    llm = make_llm(llava)
+    llm = make_llm(llava, disable_log_stats=False)
     try:
         assert run(llm, image_prompts(images)) == reference
         assert len(processed) == 3  # (the third prompt's image is the second prompt's second)
@@ -234,6 +234,8 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
         llm.reset_mm_cache()
         assert run(llm, image_prompts(images)) == reference
         assert len(processed) == 6
+        metrics = {metric.name: metric.value for metric in llm.get_metrics() if metric.name.startswith("vllm:mm_")}
+        assert metrics == {"vllm:mm_cache_queries": 12, "vllm:mm_cache_hits": 1 + 4 + 1}  # (vLLM's, in images)
     finally:
         llm.shutdown()
     llm = make_llm(llava, mm_processor_cache_gb=0)

@@ -82,11 +82,15 @@ def test_an_image_part_s_uuid_lets_a_later_request_leave_the_image_out(server: L
                                   {"type": "text", "text": "the cat"}])
         unknown = _chat(client, [{"type": "image_url", "image_url": None, "uuid": "photo-never-sent"}])
         neither = _chat(client, [{"type": "image_url", "image_url": None}])
+        metrics = client.get("/metrics").text
     assert sent.status_code == left_out.status_code == 200, (sent.text, left_out.text)
     assert left_out.json()["choices"][0]["token_ids"] == sent.json()["choices"][0]["token_ids"]
     assert left_out.json()["prompt_token_ids"] == sent.json()["prompt_token_ids"]
     assert unknown.status_code == 400 and "'photo-never-sent' names no image processed before" in unknown.text
     assert neither.status_code == 400 and "needs the uuid of an image sent before" in neither.text
+    counts = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+              if line.startswith(("vllm:mm_cache_queries_total{", "vllm:mm_cache_hits_total{"))}
+    assert counts["vllm:mm_cache_hits_total"] >= 1 and counts["vllm:mm_cache_queries_total"] >= 3  # (vLLM's names)
 
 
 def test_what_cannot_be_read_is_a_400_and_the_server_goes_on(server: LiveServer) -> None:

@@ -276,7 +276,7 @@ class AsyncLLM:
 
     # ---- engine-wide calls ----
     async def get_stats(self) -> dict[str, Any]:
-        return await self.engine_core.get_stats_async()
+        return {**await self.engine_core.get_stats_async(), **self.input_processor.mm_cache_stats()}
 
     async def reset_prefix_cache(self) -> bool:
         return await self.engine_core.reset_prefix_cache_async()

@@ -88,6 +88,8 @@ class ImageProcessor:
         self._cache: SizedLru[ProcessedImage] = SizedLru(model_config.mm_processor_cache_bytes,
                                                          lambda image: image.pixel_values.nbytes)
         self._cache_lock = threading.Lock()  # (AsyncLLM processes prompts' images on worker threads)
+        self.cache_queries = 0  # (vLLM's vllm:mm_cache_queries / _hits: images looked up, images found)
+        self.cache_hits = 0
 
     def processed(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
         """Each image processed, or taken from the cache by its uuid or its content (an image
@@ -97,6 +99,8 @@ class ImageProcessor:
                 for image, uuid in zip(rgb, uuids)]
         with self._cache_lock:
             found = [self._cache.get(key) if key is not None else None for key in keys]
+            self.cache_queries += sum(key is not None for key in keys)
+            self.cache_hits += sum(image is not None for image in found)
         missing = [i for i, image in enumerate(found) if image is None and rgb[i] is not None]
         if missing:
             made = self._process([rgb[i] for i in missing])

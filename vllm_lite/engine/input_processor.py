@@ -100,6 +100,10 @@ class InputProcessor:
         count depends on."""
         return self._images.sizes(images, uuids)
 
+    def mm_cache_stats(self) -> dict[str, int]:
+        """The processor cache's lookups and hits, in images (vLLM's vllm:mm_cache_queries / _hits)."""
+        return {"mm_cache_queries": self._images.cache_queries, "mm_cache_hits": self._images.cache_hits}
+
     def reset_mm_cache(self) -> None:
         self._images.reset_cache()
 

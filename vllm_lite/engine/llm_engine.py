@@ -129,7 +129,7 @@ class LLMEngine:
         return self.output_processor.has_unfinished_requests()
 
     def get_stats(self) -> dict[str, Any]:
-        return self.engine_core.get_stats()
+        return {**self.engine_core.get_stats(), **self.input_processor.mm_cache_stats()}
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()

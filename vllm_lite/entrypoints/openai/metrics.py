@@ -6,7 +6,8 @@ ones vLLM does not have are `vllm_lite:` (`vllm_lite:prefix_cache_hit_rate`,
 
 Three sources, each counted where vLLM counts it:
 - the engine's own counters (`get_stats()`: running/waiting requests, KV blocks, prefix-cache
-  queries and hits, preemptions), read at scrape time by `EngineStatsCollector`;
+  queries and hits, preemptions, and the client's processor-cache queries and hits), read at
+  scrape time by `EngineStatsCollector`;
 - each engine step's IterationStats (engine/stats.py: engine-core timestamps), passed to
   `record_iteration` by AsyncLLM: tokens per step, the generated tokens' counter (once a step, as
   vLLM counts it, not once per streamed output), inter-token latency, and for finished requests
@@ -80,6 +81,10 @@ class EngineStatsCollector:
         yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", hits)
         yield self._counter("vllm:num_preemptions", "Requests preempted (KV blocks ran out).",
                             stats.get("num_preemptions", 0))
+        yield self._counter("vllm:mm_cache_queries", "Images looked up in this client's processor cache.",
+                            stats.get("mm_cache_queries", 0))
+        yield self._counter("vllm:mm_cache_hits", "Images found in this client's processor cache.",
+                            stats.get("mm_cache_hits", 0))
         if "max_lora" in stats:  # an engine serving LoRA adapters: vLLM's info gauge, set to the time
             info = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
                                      labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
