@@ -224,8 +224,8 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def image_host() -> Iterator[str]:
-    """A local HTTP server (real sockets) with one PNG, a random 64 x 72 image, at /cat.png;
-    anything else is a 404."""
+    """A local HTTP server (real sockets) with one PNG, a random 64 x 72 image, at /cat.png, and
+    /to-localhost.png redirecting to it under the host name localhost; anything else is a 404."""
     import http.server
     import io
     import threading
@@ -237,6 +237,11 @@ def image_host() -> Iterator[str]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/to-localhost.png":
+                self.send_response(302)
+                self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/cat.png")
+                self.end_headers()
+                return
             found = self.path == "/cat.png"
             self.send_response(200 if found else 404)
             self.send_header("Content-Type", "image/png")

@@ -350,6 +350,38 @@ def test_chat_fetches_http_image_urls(llava: Path, image_host: str) -> None:
     assert list(fetched.prompt_token_ids).count(IMAGE_TOKEN_ID) == TOKENS_PER_IMAGE
 
 
+def test_image_urls_reach_only_where_the_media_flags_allow(llava: Path, images: list[Image.Image], image_host: str,
+                                                          tmp_path: Path) -> None:
+    """vLLM's allowed_local_media_path (file: URLs read only under it, a link out of it refused)
+    and allowed_media_domains (every host a fetch reaches, a redirect's too, must be listed)."""
+    folder, outside = tmp_path / "media", tmp_path / "outside.png"
+    folder.mkdir()
+    images[0].save(folder / "a.png")
+    images[0].save(outside)
+    (folder / "link.png").symlink_to(outside)
+    llm = make_llm(llava, allowed_local_media_path=str(folder), allowed_media_domains=["127.0.0.1"])
+
+    def chat(url: str) -> list[int]:
+        return list(llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                             GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)[0].outputs[0].token_ids)
+    port = image_host.rsplit(":", 1)[1]
+    try:
+        assert chat(f"file://{folder / 'a.png'}") == chat(_data_url(images[0]))
+        assert chat(f"{image_host}/cat.png")  # (127.0.0.1 is listed)
+        refusals = [(f"file://{folder / 'link.png'}", "is not under --allowed-local-media-path"),
+                    (f"file://{folder / '..' / 'outside.png'}", "is not under --allowed-local-media-path"),
+                    (f"file://{folder / 'missing.png'}", "could not be read"),
+                    (f"http://localhost:{port}/cat.png", "the host 'localhost' of .* is not one of --allowed-media"),
+                    (f"{image_host}/to-localhost.png", "the host 'localhost' of .* is not one of --allowed-media")]
+        for url, message in refusals:
+            with pytest.raises(ValueError, match=message):
+                chat(url)
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValueError, match="allowed_local_media_path='/no/such/folder' is not an existing folder"):
+        EngineArgs(model=str(llava), allowed_local_media_path="/no/such/folder").create_engine_config()
+
+
 def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Image.Image], tiny_llama: Path,
                                                     tmp_path: Path) -> None:
     llm = make_llm(llava, limit_mm_per_prompt={"image": 2})
@@ -370,7 +402,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Im
                 r"modalities \['video'\] are not implemented")
         refused({"prompt_token_ids": [5] * 250 + [IMAGE_TOKEN_ID], "multi_modal_data": {"image": images[0]}},
                 "max_model_len")
-        with pytest.raises(ValueError, match="image_url: URLs of scheme 'file' are not implemented"):
+        with pytest.raises(ValueError, match="file: URLs are read only with --allowed-local-media-path"):
             llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///x.png"}}]}],
                      GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)
         with pytest.raises(ValueError, match="multi_modal_data is taken by generate only"):

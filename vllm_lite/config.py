@@ -416,6 +416,15 @@ def sampling_defaults(generation_cfg: dict[str, Any], overrides: dict[str, Any])
     return picked
 
 
+@dataclass(frozen=True)
+class MediaAccess:
+    """Where an image URL may point (vLLM's allowed_local_media_path and allowed_media_domains):
+    file: URLs only under `local_folder` (None: none), http(s) URLs only to `domains` (None: any)."""
+
+    local_folder: str | None = None
+    domains: tuple[str, ...] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     model: str
@@ -455,6 +464,8 @@ class ModelConfig:
     images_refused: str = ""
     # vLLM's mm_processor_cache_gb in bytes: the client keeps processed images up to this (0: none)
     mm_processor_cache_bytes: int = 0
+    # where image URLs may point (vLLM's allowed_local_media_path / allowed_media_domains)
+    media_access: MediaAccess = field(default_factory=MediaAccess)
 
     @property
     def runner(self) -> str:
@@ -789,6 +800,10 @@ class EngineArgs:
     # vLLM's: GiB of processed images (pixel values) the client keeps by image content, so an image
     # seen again skips the image processor (0: none kept)
     mm_processor_cache_gb: float = 4.0
+    # vLLM's: file: image URLs are read only under this folder ("": none are); http(s) image URLs
+    # only from these hosts (None: any host)
+    allowed_local_media_path: str = ""
+    allowed_media_domains: list[str] | None = None
     # vLLM's --profiler-config: {"profiler": "torch", "torch_profiler_dir": ...} lets
     # start_profile / stop_profile record torch profiler traces (profiler_config.py)
     profiler_config: dict[str, Any] | None = None
@@ -1118,7 +1133,18 @@ class EngineArgs:
             max_images_per_prompt=max_images,
             images_refused=images_refused or ("" if max_images else "limit_mm_per_prompt gives 0 images"),
             mm_processor_cache_bytes=self._mm_processor_cache_bytes(),
+            media_access=self._media_access(),
         )
+
+    def _media_access(self) -> MediaAccess:
+        folder, domains = self.allowed_local_media_path, self.allowed_media_domains
+        _check(isinstance(folder, str), f"allowed_local_media_path must be a folder's path, got {folder!r}")
+        if folder:
+            _check(Path(folder).is_dir(), f"allowed_local_media_path={folder!r} is not an existing folder")
+        _check(domains is None or isinstance(domains, (list, tuple)) and all(isinstance(d, str) and d for d in domains),
+               f"allowed_media_domains must be a list of host names, got {domains!r}")
+        return MediaAccess(str(Path(folder).resolve()) if folder else None,
+                           tuple(domain.lower() for domain in domains) if domains is not None else None)
 
     def _mm_processor_cache_bytes(self) -> int:
         gib = self.mm_processor_cache_gb

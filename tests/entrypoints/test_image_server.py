@@ -104,7 +104,7 @@ def test_what_cannot_be_read_is_a_400_and_the_server_goes_on(server: LiveServer)
         after = _chat(client, [{"type": "text", "text": "the cat"}])
     assert not_base64.status_code == 400 and "not valid base64" in not_base64.text, not_base64.text
     assert not_an_image.status_code == 400 and "could not be decoded" in not_an_image.text, not_an_image.text
-    assert scheme.status_code == 400 and "scheme 'file' are not implemented" in scheme.text, scheme.text
+    assert scheme.status_code == 400 and "file: URLs are read only with --allowed-local-media-path" in scheme.text, scheme.text
     assert too_many.status_code == 400 and "maximum context length" in too_many.text, too_many.text
     assert tokenize.status_code == 400 and "'image_url'" in tokenize.text, tokenize.text
     assert after.status_code == 200 and len(after.json()["choices"][0]["token_ids"]) == NUM_TOKENS

@@ -20,6 +20,8 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
+from vllm_lite.config import MediaAccess
+
 CONTENT_FORMATS = ("auto", "string", "openai")
 
 
@@ -103,11 +105,11 @@ def image_placeholder(tokenizer: Any, image_encoder: Any) -> str | None:
     return tokenizer.convert_ids_to_tokens(image_encoder.image_token_id)
 
 
-def conversation_images(conversation: list[dict[str, Any]]) -> list[Any]:
+def conversation_images(conversation: list[dict[str, Any]], access: MediaAccess) -> list[Any]:
     """The images of the messages' image parts, in order (URLs fetched or decoded: media.py)."""
     from vllm_lite.entrypoints.media import load_image
 
-    return [load_image(source) if isinstance(source, str) else source for source in image_sources(conversation)]
+    return [load_image(source, access) if isinstance(source, str) else source for source in image_sources(conversation)]
 
 
 def image_uuids(conversation: list[dict[str, Any]]) -> list[str | None]:

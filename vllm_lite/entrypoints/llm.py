@@ -365,7 +365,7 @@ class LLM:
         for conversation in conversations:
             try:
                 messages = with_content_format(conversation, content_format, placeholder, model_config.images_refused)
-                images = conversation_images(conversation) if placeholder is not None else []
+                images = conversation_images(conversation, model_config.media_access) if placeholder is not None else []
                 uuids = image_uuids(conversation) if images else []
             except ValueError as exc:
                 raise VLLMValidationError(str(exc), parameter="messages") from None

@@ -20,12 +20,12 @@ import msgspec
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from vllm_lite.config import VllmConfig, check_priority
+from vllm_lite.config import MediaAccess, VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.engine.image_inputs import expand_placeholders, placeholder_lengths
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.entrypoints.chat_content import image_sources, image_uuids, resolve_content_format, with_content_format
-from vllm_lite.entrypoints.media import IMAGE_FETCH_TIMEOUT_S, load_image_bytes, open_image
+from vllm_lite.entrypoints.media import IMAGE_FETCH_TIMEOUT_S, fetch_hooks, load_image_bytes, open_image
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
@@ -374,7 +374,7 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         if not sources:
             return prompt
         uuids = image_uuids(conversation)
-        images = await _loaded_images(sources)
+        images = await _loaded_images(sources, ctx.engine.vllm_config.model_config.media_access)
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     encoder = ctx.engine.vllm_config.model_config.image_encoder
@@ -388,11 +388,11 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
             **({"multi_modal_uuids": {"image": uuids}} if any(uuids) else {})}
 
 
-async def _loaded_images(sources: list[Any]) -> list[Any]:
+async def _loaded_images(sources: list[Any], access: MediaAccess) -> list[Any]:
     import httpx
 
-    async with httpx.AsyncClient(timeout=IMAGE_FETCH_TIMEOUT_S) as client:
-        data = await asyncio.gather(*(load_image_bytes(source, client) for source in sources
+    async with httpx.AsyncClient(timeout=IMAGE_FETCH_TIMEOUT_S, event_hooks=fetch_hooks(access, True)) as client:
+        data = await asyncio.gather(*(load_image_bytes(source, client, access) for source in sources
                                       if isinstance(source, str)))
     opened = iter(await asyncio.to_thread(lambda: [open_image(item) for item in data]))
     return [next(opened) if isinstance(source, str) else source for source in sources]
