@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -216,7 +217,8 @@ def test_an_image_seen_before_is_not_encoded_again(llava: Path, images: list[Ima
 
 def test_an_image_processed_before_skips_the_image_processor(llava: Path, images: list[Image.Image],
                                                              reference: list[list[int]],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     """vLLM's processor cache (mm_processor_cache_gb, 4 GiB by default): the client keeps processed
     images by their content, so the same pixels (another PIL object) skip the image processor;
     `reset_mm_cache` forgets them; 0 keeps none; a size that is no number of GiB is refused by name."""
@@ -225,9 +227,12 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
     processed: list[Image.Image] = []
     process = ImageProcessor._process
     monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
+    monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.001")
     llm = make_llm(llava, disable_log_stats=False)
     try:
-        assert run(llm, image_prompts(images)) == reference
+        with caplog.at_level(logging.INFO, logger="vllm_lite.engine.stats_log"):
+            assert run(llm, image_prompts(images)) == reference
+        assert any("MM cache hit rate: 25.0%" in record.getMessage() for record in caplog.records)  # (vLLM's line)
         assert len(processed) == 3  # (the third prompt's image is the second prompt's second)
         assert run(llm, image_prompts([image.copy() for image in images])) == reference
         assert len(processed) == 3

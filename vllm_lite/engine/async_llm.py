@@ -216,7 +216,7 @@ class AsyncLLM:
         self.check_admission(params.n)
         self._start_output_handler()
         images, uuids = self.input_processor.images(prompt)  # (resizing images takes milliseconds: off the loop)
-        processed = await asyncio.to_thread(self.input_processor.process_images, images, uuids) if images else None
+        processed = await asyncio.to_thread(self.input_processor.process_images, images, uuids) if images else []
         text, token_ids, request = self.input_processor.process_prompt(request_id, prompt, params, priority,
                                                                       lora_request, processed)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)

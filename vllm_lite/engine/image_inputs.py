@@ -171,12 +171,10 @@ class ImageProcessor:
             made.append(ProcessedImage(own, size, digest))
         return made
 
-    def inputs(self, images: list[Any], uuids: list[str | None], token_ids: list[int],
-               processed: list[ProcessedImage] | None = None) -> tuple[list[int], ImageInputs]:
-        """The prompt's token ids with each image's placeholder expanded, and its images
-        (`processed`: what `processed(images, uuids)` gave, where the caller ran it already)."""
+    def inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
+        """The prompt's token ids with each image's placeholder expanded, and its images as the
+        engine takes them (`processed`: what `processed(images, uuids)` gave)."""
         config = self.model_config.image_encoder
-        processed = processed if processed is not None else self.processed(images, uuids)
         lengths = placeholder_lengths([image.size for image in processed], config)
         token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
         values, sizes = _stacked(processed, config.any_resolution)

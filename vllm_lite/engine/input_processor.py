@@ -73,9 +73,10 @@ class InputProcessor:
                        ) -> tuple[str | None, list[int], EngineCoreRequest]:
         """A generate request from any of vLLM's prompt forms: its text (None when it came as ids or
         embeddings), its token ids (placeholders 0 for embeddings, as vLLM reports them) and the
-        engine-core request."""
+        engine-core request. `processed_images`: the prompt's images as `process_images` gave them
+        (AsyncLLM's, made off its event loop); None: made here."""
         embeds = self.prompt_embeds(prompt)
-        images, uuids = self.images(prompt)
+        images = processed_images if processed_images is not None else self.process_images(*self.images(prompt))
         if embeds is None:
             text, token_ids = self.tokenize(prompt, images_allowed=True)
         else:
@@ -83,7 +84,7 @@ class InputProcessor:
             refuse_with_prompt_embeds(params)
         image_inputs = None
         if images:
-            token_ids, image_inputs = self._images.inputs(images, uuids, token_ids, processed_images)
+            token_ids, image_inputs = self._images.inputs(images, token_ids)
         request = self.process(request_id, token_ids, params, self.cache_salt(prompt), priority,
                                lora_request=lora_request)
         request.prompt_embeds = embeds
@@ -92,8 +93,9 @@ class InputProcessor:
 
     def process_images(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
         """The images' pixel values by the model's image processor (or its cache): the costly part
-        of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer)."""
-        return self._images.processed(images, uuids)
+        of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer),
+        passing the result to `process_prompt`."""
+        return self._images.processed(images, uuids) if images else []
 
     def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
         """Each image's (height, width), an image left out (None) by its uuid's: what its placeholder

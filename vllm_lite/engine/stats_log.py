@@ -41,6 +41,8 @@ class StatsLog:
     generation_tokens: int = 0
     _queries: int = 0  # the engine's prefix-cache counters at the last line
     _hits: int = 0
+    _mm_queries: int = 0  # the client's processor-cache counters at the last line
+    _mm_hits: int = 0
     _was_busy: bool = False
     _last_ts: float = field(default_factory=time.monotonic)
     spec_decoding: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # since the last line
@@ -104,6 +106,14 @@ class StatsLog:
             return None
         self._was_busy = busy
         hit_rate = 100.0 * new_hits / new_queries if new_queries > 0 else 0.0
-        return (f"Avg prompt throughput: {prompt / elapsed_s:.1f} tokens/s, Avg generation throughput: "
+        text = (f"Avg prompt throughput: {prompt / elapsed_s:.1f} tokens/s, Avg generation throughput: "
                 f"{generation / elapsed_s:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
                 f"KV cache usage: {100.0 * kv_cache_usage(stats):.1f}%, Prefix cache hit rate: {hit_rate:.1f}%")
+        return text + self._mm_cache_part(stats)
+
+    def _mm_cache_part(self, stats: dict[str, Any]) -> str:
+        """vLLM's ", MM cache hit rate" of the interval's image lookups; nothing without any."""
+        queries, hits = stats.get("mm_cache_queries", 0), stats.get("mm_cache_hits", 0)
+        new_queries, new_hits = queries - self._mm_queries, hits - self._mm_hits
+        self._mm_queries, self._mm_hits = queries, hits
+        return f", MM cache hit rate: {100.0 * new_hits / new_queries:.1f}%" if new_queries > 0 else ""
