@@ -224,11 +224,13 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def image_host() -> Iterator[str]:
-    """A local HTTP server (real sockets) with one PNG, a random 64 x 72 image, at /cat.png, and
-    /to-localhost.png redirecting to it under the host name localhost; anything else is a 404."""
+    """A local HTTP server (real sockets) with one PNG, a random 64 x 72 image, at /cat.png,
+    /to-localhost.png redirecting to it under the host name localhost, and /slow.png answering it
+    after a second; anything else is a 404."""
     import http.server
     import io
     import threading
+    import time
 
     from PIL import Image
 
@@ -242,12 +244,17 @@ def image_host() -> Iterator[str]:
                 self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/cat.png")
                 self.end_headers()
                 return
-            found = self.path == "/cat.png"
+            if self.path == "/slow.png":
+                time.sleep(1.0)
+            found = self.path in ("/cat.png", "/slow.png")
             self.send_response(200 if found else 404)
             self.send_header("Content-Type", "image/png")
             self.end_headers()
             if found:
-                self.wfile.write(png.getvalue())
+                try:
+                    self.wfile.write(png.getvalue())
+                except (BrokenPipeError, ConnectionResetError):  # (a client that gave up waiting)
+                    pass
 
         def log_message(self, *args: object) -> None:
             pass

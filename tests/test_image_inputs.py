@@ -387,6 +387,32 @@ def test_image_urls_reach_only_where_the_media_flags_allow(llava: Path, images: 
         EngineArgs(model=str(llava), allowed_local_media_path="/no/such/folder").create_engine_config()
 
 
+def test_vllms_fetch_variables_set_the_timeout_and_the_redirects(llava: Path, image_host: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """VLLM_IMAGE_FETCH_TIMEOUT (seconds) and VLLM_MEDIA_URL_ALLOW_REDIRECTS=0 (a redirect refused),
+    read when the engine starts; values that are neither refused by name."""
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "0.3")
+    monkeypatch.setenv("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "0")
+    llm = make_llm(llava)
+
+    def chat(url: str) -> list[int]:
+        return list(llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                             GREEDY, chat_template=CHAT_TEMPLATE, use_tqdm=False)[0].outputs[0].token_ids)
+    try:
+        assert chat(f"{image_host}/cat.png")
+        with pytest.raises(ValueError, match="image_url: fetching .*/slow.png failed: .*timed out"):
+            chat(f"{image_host}/slow.png")
+        with pytest.raises(ValueError, match="image_url: fetching .*/to-localhost.png failed: Redirect response"):
+            chat(f"{image_host}/to-localhost.png")
+    finally:
+        llm.shutdown()
+    for name, value in (("VLLM_IMAGE_FETCH_TIMEOUT", "soon"), ("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "yes")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name} must be .*, got '{value}'"):
+            EngineArgs(model=str(llava)).create_engine_config()
+        monkeypatch.delenv(name)
+
+
 def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Image.Image], tiny_llama: Path,
                                                     tmp_path: Path) -> None:
     llm = make_llm(llava, limit_mm_per_prompt={"image": 2})

@@ -416,13 +416,34 @@ def sampling_defaults(generation_cfg: dict[str, Any], overrides: dict[str, Any])
     return picked
 
 
+def _image_fetch_timeout() -> float:
+    """vLLM's VLLM_IMAGE_FETCH_TIMEOUT: seconds an image URL's fetch may take (5 by default)."""
+    text = os.environ.get("VLLM_IMAGE_FETCH_TIMEOUT", "5")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    _check(0 < seconds < float("inf"), f"VLLM_IMAGE_FETCH_TIMEOUT must be a number of seconds > 0, got {text!r}")
+    return seconds
+
+
+def _media_redirects_allowed() -> bool:
+    """vLLM's VLLM_MEDIA_URL_ALLOW_REDIRECTS: 1 (its default) follows an image URL's redirects, 0 refuses them."""
+    text = os.environ.get("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "1")
+    _check(text in ("0", "1"), f"VLLM_MEDIA_URL_ALLOW_REDIRECTS must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
 @dataclass(frozen=True)
 class MediaAccess:
     """Where an image URL may point (vLLM's allowed_local_media_path and allowed_media_domains):
-    file: URLs only under `local_folder` (None: none), http(s) URLs only to `domains` (None: any)."""
+    file: URLs only under `local_folder` (None: none), http(s) URLs only to `domains` (None: any);
+    how a fetch runs (vLLM's VLLM_IMAGE_FETCH_TIMEOUT and VLLM_MEDIA_URL_ALLOW_REDIRECTS)."""
 
     local_folder: str | None = None
     domains: tuple[str, ...] | None = None
+    fetch_timeout_s: float = 5.0
+    follow_redirects: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -1144,7 +1165,8 @@ class EngineArgs:
         _check(domains is None or isinstance(domains, (list, tuple)) and all(isinstance(d, str) and d for d in domains),
                f"allowed_media_domains must be a list of host names, got {domains!r}")
         return MediaAccess(str(Path(folder).resolve()) if folder else None,
-                           tuple(domain.lower() for domain in domains) if domains is not None else None)
+                           tuple(domain.lower() for domain in domains) if domains is not None else None,
+                           _image_fetch_timeout(), _media_redirects_allowed())
 
     def _mm_processor_cache_bytes(self) -> int:
         gib = self.mm_processor_cache_gb

@@ -1,6 +1,7 @@
 """Images named in chat messages (vLLM's `image_url` parts): data URLs decoded, http(s) URLs
-fetched (vLLM's VLLM_IMAGE_FETCH_TIMEOUT: 5 s; the server fetches them concurrently on its event
-loop, LLM.chat in the caller's thread), file: URLs read under vLLM's --allowed-local-media-path,
+fetched (within vLLM's VLLM_IMAGE_FETCH_TIMEOUT, 5 s by default, following redirects unless
+VLLM_MEDIA_URL_ALLOW_REDIRECTS=0; the server fetches them concurrently on its event loop, LLM.chat
+in the caller's thread), file: URLs read under vLLM's --allowed-local-media-path,
 each opened with Pillow. Where URLs may point is the model config's `MediaAccess` (vLLM's
 --allowed-media-domains: every host a fetch reaches, redirects included, must be listed).
 Anything else is refused naming the URL's scheme; an image larger than MAX_IMAGE_BYTES is
@@ -18,7 +19,6 @@ from urllib.parse import unquote, urlsplit
 
 from vllm_lite.config import MediaAccess
 
-IMAGE_FETCH_TIMEOUT_S = 5.0
 MAX_IMAGE_BYTES = 64 << 20  # (a fetched body is read up to this, never whole into memory unbounded)
 
 
@@ -39,7 +39,7 @@ async def load_image_bytes(url: Any, client: Any, access: MediaAccess) -> bytes:
     import httpx
 
     try:
-        async with client.stream("GET", url, follow_redirects=True) as response:
+        async with client.stream("GET", url, follow_redirects=access.follow_redirects) as response:
             response.raise_for_status()
             return await _bounded(response.aiter_bytes(), url)
     except httpx.HTTPError as exc:
@@ -124,8 +124,8 @@ def _fetched(url: str, access: MediaAccess) -> bytes:
     import httpx
 
     try:
-        with httpx.Client(timeout=IMAGE_FETCH_TIMEOUT_S, event_hooks=fetch_hooks(access, False)) as client:
-            with client.stream("GET", url, follow_redirects=True) as response:
+        with httpx.Client(timeout=access.fetch_timeout_s, event_hooks=fetch_hooks(access, False)) as client:
+            with client.stream("GET", url, follow_redirects=access.follow_redirects) as response:
                 response.raise_for_status()
                 body = bytearray()
                 for chunk in response.iter_bytes():
