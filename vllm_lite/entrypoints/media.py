@@ -3,7 +3,8 @@ fetched (within vLLM's VLLM_IMAGE_FETCH_TIMEOUT, 5 s by default, following redir
 VLLM_MEDIA_URL_ALLOW_REDIRECTS=0; the server fetches them concurrently on its event loop, LLM.chat
 in the caller's thread), file: URLs read under vLLM's --allowed-local-media-path,
 each opened with Pillow. Where URLs may point is the model config's `MediaAccess` (vLLM's
---allowed-media-domains: every host a fetch reaches, redirects included, must be listed).
+--allowed-media-domains: every host a fetch reaches, redirects included, must be listed, checked
+by `fetch_client`'s hook).
 Anything else is refused naming the URL's scheme; an image larger than MAX_IMAGE_BYTES is
 refused naming the limit."""
 
@@ -29,8 +30,8 @@ def load_image(url: Any, access: MediaAccess) -> Any:
 
 
 async def load_image_bytes(url: Any, client: Any, access: MediaAccess) -> bytes:
-    """The bytes of the image an `image_url` names, fetched with `client` (an httpx.AsyncClient
-    made with `fetch_hooks(access)`) where it is an http(s) URL."""
+    """The bytes of the image an `image_url` names, fetched with `client` (`fetch_client(access,
+    asynchronous=True)`) where it is an http(s) URL."""
     if isinstance(url, str) and url.startswith("file:"):
         return await asyncio.to_thread(_local_file, url, access)
     data = inline_image_bytes(url, access)
@@ -39,7 +40,7 @@ async def load_image_bytes(url: Any, client: Any, access: MediaAccess) -> bytes:
     import httpx
 
     try:
-        async with client.stream("GET", url, follow_redirects=access.follow_redirects) as response:
+        async with client.stream("GET", url) as response:
             response.raise_for_status()
             return await _bounded(response.aiter_bytes(), url)
     except httpx.HTTPError as exc:
@@ -47,12 +48,11 @@ async def load_image_bytes(url: Any, client: Any, access: MediaAccess) -> bytes:
 
 
 def inline_image_bytes(url: Any, access: MediaAccess) -> bytes | None:
-    """A data URL's bytes, or a file: URL's under the allowed folder; None for an http(s) URL to an
-    allowed host (to be fetched); ValueError for anything else."""
+    """A data URL's bytes, or a file: URL's under the allowed folder; None for an http(s) URL (to be
+    fetched by a `fetch_client`, which checks its hosts); ValueError for anything else."""
     if not isinstance(url, str):
         raise ValueError(f"image_url.url must be a string, got {type(url).__name__}")
     if url.startswith(("http://", "https://")):
-        check_host(url, access)
         return None
     if url.startswith("file:"):
         return _local_file(url, access)
@@ -69,25 +69,28 @@ def inline_image_bytes(url: Any, access: MediaAccess) -> bytes | None:
         raise ValueError(f"image_url: the data URL is not valid base64: {exc}") from None
 
 
-def check_host(url: str, access: MediaAccess) -> None:
+def fetch_client(access: MediaAccess, asynchronous: bool) -> Any:
+    """The httpx client (an AsyncClient where `asynchronous`) image fetches go through: vLLM's
+    timeout and redirect setting, and, with --allowed-media-domains, a hook that checks the host of
+    every request it sends (a redirect's too) before it is sent."""
+    import httpx
+
+    def check(request: Any) -> None:
+        _check_host(str(request.url), access)
+
+    async def check_async(request: Any) -> None:
+        check(request)
+    hooks = {} if access.domains is None else {"request": [check_async if asynchronous else check]}
+    client = httpx.AsyncClient if asynchronous else httpx.Client
+    return client(timeout=access.fetch_timeout_s, follow_redirects=access.follow_redirects, event_hooks=hooks)
+
+
+def _check_host(url: str, access: MediaAccess) -> None:
     """An http(s) URL's host must be one of --allowed-media-domains, where they are given."""
     host = (urlsplit(url).hostname or "").lower()
     if access.domains is not None and host not in access.domains:
         raise ValueError(f"image_url: the host {host!r} of {url} is not one of --allowed-media-domains "
                          f"{list(access.domains)}")
-
-
-def fetch_hooks(access: MediaAccess, asynchronous: bool) -> dict[str, list[Any]]:
-    """httpx event hooks that check the host of every request a fetch sends (a redirect's too)."""
-    if access.domains is None:
-        return {}
-
-    def check(request: Any) -> None:
-        check_host(str(request.url), access)
-
-    async def check_async(request: Any) -> None:
-        check(request)
-    return {"request": [check_async if asynchronous else check]}
 
 
 def open_image(data: bytes) -> Any:
@@ -124,14 +127,13 @@ def _fetched(url: str, access: MediaAccess) -> bytes:
     import httpx
 
     try:
-        with httpx.Client(timeout=access.fetch_timeout_s, event_hooks=fetch_hooks(access, False)) as client:
-            with client.stream("GET", url, follow_redirects=access.follow_redirects) as response:
-                response.raise_for_status()
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    _check_size(len(body), url)
-                return bytes(body)
+        with fetch_client(access, asynchronous=False) as client, client.stream("GET", url) as response:
+            response.raise_for_status()
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                _check_size(len(body), url)
+            return bytes(body)
     except httpx.HTTPError as exc:
         raise ValueError(f"image_url: fetching {url} failed: {exc}") from None
 

@@ -25,7 +25,7 @@ from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.engine.image_inputs import expand_placeholders, placeholder_lengths
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.entrypoints.chat_content import image_sources, image_uuids, resolve_content_format, with_content_format
-from vllm_lite.entrypoints.media import fetch_hooks, load_image_bytes, open_image
+from vllm_lite.entrypoints.media import fetch_client, load_image_bytes, open_image
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
 from vllm_lite.engine.stats import StatLogger
@@ -389,9 +389,7 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
 
 
 async def _loaded_images(sources: list[Any], access: MediaAccess) -> list[Any]:
-    import httpx
-
-    async with httpx.AsyncClient(timeout=access.fetch_timeout_s, event_hooks=fetch_hooks(access, True)) as client:
+    async with fetch_client(access, asynchronous=True) as client:
         data = await asyncio.gather(*(load_image_bytes(source, client, access) for source in sources
                                       if isinstance(source, str)))
     opened = iter(await asyncio.to_thread(lambda: [open_image(item) for item in data]))
