@@ -565,6 +565,9 @@ class SchedulerConfig:
     # vLLM's: at most this many requests run at once (max_num_seqs still sizes the batch); None:
     # max_num_seqs
     max_num_active: int | None = None
+    # vLLM's: a prompt chunk never ends inside an image's placeholder tokens (always, where an
+    # image's tokens attend each other both ways: Gemma 3)
+    disable_chunked_mm_input: bool = False
 
     @property
     def max_num_active_seqs(self) -> int:
@@ -838,6 +841,9 @@ class EngineArgs:
     # vLLM's: at most this many requests run at once (smaller decode batches), max_num_seqs still
     # sizing the batch's buffers; None: max_num_seqs
     max_num_active_seqs: int | None = None
+    # vLLM's: a prompt chunk never ends inside an image's placeholder tokens (an image is computed
+    # in one step); always on for models whose image tokens attend each other both ways (Gemma 3)
+    disable_chunked_mm_input: bool = False
     # vLLM's (its default): cascade attention is not implemented here, so only True is taken
     disable_cascade_attn: bool = True
     # vLLM's: max_model_len capped at the model's sliding window (where its sliding layers attend
@@ -927,7 +933,7 @@ class EngineArgs:
         config = VllmConfig(
             model_config=model_config,
             cache_config=self._cache_config(model_config, device),
-            scheduler_config=self._scheduler_config(max_len, device),
+            scheduler_config=self._scheduler_config(max_len, device, model_config.image_encoder),
             parallel_config=parallel_config,
             device_config=DeviceConfig(device=device),
             lora_config=self._lora_config(model_config),
@@ -1297,7 +1303,8 @@ class EngineArgs:
                                   "give one of them")
         return float(utilization)
 
-    def _scheduler_config(self, max_model_len: int, device: str) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, device: str,
+                          image_encoder: ImageEncoderConfig | None = None) -> SchedulerConfig:
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         default_tokens = 2048 if self.enable_chunked_prefill else max(2048, max_model_len)
         max_tokens = default_tokens if self.max_num_batched_tokens is None else self.max_num_batched_tokens
@@ -1320,9 +1327,16 @@ class EngineArgs:
         active = self.max_num_active_seqs
         _check(active is None or (isinstance(active, int) and 1 <= active <= self.max_num_seqs),
                f"max_num_active_seqs must be in [1, max_num_seqs={self.max_num_seqs}] or None, got {active!r}")
+        _check(isinstance(self.disable_chunked_mm_input, bool),
+               f"disable_chunked_mm_input must be a bool, got {self.disable_chunked_mm_input!r}")
+        whole_images = self.disable_chunked_mm_input or (image_encoder is not None and image_encoder.bidirectional)
+        if image_encoder is not None and image_encoder.bidirectional:
+            _check(max_tokens >= image_encoder.tokens_per_image,
+                   f"max_num_batched_tokens={max_tokens} is smaller than an image's {image_encoder.tokens_per_image} "
+                   "tokens, which this model computes in one step (they attend each other both ways)")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
                                async_scheduling, self.stream_interval, self.scheduling_policy, threshold,
-                               self.max_num_queued_reqs, self.max_num_queued_tokens, active)
+                               self.max_num_queued_reqs, self.max_num_queued_tokens, active, whole_images)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

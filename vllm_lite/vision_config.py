@@ -1,7 +1,9 @@
 """Image inputs of a multimodal checkpoint: which checkpoints take them, and how their vision
 side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP or SigLIP vision encoder, a
 two-layer projector, an image placeholder token expanded to one token per image feature;
-LLaVA-Interleave is this form with SigLIP).
+LLaVA-Interleave is this form with SigLIP; LLaVA-NeXT's tiles; Gemma 3's: SigLIP's last layer
+average-pooled to `mm_tokens_per_image` features, each image's tokens framed by its start and end
+tokens and attending to each other both ways, vLLM's "mm prefix LM").
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -17,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # the architectures whose image inputs are implemented
-IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
+IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                       "Gemma3ForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -68,6 +71,23 @@ class ImageEncoderConfig:
     # LLaVA-NeXT's "any resolution": the (height, width) an image may be resized to, a grid of
     # encoder-sized tiles read beside the whole image resized (empty: LLaVA 1.5, one tile)
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    # Gemma 3's projector: the last layer's features (after the post-layernorm) average-pooled to
+    # this many (a square), RMS-normed and projected (0: LLaVA's two-layer projector)
+    pooled_tokens: int = 0
+    # Gemma 3: the token a chat template writes for an image (its start-of-image token), expanded
+    # to `frame_text`, the start token, the features' placeholders, the end token, `frame_text`
+    # (None: the template writes the placeholder token itself, expanded to the placeholders)
+    start_token_id: int | None = None
+    end_token_id: int | None = None
+    frame_text: str = ""
+    # vLLM's "mm prefix LM" (Gemma 3): in a prompt's forward pass an image's placeholders attend
+    # to each other both ways (and causally to what precedes), as transformers' token_type_ids mask
+    bidirectional: bool = False
+
+    @property
+    def prompt_token_id(self) -> int:
+        """The token a prompt carries per image before expansion (what a chat template writes)."""
+        return self.image_token_id if self.start_token_id is None else self.start_token_id
 
     @property
     def any_resolution(self) -> bool:
@@ -125,6 +145,8 @@ class ImageEncoderConfig:
     @property
     def tokens_per_image(self) -> int:
         """An image's placeholder tokens in the prompt: one per feature it becomes."""
+        if self.pooled_tokens:
+            return self.pooled_tokens
         return self.num_positions - int(not self.keep_first_feature)
 
 
@@ -138,15 +160,11 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"image inputs of {architecture} are not implemented (implemented: "
                          f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP or SigLIP vision encoder)")
     outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
-    vision = outer.vision_config.to_dict()
-    if vision.get("model_type") not in _VISION_MODEL_TYPES:
-        raise ValueError(f"vision_config.model_type {vision.get('model_type')!r} is not implemented for image "
-                         f"inputs (implemented: {', '.join(_VISION_MODEL_TYPES)})")
-    unknown = sorted(name for name in vision if name not in _VISION_READ | _VISION_INERT)
-    if unknown:
-        raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
-    if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
-        raise ValueError(f"vision_config.hidden_act={vision['hidden_act']!r} is not implemented")
+    vision = _read_vision(outer)
+    if quantized_vision(cfg):
+        raise ValueError("a quantized vision encoder is not implemented for image inputs")
+    if architecture == "Gemma3ForConditionalGeneration":
+        return _gemma3_encoder(outer, vision)
     if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
         raise ValueError(f"projector_hidden_act={outer.projector_hidden_act!r} is not implemented")
     strategy = outer.vision_feature_select_strategy
@@ -159,8 +177,6 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     if not layers or any(not isinstance(layer, int) or not -depth - 1 <= layer <= depth for layer in layers):
         raise ValueError(f"vision_feature_layer={outer.vision_feature_layer!r} names no hidden state of the "
                          f"{depth}-layer vision encoder")
-    if quantized_vision(cfg):
-        raise ValueError("a quantized vision encoder is not implemented for image inputs")
     pinpoints = tuple(tuple(p) for p in getattr(outer, "image_grid_pinpoints", None) or ())
     if architecture == "LlavaNextForConditionalGeneration":
         if strategy != "default" or vision["model_type"] != "clip_vision_model":
@@ -182,6 +198,43 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
         text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id,
         grid_pinpoints=pinpoints if architecture == "LlavaNextForConditionalGeneration" else ())
+
+
+def _read_vision(outer: Any) -> dict[str, Any]:
+    """The outer config's vision_config, refused by name where its encoder is not implemented."""
+    vision = outer.vision_config.to_dict()
+    if vision.get("model_type") not in _VISION_MODEL_TYPES:
+        raise ValueError(f"vision_config.model_type {vision.get('model_type')!r} is not implemented for image "
+                         f"inputs (implemented: {', '.join(_VISION_MODEL_TYPES)})")
+    unknown = sorted(name for name in vision if name not in _VISION_READ | _VISION_INERT)
+    if unknown:
+        raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
+    if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"vision_config.hidden_act={vision['hidden_act']!r} is not implemented")
+    return vision
+
+
+def _gemma3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+    """Gemma 3's vision side (transformers' Gemma3MultiModalProjector): SigLIP's last hidden
+    state, its patch grid average-pooled to mm_tokens_per_image features."""
+    if vision["model_type"] != "siglip_vision_model":
+        raise ValueError(f"image inputs of Gemma3ForConditionalGeneration are implemented with a SigLIP encoder, "
+                         f"got vision_config.model_type={vision['model_type']!r}")
+    side = vision["image_size"] // vision["patch_size"]
+    tokens = outer.mm_tokens_per_image
+    per_side = int(round(tokens ** 0.5)) if isinstance(tokens, int) and tokens > 0 else 0
+    if per_side * per_side != tokens or side % per_side:
+        raise ValueError(f"mm_tokens_per_image={tokens!r} must be a square whose side divides the encoder's "
+                         f"{side} x {side} patches (they are average-pooled to it)")
+    return ImageEncoderConfig(
+        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
+        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
+        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
+        hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
+        projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
+        image_token_id=outer.image_token_id, pooled_tokens=tokens, start_token_id=outer.boi_token_id,
+        end_token_id=outer.eoi_token_id, frame_text="\n\n", bidirectional=True)
 
 
 def quantized_vision(cfg: Mapping[str, Any]) -> bool:

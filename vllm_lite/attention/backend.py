@@ -33,6 +33,21 @@ class CommonAttentionMetadata:
     num_actual_tokens: int
     max_query_len: int
     block_size: int
+    # int32 [num_actual_tokens]: the keys (sequence positions 0 .. k - 1) each token attends,
+    # where some token of the step attends past its own position (vLLM's "mm prefix LM", Gemma 3:
+    # an image's placeholders see each other both ways); None: each token its position + 1
+    key_ends_np: np.ndarray | None = None
+
+    def rows_attending_ahead(self) -> np.ndarray:
+        """The sequences with a token that attends keys past its own position (`key_ends_np`)."""
+        if self.key_ends_np is None:
+            return np.zeros(0, dtype=np.int64)
+        counts = np.diff(self.query_start_loc_np)
+        token_rows = np.repeat(np.arange(len(counts)), counts)
+        first_positions = np.repeat(self.seq_lens_np - counts, counts)
+        within = np.arange(self.num_actual_tokens) - np.repeat(self.query_start_loc_np[:-1], counts)
+        ahead = self.key_ends_np[:self.num_actual_tokens] > first_positions + within + 1
+        return np.unique(token_rows[ahead])
 
 
 class AttentionBackend(ABC):
@@ -54,8 +69,10 @@ class AttentionBackend(ABC):
         """query [T, Hq, D], key/value [T, Hkv, D] -> [T, Hq, D] (T may exceed the step's tokens
         where `takes_padded_rows`). Writes key/value into the cache at the metadata's slots before
         attending (so sequences in the same step can read each other's freshly cached prefix
-        blocks). With `sliding_window` W the query at position p sees keys at positions
-        p - W + 1 .. p only (transformers' convention); blocks wholly before that may already hold
+        blocks). A token sees the keys before its `key_ends_np` entry where the metadata has
+        them (else positions up to its own). With `sliding_window` W the query at position p sees
+        keys at positions p - W + 1 .. p only (transformers' convention; with key ends, from
+        p - W + 1 up to them); blocks wholly before that may already hold
         other data (freed by the KV-cache manager). `logits_soft_cap` c: scores become
         c * tanh(score / c) before the softmax (Gemma 2). `alibi_slopes` [Hq] (float32): each
         score of a key at position j gains slope * j (ALiBi as Bloom adds it; the query's own

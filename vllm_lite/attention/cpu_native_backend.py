@@ -63,6 +63,7 @@ class CpuNativeAttentionMetadata:
     long_prefills: list[PrefillSeq] = field(default_factory=list)  # those longer than that (SDPA)
     common: CommonAttentionMetadata | None = None
     prefill_rows: np.ndarray | None = None  # None: the step has no prefill row
+    attends_ahead: bool = False  # some token sees keys past its position (key_ends_np): masked SDPA
     _every_prefill: list[PrefillSeq] | None = None
     _prefill_tables: PrefillTables | None = None
 
@@ -127,6 +128,10 @@ class CpuNativeAttentionBackend(AttentionBackend):
         prefill_rows = (~is_decode).nonzero()[0]
         metadata.common, metadata.prefill_rows = common, prefill_rows
         short = common.seq_lens_np[prefill_rows] <= PER_TOKEN_PREFILL_MAX_KEYS
+        ahead = common.rows_attending_ahead()
+        if len(ahead):  # (the decode op and the prefill op attend causally: such rows take SDPA's mask)
+            metadata.attends_ahead = True
+            short &= ~np.isin(prefill_rows, ahead)
         metadata.long_prefills = [TorchAttentionBackend.build_prefill(common, row)
                                   for row in prefill_rows[~short].tolist()]
         if short.any():
@@ -177,7 +182,7 @@ class CpuNativeAttentionBackend(AttentionBackend):
             self._decode(out, query, kv_cache, metadata.decodes, scale, sliding_window, int8_cache)
         if metadata.prefill_rows is None:
             return
-        if self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
+        if not metadata.attends_ahead and self._native_prefill(query, kv_cache, sliding_window, logits_soft_cap):
             tables = metadata.prefill_tables()
             cpu_native.paged_attention_prefill(out, query, kv_cache, tables.block_table, tables.query_start,
                                                tables.query_lens, tables.seq_lens, scale)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -39,7 +40,7 @@ class PrefillSeq:
             device = self.block_ids.device
             q_pos = torch.arange(self.query_len, device=device)[:, None] + (self.seq_len - self.query_len)
             k_pos = torch.arange(self.seq_len, device=device)[None, :]
-            mask = (k_pos <= q_pos) & (k_pos > q_pos - sliding_window)
+            mask = (k_pos > q_pos - sliding_window) & (k_pos <= q_pos if self.mask is None else self.mask)
             self.window_masks[sliding_window] = mask
         return mask
 
@@ -110,10 +111,14 @@ class TorchAttentionBackend(AttentionBackend):
         query_len, seq_len = end - start, int(common.seq_lens_np[row])
         block_ids = common.block_table[row, : -(-seq_len // bs)].long()
         mask = None
-        if seq_len != query_len:
+        key_positions = torch.arange(seq_len, device=block_ids.device)[None, :]
+        if common.key_ends_np is not None:  # (each token's own key end: an image's tokens see ahead)
+            key_ends = torch.from_numpy(common.key_ends_np[start:end].astype(np.int64)).to(block_ids.device)
+            mask = key_positions < key_ends[:, None]
+        elif seq_len != query_len:
             context = seq_len - query_len
             q_pos = torch.arange(query_len, device=block_ids.device)[:, None] + context
-            mask = torch.arange(seq_len, device=block_ids.device)[None, :] <= q_pos
+            mask = key_positions <= q_pos
         return PrefillSeq(start, query_len, seq_len, block_ids, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, scale,

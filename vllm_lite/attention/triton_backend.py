@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_lite.attention.backend import AttentionBackend, CommonAttentionMetadata
+from vllm_lite.attention.torch_backend import PrefillSeq, TorchAttentionBackend, prefill_attention
 from vllm_lite.attention.ops.triton_reshape_and_cache import reshape_and_cache
 from vllm_lite.attention.ops.triton_unified_attention import split_kv_attention, unified_attention
 
@@ -30,6 +31,9 @@ class TritonAttentionMetadata:
     num_actual_tokens: int
     num_seqs: int
     max_query_len: int
+    # rows with tokens that attend past their position (key_ends_np; Gemma 3's image tokens): the
+    # kernels attend causally, so these rows are attended again by the torch reference's masked SDPA
+    attending_ahead: list[PrefillSeq] | None = None
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -37,11 +41,13 @@ class TritonAttentionBackend(AttentionBackend):
     supports_cuda_graphs = True
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
+        ahead = common.rows_attending_ahead().tolist() if common.key_ends_np is not None else []
         return TritonAttentionMetadata(
             query_start_loc=common.query_start_loc, seq_lens=common.seq_lens,
             block_table=common.block_table, slot_mapping=common.slot_mapping,
             num_actual_tokens=common.num_actual_tokens, num_seqs=common.seq_lens.shape[0],
             max_query_len=common.max_query_len,
+            attending_ahead=[TorchAttentionBackend.build_prefill(common, row) for row in ahead] or None,
         )
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata, scale,
@@ -56,4 +62,7 @@ class TritonAttentionBackend(AttentionBackend):
             split_kv_attention(*args, num_segments=NUM_SEGMENTS, **terms)
         else:
             unified_attention(*args, **terms)
+        for seq in metadata.attending_ahead or ():
+            end = seq.token_start + seq.query_len
+            out[seq.token_start:end] = prefill_attention(query[seq.token_start:end], kv_cache, seq, scale, **terms)
         return out

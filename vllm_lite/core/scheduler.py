@@ -160,6 +160,8 @@ class Scheduler:
             raise VLLMValidationError(f"lora_request {request.lora_request.lora_name!r}: LoRA is not enabled in this "
                                       "engine (enable_lora)", parameter="lora_request")
         self._check_fits(request)
+        if self.config.disable_chunked_mm_input and request.images is not None:
+            self._check_whole_images_fit(request)
         self.requests[request.request_id] = request
         self._enqueue(self.waiting, request, front=False)
         request.length_limit = min(request.length_limit, self.config.max_model_len)
@@ -275,6 +277,11 @@ class Scheduler:
                 continue
             num_computed = all_computed[index]
             num_new = min(num_known - num_computed, budget, self.prefill_cap)
+            if request.images is not None and self.config.disable_chunked_mm_input:
+                num_new = self._whole_images(request, num_computed, num_new, budget)
+                if num_new == 0:
+                    index += 1  # (its next image waits for a step with room for all of it)
+                    continue
             draft = (self._propose(request, slots[index], num_known, budget)
                      if drafts is not None and num_new == 1 and request.may_draft else None)
             num_drafts = 0 if draft is None else len(draft)
@@ -786,6 +793,10 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget, self.prefill_cap)
+            if request.images is not None and self.config.disable_chunked_mm_input:
+                num_new = self._whole_images(request, num_computed, num_new, budget)
+                if num_new == 0:
+                    break
             if kv.allocate_slots(request, num_new, computed_blocks) is None:
                 break
             kv.record_admission(request, num_computed)
@@ -896,6 +907,32 @@ class Scheduler:
         self.finished_req_ids.add(request.request_id)
         self.structured_req_ids.discard(request.request_id)
         self.thinking_req_ids.discard(request.request_id)
+
+    @staticmethod
+    def _whole_images(request: Request, num_computed: int, num_new: int, budget: int) -> int:
+        """vLLM's disable_chunked_mm_input (always on where an image's tokens attend each other
+        both ways, Gemma 3's): a prompt chunk never ends inside an image's placeholders. One that
+        would ends before the image, or, starting in it, takes the rest of it where the budget
+        allows (past long_prefill_token_threshold) and else nothing this step."""
+        images = request.images
+        end = num_computed + num_new
+        starts = images.offsets
+        ends = starts + images.lengths
+        inside = np.flatnonzero((starts < end) & (end < ends))
+        if not len(inside):
+            return num_new
+        start, image_end = int(starts[inside[0]]), int(ends[inside[0]])
+        if start > num_computed:
+            return start - num_computed
+        return image_end - num_computed if image_end - num_computed <= budget else 0
+
+    def _check_whole_images_fit(self, request: Request) -> None:
+        longest = int(request.images.lengths.max())
+        if longest > self.config.max_num_batched_tokens:
+            raise VLLMValidationError(f"an image of the prompt takes {longest} tokens, more than "
+                                      f"max_num_batched_tokens={self.config.max_num_batched_tokens}, and "
+                                      "disable_chunked_mm_input schedules an image's tokens in one step",
+                                      parameter="multi_modal_data")
 
     def _check_fits(self, request: Request) -> None:
         """Reject a request that could never fit the KV cache even alone (it would preempt

@@ -321,10 +321,10 @@ class AsyncLLM:
     async def is_sleeping(self) -> bool:
         return await self.engine_core.is_sleeping_async()
 
-    def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
-        """Each image's (height, width), one left out (None) by its uuid's (the server's chat
-        expands image placeholders before it adds the request)."""
-        return self.input_processor.image_sizes(images, uuids)
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+        """The prompt's token ids with each image's placeholder expanded (the server's chat checks
+        the expanded length before it adds the request)."""
+        return self.input_processor.expanded_image_prompt(token_ids, images, uuids)
 
     async def reset_mm_cache(self) -> None:
         """vLLM's: forget the processed images kept by their content (mm_processor_cache_gb)."""

@@ -82,9 +82,10 @@ class ImageProcessor:
     An image processed before is taken from a cache by its content (vLLM's processor cache,
     `mm_processor_cache_gb`), skipping the processor and the hashing of its pixel values."""
 
-    def __init__(self, model_config: ModelConfig) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any = None) -> None:
         self.model_config = model_config
         self._processor: Any = None
+        self._placeholders = PlaceholderExpansion(model_config.image_encoder, tokenizer)
         self._cache: SizedLru[ProcessedImage] = SizedLru(model_config.mm_processor_cache_bytes,
                                                          lambda image: image.pixel_values.nbytes)
         self._cache_lock = threading.Lock()  # (AsyncLLM processes prompts' images on worker threads)
@@ -135,6 +136,12 @@ class ImageProcessor:
             sizes.append(kept.size if kept is not None else given[uuid])
         return sizes
 
+    def expanded(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+        """The prompt's token ids with each image's placeholder expanded, before its images are
+        processed (what the server checks the prompt's length on)."""
+        lengths = placeholder_lengths(self.sizes(images, uuids), self.model_config.image_encoder)
+        return self._placeholders.expand(token_ids, lengths)[0]
+
     def reset_cache(self) -> None:
         with self._cache_lock:
             self._cache.clear()
@@ -144,6 +151,10 @@ class ImageProcessor:
         config = self.model_config.image_encoder
         if self._processor is None:
             self._processor = _load_image_processor(self.model_config.model)
+        if getattr(self._processor, "do_pan_and_scan", None):
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' sets do_pan_and_scan=True "
+                                      "(Gemma 3's extra crops of an image): not implemented here",
+                                      parameter="multi_modal_data")
         try:
             pixels = self._processor(images=images, return_tensors="np")
         except (ValueError, OSError) as exc:
@@ -176,7 +187,7 @@ class ImageProcessor:
         engine takes them (`processed`: what `processed(images, uuids)` gave)."""
         config = self.model_config.image_encoder
         lengths = placeholder_lengths([image.size for image in processed], config)
-        token_ids, offsets = expand_placeholders(token_ids, lengths, config.image_token_id)
+        token_ids, offsets = self._placeholders.expand(token_ids, lengths)
         values, sizes = _stacked(processed, config.any_resolution)
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
 
@@ -214,6 +225,105 @@ def placeholder_lengths(sizes: list[tuple[int, int]], config: Any) -> np.ndarray
     return np.array([config.tokens_for(height, width) for height, width in sizes], dtype=np.int64)
 
 
+class PlaceholderExpansion:
+    """How a prompt's image placeholders become one token per image feature, as the checkpoint's
+    transformers processor makes them: LLaVA's placeholder token repeated; Gemma 3's start-of-image
+    token replaced by `frame_text`, the start token, the placeholders, the end token and
+    `frame_text` (its processor does so in the text, so newlines around merge into the tokenizer's
+    multi-newline tokens: merged here the same way, as vLLM's Gemma 3 processor merges them)."""
+
+    def __init__(self, config: Any, tokenizer: Any) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self._frame: list[int] | None = None
+        self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
+
+    def expand(self, token_ids: list[int], lengths: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The token ids with each image's placeholder expanded (a prompt already expanded, a run
+        of lengths[i] placeholders per image, is taken as it is) and each image's first
+        placeholder position."""
+        config = self.config
+        if config.start_token_id is None:
+            return expand_placeholders(token_ids, lengths, config.image_token_id)
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        if (tokens == config.image_token_id).any():
+            return list(token_ids), _expanded_runs(tokens, lengths, config.image_token_id)
+        markers = np.flatnonzero(tokens == config.start_token_id)
+        if len(markers) != len(lengths):
+            raise _placeholder_count_error(len(markers), lengths, config.start_token_id)
+        frame = self._frame_ids()
+        pieces: list[tuple[list[int], bool]] = []  # (tokens, inserted here)
+        previous = 0
+        for marker, length in zip(markers.tolist(), lengths.tolist()):
+            pieces.append((token_ids[previous:marker], False))
+            pieces.append((frame, True))
+            pieces.append(([config.start_token_id] + [config.image_token_id] * length + [config.end_token_id], False))
+            pieces.append((frame, True))
+            previous = marker + 1
+        pieces.append((token_ids[previous:], False))
+        expanded = self._merged_newlines(pieces)
+        return expanded, _expanded_runs(np.asarray(expanded, dtype=np.int64), lengths, config.image_token_id)
+
+    def _frame_ids(self) -> list[int]:
+        if self._frame is None:
+            if self.tokenizer is None:
+                raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
+                                          "leaves none)", parameter="multi_modal_data")
+            self._frame = self.tokenizer.encode(self.config.frame_text, add_special_tokens=False)
+        return self._frame
+
+    def _merged_newlines(self, pieces: list[tuple[list[int], bool]]) -> list[int]:
+        """The pieces joined, each run of newline-only tokens that holds inserted ones
+        re-tokenized as one run of newlines (the tokenizer's multi-newline tokens)."""
+        tokens = [token for piece, _ in pieces for token in piece]
+        inserted = [was for piece, was in pieces for _ in piece]
+        out: list[int] = []
+        i = 0
+        while i < len(tokens):
+            if not self._is_newline_only(tokens[i]):
+                out.append(tokens[i])
+                i += 1
+                continue
+            end = i
+            while end < len(tokens) and self._is_newline_only(tokens[end]):
+                end += 1
+            run = tokens[i:end]
+            if any(inserted[i:end]):
+                text = self.tokenizer.decode(run)
+                merged = self.tokenizer.encode(text, add_special_tokens=False)
+                if all(self._is_newline_only(token) for token in merged) and self.tokenizer.decode(merged) == text:
+                    run = merged
+            out.extend(run)
+            i = end
+        return out
+
+    def _is_newline_only(self, token: int) -> bool:
+        known = self._newline_only.get(token)
+        if known is None:
+            text = self.tokenizer.decode([token])
+            known = self._newline_only[token] = bool(text) and not text.strip("\n")
+        return known
+
+
+def _expanded_runs(tokens: np.ndarray, lengths: np.ndarray, image_token_id: int) -> np.ndarray:
+    """Each image's first placeholder position in a prompt already expanded (a run of lengths[i]
+    placeholders per image); refused otherwise."""
+    positions = np.flatnonzero(tokens == image_token_id)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    if len(positions) == bounds[-1]:
+        starts = positions[bounds[:-1]]
+        if np.array_equal(positions, np.concatenate([start + np.arange(n) for start, n in zip(starts, lengths)])):
+            return starts.astype(np.int64)
+    raise _placeholder_count_error(len(positions), lengths, image_token_id)
+
+
+def _placeholder_count_error(found: int, lengths: np.ndarray, token_id: int) -> VLLMValidationError:
+    return VLLMValidationError(f"the prompt holds {found} image placeholder tokens (id {token_id}) for "
+                               f"{len(lengths)} image(s): give one per image (the model's chat template writes it), "
+                               f"or each image's {', '.join(map(str, lengths.tolist()))} in a row",
+                               parameter="multi_modal_data")
+
+
 def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_id: int) -> tuple[list[int], np.ndarray]:
     """Each image's placeholder token (as a chat template writes it) made lengths[i] tokens, as
     transformers' processor expands it; a prompt already expanded (a run of lengths[i] per image)
@@ -225,15 +335,7 @@ def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_i
         repeats[positions] = lengths
         offsets = positions + np.concatenate([[0], np.cumsum(lengths - 1)[:-1]])
         return np.repeat(tokens, repeats).tolist(), offsets.astype(np.int64)
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    if len(positions) == bounds[-1]:
-        starts = positions[bounds[:-1]]
-        if np.array_equal(positions, np.concatenate([start + np.arange(n) for start, n in zip(starts, lengths)])):
-            return list(token_ids), starts.astype(np.int64)
-    raise VLLMValidationError(f"the prompt holds {len(positions)} image placeholder tokens (id {image_token_id}) for "
-                              f"{len(lengths)} image(s): give one per image (the model's chat template writes it), "
-                              f"or each image's {', '.join(map(str, lengths.tolist()))} in a row",
-                              parameter="multi_modal_data")
+    return list(token_ids), _expanded_runs(tokens, lengths, image_token_id)
 
 
 def _load_image_processor(model: str) -> Any:

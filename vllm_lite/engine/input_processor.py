@@ -65,7 +65,7 @@ class InputProcessor:
             eos.append(tokenizer_eos)
         self.eos_token_ids = tuple(eos)
         self._think_tokens: ThinkTokens | None = None  # resolved by the first request with a budget
-        self._images = ImageProcessor(model_config)
+        self._images = ImageProcessor(model_config, tokenizer)
 
     def process_prompt(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
                        lora_request: LoRARequest | None = None,
@@ -97,10 +97,10 @@ class InputProcessor:
         passing the result to `process_prompt`."""
         return self._images.processed(images, uuids) if images else []
 
-    def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
-        """Each image's (height, width), an image left out (None) by its uuid's: what its placeholder
-        count depends on."""
-        return self._images.sizes(images, uuids)
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+        """The prompt's token ids with each image's placeholder expanded as `process_prompt` will
+        expand it (an image left out, None, sized by its uuid's), before its images are processed."""
+        return self._images.expanded(token_ids, images, uuids)
 
     def mm_cache_stats(self) -> dict[str, int]:
         """The processor cache's lookups and hits, in images (vLLM's vllm:mm_cache_queries / _hits)."""

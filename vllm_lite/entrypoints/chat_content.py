@@ -98,11 +98,12 @@ def with_content_format(conversation: list[dict[str, Any]], content_format: str,
 
 
 def image_placeholder(tokenizer: Any, image_encoder: Any) -> str | None:
-    """The text of the model's image placeholder token (what the "string" format writes for an
-    image; vision_config.ImageEncoderConfig's token); None where the model takes no images."""
+    """The text of the token a prompt carries per image (what the "string" format writes for an
+    image: vision_config.ImageEncoderConfig.prompt_token_id, Gemma 3's start-of-image token);
+    None where the model takes no images."""
     if image_encoder is None or tokenizer is None:
         return None
-    return tokenizer.convert_ids_to_tokens(image_encoder.image_token_id)
+    return tokenizer.convert_ids_to_tokens(image_encoder.prompt_token_id)
 
 
 def conversation_images(conversation: list[dict[str, Any]], access: MediaAccess) -> list[Any]:

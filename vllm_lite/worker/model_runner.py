@@ -191,7 +191,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         # vLLM's prompt_embeds and image features of prompts not computed yet
-        self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype))
+        self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype),
+                                          model_config.image_encoder is not None
+                                          and model_config.image_encoder.bidirectional)
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config
@@ -949,6 +951,8 @@ class ModelRunner:
             num_actual_tokens=total,
             max_query_len=step.max_query_len,
             block_size=self.block_size,
+            key_ends_np=(self.prompt_embeds.key_ends(batch, rows, step.query_starts, query_lens, positions)
+                         if self.prompt_embeds else None),
         )
         return StepInputs(
             input_ids=self._input_ids(input_ids, rows, query_lens, cu_lens),

@@ -22,9 +22,12 @@ class PromptEmbeds:
     yet: a request leaves once its last given position is in a step (back with its
     NewRequestData after a preemption), so a step without any costs one dictionary test."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, images_attend_both_ways: bool = False) -> None:
         self.device = device
         self.dtype = dtype
+        # vLLM's "mm prefix LM" (Gemma 3): an image's placeholders attend to each other both ways
+        # (its segments are images only: such a model takes no prompt_embeds beside images)
+        self.images_attend_both_ways = images_attend_both_ways
         self.pending: dict[str, list[Segment]] = {}
 
     def __bool__(self) -> bool:
@@ -47,6 +50,31 @@ class PromptEmbeds:
 
     def forget(self, req_id: str) -> None:
         self.pending.pop(req_id, None)
+
+    def key_ends(self, batch: InputBatch, rows: np.ndarray, query_starts: np.ndarray, query_lens: np.ndarray,
+                 positions: np.ndarray) -> np.ndarray | None:
+        """Where images attend both ways: the keys each of the step's tokens attends (an image
+        placeholder: up to its image's last; others: up to their own `positions`), for the
+        attention metadata's `key_ends_np`; None when no image placeholder is in the step. Call
+        before `take_step` (which lets go of the requests whose images this step completes)."""
+        if not self.images_attend_both_ways:
+            return None
+        key_ends = None
+        for req_id, segments in self.pending.items():
+            row = batch.req_id_to_index.get(req_id)
+            k = int(np.searchsorted(rows, row)) if row is not None else len(rows)
+            if k == len(rows) or rows[k] != row:
+                continue
+            start = int(batch.num_computed_tokens[row])
+            end = start + int(query_lens[k])
+            for first, embeds in segments:
+                last = first + len(embeds)
+                low, high = max(start, first), min(end, last)
+                if low < high:
+                    if key_ends is None:
+                        key_ends = (positions + 1).astype(np.int32)
+                    key_ends[int(query_starts[k]) + low - start:int(query_starts[k]) + high - start] = last
+        return key_ends
 
     def take_step(self, batch: InputBatch, rows: np.ndarray, query_starts: np.ndarray,
                   query_lens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -22,7 +22,6 @@ from starlette.types import Receive, Scope, Send
 
 from vllm_lite.config import MediaAccess, VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
-from vllm_lite.engine.image_inputs import expand_placeholders, placeholder_lengths
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.entrypoints.chat_content import image_sources, image_uuids, resolve_content_format, with_content_format
 from vllm_lite.entrypoints.media import fetch_client, load_image_bytes, open_image
@@ -89,7 +88,7 @@ class EngineClient(Protocol):
 
     async def reset_mm_cache(self) -> None: ...
 
-    def image_sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]: ...
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]: ...
 
     # (the development routes': VLLM_SERVER_DEV_MODE=1)
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
@@ -377,10 +376,8 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         images = await _loaded_images(sources, ctx.engine.vllm_config.model_config.media_access)
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
-    encoder = ctx.engine.vllm_config.model_config.image_encoder
     try:
-        lengths = placeholder_lengths(ctx.engine.image_sizes(images, uuids), encoder)
-        token_ids, _ = expand_placeholders(prompt["prompt_token_ids"], lengths, encoder.image_token_id)
+        token_ids = ctx.engine.expanded_image_prompt(prompt["prompt_token_ids"], images, uuids)
     except VLLMValidationError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     check_length(ctx, len(token_ids), "messages")

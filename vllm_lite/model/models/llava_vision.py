@@ -1,6 +1,7 @@
-"""The vision side of LLaVA 1.5 and LLaVA-NeXT: a CLIP or SigLIP vision transformer and the
-two-layer projector that turns its patch features into language-model input embeddings (one per
-image placeholder token; LLaVA-NeXT's tiles packed as `LlavaImageEncoder._packed` says).
+"""The vision side of LLaVA 1.5, LLaVA-NeXT and Gemma 3: a CLIP or SigLIP vision transformer and the
+projector that turns its patch features into language-model input embeddings (one per image
+placeholder token; LLaVA-NeXT's tiles packed as `LlavaImageEncoder._packed` says; Gemma 3's
+pooled by `Gemma3Projector`).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm_lite.model.layers.activation import plain_activation
+from vllm_lite.model.layers.norm import GemmaRMSNorm
 from vllm_lite.vision_config import ImageEncoderConfig
 
 
@@ -85,8 +87,8 @@ class VisionEncoder(nn.Module):
 
 
 class VisionModel(nn.Module):
-    """The vision transformer; its post_layernorm (of the final output, which LLaVA does not read)
-    is loaded with the checkpoint and not run."""
+    """The vision transformer; its post_layernorm (of the final output: LLaVA does not read it,
+    Gemma 3 does) is run by the encoder that reads it."""
 
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
@@ -128,6 +130,24 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
+class Gemma3Projector(nn.Module):
+    """Gemma 3's (transformers' Gemma3MultiModalProjector): the patch grid average-pooled to
+    `pooled_tokens` features, RMS-normed (Gemma's 1 + w), projected without a bias."""
+
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.patches_per_side = config.image_size // config.patch_size
+        self.pool = self.patches_per_side // int(round(config.pooled_tokens ** 0.5))
+        self.mm_input_projection_weight = nn.Parameter(torch.empty(config.hidden_size, config.text_hidden_size))
+        self.mm_soft_emb_norm = GemmaRMSNorm(config.hidden_size, config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        images, _, width = x.shape
+        grid = x.transpose(1, 2).reshape(images, width, self.patches_per_side, self.patches_per_side)
+        pooled = F.avg_pool2d(grid, self.pool, self.pool).flatten(2).transpose(1, 2)
+        return torch.matmul(self.mm_soft_emb_norm(pooled), self.mm_input_projection_weight).to(x.dtype)
+
+
 def _ours(name: str) -> str:
     """A checkpoint name of the vision side as this module names it."""
     name = name.removeprefix("model.")
@@ -140,13 +160,13 @@ class LlavaImageEncoder(nn.Module):
     """Images -> each one's input embeddings [tokens, text hidden size]: LLaVA 1.5's features of
     the image (transformers' LlavaModel.get_image_features); LLaVA-NeXT's of the whole image, then
     of its tiles laid out as the image, cut to its aspect ratio, each row ended by `image_newline`
-    (LlavaNextModel.pack_image_features)."""
+    (LlavaNextModel.pack_image_features); Gemma 3's pooled features (Gemma3Model.get_image_features)."""
 
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.config = config
         self.vision_tower = VisionTower(config)
-        self.multi_modal_projector = LlavaProjector(config)
+        self.multi_modal_projector = Gemma3Projector(config) if config.pooled_tokens else LlavaProjector(config)
         self.image_newline = nn.Parameter(torch.empty(config.text_hidden_size)) if config.any_resolution else None
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
@@ -175,6 +195,8 @@ class LlavaImageEncoder(nn.Module):
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
         wanted = [layer % depth for layer in config.feature_layers]
         states = self.vision_tower.vision_model.hidden_states(pixel_values, set(wanted))
+        if config.pooled_tokens:  # (Gemma 3 reads SigLIP's last_hidden_state: after its post-layernorm)
+            return self.multi_modal_projector(self.vision_tower.vision_model.post_layernorm(states[wanted[0]]))
         first = 0 if config.keep_first_feature else 1
         features = torch.cat([states[index][:, first:] for index in wanted], dim=-1)
         return self.multi_modal_projector(features)
