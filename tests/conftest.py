@@ -285,6 +285,27 @@ def tiny_llava_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 whose vision side is run (tests/test_gemma3_images.py): a two-layer SigLIP encoder
+    of 56 x 56 images (4 x 4 patches) pooled to 4 features per image, beside a two-layer Gemma 3
+    decoder (a 3-token sliding window, then a global layer); start / end of image are the tiny
+    vocabulary's tokens 997 / 998, the placeholder 999; its image processor saved beside it."""
+    from transformers import Gemma3ImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(1)  # (transformers' own init draws the patch and position embeddings)
+        model = build_tiny_multimodal_model(
+            tmp_path_factory.mktemp("tiny_gemma3_images"), "Gemma3ForConditionalGeneration", "gemma3",
+            tie_word_embeddings=False, head_dim=32,
+            text_extra={"sliding_window": 3, "query_pre_attn_scalar": 32,
+                        "layer_types": ["sliding_attention", "full_attention"]},
+            vision_extra={"num_hidden_layers": 2, "image_size": 56, "vision_use_head": False},
+            config_extra={"mm_tokens_per_image": 4, "boi_token_index": 997, "eoi_token_index": 998})
+    Gemma3ImageProcessor(size={"height": 56, "width": 56}).save_pretrained(model)
+    return model
+
+
+@pytest.fixture(scope="session")
 def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LlavaNextForConditionalGeneration (LLaVA-NeXT / 1.6): CLIP encoder, its image_newline, Qwen2 decoder."""
     return _build_multimodal(tmp_path_factory, "tiny_llava_next", "LlavaNextForConditionalGeneration", "qwen2",

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_reference import IMAGE_TOKEN_ID, build_tiny_multimodal_model, hf_greedy_with_images
+from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -33,20 +33,8 @@ GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import Gemma3ImageProcessor
-
-    with torch.random.fork_rng():
-        torch.manual_seed(1)  # (transformers' own init draws the patch and position embeddings)
-        model = build_tiny_multimodal_model(
-            tmp_path_factory.mktemp("gemma3_images"), "Gemma3ForConditionalGeneration", "gemma3",
-            tie_word_embeddings=False, head_dim=32,
-            text_extra={"sliding_window": 3, "query_pre_attn_scalar": 32,
-                        "layer_types": ["sliding_attention", "full_attention"]},
-            vision_extra={"num_hidden_layers": 2, "image_size": 56, "vision_use_head": False},
-            config_extra={"mm_tokens_per_image": TOKENS_PER_IMAGE, "boi_token_index": BOI, "eoi_token_index": EOI})
-    Gemma3ImageProcessor(size={"height": 56, "width": 56}).save_pretrained(model)
-    return model
+def gemma3(tiny_gemma3_images: Path) -> Path:
+    return tiny_gemma3_images
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +84,7 @@ def test_the_reference_depends_on_the_two_way_mask(gemma3: Path, images: list[Im
     # chunks of 6 tokens: without whole images a chunk would end inside each prompt's first image
     {"max_num_batched_tokens": 6, "enable_chunked_prefill": True},
     {"block_size": 8, "num_kv_blocks": 9, "enable_prefix_caching": False},  # preempted and resumed
+    {"multiprocess": True, "tensor_parallel_size": 2},  # each rank's attention takes the images' key ends
 ])
 def test_greedy_tokens_equal_transformers(gemma3: Path, images: list[Image.Image], reference: list[list[int]],
                                           engine_args: dict) -> None:

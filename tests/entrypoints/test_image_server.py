@@ -149,3 +149,33 @@ def test_http_image_urls_are_fetched(server: LiveServer, image_host: str) -> Non
     assert fetched.status_code == 200, fetched.text
     assert fetched.json()["choices"][0]["token_ids"] == inline.json()["choices"][0]["token_ids"]
     assert missing.status_code == 400 and "fetching" in missing.text and "404" in missing.text, missing.text
+
+
+def test_gemma3_chat_images_frame_and_attend_both_ways(tiny_gemma3_images: Path,
+                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Gemma 3 over HTTP: an image part becomes its start-of-image token framed by "\\n\\n" with
+    its end token around the placeholders (the length checked and counted expanded), answered as
+    transformers answers given the processor's token_type_ids."""
+    import torch
+    from transformers import AutoImageProcessor
+
+    image = _image(5)
+    with running_server(tiny_gemma3_images, tmp_path_factory.mktemp("gemma3") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--dtype", "float32")) as live:
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            reply = _chat(client, [{"type": "text", "text": "the cat"},
+                                   {"type": "image_url", "image_url": {"url": _data_url(image)}}])
+            too_long = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
+                    *[{"type": "image_url", "image_url": {"url": _data_url(image)}}] * 30]}]})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    start = prompt_ids.index(997)
+    assert prompt_ids[start - 2:start + 8] == [201, 201, 997, *[IMAGE_TOKEN_ID] * 4, 998, 201, 201]
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
+    pixels = AutoImageProcessor.from_pretrained(tiny_gemma3_images)(images=[image], return_tensors="pt")["pixel_values"]
+    token_types = (torch.tensor([prompt_ids]) == IMAGE_TOKEN_ID).long()
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(tiny_gemma3_images, prompt_ids, pixels,
+                                                                    NUM_TOKENS, token_type_ids=token_types)
+    assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]
