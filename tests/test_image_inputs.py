@@ -526,3 +526,23 @@ def test_the_engine_core_refuses_images_a_step_could_not_take(llava: Path, image
                              language_model_only=True).create_engine_config().model_config
     with pytest.raises(ValueError, match="image inputs are not taken by this model: language_model_only=True"):
         check_request(good, text_config)
+
+
+def test_disable_chunked_mm_input_keeps_each_image_in_one_step(llava: Path, images: list[Image.Image],
+                                                               reference: list[list[int]]) -> None:
+    """vLLM's disable_chunked_mm_input: chunks of up to 20 tokens end before an image rather than
+    inside it (same tokens); an image longer than a step's budget is refused by name, and the
+    engine goes on."""
+    llm = make_llm(llava, max_num_batched_tokens=20, enable_chunked_prefill=True, disable_chunked_mm_input=True)
+    try:
+        assert run(llm, image_prompts(images)) == reference
+    finally:
+        llm.shutdown()
+    llm = make_llm(llava, max_num_batched_tokens=8, enable_chunked_prefill=True, disable_chunked_mm_input=True)
+    try:
+        with pytest.raises(ValueError, match="an image of the prompt takes 16 tokens, more than "
+                                             "max_num_batched_tokens=8"):
+            run(llm, image_prompts(images)[:1])
+        assert len(run(llm, [{"prompt_token_ids": [5, 17, 33]}])[0]) == NUM_TOKENS
+    finally:
+        llm.shutdown()
