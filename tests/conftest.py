@@ -305,6 +305,37 @@ def tiny_gemma3_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
+# SmolVLM's image prompt tokens, added to the tiny tokenizer as its releases have them
+SMOLVLM_TOKENS = ["<fake_token_around_image>", "<global-img>", "<image>",
+                  *[f"<row_{row}_col_{column}>" for row in (1, 2) for column in (1, 2)]]
+
+
+@pytest.fixture(scope="session")
+def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolVLM whose vision side is run (tests/test_smolvlm_images.py): a two-layer encoder of
+    56 x 56 tiles (4 x 4 patches, pixel-shuffled by 2: 4 features a tile), a Llama decoder; its
+    processor cuts an image into up to 2 x 2 tiles beside the whole image; the tokenizer gains
+    SmolVLM's image tokens (ids 1000-1006, `<image>` 1002)."""
+    import json
+
+    from transformers import AutoTokenizer, SmolVLMImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_tiny_multimodal_model(
+            tmp_path_factory.mktemp("tiny_smolvlm_images"), "SmolVLMForConditionalGeneration", "llama",
+            tie_word_embeddings=False, text_extra={"vocab_size": 1008},
+            vision_extra={"num_hidden_layers": 2, "image_size": 56}, config_extra={"scale_factor": 2})
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_special_tokens({"additional_special_tokens": SMOLVLM_TOKENS}, replace_extra_special_tokens=False)
+    tokenizer.save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    config["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
+    (model / "config.json").write_text(json.dumps(config))
+    SmolVLMImageProcessor(size={"longest_edge": 112}, max_image_size={"longest_edge": 56}).save_pretrained(model)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LlavaNextForConditionalGeneration (LLaVA-NeXT / 1.6): CLIP encoder, its image_newline, Qwen2 decoder."""

@@ -532,9 +532,9 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
     model = getattr(transformers, architecture)(config).to(torch.float32)
     _redraw_weights(model.get_decoder(), seed)
     if vision_extra is not None:  # (a vision side that is run: drawn as widely, so that images matter)
-        tower = model.model.vision_tower
+        tower = getattr(model.model, "vision_tower", None) or model.model.vision_model  # (Idefics3 / SmolVLM's name)
         _redraw_weights(next(module for name, module in tower.named_modules() if name.endswith("encoder")), seed + 2)
-        _redraw_weights(model.model.multi_modal_projector, seed + 3)
+        _redraw_weights(getattr(model.model, "multi_modal_projector", None) or model.model.connector, seed + 3)
     if not tie_word_embeddings:
         _redraw_weights(model.lm_head, seed + 1)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -3,7 +3,10 @@ side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP or SigLIP 
 two-layer projector, an image placeholder token expanded to one token per image feature;
 LLaVA-Interleave is this form with SigLIP; LLaVA-NeXT's tiles; Gemma 3's: SigLIP's last layer
 average-pooled to `mm_tokens_per_image` features, each image's tokens framed by its start and end
-tokens and attending to each other both ways, vLLM's "mm prefix LM").
+tokens and attending to each other both ways, vLLM's "mm prefix LM"; Idefics3 / SmolVLM's: an
+image read as its processor's tiles and the whole image, each a SigLIP-shaped encoder input whose
+last hidden state is pixel-shuffled and projected, each its own run of placeholders between the
+processor's row / column tokens).
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -20,12 +23,16 @@ from typing import Any
 
 # the architectures whose image inputs are implemented
 IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-                       "Gemma3ForConditionalGeneration")
+                       "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
+                       "Idefics3ForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
 # layer norm before its layers, SigLIP's neither (and a patch projection with a bias)
 _VISION_MODEL_TYPES = ("clip_vision_model", "siglip_vision_model")
+# Idefics3 / SmolVLM's encoders: SigLIP's layers with position ids bucketed for partly padded
+# inputs (its processor's tiles are never padded: their ids are SigLIP's)
+_TILE_VISION_MODEL_TYPES = ("idefics3_vision", "smolvlm_vision")
 _SELECT_STRATEGIES = ("default", "full")  # drop the first feature (CLIP's CLS) / keep it
 # the activations model/layers/activation.py `plain_activation` runs
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
@@ -44,7 +51,10 @@ _VISION_READ = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers
                           "num_channels", "image_size", "patch_size", "layer_norm_eps", "hidden_act",
                           # SigLIP's pooling head: loaded with the checkpoint, never run (LLaVA reads
                           # the layers' hidden states)
-                          "vision_use_head"})
+                          "vision_use_head",
+                          # SmolVLM's releases repeat their processor's sizes here (and a training
+                          # flag); its modelling code reads none of them
+                          "max_image_size", "size", "use_base_siglip"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,21 @@ class ImageEncoderConfig:
     # vLLM's "mm prefix LM" (Gemma 3): in a prompt's forward pass an image's placeholders attend
     # to each other both ways (and causally to what precedes), as transformers' token_type_ids mask
     bidirectional: bool = False
+    # Idefics3 / SmolVLM's connector: the last layer's features (after the post-layernorm)
+    # pixel-shuffled by this factor and projected without a bias; each encoder input is one of an
+    # image's tiles or the whole image, its own run of placeholders (0: not this form)
+    pixel_shuffle: int = 0
+
+    @property
+    def tiled(self) -> bool:
+        """An image is several encoder inputs, each its own run of placeholders (Idefics3 / SmolVLM)."""
+        return self.pixel_shuffle > 0
+
+    @property
+    def reads_final_state(self) -> bool:
+        """The features are the encoder's last hidden state after its post-layernorm (Gemma 3,
+        Idefics3 / SmolVLM), not the raw hidden states of `feature_layers` (LLaVA)."""
+        return bool(self.pooled_tokens or self.pixel_shuffle)
 
     @property
     def prompt_token_id(self) -> int:
@@ -147,6 +172,8 @@ class ImageEncoderConfig:
         """An image's placeholder tokens in the prompt: one per feature it becomes."""
         if self.pooled_tokens:
             return self.pooled_tokens
+        if self.pixel_shuffle:
+            return self.num_patches // self.pixel_shuffle ** 2
         return self.num_positions - int(not self.keep_first_feature)
 
 
@@ -160,11 +187,14 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"image inputs of {architecture} are not implemented (implemented: "
                          f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP or SigLIP vision encoder)")
     outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
-    vision = _read_vision(outer)
+    tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
+    vision = _read_vision(outer, _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES)
     if quantized_vision(cfg):
         raise ValueError("a quantized vision encoder is not implemented for image inputs")
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
+    if tiled:
+        return _tiled_encoder(outer, vision)
     if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
         raise ValueError(f"projector_hidden_act={outer.projector_hidden_act!r} is not implemented")
     strategy = outer.vision_feature_select_strategy
@@ -200,12 +230,12 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         grid_pinpoints=pinpoints if architecture == "LlavaNextForConditionalGeneration" else ())
 
 
-def _read_vision(outer: Any) -> dict[str, Any]:
+def _read_vision(outer: Any, model_types: tuple[str, ...]) -> dict[str, Any]:
     """The outer config's vision_config, refused by name where its encoder is not implemented."""
     vision = outer.vision_config.to_dict()
-    if vision.get("model_type") not in _VISION_MODEL_TYPES:
+    if vision.get("model_type") not in model_types:
         raise ValueError(f"vision_config.model_type {vision.get('model_type')!r} is not implemented for image "
-                         f"inputs (implemented: {', '.join(_VISION_MODEL_TYPES)})")
+                         f"inputs (implemented: {', '.join(model_types)})")
     unknown = sorted(name for name in vision if name not in _VISION_READ | _VISION_INERT)
     if unknown:
         raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
@@ -235,6 +265,24 @@ def _gemma3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
         image_token_id=outer.image_token_id, pooled_tokens=tokens, start_token_id=outer.boi_token_id,
         end_token_id=outer.eoi_token_id, frame_text="\n\n", bidirectional=True)
+
+
+def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+    """Idefics3 / SmolVLM's vision side (transformers' SmolVLMConnector): the last hidden state of
+    each tile pixel-shuffled by scale_factor, projected."""
+    side = vision["image_size"] // vision["patch_size"]
+    scale = outer.scale_factor
+    if not (isinstance(scale, int) and scale >= 1 and side % scale == 0):
+        raise ValueError(f"scale_factor={scale!r} must be a positive integer dividing the encoder's {side} x {side} "
+                         "patches (they are pixel-shuffled by it)")
+    return ImageEncoderConfig(
+        encoder_type="siglip_vision_model", hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
+        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
+        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
+        hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
+        projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
+        image_token_id=outer.image_token_id, pixel_shuffle=scale)
 
 
 def quantized_vision(cfg: Mapping[str, Any]) -> bool:

@@ -179,3 +179,32 @@ def test_gemma3_chat_images_frame_and_attend_both_ways(tiny_gemma3_images: Path,
     assert body["choices"][0]["token_ids"] == hf_greedy_with_images(tiny_gemma3_images, prompt_ids, pixels,
                                                                     NUM_TOKENS, token_type_ids=token_types)
     assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]
+
+
+def test_smolvlm_chat_images_expand_as_its_processor(tiny_smolvlm_images: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SmolVLM over HTTP: an image part becomes `<image>`, expanded into its tiles' and whole
+    image's runs between the processor's row / column tokens (the server processes the image to
+    count them), checked against max_model_len, answered as transformers answers."""
+    from transformers import AutoImageProcessor
+
+    image = _image(6)
+    with running_server(tiny_smolvlm_images, tmp_path_factory.mktemp("smolvlm") / "server.log", MODEL, API_KEY,
+                        ("--max-model-len", "256", "--dtype", "float32")) as live:
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            reply = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(image)}},
+                                   {"type": "text", "text": "the cat"}])
+            too_long = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(image)}}] * 12}]})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    image_token = 1002  # (tests/conftest.py's SMOLVLM_TOKENS)
+    pixels = AutoImageProcessor.from_pretrained(tiny_smolvlm_images)(images=[[image]], return_tensors="pt")
+    assert prompt_ids.count(image_token) == 4 * pixels["pixel_values"].shape[1]  # (4 per tile)
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(
+        tiny_smolvlm_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS,
+        pixel_attention_mask=pixels["pixel_attention_mask"])
+    assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]

@@ -72,9 +72,12 @@ def _image_uuids(uuids: Any, count: int) -> list[str | None]:
 class ProcessedImage(NamedTuple):
     """One image as the vision encoder takes it."""
 
-    pixel_values: np.ndarray  # float32 [channels, height, width]; LLaVA-NeXT: [tiles, channels, height, width]
+    pixel_values: np.ndarray  # float32 [channels, height, width]; LLaVA-NeXT, SmolVLM: [tiles, channels, height, width]
     size: tuple[int, int]  # the image's (height, width)
     digest: bytes  # SHA-256 of the pixel values (LLaVA-NeXT: and the size): the prefix and encoder caches' key
+    # Idefics3 / SmolVLM: the (rows, columns) of tiles its processor cut (0, 0: the whole image
+    # only); its tiles, then the whole image, are its encoder inputs
+    grid: tuple[int, int] = (0, 0)
 
 
 class ImageProcessor:
@@ -139,6 +142,8 @@ class ImageProcessor:
     def expanded(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
         """The prompt's token ids with each image's placeholder expanded, before its images are
         processed (what the server checks the prompt's length on)."""
+        if self.model_config.image_encoder.tiled:  # (its tiles depend on the processor's resize: process)
+            return self._placeholders.expand_tiled(token_ids, [image.grid for image in self.processed(images, uuids)])[0]
         lengths = placeholder_lengths(self.sizes(images, uuids), self.model_config.image_encoder)
         return self._placeholders.expand(token_ids, lengths)[0]
 
@@ -156,11 +161,15 @@ class ImageProcessor:
                                       "(Gemma 3's extra crops of an image): not implemented here",
                                       parameter="multi_modal_data")
         try:
-            pixels = self._processor(images=images, return_tensors="np")
+            pixels = (self._processor(images=[[image] for image in images], return_tensors="np",
+                                      return_row_col_info=True)  # (one sample per image: its tiles in a row)
+                      if config.tiled else self._processor(images=images, return_tensors="np"))
         except (ValueError, OSError) as exc:
             raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
                                       parameter="multi_modal_data") from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
+        if config.tiled:
+            return self._tiles(images, values, pixels)
         sizes = np.asarray(pixels["image_sizes"], dtype=np.int64) if config.any_resolution else None
         if sizes is not None and sizes.tolist() != [[image.height, image.width] for image in images]:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' read image sizes "
@@ -182,14 +191,50 @@ class ImageProcessor:
             made.append(ProcessedImage(own, size, digest))
         return made
 
+    def _tiles(self, images: list[Any], values: np.ndarray, pixels: Any) -> list[ProcessedImage]:
+        """Idefics3 / SmolVLM: each image's tiles and whole image (the processor pads a batch with
+        all-zero tiles, left out), each read by the encoder unpadded."""
+        config, made = self.model_config.image_encoder, []
+        for i, image in enumerate(images):
+            rows, columns = int(pixels["rows"][i][0]), int(pixels["cols"][i][0])
+            count = rows * columns + 1 if rows * columns else 1
+            own = values[i, :count].copy()  # (not a view: a kept image would keep the whole batch)
+            if not np.asarray(pixels["pixel_attention_mask"][i, :count]).all():
+                raise VLLMValidationError(f"the image processor of '{self.model_config.model}' padded a tile of an "
+                                          f"image of size {image.height} x {image.width} (its encoder's partly "
+                                          "padded inputs are not implemented: keep do_image_splitting on)",
+                                          parameter="multi_modal_data")
+            try:  # (the engine core's own check, run here to name the processor)
+                check_pixel_values(own, None, count, config)
+            except VLLMValidationError as exc:
+                raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
+                                          f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
+            grid = (rows, columns)
+            digest = hashlib.sha256(own.tobytes() + np.array(grid, np.int64).tobytes()).digest()
+            made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
+        return made
+
     def inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
         """The prompt's token ids with each image's placeholder expanded, and its images as the
         engine takes them (`processed`: what `processed(images, uuids)` gave)."""
         config = self.model_config.image_encoder
+        if config.tiled:
+            return self._tiled_inputs(processed, token_ids)
         lengths = placeholder_lengths([image.size for image in processed], config)
         token_ids, offsets = self._placeholders.expand(token_ids, lengths)
         values, sizes = _stacked(processed, config.any_resolution)
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
+
+
+    def _tiled_inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
+        """Idefics3 / SmolVLM: every tile (and whole image) one encoder input of the engine's,
+        hashed by its image's digest and its index there."""
+        token_ids, offsets = self._placeholders.expand_tiled(token_ids, [image.grid for image in processed])
+        values = np.concatenate([image.pixel_values for image in processed])
+        hashes = [hashlib.sha256(image.digest + index.to_bytes(4, "little")).digest()
+                  for image in processed for index in range(len(image.pixel_values))]
+        lengths = np.full(len(values), self.model_config.image_encoder.tokens_per_image, dtype=np.int64)
+        return token_ids, ImageInputs(values, offsets, lengths, hashes)
 
 
 def _not_kept(index: int, uuid: str | None) -> VLLMValidationError:
@@ -237,6 +282,7 @@ class PlaceholderExpansion:
         self.tokenizer = tokenizer
         self._frame: list[int] | None = None
         self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
+        self._piece_ids: dict[str, list[int]] = {}  # Idefics3 / SmolVLM: the pieces of its image strings
 
     def expand(self, token_ids: list[int], lengths: np.ndarray) -> tuple[list[int], np.ndarray]:
         """The token ids with each image's placeholder expanded (a prompt already expanded, a run
@@ -263,6 +309,50 @@ class PlaceholderExpansion:
         pieces.append((token_ids[previous:], False))
         expanded = self._merged_newlines(pieces)
         return expanded, _expanded_runs(np.asarray(expanded, dtype=np.int64), lengths, config.image_token_id)
+
+    def expand_tiled(self, token_ids: list[int], grids: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
+        """Idefics3 / SmolVLM (its processor's prompt string): each image's placeholder becomes,
+        per row of its tiles, `<fake_token_around_image><row_r_col_c>` and a tile's placeholders for
+        each tile, then a newline; then `\n<fake_token_around_image><global-img>`, the whole image's
+        placeholders and `<fake_token_around_image>` (that alone for an image not cut into tiles).
+        Returns the token ids and each encoder input's first placeholder position."""
+        image_token, per_input = self.config.image_token_id, self.config.tokens_per_image
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        inputs = [rows * columns + 1 if rows * columns else 1 for rows, columns in grids]
+        lengths = np.full(sum(inputs), per_input, dtype=np.int64)
+        markers = np.flatnonzero(tokens == image_token)
+        if len(markers) != len(grids):
+            return list(token_ids), _expanded_runs(tokens, lengths, image_token)
+        for special in ("<fake_token_around_image>", "<global-img>"):
+            if len(self._text_ids(special)) != 1:
+                raise VLLMValidationError(f"the tokenizer has no {special} token, which this model's images are "
+                                          "written with", parameter="multi_modal_data")
+        out: list[int] = []
+        previous = 0
+        for marker, (rows, columns) in zip(markers.tolist(), grids):
+            out.extend(token_ids[previous:marker])
+            for row in range(rows):
+                for column in range(columns):
+                    out.extend(self._text_ids(f"<fake_token_around_image><row_{row + 1}_col_{column + 1}>"))
+                    out.extend([image_token] * per_input)
+                out.extend(self._text_ids("\n"))
+            out.extend(self._text_ids(("\n" if rows * columns else "") + "<fake_token_around_image><global-img>"))
+            out.extend([image_token] * per_input)
+            out.extend(self._text_ids("<fake_token_around_image>"))
+            previous = marker + 1
+        out.extend(token_ids[previous:])
+        return out, _expanded_runs(np.asarray(out, dtype=np.int64), lengths, image_token)
+
+    def _text_ids(self, text: str) -> list[int]:
+        """The tokens of a piece of an image's prompt string (special tokens, newlines), which
+        tokenize apart from the text around them."""
+        if self.tokenizer is None:
+            raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
+                                      "leaves none)", parameter="multi_modal_data")
+        ids = self._piece_ids.get(text)
+        if ids is None:
+            ids = self._piece_ids[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
 
     def _frame_ids(self) -> list[int]:
         if self._frame is None:

@@ -110,10 +110,13 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
         raise VLLMValidationError("images are for generation requests given as token ids", parameter="multi_modal_data")
     offsets, lengths = images.offsets, images.lengths
     count = len(offsets)
-    if not (1 <= count <= model_config.max_images_per_prompt and offsets.shape == lengths.shape == (count,)
+    # (Idefics3 / SmolVLM's inputs are an image's tiles: their number is bounded by the prompt,
+    # where each input's placeholders must lie apart; the client counts the images)
+    most = len(request.prompt_token_ids) if encoder.tiled else model_config.max_images_per_prompt
+    if not (1 <= count <= most and offsets.shape == lengths.shape == (count,)
             and offsets.dtype.kind in "iu" and lengths.dtype.kind in "iu" and len(images.hashes) == count):
-        raise VLLMValidationError(f"images: 1 to {model_config.max_images_per_prompt} images, each with an offset, a "
-                                  "length and a hash", parameter="multi_modal_data")
+        raise VLLMValidationError(f"images: 1 to {most} images, each with an offset, a length and a hash",
+                                  parameter="multi_modal_data")
     check_pixel_values(images.pixel_values, images.image_sizes, count, encoder)
     if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
         raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")

@@ -377,7 +377,8 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     try:
-        token_ids = ctx.engine.expanded_image_prompt(prompt["prompt_token_ids"], images, uuids)
+        # (off the event loop: a tiled model's placeholders are counted by processing its images)
+        token_ids = await asyncio.to_thread(ctx.engine.expanded_image_prompt, prompt["prompt_token_ids"], images, uuids)
     except VLLMValidationError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     check_length(ctx, len(token_ids), "messages")

@@ -1,7 +1,7 @@
 """The vision side of LLaVA 1.5, LLaVA-NeXT and Gemma 3: a CLIP or SigLIP vision transformer and the
 projector that turns its patch features into language-model input embeddings (one per image
 placeholder token; LLaVA-NeXT's tiles packed as `LlavaImageEncoder._packed` says; Gemma 3's
-pooled by `Gemma3Projector`).
+pooled by `Gemma3Projector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
@@ -148,9 +148,36 @@ class Gemma3Projector(nn.Module):
         return torch.matmul(self.mm_soft_emb_norm(pooled), self.mm_input_projection_weight).to(x.dtype)
 
 
+class PixelShuffleModalityProjection(nn.Module):
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(config.hidden_size * config.pixel_shuffle ** 2, config.text_hidden_size, bias=False)
+
+
+class PixelShuffleConnector(nn.Module):
+    """Idefics3 / SmolVLM's (transformers' SmolVLMConnector): each `scale` x `scale` square of
+    patch features concatenated into one feature (in its row-major order), then projected."""
+
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.scale = config.pixel_shuffle
+        self.modality_projection = PixelShuffleModalityProjection(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs, patches, width = x.shape
+        side, scale = int(round(patches ** 0.5)), self.scale
+        squares = (x.view(inputs, side // scale, scale, side // scale, scale, width).permute(0, 1, 3, 2, 4, 5)
+                   .reshape(inputs, patches // scale ** 2, scale * scale * width))
+        return self.modality_projection.proj(squares)
+
+
 def _ours(name: str) -> str:
     """A checkpoint name of the vision side as this module names it."""
     name = name.removeprefix("model.")
+    if name.startswith("vision_model."):  # (Idefics3 / SmolVLM's names)
+        return "vision_tower." + name
+    if name.startswith("connector."):
+        return "multi_modal_projector." + name.removeprefix("connector.")
     if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
         name = "vision_tower.vision_model." + name.removeprefix("vision_tower.")  # (transformers 5's form)
     return name
@@ -166,7 +193,9 @@ class LlavaImageEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.vision_tower = VisionTower(config)
-        self.multi_modal_projector = Gemma3Projector(config) if config.pooled_tokens else LlavaProjector(config)
+        self.multi_modal_projector = (Gemma3Projector(config) if config.pooled_tokens
+                                      else PixelShuffleConnector(config) if config.pixel_shuffle
+                                      else LlavaProjector(config))
         self.image_newline = nn.Parameter(torch.empty(config.text_hidden_size)) if config.any_resolution else None
 
     def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
@@ -195,7 +224,7 @@ class LlavaImageEncoder(nn.Module):
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
         wanted = [layer % depth for layer in config.feature_layers]
         states = self.vision_tower.vision_model.hidden_states(pixel_values, set(wanted))
-        if config.pooled_tokens:  # (Gemma 3 reads SigLIP's last_hidden_state: after its post-layernorm)
+        if config.reads_final_state:  # (Gemma 3, SmolVLM: SigLIP's last_hidden_state, after its post-layernorm)
             return self.multi_modal_projector(self.vision_tower.vision_model.post_layernorm(states[wanted[0]]))
         first = 0 if config.keep_first_feature else 1
         features = torch.cat([states[index][:, first:] for index in wanted], dim=-1)
