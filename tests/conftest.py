@@ -315,7 +315,7 @@ def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolVLM whose vision side is run (tests/test_smolvlm_images.py): a two-layer encoder of
     56 x 56 tiles (4 x 4 patches, pixel-shuffled by 2: 4 features a tile), a Llama decoder; its
     processor cuts an image into up to 2 x 2 tiles beside the whole image; the tokenizer gains
-    SmolVLM's image tokens (ids 1000-1006, `<image>` 1002)."""
+    SmolVLM's image tokens (ids 1000-1006, `<image>` 1002) and a "\\n\\n" token (1007)."""
     import json
 
     from transformers import AutoTokenizer, SmolVLMImageProcessor
@@ -328,6 +328,7 @@ def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
             vision_extra={"num_hidden_layers": 2, "image_size": 56}, config_extra={"scale_factor": 2})
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.add_special_tokens({"additional_special_tokens": SMOLVLM_TOKENS}, replace_extra_special_tokens=False)
+    tokenizer.add_tokens(["\n\n"])  # (as SmolVLM's own tokenizer reads the image string's "\n\n": one token)
     tokenizer.save_pretrained(model)
     config = json.loads((model / "config.json").read_text())
     config["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")

@@ -282,7 +282,7 @@ class PlaceholderExpansion:
         self.tokenizer = tokenizer
         self._frame: list[int] | None = None
         self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
-        self._piece_ids: dict[str, list[int]] = {}  # Idefics3 / SmolVLM: the pieces of its image strings
+        self._image_strings: dict[tuple[int, int], list[int]] = {}  # Idefics3 / SmolVLM: grid -> its tokens
 
     def expand(self, token_ids: list[int], lengths: np.ndarray) -> tuple[list[int], np.ndarray]:
         """The token ids with each image's placeholder expanded (a prompt already expanded, a run
@@ -311,11 +311,12 @@ class PlaceholderExpansion:
         return expanded, _expanded_runs(np.asarray(expanded, dtype=np.int64), lengths, config.image_token_id)
 
     def expand_tiled(self, token_ids: list[int], grids: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
-        """Idefics3 / SmolVLM (its processor's prompt string): each image's placeholder becomes,
-        per row of its tiles, `<fake_token_around_image><row_r_col_c>` and a tile's placeholders for
-        each tile, then a newline; then `\n<fake_token_around_image><global-img>`, the whole image's
-        placeholders and `<fake_token_around_image>` (that alone for an image not cut into tiles).
-        Returns the token ids and each encoder input's first placeholder position."""
+        """Idefics3 / SmolVLM: each image's placeholder becomes its processor's prompt string (per
+        row of its tiles, `<fake_token_around_image><row_r_col_c>` and a tile's placeholders for each
+        tile, then a newline; then `\n<fake_token_around_image><global-img>`, the whole image's
+        placeholders and `<fake_token_around_image>`; that last part alone for an image not cut),
+        tokenized whole as the processor's text is (special tokens at both ends keep it apart from
+        the text around). Returns the token ids and each encoder input's first placeholder position."""
         image_token, per_input = self.config.image_token_id, self.config.tokens_per_image
         tokens = np.asarray(token_ids, dtype=np.int64)
         inputs = [rows * columns + 1 if rows * columns else 1 for rows, columns in grids]
@@ -323,35 +324,37 @@ class PlaceholderExpansion:
         markers = np.flatnonzero(tokens == image_token)
         if len(markers) != len(grids):
             return list(token_ids), _expanded_runs(tokens, lengths, image_token)
-        for special in ("<fake_token_around_image>", "<global-img>"):
-            if len(self._text_ids(special)) != 1:
-                raise VLLMValidationError(f"the tokenizer has no {special} token, which this model's images are "
-                                          "written with", parameter="multi_modal_data")
         out: list[int] = []
         previous = 0
-        for marker, (rows, columns) in zip(markers.tolist(), grids):
+        for marker, grid in zip(markers.tolist(), grids):
             out.extend(token_ids[previous:marker])
-            for row in range(rows):
-                for column in range(columns):
-                    out.extend(self._text_ids(f"<fake_token_around_image><row_{row + 1}_col_{column + 1}>"))
-                    out.extend([image_token] * per_input)
-                out.extend(self._text_ids("\n"))
-            out.extend(self._text_ids(("\n" if rows * columns else "") + "<fake_token_around_image><global-img>"))
-            out.extend([image_token] * per_input)
-            out.extend(self._text_ids("<fake_token_around_image>"))
+            out.extend(self._image_string_ids(grid))
             previous = marker + 1
         out.extend(token_ids[previous:])
         return out, _expanded_runs(np.asarray(out, dtype=np.int64), lengths, image_token)
 
-    def _text_ids(self, text: str) -> list[int]:
-        """The tokens of a piece of an image's prompt string (special tokens, newlines), which
-        tokenize apart from the text around them."""
+    def _image_string_ids(self, grid: tuple[int, int]) -> list[int]:
+        """The tokens of the prompt string of an image cut into `grid` tiles (kept per grid)."""
+        ids = self._image_strings.get(grid)
+        if ids is not None:
+            return ids
         if self.tokenizer is None:
             raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
                                       "leaves none)", parameter="multi_modal_data")
-        ids = self._piece_ids.get(text)
-        if ids is None:
-            ids = self._piece_ids[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        image = self.tokenizer.convert_ids_to_tokens(self.config.image_token_id) * self.config.tokens_per_image
+        whole = f"<fake_token_around_image><global-img>{image}<fake_token_around_image>"
+        rows, columns = grid
+        text = "".join("".join(f"<fake_token_around_image><row_{row + 1}_col_{column + 1}>{image}"
+                               for column in range(columns)) + "\n" for row in range(rows))
+        text = text + "\n" + whole if rows * columns else whole
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        inputs = rows * columns + 1 if rows * columns else 1
+        fake = self.tokenizer.convert_tokens_to_ids("<fake_token_around_image>")
+        if ids.count(self.config.image_token_id) != inputs * self.config.tokens_per_image or ids[0] != fake:
+            raise VLLMValidationError("the tokenizer does not read this model's image prompt string "
+                                      "(<fake_token_around_image>, <global-img>, <row_r_col_c> and its image "
+                                      "token as tokens of their own)", parameter="multi_modal_data")
+        self._image_strings[grid] = ids
         return ids
 
     def _frame_ids(self) -> list[int]:
