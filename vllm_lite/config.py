@@ -1329,14 +1329,15 @@ class EngineArgs:
                f"max_num_active_seqs must be in [1, max_num_seqs={self.max_num_seqs}] or None, got {active!r}")
         _check(isinstance(self.disable_chunked_mm_input, bool),
                f"disable_chunked_mm_input must be a bool, got {self.disable_chunked_mm_input!r}")
-        whole_images = self.disable_chunked_mm_input or (image_encoder is not None and image_encoder.bidirectional)
-        if image_encoder is not None and image_encoder.bidirectional:
+        images_attend_both_ways = image_encoder is not None and image_encoder.bidirectional
+        if images_attend_both_ways:
             _check(max_tokens >= image_encoder.tokens_per_image,
                    f"max_num_batched_tokens={max_tokens} is smaller than an image's {image_encoder.tokens_per_image} "
                    "tokens, which this model computes in one step (they attend each other both ways)")
         return SchedulerConfig(self.max_num_seqs, max_tokens, max_model_len, self.enable_chunked_prefill,
                                async_scheduling, self.stream_interval, self.scheduling_policy, threshold,
-                               self.max_num_queued_reqs, self.max_num_queued_tokens, active, whole_images)
+                               self.max_num_queued_reqs, self.max_num_queued_tokens, active,
+                               self.disable_chunked_mm_input or images_attend_both_ways)
 
     def _parallel_config(self, hf: HFModelConfig) -> ParallelConfig:
         tp, nnodes, port = self.tensor_parallel_size, self.nnodes, self.master_port

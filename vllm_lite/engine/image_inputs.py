@@ -196,8 +196,8 @@ class ImageProcessor:
         all-zero tiles, left out), each read by the encoder unpadded."""
         config, made = self.model_config.image_encoder, []
         for i, image in enumerate(images):
-            rows, columns = int(pixels["rows"][i][0]), int(pixels["cols"][i][0])
-            count = rows * columns + 1 if rows * columns else 1
+            grid = (int(pixels["rows"][i][0]), int(pixels["cols"][i][0]))
+            count = tile_inputs(grid)
             own = values[i, :count].copy()  # (not a view: a kept image would keep the whole batch)
             if not np.asarray(pixels["pixel_attention_mask"][i, :count]).all():
                 raise VLLMValidationError(f"the image processor of '{self.model_config.model}' padded a tile of an "
@@ -209,7 +209,6 @@ class ImageProcessor:
             except VLLMValidationError as exc:
                 raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
                                           f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
-            grid = (rows, columns)
             digest = hashlib.sha256(own.tobytes() + np.array(grid, np.int64).tobytes()).digest()
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
@@ -224,7 +223,6 @@ class ImageProcessor:
         token_ids, offsets = self._placeholders.expand(token_ids, lengths)
         values, sizes = _stacked(processed, config.any_resolution)
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
-
 
     def _tiled_inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
         """Idefics3 / SmolVLM: every tile (and whole image) one encoder input of the engine's,
@@ -319,8 +317,7 @@ class PlaceholderExpansion:
         the text around). Returns the token ids and each encoder input's first placeholder position."""
         image_token, per_input = self.config.image_token_id, self.config.tokens_per_image
         tokens = np.asarray(token_ids, dtype=np.int64)
-        inputs = [rows * columns + 1 if rows * columns else 1 for rows, columns in grids]
-        lengths = np.full(sum(inputs), per_input, dtype=np.int64)
+        lengths = np.full(sum(map(tile_inputs, grids)), per_input, dtype=np.int64)
         markers = np.flatnonzero(tokens == image_token)
         if len(markers) != len(grids):
             return list(token_ids), _expanded_runs(tokens, lengths, image_token)
@@ -338,9 +335,7 @@ class PlaceholderExpansion:
         ids = self._image_strings.get(grid)
         if ids is not None:
             return ids
-        if self.tokenizer is None:
-            raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
-                                      "leaves none)", parameter="multi_modal_data")
+        self._check_tokenizer()
         image = self.tokenizer.convert_ids_to_tokens(self.config.image_token_id) * self.config.tokens_per_image
         whole = f"<fake_token_around_image><global-img>{image}<fake_token_around_image>"
         rows, columns = grid
@@ -348,9 +343,8 @@ class PlaceholderExpansion:
                                for column in range(columns)) + "\n" for row in range(rows))
         text = text + "\n" + whole if rows * columns else whole
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        inputs = rows * columns + 1 if rows * columns else 1
         fake = self.tokenizer.convert_tokens_to_ids("<fake_token_around_image>")
-        if ids.count(self.config.image_token_id) != inputs * self.config.tokens_per_image or ids[0] != fake:
+        if ids.count(self.config.image_token_id) != tile_inputs(grid) * self.config.tokens_per_image or ids[0] != fake:
             raise VLLMValidationError("the tokenizer does not read this model's image prompt string "
                                       "(<fake_token_around_image>, <global-img>, <row_r_col_c> and its image "
                                       "token as tokens of their own)", parameter="multi_modal_data")
@@ -359,11 +353,14 @@ class PlaceholderExpansion:
 
     def _frame_ids(self) -> list[int]:
         if self._frame is None:
-            if self.tokenizer is None:
-                raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
-                                          "leaves none)", parameter="multi_modal_data")
+            self._check_tokenizer()
             self._frame = self.tokenizer.encode(self.config.frame_text, add_special_tokens=False)
         return self._frame
+
+    def _check_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            raise VLLMValidationError("image inputs of this model need its tokenizer (skip_tokenizer_init=True "
+                                      "leaves none)", parameter="multi_modal_data")
 
     def _merged_newlines(self, pieces: list[tuple[list[int], bool]]) -> list[int]:
         """The pieces joined, each run of newline-only tokens that holds inserted ones
@@ -396,6 +393,13 @@ class PlaceholderExpansion:
             text = self.tokenizer.decode([token])
             known = self._newline_only[token] = bool(text) and not text.strip("\n")
         return known
+
+
+def tile_inputs(grid: tuple[int, int]) -> int:
+    """Idefics3 / SmolVLM: the encoder inputs of an image its processor cut into `grid` (rows,
+    columns) tiles: each tile and the whole image (the whole image alone for (0, 0))."""
+    rows, columns = grid
+    return rows * columns + 1 if rows * columns else 1
 
 
 def _expanded_runs(tokens: np.ndarray, lengths: np.ndarray, image_token_id: int) -> np.ndarray:
