@@ -337,6 +337,45 @@ def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
+# Qwen2-VL's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
+QWEN2_VL_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2-VL whose vision side is run (tests/test_qwen2_vl_images.py): a two-block vision
+    transformer of 14-pixel patches (2 x 2 merged into one feature), a Qwen2 decoder with M-RoPE
+    sections (2, 3, 3); its processor resizes an image to 4 to 16 merged squares of 28 pixels."""
+    return _qwen_vl_images(tmp_path_factory, "Qwen2VLForConditionalGeneration", {"depth": 2})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2.5-VL whose vision side is run, as `tiny_qwen2_vl_images`; its first block attends
+    within windows of 2 x 2 merged squares (56 pixels), its second over the whole image."""
+    return _qwen_vl_images(tmp_path_factory, "Qwen2_5_VLForConditionalGeneration",
+                           {"depth": 2, "window_size": 56, "fullatt_block_indexes": [1]})
+
+
+def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_extra: dict) -> Path:
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_tiny_multimodal_model(
+            factory.mktemp(f"tiny_{architecture}_images"), architecture, "qwen2",
+            tie_word_embeddings=False, text_extra={"vocab_size": 1003}, vision_extra=vision_extra)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN2_VL_TOKENS}, replace_extra_special_tokens=False)
+    tokenizer.save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    start, image, end = tokenizer.convert_tokens_to_ids(QWEN2_VL_TOKENS)
+    config.update(image_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
+    (model / "config.json").write_text(json.dumps(config))
+    Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16).save_pretrained(model)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_llava_next(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """LlavaNextForConditionalGeneration (LLaVA-NeXT / 1.6): CLIP encoder, its image_newline, Qwen2 decoder."""

@@ -6,7 +6,11 @@ average-pooled to `mm_tokens_per_image` features, each image's tokens framed by 
 tokens and attending to each other both ways, vLLM's "mm prefix LM"; Idefics3 / SmolVLM's: an
 image read as its processor's tiles and the whole image, each a SigLIP-shaped encoder input whose
 last hidden state is pixel-shuffled and projected, each its own run of placeholders between the
-processor's row / column tokens).
+processor's row / column tokens; Qwen2-VL's: an image of any size read as its processor's patches
+by a vision transformer with 2-D rotary positions, each 2 x 2 square of patches merged into one
+feature, whose placeholders take multimodal rotary positions (M-RoPE) in the language model;
+Qwen2.5-VL's: the same with RMS norms, gated MLPs and attention within windows of patches in
+most of its blocks).
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -24,7 +28,8 @@ from typing import Any
 # the architectures whose image inputs are implemented
 IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                        "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
-                       "Idefics3ForConditionalGeneration")
+                       "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+                       "Qwen2_5_VLForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -33,6 +38,20 @@ _VISION_MODEL_TYPES = ("clip_vision_model", "siglip_vision_model")
 # Idefics3 / SmolVLM's encoders: SigLIP's layers with position ids bucketed for partly padded
 # inputs (its processor's tiles are never padded: their ids are SigLIP's)
 _TILE_VISION_MODEL_TYPES = ("idefics3_vision", "smolvlm_vision")
+# Qwen2-VL's and Qwen2.5-VL's vision transformers: fields read (older configs spell in_channels
+# `in_chans` and repeat patch_size as `spatial_patch_size`: read where they agree; Qwen2.5-VL's
+# `tokens_per_second` spaces a video's frames, and videos are refused)
+_QWEN_VL_VISION_READ = {
+    "Qwen2VLForConditionalGeneration": frozenset({
+        "depth", "embed_dim", "hidden_size", "hidden_act", "mlp_ratio", "num_heads", "in_channels", "patch_size",
+        "spatial_merge_size", "temporal_patch_size", "rope_parameters", "in_chans", "spatial_patch_size"}),
+    "Qwen2_5_VLForConditionalGeneration": frozenset({
+        "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels", "patch_size",
+        "spatial_merge_size", "temporal_patch_size", "rope_parameters", "in_chans", "spatial_patch_size",
+        "out_hidden_size", "window_size", "fullatt_block_indexes", "tokens_per_second"}),
+}
+# transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
+_DEFAULT_MROPE_SECTION = (16, 24, 24)
 _SELECT_STRATEGIES = ("default", "full")  # drop the first feature (CLIP's CLS) / keep it
 # the activations model/layers/activation.py `plain_activation` runs
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
@@ -97,6 +116,46 @@ class ImageEncoderConfig:
     # pixel-shuffled by this factor and projected without a bias; each encoder input is one of an
     # image's tiles or the whole image, its own run of placeholders (0: not this form)
     pixel_shuffle: int = 0
+    # Qwen2-VL: each `spatial_merge` x `spatial_merge` square of patches merged into one feature
+    # (0: not this form); an image's patches are `temporal_patch` frames (a picture repeated) of
+    # patch_size x patch_size pixels; the language model's M-RoPE splits each head's rotated pairs
+    # into `mrope_section` parts turned by the temporal, height and width positions
+    spatial_merge: int = 0
+    temporal_patch: int = 0
+    mrope_section: tuple[int, ...] = ()
+    vision_rope_theta: float = 10000.0
+    # Qwen2.5-VL: blocks attend within windows of window_size x window_size pixels (of merged
+    # squares), but those of `full_attention_blocks` over the whole image
+    window_size: int = 0
+    full_attention_blocks: tuple[int, ...] = ()
+    # Qwen2-VL: the tokens around an image's placeholder in its prompts (vision start / end),
+    # which a chat written in the "string" content format writes with it
+    frame_token_ids: tuple[int, int] | None = None
+
+    @property
+    def mrope(self) -> bool:
+        """Qwen2-VL's form: patches of any image size, multimodal rotary positions."""
+        return self.spatial_merge > 0
+
+    @property
+    def patch_values(self) -> int:
+        """Qwen2-VL: the pixel values of one patch (channels x frames x patch_size²)."""
+        return self.num_channels * self.temporal_patch * self.patch_size ** 2
+
+    @property
+    def windowed(self) -> bool:
+        """Qwen2.5-VL's vision transformer (window attention, RMS norms, gated MLPs)."""
+        return self.window_size > 0
+
+    def merged_tokens(self, rows: int, columns: int) -> int:
+        """Qwen2-VL: the placeholders of an image of rows x columns patches (one per merged square)."""
+        return rows * columns // self.spatial_merge ** 2
+
+    @property
+    def counted_by_processing(self) -> bool:
+        """An image's placeholder count depends on its processor's resize (SmolVLM's tiles,
+        Qwen2-VL's patches): the image is processed to count them."""
+        return self.tiled or self.mrope
 
     @property
     def tiled(self) -> bool:
@@ -187,10 +246,12 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"image inputs of {architecture} are not implemented (implemented: "
                          f"{', '.join(IMAGE_ARCHITECTURES)} with a CLIP or SigLIP vision encoder)")
     outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
-    tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
-    vision = _read_vision(outer, _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES)
     if quantized_vision(cfg):
         raise ValueError("a quantized vision encoder is not implemented for image inputs")
+    if architecture in _QWEN_VL_VISION_READ:
+        return _qwen_vl_encoder(outer, architecture)
+    tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
+    vision = _read_vision(outer, _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES)
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
     if tiled:
@@ -283,6 +344,55 @@ def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
         projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
         image_token_id=outer.image_token_id, pixel_shuffle=scale)
+
+
+def _qwen_vl_encoder(outer: Any, architecture: str) -> ImageEncoderConfig:
+    """Qwen2-VL's and Qwen2.5-VL's vision side (transformers' Qwen2VisionTransformerPretrainedModel /
+    Qwen2_5_VisionTransformerPretrainedModel and their patch mergers) and the language model's
+    M-RoPE sections (its text config's rope parameters)."""
+    vision = outer.vision_config.to_dict()
+    unknown = sorted(name for name in vision if name not in _QWEN_VL_VISION_READ[architecture] | _VISION_INERT)
+    if unknown:
+        raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
+    if vision.get("in_chans", vision["in_channels"]) != vision["in_channels"] or \
+            vision.get("spatial_patch_size", vision["patch_size"]) != vision["patch_size"]:
+        raise ValueError("vision_config: in_chans / spatial_patch_size disagree with in_channels / patch_size")
+    rope = dict(vision.get("rope_parameters") or {})
+    if rope.get("rope_type", "axial") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
+        raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
+    if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"vision_config.hidden_act={vision['hidden_act']!r} is not implemented")
+    text = outer.get_text_config()
+    windowed = architecture == "Qwen2_5_VLForConditionalGeneration"
+    output = "out_hidden_size" if windowed else "hidden_size"
+    if vision[output] != text.hidden_size:
+        raise ValueError(f"vision_config.{output}={vision[output]} must be the language model's "
+                         f"hidden_size {text.hidden_size} (the merger's output feeds it)")
+    merge, heads = vision["spatial_merge_size"], vision["num_heads"]
+    embed_dim = vision["hidden_size" if windowed else "embed_dim"]
+    if not (isinstance(merge, int) and merge >= 1) or embed_dim % heads or (embed_dim // heads) % 4:
+        raise ValueError(f"vision_config: spatial_merge_size={merge!r}, embed_dim={embed_dim}, num_heads={heads}: "
+                         "a positive merge size and a head size divisible by 4 (its 2-D rotary) are needed")
+    text_rope = dict(getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {})
+    section = tuple(text_rope.get("mrope_section") or _DEFAULT_MROPE_SECTION)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if len(section) != 3 or sum(section) != head_dim // 2 or text_rope.get("mrope_interleaved"):
+        raise ValueError(f"mrope_section={list(section)!r} must be three parts of the language model's "
+                         f"{head_dim // 2} rotated pairs (interleaved sections are not implemented)")
+    window, full_blocks = (vision["window_size"], tuple(vision["fullatt_block_indexes"])) if windowed else (0, ())
+    unit = merge * vision["patch_size"]
+    if windowed and not (isinstance(window, int) and window >= unit and window % unit == 0):
+        raise ValueError(f"vision_config.window_size={window!r} must be a multiple of a merged square's {unit} pixels")
+    return ImageEncoderConfig(
+        encoder_type=vision["model_type"], hidden_size=embed_dim,
+        intermediate_size=vision["intermediate_size"] if windowed else int(embed_dim * vision["mlp_ratio"]),
+        num_layers=vision["depth"], num_heads=heads, num_channels=vision["in_channels"], image_size=0,
+        patch_size=vision["patch_size"], layer_norm_eps=1e-6, hidden_act=vision["hidden_act"],
+        feature_layers=(vision["depth"],), keep_first_feature=True, projector_act="gelu", projector_bias=True,
+        text_hidden_size=text.hidden_size, image_token_id=outer.image_token_id, spatial_merge=merge,
+        temporal_patch=vision["temporal_patch_size"], mrope_section=section,
+        vision_rope_theta=float(rope.get("rope_theta", 10000.0)), window_size=window, full_attention_blocks=full_blocks,
+        frame_token_ids=(outer.vision_start_token_id, outer.vision_end_token_id))
 
 
 def quantized_vision(cfg: Mapping[str, Any]) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 from live_server import LiveServer, running_server
 from PIL import Image
 
@@ -207,4 +208,36 @@ def test_smolvlm_chat_images_expand_as_its_processor(tiny_smolvlm_images: Path,
     assert body["choices"][0]["token_ids"] == hf_greedy_with_images(
         tiny_smolvlm_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS,
         pixel_attention_mask=pixels["pixel_attention_mask"])
+    assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]
+
+
+def test_qwen2_5_vl_chat_images_take_their_patches_and_positions(tiny_qwen2_5_vl_images: Path,
+                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Qwen2.5-VL over HTTP: an image part becomes vision start, `<|image_pad|>` once per merged
+    square of its processor's patches (the server processes the image to count them), vision end;
+    checked against max_model_len, answered as transformers answers (M-RoPE positions)."""
+    from transformers import AutoImageProcessor
+
+    image = _image(7)
+    with running_server(tiny_qwen2_5_vl_images, tmp_path_factory.mktemp("qwen2_5_vl") / "server.log", MODEL,
+                        API_KEY, ("--max-model-len", "256", "--dtype", "float32")) as live:
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            reply = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(image)}},
+                                   {"type": "text", "text": "the cat"}])
+            too_long = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(image)}}] * 40}]})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    start, pad, end = 1000, 1001, 1002  # (tests/conftest.py's QWEN2_VL_TOKENS)
+    pixels = AutoImageProcessor.from_pretrained(tiny_qwen2_5_vl_images)(images=[image], return_tensors="pt")
+    squares = int(pixels["image_grid_thw"].prod()) // 4
+    first = prompt_ids.index(start)
+    assert prompt_ids[first:first + squares + 2] == [start, *[pad] * squares, end]
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
+    ids = torch.tensor([prompt_ids])
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(
+        tiny_qwen2_5_vl_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS,
+        image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=(ids == pad).int())
     assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]

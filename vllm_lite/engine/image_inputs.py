@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.request_checks import check_pixel_values
+from vllm_lite.engine.request_checks import check_patches, check_pixel_values
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sized_lru import SizedLru
 from vllm_lite.wire import ImageInputs
@@ -72,11 +72,16 @@ def _image_uuids(uuids: Any, count: int) -> list[str | None]:
 class ProcessedImage(NamedTuple):
     """One image as the vision encoder takes it."""
 
-    pixel_values: np.ndarray  # float32 [channels, height, width]; LLaVA-NeXT, SmolVLM: [tiles, channels, height, width]
+    # float32 [channels, height, width]; LLaVA-NeXT, SmolVLM: [tiles, channels, height, width];
+    # Qwen2-VL: [patches, values of a patch]
+    pixel_values: np.ndarray
     size: tuple[int, int]  # the image's (height, width)
-    digest: bytes  # SHA-256 of the pixel values (LLaVA-NeXT: and the size): the prefix and encoder caches' key
+    # SHA-256 of the pixel values (LLaVA-NeXT: and the size; SmolVLM, Qwen2-VL: and the grid): the
+    # prefix and encoder caches' key
+    digest: bytes
     # Idefics3 / SmolVLM: the (rows, columns) of tiles its processor cut (0, 0: the whole image
-    # only); its tiles, then the whole image, are its encoder inputs
+    # only); its tiles, then the whole image, are its encoder inputs. Qwen2-VL: its (rows,
+    # columns) of patches
     grid: tuple[int, int] = (0, 0)
 
 
@@ -142,9 +147,12 @@ class ImageProcessor:
     def expanded(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
         """The prompt's token ids with each image's placeholder expanded, before its images are
         processed (what the server checks the prompt's length on)."""
-        if self.model_config.image_encoder.tiled:  # (its tiles depend on the processor's resize: process)
+        config = self.model_config.image_encoder
+        if config.tiled:  # (its tiles depend on the processor's resize: process)
             return self._placeholders.expand_tiled(token_ids, [image.grid for image in self.processed(images, uuids)])[0]
-        lengths = placeholder_lengths(self.sizes(images, uuids), self.model_config.image_encoder)
+        if config.mrope:  # (so do its patches)
+            return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids), config))[0]
+        lengths = placeholder_lengths(self.sizes(images, uuids), config)
         return self._placeholders.expand(token_ids, lengths)[0]
 
     def reset_cache(self) -> None:
@@ -170,6 +178,8 @@ class ImageProcessor:
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
         if config.tiled:
             return self._tiles(images, values, pixels)
+        if config.mrope:
+            return self._patches(images, values, np.asarray(pixels["image_grid_thw"], dtype=np.int64))
         sizes = np.asarray(pixels["image_sizes"], dtype=np.int64) if config.any_resolution else None
         if sizes is not None and sizes.tolist() != [[image.height, image.width] for image in images]:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' read image sizes "
@@ -213,12 +223,40 @@ class ImageProcessor:
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
 
+    def _patches(self, images: list[Any], values: np.ndarray, grids: np.ndarray) -> list[ProcessedImage]:
+        """Qwen2-VL: each image's patches (the processor gives the batch's in one run) and grid."""
+        config, made = self.model_config.image_encoder, []
+        if grids.shape != (len(images), 3) or (grids[:, 0] != 1).any():
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made patch grids "
+                                      f"{grids.tolist()} for {len(images)} image(s) (one frame each expected)",
+                                      parameter="multi_modal_data")
+        ends = np.cumsum(grids.prod(axis=1))
+        for image, grid, start, end in zip(images, grids[:, 1:], ends - grids.prod(axis=1), ends):
+            own = values[start:end].copy()  # (not a view: a kept image would keep the whole batch)
+            try:  # (the engine core's own check, run here to name the processor)
+                check_patches(own[None], grid[None], 1, config)
+            except VLLMValidationError as exc:
+                raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
+                                          f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
+            digest = hashlib.sha256(own.tobytes() + grid.tobytes()).digest()
+            made.append(ProcessedImage(own, (image.height, image.width), digest, (int(grid[0]), int(grid[1]))))
+        return made
+
     def inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
         """The prompt's token ids with each image's placeholder expanded, and its images as the
         engine takes them (`processed`: what `processed(images, uuids)` gave)."""
         config = self.model_config.image_encoder
         if config.tiled:
             return self._tiled_inputs(processed, token_ids)
+        if config.mrope:
+            lengths = _patch_lengths(processed, config)
+            token_ids, offsets = self._placeholders.expand(token_ids, lengths)
+            most = max(len(image.pixel_values) for image in processed)
+            values = np.zeros((len(processed), most, config.patch_values), dtype=np.float32)
+            for i, image in enumerate(processed):
+                values[i, :len(image.pixel_values)] = image.pixel_values
+            return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed],
+                                          patch_grids=np.array([image.grid for image in processed], dtype=np.int64))
         lengths = placeholder_lengths([image.size for image in processed], config)
         token_ids, offsets = self._placeholders.expand(token_ids, lengths)
         values, sizes = _stacked(processed, config.any_resolution)
@@ -260,6 +298,11 @@ def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.nda
     for i, image in enumerate(images):
         values[i, :len(image.pixel_values)] = image.pixel_values
     return values, np.array([image.size for image in images], dtype=np.int64)
+
+
+def _patch_lengths(processed: list[ProcessedImage], config: Any) -> np.ndarray:
+    """Qwen2-VL: each image's placeholders, one per merged square of its patches."""
+    return np.array([config.merged_tokens(*image.grid) for image in processed], dtype=np.int64)
 
 
 def placeholder_lengths(sizes: list[tuple[int, int]], config: Any) -> np.ndarray:

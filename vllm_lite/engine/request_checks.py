@@ -32,7 +32,7 @@ from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sampling_params import MAX_INT32, SamplingParams
 from vllm_lite.structured_output import grammar_spec
 from vllm_lite.vision_config import ImageEncoderConfig
-from vllm_lite.wire import EngineCoreRequest, ThinkingBudget
+from vllm_lite.wire import EngineCoreRequest, ImageInputs, ThinkingBudget
 
 MAX_EOS_TOKEN_IDS = 64
 MAX_STOP_TOKEN_IDS = 1024
@@ -117,11 +117,13 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
             and offsets.dtype.kind in "iu" and lengths.dtype.kind in "iu" and len(images.hashes) == count):
         raise VLLMValidationError(f"images: 1 to {most} images, each with an offset, a length and a hash",
                                   parameter="multi_modal_data")
-    check_pixel_values(images.pixel_values, images.image_sizes, count, encoder)
+    if encoder.mrope:
+        check_patches(images.pixel_values, images.patch_grids, count, encoder)
+    else:
+        check_pixel_values(images.pixel_values, images.image_sizes, count, encoder)
     if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
         raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")
-    sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
-    if lengths.tolist() != [encoder.tokens_for(*size) if size else encoder.tokens_per_image for size in sizes]:
+    if lengths.tolist() != _image_lengths(images, count, encoder):
         raise VLLMValidationError("images: each image's length must be the features it becomes",
                                   parameter="multi_modal_data")
     tokens = request.prompt_token_ids
@@ -133,6 +135,29 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
     if (tokens[placeholders] != encoder.image_token_id).any():
         raise VLLMValidationError(f"images: an image's positions must hold the image placeholder token "
                                   f"{encoder.image_token_id}", parameter="multi_modal_data")
+
+
+def _image_lengths(images: ImageInputs, count: int, encoder: ImageEncoderConfig) -> list[int]:
+    """The placeholders each image's features fill."""
+    if encoder.mrope:
+        return [encoder.merged_tokens(rows, columns) for rows, columns in images.patch_grids.tolist()]
+    sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
+    return [encoder.tokens_for(*size) if size else encoder.tokens_per_image for size in sizes]
+
+
+def check_patches(pixels: np.ndarray, grids: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:
+    """Qwen2-VL: float32 finite patches of `count` images, [n, patches, values of a patch], with
+    each image's (rows, columns) of patches in `grids`, whole merged squares that the patches hold."""
+    merge = encoder.spatial_merge
+    ok = (grids is not None and grids.shape == (count, 2) and grids.dtype.kind in "iu" and (grids > 0).all()
+          and not (grids % merge).any() and pixels.ndim == 3 and pixels.shape[0] == count
+          and pixels.shape[2] == encoder.patch_values and pixels.shape[1] >= int(grids.prod(axis=1).max()))
+    if pixels.dtype != np.float32 or not ok:
+        raise VLLMValidationError(f"images: pixel values must be float32 [n, patches, {encoder.patch_values}] with "
+                                  f"each image's (rows, columns) of patches, multiples of {merge}, got {pixels.dtype} "
+                                  f"{pixels.shape}", parameter="multi_modal_data")
+    if not np.isfinite(pixels).all():
+        raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
 
 
 def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:

@@ -99,11 +99,14 @@ def with_content_format(conversation: list[dict[str, Any]], content_format: str,
 
 def image_placeholder(tokenizer: Any, image_encoder: Any) -> str | None:
     """The text of the token a prompt carries per image (what the "string" format writes for an
-    image: vision_config.ImageEncoderConfig.prompt_token_id, Gemma 3's start-of-image token);
-    None where the model takes no images."""
+    image: vision_config.ImageEncoderConfig.prompt_token_id, Gemma 3's start-of-image token;
+    Qwen2-VL's between its vision start and end tokens, as vLLM writes it); None where the model
+    takes no images."""
     if image_encoder is None or tokenizer is None:
         return None
-    return tokenizer.convert_ids_to_tokens(image_encoder.prompt_token_id)
+    frame = image_encoder.frame_token_ids
+    ids = [image_encoder.prompt_token_id] if frame is None else [frame[0], image_encoder.prompt_token_id, frame[1]]
+    return "".join(tokenizer.convert_ids_to_tokens(ids))
 
 
 def conversation_images(conversation: list[dict[str, Any]], access: MediaAccess) -> list[Any]:

@@ -65,12 +65,14 @@ class ImageInputs(msgspec.Struct, array_like=True, frozen=True, gc=False):
     the inputs of its lengths[i] placeholder tokens from prompt position offsets[i]."""
 
     # float32 [num_images, channels, height, width]; LLaVA-NeXT: [num_images, tiles, channels,
-    # height, width], padded to the most tiles of an image
+    # height, width], padded to the most tiles of an image; Qwen2-VL: [num_images, patches,
+    # values of a patch], padded to the most patches of an image
     pixel_values: np.ndarray
     offsets: np.ndarray  # int64 [num_images], ascending
     lengths: np.ndarray  # int64 [num_images]
     hashes: list[bytes]  # SHA-256 of each image's pixel values (and size): its prefix-cache key
     image_sizes: np.ndarray | None = None  # LLaVA-NeXT: int64 [num_images, 2], each image's (height, width)
+    patch_grids: np.ndarray | None = None  # Qwen2-VL: int64 [num_images, 2], each image's (rows, columns) of patches
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

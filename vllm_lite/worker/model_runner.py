@@ -32,6 +32,7 @@ from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.host_to_device import StepInputTensors, host_to_device
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.layers.matmul_rows import bucket_rows
+from vllm_lite.model.layers.rotary import use_mrope
 from vllm_lite.model.loader import load_image_encoder, load_model
 from vllm_lite.model.weight_updates import update_weights
 from vllm_lite.ragged import segment_offsets
@@ -51,6 +52,7 @@ from vllm_lite.worker.lora_manager import LoRAManager
 from vllm_lite.worker.memory import return_freed_memory
 from vllm_lite.sample.custom_logits import CustomLogitsStep
 from vllm_lite.worker.pooler import Pooler
+from vllm_lite.worker.mrope import MropePositions
 from vllm_lite.worker.prompt_embeds import PromptEmbeds
 from vllm_lite.wire import ImageInputs, LogprobsArrays, ModelRunnerOutput
 from vllm_lite.worker.sampling_inputs import build_sampling_metadata, penalized
@@ -157,6 +159,11 @@ class ModelRunner:
                               if vllm_config.model_config.image_encoder is not None else None)
         if self.image_encoder is not None:  # (a trainer's update of the whole checkpoint reaches it: weight_updates.py)
             self.model.load_vision_weights = self._update_vision_weights
+        # Qwen2-VL: the multimodal rotary positions of the requests with images
+        image_config = vllm_config.model_config.image_encoder
+        self.mrope = MropePositions(image_config.spatial_merge) if image_config is not None and image_config.mrope else None
+        if self.mrope is not None:
+            use_mrope(self.model, image_config.mrope_section)
         # vLLM's encoder cache, as large as its default (a step's token budget)
         self.encoder_cache = (EncoderCache(vllm_config.scheduler_config.max_num_batched_tokens)
                               if self.image_encoder is not None else None)
@@ -368,7 +375,8 @@ class ModelRunner:
                                                   inputs.query_lens) if self.prompt_embeds else None)
             if given is not None:
                 hidden = self._forward_with_embeds(inputs, given)
-            elif self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata):
+            elif (self.cuda_graphs is not None and self.cuda_graphs.can_replay(inputs.attn_metadata)
+                  and inputs.positions.dim() == 1):  # (not Qwen2-VL's placeholders' [3, tokens])
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
                 hidden = self.model(*self._padded_to_bucket(inputs.input_ids, inputs.positions), self.kv_caches,
@@ -769,6 +777,8 @@ class ModelRunner:
                 self.custom_logits.removed(row, req_id)
             self.token_occurrences.release(req_id)  # rebuilt from its history when it returns
             self.prompt_embeds.forget(req_id)  # (back with the request)
+            if self.mrope is not None:
+                self.mrope.forget(req_id)
         new_reqs = sched.scheduled_new_reqs
         failed = (run_each_contained(new_reqs, self._add_one, _new_req_id, self._where("while joining the batch"))
                   if new_reqs else None)
@@ -870,6 +880,8 @@ class ModelRunner:
             self.custom_logits.added(row, new)
         self._add_sampling_state(new)
         self.prompt_embeds.add(new, self._image_features)
+        if self.mrope is not None:
+            self.mrope.add(new)
 
     def _update_vision_weights(self, weights: list[tuple[str, Any]]) -> set[str]:
         self.encoder_cache.clear()  # (features of the old weights)
@@ -884,7 +896,8 @@ class ModelRunner:
 
     def _encode_images(self, images: ImageInputs, which: np.ndarray) -> list[torch.Tensor]:
         """The input embeddings [tokens, width] of each image `which` names."""
-        sizes = images.image_sizes[which].tolist() if images.image_sizes is not None else None
+        sizes = (images.image_sizes[which].tolist() if images.image_sizes is not None
+                 else images.patch_grids[which].tolist() if images.patch_grids is not None else None)
         with torch.inference_mode():
             return self.image_encoder(torch.from_numpy(images.pixel_values[which]).to(self.device), sizes)
 
@@ -896,6 +909,8 @@ class ModelRunner:
         self.min_tokens_stop_ids.pop(req_id, None)
         self.token_occurrences.release(req_id)
         self.prompt_embeds.forget(req_id)
+        if self.mrope is not None:
+            self.mrope.forget(req_id)
         if self.pooler is not None:
             self.pooler.release(req_id)
 
@@ -917,7 +932,8 @@ class ModelRunner:
         rows, query_lens, cu_lens = step.rows, step.query_lens, step.cu_lens
         at = batch.row_index(rows)
         total = int(cu_lens[-1])
-        if total == len(rows) and isinstance(at, slice) and self.unfinished is None and self.native_loops is not None:
+        if (total == len(rows) and isinstance(at, slice) and self.unfinished is None and self.native_loops is not None
+                and not self.mrope):
             inputs = self._decode_step_inputs(step)
             if inputs is not None:
                 return inputs
@@ -956,7 +972,7 @@ class ModelRunner:
         )
         return StepInputs(
             input_ids=self._input_ids(input_ids, rows, query_lens, cu_lens),
-            positions=put("positions", positions, np.int64),
+            positions=self._rope_positions(positions, rows, step.query_starts, query_lens),
             attn_metadata=self.attn_backend.build(common),
             logits_indices=put("logits_indices", step.last_tokens if every_row_samples else cu_lens[samples] - 1,
                                np.int64),
@@ -966,6 +982,17 @@ class ModelRunner:
             query_starts=step.query_starts,
             query_lens=query_lens,
         )
+
+    def _rope_positions(self, positions: np.ndarray, rows: np.ndarray, query_starts: np.ndarray,
+                        query_lens: np.ndarray) -> torch.Tensor:
+        """The positions the model's rotary layers turn tokens by: their places in their
+        sequences, but Qwen2-VL's multimodal ones for requests with images ([3, tokens] where an
+        image's placeholders are in the step)."""
+        if self.mrope:
+            positions = self.mrope.step_positions(self.input_batch, rows, query_starts, query_lens, positions)
+            if positions.ndim == 2:
+                return self.step_inputs.put("mrope_positions", positions)
+        return self.step_inputs.put("positions", positions, np.int64)
 
     def _decode_step_inputs(self, step: StepRows) -> StepInputs | None:
         """`_prepare_inputs` for the steady decode step (every live row computes one token, its

@@ -1,4 +1,5 @@
-"""Rotary position embedding (neox / rotate-half style), with linear, llama3, YaRN and longrope scaling."""
+"""Rotary position embedding (neox / rotate-half style), with linear, llama3, YaRN and longrope
+scaling, and Qwen2-VL's multimodal rotary positions (M-RoPE)."""
 
 from __future__ import annotations
 
@@ -117,12 +118,16 @@ class RotaryEmbedding(nn.Module):
         # like the caches above it takes the model's dtype when the model is cast.
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos() * mscale, freqs.sin() * mscale), -1),
                              persistent=False)
+        # M-RoPE (`use_mrope`): which of a token's three positions turns each rotated pair
+        self.mrope_position_of_pair: torch.Tensor | None = None
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """query [T, Hq, D], key [T, Hkv, D]; on CPU rotated in place by the csrc op (fp32
         arithmetic, one rounding), else new tensors from torch ops. A layer made for fewer
         dimensions than D (partial rotary: GPT-NeoX's rotary_pct) rotates the first ones only."""
+        if positions.dim() == 2:
+            return self._multimodal(positions, query, key)
         rotary_dim = self.cos_sin_cache.shape[-1]
         if rotary_dim < query.shape[-1]:
             return self._partial(positions, query, key, rotary_dim)
@@ -133,6 +138,28 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
         rotate = _rotate_every_two if self.interleaved else _rotate_half
         return query * cos + rotate(query) * sin, key * cos + rotate(key) * sin
+
+    def _multimodal(self, positions: torch.Tensor, query: torch.Tensor,
+                    key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen2-VL's M-RoPE: `positions` [3, T] are each token's temporal, height and width
+        positions (all three its sequence position plus a shift, except on an image's
+        placeholders); the rotated pairs are split into the sections `use_mrope` set, section k
+        turned by the k-th positions. Each token's cos / sin row gathered from the cache, then the
+        same rotation (the csrc op over per-token rows on CPU)."""
+        pairs = self.cos_sin_cache.shape[-1] // 2
+        if self.mrope_position_of_pair is None:
+            raise ValueError("multimodal rotary positions given to a rotary layer without M-RoPE sections")
+        pair = torch.arange(pairs, device=positions.device)
+        per_pair = positions[self.mrope_position_of_pair.to(positions.device)].T  # [T, pairs]
+        rows = torch.cat((self.cos_sin_cache[per_pair, pair], self.cos_sin_cache[per_pair, pair + pairs]), dim=-1)
+        token_rows = torch.arange(len(rows), device=positions.device)
+        if self._native(token_rows, query, key):
+            ops.rotary_embedding(token_rows, query, key, rows)
+            return query, key
+        cos, sin = rows[:, :pairs], rows[:, pairs:]
+        cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(query.dtype)
+        sin = torch.cat((sin, sin), dim=-1).unsqueeze(1).to(query.dtype)
+        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
 
     def _partial(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                  rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,6 +175,20 @@ class RotaryEmbedding(nn.Module):
         return (not self.interleaved and ops.takes_layer_ops(query)
                 and key.dtype == query.dtype == self.cos_sin_cache.dtype
                 and positions.dtype == torch.int64 and query.stride(-1) == 1 and key.stride(-1) == 1)
+
+
+def use_mrope(model: nn.Module, section: tuple[int, ...]) -> None:
+    """Qwen2-VL: the model's rotary layers take [3, T] positions (temporal, height, width), the
+    rotated pairs split into `section` parts (e.g. 16, 24, 24 of 64), part k turned by the k-th
+    positions; [T] positions turn every pair by the one position as before."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            pairs = module.cos_sin_cache.shape[-1] // 2
+            if sum(section) != pairs or module.interleaved:
+                raise ValueError(f"mrope_section={list(section)} must split the {pairs} rotated pairs of a "
+                                 "rotate-half rotary layer")
+            module.mrope_position_of_pair = torch.repeat_interleave(torch.arange(len(section)),
+                                                                    torch.tensor(section))
 
 
 def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:

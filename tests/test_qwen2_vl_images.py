@@ -1,0 +1,211 @@
+"""Image inputs of Qwen2-VL (Qwen2VLForConditionalGeneration) and Qwen2.5-VL
+(Qwen2_5_VLForConditionalGeneration, whose vision blocks attend within windows but for its
+full-attention ones): an image of any size read as its
+processor's 14-pixel patches (here 4 to 16 merged 2 x 2 squares: one placeholder each) by a
+vision transformer with 2-D rotary positions, and the placeholders given multimodal rotary
+positions (M-RoPE: temporal, height, width) in the language model, the tokens after an image
+shifted back as transformers' get_rope_index lays them out. Greedy tokens equal transformers'
+classes on their image processor's pixel values, under chunked prompts,
+preemption, prefix caching, the torch attention backend, TP=2 and LLM.chat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_reference import hf_greedy_with_images
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+from vllm_lite.vision_config import read_image_encoder
+
+NUM_TOKENS = 8
+GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True)
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+TEXTS = [f"the cat{IMAGE}of and", f"a{IMAGE}to the{IMAGE}in", f"{IMAGE}the"]
+IMAGES_PER_TEXT = [[0], [1, 2], [2]]
+
+
+@pytest.fixture(scope="module", params=["tiny_qwen2_vl_images", "tiny_qwen2_5_vl_images"])
+def qwen2_vl(request: pytest.FixtureRequest) -> Path:
+    """Qwen2-VL, and Qwen2.5-VL (its vision blocks: RMS norms, gated MLPs, windows)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def images() -> list[Image.Image]:
+    """A wide, a tall and a small square image: grids of 4 x 8, 8 x 4 and (upscaled) 4 x 4 patches."""
+    rng = np.random.default_rng(3)
+    return [Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8))
+            for size in ((56, 112, 3), (110, 50, 3), (30, 30, 3))]
+
+
+def processor_inputs(model: Path, text: str, pictures: list[Image.Image]) -> dict:
+    """What transformers' Qwen2VLProcessor makes of the text and images: each `<|image_pad|>`
+    repeated once per merged square of its image's patches, the text tokenized; the image
+    processor's pixel values and grids; the token types M-RoPE reads."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    pixels = AutoImageProcessor.from_pretrained(model)(images=pictures, return_tensors="pt")
+    counts = (pixels["image_grid_thw"].prod(-1) // 4).tolist()
+    pieces = text.split("<|image_pad|>")
+    expanded = pieces[0] + "".join("<|image_pad|>" * count + piece for count, piece in zip(counts, pieces[1:]))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = tokenizer(expanded, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return {"input_ids": ids, "pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"],
+            "mm_token_type_ids": (ids == image_token).int()}
+
+
+def hf_tokens(model: Path, inputs: dict) -> list[int]:
+    return hf_greedy_with_images(model, inputs["input_ids"][0].tolist(), inputs["pixel_values"], NUM_TOKENS,
+                                 image_grid_thw=inputs["image_grid_thw"],
+                                 mm_token_type_ids=inputs["mm_token_type_ids"])
+
+
+@pytest.fixture(scope="module")
+def reference(qwen2_vl: Path, images: list[Image.Image]) -> list[tuple[list[int], list[int]]]:
+    """(the processor's prompt ids, transformers' greedy tokens) per prompt."""
+    out = []
+    for text, which in zip(TEXTS, IMAGES_PER_TEXT):
+        inputs = processor_inputs(qwen2_vl, text, [images[i] for i in which])
+        out.append((inputs["input_ids"][0].tolist(), hf_tokens(qwen2_vl, inputs)))
+    return out
+
+
+def prompts(images: list[Image.Image]) -> list[dict]:
+    return [{"prompt": text, "multi_modal_data": {"image": [images[i] for i in which]}}
+            for text, which in zip(TEXTS, IMAGES_PER_TEXT)]
+
+
+def test_the_images_and_their_positions_change_the_reference(qwen2_vl: Path, images: list[Image.Image],
+                                                            reference: list) -> None:
+    """Another image changes transformers' tokens, and so does reading the image's placeholders
+    at plain positions (M-RoPE off): both are seen by the parity tests below."""
+    inputs = processor_inputs(qwen2_vl, TEXTS[1], [images[0], images[2]])
+    assert hf_tokens(qwen2_vl, inputs) != reference[1][1]
+    inputs = processor_inputs(qwen2_vl, TEXTS[1], [images[1], images[2]])
+    plain = hf_greedy_with_images(qwen2_vl, inputs["input_ids"][0].tolist(), inputs["pixel_values"], NUM_TOKENS,
+                                  image_grid_thw=inputs["image_grid_thw"],
+                                  mm_token_type_ids=torch.zeros_like(inputs["mm_token_type_ids"]))
+    assert plain != reference[1][1]
+
+
+@pytest.mark.parametrize("engine_args", [
+    {},
+    {"max_num_batched_tokens": 8, "enable_chunked_prefill": True},  # images split across steps
+    {"block_size": 8, "num_kv_blocks": 6, "enable_prefix_caching": False},  # preempted and resumed
+    {"attention_backend": "torch"},
+    {"multiprocess": True, "tensor_parallel_size": 2},
+])
+def test_greedy_tokens_equal_transformers(qwen2_vl: Path, images: list[Image.Image], reference: list,
+                                          engine_args: dict) -> None:
+    llm = make_llm(qwen2_vl, **engine_args)
+    try:
+        outputs = llm.generate(prompts(images), GREEDY, use_tqdm=False)
+        assert [list(out.prompt_token_ids) for out in outputs] == [ids for ids, _ in reference]
+        assert [list(out.outputs[0].token_ids) for out in outputs] == [tokens for _, tokens in reference]
+        if "num_kv_blocks" in engine_args:
+            assert llm.stats()["num_preemptions"] > 0
+    finally:
+        llm.shutdown()
+
+
+def test_prefix_cache_and_a_text_request_beside_images(qwen2_vl: Path, images: list[Image.Image],
+                                                       reference: list) -> None:
+    """A prompt seen before reads its cached blocks (its positions are the prompt's own); a
+    text-only request in the same batch keeps plain positions."""
+    text_only = {"prompt": "the cat of and a"}
+    llm = make_llm(qwen2_vl, block_size=4)
+    try:
+        first = llm.generate(prompts(images)[:1], GREEDY, use_tqdm=False)
+        again = llm.generate([*prompts(images), text_only], GREEDY, use_tqdm=False)
+        [alone] = llm.generate([text_only], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert again[0].num_cached_tokens > 0
+    assert list(first[0].outputs[0].token_ids) == reference[0][1]
+    assert [list(out.outputs[0].token_ids) for out in again[:3]] == [tokens for _, tokens in reference]
+    assert list(again[3].outputs[0].token_ids) == list(alone.outputs[0].token_ids)
+
+
+def test_chat_writes_the_vision_tokens(qwen2_vl: Path, images: list[Image.Image]) -> None:
+    """An image part in LLM.chat is written as vLLM writes Qwen2-VL's (vision start, image pad,
+    vision end) in the "string" content format, and expanded as the processor expands it."""
+    import base64
+    import io
+
+    from transformers import AutoTokenizer
+
+    buffer = io.BytesIO()
+    images[0].save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "the cat"}]}]
+    text = AutoTokenizer.from_pretrained(qwen2_vl).apply_chat_template(
+        [{"role": "user", "content": f"{IMAGE}\nthe cat"}], tokenize=False, add_generation_prompt=True)
+    inputs = processor_inputs(qwen2_vl, text, [images[0]])
+    llm = make_llm(qwen2_vl)
+    try:
+        [output] = llm.chat(messages, GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert list(output.prompt_token_ids) == inputs["input_ids"][0].tolist()
+    assert list(output.outputs[0].token_ids) == hf_tokens(qwen2_vl, inputs)
+
+
+def test_the_engine_core_refuses_patches_a_step_could_not_take(qwen2_vl: Path, images: list[Image.Image]) -> None:
+    """What another client could send the engine core (request_checks.py): patches that do not
+    fill their grid, a grid of no whole merged squares, lengths that are not the grid's."""
+    import msgspec
+
+    from vllm_lite.config import EngineArgs
+    from vllm_lite.engine.input_processor import InputProcessor
+    from vllm_lite.engine.request_checks import check_request
+
+    model_config = EngineArgs(model=str(qwen2_vl), dtype="float32",
+                              max_model_len=256).create_engine_config().model_config
+    from transformers import AutoTokenizer
+
+    processor = InputProcessor(model_config, AutoTokenizer.from_pretrained(qwen2_vl))
+    _, _, good = processor.process_prompt("r", prompts(images)[1], GREEDY)
+    check_request(good, model_config)
+    grids = good.images.patch_grids
+    assert grids.tolist() == [[8, 4], [4, 4]]
+
+    def refused(match: str, **images_fields: object) -> None:
+        bad = msgspec.structs.replace(good, images=msgspec.structs.replace(good.images, **images_fields))
+        with pytest.raises(ValueError, match=match):
+            check_request(bad, model_config)
+
+    refused(r"float32 \[n, patches, 1176\] with each image's \(rows, columns\) of patches, multiples of 2",
+            patch_grids=np.array([[8, 6], [4, 4]]))
+    refused("multiples of 2", patch_grids=np.array([[7, 4], [4, 4]]))
+    refused("multiples of 2", patch_grids=None)
+    refused("multiples of 2", pixel_values=good.images.pixel_values[:, :, :100].copy())
+    refused("each image's length must be the features it becomes", lengths=np.array([4, 8]))
+
+
+def test_config_reading(qwen2_vl: Path) -> None:
+    import json
+
+    config = json.loads((qwen2_vl / "config.json").read_text())
+    encoder = read_image_encoder(config)
+    assert encoder.mrope and encoder.mrope_section == (2, 3, 3) and encoder.spatial_merge == 2
+    assert encoder.patch_values == 3 * 2 * 14 * 14 == 1176
+    broken = {**config, "text_config": {**config["text_config"],
+                                        "rope_parameters": {**config["text_config"]["rope_parameters"],
+                                                            "mrope_section": [2, 2, 2]}}}
+    with pytest.raises(ValueError, match=r"mrope_section=\[2, 2, 2\] must be three parts of the language model's 8"):
+        read_image_encoder(broken)
+    broken = {**config, "vision_config": {**config["vision_config"], "deepstack_visual_indexes": [0]}}
+    with pytest.raises(ValueError, match=r"vision_config fields \['deepstack_visual_indexes'\] are not implemented"):
+        read_image_encoder(broken)
+    if encoder.windowed:
+        assert (encoder.window_size, encoder.full_attention_blocks) == (56, (1,))
+        broken = {**config, "vision_config": {**config["vision_config"], "window_size": 40}}
+        with pytest.raises(ValueError, match="window_size=40 must be a multiple of a merged square's 28 pixels"):
+            read_image_encoder(broken)
