@@ -226,7 +226,8 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
 
     processed: list[Image.Image] = []
     process = ImageProcessor._process
-    monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
+    monkeypatch.setattr(ImageProcessor, "_process",
+                        lambda self, batch, kwargs: processed.extend(batch) or process(self, batch, kwargs))
     monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.001")
     llm = make_llm(llava, disable_log_stats=False)
     try:
@@ -263,7 +264,8 @@ def test_multi_modal_uuids_name_images_that_need_not_be_sent_again(llava: Path, 
 
     processed: list[Image.Image] = []
     process = ImageProcessor._process
-    monkeypatch.setattr(ImageProcessor, "_process", lambda self, batch: processed.extend(batch) or process(self, batch))
+    monkeypatch.setattr(ImageProcessor, "_process",
+                        lambda self, batch, kwargs: processed.extend(batch) or process(self, batch, kwargs))
     uuids = [["a"], ["b", None], "c"]
 
     def prompts(given: list[list]) -> list[dict]:

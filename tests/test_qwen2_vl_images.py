@@ -209,3 +209,63 @@ def test_config_reading(qwen2_vl: Path) -> None:
         broken = {**config, "vision_config": {**config["vision_config"], "window_size": 40}}
         with pytest.raises(ValueError, match="window_size=40 must be a multiple of a merged square's 28 pixels"):
             read_image_encoder(broken)
+
+
+def _reference_with(model: Path, text: str, pictures: list[Image.Image], **processor_args: int) -> tuple[list, list]:
+    """(prompt ids, transformers' tokens) with the image processor given `processor_args`."""
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(model)
+    size = {**dict(processor.size), "longest_edge": processor_args["max_pixels"]}
+    pixels = processor(images=pictures, return_tensors="pt", size=size)
+    counts = (pixels["image_grid_thw"].prod(-1) // 4).tolist()
+    pieces = text.split("<|image_pad|>")
+    expanded = pieces[0] + "".join("<|image_pad|>" * count + piece for count, piece in zip(counts, pieces[1:]))
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model)(expanded, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    inputs = {"input_ids": ids, "pixel_values": pixels["pixel_values"], "image_grid_thw": pixels["image_grid_thw"],
+              "mm_token_type_ids": (ids == 1001).int()}
+    return ids[0].tolist(), hf_tokens(model, inputs)
+
+
+def test_mm_processor_kwargs_of_the_engine_and_of_a_request(qwen2_vl: Path, images: list[Image.Image],
+                                                            reference: list) -> None:
+    """vLLM's mm_processor_kwargs: the engine's for every request (Qwen2-VL's max_pixels: fewer
+    patches), a request's own over them (in its prompt, or given to generate / chat); an image
+    seen with other arguments is processed again (not taken from the processor cache); an
+    argument the processor does not take is refused by name and the engine goes on."""
+    model = qwen2_vl
+    small = 28 * 28 * 6
+    text, pictures = TEXTS[0], [images[0]]
+    wanted = _reference_with(model, text, pictures, max_pixels=small)
+    assert len(wanted[0]) < len(reference[0][0])
+    llm = make_llm(model, mm_processor_kwargs={"max_pixels": small})
+    try:
+        [engine_level] = llm.generate(prompts(images)[:1], GREEDY, use_tqdm=False)
+        [overridden] = llm.generate([{**prompts(images)[0], "mm_processor_kwargs": {"max_pixels": 28 * 28 * 16}}],
+                                    GREEDY, use_tqdm=False)
+        with pytest.raises(ValueError, match=r"mm_processor_kwargs \['bogus', 'max_pixels'\]: the image processor .* does not take "
+                                             r"them: .*'bogus'"):
+            llm.generate([{**prompts(images)[0], "mm_processor_kwargs": {"bogus": 1}}], GREEDY, use_tqdm=False)
+        with pytest.raises(ValueError, match="mm_processor_kwargs must be a dict of the image processor's keyword"):
+            llm.generate([{"prompt": "the cat", "mm_processor_kwargs": "max_pixels=1"}], GREEDY, use_tqdm=False)
+        with pytest.raises(ValueError, match=r"mm_processor_kwargs: \['return_tensors'\] are the engine's"):
+            llm.generate(prompts(images)[:1], GREEDY, use_tqdm=False, mm_processor_kwargs={"return_tensors": "pt"})
+    finally:
+        llm.shutdown()
+    assert (list(engine_level.prompt_token_ids), list(engine_level.outputs[0].token_ids)) == wanted
+    assert (list(overridden.prompt_token_ids), list(overridden.outputs[0].token_ids)) == tuple(reference[0])
+    llm = make_llm(model)
+    try:
+        [plain] = llm.generate(prompts(images)[:1], GREEDY, use_tqdm=False)
+        [call_level] = llm.generate(prompts(images)[:1], GREEDY, use_tqdm=False,
+                                    mm_processor_kwargs={"max_pixels": small})
+        [chatted] = llm.chat([{"role": "user", "content": [{"type": "image_pil", "image_pil": images[0]},
+                                                           {"type": "text", "text": "the cat"}]}],
+                             GREEDY, use_tqdm=False, mm_processor_kwargs={"max_pixels": small})
+    finally:
+        llm.shutdown()
+    assert list(plain.outputs[0].token_ids) == reference[0][1]
+    assert (list(call_level.prompt_token_ids), list(call_level.outputs[0].token_ids)) == wanted
+    assert list(chatted.prompt_token_ids).count(1001) == wanted[0].count(1001)

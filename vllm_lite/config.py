@@ -25,7 +25,7 @@ from vllm_lite.eagle_config import (EAGLE_METHODS, EAGLE_TARGET_ARCHITECTURES, E
 from vllm_lite.hub import looks_like_repo_id, resolve_model_path
 from vllm_lite.medusa_config import MedusaHeadConfig, read_medusa_head
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_config
-from vllm_lite.vision_config import ImageEncoderConfig, images_per_prompt, read_image_encoder
+from vllm_lite.vision_config import ImageEncoderConfig, check_processor_kwargs, images_per_prompt, read_image_encoder
 from vllm_lite.profiler_config import ProfilerConfig, profiler_config
 from vllm_lite.logits_processor import load_logits_processors, processor_name
 from vllm_lite.reasoning_tags import REASONING_PARSERS
@@ -485,6 +485,9 @@ class ModelConfig:
     images_refused: str = ""
     # vLLM's mm_processor_cache_gb in bytes: the client keeps processed images up to this (0: none)
     mm_processor_cache_bytes: int = 0
+    # vLLM's mm_processor_kwargs: the image processor's keyword arguments for every request (a
+    # request's own are applied over them)
+    mm_processor_kwargs: dict[str, Any] | None = None
     # where image URLs may point (vLLM's allowed_local_media_path / allowed_media_domains)
     media_access: MediaAccess = field(default_factory=MediaAccess)
 
@@ -824,6 +827,9 @@ class EngineArgs:
     # vLLM's: GiB of processed images (pixel values) the client keeps by image content, so an image
     # seen again skips the image processor (0: none kept)
     mm_processor_cache_gb: float = 4.0
+    # vLLM's: keyword arguments of the model's image processor for every request (e.g. Qwen2-VL's
+    # {"max_pixels": 1003520}); a request's own mm_processor_kwargs are applied over them
+    mm_processor_kwargs: dict[str, Any] | None = None
     # vLLM's: file: image URLs are read only under this folder ("": none are); http(s) image URLs
     # only from these hosts (None: any host)
     allowed_local_media_path: str = ""
@@ -1160,6 +1166,7 @@ class EngineArgs:
             max_images_per_prompt=max_images,
             images_refused=images_refused or ("" if max_images else "limit_mm_per_prompt gives 0 images"),
             mm_processor_cache_bytes=self._mm_processor_cache_bytes(),
+            mm_processor_kwargs=check_processor_kwargs(self.mm_processor_kwargs, "mm_processor_kwargs"),
             media_access=self._media_access(),
         )
 

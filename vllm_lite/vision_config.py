@@ -395,6 +395,23 @@ def _qwen_vl_encoder(outer: Any, architecture: str) -> ImageEncoderConfig:
         frame_token_ids=(outer.vision_start_token_id, outer.vision_end_token_id))
 
 
+# what the engine gives the image processor itself
+_ENGINE_PROCESSOR_ARGUMENTS = frozenset({"images", "text", "videos", "audio", "return_tensors", "return_row_col_info"})
+
+
+def check_processor_kwargs(kwargs: Any, name: str) -> dict[str, Any] | None:
+    """vLLM's mm_processor_kwargs: keyword arguments of the model's image processor (None or {}:
+    none; the processor itself refuses those it does not take, when it runs)."""
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, Mapping) or not all(isinstance(key, str) for key in kwargs):
+        raise ValueError(f"{name} must be a dict of the image processor's keyword arguments, got {kwargs!r:.200}")
+    taken = sorted(set(kwargs) & _ENGINE_PROCESSOR_ARGUMENTS)
+    if taken:
+        raise ValueError(f"{name}: {taken} are the engine's to give the image processor")
+    return dict(kwargs) or None
+
+
 def quantized_vision(cfg: Mapping[str, Any]) -> bool:
     """Whether the checkpoint's quantization covers the vision side (its ignore lists usually
     leave the vision tower out; a quantized checkpoint that says nothing is taken as covering it)."""

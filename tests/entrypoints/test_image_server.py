@@ -215,15 +215,24 @@ def test_qwen2_5_vl_chat_images_take_their_patches_and_positions(tiny_qwen2_5_vl
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
     """Qwen2.5-VL over HTTP: an image part becomes vision start, `<|image_pad|>` once per merged
     square of its processor's patches (the server processes the image to count them), vision end;
-    checked against max_model_len, answered as transformers answers (M-RoPE positions)."""
+    checked against max_model_len, answered as transformers answers (M-RoPE positions). vLLM's
+    --mm-processor-kwargs (here the processor's own max_pixels) and a request's
+    mm_processor_kwargs over them (fewer patches); one the processor does not take is a 400."""
     from transformers import AutoImageProcessor
 
     image = _image(7)
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "the cat"}]
     with running_server(tiny_qwen2_5_vl_images, tmp_path_factory.mktemp("qwen2_5_vl") / "server.log", MODEL,
-                        API_KEY, ("--max-model-len", "256", "--dtype", "float32")) as live:
+                        API_KEY, ("--max-model-len", "256", "--dtype", "float32",
+                                  "--mm-processor-kwargs", '{"max_pixels": 12544}')) as live:
         with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
-            reply = _chat(client, [{"type": "image_url", "image_url": {"url": _data_url(image)}},
-                                   {"type": "text", "text": "the cat"}])
+            reply = _chat(client, content)
+            smaller = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": content}],
+                "mm_processor_kwargs": {"max_pixels": 28 * 28 * 4}, "return_token_ids": True})
+            unknown = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": content}],
+                "mm_processor_kwargs": {"bogus": 1}})
             too_long = client.post("/v1/chat/completions", json={
                 "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": [
                     {"type": "image_url", "image_url": {"url": _data_url(image)}}] * 40}]})
@@ -241,3 +250,9 @@ def test_qwen2_5_vl_chat_images_take_their_patches_and_positions(tiny_qwen2_5_vl
         tiny_qwen2_5_vl_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS,
         image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=(ids == pad).int())
     assert too_long.status_code == 400 and "maximum context length is 256" in too_long.json()["error"]["message"]
+    assert smaller.status_code == 200, smaller.text
+    processor = AutoImageProcessor.from_pretrained(tiny_qwen2_5_vl_images)
+    fewer = processor(images=[image], size={**dict(processor.size), "longest_edge": 28 * 28 * 4})["image_grid_thw"]
+    assert smaller.json()["prompt_token_ids"].count(pad) == int(fewer.prod()) // 4 < squares
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "mm_processor_kwargs"
+    assert "'bogus'" in unknown.json()["error"]["message"]

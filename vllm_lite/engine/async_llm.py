@@ -215,8 +215,9 @@ class AsyncLLM:
             raise self.dead_error
         self.check_admission(params.n)
         self._start_output_handler()
-        images, uuids = self.input_processor.images(prompt)  # (resizing images takes milliseconds: off the loop)
-        processed = await asyncio.to_thread(self.input_processor.process_images, images, uuids) if images else []
+        images, uuids, kwargs = self.input_processor.images(prompt)  # (resizing images takes milliseconds: off the loop)
+        processed = (await asyncio.to_thread(self.input_processor.process_images, images, uuids, kwargs)
+                     if images else [])
         text, token_ids, request = self.input_processor.process_prompt(request_id, prompt, params, priority,
                                                                       lora_request, processed)
         queue = RequestOutputCollector(params.output_kind, self.max_unread_outputs)
@@ -321,10 +322,11 @@ class AsyncLLM:
     async def is_sleeping(self) -> bool:
         return await self.engine_core.is_sleeping_async()
 
-    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None],
+                              kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt's token ids with each image's placeholder expanded (the server's chat checks
-        the expanded length before it adds the request)."""
-        return self.input_processor.expanded_image_prompt(token_ids, images, uuids)
+        the expanded length before it adds the request; `kwargs`: its mm_processor_kwargs)."""
+        return self.input_processor.expanded_image_prompt(token_ids, images, uuids, kwargs)
 
     async def reset_mm_cache(self) -> None:
         """vLLM's: forget the processed images kept by their content (mm_processor_cache_gb)."""

@@ -7,7 +7,9 @@ Runs in the client process: the engine core and the workers receive pixel values
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -16,6 +18,7 @@ from vllm_lite.config import ModelConfig
 from vllm_lite.engine.request_checks import check_patches, check_pixel_values
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sized_lru import SizedLru
+from vllm_lite.vision_config import check_processor_kwargs
 from vllm_lite.wire import ImageInputs
 
 MODALITIES = ("image",)
@@ -100,11 +103,16 @@ class ImageProcessor:
         self.cache_queries = 0  # (vLLM's vllm:mm_cache_queries / _hits: images looked up, images found)
         self.cache_hits = 0
 
-    def processed(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
-        """Each image processed, or taken from the cache by its uuid or its content (an image
-        given as None: by its uuid, which must be there)."""
+    def processed(self, images: list[Any], uuids: list[str | None],
+                  kwargs: Mapping[str, Any] | None = None) -> list[ProcessedImage]:
+        """Each image processed (with the engine's mm_processor_kwargs, and the request's
+        `kwargs` over them), or taken from the cache by its uuid or its content and those
+        arguments (an image given as None: by its uuid, which must be there)."""
+        kwargs = self._merged_kwargs(kwargs)
+        arguments = _arguments_key(kwargs)
         rgb = [image.convert("RGB") if image is not None else None for image in images]
-        keys = [_uuid_key(uuid) if uuid is not None else _content_key(image) if self._cache.budget else None
+        keys = [_uuid_key(uuid, arguments) if uuid is not None
+                else _content_key(image, arguments) if self._cache.budget else None
                 for image, uuid in zip(rgb, uuids)]
         with self._cache_lock:
             found = [self._cache.get(key) if key is not None else None for key in keys]
@@ -112,11 +120,11 @@ class ImageProcessor:
             self.cache_hits += sum(image is not None for image in found)
         missing = [i for i, image in enumerate(found) if image is None and rgb[i] is not None]
         if missing:
-            made = self._process([rgb[i] for i in missing])
+            made = self._process([rgb[i] for i in missing], kwargs)
             with self._cache_lock:
                 for i, image in zip(missing, made):
                     if uuids[i] is not None:  # (vLLM's: the uuid identifies the image in the caches)
-                        image = image._replace(digest=_uuid_key(uuids[i]))
+                        image = image._replace(digest=_uuid_key(uuids[i], arguments))
                     found[i] = image
                     if keys[i] is not None:
                         self._cache.put(keys[i], image)
@@ -128,9 +136,11 @@ class ImageProcessor:
                 raise _not_kept(i, uuid)
         return found
 
-    def sizes(self, images: list[Any], uuids: list[str | None]) -> list[tuple[int, int]]:
+    def sizes(self, images: list[Any], uuids: list[str | None],
+              kwargs: Mapping[str, Any] | None = None) -> list[tuple[int, int]]:
         """Each image's (height, width); an image given as None: that of the image its uuid names
-        (earlier in the prompt, or processed before)."""
+        (earlier in the prompt, or processed before with these processor arguments)."""
+        arguments = _arguments_key(self._merged_kwargs(kwargs))
         given = {uuid: (image.height, image.width) for image, uuid in zip(images, uuids) if image is not None}
         sizes = []
         for i, (image, uuid) in enumerate(zip(images, uuids)):
@@ -138,40 +148,51 @@ class ImageProcessor:
                 sizes.append((image.height, image.width))
                 continue
             with self._cache_lock:
-                kept = self._cache.get(_uuid_key(uuid))
+                kept = self._cache.get(_uuid_key(uuid, arguments))
             if kept is None and uuid not in given:
                 raise _not_kept(i, uuid)
             sizes.append(kept.size if kept is not None else given[uuid])
         return sizes
 
-    def expanded(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+    def expanded(self, token_ids: list[int], images: list[Any], uuids: list[str | None],
+                 kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """The prompt's token ids with each image's placeholder expanded, before its images are
-        processed (what the server checks the prompt's length on)."""
+        processed where their count allows (what the server checks the prompt's length on)."""
         config = self.model_config.image_encoder
         if config.tiled:  # (its tiles depend on the processor's resize: process)
-            return self._placeholders.expand_tiled(token_ids, [image.grid for image in self.processed(images, uuids)])[0]
+            grids = [image.grid for image in self.processed(images, uuids, kwargs)]
+            return self._placeholders.expand_tiled(token_ids, grids)[0]
         if config.mrope:  # (so do its patches)
-            return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids), config))[0]
-        lengths = placeholder_lengths(self.sizes(images, uuids), config)
+            return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids, kwargs), config))[0]
+        lengths = placeholder_lengths(self.sizes(images, uuids, kwargs), config)
         return self._placeholders.expand(token_ids, lengths)[0]
 
     def reset_cache(self) -> None:
         with self._cache_lock:
             self._cache.clear()
 
-    def _process(self, images: list[Any]) -> list[ProcessedImage]:
-        """RGB images through the checkpoint's processor, each image's own tiles kept."""
+    def _merged_kwargs(self, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The engine's mm_processor_kwargs with a request's over them."""
+        return {**(self.model_config.mm_processor_kwargs or {}), **(request_processor_kwargs(kwargs) or {})}
+
+    def _process(self, images: list[Any], kwargs: dict[str, Any]) -> list[ProcessedImage]:
+        """RGB images through the checkpoint's processor (with `kwargs`), each image's own tiles kept."""
         config = self.model_config.image_encoder
         if self._processor is None:
             self._processor = _load_image_processor(self.model_config.model)
-        if getattr(self._processor, "do_pan_and_scan", None):
-            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' sets do_pan_and_scan=True "
-                                      "(Gemma 3's extra crops of an image): not implemented here",
-                                      parameter="multi_modal_data")
+        if getattr(self._processor, "do_pan_and_scan", None) or kwargs.get("do_pan_and_scan"):
+            raise VLLMValidationError(f"do_pan_and_scan=True (Gemma 3's extra crops of an image, set by the image "
+                                      f"processor of '{self.model_config.model}' or mm_processor_kwargs) is not "
+                                      "implemented here", parameter="multi_modal_data")
+        arguments = self._processor_arguments(kwargs)
         try:
             pixels = (self._processor(images=[[image] for image in images], return_tensors="np",
-                                      return_row_col_info=True)  # (one sample per image: its tiles in a row)
-                      if config.tiled else self._processor(images=images, return_tensors="np"))
+                                      return_row_col_info=True, **arguments)  # (one sample per image: its tiles in a row)
+                      if config.tiled else self._processor(images=images, return_tensors="np", **arguments))
+        except TypeError as exc:  # (transformers' processors refuse arguments they do not take so)
+            raise VLLMValidationError(f"mm_processor_kwargs {sorted(kwargs)}: the image processor of "
+                                      f"'{self.model_config.model}' does not take them: {exc}",
+                                      parameter="mm_processor_kwargs") from None
         except (ValueError, OSError) as exc:
             raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
                                       parameter="multi_modal_data") from None
@@ -223,6 +244,19 @@ class ImageProcessor:
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
 
+    def _processor_arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """mm_processor_kwargs as the processor takes them: Qwen2-VL's min_pixels / max_pixels as
+        the bounds of its `size` (as vLLM passes them; transformers deprecates the two names)."""
+        if not (self.model_config.image_encoder.mrope and {"min_pixels", "max_pixels"} & set(kwargs)):
+            return kwargs
+        arguments = dict(kwargs)
+        size = dict(arguments.get("size") or self._processor.size)
+        if "min_pixels" in arguments:
+            size["shortest_edge"] = arguments.pop("min_pixels")
+        if "max_pixels" in arguments:
+            size["longest_edge"] = arguments.pop("max_pixels")
+        return {**arguments, "size": size}
+
     def _patches(self, images: list[Any], values: np.ndarray, grids: np.ndarray) -> list[ProcessedImage]:
         """Qwen2-VL: each image's patches (the processor gives the batch's in one run) and grid."""
         config, made = self.model_config.image_encoder, []
@@ -273,19 +307,35 @@ class ImageProcessor:
         return token_ids, ImageInputs(values, offsets, lengths, hashes)
 
 
+def request_processor_kwargs(kwargs: Any) -> dict[str, Any] | None:
+    """A request's mm_processor_kwargs, checked (vision_config.check_processor_kwargs)."""
+    try:
+        return check_processor_kwargs(kwargs, "mm_processor_kwargs")
+    except ValueError as exc:
+        raise VLLMValidationError(str(exc), parameter="mm_processor_kwargs") from None
+
+
 def _not_kept(index: int, uuid: str | None) -> VLLMValidationError:
     return VLLMValidationError(f"multi_modal_data image {index} is None, and its multi_modal_uuids entry {uuid!r} "
                                f"names no image processed before (kept up to mm_processor_cache_gb): send the image",
                                parameter="multi_modal_data")
 
 
-def _uuid_key(uuid: str) -> bytes:
-    return hashlib.sha256(b"\0vllm_lite image uuid\0" + uuid.encode()).digest()
+def _uuid_key(uuid: str, arguments: bytes = b"") -> bytes:
+    """An image's identity by its uuid, processed with `arguments` (`_arguments_key`)."""
+    return hashlib.sha256(b"\0vllm_lite image uuid\0" + uuid.encode() + arguments).digest()
 
 
-def _content_key(image: Any) -> bytes:
-    """An RGB image's identity for the processor cache: its size and pixels."""
-    return hashlib.sha256(np.array(image.size, np.int64).tobytes() + image.tobytes()).digest()
+def _content_key(image: Any, arguments: bytes = b"") -> bytes:
+    """An RGB image's identity for the processor cache: its size and pixels, and `arguments`."""
+    return hashlib.sha256(np.array(image.size, np.int64).tobytes() + image.tobytes() + arguments).digest()
+
+
+def _arguments_key(kwargs: Mapping[str, Any]) -> bytes:
+    """mm_processor_kwargs as part of an image's cache key (empty for none: the keys of before)."""
+    if not kwargs:
+        return b""
+    return b"\0mm_processor_kwargs\0" + json.dumps(kwargs, sort_keys=True, default=repr).encode()
 
 
 def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.ndarray, np.ndarray | None]:

@@ -10,7 +10,8 @@ import numpy as np
 
 from vllm_lite.config import LoRAConfig, ModelConfig
 from vllm_lite.exceptions import LoRAAdapterNotFoundError, VLLMValidationError
-from vllm_lite.engine.image_inputs import ImageProcessor, ProcessedImage, check_multi_modal_data
+from vllm_lite.engine.image_inputs import (ImageProcessor, ProcessedImage, check_multi_modal_data,
+                                           request_processor_kwargs)
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
 from vllm_lite.logits_processor import load_logits_processors
@@ -26,6 +27,8 @@ class TextPrompt(TypedDict, total=False):
 
     prompt: str
     multi_modal_data: dict[str, Any]
+    multi_modal_uuids: dict[str, Any]
+    mm_processor_kwargs: dict[str, Any]  # the image processor's keyword arguments for its images
     cache_salt: str
 
 
@@ -35,6 +38,8 @@ class TokensPrompt(TypedDict, total=False):
     prompt_token_ids: list[int]
     prompt: str
     multi_modal_data: dict[str, Any]
+    multi_modal_uuids: dict[str, Any]
+    mm_processor_kwargs: dict[str, Any]
     cache_salt: str
 
 
@@ -48,7 +53,8 @@ class EmbedsPrompt(TypedDict, total=False):
 
 PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt, dict[str, Any]]
 # of vLLM's TextPrompt / TokensPrompt / EmbedsPrompt
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "multi_modal_data", "multi_modal_uuids", "cache_salt")
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "prompt_embeds", "multi_modal_data", "multi_modal_uuids",
+               "mm_processor_kwargs", "cache_salt")
 
 
 class InputProcessor:
@@ -91,16 +97,18 @@ class InputProcessor:
         request.images = image_inputs
         return text, token_ids, request
 
-    def process_images(self, images: list[Any], uuids: list[str | None]) -> list[ProcessedImage]:
-        """The images' pixel values by the model's image processor (or its cache): the costly part
-        of a prompt with images, which AsyncLLM runs off its event loop (it uses no tokenizer),
-        passing the result to `process_prompt`."""
-        return self._images.processed(images, uuids) if images else []
+    def process_images(self, images: list[Any], uuids: list[str | None],
+                       kwargs: dict[str, Any] | None = None) -> list[ProcessedImage]:
+        """The images' pixel values by the model's image processor (or its cache), with the
+        prompt's mm_processor_kwargs: the costly part of a prompt with images, which AsyncLLM runs
+        off its event loop (it uses no tokenizer), passing the result to `process_prompt`."""
+        return self._images.processed(images, uuids, kwargs) if images else []
 
-    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]:
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None],
+                              kwargs: dict[str, Any] | None = None) -> list[int]:
         """The prompt's token ids with each image's placeholder expanded as `process_prompt` will
         expand it (an image left out, None, sized by its uuid's), before its images are processed."""
-        return self._images.expanded(token_ids, images, uuids)
+        return self._images.expanded(token_ids, images, uuids, kwargs)
 
     def mm_cache_stats(self) -> dict[str, int]:
         """The processor cache's lookups and hits, in images (vLLM's vllm:mm_cache_queries / _hits)."""
@@ -109,18 +117,22 @@ class InputProcessor:
     def reset_mm_cache(self) -> None:
         self._images.reset_cache()
 
-    def images(self, prompt: PromptType) -> tuple[list[Any], list[str | None]]:
-        """The images of a prompt's vLLM `multi_modal_data` and their `multi_modal_uuids` (checked
-        against the model)."""
+    def images(self, prompt: PromptType) -> tuple[list[Any], list[str | None], dict[str, Any] | None]:
+        """The images of a prompt's vLLM `multi_modal_data`, their `multi_modal_uuids` (checked
+        against the model) and its `mm_processor_kwargs` (a prompt without images: nothing for
+        them to act on, checked all the same)."""
+        kwargs = request_processor_kwargs(prompt.get("mm_processor_kwargs")) if isinstance(prompt, dict) else None
         if not isinstance(prompt, dict) or prompt.get("multi_modal_data") is None:
             if isinstance(prompt, dict) and prompt.get("multi_modal_uuids") is not None:
                 raise VLLMValidationError("multi_modal_uuids without multi_modal_data: give the images they name "
                                           "(None for those processed before)", parameter="multi_modal_uuids")
-            return [], []
+            return [], [], None
         if prompt.get("prompt_embeds") is not None:
             raise VLLMValidationError("a prompt with prompt_embeds takes no multi_modal_data",
                                       parameter="multi_modal_data")
-        return check_multi_modal_data(prompt["multi_modal_data"], self.model_config, prompt.get("multi_modal_uuids"))
+        images, uuids = check_multi_modal_data(prompt["multi_modal_data"], self.model_config,
+                                               prompt.get("multi_modal_uuids"))
+        return images, uuids, kwargs
 
     def prompt_embeds(self, prompt: PromptType) -> np.ndarray | None:
         """A prompt's `prompt_embeds` checked against the model (vLLM's rules: 2-D, or 3-D with a

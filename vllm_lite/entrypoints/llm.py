@@ -98,12 +98,13 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
                  priority: int | Sequence[int] | None = None, tokenization_kwargs: dict[str, Any] | None = None,
-                 mm_processor_kwargs: None = None) -> list[RequestOutput]:
+                 mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """`priority`: vLLM's, one per prompt (or one for all), lower first; only under
         scheduling_policy="priority". `lora_request`: the LoRA adapter the prompts run with, one
         for all or one per prompt (None: the base model), with enable_lora. `tokenization_kwargs`:
-        vLLM's (entrypoints/tokenization.py). Multimodal arguments only as None."""
-        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
+        vLLM's (entrypoints/tokenization.py). `mm_processor_kwargs`: the image processor's keyword
+        arguments for every prompt's images (a prompt's own `mm_processor_kwargs` over them)."""
+        prompts = _with_processor_kwargs(prompts, mm_processor_kwargs)
         adds = self._generation_adds(prompts, sampling_params, priority, "generate", tokenization_kwargs,
                                      lora_request)
         return self._run_requests(adds, use_tqdm)
@@ -112,11 +113,12 @@ class LLM:
                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                 lora_request: LoRARequest | Sequence[LoRARequest] | None = None,
                 priority: int | Sequence[int] | None = None, use_tqdm: bool = True,
-                tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
+                tokenization_kwargs: dict[str, Any] | None = None,
+                mm_processor_kwargs: dict[str, Any] | None = None) -> list[str]:
         """vLLM's: adds the prompts' requests (as `generate` would) without running them; returns
         their request ids. `wait_for_completion()` runs them (a `generate` meanwhile runs them
         too, and keeps their outputs for it)."""
-        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
+        prompts = _with_processor_kwargs(prompts, mm_processor_kwargs)
         adds = self._generation_adds(prompts, sampling_params, priority, "enqueue", tokenization_kwargs,
                                      lora_request)
         request_ids = self._add_all(adds, use_tqdm)
@@ -320,16 +322,16 @@ class LLM:
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
              tokenization_kwargs: dict[str, Any] | None = None,
-             mm_processor_kwargs: None = None) -> list[RequestOutput]:
+             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: each conversation through the chat template (its content in the
-        template's format: `chat_content`), then `generate` (`priority` and `lora_request` as
-        there). Image parts (`image_url`, `image_pil`) where the model takes images;
-        mm_processor_kwargs is not implemented: refused unless None."""
-        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
+        template's format: `chat_content`), then `generate` (`priority`, `lora_request` and
+        `mm_processor_kwargs` as there). Image parts (`image_url`, `image_pil`) where the model
+        takes images."""
         return self.generate(self._chat_prompts(messages, chat_template, chat_template_content_format,
                                                 add_generation_prompt, continue_final_message, tools,
                                                 chat_template_kwargs, tokenization_kwargs),
-                             sampling_params, use_tqdm=use_tqdm, priority=priority, lora_request=lora_request)
+                             sampling_params, use_tqdm=use_tqdm, priority=priority, lora_request=lora_request,
+                             mm_processor_kwargs=mm_processor_kwargs)
 
     def enqueue_chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
                      sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -338,12 +340,13 @@ class LLM:
                      chat_template: str | None = None, chat_template_content_format: str = "auto",
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict[str, Any]] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                     tokenization_kwargs: dict[str, Any] | None = None, mm_processor_kwargs: None = None) -> list[str]:
+                     tokenization_kwargs: dict[str, Any] | None = None,
+                     mm_processor_kwargs: dict[str, Any] | None = None) -> list[str]:
         """vLLM's: `chat`'s conversations enqueued as `enqueue` does; returns their request ids."""
-        _refuse_unless_none(mm_processor_kwargs=mm_processor_kwargs)
         prompts = self._chat_prompts(messages, chat_template, chat_template_content_format, add_generation_prompt,
                                      continue_final_message, tools, chat_template_kwargs, tokenization_kwargs)
-        return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm, lora_request=lora_request)
+        return self.enqueue(prompts, sampling_params, priority=priority, use_tqdm=use_tqdm, lora_request=lora_request,
+                            mm_processor_kwargs=mm_processor_kwargs)
 
     def _chat_prompts(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
                       chat_template: str | None, chat_template_content_format: str, add_generation_prompt: bool,
@@ -565,6 +568,25 @@ def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]
     if not isinstance(prompts, Iterable):  # (a string and a prompt dict are iterable too)
         raise TypeError(f"prompts must be a string, a prompt dict or a list of them, got {type(prompts).__name__}")
     return [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+
+
+def _with_processor_kwargs(prompts: PromptType | Sequence[PromptType],
+                           kwargs: dict[str, Any] | None) -> PromptType | Sequence[PromptType]:
+    """The prompts with `kwargs` (vLLM's mm_processor_kwargs of a call) as each one's
+    `mm_processor_kwargs`, a prompt's own over them; the prompts themselves without any."""
+    if kwargs is None:
+        return prompts
+    if not isinstance(kwargs, dict):
+        raise VLLMValidationError(f"mm_processor_kwargs must be a dict, got {kwargs!r:.200}",
+                                  parameter="mm_processor_kwargs")
+    out = []
+    for prompt in _prompt_list(prompts):
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        if isinstance(prompt, dict):
+            prompt = {**prompt, "mm_processor_kwargs": {**kwargs, **(prompt.get("mm_processor_kwargs") or {})}}
+        out.append(prompt)
+    return out
 
 
 def _score_texts(data: str | Sequence[str], name: str) -> list[str]:

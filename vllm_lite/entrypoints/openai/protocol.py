@@ -386,6 +386,9 @@ class ChatMessage(OpenAIBaseModel):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage]
+    # vLLM's: the image processor's keyword arguments for this request's images (over the
+    # server's --mm-processor-kwargs)
+    mm_processor_kwargs: dict[str, Any] | None = None
     # vLLM's: the tokenizer's special tokens on top of what the chat template writes (off: the
     # template writes them)
     add_special_tokens: bool = False

@@ -88,7 +88,8 @@ class EngineClient(Protocol):
 
     async def reset_mm_cache(self) -> None: ...
 
-    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None]) -> list[int]: ...
+    def expanded_image_prompt(self, token_ids: list[int], images: list[Any], uuids: list[str | None],
+                              kwargs: dict[str, Any] | None = None) -> list[int]: ...
 
     # (the development routes': VLLM_SERVER_DEV_MODE=1)
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
@@ -360,12 +361,13 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
                        "messages") from exc
 
 
-async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any]],
-                           prompt: dict[str, Any]) -> dict[str, Any]:
+async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any]], prompt: dict[str, Any],
+                           processor_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The chat prompt with its messages' images (fetched concurrently on the event loop, decoded
     off it, so a slow image host holds up only its own request): its placeholders expanded here,
     so that its token ids (counted, returned) are the ones the model reads, and the images as
-    vLLM's multi_modal_data. A conversation without images: `prompt`."""
+    vLLM's multi_modal_data with the request's mm_processor_kwargs. A conversation without
+    images: `prompt`."""
     if ctx.image_placeholder is None:
         return prompt
     try:
@@ -378,12 +380,15 @@ async def with_chat_images(ctx: ServingContext, conversation: list[dict[str, Any
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
     try:
         # (off the event loop: a tiled model's placeholders are counted by processing its images)
-        token_ids = await asyncio.to_thread(ctx.engine.expanded_image_prompt, prompt["prompt_token_ids"], images, uuids)
+        token_ids = await asyncio.to_thread(ctx.engine.expanded_image_prompt, prompt["prompt_token_ids"], images,
+                                            uuids, processor_kwargs)
     except VLLMValidationError as exc:
-        raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
+        where = "mm_processor_kwargs" if exc.parameter == "mm_processor_kwargs" else "messages"
+        raise ApiError(400, "BadRequestError", str(exc), where) from exc
     check_length(ctx, len(token_ids), "messages")
     return {**prompt, "prompt_token_ids": token_ids, "multi_modal_data": {"image": images},
-            **({"multi_modal_uuids": {"image": uuids}} if any(uuids) else {})}
+            **({"multi_modal_uuids": {"image": uuids}} if any(uuids) else {}),
+            **({"mm_processor_kwargs": processor_kwargs} if processor_kwargs else {})}
 
 
 async def _loaded_images(sources: list[Any], access: MediaAccess) -> list[Any]:

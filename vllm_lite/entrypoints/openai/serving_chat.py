@@ -86,7 +86,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
     truncate = truncation(ctx, request.truncate_prompt_tokens, request.truncation_side)
     prompt = await encode_prompt(ctx, text, add_special_tokens=request.add_special_tokens, param="messages",
                                  truncate=truncate)
-    prompt = await with_chat_images(ctx, conversation, prompt)
+    prompt = await with_chat_images(ctx, conversation, prompt, request.mm_processor_kwargs)
     if request.cache_salt is not None:
         prompt["cache_salt"] = request.cache_salt
     return prompt
