@@ -136,7 +136,7 @@ class RotaryEmbedding(nn.Module):
             return query, key
         cos = self.cos_cache[positions].unsqueeze(1).to(query.dtype)
         sin = self.sin_cache[positions].unsqueeze(1).to(query.dtype)
-        rotate = _rotate_every_two if self.interleaved else _rotate_half
+        rotate = _rotate_every_two if self.interleaved else rotate_half
         return query * cos + rotate(query) * sin, key * cos + rotate(key) * sin
 
     def _multimodal(self, positions: torch.Tensor, query: torch.Tensor,
@@ -159,7 +159,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = rows[:, :pairs], rows[:, pairs:]
         cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(query.dtype)
         sin = torch.cat((sin, sin), dim=-1).unsqueeze(1).to(query.dtype)
-        return query * cos + _rotate_half(query) * sin, key * cos + _rotate_half(key) * sin
+        return query * cos + rotate_half(query) * sin, key * cos + rotate_half(key) * sin
 
     def _partial(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                  rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,6 +196,7 @@ def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(first half, second half) -> (-second half, first half): NEOX-style rope's turn."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -22,6 +22,8 @@ from torch import nn
 
 from vllm_lite.model.layers.activation import plain_activation
 from vllm_lite.model.layers.norm import RMSNorm
+from vllm_lite.model.layers.rotary import rotate_half
+from vllm_lite.model.models.llava_vision import VisionMlp
 from vllm_lite.vision_config import ImageEncoderConfig
 
 
@@ -58,20 +60,7 @@ class VisionAttention(nn.Module):
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rope in float32 (as transformers' vision rope computes it), back in x's dtype."""
     values = x.float()
-    half = values.shape[-1] // 2
-    turned = torch.cat((-values[..., half:], values[..., :half]), dim=-1)
-    return (values * cos + turned * sin).to(x.dtype)
-
-
-class VisionMlp(nn.Module):
-    def __init__(self, config: ImageEncoderConfig) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = plain_activation(config.hidden_act)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+    return (values * cos + rotate_half(values) * sin).to(x.dtype)
 
 
 class GatedVisionMlp(nn.Module):
