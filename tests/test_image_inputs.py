@@ -174,6 +174,65 @@ def test_llava_next_tiles_equal_transformers(llava_next: Path) -> None:
     assert all(count > 4 * len(which) for count, (_, which) in zip(lengths, prompts))  # (tiles read, not only the whole image's 4)
 
 
+@pytest.fixture(scope="module")
+def llava_onevision(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """LLaVA-OneVision: the tiny SigLIP encoder (28 x 28 tiles of 2 x 2 features, "full"
+    features), up to 3 x 3 tiles, anyres_max_2: tile features past 2 tiles' worth scaled down."""
+    from hf_reference import build_tiny_multimodal_model
+    from transformers import LlavaOnevisionImageProcessor
+
+    pinpoints = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28], [84, 84]]
+    model = build_tiny_multimodal_model(tmp_path_factory.mktemp("llava_onevision"),
+                                        "LlavaOnevisionForConditionalGeneration", "qwen2", tie_word_embeddings=False,
+                                        vision_extra={"num_hidden_layers": 2},
+                                        config_extra={"image_grid_pinpoints": pinpoints,
+                                                      "vision_aspect_ratio": "anyres_max_2"})
+    LlavaOnevisionImageProcessor(size={"height": 28, "width": 28}, image_grid_pinpoints=pinpoints).save_pretrained(model)
+    return model
+
+
+def test_llava_onevision_equals_transformers(llava_onevision: Path) -> None:
+    """LLaVA-OneVision: a lone image read whole and as its tiles, cut to its shape and scaled down
+    past anyres_max tiles' worth (wide, tall, large, odd); the images of a prompt with several read
+    whole only, each with one newline (transformers' rule; the same image alone before is
+    processed again, not taken from the processor cache); chunks that split images."""
+    from transformers import AutoImageProcessor
+
+    rng = np.random.default_rng(4)
+    shaped = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((40, 90), (90, 40), (84, 84), (30, 31))]
+    prompts = [([IMAGE_TOKEN_ID, 3, 8], [0]), ([9, 9, IMAGE_TOKEN_ID, 4], [1]), ([5, IMAGE_TOKEN_ID, 6], [2]),
+               ([7, IMAGE_TOKEN_ID, 8], [3]), ([5, IMAGE_TOKEN_ID, 33, IMAGE_TOKEN_ID, 8], [0, 2])]
+    processor = AutoImageProcessor.from_pretrained(llava_onevision)
+    llm = make_llm(llava_onevision, max_num_batched_tokens=8, enable_chunked_prefill=True)
+    try:
+        outputs = [llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"image": [shaped[i] for i in which]}},
+                                GREEDY, use_tqdm=False)[0] for prompt, which in prompts]
+    finally:
+        llm.shutdown()
+    expected, lengths = [], []
+    for (prompt, which), output in zip(prompts, outputs):
+        pictures = [shaped[i] for i in which]
+        inputs = processor(images=[pictures] if len(pictures) > 1 else pictures, return_tensors="pt")
+        full = list(output.prompt_token_ids)
+        expected.append(hf_greedy_with_images(llava_onevision, full, inputs["pixel_values"], NUM_TOKENS,
+                                              image_sizes=inputs["image_sizes"],
+                                              batch_num_images=inputs["batch_num_images"]))
+        lengths.append(full.count(IMAGE_TOKEN_ID))
+    # (transformers refuses placeholders that do not match its features: the counts are its own)
+    assert [list(output.outputs[0].token_ids) for output in outputs] == expected
+    assert lengths[2] == 4 + 2 * 3  # (3 x 3 tiles: 6 x 6 features scaled down to 2 x 2, a newline a row)
+    assert lengths[4] == 2 * (4 + 1)  # (two images: each whole only, and a newline)
+    import json
+
+    from vllm_lite.vision_config import read_image_encoder
+
+    config = json.loads((llava_onevision / "config.json").read_text())
+    assert read_image_encoder(config).anyres_max == 2
+    with pytest.raises(ValueError, match="vision_aspect_ratio='anyres' is not implemented"):
+        read_image_encoder({**config, "vision_aspect_ratio": "anyres"})
+
+
 def test_the_image_changes_the_reply_and_the_prefix_cache_keeps_images_apart(
         llava: Path, images: list[Image.Image], reference: list[list[int]]) -> None:
     """A prompt seen with one image is a prefix-cache hit only up to the block holding its image:
@@ -227,7 +286,7 @@ def test_an_image_processed_before_skips_the_image_processor(llava: Path, images
     processed: list[Image.Image] = []
     process = ImageProcessor._process
     monkeypatch.setattr(ImageProcessor, "_process",
-                        lambda self, batch, kwargs: processed.extend(batch) or process(self, batch, kwargs))
+                        lambda self, batch, *rest: processed.extend(batch) or process(self, batch, *rest))
     monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", "0.001")
     llm = make_llm(llava, disable_log_stats=False)
     try:
@@ -265,7 +324,7 @@ def test_multi_modal_uuids_name_images_that_need_not_be_sent_again(llava: Path, 
     processed: list[Image.Image] = []
     process = ImageProcessor._process
     monkeypatch.setattr(ImageProcessor, "_process",
-                        lambda self, batch, kwargs: processed.extend(batch) or process(self, batch, kwargs))
+                        lambda self, batch, *rest: processed.extend(batch) or process(self, batch, *rest))
     uuids = [["a"], ["b", None], "c"]
 
     def prompts(given: list[list]) -> list[dict]:

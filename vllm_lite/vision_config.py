@@ -1,7 +1,9 @@
 """Image inputs of a multimodal checkpoint: which checkpoints take them, and how their vision
 side is read (vLLM's multimodal models; here LLaVA 1.5's form: a CLIP or SigLIP vision encoder, a
 two-layer projector, an image placeholder token expanded to one token per image feature;
-LLaVA-Interleave is this form with SigLIP; LLaVA-NeXT's tiles; Gemma 3's: SigLIP's last layer
+LLaVA-Interleave is this form with SigLIP; LLaVA-NeXT's tiles; LLaVA-OneVision's, LLaVA-NeXT's
+with its tile features scaled down past `anyres_max_N` tiles' worth and a prompt's several images
+read whole only; Gemma 3's: SigLIP's last layer
 average-pooled to `mm_tokens_per_image` features, each image's tokens framed by its start and end
 tokens and attending to each other both ways, vLLM's "mm prefix LM"; Idefics3 / SmolVLM's: an
 image read as its processor's tiles and the whole image, each a SigLIP-shaped encoder input whose
@@ -21,6 +23,7 @@ Torch-free: the engine configuration reads this before any worker starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +32,7 @@ from typing import Any
 IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                        "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
-                       "Qwen2_5_VLForConditionalGeneration")
+                       "Qwen2_5_VLForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -100,6 +103,10 @@ class ImageEncoderConfig:
     # LLaVA-NeXT's "any resolution": the (height, width) an image may be resized to, a grid of
     # encoder-sized tiles read beside the whole image resized (empty: LLaVA 1.5, one tile)
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    # LLaVA-OneVision (vision_aspect_ratio "anyres_max_N"): an image's unpadded tile features
+    # bilinearly scaled down to about N tiles' worth where they hold more (0: LLaVA-NeXT, never),
+    # and in a prompt of several images each read whole only, its features and one newline
+    anyres_max: int = 0
     # Gemma 3's projector: the last layer's features (after the post-layernorm) average-pooled to
     # this many (a square), RMS-normed and projected (0: LLaVA's two-layer projector)
     pooled_tokens: int = 0
@@ -199,17 +206,36 @@ class ImageEncoderConfig:
             current_width -= (current_width - new_width) // 2 * 2
         return current_height, current_width
 
-    def tokens_for(self, height: int, width: int) -> int:
+    def packed_features(self, height: int, width: int) -> tuple[int, int]:
+        """LLaVA-NeXT's `unpadded_features`; LLaVA-OneVision's scaled down (by the ratio of their
+        area to anyres_max tiles', floored, where it exceeds 1.1: transformers' pack_image_features)."""
+        rows, columns = self.unpadded_features(height, width)
+        if self.anyres_max:
+            side = self.image_size // self.patch_size
+            ratio = math.sqrt(rows * columns / (self.anyres_max * side ** 2))
+            if ratio > 1.1:
+                rows, columns = int(rows // ratio), int(columns // ratio)
+        return rows, columns
+
+    def whole_only(self, alone: bool) -> bool:
+        """LLaVA-OneVision reads the images of a prompt with several whole only (its processor's
+        and model's rule: no tiles, the features and one newline)."""
+        return bool(self.anyres_max) and not alone
+
+    def tokens_for(self, height: int, width: int, alone: bool = True) -> int:
         """An image's placeholder tokens (one per feature): LLaVA 1.5's fixed count; LLaVA-NeXT's
-        whole-image features, then each unpadded row of tile features and its newline."""
+        whole-image features, then each unpadded row of tile features and its newline (`alone`:
+        the image is its prompt's only one)."""
         if not self.any_resolution:
             return self.tokens_per_image
-        rows, columns = self.unpadded_features(height, width)
+        if self.whole_only(alone):
+            return self.tokens_per_image + 1
+        rows, columns = self.packed_features(height, width)
         return self.tokens_per_image + rows * (columns + 1)
 
-    def tiles_for(self, height: int, width: int) -> int:
+    def tiles_for(self, height: int, width: int, alone: bool = True) -> int:
         """The encoder inputs of one image: 1, or LLaVA-NeXT's whole image and its tiles."""
-        if not self.any_resolution:
+        if not self.any_resolution or self.whole_only(alone):
             return 1
         rows, columns = self.tile_grid(height, width)
         return 1 + rows * columns
@@ -269,11 +295,12 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"vision_feature_layer={outer.vision_feature_layer!r} names no hidden state of the "
                          f"{depth}-layer vision encoder")
     pinpoints = tuple(tuple(p) for p in getattr(outer, "image_grid_pinpoints", None) or ())
-    if architecture == "LlavaNextForConditionalGeneration":
-        if strategy != "default" or vision["model_type"] != "clip_vision_model":
+    any_resolution = architecture in ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
+    if any_resolution:
+        if (vision["model_type"], strategy) not in (("clip_vision_model", "default"), ("siglip_vision_model", "full")):
             raise ValueError(f"image inputs of {architecture} are implemented with a CLIP encoder and "
-                             f"vision_feature_select_strategy='default' (its tiles' features form a square grid), "
-                             f"got {vision['model_type']} and {strategy!r}")
+                             f"vision_feature_select_strategy='default', or a SigLIP one and 'full' (its tiles' "
+                             f"features form a square grid), got {vision['model_type']} and {strategy!r}")
         side = vision["image_size"]
         if not pinpoints or any(len(p) != 2 or p[0] % side or p[1] % side or min(p) <= 0 for p in pinpoints):
             raise ValueError(f"image_grid_pinpoints={getattr(outer, 'image_grid_pinpoints', None)!r}: each must be "
@@ -281,6 +308,7 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         if getattr(outer, "use_image_newline_parameter", True) is False:
             raise ValueError("use_image_newline_parameter=False is not implemented (transformers' LLaVA-NeXT "
                              "always reads its image_newline)")
+    anyres_max = _anyres_max(outer) if architecture == "LlavaOnevisionForConditionalGeneration" else 0
     return ImageEncoderConfig(
         encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
         intermediate_size=vision["intermediate_size"], num_layers=depth, num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
@@ -288,7 +316,16 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         hidden_act=vision["hidden_act"], feature_layers=layers, keep_first_feature=strategy == "full",
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
         text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id,
-        grid_pinpoints=pinpoints if architecture == "LlavaNextForConditionalGeneration" else ())
+        grid_pinpoints=pinpoints if any_resolution else (), anyres_max=anyres_max)
+
+
+def _anyres_max(outer: Any) -> int:
+    """LLaVA-OneVision's vision_aspect_ratio "anyres_max_N": N (its only form transformers reads)."""
+    aspect = getattr(outer, "vision_aspect_ratio", None)
+    count = aspect.removeprefix("anyres_max_") if isinstance(aspect, str) else ""
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"vision_aspect_ratio={aspect!r} is not implemented (anyres_max_N is)")
+    return int(count)
 
 
 def _read_vision(outer: Any, model_types: tuple[str, ...]) -> dict[str, Any]:

@@ -109,7 +109,8 @@ class ImageProcessor:
         `kwargs` over them), or taken from the cache by its uuid or its content and those
         arguments (an image given as None: by its uuid, which must be there)."""
         kwargs = self._merged_kwargs(kwargs)
-        arguments = _arguments_key(kwargs)
+        whole = self.model_config.image_encoder.whole_only(len(images) == 1)
+        arguments = _arguments_key(kwargs) + (b"\0read whole only" if whole else b"")
         rgb = [image.convert("RGB") if image is not None else None for image in images]
         keys = [_uuid_key(uuid, arguments) if uuid is not None
                 else _content_key(image, arguments) if self._cache.budget else None
@@ -120,7 +121,7 @@ class ImageProcessor:
             self.cache_hits += sum(image is not None for image in found)
         missing = [i for i, image in enumerate(found) if image is None and rgb[i] is not None]
         if missing:
-            made = self._process([rgb[i] for i in missing], kwargs)
+            made = self._process([rgb[i] for i in missing], kwargs, whole)
             with self._cache_lock:
                 for i, image in zip(missing, made):
                     if uuids[i] is not None:  # (vLLM's: the uuid identifies the image in the caches)
@@ -175,8 +176,9 @@ class ImageProcessor:
         """The engine's mm_processor_kwargs with a request's over them."""
         return {**(self.model_config.mm_processor_kwargs or {}), **(request_processor_kwargs(kwargs) or {})}
 
-    def _process(self, images: list[Any], kwargs: dict[str, Any]) -> list[ProcessedImage]:
-        """RGB images through the checkpoint's processor (with `kwargs`), each image's own tiles kept."""
+    def _process(self, images: list[Any], kwargs: dict[str, Any], whole: bool = False) -> list[ProcessedImage]:
+        """RGB images through the checkpoint's processor (with `kwargs`), each image's own tiles
+        kept (`whole`: LLaVA-OneVision's images of a prompt with several, read whole only)."""
         config = self.model_config.image_encoder
         if self._processor is None:
             self._processor = _load_image_processor(self.model_config.model)
@@ -188,7 +190,8 @@ class ImageProcessor:
         try:
             pixels = (self._processor(images=[[image] for image in images], return_tensors="np",
                                       return_row_col_info=True, **arguments)  # (one sample per image: its tiles in a row)
-                      if config.tiled else self._processor(images=images, return_tensors="np", **arguments))
+                      if config.tiled else self._processor(images=self._batch(images, whole), return_tensors="np",
+                                                           **arguments))
         except TypeError as exc:  # (transformers' processors refuse arguments they do not take so)
             raise VLLMValidationError(f"mm_processor_kwargs {sorted(kwargs)}: the image processor of "
                                       f"'{self.model_config.model}' does not take them: {exc}",
@@ -201,20 +204,21 @@ class ImageProcessor:
             return self._tiles(images, values, pixels)
         if config.mrope:
             return self._patches(images, values, np.asarray(pixels["image_grid_thw"], dtype=np.int64))
-        sizes = np.asarray(pixels["image_sizes"], dtype=np.int64) if config.any_resolution else None
+        sizes = np.asarray(pixels["image_sizes"], dtype=np.int64)[:len(images)] if config.any_resolution else None
         if sizes is not None and sizes.tolist() != [[image.height, image.width] for image in images]:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' read image sizes "
                                       f"{sizes.tolist()} of images of sizes "
                                       f"{[[image.height, image.width] for image in images]}",
                                       parameter="multi_modal_data")
         try:  # (the engine core's own check, run here to name the processor)
-            check_pixel_values(values, sizes, len(images), config)
+            check_pixel_values(values[:len(images)], sizes, len(images), config, alone=not whole)
         except VLLMValidationError as exc:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
                                       f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
         made = []
         for i, image in enumerate(images):
-            own = values[i, :config.tiles_for(image.height, image.width)] if config.any_resolution else values[i]
+            own = (values[i, :config.tiles_for(image.height, image.width, alone=not whole)] if config.any_resolution
+                   else values[i])
             own = own.copy()  # (not a view: a kept image would keep the whole batch)
             size = (image.height, image.width)
             digest = hashlib.sha256(own.tobytes() + (np.array(size, np.int64).tobytes() if config.any_resolution
@@ -243,6 +247,14 @@ class ImageProcessor:
             digest = hashlib.sha256(own.tobytes() + np.array(grid, np.int64).tobytes()).digest()
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
+
+    @staticmethod
+    def _batch(images: list[Any], whole: bool) -> list[Any]:
+        """The processor's batch: one image a sample, or (`whole`) one sample of them all, which
+        LLaVA-OneVision's processor reads whole only (a lone image twice: it cuts a lone one's tiles)."""
+        if not whole:
+            return images
+        return [images] if len(images) > 1 else [images * 2]
 
     def _processor_arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """mm_processor_kwargs as the processor takes them: Qwen2-VL's min_pixels / max_pixels as
@@ -358,7 +370,8 @@ def _patch_lengths(processed: list[ProcessedImage], config: Any) -> np.ndarray:
 def placeholder_lengths(sizes: list[tuple[int, int]], config: Any) -> np.ndarray:
     """The placeholder tokens of images of these (height, width): one per feature each becomes
     (vision_config.py)."""
-    return np.array([config.tokens_for(height, width) for height, width in sizes], dtype=np.int64)
+    return np.array([config.tokens_for(height, width, alone=len(sizes) == 1) for height, width in sizes],
+                    dtype=np.int64)
 
 
 class PlaceholderExpansion:

@@ -120,7 +120,7 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
     if encoder.mrope:
         check_patches(images.pixel_values, images.patch_grids, count, encoder)
     else:
-        check_pixel_values(images.pixel_values, images.image_sizes, count, encoder)
+        check_pixel_values(images.pixel_values, images.image_sizes, count, encoder, alone=count == 1)
     if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
         raise VLLMValidationError("images: a 32-byte SHA-256 hash per image is needed", parameter="multi_modal_data")
     if lengths.tolist() != _image_lengths(images, count, encoder):
@@ -142,7 +142,7 @@ def _image_lengths(images: ImageInputs, count: int, encoder: ImageEncoderConfig)
     if encoder.mrope:
         return [encoder.merged_tokens(rows, columns) for rows, columns in images.patch_grids.tolist()]
     sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
-    return [encoder.tokens_for(*size) if size else encoder.tokens_per_image for size in sizes]
+    return [encoder.tokens_for(*size, alone=count == 1) if size else encoder.tokens_per_image for size in sizes]
 
 
 def check_patches(pixels: np.ndarray, grids: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:
@@ -160,16 +160,18 @@ def check_patches(pixels: np.ndarray, grids: np.ndarray | None, count: int, enco
         raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
 
 
-def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:
+def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig,
+                       alone: bool = True) -> None:
     """float32 finite pixel values of `count` images in the encoder's tiles (LLaVA-NeXT: as many
-    tiles as the largest image needs, with each image's positive (height, width) in `sizes`)."""
+    tiles as the largest image needs, with each image's positive (height, width) in `sizes`;
+    `alone`: they are their prompt's only image)."""
     tile = (encoder.num_channels, encoder.image_size, encoder.image_size)
     if not encoder.any_resolution:
         ok = sizes is None and pixels.shape == (count, *tile)
     else:
         ok = (sizes is not None and sizes.shape == (count, 2) and sizes.dtype.kind in "iu" and (sizes > 0).all()
               and pixels.ndim == 5 and pixels.shape[0] == count and pixels.shape[2:] == tile
-              and pixels.shape[1] >= max(encoder.tiles_for(*size) for size in sizes.tolist()))
+              and pixels.shape[1] >= max(encoder.tiles_for(*size, alone=alone) for size in sizes.tolist()))
     if pixels.dtype != np.float32 or not ok:
         layout = (f"[n, {', '.join(map(str, tile))}]" if not encoder.any_resolution else
                   f"[n, tiles, {', '.join(map(str, tile))}] with each image's (height, width)")

@@ -896,10 +896,12 @@ class ModelRunner:
 
     def _encode_images(self, images: ImageInputs, which: np.ndarray) -> list[torch.Tensor]:
         """The input embeddings [tokens, width] of each image `which` names."""
-        sizes = (images.image_sizes[which].tolist() if images.image_sizes is not None
-                 else images.patch_grids[which].tolist() if images.patch_grids is not None else None)
+        pixels = torch.from_numpy(images.pixel_values[which]).to(self.device)
         with torch.inference_mode():
-            return self.image_encoder(torch.from_numpy(images.pixel_values[which]).to(self.device), sizes)
+            if images.patch_grids is not None:  # (Qwen2-VL)
+                return self.image_encoder(pixels, images.patch_grids[which].tolist())
+            sizes = images.image_sizes[which].tolist() if images.image_sizes is not None else None
+            return self.image_encoder(pixels, sizes, alone=len(images.offsets) == 1)
 
     def _drop_request(self, req_id: str) -> None:
         row = self.input_batch.remove_request(req_id)

@@ -1,6 +1,6 @@
-"""The vision side of LLaVA 1.5, LLaVA-NeXT and Gemma 3: a CLIP or SigLIP vision transformer and the
-projector that turns its patch features into language-model input embeddings (one per image
-placeholder token; LLaVA-NeXT's tiles packed as `LlavaImageEncoder._packed` says; Gemma 3's
+"""The vision side of LLaVA 1.5, LLaVA-NeXT / OneVision and Gemma 3: a CLIP or SigLIP vision transformer and
+the projector that turns its patch features into language-model input embeddings (one per image
+placeholder token; LLaVA-NeXT's and OneVision's tiles packed as `LlavaImageEncoder._packed` says; Gemma 3's
 pooled by `Gemma3Projector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
@@ -208,12 +208,14 @@ class LlavaImageEncoder(nn.Module):
         return ((name, weight) for name, weight in weights
                 if not _ours(name).startswith("vision_tower.vision_model.head."))
 
-    def forward(self, pixel_values: torch.Tensor, image_sizes: list[list[int]] | None = None) -> list[torch.Tensor]:
+    def forward(self, pixel_values: torch.Tensor, image_sizes: list[list[int]] | None = None,
+                alone: bool = True) -> list[torch.Tensor]:
         """`pixel_values`: [images, channels, h, w], or LLaVA-NeXT's [images, tiles, channels, h,
-        w] with each image's (height, width) in `image_sizes`."""
+        w] with each image's (height, width) in `image_sizes`; `alone`: the images' prompt holds
+        one image (LLaVA-OneVision reads those of a prompt with several whole only)."""
         if not self.config.any_resolution:
             return list(self._features(pixel_values))
-        counts = [self.config.tiles_for(height, width) for height, width in image_sizes]
+        counts = [self.config.tiles_for(height, width, alone) for height, width in image_sizes]
         tiles = torch.cat([image[:count] for image, count in zip(pixel_values, counts)])
         features = self._features(tiles).split(counts)
         return [self._packed(image, height, width) for image, (height, width) in zip(features, image_sizes)]
@@ -232,8 +234,12 @@ class LlavaImageEncoder(nn.Module):
 
     def _packed(self, features: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """LLaVA-NeXT: the whole image's features, then the tiles' as one grid of the image's
-        layout, the padding rows or columns the resize added cut off, a newline after each row."""
+        layout, the padding rows or columns the resize added cut off (LLaVA-OneVision: then scaled
+        down to `packed_features`), a newline after each row; an image read whole only: its
+        features and one newline."""
         config = self.config
+        if len(features) == 1:
+            return torch.cat([features[0], self.image_newline[None].to(features.dtype)])
         rows, columns = config.tile_grid(height, width)
         side = config.image_size // config.patch_size
         grid = (features[1:].view(rows, columns, side, side, -1).permute(4, 0, 2, 1, 3)
@@ -241,6 +247,9 @@ class LlavaImageEncoder(nn.Module):
         kept_height, kept_width = config.unpadded_features(height, width)
         top, left = (rows * side - kept_height) // 2, (columns * side - kept_width) // 2
         grid = grid[:, top:top + kept_height, left:left + kept_width]
-        newlines = self.image_newline[:, None, None].expand(-1, kept_height, 1).to(grid.dtype)
+        packed = config.packed_features(height, width)
+        if packed != (kept_height, kept_width):
+            grid = F.interpolate(grid[None], list(packed), mode="bilinear")[0]
+        newlines = self.image_newline[:, None, None].expand(-1, grid.shape[1], 1).to(grid.dtype)
         grid = torch.cat([grid, newlines], dim=2)
         return torch.cat([features[0], grid.flatten(1).transpose(0, 1)])
