@@ -110,7 +110,7 @@ class ImageProcessor:
         arguments (an image given as None: by its uuid, which must be there)."""
         kwargs = self._merged_kwargs(kwargs)
         whole = self.model_config.image_encoder.whole_only(len(images) == 1)
-        arguments = _arguments_key(kwargs) + (b"\0read whole only" if whole else b"")
+        arguments = self._arguments(kwargs, whole)
         rgb = [image.convert("RGB") if image is not None else None for image in images]
         keys = [_uuid_key(uuid, arguments) if uuid is not None
                 else _content_key(image, arguments) if self._cache.budget else None
@@ -141,7 +141,8 @@ class ImageProcessor:
               kwargs: Mapping[str, Any] | None = None) -> list[tuple[int, int]]:
         """Each image's (height, width); an image given as None: that of the image its uuid names
         (earlier in the prompt, or processed before with these processor arguments)."""
-        arguments = _arguments_key(self._merged_kwargs(kwargs))
+        whole = self.model_config.image_encoder.whole_only(len(images) == 1)
+        arguments = self._arguments(self._merged_kwargs(kwargs), whole)
         given = {uuid: (image.height, image.width) for image, uuid in zip(images, uuids) if image is not None}
         sizes = []
         for i, (image, uuid) in enumerate(zip(images, uuids)):
@@ -171,6 +172,12 @@ class ImageProcessor:
     def reset_cache(self) -> None:
         with self._cache_lock:
             self._cache.clear()
+
+    @staticmethod
+    def _arguments(kwargs: dict[str, Any], whole: bool) -> bytes:
+        """What an image's cache keys hold besides it: its processor arguments, and (LLaVA-OneVision)
+        whether it is read whole only."""
+        return _arguments_key(kwargs) + (b"\0read whole only" if whole else b"")
 
     def _merged_kwargs(self, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         """The engine's mm_processor_kwargs with a request's over them."""
@@ -297,11 +304,7 @@ class ImageProcessor:
         if config.mrope:
             lengths = _patch_lengths(processed, config)
             token_ids, offsets = self._placeholders.expand(token_ids, lengths)
-            most = max(len(image.pixel_values) for image in processed)
-            values = np.zeros((len(processed), most, config.patch_values), dtype=np.float32)
-            for i, image in enumerate(processed):
-                values[i, :len(image.pixel_values)] = image.pixel_values
-            return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed],
+            return token_ids, ImageInputs(_padded(processed), offsets, lengths, [image.digest for image in processed],
                                           patch_grids=np.array([image.grid for image in processed], dtype=np.int64))
         lengths = placeholder_lengths([image.size for image in processed], config)
         token_ids, offsets = self._placeholders.expand(token_ids, lengths)
@@ -355,11 +358,16 @@ def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.nda
     image has, as transformers' processor pads a batch) and, for LLaVA-NeXT, the images' sizes."""
     if not any_resolution:
         return np.stack([image.pixel_values for image in images]), None
+    return _padded(images), np.array([image.size for image in images], dtype=np.int64)
+
+
+def _padded(images: list[ProcessedImage]) -> np.ndarray:
+    """The images' pixel values [images, most tiles / patches, ...], each zero-padded along its first axis."""
     most = max(len(image.pixel_values) for image in images)
     values = np.zeros((len(images), most, *images[0].pixel_values.shape[1:]), dtype=np.float32)
     for i, image in enumerate(images):
         values[i, :len(image.pixel_values)] = image.pixel_values
-    return values, np.array([image.size for image in images], dtype=np.int64)
+    return values
 
 
 def _patch_lengths(processed: list[ProcessedImage], config: Any) -> np.ndarray:
