@@ -44,15 +44,17 @@ _TILE_VISION_MODEL_TYPES = ("idefics3_vision", "smolvlm_vision")
 # Qwen2-VL's and Qwen2.5-VL's vision transformers: fields read (older configs spell in_channels
 # `in_chans` and repeat patch_size as `spatial_patch_size`: read where they agree; Qwen2.5-VL's
 # `tokens_per_second` spaces a video's frames, and videos are refused)
+# (by vision model_type)
 _QWEN_VL_VISION_READ = {
-    "Qwen2VLForConditionalGeneration": frozenset({
+    "qwen2_vl_vision": frozenset({
         "depth", "embed_dim", "hidden_size", "hidden_act", "mlp_ratio", "num_heads", "in_channels", "patch_size",
         "spatial_merge_size", "temporal_patch_size", "rope_parameters", "in_chans", "spatial_patch_size"}),
-    "Qwen2_5_VLForConditionalGeneration": frozenset({
+    "qwen2_5_vl_vision": frozenset({
         "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels", "patch_size",
         "spatial_merge_size", "temporal_patch_size", "rope_parameters", "in_chans", "spatial_patch_size",
         "out_hidden_size", "window_size", "fullatt_block_indexes", "tokens_per_second"}),
 }
+_QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 # transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
 _DEFAULT_MROPE_SECTION = (16, 24, 24)
 _SELECT_STRATEGIES = ("default", "full")  # drop the first feature (CLIP's CLS) / keep it
@@ -157,12 +159,6 @@ class ImageEncoderConfig:
     def merged_tokens(self, rows: int, columns: int) -> int:
         """Qwen2-VL: the placeholders of an image of rows x columns patches (one per merged square)."""
         return rows * columns // self.spatial_merge ** 2
-
-    @property
-    def counted_by_processing(self) -> bool:
-        """An image's placeholder count depends on its processor's resize (SmolVLM's tiles,
-        Qwen2-VL's patches): the image is processed to count them."""
-        return self.tiled or self.mrope
 
     @property
     def tiled(self) -> bool:
@@ -274,10 +270,11 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     outer = transformers_config({name: value for name, value in cfg.items() if name != "quantization_config"})
     if quantized_vision(cfg):
         raise ValueError("a quantized vision encoder is not implemented for image inputs")
-    if architecture in _QWEN_VL_VISION_READ:
-        return _qwen_vl_encoder(outer, architecture)
+    if architecture in _QWEN_VL_ARCHITECTURES:
+        return _qwen_vl_encoder(outer, _read_vision(outer, _QWEN_VL_VISION_READ))
     tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
-    vision = _read_vision(outer, _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES)
+    vision = _read_vision(outer, dict.fromkeys(_TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES,
+                                               _VISION_READ))
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
     if tiled:
@@ -328,13 +325,14 @@ def _anyres_max(outer: Any) -> int:
     return int(count)
 
 
-def _read_vision(outer: Any, model_types: tuple[str, ...]) -> dict[str, Any]:
-    """The outer config's vision_config, refused by name where its encoder is not implemented."""
+def _read_vision(outer: Any, read: Mapping[str, frozenset[str]]) -> dict[str, Any]:
+    """The outer config's vision_config, refused by name where its encoder is not implemented
+    (`read`: the vision model types implemented, each with the fields read of it)."""
     vision = outer.vision_config.to_dict()
-    if vision.get("model_type") not in model_types:
+    if vision.get("model_type") not in read:
         raise ValueError(f"vision_config.model_type {vision.get('model_type')!r} is not implemented for image "
-                         f"inputs (implemented: {', '.join(model_types)})")
-    unknown = sorted(name for name in vision if name not in _VISION_READ | _VISION_INERT)
+                         f"inputs (implemented: {', '.join(read)})")
+    unknown = sorted(name for name in vision if name not in read[vision["model_type"]] | _VISION_INERT)
     if unknown:
         raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
     if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
@@ -383,24 +381,18 @@ def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         image_token_id=outer.image_token_id, pixel_shuffle=scale)
 
 
-def _qwen_vl_encoder(outer: Any, architecture: str) -> ImageEncoderConfig:
+def _qwen_vl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
     """Qwen2-VL's and Qwen2.5-VL's vision side (transformers' Qwen2VisionTransformerPretrainedModel /
     Qwen2_5_VisionTransformerPretrainedModel and their patch mergers) and the language model's
     M-RoPE sections (its text config's rope parameters)."""
-    vision = outer.vision_config.to_dict()
-    unknown = sorted(name for name in vision if name not in _QWEN_VL_VISION_READ[architecture] | _VISION_INERT)
-    if unknown:
-        raise ValueError(f"vision_config fields {unknown} are not implemented for image inputs")
     if vision.get("in_chans", vision["in_channels"]) != vision["in_channels"] or \
             vision.get("spatial_patch_size", vision["patch_size"]) != vision["patch_size"]:
         raise ValueError("vision_config: in_chans / spatial_patch_size disagree with in_channels / patch_size")
     rope = dict(vision.get("rope_parameters") or {})
     if rope.get("rope_type", "axial") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
         raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
-    if vision["hidden_act"] not in PLAIN_ACTIVATIONS:
-        raise ValueError(f"vision_config.hidden_act={vision['hidden_act']!r} is not implemented")
     text = outer.get_text_config()
-    windowed = architecture == "Qwen2_5_VLForConditionalGeneration"
+    windowed = vision["model_type"] == "qwen2_5_vl_vision"
     output = "out_hidden_size" if windowed else "hidden_size"
     if vision[output] != text.hidden_size:
         raise ValueError(f"vision_config.{output}={vision[output]} must be the language model's "

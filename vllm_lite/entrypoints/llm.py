@@ -17,6 +17,7 @@ from vllm_lite.entrypoints.chat_content import (conversation_images, image_place
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
+from vllm_lite.engine.image_inputs import request_processor_kwargs
 from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
@@ -574,11 +575,9 @@ def _with_processor_kwargs(prompts: PromptType | Sequence[PromptType],
                            kwargs: dict[str, Any] | None) -> PromptType | Sequence[PromptType]:
     """The prompts with `kwargs` (vLLM's mm_processor_kwargs of a call) as each one's
     `mm_processor_kwargs`, a prompt's own over them; the prompts themselves without any."""
+    kwargs = request_processor_kwargs(kwargs)
     if kwargs is None:
         return prompts
-    if not isinstance(kwargs, dict):
-        raise VLLMValidationError(f"mm_processor_kwargs must be a dict, got {kwargs!r:.200}",
-                                  parameter="mm_processor_kwargs")
     out = []
     for prompt in _prompt_list(prompts):
         if isinstance(prompt, str):

@@ -10,13 +10,16 @@ scalars, never the whole `max_model_len` row; `num_elements_moved` counts what w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 import numpy as np
 
 from vllm_lite.core.scheduler_output import NewRequestData
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.worker.block_table import BlockTable
+
+Kept = TypeVar("Kept")
 
 
 class InputBatch:
@@ -87,6 +90,19 @@ class InputBatch:
         """`rows` (distinct live rows, ascending) as an index into the per-row arrays: a slice,
         read without a gather, when they are every live row (a steady decode step)."""
         return slice(0, len(rows)) if len(rows) == self.num_reqs else rows
+
+    def in_step(self, rows: np.ndarray, query_lens: np.ndarray,
+                requests: Mapping[str, Kept]) -> Iterator[tuple[str, Kept, int, int, int]]:
+        """(request id, what `requests` keeps for it, its index among the step's `rows` (batch
+        rows, ascending), first and end position of its tokens this step) of each of `requests`
+        the step holds (positions read before the step's computed counts advance)."""
+        for req_id, kept in requests.items():
+            row = self.req_id_to_index.get(req_id)
+            k = int(np.searchsorted(rows, row)) if row is not None else len(rows)
+            if k == len(rows) or rows[k] != row:
+                continue  # not in this step
+            start = int(self.num_computed_tokens[row])
+            yield req_id, kept, k, start, start + int(query_lens[k])
 
     def add_request(self, new: NewRequestData) -> int:
         """All or nothing: a request whose row cannot be written (a value that does not fit its

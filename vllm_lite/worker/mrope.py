@@ -40,28 +40,22 @@ class MropePositions:
         kept request has tokens; [3, tokens] where a prompt's image placeholders are in the step,
         else [tokens] shifted (every token's three positions equal)."""
         shifted: np.ndarray | None = None
-        three: np.ndarray | None = None
-        for req_id, (prompt, shift) in self.requests.items():
-            row = batch.req_id_to_index.get(req_id)
-            k = int(np.searchsorted(rows, row)) if row is not None else len(rows)
-            if k == len(rows) or rows[k] != row:
-                continue  # not in this step
-            start = int(batch.num_computed_tokens[row])
-            first, count = int(query_starts[k]), int(query_lens[k])
-            in_prompt = max(0, min(count, prompt.shape[1] - start))
+        in_prompts: list[tuple[int, np.ndarray]] = []  # (first flat token, its prompt positions [3, n])
+        for _, (prompt, shift), k, start, end in batch.in_step(rows, query_lens, self.requests):
+            first, in_prompt = int(query_starts[k]), max(0, min(end, prompt.shape[1]) - start)
             if shifted is None:
                 shifted = positions.astype(np.int64, copy=True)
-            shifted[first + in_prompt:first + count] += shift
-            if in_prompt and three is None:
-                three = np.empty((3, len(positions)), dtype=np.int64)
-                three[:] = shifted  # (every token up to here is final)
-            elif three is not None:
-                three[:, first + in_prompt:first + count] = shifted[first + in_prompt:first + count]
+            shifted[first + in_prompt:first + end - start] += shift
             if in_prompt:
-                three[:, first:first + in_prompt] = prompt[:, start:start + in_prompt]
-        if three is not None:
-            return three
-        return positions if shifted is None else shifted
+                in_prompts.append((first, prompt[:, start:start + in_prompt]))
+        if shifted is None:
+            return positions
+        if not in_prompts:
+            return shifted
+        three = np.tile(shifted, (3, 1))
+        for first, part in in_prompts:
+            three[:, first:first + part.shape[1]] = part
+        return three
 
 
 def prompt_positions(prompt_length: int, images: ImageInputs, spatial_merge: int) -> tuple[np.ndarray, int]:
@@ -72,11 +66,10 @@ def prompt_positions(prompt_length: int, images: ImageInputs, spatial_merge: int
     for offset, length, (rows, columns) in zip(images.offsets.tolist(), images.lengths.tolist(),
                                                images.patch_grids.tolist()):
         high, wide = rows // spatial_merge, columns // spatial_merge
-        start = offset + shift
-        end = offset + length
+        start, end, saved = offset + shift, offset + length, length - max(high, wide)
         positions[0, offset:end] = start
         positions[1, offset:end] = start + np.repeat(np.arange(high), wide)
         positions[2, offset:end] = start + np.tile(np.arange(wide), high)
-        shift += max(high, wide) - length
-        positions[:, end:] += max(high, wide) - length
+        positions[:, end:] -= saved
+        shift -= saved
     return positions, shift

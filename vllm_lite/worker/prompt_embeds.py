@@ -4,7 +4,7 @@ step's input embeddings."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ class PromptEmbeds:
         if not self.images_attend_both_ways:
             return None
         key_ends = None
-        for _, segments, k, start, end in self._in_step(batch, rows, query_lens):
+        for _, segments, k, start, end in batch.in_step(rows, query_lens, self.pending):
             for first, embeds in segments:
                 last = first + len(embeds)
                 low, high = max(start, first), min(end, last)
@@ -77,7 +77,7 @@ class PromptEmbeds:
         computed counts advance); None when it has none. Requests whose last given position this
         step reaches leave."""
         indices, pieces = [], []
-        for req_id, segments, k, start, end in list(self._in_step(batch, rows, query_lens)):
+        for req_id, segments, k, start, end in list(batch.in_step(rows, query_lens, self.pending)):
             for first, embeds in segments:
                 low, high = max(start, first), min(end, first + len(embeds))
                 if low < high:
@@ -89,15 +89,3 @@ class PromptEmbeds:
         if not indices:
             return None
         return torch.from_numpy(np.concatenate(indices)), torch.cat(pieces)
-
-    def _in_step(self, batch: InputBatch, rows: np.ndarray,
-                 query_lens: np.ndarray) -> Iterator[tuple[str, list[Segment], int, int, int]]:
-        """(request id, segments, its index among the step's `rows`, first and end position of
-        its tokens this step) of each pending request the step holds."""
-        for req_id, segments in self.pending.items():
-            row = batch.req_id_to_index.get(req_id)
-            k = int(np.searchsorted(rows, row)) if row is not None else len(rows)
-            if k == len(rows) or rows[k] != row:
-                continue  # not in this step
-            start = int(batch.num_computed_tokens[row])
-            yield req_id, segments, k, start, start + int(query_lens[k])
