@@ -357,13 +357,25 @@ def tiny_qwen2_5_vl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            {"depth": 2, "window_size": 56, "fullatt_block_indexes": [1]})
 
 
-def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_extra: dict) -> Path:
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3-VL whose vision side is run: a three-block vision transformer of 16-pixel patches
+    (2 x 2 merged into one feature) with a learned 4 x 4 position grid, DeepStack from its first
+    and last blocks (added after the two decoder layers), a Qwen3 decoder with interleaved M-RoPE
+    sections (2, 3, 3); its processor resizes an image to 4 to 16 merged squares of 32 pixels."""
+    return _qwen_vl_images(tmp_path_factory, "Qwen3VLForConditionalGeneration",
+                           {"depth": 3, "patch_size": 16, "num_position_embeddings": 16,
+                            "deepstack_visual_indexes": [0, 2]}, text_arch="qwen3", patch_size=16)
+
+
+def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_extra: dict,
+                    text_arch: str = "qwen2", patch_size: int = 14) -> Path:
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = build_tiny_multimodal_model(
-            factory.mktemp(f"tiny_{architecture}_images"), architecture, "qwen2",
+            factory.mktemp(f"tiny_{architecture}_images"), architecture, text_arch,
             tie_word_embeddings=False, text_extra={"vocab_size": 1003}, vision_extra=vision_extra)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN2_VL_TOKENS}, replace_extra_special_tokens=False)
@@ -372,7 +384,9 @@ def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_e
     start, image, end = tokenizer.convert_tokens_to_ids(QWEN2_VL_TOKENS)
     config.update(image_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
     (model / "config.json").write_text(json.dumps(config))
-    Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16).save_pretrained(model)
+    square = 2 * patch_size  # (a merged square's pixels)
+    Qwen2VLImageProcessor(patch_size=patch_size, min_pixels=square * square * 4,
+                          max_pixels=square * square * 16).save_pretrained(model)
     return model
 
 

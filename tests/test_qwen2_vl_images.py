@@ -1,6 +1,8 @@
-"""Image inputs of Qwen2-VL (Qwen2VLForConditionalGeneration) and Qwen2.5-VL
+"""Image inputs of Qwen2-VL (Qwen2VLForConditionalGeneration), Qwen2.5-VL
 (Qwen2_5_VLForConditionalGeneration, whose vision blocks attend within windows but for its
-full-attention ones): an image of any size read as its
+full-attention ones) and Qwen3-VL (Qwen3VLForConditionalGeneration: 16-pixel patches, a learned
+position grid, DeepStack additions to the first decoder layers' states, interleaved M-RoPE
+sections): an image of any size read as its
 processor's 14-pixel patches (here 4 to 16 merged 2 x 2 squares: one placeholder each) by a
 vision transformer with 2-D rotary positions, and the placeholders given multimodal rotary
 positions (M-RoPE: temporal, height, width) in the language model, the tokens after an image
@@ -29,9 +31,10 @@ TEXTS = [f"the cat{IMAGE}of and", f"a{IMAGE}to the{IMAGE}in", f"{IMAGE}the"]
 IMAGES_PER_TEXT = [[0], [1, 2], [2]]
 
 
-@pytest.fixture(scope="module", params=["tiny_qwen2_vl_images", "tiny_qwen2_5_vl_images"])
+@pytest.fixture(scope="module", params=["tiny_qwen2_vl_images", "tiny_qwen2_5_vl_images", "tiny_qwen3_vl_images"])
 def qwen2_vl(request: pytest.FixtureRequest) -> Path:
-    """Qwen2-VL, and Qwen2.5-VL (its vision blocks: RMS norms, gated MLPs, windows)."""
+    """Qwen2-VL, Qwen2.5-VL (its vision blocks: RMS norms, gated MLPs, windows) and Qwen3-VL
+    (16-pixel patches, a learned position grid, DeepStack, interleaved M-RoPE)."""
     return request.getfixturevalue(request.param)
 
 
@@ -174,14 +177,15 @@ def test_the_engine_core_refuses_patches_a_step_could_not_take(qwen2_vl: Path, i
     _, _, good = processor.process_prompt("r", prompts(images)[1], GREEDY)
     check_request(good, model_config)
     grids = good.images.patch_grids
-    assert grids.tolist() == [[8, 4], [4, 4]]
+    assert grids.tolist() == processor_inputs(qwen2_vl, TEXTS[1], [images[1], images[2]])["image_grid_thw"][:, 1:].tolist()
+    values = model_config.image_encoder.patch_values
 
     def refused(match: str, **images_fields: object) -> None:
         bad = msgspec.structs.replace(good, images=msgspec.structs.replace(good.images, **images_fields))
         with pytest.raises(ValueError, match=match):
             check_request(bad, model_config)
 
-    refused(r"float32 \[n, patches, 1176\] with each image's \(rows, columns\) of patches, multiples of 2",
+    refused(rf"float32 \[n, patches, {values}\] with each image's \(rows, columns\) of patches, multiples of 2",
             patch_grids=np.array([[8, 6], [4, 4]]))
     refused("multiples of 2", patch_grids=np.array([[7, 4], [4, 4]]))
     refused("multiples of 2", patch_grids=None)
@@ -194,16 +198,32 @@ def test_config_reading(qwen2_vl: Path) -> None:
 
     config = json.loads((qwen2_vl / "config.json").read_text())
     encoder = read_image_encoder(config)
+    qwen3 = config["architectures"] == ["Qwen3VLForConditionalGeneration"]
     assert encoder.mrope and encoder.mrope_section == (2, 3, 3) and encoder.spatial_merge == 2
-    assert encoder.patch_values == 3 * 2 * 14 * 14 == 1176
-    broken = {**config, "text_config": {**config["text_config"],
-                                        "rope_parameters": {**config["text_config"]["rope_parameters"],
-                                                            "mrope_section": [2, 2, 2]}}}
+    assert encoder.patch_values == 3 * 2 * encoder.patch_size ** 2 == (1536 if qwen3 else 1176)
+    assert encoder.mrope_interleaved == qwen3
+
+    def rope_with(**fields: object) -> dict:
+        return {**config, "text_config": {**config["text_config"],
+                                          "rope_parameters": {**config["text_config"]["rope_parameters"], **fields}}}
+
+    def vision_with(**fields: object) -> dict:
+        return {**config, "vision_config": {**config["vision_config"], **fields}}
+
     with pytest.raises(ValueError, match=r"mrope_section=\[2, 2, 2\] must be three parts of the language model's 8"):
-        read_image_encoder(broken)
-    broken = {**config, "vision_config": {**config["vision_config"], "deepstack_visual_indexes": [0]}}
-    with pytest.raises(ValueError, match=r"vision_config fields \['deepstack_visual_indexes'\] are not implemented"):
-        read_image_encoder(broken)
+        read_image_encoder(rope_with(mrope_section=[2, 2, 2]))
+    with pytest.raises(ValueError, match=f"mrope_interleaved={not qwen3} is not implemented"):
+        read_image_encoder(rope_with(mrope_interleaved=not qwen3))
+    if not qwen3:
+        with pytest.raises(ValueError, match=r"vision_config fields \['deepstack_visual_indexes'\] are not implemented"):
+            read_image_encoder(vision_with(deepstack_visual_indexes=[0]))
+        return
+    assert (encoder.position_embeddings, encoder.deepstack_blocks) == (16, (0, 2))
+    for indexes in ([0, 0], [3], [0, 1, 2]):  # (a block twice, no such block, more than the decoder's 2 layers)
+        with pytest.raises(ValueError, match=r"deepstack_visual_indexes=.* must name distinct blocks of the 3-block"):
+            read_image_encoder(vision_with(deepstack_visual_indexes=indexes))
+    with pytest.raises(ValueError, match="num_position_embeddings=15 must be a square"):
+        read_image_encoder(vision_with(num_position_embeddings=15))
     if encoder.windowed:
         assert (encoder.window_size, encoder.full_attention_blocks) == (56, (1,))
         broken = {**config, "vision_config": {**config["vision_config"], "window_size": 40}}
@@ -269,3 +289,32 @@ def test_mm_processor_kwargs_of_the_engine_and_of_a_request(qwen2_vl: Path, imag
     assert list(plain.outputs[0].token_ids) == reference[0][1]
     assert (list(call_level.prompt_token_ids), list(call_level.outputs[0].token_ids)) == wanted
     assert list(chatted.prompt_token_ids).count(1001) == wanted[0].count(1001)
+
+
+@pytest.mark.parametrize("section", [(2, 3, 3), (3, 3, 2)])
+def test_interleaved_mrope_turns_each_pair_as_transformers(section: tuple[int, int, int]) -> None:
+    """Qwen3-VL's interleaved M-RoPE sections (height on pairs 1, 4, ..., width on 2, 5, ...
+    within their spans, temporal elsewhere): our rotary layer's rotation of [3, T] positions is
+    transformers' Qwen3VLTextRotaryEmbedding's, and differs from the contiguous sections'."""
+    from transformers import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding, apply_rotary_pos_emb
+
+    from vllm_lite.model.layers.rotary import RotaryEmbedding, use_mrope
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(section), "mrope_interleaved": True}
+    config = Qwen3VLTextConfig(hidden_size=64, num_attention_heads=4, head_dim=16, rope_parameters=rope)
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, 60, (3, 7), generator=generator)
+    query, key = torch.randn(7, 2, 16, generator=generator), torch.randn(7, 1, 16, generator=generator)
+    cos, sin = Qwen3VLTextRotaryEmbedding(config)(query, positions[:, None, :])
+    want_query, want_key = apply_rotary_pos_emb(query.transpose(0, 1)[None], key.transpose(0, 1)[None], cos, sin)
+
+    def ours(interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = RotaryEmbedding(16, 64, 10000.0, None)
+        use_mrope(layer, section, interleaved)
+        return layer(positions, query.clone(), key.clone())
+
+    got_query, got_key = ours(interleaved=True)
+    torch.testing.assert_close(got_query, want_query[0].transpose(0, 1))
+    torch.testing.assert_close(got_key, want_key[0].transpose(0, 1))
+    assert not torch.allclose(ours(interleaved=False)[0], got_query, atol=1e-3)

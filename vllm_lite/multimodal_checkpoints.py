@@ -9,8 +9,8 @@ output only replaces the embeddings of image placeholder tokens. So the language
 from the checkpoint's `text_config` (read as transformers reads it: its config classes fill the
 defaults that hub configs leave out) and loaded from the checkpoint's language-model tensors; the
 vision encoder's and projector's tensors are not read by it. Where a checkpoint's image inputs are
-implemented (vision_config.py: LLaVA 1.5 / NeXT, Gemma 3, SmolVLM / Idefics3) the workers build its
-vision side beside it (model/models/llava_vision.py); other image, audio and video inputs are
+implemented (vision_config.IMAGE_ARCHITECTURES) the workers build its vision side beside it
+(model/models/llava_vision.py, qwen2_vl_vision.py); other image, audio and video inputs are
 refused by name.
 
 Torch-free: the engine configuration reads this before any worker starts.

@@ -12,7 +12,10 @@ processor's row / column tokens; Qwen2-VL's: an image of any size read as its pr
 by a vision transformer with 2-D rotary positions, each 2 x 2 square of patches merged into one
 feature, whose placeholders take multimodal rotary positions (M-RoPE) in the language model;
 Qwen2.5-VL's: the same with RMS norms, gated MLPs and attention within windows of patches in
-most of its blocks).
+most of its blocks; Qwen3-VL's: Qwen2-VL's with learned patch position embeddings resampled to each
+image's grid, interleaved M-RoPE sections and DeepStack: some of its blocks' states, merged by
+their own mergers, added to the language model's hidden states at the image's placeholders after
+its first layers).
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -32,7 +35,8 @@ from typing import Any
 IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                        "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
-                       "Qwen2_5_VLForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
+                       "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+                       "LlavaOnevisionForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -53,10 +57,16 @@ _QWEN_VL_VISION_READ = {
         "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels", "patch_size",
         "spatial_merge_size", "temporal_patch_size", "rope_parameters", "in_chans", "spatial_patch_size",
         "out_hidden_size", "window_size", "fullatt_block_indexes", "tokens_per_second"}),
+    "qwen3_vl_vision": frozenset({
+        "depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads", "in_channels", "patch_size",
+        "spatial_merge_size", "temporal_patch_size", "rope_parameters", "out_hidden_size",
+        "num_position_embeddings", "deepstack_visual_indexes"}),
 }
-_QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+_QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                          "Qwen3VLForConditionalGeneration")
 # transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
 _DEFAULT_MROPE_SECTION = (16, 24, 24)
+_QWEN3_MROPE_SECTION = (24, 20, 20)  # (Qwen3-VL's: transformers' Qwen3VLTextRotaryEmbedding default)
 _SELECT_STRATEGIES = ("default", "full")  # drop the first feature (CLIP's CLS) / keep it
 # the activations model/layers/activation.py `plain_activation` runs
 PLAIN_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu", "silu")
@@ -140,6 +150,16 @@ class ImageEncoderConfig:
     # Qwen2-VL: the tokens around an image's placeholder in its prompts (vision start / end),
     # which a chat written in the "string" content format writes with it
     frame_token_ids: tuple[int, int] | None = None
+    # Qwen3-VL: M-RoPE's sections interleaved (pair i turned by the height positions where
+    # i % 3 == 1 and the width ones where i % 3 == 2, within their sections' spans; else temporal)
+    mrope_interleaved: bool = False
+    # Qwen3-VL: a learned square grid of this many patch position embeddings, bilinearly
+    # resampled to each image's grid and added to its patch embeddings (0: none)
+    position_embeddings: int = 0
+    # Qwen3-VL's DeepStack: the vision blocks whose output states, merged by a merger of their
+    # own, are added to the language model's hidden states at the image's placeholders after its
+    # first, second, ... layer (an image's features carry them after its input embeddings)
+    deepstack_blocks: tuple[int, ...] = ()
 
     @property
     def mrope(self) -> bool:
@@ -155,6 +175,11 @@ class ImageEncoderConfig:
     def windowed(self) -> bool:
         """Qwen2.5-VL's vision transformer (window attention, RMS norms, gated MLPs)."""
         return self.window_size > 0
+
+    @property
+    def learned_positions(self) -> bool:
+        """Qwen3-VL's vision transformer (learned position grid, biased patch embedding)."""
+        return self.position_embeddings > 0
 
     def merged_tokens(self, rows: int, columns: int) -> int:
         """Qwen2-VL: the placeholders of an image of rows x columns patches (one per merged square)."""
@@ -382,9 +407,9 @@ def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
 
 
 def _qwen_vl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
-    """Qwen2-VL's and Qwen2.5-VL's vision side (transformers' Qwen2VisionTransformerPretrainedModel /
-    Qwen2_5_VisionTransformerPretrainedModel and their patch mergers) and the language model's
-    M-RoPE sections (its text config's rope parameters)."""
+    """Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's vision side (transformers' Qwen2VisionTransformerPretrainedModel /
+    Qwen2_5_VisionTransformerPretrainedModel / Qwen3VLVisionModel and their patch mergers) and the
+    language model's M-RoPE sections (its text config's rope parameters)."""
     if vision.get("in_chans", vision["in_channels"]) != vision["in_channels"] or \
             vision.get("spatial_patch_size", vision["patch_size"]) != vision["patch_size"]:
         raise ValueError("vision_config: in_chans / spatial_patch_size disagree with in_channels / patch_size")
@@ -393,35 +418,61 @@ def _qwen_vl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
     text = outer.get_text_config()
     windowed = vision["model_type"] == "qwen2_5_vl_vision"
-    output = "out_hidden_size" if windowed else "hidden_size"
+    qwen3 = vision["model_type"] == "qwen3_vl_vision"
+    output = "out_hidden_size" if windowed or qwen3 else "hidden_size"
     if vision[output] != text.hidden_size:
         raise ValueError(f"vision_config.{output}={vision[output]} must be the language model's "
                          f"hidden_size {text.hidden_size} (the merger's output feeds it)")
+    for name in ("patch_size", "temporal_patch_size"):
+        if not (isinstance(vision[name], int) and vision[name] >= 1):
+            raise ValueError(f"vision_config.{name}={vision[name]!r} must be a positive integer (square patches)")
     merge, heads = vision["spatial_merge_size"], vision["num_heads"]
-    embed_dim = vision["hidden_size" if windowed else "embed_dim"]
+    embed_dim = vision["hidden_size" if windowed or qwen3 else "embed_dim"]
     if not (isinstance(merge, int) and merge >= 1) or embed_dim % heads or (embed_dim // heads) % 4:
         raise ValueError(f"vision_config: spatial_merge_size={merge!r}, embed_dim={embed_dim}, num_heads={heads}: "
                          "a positive merge size and a head size divisible by 4 (its 2-D rotary) are needed")
     text_rope = dict(getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {})
-    section = tuple(text_rope.get("mrope_section") or _DEFAULT_MROPE_SECTION)
+    section = tuple(text_rope.get("mrope_section") or (_QWEN3_MROPE_SECTION if qwen3 else _DEFAULT_MROPE_SECTION))
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if len(section) != 3 or sum(section) != head_dim // 2 or text_rope.get("mrope_interleaved"):
+    if len(section) != 3 or sum(section) != head_dim // 2:
         raise ValueError(f"mrope_section={list(section)!r} must be three parts of the language model's "
-                         f"{head_dim // 2} rotated pairs (interleaved sections are not implemented)")
+                         f"{head_dim // 2} rotated pairs")
+    # (transformers' Qwen3-VL always interleaves, its Qwen2-VL / Qwen2.5-VL never: a config that
+    # says otherwise is refused rather than read one way)
+    if text_rope.get("mrope_interleaved", qwen3) != qwen3:
+        raise ValueError(f"rope_parameters.mrope_interleaved={text_rope['mrope_interleaved']!r} is not implemented "
+                         f"for {vision['model_type']} (its sections are {'' if qwen3 else 'not '}interleaved)")
     window, full_blocks = (vision["window_size"], tuple(vision["fullatt_block_indexes"])) if windowed else (0, ())
+    positions, deepstack = _qwen3_vl_extras(vision, text.num_hidden_layers) if qwen3 else (0, ())
     unit = merge * vision["patch_size"]
     if windowed and not (isinstance(window, int) and window >= unit and window % unit == 0):
         raise ValueError(f"vision_config.window_size={window!r} must be a multiple of a merged square's {unit} pixels")
     return ImageEncoderConfig(
         encoder_type=vision["model_type"], hidden_size=embed_dim,
-        intermediate_size=vision["intermediate_size"] if windowed else int(embed_dim * vision["mlp_ratio"]),
+        intermediate_size=vision["intermediate_size"] if windowed or qwen3 else int(embed_dim * vision["mlp_ratio"]),
         num_layers=vision["depth"], num_heads=heads, num_channels=vision["in_channels"], image_size=0,
         patch_size=vision["patch_size"], layer_norm_eps=1e-6, hidden_act=vision["hidden_act"],
         feature_layers=(vision["depth"],), keep_first_feature=True, projector_act="gelu", projector_bias=True,
         text_hidden_size=text.hidden_size, image_token_id=outer.image_token_id, spatial_merge=merge,
         temporal_patch=vision["temporal_patch_size"], mrope_section=section,
         vision_rope_theta=float(rope.get("rope_theta", 10000.0)), window_size=window, full_attention_blocks=full_blocks,
-        frame_token_ids=(outer.vision_start_token_id, outer.vision_end_token_id))
+        frame_token_ids=(outer.vision_start_token_id, outer.vision_end_token_id), mrope_interleaved=qwen3,
+        position_embeddings=positions, deepstack_blocks=deepstack)
+
+
+def _qwen3_vl_extras(vision: dict[str, Any], text_layers: int) -> tuple[int, tuple[int, ...]]:
+    """Qwen3-VL's learned position grid (its size, a square) and DeepStack blocks (each a vision
+    block, at most one per language-model layer)."""
+    positions = vision["num_position_embeddings"]
+    if not (isinstance(positions, int) and positions > 0 and math.isqrt(positions) ** 2 == positions):
+        raise ValueError(f"vision_config.num_position_embeddings={positions!r} must be a square (a grid of positions)")
+    deepstack = tuple(vision["deepstack_visual_indexes"] or ())
+    if any(not isinstance(block, int) or not 0 <= block < vision["depth"] for block in deepstack) or \
+            len(set(deepstack)) != len(deepstack) or len(deepstack) > text_layers:
+        raise ValueError(f"vision_config.deepstack_visual_indexes={list(deepstack)!r} must name distinct blocks of the "
+                         f"{vision['depth']}-block vision transformer, at most one per language-model layer "
+                         f"({text_layers})")
+    return positions, deepstack
 
 
 # what the engine gives the image processor itself

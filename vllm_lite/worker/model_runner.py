@@ -163,7 +163,7 @@ class ModelRunner:
         image_config = vllm_config.model_config.image_encoder
         self.mrope = MropePositions(image_config.spatial_merge) if image_config is not None and image_config.mrope else None
         if self.mrope is not None:
-            use_mrope(self.model, image_config.mrope_section)
+            use_mrope(self.model, image_config.mrope_section, image_config.mrope_interleaved)
         # vLLM's encoder cache, as large as its default (a step's token budget)
         self.encoder_cache = (EncoderCache(vllm_config.scheduler_config.max_num_batched_tokens)
                               if self.image_encoder is not None else None)
@@ -401,8 +401,14 @@ class ModelRunner:
         input_ids, positions = self._padded_to_bucket(inputs.input_ids, inputs.positions)
         embeds = self.model.embed_input_ids(input_ids)
         indices, rows = given
-        embeds[indices.to(self.device)] = rows.to(self.device, embeds.dtype)
-        return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds)
+        indices, rows, width = indices.to(self.device), rows.to(self.device, embeds.dtype), embeds.shape[-1]
+        embeds[indices] = rows[:, :width]
+        if rows.shape[-1] == width:
+            return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds)
+        # (Qwen3-VL: an image feature's DeepStack additions follow its input embedding)
+        deepstack = rows[:, width:].unflatten(-1, (-1, width)).transpose(0, 1)
+        return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds,
+                          deepstack=(indices, deepstack))
 
     # ---- speculative decoding ----
     def _place_drafts(self, drafts: dict[str, np.ndarray]) -> np.ndarray | None:

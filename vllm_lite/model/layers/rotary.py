@@ -177,18 +177,28 @@ class RotaryEmbedding(nn.Module):
                 and positions.dtype == torch.int64 and query.stride(-1) == 1 and key.stride(-1) == 1)
 
 
-def use_mrope(model: nn.Module, section: tuple[int, ...]) -> None:
+def use_mrope(model: nn.Module, section: tuple[int, ...], interleaved: bool = False) -> None:
     """Qwen2-VL: the model's rotary layers take [3, T] positions (temporal, height, width), the
     rotated pairs split into `section` parts (e.g. 16, 24, 24 of 64), part k turned by the k-th
-    positions; [T] positions turn every pair by the one position as before."""
+    positions; [T] positions turn every pair by the one position as before. `interleaved`
+    (Qwen3-VL): pair i is turned by the height positions where i % 3 == 1 and i < 3 x section[1],
+    the width ones where i % 3 == 2 and i < 3 x section[2], the temporal ones elsewhere."""
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             pairs = module.cos_sin_cache.shape[-1] // 2
             if sum(section) != pairs or module.interleaved:
                 raise ValueError(f"mrope_section={list(section)} must split the {pairs} rotated pairs of a "
                                  "rotate-half rotary layer")
-            module.mrope_position_of_pair = torch.repeat_interleave(torch.arange(len(section)),
-                                                                    torch.tensor(section))
+            module.mrope_position_of_pair = (_interleaved_sections(pairs, section) if interleaved else
+                                             torch.repeat_interleave(torch.arange(len(section)), torch.tensor(section)))
+
+
+def _interleaved_sections(pairs: int, section: tuple[int, ...]) -> torch.Tensor:
+    pair = torch.arange(pairs)
+    which = torch.zeros(pairs, dtype=torch.int64)
+    for axis in (1, 2):
+        which[(pair % 3 == axis) & (pair < 3 * section[axis])] = axis
+    return which
 
 
 def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:

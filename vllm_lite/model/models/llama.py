@@ -128,6 +128,11 @@ class LlamaDecoderLayer(nn.Module):
         return (hidden if self.residual_scale == 1.0 else hidden * self.residual_scale), residual
 
 
+# Qwen3-VL's DeepStack: (the step's token indices of image placeholders, [layers, placeholders,
+# hidden] additions to the hidden states there after each of the first layers)
+DeepStack = tuple[torch.Tensor, torch.Tensor]
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: HFModelConfig, max_position: int, backend: AttentionBackend,
                  tp: TensorParallelGroup, qk_norm: bool, o_proj_bias: bool,
@@ -150,13 +155,16 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], attn_metadata,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, deepstack: DeepStack | None = None) -> torch.Tensor:
         # (Granite's embedding multiplier applies to given embeddings too, as in vLLM and transformers)
         hidden, residual = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds, None
         if self.embedding_scale != 1.0:
             hidden = hidden * self.embedding_scale
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for index, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+            if deepstack is not None and index < len(deepstack[1]):
+                # (the layer's output is hidden + residual: adding to either part adds to it)
+                hidden = hidden.index_add(0, deepstack[0], deepstack[1][index])
         return self.norm(hidden) if residual is None else self.norm(hidden, residual)[0]
 
 
@@ -208,8 +216,8 @@ class LlamaForCausalLM(CheckpointWeightUpdates, nn.Module):
         return self.model.embed_input_ids(input_ids)
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds)
+                inputs_embeds: torch.Tensor | None = None, deepstack: DeepStack | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, inputs_embeds, deepstack)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.compute_logits(hidden_states)
