@@ -368,15 +368,26 @@ def tiny_qwen3_vl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             "deepstack_visual_indexes": [0, 2]}, text_arch="qwen3", patch_size=16)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3-VL-MoE whose vision side is run: `tiny_qwen3_vl_images`' vision side beside
+    `tiny_qwen3_vl_moe`'s decoder (stacked experts)."""
+    return _qwen_vl_images(tmp_path_factory, "Qwen3VLMoeForConditionalGeneration",
+                           {"depth": 3, "patch_size": 16, "num_position_embeddings": 16,
+                            "deepstack_visual_indexes": [0, 2]}, text_arch="qwen3_moe", patch_size=16,
+                           text_extra=QWEN3_VL_MOE_TEXT)
+
+
 def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_extra: dict,
-                    text_arch: str = "qwen2", patch_size: int = 14) -> Path:
+                    text_arch: str = "qwen2", patch_size: int = 14, text_extra: dict | None = None) -> Path:
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = build_tiny_multimodal_model(
             factory.mktemp(f"tiny_{architecture}_images"), architecture, text_arch,
-            tie_word_embeddings=False, text_extra={"vocab_size": 1003}, vision_extra=vision_extra)
+            tie_word_embeddings=False, text_extra={"vocab_size": 1003, **(text_extra or {})},
+            vision_extra=vision_extra)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN2_VL_TOKENS}, replace_extra_special_tokens=False)
     tokenizer.save_pretrained(model)
@@ -437,6 +448,20 @@ def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Qwen3VLForConditionalGeneration: interleaved M-RoPE, Qwen3 decoder (qk-norm), DeepStack encoder."""
     return _build_multimodal(tmp_path_factory, "tiny_qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3",
                              tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3VLMoeForConditionalGeneration: Qwen3-VL with a Qwen3-MoE decoder (4 experts of width
+    24, top 2, always renormalized; layer 0 dense) whose experts are stacked tensors."""
+    return _build_multimodal(tmp_path_factory, "tiny_qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "qwen3_moe",
+                             tie_word_embeddings=False, text_extra=QWEN3_VL_MOE_TEXT)
+
+
+# the tiny Qwen3-VL-MoE decoder's experts (2 x 24 != the hidden 64: the stacked tensors' two
+# layouts differ in shape)
+QWEN3_VL_MOE_TEXT = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "mlp_only_layers": [0],
+                     "norm_topk_prob": True}
 
 
 @pytest.fixture(scope="session")

@@ -501,6 +501,7 @@ _TINY_VISION["InternVLForConditionalGeneration"] = {"hidden_size": 32, "intermed
                                                     "num_attention_heads": 2, "image_size": [28, 28],
                                                     "patch_size": [14, 14]}
 _TINY_VISION["Idefics3ForConditionalGeneration"] = _TINY_VISION["SmolVLMForConditionalGeneration"]
+_TINY_VISION["Qwen3VLMoeForConditionalGeneration"] = _TINY_VISION["Qwen3VLForConditionalGeneration"]
 # the image placeholder token: the last id of the tiny vocabulary, which no test prompt holds
 IMAGE_TOKEN_ID = 999
 
@@ -543,10 +544,26 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
         _redraw_weights(getattr(model.model, "multi_modal_projector", None) or model.model.connector, seed + 3)
     if not tie_word_embeddings:
         _redraw_weights(model.lm_head, seed + 1)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    if architecture.startswith("Qwen3VLMoe"):
+        _save_stacked_experts(model, out_dir)
+    else:
+        model.save_pretrained(out_dir, safe_serialization=True)
     _write_generation_config(out_dir)
     build_tokenizer(out_dir)
     return out_dir
+
+
+def _save_stacked_experts(model: nn.Module, out_dir: Path) -> None:
+    """Qwen3-VL-MoE as its hub checkpoints hold it: each layer's experts stacked [experts, in, out]
+    (transformers keeps them [experts, out, in] and transposes on load; 5.24's save_pretrained
+    fails to transpose them back)."""
+    stacked = ("experts.gate_up_proj", "experts.down_proj")
+    state = {name: (tensor.transpose(1, 2) if name.endswith(stacked) else tensor).contiguous()
+             for name, tensor in model.state_dict().items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    model.config.architectures = [type(model).__name__]  # (as save_pretrained writes it)
+    model.config.save_pretrained(out_dir)
 
 
 # --------------------------------------------------------------------------- #

@@ -318,3 +318,53 @@ def test_interleaved_mrope_turns_each_pair_as_transformers(section: tuple[int, i
     torch.testing.assert_close(got_query, want_query[0].transpose(0, 1))
     torch.testing.assert_close(got_key, want_key[0].transpose(0, 1))
     assert not torch.allclose(ours(interleaved=False)[0], got_query, atol=1e-3)
+
+
+@pytest.mark.parametrize("engine_args", [
+    {"max_num_batched_tokens": 8, "enable_chunked_prefill": True},
+    {"multiprocess": True, "tensor_parallel_size": 2},  # (each rank's slice of the stacked experts)
+])
+def test_qwen3_vl_moe_greedy_tokens_equal_transformers(tiny_qwen3_vl_moe_images: Path, images: list[Image.Image],
+                                                       engine_args: dict) -> None:
+    """Qwen3-VL-MoE: Qwen3-VL's vision side beside a Qwen3-MoE decoder whose experts its
+    checkpoint stacks ([experts, in, out] tensors per layer)."""
+    model = tiny_qwen3_vl_moe_images
+    wanted = []
+    for text, which in zip(TEXTS, IMAGES_PER_TEXT):
+        inputs = processor_inputs(model, text, [images[i] for i in which])
+        wanted.append((inputs["input_ids"][0].tolist(), hf_tokens(model, inputs)))
+    llm = make_llm(model, **engine_args)
+    try:
+        outputs = llm.generate(prompts(images), GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert [(list(out.prompt_token_ids), list(out.outputs[0].token_ids)) for out in outputs] == wanted
+
+
+def test_qwen3_vl_moe_stacked_experts_are_read_as_its_checkpoints_hold_them(tiny_qwen3_vl_moe: Path,
+                                                                            tmp_path: Path) -> None:
+    """A stacked experts tensor in another layout (transformers' in-memory [experts, out, in]) is
+    refused naming its shape, and a text config whose router would not renormalize (transformers'
+    Qwen3-VL-MoE always does) is refused naming the field."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vllm_lite.config import EngineArgs
+
+    model = Path(shutil.copytree(tiny_qwen3_vl_moe, tmp_path / "model"))
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"]["norm_topk_prob"] = False
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="text_config.norm_topk_prob=False is not supported for "
+                                         "Qwen3VLMoeForConditionalGeneration"):
+        EngineArgs(model=str(model), dtype="float32").create_engine_config()
+    config["text_config"]["norm_topk_prob"] = True
+    (model / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(model / "model.safetensors"))
+    name = "model.language_model.layers.1.mlp.experts.gate_up_proj"
+    tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, str(model / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"stacked experts' gate_up tensor of shape \[4, 48, 64\]: expected \[4, 64, 48\]"):
+        make_llm(model)

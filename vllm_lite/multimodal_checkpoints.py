@@ -1,7 +1,7 @@
 """Multimodal checkpoints served as their language model (vLLM's `--language-model-only`).
 
 Gemma 3 (4B and up), Mistral Small 3.1 / 3.2, LLaVA (1.5, NeXT, OneVision), InternVL (its
-transformers-format checkpoints), Qwen2-VL / Qwen2.5-VL / Qwen3-VL and SmolVLM
+transformers-format checkpoints), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and its MoE) and SmolVLM
 ship as one `*ForConditionalGeneration` checkpoint: a vision encoder, a projector and a language
 model that is one of the decoders this engine implements. Text in, text out, those models are
 their language model alone: a text token's hidden states never depend on the vision side, whose
@@ -47,6 +47,9 @@ class LanguageModelOf:
     # text_config fields the multimodal class reads otherwise than the text model's class,
     # accepted only at the values where the two agree
     text_restricted: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    # text_config fields the multimodal class fixes (its text class has no field for them), set so
+    # for the text model's class; a config that says otherwise is refused
+    text_fixed: Mapping[str, Any] = field(default_factory=dict)
 
 
 _LLAVA_TEXT = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -116,6 +119,11 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
     "Qwen3VLForConditionalGeneration": LanguageModelOf(
         text_architectures={"qwen3_vl_text": "Qwen3ForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
         text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION),
+    # (its experts' tensors are stacked: moe.py reads them; its router always renormalizes the
+    # top-k weights, as transformers' Qwen3VLMoeTextTopKRouter)
+    "Qwen3VLMoeForConditionalGeneration": LanguageModelOf(
+        text_architectures={"qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
+        text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION, text_fixed={"norm_topk_prob": True}),
     "SmolVLMForConditionalGeneration": LanguageModelOf(
         text_architectures={"llama": "LlamaForCausalLM"},
         vision_fields=frozenset({"image_token_id", "scale_factor", "_pad_token_id", "pad_token_id"}),
@@ -166,8 +174,12 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         if text.get(name) not in allowed:
             raise ValueError(f"config.json: text_config.{name}={text.get(name)!r} is not supported for {architecture} "
                              f"(supported: {', '.join(map(repr, allowed))})")
+    for name, value in spec.text_fixed.items():
+        if text.get(name, value) != value:
+            raise ValueError(f"config.json: text_config.{name}={text[name]!r} is not supported for {architecture} "
+                             f"(its model reads {value!r})")
     text = {name: _without_mrope(value) if name in ("rope_parameters", "rope_scaling") else value
-            for name, value in text.items()}
+            for name, value in {**text, **spec.text_fixed}.items()}
     text["architectures"] = [text_architecture]
     text["tie_word_embeddings"] = _tied(outer.tie_word_embeddings, text.get("tie_word_embeddings"))
     text["dtype"] = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("dtype")

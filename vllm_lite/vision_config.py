@@ -36,7 +36,7 @@ IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditional
                        "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
-                       "LlavaOnevisionForConditionalGeneration")
+                       "Qwen3VLMoeForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -62,8 +62,9 @@ _QWEN_VL_VISION_READ = {
         "spatial_merge_size", "temporal_patch_size", "rope_parameters", "out_hidden_size",
         "num_position_embeddings", "deepstack_visual_indexes"}),
 }
+_QWEN_VL_VISION_READ["qwen3_vl_moe_vision"] = _QWEN_VL_VISION_READ["qwen3_vl_vision"]  # (the MoE's: the same)
 _QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                          "Qwen3VLForConditionalGeneration")
+                          "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
 _DEFAULT_MROPE_SECTION = (16, 24, 24)
 _QWEN3_MROPE_SECTION = (24, 20, 20)  # (Qwen3-VL's: transformers' Qwen3VLTextRotaryEmbedding default)
@@ -418,7 +419,7 @@ def _qwen_vl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
     text = outer.get_text_config()
     windowed = vision["model_type"] == "qwen2_5_vl_vision"
-    qwen3 = vision["model_type"] == "qwen3_vl_vision"
+    qwen3 = vision["model_type"] in ("qwen3_vl_vision", "qwen3_vl_moe_vision")
     output = "out_hidden_size" if windowed or qwen3 else "hidden_size"
     if vision[output] != text.hidden_size:
         raise ValueError(f"vision_config.{output}={vision[output]} must be the language model's "

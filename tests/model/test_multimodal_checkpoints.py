@@ -25,7 +25,7 @@ from vllm_lite.config import EngineArgs
 from vllm_lite.lora.request import LoRARequest
 
 MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_llava_next", "tiny_llava_onevision", "tiny_internvl",
-              "tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_smolvlm", "tiny_idefics3"]
+              "tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_smolvlm", "tiny_idefics3"]
 
 
 def _copy(model: Path, tmp_path: Path) -> Path:

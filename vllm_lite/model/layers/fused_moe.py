@@ -75,16 +75,39 @@ class FusedMoE(nn.Module):
         self.w13.weight_loader = self.weight_loader
         self.w2.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: tuple[str, int]) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: tuple[str, int | None]) -> None:
         """shard_id = (which, expert): which is "gate" / "up" (rows of w13) or "down" (w2); each
-        rank reads its slice of the intermediate dimension."""
+        rank reads its slice of the intermediate dimension. Expert None: every expert's in one
+        tensor (`_load_stacked`)."""
         which, expert = shard_id
+        if expert is None:
+            self._load_stacked(param, loaded, which)
+            return
         start = self.tp.rank * self.shard
         if which == "down":
             param.data[expert].copy_(materialize(narrow_loaded(loaded, 1, start, self.shard)))
             return
         offset = 0 if which == "gate" else self.shard
         param.data[expert, offset:offset + self.shard].copy_(materialize(narrow_loaded(loaded, 0, start, self.shard)))
+
+    def _load_stacked(self, param: nn.Parameter, loaded: Any, which: str) -> None:
+        """Qwen3-VL-MoE's stacked experts, [experts, in, out] as its checkpoints hold them:
+        gate_up [experts, hidden, 2 x intermediate] (gate columns, then up) into w13, down
+        [experts, intermediate, hidden] into w2, each rank's slice of the intermediate dimension."""
+        experts, hidden = param.shape[0], self.w2.shape[1]
+        intermediate = self.shard * self.tp.size
+        shape = tuple(loaded.shape if isinstance(loaded, torch.Tensor) else loaded.get_shape())
+        expected = (experts, hidden, 2 * intermediate) if which == "gate_up" else (experts, intermediate, hidden)
+        if shape != expected:
+            raise ValueError(f"stacked experts' {which} tensor of shape {list(shape)}: expected {list(expected)} "
+                             "([experts, in, out])")
+        start = self.tp.rank * self.shard
+        if which == "down":
+            param.data.copy_(materialize(narrow_loaded(loaded, 1, start, self.shard)).transpose(1, 2))
+            return
+        for offset, first in ((0, start), (self.shard, intermediate + start)):  # (gate rows, then up rows)
+            param.data[:, offset:offset + self.shard].copy_(
+                materialize(narrow_loaded(loaded, 2, first, self.shard)).transpose(1, 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = route(self.gate(x), self.top_k, self.renormalize)

@@ -29,7 +29,13 @@ def num_experts(config: HFModelConfig) -> int:
 
 
 def _expert_name(name: str, moe_fragment: str) -> tuple[str, Any] | None:
-    """`...{moe_fragment}.experts.{e}.{proj}.weight` -> (`...mlp.w13|w2`, (which, e))."""
+    """`...{moe_fragment}.experts.{e}.{proj}.weight` -> (`...mlp.w13|w2`, (which, e)); the
+    experts stacked in one tensor (Qwen3-VL-MoE's `...experts.gate_up_proj` / `down_proj`) ->
+    (`...mlp.w13|w2`, ("gate_up" | "down", None))."""
+    stacked = re.search(rf"\.{moe_fragment}\.experts\.(gate_up_proj|down_proj)$", name)
+    if stacked is not None:
+        param, which = ("w13", "gate_up") if stacked.group(1) == "gate_up_proj" else ("w2", "down")
+        return f"{name[:stacked.start()]}.mlp.{param}", (which, None)
     match = re.search(rf"\.{moe_fragment}\.experts\.(\d+)\.(\w+)\.weight$", name)
     if match is None:
         return None
