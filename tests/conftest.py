@@ -429,6 +429,47 @@ def tiny_qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              tie_word_embeddings=False)
 
 
+# InternVL's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
+INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
+
+
+@pytest.fixture(scope="session")
+def tiny_internvl_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """InternVL whose vision side is run (tests/test_internvl_images.py): a two-layer InternViT of
+    56 x 56 tiles (4 x 4 patches, shuffled by 2: 4 features a tile) with layer norms and q/k/v
+    biases (InternVL3's 300M encoder's form), a Qwen2 decoder; its processor cuts an image into up
+    to 4 tiles beside a thumbnail."""
+    return _internvl_images(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="session")
+def tiny_internvl_rms_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As `tiny_internvl_images` with InternViT-6B's form: RMS norms, q and k RMS-normed, no
+    q/k/v biases."""
+    return _internvl_images(tmp_path_factory, {"norm_type": "rms_norm", "use_qk_norm": True, "attention_bias": False})
+
+
+def _internvl_images(factory: pytest.TempPathFactory, vision_extra: dict) -> Path:
+    from transformers import AutoTokenizer, GotOcr2ImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_tiny_multimodal_model(
+            factory.mktemp("tiny_internvl_images"), "InternVLForConditionalGeneration", "qwen2",
+            tie_word_embeddings=False, text_extra={"vocab_size": 1003},
+            vision_extra={"num_hidden_layers": 2, "image_size": [56, 56], "attention_bias": True, **vision_extra},
+            config_extra={"image_seq_length": 4})
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_special_tokens({"additional_special_tokens": INTERNVL_TOKENS}, replace_extra_special_tokens=False)
+    tokenizer.save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    config["image_token_id"] = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
+    (model / "config.json").write_text(json.dumps(config))
+    # (as InternVL3-hf's: tiles cut by its processor's default, not this file's)
+    GotOcr2ImageProcessor(size={"height": 56, "width": 56}, crop_to_patches=False, max_patches=4).save_pretrained(model)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Idefics3ForConditionalGeneration: SigLIP encoder, Llama decoder under `model.text_model`."""

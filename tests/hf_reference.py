@@ -379,7 +379,7 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
                 yield "bias", param  # also LayerNorm's shift, gpt-oss's sink logits, Gemma 3n's AltUp scale
             elif is_norm and type(module).__name__.startswith("Gemma"):
                 yield "offset_norm", param  # Gemma scales by (1 + weight)
-            elif is_norm:
+            elif is_norm or pname.startswith("lambda_"):  # (InternViT's layer scales too)
                 yield "norm", param
             elif isinstance(module, (nn.Linear, nn.Embedding)) or param.dim() >= 2:
                 yield "weight", param  # also stacked expert weights and router matrices
@@ -541,6 +541,8 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
     elif vision_extra is not None:  # (a vision side that is run: drawn as widely, so that images matter)
         tower = getattr(model.model, "vision_tower", None) or model.model.vision_model  # (Idefics3 / SmolVLM's name)
         _redraw_weights(next(module for name, module in tower.named_modules() if name.endswith("encoder")), seed + 2)
+        if architecture.startswith("InternVL"):  # (its CLS token and learned positions)
+            _redraw_weights(tower.embeddings, seed + 4)
         _redraw_weights(getattr(model.model, "multi_modal_projector", None) or model.model.connector, seed + 3)
     if not tie_word_embeddings:
         _redraw_weights(model.lm_head, seed + 1)

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
+from image_parity import assert_greedy_parity, image_schedules
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -78,25 +79,13 @@ def test_the_reference_depends_on_the_two_way_mask(gemma3: Path, images: list[Im
     assert all(a != b for a, b in zip(causal, reference))
 
 
-@pytest.mark.parametrize("engine_args", [
-    {},
-    {"attention_backend": "torch"},
-    # chunks of 6 tokens: without whole images a chunk would end inside each prompt's first image
-    {"max_num_batched_tokens": 6, "enable_chunked_prefill": True},
-    {"block_size": 8, "num_kv_blocks": 9, "enable_prefix_caching": False},  # preempted and resumed
-    {"multiprocess": True, "tensor_parallel_size": 2},  # each rank's attention takes the images' key ends
-])
+# (chunks of 6 tokens: without whole images a chunk would end inside each prompt's first image;
+# at TP=2 each rank's attention takes the images' key ends)
+@pytest.mark.parametrize("engine_args", image_schedules(chunk=6, kv_blocks=9))
 def test_greedy_tokens_equal_transformers(gemma3: Path, images: list[Image.Image], reference: list[list[int]],
                                           engine_args: dict) -> None:
-    llm = make_llm(gemma3, **engine_args)
-    try:
-        outputs = llm.generate(image_prompts(images), GREEDY, use_tqdm=False)
-        assert [list(out.prompt_token_ids) for out in outputs] == [expanded(prompt) for prompt in PROMPTS]
-        assert [list(out.outputs[0].token_ids) for out in outputs] == reference
-        if "num_kv_blocks" in engine_args:
-            assert llm.stats()["num_preemptions"] > 0
-    finally:
-        llm.shutdown()
+    assert_greedy_parity(gemma3, image_prompts(images), [expanded(prompt) for prompt in PROMPTS], reference,
+                         engine_args, GREEDY)
 
 
 def test_a_prefix_cache_hit_inside_an_image(gemma3: Path, images: list[Image.Image],

@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from hf_reference import hf_greedy_with_images
+from image_parity import assert_greedy_parity, image_schedules
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.vision_config import read_image_encoder
@@ -97,24 +98,11 @@ def test_the_images_and_their_positions_change_the_reference(qwen2_vl: Path, ima
     assert plain != reference[1][1]
 
 
-@pytest.mark.parametrize("engine_args", [
-    {},
-    {"max_num_batched_tokens": 8, "enable_chunked_prefill": True},  # images split across steps
-    {"block_size": 8, "num_kv_blocks": 6, "enable_prefix_caching": False},  # preempted and resumed
-    {"attention_backend": "torch"},
-    {"multiprocess": True, "tensor_parallel_size": 2},
-])
+@pytest.mark.parametrize("engine_args", image_schedules())
 def test_greedy_tokens_equal_transformers(qwen2_vl: Path, images: list[Image.Image], reference: list,
                                           engine_args: dict) -> None:
-    llm = make_llm(qwen2_vl, **engine_args)
-    try:
-        outputs = llm.generate(prompts(images), GREEDY, use_tqdm=False)
-        assert [list(out.prompt_token_ids) for out in outputs] == [ids for ids, _ in reference]
-        assert [list(out.outputs[0].token_ids) for out in outputs] == [tokens for _, tokens in reference]
-        if "num_kv_blocks" in engine_args:
-            assert llm.stats()["num_preemptions"] > 0
-    finally:
-        llm.shutdown()
+    assert_greedy_parity(qwen2_vl, prompts(images), [ids for ids, _ in reference], [tokens for _, tokens in reference],
+                         engine_args, GREEDY)
 
 
 def test_prefix_cache_and_a_text_request_beside_images(qwen2_vl: Path, images: list[Image.Image],

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 from hf_reference import hf_greedy_with_images
+from image_parity import assert_greedy_parity, image_schedules
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 
@@ -83,24 +84,11 @@ def test_the_images_change_the_reference(smolvlm: Path, images: list[Image.Image
     assert other != reference[0][1]
 
 
-@pytest.mark.parametrize("engine_args", [
-    {},
-    {"max_num_batched_tokens": 8, "enable_chunked_prefill": True},  # tiles split across steps
-    {"block_size": 8, "num_kv_blocks": 16, "enable_prefix_caching": False},  # preempted and resumed
-    {"attention_backend": "torch"},
-    {"multiprocess": True, "tensor_parallel_size": 2},
-])
+@pytest.mark.parametrize("engine_args", image_schedules(kv_blocks=16))
 def test_greedy_tokens_equal_transformers(smolvlm: Path, images: list[Image.Image], reference: list,
                                           engine_args: dict) -> None:
-    llm = make_llm(smolvlm, **engine_args)
-    try:
-        outputs = llm.generate(prompts(images), GREEDY, use_tqdm=False)
-        assert [list(out.prompt_token_ids) for out in outputs] == [ids for ids, _ in reference]
-        assert [list(out.outputs[0].token_ids) for out in outputs] == [tokens for _, tokens in reference]
-        if "num_kv_blocks" in engine_args:
-            assert llm.stats()["num_preemptions"] > 0
-    finally:
-        llm.shutdown()
+    assert_greedy_parity(smolvlm, prompts(images), [ids for ids, _ in reference], [tokens for _, tokens in reference],
+                         engine_args, GREEDY)
 
 
 def test_prefix_cache_and_encoder_cache_reuse(smolvlm: Path, images: list[Image.Image], reference: list) -> None:

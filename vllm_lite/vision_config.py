@@ -36,7 +36,8 @@ IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditional
                        "Gemma3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
-                       "Qwen3VLMoeForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
+                       "Qwen3VLMoeForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
+                       "InternVLForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -63,6 +64,14 @@ _QWEN_VL_VISION_READ = {
         "num_position_embeddings", "deepstack_visual_indexes"}),
 }
 _QWEN_VL_VISION_READ["qwen3_vl_moe_vision"] = _QWEN_VL_VISION_READ["qwen3_vl_vision"]  # (the MoE's: the same)
+# InternVL's InternViT (transformers' InternVLVisionModel): fields read (its dropouts and
+# layer-scale init change nothing at inference; its mask token is loaded, never used)
+_INTERNVL_VISION_READ = frozenset({
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels", "image_size",
+    "patch_size", "layer_norm_eps", "hidden_act", "attention_bias", "use_qk_norm", "norm_type",
+    "use_absolute_position_embeddings", "use_mean_pooling", "use_mask_token", "hidden_dropout_prob",
+    "projection_dropout", "layer_scale_init_value"})
+_INTERNVL_NORMS = ("layer_norm", "rms_norm")
 _QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
@@ -161,6 +170,13 @@ class ImageEncoderConfig:
     # own, are added to the language model's hidden states at the image's placeholders after its
     # first, second, ... layer (an image's features carry them after its input embeddings)
     deepstack_blocks: tuple[int, ...] = ()
+    # InternVL: the tokens (their text: the tokenizer has their ids) around the one run of
+    # placeholders of all an image's tiles (its processor's `<img>`, `</img>`); its InternViT's
+    # norms ("layer_norm" / "rms_norm"), per-head-group q / k RMS norms and attention biases
+    tile_frame: tuple[str, str] = ()
+    vision_norm: str = "layer_norm"
+    vision_qk_norm: bool = False
+    vision_attention_bias: bool = True
 
     @property
     def mrope(self) -> bool:
@@ -188,7 +204,8 @@ class ImageEncoderConfig:
 
     @property
     def tiled(self) -> bool:
-        """An image is several encoder inputs, each its own run of placeholders (Idefics3 / SmolVLM)."""
+        """An image is several encoder inputs, each its own run of placeholders (Idefics3 / SmolVLM;
+        InternVL's runs adjacent, framed once per image: `tile_frame`)."""
         return self.pixel_shuffle > 0
 
     @property
@@ -299,10 +316,13 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     if architecture in _QWEN_VL_ARCHITECTURES:
         return _qwen_vl_encoder(outer, _read_vision(outer, _QWEN_VL_VISION_READ))
     tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
-    vision = _read_vision(outer, dict.fromkeys(_TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES,
-                                               _VISION_READ))
+    vision = _read_vision(outer, {"internvl_vision": _INTERNVL_VISION_READ}
+                          if architecture == "InternVLForConditionalGeneration" else
+                          dict.fromkeys(_TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES, _VISION_READ))
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
+    if architecture == "InternVLForConditionalGeneration":
+        return _internvl_encoder(outer, vision)
     if tiled:
         return _tiled_encoder(outer, vision)
     if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
@@ -405,6 +425,60 @@ def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
         projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
         image_token_id=outer.image_token_id, pixel_shuffle=scale)
+
+
+def _internvl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+    """InternVL's vision side (transformers' InternVLVisionModel and InternVLMultiModalProjector):
+    an image is its processor's tiles of the encoder's size, each read by InternViT, its patch
+    features (the CLS one dropped) pixel-shuffled by 1 / downsample_ratio and projected; all its
+    tiles' placeholders one run between `<img>` and `</img>`."""
+    image_size, patch_size = _square(vision, "image_size"), _square(vision, "patch_size")
+    if image_size % patch_size:
+        raise ValueError(f"vision_config.image_size={image_size} must be a multiple of patch_size={patch_size}")
+    if vision["norm_type"] not in _INTERNVL_NORMS:
+        raise ValueError(f"vision_config.norm_type={vision['norm_type']!r} is not implemented "
+                         f"(implemented: {', '.join(_INTERNVL_NORMS)})")
+    if not vision["use_absolute_position_embeddings"]:
+        raise ValueError("vision_config.use_absolute_position_embeddings=False is not implemented")
+    if not vision["use_mean_pooling"]:  # (transformers then norms the last hidden state)
+        raise ValueError("vision_config.use_mean_pooling=False is not implemented")
+    side, ratio = image_size // patch_size, outer.downsample_ratio
+    scale = round(1 / ratio) if isinstance(ratio, (int, float)) and ratio > 0 else 0
+    if scale < 1 or scale * ratio != 1 or side % scale:
+        raise ValueError(f"downsample_ratio={ratio!r} must be 1 / n for an n dividing the encoder's {side} x {side} "
+                         "patches (they are pixel-shuffled by it)")
+    layer, strategy = outer.vision_feature_layer, outer.vision_feature_select_strategy
+    depth = vision["num_hidden_layers"]
+    if not isinstance(layer, int) or not -depth - 1 <= layer <= depth:
+        raise ValueError(f"vision_feature_layer={layer!r} must name one hidden state of the {depth}-layer encoder")
+    if strategy != "default":
+        raise ValueError(f"vision_feature_select_strategy={strategy!r} is not implemented for InternVL (its CLS "
+                         "feature is dropped: 'default')")
+    if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"projector_hidden_act={outer.projector_hidden_act!r} is not implemented")
+    tokens = (side // scale) ** 2
+    if outer.image_seq_length != tokens:
+        raise ValueError(f"image_seq_length={outer.image_seq_length!r} must be a tile's {tokens} features "
+                         f"({side} x {side} patches shuffled by {scale})")
+    return ImageEncoderConfig(
+        encoder_type="internvl_vision", hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"], num_layers=depth,
+        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"], image_size=image_size,
+        patch_size=patch_size, layer_norm_eps=vision["layer_norm_eps"], hidden_act=vision["hidden_act"],
+        feature_layers=(layer,), keep_first_feature=False, projector_act=outer.projector_hidden_act,
+        projector_bias=True, text_hidden_size=outer.get_text_config().hidden_size,
+        image_token_id=outer.image_token_id, pixel_shuffle=scale, tile_frame=("<img>", "</img>"),
+        vision_norm=vision["norm_type"], vision_qk_norm=bool(vision["use_qk_norm"]),
+        vision_attention_bias=bool(vision["attention_bias"]))
+
+
+def _square(vision: dict[str, Any], name: str) -> int:
+    """A size given as an int or an (equal) pair."""
+    value = vision[name]
+    sides = list(value) if isinstance(value, (list, tuple)) else [value, value]
+    if len(sides) != 2 or sides[0] != sides[1] or not isinstance(sides[0], int) or sides[0] < 1:
+        raise ValueError(f"vision_config.{name}={value!r} must be a positive square size")
+    return sides[0]
 
 
 def _qwen_vl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:

@@ -75,7 +75,7 @@ def _image_uuids(uuids: Any, count: int) -> list[str | None]:
 class ProcessedImage(NamedTuple):
     """One image as the vision encoder takes it."""
 
-    # float32 [channels, height, width]; LLaVA-NeXT, SmolVLM: [tiles, channels, height, width];
+    # float32 [channels, height, width]; LLaVA-NeXT, SmolVLM, InternVL: [tiles, channels, height, width];
     # Qwen2-VL: [patches, values of a patch]
     pixel_values: np.ndarray
     size: tuple[int, int]  # the image's (height, width)
@@ -162,8 +162,7 @@ class ImageProcessor:
         processed where their count allows (what the server checks the prompt's length on)."""
         config = self.model_config.image_encoder
         if config.tiled:  # (its tiles depend on the processor's resize: process)
-            grids = [image.grid for image in self.processed(images, uuids, kwargs)]
-            return self._placeholders.expand_tiled(token_ids, grids)[0]
+            return self._placeholders.expand_tiled(token_ids, self.processed(images, uuids, kwargs))[0]
         if config.mrope:  # (so do its patches)
             return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids, kwargs), config))[0]
         lengths = placeholder_lengths(self.sizes(images, uuids, kwargs), config)
@@ -195,10 +194,13 @@ class ImageProcessor:
                                       "implemented here", parameter="multi_modal_data")
         arguments = self._processor_arguments(kwargs)
         try:
-            pixels = (self._processor(images=[[image] for image in images], return_tensors="np",
-                                      return_row_col_info=True, **arguments)  # (one sample per image: its tiles in a row)
-                      if config.tiled else self._processor(images=self._batch(images, whole), return_tensors="np",
-                                                           **arguments))
+            if config.tile_frame:  # (InternVL: its processor's default, tiles cut)
+                pixels = self._processor(images=images, return_tensors="np", **{"crop_to_patches": True, **arguments})
+            elif config.tiled:  # (one sample per image: its tiles in a row)
+                pixels = self._processor(images=[[image] for image in images], return_tensors="np",
+                                         return_row_col_info=True, **arguments)
+            else:
+                pixels = self._processor(images=self._batch(images, whole), return_tensors="np", **arguments)
         except TypeError as exc:  # (transformers' processors refuse arguments they do not take so)
             raise VLLMValidationError(f"mm_processor_kwargs {sorted(kwargs)}: the image processor of "
                                       f"'{self.model_config.model}' does not take them: {exc}",
@@ -207,6 +209,8 @@ class ImageProcessor:
             raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
                                       parameter="multi_modal_data") from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
+        if config.tile_frame:
+            return self._framed_tiles(images, values, np.asarray(pixels["num_patches"], dtype=np.int64))
         if config.tiled:
             return self._tiles(images, values, pixels)
         if config.mrope:
@@ -246,14 +250,32 @@ class ImageProcessor:
                                           f"image of size {image.height} x {image.width} (its encoder's partly "
                                           "padded inputs are not implemented: keep do_image_splitting on)",
                                           parameter="multi_modal_data")
-            try:  # (the engine core's own check, run here to name the processor)
-                check_pixel_values(own, None, count, config)
-            except VLLMValidationError as exc:
-                raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
-                                          f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
+            self._check_tiles(own)
             digest = hashlib.sha256(own.tobytes() + np.array(grid, np.int64).tobytes()).digest()
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
+
+    def _framed_tiles(self, images: list[Any], values: np.ndarray, counts: np.ndarray) -> list[ProcessedImage]:
+        """InternVL: each image's tiles (the processor gives the batch's in one run, and each
+        image's count)."""
+        if counts.shape != (len(images),) or counts.min(initial=1) < 1 or counts.sum() != len(values):
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made {len(values)} tiles "
+                                      f"counted {counts.tolist()} for {len(images)} image(s)",
+                                      parameter="multi_modal_data")
+        made = []
+        for image, own in zip(images, np.split(values, np.cumsum(counts)[:-1])):
+            own = own.copy()  # (not a view: a kept image would keep the whole batch)
+            self._check_tiles(own)
+            made.append(ProcessedImage(own, (image.height, image.width), hashlib.sha256(own.tobytes()).digest()))
+        return made
+
+    def _check_tiles(self, tiles: np.ndarray) -> None:
+        """The engine core's own check of an image's tiles, run here to name the processor."""
+        try:
+            check_pixel_values(tiles, None, len(tiles), self.model_config.image_encoder)
+        except VLLMValidationError as exc:
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
+                                      f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
 
     @staticmethod
     def _batch(images: list[Any], whole: bool) -> list[Any]:
@@ -312,9 +334,9 @@ class ImageProcessor:
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
 
     def _tiled_inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
-        """Idefics3 / SmolVLM: every tile (and whole image) one encoder input of the engine's,
-        hashed by its image's digest and its index there."""
-        token_ids, offsets = self._placeholders.expand_tiled(token_ids, [image.grid for image in processed])
+        """Idefics3 / SmolVLM, InternVL: every tile (and whole image) one encoder input of the
+        engine's, hashed by its image's digest and its index there."""
+        token_ids, offsets = self._placeholders.expand_tiled(token_ids, processed)
         values = np.concatenate([image.pixel_values for image in processed])
         hashes = [hashlib.sha256(image.digest + index.to_bytes(4, "little")).digest()
                   for image in processed for index in range(len(image.pixel_values))]
@@ -393,6 +415,7 @@ class PlaceholderExpansion:
         self.config = config
         self.tokenizer = tokenizer
         self._frame: list[int] | None = None
+        self._tile_frame: list[int] | None = None  # (InternVL's `<img>`, `</img>` ids)
         self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
         self._image_strings: dict[tuple[int, int], list[int]] = {}  # Idefics3 / SmolVLM: grid -> its tokens
 
@@ -422,24 +445,26 @@ class PlaceholderExpansion:
         expanded = self._merged_newlines(pieces)
         return expanded, _expanded_runs(np.asarray(expanded, dtype=np.int64), lengths, config.image_token_id)
 
-    def expand_tiled(self, token_ids: list[int], grids: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
+    def expand_tiled(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], np.ndarray]:
         """Idefics3 / SmolVLM: each image's placeholder becomes its processor's prompt string (per
         row of its tiles, `<fake_token_around_image><row_r_col_c>` and a tile's placeholders for each
         tile, then a newline; then `\n<fake_token_around_image><global-img>`, the whole image's
         placeholders and `<fake_token_around_image>`; that last part alone for an image not cut),
         tokenized whole as the processor's text is (special tokens at both ends keep it apart from
-        the text around). Returns the token ids and each encoder input's first placeholder position."""
+        the text around); InternVL: `<img>`, all its tiles' placeholders, `</img>`. `images`: the
+        ProcessedImages. Returns the token ids and each encoder input's first placeholder position."""
         image_token, per_input = self.config.image_token_id, self.config.tokens_per_image
         tokens = np.asarray(token_ids, dtype=np.int64)
-        lengths = np.full(sum(map(tile_inputs, grids)), per_input, dtype=np.int64)
+        lengths = np.full(sum(len(image.pixel_values) for image in images), per_input, dtype=np.int64)
         markers = np.flatnonzero(tokens == image_token)
-        if len(markers) != len(grids):
+        if len(markers) != len(images):
             return list(token_ids), _expanded_runs(tokens, lengths, image_token)
         out: list[int] = []
         previous = 0
-        for marker, grid in zip(markers.tolist(), grids):
+        for marker, image in zip(markers.tolist(), images):
             out.extend(token_ids[previous:marker])
-            out.extend(self._image_string_ids(grid))
+            out.extend(self._framed_ids(len(image.pixel_values)) if self.config.tile_frame
+                       else self._image_string_ids(image.grid))
             previous = marker + 1
         out.extend(token_ids[previous:])
         return out, _expanded_runs(np.asarray(out, dtype=np.int64), lengths, image_token)
@@ -464,6 +489,18 @@ class PlaceholderExpansion:
                                       "token as tokens of their own)", parameter="multi_modal_data")
         self._image_strings[grid] = ids
         return ids
+
+    def _framed_ids(self, tiles: int) -> list[int]:
+        """InternVL: an image of `tiles` tiles, its placeholders between the tile frame's tokens."""
+        if self._tile_frame is None:
+            self._check_tokenizer()
+            ids = self.tokenizer.convert_tokens_to_ids(list(self.config.tile_frame))
+            if self.tokenizer.unk_token_id in ids or None in ids:
+                raise VLLMValidationError(f"the tokenizer has no tokens {list(self.config.tile_frame)} (the text "
+                                          "around an image's placeholders)", parameter="multi_modal_data")
+            self._tile_frame = ids
+        start, end = self._tile_frame
+        return [start, *[self.config.image_token_id] * (tiles * self.config.tokens_per_image), end]
 
     def _frame_ids(self) -> list[int]:
         if self._frame is None:

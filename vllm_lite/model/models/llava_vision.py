@@ -164,11 +164,17 @@ class PixelShuffleConnector(nn.Module):
         self.modality_projection = PixelShuffleModalityProjection(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inputs, patches, width = x.shape
-        side, scale = int(round(patches ** 0.5)), self.scale
-        squares = (x.view(inputs, side // scale, scale, side // scale, scale, width).permute(0, 1, 3, 2, 4, 5)
-                   .reshape(inputs, patches // scale ** 2, scale * scale * width))
-        return self.modality_projection.proj(squares)
+        return self.modality_projection.proj(pixel_shuffled(x, self.scale))
+
+
+def pixel_shuffled(x: torch.Tensor, scale: int) -> torch.Tensor:
+    """[inputs, patches (a square grid, row-major), width] -> [inputs, patches / scale², scale² x
+    width]: each scale x scale square of patch features concatenated (in its row-major order) into
+    one, the squares row-major (Idefics3 / SmolVLM's pixel shuffle, and InternVL's)."""
+    inputs, patches, width = x.shape
+    side = int(round(patches ** 0.5))
+    return (x.view(inputs, side // scale, scale, side // scale, scale, width).permute(0, 1, 3, 2, 4, 5)
+            .reshape(inputs, patches // scale ** 2, scale * scale * width))
 
 
 def _ours(name: str) -> str:

@@ -1,0 +1,33 @@
+"""The schedules every image model's greedy parity test runs under, and the check itself: the
+engine's prompt ids and greedy tokens equal the reference's (transformers' on its processor's
+inputs) whole, chunked, preempted, on the torch backend and at TP=2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llm_factory import make_llm
+from vllm_lite import SamplingParams
+
+
+def image_schedules(chunk: int = 8, kv_blocks: int = 6) -> list[dict[str, Any]]:
+    """Engine arguments: as they come; prompts in chunks of `chunk` tokens (an image split across
+    steps); a cache of `kv_blocks` blocks of 8 that preempts and resumes requests; the torch
+    attention backend; two tensor-parallel ranks in their own processes."""
+    return [{}, {"max_num_batched_tokens": chunk, "enable_chunked_prefill": True},
+            {"block_size": 8, "num_kv_blocks": kv_blocks, "enable_prefix_caching": False},
+            {"attention_backend": "torch"}, {"multiprocess": True, "tensor_parallel_size": 2}]
+
+
+def assert_greedy_parity(model: Path, prompts: list[dict], prompt_ids: list[list[int]], tokens: list[list[int]],
+                         engine_args: dict[str, Any], sampling: SamplingParams) -> None:
+    llm = make_llm(model, **engine_args)
+    try:
+        outputs = llm.generate(prompts, sampling, use_tqdm=False)
+        assert [list(out.prompt_token_ids) for out in outputs] == prompt_ids
+        assert [list(out.outputs[0].token_ids) for out in outputs] == tokens
+        if "num_kv_blocks" in engine_args:
+            assert llm.stats()["num_preemptions"] > 0
+    finally:
+        llm.shutdown()
