@@ -64,13 +64,13 @@ _QWEN_VL_VISION_READ = {
         "num_position_embeddings", "deepstack_visual_indexes"}),
 }
 _QWEN_VL_VISION_READ["qwen3_vl_moe_vision"] = _QWEN_VL_VISION_READ["qwen3_vl_vision"]  # (the MoE's: the same)
-# InternVL's InternViT (transformers' InternVLVisionModel): fields read (its dropouts and
-# layer-scale init change nothing at inference; its mask token is loaded, never used)
+# InternVL's InternViT (transformers' InternVLVisionModel): fields read (its dropouts, stochastic
+# depth and layer-scale init change nothing at inference; a mask token is never used)
 _INTERNVL_VISION_READ = frozenset({
     "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels", "image_size",
     "patch_size", "layer_norm_eps", "hidden_act", "attention_bias", "use_qk_norm", "norm_type",
     "use_absolute_position_embeddings", "use_mean_pooling", "use_mask_token", "hidden_dropout_prob",
-    "projection_dropout", "layer_scale_init_value"})
+    "projection_dropout", "layer_scale_init_value", "drop_path_rate"})
 _INTERNVL_NORMS = ("layer_norm", "rms_norm")
 _QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")

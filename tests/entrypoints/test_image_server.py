@@ -256,3 +256,34 @@ def test_qwen2_5_vl_chat_images_take_their_patches_and_positions(tiny_qwen2_5_vl
     assert smaller.json()["prompt_token_ids"].count(pad) == int(fewer.prod()) // 4 < squares
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "mm_processor_kwargs"
     assert "'bogus'" in unknown.json()["error"]["message"]
+
+
+def test_internvl_chat_images_take_their_tiles(tiny_internvl_images: Path,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """InternVL over HTTP: an image part becomes `<img>`, 4 placeholders per tile its processor
+    cuts (the server processes the image to count them), `</img>`; answered as transformers
+    answers; a request's mm_processor_kwargs (max_patches=1) cut fewer."""
+    from transformers import AutoImageProcessor
+
+    image = _image(8).resize((112, 56))  # (two tiles and a thumbnail)
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "the cat"}]
+    with running_server(tiny_internvl_images, tmp_path_factory.mktemp("internvl") / "server.log", MODEL,
+                        API_KEY, ("--max-model-len", "256", "--dtype", "float32")) as live:
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            reply = _chat(client, content)
+            one_tile = client.post("/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": content}],
+                "mm_processor_kwargs": {"max_patches": 1}, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    start, end, context = 1000, 1001, 1002  # (tests/conftest.py's INTERNVL_TOKENS)
+    pixels = AutoImageProcessor.from_pretrained(tiny_internvl_images)(images=[image], crop_to_patches=True,
+                                                                      return_tensors="pt")
+    assert pixels["num_patches"].tolist() == [3]
+    first = prompt_ids.index(start)
+    assert prompt_ids[first:first + 14] == [start, *[context] * 12, end]
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(
+        tiny_internvl_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS)
+    assert one_tile.status_code == 200, one_tile.text
+    assert one_tile.json()["prompt_token_ids"].count(context) == 4
