@@ -318,7 +318,7 @@ def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     SmolVLM's image tokens (ids 1000-1006, `<image>` 1002) and a "\\n\\n" token (1007)."""
     import json
 
-    from transformers import AutoTokenizer, SmolVLMImageProcessor
+    from transformers import SmolVLMImageProcessor
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -326,15 +326,24 @@ def tiny_smolvlm_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
             tmp_path_factory.mktemp("tiny_smolvlm_images"), "SmolVLMForConditionalGeneration", "llama",
             tie_word_embeddings=False, text_extra={"vocab_size": 1008},
             vision_extra={"num_hidden_layers": 2, "image_size": 56}, config_extra={"scale_factor": 2})
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.add_special_tokens({"additional_special_tokens": SMOLVLM_TOKENS}, replace_extra_special_tokens=False)
-    tokenizer.add_tokens(["\n\n"])  # (as SmolVLM's own tokenizer reads the image string's "\n\n": one token)
-    tokenizer.save_pretrained(model)
-    config = json.loads((model / "config.json").read_text())
-    config["image_token_id"] = tokenizer.convert_tokens_to_ids("<image>")
-    (model / "config.json").write_text(json.dumps(config))
+    # (and "\n\n" one token, as SmolVLM's own tokenizer reads its image string's)
+    _add_image_tokens(model, SMOLVLM_TOKENS, {"image_token_id": "<image>"}, plain=("\n\n",))
     SmolVLMImageProcessor(size={"longest_edge": 112}, max_image_size={"longest_edge": 56}).save_pretrained(model)
     return model
+
+
+def _add_image_tokens(model: Path, tokens: list[str], config_ids: dict[str, str], plain: tuple[str, ...] = ()) -> None:
+    """The tiny tokenizer gains a model's image tokens (special, as its releases have them; ids
+    from 1000) and `plain` ones; the config's `config_ids` fields name their ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens}, replace_extra_special_tokens=False)
+    tokenizer.add_tokens(list(plain))
+    tokenizer.save_pretrained(model)
+    config = json.loads((model / "config.json").read_text())
+    config.update({field: tokenizer.convert_tokens_to_ids(token) for field, token in config_ids.items()})
+    (model / "config.json").write_text(json.dumps(config))
 
 
 # Qwen2-VL's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
@@ -380,7 +389,7 @@ def tiny_qwen3_vl_moe_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_extra: dict,
                     text_arch: str = "qwen2", patch_size: int = 14, text_extra: dict | None = None) -> Path:
-    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+    from transformers import Qwen2VLImageProcessor
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -388,13 +397,8 @@ def _qwen_vl_images(factory: pytest.TempPathFactory, architecture: str, vision_e
             factory.mktemp(f"tiny_{architecture}_images"), architecture, text_arch,
             tie_word_embeddings=False, text_extra={"vocab_size": 1003, **(text_extra or {})},
             vision_extra=vision_extra)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.add_special_tokens({"additional_special_tokens": QWEN2_VL_TOKENS}, replace_extra_special_tokens=False)
-    tokenizer.save_pretrained(model)
-    config = json.loads((model / "config.json").read_text())
-    start, image, end = tokenizer.convert_tokens_to_ids(QWEN2_VL_TOKENS)
-    config.update(image_token_id=image, vision_start_token_id=start, vision_end_token_id=end)
-    (model / "config.json").write_text(json.dumps(config))
+    _add_image_tokens(model, QWEN2_VL_TOKENS, dict(zip(("vision_start_token_id", "image_token_id", "vision_end_token_id"),
+                                                       QWEN2_VL_TOKENS)))
     square = 2 * patch_size  # (a merged square's pixels)
     Qwen2VLImageProcessor(patch_size=patch_size, min_pixels=square * square * 4,
                           max_pixels=square * square * 16).save_pretrained(model)
@@ -429,6 +433,29 @@ def tiny_qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              tie_word_embeddings=False)
 
 
+# Mistral 3's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
+MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral3_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral 3 whose vision side is run (tests/test_mistral3_images.py): a two-layer Pixtral of
+    14-pixel patches (2 x 2 merged into one feature) reading images of up to 112 pixels a side
+    whole, a Mistral decoder; its processor resizes an image to whole 28-pixel squares."""
+    from transformers import PixtralImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_tiny_multimodal_model(
+            tmp_path_factory.mktemp("tiny_mistral3_images"), "Mistral3ForConditionalGeneration", "mistral",
+            tie_word_embeddings=False, text_extra={"vocab_size": 1003},
+            vision_extra={"num_hidden_layers": 2, "image_size": 112}, config_extra={"multimodal_projector_bias": True})
+    _add_image_tokens(model, MISTRAL3_TOKENS, {"image_token_index": "[IMG]"})
+    # (as Mistral Small 3.1's: the encoder's patch size; its processor asks for merged squares)
+    PixtralImageProcessor(size={"longest_edge": 112}, patch_size={"height": 14, "width": 14}).save_pretrained(model)
+    return model
+
+
 # InternVL's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 
@@ -450,7 +477,7 @@ def tiny_internvl_rms_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _internvl_images(factory: pytest.TempPathFactory, vision_extra: dict) -> Path:
-    from transformers import AutoTokenizer, GotOcr2ImageProcessor
+    from transformers import GotOcr2ImageProcessor
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -459,12 +486,7 @@ def _internvl_images(factory: pytest.TempPathFactory, vision_extra: dict) -> Pat
             tie_word_embeddings=False, text_extra={"vocab_size": 1003},
             vision_extra={"num_hidden_layers": 2, "image_size": [56, 56], "attention_bias": True, **vision_extra},
             config_extra={"image_seq_length": 4})
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.add_special_tokens({"additional_special_tokens": INTERNVL_TOKENS}, replace_extra_special_tokens=False)
-    tokenizer.save_pretrained(model)
-    config = json.loads((model / "config.json").read_text())
-    config["image_token_id"] = tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>")
-    (model / "config.json").write_text(json.dumps(config))
+    _add_image_tokens(model, INTERNVL_TOKENS, {"image_token_id": "<IMG_CONTEXT>"})
     # (as InternVL3-hf's: tiles cut by its processor's default, not this file's)
     GotOcr2ImageProcessor(size={"height": 56, "width": 56}, crop_to_patches=False, max_patches=4).save_pretrained(model)
     return model

@@ -15,7 +15,10 @@ Qwen2.5-VL's: the same with RMS norms, gated MLPs and attention within windows o
 most of its blocks; Qwen3-VL's: Qwen2-VL's with learned patch position embeddings resampled to each
 image's grid, interleaved M-RoPE sections and DeepStack: some of its blocks' states, merged by
 their own mergers, added to the language model's hidden states at the image's placeholders after
-its first layers).
+its first layers; InternVL's: an image as its processor's tiles, each read by InternViT, pixel-shuffled
+and projected, all its tiles' placeholders one run between `<img>` and `</img>`; Mistral 3's: an
+image read whole at its own size by Pixtral with 2-D rotary positions, 2 x 2 squares of patch
+states merged, its placeholder rows each ended by a token of its own).
 
 A multimodal checkpoint whose vision side is not implemented here is still served as its language
 model (multimodal_checkpoints.py); its `images_refused` reason names what is missing, and a
@@ -37,7 +40,7 @@ IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditional
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
                        "Qwen3VLMoeForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
-                       "InternVLForConditionalGeneration")
+                       "InternVLForConditionalGeneration", "Mistral3ForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
@@ -72,6 +75,10 @@ _INTERNVL_VISION_READ = frozenset({
     "use_absolute_position_embeddings", "use_mean_pooling", "use_mask_token", "hidden_dropout_prob",
     "projection_dropout", "layer_scale_init_value", "drop_path_rate"})
 _INTERNVL_NORMS = ("layer_norm", "rms_norm")
+# Mistral 3's Pixtral encoder (transformers' PixtralVisionModel): fields read
+_PIXTRAL_VISION_READ = frozenset({
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels", "image_size",
+    "patch_size", "hidden_act", "head_dim", "rope_parameters"})
 _QWEN_VL_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # transformers' default when a Qwen2-VL text config names no mrope_section (7B's head size, 128)
@@ -174,6 +181,12 @@ class ImageEncoderConfig:
     # placeholders of all an image's tiles (its processor's `<img>`, `</img>`); its InternViT's
     # norms ("layer_norm" / "rms_norm"), per-head-group q / k RMS norms and attention biases
     tile_frame: tuple[str, str] = ()
+    # Mistral 3 (Pixtral): an image of any size up to `image_size` on its longer edge, read whole;
+    # its features a grid of merged patches whose placeholder rows each end with the first of these
+    # tokens, the last row with the second (`[IMG_BREAK]`, `[IMG_END]`: their text, the tokenizer
+    # has their ids); the projector's RMS norm's eps
+    row_end_tokens: tuple[str, str] = ()
+    projector_norm_eps: float = 1e-5
     vision_norm: str = "layer_norm"
     vision_qk_norm: bool = False
     vision_attention_bias: bool = True
@@ -181,7 +194,26 @@ class ImageEncoderConfig:
     @property
     def mrope(self) -> bool:
         """Qwen2-VL's form: patches of any image size, multimodal rotary positions."""
-        return self.spatial_merge > 0
+        return bool(self.mrope_section)
+
+    @property
+    def row_breaks(self) -> bool:
+        """Mistral 3's form: an image's placeholder rows ended by tokens of their own."""
+        return bool(self.row_end_tokens)
+
+    @property
+    def feature_pixels(self) -> int:
+        """Mistral 3: the pixels on a side of the square one feature reads (a merged patch square)."""
+        return self.patch_size * self.spatial_merge
+
+    def feature_grid(self, height: int, width: int) -> tuple[int, int]:
+        """Mistral 3: the (rows, columns) of features of an image its processor resized to this size."""
+        return height // self.feature_pixels, width // self.feature_pixels
+
+    def placeholder_span(self, height: int, width: int) -> int:
+        """Mistral 3: the prompt tokens of such an image: each row of features and its end token."""
+        rows, columns = self.feature_grid(height, width)
+        return rows * (columns + 1)
 
     @property
     def patch_values(self) -> int:
@@ -316,13 +348,16 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     if architecture in _QWEN_VL_ARCHITECTURES:
         return _qwen_vl_encoder(outer, _read_vision(outer, _QWEN_VL_VISION_READ))
     tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
-    vision = _read_vision(outer, {"internvl_vision": _INTERNVL_VISION_READ}
-                          if architecture == "InternVLForConditionalGeneration" else
-                          dict.fromkeys(_TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES, _VISION_READ))
+    own_encoder = {"InternVLForConditionalGeneration": {"internvl_vision": _INTERNVL_VISION_READ},
+                   "Mistral3ForConditionalGeneration": {"pixtral": _PIXTRAL_VISION_READ}}
+    vision = _read_vision(outer, own_encoder.get(architecture) or dict.fromkeys(
+        _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES, _VISION_READ))
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
     if architecture == "InternVLForConditionalGeneration":
         return _internvl_encoder(outer, vision)
+    if architecture == "Mistral3ForConditionalGeneration":
+        return _mistral3_encoder(outer, vision)
     if tiled:
         return _tiled_encoder(outer, vision)
     if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
@@ -470,6 +505,39 @@ def _internvl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         image_token_id=outer.image_token_id, pixel_shuffle=scale, tile_frame=("<img>", "</img>"),
         vision_norm=vision["norm_type"], vision_qk_norm=bool(vision["use_qk_norm"]),
         vision_attention_bias=bool(vision["attention_bias"]))
+
+
+def _mistral3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+    """Mistral 3's vision side (transformers' PixtralVisionModel and Mistral3MultiModalProjector):
+    an image of any size read whole by Pixtral (2-D rotary positions), the features of one layer
+    RMS-normed, each spatial_merge x spatial_merge square of them merged by a linear layer, then
+    projected; its placeholders rows of [IMG], each ended by [IMG_BREAK], the last by [IMG_END]."""
+    heads, width = vision["num_attention_heads"], vision["hidden_size"]
+    head_dim = vision.get("head_dim") or width // heads
+    if head_dim * heads != width or head_dim % 4:
+        raise ValueError(f"vision_config: head_dim={head_dim} must be hidden_size / num_attention_heads "
+                         f"({width} / {heads}) and divisible by 4 (its 2-D rotary)")
+    rope = dict(vision.get("rope_parameters") or {})
+    if rope.get("rope_type", "axial") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
+        raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
+    merge, patch = outer.spatial_merge_size, vision["patch_size"]
+    if not (isinstance(merge, int) and merge >= 1 and isinstance(patch, int) and patch >= 1):
+        raise ValueError(f"spatial_merge_size={merge!r}, vision_config.patch_size={patch!r}: positive integers needed")
+    layer, depth = outer.vision_feature_layer, vision["num_hidden_layers"]
+    if not isinstance(layer, int) or not -depth - 1 <= layer <= depth:
+        raise ValueError(f"vision_feature_layer={layer!r} is not implemented: one hidden state of the "
+                         f"{depth}-layer encoder (several concatenated are not)")
+    if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
+        raise ValueError(f"projector_hidden_act={outer.projector_hidden_act!r} is not implemented")
+    text = outer.get_text_config()
+    return ImageEncoderConfig(
+        encoder_type="pixtral", hidden_size=width, intermediate_size=vision["intermediate_size"], num_layers=depth,
+        num_heads=heads, num_channels=vision["num_channels"], image_size=vision["image_size"], patch_size=patch,
+        layer_norm_eps=1e-5, hidden_act=vision["hidden_act"], feature_layers=(layer,), keep_first_feature=True,
+        projector_act=outer.projector_hidden_act, projector_bias=bool(outer.multimodal_projector_bias),
+        text_hidden_size=text.hidden_size, image_token_id=outer.image_token_index, spatial_merge=merge,
+        vision_rope_theta=float(rope.get("rope_theta", 10000.0)), row_end_tokens=("[IMG_BREAK]", "[IMG_END]"),
+        projector_norm_eps=float(text.rms_norm_eps))
 
 
 def _square(vision: dict[str, Any], name: str) -> int:

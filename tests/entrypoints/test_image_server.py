@@ -287,3 +287,29 @@ def test_internvl_chat_images_take_their_tiles(tiny_internvl_images: Path,
         tiny_internvl_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS)
     assert one_tile.status_code == 200, one_tile.text
     assert one_tile.json()["prompt_token_ids"].count(context) == 4
+
+
+def test_mistral3_chat_images_take_their_rows(tiny_mistral3_images: Path,
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Mistral 3 over HTTP: an image part becomes its rows of [IMG], each ended by [IMG_BREAK], the
+    last by [IMG_END] (the server processes the image to lay them out); answered as transformers
+    answers."""
+    from transformers import AutoImageProcessor
+
+    image = _image(9)  # (64 x 72: resized to 84 x 84, 3 x 3 features)
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image)}}, {"type": "text", "text": "the cat"}]
+    with running_server(tiny_mistral3_images, tmp_path_factory.mktemp("mistral3") / "server.log", MODEL,
+                        API_KEY, ("--max-model-len", "256", "--dtype", "float32")) as live:
+        with httpx.Client(base_url=live.base_url, headers=AUTH, timeout=60) as client:
+            reply = _chat(client, content)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    prompt_ids = body["prompt_token_ids"]
+    image_token, row_break, image_end = 1000, 1001, 1002  # (tests/conftest.py's MISTRAL3_TOKENS)
+    pixels = AutoImageProcessor.from_pretrained(tiny_mistral3_images)(
+        images=[image], return_tensors="pt", patch_size={"height": 28, "width": 28})
+    assert pixels["image_sizes"].tolist() == [[84, 84]]
+    first = prompt_ids.index(image_token)
+    assert prompt_ids[first:first + 12] == ([image_token] * 3 + [row_break]) * 2 + [image_token] * 3 + [image_end]
+    assert body["choices"][0]["token_ids"] == hf_greedy_with_images(
+        tiny_mistral3_images, prompt_ids, pixels["pixel_values"], NUM_TOKENS, image_sizes=pixels["image_sizes"])

@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from vllm_lite.config import ModelConfig
-from vllm_lite.engine.request_checks import check_patches, check_pixel_values
+from vllm_lite.engine.request_checks import check_patches, check_pixel_values, check_whole_images
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.sized_lru import SizedLru
 from vllm_lite.vision_config import check_processor_kwargs
@@ -84,7 +84,7 @@ class ProcessedImage(NamedTuple):
     digest: bytes
     # Idefics3 / SmolVLM: the (rows, columns) of tiles its processor cut (0, 0: the whole image
     # only); its tiles, then the whole image, are its encoder inputs. Qwen2-VL: its (rows,
-    # columns) of patches
+    # columns) of patches. Mistral 3: its (rows, columns) of features
     grid: tuple[int, int] = (0, 0)
 
 
@@ -163,6 +163,8 @@ class ImageProcessor:
         config = self.model_config.image_encoder
         if config.tiled:  # (its tiles depend on the processor's resize: process)
             return self._placeholders.expand_tiled(token_ids, self.processed(images, uuids, kwargs))[0]
+        if config.row_breaks:  # (so do its features)
+            return self._placeholders.expand_rows(token_ids, [image.grid for image in self.processed(images, uuids, kwargs)])[0]
         if config.mrope:  # (so do its patches)
             return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids, kwargs), config))[0]
         lengths = placeholder_lengths(self.sizes(images, uuids, kwargs), config)
@@ -196,6 +198,10 @@ class ImageProcessor:
         try:
             if config.tile_frame:  # (InternVL: its processor's default, tiles cut)
                 pixels = self._processor(images=images, return_tensors="np", **{"crop_to_patches": True, **arguments})
+            elif config.row_breaks:  # (Mistral 3: sizes in whole features, as its processor asks)
+                unit = config.feature_pixels
+                pixels = self._processor(images=images, return_tensors="np",
+                                         **{"patch_size": {"height": unit, "width": unit}, **arguments})
             elif config.tiled:  # (one sample per image: its tiles in a row)
                 pixels = self._processor(images=[[image] for image in images], return_tensors="np",
                                          return_row_col_info=True, **arguments)
@@ -211,6 +217,8 @@ class ImageProcessor:
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
         if config.tile_frame:
             return self._framed_tiles(images, values, np.asarray(pixels["num_patches"], dtype=np.int64))
+        if config.row_breaks:
+            return self._whole_images(images, values, np.asarray(pixels["image_sizes"], dtype=np.int64))
         if config.tiled:
             return self._tiles(images, values, pixels)
         if config.mrope:
@@ -221,11 +229,7 @@ class ImageProcessor:
                                       f"{sizes.tolist()} of images of sizes "
                                       f"{[[image.height, image.width] for image in images]}",
                                       parameter="multi_modal_data")
-        try:  # (the engine core's own check, run here to name the processor)
-            check_pixel_values(values[:len(images)], sizes, len(images), config, alone=not whole)
-        except VLLMValidationError as exc:
-            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
-                                      f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
+        self._check_made(check_pixel_values, values[:len(images)], sizes, len(images), config, not whole)
         made = []
         for i, image in enumerate(images):
             own = (values[i, :config.tiles_for(image.height, image.width, alone=not whole)] if config.any_resolution
@@ -250,7 +254,7 @@ class ImageProcessor:
                                           f"image of size {image.height} x {image.width} (its encoder's partly "
                                           "padded inputs are not implemented: keep do_image_splitting on)",
                                           parameter="multi_modal_data")
-            self._check_tiles(own)
+            self._check_made(check_pixel_values, own, None, count, config)
             digest = hashlib.sha256(own.tobytes() + np.array(grid, np.int64).tobytes()).digest()
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
@@ -265,14 +269,29 @@ class ImageProcessor:
         made = []
         for image, own in zip(images, np.split(values, np.cumsum(counts)[:-1])):
             own = own.copy()  # (not a view: a kept image would keep the whole batch)
-            self._check_tiles(own)
+            self._check_made(check_pixel_values, own, None, len(own), self.model_config.image_encoder)
             made.append(ProcessedImage(own, (image.height, image.width), hashlib.sha256(own.tobytes()).digest()))
         return made
 
-    def _check_tiles(self, tiles: np.ndarray) -> None:
-        """The engine core's own check of an image's tiles, run here to name the processor."""
+    def _whole_images(self, images: list[Any], values: np.ndarray, sizes: np.ndarray) -> list[ProcessedImage]:
+        """Mistral 3: each image resized by the processor (the batch zero-padded to the largest),
+        cut to its size, and its grid of features."""
+        config, made = self.model_config.image_encoder, []
+        if sizes.shape != (len(images), 2) or values.shape[0] != len(images):
+            raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made sizes "
+                                      f"{sizes.tolist()} for {len(images)} image(s)", parameter="multi_modal_data")
+        for image, own, size in zip(images, values, sizes):
+            height, width = size.tolist()
+            own = own[:, :height, :width].copy()  # (not a view: a kept image would keep the whole batch)
+            self._check_made(check_whole_images, own[None], size[None], 1, config)
+            digest = hashlib.sha256(own.tobytes() + size.tobytes()).digest()
+            made.append(ProcessedImage(own, (image.height, image.width), digest, config.feature_grid(height, width)))
+        return made
+
+    def _check_made(self, check: Callable[..., None], *arguments: Any) -> None:
+        """The engine core's own `check` of what the processor made, run here to name the processor."""
         try:
-            check_pixel_values(tiles, None, len(tiles), self.model_config.image_encoder)
+            check(*arguments)
         except VLLMValidationError as exc:
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
                                       f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
@@ -308,11 +327,7 @@ class ImageProcessor:
         ends = np.cumsum(grids.prod(axis=1))
         for image, grid, start, end in zip(images, grids[:, 1:], ends - grids.prod(axis=1), ends):
             own = values[start:end].copy()  # (not a view: a kept image would keep the whole batch)
-            try:  # (the engine core's own check, run here to name the processor)
-                check_patches(own[None], grid[None], 1, config)
-            except VLLMValidationError as exc:
-                raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made what the vision "
-                                          f"encoder cannot take: {exc}", parameter="multi_modal_data") from None
+            self._check_made(check_patches, own[None], grid[None], 1, config)
             digest = hashlib.sha256(own.tobytes() + grid.tobytes()).digest()
             made.append(ProcessedImage(own, (image.height, image.width), digest, (int(grid[0]), int(grid[1]))))
         return made
@@ -323,6 +338,11 @@ class ImageProcessor:
         config = self.model_config.image_encoder
         if config.tiled:
             return self._tiled_inputs(processed, token_ids)
+        if config.row_breaks:
+            token_ids, offsets = self._placeholders.expand_rows(token_ids, [image.grid for image in processed])
+            grids = np.array([image.grid for image in processed], dtype=np.int64)
+            return token_ids, ImageInputs(_padded(processed), offsets, grids[:, 0] * (grids[:, 1] + 1),
+                                          [image.digest for image in processed], grids * config.feature_pixels)
         if config.mrope:
             lengths = _patch_lengths(processed, config)
             token_ids, offsets = self._placeholders.expand(token_ids, lengths)
@@ -384,11 +404,12 @@ def _stacked(images: list[ProcessedImage], any_resolution: bool) -> tuple[np.nda
 
 
 def _padded(images: list[ProcessedImage]) -> np.ndarray:
-    """The images' pixel values [images, most tiles / patches, ...], each zero-padded along its first axis."""
-    most = max(len(image.pixel_values) for image in images)
-    values = np.zeros((len(images), most, *images[0].pixel_values.shape[1:]), dtype=np.float32)
+    """The images' pixel values [images, ...], each zero-padded to the largest along every axis
+    (the most tiles or patches; Mistral 3: the tallest and the widest image)."""
+    shape = np.max([image.pixel_values.shape for image in images], axis=0)
+    values = np.zeros((len(images), *shape), dtype=np.float32)
     for i, image in enumerate(images):
-        values[i, :len(image.pixel_values)] = image.pixel_values
+        values[(i, *(slice(0, size) for size in image.pixel_values.shape))] = image.pixel_values
     return values
 
 
@@ -416,6 +437,7 @@ class PlaceholderExpansion:
         self.tokenizer = tokenizer
         self._frame: list[int] | None = None
         self._tile_frame: list[int] | None = None  # (InternVL's `<img>`, `</img>` ids)
+        self._row_ends: list[int] | None = None  # (Mistral 3's [IMG_BREAK], [IMG_END] ids)
         self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
         self._image_strings: dict[tuple[int, int], list[int]] = {}  # Idefics3 / SmolVLM: grid -> its tokens
 
@@ -490,15 +512,64 @@ class PlaceholderExpansion:
         self._image_strings[grid] = ids
         return ids
 
+    def expand_rows(self, token_ids: list[int], grids: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
+        """Mistral 3: each image's placeholder becomes its rows of features' placeholders, each row
+        ended by [IMG_BREAK], the last by [IMG_END] (Pixtral's processor's layout); a prompt that
+        already holds such row ends is taken as it is (each image's rows found in order). Returns
+        the token ids and each image's first position."""
+        rows = [self._image_rows(grid) for grid in grids]
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        ends = self._row_end_ids()
+        if not np.isin(tokens, ends).any():
+            markers = np.flatnonzero(tokens == self.config.image_token_id)
+            if len(markers) != len(grids):
+                raise _placeholder_count_error(len(markers), np.array([len(r) for r in rows]), self.config.image_token_id)
+            out, offsets, previous = [], [], 0
+            for marker, image in zip(markers.tolist(), rows):
+                out.extend(token_ids[previous:marker])
+                offsets.append(len(out))
+                out.extend(image)
+                previous = marker + 1
+            out.extend(token_ids[previous:])
+            return out, np.array(offsets, dtype=np.int64)
+        offsets, start = [], 0
+        for image in rows:  # (an expanded prompt: each image's rows where its first feature is)
+            found = np.flatnonzero(tokens[start:] == self.config.image_token_id)
+            at = start + int(found[0]) if len(found) else -1
+            if at < 0 or tokens[at:at + len(image)].tolist() != image:
+                raise VLLMValidationError("the prompt's image placeholders do not lie as its images' rows of "
+                                          "features (each ended by [IMG_BREAK], the last by [IMG_END])",
+                                          parameter="multi_modal_data")
+            offsets.append(at)
+            start = at + len(image)
+        return list(token_ids), np.array(offsets, dtype=np.int64)
+
+    def _image_rows(self, grid: tuple[int, int]) -> list[int]:
+        rows, columns = grid
+        row_break, image_end = self._row_end_ids()
+        tokens = ([self.config.image_token_id] * columns + [row_break]) * rows
+        tokens[-1] = image_end
+        return tokens
+
+    def _row_end_ids(self) -> list[int]:
+        """Mistral 3's [IMG_BREAK], [IMG_END] ids (kept)."""
+        if self._row_ends is None:
+            self._row_ends = self._token_ids(self.config.row_end_tokens, "ending an image's rows")
+        return self._row_ends
+
+    def _token_ids(self, texts: tuple[str, ...], role: str) -> list[int]:
+        """The ids of special tokens the tokenizer must have as tokens of their own."""
+        self._check_tokenizer()
+        ids = self.tokenizer.convert_tokens_to_ids(list(texts))
+        if self.tokenizer.unk_token_id in ids or None in ids:
+            raise VLLMValidationError(f"the tokenizer has no tokens {list(texts)} ({role})",
+                                      parameter="multi_modal_data")
+        return ids
+
     def _framed_ids(self, tiles: int) -> list[int]:
         """InternVL: an image of `tiles` tiles, its placeholders between the tile frame's tokens."""
         if self._tile_frame is None:
-            self._check_tokenizer()
-            ids = self.tokenizer.convert_tokens_to_ids(list(self.config.tile_frame))
-            if self.tokenizer.unk_token_id in ids or None in ids:
-                raise VLLMValidationError(f"the tokenizer has no tokens {list(self.config.tile_frame)} (the text "
-                                          "around an image's placeholders)", parameter="multi_modal_data")
-            self._tile_frame = ids
+            self._tile_frame = self._token_ids(self.config.tile_frame, "the text around an image's placeholders")
         start, end = self._tile_frame
         return [start, *[self.config.image_token_id] * (tiles * self.config.tokens_per_image), end]
 

@@ -119,6 +119,8 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
                                   parameter="multi_modal_data")
     if encoder.mrope:
         check_patches(images.pixel_values, images.patch_grids, count, encoder)
+    elif encoder.row_breaks:
+        check_whole_images(images.pixel_values, images.image_sizes, count, encoder)
     else:
         check_pixel_values(images.pixel_values, images.image_sizes, count, encoder, alone=count == 1)
     if any(not isinstance(h, bytes) or len(h) != 32 for h in images.hashes):
@@ -132,15 +134,28 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
         raise VLLMValidationError("images: each image's placeholder tokens must lie inside the prompt, in order and "
                                   "apart", parameter="multi_modal_data")
     placeholders = np.concatenate([np.arange(start, end) for start, end in zip(offsets.tolist(), ends.tolist())])
+    if encoder.row_breaks:  # (each row of features ends with a token of its own)
+        placeholders = placeholders[_feature_positions(images, encoder)]
     if (tokens[placeholders] != encoder.image_token_id).any():
         raise VLLMValidationError(f"images: an image's positions must hold the image placeholder token "
                                   f"{encoder.image_token_id}", parameter="multi_modal_data")
 
 
+def _feature_positions(images: ImageInputs, encoder: ImageEncoderConfig) -> np.ndarray:
+    """Mistral 3: which positions of the images' spans (concatenated) are features, not row ends."""
+    kept = []
+    for height, width in images.image_sizes.tolist():
+        rows, columns = encoder.feature_grid(height, width)
+        kept.append((np.arange(rows * (columns + 1)) % (columns + 1)) < columns)
+    return np.concatenate(kept)
+
+
 def _image_lengths(images: ImageInputs, count: int, encoder: ImageEncoderConfig) -> list[int]:
-    """The placeholders each image's features fill."""
+    """The placeholders each image's features fill (Mistral 3: with its row ends)."""
     if encoder.mrope:
         return [encoder.merged_tokens(rows, columns) for rows, columns in images.patch_grids.tolist()]
+    if encoder.row_breaks:
+        return [encoder.placeholder_span(height, width) for height, width in images.image_sizes.tolist()]
     sizes = images.image_sizes.tolist() if images.image_sizes is not None else [None] * count
     return [encoder.tokens_for(*size, alone=count == 1) if size else encoder.tokens_per_image for size in sizes]
 
@@ -152,12 +167,21 @@ def check_patches(pixels: np.ndarray, grids: np.ndarray | None, count: int, enco
     ok = (grids is not None and grids.shape == (count, 2) and grids.dtype.kind in "iu" and (grids > 0).all()
           and not (grids % merge).any() and pixels.ndim == 3 and pixels.shape[0] == count
           and pixels.shape[2] == encoder.patch_values and pixels.shape[1] >= int(grids.prod(axis=1).max()))
-    if pixels.dtype != np.float32 or not ok:
-        raise VLLMValidationError(f"images: pixel values must be float32 [n, patches, {encoder.patch_values}] with "
-                                  f"each image's (rows, columns) of patches, multiples of {merge}, got {pixels.dtype} "
-                                  f"{pixels.shape}", parameter="multi_modal_data")
-    if not np.isfinite(pixels).all():
-        raise VLLMValidationError("images: pixel values hold NaN or infinite values", parameter="multi_modal_data")
+    _check_pixels(pixels, ok, f"[n, patches, {encoder.patch_values}] with each image's (rows, columns) of patches, "
+                              f"multiples of {merge}")
+
+
+def check_whole_images(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig) -> None:
+    """Mistral 3: float32 finite pixel values of `count` images [n, channels, height, width] (each
+    zero-padded to the largest), with each image's (height, width) in `sizes`: whole features'
+    squares, at most the encoder's size (rounded up to them) on a side."""
+    unit = encoder.feature_pixels
+    most = -(-encoder.image_size // unit) * unit
+    ok = (sizes is not None and sizes.shape == (count, 2) and sizes.dtype.kind in "iu" and pixels.ndim == 4
+          and pixels.shape[:2] == (count, encoder.num_channels) and (sizes > 0).all() and not (sizes % unit).any()
+          and (sizes <= most).all() and (sizes <= np.array(pixels.shape[2:])).all())
+    _check_pixels(pixels, ok, f"[n, {encoder.num_channels}, height, width] with each image's (height, width), "
+                              f"multiples of {unit} up to {most}")
 
 
 def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int, encoder: ImageEncoderConfig,
@@ -172,9 +196,13 @@ def check_pixel_values(pixels: np.ndarray, sizes: np.ndarray | None, count: int,
         ok = (sizes is not None and sizes.shape == (count, 2) and sizes.dtype.kind in "iu" and (sizes > 0).all()
               and pixels.ndim == 5 and pixels.shape[0] == count and pixels.shape[2:] == tile
               and pixels.shape[1] >= max(encoder.tiles_for(*size, alone=alone) for size in sizes.tolist()))
-    if pixels.dtype != np.float32 or not ok:
-        layout = (f"[n, {', '.join(map(str, tile))}]" if not encoder.any_resolution else
+    _check_pixels(pixels, ok, f"[n, {', '.join(map(str, tile))}]" if not encoder.any_resolution else
                   f"[n, tiles, {', '.join(map(str, tile))}] with each image's (height, width)")
+
+
+def _check_pixels(pixels: np.ndarray, ok: bool, layout: str) -> None:
+    """float32 pixel values whose layout is `ok` (`layout` says what it must be), all finite."""
+    if pixels.dtype != np.float32 or not ok:
         raise VLLMValidationError(f"images: pixel values must be float32 {layout}, got {pixels.dtype} {pixels.shape}",
                                   parameter="multi_modal_data")
     if not np.isfinite(pixels).all():

@@ -35,6 +35,7 @@ from vllm_lite.model.models.eagle import EagleHead
 from vllm_lite.model.models.llava_vision import LlavaImageEncoder
 from vllm_lite.model.models.medusa import MedusaHead
 from vllm_lite.model.models.internvl_vision import InternVLImageEncoder
+from vllm_lite.model.models.pixtral_vision import PixtralImageEncoder
 from vllm_lite.model.models.qwen2_vl_vision import Qwen2VLImageEncoder
 from vllm_lite.model.registry import get_model_class
 from vllm_lite.multimodal_checkpoints import is_multimodal, is_vision_tensor, language_model_weights
@@ -281,14 +282,16 @@ def load_medusa_head(source: Path, config: MedusaHeadConfig, dtype_name: str, de
     return _placed(head, dtype_name, device)
 
 
-def load_image_encoder(model_config: ModelConfig,
-                       device: torch.device) -> LlavaImageEncoder | Qwen2VLImageEncoder | InternVLImageEncoder:
+# the vision sides of their own (by ImageEncoderConfig.encoder_type); else Qwen's or LLaVA's
+_IMAGE_ENCODERS = {"internvl_vision": InternVLImageEncoder, "pixtral": PixtralImageEncoder}
+
+
+def load_image_encoder(model_config: ModelConfig, device: torch.device) -> nn.Module:
     """A multimodal checkpoint's vision side (model_config.image_encoder), in the engine's dtype
     (never quantized: quantization="int8" is the language model's)."""
     config = model_config.image_encoder
     with torch.device("cpu"):
-        encoder = (Qwen2VLImageEncoder(config) if config.mrope else InternVLImageEncoder(config)
-                   if config.encoder_type == "internvl_vision" else LlavaImageEncoder(config))
+        encoder = _IMAGE_ENCODERS.get(config.encoder_type, Qwen2VLImageEncoder if config.mrope else LlavaImageEncoder)(config)
     if model_config.load_format == "dummy":
         initialize_dummy_weights(encoder)
     else:

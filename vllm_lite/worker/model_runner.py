@@ -198,9 +198,11 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         # vLLM's prompt_embeds and image features of prompts not computed yet
+        image_config = model_config.image_encoder
         self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype),
-                                          model_config.image_encoder is not None
-                                          and model_config.image_encoder.bidirectional)
+                                          image_config is not None and image_config.bidirectional,
+                                          image_config.feature_pixels if image_config is not None
+                                          and image_config.row_breaks else 0)
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
         spec = vllm_config.speculative_config

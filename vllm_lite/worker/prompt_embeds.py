@@ -22,12 +22,17 @@ class PromptEmbeds:
     yet: a request leaves once its last given position is in a step (back with its
     NewRequestData after a preemption), so a step without any costs one dictionary test."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, images_attend_both_ways: bool = False) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, images_attend_both_ways: bool = False,
+                 row_feature_pixels: int = 0) -> None:
         self.device = device
         self.dtype = dtype
         # vLLM's "mm prefix LM" (Gemma 3): an image's placeholders attend to each other both ways
         # (its segments are images only: such a model takes no prompt_embeds beside images)
         self.images_attend_both_ways = images_attend_both_ways
+        # Mistral 3: the pixels on a side of one feature's square; an image's features are rows,
+        # each followed by a row-end token (its own input), so each row is a segment (0: an image's
+        # features fill its placeholders in one run)
+        self.row_feature_pixels = row_feature_pixels
         self.pending: dict[str, list[Segment]] = {}
 
     def __bool__(self) -> bool:
@@ -44,9 +49,19 @@ class PromptEmbeds:
         if images is not None:
             needed = np.flatnonzero(images.offsets + images.lengths > new.num_computed_tokens)
             if len(needed):
-                segments.extend(zip(images.offsets[needed].tolist(), encode_images(images, needed)))
+                segments.extend(self._image_segments(images, needed, encode_images(images, needed)))
         if segments and segments[-1][0] + len(segments[-1][1]) > new.num_computed_tokens:
             self.pending[new.req_id] = segments
+
+    def _image_segments(self, images: ImageInputs, needed: np.ndarray, features: list[torch.Tensor]) -> list[Segment]:
+        offsets = images.offsets[needed].tolist()
+        if not self.row_feature_pixels:
+            return list(zip(offsets, features))
+        segments = []
+        for offset, (_, width), image in zip(offsets, images.image_sizes[needed].tolist(), features):
+            columns = width // self.row_feature_pixels
+            segments.extend((offset + row * (columns + 1), piece) for row, piece in enumerate(image.split(columns)))
+        return segments
 
     def forget(self, req_id: str) -> None:
         self.pending.pop(req_id, None)

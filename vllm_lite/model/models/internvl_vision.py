@@ -20,6 +20,7 @@ from torch import nn
 from vllm_lite.model.layers.activation import plain_activation
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.models.llava_vision import VisionMlp, pixel_shuffled
+from vllm_lite.model.models.vision_side import CheckpointVisionSide
 from vllm_lite.vision_config import ImageEncoderConfig
 
 
@@ -123,7 +124,7 @@ class Projector(nn.Module):
         return self.linear_2(self.act(self.linear_1(self.layer_norm(x))))
 
 
-class InternVLImageEncoder(nn.Module):
+class InternVLImageEncoder(CheckpointVisionSide):
     """Tiles -> each one's input embeddings [tile tokens, text hidden size] (transformers'
     InternVLModel.get_image_features)."""
 
@@ -132,9 +133,6 @@ class InternVLImageEncoder(nn.Module):
         self.config = config
         self.vision_tower = VisionTower(config)
         self.multi_modal_projector = Projector(config)
-
-    def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
-        return name.removeprefix("model."), None
 
     @staticmethod
     def read_tensors(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:

@@ -19,7 +19,6 @@ multimodal rotary positions)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from vllm_lite.model.layers.activation import plain_activation
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import rotate_half
 from vllm_lite.model.models.llava_vision import VisionMlp
+from vllm_lite.model.models.vision_side import CheckpointVisionSide
 from vllm_lite.vision_config import ImageEncoderConfig
 
 
@@ -232,7 +232,7 @@ def _bilinear_taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Ten
     return taps, weights
 
 
-class Qwen2VLImageEncoder(nn.Module):
+class Qwen2VLImageEncoder(CheckpointVisionSide):
     """Images -> each one's features [rows x columns / merge², feature width]: its input
     embeddings (and Qwen3-VL's DeepStack additions after them) (transformers'
     Qwen2VLModel.get_image_features)."""
@@ -245,10 +245,6 @@ class Qwen2VLImageEncoder(nn.Module):
     def map_checkpoint_name(self, name: str) -> tuple[str, Any]:
         # (Qwen3-VL names its blocks' MLP layers linear_fc1 / linear_fc2)
         return name.removeprefix("model.").replace(".mlp.linear_fc", ".mlp.fc"), None
-
-    @staticmethod
-    def read_tensors(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-        return iter(weights)
 
     def forward(self, pixel_values: torch.Tensor, grids: list[list[int]]) -> list[torch.Tensor]:
         """`pixel_values` [images, patches (padded to the most), values]; `grids` each image's
