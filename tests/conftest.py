@@ -456,6 +456,25 @@ def tiny_mistral3_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
+@pytest.fixture(scope="session")
+def tiny_pixtral_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Pixtral-12B's form (LlavaForConditionalGeneration with a Pixtral encoder): `tiny_mistral3_images`'
+    encoder reading images of up to 56 pixels a side, every 14-pixel patch a feature, LLaVA's
+    projector; the same image tokens."""
+    from transformers import PixtralImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_tiny_multimodal_model(
+            tmp_path_factory.mktemp("tiny_pixtral_images"), "LlavaForConditionalGeneration", "mistral",
+            tie_word_embeddings=False, text_extra={"vocab_size": 1003},
+            vision_extra={"model_type": "pixtral", "num_hidden_layers": 2, "image_size": 56, "head_dim": 16},
+            config_extra={"vision_feature_select_strategy": "full"})
+    _add_image_tokens(model, MISTRAL3_TOKENS, {"image_token_index": "[IMG]"})
+    PixtralImageProcessor(size={"longest_edge": 56}, patch_size={"height": 14, "width": 14}).save_pretrained(model)
+    return model
+
+
 # InternVL's image tokens, added to the tiny tokenizer (ids 1000-1002) as its releases have them
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 

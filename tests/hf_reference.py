@@ -544,7 +544,7 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
                              if name.endswith(("encoder", "transformer"))), seed + 2)  # (Pixtral's name)
         if architecture.startswith("InternVL"):  # (its CLS token and learned positions)
             _redraw_weights(tower.embeddings, seed + 4)
-        if architecture.startswith("Mistral3"):  # (its patch embedding and its norm)
+        if hasattr(tower, "patch_conv"):  # (Pixtral's patch embedding and its norm)
             _redraw_weights(tower.patch_conv, seed + 4)
             _redraw_weights(tower.ln_pre, seed + 5)
         _redraw_weights(getattr(model.model, "multi_modal_projector", None) or model.model.connector, seed + 3)

@@ -187,6 +187,9 @@ class ImageEncoderConfig:
     # has their ids); the projector's RMS norm's eps
     row_end_tokens: tuple[str, str] = ()
     projector_norm_eps: float = 1e-5
+    # Mistral 3's projector: the features RMS-normed, each spatial_merge x spatial_merge square of
+    # them merged by a linear layer, then the two-layer MLP (Pixtral-12B's LLaVA form: the MLP alone)
+    patch_merger: bool = False
     vision_norm: str = "layer_norm"
     vision_qk_norm: bool = False
     vision_attention_bias: bool = True
@@ -348,16 +351,13 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     if architecture in _QWEN_VL_ARCHITECTURES:
         return _qwen_vl_encoder(outer, _read_vision(outer, _QWEN_VL_VISION_READ))
     tiled = architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration")
-    own_encoder = {"InternVLForConditionalGeneration": {"internvl_vision": _INTERNVL_VISION_READ},
-                   "Mistral3ForConditionalGeneration": {"pixtral": _PIXTRAL_VISION_READ}}
-    vision = _read_vision(outer, own_encoder.get(architecture) or dict.fromkeys(
-        _TILE_VISION_MODEL_TYPES if tiled else _VISION_MODEL_TYPES, _VISION_READ))
+    vision = _read_vision(outer, _vision_encoders(architecture))
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
     if architecture == "InternVLForConditionalGeneration":
         return _internvl_encoder(outer, vision)
-    if architecture == "Mistral3ForConditionalGeneration":
-        return _mistral3_encoder(outer, vision)
+    if architecture == "Mistral3ForConditionalGeneration" or vision["model_type"] == "pixtral":
+        return _pixtral_encoder(outer, vision, merged=architecture == "Mistral3ForConditionalGeneration")
     if tiled:
         return _tiled_encoder(outer, vision)
     if outer.projector_hidden_act not in PLAIN_ACTIVATIONS:
@@ -395,6 +395,21 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
         projector_act=outer.projector_hidden_act, projector_bias=bool(getattr(outer, "multimodal_projector_bias", True)),
         text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id,
         grid_pinpoints=pinpoints if any_resolution else (), anyres_max=anyres_max)
+
+
+def _vision_encoders(architecture: str) -> dict[str, frozenset[str]]:
+    """The vision encoders (model types, each with the fields read of it) implemented for an
+    architecture's image inputs (besides Qwen's)."""
+    if architecture == "InternVLForConditionalGeneration":
+        return {"internvl_vision": _INTERNVL_VISION_READ}
+    if architecture == "Mistral3ForConditionalGeneration":
+        return {"pixtral": _PIXTRAL_VISION_READ}
+    if architecture in ("SmolVLMForConditionalGeneration", "Idefics3ForConditionalGeneration"):
+        return dict.fromkeys(_TILE_VISION_MODEL_TYPES, _VISION_READ)
+    encoders = dict.fromkeys(_VISION_MODEL_TYPES, _VISION_READ)
+    if architecture == "LlavaForConditionalGeneration":  # (Pixtral-12B's)
+        encoders["pixtral"] = _PIXTRAL_VISION_READ
+    return encoders
 
 
 def _anyres_max(outer: Any) -> int:
@@ -507,11 +522,13 @@ def _internvl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         vision_attention_bias=bool(vision["attention_bias"]))
 
 
-def _mistral3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+def _pixtral_encoder(outer: Any, vision: dict[str, Any], merged: bool) -> ImageEncoderConfig:
     """Mistral 3's vision side (transformers' PixtralVisionModel and Mistral3MultiModalProjector):
     an image of any size read whole by Pixtral (2-D rotary positions), the features of one layer
     RMS-normed, each spatial_merge x spatial_merge square of them merged by a linear layer, then
-    projected; its placeholders rows of [IMG], each ended by [IMG_BREAK], the last by [IMG_END]."""
+    projected; its placeholders rows of [IMG], each ended by [IMG_BREAK], the last by [IMG_END].
+    Not `merged`: Pixtral-12B's (LlavaForConditionalGeneration with a Pixtral encoder): every
+    patch a feature, projected by LLaVA's MLP alone."""
     heads, width = vision["num_attention_heads"], vision["hidden_size"]
     head_dim = vision.get("head_dim") or width // heads
     if head_dim * heads != width or head_dim % 4:
@@ -520,7 +537,10 @@ def _mistral3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
     rope = dict(vision.get("rope_parameters") or {})
     if rope.get("rope_type", "axial") != "axial" or set(rope) - {"rope_type", "rope_theta"}:
         raise ValueError(f"vision_config.rope_parameters={rope!r} is not implemented (axial rope with a rope_theta)")
-    merge, patch = outer.spatial_merge_size, vision["patch_size"]
+    merge, patch = outer.spatial_merge_size if merged else 1, vision["patch_size"]
+    if not merged and outer.vision_feature_select_strategy != "full":
+        raise ValueError(f"vision_feature_select_strategy={outer.vision_feature_select_strategy!r} is not implemented "
+                         "for a Pixtral encoder (it has no CLS feature: 'full')")
     if not (isinstance(merge, int) and merge >= 1 and isinstance(patch, int) and patch >= 1):
         raise ValueError(f"spatial_merge_size={merge!r}, vision_config.patch_size={patch!r}: positive integers needed")
     layer, depth = outer.vision_feature_layer, vision["num_hidden_layers"]
@@ -537,7 +557,7 @@ def _mistral3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         projector_act=outer.projector_hidden_act, projector_bias=bool(outer.multimodal_projector_bias),
         text_hidden_size=text.hidden_size, image_token_id=outer.image_token_index, spatial_merge=merge,
         vision_rope_theta=float(rope.get("rope_theta", 10000.0)), row_end_tokens=("[IMG_BREAK]", "[IMG_END]"),
-        projector_norm_eps=float(text.rms_norm_eps))
+        projector_norm_eps=float(text.rms_norm_eps), patch_merger=merged)
 
 
 def _square(vision: dict[str, Any], name: str) -> int:

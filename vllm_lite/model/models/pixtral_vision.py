@@ -127,16 +127,23 @@ class PatchMerger(nn.Module):
 
 
 class Projector(nn.Module):
+    """Mistral 3's (norm, patch merger, MLP); Pixtral-12B's LLaVA one (the MLP alone)."""
+
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
-        self.norm = RMSNorm(config.hidden_size, config.projector_norm_eps)
-        self.patch_merger = PatchMerger(config)
+        if config.patch_merger:
+            self.norm = RMSNorm(config.hidden_size, config.projector_norm_eps)
+            self.patch_merger = PatchMerger(config)
+        else:
+            self.norm = self.patch_merger = None
         self.linear_1 = nn.Linear(config.hidden_size, config.text_hidden_size, bias=config.projector_bias)
         self.act = plain_activation(config.projector_act)
         self.linear_2 = nn.Linear(config.text_hidden_size, config.text_hidden_size, bias=config.projector_bias)
 
     def forward(self, x: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
-        return self.linear_2(self.act(self.linear_1(self.patch_merger(self.norm(x), grids))))
+        if self.patch_merger is not None:
+            x = self.patch_merger(self.norm(x), grids)
+        return self.linear_2(self.act(self.linear_1(x)))
 
 
 class PixtralImageEncoder(CheckpointVisionSide):
