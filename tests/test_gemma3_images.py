@@ -9,8 +9,8 @@ image), prefix caching, preemption and each CPU attention backend."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,10 +129,9 @@ def test_chat_writes_the_start_of_image_token(gemma3: Path, images: list[Image.I
     assert list(output.outputs[0].token_ids) == hf_reference(gemma3, prompt, images[:1])
 
 
-def test_newlines_merge_as_the_processor_tokenizes_them(gemma3: Path) -> None:
-    """Gemma 3's processor frames each image with "\\n\\n" in the text, which merges with the
-    newlines beside it into the tokenizer's multi-newline tokens: the token-level expansion
-    gives the same tokens (here a tokenizer with a "\\n\\n" token of its own)."""
+def special_token_expansion(gemma3: Path) -> tuple[Any, Any, int]:
+    """(tokenizer, its PlaceholderExpansion, the placeholder id) for a tokenizer with a "\n\n"
+    token and special <boi>, <img>, <eoi> tokens, as Gemma 3's has."""
     from transformers import AutoTokenizer
 
     from vllm_lite.engine.image_inputs import PlaceholderExpansion
@@ -144,7 +143,14 @@ def test_newlines_merge_as_the_processor_tokenizes_them(gemma3: Path) -> None:
     boi, img, eoi = tokenizer.convert_tokens_to_ids(["<boi>", "<img>", "<eoi>"])
     outer = json.loads((gemma3 / "config.json").read_text())
     config = read_image_encoder({**outer, "boi_token_index": boi, "eoi_token_index": eoi, "image_token_index": img})
-    expansion = PlaceholderExpansion(config, tokenizer)
+    return tokenizer, PlaceholderExpansion(config, tokenizer), img
+
+
+def test_newlines_merge_as_the_processor_tokenizes_them(gemma3: Path) -> None:
+    """Gemma 3's processor frames each image with "\\n\\n" in the text, which merges with the
+    newlines beside it into the tokenizer's multi-newline tokens: the token-level expansion
+    gives the same tokens (here a tokenizer with a "\\n\\n" token of its own)."""
+    tokenizer, expansion, img = special_token_expansion(gemma3)
     full = "\n\n<boi>" + "<img>" * TOKENS_PER_IMAGE + "<eoi>\n\n"
     for text in ["the\n<boi>of", "<boi><boi>", "a\n\n<boi>\nand", "<boi>\n\n\nto"]:
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -154,20 +160,67 @@ def test_newlines_merge_as_the_processor_tokenizes_them(gemma3: Path) -> None:
         assert [ours[offset:offset + TOKENS_PER_IMAGE] for offset in offsets.tolist()] == [[img] * 4] * len(lengths)
 
 
-def test_what_cannot_be_honoured_is_refused_by_name(gemma3: Path, images: list[Image.Image],
-                                                   tmp_path: Path) -> None:
+def test_what_cannot_be_honoured_is_refused_by_name(gemma3: Path) -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens=3 is smaller than an image's 4 tokens"):
         EngineArgs(model=str(gemma3), max_num_batched_tokens=3).create_engine_config()
-    from transformers import Gemma3ImageProcessor
 
-    model = tmp_path / "pan_and_scan"
-    shutil.copytree(gemma3, model)
-    Gemma3ImageProcessor(size={"height": 56, "width": 56}, do_pan_and_scan=True).save_pretrained(model)
-    llm = make_llm(model)
+
+def test_pan_and_scan_text_as_the_processor_writes_it(gemma3: Path) -> None:
+    """vLLM's do_pan_and_scan: an image with crops is written as transformers' Gemma3Processor
+    writes it ("Here is the original image", the framed image, "and here are some crops to help
+    you see better", each crop framed, space-separated), the text between special tokens
+    tokenized whole as the processor's text is (a tokenizer with special image tokens)."""
+    tokenizer, expansion, img = special_token_expansion(gemma3)
+    full = "\n\n<boi>" + "<img>" * TOKENS_PER_IMAGE + "<eoi>\n\n"
+
+    def processor_text(crops: int) -> str:  # (transformers' Gemma3Processor.replace_image_token)
+        if not crops:
+            return full
+        return (f"Here is the original image {full} and here are some crops to help you see better "
+                + " ".join([full] * crops))
+
+    for text, crops in [("the\n<boi>of", [2]), ("<boi> and <boi>\n", [0, 3]), ("a\n\n<boi>\nto", [1])]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        ours, offsets = expansion.expand_framed(ids, crops)
+        pieces = text.split("<boi>")
+        wanted = pieces[0] + "".join(processor_text(count) + piece for count, piece in zip(crops, pieces[1:]))
+        assert ours == tokenizer.encode(wanted, add_special_tokens=False), text
+        assert len(offsets) == len(crops) + sum(crops)
+        assert all(ours[offset:offset + TOKENS_PER_IMAGE] == [img] * TOKENS_PER_IMAGE for offset in offsets.tolist())
+
+
+def test_pan_and_scan_crops_equal_transformers(gemma3: Path, images: list[Image.Image]) -> None:
+    """vLLM's do_pan_and_scan (mm_processor_kwargs, as its Gemma 3 example passes it): a wide
+    image's crops are read as images of their own, each framed and attending within itself both
+    ways, as transformers' class reads its processor's pixel values; a request without it, on
+    the same engine, is not cut."""
+    from transformers import AutoImageProcessor, AutoTokenizer, Gemma3Processor
+
+    pan = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8}
+    wide = images[0].resize((150, 50))
+    # (what transformers' Gemma3Processor gives its image processor: its defaults, then the request's)
+    pixels = AutoImageProcessor.from_pretrained(gemma3)(images=[wide], return_tensors="pt",
+                                                        **{**Gemma3Processor.images_kwargs, **pan})
+    crops = int(pixels["num_crops"][0])
+    assert crops == 3
+    tokenizer = AutoTokenizer.from_pretrained(gemma3)
+    frame = [NEWLINE, NEWLINE]
+    image = [BOI] + [IMAGE_TOKEN_ID] * TOKENS_PER_IMAGE + [EOI]
+    prompt = [5, 17, BOI, 33, 71]
+    text = tokenizer.encode
+    ids = ([5, 17] + text("Here is the original image \n\n", add_special_tokens=False) + image
+           + text("\n\n and here are some crops to help you see better \n\n", add_special_tokens=False) + image
+           + (text("\n\n \n\n", add_special_tokens=False) + image) * (crops - 1) + frame + [33, 71])
+    token_types = (torch.tensor([ids]) == IMAGE_TOKEN_ID).long()
+    wanted = hf_greedy_with_images(gemma3, ids, pixels["pixel_values"], NUM_TOKENS, token_type_ids=token_types)
+    llm = make_llm(gemma3, max_num_batched_tokens=16, enable_chunked_prefill=True)
     try:
-        with pytest.raises(ValueError, match="do_pan_and_scan=True"):
-            llm.generate(image_prompts(images)[:1], GREEDY, use_tqdm=False)
-        [output] = llm.generate([{"prompt_token_ids": [5, 17, 33]}], GREEDY, use_tqdm=False)  # (the engine still answers)
-        assert len(output.outputs[0].token_ids) == NUM_TOKENS
+        [cut] = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": [wide]},
+                               "mm_processor_kwargs": pan}], GREEDY, use_tqdm=False)
+        [whole] = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": [wide]}}], GREEDY,
+                               use_tqdm=False)
     finally:
         llm.shutdown()
+    assert (list(cut.prompt_token_ids), list(cut.outputs[0].token_ids)) == (ids, wanted)
+    assert list(whole.prompt_token_ids) == expanded(prompt)
+    assert list(whole.outputs[0].token_ids) == hf_reference(gemma3, prompt, [wide])

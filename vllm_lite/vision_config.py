@@ -238,6 +238,18 @@ class ImageEncoderConfig:
         return rows * columns // self.spatial_merge ** 2
 
     @property
+    def framed(self) -> bool:
+        """Gemma 3's form: an image's placeholders framed by start / end tokens written around them
+        (its pan-and-scan crops each so framed, after the whole image)."""
+        return self.start_token_id is not None
+
+    @property
+    def inputs_per_image_vary(self) -> bool:
+        """An image may be several encoder inputs, each its own run of placeholders (tiles,
+        Gemma 3's pan-and-scan crops): the engine core bounds their count by the prompt's length."""
+        return self.tiled or self.framed
+
+    @property
     def tiled(self) -> bool:
         """An image is several encoder inputs, each its own run of placeholders (Idefics3 / SmolVLM;
         InternVL's runs adjacent, framed once per image: `tile_frame`)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -96,6 +97,7 @@ class ImageProcessor:
     def __init__(self, model_config: ModelConfig, tokenizer: Any = None) -> None:
         self.model_config = model_config
         self._processor: Any = None
+        self._class_defaults: dict[str, Any] = {}  # (read with the processor: _processor_class_defaults)
         self._placeholders = PlaceholderExpansion(model_config.image_encoder, tokenizer)
         self._cache: SizedLru[ProcessedImage] = SizedLru(model_config.mm_processor_cache_bytes,
                                                          lambda image: image.pixel_values.nbytes)
@@ -165,6 +167,10 @@ class ImageProcessor:
             return self._placeholders.expand_tiled(token_ids, self.processed(images, uuids, kwargs))[0]
         if config.row_breaks:  # (so do its features)
             return self._placeholders.expand_rows(token_ids, [image.grid for image in self.processed(images, uuids, kwargs)])[0]
+        if config.framed:  # (Gemma 3: its pan-and-scan crops depend on the image: process when asked for)
+            crops = ([len(image.pixel_values) - 1 for image in self.processed(images, uuids, kwargs)]
+                     if self._pans_and_scans(self._merged_kwargs(kwargs)) else [0] * len(images))
+            return self._placeholders.expand_framed(token_ids, crops)[0]
         if config.mrope:  # (so do its patches)
             return self._placeholders.expand(token_ids, _patch_lengths(self.processed(images, uuids, kwargs), config))[0]
         lengths = placeholder_lengths(self.sizes(images, uuids, kwargs), config)
@@ -180,6 +186,19 @@ class ImageProcessor:
         whether it is read whole only."""
         return _arguments_key(kwargs) + (b"\0read whole only" if whole else b"")
 
+    def _pans_and_scans(self, kwargs: dict[str, Any]) -> bool:
+        """Gemma 3: whether its processor cuts crops (vLLM's do_pan_and_scan in mm_processor_kwargs;
+        its processor class passes False by default, whatever its image processor's config says)."""
+        self._loaded_processor()
+        arguments = self._processor_arguments(kwargs)
+        return bool(arguments.get("do_pan_and_scan", getattr(self._processor, "do_pan_and_scan", False)))
+
+    def _loaded_processor(self) -> Any:
+        if self._processor is None:
+            self._processor = _load_image_processor(self.model_config.model)
+            self._class_defaults = _processor_class_defaults(self.model_config.model)
+        return self._processor
+
     def _merged_kwargs(self, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         """The engine's mm_processor_kwargs with a request's over them."""
         return {**(self.model_config.mm_processor_kwargs or {}), **(request_processor_kwargs(kwargs) or {})}
@@ -188,23 +207,16 @@ class ImageProcessor:
         """RGB images through the checkpoint's processor (with `kwargs`), each image's own tiles
         kept (`whole`: LLaVA-OneVision's images of a prompt with several, read whole only)."""
         config = self.model_config.image_encoder
-        if self._processor is None:
-            self._processor = _load_image_processor(self.model_config.model)
-        if getattr(self._processor, "do_pan_and_scan", None) or kwargs.get("do_pan_and_scan"):
-            raise VLLMValidationError(f"do_pan_and_scan=True (Gemma 3's extra crops of an image, set by the image "
-                                      f"processor of '{self.model_config.model}' or mm_processor_kwargs) is not "
-                                      "implemented here", parameter="multi_modal_data")
+        self._loaded_processor()
         arguments = self._processor_arguments(kwargs)
         try:
-            if config.tile_frame:  # (InternVL: its processor's default, tiles cut)
-                pixels = self._processor(images=images, return_tensors="np", **{"crop_to_patches": True, **arguments})
-            elif config.row_breaks:  # (Mistral 3: sizes in whole features, as its processor asks)
+            if config.row_breaks:  # (Mistral 3: sizes in whole features, as its processor asks)
                 unit = config.feature_pixels
                 pixels = self._processor(images=images, return_tensors="np",
                                          **{"patch_size": {"height": unit, "width": unit}, **arguments})
-            elif config.tiled:  # (one sample per image: its tiles in a row)
+            elif config.tiled and not config.tile_frame:  # (SmolVLM: one sample per image, its tiles in a row)
                 pixels = self._processor(images=[[image] for image in images], return_tensors="np",
-                                         return_row_col_info=True, **arguments)
+                                         **{"return_row_col_info": True, **arguments})
             else:
                 pixels = self._processor(images=self._batch(images, whole), return_tensors="np", **arguments)
         except TypeError as exc:  # (transformers' processors refuse arguments they do not take so)
@@ -216,9 +228,12 @@ class ImageProcessor:
                                       parameter="multi_modal_data") from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
         if config.tile_frame:
-            return self._framed_tiles(images, values, np.asarray(pixels["num_patches"], dtype=np.int64))
+            return self._image_inputs(images, values, np.asarray(pixels["num_patches"], dtype=np.int64))
         if config.row_breaks:
             return self._whole_images(images, values, np.asarray(pixels["image_sizes"], dtype=np.int64))
+        if config.framed:  # (Gemma 3: each image, then its pan-and-scan crops)
+            return self._image_inputs(images, values, 1 + np.asarray(pixels.get("num_crops", [0] * len(images)),
+                                                                     dtype=np.int64))
         if config.tiled:
             return self._tiles(images, values, pixels)
         if config.mrope:
@@ -259,9 +274,9 @@ class ImageProcessor:
             made.append(ProcessedImage(own, (image.height, image.width), digest, grid))
         return made
 
-    def _framed_tiles(self, images: list[Any], values: np.ndarray, counts: np.ndarray) -> list[ProcessedImage]:
-        """InternVL: each image's tiles (the processor gives the batch's in one run, and each
-        image's count)."""
+    def _image_inputs(self, images: list[Any], values: np.ndarray, counts: np.ndarray) -> list[ProcessedImage]:
+        """InternVL's tiles, Gemma 3's image and crops: each image's encoder inputs (the processor
+        gives the batch's in one run, and each image's count)."""
         if counts.shape != (len(images),) or counts.min(initial=1) < 1 or counts.sum() != len(values):
             raise VLLMValidationError(f"the image processor of '{self.model_config.model}' made {len(values)} tiles "
                                       f"counted {counts.tolist()} for {len(images)} image(s)",
@@ -305,11 +320,13 @@ class ImageProcessor:
         return [images] if len(images) > 1 else [images * 2]
 
     def _processor_arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """mm_processor_kwargs as the processor takes them: Qwen2-VL's min_pixels / max_pixels as
-        the bounds of its `size` (as vLLM passes them; transformers deprecates the two names)."""
+        """mm_processor_kwargs as the processor takes them, over the image arguments the checkpoint's
+        processor class passes by default (`_processor_class_defaults`); Qwen2-VL's min_pixels /
+        max_pixels as the bounds of its `size` (as vLLM passes them; transformers deprecates the
+        two names)."""
+        arguments = {**self._class_defaults, **kwargs}
         if not (self.model_config.image_encoder.mrope and {"min_pixels", "max_pixels"} & set(kwargs)):
-            return kwargs
-        arguments = dict(kwargs)
+            return arguments
         size = dict(arguments.get("size") or self._processor.size)
         if "min_pixels" in arguments:
             size["shortest_edge"] = arguments.pop("min_pixels")
@@ -336,7 +353,7 @@ class ImageProcessor:
         """The prompt's token ids with each image's placeholder expanded, and its images as the
         engine takes them (`processed`: what `processed(images, uuids)` gave)."""
         config = self.model_config.image_encoder
-        if config.tiled:
+        if config.inputs_per_image_vary:
             return self._tiled_inputs(processed, token_ids)
         if config.row_breaks:
             token_ids, offsets = self._placeholders.expand_rows(token_ids, [image.grid for image in processed])
@@ -354,9 +371,13 @@ class ImageProcessor:
         return token_ids, ImageInputs(values, offsets, lengths, [image.digest for image in processed], sizes)
 
     def _tiled_inputs(self, processed: list[ProcessedImage], token_ids: list[int]) -> tuple[list[int], ImageInputs]:
-        """Idefics3 / SmolVLM, InternVL: every tile (and whole image) one encoder input of the
-        engine's, hashed by its image's digest and its index there."""
-        token_ids, offsets = self._placeholders.expand_tiled(token_ids, processed)
+        """Idefics3 / SmolVLM, InternVL, Gemma 3: every tile (and whole image) or crop one encoder
+        input of the engine's, hashed by its image's digest and its index there."""
+        if self.model_config.image_encoder.framed:
+            token_ids, offsets = self._placeholders.expand_framed(token_ids, [len(image.pixel_values) - 1
+                                                                              for image in processed])
+        else:
+            token_ids, offsets = self._placeholders.expand_tiled(token_ids, processed)
         values = np.concatenate([image.pixel_values for image in processed])
         hashes = [hashlib.sha256(image.digest + index.to_bytes(4, "little")).digest()
                   for image in processed for index in range(len(image.pixel_values))]
@@ -446,26 +467,52 @@ class PlaceholderExpansion:
         of lengths[i] placeholders per image, is taken as it is) and each image's first
         placeholder position."""
         config = self.config
-        if config.start_token_id is None:
+        if not config.framed:
             return expand_placeholders(token_ids, lengths, config.image_token_id)
+        return self.expand_framed(token_ids, [0] * len(lengths))
+
+    def expand_framed(self, token_ids: list[int], crops: list[int]) -> tuple[list[int], np.ndarray]:
+        """Gemma 3: each image's start-of-image token becomes `frame_text`, the start token, the
+        placeholders, the end token and `frame_text`; an image with pan-and-scan crops (`crops`:
+        each image's count) is written as its processor writes it, "Here is the original image",
+        the image so framed, "and here are some crops to help you see better", then each crop so
+        framed, space-separated (the text between special tokens tokenized whole, as the
+        processor's text is; newline runs merged across the joins). Returns the token ids and each
+        encoder input's first placeholder position (an image's, then its crops')."""
+        config = self.config
         tokens = np.asarray(token_ids, dtype=np.int64)
+        lengths = np.full(len(crops) + sum(crops), config.tokens_per_image, dtype=np.int64)
         if (tokens == config.image_token_id).any():
             return list(token_ids), _expanded_runs(tokens, lengths, config.image_token_id)
         markers = np.flatnonzero(tokens == config.start_token_id)
-        if len(markers) != len(lengths):
+        if len(markers) != len(crops):
             raise _placeholder_count_error(len(markers), lengths, config.start_token_id)
-        frame = self._frame_ids()
         pieces: list[tuple[list[int], bool]] = []  # (tokens, inserted here)
         previous = 0
-        for marker, length in zip(markers.tolist(), lengths.tolist()):
+        for marker, count in zip(markers.tolist(), crops):
             pieces.append((token_ids[previous:marker], False))
-            pieces.append((frame, True))
-            pieces.append(([config.start_token_id] + [config.image_token_id] * length + [config.end_token_id], False))
-            pieces.append((frame, True))
+            pieces.extend(self._framed_image(count))
             previous = marker + 1
         pieces.append((token_ids[previous:], False))
         expanded = self._merged_newlines(pieces)
         return expanded, _expanded_runs(np.asarray(expanded, dtype=np.int64), lengths, config.image_token_id)
+
+    def _framed_image(self, crops: int) -> list[tuple[list[int], bool]]:
+        """One image's pieces (tokens, inserted here) in Gemma 3's processor's text."""
+        config, frame = self.config, self.config.frame_text
+        image = ([config.start_token_id] + [config.image_token_id] * config.tokens_per_image + [config.end_token_id],
+                 False)
+        if not crops:
+            return [(self._frame_ids(), True), image, (self._frame_ids(), True)]
+        pieces = [(self._text_ids(f"Here is the original image {frame}"), True), image,
+                  (self._text_ids(f"{frame} and here are some crops to help you see better {frame}"), True), image]
+        for _ in range(crops - 1):
+            pieces.extend([(self._text_ids(f"{frame} {frame}"), True), image])
+        return [*pieces, (self._frame_ids(), True)]
+
+    def _text_ids(self, text: str) -> list[int]:
+        self._check_tokenizer()
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def expand_tiled(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], np.ndarray]:
         """Idefics3 / SmolVLM: each image's placeholder becomes its processor's prompt string (per
@@ -655,6 +702,22 @@ def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_i
         offsets = positions + np.concatenate([[0], np.cumsum(lengths - 1)[:-1]])
         return np.repeat(tokens, repeats).tolist(), offsets.astype(np.int64)
     return list(token_ids), _expanded_runs(tokens, lengths, image_token_id)
+
+
+def _processor_class_defaults(model: str) -> dict[str, Any]:
+    """The image arguments the checkpoint's transformers processor class passes its image
+    processor unless told otherwise (its `images_kwargs`: InternVL's crop_to_patches, Gemma 3's
+    pan-and-scan settings, over what preprocessor_config.json says, as vLLM's processing gets
+    them). Pixtral's class needs torchvision to import: the engine sets its one argument itself."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    try:
+        model_type = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+        name = PROCESSOR_MAPPING_NAMES.get(model_type)
+        return dict(getattr(getattr(transformers, name), "images_kwargs", None) or {}) if name else {}
+    except (ImportError, OSError, ValueError):
+        return {}
 
 
 def _load_image_processor(model: str) -> Any:

@@ -110,9 +110,9 @@ def check_images(request: EngineCoreRequest, model_config: ModelConfig) -> None:
         raise VLLMValidationError("images are for generation requests given as token ids", parameter="multi_modal_data")
     offsets, lengths = images.offsets, images.lengths
     count = len(offsets)
-    # (Idefics3 / SmolVLM's inputs are an image's tiles: their number is bounded by the prompt,
+    # (an image's tiles or crops are inputs of their own: their number is bounded by the prompt,
     # where each input's placeholders must lie apart; the client counts the images)
-    most = len(request.prompt_token_ids) if encoder.tiled else model_config.max_images_per_prompt
+    most = len(request.prompt_token_ids) if encoder.inputs_per_image_vary else model_config.max_images_per_prompt
     if not (1 <= count <= most and offsets.shape == lengths.shape == (count,)
             and offsets.dtype.kind in "iu" and lengths.dtype.kind in "iu" and len(images.hashes) == count):
         raise VLLMValidationError(f"images: 1 to {most} images, each with an offset, a length and a hash",
