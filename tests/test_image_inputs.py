@@ -607,3 +607,32 @@ def test_disable_chunked_mm_input_keeps_each_image_in_one_step(llava: Path, imag
         assert len(run(llm, [{"prompt_token_ids": [5, 17, 33]}])[0]) == NUM_TOKENS
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("fixture,prompt,kwargs", [
+    ("tiny_llava_images", [5, IMAGE_TOKEN_ID, 33], {"size": {"shortest_edge": 2000}}),  # (an upscale)
+    ("tiny_qwen2_vl_images", "<|vision_start|><|image_pad|><|vision_end|> the", {"min_pixels": 4_000_000}),
+    ("tiny_internvl_images", "<IMG_CONTEXT> the", {"min_patches": 200, "max_patches": 300}),
+    ("tiny_gemma3_images", [5, 997, 33], {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 100}),
+    ("tiny_smolvlm_images", "<image> the", {"max_image_size": {"longest_edge": 10}}),  # (tiles of 10 pixels)
+    ("tiny_mistral3_images", "[IMG] the", {"size": {"longest_edge": 2000}}),
+])
+def test_processor_arguments_beyond_the_context_are_refused_before_processing(
+        fixture: str, prompt: str | list[int], kwargs: dict, request: pytest.FixtureRequest) -> None:
+    """A request's mm_processor_kwargs that would have the processor build more of an image than a
+    prompt of max_model_len holds (an upscale to a huge size, thousands of tiles or crops: pixels
+    that would exhaust the client's memory before the prompt's length is checked; here values just
+    past the bounds, which the processor could still run) are refused by name before the processor
+    runs; the engine goes on answering."""
+    model: Path = request.getfixturevalue(fixture)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 200, 3), dtype=np.uint8))
+    given = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt, "multi_modal_data": {"image": [image]}}
+    llm = make_llm(model)
+    try:
+        with pytest.raises(ValueError, match=r"mm_processor_kwargs: .* would make more of an image than a prompt "
+                                             r"of max_model_len=256 tokens holds"):
+            llm.generate([{**given, "mm_processor_kwargs": kwargs}], SamplingParams(max_tokens=2), use_tqdm=False)
+        [answer] = llm.generate([given], SamplingParams(max_tokens=2), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert len(answer.outputs[0].token_ids) == 2

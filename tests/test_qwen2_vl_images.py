@@ -12,6 +12,7 @@ preemption, prefix caching, the torch attention backend, TP=2 and LLM.chat."""
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +264,10 @@ def test_mm_processor_kwargs_of_the_engine_and_of_a_request(qwen2_vl: Path, imag
     finally:
         llm.shutdown()
     assert (list(engine_level.prompt_token_ids), list(engine_level.outputs[0].token_ids)) == wanted
+    # an engine argument the processor does not take: refused as the engine starts, its core stopped
+    with pytest.raises(ValueError, match=r"mm_processor_kwargs=\{'bogus': 1\}: .*does not take them"):
+        make_llm(model, mm_processor_kwargs={"bogus": 1}, multiprocess=True)
+    assert not multiprocessing.active_children()
     assert (list(overridden.prompt_token_ids), list(overridden.outputs[0].token_ids)) == tuple(reference[0])
     llm = make_llm(model)
     try:

@@ -5,6 +5,7 @@ the official `openai` client, 100 concurrent streams, client disconnects, bad re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -36,6 +37,24 @@ CHAT = [{"role": "user", "content": "Tell me about the river and the mountain."}
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
                         ("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32")) as live:
+        yield live
+
+
+# A request that cannot end before its client's disconnect reaches the server, whatever the CPU's
+# speed (240 tokens of the tiny model take well under a second on a fast one)
+LONG_GENERATION = 32_000
+
+
+@pytest.fixture(scope="module")
+def long_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The server with room for a `LONG_GENERATION` reply (the disconnect tests'; past the tiny
+    model's 512 positions, as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN allows)."""
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as patch:  # (the server's environment only)
+            patch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+            live = stack.enter_context(running_server(
+                tiny_qwen3, tmp_path_factory.mktemp("long_server") / "server.log", MODEL, API_KEY,
+                ("--max-model-len", str(LONG_GENERATION + 64), "--dtype", "float32")))
         yield live
 
 
@@ -178,9 +197,10 @@ def test_100_concurrent_streaming_chats(server: LiveServer, tiny_qwen3: Path) ->
 # ---- 3. a client that disconnects mid-stream ----
 
 
-def test_disconnect_mid_stream_aborts_and_frees_kv(server: LiveServer) -> None:
+def test_disconnect_mid_stream_aborts_and_frees_kv(long_server: LiveServer) -> None:
+    server = long_server
     before = _metrics(server)
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG_GENERATION, "ignore_eos": True, "stream": True}
     with httpx.Client(base_url=server.base_url, headers=_headers(), timeout=60) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
@@ -193,12 +213,13 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server: LiveServer) -> None:
     assert after["vllm:kv_cache_usage_perc"] == 0 and after["vllm:num_requests_running"] == 0
     assert after["vllm_lite:request_aborted_total"] == before["vllm_lite:request_aborted_total"] + 1
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    assert generated < 240
+    assert generated < LONG_GENERATION
 
 
-def test_disconnect_before_non_streaming_response_aborts(server: LiveServer) -> None:
+def test_disconnect_before_non_streaming_response_aborts(long_server: LiveServer) -> None:
+    server = long_server
     before = _metrics(server)
-    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True}).encode()
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": LONG_GENERATION, "ignore_eos": True}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:

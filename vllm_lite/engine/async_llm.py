@@ -31,7 +31,7 @@ from vllm_lite.engine.dp_client import DPAsyncClient, launch_engine_cores
 from vllm_lite.exceptions import AdmissionRejectedError, EngineDeadError, RequestAbortedError, RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
 from vllm_lite.engine.launch import (attached_engine_args, launch_engine_core,
-                                    load_tokenizer_while_launching)
+                                    load_tokenizer_while_launching, made_while_launching)
 from vllm_lite.engine.output_collector import (DEFAULT_MAX_UNREAD_OUTPUTS, ConsumerStoppedReadingError,
                                                RequestOutputCollector)
 from vllm_lite.engine.stats import IterationStats, StatLogger
@@ -77,7 +77,8 @@ class AsyncLLM:
         else:
             launch = launch_engine_core(vllm_config) if engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
-        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
+        self.input_processor = made_while_launching(launch, lambda: InputProcessor(
+            vllm_config.model_config, self.tokenizer, vllm_config.lora_config))
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = (DPAsyncClient(vllm_config, launch, **client_kwargs) if data_parallel
                             else AsyncMPClient(vllm_config, engine_address, launch=launch, **client_kwargs))

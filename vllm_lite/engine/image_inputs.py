@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from pathlib import Path
 from collections.abc import Callable, Mapping
@@ -104,6 +105,18 @@ class ImageProcessor:
         self._cache_lock = threading.Lock()  # (AsyncLLM processes prompts' images on worker threads)
         self.cache_queries = 0  # (vLLM's vllm:mm_cache_queries / _hits: images looked up, images found)
         self.cache_hits = 0
+        if model_config.image_encoder is not None and model_config.mm_processor_kwargs:
+            self._check_engine_kwargs()
+
+    def _check_engine_kwargs(self) -> None:
+        """The engine's mm_processor_kwargs tried at start on a small image (not kept), so that one
+        the processor does not take is refused when the engine starts, not at its first image."""
+        from PIL import Image
+
+        try:
+            self._process([Image.new("RGB", (64, 48), (127, 127, 127))], dict(self.model_config.mm_processor_kwargs))
+        except VLLMValidationError as exc:
+            raise ValueError(f"mm_processor_kwargs={self.model_config.mm_processor_kwargs!r}: {exc}") from None
 
     def processed(self, images: list[Any], uuids: list[str | None],
                   kwargs: Mapping[str, Any] | None = None) -> list[ProcessedImage]:
@@ -186,6 +199,42 @@ class ImageProcessor:
         whether it is read whole only."""
         return _arguments_key(kwargs) + (b"\0read whole only" if whole else b"")
 
+    def _check_bounds(self, kwargs: dict[str, Any]) -> None:
+        """mm_processor_kwargs that would have the processor make more of an image than a prompt
+        of max_model_len tokens holds, refused before it runs (it builds the pixels first: an
+        upscale to a huge size or thousands of tiles or crops would exhaust this process's
+        memory): counts of tiles or crops, edges in pixels, Qwen's least pixels, LLaVA-NeXT's grid
+        pinpoints; bounds from the encoder's input and max_model_len."""
+        config, limit = self.model_config.image_encoder, self.model_config.max_model_len
+        inputs = max(1, limit // max(1, config.tokens_per_image))  # (tiles or crops: encoder inputs)
+        unit = (config.patch_size * config.spatial_merge) if (config.mrope or config.row_breaks) else config.image_size
+        most_edge = unit * math.isqrt(limit if config.mrope or config.row_breaks else inputs) + unit
+
+        def refuse(name: str, value: Any, bound: int) -> VLLMValidationError:
+            return VLLMValidationError(f"mm_processor_kwargs: {name}={value!r} would make more of an image than a "
+                                       f"prompt of max_model_len={limit} tokens holds (at most {bound})",
+                                       parameter="mm_processor_kwargs")
+
+        for name in ("max_patches", "min_patches", "pan_and_scan_max_num_crops"):
+            if _number(kwargs.get(name)) > inputs:
+                raise refuse(name, kwargs[name], inputs)
+        for name, value in kwargs.items():
+            for key, number in _size_fields(name, value):
+                least_area = config.mrope and key in ("min_pixels", "shortest_edge")  # (Qwen's: pixels)
+                if least_area and number > limit * unit * unit:
+                    raise refuse(name, value, limit * unit * unit)
+                if not config.mrope and key in _EDGE_KEYS and number > most_edge:
+                    raise refuse(name, value, most_edge)
+        if config.tiled and not config.tile_frame and {"size", "max_image_size"} & set(kwargs):
+            # (SmolVLM: tiles of max_image_size across an image resized to size: their count)
+            longest, tile = (_longest_edge(kwargs.get(name) or getattr(self._processor, name, None))
+                             for name in ("size", "max_image_size"))
+            if tile <= 0 or math.ceil(longest / tile) ** 2 > inputs:
+                raise refuse("max_image_size", kwargs.get("max_image_size"), inputs)
+        for pinpoint in kwargs.get("image_grid_pinpoints") or ():
+            if math.prod(_number(side) for side in pinpoint) > inputs * config.image_size ** 2:
+                raise refuse("image_grid_pinpoints", kwargs["image_grid_pinpoints"], inputs)
+
     def _pans_and_scans(self, kwargs: dict[str, Any]) -> bool:
         """Gemma 3: whether its processor cuts crops (vLLM's do_pan_and_scan in mm_processor_kwargs;
         its processor class passes False by default, whatever its image processor's config says)."""
@@ -209,6 +258,7 @@ class ImageProcessor:
         config = self.model_config.image_encoder
         self._loaded_processor()
         arguments = self._processor_arguments(kwargs)
+        self._check_bounds(kwargs)
         try:
             if config.row_breaks:  # (Mistral 3: sizes in whole features, as its processor asks)
                 unit = config.feature_pixels
@@ -702,6 +752,32 @@ def expand_placeholders(token_ids: list[int], lengths: np.ndarray, image_token_i
         offsets = positions + np.concatenate([[0], np.cumsum(lengths - 1)[:-1]])
         return np.repeat(tokens, repeats).tolist(), offsets.astype(np.int64)
     return list(token_ids), _expanded_runs(tokens, lengths, image_token_id)
+
+
+# processor arguments that are an image's edge in pixels (or a dict of them)
+_EDGE_KEYS = ("height", "width", "longest_edge", "shortest_edge", "size", "crop_size", "max_image_size")
+
+
+def _size_fields(name: str, value: Any) -> list[tuple[str, float]]:
+    """(key, number) of a processor argument that sizes an image: an int, or a dict of edges /
+    pixel counts (Qwen's min_pixels / max_pixels too)."""
+    if name in ("min_pixels", "max_pixels"):
+        return [(name, _number(value))]
+    if name not in ("size", "crop_size", "max_image_size"):
+        return []
+    if isinstance(value, Mapping):
+        return [(key, _number(number)) for key, number in value.items() if key in (*_EDGE_KEYS, "min_pixels")]
+    return [(name, _number(value))]
+
+
+def _longest_edge(size: Any) -> float:
+    """A size's longest_edge (a dict's, or a processor's SizeDict's)."""
+    return _number(size.get("longest_edge") if isinstance(size, Mapping) else getattr(size, "longest_edge", None))
+
+
+def _number(value: Any) -> float:
+    """A numeric argument's value (anything else: 0, left to the processor to refuse)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _processor_class_defaults(model: str) -> dict[str, Any]:

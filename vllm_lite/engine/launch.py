@@ -7,10 +7,11 @@ is raised here, in the client). An attaching client first asks the engine who it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import zmq
@@ -29,6 +30,8 @@ from vllm_lite.wire import (
 from vllm_lite.engine.tokenizer import load_tokenizer
 from vllm_lite.engine.zmq_utils import EngineAddress, make_socket, normalize_address, private_ipc_address
 from vllm_lite.lifecycle import ready_pipe, spawn, stop_processes, wait_ready_report
+
+T = TypeVar("T")
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large model can take minutes
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -93,12 +96,17 @@ def launch_engine_core(vllm_config: VllmConfig) -> EngineLaunch:
 
 def load_tokenizer_while_launching(vllm_config: VllmConfig, launch: EngineLaunch | list[EngineLaunch] | None) -> Any:
     """The client's tokenizer, loaded while spawned engine cores (if any: one, or a data-parallel
-    engine's each) load their models; if loading fails, the launches are stopped rather than left
-    running. None with skip_tokenizer_init."""
+    engine's each) load their models (`made_while_launching`). None with skip_tokenizer_init."""
     if vllm_config.model_config.skip_tokenizer_init:
         return None
+    return made_while_launching(launch, lambda: load_tokenizer(vllm_config.model_config.tokenizer))
+
+
+def made_while_launching(launch: EngineLaunch | list[EngineLaunch] | None, make: Callable[[], T]) -> T:
+    """`make()`, a part of the client made while spawned engine cores load their models; if it
+    fails, the launches are stopped rather than left running."""
     try:
-        return load_tokenizer(vllm_config.model_config.tokenizer)
+        return make()
     except BaseException:
         for each in launch if isinstance(launch, list) else [launch] if launch is not None else []:
             each.abort()

@@ -12,7 +12,7 @@ from vllm_lite.engine.core_client import InprocClient, make_client
 from vllm_lite.engine.dp_client import DPSyncClient, launch_engine_cores
 from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.engine.input_processor import InputProcessor, PromptType
-from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching
+from vllm_lite.engine.launch import launch_engine_core, load_tokenizer_while_launching, made_while_launching
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.engine.parallel_sampling import fan_out
 from vllm_lite.engine.profiling import ProfileSessions
@@ -38,7 +38,8 @@ class LLMEngine:
         else:
             launch = launch_engine_core(vllm_config) if multiprocess and engine_address is None else None
         self.tokenizer = load_tokenizer_while_launching(vllm_config, launch)
-        self.input_processor = InputProcessor(vllm_config.model_config, self.tokenizer, vllm_config.lora_config)
+        self.input_processor = made_while_launching(launch, lambda: InputProcessor(
+            vllm_config.model_config, self.tokenizer, vllm_config.lora_config))
         self.output_processor = OutputProcessor(self.tokenizer, vllm_config.scheduler_config.stream_interval)
         self.engine_core = (DPSyncClient(vllm_config, launch) if data_parallel
                             else make_client(vllm_config, multiprocess, engine_address, launch))
