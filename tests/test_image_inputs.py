@@ -615,7 +615,6 @@ def test_disable_chunked_mm_input_keeps_each_image_in_one_step(llava: Path, imag
     ("tiny_internvl_images", "<IMG_CONTEXT> the", {"min_patches": 200, "max_patches": 300}),
     ("tiny_gemma3_images", [5, 997, 33], {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 100}),
     ("tiny_smolvlm_images", "<image> the", {"max_image_size": {"longest_edge": 10}}),  # (tiles of 10 pixels)
-    ("tiny_mistral3_images", "[IMG] the", {"size": {"longest_edge": 2000}}),
 ])
 def test_processor_arguments_beyond_the_context_are_refused_before_processing(
         fixture: str, prompt: str | list[int], kwargs: dict, request: pytest.FixtureRequest) -> None:

@@ -10,8 +10,8 @@ import hashlib
 import json
 import math
 import threading
-from pathlib import Path
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -204,11 +204,14 @@ class ImageProcessor:
         of max_model_len tokens holds, refused before it runs (it builds the pixels first: an
         upscale to a huge size or thousands of tiles or crops would exhaust this process's
         memory): counts of tiles or crops, edges in pixels, Qwen's least pixels, LLaVA-NeXT's grid
-        pinpoints; bounds from the encoder's input and max_model_len."""
+        pinpoints; bounds from the encoder's input and max_model_len. (Mistral 3's processor only
+        ever scales an image down: its sizes are bounded by the image itself.)"""
         config, limit = self.model_config.image_encoder, self.model_config.max_model_len
+        if config.row_breaks:
+            return
         inputs = max(1, limit // max(1, config.tokens_per_image))  # (tiles or crops: encoder inputs)
-        unit = (config.patch_size * config.spatial_merge) if (config.mrope or config.row_breaks) else config.image_size
-        most_edge = unit * math.isqrt(limit if config.mrope or config.row_breaks else inputs) + unit
+        unit = config.patch_size * config.spatial_merge if config.mrope else config.image_size
+        most_edge = unit * math.isqrt(limit if config.mrope else inputs) + unit
 
         def refuse(name: str, value: Any, bound: int) -> VLLMValidationError:
             return VLLMValidationError(f"mm_processor_kwargs: {name}={value!r} would make more of an image than a "
