@@ -635,3 +635,27 @@ def test_processor_arguments_beyond_the_context_are_refused_before_processing(
     finally:
         llm.shutdown()
     assert len(answer.outputs[0].token_ids) == 2
+
+
+@pytest.mark.parametrize("fixture,prompt,kwargs", [
+    ("tiny_llava_images", [5, IMAGE_TOKEN_ID, 33], {"crop_size": {"longest_edge": -5}}),  # (was an AttributeError)
+    ("tiny_llava_images", [5, IMAGE_TOKEN_ID, 33], {"image_mean": "x"}),  # (transformers' own validation error)
+    ("tiny_llava_images", [5, IMAGE_TOKEN_ID, 33], {"image_grid_pinpoints": 5}),
+    ("tiny_mistral3_images", "[IMG] the", {"patch_size": 10 ** 30}),  # (an OverflowError)
+])
+def test_processor_arguments_of_any_wrong_kind_are_a_request_error(
+        fixture: str, prompt: str | list[int], kwargs: dict, request: pytest.FixtureRequest) -> None:
+    """Whatever the image processor raises on a request's mm_processor_kwargs (transformers'
+    processors raise TypeError, their own validation errors, AttributeError, OverflowError, ...) is
+    that request's error naming mm_processor_kwargs, not a server error; the engine goes on."""
+    model: Path = request.getfixturevalue(fixture)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 100, 3), dtype=np.uint8))
+    given = {"prompt" if isinstance(prompt, str) else "prompt_token_ids": prompt, "multi_modal_data": {"image": [image]}}
+    llm = make_llm(model)
+    try:
+        with pytest.raises(ValueError, match=r"mm_processor_kwargs \[.*\]: the image processor .* does not take them"):
+            llm.generate([{**given, "mm_processor_kwargs": kwargs}], SamplingParams(max_tokens=2), use_tqdm=False)
+        [answer] = llm.generate([given], SamplingParams(max_tokens=2), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert len(answer.outputs[0].token_ids) == 2

@@ -155,3 +155,29 @@ def running_server(model: Path, log_path: Path, served_model_name: str, api_key:
     finally:
         live.stop()
         live.kill_group()
+
+
+# A reply no CPU finishes before a client's disconnect or cancel reaches the server (a few hundred
+# tokens of the tiny models take well under a second on a fast one)
+LONG_GENERATION = 32_000
+
+
+@contextlib.contextmanager
+def running_long_server(model: Path, log_path: Path, served_model_name: str, api_key: str,
+                        extra_args: tuple[str, ...] = ()) -> Iterator[LiveServer]:
+    """`running_server` with room for a `LONG_GENERATION` reply: past the tiny models' 512
+    positions, as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN allows (set for the server alone)."""
+    env = {**os.environ}
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    try:
+        live = LiveServer(model, log_path, served_model_name, api_key,
+                          ("--max-model-len", str(LONG_GENERATION + 64), *extra_args))
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    try:
+        live.wait_healthy()
+        yield live
+    finally:
+        live.stop()
+        live.kill_group()

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import FakeEngine
-from live_server import LiveServer, running_server
+from live_server import LONG_GENERATION, LiveServer, running_long_server
 
 from hf_reference import build_tiny_model, hf_greedy
 from vllm_lite.entrypoints.openai.api_server import build_app
@@ -41,9 +41,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_SERVER_DEV_MODE", "1")
-        with running_server(tiny_llama, tmp_path_factory.mktemp("control") / "server.log", MODEL, API_KEY,
-                            ("--max-model-len", "256", "--worker-extension-cls",
-                             "tests.worker_extensions.WeightSync")) as live:
+        # (room for a reply still running when the control routes end it, whatever the CPU's speed)
+        with running_long_server(tiny_llama, tmp_path_factory.mktemp("control") / "server.log", MODEL, API_KEY,
+                                 ("--worker-extension-cls", "tests.worker_extensions.WeightSync")) as live:
             yield live
 
 
@@ -146,8 +146,9 @@ def wait_until_running(client: httpx.Client) -> None:
 
 def test_pause_abort_and_abort_requests_end_streams_in_flight(server: LiveServer) -> None:
     def stream(client: httpx.Client, finish: list[Any]) -> None:
-        with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 200,
-                                                            "ignore_eos": True, "stream": True}) as response:
+        with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                            "max_tokens": LONG_GENERATION, "ignore_eos": True,
+                                                            "stream": True}) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     reason = httpx.Response(200, content=line[6:]).json()["choices"][0]["finish_reason"]

@@ -5,7 +5,6 @@ the official `openai` client, 100 concurrent streams, client disconnects, bad re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -19,7 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import LiveServer, running_server, started_children
+from live_server import LONG_GENERATION, LiveServer, running_long_server, running_server, started_children
 from llm_factory import make_llm
 from transformers import AutoTokenizer
 
@@ -40,21 +39,11 @@ def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield live
 
 
-# A request that cannot end before its client's disconnect reaches the server, whatever the CPU's
-# speed (240 tokens of the tiny model take well under a second on a fast one)
-LONG_GENERATION = 32_000
-
-
 @pytest.fixture(scope="module")
 def long_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """The server with room for a `LONG_GENERATION` reply (the disconnect tests'; past the tiny
-    model's 512 positions, as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN allows)."""
-    with contextlib.ExitStack() as stack:
-        with pytest.MonkeyPatch.context() as patch:  # (the server's environment only)
-            patch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
-            live = stack.enter_context(running_server(
-                tiny_qwen3, tmp_path_factory.mktemp("long_server") / "server.log", MODEL, API_KEY,
-                ("--max-model-len", str(LONG_GENERATION + 64), "--dtype", "float32")))
+    """The server with room for a `LONG_GENERATION` reply (the disconnect tests')."""
+    with running_long_server(tiny_qwen3, tmp_path_factory.mktemp("long_server") / "server.log", MODEL, API_KEY,
+                             ("--dtype", "float32")) as live:
         yield live
 
 

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from fake_engine import ScriptedEngine
-from live_server import LiveServer, running_server
+from live_server import LONG_GENERATION, LiveServer, running_long_server, running_server
 from transformers import AutoTokenizer
 
 from vllm_lite.entrypoints.openai.api_server import build_app
@@ -50,6 +50,14 @@ def _collapse(types: list[str]) -> list[str]:
 def server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with running_server(tiny_qwen3, tmp_path_factory.mktemp("server") / "server.log", MODEL, API_KEY,
                         ("--max-model-len", "512", "--max-stored-responses", "2")) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def long_server(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The server with room for a `LONG_GENERATION` reply (the cancel test's)."""
+    with running_long_server(tiny_qwen3, tmp_path_factory.mktemp("long_server") / "server.log", MODEL,
+                             API_KEY) as live:
         yield live
 
 
@@ -242,11 +250,13 @@ def test_background_response_is_queued_then_stored_whole(client: openai.OpenAI) 
         client.responses.cancel(queued.id)
 
 
-def test_a_cancelled_background_response_stops_generating(client: openai.OpenAI, server: LiveServer) -> None:
+def test_a_cancelled_background_response_stops_generating(long_server: LiveServer) -> None:
     """Cancel stops the generation (the engine has nothing running after it) and the response
     stays "cancelled"; one still running cannot be continued (previous_response_id)."""
-    queued = client.responses.create(model=MODEL, input="Tell me a long story", max_output_tokens=480,
-                                      temperature=0.0, background=True)  # (greedy: no end before 480 tokens)
+    server = long_server
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
+    queued = client.responses.create(model=MODEL, input="Tell me a long story", max_output_tokens=LONG_GENERATION,
+                                      temperature=0.0, background=True)  # (greedy: no end before its budget)
     with pytest.raises(openai.BadRequestError, match="still running"):
         client.responses.create(model=MODEL, input="and then?", previous_response_id=queued.id, max_output_tokens=2)
     cancelled = client.responses.cancel(queued.id)

@@ -234,9 +234,15 @@ class ImageProcessor:
                              for name in ("size", "max_image_size"))
             if tile <= 0 or math.ceil(longest / tile) ** 2 > inputs:
                 raise refuse("max_image_size", kwargs.get("max_image_size"), inputs)
-        for pinpoint in kwargs.get("image_grid_pinpoints") or ():
-            if math.prod(_number(side) for side in pinpoint) > inputs * config.image_size ** 2:
+        pinpoints = kwargs.get("image_grid_pinpoints")
+        for pinpoint in pinpoints if isinstance(pinpoints, (list, tuple)) else ():
+            if isinstance(pinpoint, (list, tuple)) and math.prod(map(_number, pinpoint)) > inputs * config.image_size ** 2:
                 raise refuse("image_grid_pinpoints", kwargs["image_grid_pinpoints"], inputs)
+
+    def _refused_kwargs(self, kwargs: dict[str, Any], exc: Exception) -> VLLMValidationError:
+        return VLLMValidationError(f"mm_processor_kwargs {sorted(kwargs)}: the image processor of "
+                                   f"'{self.model_config.model}' does not take them: {exc}",
+                                   parameter="mm_processor_kwargs")
 
     def _pans_and_scans(self, kwargs: dict[str, Any]) -> bool:
         """Gemma 3: whether its processor cuts crops (vLLM's do_pan_and_scan in mm_processor_kwargs;
@@ -260,9 +266,9 @@ class ImageProcessor:
         kept (`whole`: LLaVA-OneVision's images of a prompt with several, read whole only)."""
         config = self.model_config.image_encoder
         self._loaded_processor()
-        arguments = self._processor_arguments(kwargs)
         self._check_bounds(kwargs)
         try:
+            arguments = self._processor_arguments(kwargs)
             if config.row_breaks:  # (Mistral 3: sizes in whole features, as its processor asks)
                 unit = config.feature_pixels
                 pixels = self._processor(images=images, return_tensors="np",
@@ -272,13 +278,15 @@ class ImageProcessor:
                                          **{"return_row_col_info": True, **arguments})
             else:
                 pixels = self._processor(images=self._batch(images, whole), return_tensors="np", **arguments)
-        except TypeError as exc:  # (transformers' processors refuse arguments they do not take so)
-            raise VLLMValidationError(f"mm_processor_kwargs {sorted(kwargs)}: the image processor of "
-                                      f"'{self.model_config.model}' does not take them: {exc}",
-                                      parameter="mm_processor_kwargs") from None
+        except VLLMValidationError:
+            raise
         except (ValueError, OSError) as exc:
-            raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
-                                      parameter="multi_modal_data") from None
+            if not kwargs or isinstance(exc, OSError):
+                raise VLLMValidationError(f"multi_modal_data: the image could not be processed: {exc}",
+                                          parameter="multi_modal_data") from None
+            raise self._refused_kwargs(kwargs, exc) from None
+        except Exception as exc:  # (transformers' processors refuse arguments with TypeError and others)
+            raise self._refused_kwargs(kwargs, exc) from None
         values = np.ascontiguousarray(pixels["pixel_values"], dtype=np.float32)
         if config.tile_frame:
             return self._image_inputs(images, values, np.asarray(pixels["num_patches"], dtype=np.int64))
