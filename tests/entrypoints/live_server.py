@@ -74,8 +74,9 @@ def alive(pid: int) -> bool:
 class LiveServer:
     def __init__(self, model: Path, log_path: Path, served_model_name: str, api_key: str,
                  extra_args: tuple[str, ...] = (), scheme: str = "http",
-                 client_options: dict[str, Any] | None = None) -> None:
-        """`client_options`: httpx.Client's arguments for reaching it (TLS trust, a Unix socket's transport)."""
+                 client_options: dict[str, Any] | None = None, extra_env: dict[str, str] | None = None) -> None:
+        """`client_options`: httpx.Client's arguments for reaching it (TLS trust, a Unix socket's
+        transport); `extra_env`: variables of the server's environment beside this process's."""
         self.port = free_port()
         self.base_url = f"{scheme}://127.0.0.1:{self.port}"
         self.client_options = client_options or {}
@@ -87,7 +88,8 @@ class LiveServer:
         if "--dtype" not in extra_args:  # outputs are compared with fp32 references (auto is bf16 on some CPUs)
             command += ["--dtype", "float32"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+               **(extra_env or {})}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      cwd=REPO_ROOT, start_new_session=True)
@@ -147,7 +149,7 @@ class LiveServer:
 def running_server(model: Path, log_path: Path, served_model_name: str, api_key: str,
                    extra_args: tuple[str, ...] = (), **reach: Any) -> Iterator[LiveServer]:
     """A healthy server for the `with` block; stopped and its process group reaped after.
-    `reach`: LiveServer's scheme and client_options."""
+    `reach`: LiveServer's scheme, client_options and extra_env."""
     live = LiveServer(model, log_path, served_model_name, api_key, extra_args, **reach)
     try:
         live.wait_healthy()
@@ -167,17 +169,7 @@ def running_long_server(model: Path, log_path: Path, served_model_name: str, api
                         extra_args: tuple[str, ...] = ()) -> Iterator[LiveServer]:
     """`running_server` with room for a `LONG_GENERATION` reply: past the tiny models' 512
     positions, as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN allows (set for the server alone)."""
-    env = {**os.environ}
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-    try:
-        live = LiveServer(model, log_path, served_model_name, api_key,
-                          ("--max-model-len", str(LONG_GENERATION + 64), *extra_args))
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-    try:
-        live.wait_healthy()
+    with running_server(model, log_path, served_model_name, api_key,
+                        ("--max-model-len", str(LONG_GENERATION + 64), *extra_args),
+                        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}) as live:
         yield live
-    finally:
-        live.stop()
-        live.kill_group()
