@@ -1141,6 +1141,10 @@ class EngineArgs:
         image_encoder, images_refused = _image_inputs(hf, checkpoint_cfg, self.language_model_only)
         max_images = images_per_prompt(self.limit_mm_per_prompt, self.language_model_only, hf.checkpoint_architecture,
                                        images_refused)
+        # (the image processor's arguments: refused where no image can reach it, rather than unused)
+        _check(not self.mm_processor_kwargs or max_images > 0,
+               f"mm_processor_kwargs={self.mm_processor_kwargs!r} is for a model that takes images; this one takes "
+               f"none ({images_refused or 'limit_mm_per_prompt gives 0 images'})")
         return ModelConfig(
             model=str(model_dir),
             tokenizer=tokenizer,

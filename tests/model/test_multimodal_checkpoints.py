@@ -248,10 +248,17 @@ def test_multimodal_inputs_asked_for_are_refused_by_name(limit: dict) -> None:
         EngineArgs(limit_mm_per_prompt=limit).create_engine_config()
 
 
-def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_llava: Path, tmp_path: Path) -> None:
+def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_llava: Path, tiny_llama: Path,
+                                                   tmp_path: Path) -> None:
     def refused(model: Path, match: str, **args: object) -> None:
         with pytest.raises(ValueError, match=match):
             EngineArgs(model=str(model), dtype="float32", **args).create_engine_config()
+
+    # the image processor's arguments where no image can reach it: refused rather than unused
+    refused(tiny_llama, r"mm_processor_kwargs=\{'max_pixels': 1\} is for a model that takes images; this one "
+                        r"takes none \(LlamaForCausalLM is a text model\)", mm_processor_kwargs={"max_pixels": 1})
+    refused(tiny_llava, "is for a model that takes images; this one takes none .language_model_only=True",
+            mm_processor_kwargs={"max_pixels": 1}, language_model_only=True)
 
     refused(tiny_gemma3_mm, "runs with the generate runner only", runner="pooling")
     refused(tiny_gemma3_mm, "runs with the generate runner only", convert="embed")
