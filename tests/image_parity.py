@@ -1,9 +1,11 @@
-"""The schedules every image model's greedy parity test runs under, and the check itself: the
-engine's prompt ids and greedy tokens equal the reference's (transformers' on its processor's
-inputs) whole, chunked, preempted, on the torch backend and at TP=2."""
+"""The schedules every image model's greedy parity test runs under and the check itself (the
+engine's prompt ids and greedy tokens equal the reference's, transformers' on its processor's
+inputs, whole, chunked, preempted, on the torch backend and at TP=2); the prompts and references
+of a suite's texts and images."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +33,20 @@ def assert_greedy_parity(model: Path, prompts: list[dict], prompt_ids: list[list
             assert llm.stats()["num_preemptions"] > 0
     finally:
         llm.shutdown()
+
+
+def text_prompts(texts: list[str], images_per_text: list[list[int]], images: list[Any]) -> list[dict]:
+    """vLLM's prompt dicts: each text with its images (indices into `images`)."""
+    return [{"prompt": text, "multi_modal_data": {"image": [images[i] for i in which]}}
+            for text, which in zip(texts, images_per_text)]
+
+
+def references(model: Path, texts: list[str], images_per_text: list[list[int]], images: list[Any],
+               processor_inputs: Callable[[Path, str, list[Any]], dict],
+               hf_tokens: Callable[[Path, dict], list[int]]) -> list[tuple[list[int], list[int]]]:
+    """(the processor's prompt ids, transformers' greedy tokens) per text and its images."""
+    out = []
+    for text, which in zip(texts, images_per_text):
+        inputs = processor_inputs(model, text, [images[i] for i in which])
+        out.append((inputs["input_ids"][0].tolist(), hf_tokens(model, inputs)))
+    return out

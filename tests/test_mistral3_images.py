@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from hf_reference import hf_greedy_with_images
-from image_parity import assert_greedy_parity, image_schedules
+from image_parity import assert_greedy_parity, image_schedules, references, text_prompts
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.vision_config import read_image_encoder
@@ -77,16 +77,11 @@ def hf_tokens(model: Path, inputs: dict) -> list[int]:
 
 @pytest.fixture(scope="module")
 def reference(pixtral: Path, images: list[Image.Image]) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for text, which in zip(TEXTS, IMAGES_PER_TEXT):
-        inputs = processor_inputs(pixtral, text, [images[i] for i in which])
-        out.append((inputs["input_ids"][0].tolist(), hf_tokens(pixtral, inputs)))
-    return out
+    return references(pixtral, TEXTS, IMAGES_PER_TEXT, images, processor_inputs, hf_tokens)
 
 
 def prompts(images: list[Image.Image]) -> list[dict]:
-    return [{"prompt": text, "multi_modal_data": {"image": [images[i] for i in which]}}
-            for text, which in zip(TEXTS, IMAGES_PER_TEXT)]
+    return text_prompts(TEXTS, IMAGES_PER_TEXT, images)
 
 
 def test_the_images_change_the_reference(pixtral: Path, images: list[Image.Image],

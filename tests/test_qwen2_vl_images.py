@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from hf_reference import hf_greedy_with_images
-from image_parity import assert_greedy_parity, image_schedules
+from image_parity import assert_greedy_parity, image_schedules, references, text_prompts
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.vision_config import read_image_encoder
@@ -74,16 +74,11 @@ def hf_tokens(model: Path, inputs: dict) -> list[int]:
 @pytest.fixture(scope="module")
 def reference(qwen2_vl: Path, images: list[Image.Image]) -> list[tuple[list[int], list[int]]]:
     """(the processor's prompt ids, transformers' greedy tokens) per prompt."""
-    out = []
-    for text, which in zip(TEXTS, IMAGES_PER_TEXT):
-        inputs = processor_inputs(qwen2_vl, text, [images[i] for i in which])
-        out.append((inputs["input_ids"][0].tolist(), hf_tokens(qwen2_vl, inputs)))
-    return out
+    return references(qwen2_vl, TEXTS, IMAGES_PER_TEXT, images, processor_inputs, hf_tokens)
 
 
 def prompts(images: list[Image.Image]) -> list[dict]:
-    return [{"prompt": text, "multi_modal_data": {"image": [images[i] for i in which]}}
-            for text, which in zip(TEXTS, IMAGES_PER_TEXT)]
+    return text_prompts(TEXTS, IMAGES_PER_TEXT, images)
 
 
 def test_the_images_and_their_positions_change_the_reference(qwen2_vl: Path, images: list[Image.Image],
@@ -322,10 +317,7 @@ def test_qwen3_vl_moe_greedy_tokens_equal_transformers(tiny_qwen3_vl_moe_images:
     """Qwen3-VL-MoE: Qwen3-VL's vision side beside a Qwen3-MoE decoder whose experts its
     checkpoint stacks ([experts, in, out] tensors per layer)."""
     model = tiny_qwen3_vl_moe_images
-    wanted = []
-    for text, which in zip(TEXTS, IMAGES_PER_TEXT):
-        inputs = processor_inputs(model, text, [images[i] for i in which])
-        wanted.append((inputs["input_ids"][0].tolist(), hf_tokens(model, inputs)))
+    wanted = references(model, TEXTS, IMAGES_PER_TEXT, images, processor_inputs, hf_tokens)
     llm = make_llm(model, **engine_args)
     try:
         outputs = llm.generate(prompts(images), GREEDY, use_tqdm=False)

@@ -418,9 +418,11 @@ class ImageProcessor:
             return self._tiled_inputs(processed, token_ids)
         if config.row_breaks:
             token_ids, offsets = self._placeholders.expand_rows(token_ids, [image.grid for image in processed])
-            grids = np.array([image.grid for image in processed], dtype=np.int64)
-            return token_ids, ImageInputs(_padded(processed), offsets, grids[:, 0] * (grids[:, 1] + 1),
-                                          [image.digest for image in processed], grids * config.feature_pixels)
+            sizes = np.array([image.grid for image in processed], dtype=np.int64) * config.feature_pixels
+            spans = np.array([config.placeholder_span(height, width) for height, width in sizes.tolist()],
+                             dtype=np.int64)
+            return token_ids, ImageInputs(_padded(processed), offsets, spans, [image.digest for image in processed],
+                                          sizes)
         if config.mrope:
             lengths = _patch_lengths(processed, config)
             token_ids, offsets = self._placeholders.expand(token_ids, lengths)
@@ -589,14 +591,8 @@ class PlaceholderExpansion:
         markers = np.flatnonzero(tokens == image_token)
         if len(markers) != len(images):
             return list(token_ids), _expanded_runs(tokens, lengths, image_token)
-        out: list[int] = []
-        previous = 0
-        for marker, image in zip(markers.tolist(), images):
-            out.extend(token_ids[previous:marker])
-            out.extend(self._framed_ids(len(image.pixel_values)) if self.config.tile_frame
-                       else self._image_string_ids(image.grid))
-            previous = marker + 1
-        out.extend(token_ids[previous:])
+        out, _ = _spliced(token_ids, markers, [self._framed_ids(len(image.pixel_values)) if self.config.tile_frame
+                                               else self._image_string_ids(image.grid) for image in images])
         return out, _expanded_runs(np.asarray(out, dtype=np.int64), lengths, image_token)
 
     def _image_string_ids(self, grid: tuple[int, int]) -> list[int]:
@@ -632,14 +628,7 @@ class PlaceholderExpansion:
             markers = np.flatnonzero(tokens == self.config.image_token_id)
             if len(markers) != len(grids):
                 raise _placeholder_count_error(len(markers), np.array([len(r) for r in rows]), self.config.image_token_id)
-            out, offsets, previous = [], [], 0
-            for marker, image in zip(markers.tolist(), rows):
-                out.extend(token_ids[previous:marker])
-                offsets.append(len(out))
-                out.extend(image)
-                previous = marker + 1
-            out.extend(token_ids[previous:])
-            return out, np.array(offsets, dtype=np.int64)
+            return _spliced(token_ids, markers, rows)
         offsets, start = [], 0
         for image in rows:  # (an expanded prompt: each image's rows where its first feature is)
             found = np.flatnonzero(tokens[start:] == self.config.image_token_id)
@@ -723,6 +712,20 @@ class PlaceholderExpansion:
             text = self.tokenizer.decode([token])
             known = self._newline_only[token] = bool(text) and not text.strip("\n")
         return known
+
+
+def _spliced(token_ids: list[int], markers: np.ndarray, replacements: list[list[int]]) -> tuple[list[int], np.ndarray]:
+    """The token ids with the token at each of `markers` replaced by its replacement, and where
+    each replacement starts."""
+    out: list[int] = []
+    starts, previous = [], 0
+    for marker, replacement in zip(markers.tolist(), replacements):
+        out.extend(token_ids[previous:marker])
+        starts.append(len(out))
+        out.extend(replacement)
+        previous = marker + 1
+    out.extend(token_ids[previous:])
+    return out, np.array(starts, dtype=np.int64)
 
 
 def tile_inputs(grid: tuple[int, int]) -> int:

@@ -198,7 +198,6 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         # vLLM's prompt_embeds and image features of prompts not computed yet
-        image_config = model_config.image_encoder
         self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype),
                                           image_config is not None and image_config.bidirectional,
                                           image_config.feature_pixels if image_config is not None

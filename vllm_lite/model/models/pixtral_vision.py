@@ -19,6 +19,7 @@ from torch import nn
 from vllm_lite.model.layers.activation import plain_activation
 from vllm_lite.model.layers.norm import RMSNorm
 from vllm_lite.model.layers.rotary import rotate_half
+from vllm_lite.model.models.qwen2_vl_vision import GatedVisionMlp
 from vllm_lite.model.models.vision_side import CheckpointVisionSide
 from vllm_lite.vision_config import ImageEncoderConfig
 
@@ -42,25 +43,13 @@ class Attention(nn.Module):
         return self.o_proj(torch.cat(attended, dim=1).transpose(0, 1).reshape(len(x), -1))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, config: ImageEncoderConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.act = plain_activation(config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Layer(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
         self.attention = Attention(config)
         self.ffn_norm = RMSNorm(config.hidden_size, config.layer_norm_eps)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = GatedVisionMlp(config, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, lengths)

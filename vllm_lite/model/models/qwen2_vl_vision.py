@@ -70,14 +70,14 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 
 class GatedVisionMlp(nn.Module):
-    """Qwen2.5-VL's: down(act(gate(x)) * up(x)), each with a bias."""
+    """Qwen2.5-VL's: down(act(gate(x)) * up(x)), each with a bias (Pixtral's: without)."""
 
-    def __init__(self, config: ImageEncoderConfig) -> None:
+    def __init__(self, config: ImageEncoderConfig, bias: bool = True) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.act = plain_activation(config.hidden_act)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
