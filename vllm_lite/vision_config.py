@@ -179,7 +179,7 @@ class ImageEncoderConfig:
     deepstack_blocks: tuple[int, ...] = ()
     # InternVL: the tokens (their text: the tokenizer has their ids) around the one run of
     # placeholders of all an image's tiles (its processor's `<img>`, `</img>`); its InternViT's
-    # norms ("layer_norm" / "rms_norm"), per-head-group q / k RMS norms and attention biases
+    # norms ("layer_norm" / "rms_norm"), q / k RMS norms (over all heads at once) and q / k / v biases
     tile_frame: tuple[str, str] = ()
     # Mistral 3 (Pixtral): an image of any size up to `image_size` on its longer edge, read whole;
     # its features a grid of merged patches whose placeholder rows each end with the first of these
@@ -206,7 +206,7 @@ class ImageEncoderConfig:
 
     @property
     def feature_pixels(self) -> int:
-        """Mistral 3: the pixels on a side of the square one feature reads (a merged patch square)."""
+        """Qwen-VL, Mistral 3: the pixels on a side of the square one feature reads (a merged patch square)."""
         return self.patch_size * self.spatial_merge
 
     def feature_grid(self, height: int, width: int) -> tuple[int, int]:

@@ -210,7 +210,7 @@ class ImageProcessor:
         if config.row_breaks:
             return
         inputs = max(1, limit // max(1, config.tokens_per_image))  # (tiles or crops: encoder inputs)
-        unit = config.patch_size * config.spatial_merge if config.mrope else config.image_size
+        unit = config.feature_pixels if config.mrope else config.image_size
         most_edge = unit * math.isqrt(limit if config.mrope else inputs) + unit
 
         def refuse(name: str, value: Any, bound: int) -> VLLMValidationError:
