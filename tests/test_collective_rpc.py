@@ -241,12 +241,22 @@ def test_bad_worker_extensions_are_refused_before_the_engine_starts(tiny_llama: 
         make_llm(tiny_llama, worker_extension_cls=name)
 
 
-def test_quantized_layers_refuse_updates_by_name(tiny_llama: Path) -> None:
-    llm = make_llm(tiny_llama, quantization="int8", worker_extension_cls=EXTENSION)
+@pytest.mark.parametrize("model_name, model_impl, tensor", [
+    ("tiny_llama", "vllm", "model.layers.0.mlp.down_proj.weight"),
+    ("tiny_llama", "transformers", "model.layers.0.mlp.down_proj.weight"),
+    ("tiny_mixtral", "vllm", "model.layers.0.block_sparse_moe.experts.1.w2.weight"),  # (an MoE expert's)
+])
+def test_quantized_layers_refuse_updates_by_name(model_name: str, model_impl: str, tensor: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    model = request.getfixturevalue(model_name)
+    llm = make_llm(model, quantization="int8", model_impl=model_impl, worker_extension_cls=EXTENSION)
     try:
-        weight = weights_of(tiny_llama)["model.layers.0.mlp.down_proj.weight"]
-        with pytest.raises(ValueError, match="'model.layers.0.mlp.down_proj.weight' belongs to a layer kept quantized"):
-            llm.collective_rpc("update_weights", args=({"model.layers.0.mlp.down_proj.weight": weight},))
+        before = greedy(llm)
+        weight = weights_of(model)[tensor]
+        with pytest.raises(ValueError, match=f"'{tensor}' belongs to a layer kept quantized"):
+            llm.collective_rpc("update_weights", args=({tensor: weight},))
+        llm.reset_prefix_cache()
+        assert greedy(llm) == before  # (the layers as they were)
     finally:
         llm.shutdown()
 

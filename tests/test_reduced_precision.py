@@ -110,3 +110,56 @@ def test_reduced_precision_close_to_fp32(name: str, precision: str, tiny_models:
     assert mean_diff < MAX_MEAN_ABS_LOGPROB_DIFF[precision]
     # A sanity floor: the reduced model really ran in reduced precision.
     assert mean_diff > 0.0
+
+
+def float_matrices(model) -> list[str]:
+    """The weights (2-D and up) a model holds in float other than its embeddings, LM head and MoE
+    routers, which quantization="int8" leaves in the model dtype."""
+    from torch import nn
+
+    from vllm_lite.model.layers.embedding import VocabParallelEmbedding
+    from vllm_lite.model.layers.fused_moe import RouterLinear
+
+    from vllm_lite.model.layers.quantization import Int8Weight
+
+    kept = (nn.Embedding, VocabParallelEmbedding, RouterLinear)
+    found = []
+    for module_name, module in model.named_modules():
+        if isinstance(module, kept) or module_name.endswith("lm_head"):
+            continue
+        packed = getattr(module, "packed_weight", None)
+        if packed is not None and not isinstance(packed, Int8Weight):  # (packed for the float matmul)
+            found.append(f"{module_name}.weight")
+        found += [f"{module_name}.{name}" for name, param in module.named_parameters(recurse=False)
+                  if param.dim() >= 2 and param.is_floating_point() and not param.is_meta]
+    return found
+
+
+@pytest.mark.parametrize("name", ["tiny_mixtral", "tiny_cohere"])
+def test_int8_reaches_moe_experts_and_the_transformers_fallback(name: str, request: pytest.FixtureRequest,
+                                                               prompts_token_ids: list[list[int]]) -> None:
+    """quantization="int8" quantizes a native MoE model's experts (its routers stay in the model
+    dtype, as vLLM keeps them) and the Transformers fallback's decoder (Cohere has no native
+    implementation): nothing else is left in float, and the outputs stay within int8's bounds."""
+    model = request.getfixturevalue(name)
+    reference_llm = make_llm(model, dtype="float32")
+    reduced_llm = make_llm(model, dtype="bfloat16", quantization="int8")
+    assert reduced_llm.apply_model(float_matrices) == [[]]
+    assert reference_llm.apply_model(float_matrices) != [[]]
+    reference = greedy(reference_llm, prompts_token_ids)
+    sequences = [p + r for p, r in zip(prompts_token_ids, reference)]
+    skip = [len(p) for p in prompts_token_ids]
+    ref_lp = teacher_forced_logprobs(reference_llm, sequences, skip)
+    red_lp = teacher_forced_logprobs(reduced_llm, sequences, skip)
+    diffs = [abs(a - b) for ra, rb in zip(ref_lp, red_lp) for a, b in zip(ra, rb)]
+    mean_diff = sum(diffs) / len(diffs)
+    print(f"{name} int8: mean |dlogprob| {mean_diff:.4f}, max {max(diffs):.4f} over {len(diffs)} tokens")
+    assert 0.0 < mean_diff < MAX_MEAN_ABS_LOGPROB_DIFF["bfloat16+int8"]
+
+
+def test_int8_refuses_the_fallbacks_stacked_experts_by_name(tiny_olmoe: Path) -> None:
+    """OLMoE runs through the Transformers fallback, whose experts are stacked tensors transformers'
+    own code multiplies: int8 would leave them in float, so it is refused, naming them."""
+    with pytest.raises(ValueError, match=r"OlmoeForCausalLM through the Transformers fallback keeps its experts "
+                                         r"in stacked tensors \(layers.0.mlp.experts.gate_up_proj"):
+        make_llm(tiny_olmoe, dtype="bfloat16", quantization="int8")

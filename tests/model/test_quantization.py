@@ -12,6 +12,7 @@ import torch
 from torch_threads import threads
 from vllm_lite import _custom_ops as ops
 from vllm_lite.config import EngineArgs
+from vllm_lite.model.layers.fused_moe import FusedMoE, route
 from vllm_lite.model.layers.linear import RowParallelLinear
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear, quantize_rows
 
@@ -42,6 +43,35 @@ def test_layer_quantize_int8_replaces_weight() -> None:
     layer.process_weights_after_loading()  # packing leaves a quantized layer alone
     assert isinstance(layer.packed_weight, Int8Weight) and layer.weight.device.type == "meta"
     torch.testing.assert_close(layer(x), reference, rtol=0.05, atol=0.15)
+
+
+def test_int8_experts_are_each_experts_int8_layers_and_the_router_stays_float() -> None:
+    """quantization="int8" on an MoE layer: each expert's gate_up and down projections become int8
+    layers, each token's output the router-weighted sum of its experts' int8 layers (computed
+    here token by token); the router is not quantized (vLLM's rule), so tokens keep their experts."""
+    gen = torch.Generator().manual_seed(0)
+    moe = FusedMoE(num_experts=4, top_k=2, hidden_size=40, intermediate_size=24, renormalize=True)
+    for param in (moe.gate.weight, moe.w13, moe.w2):
+        param.data.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    x = torch.randn(7, 40, generator=gen)
+    x[3] = 0.0
+    float_out = moe(x)
+    w13, w2, router = moe.w13.detach().clone(), moe.w2.detach().clone(), moe.gate.weight.detach().clone()
+    moe.quantize_int8()
+    moe.gate.quantize_int8()  # (the loader asks every layer)
+    assert moe.w13.is_meta and moe.w2.is_meta and moe.gate.packed_weight is None
+    assert torch.equal(moe.gate.weight, router)
+    out = moe(x)
+    weights, experts = route(x @ router.t(), 2, True)
+    expected = torch.zeros_like(x)
+    for token in range(x.shape[0]):
+        for weight, expert in zip(weights[token], experts[token].tolist()):
+            gate, up = int8_linear(x[token:token + 1], Int8Weight.quantize(w13[expert])).chunk(2, dim=-1)
+            down = int8_linear(torch.nn.functional.silu(gate) * up, Int8Weight.quantize(w2[expert]))
+            expected[token] += weight * down[0]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert not out[3].any()
+    torch.testing.assert_close(out, float_out, rtol=0.1, atol=0.05)
 
 
 @pytest.mark.parametrize("value", ["int4", "fp8", ""])

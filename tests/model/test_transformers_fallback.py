@@ -14,6 +14,7 @@ from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, run_greedy
 from vllm_lite import LLM
 from vllm_lite.config import EngineArgs
+from vllm_lite.model.layers.linear import ReplicatedLinear, unpacked_weight
 
 
 def test_native_architecture_through_transformers_on_request(tiny_qwen3: Path,
@@ -154,6 +155,28 @@ def test_attention_the_cache_cannot_reproduce_is_refused_by_name(architecture: s
         LLM(str(tmp_path / "m"), max_model_len=64, dtype="float32", multiprocess=False)
 
 
+def test_the_decoders_linear_layers_are_the_engines(tiny_cohere: Path) -> None:
+    """transformers' nn.Linear layers of the decoder run as the engine's (packed for the CPU
+    matmul, AMX tiles for bf16 where the CPU has them; what quantization="int8" quantizes); the LM
+    head is transformers' own."""
+    from torch import nn
+
+    def linear_layers(model) -> tuple[set[str], set[str]]:
+        hf_model = model.hf_model
+        kinds = {type(module).__name__ for module in hf_model.base_model.modules()
+                 if isinstance(module, (nn.Linear, ReplicatedLinear))}
+        return kinds, {type(hf_model.lm_head).__name__}
+
+    llm = LLM(str(tiny_cohere), max_model_len=64, dtype="float32", multiprocess=False)
+    try:
+        assert llm.apply_model(linear_layers) == [({"ReplicatedLinear"}, {"Linear"})]
+        packed = llm.apply_model(lambda model: {module.packed_weight is not None for module in model.modules()
+                                                if isinstance(module, ReplicatedLinear)})
+        assert packed == [{True}]
+    finally:
+        llm.shutdown()
+
+
 def test_a_bf16_model_loads_straight_into_bf16(tiny_cohere: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback has transformers load the checkpoint in the engine's dtype (it loaded float32
     and cast after: twice a bf16 model's bytes at the peak); the weights are the same."""
@@ -177,6 +200,11 @@ def test_a_bf16_model_loads_straight_into_bf16(tiny_cohere: Path, monkeypatch: p
         loaded = dict(hf_model.named_parameters())
         assert {p.dtype for p in loaded.values()} == {torch.bfloat16}
         for name, param in reference.named_parameters():
-            assert torch.equal(loaded[name], param), name
+            module = hf_model.get_submodule(name.rpartition(".")[0])
+            if isinstance(module, ReplicatedLinear) and name.endswith(".weight"):  # (packed for the CPU matmul)
+                assert loaded[name].is_meta and module.packed_weight is not None
+                assert torch.equal(unpacked_weight(module.packed_weight), param), name
+            else:
+                assert torch.equal(loaded[name], param), name
     finally:
         llm.shutdown()

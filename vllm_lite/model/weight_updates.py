@@ -62,12 +62,7 @@ def _update_weights(model: nn.Module, weights: Iterable[tuple[str, Any]]) -> set
             target, shard_id = checkpoint_target(model, name)
             if target not in params:
                 raise ValueError(f"load_weights: {name!r} has no matching model parameter")
-            module_name, _, attribute = target.rpartition(".")
-            module = modules[module_name]
-            if attribute == "weight" and getattr(module, "packed_weight", None) is not None and module.weight.is_meta:
-                params[target] = _unpack(module, name)
-                unpacked.append(module)
-            param = params[target]
+            param = params[target] = _writable(modules, target, params[target], name, unpacked)
             _check_shape(name, weight, param)
             loader = getattr(param, "weight_loader", None)
             if loader is None:
@@ -152,19 +147,41 @@ def _count_restored(model: nn.Module, updated: dict[int, nn.Parameter]) -> None:
 def update_module_parameters(module: nn.Module, weights: Iterable[tuple[str, Any]]) -> set[str]:
     """`load_weights` for a model whose parameters are named as its checkpoint's tensors (the
     Transformers fallback: transformers' own module tree): each copied in place, its shape the
-    parameter's."""
+    parameter's; a packed layer's weight is unpacked for the copy and packed again after it."""
     params = dict(module.named_parameters(remove_duplicate=False))
+    modules = dict(module.named_modules())
+    unpacked: list[nn.Module] = []
+    updated: dict[int, nn.Parameter] = {}
     loaded: set[str] = set()
-    for name, weight in _tensors(weights):
-        param = params.get(name)
-        if param is None:
-            raise ValueError(f"load_weights: {name!r} has no matching model parameter")
-        if _shape(weight) != tuple(param.shape):
-            raise ValueError(f"load_weights: {name!r} has shape {_shape(weight)}, the parameter "
-                             f"{tuple(param.shape)}")
-        param.data.copy_(materialize(weight))
-        loaded.add(name)
+    try:
+        for name, weight in _tensors(weights):
+            if name not in params:
+                raise ValueError(f"load_weights: {name!r} has no matching model parameter")
+            if _shape(weight) != tuple(params[name].shape):
+                raise ValueError(f"load_weights: {name!r} has shape {_shape(weight)}, the parameter "
+                                 f"{tuple(params[name].shape)}")
+            param = params[name] = _writable(modules, name, params[name], name, unpacked)
+            param.data.copy_(materialize(weight))
+            updated[id(param)] = param
+            loaded.add(name)
+    finally:
+        _repack(module, unpacked, updated)
     return loaded
+
+
+def _writable(modules: dict[str, nn.Module], target: str, param: nn.Parameter, name: str,
+              unpacked: list[nn.Module]) -> nn.Parameter:
+    """The parameter `target` to load checkpoint tensor `name` into: a packed layer's weight (a
+    meta tensor beside its packed copy) is unpacked first and its layer noted in `unpacked`."""
+    module_name, _, attribute = target.rpartition(".")
+    module = modules[module_name]
+    if attribute == "weight" and getattr(module, "packed_weight", None) is not None and module.weight.is_meta:
+        param = _unpack(module, name)  # (raises for a layer kept quantized, which stays as it is)
+        unpacked.append(module)
+    elif param.is_meta:  # (a copy into it would do nothing)
+        raise ValueError(f"load_weights: {name!r} belongs to a layer kept quantized ({type(module).__name__}); "
+                         "updating quantized weights is not supported")
+    return param
 
 
 def _tensors(weights: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:

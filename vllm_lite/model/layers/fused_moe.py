@@ -5,6 +5,11 @@ expert weights (`w13` [E, 2 * I, H] = gate and up, `w2` [E, H, I]) — no loop o
 Tensor parallelism splits every expert's intermediate dimension across ranks (as vLLM's
 FusedMoE does): each rank computes a partial down projection for all tokens and one all-reduce
 sums them. The router is replicated.
+
+quantization="int8" makes every expert's two projections int8 layers (layers/quantization.py:
+per output channel, activations per token); the rows of each expert then take one int8 matmul
+each, as torch has no grouped int8 matmul. The router stays in the model dtype (vLLM's rule for
+every quantization: routing from rounded logits would pick other experts).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from torch import nn
 
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.model.layers.linear import ReplicatedLinear, _divide, materialize, narrow_loaded
+from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,27 +36,59 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return weights.to(router_logits.dtype), expert_ids
 
 
+def sorted_assignments(expert_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every (token, expert) assignment sorted by expert, so each expert's rows are contiguous:
+    (the order of the flat assignments, the token of each sorted row, the rows per expert)."""
+    top_k = expert_ids.shape[1]
+    flat_experts = expert_ids.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    # scatter_add, not bincount: bincount sizes its output from the data, a device-to-host sync in
+    # every MoE layer of every step on CUDA.
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=expert_ids.device)
+    counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int32))
+    return order, order // top_k, counts
+
+
+def combined(x: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, order: torch.Tensor,
+             token_of_row: torch.Tensor) -> torch.Tensor:
+    """Each token's sum of its experts' outputs (`down`, sorted rows), weighted by the router."""
+    down = down * weights.reshape(-1)[order].unsqueeze(-1)
+    return torch.zeros_like(x).index_add_(0, token_of_row, down)
+
+
 def grouped_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                     expert_ids: torch.Tensor) -> torch.Tensor:
     """sum_k weights[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = expert_ids[t, k].
 
-    Assignments are sorted by expert so each expert's rows are contiguous; `grouped_mm` takes the
-    end offset of every expert's group (experts with no rows get an empty group)."""
-    num_tokens, top_k = expert_ids.shape
-    flat_experts = expert_ids.reshape(-1)
-    order = torch.argsort(flat_experts, stable=True)
-    token_of_row = order // top_k
-    # scatter_add, not bincount: bincount sizes its output from the data, a device-to-host sync in
-    # every MoE layer of every step on CUDA.
-    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, flat_experts, torch.ones_like(flat_experts, dtype=torch.int32))
+    `grouped_mm` takes the end offset of every expert's group of sorted rows (experts with no
+    rows get an empty group)."""
+    order, token_of_row, counts = sorted_assignments(expert_ids, w13.shape[0])
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
-    rows = x[token_of_row]
-    gate_up = F.grouped_mm(rows, w13.transpose(1, 2), offs=ends)
+    gate_up = F.grouped_mm(x[token_of_row], w13.transpose(1, 2), offs=ends)
     gate, up = gate_up.chunk(2, dim=-1)
     down = F.grouped_mm(F.silu(gate) * up, w2.transpose(1, 2), offs=ends)
-    down = down * weights.reshape(-1)[order].unsqueeze(-1)
-    return torch.zeros_like(x).index_add_(0, token_of_row, down)
+    return combined(x, down, weights, order, token_of_row)
+
+
+def per_expert_int8(rows: torch.Tensor, experts: list[Int8Weight], counts: list[int]) -> torch.Tensor:
+    """Each expert's int8 layer over its contiguous group of `rows` (`counts[e]` rows)."""
+    out = rows.new_empty(rows.shape[0], experts[0].scale.shape[0])
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            out[start:start + count] = int8_linear(rows[start:start + count], experts[expert])
+            start += count
+    return out
+
+
+def grouped_int8_experts(x: torch.Tensor, w13: list[Int8Weight], w2: list[Int8Weight], weights: torch.Tensor,
+                         expert_ids: torch.Tensor) -> torch.Tensor:
+    """`grouped_experts` with each expert's projections int8 (CPU: the counts are read on the host)."""
+    order, token_of_row, counts = sorted_assignments(expert_ids, len(w13))
+    rows_per_expert = counts.tolist()
+    gate, up = per_expert_int8(x[token_of_row], w13, rows_per_expert).chunk(2, dim=-1)
+    down = per_expert_int8(F.silu(gate) * up, w2, rows_per_expert)
+    return combined(x, down, weights, order, token_of_row)
 
 
 class FusedMoE(nn.Module):
@@ -69,11 +107,20 @@ class FusedMoE(nn.Module):
         self.top_k = top_k
         self.renormalize = renormalize
         self.shard = _divide(intermediate_size, tp.size, "moe intermediate_size")
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False)
+        self.gate = RouterLinear(hidden_size, num_experts)
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.shard, hidden_size), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, self.shard), requires_grad=False)
         self.w13.weight_loader = self.weight_loader
         self.w2.weight_loader = self.weight_loader
+        # quantization="int8": each expert's (gate_up, down) int8 layers; w13 / w2 then meta
+        self.int8_experts: tuple[list[Int8Weight], list[Int8Weight]] | None = None
+
+    def quantize_int8(self) -> None:
+        """quantization="int8": every expert's projections become int8 layers (the float stacks
+        released, their shapes kept); the router stays as it is."""
+        self.int8_experts = ([Int8Weight.quantize(w) for w in self.w13], [Int8Weight.quantize(w) for w in self.w2])
+        self.w13 = nn.Parameter(torch.empty_like(self.w13, device="meta"), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty_like(self.w2, device="meta"), requires_grad=False)
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: tuple[str, int | None]) -> None:
         """shard_id = (which, expert): which is "gate" / "up" (rows of w13) or "down" (w2); each
@@ -111,4 +158,18 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = route(self.gate(x), self.top_k, self.renormalize)
+        if self.int8_experts is not None:
+            return self.tp.all_reduce(grouped_int8_experts(x, *self.int8_experts, weights, expert_ids))
         return self.tp.all_reduce(grouped_experts(x, self.w13, self.w2, weights, expert_ids))
+
+
+class RouterLinear(ReplicatedLinear):
+    """An MoE router (or a shared expert's gate): the whole weight on every rank, kept in the
+    model dtype under quantization="int8" (vLLM quantizes no router: routing from rounded logits
+    would pick other experts)."""
+
+    def __init__(self, input_size: int, output_size: int) -> None:
+        super().__init__(input_size, output_size, bias=False)
+
+    def quantize_int8(self) -> None:
+        """Left in the model dtype (the class's rule); packed for the CPU matmul as any layer."""

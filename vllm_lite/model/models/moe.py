@@ -14,8 +14,7 @@ from torch import nn
 
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import TensorParallelGroup
-from vllm_lite.model.layers.fused_moe import FusedMoE
-from vllm_lite.model.layers.linear import ReplicatedLinear
+from vllm_lite.model.layers.fused_moe import FusedMoE, RouterLinear
 from vllm_lite.model.models.llama import LlamaForCausalLM, LlamaMLP
 
 _EXPERT_SHARDS = {"w1": "gate", "w3": "up", "w2": "down",
@@ -91,7 +90,7 @@ class SharedExpertMoE(FusedMoE):
         super().__init__(num_experts(config), raw["num_experts_per_tok"], config.hidden_size,
                          raw["moe_intermediate_size"], renormalize=bool(raw.get("norm_topk_prob", False)), tp=tp)
         self.shared_expert = LlamaMLP(config, tp, intermediate_size=raw["shared_expert_intermediate_size"])
-        self.shared_expert_gate = ReplicatedLinear(config.hidden_size, 1, bias=False)
+        self.shared_expert_gate = RouterLinear(config.hidden_size, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

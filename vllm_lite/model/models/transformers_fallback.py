@@ -10,6 +10,11 @@ that builds none is registered beside it).
 Only models whose attention goes entirely through that interface qualify (transformers marks
 them `_supports_attention_backend`): a model that adds a bias through the mask (ALiBi) would
 otherwise lose it silently. One rank only: tensor parallelism needs a native implementation.
+
+The decoder's `nn.Linear` layers become the engine's linear layers over the same parameters (as
+vLLM's Transformers backend replaces them with its own): the CPU weight packing (oneDNN, AMX
+tiles) and quantization="int8" then apply to them as to a native model's; the LM head stays
+transformers' (quantization="int8" leaves a native model's in the model dtype too).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.linear import ReplicatedLinear
 from vllm_lite.model.weight_updates import update_module_parameters
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights, transformers_config
 
@@ -118,6 +124,19 @@ def _load_language_model(model: nn.Module, model_dir: Path, architecture: str) -
     if missing or result.unexpected_keys:
         raise ValueError(f"checkpoint in '{model_dir}': {architecture}'s language model lacks tensors for "
                          f"{missing[:5]} and has no place for {result.unexpected_keys[:5]}")
+
+
+def _engine_linear_layers(module: nn.Module) -> None:
+    """Each plain `nn.Linear` under `module` replaced by a ReplicatedLinear holding its weight and
+    bias (the same tensors); subclasses of nn.Linear, whose forward may differ, are kept."""
+    for name, child in module.named_children():
+        if type(child) is nn.Linear:
+            with torch.device("meta"):  # (its own parameters are replaced at once)
+                layer = ReplicatedLinear(child.in_features, child.out_features, bias=child.bias is not None)
+            layer.weight, layer.bias = child.weight, child.bias
+            setattr(module, name, layer)
+        else:
+            _engine_linear_layers(child)
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -255,8 +274,21 @@ class TransformersForCausalLM(nn.Module):
         self.config = config
         self.backend = backend
         self._check_attention_shapes()
+        _engine_linear_layers(self.hf_model.base_model)
         self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
         object.__setattr__(self, "_given_hidden", _GivenHiddenStates())  # (not a submodule: no weights)
+
+    def quantize_int8(self) -> None:
+        """quantization="int8" quantizes the decoder's linear layers (the engine's, see
+        `_engine_linear_layers`); a model whose experts are stacked tensors that transformers'
+        own code multiplies (3-D parameters) would keep most of its weights unquantized: refused
+        by name. (A router, a 2-D parameter, stays in the model dtype as vLLM keeps it.)"""
+        stacked = [name for name, param in self.hf_model.base_model.named_parameters() if param.dim() > 2]
+        if stacked:
+            raise ValueError(f"quantization='int8' quantizes linear layers; {self.config.architecture} through the "
+                             f"Transformers fallback keeps its experts in stacked tensors ({stacked[0]}, ...) that "
+                             "transformers' own code multiplies, so they would stay unquantized: leave quantization "
+                             "unset for it")
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> set[str]:
         """vLLM's: weights replaced in place, named as transformers' model names its parameters
