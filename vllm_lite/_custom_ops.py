@@ -119,7 +119,11 @@ def paged_attention_prefill(out: torch.Tensor, query: torch.Tensor, kv_cache: to
     `out`; int32 `[S]` tables and `block_table [S, max_blocks]`. bf16 query `[T, Hq, D]` and out; a
     bf16 cache, or an int8_per_token_head one (its rows dequantized to bf16 as the torch path
     does); head_dim 64 or 128, block_size a multiple of 16, AMX-BF16 (`amx_bf16_usable`). fp32
-    scores, softmax and sums, probabilities rounded to bf16 for the V product as in flash attention."""
+    scores, softmax and sums, probabilities rounded to bf16 for the V product as in flash attention.
+    The op reads each token's heads as one row: a query whose heads lie apart (the Transformers
+    fallback's, transposed from transformers' [heads, tokens, dim]) is copied together first."""
+    if query.stride(2) != 1 or query.stride(1) != query.shape[2]:  # (a view when the heads only look apart: one head)
+        query = query.reshape(query.shape[0], -1).view(query.shape)
     torch.ops.vllm_lite_C.paged_attention_prefill(out, query, kv_cache, block_table, query_start, query_lens,
                                                   seq_lens, scale)
 

@@ -279,6 +279,25 @@ def test_native_prefill_over_int8_cache_matches_dequantized_attention(num_q_head
 
 
 @pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", [(8, 2), (1, 1)])
+def test_native_prefill_takes_a_query_whose_heads_lie_apart(num_q_heads, num_kv_heads):
+    """The Transformers fallback hands the backend transformers' query transposed ([tokens, heads,
+    dim] over [heads, tokens, dim] memory): the prefill op reads each token's heads as one row, so
+    such a query is copied together first and attends as the contiguous one does (it killed the
+    engine core in every bf16 prefill of a head_dim 64 / 128 fallback model on AMX CPUs)."""
+    batch = make_paged_batch(PREFILL_SPECS["mixed_with_decodes"], num_q_heads, num_kv_heads, 64, 16, seed=5,
+                             dtype=torch.bfloat16)
+    backend = get_attn_backend("cpu_native", torch.device("cpu"), torch.bfloat16)
+    tokens, heads, dim = batch.query.shape
+    apart = torch.empty_strided(batch.query.shape, (dim, tokens * dim, 1), dtype=batch.query.dtype)
+    apart.copy_(batch.query)
+    assert apart.stride(1) != apart.shape[2] and torch.equal(apart, batch.query)
+    outs = [backend.forward(query, batch.key, batch.value, batch.kv_cache.clone(), backend.build(batch.common),
+                            batch.scale) for query in (batch.query, apart)]
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not cpu_native.amx_bf16_usable(), reason="needs AMX-BF16 and the csrc build")
 def test_native_prefill_refuses_what_it_cannot_take():
     batch = make_paged_batch([(0, 20)], 4, 2, 32, 16, dtype=torch.bfloat16)
     tables = [torch.zeros(1, 2, dtype=torch.int32)] + [torch.tensor([v], dtype=torch.int32) for v in (0, 20, 20)]

@@ -12,7 +12,7 @@ import pytest
 
 from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, run_greedy
-from vllm_lite import LLM
+from vllm_lite import LLM, SamplingParams
 from vllm_lite.config import EngineArgs
 from vllm_lite.model.layers.linear import ReplicatedLinear, unpacked_weight
 
@@ -175,6 +175,31 @@ def test_the_decoders_linear_layers_are_the_engines(tiny_cohere: Path) -> None:
         assert packed == [{True}]
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("architecture, num_heads", [("cohere", 1), ("gpt_neox", 2)])
+def test_bf16_prefills_of_a_head_dim_64_model_on_the_cpu_backend(architecture: str, num_heads: int,
+                                                                 tmp_path: Path) -> None:
+    """head_dim 64 in bf16 takes the csrc prefill op on an AMX CPU, which reads each token's heads as
+    one row; the fallback's query comes transposed from transformers' layout, its heads apart
+    (GPT-NeoX's, sliced from fused q / k / v per head) or looking so (one head), which killed the
+    engine core at the first prefill. Greedy tokens as on the torch backend, but for bf16's rounding."""
+    from hf_reference import build_tiny_model
+
+    model = build_tiny_model(tmp_path / architecture, architecture, tie_word_embeddings=True,
+                             hidden_size=64 * num_heads, num_heads=num_heads, num_kv_heads=num_heads)
+    prompts = [{"prompt_token_ids": list(range(5 + i, 12 + 9 * i))} for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for backend in ("cpu_native", "torch"):
+        llm = LLM(str(model), max_model_len=128, dtype="bfloat16", attention_backend=backend, multiprocess=False,
+                  model_impl="transformers")
+        try:
+            tokens[backend] = [list(out.outputs[0].token_ids) for out in llm.generate(prompts, params, use_tqdm=False)]
+        finally:
+            llm.shutdown()
+    agreeing = sum(a[:4] == b[:4] for a, b in zip(tokens["cpu_native"], tokens["torch"]))
+    assert agreeing >= 4, tokens
 
 
 def test_a_bf16_model_loads_straight_into_bf16(tiny_cohere: Path, monkeypatch: pytest.MonkeyPatch) -> None:
