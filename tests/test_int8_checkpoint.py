@@ -84,7 +84,7 @@ def _run(model: Path, prompts: list[list[int]], **engine_args: Any) -> list[tupl
         llm.shutdown()
 
 
-@pytest.mark.parametrize("name", ["tiny_llama", "tiny_phi3"])
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_phi3", "tiny_qwen3_moe", "tiny_qwen2_moe"])  # (MoE: int8 experts)
 def test_a_per_channel_checkpoint_runs_as_quantization_int8(name: str, request: pytest.FixtureRequest,
                                                             tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     model = request.getfixturevalue(name)
@@ -100,13 +100,15 @@ def test_a_per_channel_checkpoint_runs_as_quantization_int8(name: str, request: 
     assert from_checkpoint != _run(model, prompts)  # (int8 really ran: the float model differs)
 
 
-def test_tensor_parallel_ranks_take_their_rows_of_the_scales(tiny_llama: Path, tmp_path: Path,
-                                                            prompts_token_ids: list[list[int]]) -> None:
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_qwen3_moe"])
+def test_tensor_parallel_ranks_take_their_rows_of_the_scales(name: str, request: pytest.FixtureRequest,
+                                                            tmp_path: Path, prompts_token_ids: list[list[int]]) -> None:
     """Not equal to TP=1: each rank quantizes its own activations (a row-parallel layer's half of
     the features; quantization="int8" at TP=2 differs again, its row-parallel weights scaled per
     half row), and a close step may flip a greedy token. So the check is teacher-forced, as in
-    test_reduced_precision: a rank holding another's scale rows would be far off."""
-    checkpoint, _ = write_w8a8(tiny_llama, tmp_path)
+    test_reduced_precision: a rank holding another's scale rows would be far off (an expert's gate
+    and up rows are split across ranks, its down rows whole on each)."""
+    checkpoint, _ = write_w8a8(request.getfixturevalue(name), tmp_path)
     prompts = prompts_token_ids[:4]
     skip = [len(p) for p in prompts]
     logprobs = []

@@ -23,6 +23,7 @@ from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGrou
 from vllm_lite.eagle_config import EagleHeadConfig
 from vllm_lite.medusa_config import MedusaHeadConfig
 from vllm_lite.model.layers.embedding import VocabParallelEmbedding
+from vllm_lite.model.layers.fused_moe import FusedMoE
 from vllm_lite.model.layers.gguf_quant import GGML_TYPE_Q4_1, can_keep, keep_quantized
 from vllm_lite.model.layers.linear import LinearBase, ReplicatedLinear, materialize
 from vllm_lite.model.layers.bnb_weights import dequantized_bnb_weights
@@ -108,31 +109,46 @@ class _Int8Checkpoint:
         orphans = sorted(set(self.scales) - set(self.shards))
         if orphans:
             raise ValueError(f"checkpoint: {orphans[0]}_scale has no weight beside it")
+        experts: dict[FusedMoE, dict[str, torch.Tensor]] = {}  # an MoE layer's w13 / w2 row scales
         for target, shards in self.shards.items():
             int8 = [is_int8 for _, is_int8, _ in shards]
             if not any(int8):
                 if target in self.scales:
                     raise ValueError(f"checkpoint: {target} has a weight_scale but is not int8")
                 continue
-            module = modules.get(target.removesuffix(".weight"))
-            if not all(int8) or not isinstance(module, LinearBase):
+            module_name, _, attribute = target.rpartition(".")
+            module = modules.get(module_name)
+            if not all(int8) or not isinstance(module, (LinearBase, FusedMoE)):
                 what = "mixes int8 and unquantized parts" if not all(int8) else "is not a linear layer"
                 raise ValueError(f"checkpoint: {target} is int8 but {what}; int8 weights load only as "
-                                 "whole linear layers (compressed-tensors W8A8)")
+                                 "whole linear layers or MoE experts (compressed-tensors W8A8)")
+            if isinstance(module, FusedMoE):
+                experts.setdefault(module, {})[attribute] = self._row_scales(target, module, shards)
+                continue
             module.int8_row_scales = self._row_scales(target, module, shards)
             module.weight = nn.Parameter(module.weight.detach().to(torch.int8), requires_grad=False)
+        for module, row_scales in experts.items():
+            if set(row_scales) != {"w13", "w2"}:
+                name = next(name for name, m in modules.items() if m is module)
+                raise ValueError(f"checkpoint: the experts of {name} are int8 in some projections only; int8 "
+                                 "experts load only with gate, up and down projections all int8")
+            module.use_int8_weights(row_scales["w13"], row_scales["w2"])
 
-    def _row_scales(self, target: str, module: LinearBase, shards: list[tuple[Any, bool, int]]) -> torch.Tensor:
+    def _row_scales(self, target: str, module: LinearBase | FusedMoE,
+                    shards: list[tuple[Any, bool, int]]) -> torch.Tensor:
+        """The parameter's float32 scales, one per output row ([rows], or [experts, rows] for an
+        MoE layer's stacked experts), each shard's placed as the layer places its weight's rows."""
         scales = self.scales.get(target, {})
-        row_scales = nn.Parameter(torch.zeros(module.weight.shape[0]), requires_grad=False)
+        param = getattr(module, target.rpartition(".")[2])
+        row_scales = nn.Parameter(torch.zeros(param.shape[:-1]), requires_grad=False)
+        loader = getattr(module, "row_scale_loader", module.weight_loader)
         for shard_id, _, rows in shards:
             scale = scales.get(shard_id)
             if scale is None or scale.numel() not in (1, rows):
                 raise ValueError(f"checkpoint: {target} (part {shard_id}) needs a weight_scale of 1 or {rows} "
                                  f"values, got {None if scale is None else scale.numel()}")
             scale = scale.expand(rows).contiguous()  # (a tensor-wise scale: the same for every row)
-            module.weight_loader(row_scales, scale, shard_id) if shard_id is not None else module.weight_loader(
-                row_scales, scale)
+            loader(row_scales, scale, shard_id) if shard_id is not None else loader(row_scales, scale)
         return row_scales.data
 
 

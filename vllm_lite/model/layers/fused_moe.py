@@ -114,13 +114,47 @@ class FusedMoE(nn.Module):
         self.w2.weight_loader = self.weight_loader
         # quantization="int8": each expert's (gate_up, down) int8 layers; w13 / w2 then meta
         self.int8_experts: tuple[list[Int8Weight], list[Int8Weight]] | None = None
+        # a W8A8 checkpoint's scales of w13 / w2 ([experts, rows] each) until the weights are placed
+        self.int8_row_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def quantize_int8(self) -> None:
         """quantization="int8": every expert's projections become int8 layers (the float stacks
         released, their shapes kept); the router stays as it is."""
-        self.int8_experts = ([Int8Weight.quantize(w) for w in self.w13], [Int8Weight.quantize(w) for w in self.w2])
+        self._use_int8_experts([Int8Weight.quantize(w) for w in self.w13], [Int8Weight.quantize(w) for w in self.w2])
+
+    def use_int8_weights(self, w13_scales: torch.Tensor, w2_scales: torch.Tensor) -> None:
+        """A W8A8 checkpoint's experts (model/loader.py): w13 and w2 hold its int8 values (loaded
+        as floats, exactly; kept int8 until `process_weights_after_loading`), the scales one per
+        output row of each expert ([experts, rows])."""
+        self.w13 = nn.Parameter(self.w13.detach().to(torch.int8), requires_grad=False)
+        self.w2 = nn.Parameter(self.w2.detach().to(torch.int8), requires_grad=False)
+        self.int8_row_scales = (w13_scales, w2_scales)
+
+    def process_weights_after_loading(self) -> None:
+        """A W8A8 checkpoint's int8 experts become the int8 layers quantization="int8" makes."""
+        if self.int8_row_scales is None:
+            return
+        (w13_scales, w2_scales), self.int8_row_scales = self.int8_row_scales, None
+        self._use_int8_experts([Int8Weight(w.contiguous().t(), s) for w, s in zip(self.w13.detach(), w13_scales)],
+                               [Int8Weight(w.contiguous().t(), s) for w, s in zip(self.w2.detach(), w2_scales)])
+
+    def _use_int8_experts(self, w13: list[Int8Weight], w2: list[Int8Weight]) -> None:
+        self.int8_experts = (w13, w2)
         self.w13 = nn.Parameter(torch.empty_like(self.w13, device="meta"), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty_like(self.w2, device="meta"), requires_grad=False)
+
+    def row_scale_loader(self, scales: torch.Tensor, loaded: torch.Tensor, shard_id: tuple[str, int | None]) -> None:
+        """A W8A8 checkpoint's scales of one expert's projection (one per output row) into
+        `scales [experts, rows]`, sliced as its weight's rows are: gate / up rows are this rank's
+        part of the intermediate dimension, down's rows (the hidden size) are whole on every rank."""
+        which, expert = shard_id
+        if expert is None:
+            raise ValueError("checkpoint: int8 experts stacked in one tensor are not implemented (one tensor per "
+                             "expert and projection is)")
+        if which == "down":
+            scales[expert].copy_(loaded)
+            return
+        self.weight_loader(scales, loaded, shard_id)
 
     def weight_loader(self, param: nn.Parameter, loaded: Any, shard_id: tuple[str, int | None]) -> None:
         """shard_id = (which, expert): which is "gate" / "up" (rows of w13) or "down" (w2); each
