@@ -236,10 +236,23 @@ def _when_ended(client: openai.OpenAI, response_id: str, timeout_s: float = 60.0
     return response
 
 
-def test_background_response_is_queued_then_stored_whole(client: openai.OpenAI) -> None:
+def _ending_tokens_banned(model: Path) -> dict[str, float]:
+    """A logit_bias that bans every token ending a reply (the tokenizer's EOS, generation_config's
+    eos_token_id): the Responses API has no ignore_eos, and a greedy reply of a random model may
+    reach an EOS early on one CPU's rounding and not on another's."""
+    from transformers import AutoTokenizer
+
+    generation = json.loads((model / "generation_config.json").read_text()).get("eos_token_id", [])
+    ending = {AutoTokenizer.from_pretrained(model).eos_token_id, *(generation if isinstance(generation, list)
+                                                                   else [generation])}
+    return {str(token): -100.0 for token in ending if token is not None}
+
+
+def test_background_response_is_queued_then_stored_whole(client: openai.OpenAI, tiny_qwen3: Path) -> None:
     """vLLM's background mode: answered at once ("queued"), generated on its own, then stored as
     the same request run in the foreground would answer; a finished one cannot be cancelled."""
-    fields = {"model": MODEL, "input": "Tell me a story", "max_output_tokens": 12, "temperature": 0.0}
+    fields = {"model": MODEL, "input": "Tell me a story", "max_output_tokens": 12, "temperature": 0.0,
+              "extra_body": {"logit_bias": _ending_tokens_banned(tiny_qwen3)}}  # (ends at its budget: incomplete)
     queued = client.responses.create(background=True, **fields)
     assert (queued.status, queued.background, queued.output) == ("queued", True, [])
     ended = _when_ended(client, queued.id)
@@ -250,13 +263,14 @@ def test_background_response_is_queued_then_stored_whole(client: openai.OpenAI) 
         client.responses.cancel(queued.id)
 
 
-def test_a_cancelled_background_response_stops_generating(long_server: LiveServer) -> None:
+def test_a_cancelled_background_response_stops_generating(long_server: LiveServer, tiny_qwen3: Path) -> None:
     """Cancel stops the generation (the engine has nothing running after it) and the response
     stays "cancelled"; one still running cannot be continued (previous_response_id)."""
     server = long_server
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0)
     queued = client.responses.create(model=MODEL, input="Tell me a long story", max_output_tokens=LONG_GENERATION,
-                                      temperature=0.0, background=True)  # (greedy: no end before its budget)
+                                      temperature=0.0, background=True,
+                                      extra_body={"logit_bias": _ending_tokens_banned(tiny_qwen3)})
     with pytest.raises(openai.BadRequestError, match="still running"):
         client.responses.create(model=MODEL, input="and then?", previous_response_id=queued.id, max_output_tokens=2)
     cancelled = client.responses.cancel(queued.id)
