@@ -24,6 +24,13 @@ def test_native_architecture_through_transformers_on_request(tiny_qwen3: Path,
     assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3, prompts_token_ids, NEW_TOKENS)
 
 
+def test_a_head_that_reaches_into_its_base_model_is_refused_by_name(tiny_opt: Path) -> None:
+    """OPT's forward calls `model.decoder(...)`, not its base model: the fallback cannot feed its
+    head the engine's hidden states (it failed at the first step that sampled)."""
+    with pytest.raises(ValueError, match=r"OPTForCausalLM's forward reaches into its base model's parts \("):
+        LLM(str(tiny_opt), max_model_len=64, dtype="float32", model_impl="transformers", multiprocess=False)
+
+
 def test_auto_picks_native_then_fallback(tiny_llama: Path, tiny_cohere: Path) -> None:
     assert EngineArgs(model=str(tiny_llama)).create_engine_config().model_config.hf.model_impl == "vllm"
     assert EngineArgs(model=str(tiny_cohere)).create_engine_config().model_config.hf.model_impl == "transformers"

@@ -277,6 +277,7 @@ class TransformersForCausalLM(nn.Module):
         _engine_linear_layers(self.hf_model.base_model)
         self._layers_view = _LayersView((_LayerSpec(_AttentionSpec(config.num_key_value_heads)),))
         object.__setattr__(self, "_given_hidden", _GivenHiddenStates())  # (not a submodule: no weights)
+        self._check_head_takes_hidden_states(dtype)
 
     def quantize_int8(self) -> None:
         """quantization="int8" quantizes the decoder's linear layers (the engine's, see
@@ -332,6 +333,19 @@ class TransformersForCausalLM(nn.Module):
                              f"dimensions; the paged KV cache holds {expected.num_kv_heads} heads x "
                              f"{expected.key_dim} for both "
                              "(config.json's num_key_value_heads and head_dim), so it cannot run here")
+
+    def _check_head_takes_hidden_states(self, dtype: torch.dtype) -> None:
+        """`compute_logits` runs the model's own forward with its base model swapped for the given
+        hidden states; a forward that reaches into its base model's parts instead of calling it
+        (OPT's `model.decoder(...)`) cannot be fed so, and would fail in the first step that
+        samples: refused here by name."""
+        try:
+            with torch.no_grad():
+                self.compute_logits(torch.zeros(1, self.config.hidden_size, dtype=dtype))
+        except AttributeError as exc:
+            raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__}'s forward reaches into its base "
+                             f"model's parts ({exc}) rather than calling it, so its head cannot be run on the engine's "
+                             "hidden states") from None
 
     @property
     def model(self) -> _LayersView:
