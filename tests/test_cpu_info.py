@@ -49,6 +49,17 @@ def test_int8_quantization_warns_where_int8_is_emulated(tiny_llama: Path, monkey
     assert len(warned) == (0 if native else 1)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_float16_warns_where_its_matmuls_are_slow(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture, fast: bool) -> None:
+    monkeypatch.setattr(cpu_info, "has_fast_fp16_matmul", lambda: fast)
+    with caplog.at_level("WARNING", logger="vllm_lite.config"):
+        config = EngineArgs(model=str(tiny_llama), device="cpu", dtype="half").create_engine_config()
+    assert config.model_config.dtype == "float16"  # still honoured: correct, only slow
+    warned = [r.getMessage() for r in caplog.records if "dtype='float16' on a CPU without AMX-FP16" in r.getMessage()]
+    assert len(warned) == (0 if fast else 1)
+
+
 def test_openmp_child_env_sets_defaults_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with cpu_info.openmp_child_env():

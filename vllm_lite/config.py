@@ -1125,6 +1125,8 @@ class EngineArgs:
                f"Transformers fallback only, which dequantizes them; {hf.architecture} runs natively here")
         if quantization in ("int8", "compressed-tensors") and device == "cpu":
             _warn_int8_without_dot_products()
+        if dtype == "float16" and device == "cpu":
+            _warn_slow_float16()
         quantization = _resolve_gguf_quantization(quantization, gguf_file, device, self.tensor_parallel_size,
                                                   hf.model_impl)
         tokenizer = self._tokenizer_path(model_dir)
@@ -1691,6 +1693,19 @@ def _warn_int8_without_dot_products() -> None:
         logger.warning("quantization='int8' on a CPU without int8 dot products (no avx512_vnni, avx_vnni or "
                        "amx_int8): its int8 matmuls are emulated and much slower than float32 here (the weights "
                        "still take a quarter of float32's memory)")
+
+
+def _warn_slow_float16() -> None:
+    """dtype="float16" on CPU is honoured, but without AMX-FP16 oneDNN's fp16 matmuls ran 2.3-8x
+    slower than bf16's and no faster than float32's (an Intel Xeon with AMX-BF16 and avx512_fp16,
+    benchmarks/half_precision.py in benchmarks/RESULTS.md). Said once at start, as the
+    dtype='auto' choice is."""
+    from vllm_lite.cpu_info import has_fast_fp16_matmul, has_native_bf16
+
+    if not has_fast_fp16_matmul():
+        faster = "bfloat16 (this CPU's native half precision) or float32" if has_native_bf16() else "float32"
+        logger.warning("dtype='float16' on a CPU without AMX-FP16: its half-precision matmuls are slower than "
+                       "%s here; dtype='auto' picks the fast one", faster)
 
 
 def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None) -> str | None:
