@@ -2,7 +2,8 @@
 packed linear it replaces (fp32, or bf16 where the CPU has it natively), with its two elementwise
 ends fused in csrc and as the torch ops they replace.
 
-Per shape and row count: the packed float linear, `int8_linear` with the csrc ends, and
+Per shape and row count: the packed float linear (the engine's `linear`: on an AMX CPU its bf16
+tiles up to 64 rows), `int8_linear` with the csrc ends, and
 `int8_linear` with the torch ends (`_custom_ops.takes_layer_ops` switched off), the two int8
 paths alternating call by call (layer_ops.time_both); medians.
 
@@ -19,7 +20,7 @@ import torch
 from layer_ops import require_csrc, time_both
 
 from vllm_lite.cpu_info import cpu_summary, has_native_bf16
-from vllm_lite.model.layers.linear import prepack
+from vllm_lite.model.layers.linear import linear, prepack
 from vllm_lite.model.layers.quantization import Int8Weight, int8_linear
 
 # (name, out features, in features) of the demo model's linear layers
@@ -52,8 +53,8 @@ def main() -> None:
         for rows in (8, 64, 512, 2048):
             x = torch.randn(rows, in_features, dtype=dtype)
             repeats = args.repeats if rows <= 512 else max(5, args.repeats // 5)
-            float_s = median_seconds(
-                lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats)
+            # (the engine's float path: oneDNN's packed matmul, AMX tiles at decode sizes on AMX CPUs)
+            float_s = median_seconds(lambda: linear(x, weight, packed), repeats)
             fused_s, torch_s = time_both(lambda: int8_linear(x, quantized), repeats)
             print(f"{name:>13} {rows:>5} {float_s * 1e6:>18.1f} {fused_s * 1e6:>20.1f} {torch_s * 1e6:>21.1f} "
                   f"{float_s / fused_s:>13.2f}x {torch_s / fused_s:>18.2f}x")

@@ -36,6 +36,19 @@ def amx_bf16_usable() -> bool:
 
 
 @functools.cache
+def amx_int8_usable() -> bool:
+    """Whether the extension is built and this CPU lets the process use AMX-INT8 tiles (the int8
+    linear layers' matmul, `amx_int8_mm`)."""
+    return is_available() and torch.ops.vllm_lite_C.amx_int8_usable()
+
+
+def amx_int8_mm(xq: torch.Tensor, packed_weight: torch.Tensor, out_features: int) -> torch.Tensor:
+    """int32 `xq [M, K] @ W^T` for int8 `xq` (contiguous rows) and W [out_features, K] int8 packed
+    by `quantization.pack_int8_tiles`: the exact sums torch._int_mm gives, on AMX-INT8 tiles."""
+    return torch.ops.vllm_lite_C.amx_int8_mm(xq, packed_weight, out_features)
+
+
+@functools.cache
 def cpu_capability() -> str:
     """The ISA level the extension's per-ISA kernels run at: "avx512", "avx2" or "default" (the
     widest this CPU has, capped by VLLM_LITE_CPU_CAPABILITY; a value other than these three

@@ -14,7 +14,8 @@ from vllm_lite import _custom_ops as ops
 from vllm_lite.config import EngineArgs
 from vllm_lite.model.layers.fused_moe import FusedMoE, route
 from vllm_lite.model.layers.linear import RowParallelLinear
-from vllm_lite.model.layers.quantization import Int8Weight, int8_linear, quantize_rows
+from vllm_lite.model.layers.quantization import (Int8Weight, int8_linear, pack_int8_tiles, quantize_rows,
+                                                  unpack_int8_tiles)
 
 
 def test_int8_linear_equals_dequantized_product() -> None:
@@ -24,14 +25,40 @@ def test_int8_linear_equals_dequantized_product() -> None:
     x[2] = 0.0  # an all-zero token row stays zero
     bias = torch.randn(48, generator=gen)
     q = Int8Weight.quantize(weight)
-    assert q.qweight_t.dtype == torch.int8 and q.qweight_t.shape == (40, 48)
+    assert q.values().dtype == torch.int8 and q.values().shape == (48, 40)
+    assert (q.tiles is None) != (q.qweight_t is None)  # (one copy: AMX tiles where the CPU has AMX-INT8)
     xq, x_scale = quantize_rows(x)
-    expected = (xq.double() * x_scale.double()) @ (q.qweight_t.double() * q.scale.double()) + bias.double()
+    expected = (xq.double() * x_scale.double()) @ (q.values().t().double() * q.scale.double()) + bias.double()
     out = int8_linear(x, q, bias)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
     # and close to the unquantized product: per-channel / per-token int8 keeps ~2 digits
     torch.testing.assert_close(out, x @ weight.t() + bias, rtol=0.05, atol=0.15)
+
+
+@pytest.mark.parametrize("rows, cols", [(48, 40), (100, 70), (32, 64), (1, 130)])
+def test_int8_tiles_pack_and_unpack(rows: int, cols: int) -> None:
+    """AMX-INT8's B-tile layout: [N/32][K/64][16 k-quads][32 n][4 k], zero-padded; unpacked exactly."""
+    q = torch.randint(-127, 128, (rows, cols), dtype=torch.int8)
+    tiles = pack_int8_tiles(q)
+    assert tiles.numel() == -(-rows // 32) * 32 * -(-cols // 64) * 64
+    assert torch.equal(unpack_int8_tiles(tiles, rows, cols), q)
+    # the first block's first tile row: the first 16 output rows' k 0-3, then rows 16-31's
+    assert torch.equal(tiles[:64].view(16, 4), torch.nn.functional.pad(q[:16, :4], (0, 0, 0, 16 - min(rows, 16)))[:16])
+
+
+@pytest.mark.skipif(not ops.amx_int8_usable(), reason="needs AMX-INT8 and the csrc build")
+@pytest.mark.parametrize("out_features, in_features", [(100, 70), (960, 576), (33, 130), (64, 64)])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40, 64, 300])
+def test_amx_int8_mm_gives_int_mm_sums(out_features: int, in_features: int, rows: int) -> None:
+    """The AMX-INT8 tiles' int32 sums equal torch._int_mm's exactly (ragged rows, K and N tails,
+    one and two row tiles, several row blocks)."""
+    gen = torch.Generator().manual_seed(rows + out_features)
+    q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=gen)
+    x = torch.randint(-127, 128, (rows, in_features), dtype=torch.int8, generator=gen)
+    with threads(2):
+        got = ops.amx_int8_mm(x, pack_int8_tiles(q), out_features)
+    assert torch.equal(got, torch._int_mm(x, q.t()))
 
 
 def test_layer_quantize_int8_replaces_weight() -> None:

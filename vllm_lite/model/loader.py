@@ -417,6 +417,9 @@ def weight_bytes(model: nn.Module) -> int:
             tensors.append(packed)
         elif packed is not None:  # Int8Weight, GGUFWeight: dataclasses of tensors
             tensors.extend(v for v in (getattr(packed, f) for f in packed.__slots__) if isinstance(v, torch.Tensor))
+        for experts in getattr(module, "int8_experts", None) or ():  # (an MoE layer's int8 experts)
+            tensors.extend(v for weight in experts for v in (weight.qweight_t, weight.scale, weight.tiles)
+                           if v is not None)
     storages: dict[int, int] = {}
     for tensor in tensors:
         if tensor.device.type == "meta":

@@ -135,8 +135,8 @@ class FusedMoE(nn.Module):
         if self.int8_row_scales is None:
             return
         (w13_scales, w2_scales), self.int8_row_scales = self.int8_row_scales, None
-        self._use_int8_experts([Int8Weight(w.contiguous().t(), s) for w, s in zip(self.w13.detach(), w13_scales)],
-                               [Int8Weight(w.contiguous().t(), s) for w, s in zip(self.w2.detach(), w2_scales)])
+        self._use_int8_experts([Int8Weight.of(w, s) for w, s in zip(self.w13.detach(), w13_scales)],
+                               [Int8Weight.of(w, s) for w, s in zip(self.w2.detach(), w2_scales)])
 
     def _use_int8_experts(self, w13: list[Int8Weight], w2: list[Int8Weight]) -> None:
         self.int8_experts = (w13, w2)

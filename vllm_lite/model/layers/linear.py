@@ -153,7 +153,7 @@ class LinearBase(nn.Module):
         scales becomes the int8 layers' Int8Weight."""
         gguf_weight = gguf_weight_of(self.weight)
         if self.int8_row_scales is not None:
-            self.use_int8_weight(Int8Weight(self.weight.detach().t(), self.int8_row_scales))
+            self.use_int8_weight(Int8Weight.of(self.weight.detach(), self.int8_row_scales))
             self.int8_row_scales = None
         elif gguf_weight is not None:
             self.packed_weight = gguf_weight

@@ -9,6 +9,11 @@ unquantized logits. Where the csrc extension is built, the activations' quantiza
 rescale are one pass each (`quantize_rows_int8`, `dequantize_int32`) instead of nine torch ops.
 Weight-only int8 (`torch._weight_int8pack_mm`) is not offered: on these CPUs it measured slower
 than the packed bf16 matmul it would replace (benchmarks/RESULTS.md).
+
+On a CPU with AMX-INT8 the weight is kept packed in AMX tiles instead (one copy) and the int8
+product runs on them (csrc/int8_linear_ops.cpp, the same integer sums): torch._int_mm, its weight
+not packed ahead, streamed int8 weights at decode sizes at half the rate the bf16 tiles stream
+bf16 ones, so int8 decode was no faster than bf16's (benchmarks/RESULTS.md, fifty-fourth session).
 """
 
 from __future__ import annotations
@@ -26,20 +31,57 @@ INT8_MAX = 127.0
 MIN_SCALE = 1e-12
 
 
+TILE_ROWS, TILE_K = 32, 64  # a packed block's output rows (two tiles) and K values (a tile row)
+
+
+def pack_int8_tiles(q: torch.Tensor) -> torch.Tensor:
+    """int8 `q [N, K]` zero-padded to multiples of 32 rows and 64 columns and laid out as
+    `[N/32][K/64][16 k-quads][32 n][4 k]` (AMX-INT8 B tiles, two per 128-byte row: the layout
+    csrc/int8_linear_ops.cpp reads)."""
+    rows, cols = q.shape
+    padded = torch.zeros(-(-rows // TILE_ROWS) * TILE_ROWS, -(-cols // TILE_K) * TILE_K, dtype=torch.int8)
+    padded[:rows, :cols] = q
+    n_blocks, k_blocks = padded.shape[0] // TILE_ROWS, padded.shape[1] // TILE_K
+    return padded.view(n_blocks, TILE_ROWS, k_blocks, TILE_K // 4, 4).permute(0, 2, 3, 1, 4).contiguous().view(-1)
+
+
+def unpack_int8_tiles(tiles: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`pack_int8_tiles`'s input back: int8 [rows, cols]."""
+    n_blocks, k_blocks = -(-rows // TILE_ROWS), -(-cols // TILE_K)
+    blocks = tiles.view(n_blocks, k_blocks, TILE_K // 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    return blocks.reshape(n_blocks * TILE_ROWS, k_blocks * TILE_K)[:rows, :cols]
+
+
 @dataclass(frozen=True, slots=True)
 class Int8Weight:
-    """An int8 weight ready for `torch._int_mm`: `qweight_t` is `[in, out]` (a transposed view of
-    a contiguous `[out, in]` tensor), `scale` float32 `[out]`."""
+    """An int8 weight with one float32 scale per output row (`scale [out]`), in the form this
+    CPU's int8 matmul takes: AMX tiles (`tiles`, `pack_int8_tiles`) where the CPU has AMX-INT8,
+    else `qweight_t [in, out]` for torch._int_mm (a transposed view of a contiguous [out, in]).
+    One of the two, never both (one copy of the weight)."""
 
-    qweight_t: torch.Tensor
+    qweight_t: torch.Tensor | None
     scale: torch.Tensor
+    tiles: torch.Tensor | None = None
+    in_features: int = 0
+
+    @staticmethod
+    def of(q: torch.Tensor, scale: torch.Tensor) -> Int8Weight:
+        """int8 values `q [out, in]` and their row scales, for this CPU's int8 matmul."""
+        if q.device.type == "cpu" and ops.amx_int8_usable():
+            return Int8Weight(None, scale, pack_int8_tiles(q), q.shape[1])
+        return Int8Weight(q.contiguous().t(), scale, None, q.shape[1])
 
     @staticmethod
     def quantize(weight: torch.Tensor) -> Int8Weight:
         w = weight.detach().float()
         scale = (w.abs().amax(dim=1) / INT8_MAX).clamp_min(MIN_SCALE)
-        q = torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-        return Int8Weight(q.t(), scale)
+        return Int8Weight.of(torch.round(w / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale)
+
+    def values(self) -> torch.Tensor:
+        """The int8 values [out, in]."""
+        if self.tiles is not None:
+            return unpack_int8_tiles(self.tiles, self.scale.shape[0], self.in_features)
+        return self.qweight_t.t()
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +109,10 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None =
     else:
         quantize, dequantize = quantize_rows, dequantize_rows
     xq, x_scale = quantize(flat)
-    acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))  # int32 [M, out]
+    if weight.tiles is not None:  # int32 [M, out]
+        acc = ops.amx_int8_mm(xq, weight.tiles, weight.scale.shape[0])
+    else:
+        acc = matmul_bucketed(xq, lambda rows: torch._int_mm(rows, weight.qweight_t))
     out = dequantize(acc, x_scale, weight.scale, bias, x.dtype)
     return out.view(*x.shape[:-1], out.shape[-1])
 
