@@ -37,12 +37,8 @@ constexpr int64_t kBlockN = 32;                       // output columns per pack
 constexpr int64_t kBlockElements = kBlockN * kBlockK;  // 2 KB of weights per (column block, K block)
 // Weight blocks asked for ahead of the tile loads (prefetch never faults, so past the end is harmless).
 constexpr int64_t kPrefetchBlocks = 4;
-// Rows of x a thread keeps working on across column blocks (~300 KB of x at K = 576, in L2).
-constexpr int64_t kRowBlock = 256;
 
-// The GEMM's operands. x is copied into whole A tiles first, [row tiles][K blocks][16 rows][32]
-// (zero-padded): each tile is 1 KB in one piece, which the tile loads stream from L2 where
-// strided rows of x each cost a cache line of their own.
+// The GEMM's operands. x is copied into whole A tiles first (amx_a_tiles: 1 KB each).
 struct Operands {
   const uint16_t* x_tiles;
   const uint16_t* weight;
@@ -123,31 +119,6 @@ VLLM_LITE_AMX_BF16_TARGET void gemm_range(const Operands& g, int64_t row_begin, 
     }
 }
 
-// Work items: (block of kRowBlock rows, run of column blocks), handed out dynamically so a thread
-// that starts late (another process on the core) takes fewer. Each run is ~64 KB of weights.
-void gemm(const Operands& g, int64_t column_blocks, int threads) {
-  const int64_t row_blocks = (g.rows + kRowBlock - 1) / kRowBlock;
-  const int64_t run = std::max<int64_t>(1, 32 / g.k_blocks);
-  const int64_t runs = (column_blocks + run - 1) / run;
-  const int64_t items = row_blocks * runs;
-  auto work = [&](int64_t item) {
-    const int64_t rb = item / runs, first = (item % runs) * run;
-    gemm_range(g, rb * kRowBlock, std::min(g.rows, (rb + 1) * kRowBlock), first, std::min(column_blocks, first + run));
-  };
-  if (threads <= 1 || items == 1) {
-    load_tile_config(8);
-    for (int64_t item = 0; item < items; ++item) work(item);
-    release_tiles();
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    load_tile_config(8);  // per thread: the tile configuration is thread state
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) work(item);
-    release_tiles();
-  }
-}
 
 bool amx_bf16_usable() { return cpu_has_amx(AmxKind::kBf16); }
 
@@ -171,16 +142,11 @@ at::Tensor amx_bf16_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   }
   at::Tensor out = at::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
-  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
-  std::vector<uint16_t> x_tiles(row_tiles * k_blocks * kTileElements, 0);
-  const uint16_t* x_data = static_cast<const uint16_t*>(x.data_ptr());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < k_blocks; ++k)
-      std::memcpy(x_tiles.data() + ((r / kTileRows) * k_blocks + k) * kTileElements + (r % kTileRows) * kBlockK,
-                  x_data + r * x.stride(0) + k * kBlockK, std::min(kBlockK, in_features - k * kBlockK) * sizeof(uint16_t));
+  const std::vector<uint16_t> x_tiles =
+      amx_a_tiles(static_cast<const uint16_t*>(x.data_ptr()), rows, x.stride(0), in_features, kBlockK);
   const Operands g{x_tiles.data(), static_cast<const uint16_t*>(packed_weight.data_ptr()), k_blocks, bias_data,
                    static_cast<uint16_t*>(out.data_ptr()), out_features, rows, out_features};
-  gemm(g, column_blocks, at::get_num_threads());
+  amx_gemm(g, rows, k_blocks, column_blocks, at::get_num_threads(), &gemm_range);
   return out;
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace vllm_lite_cpu {
 
@@ -77,6 +78,58 @@ __attribute__((target("amx-tile"))) inline void load_tile_config(int64_t num_til
 }
 
 __attribute__((target("amx-tile"))) inline void release_tiles() { _tile_release(); }
+
+// The rows of each thread's share of an AMX GEMM (the linear kernels': bf16_linear_ops.cpp,
+// int8_linear_ops.cpp): ~300 KB of x at K = 576, kept in L2 across column blocks.
+constexpr int64_t kAmxRowBlock = 256;
+
+// An AMX linear kernel's work handed out to `threads` threads: items of (kAmxRowBlock rows, a run
+// of ~64 KB of 2 KB weight blocks), taken dynamically so that a thread that starts late (another
+// process on the core) takes fewer, each thread loading the tile configuration first.
+// `range(g, row_begin, row_end, first, last)` computes rows [row_begin, row_end) by column
+// blocks [first, last).
+template <typename Operands>
+void amx_gemm(const Operands& g, int64_t rows, int64_t k_blocks, int64_t column_blocks, int threads,
+              void (*range)(const Operands&, int64_t, int64_t, int64_t, int64_t)) {
+  const int64_t row_blocks = (rows + kAmxRowBlock - 1) / kAmxRowBlock;
+  const int64_t run = k_blocks >= 32 ? 1 : 32 / k_blocks;
+  const int64_t runs = (column_blocks + run - 1) / run;
+  const int64_t items = row_blocks * runs;
+  auto work = [&](int64_t item) {
+    const int64_t rb = item / runs, first = (item % runs) * run;
+    const int64_t last = first + run < column_blocks ? first + run : column_blocks;
+    range(g, rb * kAmxRowBlock, (rb + 1) * kAmxRowBlock < rows ? (rb + 1) * kAmxRowBlock : rows, first, last);
+  };
+  if (threads <= 1 || items == 1) {
+    load_tile_config(8);
+    for (int64_t item = 0; item < items; ++item) work(item);
+    release_tiles();
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    load_tile_config(8);  // per thread: the tile configuration is thread state
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) work(item);
+    release_tiles();
+  }
+}
+
+// x's rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
+// tile one piece in memory, which the tile loads stream from L2 where strided rows of x each
+// cost a cache line of their own.
+template <typename T>
+std::vector<T> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k) {
+  const int64_t k_blocks = (in_features + block_k - 1) / block_k, tile = 16 * block_k;
+  std::vector<T> tiles(((rows + 15) / 16) * k_blocks * tile, T{});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < k_blocks; ++k) {
+      const int64_t width = in_features - k * block_k < block_k ? in_features - k * block_k : block_k;
+      std::memcpy(tiles.data() + ((r / 16) * k_blocks + k) * tile + (r % 16) * block_k, x + r * row_stride + k * block_k,
+                  width * sizeof(T));
+    }
+  return tiles;
+}
 #endif
 
 }  // namespace vllm_lite_cpu

@@ -39,7 +39,6 @@ constexpr int64_t kBlockN = 32;                        // output columns per pac
 constexpr int64_t kBlockElements = kBlockN * kBlockK;  // 2 KB of weights per (column block, K block)
 constexpr int64_t kTileElements = kTileRows * kBlockK;
 constexpr int64_t kPrefetchBlocks = 4;
-constexpr int64_t kRowBlock = 256;
 
 struct Operands {
   const int8_t* x_tiles;  // [row tiles][K blocks][16 rows][64], zero-padded
@@ -118,30 +117,6 @@ VLLM_LITE_AMX_INT8_TARGET void gemm_range(const Operands& g, int64_t row_begin, 
     }
 }
 
-// Work items as bf16_linear_ops.cpp's: (block of kRowBlock rows, run of ~64 KB of weights).
-void gemm(const Operands& g, int64_t column_blocks, int threads) {
-  const int64_t row_blocks = (g.rows + kRowBlock - 1) / kRowBlock;
-  const int64_t run = std::max<int64_t>(1, 32 / g.k_blocks);
-  const int64_t runs = (column_blocks + run - 1) / run;
-  const int64_t items = row_blocks * runs;
-  auto work = [&](int64_t item) {
-    const int64_t rb = item / runs, first = (item % runs) * run;
-    gemm_range(g, rb * kRowBlock, std::min(g.rows, (rb + 1) * kRowBlock), first, std::min(column_blocks, first + run));
-  };
-  if (threads <= 1 || items == 1) {
-    load_tile_config(8);
-    for (int64_t item = 0; item < items; ++item) work(item);
-    release_tiles();
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    load_tile_config(8);  // per thread: the tile configuration is thread state
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) work(item);
-    release_tiles();
-  }
-}
 #endif
 
 bool amx_int8_usable() { return cpu_has_amx(AmxKind::kInt8); }
@@ -160,16 +135,10 @@ at::Tensor amx_int8_mm(const at::Tensor& xq, const at::Tensor& packed_weight, in
   at::Tensor out = at::empty({rows, out_features}, xq.options().dtype(at::kInt));
   if (rows == 0) return out;
 #if VLLM_LITE_AMX
-  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
-  std::vector<int8_t> x_tiles(row_tiles * k_blocks * kTileElements, 0);
-  const int8_t* x_data = xq.data_ptr<int8_t>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < k_blocks; ++k)
-      std::memcpy(x_tiles.data() + ((r / kTileRows) * k_blocks + k) * kTileElements + (r % kTileRows) * kBlockK,
-                  x_data + r * xq.stride(0) + k * kBlockK, std::min(kBlockK, in_features - k * kBlockK));
+  const std::vector<int8_t> x_tiles = amx_a_tiles(xq.data_ptr<int8_t>(), rows, xq.stride(0), in_features, kBlockK);
   const Operands g{x_tiles.data(), packed_weight.data_ptr<int8_t>(), k_blocks, out.data_ptr<int32_t>(), rows,
                    out_features};
-  gemm(g, column_blocks, at::get_num_threads());
+  amx_gemm(g, rows, k_blocks, column_blocks, at::get_num_threads(), &gemm_range);
 #endif
   return out;
 }
