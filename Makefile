@@ -90,6 +90,7 @@ bench-decode: $(STAMP)
 
 bench-amx: $(STAMP)
 	$(BENCH)/amx_kernels.py
+	$(BENCH)/amx_int8.py
 
 bench-lora: $(STAMP)
 	$(BENCH)/lora_serving.py
