@@ -293,3 +293,35 @@ def test_tokenization_kwargs_as_vllm_reads_them(tiny_qwen3: Path) -> None:
                 llm.generate(text, params, use_tqdm=False, tokenization_kwargs=kwargs)
     finally:
         llm.shutdown()
+
+
+def test_an_eos_id_outside_the_vocabulary_ends_nothing_and_fails_no_request(
+        tiny_llama: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A generation_config.json whose eos_token_id lists an id the model cannot produce (past its
+    vocabulary): every request was refused (the engine core checks each request's eos ids); the id
+    is left out of the ends, with a warning naming it, and the others still end replies."""
+    import json
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    reference = make_llm(tiny_llama)
+    try:
+        greedy = SamplingParams(temperature=0.0, max_tokens=8)
+        [first] = reference.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0.0, max_tokens=1),
+                                     use_tqdm=False)[0].outputs
+    finally:
+        reference.shutdown()
+    ending = first.token_ids[0]  # (the reply's first token, made an end: the reply stops at once)
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation["eos_token_id"] = [ending, vocab + 5]
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    with caplog.at_level("WARNING", logger="vllm_lite.engine.tokenizer"):
+        llm = make_llm(model)
+    try:
+        [output] = llm.generate([{"prompt_token_ids": [5, 6, 7]}], greedy, use_tqdm=False)[0].outputs
+    finally:
+        llm.shutdown()
+    assert list(output.token_ids) == [ending] and output.finish_reason == "stop"
+    assert any(f"eos_token_id [{vocab + 5}]" in record.getMessage() for record in caplog.records)

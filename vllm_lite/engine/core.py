@@ -441,14 +441,12 @@ def make_structured_output_manager(vllm_config: VllmConfig) -> StructuredOutputM
     model_config = vllm_config.model_config
 
     def make_backend() -> StructuredOutputBackend:
-        from vllm_lite.engine.tokenizer import load_tokenizer
+        from vllm_lite.engine.tokenizer import end_token_ids, load_tokenizer
         from vllm_lite.structured_output.xgrammar_backend import XgrammarBackend
 
         tokenizer = load_tokenizer(model_config.tokenizer)
-        stop_ids = list(model_config.hf.eos_token_ids)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in stop_ids:
-            stop_ids.append(tokenizer.eos_token_id)
-        return XgrammarBackend(tokenizer, model_config.hf.vocab_size, stop_ids)
+        stop_ids = end_token_ids(model_config.hf.eos_token_ids, tokenizer, model_config.hf.vocab_size)
+        return XgrammarBackend(tokenizer, model_config.hf.vocab_size, list(stop_ids))
 
     def validate(key: GrammarKey) -> None:
         from vllm_lite.structured_output.xgrammar_backend import XgrammarBackend

@@ -14,6 +14,7 @@ from vllm_lite.engine.image_inputs import (ImageProcessor, ProcessedImage, check
                                            request_processor_kwargs)
 from vllm_lite.engine.request_checks import (check_prompt, check_runner, check_sampling_params,
                                              check_structured_outputs, check_thinking_budget)
+from vllm_lite.engine.tokenizer import end_token_ids
 from vllm_lite.logits_processor import load_logits_processors
 from vllm_lite.lora.peft import CONFIG_FILE, PEFTAdapter, check_against_checkpoint, read_adapter
 from vllm_lite.lora.request import LoRARequest
@@ -65,11 +66,7 @@ class InputProcessor:
         self._adapters: dict[int, tuple[LoRARequest, PEFTAdapter]] = {}
         self._logits_processors = load_logits_processors(model_config.logits_processors)  # (their validate_params)
         self.tokenizer = tokenizer
-        eos = list(model_config.hf.eos_token_ids)
-        tokenizer_eos = tokenizer.eos_token_id if tokenizer is not None else None
-        if tokenizer_eos is not None and tokenizer_eos not in eos:
-            eos.append(tokenizer_eos)
-        self.eos_token_ids = tuple(eos)
+        self.eos_token_ids = end_token_ids(model_config.hf.eos_token_ids, tokenizer, model_config.hf.vocab_size)
         self._think_tokens: ThinkTokens | None = None  # resolved by the first request with a budget
         self._images = ImageProcessor(model_config, tokenizer)
 
