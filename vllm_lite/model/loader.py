@@ -407,6 +407,11 @@ def initialize_dummy_weights(model: nn.Module, bound: float = 1e-3) -> None:
                 param.uniform_(-bound, bound, generator=generator)
 
 
+def _slot_tensors(weight: Any) -> list[torch.Tensor]:
+    """The tensors of a slotted dataclass of them (Int8Weight, GGUFWeight)."""
+    return [value for value in (getattr(weight, name) for name in weight.__slots__) if isinstance(value, torch.Tensor)]
+
+
 def weight_bytes(model: nn.Module) -> int:
     """Bytes the model's weights occupy: parameters, buffers and the packed / quantized weights
     layers keep beside them (`packed_weight`), each storage counted once."""
@@ -416,10 +421,9 @@ def weight_bytes(model: nn.Module) -> int:
         if isinstance(packed, torch.Tensor):
             tensors.append(packed)
         elif packed is not None:  # Int8Weight, GGUFWeight: dataclasses of tensors
-            tensors.extend(v for v in (getattr(packed, f) for f in packed.__slots__) if isinstance(v, torch.Tensor))
-        for experts in getattr(module, "int8_experts", None) or ():  # (an MoE layer's int8 experts)
-            tensors.extend(v for weight in experts for v in (weight.qweight_t, weight.scale, weight.tiles)
-                           if v is not None)
+            tensors.extend(_slot_tensors(packed))
+        for experts in getattr(module, "int8_experts", None) or ():  # (an MoE layer's Int8Weights)
+            tensors.extend(tensor for weight in experts for tensor in _slot_tensors(weight))
     storages: dict[int, int] = {}
     for tensor in tensors:
         if tensor.device.type == "meta":

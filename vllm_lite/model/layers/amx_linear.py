@@ -19,16 +19,23 @@ BLOCK = 32  # the tile's K values per row and the packed block's columns (two 16
 AMX_MAX_ROWS = 64
 
 
-def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
-    """`weight [N, K]` zero-padded to multiples of 32 and laid out as
-    `[N/32][K/32][16 K pairs][32 columns][2]` (oneDNN's AB16b32a2b): each 32 x 32 block holds
-    the two B tiles of one K step, and one column block's K steps follow each other."""
+def pack_b_tiles(weight: torch.Tensor, per_lane: int) -> torch.Tensor:
+    """`weight [N, K]` zero-padded to multiples of 32 rows and 16 x `per_lane` columns and laid out
+    as `[N/32][K/(16 per_lane)][16 K groups][32 columns][per_lane]`: AMX B tiles, each tile row 16
+    columns x `per_lane` consecutive K values (2 for bf16, 4 for int8), the two tiles of a
+    32-column block side by side, one column block's K steps following each other."""
     rows, cols = weight.shape
-    padded = torch.zeros(-(-rows // BLOCK) * BLOCK, -(-cols // BLOCK) * BLOCK, dtype=torch.bfloat16)
+    block_k = 16 * per_lane
+    padded = torch.zeros(-(-rows // BLOCK) * BLOCK, -(-cols // block_k) * block_k, dtype=weight.dtype)
     padded[:rows, :cols] = weight
-    n_blocks, k_blocks = padded.shape[0] // BLOCK, padded.shape[1] // BLOCK
-    blocks = padded.view(n_blocks, BLOCK, k_blocks, BLOCK // 2, 2).permute(0, 2, 3, 1, 4)
+    n_blocks, k_blocks = padded.shape[0] // BLOCK, padded.shape[1] // block_k
+    blocks = padded.view(n_blocks, BLOCK, k_blocks, 16, per_lane).permute(0, 2, 3, 1, 4)
     return blocks.contiguous().view(-1)
+
+
+def pack_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight's B tiles (`pack_b_tiles`, K in pairs): oneDNN's AB16b32a2b."""
+    return pack_b_tiles(weight.to(torch.bfloat16), 2)
 
 
 def onednn_buffer(packed: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from vllm_lite import _custom_ops as ops
+from vllm_lite.model.layers.amx_linear import BLOCK, pack_b_tiles
 from vllm_lite.model.layers.matmul_rows import matmul_bucketed
 
 INT8_MAX = 127.0
@@ -31,25 +32,17 @@ INT8_MAX = 127.0
 MIN_SCALE = 1e-12
 
 
-TILE_ROWS, TILE_K = 32, 64  # a packed block's output rows (two tiles) and K values (a tile row)
-
-
 def pack_int8_tiles(q: torch.Tensor) -> torch.Tensor:
-    """int8 `q [N, K]` zero-padded to multiples of 32 rows and 64 columns and laid out as
-    `[N/32][K/64][16 k-quads][32 n][4 k]` (AMX-INT8 B tiles, two per 128-byte row: the layout
-    csrc/int8_linear_ops.cpp reads)."""
-    rows, cols = q.shape
-    padded = torch.zeros(-(-rows // TILE_ROWS) * TILE_ROWS, -(-cols // TILE_K) * TILE_K, dtype=torch.int8)
-    padded[:rows, :cols] = q
-    n_blocks, k_blocks = padded.shape[0] // TILE_ROWS, padded.shape[1] // TILE_K
-    return padded.view(n_blocks, TILE_ROWS, k_blocks, TILE_K // 4, 4).permute(0, 2, 3, 1, 4).contiguous().view(-1)
+    """int8 `q [N, K]` as AMX-INT8 B tiles, `[N/32][K/64][16 k-quads][32 n][4 k]` (`pack_b_tiles`:
+    the layout csrc/int8_linear_ops.cpp reads)."""
+    return pack_b_tiles(q, 4)
 
 
 def unpack_int8_tiles(tiles: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """`pack_int8_tiles`'s input back: int8 [rows, cols]."""
-    n_blocks, k_blocks = -(-rows // TILE_ROWS), -(-cols // TILE_K)
-    blocks = tiles.view(n_blocks, k_blocks, TILE_K // 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
-    return blocks.reshape(n_blocks * TILE_ROWS, k_blocks * TILE_K)[:rows, :cols]
+    n_blocks, k_blocks = -(-rows // BLOCK), -(-cols // 64)
+    blocks = tiles.view(n_blocks, k_blocks, 16, BLOCK, 4).permute(0, 3, 1, 2, 4)
+    return blocks.reshape(n_blocks * BLOCK, k_blocks * 64)[:rows, :cols]
 
 
 @dataclass(frozen=True, slots=True)
