@@ -305,6 +305,42 @@ def tiny_gemma3_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
+def _paligemma_images(tmp_path_factory: pytest.TempPathFactory, text_arch: str, seed: int, tied: bool = True,
+                      text_extra: dict | None = None) -> Path:
+    """PaliGemma whose vision side is run (tests/test_paligemma_images.py): a two-layer SigLIP
+    encoder of 56 x 56 images (4 x 4 patches: 16 features each) projected into a `text_arch`
+    decoder; the tokenizer gains PaliGemma's `<image>` token (id 1000, special, as its releases
+    have it: the vocabulary is 1,008)."""
+    from transformers import SiglipImageProcessor
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_tiny_multimodal_model(
+            tmp_path_factory.mktemp(f"tiny_paligemma_{text_arch}"), "PaliGemmaForConditionalGeneration", text_arch,
+            tie_word_embeddings=tied, head_dim=32, seed=seed, text_extra={"vocab_size": 1008, **(text_extra or {})},
+            vision_extra={"num_hidden_layers": 2, "image_size": 56, "vision_use_head": False},
+            config_extra={"projection_dim": 64, "hidden_size": 64, "vocab_size": 1008})
+    _add_image_tokens(model, ["<image>"], {"image_token_index": "<image>"})
+    SiglipImageProcessor(size={"height": 56, "width": 56}).save_pretrained(model)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_paligemma_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PaliGemma (1): a Gemma decoder."""
+    return _paligemma_images(tmp_path_factory, "gemma", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_paligemma2_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """PaliGemma 2: a Gemma 2 decoder (a 16-token sliding window, then a global layer; its
+    attention and final logits soft-capped; an LM head of its own: tied, the tiny random decoder
+    repeats its last input token whatever the image). The window is as wide as an image, as in
+    every release (224 px: 256 tokens, 896 px: 4,096, window 4,096): transformers lets an image's
+    tokens see all of it past a narrower window, this engine's window clamps them, as the text's."""
+    return _paligemma_images(tmp_path_factory, "gemma2", seed=3, tied=False, text_extra={"sliding_window": 16})
+
+
 # SmolVLM's image prompt tokens, added to the tiny tokenizer as its releases have them
 SMOLVLM_TOKENS = ["<fake_token_around_image>", "<global-img>", "<image>",
                   *[f"<row_{row}_col_{column}>" for row in (1, 2) for column in (1, 2)]]

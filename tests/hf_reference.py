@@ -501,6 +501,7 @@ _TINY_VISION["InternVLForConditionalGeneration"] = {"hidden_size": 32, "intermed
                                                     "num_attention_heads": 2, "image_size": [28, 28],
                                                     "patch_size": [14, 14]}
 _TINY_VISION["Idefics3ForConditionalGeneration"] = _TINY_VISION["SmolVLMForConditionalGeneration"]
+_TINY_VISION["PaliGemmaForConditionalGeneration"] = _TINY_VISION["SmolVLMForConditionalGeneration"]
 _TINY_VISION["Qwen3VLMoeForConditionalGeneration"] = _TINY_VISION["Qwen3VLForConditionalGeneration"]
 # the image placeholder token: the last id of the tiny vocabulary, which no test prompt holds
 IMAGE_TOKEN_ID = 999
@@ -524,7 +525,8 @@ def build_tiny_multimodal_model(out_dir: Path, architecture: str, text_arch: str
     config_class = getattr(transformers, architecture.replace("ForConditionalGeneration", "Config"))
     if architecture.startswith("LlavaNext"):  # (its any-resolution grid, for images of up to 2 x 2 tiles)
         config_class = functools.partial(config_class, image_grid_pinpoints=[[28, 28], [28, 56], [56, 28]])
-    token_field = "image_token_index" if architecture.startswith(("Gemma3", "Mistral3", "Llava")) else "image_token_id"
+    token_field = ("image_token_index" if architecture.startswith(("Gemma3", "Mistral3", "Llava", "PaliGemma"))
+                   else "image_token_id")
     if architecture.startswith("LlavaOnevision"):  # (its video placeholder beside the image one)
         config_class = functools.partial(config_class, video_token_index=IMAGE_TOKEN_ID - 1)
     config = config_class(text_config=text, vision_config={**_TINY_VISION[architecture], **(vision_extra or {})},

@@ -1,7 +1,8 @@
 """Multimodal checkpoints served as their language model (vLLM's `--language-model-only`).
 
 Gemma 3 (4B and up), Mistral Small 3.1 / 3.2, LLaVA (1.5, NeXT, OneVision), InternVL (its
-transformers-format checkpoints), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and its MoE) and SmolVLM
+transformers-format checkpoints), Qwen2-VL / Qwen2.5-VL / Qwen3-VL (and its MoE), PaliGemma (1
+and 2) and SmolVLM
 ship as one `*ForConditionalGeneration` checkpoint: a vision encoder, a projector and a language
 model that is one of the decoders this engine implements. Text in, text out, those models are
 their language model alone: a text token's hidden states never depend on the vision side, whose
@@ -50,6 +51,9 @@ class LanguageModelOf:
     # text_config fields the multimodal class fixes (its text class has no field for them), set so
     # for the text model's class; a config that says otherwise is refused
     text_fixed: Mapping[str, Any] = field(default_factory=dict)
+    # text_config fields the multimodal class's config writes there for itself, which its text
+    # model never reads: left out of the text model's config
+    text_written: frozenset[str] = frozenset()
 
 
 _LLAVA_TEXT = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -124,6 +128,15 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
     "Qwen3VLMoeForConditionalGeneration": LanguageModelOf(
         text_architectures={"qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
         text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION, text_fixed={"norm_topk_prob": True}),
+    # (PaliGemma's config writes its image count and a bidirectional flag into its text config: PaliGemmaModel gives its language model the attention mask itself, whose
+    # two-way part covers its prompt prefix when the processor's token_type_ids say so; this engine's
+    # covers each image's placeholders, as vLLM's "mm prefix LM" does: vision_config.py)
+    "PaliGemmaForConditionalGeneration": LanguageModelOf(
+        text_architectures={"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM"},
+        vision_fields=frozenset({"image_token_index", "image_token_id", "projection_dim", "hidden_size",
+                                 "ignore_index"}),
+        text_prefixes=_COMPOSITE_TEXT, vision_prefixes=_COMPOSITE_VISION,
+        text_written=frozenset({"num_image_tokens", "use_bidirectional_attention"})),
     "SmolVLMForConditionalGeneration": LanguageModelOf(
         text_architectures={"llama": "LlamaForCausalLM"},
         vision_fields=frozenset({"image_token_id", "scale_factor", "_pad_token_id", "pad_token_id"}),
@@ -179,7 +192,7 @@ def language_model_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"config.json: text_config.{name}={text[name]!r} is not supported for {architecture} "
                              f"(its model reads {value!r})")
     text = {name: _without_mrope(value) if name in ("rope_parameters", "rope_scaling") else value
-            for name, value in {**text, **spec.text_fixed}.items()}
+            for name, value in {**text, **spec.text_fixed}.items() if name not in spec.text_written}
     text["architectures"] = [text_architecture]
     text["tie_word_embeddings"] = _tied(outer.tie_word_embeddings, text.get("tie_word_embeddings"))
     text["dtype"] = cfg.get("torch_dtype") or cfg.get("dtype") or text.get("dtype")

@@ -5,7 +5,9 @@ LLaVA-Interleave is this form with SigLIP; LLaVA-NeXT's tiles; LLaVA-OneVision's
 with its tile features scaled down past `anyres_max_N` tiles' worth and a prompt's several images
 read whole only; Gemma 3's: SigLIP's last layer
 average-pooled to `mm_tokens_per_image` features, each image's tokens framed by its start and end
-tokens and attending to each other both ways, vLLM's "mm prefix LM"; Idefics3 / SmolVLM's: an
+tokens and attending to each other both ways, vLLM's "mm prefix LM"; PaliGemma's: SigLIP's last
+layer projected by one linear layer, the images' placeholders before the prompt's bos token and
+text (its processor's form), attending to each other both ways as Gemma 3's; Idefics3 / SmolVLM's: an
 image read as its processor's tiles and the whole image, each a SigLIP-shaped encoder input whose
 last hidden state is pixel-shuffled and projected, each its own run of placeholders between the
 processor's row / column tokens; Qwen2-VL's: an image of any size read as its processor's patches
@@ -40,9 +42,13 @@ IMAGE_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditional
                        "Idefics3ForConditionalGeneration", "Qwen2VLForConditionalGeneration",
                        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
                        "Qwen3VLMoeForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
-                       "InternVLForConditionalGeneration", "Mistral3ForConditionalGeneration")
+                       "InternVLForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                       "PaliGemmaForConditionalGeneration")
 # vLLM's default limit of inputs of one modality per prompt (its MultiModalConfig)
 DEFAULT_IMAGES_PER_PROMPT = 999
+# the architectures whose prompts take fewer images (vLLM's get_supported_mm_limits; PaliGemma's
+# processor puts all a prompt's images into one two-way block, vLLM's mask each image into its own)
+SUPPORTED_IMAGES_PER_PROMPT = {"PaliGemmaForConditionalGeneration": 1}
 # the vision encoders implemented (model/models/llava_vision.py): CLIP's has a CLS token and a
 # layer norm before its layers, SigLIP's neither (and a patch projection with a bias)
 _VISION_MODEL_TYPES = ("clip_vision_model", "siglip_vision_model")
@@ -145,9 +151,16 @@ class ImageEncoderConfig:
     start_token_id: int | None = None
     end_token_id: int | None = None
     frame_text: str = ""
-    # vLLM's "mm prefix LM" (Gemma 3): in a prompt's forward pass an image's placeholders attend
-    # to each other both ways (and causally to what precedes), as transformers' token_type_ids mask
+    # vLLM's "mm prefix LM" (Gemma 3, PaliGemma): in a prompt's forward pass an image's
+    # placeholders attend to each other both ways (and causally to what precedes), as transformers'
+    # token_type_ids mask does with the image placeholders marked (PaliGemma's processor marks its
+    # whole prompt; vLLM's, and this engine, the images: a cached image prefix then does not depend
+    # on the text after it)
     bidirectional: bool = False
+    # PaliGemma: the features are the last layer's (after the post-layernorm) through one linear
+    # layer with a bias; the prompt is its processor's "<image>" per image (put at the start where
+    # the prompt has none), its bos token after the last, the prompt's text, then a newline
+    prefix_images: bool = False
     # Idefics3 / SmolVLM's connector: the last layer's features (after the post-layernorm)
     # pixel-shuffled by this factor and projected without a bias; each encoder input is one of an
     # image's tiles or the whole image, its own run of placeholders (0: not this form)
@@ -258,8 +271,8 @@ class ImageEncoderConfig:
     @property
     def reads_final_state(self) -> bool:
         """The features are the encoder's last hidden state after its post-layernorm (Gemma 3,
-        Idefics3 / SmolVLM), not the raw hidden states of `feature_layers` (LLaVA)."""
-        return bool(self.pooled_tokens or self.pixel_shuffle)
+        Idefics3 / SmolVLM, PaliGemma), not the raw hidden states of `feature_layers` (LLaVA)."""
+        return bool(self.pooled_tokens or self.pixel_shuffle or self.prefix_images)
 
     @property
     def prompt_token_id(self) -> int:
@@ -366,6 +379,8 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
     vision = _read_vision(outer, _vision_encoders(architecture))
     if architecture == "Gemma3ForConditionalGeneration":
         return _gemma3_encoder(outer, vision)
+    if architecture == "PaliGemmaForConditionalGeneration":
+        return _paligemma_encoder(outer, vision)
     if architecture == "InternVLForConditionalGeneration":
         return _internvl_encoder(outer, vision)
     if architecture == "Mistral3ForConditionalGeneration" or vision["model_type"] == "pixtral":
@@ -469,6 +484,27 @@ def _gemma3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
         projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
         image_token_id=outer.image_token_id, pooled_tokens=tokens, start_token_id=outer.boi_token_id,
         end_token_id=outer.eoi_token_id, frame_text="\n\n", bidirectional=True)
+
+
+def _paligemma_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
+    """PaliGemma's vision side (transformers' PaliGemmaMultiModalProjector): SigLIP's last hidden
+    state, one feature per patch, through one linear layer with a bias; its images' placeholders
+    go before the prompt (`prefix_images`)."""
+    if vision["model_type"] != "siglip_vision_model":
+        raise ValueError(f"image inputs of PaliGemmaForConditionalGeneration are implemented with a SigLIP encoder, "
+                         f"got vision_config.model_type={vision['model_type']!r}")
+    text_hidden_size = outer.get_text_config().hidden_size
+    if outer.projection_dim != text_hidden_size:
+        raise ValueError(f"projection_dim={outer.projection_dim!r} must equal text_config.hidden_size="
+                         f"{text_hidden_size} (the projector's outputs are the language model's input embeddings)")
+    return ImageEncoderConfig(
+        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
+        intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
+        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
+        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
+        hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
+        projector_act="", projector_bias=True, text_hidden_size=text_hidden_size,
+        image_token_id=outer.image_token_index, bidirectional=True, prefix_images=True)
 
 
 def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
@@ -704,6 +740,10 @@ def images_per_prompt(limit_mm_per_prompt: Mapping[str, Any] | None, language_mo
             raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r}: multimodal inputs are not "
                              f"implemented for {architecture or 'this model'} ({refusal}); give 0 for every "
                              "modality, or language_model_only=True")
+        supported = SUPPORTED_IMAGES_PER_PROMPT.get(architecture, DEFAULT_IMAGES_PER_PROMPT)
+        if count > supported:
+            raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r}: {architecture} takes at most "
+                             f"{supported} image(s) per prompt")
     if language_model_only or refusal:
         return 0
-    return counts.get("image", DEFAULT_IMAGES_PER_PROMPT)
+    return counts.get("image", SUPPORTED_IMAGES_PER_PROMPT.get(architecture, DEFAULT_IMAGES_PER_PROMPT))

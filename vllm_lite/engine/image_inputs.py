@@ -520,6 +520,7 @@ class PlaceholderExpansion:
         self.config = config
         self.tokenizer = tokenizer
         self._frame: list[int] | None = None
+        self._newline: list[int] | None = None  # (PaliGemma's "\n" after the prompt)
         self._tile_frame: list[int] | None = None  # (InternVL's `<img>`, `</img>` ids)
         self._row_ends: list[int] | None = None  # (Mistral 3's [IMG_BREAK], [IMG_END] ids)
         self._newline_only: dict[int, bool] = {}  # token id -> its text is newlines only
@@ -530,9 +531,37 @@ class PlaceholderExpansion:
         of lengths[i] placeholders per image, is taken as it is) and each image's first
         placeholder position."""
         config = self.config
+        if config.prefix_images:
+            token_ids = self._prefixed(token_ids, lengths)
         if not config.framed:
             return expand_placeholders(token_ids, lengths, config.image_token_id)
         return self.expand_framed(token_ids, [0] * len(lengths))
+
+    def _prefixed(self, token_ids: list[int], lengths: np.ndarray) -> list[int]:
+        """PaliGemma: the prompt as its processor writes it (vLLM's PaliGemma prompts are its
+        processor's), "<image>" per image (at the start where the prompt has none), its bos token
+        after the last, the prompt's text (without a bos the tokenizer put first), then "\\n" (merged
+        with newlines before it as the tokenizer merges them in the processor's text); a prompt
+        already expanded (a run of lengths[i] placeholders per image) is taken as it is."""
+        config = self.config
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        placeholders = np.flatnonzero(tokens == config.image_token_id)
+        if len(placeholders) == lengths.sum() and len(placeholders) != len(lengths):
+            return token_ids
+        self._check_tokenizer()
+        bos = self.tokenizer.bos_token_id
+        if bos is None:
+            raise VLLMValidationError("image inputs of this model need a tokenizer with a bos token (its processor "
+                                      "writes one after the images)", parameter="multi_modal_data")
+        text = token_ids[1:] if token_ids[:1] == [bos] else token_ids
+        if not len(placeholders):
+            prompt = [config.image_token_id] * len(lengths) + [bos] + text
+        else:
+            last = int(placeholders[-1]) + len(text) - len(token_ids) + 1
+            prompt = text[:last] + [bos] + text[last:]
+        if self._newline is None:
+            self._newline = self.tokenizer.encode("\n", add_special_tokens=False)
+        return self._merged_newlines([(prompt, False), (self._newline, True)])
 
     def expand_framed(self, token_ids: list[int], crops: list[int]) -> tuple[list[int], np.ndarray]:
         """Gemma 3: each image's start-of-image token becomes `frame_text`, the start token, the

@@ -1,7 +1,7 @@
-"""The vision side of LLaVA 1.5, LLaVA-NeXT / OneVision and Gemma 3: a CLIP or SigLIP vision transformer and
-the projector that turns its patch features into language-model input embeddings (one per image
-placeholder token; LLaVA-NeXT's and OneVision's tiles packed as `LlavaImageEncoder._packed` says; Gemma 3's
-pooled by `Gemma3Projector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
+"""The vision side of LLaVA 1.5, LLaVA-NeXT / OneVision, Gemma 3 and PaliGemma: a CLIP or SigLIP vision
+transformer and the projector that turns its patch features into language-model input embeddings (one per
+image placeholder token; LLaVA-NeXT's and OneVision's tiles packed as `LlavaImageEncoder._packed` says; Gemma
+3's pooled by `Gemma3Projector`; PaliGemma's projected by one linear layer, `PaliGemmaProjector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
@@ -148,6 +148,18 @@ class Gemma3Projector(nn.Module):
         return torch.matmul(self.mm_soft_emb_norm(pooled), self.mm_input_projection_weight).to(x.dtype)
 
 
+class PaliGemmaProjector(nn.Module):
+    """PaliGemma's (transformers' PaliGemmaMultiModalProjector): one linear layer with a bias. Its
+    output enters the language model unscaled (Gemma scales its token embeddings alone)."""
+
+    def __init__(self, config: ImageEncoderConfig) -> None:
+        super().__init__()
+        self.linear = nn.Linear(config.hidden_size, config.text_hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
 class PixelShuffleModalityProjection(nn.Module):
     def __init__(self, config: ImageEncoderConfig) -> None:
         super().__init__()
@@ -201,6 +213,7 @@ class LlavaImageEncoder(nn.Module):
         self.vision_tower = VisionTower(config)
         self.multi_modal_projector = (Gemma3Projector(config) if config.pooled_tokens
                                       else PixelShuffleConnector(config) if config.pixel_shuffle
+                                      else PaliGemmaProjector(config) if config.prefix_images
                                       else LlavaProjector(config))
         self.image_newline = nn.Parameter(torch.empty(config.text_hidden_size)) if config.any_resolution else None
 
@@ -232,7 +245,7 @@ class LlavaImageEncoder(nn.Module):
         depth = config.num_layers + 1  # (a negative layer counts from the last of all hidden states)
         wanted = [layer % depth for layer in config.feature_layers]
         states = self.vision_tower.vision_model.hidden_states(pixel_values, set(wanted))
-        if config.reads_final_state:  # (Gemma 3, SmolVLM: SigLIP's last_hidden_state, after its post-layernorm)
+        if config.reads_final_state:  # (Gemma 3, SmolVLM, PaliGemma: SigLIP's last_hidden_state, post-layernormed)
             return self.multi_modal_projector(self.vision_tower.vision_model.post_layernorm(states[wanted[0]]))
         first = 0 if config.keep_first_feature else 1
         features = torch.cat([states[index][:, first:] for index in wanted], dim=-1)
