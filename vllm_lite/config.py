@@ -1696,16 +1696,16 @@ def _warn_int8_without_dot_products() -> None:
 
 
 def _warn_slow_float16() -> None:
-    """dtype="float16" on CPU is honoured, but without AMX-FP16 oneDNN's fp16 matmuls ran 2.3-8x
-    slower than bf16's and no faster than float32's (an Intel Xeon with AMX-BF16 and avx512_fp16,
+    """dtype="float16" on CPU is honoured, but without AMX-FP16 oneDNN's fp16 matmuls ran no faster
+    than float32's (0.86-1.35x its time: an Intel Xeon with AMX-BF16 and avx512_fp16, where they
+    also ran 2.3-8x slower than bf16's, and one with avx512_fp16 and avx512_bf16 but no AMX,
     benchmarks/half_precision.py in benchmarks/RESULTS.md). Said once at start, as the
     dtype='auto' choice is."""
-    from vllm_lite.cpu_info import has_fast_fp16_matmul, has_native_bf16
+    from vllm_lite.cpu_info import has_fast_fp16_matmul
 
     if not has_fast_fp16_matmul():
-        faster = "bfloat16 (this CPU's native half precision) or float32" if has_native_bf16() else "float32"
-        logger.warning("dtype='float16' on a CPU without AMX-FP16: its half-precision matmuls are slower than "
-                       "%s here; dtype='auto' picks the fast one", faster)
+        logger.warning("dtype='float16' on a CPU without AMX-FP16: its matmuls run no faster than float32's here "
+                       "(the weights take half the memory); dtype='auto' picks this CPU's fast precision")
 
 
 def _resolve_checkpoint_quantization(quantization: str | None, checkpoint: str | None) -> str | None:

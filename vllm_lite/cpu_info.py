@@ -14,7 +14,7 @@ from pathlib import Path
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 dot products in hardware
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products in hardware
-FP16_MATMUL_FLAGS = ("amx_fp16",)  # fp16 matmuls in hardware (with avx512_fp16 alone: 2.3-8x slower than bf16)
+FP16_MATMUL_FLAGS = ("amx_fp16",)  # fp16 matmuls in hardware (with avx512_fp16 alone: no faster than fp32)
 
 
 def _cpuinfo_field(name: str, cpuinfo: Path) -> str | None:
