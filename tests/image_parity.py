@@ -35,6 +35,21 @@ def assert_greedy_parity(model: Path, prompts: list[dict], prompt_ids: list[list
         llm.shutdown()
 
 
+def assert_prefix_cache_hit_inside_an_image(model: Path, prompts: list[dict], tokens: list[list[int]],
+                                            sampling: SamplingParams) -> None:
+    """Blocks of 4 tokens: run again, the first prompt's cached prefix ends inside its image's
+    placeholders (the image attends to itself both ways: the rest of it must still see all of it)."""
+    llm = make_llm(model, block_size=4, enable_prefix_caching=True)
+    try:
+        first = llm.generate(prompts[:1], sampling, use_tqdm=False)
+        again = llm.generate(prompts, sampling, use_tqdm=False)
+        assert again[0].num_cached_tokens > 0
+        assert list(first[0].outputs[0].token_ids) == tokens[0]
+        assert [list(out.outputs[0].token_ids) for out in again] == tokens
+    finally:
+        llm.shutdown()
+
+
 def text_prompts(texts: list[str], images_per_text: list[list[int]], images: list[Any]) -> list[dict]:
     """vLLM's prompt dicts: each text with its images (indices into `images`)."""
     return [{"prompt": text, "multi_modal_data": {"image": [images[i] for i in which]}}

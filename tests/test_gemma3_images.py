@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
-from image_parity import assert_greedy_parity, image_schedules
+from image_parity import assert_greedy_parity, assert_prefix_cache_hit_inside_an_image, image_schedules
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -92,16 +92,7 @@ def test_a_prefix_cache_hit_inside_an_image(gemma3: Path, images: list[Image.Ima
                                             reference: list[list[int]]) -> None:
     """Blocks of 4 tokens: the second run's cached prefix ends inside the first image's
     placeholders; the rest of that image still attends the whole image."""
-    llm = make_llm(gemma3, block_size=4, enable_prefix_caching=True)
-    try:
-        prompts = image_prompts(images)
-        first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-        again = llm.generate(prompts, GREEDY, use_tqdm=False)
-        assert again[0].num_cached_tokens > 0
-        assert list(first[0].outputs[0].token_ids) == reference[0]
-        assert [list(out.outputs[0].token_ids) for out in again] == reference
-    finally:
-        llm.shutdown()
+    assert_prefix_cache_hit_inside_an_image(gemma3, image_prompts(images), reference, GREEDY)
 
 
 def test_chat_writes_the_start_of_image_token(gemma3: Path, images: list[Image.Image]) -> None:

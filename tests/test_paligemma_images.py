@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from PIL import Image
 
 from hf_reference import hf_greedy_with_images
-from image_parity import assert_greedy_parity, image_schedules
+from image_parity import assert_greedy_parity, assert_prefix_cache_hit_inside_an_image, image_schedules
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
 from vllm_lite.config import EngineArgs
@@ -129,16 +130,7 @@ def test_a_prefix_cache_hit_inside_the_image(model: Path, images: list[Image.Ima
                                              reference: list[list[int]]) -> None:
     """Blocks of 4 tokens: the second run's cached prefix ends inside the image's placeholders;
     the rest of the image still attends the whole image."""
-    llm = make_llm(model, block_size=4, enable_prefix_caching=True)
-    try:
-        prompts = image_prompts(images)
-        first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
-        again = llm.generate(prompts, GREEDY, use_tqdm=False)
-        assert again[0].num_cached_tokens > 0
-        assert list(first[0].outputs[0].token_ids) == reference[0]
-        assert [list(out.outputs[0].token_ids) for out in again] == reference
-    finally:
-        llm.shutdown()
+    assert_prefix_cache_hit_inside_an_image(model, image_prompts(images), reference, GREEDY)
 
 
 def test_a_text_prompt_without_an_image_is_left_as_it_is(model: Path) -> None:
@@ -159,11 +151,39 @@ def test_a_text_prompt_without_an_image_is_left_as_it_is(model: Path) -> None:
     assert list(output.outputs[0].token_ids) == causal[0, len(PROMPT_IDS[0]):].tolist()
 
 
+def edited_copy(model: Path, folder: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of the checkpoint whose config.json `edit` changed."""
+    shutil.copytree(model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_releases_config_fields_are_read(model: Path, images: list[Image.Image], reference: list[list[int]],
+                                             tmp_path: Path) -> None:
+    """PaliGemma's releases write their image count and a projector activation (read by neither
+    transformers nor vLLM: the projector is one linear layer) into the vision config, and older
+    ones `_vocab_size` at the top: taken; an image count that is not the encoder's is refused."""
+    def as_released(config: dict) -> None:
+        config["vision_config"].update(num_image_tokens=TOKENS_PER_IMAGE, projector_hidden_act="gelu_fast")
+        config["_vocab_size"] = 1000
+
+    released = edited_copy(model, tmp_path / "released", as_released)
+    llm = make_llm(released)
+    try:
+        [output] = llm.generate(image_prompts(images)[:1], GREEDY, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert list(output.outputs[0].token_ids) == reference[0]
+    miscounted = edited_copy(model, tmp_path / "miscounted", lambda config: config["vision_config"].update(
+        num_image_tokens=9))
+    with pytest.raises(ValueError, match="num_image_tokens=9 must be the encoder's 16 patches"):
+        EngineArgs(model=str(miscounted), limit_mm_per_prompt={"image": 1}).create_engine_config()
+
+
 def test_what_cannot_be_honoured_is_refused_by_name(model: Path, images: list[Image.Image], tmp_path: Path) -> None:
-    narrow = tmp_path / "narrow"
-    shutil.copytree(model, narrow)
-    config = json.loads((narrow / "config.json").read_text())
-    (narrow / "config.json").write_text(json.dumps({**config, "projection_dim": 32}))
+    narrow = edited_copy(model, tmp_path / "narrow", lambda config: config.update(projection_dim=32))
     with pytest.raises(ValueError, match="projection_dim=32 must equal text_config.hidden_size=64"):
         EngineArgs(model=str(narrow), limit_mm_per_prompt={"image": 1}).create_engine_config()
     with pytest.raises(ValueError, match="takes at most 1 image"):

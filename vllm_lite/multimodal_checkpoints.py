@@ -133,8 +133,10 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
     # covers each image's placeholders, as vLLM's "mm prefix LM" does: vision_config.py)
     "PaliGemmaForConditionalGeneration": LanguageModelOf(
         text_architectures={"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM"},
+        # (`_vocab_size`: transformers 4.4x's saved name of a vocabulary size its modelling code
+        # no longer reads; the text config's is the model's)
         vision_fields=frozenset({"image_token_index", "image_token_id", "projection_dim", "hidden_size",
-                                 "ignore_index"}),
+                                 "ignore_index", "_vocab_size"}),
         text_prefixes=_COMPOSITE_TEXT, vision_prefixes=_COMPOSITE_VISION,
         text_written=frozenset({"num_image_tokens", "use_bidirectional_attention"})),
     "SmolVLMForConditionalGeneration": LanguageModelOf(

@@ -114,6 +114,12 @@ _VISION_READ = frozenset({"hidden_size", "intermediate_size", "num_hidden_layers
                           "max_image_size", "size", "use_base_siglip"})
 
 
+# PaliGemma's releases write their image count into the vision config (checked against the
+# encoder's patches) and a projector activation that neither transformers' nor vLLM's PaliGemma
+# reads (its projector is one linear layer)
+_PALIGEMMA_VISION_READ = _VISION_READ | {"num_image_tokens", "projector_hidden_act"}
+
+
 @dataclass(frozen=True, slots=True)
 class ImageEncoderConfig:
     """LLaVA's vision side: a CLIP or SigLIP vision transformer (the features of `feature_layers`,
@@ -427,6 +433,8 @@ def read_image_encoder(cfg: Mapping[str, Any]) -> ImageEncoderConfig:
 def _vision_encoders(architecture: str) -> dict[str, frozenset[str]]:
     """The vision encoders (model types, each with the fields read of it) implemented for an
     architecture's image inputs (besides Qwen's)."""
+    if architecture == "PaliGemmaForConditionalGeneration":
+        return {"siglip_vision_model": _PALIGEMMA_VISION_READ}
     if architecture == "InternVLForConditionalGeneration":
         return {"internvl_vision": _INTERNVL_VISION_READ}
     if architecture == "Mistral3ForConditionalGeneration":
@@ -475,15 +483,8 @@ def _gemma3_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
     if per_side * per_side != tokens or side % per_side:
         raise ValueError(f"mm_tokens_per_image={tokens!r} must be a square whose side divides the encoder's "
                          f"{side} x {side} patches (they are average-pooled to it)")
-    return ImageEncoderConfig(
-        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
-        intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
-        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
-        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
-        hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
-        projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
-        image_token_id=outer.image_token_id, pooled_tokens=tokens, start_token_id=outer.boi_token_id,
-        end_token_id=outer.eoi_token_id, frame_text="\n\n", bidirectional=True)
+    return _last_layer_encoder(outer, vision, pooled_tokens=tokens, start_token_id=outer.boi_token_id,
+                               end_token_id=outer.eoi_token_id, frame_text="\n\n", bidirectional=True)
 
 
 def _paligemma_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
@@ -493,18 +494,15 @@ def _paligemma_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig
     if vision["model_type"] != "siglip_vision_model":
         raise ValueError(f"image inputs of PaliGemmaForConditionalGeneration are implemented with a SigLIP encoder, "
                          f"got vision_config.model_type={vision['model_type']!r}")
+    patches = (vision["image_size"] // vision["patch_size"]) ** 2
+    if vision.get("num_image_tokens", patches) != patches:
+        raise ValueError(f"vision_config.num_image_tokens={vision['num_image_tokens']!r} must be the encoder's "
+                         f"{patches} patches (one feature each)")
     text_hidden_size = outer.get_text_config().hidden_size
     if outer.projection_dim != text_hidden_size:
         raise ValueError(f"projection_dim={outer.projection_dim!r} must equal text_config.hidden_size="
                          f"{text_hidden_size} (the projector's outputs are the language model's input embeddings)")
-    return ImageEncoderConfig(
-        encoder_type=vision["model_type"], hidden_size=vision["hidden_size"],
-        intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
-        num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
-        image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
-        hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
-        projector_act="", projector_bias=True, text_hidden_size=text_hidden_size,
-        image_token_id=outer.image_token_index, bidirectional=True, prefix_images=True)
+    return _last_layer_encoder(outer, vision, projector_bias=True, bidirectional=True, prefix_images=True)
 
 
 def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
@@ -515,14 +513,21 @@ def _tiled_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
     if not (isinstance(scale, int) and scale >= 1 and side % scale == 0):
         raise ValueError(f"scale_factor={scale!r} must be a positive integer dividing the encoder's {side} x {side} "
                          "patches (they are pixel-shuffled by it)")
+    return _last_layer_encoder(outer, vision, pixel_shuffle=scale)
+
+
+def _last_layer_encoder(outer: Any, vision: dict[str, Any], **form: Any) -> ImageEncoderConfig:
+    """A SigLIP-shaped encoder whose features are its last layer's, after its post-layernorm (Gemma
+    3, PaliGemma, Idefics3 / SmolVLM), with `form`: the fields of its projector and prompt form (a
+    projector without a bias unless it says otherwise)."""
     return ImageEncoderConfig(
         encoder_type="siglip_vision_model", hidden_size=vision["hidden_size"],
         intermediate_size=vision["intermediate_size"], num_layers=vision["num_hidden_layers"],
         num_heads=vision["num_attention_heads"], num_channels=vision["num_channels"],
         image_size=vision["image_size"], patch_size=vision["patch_size"], layer_norm_eps=vision["layer_norm_eps"],
         hidden_act=vision["hidden_act"], feature_layers=(vision["num_hidden_layers"],), keep_first_feature=True,
-        projector_act="", projector_bias=False, text_hidden_size=outer.get_text_config().hidden_size,
-        image_token_id=outer.image_token_id, pixel_shuffle=scale)
+        projector_act="", text_hidden_size=outer.get_text_config().hidden_size, image_token_id=outer.image_token_id,
+        **{"projector_bias": False, **form})
 
 
 def _internvl_encoder(outer: Any, vision: dict[str, Any]) -> ImageEncoderConfig:
