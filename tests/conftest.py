@@ -336,8 +336,9 @@ def tiny_paligemma2_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """PaliGemma 2: a Gemma 2 decoder (a 16-token sliding window, then a global layer; its
     attention and final logits soft-capped; an LM head of its own: tied, the tiny random decoder
     repeats its last input token whatever the image). The window is as wide as an image, as in
-    every release (224 px: 256 tokens, 896 px: 4,096, window 4,096): transformers lets an image's
-    tokens see all of it past a narrower window, this engine's window clamps them, as the text's."""
+    every release (224 px: 256 tokens, 896 px: 4,096, window 4,096): transformers' PaliGemma lets
+    an image's tokens see all of it past a narrower window (its Gemma 3 does not), this engine's
+    window bounds them as the text's."""
     return _paligemma_images(tmp_path_factory, "gemma2", seed=3, tied=False, text_extra={"sliding_window": 16})
 
 
