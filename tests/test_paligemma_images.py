@@ -110,20 +110,23 @@ def test_greedy_tokens_equal_transformers(model: Path, images: list[Image.Image]
 
 def test_text_prompts_as_the_processor_writes_them(model: Path, images: list[Image.Image]) -> None:
     """A text prompt with an image becomes the processor's input ids (placeholders, bos, the text,
-    a newline merged with the text's own), `<image>` written in the text or not; the tokens
-    follow as transformers' from those ids."""
+    a newline merged with the text's own), `<image>` written in the text or not; those ids given
+    as the prompt are taken as they are; the tokens follow as transformers' from those ids."""
     processor = processor_of(model)
     texts = [*TEXTS, "<image>a dog"]
+    ids = [list(processor(images=[images[0]], text=[text])["input_ids"][0]) for text in texts]
     llm = make_llm(model)
     try:
-        outputs = llm.generate([{"prompt": text, "multi_modal_data": {"image": images[0]}} for text in texts], GREEDY,
-                               use_tqdm=False)
+        image = {"image": images[0]}
+        outputs = llm.generate([{"prompt": text, "multi_modal_data": image} for text in texts]
+                               + [{"prompt_token_ids": given, "multi_modal_data": image} for given in ids],
+                               GREEDY, use_tqdm=False)
     finally:
         llm.shutdown()
-    for text, output in zip(texts, outputs):
-        ids = processor(images=[images[0]], text=[text])["input_ids"][0]
-        assert list(output.prompt_token_ids) == list(ids), text
-        assert list(output.outputs[0].token_ids) == hf_reference(model, list(ids), images[0]), text
+    for text, wanted, output, again in zip(texts, ids, outputs, outputs[len(texts):]):
+        assert list(output.prompt_token_ids) == list(again.prompt_token_ids) == wanted, text
+        assert list(output.outputs[0].token_ids) == hf_reference(model, wanted, images[0]), text
+        assert list(again.outputs[0].token_ids) == list(output.outputs[0].token_ids), text
 
 
 def test_a_prefix_cache_hit_inside_the_image(model: Path, images: list[Image.Image],

@@ -128,9 +128,10 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
     "Qwen3VLMoeForConditionalGeneration": LanguageModelOf(
         text_architectures={"qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
         text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION, text_fixed={"norm_topk_prob": True}),
-    # (PaliGemma's config writes its image count and a bidirectional flag into its text config: PaliGemmaModel gives its language model the attention mask itself, whose
-    # two-way part covers its prompt prefix when the processor's token_type_ids say so; this engine's
-    # covers each image's placeholders, as vLLM's "mm prefix LM" does: vision_config.py)
+    # (PaliGemma's config writes its image count and a bidirectional flag into its text config:
+    # PaliGemmaModel gives its language model the attention mask itself, whose two-way part covers
+    # its prompt prefix when the processor's token_type_ids say so; this engine's covers each
+    # image's placeholders, as vLLM's "mm prefix LM" does: vision_config.py)
     "PaliGemmaForConditionalGeneration": LanguageModelOf(
         text_architectures={"gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM"},
         # (`_vocab_size`: transformers 4.4x's saved name of a vocabulary size its modelling code

@@ -1,7 +1,8 @@
 """The vision side of LLaVA 1.5, LLaVA-NeXT / OneVision, Gemma 3 and PaliGemma: a CLIP or SigLIP vision
-transformer and the projector that turns its patch features into language-model input embeddings (one per
-image placeholder token; LLaVA-NeXT's and OneVision's tiles packed as `LlavaImageEncoder._packed` says; Gemma
-3's pooled by `Gemma3Projector`; PaliGemma's projected by one linear layer, `PaliGemmaProjector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
+transformer and the projector that turns its patch features into language-model input embeddings (one
+per image placeholder token; LLaVA-NeXT's and OneVision's tiles packed as `LlavaImageEncoder._packed`
+says; Gemma 3's pooled by `Gemma3Projector`; PaliGemma's projected by one linear layer,
+`PaliGemmaProjector`; Idefics3 / SmolVLM's tiles, each an input, by `PixelShuffleConnector`).
 The two encoders differ only in their embeddings (CLIP: a CLS token, a patch projection without
 bias, a layer norm before the layers; SigLIP: none of these) and their layers' activation.
 
