@@ -729,6 +729,7 @@ def images_per_prompt(limit_mm_per_prompt: Mapping[str, Any] | None, language_mo
     limits = dict(limit_mm_per_prompt or {})
     counts = {modality: limit.get("count") if isinstance(limit, Mapping) else limit
               for modality, limit in limits.items()}
+    supported = SUPPORTED_IMAGES_PER_PROMPT.get(architecture, DEFAULT_IMAGES_PER_PROMPT)
     for modality, count in counts.items():
         if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
             raise ValueError(f"limit_mm_per_prompt: {modality}={limits[modality]!r}: the count must be an integer >= 0")
@@ -745,10 +746,9 @@ def images_per_prompt(limit_mm_per_prompt: Mapping[str, Any] | None, language_mo
             raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r}: multimodal inputs are not "
                              f"implemented for {architecture or 'this model'} ({refusal}); give 0 for every "
                              "modality, or language_model_only=True")
-        supported = SUPPORTED_IMAGES_PER_PROMPT.get(architecture, DEFAULT_IMAGES_PER_PROMPT)
         if count > supported:
             raise ValueError(f"limit_mm_per_prompt: image={limits[modality]!r}: {architecture} takes at most "
                              f"{supported} image(s) per prompt")
     if language_model_only or refusal:
         return 0
-    return counts.get("image", SUPPORTED_IMAGES_PER_PROMPT.get(architecture, DEFAULT_IMAGES_PER_PROMPT))
+    return counts.get("image", supported)

@@ -541,12 +541,12 @@ class PlaceholderExpansion:
         """PaliGemma: the prompt as its processor writes it (vLLM's PaliGemma prompts are its
         processor's), "<image>" per image (at the start where the prompt has none), its bos token
         after the last, the prompt's text (without a bos the tokenizer put first), then "\\n" (merged
-        with newlines before it as the tokenizer merges them in the processor's text); a prompt
-        already expanded (a run of lengths[i] placeholders per image) is taken as it is."""
+        with newlines before it as the tokenizer merges them in the processor's text); any other
+        count of placeholders (a prompt already expanded, or a wrong count) is left to
+        `expand_placeholders`, which takes the one and refuses the other."""
         config = self.config
-        tokens = np.asarray(token_ids, dtype=np.int64)
-        placeholders = np.flatnonzero(tokens == config.image_token_id)
-        if len(placeholders) == lengths.sum() and len(placeholders) != len(lengths):
+        placeholders = np.flatnonzero(np.asarray(token_ids, dtype=np.int64) == config.image_token_id)
+        if len(placeholders) not in (0, len(lengths)):
             return token_ids
         self._check_tokenizer()
         bos = self.tokenizer.bos_token_id
