@@ -28,7 +28,11 @@ ROWS = (1, 8, 64, 512, 2048)
 
 def kernel_table(repeats: int) -> None:
     from vllm_lite.model.layers.quantization import pack_int8_tiles
+    from vllm_lite.worker.worker import keep_freed_memory_in_heap
 
+    # As in the engine's worker: without it a large product's int32 output (32 MB at 2,048 x
+    # 4,096) is mapped afresh and page-faulted in on every call, which both kernels would pay.
+    keep_freed_memory_in_heap()
     print(f"{'shape (N x K)':>14} {'rows':>5} {'_int_mm (us)':>13} {'tiles (us)':>11} {'speed-up':>9}")
     for out_features, in_features in SHAPES:
         q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8)

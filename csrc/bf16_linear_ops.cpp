@@ -23,7 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "cpu_amx.h"
 
@@ -142,9 +142,10 @@ at::Tensor amx_bf16_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   }
   at::Tensor out = at::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
-  const std::vector<uint16_t> x_tiles =
-      amx_a_tiles(static_cast<const uint16_t*>(x.data_ptr()), rows, x.stride(0), in_features, kBlockK);
-  const Operands g{x_tiles.data(), static_cast<const uint16_t*>(packed_weight.data_ptr()), k_blocks, bias_data,
+  const std::unique_ptr<uint16_t[]> x_tiles =
+      amx_a_tiles(static_cast<const uint16_t*>(x.data_ptr()), rows, x.stride(0), in_features, kBlockK,
+                  at::get_num_threads());
+  const Operands g{x_tiles.get(), static_cast<const uint16_t*>(packed_weight.data_ptr()), k_blocks, bias_data,
                    static_cast<uint16_t*>(out.data_ptr()), out_features, rows, out_features};
   amx_gemm(g, rows, k_blocks, column_blocks, at::get_num_threads(), &gemm_range);
   return out;

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 namespace vllm_lite_cpu {
 
@@ -117,17 +117,24 @@ void amx_gemm(const Operands& g, int64_t rows, int64_t k_blocks, int64_t column_
 
 // x's rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
 // tile one piece in memory, which the tile loads stream from L2 where strided rows of x each
-// cost a cache line of their own.
+// cost a cache line of their own. A prefill chunk's x is megabytes: its row tiles are copied by
+// `threads` threads, and only the padding is zeroed.
 template <typename T>
-std::vector<T> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k) {
-  const int64_t k_blocks = (in_features + block_k - 1) / block_k, tile = 16 * block_k;
-  std::vector<T> tiles(((rows + 15) / 16) * k_blocks * tile, T{});
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t k = 0; k < k_blocks; ++k) {
-      const int64_t width = in_features - k * block_k < block_k ? in_features - k * block_k : block_k;
-      std::memcpy(tiles.data() + ((r / 16) * k_blocks + k) * tile + (r % 16) * block_k, x + r * row_stride + k * block_k,
-                  width * sizeof(T));
-    }
+std::unique_ptr<T[]> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k,
+                                 int threads) {
+  const int64_t k_blocks = (in_features + block_k - 1) / block_k, tile = 16 * block_k, row_tiles = (rows + 15) / 16;
+  std::unique_ptr<T[]> tiles(new T[row_tiles * k_blocks * tile]);
+  T* const packed = tiles.get();
+  const bool large = row_tiles * k_blocks * tile * static_cast<int64_t>(sizeof(T)) >= (256 << 10);
+#pragma omp parallel for num_threads(threads) if (large && threads > 1)
+  for (int64_t row_tile = 0; row_tile < row_tiles; ++row_tile)
+    for (int64_t r = row_tile * 16; r < row_tile * 16 + 16; ++r)
+      for (int64_t k = 0; k < k_blocks; ++k) {
+        T* const out = packed + (row_tile * k_blocks + k) * tile + (r % 16) * block_k;
+        const int64_t width = r >= rows ? 0 : in_features - k * block_k < block_k ? in_features - k * block_k : block_k;
+        if (width > 0) std::memcpy(out, x + r * row_stride + k * block_k, width * sizeof(T));
+        std::memset(out + width, 0, (block_k - width) * sizeof(T));
+      }
   return tiles;
 }
 #endif

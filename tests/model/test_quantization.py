@@ -49,16 +49,18 @@ def test_int8_tiles_pack_and_unpack(rows: int, cols: int) -> None:
 
 @pytest.mark.skipif(not ops.amx_int8_usable(), reason="needs AMX-INT8 and the csrc build")
 @pytest.mark.parametrize("out_features, in_features", [(100, 70), (960, 576), (33, 130), (64, 64)])
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40, 64, 300])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40, 64, 300, 600])
 def test_amx_int8_mm_gives_int_mm_sums(out_features: int, in_features: int, rows: int) -> None:
     """The AMX-INT8 tiles' int32 sums equal torch._int_mm's exactly (ragged rows, K and N tails,
-    one and two row tiles, several row blocks)."""
+    one and two row tiles, several row blocks, strided rows of x, x copied into tiles by threads
+    at 600 x 576)."""
     gen = torch.Generator().manual_seed(rows + out_features)
     q = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=gen)
-    x = torch.randint(-127, 128, (rows, in_features), dtype=torch.int8, generator=gen)
+    wide = torch.randint(-127, 128, (rows, in_features + 8), dtype=torch.int8, generator=gen)
+    x = wide[:, 3:3 + in_features]
     with threads(2):
         got = ops.amx_int8_mm(x, pack_int8_tiles(q), out_features)
-    assert torch.equal(got, torch._int_mm(x, q.t()))
+    assert torch.equal(got, torch._int_mm(x.contiguous(), q.t()))
 
 
 def test_layer_quantize_int8_replaces_weight() -> None:
