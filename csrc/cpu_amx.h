@@ -16,6 +16,7 @@
 #include <unistd.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -115,27 +116,39 @@ void amx_gemm(const Operands& g, int64_t rows, int64_t k_blocks, int64_t column_
   }
 }
 
-// x's rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
+// Rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
 // tile one piece in memory, which the tile loads stream from L2 where strided rows of x each
-// cost a cache line of their own. A prefill chunk's x is megabytes: its row tiles are copied by
-// `threads` threads, and only the padding is zeroed.
-template <typename T>
-std::unique_ptr<T[]> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k,
-                                 int threads) {
+// cost a cache line of their own. `row_values(r, scratch)` gives row r's in_features values: x's
+// row itself, or values it wrote into `scratch` (room for in_features). A prefill chunk's rows are
+// megabytes: its row tiles are filled by `threads` threads, and only the padding is zeroed.
+template <typename T, typename RowValues>
+std::unique_ptr<T[]> amx_a_tiles_of(int64_t rows, int64_t in_features, int64_t block_k, int threads,
+                                    const RowValues& row_values) {
   const int64_t k_blocks = (in_features + block_k - 1) / block_k, tile = 16 * block_k, row_tiles = (rows + 15) / 16;
   std::unique_ptr<T[]> tiles(new T[row_tiles * k_blocks * tile]);
   T* const packed = tiles.get();
   const bool large = row_tiles * k_blocks * tile * static_cast<int64_t>(sizeof(T)) >= (256 << 10);
 #pragma omp parallel for num_threads(threads) if (large && threads > 1)
-  for (int64_t row_tile = 0; row_tile < row_tiles; ++row_tile)
-    for (int64_t r = row_tile * 16; r < row_tile * 16 + 16; ++r)
+  for (int64_t row_tile = 0; row_tile < row_tiles; ++row_tile) {
+    const std::unique_ptr<T[]> scratch(new T[in_features]);
+    for (int64_t r = row_tile * 16; r < row_tile * 16 + 16; ++r) {
+      const T* values = r < rows ? row_values(r, scratch.get()) : nullptr;
       for (int64_t k = 0; k < k_blocks; ++k) {
         T* const out = packed + (row_tile * k_blocks + k) * tile + (r % 16) * block_k;
-        const int64_t width = r >= rows ? 0 : in_features - k * block_k < block_k ? in_features - k * block_k : block_k;
-        if (width > 0) std::memcpy(out, x + r * row_stride + k * block_k, width * sizeof(T));
+        const int64_t width = values == nullptr ? 0 : std::min(block_k, in_features - k * block_k);
+        if (width > 0) std::memcpy(out, values + k * block_k, width * sizeof(T));
         std::memset(out + width, 0, (block_k - width) * sizeof(T));
       }
+    }
+  }
   return tiles;
+}
+
+// x's rows, `row_stride` apart, in whole A tiles.
+template <typename T>
+std::unique_ptr<T[]> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k,
+                                 int threads) {
+  return amx_a_tiles_of<T>(rows, in_features, block_k, threads, [&](int64_t r, T*) { return x + r * row_stride; });
 }
 #endif
 

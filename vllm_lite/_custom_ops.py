@@ -38,7 +38,7 @@ def amx_bf16_usable() -> bool:
 @functools.cache
 def amx_int8_usable() -> bool:
     """Whether the extension is built and this CPU lets the process use AMX-INT8 tiles (the int8
-    linear layers' matmul, `amx_int8_mm`)."""
+    linear layers' matmul, `amx_int8_linear`)."""
     return is_available() and torch.ops.vllm_lite_C.amx_int8_usable()
 
 
@@ -46,6 +46,14 @@ def amx_int8_mm(xq: torch.Tensor, packed_weight: torch.Tensor, out_features: int
     """int32 `xq [M, K] @ W^T` for int8 `xq` (contiguous rows) and W [out_features, K] int8 packed
     by `quantization.pack_int8_tiles`: the exact sums torch._int_mm gives, on AMX-INT8 tiles."""
     return torch.ops.vllm_lite_C.amx_int8_mm(xq, packed_weight, out_features)
+
+
+def amx_int8_linear(x: torch.Tensor, packed_weight: torch.Tensor, weight_scale: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor:
+    """A W8A8 linear layer in one op: `quantize_rows_int8(x)`, `amx_int8_mm` and
+    `dequantize_int32` (+ bias) fused, the same values; x float32/bfloat16 [M, K] with contiguous
+    rows, `weight_scale` float32 [N], the result of x's dtype."""
+    return torch.ops.vllm_lite_C.amx_int8_linear(x, packed_weight, weight_scale, bias)
 
 
 @functools.cache

@@ -63,6 +63,38 @@ def test_amx_int8_mm_gives_int_mm_sums(out_features: int, in_features: int, rows
     assert torch.equal(got, torch._int_mm(x.contiguous(), q.t()))
 
 
+@pytest.mark.skipif(not ops.amx_int8_usable(), reason="needs AMX-INT8 and the csrc build")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows, out_features, in_features", [(1, 100, 70), (17, 960, 576), (40, 33, 130),
+                                                             (600, 64, 576)])
+def test_amx_int8_linear_equals_the_three_ops(dtype: torch.dtype, with_bias: bool, rows: int, out_features: int,
+                                              in_features: int) -> None:
+    """The fused op gives the values of quantize_rows_int8, amx_int8_mm and dequantize_int32 in
+    turn, bit for bit (ragged rows, K and N; strided rows of x; an all-zero row; x quantized into
+    tiles by threads at 600 x 576)."""
+    gen = torch.Generator().manual_seed(rows + in_features)
+    q = Int8Weight.quantize(torch.randn(out_features, in_features, generator=gen))
+    wide = (torch.randn(rows, in_features + 8, generator=gen) * 3).to(dtype)
+    x = wide[:, 5:5 + in_features]
+    x[rows // 2] = 0.0
+    bias = torch.randn(out_features, generator=gen).to(dtype) if with_bias else None
+    with threads(2):
+        fused = ops.amx_int8_linear(x, q.tiles, q.scale, bias)
+        xq, x_scale = ops.quantize_rows_int8(x)
+        acc = ops.amx_int8_mm(xq, q.tiles, out_features)
+        expected = ops.dequantize_int32(acc, x_scale, q.scale, bias, dtype)
+    assert fused.dtype == dtype and fused.shape == (rows, out_features)
+    assert torch.equal(fused, expected)
+
+
+@pytest.mark.skipif(not ops.amx_int8_usable(), reason="needs AMX-INT8 and the csrc build")
+def test_amx_int8_linear_refuses_a_bias_of_another_dtype() -> None:
+    q = Int8Weight.quantize(torch.randn(32, 64))
+    with pytest.raises(RuntimeError, match="amx_int8_linear: bias must be contiguous, of x's dtype"):
+        ops.amx_int8_linear(torch.randn(2, 64).bfloat16(), q.tiles, q.scale, torch.zeros(32))
+
+
 def test_layer_quantize_int8_replaces_weight() -> None:
     layer = RowParallelLinear(40, 48)
     layer.weight.data.normal_()
@@ -168,4 +200,4 @@ def test_int8_linear_fused_path_equals_torch_path(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ops, "takes_layer_ops", lambda t: False)
     reference = int8_linear(x, q, bias)
     assert fused.shape == (2, 9, 96)
-    torch.testing.assert_close(fused, reference, rtol=1e-6, atol=1e-5)
+    assert torch.equal(fused, reference)  # fp32: the same roundings (product, then bias)

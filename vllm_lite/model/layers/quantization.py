@@ -97,10 +97,12 @@ def dequantize_rows(acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
-    if ops.takes_layer_ops(flat):
-        quantize, dequantize = ops.quantize_rows_int8, ops.dequantize_int32
-    else:
-        quantize, dequantize = quantize_rows, dequantize_rows
+    fused_ends = ops.takes_layer_ops(flat)
+    if weight.tiles is not None and fused_ends:
+        out = ops.amx_int8_linear(flat, weight.tiles, weight.scale, bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    quantize, dequantize = (ops.quantize_rows_int8, ops.dequantize_int32) if fused_ends else (quantize_rows,
+                                                                                              dequantize_rows)
     xq, x_scale = quantize(flat)
     if weight.tiles is not None:  # int32 [M, out]
         acc = ops.amx_int8_mm(xq, weight.tiles, weight.scale.shape[0])
