@@ -1,7 +1,9 @@
-"""The int8 linear layers' matmul on AMX-INT8 tiles (csrc/int8_linear_ops.cpp, what
-quantization="int8" runs on a CPU with AMX-INT8) against torch._int_mm on the same int8 values,
-then, end to end, the decode and prefill of a random-weight Llama of 1B shape (hidden 2,048, 8
-layers) in bf16 and in bf16 + int8.
+"""The int8 linear layers on AMX-INT8 tiles (csrc/int8_linear_ops.cpp, what quantization="int8"
+runs on a CPU with AMX-INT8): the matmul against torch._int_mm on the same int8 values; the
+layer as one op (`amx_int8_linear`) against its three ops in turn (quantize, matmul, rescale)
+and against the bf16 layer it replaces, on the demo's and a 1B model's shapes; then, end to end,
+the decode and prefill of a random-weight Llama of 1B shape (hidden 2,048, 8 layers) in bf16 and
+in bf16 + int8.
 
     python benchmarks/amx_int8.py [--threads 2] [--skip-engine]
 
@@ -44,6 +46,33 @@ def kernel_table(repeats: int) -> None:
             packed = median_seconds(lambda: ops.amx_int8_mm(x, tiles, out_features), n)
             print(f"{out_features:>6} x {in_features:<5} {rows:>5} {plain * 1e6:>13.0f} {packed * 1e6:>11.0f} "
                   f"{plain / packed:>8.2f}x")
+
+
+LAYER_SHAPES = ((960, 576), (3072, 576), (576, 1536), (4096, 2048), (11264, 2048), (2048, 5632))
+
+
+def layer_table(repeats: int) -> None:
+    from vllm_lite.model.layers.linear import linear, prepack
+    from vllm_lite.model.layers.quantization import Int8Weight
+
+    print(f"{'shape (N x K)':>14} {'rows':>5} {'three ops (us)':>15} {'one op (us)':>12} {'speed-up':>9} "
+          f"{'bf16 layer (us)':>16} {'bf16 / int8':>12}")
+    for out_features, in_features in LAYER_SHAPES:
+        weight = torch.randn(out_features, in_features).bfloat16()
+        packed, quantized = prepack(weight), Int8Weight.quantize(weight)
+        for rows in (1, 8, 64, 256):
+            x = torch.randn(rows, in_features).bfloat16()
+
+            def three_ops() -> torch.Tensor:
+                xq, x_scale = ops.quantize_rows_int8(x)
+                acc = ops.amx_int8_mm(xq, quantized.tiles, out_features)
+                return ops.dequantize_int32(acc, x_scale, quantized.scale, None, x.dtype)
+
+            separate = median_seconds(three_ops, repeats)
+            fused = median_seconds(lambda: ops.amx_int8_linear(x, quantized.tiles, quantized.scale, None), repeats)
+            bf16 = median_seconds(lambda: linear(x, weight, packed), repeats)
+            print(f"{out_features:>6} x {in_features:<5} {rows:>5} {separate * 1e6:>15.1f} {fused * 1e6:>12.1f} "
+                  f"{separate / fused:>8.2f}x {bf16 * 1e6:>16.1f} {bf16 / fused:>11.2f}x")
 
 
 def one_billion_shaped_model(folder: Path) -> Path:
@@ -90,6 +119,7 @@ def main() -> None:
     print(f"{cpu_summary()}; AMX-INT8: {'yes' if ops.amx_int8_usable() else 'no'}; {args.threads} threads")
     if ops.amx_int8_usable():
         kernel_table(args.repeats)
+        layer_table(args.repeats * 5)
     if not args.skip_engine:
         with tempfile.TemporaryDirectory(prefix="vllm-lite-1b-") as folder:
             engine_table(one_billion_shaped_model(Path(folder)))
