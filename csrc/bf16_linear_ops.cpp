@@ -34,9 +34,6 @@ using namespace vllm_lite_cpu;  // NOLINT: cpu_amx.h's helpers
 constexpr int64_t kTileRows = 16;                     // rows of every tile; columns of a C tile
 constexpr int64_t kBlockK = 32;                       // bf16 values of K per tile row
 constexpr int64_t kBlockN = 32;                       // output columns per packed block: two C tiles
-constexpr int64_t kBlockElements = kBlockN * kBlockK;  // 2 KB of weights per (column block, K block)
-// Weight blocks asked for ahead of the tile loads (prefetch never faults, so past the end is harmless).
-constexpr int64_t kPrefetchBlocks = 4;
 
 // The GEMM's operands. x is copied into whole A tiles first (amx_a_tiles: 1 KB each).
 struct Operands {
@@ -48,77 +45,32 @@ struct Operands {
   int64_t out_stride, rows, cols;
 };
 
-constexpr int64_t kTileElements = kTileRows * kBlockK;
-
-// C (16 x 16 fp32 tiles [row tile][column tile]) of rows [row, row + 16 * kRowTiles) by column
-// block `block`. Tiles: 0-3 C, 4-5 A (x), 6-7 B (weights).
-template <int kRowTiles>
-VLLM_LITE_AMX_BF16_TARGET void tile_product(const Operands& g, int64_t row, int64_t block, float (*c)[kTileRows * kTileRows]) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (kRowTiles == 2) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  const uint16_t* a0 = g.x_tiles + row / kTileRows * g.k_blocks * kTileElements;
-  const uint16_t* a1 = a0 + g.k_blocks * kTileElements;
-  const uint16_t* b = g.weight + block * g.k_blocks * kBlockElements;
-  for (int64_t k = 0; k < g.k_blocks; ++k, b += kBlockElements) {
-    const char* ahead = reinterpret_cast<const char*>(b + kPrefetchBlocks * kBlockElements);
-    for (int64_t line = 0; line < kBlockElements * 2; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _tile_loadd(6, b, 128);
-    _tile_loadd(7, b + 2 * kTileRows, 128);  // the second 16 columns: the rows' second 64 bytes
-    _tile_loadd(4, a0 + k * kTileElements, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (kRowTiles == 2) {
-      _tile_loadd(5, a1 + k * kTileElements, 64);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c[0], 64);
-  _tile_stored(1, c[1], 64);
-  if constexpr (kRowTiles == 2) {
-    _tile_stored(2, c[2], 64);
-    _tile_stored(3, c[3], 64);
-  }
-}
-
-// The valid rows and columns of those tiles (+ bias) into out, rounded to bf16.
-VLLM_LITE_AMX_BF16_TARGET void store_tiles(const Operands& g, int64_t row, int64_t block, int row_tiles,
-                                      const float (*c)[kTileRows * kTileRows]) {
+// The valid rows and columns of the block's sums at c (row stride kBlockN) (+ bias) into out,
+// rounded to bf16.
+VLLM_LITE_AMX_BF16_TARGET void store_block(const Operands& g, int64_t row, int64_t block, int row_tiles, const float* c) {
   for (int j = 0; j < 2; ++j) {
     const int64_t col = block * kBlockN + j * kTileRows;
     if (col >= g.cols) break;
     const __mmask16 mask = static_cast<__mmask16>((1u << std::min<int64_t>(kTileRows, g.cols - col)) - 1);
     const __m512 bias = g.bias == nullptr ? _mm512_setzero_ps()
         : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, g.bias + col)), 16));
-    for (int t = 0; t < row_tiles; ++t) {
-      const int64_t first = row + t * kTileRows, n = std::min(kTileRows, g.rows - first);
-      for (int64_t r = 0; r < n; ++r) {
-        const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(c[t * 2 + j] + r * kTileRows), bias);
-        _mm256_mask_storeu_epi16(g.out + (first + r) * g.out_stride + col, mask, (__m256i)_mm512_cvtneps_pbh(sum));
-      }
+    for (int64_t r = 0; r < std::min(row_tiles * kTileRows, g.rows - row); ++r) {
+      const __m512 sum = _mm512_add_ps(_mm512_load_ps(c + r * kBlockN + j * kTileRows), bias);
+      _mm256_mask_storeu_epi16(g.out + (row + r) * g.out_stride + col, mask, (__m256i)_mm512_cvtneps_pbh(sum));
     }
   }
 }
 
 // Column blocks [first, last) for rows [row_begin, row_end).
 VLLM_LITE_AMX_BF16_TARGET void gemm_range(const Operands& g, int64_t row_begin, int64_t row_end, int64_t first, int64_t last) {
-  alignas(64) float c[4][kTileRows * kTileRows];
+  alignas(64) float sums[2 * kTileRows * kBlockN];
   for (int64_t block = first; block < last; ++block)
     for (int64_t row = row_begin; row < row_end; row += 2 * kTileRows) {
-      if (row_end - row > kTileRows) {
-        tile_product<2>(g, row, block, c);
-        store_tiles(g, row, block, 2, c);
-      } else {
-        tile_product<1>(g, row, block, c);
-        store_tiles(g, row, block, 1, c);
-      }
+      const int row_tiles = row_end - row > kTileRows ? 2 : 1;
+      amx_block_product(g.x_tiles, g.weight, g.k_blocks, row, row_tiles, block, sums, kBlockN);
+      store_block(g, row, block, row_tiles, sums);
     }
 }
-
 
 bool amx_bf16_usable() { return cpu_has_amx(AmxKind::kBf16); }
 
@@ -131,9 +83,9 @@ at::Tensor amx_bf16_linear(const at::Tensor& x, const at::Tensor& packed_weight,
   const int64_t k_blocks = (in_features + kBlockK - 1) / kBlockK;
   const int64_t column_blocks = (out_features + kBlockN - 1) / kBlockN;
   TORCH_CHECK(packed_weight.scalar_type() == at::kBFloat16 && packed_weight.is_contiguous() &&
-                  packed_weight.numel() == column_blocks * k_blocks * kBlockElements,
+                  packed_weight.numel() == column_blocks * k_blocks * kBlockN * kBlockK,
               "amx_bf16_linear: packed_weight must be a contiguous bfloat16 packing of a [", out_features, ", ",
-              in_features, "] weight (", column_blocks * k_blocks * kBlockElements, " values)");
+              in_features, "] weight (", column_blocks * k_blocks * kBlockN * kBlockK, " values)");
   const uint16_t* bias_data = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->is_contiguous() && bias->numel() == out_features,

@@ -116,6 +116,79 @@ void amx_gemm(const Operands& g, int64_t rows, int64_t k_blocks, int64_t column_
   }
 }
 
+// The linear kernels' inner product (bf16_linear_ops.cpp, int8_linear_ops.cpp): one 32-column
+// block of the weight over all of K times 1 or 2 row tiles of x (rows [row, row + 16 * kRowTiles)),
+// into 2 or 4 C tiles stored at c (row stride c_stride sums). In bytes the two kinds lie alike: a
+// tile row is 64 bytes (32 bf16 or 64 int8 values of K), a (column block, K block) of the weight is
+// 2 KB whose two B tiles are the halves of its 128-byte rows, one block's K blocks follow each
+// other (a stretch a thread streams start to end), x's tiles are amx_a_tiles'. bf16 (uint16_t)
+// operands are summed in fp32 by tdpbf16ps, int8 ones in int32 by tdpbssd. Tiles: 0-3 C, 4-5 A
+// (x), 6-7 B (weights).
+constexpr int64_t kAmxTileBytes = 1024;
+constexpr int64_t kAmxWeightBlockBytes = 2048;
+constexpr int64_t kAmxPrefetchBlocks = 4;  // weight blocks asked for ahead (prefetch never faults)
+
+template <int kRowTiles, typename T, typename Sum>
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) void amx_block_product(const T* x_tiles, const T* weight,
+                                                                              int64_t k_blocks, int64_t row,
+                                                                              int64_t block, Sum* c,
+                                                                              int64_t c_stride) {
+  constexpr bool kInt8 = sizeof(T) == 1;
+  static_assert(sizeof(Sum) == 4 && (kInt8 || sizeof(T) == 2), "bf16 pairs into fp32, or int8 quads into int32");
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kRowTiles == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const char* a0 = reinterpret_cast<const char*>(x_tiles) + row / 16 * k_blocks * kAmxTileBytes;
+  const char* a1 = a0 + k_blocks * kAmxTileBytes;
+  const char* b = reinterpret_cast<const char*>(weight) + block * k_blocks * kAmxWeightBlockBytes;
+  for (int64_t k = 0; k < k_blocks; ++k, b += kAmxWeightBlockBytes) {
+    const char* ahead = b + kAmxPrefetchBlocks * kAmxWeightBlockBytes;
+    for (int64_t line = 0; line < kAmxWeightBlockBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _tile_loadd(6, b, 128);
+    _tile_loadd(7, b + 64, 128);  // the second 16 columns: the rows' second 64 bytes
+    _tile_loadd(4, a0 + k * kAmxTileBytes, 64);
+    if constexpr (kInt8) {
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+    } else {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (kRowTiles == 2) {
+      _tile_loadd(5, a1 + k * kAmxTileBytes, 64);
+      if constexpr (kInt8) {
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+      } else {
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+  }
+  const int64_t bytes = c_stride * 4;
+  _tile_stored(0, c, bytes);
+  _tile_stored(1, c + 16, bytes);
+  if constexpr (kRowTiles == 2) {
+    _tile_stored(2, c + 16 * c_stride, bytes);
+    _tile_stored(3, c + 16 * c_stride + 16, bytes);
+  }
+}
+
+// amx_block_product for row_tiles (1 or 2) known at run time.
+template <typename T, typename Sum>
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) void amx_block_product(const T* x_tiles, const T* weight,
+                                                                              int64_t k_blocks, int64_t row,
+                                                                              int row_tiles, int64_t block, Sum* c,
+                                                                              int64_t c_stride) {
+  if (row_tiles == 2)
+    amx_block_product<2>(x_tiles, weight, k_blocks, row, block, c, c_stride);
+  else
+    amx_block_product<1>(x_tiles, weight, k_blocks, row, block, c, c_stride);
+}
+
 // Rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
 // tile one piece in memory, which the tile loads stream from L2 where strided rows of x each
 // cost a cache line of their own. `row_values(r, scratch)` gives row r's in_features values: x's

@@ -47,9 +47,6 @@ using namespace vllm_lite_cpu;  // NOLINT: the helpers of cpu_amx.h and cpu_int8
 constexpr int64_t kTileRows = 16;                      // rows of every tile; columns of a C tile
 constexpr int64_t kBlockK = 64;                        // int8 values of K per tile row
 constexpr int64_t kBlockN = 32;                        // output columns per packed block: two C tiles
-constexpr int64_t kBlockElements = kBlockN * kBlockK;  // 2 KB of weights per (column block, K block)
-constexpr int64_t kTileElements = kTileRows * kBlockK;
-constexpr int64_t kPrefetchBlocks = 4;
 
 struct TileInputs {
   const int8_t* x_tiles;  // [row tiles][K blocks][16 rows][64], zero-padded
@@ -79,7 +76,7 @@ int64_t column_blocks_of(int64_t out_features) { return (out_features + kBlockN 
 int64_t k_blocks_of(int64_t in_features) { return (in_features + kBlockK - 1) / kBlockK; }
 
 void check_packed_weight(const at::Tensor& packed_weight, int64_t out_features, int64_t in_features, const char* op) {
-  const int64_t values = column_blocks_of(out_features) * k_blocks_of(in_features) * kBlockElements;
+  const int64_t values = column_blocks_of(out_features) * k_blocks_of(in_features) * kBlockN * kBlockK;
   TORCH_CHECK(packed_weight.scalar_type() == at::kChar && packed_weight.is_contiguous() &&
                   packed_weight.numel() == values,
               op, ": packed_weight must be a contiguous int8 packing of a [", out_features, ", ", in_features,
@@ -87,54 +84,12 @@ void check_packed_weight(const at::Tensor& packed_weight, int64_t out_features, 
 }
 
 #if VLLM_LITE_AMX
-// fma: the rescale's multiply-add contracts as in int8_ops.cpp's AVX-512 build (x86-64-v4), so
-// the fused op's values are the separate ops' bit for bit.
-#define VLLM_LITE_AMX_INT8_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,amx-tile,amx-int8")))
+#define VLLM_LITE_AMX_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
 
-// C (16 x 16 int32 tiles [row tile][column tile]) of rows [row, row + 16 * kRowTiles) by column
-// block `block`, stored at c (row stride c_stride values). Tiles: 0-3 C, 4-5 A (x), 6-7 B (weights).
-template <int kRowTiles>
-VLLM_LITE_AMX_INT8_TARGET void tile_product(const TileInputs& g, int64_t row, int64_t block, int32_t* c,
-                                            int64_t c_stride) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (kRowTiles == 2) {
-    _tile_zero(2);
-    _tile_zero(3);
-  }
-  const int8_t* a0 = g.x_tiles + row / kTileRows * g.k_blocks * kTileElements;
-  const int8_t* a1 = a0 + g.k_blocks * kTileElements;
-  const int8_t* b = g.weight + block * g.k_blocks * kBlockElements;
-  for (int64_t k = 0; k < g.k_blocks; ++k, b += kBlockElements) {
-    const char* ahead = reinterpret_cast<const char*>(b + kPrefetchBlocks * kBlockElements);
-    for (int64_t line = 0; line < kBlockElements; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _tile_loadd(6, b, 128);
-    _tile_loadd(7, b + 64, 128);  // the second 16 columns: the rows' second 64 bytes
-    _tile_loadd(4, a0 + k * kTileElements, 64);
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-    if constexpr (kRowTiles == 2) {
-      _tile_loadd(5, a1 + k * kTileElements, 64);
-      _tile_dpbssd(2, 5, 6);
-      _tile_dpbssd(3, 5, 7);
-    }
-  }
-  const int64_t bytes = c_stride * static_cast<int64_t>(sizeof(int32_t));
-  _tile_stored(0, c, bytes);
-  _tile_stored(1, c + kTileRows, bytes);
-  if constexpr (kRowTiles == 2) {
-    _tile_stored(2, c + kTileRows * c_stride, bytes);
-    _tile_stored(3, c + kTileRows * c_stride + kTileRows, bytes);
-  }
-}
-
+// The block's int32 sums (cpu_amx.h's product) at c.
 VLLM_LITE_AMX_INT8_TARGET void block_product(const TileInputs& g, int64_t row, int row_tiles, int64_t block,
                                              int32_t* c, int64_t c_stride) {
-  if (row_tiles == 2)
-    tile_product<2>(g, row, block, c, c_stride);
-  else
-    tile_product<1>(g, row, block, c, c_stride);
+  amx_block_product(g.x_tiles, g.weight, g.k_blocks, row, row_tiles, block, c, c_stride);
 }
 
 // The valid rows and columns of tiles stored at c (row stride kBlockN) into out: the blocks at
