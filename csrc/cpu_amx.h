@@ -1,6 +1,8 @@
-// AMX tiles for the csrc CPU attention kernels (cpu_ops.cpp: bf16 scores; kv_int8_ops.cpp: int8
-// scores): whether the CPU has them and this process may use them, and the one tile
-// configuration both kernels load (every tile 16 rows x 64 bytes). The compiler emits no AMX
+// AMX tiles for the csrc CPU kernels: whether the CPU has them and this process may use them, and
+// the one tile configuration every kernel loads (every tile 16 rows x 64 bytes), for the attention
+// kernels (cpu_ops.cpp: bf16 scores; kv_int8_ops.cpp: int8 scores) and the linear ones
+// (bf16_linear_ops.cpp, int8_linear_ops.cpp), whose work split (amx_gemm), copy of x into A tiles
+// (amx_a_tiles) and tile product (amx_block_product) are here too. The compiler emits no AMX
 // instruction of its own: the kernels call these only where cpu_has_amx() says so.
 #pragma once
 
