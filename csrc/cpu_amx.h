@@ -194,16 +194,15 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) void amx_block_product(con
 // Rows copied into whole A tiles, [row tiles][K blocks][16 rows][block_k] (zero-padded): each
 // tile one piece in memory, which the tile loads stream from L2 where strided rows of x each
 // cost a cache line of their own. `row_values(r, scratch)` gives row r's in_features values: x's
-// row itself, or values it wrote into `scratch` (room for in_features). A prefill chunk's rows are
-// megabytes: its row tiles are filled by `threads` threads, and only the padding is zeroed.
+// row itself, or values it wrote into `scratch` (room for in_features). The row tiles are filled by
+// `threads` threads (a prefill chunk's rows are megabytes), and only the padding is zeroed.
 template <typename T, typename RowValues>
 std::unique_ptr<T[]> amx_a_tiles_of(int64_t rows, int64_t in_features, int64_t block_k, int threads,
                                     const RowValues& row_values) {
   const int64_t k_blocks = (in_features + block_k - 1) / block_k, tile = 16 * block_k, row_tiles = (rows + 15) / 16;
   std::unique_ptr<T[]> tiles(new T[row_tiles * k_blocks * tile]);
   T* const packed = tiles.get();
-  const bool large = row_tiles * k_blocks * tile * static_cast<int64_t>(sizeof(T)) >= (256 << 10);
-#pragma omp parallel for num_threads(threads) if (large && threads > 1)
+#pragma omp parallel for num_threads(threads) if (threads > 1 && row_tiles > 1)
   for (int64_t row_tile = 0; row_tile < row_tiles; ++row_tile) {
     const std::unique_ptr<T[]> scratch(new T[in_features]);
     for (int64_t r = row_tile * 16; r < row_tile * 16 + 16; ++r) {
@@ -219,11 +218,14 @@ std::unique_ptr<T[]> amx_a_tiles_of(int64_t rows, int64_t in_features, int64_t b
   return tiles;
 }
 
-// x's rows, `row_stride` apart, in whole A tiles.
+// x's rows, `row_stride` apart, in whole A tiles; by `threads` threads from 256 KB of them (below,
+// a copy costs less than waking them).
 template <typename T>
 std::unique_ptr<T[]> amx_a_tiles(const T* x, int64_t rows, int64_t row_stride, int64_t in_features, int64_t block_k,
                                  int threads) {
-  return amx_a_tiles_of<T>(rows, in_features, block_k, threads, [&](int64_t r, T*) { return x + r * row_stride; });
+  const bool large = rows * in_features * static_cast<int64_t>(sizeof(T)) >= (256 << 10);
+  return amx_a_tiles_of<T>(rows, in_features, block_k, large ? threads : 1,
+                           [&](int64_t r, T*) { return x + r * row_stride; });
 }
 #endif
 

@@ -153,9 +153,9 @@ void linear_on_tiles(const at::Tensor& x, const at::Tensor& packed_weight, const
   const int64_t rows = x.size(0), in_features = x.size(1), stride = x.stride(0);
   const T* xp = static_cast<const T*>(x.data_ptr());
   std::vector<float> row_scale(rows);
-  const int threads = at::get_num_threads();
+  // Quantizing is more work per value than a copy: threads from quantize_rows_int8's size on.
   const std::unique_ptr<int8_t[]> x_tiles =
-      amx_a_tiles_of<int8_t>(rows, in_features, kBlockK, threads, [&](int64_t r, int8_t* scratch) {
+      amx_a_tiles_of<int8_t>(rows, in_features, kBlockK, threads_for(rows * in_features), [&](int64_t r, int8_t* scratch) {
         row_scale[r] = quantize_one_row(scratch, xp + r * stride, in_features);
         return scratch;
       });
@@ -166,7 +166,7 @@ void linear_on_tiles(const at::Tensor& x, const at::Tensor& packed_weight, const
                             static_cast<T*>(out.data_ptr()),
                             rows,
                             out.size(1)};
-  amx_gemm(g, rows, g.in.k_blocks, column_blocks_of(out.size(1)), threads, &linear_range<T>);
+  amx_gemm(g, rows, g.in.k_blocks, column_blocks_of(out.size(1)), at::get_num_threads(), &linear_range<T>);
 }
 #endif
 
