@@ -9,7 +9,6 @@ by name."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from safetensors.torch import save_file
 
+from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
@@ -58,13 +58,9 @@ def bitsandbytes_dequantized(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def transformers_greedy(checkpoint: Path, tmp_path: Path) -> list[list[int]]:
     """transformers' greedy tokens with the weights bitsandbytes dequantizes (a float checkpoint)."""
-    out = tmp_path / "dequantized"
-    shutil.copytree(checkpoint, out)
+    out = edited_copy(checkpoint, tmp_path / "dequantized", lambda config: config.pop("quantization_config"))
     save_file({name: t.contiguous() for name, t in bitsandbytes_dequantized(checkpoint).items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    del config["quantization_config"]
-    (out / "config.json").write_text(json.dumps(config))
     return hf_greedy(out, PROMPTS, NEW_TOKENS)
 
 
@@ -112,14 +108,6 @@ def test_another_family_and_tensor_parallel(tiny_qwen3: Path, nf4_llama: Path, t
         transformers_greedy(nf4_llama, tmp_path / "llama_reference")
 
 
-def with_quantization_config(checkpoint: Path, out: Path, **changes) -> Path:
-    shutil.copytree(checkpoint, out)
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"].update(changes)
-    (out / "config.json").write_text(json.dumps(config))
-    return out
-
-
 @pytest.mark.parametrize(("changes", "message"), [
     ({"load_in_8bit": True, "_load_in_8bit": True, "load_in_4bit": False, "_load_in_4bit": False},
      "load_in_8bit .* is not implemented here"),
@@ -128,7 +116,7 @@ def with_quantization_config(checkpoint: Path, out: Path, **changes) -> Path:
     ({"bnb_4bit_new_knob": 1}, "bnb_4bit_new_knob is not implemented; refusing to load rather than ignore it"),
 ])
 def test_what_cannot_be_reproduced_is_refused(nf4_llama: Path, tmp_path: Path, changes: dict, message: str) -> None:
-    checkpoint = with_quantization_config(nf4_llama, tmp_path / "changed", **changes)
+    checkpoint = edited_copy(nf4_llama, tmp_path / "changed", lambda config: config["quantization_config"].update(changes))
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(checkpoint)).create_engine_config()
 

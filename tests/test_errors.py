@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from checkpoint_copies import edited_copy
 from vllm_lite import LLM, SamplingParams
 
 
 def test_unknown_architecture_lists_supported(tiny_llama: Path, tmp_path: Path) -> None:
-    model = tmp_path / "model"
-    shutil.copytree(tiny_llama, model)
-    config = json.loads((model / "config.json").read_text())
-    config["architectures"] = ["CohereForCausalLM"]  # but model_type llama: no fallback either
-    (model / "config.json").write_text(json.dumps(config))
+    # but model_type llama: no fallback either
+    model = edited_copy(tiny_llama, tmp_path / "model", {"architectures": ["CohereForCausalLM"]})
     with pytest.raises(ValueError, match="CohereForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
         LLM(str(model), multiprocess=False)
 

@@ -6,13 +6,13 @@ References: transformers on a copy of the model whose config.json has the overri
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from checkpoint_copies import edited_copy
 from hf_reference import build_prompts, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
@@ -24,14 +24,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 # far from the model's: greedy tokens change; transformers 5 saves rope_parameters beside a null
 # rope_scaling, and a given rope_scaling wins over it
 OVERRIDES = {"rope_theta": 3.0, "rms_norm_eps": 0.25, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}
-
-
-def with_config_written(model: Path, folder: Path, overrides: dict) -> Path:
-    copy = folder / f"{model.name}-overridden"
-    shutil.copytree(model, copy)
-    config = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**config, **overrides}))
-    return copy
 
 
 def greedy(model: Path, prompts: list[list[int]], **engine_args) -> list[list[int]]:
@@ -53,7 +45,7 @@ def test_overrides_change_the_model_as_the_written_config_does(fixture: str, ove
                                                                request: pytest.FixtureRequest, tmp_path: Path) -> None:
     model: Path = request.getfixturevalue(fixture)
     prompts = build_prompts(model)[:2]
-    written = hf_greedy(with_config_written(model, tmp_path, overrides), prompts, NEW_TOKENS)
+    written = hf_greedy(edited_copy(model, tmp_path / f"{model.name}-overridden", overrides), prompts, NEW_TOKENS)
     assert written != hf_greedy(model, prompts, NEW_TOKENS)  # the overrides matter
     assert greedy(model, prompts, hf_overrides=overrides) == written
 

@@ -10,7 +10,6 @@ import base64
 import io
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from checkpoint_copies import edited_copy
 from hf_reference import IMAGE_TOKEN_ID, hf_greedy_with_images
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
@@ -518,11 +518,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(llava: Path, images: list[Im
     with pytest.raises(ValueError, match="limit_mm_per_prompt: image=1: multimodal inputs are not implemented for "
                                          "LlamaForCausalLM"):
         EngineArgs(model=str(tiny_llama), limit_mm_per_prompt={"image": 1}).create_engine_config()
-    model = tmp_path / "deep_feature"
-    shutil.copytree(llava, model)
-    cfg = json.loads((model / "config.json").read_text())
-    cfg["vision_feature_layer"] = 7
-    (model / "config.json").write_text(json.dumps(cfg))
+    model = edited_copy(llava, tmp_path / "deep_feature", {"vision_feature_layer": 7})
     with pytest.raises(ValueError, match="vision_feature_layer=7 names no hidden state of the 2-layer vision encoder"):
         EngineArgs(model=str(model), limit_mm_per_prompt={"image": 1}).create_engine_config()
 

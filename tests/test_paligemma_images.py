@@ -9,9 +9,6 @@ equal its processor's."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy_with_images
 from image_parity import assert_greedy_parity, assert_prefix_cache_hit_inside_an_image, image_schedules
 from llm_factory import make_llm
@@ -152,15 +150,6 @@ def test_a_text_prompt_without_an_image_is_left_as_it_is(model: Path) -> None:
                          do_sample=False, eos_token_id=None)
     assert list(output.prompt_token_ids) == PROMPT_IDS[0]
     assert list(output.outputs[0].token_ids) == causal[0, len(PROMPT_IDS[0]):].tolist()
-
-
-def edited_copy(model: Path, folder: Path, edit: Callable[[dict], None]) -> Path:
-    """A copy of the checkpoint whose config.json `edit` changed."""
-    shutil.copytree(model, folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def test_the_releases_config_fields_are_read(model: Path, images: list[Image.Image], reference: list[list[int]],

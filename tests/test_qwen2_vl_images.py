@@ -20,6 +20,7 @@ import pytest
 import torch
 from PIL import Image
 
+from checkpoint_copies import edit_json, edited_copy
 from hf_reference import hf_greedy_with_images
 from image_parity import assert_greedy_parity, image_schedules, references, text_prompts
 from llm_factory import make_llm
@@ -331,22 +332,16 @@ def test_qwen3_vl_moe_stacked_experts_are_read_as_its_checkpoints_hold_them(tiny
     """A stacked experts tensor in another layout (transformers' in-memory [experts, out, in]) is
     refused naming its shape, and a text config whose router would not renormalize (transformers'
     Qwen3-VL-MoE always does) is refused naming the field."""
-    import json
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     from vllm_lite.config import EngineArgs
 
-    model = Path(shutil.copytree(tiny_qwen3_vl_moe, tmp_path / "model"))
-    config = json.loads((model / "config.json").read_text())
-    config["text_config"]["norm_topk_prob"] = False
-    (model / "config.json").write_text(json.dumps(config))
+    model = edited_copy(tiny_qwen3_vl_moe, tmp_path / "model",
+                        lambda config: config["text_config"].update(norm_topk_prob=False))
     with pytest.raises(ValueError, match="text_config.norm_topk_prob=False is not supported for "
                                          "Qwen3VLMoeForConditionalGeneration"):
         EngineArgs(model=str(model), dtype="float32").create_engine_config()
-    config["text_config"]["norm_topk_prob"] = True
-    (model / "config.json").write_text(json.dumps(config))
+    edit_json(model / "config.json", lambda config: config["text_config"].update(norm_topk_prob=True))
     tensors = load_file(str(model / "model.safetensors"))
     name = "model.language_model.layers.1.mlp.experts.gate_up_proj"
     tensors[name] = tensors[name].transpose(1, 2).contiguous()

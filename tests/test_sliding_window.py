@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
@@ -23,11 +22,7 @@ def expected(tiny_mistral_window: Path, _prompt_ids: tuple[tuple[int, ...], ...]
 def test_the_window_changes_the_result(tiny_mistral_window: Path, prompts_token_ids: list[list[int]],
                                        expected: list[list[int]], tmp_path: Path) -> None:
     """Guards the fixture: ignoring the window would give other tokens."""
-    full = tmp_path / "no_window"
-    shutil.copytree(tiny_mistral_window, full)
-    cfg = json.loads((full / "config.json").read_text())
-    cfg["sliding_window"] = None
-    (full / "config.json").write_text(json.dumps(cfg))
+    full = edited_copy(tiny_mistral_window, tmp_path / "no_window", {"sliding_window": None})
     without_window = hf_greedy(full, prompts_token_ids, NEW_TOKENS)
     assert sum(a != b for a, b in zip(expected, without_window)) >= 4
     llm = LLM(str(tiny_mistral_window), max_model_len=256, dtype="float32", multiprocess=False)

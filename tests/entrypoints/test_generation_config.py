@@ -5,14 +5,13 @@ folder replaces the model's file, `--override-generation-config` goes on top."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from checkpoint_copies import edited_copy
 from live_server import running_server
 from llm_factory import make_llm
 from vllm_lite import SamplingParams
@@ -24,11 +23,7 @@ GREEDY_AND_SHORT = {"temperature": 0.0, "max_new_tokens": 5, "top_k": 50, "do_sa
 
 
 def with_generation_config(model: Path, tmp_path: Path, values: dict[str, Any]) -> Path:
-    copy = tmp_path / "model"
-    shutil.copytree(model, copy)
-    config = json.loads((copy / "generation_config.json").read_text())
-    (copy / "generation_config.json").write_text(json.dumps({**config, **values}))
-    return copy
+    return edited_copy(model, tmp_path / "model", values, file="generation_config.json")
 
 
 def test_the_recommended_values_are_those_that_differ_from_transformers_defaults() -> None:

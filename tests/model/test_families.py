@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy, hf_logits
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
@@ -76,13 +77,7 @@ def test_granite_runs_natively(tiny_granite: Path) -> None:
 def test_starcoder2_sliding_window_matches_transformers(tiny_starcoder2: Path, tmp_path: Path,
                                                        prompts_token_ids: list[list[int]]) -> None:
     """StarCoder2's `sliding_window` covers every layer (prompts up to 90 tokens, window 8)."""
-    import json
-    import shutil
-
-    windowed = tmp_path / "windowed"
-    shutil.copytree(tiny_starcoder2, windowed)
-    config = json.loads((windowed / "config.json").read_text())
-    (windowed / "config.json").write_text(json.dumps({**config, "sliding_window": 8}))
+    windowed = edited_copy(tiny_starcoder2, tmp_path / "windowed", {"sliding_window": 8})
     expected = hf_greedy(windowed, prompts_token_ids, NEW_TOKENS)
     assert expected != hf_greedy(tiny_starcoder2, prompts_token_ids, NEW_TOKENS)  # (the window matters)
     llm = LLM(str(windowed), max_model_len=256, dtype="float32", multiprocess=False)
@@ -120,14 +115,8 @@ def test_mosaicmls_own_architecture_name_runs_natively(tiny_mpt: Path, tmp_path:
                                                        prompts_token_ids: list[list[int]]) -> None:
     """MosaicML's configs name their custom class, `MPTForCausalLM` (with an auto_map to it): the
     native MPT runs it, no repository code."""
-    import json
-    import shutil
-
-    model = tmp_path / "mpt"
-    shutil.copytree(tiny_mpt, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(architectures=["MPTForCausalLM"], auto_map={"AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"})
-    (model / "config.json").write_text(json.dumps(config))
+    model = edited_copy(tiny_mpt, tmp_path / "mpt", {"architectures": ["MPTForCausalLM"],
+                                                     "auto_map": {"AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"}})
     llm = LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)
     try:
         assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_mpt, prompts_token_ids, NEW_TOKENS)
@@ -137,13 +126,6 @@ def test_mosaicmls_own_architecture_name_runs_natively(tiny_mpt: Path, tmp_path:
 
 @pytest.mark.parametrize("key, value", [("clip_qkv", 6.0), ("qk_ln", True), ("alibi", False), ("rope", True)])
 def test_mpt_attn_config_is_checked_key_by_key(tiny_mpt: Path, tmp_path: Path, key: str, value: object) -> None:
-    import json
-    import shutil
-
-    model = tmp_path / "mpt"
-    shutil.copytree(tiny_mpt, model)
-    config = json.loads((model / "config.json").read_text())
-    config["attn_config"][key] = value
-    (model / "config.json").write_text(json.dumps(config))
+    model = edited_copy(tiny_mpt, tmp_path / "mpt", lambda config: config["attn_config"].update({key: value}))
     with pytest.raises(ValueError, match=f"attn_config.{key}"):
         LLM(str(model), max_model_len=256, dtype="float32", multiprocess=False)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from checkpoint_copies import edit_json
 from hf_reference import IMAGE_TOKEN_ID, hf_greedy, hf_logits
 from lora_adapters import make_adapter, peft_greedy, peft_prompt_logprobs
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
@@ -30,11 +31,6 @@ MULTIMODAL = ["tiny_gemma3_mm", "tiny_mistral3", "tiny_llava", "tiny_llava_next"
 
 def _copy(model: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(model, tmp_path / model.name))
-
-
-def _edit_config(model: Path, **changes: object) -> None:
-    path = model / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
 def _config(model: Path) -> dict:
@@ -134,9 +130,9 @@ def test_llava_15_config_keys_are_read(tiny_llava: Path, tmp_path: Path, prompts
     vocab_size that disagrees with the text config's is refused rather than picked."""
     model = _copy(tiny_llava, tmp_path)
     vocab = _config(model)["text_config"]["vocab_size"]
-    _edit_config(model, ignore_index=-100, vocab_size=vocab)
+    edit_json(model / "config.json", {"ignore_index": -100, "vocab_size": vocab})
     _assert_greedy_equals_transformers(model, tiny_llava, prompts_token_ids[:2])
-    _edit_config(model, vocab_size=vocab + 64)
+    edit_json(model / "config.json", {"vocab_size": vocab + 64})
     with pytest.raises(ValueError, match=f"vocab_size={vocab + 64} and text_config.vocab_size={vocab} disagree"):
         EngineArgs(model=str(model)).create_engine_config()
 
@@ -268,9 +264,9 @@ def test_what_is_not_implemented_is_refused_by_name(tiny_gemma3_mm: Path, tiny_l
     (model / "config.json").write_text(json.dumps(cfg))
     refused(model, "text_config.final_logit_softcapping=30.0 is not supported for Gemma3ForConditionalGeneration")
     model = _copy(tiny_llava, tmp_path)
-    _edit_config(model, quantization_config={"quant_method": "awq", "bits": 3})
+    edit_json(model / "config.json", {"quantization_config": {"quant_method": "awq", "bits": 3}})
     refused(model, "quantization_config.bits=3 is not supported")
-    _edit_config(model, quantization_config=None, vision_feature_layer_weights=[1.0])
+    edit_json(model / "config.json", {"quantization_config": None, "vision_feature_layer_weights": [1.0]})
     refused(model, "field 'vision_feature_layer_weights' is not implemented for LlavaForConditionalGeneration")
     cfg = _config(model)
     del cfg["vision_feature_layer_weights"]

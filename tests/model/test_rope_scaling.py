@@ -4,14 +4,13 @@ model_max_length, a linear rope factor; LongRoPE's default)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from checkpoint_copies import edited_copy
 from hf_reference import build_tiny_model, hf_greedy
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM
@@ -72,17 +71,6 @@ def test_yarn_model_matches_transformers(tiny_qwen3_yarn: Path, tiny_qwen3: Path
     assert_no_leaked_blocks(llm)
 
 
-def _copy_with(model: Path, folder: Path, config: dict[str, Any] | None = None,
-               tokenizer_config: dict[str, Any] | None = None) -> Path:
-    copy = folder / f"{model.name}-copy"
-    shutil.copytree(model, copy)
-    for name, changes in (("config.json", config), ("tokenizer_config.json", tokenizer_config)):
-        if changes:
-            path = copy / name
-            path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-    return copy
-
-
 def _max_model_len(model: Path, **engine_args: Any) -> int:
     return EngineArgs(model=str(model), **engine_args).create_engine_config().model_config.max_model_len
 
@@ -95,7 +83,7 @@ def test_yarn_context_is_max_position_embeddings_as_vllm_reads_it(tiny_qwen3_yar
 
 def test_context_is_capped_by_the_tokenizer_and_stretched_by_a_linear_factor(tiny_llama: Path,
                                                                              tmp_path: Path) -> None:
-    short = _copy_with(tiny_llama, tmp_path, tokenizer_config={"model_max_length": 100})
+    short = edited_copy(tiny_llama, tmp_path / "short", {"model_max_length": 100}, file="tokenizer_config.json")
     assert _max_model_len(short) == 100
     with pytest.raises(ValueError, match="model_max_length=100"):
         _max_model_len(short, max_model_len=101)

@@ -4,12 +4,11 @@ a native implementation runs in tests/model/test_families.py."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, run_greedy
 from vllm_lite import LLM, SamplingParams
@@ -56,14 +55,6 @@ def test_latent_attention_is_cached_at_the_wider_of_its_key_and_value_widths(tin
     assert (hf.model_impl, hf.num_key_value_heads, hf.head_dim) == ("transformers", hf.num_attention_heads, 24)
 
 
-def _with_config(src: Path, dst: Path, **changes) -> Path:
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(changes)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
 @pytest.mark.parametrize("field,value,message", [
     ("quantization_config", {"quant_method": "awq"}, "quantization_config"),
     ("model_type", "no_such_model", "no_such_model"),
@@ -72,7 +63,7 @@ def _with_config(src: Path, dst: Path, **changes) -> Path:
 ])
 def test_fallback_refuses_what_transformers_cannot_run_here(tiny_cohere: Path, tmp_path: Path,
                                                            field: str, value, message: str) -> None:
-    model = _with_config(tiny_cohere, tmp_path / "m", **{field: value})
+    model = edited_copy(tiny_cohere, tmp_path / "m", {field: value})
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(model)).create_engine_config()
 
