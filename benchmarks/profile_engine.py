@@ -5,7 +5,7 @@ every step, summed by kind (steps that prefill, decode steps by batch size), whi
 workload's time splits between prefill and decode.
 
     OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 python benchmarks/profile_engine.py [PRECISION] [NUM_REQUESTS]
-        [--steps] [--kv-cache-dtype auto|bfloat16|int8_per_token_head]
+        [--steps] [--kv-cache-dtype auto|bfloat16|int8_per_token_head|fp8|fp8_e4m3|fp8_e5m2]
 
 PRECISION: float32, bfloat16, or either with `+int8` (quantization="int8").
 
@@ -84,7 +84,8 @@ def main() -> None:
     parser.add_argument("precision", nargs="?", default="float32")
     parser.add_argument("num_requests", nargs="?", type=int, default=32)
     parser.add_argument("--steps", action="store_true", help="step times by kind instead of cProfile")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "int8_per_token_head"])
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        choices=["auto", "bfloat16", "int8_per_token_head", "fp8", "fp8_e4m3", "fp8_e5m2"])
     args = parser.parse_args()
     core, output_tokens = make_core(args.precision, args.num_requests, args.kv_cache_dtype)
     label = f"{args.precision} (KV {args.kv_cache_dtype}) n={args.num_requests}"
