@@ -35,6 +35,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_amx.h"
@@ -697,23 +698,78 @@ VLLM_LITE_BF16_DOT_INLINE void score_tile_amx(float* logits, int64_t logit_strid
                           _mm512_mul_ps(_mm512_i32gather_ps(column, scores + g, 4), _mm512_set1_ps(scale)));
 }
 
-// decode_one_bf16_tiled's passes with the bf16 K rows fed to vdpbf16ps as they are and the V rows
-// widened in registers. Both passes take a block's rows for all the item's KV heads before the
-// next block (one contiguous stretch of the cache).
-template <int C, bool kAmx>
+// 32 float8 bytes as the bf16 values they encode, exactly (every e4m3 / e5m2 value is a bf16
+// value), in 16-bit lanes: a normal byte's fields moved into bf16's with the exponent rebiased
+// (+120 for e4m3, +112 for e5m2), a subnormal one (exponent 0) looked up by its mantissa, NaN (and
+// e5m2's inf) set apart; the sign kept.
+template <typename T>
+VLLM_LITE_BF16_DOT_INLINE __m512i fp8_to_bf16_32(const T* bytes) {
+  constexpr bool kE4m3 = std::is_same_v<T, fp8_e4m3>;
+  constexpr int kMantissaBits = kE4m3 ? 3 : 2;
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
+  const __m512i magnitude = _mm512_and_si512(b, _mm512_set1_epi16(0x7F));
+  const __m512i rebias = _mm512_set1_epi16(static_cast<int16_t>((kE4m3 ? 120 : 112) << 7));
+  __m512i bits = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 7 - kMantissaBits), rebias);
+  // subnormals: mantissa m is m * 2^-9 (e4m3) or m * 2^-16 (e5m2); the table is indexed by m
+  alignas(64) static constexpr uint16_t kE4m3Subnormals[32] = {
+      0, 118 << 7, 119 << 7, (119 << 7) | 0x40, 120 << 7, (120 << 7) | 0x20, (120 << 7) | 0x40, (120 << 7) | 0x60};
+  alignas(64) static constexpr uint16_t kE5m2Subnormals[32] = {0, 111 << 7, 112 << 7, (112 << 7) | 0x40};
+  const __m512i subnormal = _mm512_load_si512(kE4m3 ? kE4m3Subnormals : kE5m2Subnormals);
+  const __mmask32 is_subnormal = _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(1 << kMantissaBits));
+  bits = _mm512_mask_permutexvar_epi16(bits, is_subnormal, magnitude, subnormal);
+  if constexpr (kE4m3) {  // 0x7F: NaN (e4m3fn has no inf)
+    bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                                 _mm512_set1_epi16(0x7FC0));
+  } else {  // exponent 31: inf (mantissa 0), else NaN
+    const __mmask32 special = _mm512_cmpge_epu16_mask(magnitude, _mm512_set1_epi16(0x7C));
+    const __mmask32 nan = _mm512_cmpgt_epu16_mask(magnitude, _mm512_set1_epi16(0x7C));
+    bits = _mm512_mask_mov_epi16(bits, special, _mm512_set1_epi16(0x7F80));
+    bits = _mm512_mask_mov_epi16(bits, nan, _mm512_set1_epi16(0x7FC0));
+  }
+  return _mm512_or_si512(bits, sign);
+}
+
+// A tile's n (<= 16) K or V rows as bf16 rows: a bf16 cache's as they lie (row stride
+// `row_stride`), an fp8 cache's widened into `widened` (row stride C * 16, fp8_to_bf16_32).
+// `stride` gets the rows' stride.
+template <int C, typename T>
+VLLM_LITE_BF16_DOT_INLINE const uint16_t* bf16_rows(const T* rows, int64_t row_stride, int64_t n, uint16_t* widened,
+                                                    int64_t& stride) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    stride = row_stride;
+    return rows;
+  } else {
+    static_assert(C % 2 == 0, "whole 32-value chunks");
+    for (int64_t j = 0; j < n; ++j)
+      for (int k = 0; k < C / 2; ++k)
+        _mm512_storeu_si512(widened + j * C * kLanes + 32 * k, fp8_to_bf16_32(rows + j * row_stride + 32 * k));
+    stride = C * kLanes;
+    return widened;
+  }
+}
+
+// decode_one_bf16_tiled's passes with the bf16 K rows fed to vdpbf16ps (or AMX tiles) as they are
+// and the V rows widened in registers. Both passes take a block's rows for all the item's KV
+// heads before the next block (one contiguous stretch of the cache). T: the cache's element, bf16
+// or (the AMX passes only) an fp8 cache's bytes, each tile of rows widened to bf16 first.
+template <int C, bool kAmx, typename T = uint16_t>
 VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t* query, int64_t q_stride_h,
-                                                   const uint16_t* cache, const int32_t* blocks, int64_t seq_len,
+                                                   const T* cache, const int32_t* blocks, int64_t seq_len,
                                                    int64_t kv_begin, int64_t kv_end, int64_t group,
                                                    const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  static_assert(kAmx || std::is_same_v<T, uint16_t>, "an fp8 cache takes the AMX passes only");
   constexpr int64_t head_dim = C * kLanes;
   const int64_t num_kv = kv_end - kv_begin, num_heads = num_kv * group;
   const ItemScratch space = item_scratch(scratch, num_heads, seq_len, head_dim);
   float *logits = space.logits, *acc = space.acc, *inv_sum = space.inv_sum;
+  alignas(64) uint16_t widened[std::is_same_v<T, uint16_t> ? 1 : kLanes * head_dim] = {};  // (fp8 rows only)
+  int64_t stride = 0;
   const int64_t num_blocks = (seq_len + c.block_size - 1) / c.block_size;
   auto block_rows = [&](int64_t b, int64_t which) {
     return cache + blocks[b] * c.stride_block + which * c.stride_kv + kv_begin * c.stride_head;
   };
-  const int64_t block_bytes = item_block_bytes(c, num_kv, sizeof(uint16_t));
+  const int64_t block_bytes = item_block_bytes(c, num_kv, sizeof(T));
   auto prefetch_block = [&](int64_t b, int64_t which) {
     if (b < num_blocks) prefetch_l2(block_rows(b, which), block_bytes);
   };
@@ -725,10 +781,12 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
       for (int64_t b = 0; b < num_blocks; ++b) {
         const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
         if (kv == 0) prefetch_block(b + kPrefetchBlocks, 0);
-        const uint16_t* rows = block_rows(b, 0) + kv * c.stride_head;
-        for (int64_t t = 0; t < n; t += kLanes)
-          score_tile_amx<C>(logits + kv * group * seq_len + start + t, seq_len, rows + t * c.stride_offset,
-                            c.stride_offset, std::min(kLanes, n - t), group, scale);
+        const T* rows = block_rows(b, 0) + kv * c.stride_head;
+        for (int64_t t = 0; t < n; t += kLanes) {
+          const int64_t m = std::min(kLanes, n - t);
+          const uint16_t* k_rows = bf16_rows<C>(rows + t * c.stride_offset, c.stride_offset, m, widened, stride);
+          score_tile_amx<C>(logits + kv * group * seq_len + start + t, seq_len, k_rows, stride, m, group, scale);
+        }
       }
     }
   }
@@ -756,10 +814,13 @@ VLLM_LITE_BF16_DOT_INLINE void decode_one_bf16_dot(uint16_t* out, const uint16_t
     const int64_t start = b * c.block_size, n = std::min(c.block_size, seq_len - start);
     prefetch_block(b + kPrefetchBlocks, 1);
     for (int64_t kv = 0; kv < num_kv; ++kv) {
-      const uint16_t* rows = block_rows(b, 1) + kv * c.stride_head;
-      for (int64_t t = 0; t < n; t += kLanes)
+      const T* rows = block_rows(b, 1) + kv * c.stride_head;
+      for (int64_t t = 0; t < n; t += kLanes) {
+        const int64_t m = std::min(kLanes, n - t);
+        const uint16_t* v_rows = bf16_rows<C>(rows + t * c.stride_offset, c.stride_offset, m, widened, stride);
         weighted_sum_heads_bf16<C>(acc + kv * group * head_dim, logits + kv * group * seq_len + start + t, seq_len,
-                                   rows + t * c.stride_offset, c.stride_offset, std::min(kLanes, n - t), group);
+                                   v_rows, stride, m, group);
+      }
     }
   }
   for (int64_t h = 0; h < num_heads; ++h) store_heads_out_bf16<C>(out + h * head_dim, acc + h * head_dim, inv_sum[h]);
@@ -771,6 +832,21 @@ VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_dot, (de
 VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, (decode_one_bf16_dot<4, true>), 4)
 VLLM_LITE_BF16_DECODE_KERNEL(VLLM_LITE_BF16_DOT_TARGET, decode_one_bf16_amx, (decode_one_bf16_dot<8, true>), 8)
 #undef VLLM_LITE_BF16_DECODE_KERNEL
+
+// The AMX passes over an fp8 cache (T: fp8_e4m3 or fp8_e5m2), bf16 query and output, head_dim C * 16.
+#define VLLM_LITE_FP8_AMX_KERNEL(T, C)                                                                        \
+  VLLM_LITE_BF16_DOT_TARGET                                                                                   \
+  void decode_one_##T##_amx_##C(uint16_t* out, const uint16_t* query, int64_t q_stride_h, const T* cache,     \
+                                const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end,     \
+                                int64_t group, const CacheLayout& c, float scale, std::vector<float>& scratch) { \
+    decode_one_bf16_dot<C, true, T>(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,  \
+                                    scale, scratch);                                                          \
+  }
+VLLM_LITE_FP8_AMX_KERNEL(fp8_e4m3, 4)
+VLLM_LITE_FP8_AMX_KERNEL(fp8_e4m3, 8)
+VLLM_LITE_FP8_AMX_KERNEL(fp8_e5m2, 4)
+VLLM_LITE_FP8_AMX_KERNEL(fp8_e5m2, 8)
+#undef VLLM_LITE_FP8_AMX_KERNEL
 
 #endif  // VLLM_LITE_BF16_DOT
 
@@ -864,18 +940,22 @@ void decode_attention_bf16(uint16_t* out, const uint16_t* query, const uint16_t*
   }
 }
 
-// decode_attention_bf16's work split over an fp8 cache (float32 query and output).
-template <typename T, typename Item>
-void decode_attention_fp8(float* out, const float* query, const T* cache, const int32_t* block_table,
+// decode_attention_bf16's work split over an fp8 cache: float32 query and output, or bf16 ones on
+// the AMX passes (`amx`: each thread loads the tile configuration).
+template <typename Q, typename T, typename Item>
+void decode_attention_fp8(Q* out, const Q* query, const T* cache, const int32_t* block_table,
                           const int32_t* seq_lens, int64_t num_seqs, int64_t num_q_heads, int64_t num_kv_heads,
                           int64_t head_dim, int64_t q_stride_t, int64_t q_stride_h, int64_t bt_stride,
-                          CacheLayout layout, float scale, int num_threads, Item decode_item) {
+                          CacheLayout layout, float scale, int num_threads, Item decode_item, bool amx = false) {
   const int64_t group = num_q_heads / num_kv_heads;
   const int64_t heads_per_item = num_seqs >= 4 * num_threads ? num_kv_heads : 1;
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
+#if VLLM_LITE_BF16_DOT
+    if (amx) load_tile_config(2 + head_dim / 32);
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < num_seqs * items_per_seq; ++item) {
       const int64_t s = item / items_per_seq;
@@ -885,6 +965,9 @@ void decode_attention_fp8(float* out, const float* query, const T* cache, const 
                   block_table + s * bt_stride, seq_lens[s], kv_begin, kv_begin + heads_per_item, group, head_dim,
                   layout, scale, scratch);
     }
+#if VLLM_LITE_BF16_DOT
+    if (amx) release_tiles();
+#endif
   }
 }
 
@@ -978,17 +1061,68 @@ void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tenso
                      });
 }
 
+// One fp8 decode item on the AMX passes (head_dim 64 or 128), bf16 query and output.
+template <typename T>
+void decode_item_fp8_amx(uint16_t* out, const uint16_t* query, int64_t q_stride_h, const T* cache,
+                         const int32_t* blocks, int64_t seq_len, int64_t kv_begin, int64_t kv_end, int64_t group,
+                         int64_t head_dim, const CacheLayout& c, float scale, std::vector<float>& scratch) {
+  if (seq_len <= 0) {  // a padded row: nothing to attend to
+    std::fill(out, out + (kv_end - kv_begin) * group * head_dim, uint16_t{0});
+    return;
+  }
+#if VLLM_LITE_BF16_DOT
+  if constexpr (std::is_same_v<T, fp8_e4m3>) {
+    if (head_dim == 64)
+      return decode_one_fp8_e4m3_amx_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                       scale, scratch);
+    return decode_one_fp8_e4m3_amx_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                     scale, scratch);
+  } else {
+    if (head_dim == 64)
+      return decode_one_fp8_e5m2_amx_4(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                       scale, scratch);
+    return decode_one_fp8_e5m2_amx_8(out, query, q_stride_h, cache, blocks, seq_len, kv_begin, kv_end, group, c,
+                                     scale, scratch);
+  }
+#endif
+}
+
+// An fp8 cache under a bf16 query and output: the bf16 cache's AMX passes where they fit (each
+// tile of K and V rows widened to bf16 first, exactly), else the float32 kernels on the query
+// widened (exactly) and the output rounded to bf16 once.
+template <typename T, typename FloatItem>
+void decode_attention_fp8_bf16(at::Tensor& out, const at::Tensor& query, const T* cache, const at::Tensor& block_table,
+                               const int32_t* lens, int64_t num_kv_heads, CacheLayout layout, float scale,
+                               bool use_bf16_dot, FloatItem float_item) {
+  const int64_t num_seqs = query.size(0), num_q_heads = query.size(1), head_dim = query.size(2);
+  const bool amx = use_bf16_dot && cpu_has_bf16_dot() &&
+                   amx_tiles_fit(head_dim, layout.block_size, num_q_heads / num_kv_heads) &&
+                   cpu_has_amx(AmxKind::kBf16);
+  if (amx)
+    return decode_attention_fp8(static_cast<uint16_t*>(out.data_ptr()), static_cast<const uint16_t*>(query.data_ptr()),
+                                cache, block_table.data_ptr<int32_t>(), lens, num_seqs, num_q_heads, num_kv_heads,
+                                head_dim, query.stride(0), query.stride(1), block_table.stride(0), layout, scale,
+                                at::get_num_threads(), decode_item_fp8_amx<T>, true);
+  const at::Tensor widened = query.to(at::kFloat);
+  at::Tensor result = at::empty(query.sizes(), query.options().dtype(at::kFloat));
+  decode_attention_fp8(result.data_ptr<float>(), widened.data_ptr<float>(), cache, block_table.data_ptr<int32_t>(),
+                       lens, num_seqs, num_q_heads, num_kv_heads, head_dim, widened.stride(0), widened.stride(1),
+                       block_table.stride(0), layout, scale, at::get_num_threads(), float_item);
+  out.copy_(result);
+}
+
 void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_table, const at::Tensor& seq_lens,
                             double scale, int64_t sliding_window, bool use_bf16_dot) {
   check_cache(kv_cache);
   const at::ScalarType dtype = kv_cache.scalar_type();
   const bool fp8 = dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2;
-  TORCH_CHECK(fp8 ? query.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat
+  TORCH_CHECK(fp8 ? (query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16) &&
+                        out.scalar_type() == query.scalar_type()
                   : (dtype == at::kFloat || dtype == at::kBFloat16) && query.scalar_type() == dtype &&
                         out.scalar_type() == dtype,
               "paged_attention_decode supports float32 or bfloat16 (query, out and kv_cache alike), or an fp8 "
-              "(e4m3fn, e5m2) kv_cache with float32 query and out");
+              "(e4m3fn, e5m2) kv_cache with float32 or bfloat16 query and out (alike)");
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1,
               "query must be [num_seqs, num_q_heads, head_dim] with a contiguous last dimension");
   TORCH_CHECK(out.sizes() == query.sizes() && out.is_contiguous(),
@@ -1002,6 +1136,14 @@ void paged_attention_decode(at::Tensor& out, const at::Tensor& query, const at::
   TORCH_CHECK(dtype == at::kFloat || sliding_window <= 0,
               "paged_attention_decode: a sliding window needs float32 (bf16 layers with a window "
               "take the torch path)");
+  if (dtype == at::kFloat8_e4m3fn && query.scalar_type() == at::kBFloat16)
+    return decode_attention_fp8_bf16(out, query, static_cast<const fp8_e4m3*>(kv_cache.data_ptr()), block_table, lens,
+                                     num_kv_heads, layout, static_cast<float>(scale), use_bf16_dot,
+                                     decode_item_fp8_e4m3);
+  if (dtype == at::kFloat8_e5m2 && query.scalar_type() == at::kBFloat16)
+    return decode_attention_fp8_bf16(out, query, static_cast<const fp8_e5m2*>(kv_cache.data_ptr()), block_table, lens,
+                                     num_kv_heads, layout, static_cast<float>(scale), use_bf16_dot,
+                                     decode_item_fp8_e5m2);
   if (dtype == at::kFloat8_e4m3fn)
     return decode_attention_fp8(out.data_ptr<float>(), query.data_ptr<float>(),
                                 static_cast<const fp8_e4m3*>(kv_cache.data_ptr()),

@@ -168,10 +168,12 @@ def test_paged_attention_decode_bf16(num_q_heads, num_kv_heads, head_dim, block_
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 1, 32), (8, 2, 128), (7, 1, 24)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, block_size):
-    """vLLM's fp8 KV cache (scale 1.0) with float32 query and output: each byte widened exactly to
-    the float it encodes (subnormals and saturated values included), then the bf16 kernels' fp32
-    arithmetic: the fp32 attention over the same float8 values."""
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, block_size, query_dtype):
+    """vLLM's fp8 KV cache (scale 1.0) with float32 or bf16 query and output: each byte widened
+    exactly to the float it encodes (subnormals and saturated values included), then the bf16
+    kernels' fp32 arithmetic (with a bf16 query on an AMX CPU, head_dim 64 / 128 and blocks of 16:
+    the AMX passes over rows widened to bf16): the fp32 attention over the same float8 values."""
     from vllm_lite.attention.torch_backend import to_cache_rows
 
     specs = [(30, 1), (5, 1), (47, 1), (0, 1), (200, 1), (15, 1)]
@@ -180,17 +182,21 @@ def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, bl
     scaled = dataclasses.replace(batch, kv_cache=batch.kv_cache * 300, key=batch.key * 300)  # (some saturate)
     cache = to_cache_rows(scaled.kv_cache, torch.empty(0, dtype=fp8))
     key, value = to_cache_rows(scaled.key, cache), to_cache_rows(scaled.value, cache)
-    query = batch.query.float()
-    reference = dataclasses.replace(scaled, query=query, key=key.float(), value=value.float(), kv_cache=cache.float())
+    query = batch.query.to(query_dtype)  # (bf16 values either way)
+    reference = dataclasses.replace(scaled, query=query.float(), key=key.float(), value=value.float(),
+                                    kv_cache=cache.float())
     ref_out, _ = reference_forward(reference)
     common = batch.common
     cpu_native.reshape_and_cache(key, value, cache, common.slot_mapping)
     out = torch.empty_like(query)
     torch.ops.vllm_lite_C.paged_attention_decode(out, query, cache, common.block_table, common.seq_lens,
                                                  batch.scale, 0, True)
-    error = (out - ref_out).abs()
-    # fp32 summation order over values of up to |V| (hundreds here) whose weighted sum may cancel.
-    bound = ref_out.abs() * 2 ** -16 + cache.float().abs().max() * 2 ** -13
+    assert out.dtype == query_dtype
+    error = (out.float() - ref_out).abs()
+    # fp32 summation order over values of up to |V| (hundreds here) whose weighted sum may cancel;
+    # a bf16 output rounded once.
+    rounding = 2 ** -16 if query_dtype == torch.float32 else 2 ** -8
+    bound = ref_out.abs() * rounding + cache.float().abs().max() * 2 ** -13
     assert (error <= bound).all(), (error / bound).max().item()
     if fp8 == torch.float8_e4m3fn:  # (x300 passes e4m3's 448: saturated values were read as stored)
         assert torch.finfo(fp8).max in key.float().abs()
@@ -198,22 +204,26 @@ def test_paged_attention_decode_fp8(fp8, num_q_heads, num_kv_heads, head_dim, bl
 
 @native
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
-@pytest.mark.parametrize("head_dim", [128, 24])  # the tiled kernel and the one-token-at-a-time one
-def test_fp8_bytes_widen_exactly(fp8, head_dim):
+@pytest.mark.parametrize("head_dim, block_size, query_dtype",
+                         [(128, 4, torch.float32), (24, 4, torch.float32), (64, 16, torch.bfloat16)],
+                         ids=["tiled", "token-at-a-time", "bf16-query"])  # (the last: AMX passes where there)
+def test_fp8_bytes_widen_exactly(fp8, head_dim, block_size, query_dtype):
     """Every float8 byte read as torch reads it: decoding over one key returns its V row as it
     is, subnormals, signs, inf and NaN included (writes saturate, but a NaN the model computed is
-    stored as NaN and must read as one)."""
+    stored as NaN and must read as one). Every float8 value is a bf16 value: a bf16 output too."""
     codes = torch.arange(256, dtype=torch.uint8).view(fp8)
     rows = -(-len(codes) // head_dim)
     values = torch.zeros(rows * head_dim, dtype=fp8)
     values[: len(codes)] = codes
     values = values.view(rows, 1, head_dim)  # one sequence a row, one KV head
-    cache = torch.zeros(rows + 1, 2, 4, 1, head_dim, dtype=fp8)
+    cache = torch.zeros(rows + 1, 2, block_size, 1, head_dim, dtype=fp8)
     cache[1:, 1, 0] = values
     block_table = torch.arange(1, rows + 1, dtype=torch.int32)[:, None]
-    query, out = torch.randn(rows, 1, head_dim), torch.empty(rows, 1, head_dim)
+    query = torch.randn(rows, 1, head_dim).to(query_dtype)
+    out = torch.empty(rows, 1, head_dim, dtype=query_dtype)
     torch.ops.vllm_lite_C.paged_attention_decode(out, query, cache, block_table,
                                                  torch.ones(rows, dtype=torch.int32), 0.1, 0, True)
+    out = out.float()
     expected = values.float()
     finite = torch.isfinite(expected)
     assert torch.equal(out[finite], expected[finite]), (out[finite] - expected[finite]).abs().max()

@@ -16,8 +16,9 @@ decoded by its own ops (float32 query and output, any model dtype; no sliding wi
 take the torch path, which dequantizes what it gathers, as prefill does; its prefill rows all take
 SDPA, since its decode op rounds the query to int8 as well). An fp8 cache (vLLM's "fp8" /
 "fp8_e5m2", scale 1.0) is written as the torch reference writes it (saturated, then copied) and
-decoded by the bf16 op's kernels reading the float8 bytes, with a float32 query and output (the
-torch path's arithmetic); prefill widens what it gathers. Layers the decode op does not take (soft caps; bf16 or fp8
+decoded by the bf16 op's kernels reading the float8 bytes: with a bf16 model's query and output
+on the AMX tile passes where they fit (each tile of rows widened to bf16, exactly), else with a
+float32 query and output (the torch path's arithmetic); prefill widens what it gathers. Layers the decode op does not take (soft caps; bf16 or fp8
 sliding windows) run their decode rows in torch and every prefill row through SDPA."""
 
 from __future__ import annotations
@@ -197,9 +198,15 @@ class CpuNativeAttentionBackend(AttentionBackend):
     def _decode(out, query, kv_cache, rows: TokenRows, scale, sliding_window, int8_cache: bool) -> None:
         """The decode op over `rows`. The native ops take query and output in one dtype: the
         cache's (a bf16 cache under a float32 model rounds the query to bf16), float32 for an int8
-        cache; scores, softmax and sums are fp32 either way."""
+        cache, the model's for an fp8 cache (bf16, or else float32); scores, softmax and sums are
+        fp32 either way."""
         idx = rows.token_idx
-        op_dtype = torch.float32 if int8_cache or kv_cache.dtype in FP8_DTYPES else kv_cache.dtype
+        if int8_cache:
+            op_dtype = torch.float32
+        elif kv_cache.dtype in FP8_DTYPES:
+            op_dtype = torch.bfloat16 if query.dtype == torch.bfloat16 else torch.float32
+        else:
+            op_dtype = kv_cache.dtype
         queries = (query if idx is None else query[idx]).to(op_dtype)
         decoded = out if idx is None and op_dtype == query.dtype else torch.empty(queries.shape, dtype=op_dtype)
         if int8_cache:
