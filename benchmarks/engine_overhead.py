@@ -25,7 +25,9 @@ per-step split), and two end-to-end modes:
 * `serve`: `vllm bench serve` from the vLLM CPU peer environment, streaming completions at
   concurrency = requests, against `vllm-lite serve` and `vllm serve` in turn (serve_bench.py).
   `vllm bench serve` sends no temperature, so both servers sample at the OpenAI default (1.0,
-  random, every logit computed), where `e2e` and `split` are greedy.
+  random, every logit computed), where `e2e` and `split` are greedy. Beside throughput and
+  latency it prints the CPU per output token of each server's API process, of its engine (the
+  API process's children) and of the load generator, which shares the CPUs with the server.
 
 `--stand-in-model MB` (split only) replaces the model's forward pass and logits by stand-ins that
 compute nothing (every row samples token 0) but first write MB megabytes, as a forward pass's
@@ -361,13 +363,14 @@ def round_ratios(ours: list[float | None], theirs: list[float | None]) -> str:
     return " ".join(ratio(o, t) for o, t in zip(ours, theirs))
 
 
-SERVE_FIELDS = ("output_tokens_per_s", "mean_ttft_ms", "mean_itl_ms", "server_cpu_us_per_token")
+SERVE_FIELDS = ("output_tokens_per_s", "mean_ttft_ms", "mean_itl_ms", "server_cpu_us_per_token",
+                "engine_cpu_us_per_token", "client_cpu_us_per_token")
 
 
 def serve_rows(num_requests: int, rounds: list[list[ServeResult]]) -> list[tuple]:
-    """Per server the medians over the rounds (tokens/s, TTFT, ITL, server CPU per token); the
-    speed-up row: the ratio of the median throughputs (and of the server CPU per token), then
-    every round's own throughput ratio."""
+    """Per server the medians over the rounds (tokens/s, TTFT, ITL, CPU per token of the server,
+    its engine and the client); the speed-up row: the ratio of the median throughputs (and of the
+    server's and the engine's CPU per token), then every round's own throughput ratio."""
     by_name = {name: [next(r for r in results if r.name == name) for results in rounds]
                for name in (r.name for r in rounds[0])}
     medians = {name: [float(np.median([getattr(r, field) for r in results])) for field in SERVE_FIELDS]
@@ -375,8 +378,10 @@ def serve_rows(num_requests: int, rounds: list[list[ServeResult]]) -> list[tuple
     rows = [(num_requests, name, *values, "") for name, values in medians.items()]
     ours, theirs = by_name.get("vllm_lite"), by_name.get("vLLM_CPU")
     if ours and theirs:
-        (ours_tps, *_, ours_cpu), (theirs_tps, *_, theirs_cpu) = medians["vllm_lite"], medians["vLLM_CPU"]
-        rows.append((num_requests, "speed-up", ratio(ours_tps, theirs_tps), "", "", ratio(theirs_cpu, ours_cpu),
+        (ours_tps, _, _, ours_server, ours_engine, _), (theirs_tps, _, _, theirs_server, theirs_engine, _) = (
+            medians["vllm_lite"], medians["vLLM_CPU"])
+        rows.append((num_requests, "speed-up", ratio(ours_tps, theirs_tps), "", "", ratio(theirs_server, ours_server),
+                     ratio(theirs_engine, ours_engine), "",
                      round_ratios([r.output_tokens_per_s for r in ours], [r.output_tokens_per_s for r in theirs])))
     return rows
 
@@ -484,7 +489,9 @@ def print_report(args: argparse.Namespace, tables: dict[str, list[tuple]], skipp
         print(f"\nvllm bench serve (streaming /v1/completions, concurrency = requests, random prompts of "
               f"{SERVE_INPUT_LEN} tokens, ignore_eos, stream interval {args.stream_interval}):")
         print_table(("requests", "server", "output tok/s", "mean TTFT ms", "mean ITL ms", "server CPU us/token",
-                     "each round's speed-up"), tables["serve"])
+                     "engine CPU us/token", "client CPU us/token", "each round's speed-up"), tables["serve"])
+        print("CPU us/token: the API server's process, its engine (the server's child processes) and the load "
+              "generator (vllm bench serve, from the server's first work on); all three share the machine's CPUs")
     for name, reason in skipped.items():
         print(f"{name}: {reason}")
     if tables["split"]:
