@@ -198,6 +198,35 @@ def test_models_tokenize_detokenize(engine: FakeEngine, tokenizer: Any) -> None:
     assert tokenizer.decode(chat["tokens"]).endswith("<|im_start|>assistant\n")
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ({}, "prompt"),
+    ({"prompt": "hi", "chat_template": "{{ messages }}"}, "chat_template"),
+    ({"prompt": "hi", "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"prompt": "hi", "continue_final_message": True}, "continue_final_message"),
+    ({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"prompt": "hi", "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}, "tools"),
+])
+def test_tokenize_refuses_what_its_form_would_ignore(engine: FakeEngine, body: dict, param: str) -> None:
+    """/tokenize takes a prompt or messages, not both; a chat field changed on a prompt would
+    change nothing (refused by name, where vLLM ignores it); tools must be function tools, as on
+    chat completions."""
+    response = request(engine, "POST", "/tokenize", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_tokenize_accepts_chat_defaults_on_a_prompt_and_function_tools(engine: FakeEngine, tokenizer: Any) -> None:
+    plain = request(engine, "POST", "/tokenize", json={"prompt": "hello", "add_generation_prompt": True,
+                                                       "continue_final_message": False, "tools": None})
+    assert plain.status_code == 200 and plain.json()["tokens"] == tokenizer.encode("hello")
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    chat = request(engine, "POST", "/tokenize", json={"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
+    assert chat.status_code == 200 and chat.json()["count"] > 0
+
+
 def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
     async def run() -> str:
         app = build_app(engine, [MODEL])

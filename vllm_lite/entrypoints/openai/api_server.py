@@ -96,6 +96,7 @@ from vllm_lite.entrypoints.openai.serving_responses import (end_background_runs,
                                                             retrieve_response)
 from vllm_lite.entrypoints.openai.serving_chat import create_batch_chat_completion, create_chat_completion
 from vllm_lite.entrypoints.openai.serving_completion import create_completion
+from vllm_lite.entrypoints.openai.serving_tools import tool_names
 from vllm_lite.entrypoints.openai.serving_embedding import (ClassificationRequest, ClassificationResponse,
                                                            EmbeddingRequest, EmbeddingResponse, PoolingRequest,
                                                            PoolingResponse, create_classification, create_embedding)
@@ -681,19 +682,20 @@ def _add_server_routes(app: FastAPI, ctx: ServingContext) -> None:
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         request.refuse_unknown_fields()
+        request.check_form()
         ctx.served_model(request.model)
         if request.messages is not None:
+            if request.tools is not None:
+                tool_names(request.tools)
             text = await render_chat(ctx, request.conversation(), add_generation_prompt=request.add_generation_prompt,
                                      continue_final_message=request.continue_final_message,
                                      chat_template=request.chat_template,
                                      chat_template_kwargs=request.chat_template_kwargs, tools=request.tools)
             token_ids = await off_loop(ctx, ctx.require_tokenizer("messages").encode, text,
                                        add_special_tokens=request.special_tokens())
-        elif request.prompt is not None:
+        else:
             prompt = await encode_prompt(ctx, request.prompt, request.special_tokens(), check_fits=False)
             token_ids = prompt["prompt_token_ids"]
-        else:
-            raise ApiError(400, "BadRequestError", "pass `prompt` or `messages`", "prompt")
         token_strs = None
         if request.return_token_strs:
             token_strs = await off_loop(ctx, ctx.require_tokenizer("return_token_strs").convert_ids_to_tokens,

@@ -549,6 +549,21 @@ class TokenizeRequest(RequestModel):
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False  # vLLM: also the tokens' strings (the tokenizer's own pieces)
 
+    # The chat form's fields and their defaults: a `prompt` request that sets one otherwise is refused
+    # (the field would change nothing; vLLM's completion-style tokenize request ignores it).
+    CHAT_FORM_DEFAULTS: ClassVar[dict[str, Any]] = {
+        "add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
+        "chat_template_kwargs": None, "tools": None}
+
+    def check_form(self) -> None:
+        """One of `prompt` and `messages`, and no chat field changed on a prompt."""
+        _check(self.prompt is None or self.messages is None, "messages", "pass `prompt` or `messages`, not both")
+        _check(self.prompt is not None or self.messages is not None, "prompt", "pass `prompt` or `messages`")
+        if self.messages is None:
+            for name, default in self.CHAT_FORM_DEFAULTS.items():
+                _check(getattr(self, name) == default, name,
+                       f"`{name}` applies to `messages` (the chat template), not to a `prompt`")
+
     def special_tokens(self) -> bool:
         return self.add_special_tokens if self.add_special_tokens is not None else self.messages is None
 

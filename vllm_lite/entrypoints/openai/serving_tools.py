@@ -44,6 +44,14 @@ class ToolPlan:
         return self.mode != "none"
 
 
+def tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    """Each entry's function name; an entry that is not a function tool is a 400 naming `tools`."""
+    try:
+        return [function_of(tool)["name"] for tool in tools]
+    except ValueError as exc:
+        raise RequestParamError("tools", str(exc)) from None
+
+
 def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPlan:
     tools, choice = request.tools, request.tool_choice
     _check(tools is None or len(tools) > 0, "tools", "`tools` must not be an empty array. Either provide at least "
@@ -51,10 +59,7 @@ def plan_tools(request: ChatCompletionRequest, options: ServerOptions) -> ToolPl
     if not tools:
         _check(choice in (None, "none"), "tool_choice", "tool_choice needs tools")
         return ToolPlan("none")
-    try:
-        names = [function_of(tool)["name"] for tool in tools]
-    except ValueError as exc:
-        raise RequestParamError("tools", str(exc)) from None
+    names = tool_names(tools)
     if choice == "none":
         return ToolPlan("none")
     if choice is None or choice == "auto":
