@@ -78,7 +78,7 @@ class ServerOptions:
     | return_tokens_as_token_ids | --return-tokens-as-token-ids | logprob tokens as 'token_id:<int>' unless a request says |
     | exclude_tools_when_tool_choice_none | --exclude-tools-when-tool-choice-none | tool_choice "none": no tools in the template |
     | compact_structured_outputs | --structured-outputs-config disable_any_whitespace | every JSON grammar without whitespace |
-    | dev_mode | vLLM's VLLM_SERVER_DEV_MODE=1 | its development routes (here: POST /reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache) |
+    | dev_mode | vLLM's VLLM_SERVER_DEV_MODE=1 | its development routes (here: POST /reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache and the engine-control routes: /collective_rpc, /sleep, /pause, ...) |
     | lora_modules | --lora-modules | LoRA adapters served under their names from the start (needs --enable-lora) |
     | allow_runtime_lora_updating | vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 | POST /v1/load_lora_adapter, /v1/unload_lora_adapter |
     | lora_resolver_cache_dir | vLLM's VLLM_LORA_RESOLVER_CACHE_DIR (with runtime updating) | an unknown model name loads the adapter in that folder's sub-folder of the name |
