@@ -146,16 +146,19 @@ def bench_serve(peer: Path, env: dict[str, str], port: int, model: Path, num_req
     log = out_dir / f"{name}-{num_requests}.log"
     with log.open("w") as log_file:
         proc = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
-        watch = CpuWatch(server_pid, proc.pid) if server_pid is not None else None
-        deadline = time.monotonic() + 3600
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
+        try:
+            watch = CpuWatch(server_pid, proc.pid) if server_pid is not None else None
+            deadline = time.monotonic() + 3600
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm bench serve ran past an hour:\n{log.read_text()[-3000:]}")
+                if watch is not None:
+                    watch.sample()  # (raises once the server has exited)
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-                raise RuntimeError(f"vllm bench serve ran past an hour:\n{log.read_text()[-3000:]}")
-            if watch is not None:
-                watch.sample()
-            time.sleep(0.05)
     if proc.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
     data = json.loads((out_dir / result_file).read_text())
