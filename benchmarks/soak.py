@@ -22,8 +22,8 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (RESULTS_DIR, free_port, print_table, start_server, stop_server, tiny_llama,  # noqa: E402
-                      write_results)
+from benchlib import (RESULTS_DIR, descendant_pids, free_port, print_table, start_server, stop_server,  # noqa: E402
+                      tiny_llama, write_results)
 
 MIB = 1024 * 1024
 
@@ -36,17 +36,9 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def descendants(pid: int) -> list[int]:
-    children: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        children += [int(c) for c in text]
-    return children + [d for c in children for d in descendants(c)]
-
-
 def engine_core_pid(server_pid: int) -> int:
     """The server's descendant with the largest RSS (the multiprocessing resource tracker is small)."""
-    return max(descendants(server_pid), key=rss_mib)
+    return max(descendant_pids(server_pid), key=rss_mib)
 
 
 def start_soak_server(model: Path, port: int, log: Path, extra: list[str]) -> subprocess.Popen:
