@@ -1,12 +1,14 @@
 """Sampler cost per step for a batch of 256 requests over a 49,152-token vocabulary:
-all-greedy vs all-top-p vs one request with penalties (the rest greedy), side by side.
+all-greedy vs all-top-p (unseeded and seeded) vs one request with penalties (the rest greedy), side by side.
 
 Besides time, it counts the tensors of the logits' size each path allocates (a
 TorchDispatchMode that sees every op): the all-greedy path must make none.
 
 A second table checks that cost does not depend on what it should not (64 rows): top-p on flat
 vs peaked logits, and penalties on every row at 256 vs 4,096 tokens of history, in steady decode
-(one token appended per row and step, the occurrence counts kept across steps).
+(one token appended per row and step, the occurrence counts kept across steps). A third: the
+seeded rows' draws per step, a generator per request (the old rule) against draws keyed by seed
+and position (sample/seeded_draws.py), at 64 and 1,024 rows.
 
     python benchmarks/sampler.py [--batch 256] [--vocab 49152] [--iters 20] [--threads N]
 """
@@ -42,6 +44,8 @@ class Case:
 CASES = (
     Case("all-greedy", lambda row: SamplingParams(temperature=0.0)),
     Case("all-top-p (p=0.9, T=1)", lambda row: SamplingParams(temperature=1.0, top_p=0.9)),
+    # each request its own seed: the draws keyed by seed and position, one hash over the rows
+    Case("all-top-p, seeded", lambda row: SamplingParams(temperature=1.0, top_p=0.9, seed=row)),
     Case("1 req with penalties", lambda row: SamplingParams(
         temperature=0.0, repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.5)
         if row == 0 else SamplingParams(temperature=0.0)),
@@ -55,7 +59,7 @@ def build_metadata(case: Case, batch_size: int, vocab: int) -> SamplingMetadata:
         tokens = rng.integers(0, vocab, PROMPT_LEN + OUTPUT_LEN, dtype=np.int32)
         batch.add_request(NewRequestData(f"r{row}", tokens, PROMPT_LEN, case.params_for_row(row), [], 0))
     rows = np.arange(batch_size)
-    return build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"))
+    return build_sampling_metadata(batch, rows, {}, torch.device("cpu"))
 
 
 @torch.inference_mode()
@@ -99,7 +103,7 @@ def penalties_step_ms(history_len: int, vocab: int, iters: int) -> float:
         tokens = rng.integers(0, vocab, history_len, dtype=np.int32)
         batch.add_request(NewRequestData(f"r{row}", tokens, history_len // 2, params, [], 0))
     rows = np.arange(SCALING_ROWS)
-    metadata = build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"))
+    metadata = build_sampling_metadata(batch, rows, {}, torch.device("cpu"))
     logits = torch.randn(SCALING_ROWS, vocab, generator=torch.Generator().manual_seed(2))
     sampler = Sampler()
     times = []
@@ -123,6 +127,45 @@ def print_scaling(vocab: int, iters: int) -> None:
     print(f"{'top-p 0.9, peaked logits':<30} {peaked:>10.2f}   flat/peaked {flat / peaked:.2f}x (target <= 1.5x)")
     print(f"{'penalties, 256-token history':<30} {short:>10.2f}")
     print(f"{'penalties, 4096-token history':<30} {long:>10.2f}   4096/256 {long / short:.2f}x (target <= 1.2x)")
+
+
+def seeded_draws_us(num_rows: int, iters: int) -> tuple[float, float]:
+    """Microseconds per step for `num_rows` seeded rows' uniforms: one torch.Generator per
+    request, a torch.rand call per row (the rule before sample/seeded_draws.py), against the
+    position-keyed draws of every row at once."""
+    generators = [torch.Generator().manual_seed(row) for row in range(num_rows)]
+    batch = InputBatch(num_rows, PROMPT_LEN + iters + 8, 1)
+    for row in range(num_rows):
+        params = SamplingParams(temperature=1.0, seed=row)
+        batch.add_request(NewRequestData(f"r{row}", np.ones(PROMPT_LEN, dtype=np.int32), PROMPT_LEN, params, [], 0))
+    seeded = build_sampling_metadata(batch, np.arange(num_rows), {}, torch.device("cpu")).seeded
+
+    def per_generator() -> None:
+        uniforms = torch.rand(num_rows)
+        for row, generator in enumerate(generators):
+            uniforms[row] = torch.rand(1, generator=generator)
+
+    def keyed() -> None:
+        torch.rand(num_rows)[seeded.logits_rows] = seeded.uniforms(torch.device("cpu"))
+        batch.num_tokens[:num_rows] += 1
+
+    def median_us(step: Callable[[], None]) -> float:
+        times = []
+        for _ in range(iters + 3):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[3:]) * 1e6
+
+    return median_us(per_generator), median_us(keyed)
+
+
+def print_seeded(iters: int) -> None:
+    print()
+    print(f"{'seeded rows':<12} {'generator per request us':>24} {'keyed by position us':>21}  speed-up")
+    for num_rows in (64, 1024):
+        old, new = seeded_draws_us(num_rows, iters)
+        print(f"{num_rows:<12} {old:>24.1f} {new:>21.1f}  {old / new:.1f}x")
 
 
 def main() -> None:
@@ -150,6 +193,7 @@ def main() -> None:
     for name, median, best, copies, ops in rows:
         print(f"{name:<26} {median:>10.2f} {best:>8.2f} {copies:>19}  {ops}")
     print_scaling(args.vocab, args.iters)
+    print_seeded(args.iters)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,9 @@ def make_batch(requests: Sequence[tuple[list[int], list[int], SamplingParams]],
     return batch
 
 
-def make_metadata(batch: InputBatch, seeds: dict[str, int] | None = None,
-                  stop_ids: dict[str, tuple[int, ...]] | None = None,
+def make_metadata(batch: InputBatch, stop_ids: dict[str, tuple[int, ...]] | None = None,
                   vocab_size: int | None = None) -> SamplingMetadata:
-    """seeds / stop_ids (min_tokens suppression) are keyed by request id ("r<i>" for the i-th request);
-    `vocab_size`: the logits' width (allowed_token_ids needs it)."""
-    generators = {req_id: torch.Generator().manual_seed(seed) for req_id, seed in (seeds or {}).items()}
+    """stop_ids (min_tokens suppression) are keyed by request id ("r<i>" for the i-th request);
+    `vocab_size`: the logits' width (allowed_token_ids needs it). Seeds come from the params."""
     rows = np.arange(batch.num_reqs)
-    return build_sampling_metadata(batch, rows, generators, stop_ids or {}, torch.device("cpu"), vocab_size=vocab_size)
+    return build_sampling_metadata(batch, rows, stop_ids or {}, torch.device("cpu"), vocab_size=vocab_size)

@@ -264,6 +264,39 @@ def test_seeded_sampling_repeats(cycling_model: Path) -> None:
     assert _token_ids(llm, PROMPTS[::-1], params[::-1]) == first[::-1]
 
 
+@pytest.mark.parametrize("engine_args", [
+    {},
+    {"max_num_batched_tokens": 9},  # drafts cut short by the budget
+    {"block_size": 16, "num_kv_blocks": 20, "enable_prefix_caching": False},  # preempted and resumed
+])
+def test_seeded_samples_equal_decoding_without_drafts(bigram_model: Path, engine_args: dict) -> None:
+    """A seeded request draws by position (sample/seeded_draws.py) and every drafted position
+    samples as a plain step would: its tokens are those decoding without drafts gives, whatever
+    drafts were proposed, cut or rejected (the bigram model keeps a draft about 70% of the time)."""
+    vocab = 64
+    prompts = [{"prompt_token_ids": [int(t) for t in np.random.default_rng(i).integers(5, vocab, 24)]}
+               for i in range(6)]
+    params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=60, ignore_eos=True, seed=i,
+                             repetition_penalty=1.1 if i % 2 else 1.0) for i in range(len(prompts))]
+    params.append(SamplingParams(n=3, temperature=1.0, max_tokens=40, ignore_eos=True, seed=-11))
+    prompts.append(prompts[0])
+    plain = make_llm(bigram_model)
+    spec = make_llm(bigram_model, speculative_config={**NGRAM, "prompt_lookup_min": 1}, disable_log_stats=False,
+                    **engine_args)
+
+    def samples(llm) -> list[list[list[int]]]:
+        return [[list(c.token_ids) for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    expected = samples(plain)
+    assert len({tuple(tokens) for tokens in expected[-1]}) == 3  # (the n samples are not one another's copies)
+    assert samples(spec) == expected
+    metrics = _spec_metrics(spec)
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens"].value
+    assert 0 < accepted < metrics["vllm:spec_decode_num_draft_tokens"].value  # drafts kept and rejected
+    if "num_kv_blocks" in engine_args:
+        assert spec.stats()["num_preemptions"] > 0
+
+
 def test_requests_that_cannot_draft_decode_beside_those_that_do(cycling_model: Path,
                                                                 greedy_reference: list[list[int]]) -> None:
     """Bad words depend on every token before: those requests get no drafts

@@ -26,7 +26,7 @@ SAMPLING_EPS = 1e-5
 MIN_RANDOM_TEMPERATURE = 1e-2
 # OpenAI's range for logit_bias values; larger values are clamped.
 MAX_LOGIT_BIAS = 100.0
-_SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
+_SEED_RANGE = (-(2**63), 2**64 - 1)  # 64 bits, signed or not (torch.Generator.manual_seed's range, as vLLM takes)
 # Counts live in int32 arrays of the worker's batch (top_k, min_tokens, max_tokens, ...).
 MAX_INT32 = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a request's priority (and a server seed) travel as 64-bit ints

@@ -25,7 +25,7 @@ def test_sampler_keeps_to_the_allowed_ids_and_raw_logprobs_see_all() -> None:
               SamplingParams(temperature=1.0, seed=5, allowed_token_ids=[ALLOWED[0]]),
               SamplingParams(temperature=0.0)]  # a row without: untouched
     batch = make_batch([([1, 2], [], p) for p in params])
-    output = Sampler()(logits.clone(), make_metadata(batch, seeds={"r1": 5}, vocab_size=40))
+    output = Sampler()(logits.clone(), make_metadata(batch, vocab_size=40))
     sampled = output.sampled_token_ids.tolist()
     assert sampled[0] == ALLOWED[int(logits[0, ALLOWED].argmax())]
     assert sampled[1] == ALLOWED[0]

@@ -29,7 +29,7 @@ def mixed_batch():
               SamplingParams(temperature=0.5, top_k=5, seed=1, logprobs=K),
               SamplingParams(temperature=1.0, top_p=0.6, seed=2, logprobs=K)]
     batch = make_batch([([1, 2], [], p) for p in params])
-    return batch, make_metadata(batch, seeds={"r1": 1, "r2": 2})
+    return batch, make_metadata(batch)
 
 
 def expected_processed_logits(raw: torch.Tensor) -> torch.Tensor:

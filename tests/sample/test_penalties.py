@@ -95,7 +95,7 @@ def test_occurrences_kept_incrementally_across_steps_and_rebuilt_after_release()
     batch = make_batch([(p, o, params) for p, o in histories])
     occurrences = TokenOccurrences(torch.device("cpu"))
     rows = np.arange(3)
-    metadata = build_sampling_metadata(batch, rows, {}, {}, torch.device("cpu"), occurrences)
+    metadata = build_sampling_metadata(batch, rows, {}, torch.device("cpu"), occurrences)
     for step in range(5):
         for row, (prompt, output) in enumerate(histories):
             token = (7 * step + row) % 40

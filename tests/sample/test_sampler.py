@@ -46,11 +46,14 @@ def _reference_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, t
     return scores.softmax(-1)[0]
 
 
-def test_truncated_sampling_matches_renormalized_distribution() -> None:
-    """All parameter sets interleaved in one batch: each row uses its own parameters."""
+@pytest.mark.parametrize("seeded", [False, True])
+def test_truncated_sampling_matches_renormalized_distribution(seeded: bool) -> None:
+    """All parameter sets interleaved in one batch: each row uses its own parameters. Seeded:
+    each row its own seed, at one of 7 positions (draws keyed by seed and position)."""
     logits = _fixed_logits()
     num_sets = len(PARAM_SETS)
-    batch = make_batch([([1], [], SamplingParams(**PARAM_SETS[i % num_sets])) for i in range(num_sets * DRAWS_PER_SET)])
+    batch = make_batch([([1] * (1 + i % 7), [], SamplingParams(**PARAM_SETS[i % num_sets], seed=i if seeded else None))
+                        for i in range(num_sets * DRAWS_PER_SET)])
     metadata = make_metadata(batch)
     torch.manual_seed(1234)  # unseeded rows draw from torch's global generator: fix it
     sampled = Sampler()(logits.expand(len(batch.live_req_ids), -1).clone(), metadata).sampled_token_ids
@@ -80,13 +83,13 @@ def test_seeded_row_ignores_batch_composition_and_position() -> None:
         requests = [([1], [], p) for p in (others * 3)[:num_others]]
         requests.insert(position, ([1], [], target))
         batch = make_batch(requests)
-        seeds = {f"r{row}": r[2].seed for row, r in enumerate(requests) if r[2].seed is not None}
-        metadata = make_metadata(batch, seeds=seeds)
+        metadata = make_metadata(batch)
         noise = torch.randn(len(requests), VOCAB)  # other rows see other logits
         noise[position] = 0
         tokens = []
-        for _ in range(20):  # the same generator advances step by step
+        for _ in range(20):  # each step one position further (the metadata reads the batch's counts)
             tokens.append(int(Sampler()(logits + noise, metadata).sampled_token_ids[position]))
+            batch.num_tokens[:len(requests)] += 1
         return tokens
 
     alone = draw(0, 0)

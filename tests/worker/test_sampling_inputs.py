@@ -14,7 +14,7 @@ def test_all_greedy_batch_builds_nothing_else() -> None:
     metadata = make_metadata(batch)
     assert metadata.all_greedy and not metadata.needs_logits_processing
     assert (metadata.temperature, metadata.top_p, metadata.top_k, metadata.min_p) == (None, None, None, None)
-    assert metadata.max_num_logprobs == -1 and metadata.generators == {}
+    assert metadata.max_num_logprobs == -1 and metadata.seeded is None
 
 
 def test_sampling_state_follows_rows_through_condense() -> None:

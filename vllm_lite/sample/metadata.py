@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from vllm_lite.sample.occurrences import TokenHistory, TokenOccurrences
+from vllm_lite.sample.seeded_draws import SeededRows
 
 
 @dataclass(slots=True)
@@ -92,7 +93,7 @@ class SamplingMetadata:
     all_random: bool
     temperature: torch.Tensor | None  # float32 [num_rows, 1] (1.0 on greedy rows); None when all are 1.0
     greedy_mask: torch.Tensor | None  # bool [num_rows]; None unless greedy and random rows mix
-    generators: dict[int, torch.Generator]  # logits row -> its request's generator (seeded, random rows)
+    seeded: SeededRows | None  # the random rows with a seed (their draws keyed by position); None: none
     top_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it
     top_k: torch.Tensor | None = None  # int64 [num_rows], 0 = off; None when no random row uses it
     min_p: torch.Tensor | None = None  # float32 [num_rows]; None when no random row uses it

@@ -31,6 +31,7 @@ from vllm_lite.sample.ops.penalties import apply_penalties
 from vllm_lite.sample.ops.topk_topp import apply_min_p
 from vllm_lite.sample.ops.topk_topp import sample as random_sample
 from vllm_lite.sample.ops.topk_topp import sample_truncated, truncate
+from vllm_lite.sample.seeded_draws import SeededRows
 
 
 @dataclass(slots=True)
@@ -109,7 +110,7 @@ class Sampler:
         self._temper(logits, metadata, custom)
         truncate(logits, metadata.top_k, metadata.top_p, metadata.top_k_host, metadata.top_p_host)
         values = self._values(logits, index)
-        sampled = sample_truncated(logits, self._uniforms(logits.shape[0], metadata.generators, logits.device))
+        sampled = sample_truncated(logits, self._uniforms(logits.shape[0], metadata.seeded, logits.device))
         return (sampled if greedy is None else torch.where(metadata.greedy_mask, greedy, sampled)), values
 
     @staticmethod
@@ -134,7 +135,7 @@ class Sampler:
             return greedy_tokens(logits)
         greedy = None if metadata.all_random else greedy_tokens(logits)
         self._temper(logits, metadata, custom)
-        uniforms = self._uniforms(logits.shape[0], metadata.generators, logits.device)
+        uniforms = self._uniforms(logits.shape[0], metadata.seeded, logits.device)
         sampled = random_sample(logits, metadata.top_k, metadata.top_p, uniforms,
                                 metadata.top_k_host, metadata.top_p_host)
         if greedy is None:
@@ -151,12 +152,12 @@ class Sampler:
             custom.apply(logits, custom.argmax_invariant)
 
     @staticmethod
-    def _uniforms(num_rows: int, generators: dict[int, torch.Generator], device: torch.device) -> torch.Tensor:
-        """One uniform number per row and step; seeded rows draw theirs from their own
-        generator, so their tokens do not depend on the rest of the batch."""
+    def _uniforms(num_rows: int, seeded: SeededRows | None, device: torch.device) -> torch.Tensor:
+        """One uniform number per row; seeded rows take theirs from their seed and position
+        (seeded_draws.py), so their tokens depend on nothing else in the batch or the step."""
         uniforms = torch.rand(num_rows, device=device)
-        for row, generator in generators.items():
-            uniforms[row] = torch.rand(1, generator=generator, device=device)
+        if seeded is not None:
+            uniforms[seeded.logits_rows] = seeded.uniforms(device)
         return uniforms
 
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 
 from vllm_lite.core.scheduler_output import NewRequestData
+from vllm_lite.sample.seeded_draws import seed_key
 from vllm_lite.sampling_params import SamplingParams
 from vllm_lite.worker.block_table import BlockTable
 
@@ -36,6 +37,8 @@ class InputBatch:
         self.top_p = np.ones(max_num_reqs, dtype=np.float32)
         self.top_k = np.zeros(max_num_reqs, dtype=np.int32)  # 0 = off
         self.min_p = np.zeros(max_num_reqs, dtype=np.float32)
+        self.has_seed = np.zeros(max_num_reqs, dtype=bool)
+        self.seed_keys = np.zeros(max_num_reqs, dtype=np.uint64)  # sample/seeded_draws.py's seed_key
         self.repetition_penalty = np.ones(max_num_reqs, dtype=np.float32)
         self.frequency_penalty = np.zeros(max_num_reqs, dtype=np.float32)
         self.presence_penalty = np.zeros(max_num_reqs, dtype=np.float32)
@@ -72,7 +75,8 @@ class InputBatch:
     # Per-row scalar arrays moved together with the row; subclasses/extensions append to this.
     def row_arrays(self) -> tuple[np.ndarray, ...]:
         return (self.num_tokens, self.last_token_ids, self.num_prompt_tokens, self.num_computed_tokens,
-                self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty, self.frequency_penalty,
+                self.temperature, self.top_p, self.top_k, self.min_p, self.has_seed, self.seed_keys,
+                self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
                 self.has_logit_bias, self.has_allowed_token_ids, self.has_bad_words, self.has_logprob_token_ids,
                 self.lora_ids, self.row_serial, self.prompt_is_embeds)
@@ -140,6 +144,8 @@ class InputBatch:
         self.top_p[row] = params.top_p
         self.top_k[row] = params.top_k
         self.min_p[row] = params.min_p
+        self.has_seed[row] = params.seed is not None
+        self.seed_keys[row] = 0 if params.seed is None else seed_key(params.seed)
         self.repetition_penalty[row] = params.repetition_penalty
         self.frequency_penalty[row] = params.frequency_penalty
         self.presence_penalty[row] = params.presence_penalty

@@ -195,7 +195,6 @@ class ModelRunner:
         self.pooler = (Pooler(pooler, device, self.model.score if pooler.task == "classify" else None,
                               self.lora.heads if self.lora is not None else None)
                        if pooler is not None else None)
-        self.generators: dict[str, torch.Generator] = {}
         self.token_occurrences = TokenOccurrences(device)  # penalized requests only
         # vLLM's prompt_embeds and image features of prompts not computed yet
         self.prompt_embeds = PromptEmbeds(device, getattr(torch, model_config.dtype),
@@ -739,8 +738,9 @@ class ModelRunner:
     def _probe_sampling(self, hidden: torch.Tensor, inputs: StepInputs, rows: np.ndarray,
                         sched: SchedulerOutput, vocab_size: int) -> dict[str, str] | None:
         """The batched sampler raised (one rank): sample each row alone to find the rows that
-        fail by themselves. The random state is put back after each probe, so the rows sampled
-        afterwards draw what they would have drawn (for seeded rows, whatever the batch)."""
+        fail by themselves. The default generator's state is put back after each probe, so the
+        rows sampled afterwards draw what they would have drawn (seeded rows draw by position:
+        seeded_draws.py)."""
         batch = self.input_batch
         saved = self._random_state()
 
@@ -753,18 +753,14 @@ class ModelRunner:
         return self._rank_named(run_each_contained(rows.tolist(), probe, lambda row: batch.req_ids[row],
                                                    self._where("while being sampled")))
 
-    def _random_state(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        default = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
-        return default, {req_id: generator.get_state() for req_id, generator in self.generators.items()}
+    def _random_state(self) -> torch.Tensor:
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else torch.get_rng_state()
 
-    def _set_random_state(self, state: tuple[torch.Tensor, dict[str, torch.Tensor]]) -> None:
-        default, generators = state
+    def _set_random_state(self, state: torch.Tensor) -> None:
         if self.device.type == "cuda":
-            torch.cuda.set_rng_state(default, self.device)
+            torch.cuda.set_rng_state(state, self.device)
         else:
-            torch.set_rng_state(default)
-        for req_id, generator_state in generators.items():
-            self.generators[req_id].set_state(generator_state)
+            torch.set_rng_state(state)
 
     # ---- persistent batch upkeep ----
     def _update_states(self, sched: SchedulerOutput) -> dict[str, str] | None:
@@ -778,7 +774,6 @@ class ModelRunner:
         if self.dropped_failed:
             self.dropped_failed.difference_update(sched.finished_req_ids)
         for req_id in sched.preempted_req_ids:
-            # Its generator stays: the request resumes its random stream where it stopped.
             row = batch.remove_request(req_id)
             if self.custom_logits is not None and row is not None:
                 self.custom_logits.removed(row, req_id)
@@ -914,7 +909,6 @@ class ModelRunner:
         row = self.input_batch.remove_request(req_id)
         if self.custom_logits is not None and row is not None:
             self.custom_logits.removed(row, req_id)
-        self.generators.pop(req_id, None)
         self.min_tokens_stop_ids.pop(req_id, None)
         self.token_occurrences.release(req_id)
         self.prompt_embeds.forget(req_id)
@@ -925,8 +919,6 @@ class ModelRunner:
 
     def _add_sampling_state(self, new: NewRequestData) -> None:
         params = new.sampling_params
-        if params.seed is not None and new.req_id not in self.generators:
-            self.generators[new.req_id] = torch.Generator(self.device).manual_seed(params.seed)
         if params.min_tokens > 0:
             self.min_tokens_stop_ids[new.req_id] = tuple(set(new.eos_token_ids) | set(params.stop_token_ids or ()))
 
@@ -1109,7 +1101,7 @@ class ModelRunner:
     def _build_sampling_metadata(self, rows: np.ndarray, vocab_size: int,
                                  preceding: tuple[np.ndarray, np.ndarray] | None = None,
                                  draft_positions: np.ndarray | None = None) -> SamplingMetadata:
-        return build_sampling_metadata(self.input_batch, rows, self.generators, self.min_tokens_stop_ids,
+        return build_sampling_metadata(self.input_batch, rows, self.min_tokens_stop_ids,
                                        self.device, self.token_occurrences, vocab_size, preceding, draft_positions)
 
     def _sampling_metadata_without_culprits(self, rows: np.ndarray, vocab_size: int

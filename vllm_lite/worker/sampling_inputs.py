@@ -17,11 +17,12 @@ from vllm_lite.sample.metadata import (AllowedTokensMetadata, BadWordsMetadata, 
                                        PenaltyMetadata,
                                        RequestedLogprobsMetadata, SamplingMetadata, TokenHistory)
 from vllm_lite.sample.occurrences import TokenOccurrences
+from vllm_lite.sample.seeded_draws import SeededRows
 from vllm_lite.sampling_params import SAMPLING_EPS
 from vllm_lite.worker.input_batch import InputBatch
 
 
-def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Mapping[str, torch.Generator],
+def build_sampling_metadata(batch: InputBatch, rows: np.ndarray,
                             min_tokens_stop_ids: Mapping[str, tuple[int, ...]],
                             device: torch.device,
                             occurrences: TokenOccurrences | None = None,
@@ -34,7 +35,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
     logits' width; a token id of a row outside it raises ValueError. `preceding`: (logits row,
     token) pairs of output tokens a logits row has beyond its row's history (the drafts before
     its position), for the penalties; `draft_positions`: each logits row's position among its
-    request's (0: its token's, j: after j drafts), for min_tokens."""
+    request's (0: its token's, j: after j drafts), for min_tokens and the seeded rows' draws."""
     temperature = batch.temperature[rows]
     greedy = temperature < SAMPLING_EPS
     all_greedy, all_random = bool(greedy.all()), not bool(greedy.any())
@@ -47,7 +48,7 @@ def build_sampling_metadata(batch: InputBatch, rows: np.ndarray, generators: Map
         all_random=all_random,
         temperature=_divisors(temperature, greedy, device),
         greedy_mask=None if all_greedy or all_random else host_to_device(greedy, device),
-        generators=_row_generators(batch, rows, random_rows, generators),
+        seeded=_seeded_rows(batch, rows, random_rows, device, draft_positions),
         top_p=host_to_device(top_p, device) if uses_top_p else None,
         top_k=host_to_device(top_k, device) if uses_top_k else None,
         top_p_host=top_p if uses_top_p else None,
@@ -98,16 +99,17 @@ def _requested_logprobs(batch: InputBatch, rows: np.ndarray,
                                      token_ids=host_to_device(padded, device))
 
 
-def _row_generators(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray,
-                    generators: Mapping[str, torch.Generator]) -> dict[int, torch.Generator]:
-    if not generators:
-        return {}
-    out = {}
-    for i in np.flatnonzero(random_rows).tolist():
-        generator = generators.get(batch.req_ids[rows[i]])
-        if generator is not None:
-            out[i] = generator
-    return out
+def _seeded_rows(batch: InputBatch, rows: np.ndarray, random_rows: np.ndarray, device: torch.device,
+                 draft_positions: np.ndarray | None) -> SeededRows | None:
+    seeded = random_rows & batch.has_seed[rows]
+    if not seeded.any():
+        return None
+    logits_rows = np.flatnonzero(seeded)
+    offsets = (np.zeros(len(logits_rows), dtype=np.uint64) if draft_positions is None
+               else draft_positions[logits_rows].astype(np.uint64))
+    batch_rows = rows[logits_rows]
+    return SeededRows(host_to_device(logits_rows.astype(np.int64), device), batch.seed_keys[batch_rows], batch_rows,
+                      offsets, batch.num_tokens)
 
 
 def penalized(batch: InputBatch, rows: np.ndarray | slice) -> np.ndarray:
