@@ -10,10 +10,15 @@
 // inverse CDF over the kept tokens in vocabulary order: the first token whose cumulative kept
 // mass exceeds u * kept_mass.
 //
-// Both thresholds come from selection, not sorting: std::nth_element for top-k, and for top-p a
-// quickselect that partitions around a pivot and descends into the side that holds the boundary
-// (the larger side's mass is known after each partition). A row with neither (top_k 0, top_p 1.0)
-// skips them. The draw passes whole blocks of 256 tokens by their sums, walking one block; the
+// Both thresholds come from selection, not sorting. A histogram of the row's probabilities by
+// their float bit patterns' top bits (count and mass per bucket, one pass) finds the bucket the
+// threshold lies in, and a second level over that bucket's values the sub-bucket where it holds
+// many; the selection then runs over those few values only: std::nth_element for top-k, and for
+// top-p a quickselect that partitions around a pivot and descends into the side that holds the
+// boundary (the larger side's mass is known after each partition). Selection over the whole row
+// cost 5-6 ns a token in mispredicted branches, ten times the rest of a draw; the histograms take
+// it to ~2.5x less for the whole op (benchmarks/RESULTS.md). A row with neither (top_k 0, top_p
+// 1.0) skips them. The draw passes whole blocks of 256 tokens by their sums, walking one block; the
 // max, the exps and the block sums run a vector at a time (per ISA level). Rows run in parallel.
 
 #include <ATen/Parallel.h>
@@ -24,7 +29,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <numeric>
 #include <vector>
 
 #include "cpu_multiversion.h"
@@ -162,37 +169,154 @@ int64_t draw(const float* weights, int64_t n, float u, const float* sums) {
   return 0;
 }
 
-// The smallest probability (unnormalized, as `probs`) that top-k and top-p keep.
-float truncation_threshold(const float* probs, int64_t vocab, int64_t top_k, float top_p,
-                           std::vector<float>& scratch, std::vector<float>& sums) {
+// The probabilities' buckets, in two levels. For positive floats the bit pattern orders as the
+// value does. Level 1: the exponent and 3 mantissa bits (1/8 of an octave a bucket; probs are
+// exp(logit - peak), in (0, 1]: below bucket 1,017). Level 2, inside one level-1 bucket: the
+// next 8 mantissa bits.
+constexpr int kNumBuckets = 1024;
+
+VLLM_LITE_INLINE uint32_t pattern_of(float p) {
+  uint32_t bits;
+  std::memcpy(&bits, &p, sizeof(bits));
+  return bits;
+}
+
+// (Function objects, not functions: passed as template arguments they are inlined.)
+struct Level1 {
+  VLLM_LITE_INLINE int operator()(float p) const {
+    return static_cast<int>(std::min<uint32_t>(pattern_of(p) >> 20, kNumBuckets - 1));
+  }
+};
+
+struct Level2 {
+  VLLM_LITE_INLINE int operator()(float p) const { return static_cast<int>((pattern_of(p) >> 12) & 0xFF); }
+};
+
+// Per bucket, how many positive values fall in it and their mass. Two interleaved copies: in a
+// flat row most values share a bucket, and one copy's adds would wait on each other.
+struct Histogram {
+  static constexpr int kCopies = 2;
+  int32_t count[kCopies * kNumBuckets];
+  double mass[kCopies * kNumBuckets];
+
+  template <typename Bucket>
+  void fill(const float* values, int64_t n, Bucket bucket_of) {
+    std::fill(count, count + kCopies * kNumBuckets, 0);
+    std::fill(mass, mass + kCopies * kNumBuckets, 0.0);
+    int64_t i = 0;
+    for (; i + kCopies <= n; i += kCopies)
+      for (int c = 0; c < kCopies; ++c) add(values[i + c], c * kNumBuckets, bucket_of);
+    for (; i < n; ++i) add(values[i], 0, bucket_of);
+    for (int c = 1; c < kCopies; ++c) {
+      for (int b = 0; b < kNumBuckets; ++b) {
+        count[b] += count[c * kNumBuckets + b];
+        mass[b] += mass[c * kNumBuckets + b];
+      }
+    }
+  }
+
+  int64_t total_count() const { return std::accumulate(count, count + kNumBuckets, int64_t{0}); }
+  double total_mass() const { return std::accumulate(mass, mass + kNumBuckets, 0.0); }
+
+  // Walking down from the top bucket with what the buckets above hold (`above_count`,
+  // `above_mass`, updated): the first bucket b where `reached(above + b's)` holds; -1 if none.
+  template <typename Reached>
+  int find(int64_t& above_count, double& above_mass, Reached reached) const {
+    for (int b = kNumBuckets - 1; b >= 0; --b) {
+      if (reached(above_count + count[b], above_mass + mass[b])) return b;
+      above_count += count[b];
+      above_mass += mass[b];
+    }
+    return -1;
+  }
+
+ private:
+  template <typename Bucket>
+  VLLM_LITE_INLINE void add(float p, int copy, Bucket bucket_of) {
+    const bool positive = p > 0.0f;
+    const int b = copy + (positive ? bucket_of(p) : 0);
+    count[b] += positive;
+    mass[b] += positive ? p : 0.0f;
+  }
+};
+
+// The values of `values[0, n)` that are positive and in bucket `b` into `out` (which may be
+// `values` itself); returns how many.
+template <typename Bucket>
+int64_t collect_bucket(const float* values, int64_t n, int b, float* out, Bucket bucket_of) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = values[i];
+    out[m] = p;
+    m += static_cast<int64_t>(p > 0.0f) & static_cast<int64_t>(bucket_of(p) == b);
+  }
+  return m;
+}
+
+// The values of `row` among which a threshold lies, into scratch[0, return) (`row` may be
+// scratch itself): the one level-1 bucket that `reached` picks in `histogram` (filled from `row`),
+// then, where it holds many, the one level-2 bucket; the count and mass of the values above them
+// are added to `above_count` / `above_mass`. -1: `reached` held nowhere.
+template <typename Reached>
+int64_t narrow_to_bucket(const float* row, int64_t n, Histogram& histogram, std::vector<float>& scratch,
+                         int64_t& above_count, double& above_mass, Reached reached) {
+  const int b = histogram.find(above_count, above_mass, reached);
+  if (b < 0) return -1;
+  int64_t m = collect_bucket(row, n, b, scratch.data(), Level1{});
+  if (m > 256) {
+    histogram.fill(scratch.data(), m, Level2{});
+    const int b2 = histogram.find(above_count, above_mass, reached);
+    m = collect_bucket(scratch.data(), m, b2, scratch.data(), Level2{});
+  }
+  return m;
+}
+
+// The smallest probability (unnormalized, as `probs`) that top-k and top-p keep. Histograms of
+// the row's values by bucket (narrow_to_bucket) find the few values each threshold lies among
+// (counting from the top: top-k's k-th value, top-p's mass target); the selection runs over
+// those only, not over the whole row with its unpredictable branches (5-6 ns a token, ten times
+// the rest of a draw).
+float truncation_threshold(const float* probs, int64_t vocab, int64_t top_k, float top_p, Histogram& histogram,
+                           std::vector<float>& scratch) {
   float threshold = 0.0f;
-  int64_t num_kept = 0;
-  for (int64_t i = 0; i < vocab; ++i)
-    if (probs[i] > 0.0f) scratch[num_kept++] = probs[i];
-  if (top_k > 0 && top_k < num_kept) {
-    std::nth_element(scratch.begin(), scratch.begin() + (top_k - 1), scratch.begin() + num_kept,
-                     [](float a, float b) { return a > b; });
-    threshold = scratch[top_k - 1];
-    num_kept = 0;
-    for (int64_t i = 0; i < vocab; ++i)
-      if (probs[i] >= threshold && probs[i] > 0.0f) scratch[num_kept++] = probs[i];
+  const float* row = probs;
+  if (top_k > 0) {
+    histogram.fill(probs, vocab, Level1{});
+    if (top_k < histogram.total_count()) {
+      int64_t above = 0;
+      double ignored = 0.0;
+      const int64_t m = narrow_to_bucket(probs, vocab, histogram, scratch, above, ignored,
+                                         [top_k](int64_t count, double) { return count >= top_k; });
+      std::nth_element(scratch.begin(), scratch.begin() + (top_k - above - 1), scratch.begin() + m,
+                       [](float a, float b) { return a > b; });
+      threshold = scratch[top_k - above - 1];
+      if (top_p < 1.0f) {  // top-p over the tokens top-k keeps: the others as zeros
+        for (int64_t i = 0; i < vocab; ++i) scratch[i] = probs[i] >= threshold ? probs[i] : 0.0f;
+        row = scratch.data();
+      }
+    }
   }
-  if (top_p < 1.0f && num_kept > 1) {
-    block_sums(scratch.data(), num_kept, sums.data());
-    const double kept_mass = total_of(sums.data(), num_kept);
-    threshold = std::max(threshold, top_p_threshold(scratch.data(), num_kept, top_p * kept_mass));
-  }
-  return threshold;
+  if (top_p >= 1.0f) return threshold;
+  histogram.fill(row, vocab, Level1{});
+  if (histogram.total_count() <= 1) return threshold;
+  const double target = top_p * histogram.total_mass();
+  int64_t ignored = 0;
+  double above = 0.0;
+  const int64_t m = narrow_to_bucket(row, vocab, histogram, scratch, ignored, above,
+                                     [target](int64_t, double mass) { return mass >= target; });
+  if (m <= 0) return threshold;  // rounding left the target out of reach: keep every kept token
+  return std::max(threshold, top_p_threshold(scratch.data(), m, target - above));
 }
 
 int64_t sample_row(const float* logits, int64_t vocab, int64_t top_k, float top_p, float u,
-                   std::vector<float>& probs, std::vector<float>& scratch, std::vector<float>& sums) {
+                   std::vector<float>& probs, std::vector<float>& scratch, std::vector<float>& sums,
+                   Histogram& histogram) {
   float peak;
   largest_logit(logits, vocab, &peak);
   if (!std::isfinite(peak)) return 0;  // every token masked: nothing sensible to draw
   exp_and_sum(logits, vocab, peak, probs.data(), sums.data());
   if (top_k > 0 || top_p < 1.0f) {
-    const float threshold = truncation_threshold(probs.data(), vocab, top_k, top_p, scratch, sums);
+    const float threshold = truncation_threshold(probs.data(), vocab, top_k, top_p, histogram, scratch);
     drop_below_and_sum(probs.data(), vocab, threshold, sums.data());
   }
   return draw(probs.data(), vocab, u, sums.data());
@@ -219,8 +343,9 @@ at::Tensor top_k_top_p_sample(const at::Tensor& logits, const at::Tensor& top_k,
   int64_t* result = out.data_ptr<int64_t>();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> probs(vocab), scratch(vocab), sums(num_blocks(vocab));
+    Histogram histogram;
     for (int64_t r = begin; r < end; ++r)
-      result[r] = sample_row(data + r * row_stride, vocab, ks[r], ps[r], us[r], probs, scratch, sums);
+      result[r] = sample_row(data + r * row_stride, vocab, ks[r], ps[r], us[r], probs, scratch, sums, histogram);
   });
   return out;
 }

@@ -147,3 +147,21 @@ def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
     greedy = logits.argmax(-1)
     assert torch.equal(sample(logits.clone(), torch.ones(ROWS, dtype=torch.long), None, uniforms), greedy)
     assert torch.equal(sample(logits.clone(), None, torch.full((ROWS,), 1e-6), uniforms), greedy)
+
+
+@pytest.mark.skipif(not cpu_native.is_available(), reason="csrc extension not built")
+@pytest.mark.parametrize("scale", [0.01, 0.3, 3.0, 12.0])
+def test_native_op_on_a_large_vocabulary(scale: float) -> None:
+    """50,000 tokens: the thresholds' buckets hold hundreds to thousands of values (the native
+    op's second histogram level narrows those); the draws still equal the torch rule's."""
+    rows, vocab = 16, 50_000
+    gen = torch.Generator().manual_seed(int(scale * 100))
+    logits = torch.randn(rows, vocab, generator=gen) * scale
+    logits[::4, ::7] = float("-inf")
+    top_k = torch.tensor([0, 1, 40, 1000, 0, 25_000, 49_999, 300] * 2, dtype=torch.long)
+    top_p = torch.tensor([0.95, 1.0, 0.5, 1.0, 0.3, 0.9, 0.99, 0.8] * 2)
+    uniforms = torch.rand(rows, generator=gen)
+    native = cpu_native.top_k_top_p_sample(logits.clone(), top_k, top_p, uniforms)
+    masked = logits.clone()
+    mask_top_k_top_p(masked, top_k, top_p)
+    assert torch.equal(native, sample_truncated(masked, uniforms))
