@@ -265,8 +265,14 @@ int64_t narrow_to_bucket(const float* row, int64_t n, Histogram& histogram, std:
   int64_t m = collect_bucket(row, n, b, scratch.data(), Level1{});
   if (m > 256) {
     histogram.fill(scratch.data(), m, Level2{});
-    const int b2 = histogram.find(above_count, above_mass, reached);
-    m = collect_bucket(scratch.data(), m, b2, scratch.data(), Level2{});
+    int64_t count_before = above_count;
+    double mass_before = above_mass;
+    const int b2 = histogram.find(count_before, mass_before, reached);
+    if (b2 >= 0) {  // (else the sub-buckets' mass, summed otherwise, fell short by rounding: keep the bucket)
+      above_count = count_before;
+      above_mass = mass_before;
+      m = collect_bucket(scratch.data(), m, b2, scratch.data(), Level2{});
+    }
   }
   return m;
 }
