@@ -111,7 +111,6 @@ VLLM_LITE_PER_ISA(exp_and_sum, exp_blocks<L>,
                   (logits, n, peak, probs, sums))
 VLLM_LITE_PER_ISA(drop_below_and_sum, drop_below<L>, (float* probs, int64_t n, float threshold, float* sums),
                   (probs, n, threshold, sums))
-VLLM_LITE_PER_ISA(block_sums, sum_blocks<L>, (const float* probs, int64_t n, float* sums), (probs, n, sums))
 
 double total_of(const float* sums, int64_t n) {
   double total = 0.0;
