@@ -23,6 +23,7 @@ from hf_reference import build_cycling_model, hf_greedy
 from llm_factory import make_llm
 from vllm_lite import AsyncLLM, EngineArgs, SamplingParams
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
+from vllm_lite.exceptions import RequestRejectedError
 from vllm_lite.core.ngram_proposer import propose_ngram
 from vllm_lite.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason, split_token_columns
@@ -363,6 +364,40 @@ def test_grammars_constrain_every_draft_position(cycling_model: Path) -> None:
                (list(want.outputs[0].token_ids), want.outputs[0].text, want.outputs[0].finish_reason)
     assert got[-1].outputs[0].text.lstrip().startswith("{")
     assert _spec_metrics(spec)["vllm:spec_decode_num_accepted_tokens"].value > 100
+
+
+def test_a_position_left_without_a_token_fails_its_request_where_it_is_reached(
+        cycling_model: Path, greedy_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """allowed_token_ids ["a"] with a grammar "a{3}b": the 4th position has nothing left to
+    sample. With drafts ("a" after "a", cut by the grammar after the third) that position is a
+    draft position of a step whose drafts before it are kept: the request fails there, as without
+    drafts, and the request drafting beside it keeps the tokens decoding without drafts gives."""
+    import vllm_lite.worker.model_runner as model_runner
+
+    reached: list[tuple[list[int], list[int]]] = []
+    fail_emptied_kept = model_runner.ModelRunner._fail_emptied_kept
+
+    def spy(self, logits_rows, positions, emptied, output):
+        reached.append((positions[emptied].tolist(), output.num_sampled[logits_rows[emptied]].tolist()))
+        return fail_emptied_kept(self, logits_rows, positions, emptied, output)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_fail_emptied_kept", spy)
+    llm = make_llm(cycling_model, speculative_config={**NGRAM, "prompt_lookup_min": 1})
+    token_a = llm.get_tokenizer().convert_tokens_to_ids("a")
+    engine = llm.llm_engine
+    engine.add_request("poison", {"prompt_token_ids": [token_a] * 6 + list(range(10, 20)) + [token_a] * 6},
+                       SamplingParams(temperature=0, max_tokens=8, allowed_token_ids=[token_a],
+                                      structured_outputs=StructuredOutputsParams(regex="a{3}b")))
+    engine.add_request("plain", PROMPTS[0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    finished, errors = {}, []
+    while engine.has_unfinished_requests():
+        try:
+            finished.update((out.request_id, list(out.outputs[0].token_ids)) for out in engine.step() if out.finished)
+        except RequestRejectedError as exc:
+            errors.append(exc)
+    assert [e.request_id for e in errors] == ["poison"] and "exclude every token" in str(errors[0])
+    assert finished == {"plain": greedy_reference[0][:30]}
+    assert any(position > 0 for positions, _ in reached for position in positions)
 
 
 @pytest.mark.parametrize("logprobs_mode", ["raw_logprobs", "processed_logprobs"])

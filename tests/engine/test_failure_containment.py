@@ -203,3 +203,24 @@ def test_an_out_of_vocabulary_token_the_boundary_missed_fails_its_request_alone(
     assert "logit_bias" in str(errors[0]) and f"[0, {vocab_size})" in str(errors[0])
     assert tokens == {"a4": reference["a"], "c4": reference["c"]}
     assert_idle(llm)
+
+
+@pytest.mark.parametrize("constraints", ["grammar after 3 tokens", "bad word at once"])
+def test_a_request_whose_constraints_leave_nothing_to_sample_fails_alone(
+        llm: LLM, reference: dict[str, list[int]], constraints: str) -> None:
+    """allowed_token_ids with a grammar, or with a bad word, can exclude every token at a
+    position (no check can know beforehand where a grammar leads): that request fails with an
+    error naming its constraints, before a token outside them is drawn (its draws there are void:
+    no -inf token in its output), and the requests stepped beside it go on unchanged."""
+    token_a, token_b = llm.get_tokenizer().convert_tokens_to_ids(["a", "b"])
+    assert token_a != token_b
+    if constraints == "grammar after 3 tokens":  # "aaa" then the grammar needs "b", which is not allowed
+        poison_params = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=[token_a],
+                                       structured_outputs=StructuredOutputsParams(regex="a{3}b"))
+    else:
+        poison_params = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=[token_a], bad_words=["a"])
+    tokens, errors = run(llm, ["a6", "poison", "c6"], poison_params)
+    assert [e.request_id for e in errors] == ["poison"]
+    assert "allowed_token_ids, bad_words and structured-output grammar together exclude every token" in str(errors[0])
+    assert tokens == {"a6": reference["a"], "c6": reference["c"]}
+    assert_idle(llm)

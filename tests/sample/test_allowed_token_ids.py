@@ -14,6 +14,7 @@ from hf_reference import hf_logits
 from llm_factory import make_llm
 from sampling_fixtures import make_batch, make_metadata
 from vllm_lite import SamplingParams
+from vllm_lite.sample.ops.grammar_mask import GrammarBitmask
 from vllm_lite.sample.sampler import Sampler
 
 ALLOWED = [3, 11, 17]
@@ -76,3 +77,21 @@ def test_only_suppressed_stop_tokens_allowed_is_refused(tiny_llama: Path) -> Non
         assert list(ok.token_ids) == [eos] * 3
     finally:
         llm.shutdown()
+
+
+def test_rows_left_without_a_token_are_reported_not_drawn_from() -> None:
+    """The sampler names the rows whose allowed_token_ids (here with a grammar's bitmask) left
+    every logit -inf (`emptied_rows`); rows with something left, constrained or not, are not."""
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=0.0, allowed_token_ids=[3]),  # the grammar allows 5 only: nothing left
+              SamplingParams(temperature=1.0, seed=2, allowed_token_ids=[3, 5]),  # 5 left
+              SamplingParams(temperature=0.0)]
+    batch = make_batch([([1, 2], [], p) for p in params])
+    bitmask = torch.zeros(2, 2, dtype=torch.int32)
+    bitmask[:, 0] = 1 << 5  # token 5 only
+    grammar = GrammarBitmask(torch.tensor([0, 1]), bitmask)
+    output = Sampler()(logits.clone(), make_metadata(batch, vocab_size=40), grammar)
+    assert output.emptied_rows.tolist() == [0]
+    assert output.sampled_token_ids.tolist()[1:] == [5, int(logits[2].argmax())]
+    unconstrained = Sampler()(logits.clone(), make_metadata(batch, vocab_size=40))
+    assert unconstrained.emptied_rows is None

@@ -4,7 +4,9 @@ Order (vLLM's): grammar bitmask (structured outputs, constrained rows only) -> r
 (if asked) -> allowed_token_ids, bad words, min_tokens, logit_bias, custom logits processors
 that can change an argmax, penalties -> greedy argmax -> temperature -> min-p -> the other custom
 processors -> top-k/top-p -> random draw (one uniform per row: ops/topk_topp.py);
-with a "processed" logprobs_mode the logprobs are taken just before the draw instead.
+with a "processed" logprobs_mode the logprobs are taken just before the draw instead. Rows that
+allowed_token_ids and bad words left no token are named in the output (`emptied_rows`): their
+requests fail rather than keep a token drawn from nothing.
 
 The sampler owns `logits`: float32 logits are edited in place, half-precision ones are copied
 to float32 once, and only when something has to edit them.
@@ -39,6 +41,9 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # int64 [num_rows]
     logprobs: LogprobsTensors | None  # None when no row asked for logprobs
     logprobs_rows: np.ndarray | None = None  # the rows `logprobs` holds; None = all rows
+    # Rows whose allowed_token_ids / bad words (with a grammar's bitmask) left no token: their
+    # draws are void, their requests fail (`emptied_rows`).
+    emptied_rows: np.ndarray | None = None
 
 
 class Sampler:
@@ -71,18 +76,19 @@ class Sampler:
                                                                               and custom.non_argmax_invariant):
             logits = logits.to(torch.float32)  # no-op for float32 logits
             self._process_logits(logits, metadata, None if grammar is None else grammar.logits_rows, custom)
+        emptied = emptied_rows(logits, metadata)
         if wanted and self.processed:
             sampled, values = self._sample_processed(logits, metadata, index, custom)
         else:
             sampled = self._sample(logits, metadata, custom)
         if values is None:
-            return SamplerOutput(sampled, None)
+            return SamplerOutput(sampled, None, emptied_rows=emptied)
         chosen = sampled if index is None else sampled.index_select(0, index)
         logprobs = gather_logprobs(values, metadata.max_num_logprobs, chosen)
         requested = metadata.requested_logprobs
         if requested is not None:  # rows with logprob_token_ids: their ids instead of the top-k
             logprobs = with_requested_ids(logprobs, values, requested.rows, requested.token_ids)
-        return SamplerOutput(sampled, logprobs, asked)
+        return SamplerOutput(sampled, logprobs, asked, emptied)
 
     @staticmethod
     def takes_argmax_only(metadata: SamplingMetadata, custom: CustomLogitsStep | None = None) -> bool:
@@ -159,6 +165,25 @@ class Sampler:
         if seeded is not None:
             uniforms[seeded.logits_rows] = seeded.uniforms(device)
         return uniforms
+
+
+def emptied_rows(logits: torch.Tensor, metadata: SamplingMetadata) -> np.ndarray | None:
+    """The logits rows that allowed_token_ids and bad words (on top of a grammar's bitmask) left
+    all -inf, ascending; None when there is none. Only the rows with those constraints are read:
+    the only masks that can empty a row the request checks and the grammar's own check
+    (`GrammarDeadEnd`) let through."""
+    parts = []
+    if metadata.allowed_tokens is not None:
+        parts.append(metadata.allowed_tokens.rows)
+    if metadata.bad_words is not None and metadata.bad_words.logits_rows:
+        parts.append(host_to_device(np.asarray(metadata.bad_words.logits_rows, dtype=np.int64), logits.device))
+    if not parts:
+        return None
+    rows = torch.unique(torch.cat(parts))
+    alive = (logits.index_select(0, rows) > float("-inf")).any(dim=1)
+    if bool(alive.all()):
+        return None
+    return rows[~alive].cpu().numpy()
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

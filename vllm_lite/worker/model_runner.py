@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 # Intel Xeon VM two did (8 requests 37-42 vs 44-56 in-process, 38.8-39.8 vs 49.9-50.3 through
 # `LLM`). Above this size two threads win on both (the attention has the work to share).
 ONE_THREAD_MAX_TOKENS = 8
+# Why a request whose constraints left no token to sample at a position fails (the sampler's
+# `emptied_rows`).
+EMPTIED_ROW = ("nothing is left to sample: its allowed_token_ids, bad_words and structured-output grammar "
+               "together exclude every token at this position")
 # Weights the measurement streams per pass (8 passes at start): more than most last-level caches
 # hold, as a decode step's weights are (the demo model's 211 MB of linear weights all fit), and
 # about a second at start for a model of any size.
@@ -468,6 +472,22 @@ class ModelRunner:
         self._keep_drafts(rows, num_positions, sampled.sampled_token_ids.cpu().numpy(), step.output)
         if sampled.logprobs is not None:
             self._kept_logprobs(sampled, logits_rows, num_positions, step.output)
+        if sampled.emptied_rows is not None:
+            self._fail_emptied_kept(logits_rows, segment_offsets(num_positions), sampled.emptied_rows, step.output)
+
+    def _fail_emptied_kept(self, logits_rows: np.ndarray, positions: np.ndarray, emptied: np.ndarray,
+                           output: ModelRunnerOutput) -> None:
+        """With drafts: a request fails when a position it kept (its drafts before it all
+        accepted) had nothing left to sample; an emptied position after a rejected draft is one
+        the request never reaches."""
+        rows = logits_rows[emptied]
+        reached = positions[emptied] < output.num_sampled[rows]
+        if not reached.any():
+            return
+        req_ids = self.input_batch.req_ids
+        failed_rows = np.unique(rows[reached])
+        output.failed = {**(output.failed or {}), **{req_ids[row]: EMPTIED_ROW for row in failed_rows.tolist()}}
+        output.num_sampled[failed_rows] = 0
 
     @staticmethod
     def _kept_logprobs(sampled: SamplerOutput, logits_rows: np.ndarray, num_positions: np.ndarray,
@@ -630,11 +650,28 @@ class ModelRunner:
             if len(rows) == 0:
                 return
             sampled = self._sample_rows(hidden, inputs, rows, sched, vocab_size)
-        step.sampled = self._count_sampled(rows, sampled.sampled_token_ids)
-        self.unfinished = step.sampled
         if sampled.logprobs is not None:
             step.logprobs = sampled.logprobs
             step.logprobs_rows = rows if sampled.logprobs_rows is None else rows[sampled.logprobs_rows]
+        tokens = sampled.sampled_token_ids
+        if sampled.emptied_rows is not None:
+            rows, tokens = self._leave_out_emptied(output, rows, tokens, sampled.emptied_rows)
+            if len(rows) == 0:
+                return
+        step.sampled = self._count_sampled(rows, tokens)
+        self.unfinished = step.sampled
+
+    def _leave_out_emptied(self, output: ModelRunnerOutput, rows: np.ndarray, tokens: torch.Tensor,
+                           emptied: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """The sampling rows (and their tokens) left once the rows whose constraints left nothing
+        to sample (`emptied`, indices into `rows`) are failed: their draws are void. As for a row
+        failed before sampling, each gets token 0 in the batch (`_leave_out_failed`)."""
+        req_ids = self.input_batch.req_ids
+        output.failed = {**(output.failed or {}), **{req_ids[row]: EMPTIED_ROW for row in rows[emptied].tolist()}}
+        kept = np.ones(len(rows), dtype=bool)
+        kept[emptied] = False
+        self._append_sampled(rows[emptied], np.zeros(len(emptied), dtype=np.int32))
+        return rows[kept], tokens.index_select(0, self._to_device(np.flatnonzero(kept)))
 
     def _count_sampled(self, rows: np.ndarray, tokens: torch.Tensor) -> SampledTokens:
         """The batch counts the tokens sampled for `rows` now; their values follow in `finish`.
