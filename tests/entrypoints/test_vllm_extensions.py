@@ -225,6 +225,35 @@ def test_chat_prompt_logprobs_response_level(server: LiveServer) -> None:
     assert "prompt_logprobs" not in data["choices"][0]
 
 
+def test_chat_echo_carries_the_prompt_logprobs(server: LiveServer) -> None:
+    """vLLM's rule: with echo and no prompt_logprobs, top_logprobs of them (0: each prompt
+    token's own logprob); a stream carries none."""
+    echoed = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "echo": True}).json()
+    asked = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "prompt_logprobs": 0}).json()
+    assert echoed["prompt_logprobs"] == asked["prompt_logprobs"] and len(echoed["prompt_logprobs"]) > 1
+    with_top = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "echo": True,
+                                                      "logprobs": True, "top_logprobs": 2}).json()
+    assert all(2 <= len(entry) <= 3 for entry in with_top["prompt_logprobs"][1:])
+    plain = _post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}).json()
+    assert plain["prompt_logprobs"] is None
+    chunks = _stream_chunks(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, "echo": True})
+    assert all(chunk.get("prompt_logprobs") is None for chunk in chunks)
+
+
+def test_prompt_logprobs_keep_their_text_with_tokens_as_ids(server: LiveServer, tokenizer: Any) -> None:
+    """return_tokens_as_token_ids is the `logprobs` fields' (vLLM): prompt_logprobs' decoded_token stays text."""
+    prompt_ids = tokenizer.encode(PROMPT)
+    for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": CHAT})):
+        data = _post(server, route, {**body, "max_tokens": 1, "prompt_logprobs": 1, "logprobs": 1 if "prompt" in body
+                                     else True, "return_tokens_as_token_ids": True}).json()
+        entries = data["choices"][0]["prompt_logprobs"] if "prompt" in body else data["prompt_logprobs"]
+        for entry in entries[1:]:
+            assert all(v["decoded_token"] == tokenizer.decode([int(k)]) for k, v in entry.items())
+        if "prompt" in body:
+            assert [int(next(iter(e))) for e in entries[1:]] == prompt_ids[1:]
+            assert data["choices"][0]["logprobs"]["tokens"][0].startswith("token_id:")
+
+
 @pytest.mark.parametrize("route, body", [
     ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": -1}),
     ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}),

@@ -440,7 +440,15 @@ class ChatCompletionRequest(_GenerationRequest):
         else:
             max_tokens, field = self.max_tokens, "max_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, vocab_size, field, defaults=defaults)
+        return self._sampling_params(max_tokens, logprobs, vocab_size, field, defaults=defaults,
+                                     prompt_logprobs=_whole_vocab(self.prompt_logprobs_count(), vocab_size))
+
+    def prompt_logprobs_count(self) -> int | None:
+        """The prompt logprobs the reply carries: `prompt_logprobs`, else with `echo` (vLLM's
+        rule) `top_logprobs` of them (0: each prompt token's own); a stream carries none."""
+        if self.prompt_logprobs is not None or not self.echo or self.stream:
+            return self.prompt_logprobs
+        return self.top_logprobs or 0
 
     def check_unstored(self) -> None:
         _check(not self.store, "store", "store: true is not supported: chat completions are not stored here "

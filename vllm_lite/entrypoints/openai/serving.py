@@ -705,15 +705,14 @@ def decode_token(tokenizer: Any, token_id: int, logprob: Logprob | None = None, 
     return tokenizer.decode([token_id])
 
 
-def prompt_logprobs_json(tokenizer: Any, entries: list[dict[int, Logprob] | None] | None,
-                         as_token_id: bool = False) -> PromptLogprobs | None:
+def prompt_logprobs_json(tokenizer: Any, entries: list[dict[int, Logprob] | None] | None) -> PromptLogprobs | None:
     """vLLM's `prompt_logprobs` field: per prompt position (the first is None) a dict of token
-    id -> {logprob, rank, decoded_token}."""
+    id -> {logprob, rank, decoded_token}; the tokens' text whatever return_tokens_as_token_ids
+    says (as vLLM: that flag is the `logprobs` fields')."""
     if entries is None:
         return None
     return [None if entry is None else {
-        token_id: LogprobEntry(logprob=json_logprob(lp), rank=lp.rank,
-                               decoded_token=decode_token(tokenizer, token_id, lp, as_token_id))
+        token_id: LogprobEntry(logprob=json_logprob(lp), rank=lp.rank, decoded_token=decode_token(tokenizer, token_id, lp))
         for token_id, lp in entry.items()} for entry in entries]
 
 

@@ -124,8 +124,8 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
     usage = UsageInfo.of(len(prompt_token_ids), num_generated, reasoning_tokens if parser is not None else None,
                          cached_tokens=ctx.cached_tokens_detail(collected.num_cached_tokens))
     prompt_logprobs = None
-    if request.prompt_logprobs is not None:
-        prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, as_ids)
+    if request.prompt_logprobs_count() is not None:
+        prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs)
     return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
                                   prompt_logprobs=prompt_logprobs,
                                   prompt_token_ids=prompt_token_ids if request.return_token_ids else None)

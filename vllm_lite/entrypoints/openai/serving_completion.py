@@ -158,7 +158,7 @@ async def _full_response(ctx: ServingContext, request: CompletionRequest, shape:
             choices.append(CompletionResponseChoice(
                 index=i * request.n + j, text=echoed[i] + acc.text, logprobs=logprobs,
                 finish_reason=acc.finish_reason, stop_reason=acc.stop_reason,
-                prompt_logprobs=(prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs, shape.tokens_as_ids)
+                prompt_logprobs=(prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs)
                                  if shape.prompt_logprobs else None),
                 prompt_token_ids=prompt_ids if shape.token_ids else None,
                 token_ids=acc.token_ids if shape.token_ids else None))
