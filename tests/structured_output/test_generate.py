@@ -176,3 +176,21 @@ def test_a_grammar_that_allows_no_token_fails_its_request_alone(llm, structured:
     assert "the grammar allows no next token" in str(errors[0])
     assert list(finished) == ["free"] and finished["free"].outputs[0].token_ids == alone
     assert llm.stats()["num_running"] == 0
+
+
+def test_a_complete_value_may_end_with_any_of_the_requests_stop_tokens(llm, prompts_token_ids: list[list[int]]) -> None:
+    """vLLM 0.32: the grammar's end allows the request's stop_token_ids as well as the model's end
+    tokens (a request whose own end token is one of them ends the value with it). Here the stop
+    token's logit is raised far above the rest: it ends the value (the request's stop_reason), it
+    is refused while the value is incomplete, and without it in stop_token_ids EOS ends it."""
+    eos = llm.get_tokenizer().eos_token_id
+    stop_token = next(t for t in range(100, 200) if t != eos)
+    structured = StructuredOutputsParams(regex="[a-c]{3}")
+    params = SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop_token], logit_bias={stop_token: 50.0},
+                            structured_outputs=structured)
+    without = SamplingParams(temperature=0.0, max_tokens=10, logit_bias={stop_token: 50.0}, structured_outputs=structured)
+    prompt = {"prompt_token_ids": prompts_token_ids[0]}
+    with_stop, plain = (llm.generate(prompt, p, use_tqdm=False)[0].outputs[0] for p in (params, without))
+    assert (with_stop.finish_reason, with_stop.stop_reason) == ("stop", stop_token)
+    assert (plain.finish_reason, plain.stop_reason) == ("stop", None)
+    assert with_stop.text == plain.text and len(with_stop.text) == 3 and set(with_stop.text) <= set("abc")

@@ -179,7 +179,8 @@ class EngineCore:
         core_request = Request.from_engine_core_request(request)
         structured = request.sampling_params.structured_outputs
         if structured is not None:  # compiles on the manager's thread; the request waits for it
-            core_request.structured_output_request = self.structured_output_manager.make_request(structured)
+            core_request.structured_output_request = self.structured_output_manager.make_request(
+                structured, tuple(request.sampling_params.stop_token_ids or ()))
         self.scheduler.add_request(core_request)
 
     def abort_requests(self, request_ids: list[str]) -> None:

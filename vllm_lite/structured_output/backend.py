@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,10 @@ class GrammarMatcher(ABC):
 
 class CompiledGrammar(ABC):
     @abstractmethod
-    def matcher(self) -> GrammarMatcher: ...
+    def matcher(self, stop_token_ids: Sequence[int] = ()) -> GrammarMatcher:
+        """A matcher of its own for one request. `stop_token_ids`: the request's, which end the
+        value as the model's end tokens do (vLLM 0.32: at the grammar's end any of the
+        request's stop tokens may be sampled, not its end token only)."""
 
 
 class StructuredOutputBackend(ABC):

@@ -34,11 +34,12 @@ class StructuredOutputRequest:
     token appended to the request (and only then), so a preempted request keeps a matcher
     consistent with the tokens it keeps."""
 
-    __slots__ = ("key", "future", "matcher", "error")
+    __slots__ = ("key", "future", "stop_token_ids", "matcher", "error")
 
-    def __init__(self, key: GrammarKey, future: Future) -> None:
+    def __init__(self, key: GrammarKey, future: Future, stop_token_ids: tuple[int, ...] = ()) -> None:
         self.key = key
         self.future = future
+        self.stop_token_ids = stop_token_ids  # the request's (`CompiledGrammar.matcher`)
         self.matcher: GrammarMatcher | None = None
         self.error: str | None = None  # why compilation failed (the request cannot run)
 
@@ -52,7 +53,7 @@ class StructuredOutputRequest:
         if exc is not None:
             self.error = f"grammar compilation failed: {type(exc).__name__}: {exc}"
         else:
-            self.matcher = self.future.result().matcher()
+            self.matcher = self.future.result().matcher(self.stop_token_ids)
         return True
 
 
@@ -77,7 +78,9 @@ class StructuredOutputManager:
     def validate(self, params: StructuredOutputsParams) -> None:
         self._validate(grammar_spec(params))
 
-    def make_request(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def make_request(self, params: StructuredOutputsParams,
+                     stop_token_ids: tuple[int, ...] = ()) -> StructuredOutputRequest:
+        """`stop_token_ids`: the request's, which may end its value too (`CompiledGrammar.matcher`)."""
         key = grammar_spec(params)
         future = self._grammars.get(key)
         if future is None or (future.done() and future.exception() is not None):
@@ -89,7 +92,7 @@ class StructuredOutputManager:
                 self._grammars.popitem(last=False)
         else:
             self._grammars.move_to_end(key)
-        return StructuredOutputRequest(key, future)
+        return StructuredOutputRequest(key, future, stop_token_ids)
 
     def wait_for_any(self, requests: list[StructuredOutputRequest], timeout: float) -> None:
         """Block up to `timeout` s until one of the pending compilations ends (an idle busy

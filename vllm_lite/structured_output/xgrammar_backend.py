@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,13 +33,15 @@ class XgrammarMatcher(GrammarMatcher):
 
 
 class XgrammarCompiledGrammar(CompiledGrammar):
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, end_token_ids: list[int]) -> None:
         self._compiled = compiled
+        self._end_token_ids = end_token_ids  # the model's, which the tokenizer info holds
 
-    def matcher(self) -> GrammarMatcher:
+    def matcher(self, stop_token_ids: Sequence[int] = ()) -> GrammarMatcher:
         import xgrammar
 
-        return XgrammarMatcher(xgrammar.GrammarMatcher(self._compiled))
+        override = sorted(set(self._end_token_ids).union(stop_token_ids)) if stop_token_ids else None
+        return XgrammarMatcher(xgrammar.GrammarMatcher(self._compiled, override_stop_tokens=override))
 
 
 class XgrammarBackend(StructuredOutputBackend):
@@ -46,6 +49,7 @@ class XgrammarBackend(StructuredOutputBackend):
         import xgrammar
 
         self.vocab_size = vocab_size
+        self._end_token_ids = list(stop_token_ids)
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=stop_token_ids)
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=max_threads)
@@ -85,7 +89,7 @@ class XgrammarBackend(StructuredOutputBackend):
             compiled = compiler.compile_structural_tag(text)
         else:
             raise ValueError(f"unknown structured output kind {kind!r}")
-        return XgrammarCompiledGrammar(compiled)
+        return XgrammarCompiledGrammar(compiled, self._end_token_ids)
 
     def allocate_bitmask(self, num_rows: int) -> tuple[Any, np.ndarray]:
         import xgrammar
