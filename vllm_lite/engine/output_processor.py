@@ -291,7 +291,9 @@ class OutputProcessor:
         logprobs = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
             decode = self._decode_token if detokenize else _no_text
-            logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode)
+            logprobs = LogprobsState(params.logprobs, params.prompt_logprobs, len(prompt_token_ids), decode,
+                                     self.tokenizer.decode if detokenize else None,
+                                     () if prompt_is_embeds else prompt_token_ids)
         interval = max(params.stream_interval or 1, self.stream_interval)
         streamed = params.output_kind != RequestOutputKind.FINAL_ONLY
         every_token = bool(params.stop) or params.logprobs is not None or (streamed and interval == 1)
