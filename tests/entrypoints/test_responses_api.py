@@ -378,6 +378,22 @@ def _scripted_events(tokenizer_dir: Path, script: list[str], fail_after: int | N
     return asyncio.run(go())
 
 
+@pytest.mark.parametrize("script, texts", [(["\n", "\n "], ["\n\n "]), (["<think>hm</think>", " \n"], [" \n"]),
+                                           (["\n\n", '<tool_call>{"name": "f", "arguments": {}}</tool_call>'], [])])
+def test_a_whitespace_reply_is_a_message_unless_beside_a_tool_call(tiny_tokenizer_dir: Path, script: list[str],
+                                                                   texts: list[str]) -> None:
+    """vLLM keeps a reply that is only whitespace as its message (no text is lost), whole and
+    streamed alike; whitespace beside a tool call is no message."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    *events, whole = _scripted_events(tiny_tokenizer_dir, script, tools=[tool])
+    streamed = events[-1].response
+    for response in (whole, streamed):
+        assert [item.content[0].text for item in response.output if item.type == "message"] == texts
+        assert [item.type for item in response.output].count("function_call") == (0 if texts else 1)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == "".join(texts)
+
+
 def test_reasoning_and_text_items(tiny_tokenizer_dir: Path) -> None:
     script = ["<th", "ink>Let me ", "think.</th", "ink>\n\nThe ans", "wer."]
     *events, whole = _scripted_events(tiny_tokenizer_dir, script)

@@ -209,7 +209,7 @@ def _output_items(ctx: ServingContext, turn: ResponseTurn, text: str, incomplete
     items = []
     if reasoning:
         items.append(reasoning_item(new_id("rs"), reasoning))
-    if content and content.strip():
+    if content and (content.strip() or not calls):  # (whitespace beside tool calls is no message)
         items.append(message_item(new_id("msg"), content, "incomplete" if incomplete else "completed", logprobs))
     for call in calls:
         items.append(function_call_item(new_id("fc"), call["id"], call["function"]["name"],
@@ -393,9 +393,17 @@ class _EventWriter:
         events.append(self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=delta))
         return events
 
-    def text(self, delta: str) -> list[dict[str, Any]]:
+    def flush_space(self) -> list[dict[str, Any]]:
+        """At the end: whitespace still held is the reply's text (a message, as vLLM's), unless a
+        tool call came after it."""
+        if not self.pending_space or any(item["type"] == "function_call" for item in self.done) or (
+                self.current is not None and self.current.kind == "function_call"):
+            return []
+        return self.text("", final=True)
+
+    def text(self, delta: str, final: bool = False) -> list[dict[str, Any]]:
         if self.current is None or self.current.kind != "message":
-            if not (self.pending_space + delta).strip():
+            if not final and not (self.pending_space + delta).strip():
                 self.pending_space += delta
                 return []
             delta, self.pending_space = self.pending_space + delta, ""
@@ -471,7 +479,7 @@ async def _stream_events(ctx: ServingContext, turn: ResponseTurn,
             for event in pieces.events(writer, completion.text, completion.finish_reason is not None):
                 yield event
     incomplete = finish_reason == "length"
-    for event in writer.close(incomplete):
+    for event in [*writer.flush_space(), *writer.close(incomplete)]:
         yield event
     yield writer.event("response.completed",
                        response=_finish(ctx, turn, writer.done, incomplete, usage, ("".join(texts), token_ids)))
