@@ -92,6 +92,9 @@ def test_preempted_constrained_requests_stay_valid(tiny_llama: Path, prompts_tok
     kinds = [kind for kind in KINDS if KINDS[kind][2] for _ in range(4)]
     params = [constrained(kind, i, max_tokens=100) for i, kind in enumerate(kinds)]
     prompts = [{"prompt_token_ids": prompts_token_ids[i % len(prompts_token_ids)]} for i in range(len(params))]
+    # Grammars compiled first (they are cached by grammar): otherwise when each request may start
+    # depends on how fast its grammar compiles, and with it whether the blocks ever run out.
+    llm.generate(prompts[:1] * len(KINDS), [constrained(kind, 0, max_tokens=1) for kind in KINDS], use_tqdm=False)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.stats()["num_preemptions"] > 0
     for kind, out in zip(kinds, outputs):
