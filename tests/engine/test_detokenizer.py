@@ -112,6 +112,30 @@ def test_random_ids_after_a_prompt_equal_decode_of_the_whole(tokenizer, kind: st
 
 
 @pytest.mark.parametrize("kind", ["fast", "slow"])
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_prompt_ending_inside_a_character_leaves_it_to_the_output(tokenizer, kind: str, cut: int) -> None:
+    """The prompt's last character split (its bytes as byte tokens): the prompt's text is the
+    whole characters before it, and the output's text what decoding prompt + output adds to that
+    (the split character's bytes included, completed or not); none of the prompt's own text
+    comes out again."""
+    rng = np.random.default_rng(13)
+    byte_ids = _byte_ids(tokenizer)
+    emoji = [byte_ids[b] for b in "🙂".encode()]
+    prompt = tokenizer.encode("The quick brown fox, 你好 and", add_special_tokens=False) + emoji[:-cut]
+    before = tokenizer.decode(prompt[:len(prompt) - len(emoji) + cut])
+    assert tokenizer.decode(prompt).endswith("\ufffd")
+    pieces, tail = _run(_make(kind, tokenizer, prompt), emoji[-cut:] + tokenizer.encode(" ok", add_special_tokens=False))
+    assert "".join(pieces) + tail == "🙂 ok"
+    # Random output after the split character leaves its bytes invalid UTF-8: only byte-level BPE
+    # decodes those alike whole and token by token (one replacement character per byte).
+    for _ in range(20 if "<0x80>" not in tokenizer.get_vocab() else 0):
+        ids = _random_ids(tokenizer, rng)[:20]
+        pieces, tail = _run(_make(kind, tokenizer, prompt), ids)
+        full = tokenizer.decode(prompt + ids)
+        assert full.startswith(before) and "".join(pieces) + tail == full[len(before):], ids
+
+
+@pytest.mark.parametrize("kind", ["fast", "slow"])
 def test_decode_rest_equals_token_by_token(tokenizer, kind: str) -> None:
     """A request decoded only at its end gets the text the token-by-token path gives."""
     rng = np.random.default_rng(13)

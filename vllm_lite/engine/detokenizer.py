@@ -1,7 +1,8 @@
 """Incremental detokenization: text grows token by token and never ends in a partial UTF-8
 character (the replacement character is held back until a later token completes it). The
 concatenation of everything emitted, plus `flush()` at the end, equals decoding the context and
-the new tokens at once, minus the context's own text.
+the new tokens at once, minus the text of the context's whole characters: a prompt that ends
+inside a character leaves it to the output (the output's first tokens may complete it).
 
 Two implementations, as vLLM has them:
 
@@ -19,7 +20,7 @@ Two implementations, as vLLM has them:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,15 @@ _CONTEXT_TOKENS = 5
 # tokenizers' DecodeStream raises this when a new token changes text it has already returned
 # (possible with some normalizers); the stream is then restarted (vLLM does the same).
 _INVALID_PREFIX = "Invalid prefix encountered"
+
+
+def whole_characters(decode: Callable[[list[int]], str], context: list[int]) -> int:
+    """How many of `context`'s first tokens decode to text that ends on a whole character (the
+    tokens after them leave one unfinished)."""
+    end = len(context)
+    while end and decode(context[:end]).endswith("\ufffd"):
+        end -= 1
+    return end
 
 
 class IncrementalDetokenizer(Protocol):
@@ -155,9 +165,15 @@ class FastIncrementalDetokenizer:
                  pieces: TokenPieces | None = None) -> None:
         self.backend = backend
         self.skip_special_tokens = skip_special_tokens
-        self.context: list[int] = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
-        self.pending: list[int] = []
+        context = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
+        # A stream primed with tokens whose text ends inside a character would take that text as
+        # never returned, and return it (the prompt's) with the output's first text: it is primed
+        # with the whole characters, the rest stepped (held: its text ends inside one).
+        whole = whole_characters(lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens), context)
+        self.context, self.pending = context[:whole], context[whole:]
         self.stream = self._new_stream(self.context)
+        if self.pending:
+            self.stream.step(backend, list(self.pending))
         self.pieces = pieces
         self.stream_behind = False  # tokens were taken from `pieces`: the stream must restart at `context`
 
@@ -244,7 +260,7 @@ class SlowIncrementalDetokenizer:
         context = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
         self.tokens: list[int] = context
         self.prefix_offset = 0
-        self.read_offset = len(context)
+        self.read_offset = whole_characters(self._decode, context)  # (a character left unfinished is unread)
 
     def add_token(self, token_id: int) -> str:
         self.tokens.append(token_id)
