@@ -281,6 +281,10 @@ def test_echo_with_logprobs_covers_the_prompt(server: LiveServer, tokenizer: Any
     with_prompt = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 2}).json()
     expected = [entry[str(t)]["logprob"] for t, entry in zip(prompt_ids[1:], with_prompt["choices"][0]["prompt_logprobs"][1:])]
     assert logprobs["token_logprobs"][1:n_prompt] == pytest.approx(expected, abs=1e-4)
+    # vLLM's: the choice also carries those prompt logprobs (echo asks logprobs=2 of them).
+    echoed_entries = choice["prompt_logprobs"]
+    assert echoed_entries[0] is None and len(echoed_entries) == n_prompt
+    assert [int(next(iter(e))) for e in echoed_entries[1:]] == prompt_ids[1:] and all(2 <= len(e) <= 3 for e in echoed_entries[1:])
     # Streaming gives the same tokens and logprobs.
     chunks = _stream_chunks(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0,
                                                         "echo": True, "logprobs": 2})

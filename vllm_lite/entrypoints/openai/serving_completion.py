@@ -70,13 +70,13 @@ class _ChoiceShape:
     echo_logprobs: bool  # echo with logprobs: the prompt's tokens get logprobs too
     token_ids: bool
     tokens_as_ids: bool
-    prompt_logprobs: bool
+    prompt_logprobs: bool  # the choice's `prompt_logprobs` (vLLM's: also with echo and logprobs)
 
     @classmethod
     def of(cls, request: CompletionRequest, num_logprobs: int | None, tokens_as_ids: bool) -> _ChoiceShape:
-        return cls(num_logprobs=num_logprobs, echo_logprobs=request.echo and num_logprobs is not None,
-                   token_ids=request.return_token_ids, tokens_as_ids=tokens_as_ids,
-                   prompt_logprobs=request.prompt_logprobs is not None)
+        echo_logprobs = request.echo and num_logprobs is not None
+        return cls(num_logprobs=num_logprobs, echo_logprobs=echo_logprobs, token_ids=request.return_token_ids,
+                   tokens_as_ids=tokens_as_ids, prompt_logprobs=request.prompt_logprobs is not None or echo_logprobs)
 
 
 async def engine_prompts(ctx: ServingContext, prompt: str | list[str] | list[int] | list[list[int]],
