@@ -48,6 +48,8 @@ KNOWN: dict[str, str] = {
     r"top_logprobs\[\]": "vLLM's chat top_logprobs list the sampled token first (the top-k after it)",
     r"nothing is left to sample": "allowed_token_ids / bad_words / grammar leave no token: vLLM 500, here 400 naming them",
     r"status 400/200 stream": "errors found after a stream starts: vLLM sends 200 and an error event; 400 here",
+    r"replacement characters only": "an output ending inside a UTF-8 character: vLLM leaves the unfinished bytes "
+                                    "out of the text, here they are replacement characters (tokenizer.decode's text)",
     r"text_offset": "with return_tokens_as_token_ids vLLM's text_offset counts the 'token_id:N' strings; the text's here",
     r"text \[.*echo.*truncate_prompt_tokens": "echo with truncate_prompt_tokens: vLLM echoes the whole prompt, here "
                                                "the prompt the model read (as both servers' logprobs do)",
@@ -192,6 +194,9 @@ def differing_paths(ours: Any, theirs: Any, path: str = "") -> list[str]:
                           else [f"{path}.{key} only {'here' if key in ours else 'in vLLM'}"])]
     if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
         return [p for a, b in zip(ours, theirs) for p in differing_paths(a, b, f"{path}[]")]
+    if isinstance(ours, str) and isinstance(theirs, str) and ours != theirs and \
+            ours.replace("\ufffd", "") == theirs.replace("\ufffd", ""):
+        return [f"{path} (replacement characters only)"]
     return [] if ours == theirs else [path or "."]
 
 
@@ -239,7 +244,7 @@ def classes_of(ex: Exchange) -> list[str]:
 
 def _context(path: str, body: dict[str, Any]) -> str:
     """For a difference in text or finish reason, the request fields that shape them."""
-    if not path.endswith((".text", ".finish", ".finish_reason", ".content")):
+    if not path.endswith((".text", ".finish", ".finish_reason", ".content", "only)")):
         return ""
     shaping = [name for name in ("echo", "truncate_prompt_tokens", "ignore_eos", "structured_outputs", "response_format")
                if name in body]
