@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from hf_reference import build_sentencepiece_style_tokenizer
 from vllm_lite import SamplingParams
-from vllm_lite.engine.detokenizer import (FastIncrementalDetokenizer, SlowIncrementalDetokenizer, fast_backend,
+from vllm_lite.engine.detokenizer import (FastIncrementalDetokenizer, SlowIncrementalDetokenizer, TokenPieces, fast_backend,
                                           new_detokenizer)
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.sampling_params import RequestOutputKind
@@ -67,6 +67,8 @@ def _run(detokenizer, ids: list[int]) -> tuple[list[str], str]:
 def _make(kind: str, tokenizer, prompt: list[int]):
     if kind == "fast":
         return FastIncrementalDetokenizer(fast_backend(tokenizer), prompt, skip_special_tokens=True)
+    if kind == "fast with pieces":
+        return FastIncrementalDetokenizer(fast_backend(tokenizer), prompt, True, TokenPieces.for_tokenizer(tokenizer))
     return SlowIncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=True)
 
 
@@ -111,8 +113,8 @@ def test_random_ids_after_a_prompt_equal_decode_of_the_whole(tokenizer, kind: st
         assert "".join(pieces) + tail == whole[len(prompt_text):], ids
 
 
-@pytest.mark.parametrize("kind", ["fast", "slow"])
-@pytest.mark.parametrize("cut", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["fast", "fast with pieces", "slow"])
+@pytest.mark.parametrize("cut", [0, 1, 2, 3])
 def test_a_prompt_ending_inside_a_character_leaves_it_to_the_output(tokenizer, kind: str, cut: int) -> None:
     """The prompt's last character split (its bytes as byte tokens): the prompt's text is the
     whole characters before it, and the output's text what decoding prompt + output adds to that
@@ -121,11 +123,11 @@ def test_a_prompt_ending_inside_a_character_leaves_it_to_the_output(tokenizer, k
     rng = np.random.default_rng(13)
     byte_ids = _byte_ids(tokenizer)
     emoji = [byte_ids[b] for b in "🙂".encode()]
-    prompt = tokenizer.encode("The quick brown fox, 你好 and", add_special_tokens=False) + emoji[:-cut]
-    before = tokenizer.decode(prompt[:len(prompt) - len(emoji) + cut])
-    assert tokenizer.decode(prompt).endswith("\ufffd")
-    pieces, tail = _run(_make(kind, tokenizer, prompt), emoji[-cut:] + tokenizer.encode(" ok", add_special_tokens=False))
-    assert "".join(pieces) + tail == "🙂 ok"
+    prompt = tokenizer.encode("The quick brown fox, 你好 and", add_special_tokens=False) + emoji[:len(emoji) - cut]
+    before = tokenizer.decode(prompt[:len(prompt) - len(emoji) + cut] if cut else prompt)  # its whole characters
+    assert tokenizer.decode(prompt).endswith("\ufffd") == (cut > 0)  # (cut 0: the emoji whole in the prompt)
+    pieces, tail = _run(_make(kind, tokenizer, prompt), emoji[len(emoji) - cut:] + tokenizer.encode(" ok", add_special_tokens=False))
+    assert "".join(pieces) + tail == ("🙂 ok" if cut else " ok")
     # Random output after the split character leaves its bytes invalid UTF-8: only byte-level BPE
     # decodes those alike whole and token by token (one replacement character per byte).
     for _ in range(20 if "<0x80>" not in tokenizer.get_vocab() else 0):

@@ -168,8 +168,11 @@ class FastIncrementalDetokenizer:
         context = [int(t) for t in prompt_token_ids[-_CONTEXT_TOKENS:]]
         # A stream primed with tokens whose text ends inside a character would take that text as
         # never returned, and return it (the prompt's) with the output's first text: it is primed
-        # with the whole characters, the rest stepped (held: its text ends inside one).
-        whole = whole_characters(lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens), context)
+        # with the whole characters, the rest stepped (held: its text ends inside one). A last token
+        # of whole characters in any context (`pieces`) ends the text on one: no decode needed.
+        whole = len(context)
+        if context and (pieces is None or pieces.get(context[-1]) is None):
+            whole = whole_characters(lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens), context)
         self.context, self.pending = context[:whole], context[whole:]
         self.stream = self._new_stream(self.context)
         if self.pending:
