@@ -10,8 +10,8 @@ from transformers import AutoTokenizer
 
 from hf_reference import build_sentencepiece_style_tokenizer
 from vllm_lite import SamplingParams
-from vllm_lite.engine.detokenizer import (FastIncrementalDetokenizer, SlowIncrementalDetokenizer, TokenPieces, fast_backend,
-                                          new_detokenizer)
+from vllm_lite.engine.detokenizer import (FastIncrementalDetokenizer, SlowIncrementalDetokenizer, TokenPieces,
+                                          fast_backend, new_detokenizer)
 from vllm_lite.engine.output_processor import OutputProcessor
 from vllm_lite.sampling_params import RequestOutputKind
 from vllm_lite.wire import EngineCoreOutputs, FinishedRequest, FinishReason
@@ -126,7 +126,8 @@ def test_a_prompt_ending_inside_a_character_leaves_it_to_the_output(tokenizer, k
     prompt = tokenizer.encode("The quick brown fox, 你好 and", add_special_tokens=False) + emoji[:len(emoji) - cut]
     before = tokenizer.decode(prompt[:len(prompt) - len(emoji) + cut] if cut else prompt)  # its whole characters
     assert tokenizer.decode(prompt).endswith("\ufffd") == (cut > 0)  # (cut 0: the emoji whole in the prompt)
-    pieces, tail = _run(_make(kind, tokenizer, prompt), emoji[len(emoji) - cut:] + tokenizer.encode(" ok", add_special_tokens=False))
+    rest = emoji[len(emoji) - cut:] + tokenizer.encode(" ok", add_special_tokens=False)
+    pieces, tail = _run(_make(kind, tokenizer, prompt), rest)
     assert "".join(pieces) + tail == ("🙂 ok" if cut else " ok")
     # Random output after the split character leaves its bytes invalid UTF-8: only byte-level BPE
     # decodes those alike whole and token by token (one replacement character per byte).
