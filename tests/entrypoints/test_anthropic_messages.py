@@ -120,6 +120,19 @@ def test_tool_use_blocks_streamed_in_pieces(tiny_tokenizer_dir: Path) -> None:
         assert message.stop_reason == "tool_use"
 
 
+@pytest.mark.parametrize(("script", "texts"), [
+    (["\n", "\n "], ["\n\n "]), (["<think>hm</think>", " \n"], [" \n"]),
+    (["\n\n", '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}</tool_call>'], [])])
+def test_a_whitespace_reply_is_a_text_block_unless_beside_a_tool_call(tiny_tokenizer_dir: Path, script: list[str],
+                                                                      texts: list[str]) -> None:
+    """vLLM keeps a reply that is only whitespace as its text (no text is lost), whole and
+    streamed alike; whitespace beside a tool call is no text block."""
+    events, assembled, whole = _streamed_and_whole(tiny_tokenizer_dir, script, tools=[WEATHER])
+    for message in (assembled, whole):
+        assert [block.text for block in message.content if block.type == "text"] == texts
+        assert [block.type for block in message.content].count("tool_use") == (0 if texts else 1)
+
+
 def test_a_tool_call_cut_by_max_tokens_is_text(tiny_tokenizer_dir: Path) -> None:
     """A call whose input was cut short is no tool_use (it could not run): its text is kept."""
     cut = '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa'

@@ -166,7 +166,7 @@ async def _full_message(ctx: ServingContext, turn: _Turn,
     uses = [(call, _arguments(call)) for call in calls]
     # A call whose arguments were cut short is no call: its text stays (as text) rather than be lost.
     cut = "".join(call["function"]["arguments"] for call, arguments in uses if arguments is None)
-    if (content or "").strip() or cut:
+    if content and (content.strip() or not uses) or cut:  # (whitespace beside tool calls is no text block)
         blocks.append({"type": "text", "text": (content or "") + cut})
     blocks += [{"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
                for call, arguments in uses if arguments is not None]
@@ -218,10 +218,15 @@ class _BlockWriter:
             return events
         return events + [self._delta({"type": "thinking_delta", "thinking": delta})]
 
-    def text(self, delta: str) -> list[dict[str, Any]]:
+    def flush_space(self, tool_used: bool) -> list[dict[str, Any]]:
+        """At the end: whitespace still held is the reply's text (a text block, as vLLM's), unless
+        a tool call came after it."""
+        return [] if tool_used or not self.pending_space else self.text("", final=True)
+
+    def text(self, delta: str, final: bool = False) -> list[dict[str, Any]]:
         events = []
         if self.kind != "text":
-            if not (self.pending_space + delta).strip():
+            if not final and not (self.pending_space + delta).strip():
                 self.pending_space += delta
                 return []
             delta, self.pending_space = self.pending_space + delta, ""
@@ -274,7 +279,7 @@ async def _stream_events(ctx: ServingContext, turn: _Turn,
                     event["content_block"]["type"] == "tool_use"
                 yield event
     complete = tool_used and _arguments({"function": {"arguments": "".join(writer.call_arguments)}}) is not None
-    for event in writer.close():
+    for event in [*writer.flush_space(tool_used), *writer.close()]:
         yield event
     usage.cached_tokens = ctx.cached_tokens_detail(cached_tokens)
     reason, sequence = _stop_reason(finish_reason, stop_reason, complete)
