@@ -81,3 +81,18 @@ def test_continue_final_message_with_add_generation_prompt_is_400(engine: FakeEn
     error = response.json()["error"]
     assert error["param"] == "continue_final_message"
     assert error["message"] == "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+
+
+
+@pytest.mark.parametrize(("template", "expected"), [
+    (TEMPLATE, "<system|be brief\n\nbe nice><user|hi><assistant|"),
+    (TEMPLATE + "{# a template that names 'developer' #}", "<system|be brief><developer|be nice><user|hi><assistant|")])
+def test_developer_messages_are_system_ones_where_the_template_does_not_know_the_role(
+        engine: FakeEngine, template: str, expected: str) -> None:
+    """vLLM 0.32's rule: a template that never names 'developer' gets such messages as system
+    ones, the system messages merged into one first; one that names it gets them as they are."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "be nice"},
+                {"role": "user", "content": "hi"}]
+    response = chat(engine, messages=messages, chat_template=template)
+    assert response.status_code == 200, response.text
+    assert engine.prompts[-1]["prompt"] == expected

@@ -97,6 +97,24 @@ def with_content_format(conversation: list[dict[str, Any]], content_format: str,
             for message in conversation]
 
 
+def developer_as_system(conversation: list[dict[str, Any]], template: Any) -> list[dict[str, Any]]:
+    """vLLM's rule for a template that does not name OpenAI's `developer` role: such messages
+    become `system` ones (without `tools`), and the system messages then merge, their texts
+    joined by a blank line, into one first message (templates such as Qwen's want a single one
+    there). Other conversations are returned as they are."""
+    text = template if isinstance(template, str) else str(template)
+    if not any(m.get("role") == "developer" for m in conversation) or "'developer'" in text or '"developer"' in text:
+        return conversation
+    converted = [{key: value for key, value in m.items() if key != "tools"} | {"role": "system"}
+                 if m.get("role") == "developer" else m for m in conversation]
+    systems = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if systems == [0]:
+        return converted
+    texts = ["\n".join(content_texts(converted[i].get("content"))) for i in systems]
+    merged = {"role": "system", "content": "\n\n".join(text for text in texts if text)}
+    return [merged, *(m for m in converted if m.get("role") != "system")]
+
+
 def image_placeholder(tokenizer: Any, image_encoder: Any) -> str | None:
     """The text of the token a prompt carries per image (what the "string" format writes for an
     image: vision_config.ImageEncoderConfig.prompt_token_id, Gemma 3's start-of-image token;

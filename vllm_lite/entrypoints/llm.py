@@ -12,8 +12,8 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
-from vllm_lite.entrypoints.chat_content import (conversation_images, image_placeholder, image_uuids,
-                                               resolve_content_format, with_content_format)
+from vllm_lite.entrypoints.chat_content import (conversation_images, developer_as_system, image_placeholder,
+                                               image_uuids, resolve_content_format, with_content_format)
 from vllm_lite.entrypoints.scoring import cosine_scores, pair_indices
 from vllm_lite.entrypoints.tokenization import Tokenization
 from vllm_lite.config import EngineArgs
@@ -368,7 +368,8 @@ class LLM:
         prompts = []
         for conversation in conversations:
             try:
-                messages = with_content_format(conversation, content_format, placeholder, model_config.images_refused)
+                messages = with_content_format(developer_as_system(conversation, template), content_format, placeholder,
+                                               model_config.images_refused)
                 images = conversation_images(conversation, model_config.media_access) if placeholder is not None else []
                 uuids = image_uuids(conversation) if images else []
             except ValueError as exc:

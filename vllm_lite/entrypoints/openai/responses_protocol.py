@@ -202,8 +202,8 @@ def _input_message(item: dict[str, Any], index: int) -> dict[str, Any]:
         content = parts if has_images else "\n".join(part["text"] for part in parts)
     _check(isinstance(content, (str, list)), "input",
            f"input[{index}].content must be text or a list of text and input_image parts")
-    # Chat templates know system, not OpenAI's newer developer role.
-    return {"role": "system" if role == "developer" else role, "content": content}
+    # (a developer message becomes a system one where the template does not know the role: render_chat)
+    return {"role": role, "content": content}
 
 
 def _input_part(part: Any, index: int) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from starlette.types import Receive, Scope, Send
 from vllm_lite.config import MediaAccess, VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
 from vllm_lite.exceptions import VLLMValidationError
-from vllm_lite.entrypoints.chat_content import image_sources, image_uuids, resolve_content_format, with_content_format
+from vllm_lite.entrypoints.chat_content import (developer_as_system, image_sources, image_uuids, resolve_content_format,
+                                                with_content_format)
 from vllm_lite.entrypoints.media import fetch_client, load_image_bytes, open_image
 from vllm_lite.entrypoints.openai.chat_template import TemplateRenderTimeout, render_chat_template
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, error_body
@@ -342,7 +343,8 @@ async def render_chat(ctx: ServingContext, conversation: list[dict[str, Any]], *
         raise ApiError(400, "BadRequestError", "the model's tokenizer has no chat template", "messages")
     content_format = resolve_content_format(ctx.options.chat_template_content_format, template)
     try:
-        conversation = with_content_format(conversation, content_format, ctx.image_placeholder if images else None,
+        conversation = with_content_format(developer_as_system(conversation, template), content_format,
+                                           ctx.image_placeholder if images else None,
                                            ctx.images_refused if images else "this endpoint takes no images")
     except ValueError as exc:
         raise ApiError(400, "BadRequestError", str(exc), "messages") from exc
