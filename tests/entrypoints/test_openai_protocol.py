@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from vllm_lite.entrypoints.chat_content import with_content_format
-from vllm_lite.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestParamError
+from vllm_lite.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, RequestParamError,
+                                                TokenizeRequest)
+from vllm_lite.entrypoints.openai.responses_protocol import ResponsesRequest
 from vllm_lite.sampling_params import RequestOutputKind
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -133,3 +135,19 @@ def test_vllms_detokenization_and_repetition_fields_reach_the_sampling_params() 
         assert params.spaces_between_special_tokens is False
         assert (params.repetition_detection.max_pattern_size, params.repetition_detection.min_count) == (4, 3)
     assert CompletionRequest(prompt="x").to_sampling_params().spaces_between_special_tokens is True
+
+
+def test_null_fields_vllm_takes_as_their_default_are_taken() -> None:
+    """OpenAI's clients and frameworks send null for fields they do not set; where vLLM takes a
+    null (n, stream, logprobs, echo, return_token_ids, Responses' stream / store, tokenize's
+    return_token_strs) it is the field's default here too, not a 400. Other nulls stay refused."""
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "n": None,
+                                                 "stream": None, "logprobs": None, "return_token_ids": None})
+    assert (chat.n, chat.stream, chat.logprobs, chat.return_token_ids) == (1, False, False, False)
+    completion = CompletionRequest.model_validate({"prompt": "x", "echo": None, "stream": None, "n": None})
+    assert (completion.echo, completion.stream, completion.n) == (False, False, 1)
+    responses = ResponsesRequest.model_validate({"input": "x", "stream": None, "store": None})
+    assert (responses.stream, responses.store) == (False, True)
+    assert TokenizeRequest.model_validate({"prompt": "x", "return_token_strs": None}).return_token_strs is False
+    with pytest.raises(ValueError, match="priority"):
+        ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "priority": None})

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from vllm_lite.entrypoints.beam_search import BeamSearchParams
 from vllm_lite.engine.input_processor import check_utf8
@@ -112,6 +112,20 @@ class TextRequest(OpenAIBaseModel):
         return value
 
 
+class NullsAsDefaults(BaseModel):
+    """A body whose fields in `nulls_as_defaults` take a JSON null as their default, as vLLM's
+    do (OpenAI's clients and frameworks send null for fields they do not set)."""
+
+    nulls_as_defaults: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_as_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(name, 0) is None for name in cls.nulls_as_defaults):
+            return {key: value for key, value in data.items() if value is not None or key not in cls.nulls_as_defaults}
+        return data
+
+
 class RequestModel(TextRequest):
     """A request body: a top-level field it does not define is refused with a 400 naming it
     (`refuse_unknown_fields`); the schema says so (additionalProperties: false)."""
@@ -179,8 +193,10 @@ class StreamUsage:
     every_chunk: bool  # continuous_usage_stats: each chunk carries the usage so far
 
 
-class _GenerationRequest(RequestModel):
+class _GenerationRequest(NullsAsDefaults, RequestModel):
     """Fields completions and chat completions share."""
+
+    nulls_as_defaults: ClassVar[frozenset[str]] = frozenset({"n", "stream", "return_token_ids", "logprobs", "echo"})
 
     model: str | None = None
     n: int = 1
@@ -541,9 +557,11 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
                 .model_copy(update={"messages": conversation}) for conversation in self.messages]
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeRequest(NullsAsDefaults, RequestModel):
     """`prompt` (completions-style) or `messages` (chat-style, the chat template applied with
     the chat fields below, as in vLLM's TokenizeChatRequest)."""
+
+    nulls_as_defaults: ClassVar[frozenset[str]] = frozenset({"return_token_strs"})
 
     model: str | None = None
     prompt: str | None = None

@@ -25,12 +25,13 @@ with their name.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from vllm_lite.entrypoints.openai.protocol import (MAX_REQUEST_ID_CHARS, ChatCompletionRequest, OpenAIBaseModel,
-                                                RequestParamError, TextRequest, VllmXargs, unique_engine_id)
+from vllm_lite.entrypoints.openai.protocol import (MAX_REQUEST_ID_CHARS, ChatCompletionRequest, NullsAsDefaults,
+                                                OpenAIBaseModel, RequestParamError, TextRequest, VllmXargs,
+                                                unique_engine_id)
 from vllm_lite.sampling_params import INT64_MAX, INT64_MIN
 
 _INPUT_TEXT_PARTS = ("input_text", "output_text", "text")
@@ -41,7 +42,8 @@ _REASONING_FIELDS = ("effort", "summary", "generate_summary")
 _RESPONSES_PARAM = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
 
 
-class ResponsesRequest(TextRequest):
+class ResponsesRequest(NullsAsDefaults, TextRequest):
+    nulls_as_defaults: ClassVar[frozenset[str]] = frozenset({"stream", "store"})
     input: str | list[dict[str, Any]]
     model: str | None = None
     instructions: str | None = None
