@@ -53,9 +53,9 @@ KNOWN: dict[str, str] = {
     r"text_offset": "with return_tokens_as_token_ids vLLM's text_offset counts the 'token_id:N' strings; the text's here",
     r"text \[.*echo.*truncate_prompt_tokens": "echo with truncate_prompt_tokens: vLLM echoes the whole prompt, here "
                                                "the prompt the model read (as both servers' logprobs do)",
-    r"finish \[.*ignore_eos.*(structured_outputs|response_format)": "ignore_eos with a grammar: vLLM samples end tokens "
-                                                                    "after the value up to max_tokens; here the value "
-                                                                    "ends the request (stop)",
+    r"\[.*ignore_eos.*(structured_outputs|response_format)": "ignore_eos with a grammar: vLLM samples end tokens "
+                                                              "after the value up to max_tokens; here the value "
+                                                              "ends the request (stop)",
 }
 
 
@@ -243,8 +243,8 @@ def classes_of(ex: Exchange) -> list[str]:
 
 
 def _context(path: str, body: dict[str, Any]) -> str:
-    """For a difference in text or finish reason, the request fields that shape them."""
-    if not path.endswith((".text", ".finish", ".finish_reason", ".content", "only)")):
+    """For a difference in text, finish reason or token counts, the request fields that shape them."""
+    if not path.endswith((".text", ".finish", ".finish_reason", ".content", "only)", "_tokens")):
         return ""
     shaping = [name for name in ("echo", "truncate_prompt_tokens", "ignore_eos", "structured_outputs", "response_format")
                if name in body]
