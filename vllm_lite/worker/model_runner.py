@@ -667,10 +667,9 @@ class ModelRunner:
         to sample (`emptied`, indices into `rows`) are failed: their draws are void. As for a row
         failed before sampling, each gets token 0 in the batch (`_leave_out_failed`)."""
         req_ids = self.input_batch.req_ids
-        output.failed = {**(output.failed or {}), **{req_ids[row]: EMPTIED_ROW for row in rows[emptied].tolist()}}
-        kept = np.ones(len(rows), dtype=bool)
-        kept[emptied] = False
-        self._append_sampled(rows[emptied], np.zeros(len(emptied), dtype=np.int32))
+        failed = {req_ids[row]: EMPTIED_ROW for row in rows[emptied].tolist()}
+        output.failed = {**(output.failed or {}), **failed}
+        kept = self._leave_out_failed(rows, failed)
         return rows[kept], tokens.index_select(0, self._to_device(np.flatnonzero(kept)))
 
     def _count_sampled(self, rows: np.ndarray, tokens: torch.Tensor) -> SampledTokens:
