@@ -307,6 +307,11 @@ def _make_config(
         return FalconConfig(**{name: common[name] for name in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                                "num_attention_heads", "bos_token_id", "eos_token_id",
                                                                "dtype", "tie_word_embeddings")}, **(extra or {}))
+    if arch == "gpt_neo":  # (global and local layers; its attention class from a fixed table)
+        from transformers import GPTNeoConfig
+
+        return GPTNeoConfig(attention_types=[[["global", "local"], num_layers // 2]], window_size=8,
+                            intermediate_size=2 * hidden_size, **without_kv_heads)
     if arch == "cohere":
         from transformers import CohereConfig
 
@@ -651,11 +656,23 @@ def causal_lm_class(model_dir: Path) -> type:
     return transformers.AutoModelForCausalLM
 
 
+def _dequantizing_kwargs(model_dir: Path) -> dict:
+    """An MXFP4 checkpoint is read by transformers' own dequantization: its MXFP4 matmuls need the
+    `kernels` package's hub kernels (a download; transformers >= 5.25 installs the package)."""
+    quantization = json.loads((model_dir / "config.json").read_text()).get("quantization_config") or {}
+    if quantization.get("quant_method") != "mxfp4":
+        return {}
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
 @functools.lru_cache(maxsize=16)
 def _load_model(model_dir: str):
     """Load once per process. EOS is removed from the model's own generation
     config, because generate() fills any ``None`` field of a passed config from it."""
-    model = causal_lm_class(Path(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
+    model = causal_lm_class(Path(model_dir)).from_pretrained(model_dir, dtype=torch.float32,
+                                                             **_dequantizing_kwargs(Path(model_dir)))
     model.eval()
     model.generation_config = _greedy_no_eos_config(model.generation_config.pad_token_id)
     return model

@@ -151,3 +151,16 @@ def test_auto_map_of_a_natively_supported_model_is_not_used(tiny_llama: Path) ->
 def test_longrope_past_the_original_context_is_refused(tiny_phi3: Path) -> None:
     with pytest.raises(ValueError, match="original_max_position_embeddings=256.*max_model_len <= 256"):
         EngineArgs(model=str(tiny_phi3), max_model_len=300).create_engine_config()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_falcon", "tiny_falcon_40b"])
+def test_falcon_kv_heads_written_by_transformers_are_checked_against_its_layout(
+        fixture: str, request: pytest.FixtureRequest) -> None:
+    cfg = _tiny_config(request.getfixturevalue(fixture))
+    derived = HFModelConfig.from_dict({k: v for k, v in cfg.items() if k != "num_key_value_heads"},
+                                      {}).num_key_value_heads
+    cfg["num_key_value_heads"] = derived  # as transformers >= 5.25 saves it
+    assert HFModelConfig.from_dict(cfg, {}).num_key_value_heads == derived
+    cfg["num_key_value_heads"] = derived + 1
+    with pytest.raises(ValueError, match="num_key_value_heads=.* contradicts Falcon's layout"):
+        HFModelConfig.from_dict(cfg, {})

@@ -329,7 +329,9 @@ _FALCON = FieldPolicy(
                            "n_head", "num_kv_heads", "num_ln_in_parallel_attn", "layer_norm_epsilon",
                            "new_decoder_architecture", "multi_query", "parallel_attn", "bias",
                            "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
-                           "ffn_hidden_size", "tie_word_embeddings"}),
+                           "ffn_hidden_size", "tie_word_embeddings",
+                           # (transformers >= 5.25 writes the heads its layout gives; checked against it)
+                           "num_key_value_heads"}),
     ignored=frozenset({"hidden_dropout"}),  # training-only
     # ALiBi Falcons (falcon-rw) scale their biases with the scores: not implemented
     restricted={"alibi": (False,), "activation": _GPT_GELUS, "apply_residual_connection_post_layernorm": (False,)},
@@ -445,6 +447,16 @@ def _falcon_kv_layout(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"num_key_value_heads": kv_heads, "num_ln_in_parallel_attn": norms}
 
 
+def _check_falcon_kv_heads(cfg: Mapping[str, Any]) -> None:
+    """Falcon's KV heads follow from its layout fields (transformers recomputes the
+    num_key_value_heads it writes); a config that says otherwise is refused, not overruled."""
+    derived = with_defaults("FalconForCausalLM", cfg)["num_key_value_heads"]
+    if cfg["num_key_value_heads"] != derived:
+        raise ValueError(f"config.json: num_key_value_heads={cfg['num_key_value_heads']!r} contradicts Falcon's "
+                         f"layout (new_decoder_architecture, multi_query and num_kv_heads give {derived}); "
+                         "refusing to load rather than pick one")
+
+
 def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first field of `cfg` that `architecture` neither implements,
     ignores, nor accepts at its present value."""
@@ -463,6 +475,8 @@ def check_config_fields(architecture: str, cfg: Mapping[str, Any]) -> None:
         elif name not in policy.implemented and name not in policy.ignored and name not in COMMON_IGNORED:
             raise ValueError(f"config.json: field {name!r} is not implemented for {architecture}; "
                              "refusing to load rather than ignore it")
+    if architecture == "FalconForCausalLM" and "num_key_value_heads" in cfg:
+        _check_falcon_kv_heads(cfg)
     for name in ("rope_parameters", "rope_scaling"):
         rope = cfg.get(name)
         if isinstance(rope, Mapping) and set(rope) <= set(SLIDING_LAYER_TYPES):  # one per layer type

@@ -40,11 +40,14 @@ def test_native_only_refuses_an_architecture_without_one(tiny_cohere: Path) -> N
         EngineArgs(model=str(tiny_cohere), model_impl="vllm").create_engine_config()
 
 
-def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tiny_falcon: Path) -> None:
-    """transformers' Falcon picks its attention class from a fixed table: no place for ours (a
-    KeyError inside transformers before). (Falcon runs natively; this asks for the fallback.)"""
-    with pytest.raises(ValueError, match="FalconForCausalLM has no place for an attention implementation"):
-        LLM(str(tiny_falcon), max_model_len=64, dtype="float32", multiprocess=False, model_impl="transformers")
+def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers' GPT-Neo picks its attention class from a fixed table (Falcon's did up to
+    transformers 5.24): no place for ours (a KeyError inside transformers before)."""
+    from hf_reference import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "gpt_neo", "gpt_neo", tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="GPTNeoForCausalLM has no place for an attention implementation"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 
 def test_latent_attention_is_cached_at_the_wider_of_its_key_and_value_widths(tiny_deepseek_v2: Path) -> None:
