@@ -42,8 +42,17 @@ def test_llm_keeps_vllms_metrics_with_disable_log_stats_false(tiny_llama: Path, 
         assert isinstance(generation_tokens, Counter) and generation_tokens.value == generated == 6 + 3 * 4
         (prompt_tokens,) = _by_name(metrics, "vllm:prompt_tokens")
         assert prompt_tokens.value == 3 + 3 * 2  # each of n samples is an engine request, as in vLLM
-        (success,) = _by_name(metrics, "vllm:request_success")
-        assert success.labels["finished_reason"] == "length" and success.value == 4
+        successes = {m.labels["finished_reason"]: m.value for m in _by_name(metrics, "vllm:request_success")}
+        assert successes == {"stop": 0, "length": 4, "abort": 0, "error": 0, "repetition": 0}  # vLLM's, from 0
+        by_source = {m.labels["source"]: m.value for m in _by_name(metrics, "vllm:prompt_tokens_by_source")}
+        assert by_source == {"local_compute": 3 + 3 * 2, "local_cache_hit": 0, "external_kv_transfer": 0}
+        (most,) = _by_name(metrics, "vllm:request_max_num_generation_tokens")
+        assert (most.count, most.sum) == (2, 6 + 4)  # once per request: the most one of its n generated
+        (computed,) = _by_name(metrics, "vllm:request_prefill_kv_computed_tokens")
+        assert (computed.count, computed.sum) == (4, 3 + 3 * 2)
+        # vLLM's labels: the engine (data-parallel rank) on every per-engine metric
+        per_engine = [m for m in metrics if m.name not in ("vllm:admission_rejections", "vllm:lora_requests_info")]
+        assert {m.labels.get("engine") for m in per_engine} == {"0"}
         (ttft,) = _by_name(metrics, "vllm:time_to_first_token_seconds")
         assert isinstance(ttft, Histogram) and ttft.count == 4 and ttft.buckets["+Inf"] == 4 and ttft.sum > 0
         (n_param,) = _by_name(metrics, "vllm:request_params_n")

@@ -51,6 +51,7 @@ def test_level_1_releases_the_kv_cache_and_wake_up_brings_it_back(tiny_llama: Pa
         assert llm.collective_rpc("kv_cache_layers") == [2] * tp
         llm.sleep(level=1)
         assert llm.llm_engine.is_sleeping() and llm.collective_rpc("kv_cache_layers") == [0] * tp
+        assert llm.llm_engine.get_stats()["sleep_level"] == 1  # (vllm:engine_sleep_state)
         with pytest.raises(RuntimeError, match="the engine is asleep"):
             llm.generate(prompts(), GREEDY, use_tqdm=False)
         assert llm.wake_up(["scheduling"]) is False  # (the KV cache is still released)
@@ -137,6 +138,7 @@ def test_level_2_lets_the_weights_go_and_a_trainer_loads_new_ones(tiny_llama: Pa
         assert all(elements > 0 for elements in llm.collective_rpc("weight_elements"))
         llm.sleep(level=2)
         assert llm.collective_rpc("weight_elements") == [0] * tp and llm.collective_rpc("kv_cache_layers") == [0] * tp
+        assert llm.llm_engine.get_stats()["sleep_level"] == 2  # (vllm:engine_sleep_state)
         assert llm.wake_up(["weights"]) is False  # (the KV cache is still released)
         assert all(elements > 0 for elements in llm.collective_rpc("weight_elements"))
         llm.collective_rpc("update_weight", args=("model.norm.weight", load_file(other_llama / "model.safetensors")
@@ -307,14 +309,19 @@ def test_admission_limits_refuse_requests_past_them(tiny_llama: Path, expected: 
     async def go(limits: dict) -> tuple[list, BaseException]:
         engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32",
                                                       **limits))
+        rejected: list[str] = []  # (the server's vllm:admission_rejections counts them by limit)
+        engine.admission_loggers.append(rejected.append)
         try:
+            assert (await engine.get_stats())["sleep_level"] is None  # (vllm:engine_sleep_state: awake)
             await engine.pause_generation(mode="keep")  # (nothing runs: the requests stay queued)
+            assert (await engine.get_stats())["sleep_level"] == 0
             tasks = [asyncio.create_task(stream_to_end(engine, f"r{i}", p, NUM_TOKENS))
                      for i, p in enumerate(PROMPTS[:2])]
             await asyncio.sleep(0.2)
             with pytest.raises(AdmissionRejectedError) as refused:
                 await stream_to_end(engine, "over", PROMPTS[2], NUM_TOKENS)
             await engine.resume_generation()
+            assert rejected == [refused.value.limit] == list(limits)
             return [list(r.token_ids) for r in await asyncio.gather(*tasks)], refused.value
         finally:
             engine.shutdown()

@@ -63,6 +63,11 @@ class AdmissionRejectedError(RuntimeError):
     TOKENS_FULL = ("The engine has reached its prefill token backlog limit. Please try again later or on a "
                    "different instance.")
 
+    def __init__(self, limit: str) -> None:
+        """`limit`: the one it would pass, "max_num_queued_reqs" or "max_num_queued_tokens"."""
+        super().__init__(self.QUEUE_FULL if limit == "max_num_queued_reqs" else self.TOKENS_FULL)
+        self.limit = limit
+
 
 class EngineDeadError(RuntimeError):
     """The engine core is gone (its process died, stopped answering, or failed in its busy

@@ -57,6 +57,7 @@ class RequestStateStats:
     first_token_latency: float = 0.0  # seconds from arrival to the first output token
     num_generation_tokens: int = 0
     num_preemptions: int = 0  # from the engine core, when the request finishes
+    engine_index: int = 0  # the data-parallel engine that runs it (the metrics' `engine` label)
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ class FakeEngine:
         self.params: list[SamplingParams] = []
         self.prompts: list[dict[str, Any]] = []
         self.stat_loggers: list[Any] = []  # AsyncLLM's: each output is reported as a step of its own
+        self.admission_loggers: list[Any] = []  # AsyncLLM's (this engine admits every request)
 
     async def generate(self, prompt: dict[str, Any], params: SamplingParams, request_id: str,
                        priority: int = 0, lora_request: Any = None) -> AsyncIterator[RequestOutput]:

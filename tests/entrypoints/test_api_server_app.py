@@ -239,14 +239,79 @@ def test_metrics_exposes_engine_and_request_metrics(engine: FakeEngine) -> None:
                  "vllm_lite:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"):
         assert f"{name}{{" in text, name
-    assert f'vllm:generation_tokens_total{{model_name="{MODEL}"}} 4.0' in text
-    assert f'vllm_lite:prefix_cache_hit_rate{{model_name="{MODEL}"}} 0.4' in text
-    assert f'vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}} 1.0' in text
-    assert f'vllm:request_generation_tokens_sum{{model_name="{MODEL}"}} 4.0' in text
+    assert f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} 4.0' in text
+    assert f'vllm_lite:prefix_cache_hit_rate{{engine="0",model_name="{MODEL}"}} 0.4' in text
+    assert f'vllm:e2e_request_latency_seconds_count{{engine="0",model_name="{MODEL}"}} 1.0' in text
+    assert f'vllm:request_generation_tokens_sum{{engine="0",model_name="{MODEL}"}} 4.0' in text
     vllm_names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
                   if line.startswith("vllm:")}
     assert not {name for name in vllm_names if "prefix_cache_hit_rate" in name or "aborted" in name}
-    assert f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}} 1.0' in text
+    assert f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL}"}} 1.0' in text
+
+
+def _sample_values(text: str) -> dict[tuple[str, frozenset], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_metrics_hold_what_vllms_grafana_dashboards_read(engine: FakeEngine) -> None:
+    """vLLM's dashboards (examples/observability/dashboards/grafana) select every series by
+    `engine` (from label_values(vllm:num_requests_running, engine)) and read the HTTP, process and
+    cache metrics below; each was missing or unlabelled before."""
+    async def run() -> str:
+        app = build_app(engine, [MODEL])
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            await client.post("/v1/completions", json={"prompt": "a b c", "max_tokens": 4})
+            await client.get("/health")
+            await client.get("/metrics")
+            return (await client.get("/metrics")).text
+
+    values = _sample_values(asyncio.run(run()))
+
+    def value(name: str, **labels: str) -> float:
+        return values[(name, frozenset(labels.items()))]
+
+    engine0 = {"model_name": MODEL, "engine": "0"}
+    per_engine = [dict(labels) for name, labels in values
+                  if name.startswith("vllm:") and not name.startswith("vllm:admission_rejections")]
+    assert per_engine and all(labels["engine"] == "0" for labels in per_engine)
+    assert value("http_requests_total", handler="/v1/completions", method="POST", status="2xx") == 1
+    assert value("http_request_duration_seconds_count", handler="/v1/completions", method="POST") == 1
+    assert not any(dict(labels).get("handler") in ("/health", "/metrics") for _, labels in values)  # (vLLM's)
+    assert value("process_start_time_seconds") > 0 and ("python_gc_collections_total", frozenset(
+        {"generation": "0"}.items())) in values
+    assert value("vllm:engine_sleep_state", **engine0, sleep_state="awake") == 1
+    assert value("vllm:engine_sleep_state", **engine0, sleep_state="discard_all") == 0
+    assert value("vllm:admission_rejections_total", model_name=MODEL, reason="max_num_queued_reqs") == 0
+    assert value("vllm:request_success_total", **engine0, finished_reason="error") == 0  # (there from the start)
+    prompt = value("vllm:prompt_tokens_total", **engine0)
+    assert prompt > 0 and value("vllm:prompt_tokens_by_source_total", **engine0, source="local_compute") == prompt
+    assert value("vllm:prompt_tokens_cached_total", **engine0) == 0
+    assert value("vllm:request_prefill_kv_computed_tokens_sum", **engine0) == prompt
+    assert value("vllm:request_max_num_generation_tokens_sum", **engine0) == 4
+    assert value("vllm:external_prefix_cache_queries_total", **engine0) == 0
+
+
+def test_data_parallel_engines_have_series_of_their_own() -> None:
+    """Data parallelism: each engine's stats (merged_stats' per_engine) and steps under its rank."""
+    from vllm_lite.engine.stats import IterationStats
+    from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m", 64, {"block_size": "16"}, num_engines=2)
+    metrics.record_iteration(IterationStats(engine_index=1, num_generation_tokens=3))
+    values = _sample_values(metrics.render({"num_running": 3, "per_engine": [{"num_running": 1},
+                                                                              {"num_running": 2, "sleep_level": 2}]}
+                                           ).decode())
+
+    def value(name: str, engine: str, **labels: str) -> float:
+        return values[(name, frozenset({"model_name": "m", "engine": engine, **labels}.items()))]
+
+    assert [value("vllm:num_requests_running", engine) for engine in "01"] == [1, 2]
+    assert [value("vllm:generation_tokens_total", engine) for engine in "01"] == [0, 3]
+    assert [value("vllm:engine_sleep_state", engine, sleep_state="discard_all") for engine in "01"] == [0, 1]
+    assert {dict(labels)["engine"] for name, labels in values if name == "vllm:cache_config_info"} == {"0", "1"}
 
 
 def test_two_apps_keep_separate_registries(engine: FakeEngine) -> None:

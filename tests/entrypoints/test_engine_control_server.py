@@ -139,7 +139,7 @@ def test_sleep_wake_up_and_refusals_over_http(server: LiveServer) -> None:
 
 def wait_until_running(client: httpx.Client) -> None:
     deadline = time.monotonic() + 30
-    while f'vllm:num_requests_running{{model_name="{MODEL}"}} 1.0' not in client.get("/metrics").text:
+    while f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 1.0' not in client.get("/metrics").text:
         assert time.monotonic() < deadline, "the stream never started"
         time.sleep(0.01)
 

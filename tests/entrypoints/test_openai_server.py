@@ -69,7 +69,8 @@ def _metrics(server: LiveServer) -> dict[str, float]:
     for line in text.splitlines():
         match = re.match(r"^((?:vllm|vllm_lite):[\w:]+)\{([^}]*)\} (\S+)$", line)
         if match:
-            labels = ",".join(p for p in match.group(2).split(",") if not p.startswith("model_name="))
+            labels = ",".join(p for p in match.group(2).split(",")
+                              if not p.startswith("model_name=") and p != 'engine="0"')
             values[match.group(1) + (f"{{{labels}}}" if labels else "")] = float(match.group(3))
     return values
 

@@ -39,4 +39,4 @@ def test_over_http(server: LiveServer, cycling: Path) -> None:
     assert choice["token_ids"] == expected[:first_stop(expected, params)]
     assert (choice["finish_reason"], choice["stop_reason"]) == ("repetition", "repetition_detected")
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "repetition_detection.min_count"
-    assert 'vllm:request_success_total{finished_reason="repetition",model_name="cycling"} 1.0' in metrics
+    assert 'vllm:request_success_total{engine="0",finished_reason="repetition",model_name="cycling"} 1.0' in metrics

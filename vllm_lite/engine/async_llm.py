@@ -91,6 +91,8 @@ class AsyncLLM:
         # Called with each step's IterationStats (the server's Prometheus metrics); while the
         # list is empty no stats are collected.
         self.stat_loggers: list[StatLogger] = []
+        # Called with the limit of each request refused at admission (vllm:admission_rejections)
+        self.admission_loggers: list[Callable[[str], None]] = []
         self.log_stats = log_stats
         self._stats_log = StatsLog(log_stats_interval()) if log_stats else None
         if self._stats_log is not None:
@@ -202,12 +204,17 @@ class AsyncLLM:
         sequences would pass max_num_queued_reqs, or any while the prompt tokens of requests not
         past their prefill reach max_num_queued_tokens (counted whole, as vLLM counts them)."""
         scheduler = self.vllm_config.scheduler_config
+        limit = None
         if scheduler.max_num_queued_reqs is not None and \
                 len(self.output_processor.request_states) + n > scheduler.max_num_queued_reqs:
-            raise AdmissionRejectedError(AdmissionRejectedError.QUEUE_FULL)
-        if scheduler.max_num_queued_tokens is not None and \
+            limit = "max_num_queued_reqs"
+        elif scheduler.max_num_queued_tokens is not None and \
                 self.output_processor.num_prefill_tokens() >= scheduler.max_num_queued_tokens:
-            raise AdmissionRejectedError(AdmissionRejectedError.TOKENS_FULL)
+            limit = "max_num_queued_tokens"
+        if limit is not None:
+            for logger_ in self.admission_loggers:
+                logger_(limit)
+            raise AdmissionRejectedError(limit)
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
                           lora_request: LoRARequest | None = None) -> RequestOutputCollector:
@@ -430,7 +437,7 @@ class AsyncLLM:
         """One step's outputs, `output_chunk_size` rows at a time with a yield between chunks.
         A request aborted meanwhile is simply not found by the later chunk. A step whose rows
         took several tokens (speculative decoding) as that many steps of one."""
-        iteration_stats = IterationStats() if self.stat_loggers else None
+        iteration_stats = IterationStats(outputs.engine_index) if self.stat_loggers else None
         for part in split_token_columns(outputs):
             await self._process_step(part, iteration_stats)
         if iteration_stats is not None:

@@ -426,7 +426,17 @@ class EngineCore:
     def get_stats(self) -> dict[str, Any]:
         stats = self.scheduler.get_stats()
         stats["num_waiting"] += len(self.held_requests)  # (added while paused: they wait too)
+        stats["sleep_level"] = self.sleep_level()
         return stats
+
+    def sleep_level(self) -> int | None:
+        """vLLM's vllm:engine_sleep_state: None awake; 0 paused, 1 the KV cache released, 2 the
+        weights discarded too."""
+        if self.weights_discarded:
+            return 2
+        if self.kv_cache_released:
+            return 1
+        return 0 if self.is_paused() else None
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()

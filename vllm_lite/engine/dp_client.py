@@ -102,7 +102,7 @@ class _Balance:
 
 def merged_stats(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The engines' stats as one engine's: counts summed (lists of counts element by element),
-    adapter names joined."""
+    adapter names joined; each engine's own under "per_engine" (the metrics' `engine` label)."""
     merged = dict(stats[0])
     for other in stats[1:]:
         for key, value in other.items():
@@ -115,6 +115,7 @@ def merged_stats(stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 merged[key] = [a + b for a, b in zip(mine, value)]
             elif isinstance(value, str):
                 merged[key] = ",".join(dict.fromkeys(name for name in (*mine.split(","), *value.split(",")) if name))
+    merged["per_engine"] = list(stats)
     return merged
 
 
@@ -162,6 +163,7 @@ class DPSyncClient:
                     raise
                 if outputs is not None:
                     self._next = (engine + 1) % len(self.clients)
+                    outputs.engine_index = engine
                     self.balance.seen(outputs)
                     return outputs
             self._poller.poll(int(_POLL_S * 1000))
@@ -261,7 +263,7 @@ class DPAsyncClient:
     async def get_output_async(self) -> EngineCoreOutputs | RequestError:
         if self._outputs is None:
             self._outputs = asyncio.Queue()
-            self._pumps = [asyncio.get_running_loop().create_task(self._pump(client), name=f"dp-engine-{rank}")
+            self._pumps = [asyncio.get_running_loop().create_task(self._pump(rank, client), name=f"dp-engine-{rank}")
                            for rank, client in enumerate(self.clients)]
         message = await self._outputs.get()
         if isinstance(message, BaseException):
@@ -270,10 +272,13 @@ class DPAsyncClient:
         self.balance.seen(message)
         return message
 
-    async def _pump(self, client: AsyncMPClient) -> None:
+    async def _pump(self, rank: int, client: AsyncMPClient) -> None:
         try:
             while True:
-                self._outputs.put_nowait(await client.get_output_async())
+                message = await client.get_output_async()
+                if isinstance(message, EngineCoreOutputs):
+                    message.engine_index = rank
+                self._outputs.put_nowait(message)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # (the engine died: the first death ends every reader)

@@ -117,7 +117,7 @@ class LLMEngine:
         except RequestRejectedError as exc:  # multi-process: the rejection comes back later
             self.output_processor.abort_requests([exc.request_id])
             raise
-        iteration_stats = IterationStats() if self.stat_loggers else None
+        iteration_stats = IterationStats(outputs.engine_index) if self.stat_loggers else None
         states, to_abort = self.output_processor.process_outputs(outputs, iteration_stats)
         if to_abort:
             self.engine_core.abort_requests(to_abort)

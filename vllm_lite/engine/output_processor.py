@@ -383,6 +383,7 @@ class OutputProcessor:
             state = states.get(request_id)
             if state is not None:
                 state.stats.queued_ts, state.stats.scheduled_ts = queued_ts, scheduled_ts
+                state.stats.engine_index = outputs.engine_index
         for finished in outputs.finished:
             state = states.get(finished.request_id)
             if state is not None:
@@ -463,7 +464,7 @@ class OutputProcessor:
         first = counts == 1
         iteration_stats.num_generation_tokens += len(counts)
         for i in np.flatnonzero(first).tolist():
-            iteration_stats.num_prompt_tokens += len(states[i].prompt_token_ids)
+            iteration_stats.num_prompt_tokens += len(states[i].prompt_token_ids) - states[i].num_cached_tokens
         later = slots[~first]
         if len(later):
             gaps = now - store.last_token_ts[later]
@@ -491,18 +492,20 @@ class OutputProcessor:
         parent_done = self._drop_parent_if_done(state)
         if iteration_stats is None:
             return
-        if state.parent is None:
-            n = 1
-        else:
-            n = state.parent.params.n if parent_done else None
         reason = state.finish_reason
         if state.pooling is not None:  # its one "token" is a placeholder; vLLM finishes it as stopped
             generated, max_tokens = 0, None
             reason = "abort" if reason == "abort" else "stop"
         else:
             generated, max_tokens = state.stats.num_generation_tokens, state.params.max_tokens
+        most = generated
+        if state.parent is None:
+            n = 1
+        else:
+            n = state.parent.params.n if parent_done else None
+            most = state.parent.max_num_generation_tokens = max(state.parent.max_num_generation_tokens, generated)
         iteration_stats.finished_requests.append(FinishedRequestStats.of(
-            state.stats, reason, len(state.prompt_token_ids), generated, max_tokens, n))
+            state.stats, reason, len(state.prompt_token_ids), generated, max_tokens, n, state.num_cached_tokens, most))
 
     def _add_prompt_logprobs(self, outputs: EngineCoreOutputs) -> None:
         offsets = outputs.prompt_logprobs_offsets

@@ -21,6 +21,7 @@ class ParentRequest:
         self.output_aggregator: list[CompletionOutput | None] = (
             [None] * params.n if params.output_kind == RequestOutputKind.FINAL_ONLY else [])
         self.prompt_logprobs = None  # child 0's, once it has them
+        self.max_num_generation_tokens = 0  # of the children finished so far (vllm:request_max_num_generation_tokens)
 
     def child_id(self, index: int) -> str:
         return f"{index}_{self.request_id}"

@@ -47,6 +47,8 @@ class FinishedRequestStats:
     first_token_latency: float = 0.0
     max_tokens: int | None = None
     n: int | None = None
+    num_cached_tokens: int = 0  # prompt tokens from the prefix cache
+    max_num_generation_tokens: int = 0  # given with n: the most tokens one of the request's n generated
 
     @property
     def mean_time_per_output_token(self) -> float:
@@ -54,7 +56,8 @@ class FinishedRequestStats:
 
     @classmethod
     def of(cls, stats: RequestStateStats, finish_reason: str, num_prompt_tokens: int, num_generation_tokens: int,
-           max_tokens: int | None = None, n: int | None = None) -> FinishedRequestStats:
+           max_tokens: int | None = None, n: int | None = None, num_cached_tokens: int = 0,
+           max_num_generation_tokens: int = 0) -> FinishedRequestStats:
         return cls(finish_reason, num_prompt_tokens, num_generation_tokens,
                    queued_time=max(stats.scheduled_ts - stats.queued_ts, 0.0),
                    prefill_time=max(stats.first_token_ts - stats.scheduled_ts, 0.0),
@@ -62,7 +65,8 @@ class FinishedRequestStats:
                    inference_time=max(stats.last_token_ts - stats.scheduled_ts, 0.0),
                    num_preemptions=stats.num_preemptions,
                    e2e_latency=max(time.monotonic() - stats.arrival_ts, 0.0),
-                   first_token_latency=stats.first_token_latency, max_tokens=max_tokens, n=n)
+                   first_token_latency=stats.first_token_latency, max_tokens=max_tokens, n=n,
+                   num_cached_tokens=num_cached_tokens, max_num_generation_tokens=max_num_generation_tokens)
 
 
 @dataclass(slots=True)
@@ -90,7 +94,8 @@ class SpecDecodingStats:
 
 @dataclass(slots=True)
 class IterationStats:
-    num_prompt_tokens: int = 0
+    engine_index: int = 0  # the data-parallel engine whose step it is
+    num_prompt_tokens: int = 0  # computed: the prefix cache's hits excluded
     num_generation_tokens: int = 0
     # seconds, one array per batch of rows the step was processed in
     inter_token_latencies: list[np.ndarray] = field(default_factory=list)
@@ -112,7 +117,7 @@ class IterationStats:
 
     @property
     def num_tokens(self) -> int:
-        """vllm:iteration_tokens_total's observation."""
+        """vllm:iteration_tokens_total's observation (vLLM's: computed prompt tokens + generated)."""
         return self.num_prompt_tokens + self.num_generation_tokens
 
 

@@ -22,7 +22,7 @@ from vllm_lite.engine.input_processor import PromptType
 from vllm_lite.engine.launch import attached_engine_args
 from vllm_lite.engine.llm_engine import LLMEngine
 from vllm_lite.engine.stats_log import StatsLog, log_stats_interval
-from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info, num_speculative_tokens
+from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info, num_engines, num_speculative_tokens
 from vllm_lite.metrics_reader import Metric, snapshot
 from vllm_lite.exceptions import VLLMValidationError
 from vllm_lite.lora.request import LoRARequest
@@ -80,7 +80,7 @@ class LLM:
         config = self.llm_engine.vllm_config
         model_config = config.model_config
         self._metrics = ServerMetrics(model_config.model, model_config.max_model_len, cache_config_info(config),
-                                      num_speculative_tokens(config))
+                                      num_speculative_tokens(config), num_engines(config))
         self._stats_log = StatsLog(log_stats_interval())
         self.llm_engine.stat_loggers += [self._metrics.record_iteration, self._metrics.record_requests,
                                          self._stats_log.record_iteration]

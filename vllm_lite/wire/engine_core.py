@@ -148,6 +148,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     # The label of the weights that sampled this step's tokens (vLLM's weight version; omitted on
     # the wire while it is the default)
     weight_version: str = "default"
+    # The data-parallel engine that sent it (its rank; stamped by the DP client as it reads it)
+    engine_index: int = 0
     # Set on the wire only (`RequestIdsSender`): this message's number when it carries `req_ids`,
     # or, when it left them out, the number of the message whose `req_ids` they are.
     req_ids_number: int = 0

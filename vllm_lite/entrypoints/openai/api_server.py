@@ -34,7 +34,8 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_fastapi_instrumentator import Instrumentator
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
@@ -44,7 +45,8 @@ from vllm_lite.lora.request import LoRARequest
 from vllm_lite.entrypoints.chat_content import image_placeholder
 from vllm_lite.entrypoints.openai.serving_models import ServedModels
 from vllm_lite.lifecycle import freeze_startup_heap
-from vllm_lite.entrypoints.openai.metrics import ServerMetrics, cache_config_info, num_speculative_tokens
+from vllm_lite.entrypoints.openai.metrics import (ServerMetrics, cache_config_info, num_engines,
+                                                  num_speculative_tokens)
 from vllm_lite.entrypoints.openai import orca
 from vllm_lite.entrypoints.openai.errors import ApiError, describe_error, route_error_body
 from vllm_lite.entrypoints.openai.middleware import RequestGate, ServerSend, route_path
@@ -162,7 +164,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
                          model_path=model_config.model, max_model_len=model_config.max_model_len,
                          metrics=ServerMetrics(names[0], model_config.max_model_len,
                                                cache_config_info(engine.vllm_config),
-                                               num_speculative_tokens(engine.vllm_config)),
+                                               num_speculative_tokens(engine.vllm_config),
+                                               num_engines(engine.vllm_config)),
                          vocab_size=model_config.hf.vocab_size, sampling_defaults=model_config.sampling_defaults,
                          max_prompt_chars=_max_prompt_chars(engine.tokenizer, model_config.max_model_len),
                          options=options, load=ServerLoad(enabled=options.enable_server_load_tracking),
@@ -182,7 +185,9 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
         logger.warning("requests that leave them unset take the model's generation-config sampling values %s "
                        "(vLLM's rule; --generation-config vllm to not use them)", ctx.sampling_defaults)
     engine.stat_loggers.append(ctx.metrics.record_iteration)
+    engine.admission_loggers.append(ctx.metrics.admission_rejected)
     _add_error_handlers(app)
+    instrument_http(app, ctx.metrics.registry)
     # CORS inside the gate (added first): a browser's preflight (OPTIONS, no key) passes the gate.
     app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins),
                        allow_methods=list(options.allowed_methods), allow_headers=list(options.allowed_headers),
@@ -193,6 +198,17 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] = (), api_
     _add_openai_routes(app, ctx)
     _add_server_routes(app, ctx)
     return app
+
+
+# vLLM's: its routes for probes and scrapes are not counted
+_UNCOUNTED_ROUTES = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+
+
+def instrument_http(app: FastAPI, registry: CollectorRegistry) -> None:
+    """vLLM's HTTP metrics (prometheus-fastapi-instrumentator's defaults, as vLLM sets them up):
+    http_requests_total by handler, method and status class, request and response sizes,
+    http_request_duration_seconds by handler and method (vLLM's Grafana dashboards read them)."""
+    Instrumentator(excluded_handlers=list(_UNCOUNTED_ROUTES), registry=registry).add().instrument(app)
 
 
 def load_middleware(path: str) -> Any:
@@ -253,6 +269,7 @@ def _lifespan(ctx: ServingContext, owns_engine: bool) -> Lifespan:
                 stats_task.cancel()
                 ctx.engine.stat_loggers.remove(stats_log.record_iteration)
             ctx.engine.stat_loggers.remove(ctx.metrics.record_iteration)
+            ctx.engine.admission_loggers.remove(ctx.metrics.admission_rejected)
             ctx.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
             if owns_engine:
                 ctx.engine.shutdown()

@@ -266,7 +266,7 @@ async def encode_one(ctx: ServingContext, prompt: dict[str, Any], params: Poolin
                                                          lora_request=lora)) as outputs:
             async for output in outputs:
                 finished = True
-                tracker.finish_pooled()
+                tracker.finish_pooled(output)
                 return output
     except RequestAbortedError:  # the server aborted it: shutting down past --shutdown-timeout
         pass
