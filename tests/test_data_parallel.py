@@ -51,6 +51,8 @@ def test_two_engines_share_the_requests(tiny_llama: Path, expected: list[list[in
 
 def test_async_engines_stream_and_abort(tiny_llama: Path, expected: list[list[int]]) -> None:
     from vllm_lite.engine.async_llm import AsyncLLM
+    from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+    from vllm_lite.metrics_reader import snapshot
 
     def stream(engine: AsyncLLM, request_id: str, prompt: list[int], max_tokens: int = NUM_TOKENS,
                started: asyncio.Event | None = None):
@@ -59,9 +61,17 @@ def test_async_engines_stream_and_abort(tiny_llama: Path, expected: list[list[in
     async def go() -> None:
         engine = AsyncLLM.from_engine_args(EngineArgs(model=str(tiny_llama), max_model_len=256, dtype="float32",
                                                       data_parallel_size=2))
+        metrics = ServerMetrics("m", 256, num_engines=2)  # (the server's: each engine's series by its rank)
+        engine.stat_loggers.append(metrics.record_iteration)
         try:
             results = await asyncio.gather(*(stream(engine, f"r{i}", p) for i, p in enumerate(PROMPTS)))
             assert [list(r.token_ids) for r in results] == expected
+            served = {m.labels["engine"]: m.count for m in snapshot(metrics.registry)
+                      if m.name == "vllm:request_queue_time_seconds"}
+            assert sorted(served) == ["0", "1"] and all(served.values()) and sum(served.values()) == len(PROMPTS)
+            metrics.render(await engine.get_stats())
+            assert {m.labels["engine"] for m in snapshot(metrics.exposition)
+                    if m.name == "vllm:num_requests_running"} == {"0", "1"}
             started = asyncio.Event()
             long = asyncio.create_task(stream(engine, "long", PROMPTS[0], max_tokens=240, started=started))
             await started.wait()
