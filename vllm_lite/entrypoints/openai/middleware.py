@@ -8,7 +8,8 @@ caller's, else a new uuid4 hex (vLLM's XRequestIdMiddleware).
 The gate also leaves in the scope where a streamed response's body chunks go (`BODY_SEND`):
 the response sends its start through the whole chain and its chunks from there. Every layer
 FastAPI and the server put around a route (CORS, FastAPI's exception, exit-stack, telemetry and
-body-limit layers, Starlette's ServerErrorMiddleware, the gate's own tracking) acts on a
+body-limit layers, Starlette's ServerErrorMiddleware, the HTTP metrics' instrumentator, which
+reads the status and Content-Length as vLLM's does, the gate's own tracking) acts on a
 response's start only and passes body chunks through unchanged, so sending the chunks past them
 changes nothing on the wire and saves five or six coroutine calls per streamed token. With no
 --middleware the chunks go to the HTTP server's own `send` (left in the scope by `ServerSend`,
