@@ -312,6 +312,15 @@ def _make_config(
 
         return GPTNeoConfig(attention_types=[[["global", "local"], num_layers // 2]], window_size=8,
                             intermediate_size=2 * hidden_size, **without_kv_heads)
+    if arch == "kolibri1_1":  # (transformers >= 5.25) a sliding layer, then an indexed (sparse) one
+        from transformers import Kolibri1_1Config
+
+        return Kolibri1_1Config(layer_types=["sliding_attention", "indexed_attention"], index_layers=[1],
+                                mlp_only_layers=[0], num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                mlp_only_intermediate_size=2 * hidden_size, index_topk=16, index_pool_size=64,
+                                index_num_heads=2, index_num_local_tokens=8, index_num_sink_tokens=2,
+                                **{**common, "head_dim": 16})
     if arch == "cohere":
         from transformers import CohereConfig
 

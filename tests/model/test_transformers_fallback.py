@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import transformers
 
 from checkpoint_copies import edited_copy
 from hf_reference import hf_greedy
@@ -47,6 +48,19 @@ def test_a_model_with_a_fixed_attention_table_is_refused_by_name(tmp_path: Path)
 
     model = build_tiny_model(tmp_path / "gpt_neo", "gpt_neo", tie_word_embeddings=True)
     with pytest.raises(ValueError, match="GPTNeoForCausalLM has no place for an attention implementation"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Kolibri1_1Config"), reason="Kolibri 1.1 is transformers >= 5.25's")
+def test_a_model_whose_forward_fails_with_our_attention_is_refused_by_name(tmp_path: Path) -> None:
+    """Kolibri 1.1's indexed (sparse) layers overlay their selection on a 4D mask of their own,
+    which the engine's attention does not hand them: transformers' own ValueError escaped the load
+    before; now the refusal names the model and why."""
+    from hf_reference import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "kolibri", "kolibri1_1", tie_word_embeddings=False)
+    with pytest.raises(ValueError, match="Kolibri1_1ForCausalLM's forward fails with the engine's attention in "
+                                         "place of its own .*Sparse attention layers need"):
         LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 

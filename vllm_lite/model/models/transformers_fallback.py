@@ -306,10 +306,15 @@ class TransformersForCausalLM(nn.Module):
         so a model that caches other shapes (DeepSeek's multi-head latent attention, ...) is
         refused by name here rather than failing in its first step."""
         shapes: list[AttentionShape] = []
-        with torch.no_grad():
-            self.hf_model.base_model(input_ids=torch.zeros(1, 2, dtype=torch.long),
-                                     position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
         config = self.config
+        try:
+            with torch.no_grad():
+                self.hf_model.base_model(input_ids=torch.zeros(1, 2, dtype=torch.long),
+                                         position_ids=torch.arange(2)[None], use_cache=False, vllm_lite_probe=shapes)
+        except Exception as exc:  # (e.g. Kolibri's sparse layers, which want a mask of their own to overlay)
+            raise ValueError(f"model_impl='transformers': {config.architecture}'s forward fails with the engine's "
+                             f"attention in place of its own ({type(exc).__name__}: {exc}), so it cannot run on the "
+                             "paged KV cache") from exc
         if len(shapes) < config.num_hidden_layers:
             raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
                              f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
