@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from fake_engine import ScriptedEngine
+from hf_reference import IM_END_ID
 from live_server import LONG_GENERATION, LiveServer, running_long_server, running_server
 from transformers import AutoTokenizer
 
@@ -196,6 +197,7 @@ def test_store_false_and_the_bounded_store(client: openai.OpenAI) -> None:
     ({"text": {"format": {"type": "grammar"}}}, "text.format"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"structured_outputs": {"choice": ["a"]}, "text": {"format": {"type": "json_object"}}}, "structured_outputs"),
 ])
 def test_unsupported_fields_are_refused_by_name(server: LiveServer, extra: dict[str, Any], param: str) -> None:
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra}
@@ -331,6 +333,22 @@ def test_vllm_sampling_extras_run_as_on_chat(client: openai.OpenAI) -> None:
                                       temperature=1.0, extra_body={**unseeded, "seed": seed}).output_text
               for seed in (1, 2, 3)}
     assert len(others | {response.output_text}) > 1  # the seed is honoured, not dropped
+
+
+def test_vllm_generation_extras_run_as_on_chat(client: openai.OpenAI) -> None:
+    """vLLM's ResponsesRequest also takes `ignore_eos`, `structured_outputs` and `session_id`:
+    the chat fields of the same names (they were 400s here)."""
+    extras = {"ignore_eos": True, "structured_outputs": {"choice": ["yes", "no"]}, "session_id": "s-1"}
+    response = client.responses.create(model=MODEL, input="Is the river long?", max_output_tokens=8,
+                                       temperature=0.0, extra_body=extras)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Is the river long?"}],
+                                          max_tokens=8, temperature=0.0, extra_body=extras)
+    assert response.output_text == chat.choices[0].message.content and response.output_text in ("yes", "no")
+    eos_first = {"logit_bias": {str(IM_END_ID): 100}}  # (the model's end token, <|im_end|>, first)
+    counts = [client.responses.create(model=MODEL, input="Is the river long?", max_output_tokens=8, temperature=0.0,
+                                      extra_body={**eos_first, **ignore}).usage.output_tokens
+              for ignore in ({}, {"ignore_eos": True})]
+    assert counts == [1, 8]
 
 
 def test_output_text_logprobs_whole_and_streamed(client: openai.OpenAI) -> None:

@@ -141,6 +141,20 @@ def test_chat_return_token_ids_prompt_ids_at_response_level(server: LiveServer, 
     assert [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids") or []] == choice["token_ids"]
 
 
+def test_chat_return_prompt_text_and_session_id(server: LiveServer, tokenizer: Any) -> None:
+    """vLLM 0.32's `return_prompt_text`: the prompt the chat template made, at the response level
+    (streamed: on the first chunk only); `session_id` (a KV-event label in vLLM) is taken."""
+    body = {"messages": CHAT, "max_tokens": 4, "temperature": 0.0, "return_prompt_text": True, "session_id": "s-1"}
+    data = _post(server, "/v1/chat/completions", body).json()
+    assert data["prompt_text"] == tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    chunks = _stream_chunks(server, "/v1/chat/completions", body)
+    assert chunks[0]["prompt_text"] == data["prompt_text"] and all("prompt_text" not in c for c in chunks[1:])
+    assert _post(server, "/v1/chat/completions", {**body, "return_prompt_text": None}).json()["prompt_text"] is None
+    completion = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "session_id": "s-1"})
+    assert completion.status_code == 200
+    _error(_post(server, "/v1/chat/completions/batch", {**body, "messages": [CHAT]}), "return_prompt_text")
+
+
 def test_return_tokens_as_token_ids(server: LiveServer) -> None:
     data = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "logprobs": 2,
                                              "return_token_ids": True, "return_tokens_as_token_ids": True}).json()

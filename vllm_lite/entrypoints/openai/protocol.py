@@ -217,6 +217,9 @@ class _GenerationRequest(NullsAsDefaults, RequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's: a conversation's stable id, which labels its KV-cache events for a router (no KV
+    # events here: it changes nothing, as `user`)
+    session_id: str | None = None
     # vLLM's extras.
     top_k: int | None = None
     min_p: float | None = None
@@ -408,6 +411,9 @@ class ChatCompletionRequest(_GenerationRequest):
     # vLLM's: the tokenizer's special tokens on top of what the chat template writes (off: the
     # template writes them)
     add_special_tokens: bool = False
+    return_prompt_text: bool | None = Field(default=None, description=(
+        "vLLM: the response carries `prompt_text`, the prompt the chat template made (streamed: on the first "
+        "chunk)"))
     max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -553,6 +559,8 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
         _check(bool(self.messages), "messages", "messages must hold at least one conversation")
         _check(not self.stream, "stream", "the batch endpoint does not stream")
         _check(self.n == 1, "n", f"the batch endpoint answers one choice per conversation: n must be 1, got {self.n}")
+        _check(not self.return_prompt_text, "return_prompt_text",
+               "the batch endpoint's response has no place for each conversation's prompt text")
         return [ChatCompletionRequest.model_validate({**self.model_dump(exclude={"messages"}), "messages": []})
                 .model_copy(update={"messages": conversation}) for conversation in self.messages]
 
@@ -839,6 +847,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     # vLLM puts these at the response level for chat (one prompt per request).
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_text: str | None = None  # vLLM's return_prompt_text
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -865,6 +874,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = Field(default=None, exclude_if=_omit_if_none)
     prompt_token_ids: list[int] | None = Field(default=None, exclude_if=_omit_if_none)
+    prompt_text: str | None = Field(default=None, exclude_if=_omit_if_none)  # vLLM's return_prompt_text
 
 
 class ModelCard(OpenAIBaseModel):

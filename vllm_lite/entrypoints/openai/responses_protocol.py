@@ -82,6 +82,10 @@ class ResponsesRequest(NullsAsDefaults, TextRequest):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    structured_outputs: dict[str, Any] | None = None  # (chat's; not with a text.format)
+    mm_processor_kwargs: dict[str, Any] | None = None
+    session_id: str | None = None  # (vLLM's KV-event label: it changes nothing here, as chat's)
     chat_template_kwargs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
@@ -125,6 +129,8 @@ class ResponsesRequest(NullsAsDefaults, TextRequest):
                "longer than the context is refused)")
         _check(self.max_output_tokens is None or self.max_output_tokens >= 1, "max_output_tokens",
                f"max_output_tokens must be >= 1, got {self.max_output_tokens}")
+        _check(self.structured_outputs is None or _response_format(self.text) is None, "structured_outputs",
+               "Cannot specify both structured_outputs and text.format")  # (vLLM's message)
 
     def wants_logprobs(self) -> bool:
         return OUTPUT_LOGPROBS in (self.include or [])
@@ -143,6 +149,8 @@ class ResponsesRequest(NullsAsDefaults, TextRequest):
             repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos, structured_outputs=self.structured_outputs,
+            mm_processor_kwargs=self.mm_processor_kwargs,
             chat_template_kwargs=self.chat_template_kwargs, logprobs=self.wants_logprobs(), top_logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
             reasoning_effort=self.reasoning_effort(),
             tools=[_chat_tool(tool) for tool in self.tools] or None,

@@ -56,12 +56,13 @@ async def create_chat_completion(ctx: ServingContext, request: ChatCompletionReq
     else:
         stream = tracked_generate(ctx, prompt, params, engine_id, request.priority, lora)
     num_top = params.logprobs if request.logprobs else None
+    prompt_text = prompt["prompt"] if request.return_prompt_text else None
     if request.stream:
         started = await start_stream(stream)
         return SSEResponse(_stream_events(ctx, request, num_top, model, request_id, prompt_token_ids, started,
-                                          tools))
+                                          tools, prompt_text))
     return await json_response(_full_response(ctx, request, num_top, model, request_id, prompt_token_ids, stream,
-                                              tools),
+                                              tools, prompt_text),
                                raw_request)
 
 
@@ -95,7 +96,7 @@ async def chat_prompt(ctx: ServingContext, request: ChatCompletionRequest) -> di
 async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
                          request_id: str, prompt_token_ids: list[int],
                          stream: AsyncGenerator[RequestOutput, None],
-                         tools: ToolPlan = ToolPlan("none")) -> ChatCompletionResponse:
+                         tools: ToolPlan = ToolPlan("none"), prompt_text: str | None = None) -> ChatCompletionResponse:
     collected = await collect_choices(stream, request.n)
     as_ids = ctx.tokens_as_ids(request.return_tokens_as_token_ids)
     parser = ctx.options.reasoning_parser
@@ -128,13 +129,15 @@ async def _full_response(ctx: ServingContext, request: ChatCompletionRequest, nu
         prompt_logprobs = prompt_logprobs_json(ctx.tokenizer, collected.prompt_logprobs)
     return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
                                   prompt_logprobs=prompt_logprobs,
-                                  prompt_token_ids=prompt_token_ids if request.return_token_ids else None)
+                                  prompt_token_ids=prompt_token_ids if request.return_token_ids else None,
+                                  prompt_text=prompt_text)
 
 
 async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, num_top: int | None, model: str,
                          request_id: str, prompt_token_ids: list[int],
                          stream: AsyncIterator[RequestOutput],
-                         tools: ToolPlan = ToolPlan("none")) -> AsyncGenerator[bytes, None]:
+                         tools: ToolPlan = ToolPlan("none"), prompt_text: str | None = None
+                         ) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
     num_prompt_tokens = len(prompt_token_ids)
     per_choice = [0] * request.n  # tokens generated so far, per choice
@@ -152,18 +155,19 @@ async def _stream_events(ctx: ServingContext, request: ChatCompletionRequest, nu
     def reasoning_tokens(indices: range | list[int]) -> int | None:
         return None if counters is None else sum(counters[i].count for i in indices)
 
-    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None) -> bytes:
+    def chunk(choice: ChatCompletionStreamChoice, prompt_ids: list[int] | None = None,
+              prompt: str | None = None) -> bytes:
         usage = UsageInfo.of(num_prompt_tokens, per_choice[choice.index], reasoning_tokens([choice.index])) \
             if usage_mode.every_chunk else None
         return sse_event(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
-                                                      prompt_token_ids=prompt_ids, usage=usage))
+                                                      prompt_token_ids=prompt_ids, prompt_text=prompt, usage=usage))
 
     first_prompt_ids = prompt_token_ids if request.return_token_ids else None
     role = request.reply_role(ctx.options.response_role)
     echoed = request.echoed_text(ctx.options.response_role)
     for index in range(request.n):
         yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role=role, content="")),
-                    first_prompt_ids if index == 0 else None)
+                    first_prompt_ids if index == 0 else None, prompt_text if index == 0 else None)
         if echoed:
             yield chunk(ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=echoed)))
     async for output in stream:
