@@ -735,10 +735,10 @@ _ROW_ARRAYS = ("new_token_ids", "logprob_token_ids", "logprobs", "logprob_ranks"
                "more_logprob_ranks")
 # Arrays with rows grouped per entry of `prompt_logprobs_req_ids` by `prompt_logprobs_offsets`.
 _PROMPT_ROW_ARRAYS = ("prompt_logprob_token_ids", "prompt_logprobs", "prompt_logprob_ranks")
-# `timestamp` is the step's, the same for every client; the `req_ids` numbering is set per client
-# after selection (`RequestIdsSender`, in the output thread).
+# `timestamp`, `weight_version` and `engine_index` are the step's, the same for every client; the
+# `req_ids` numbering is set per client after selection (`RequestIdsSender`, in the output thread).
 SELECTED_FIELDS = frozenset(("req_ids", "finished", "num_cached_tokens", "scheduling_times", "timestamp", "pooled",
-                             "weight_version",
+                             "weight_version", "engine_index",
                              "req_ids_number", "repeats_req_ids_of",
                              *_ROW_ARRAYS, *_PROMPT_ROW_ARRAYS,
                              "prompt_logprobs_req_ids", "prompt_logprobs_starts", "prompt_logprobs_offsets"))
