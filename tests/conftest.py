@@ -631,6 +631,18 @@ def tiny_deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 4's text model (transformers >= 5.25; the Transformers fallback): sliding layers of
+    head_dim 16 and 2 KV heads, global layers of 32 and 1 (the cache holds every layer at 32 x 2),
+    keys as values on the global layers, per-layer inputs, the last 2 layers on shared KV."""
+    import transformers
+
+    if not hasattr(transformers, "Gemma4TextConfig"):
+        pytest.skip("Gemma 4 is transformers >= 5.25's")
+    return _build(tmp_path_factory, "tiny_gemma4", "gemma4", tie_word_embeddings=True, num_layers=4)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3n(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma 3n's text model (the Transformers fallback): AltUp, LAuReL, per-layer inputs, local /
     global layers, the last 2 of 4 layers reading the keys and values of earlier ones."""

@@ -293,6 +293,16 @@ def _make_config(
             layer_types=["sliding_attention", "full_attention"] * (num_layers // 2), sliding_window=8,
             activation_sparsity_pattern=[0.0] * num_layers, laurel_rank=4, altup_num_inputs=2,
             **{**common, "head_dim": head_dim or 16, "rope_parameters": None})
+    if arch == "gemma4":  # (transformers >= 5.25) Gemma 4's text model: global layers of their own head_dim and
+        # KV heads (keys as values: attention_k_eq_v), per-layer inputs, KV shared by the last 2 layers
+        from transformers import Gemma4TextConfig
+
+        return Gemma4TextConfig(
+            vocab_size_per_layer_input=vocab_size, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
+            layer_types=["sliding_attention", "full_attention"] * (num_layers // 2), sliding_window=8,
+            global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,  # (its own rope per layer type)
+            **{name: value for name, value in {**common, "head_dim": head_dim or 16}.items()
+               if name not in ("rope_theta", "rope_scaling", "rope_parameters")})
     if arch == "gpt_oss":  # attention sinks, alternating sliding / full layers, clamped SwiGLU experts with biases
         from transformers import GptOssConfig
 
@@ -420,7 +430,8 @@ def _add_legacy_config_keys(model_dir: Path) -> None:
     (transformers 5 loads this fine) so raw-JSON config parsers see real-world keys."""
     path = model_dir / "config.json"
     cfg = json.loads(path.read_text())
-    if "rope_parameters" not in cfg:  # no rotary embedding (OPT)
+    by_layer_type = set(cfg.get("rope_parameters") or {"x"}) <= {"full_attention", "sliding_attention"}
+    if "rope_parameters" not in cfg or by_layer_type:  # no rotary embedding (OPT), or one per layer type (Gemma 4)
         cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
         path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         return

@@ -20,7 +20,8 @@ FAMILIES = ["tiny_bloom", "tiny_falcon", "tiny_falcon_40b", "tiny_falcon_sequent
             "tiny_opt", "tiny_opt_post_norm", "tiny_phi2", "tiny_phi3", "tiny_phi4_mini", "tiny_qwen3_moe", "tiny_qwen2_moe", "tiny_qwen2_window",
             "tiny_smollm3", "tiny_stablelm", "tiny_stablelm_parallel", "tiny_starcoder2",
             # no native implementation: the Transformers fallback, chosen automatically
-            "tiny_cohere", "tiny_codegen", "tiny_olmoe", "tiny_deepseek_v2", "tiny_deepseek_v3", "tiny_gpt_oss", "tiny_gemma3n"]
+            "tiny_cohere", "tiny_codegen", "tiny_olmoe", "tiny_deepseek_v2", "tiny_deepseek_v3", "tiny_gpt_oss", "tiny_gemma3n",
+            "tiny_gemma4"]
 
 
 @pytest.mark.parametrize("fixture", FAMILIES)

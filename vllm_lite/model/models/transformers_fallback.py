@@ -60,12 +60,18 @@ def _vllm_lite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
     kv_caches, metadata = kwargs.pop("vllm_lite_kv_caches"), kwargs.pop("vllm_lite_attn_metadata")
     backend: AttentionBackend = kwargs.pop("vllm_lite_backend")
     cache_head_dim: int = kwargs.pop("vllm_lite_head_dim")
+    cache_kv_heads: int = kwargs.pop("vllm_lite_kv_heads")
     sliding_window, soft_cap = kwargs.pop("sliding_window", None), kwargs.pop("softcap", None)
     sinks = kwargs.pop("s_aux", None)  # (gpt-oss's attention sinks: one logit per head)
     _refuse_unknown(kwargs)
     scale = module.head_dim ** -0.5 if scaling is None else scaling
-    # [T, H, D]; keys and values narrower than the cache's heads (latent attention's) padded with
-    # zeros: q.k and the weighted sum of values are unchanged, the padding is sliced off the output
+    # [T, H, D]; keys and values narrower than the cache's heads (latent attention's, a Gemma 4
+    # sliding layer's) padded with zeros: q.k and the weighted sum of values are unchanged, the
+    # padding is sliced off the output. Fewer KV heads than the cache's (a Gemma 4 global layer's)
+    # are repeated in place: query head h still reads the KV head it shares.
+    if key.shape[1] != cache_kv_heads:
+        repeats = cache_kv_heads // key.shape[1]
+        key, value = key.repeat_interleave(repeats, dim=1), value.repeat_interleave(repeats, dim=1)
     q, k, v = (_padded(t[0].transpose(0, 1), cache_head_dim) for t in (query, key, value))
     out = backend.forward(q, k.contiguous(), v.contiguous(), kv_caches[module.layer_idx], metadata,
                           scale, sliding_window, soft_cap, sinks=None if sinks is None else sinks.float())
@@ -330,8 +336,9 @@ class TransformersForCausalLM(nn.Module):
                              "encoder's: a BERT-style model whose config.json leaves is_decoder false), which a "
                              "generating engine's causal attention cannot reproduce")
         expected = AttentionShape(config.num_key_value_heads, config.head_dim, config.head_dim)
-        wrong = next((shape for shape in shapes if shape.num_kv_heads != expected.num_kv_heads
-                      or max(shape.key_dim, shape.value_dim) != expected.key_dim), None)
+        # (narrower heads are padded, fewer KV heads repeated: per_layer_cache_shape)
+        wrong = next((shape for shape in shapes if expected.num_kv_heads % shape.num_kv_heads
+                      or max(shape.key_dim, shape.value_dim) > expected.key_dim), None)
         if wrong is not None:
             raise ValueError(f"model_impl='transformers': {config.architecture}'s attention caches keys of "
                              f"{wrong.num_kv_heads} heads x {wrong.key_dim} and values of {wrong.value_dim} "
@@ -366,7 +373,8 @@ class TransformersForCausalLM(nn.Module):
         tokens = dict(input_ids=input_ids[None]) if inputs_embeds is None else dict(inputs_embeds=inputs_embeds[None])
         out = base(**tokens, position_ids=positions[None], use_cache=False,
                    vllm_lite_kv_caches=kv_caches, vllm_lite_attn_metadata=attn_metadata,
-                   vllm_lite_backend=self.backend, vllm_lite_head_dim=self.config.head_dim)
+                   vllm_lite_backend=self.backend, vllm_lite_head_dim=self.config.head_dim,
+                   vllm_lite_kv_heads=self.config.num_key_value_heads)
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
