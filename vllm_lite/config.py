@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lite.config_fields import (CHECKPOINT_QUANTIZATIONS, check_config_fields, check_fallback_fields,
-                                     check_quantization_config, gemma_layer_types, implementing_architecture,
-                                     resolve_model_impl, rope_type_of, with_defaults,
+                                     check_quantization_config, fallback_cache_shape, gemma_layer_types,
+                                     implementing_architecture, resolve_model_impl, rope_type_of, with_defaults,
                                      with_transformers_names)
 from vllm_lite.eagle_config import (EAGLE_METHODS, EAGLE_TARGET_ARCHITECTURES, EagleHeadConfig, eagle_method_of,
                                     read_eagle_head)
@@ -169,6 +169,9 @@ class HFModelConfig:
         else:
             check_fallback_fields(archs[0], cfg)
             cfg = with_transformers_names(cfg)
+        raw = dict(cfg)  # (as transformers reads it: a multimodal checkpoint's text model is built from it)
+        if model_impl != "vllm":
+            cfg.update(fallback_cache_shape(cfg))
         missing = [name for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
                    if not isinstance(cfg.get(name), int)]
         _check(not missing, f"config.json: {', '.join(missing)} missing or not an integer (for {archs[0]})")
@@ -200,7 +203,7 @@ class HFModelConfig:
                                                               cfg.get("head_dim") or hidden // num_heads),
             # the fallback's windows reach our attention from transformers' own modules
             sliding_windows=_read_sliding_windows(archs[0], cfg) if model_impl == "vllm" else (),
-            raw=dict(cfg),
+            raw=raw,
             model_impl=model_impl,
             checkpoint_architecture=checkpoint_architecture,
             quantization=(check_quantization_config(cfg["quantization_config"])

@@ -611,11 +611,18 @@ def with_transformers_names(cfg: Mapping[str, Any]) -> dict[str, Any]:
     for generic, own in attribute_map.items():
         if isinstance(own, str) and own in cfg:
             full.setdefault(generic, cfg[own])
-    if full.get("kv_lora_rank") is not None:
-        full.update(latent_attention_cache_shape(full))
-    if cfg.get("per_layer_config"):
-        full.update(per_layer_cache_shape(full))
     return full
+
+
+def fallback_cache_shape(cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The paged KV cache's heads and head width for a fallback model whose config's own
+    num_key_value_heads / head_dim do not describe every layer's keys and values ({} where they
+    do). Not written back into the config transformers builds the model from."""
+    if cfg.get("kv_lora_rank") is not None:
+        return latent_attention_cache_shape(cfg)
+    if cfg.get("per_layer_config"):
+        return per_layer_cache_shape(cfg)
+    return {}
 
 
 def per_layer_cache_shape(cfg: Mapping[str, Any]) -> dict[str, int]:

@@ -92,6 +92,14 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
         text_prefixes=_COMPOSITE_TEXT,
         vision_prefixes=(*_COMPOSITE_VISION, "audio_tower.", "embed_vision.", "embed_audio.", "model.audio_tower.",
                          "model.embed_vision.", "model.embed_audio.")),
+    # (its text model runs on the Transformers fallback)
+    "Gemma4ForConditionalGeneration": LanguageModelOf(
+        text_architectures={"gemma4_text": "Gemma4ForCausalLM"},
+        vision_fields=frozenset({"audio_config", "boi_token_id", "eoi_token_id", "image_token_id",
+                                 "video_token_id", "boa_token_id", "eoa_token_index", "audio_token_id"}),
+        text_prefixes=_COMPOSITE_TEXT,
+        vision_prefixes=(*_COMPOSITE_VISION, "audio_tower.", "embed_vision.", "embed_audio.", "model.audio_tower.",
+                         "model.embed_vision.", "model.embed_audio.")),
     "Mistral3ForConditionalGeneration": LanguageModelOf(
         text_architectures={"mistral": "MistralForCausalLM", "llama": "LlamaForCausalLM"},
         vision_fields=_LLAVA_FIELDS | {"spatial_merge_size"},

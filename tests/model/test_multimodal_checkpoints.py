@@ -169,6 +169,31 @@ def test_gemma_3n_is_served_as_its_text_model(tiny_gemma3n: Path, tmp_path: Path
     _assert_greedy_equals_transformers(model, tiny_gemma3n, prompts_token_ids[:3])
 
 
+def test_gemma_4_is_served_as_its_text_model(tiny_gemma4: Path, tmp_path: Path,
+                                             prompts_token_ids: list[list[int]]) -> None:
+    """Gemma 4's releases are `Gemma4ForConditionalGeneration` (transformers >= 5.25): a vision
+    tower beside tiny_gemma4's text model (global layers of their own head_dim and KV heads), built
+    and saved by transformers; the text model through the Transformers fallback, greedy tokens as
+    transformers' multimodal class gives them."""
+    import transformers
+
+    from hf_reference import _redraw_weights, _write_generation_config
+
+    text = _config(tiny_gemma4)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 2, "head_dim": 16, "patch_size": 14, "position_embedding_size": 64}
+    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None,
+                                       tie_word_embeddings=True, image_token_id=IMAGE_TOKEN_ID)
+    checkpoint = transformers.Gemma4ForConditionalGeneration(config).to(torch.float32)
+    _redraw_weights(checkpoint.get_decoder(), 0)
+    model = tmp_path / "gemma4_mm"
+    checkpoint.save_pretrained(model)
+    _write_generation_config(model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_gemma4 / name, model / name)
+    _assert_greedy_equals_transformers(model, model, prompts_token_ids[:3])
+
+
 def test_hf_overrides_update_the_text_config(tiny_gemma3_mm: Path) -> None:
     """vLLM updates a nested config with a dict override (the others of its fields kept)."""
     hf = EngineArgs(model=str(tiny_gemma3_mm), dtype="float32",
