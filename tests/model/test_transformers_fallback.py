@@ -124,6 +124,23 @@ def test_layers_with_a_recurrent_state_are_refused_by_name(architecture: str, la
         LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 
+@pytest.mark.skipif(not hasattr(transformers, "Qwen3_5TextConfig"), reason="Qwen3.5 is transformers >= 5.25's")
+def test_qwen3_5s_linear_attention_is_refused_by_name(tmp_path: Path) -> None:
+    """Qwen3.5's Gated DeltaNet layers keep a per-request state: refused naming them (the message
+    was the attention-interface one, whose example is ALiBi, before)."""
+    from hf_reference import build_tokenizer, tokenizer_vocab_size
+
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=tokenizer_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    model = tmp_path / "qwen3_5"
+    transformers.Qwen3_5ForCausalLM(config).save_pretrained(model)
+    build_tokenizer(model)
+    with pytest.raises(ValueError, match="Qwen3_5ForCausalLM has layers that keep a per-request state .*GatedDeltaNet"):
+        LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
+
+
 def test_a_model_without_a_base_model_is_refused_by_name(tmp_path: Path) -> None:
     """transformers' Llama4ForCausalLM (Llama 4's text model) names no base model: its hidden states
     cannot be taken apart from its head (an AttributeError in its first step before)."""

@@ -266,6 +266,7 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': transformers' {config.architecture} has no place for "
                              f"an attention implementation of its own (it looked up {exc}), so it cannot run "
                              "on the paged KV cache") from None
+        _refuse_recurrent_layers(self.hf_model, config.architecture)  # (first: a hybrid's reason is its state)
         if not type(self.hf_model)._supports_attention_backend:
             raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
                              "of its attention through transformers' attention interface (e.g. it adds "
@@ -274,7 +275,6 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': transformers' {config.architecture} names no base model "
                              f"({type(self.hf_model).__name__}.base_model_prefix), so its hidden states cannot be "
                              "taken apart from its head")
-        _refuse_recurrent_layers(self.hf_model, config.architecture)
         if multimodal and not dummy_weights:
             _load_language_model(self.hf_model, model_dir, config.checkpoint_architecture)
         self.config = config
