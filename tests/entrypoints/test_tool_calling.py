@@ -71,6 +71,13 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
     ("lfm2", 'Let me see.<|tool_call_start|>[get_time(zone="UTC")]<|tool_call_end|> Done.',
      [("get_time", {"zone": "UTC"})], "Let me see. Done."),
     ("lfm2", "<|tool_call_start|>[broken(<|tool_call_end|>", [], "<|tool_call_start|>[broken(<|tool_call_end|>"),
+    # Gemma 4's compact arguments: strings between <|"|>, bare JSON values, nested objects and lists
+    ("gemma4", 'Let me see.<|tool_call>call:get_weather{city:<|"|>San Jose, CA<|"|>,days:2,units:{metric:true},'
+               'tags:[<|"|>a<|"|>,1.5,null]}<tool_call|><|tool_call>call:get_time{zone:<|"|>UTC<|"|>}<tool_call|> Ok.',
+     [("get_weather", {"city": "San Jose, CA", "days": 2, "units": {"metric": True}, "tags": ["a", 1.5, None]}),
+      ("get_time", {"zone": "UTC"})], "Let me see. Ok."),
+    ("gemma4", "<|tool_call>call:get_time{zone:<|\"|>UTC}<tool_call|>", [], "<|tool_call>call:get_time{zone:<|\"|>UTC}<tool_call|>"),
+    ("gemma4", "no calls here", [], "no calls here"),
     ("llama4_json", '{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", {"zone": "UTC"})], None),
     ("qwen3_json", '<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
      [("get_time", {"zone": "UTC"})], None),

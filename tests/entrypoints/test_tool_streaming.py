@@ -23,6 +23,7 @@ GRANITE_31 = '<tool_call>[{"name": "get_time", "arguments": {"zone": "UTC"}}, {"
 PHI4 = 'functools[{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}]'
 JAMBA = 'ok <tool_calls>[{"name": "get_time", "arguments": {"zone": "CET"}}]</tool_calls>'
 LFM2 = 'Checking.<|tool_call_start|>[get_weather(city="Oslo", days=2)]<|tool_call_end|>'
+GEMMA4 = 'Checking.<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:2}<tool_call|>'
 QWEN3_XML = ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n"
              "2\n</parameter>\n</function>\n</tool_call>")
 
@@ -62,6 +63,7 @@ def _stream(plan: ToolPlan, text: str, size: int) -> tuple[str, dict[int, str], 
               schemas={"get_weather": {"properties": {"days": {"type": "integer"}}}}), QWEN3_XML, False),
     # text after the call blocks is content for these two (the whole reply's and the stream's alike)
     (ToolPlan("auto", parser="lfm2"), LFM2 + " Done.", False),
+    (ToolPlan("auto", parser="gemma4"), GEMMA4 + " Done.", False),
     (ToolPlan("auto", parser="qwen3_coder"), QWEN3_XML + "\nI asked for Oslo.", False),
 ])
 @pytest.mark.parametrize("size", [1, 3, 7])
@@ -77,7 +79,7 @@ def test_streamed_calls_match_the_whole_text(plan: ToolPlan, text: str, incremen
     assert content == (want_content or "")
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "granite", "jamba", "lfm2", "phi4_mini_json"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "granite", "jamba", "lfm2", "phi4_mini_json", "gemma4"])
 def test_plain_text_reply_is_all_content(parser: str) -> None:
     text = "No tool is needed: it is <b>sunny</b> {today}."
     content, names, _, _ = _stream(ToolPlan("auto", parser=parser), text, 2)

@@ -13,6 +13,7 @@ schemas that make `tool_choice: "required"` / a named function hold by construct
 | lfm2 (Liquid LFM2) | `<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>`, text around it is content |
 | qwen3_coder (Qwen3-Coder; also `qwen3_xml`) | `<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>`, any number; text outside them is content; each value typed by the tool's JSON schema |
 | openai (gpt-oss) | harmony messages to `functions.NAME` on the commentary channel, the body the arguments (harmony.py) |
+| gemma4 (Gemma 4) | `<\|tool_call>call:get_weather{city:<\|"\|>Paris<\|"\|>,days:2}<tool_call\|>`, any number; text outside them is content; strings between `<\|"\|>`, bare values read as JSON (numbers, booleans, null), nested `{...}` / `[...]` |
 
 `qwen3_json` is hermes, `llama4_json` llama3_json (vLLM's aliases).
 
@@ -196,6 +197,95 @@ def parse_pythonic(text: str) -> ParsedOutput:
     return ParsedOutput(calls, None)
 
 
+GEMMA4_CALL_START, GEMMA4_CALL_END, GEMMA4_STRING = "<|tool_call>", "<tool_call|>", '<|"|>'
+
+
+def parse_gemma4(text: str) -> ParsedOutput:
+    """Gemma 4: `<|tool_call>call:NAME{ARGS}<tool_call|>` blocks; the text around them is the
+    content. A block that does not read whole leaves the reply plain text."""
+    calls, outside, rest = [], [], text
+    while True:
+        before, start, after = rest.partition(GEMMA4_CALL_START)
+        outside.append(before)
+        if not start:
+            break
+        body, end, rest = after.partition(GEMMA4_CALL_END)
+        call = _gemma4_call(body) if end else None
+        if call is None:
+            return ParsedOutput([], text)
+        calls.append(call)
+    return ParsedOutput(calls, _content("".join(outside))) if calls else ParsedOutput([], text)
+
+
+def _gemma4_call(body: str) -> ParsedToolCall | None:
+    body = body.strip()
+    brace = body.find("{")
+    if not body.startswith("call:") or brace < 0:
+        return None
+    try:
+        arguments, end = _gemma4_object(body, brace + 1)
+    except ValueError:
+        return None
+    name = body[len("call:"):brace].strip()
+    if not name or body[end:].strip():
+        return None
+    return ParsedToolCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _gemma4_skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " ,\n\t":
+        i += 1
+    return i
+
+
+def _gemma4_object(text: str, i: int) -> tuple[dict[str, Any], int]:
+    """The object whose `{` is just before `i`: (its value, the index past its `}`)."""
+    result: dict[str, Any] = {}
+    while (i := _gemma4_skip(text, i)) < len(text):
+        if text[i] == "}":
+            return result, i + 1
+        colon = text.find(":", i)
+        if colon < 0:
+            raise ValueError("a key without a value")
+        key = text[i:colon].strip().removeprefix(GEMMA4_STRING).removesuffix(GEMMA4_STRING)
+        result[key], i = _gemma4_value(text, colon + 1)
+    raise ValueError("an unclosed object")
+
+
+def _gemma4_array(text: str, i: int) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    while (i := _gemma4_skip(text, i)) < len(text):
+        if text[i] == "]":
+            return items, i + 1
+        item, i = _gemma4_value(text, i)
+        items.append(item)
+    raise ValueError("an unclosed array")
+
+
+def _gemma4_value(text: str, i: int) -> tuple[Any, int]:
+    while i < len(text) and text[i] in " \n\t":
+        i += 1
+    if text.startswith(GEMMA4_STRING, i):
+        end = text.find(GEMMA4_STRING, i + len(GEMMA4_STRING))
+        if end < 0:
+            raise ValueError("an unterminated string")
+        return text[i + len(GEMMA4_STRING):end], end + len(GEMMA4_STRING)
+    if text.startswith("{", i):
+        return _gemma4_object(text, i + 1)
+    if text.startswith("[", i):
+        return _gemma4_array(text, i + 1)
+    end = i
+    while end < len(text) and text[end] not in ",}]":
+        end += 1
+    raw = text[i:end].strip()
+    if not raw:
+        raise ValueError("a missing value")
+    try:
+        return json.loads(raw), end
+    except json.JSONDecodeError:
+        return raw, end  # (a bare word: as written)
+
+
 QWEN3_XML_OPEN, QWEN3_XML_CLOSE, QWEN3_FUNCTION = "<tool_call>", "</tool_call>", "<function="
 _QWEN3_PARAMETER = re.compile(r"<\s*parameter\s*=\s*([^>]*)>(.*?)(?:<\s*/\s*parameter\s*>|(?=<\s*parameter\s*=)|$)",
                               re.DOTALL)
@@ -358,6 +448,7 @@ TOOL_PARSERS: dict[str, Callable[[str, ToolSchemas], ParsedOutput]] = {
     "qwen3_coder": parse_qwen3_xml,
     "qwen3_xml": parse_qwen3_xml,  # (vLLM's other name for it)
     "openai": _text_only(parse_openai),  # gpt-oss (harmony.py)
+    "gemma4": _text_only(parse_gemma4),
     **{name: _text_only(array_format.parse) for name, array_format in ARRAY_FORMATS.items()},
 }
 
@@ -373,6 +464,7 @@ TOOL_MARKERS: dict[str, tuple[str, ...]] = {
     "qwen3_coder": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE), "qwen3_xml": (QWEN3_XML_OPEN, QWEN3_XML_CLOSE),
     "mistral": ("[TOOL_CALLS]",), "granite": ("<|tool_call|>", "<tool_call>"), "phi4_mini_json": ("functools",),
     "jamba": ("<tool_calls>", "</tool_calls>"),
+    "gemma4": (GEMMA4_CALL_START, GEMMA4_CALL_END, GEMMA4_STRING),
     "openai": HARMONY_MARKERS,
 }
 

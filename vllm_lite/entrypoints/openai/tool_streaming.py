@@ -11,6 +11,7 @@ Each feed re-reads the choice's whole text and works out what is certain so far:
 | mistral, granite, jamba | the text before the marker (`[TOOL_CALLS]`, `<|tool_call|>` / `<tool_call>`, `<tool_calls>`) | the objects of the array after it |
 | phi4_mini_json | none | the objects of the array after `functools` |
 | lfm2 | the text before `<|tool_call_start|>` | (pythonic) decided when the choice ends |
+| gemma4 | the text before the first `<\|tool_call>` | decided when the choice ends |
 | qwen3_coder / qwen3_xml | the text before the first `<tool_call>` (or a bare `<function=`) | (typed by the tools' schemas) decided when the choice ends |
 | openai (gpt-oss) | the final channel's text (harmony.py puts the calls after it) | each message to `functions.NAME`, its body |
 | required | none | the objects of the JSON array, `parameters` |
@@ -35,8 +36,8 @@ from typing import Any, Protocol
 from vllm_lite.entrypoints.openai.harmony import CALL_BLOCK_START
 from vllm_lite.entrypoints.openai.reasoning_parsers import ReasoningStream
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, extract_tool_calls
-from vllm_lite.entrypoints.openai.tool_parsers import (ARRAY_FORMATS, LFM2_START, QWEN3_FUNCTION, QWEN3_XML_OPEN,
-                                                       ArrayFormat, openai_call_blocks)
+from vllm_lite.entrypoints.openai.tool_parsers import (ARRAY_FORMATS, GEMMA4_CALL_START, LFM2_START, QWEN3_FUNCTION,
+                                                       QWEN3_XML_OPEN, ArrayFormat, openai_call_blocks)
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -117,9 +118,10 @@ class ToolCallStream:
             return _llama3_view(text, final)
         if parser in ARRAY_FORMATS:
             return _array_format_view(ARRAY_FORMATS[parser], text, final)
-        if parser == "lfm2":  # the content before the calls streams; the calls are decided at the end
-            start = text.find(LFM2_START)
-            return (_held_back(text, LFM2_START, final) if start < 0 else text[:start]), []
+        if parser in ("lfm2", "gemma4"):  # the content before the calls streams; the calls are decided at the end
+            marker = LFM2_START if parser == "lfm2" else GEMMA4_CALL_START
+            start = text.find(marker)
+            return (_held_back(text, marker, final) if start < 0 else text[:start]), []
         if parser == "openai":  # gpt-oss: each call's body (its arguments) as it is generated
             start = text.find(CALL_BLOCK_START)
             if start < 0:
@@ -161,8 +163,8 @@ class ToolCallStream:
 
     def _finish(self) -> tuple[str, list[ToolCallDelta]]:
         """What the whole-text parser finds beyond what was streamed: calls, and content not sent
-        yet (all of a plain reply's held-back text; the text after lfm2's and qwen3_coder's call
-        blocks, which is content there)."""
+        yet (all of a plain reply's held-back text; the text after lfm2's, gemma4's and qwen3_coder's
+        call blocks, which is content there)."""
         calls, content = extract_tool_calls(self.plan, self.text)
         rest = (content or "")[len(self.sent_content):] if (content or "").startswith(self.sent_content) else ""
         self.sent_content += rest
