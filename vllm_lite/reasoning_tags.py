@@ -9,6 +9,7 @@ thinking_token_budget (core/thinking_budget.py) both read.
 | mistral (Magistral) | `[THINK]` ... `[/THINK]` | the reply's first token |
 | granite (Granite 3.2 / 3.3 with `thinking`) | `Here is my thought process:` ... `Here is my response:` (or `Here's`), plain text | the reply's start |
 | openai_gptoss (gpt-oss) | harmony messages on the `analysis` channel (entrypoints/openai/harmony.py) | their headers |
+| gemma4 (Gemma 4) | `<\|channel>` ... `<channel\|>`, the `thought\n` label after the opener dropped | the reply's first token |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ReasoningFormat:
     opened_by_prompt: bool = False
     single_tokens: bool = True
     harmony: bool = False  # gpt-oss's messages, not a thinking section: `starts` lists their markers
+    label: str = ""  # text the model writes right after the opener that is not reasoning (Gemma 4's)
 
 
 REASONING_FORMATS: dict[str, ReasoningFormat] = {
@@ -42,6 +44,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "granite": ReasoningFormat(("Here is my thought process:", "Here's my thought process:"),
                                ("Here is my response:", "Here's my response:"), single_tokens=False),
     "openai_gptoss": ReasoningFormat(HARMONY_MARKERS, (), single_tokens=False, harmony=True),
+    "gemma4": ReasoningFormat(("<|channel>",), ("<channel|>",), label="thought\n"),
 }
 REASONING_PARSERS = tuple(REASONING_FORMATS)
 

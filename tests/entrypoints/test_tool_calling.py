@@ -304,6 +304,11 @@ def test_tool_choice_conflicts_are_400(client: openai.OpenAI) -> None:
     ("granite", "Here's my thought process:\nhmm\nHere's my response:\nAnswer", ("\nhmm\n", "Answer")),
     ("granite", "Here is my thought process: cut", (" cut", None)),
     ("granite", "Just an answer. Here is my response: no", (None, "Just an answer. Here is my response: no")),
+    # Gemma 4: its channel markers, the "thought" label after the opener not reasoning
+    ("gemma4", "<|channel>thought\nhmm<channel|>Answer", ("hmm", "Answer")),
+    ("gemma4", "<|channel>thou", (None, None)),
+    ("gemma4", "<|channel>though it rains", ("though it rains", None)),
+    ("gemma4", "Answer", (None, "Answer")),
 ])
 def test_reasoning_split_whole_and_streamed(parser: str, text: str, want: tuple) -> None:
     assert split_reasoning(parser, text) == want

@@ -42,6 +42,10 @@ def split_reasoning(parser: str, text: str, keep_calls: bool = False) -> tuple[s
     if start is None and not reasoning_format.opened_by_prompt:
         return None, text or None
     body = stripped[len(start):] if start is not None else text
+    if start is not None and reasoning_format.label:
+        if reasoning_format.label.startswith(body):  # (the label so far: no reasoning yet)
+            return None, None
+        body = body.removeprefix(reasoning_format.label)
     ends = [(body.find(marker), marker) for marker in reasoning_format.ends if marker in body]
     if not ends:
         return body or None, None
