@@ -79,11 +79,14 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestRejectedError(VLLMValidationError):
-    """The engine core refused a request (e.g. it can never fit the KV cache)."""
+    """The engine core refused a request (e.g. it can never fit the KV cache), or, with
+    `while_running`, a step failed on it after it was admitted (vllm:request_success counts that
+    as vLLM's finish reason "error")."""
 
-    def __init__(self, request_id: str, message: str) -> None:
+    def __init__(self, request_id: str, message: str, while_running: bool = False) -> None:
         super().__init__(message)
         self.request_id = request_id
+        self.while_running = while_running
 
 
 class RequestAbortedError(RuntimeError):

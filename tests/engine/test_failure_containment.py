@@ -219,8 +219,20 @@ def test_a_request_whose_constraints_leave_nothing_to_sample_fails_alone(
                                        structured_outputs=StructuredOutputsParams(regex="a{3}b"))
     else:
         poison_params = SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=[token_a], bad_words=["a"])
-    tokens, errors = run(llm, ["a6", "poison", "c6"], poison_params)
-    assert [e.request_id for e in errors] == ["poison"]
+    from vllm_lite.entrypoints.openai.metrics import ServerMetrics
+    from vllm_lite.metrics_reader import snapshot
+
+    metrics = ServerMetrics("m")  # (the stat loggers of LLM(disable_log_stats=False))
+    loggers = [metrics.record_iteration, metrics.record_requests]
+    llm.llm_engine.stat_loggers += loggers
+    try:
+        tokens, errors = run(llm, ["a6", "poison", "c6"], poison_params)
+    finally:
+        del llm.llm_engine.stat_loggers[-len(loggers):]
+    assert [e.request_id for e in errors] == ["poison"] and errors[0].while_running
     assert "allowed_token_ids, bad_words and structured-output grammar together exclude every token" in str(errors[0])
     assert tokens == {"a6": reference["a"], "c6": reference["c"]}
+    finished = {m.labels["finished_reason"]: m.value for m in snapshot(metrics.registry)
+                if m.name == "vllm:request_success" and m.value}
+    assert finished == {"length": 2, "error": 1}  # (vLLM's finish reason "error" for a request a step failed on)
     assert_idle(llm)

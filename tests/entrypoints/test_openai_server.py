@@ -222,6 +222,21 @@ def test_disconnect_before_non_streaming_response_aborts(long_server: LiveServer
     assert after["vllm_lite:request_aborted_total"] == before["vllm_lite:request_aborted_total"] + 1
 
 
+def test_a_request_failing_while_running_counts_as_vllms_error_finish(server: LiveServer) -> None:
+    """A step fails on the request after admission (its allowed token is also a bad word: nothing
+    left to sample): 400 naming the fields, counted as vLLM's finish reason "error" (not aborted)."""
+    before = _metrics(server)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "allowed_token_ids": [64], "bad_words": ["a"]}
+    with httpx.Client(base_url=server.base_url, headers=_headers(), timeout=60) as http:
+        token = http.post("/tokenize", json={"model": MODEL, "prompt": "a", "add_special_tokens": False}).json()
+        response = http.post("/v1/completions", json={**body, "allowed_token_ids": token["tokens"]})
+    assert response.status_code == 400 and "exclude every token" in response.json()["error"]["message"]
+    after = _wait_for(lambda: _settled(server))
+    error = 'vllm:request_success_total{finished_reason="error"}'
+    assert after[error] == before[error] + 1
+    assert after["vllm_lite:request_aborted_total"] == before["vllm_lite:request_aborted_total"]
+
+
 def _settled(server: LiveServer) -> dict[str, float] | None:
     metrics = _metrics(server)
     idle = metrics["vllm:num_requests_running"] == 0 and metrics["vllm:kv_cache_usage_perc"] == 0

@@ -485,7 +485,7 @@ class AsyncLLM:
         for state in states:
             if state.parent is not None:  # n > 1: the siblings cannot finish the request alone
                 self._abort_now([state.parent.request_id])
-            state.queue.put_nowait(RequestRejectedError(error.request_id, error.message))
+            state.queue.put_nowait(RequestRejectedError(error.request_id, error.message, error.while_running))
 
     def _fail_all(self, error: EngineDeadError) -> None:
         states = list(self.output_processor.request_states.values())

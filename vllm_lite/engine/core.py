@@ -392,7 +392,7 @@ class EngineCore:
     def _report_failures(self, failed: dict[str, str]) -> None:
         """These requests failed on their own (each failure its own) and the scheduler freed
         them (the workers drop them with the next step's finished ids): queue an error for each."""
-        self.failed_requests.extend(RequestError(request_id, f"the request failed {message}")
+        self.failed_requests.extend(RequestError(request_id, f"the request failed {message}", while_running=True)
                                     for request_id, message in failed.items())
 
     def has_unfinished_requests(self) -> bool:

@@ -71,7 +71,7 @@ class InprocClient(EngineCore):
         the call after that step."""
         if self.failed_requests:
             error = self.failed_requests.pop(0)
-            raise RequestRejectedError(error.request_id, error.message)
+            raise RequestRejectedError(error.request_id, error.message, error.while_running)
         return self.step()
 
     def collective_rpc(self, call: RpcCall, timeout_s: float | None = None) -> list[Any]:
@@ -284,7 +284,7 @@ class SyncMPClient(MPClient):
             if isinstance(message, EngineCoreOutputs):
                 return message
             if isinstance(message, RequestError):
-                raise RequestRejectedError(message.request_id, message.message)
+                raise RequestRejectedError(message.request_id, message.message, message.while_running)
             # Anything else is a utility answer nobody waits for (a heartbeat's).
 
     def try_get_output(self) -> EngineCoreOutputs | None:
@@ -304,7 +304,7 @@ class SyncMPClient(MPClient):
             if isinstance(message, EngineCoreOutputs):
                 return message
             if isinstance(message, RequestError):
-                raise RequestRejectedError(message.request_id, message.message)
+                raise RequestRejectedError(message.request_id, message.message, message.while_running)
 
     def call_utility(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         """The call's result; TimeoutError after `timeout_s` (the engine core goes on with the

@@ -22,6 +22,7 @@ from vllm_lite.outputs import EmbeddingRequestOutput, RequestOutput
 from vllm_lite.pooling_params import PoolingParams
 from vllm_lite.rpc import make_call
 from vllm_lite.sampling_params import SamplingParams
+from vllm_lite.wire import FinishReason
 
 
 class LLMEngine:
@@ -115,7 +116,11 @@ class LLMEngine:
         try:
             outputs = self.engine_core.get_output()
         except RequestRejectedError as exc:  # multi-process: the rejection comes back later
-            self.output_processor.abort_requests([exc.request_id])
+            failed = IterationStats() if exc.while_running and self.stat_loggers else None
+            self.output_processor.abort_requests([exc.request_id], FinishReason.ERROR if exc.while_running
+                                                 else FinishReason.ABORT, failed)
+            for stat_logger in self.stat_loggers if failed is not None else ():
+                stat_logger(failed)  # (vllm:request_success's "error")
             raise
         iteration_stats = IterationStats(outputs.engine_index) if self.stat_loggers else None
         states, to_abort = self.output_processor.process_outputs(outputs, iteration_stats)

@@ -310,15 +310,17 @@ class OutputProcessor:
             self.parent_requests[parent.request_id] = parent
         return state
 
-    def abort_requests(self, request_ids: list[str]) -> list[RequestState]:
-        """Ids may name a parent (n > 1): all its unfinished children are aborted."""
+    def abort_requests(self, request_ids: list[str], reason: FinishReason = FinishReason.ABORT,
+                       iteration_stats: IterationStats | None = None) -> list[RequestState]:
+        """Ids may name a parent (n > 1): all its unfinished children are aborted (`reason`
+        ERROR: a step failed on them; `iteration_stats` then counts them as finished so)."""
         aborted = []
         for request_id in self._expand_parents(request_ids):
             state = self.request_states.get(request_id)
             if state is not None:
-                state.finish(FinishReason.ABORT, None)
+                state.finish(reason, None)
                 aborted.append(state)
-                self._release(state)
+                self._release(state, iteration_stats)
         return aborted
 
     def has_unfinished_requests(self) -> bool:

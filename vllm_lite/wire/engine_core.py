@@ -43,6 +43,7 @@ class FinishReason(enum.IntEnum):
     LENGTH = 1
     ABORT = 2
     REPETITION = 3  # vLLM's: SamplingParams.repetition_detection found a repeated pattern
+    ERROR = 4  # vLLM's: a step failed on the request after it was admitted (RequestError.while_running)
 
     def __str__(self) -> str:
         return self.name.lower()
@@ -262,10 +263,12 @@ class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
 
 
 class RequestError(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """The engine core rejected a request (or could not decode it): it will never run."""
+    """The engine core rejected a request (or could not decode it): it will never run; or, with
+    `while_running`, a step failed on it after it was admitted (vLLM's finish reason "error")."""
 
     request_id: str
     message: str
+    while_running: bool = False
 
 
 class EngineDead(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

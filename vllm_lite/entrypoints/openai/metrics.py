@@ -480,10 +480,17 @@ class RequestTracker:
         self.generated_by_index = [0] * params.n if params is not None and params.n > 1 else None
         self.arrival = time.monotonic()
         self.started = False
+        self.series: EngineSeries | None = None  # the serving engine's, once an output said which
 
     def _series(self, output: Any) -> EngineSeries:
         stats = output.metrics
-        return self.metrics.engines[stats.engine_index if stats is not None else 0]
+        self.series = self.metrics.engines[stats.engine_index if stats is not None else 0]
+        return self.series
+
+    def failed(self) -> None:
+        """A step failed on the request after it was admitted: vLLM's finish reason "error" (under
+        the engine of its outputs so far; engine 0 before its first)."""
+        (self.series or self.metrics.engines[0]).request_finished("error")
 
     def finish_pooled(self, output: Any) -> None:
         """An embedding request's end (it generates nothing): its prompt, latency and success, as

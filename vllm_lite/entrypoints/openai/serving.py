@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from vllm_lite.config import MediaAccess, VllmConfig, check_priority
 from vllm_lite.entrypoints.beam_search import BeamSearch, BeamSearchParams
-from vllm_lite.exceptions import VLLMValidationError
+from vllm_lite.exceptions import RequestRejectedError, VLLMValidationError
 from vllm_lite.entrypoints.chat_content import (developer_as_system, image_sources, image_uuids, resolve_content_format,
                                                 with_content_format)
 from vllm_lite.entrypoints.media import fetch_client, load_image_bytes, open_image
@@ -470,6 +470,11 @@ async def tracked_generate(ctx: ServingContext, engine_prompt: dict[str, Any], p
                 if generated is not None:
                     generated.add(output, ctx.options.max_log_len)
                 yield output
+    except RequestRejectedError as exc:
+        if exc.while_running:  # (a step failed on it: vLLM's finish reason "error")
+            finished = True
+            tracker.failed()
+        raise
     finally:
         ctx.drain.in_flight.discard(request_id)
         if not finished:
