@@ -117,10 +117,11 @@ class LLMEngine:
             outputs = self.engine_core.get_output()
         except RequestRejectedError as exc:  # multi-process: the rejection comes back later
             failed = IterationStats() if exc.while_running and self.stat_loggers else None
-            self.output_processor.abort_requests([exc.request_id], FinishReason.ERROR if exc.while_running
-                                                 else FinishReason.ABORT, failed)
-            for stat_logger in self.stat_loggers if failed is not None else ():
-                stat_logger(failed)  # (vllm:request_success's "error")
+            reason = FinishReason.ERROR if exc.while_running else FinishReason.ABORT
+            self.output_processor.abort_requests([exc.request_id], reason, failed)
+            if failed is not None:  # (vllm:request_success's "error")
+                for stat_logger in self.stat_loggers:
+                    stat_logger(failed)
             raise
         iteration_stats = IterationStats(outputs.engine_index) if self.stat_loggers else None
         states, to_abort = self.output_processor.process_outputs(outputs, iteration_stats)
