@@ -631,12 +631,12 @@ def per_layer_cache_shape(cfg: Mapping[str, Any]) -> dict[str, int]:
     cache holds every layer at the widest head and the most KV heads; the fallback pads a narrower
     layer's heads with zeros and repeats a layer's fewer KV heads for the query heads that share
     them, which leave its scores and output unchanged. Memory: every layer at the widest shape."""
-    layers = [{**cfg, **overrides} for overrides in cfg["per_layer_config"].values()]
-    head_dims = [layer.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"] for layer in (cfg, *layers)]
-    kv_heads = [layer.get("num_key_value_heads") or cfg["num_attention_heads"] for layer in (cfg, *layers)]
+    layers = [cfg, *({**cfg, **overrides} for overrides in cfg["per_layer_config"].values())]
+    head_dims = [layer.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"] for layer in layers]
+    kv_heads = [layer.get("num_key_value_heads") or cfg["num_attention_heads"] for layer in layers]
     most_kv_heads = max(kv_heads)
-    if any(most_kv_heads % heads or layer.get("num_attention_heads", cfg["num_attention_heads"]) % most_kv_heads
-           for heads, layer in zip(kv_heads, (cfg, *layers))):
+    if any(most_kv_heads % heads or layer["num_attention_heads"] % most_kv_heads
+           for heads, layer in zip(kv_heads, layers)):
         raise ValueError(f"config.json: per_layer_config's KV heads {sorted(set(kv_heads))} do not divide each "
                          "other and the query heads, so one paged KV cache cannot hold every layer")
     return {"head_dim": max(head_dims), "num_key_value_heads": most_kv_heads}

@@ -38,7 +38,7 @@ from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, c
                                                   collect_choices, render_chat, start_stream, tracked_generate)
 from vllm_lite.entrypoints.openai.serving_chat import chat_prompt
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, chat_sampling, extract_tool_calls
-from vllm_lite.entrypoints.openai.tool_streaming import ReplySplitter, ToolCallStream
+from vllm_lite.entrypoints.openai.tool_streaming import HeldSpace, ReplySplitter, ToolCallStream
 from vllm_lite.outputs import RequestOutput
 
 # A chat field's error, in the Messages API's terms.
@@ -201,7 +201,7 @@ class _BlockWriter:
     omit_thinking: bool = False  # thinking blocks without their text (thinking.display "omitted")
     index: int = -1  # the open (or last) block's
     kind: str | None = None  # the open block's type
-    pending_space: str = ""  # text that is only whitespace so far: no text block for it yet
+    space: HeldSpace = field(default_factory=HeldSpace)  # text that is only whitespace so far
     call_arguments: list[str] = field(default_factory=list)  # the open tool_use block's, so far
 
     def _open(self, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,15 +221,14 @@ class _BlockWriter:
     def flush_space(self, tool_used: bool) -> list[dict[str, Any]]:
         """At the end: whitespace still held is the reply's text (a text block, as vLLM's), unless
         a tool call came after it."""
-        return [] if tool_used or not self.pending_space else self.text("", final=True)
+        return [] if tool_used or not self.space.held else self.text("", final=True)
 
     def text(self, delta: str, final: bool = False) -> list[dict[str, Any]]:
         events = []
         if self.kind != "text":
-            if not final and not (self.pending_space + delta).strip():
-                self.pending_space += delta
+            delta = self.space.release(delta, final)
+            if delta is None:
                 return []
-            delta, self.pending_space = self.pending_space + delta, ""
             events = self._open({"type": "text", "text": ""})
         return events + [self._delta({"type": "text_delta", "text": delta})]
 

@@ -48,7 +48,7 @@ from vllm_lite.entrypoints.openai.serving import (ServingContext, SSEResponse, c
 from vllm_lite.entrypoints.openai.serving_chat import chat_logprobs, chat_prompt
 from vllm_lite.entrypoints.openai.server_state import BackgroundRun
 from vllm_lite.entrypoints.openai.serving_tools import ToolPlan, chat_sampling, extract_tool_calls
-from vllm_lite.entrypoints.openai.tool_streaming import ReplySplitter, ToolCallStream
+from vllm_lite.entrypoints.openai.tool_streaming import HeldSpace, ReplySplitter, ToolCallStream
 from vllm_lite.outputs import Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class _EventWriter:
     sequence_number: int = 0
     done: list[dict[str, Any]] = field(default_factory=list)
     current: _OpenItem | None = None
-    pending_space: str = ""  # text that is only whitespace so far: no message for it yet
+    space: HeldSpace = field(default_factory=HeldSpace)  # text that is only whitespace so far
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # of tokens whose text is not out yet
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -396,17 +396,16 @@ class _EventWriter:
     def flush_space(self) -> list[dict[str, Any]]:
         """At the end: whitespace still held is the reply's text (a message, as vLLM's), unless a
         tool call came after it."""
-        if not self.pending_space or any(item["type"] == "function_call" for item in self.done) or (
+        if not self.space.held or any(item["type"] == "function_call" for item in self.done) or (
                 self.current is not None and self.current.kind == "function_call"):
             return []
         return self.text("", final=True)
 
     def text(self, delta: str, final: bool = False) -> list[dict[str, Any]]:
         if self.current is None or self.current.kind != "message":
-            if not final and not (self.pending_space + delta).strip():
-                self.pending_space += delta
+            delta = self.space.release(delta, final)
+            if delta is None:
                 return []
-            delta, self.pending_space = self.pending_space + delta, ""
             events = self._open("message", message_item(new_id("msg"), None, "in_progress"))
         else:
             events = []

@@ -347,6 +347,22 @@ def _value_end(text: str, start: int) -> int | None:
     return None
 
 
+@dataclass(slots=True)
+class HeldSpace:
+    """A PieceWriter's text before its text block opens: while all of it is whitespace it is held
+    (whitespace beside a tool call is no text block); at the end (`final`) it is the reply's."""
+
+    held: str = ""
+
+    def release(self, delta: str, final: bool) -> str | None:
+        """`delta` after the whitespace held, or None while that is all whitespace still."""
+        if not final and not (self.held + delta).strip():
+            self.held += delta
+            return None
+        text, self.held = self.held + delta, ""
+        return text
+
+
 class PieceWriter(Protocol):
     """An API's streamed output blocks (the Responses API's items, Anthropic's content blocks)."""
 
