@@ -643,6 +643,17 @@ def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3.5's text model (transformers >= 5.25; the Transformers fallback): 3 Gated DeltaNet
+    layers (a per-request convolution and delta-rule state) then 1 of gated attention."""
+    import transformers
+
+    if not hasattr(transformers, "Qwen3_5TextConfig"):
+        pytest.skip("Qwen3.5 is transformers >= 5.25's")
+    return _build(tmp_path_factory, "tiny_qwen3_5", "qwen3_5_text", tie_word_embeddings=True, num_layers=4)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3n(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma 3n's text model (the Transformers fallback): AltUp, LAuReL, per-layer inputs, local /
     global layers, the last 2 of 4 layers reading the keys and values of earlier ones."""

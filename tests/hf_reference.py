@@ -303,6 +303,14 @@ def _make_config(
             global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,  # (its own rope per layer type)
             **{name: value for name, value in {**common, "head_dim": head_dim or 16}.items()
                if name not in ("rope_theta", "rope_scaling", "rope_parameters")})
+    if arch == "qwen3_5_text":  # (transformers >= 5.25) Qwen3.5's text model: 3 Gated DeltaNet layers to 1 of
+        # gated attention; linear attention with 2 key heads shared by 4 value heads, keys of 16, values of 8
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(
+            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            **{**common, "num_hidden_layers": 4, "head_dim": head_dim or 16})
     if arch == "gpt_oss":  # attention sinks, alternating sliding / full layers, clamped SwiGLU experts with biases
         from transformers import GptOssConfig
 
@@ -399,6 +407,8 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
+            if pname in ("A_log", "dt_bias"):  # (a Gated DeltaNet's decay rates: transformers' own draw)
+                continue
             if pname in ("bias", "sinks", "correct_output_scale"):
                 yield "bias", param  # also LayerNorm's shift, gpt-oss's sink logits, Gemma 3n's AltUp scale
             elif is_norm and type(module).__name__.startswith("Gemma"):

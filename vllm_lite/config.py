@@ -118,6 +118,45 @@ def _check(condition: bool, message: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class LinearAttentionShape:
+    """A hybrid model's linear-attention layers (Qwen3.5's Gated DeltaNet): in place of keys and
+    values they keep, per request, the last `conv_kernel - 1` inputs of a causal convolution over
+    `conv_dim` channels and a float32 state of `num_value_heads` x `key_head_dim` x `value_head_dim`."""
+
+    layers: tuple[int, ...]
+    conv_dim: int
+    conv_kernel: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+
+    def state_bytes(self, conv_element_size: int) -> int:
+        """One request's state over every linear-attention layer."""
+        conv = self.conv_dim * (self.conv_kernel - 1) * conv_element_size
+        recurrent = self.num_value_heads * self.key_head_dim * self.value_head_dim * 4
+        return len(self.layers) * (conv + recurrent)
+
+    @staticmethod
+    def read(cfg: dict[str, Any]) -> LinearAttentionShape | None:
+        """From transformers' `layer_types` ("linear_attention") and `linear_*` fields; None for a
+        model without such layers."""
+        layers = tuple(i for i, kind in enumerate(cfg.get("layer_types") or ()) if kind == "linear_attention")
+        if not layers:
+            return None
+        names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel_dim")
+        missing = [name for name in names if not isinstance(cfg.get(name), int) or cfg[name] < 1]
+        _check(not missing, f"config.json: layer_types names linear_attention layers, but {', '.join(missing)} "
+                            "is missing or not a positive integer")
+        key_heads, value_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        _check(value_heads % key_heads == 0, f"config.json: linear_num_value_heads={value_heads} is not a multiple "
+                                             f"of linear_num_key_heads={key_heads}")
+        key_dim, value_dim = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        return LinearAttentionShape(layers, 2 * key_heads * key_dim + value_heads * value_dim,
+                                    cfg["linear_conv_kernel_dim"], value_heads, key_dim, value_dim)
+
+
+@dataclass(frozen=True, slots=True)
 class HFModelConfig:
     """The subset of a Hugging Face `config.json` the model code needs."""
 
@@ -152,6 +191,8 @@ class HFModelConfig:
     checkpoint_architecture: str = ""
     # the checkpoint's own quantization (config.json quantization_config, checked by config_fields)
     quantization: str | None = None
+    # layers that keep a per-request recurrent state in place of keys and values (fallback only)
+    linear_attention: LinearAttentionShape | None = None
 
     @staticmethod
     def from_dict(cfg: dict[str, Any], generation_cfg: dict[str, Any], model_impl: str = "auto") -> HFModelConfig:
@@ -208,12 +249,18 @@ class HFModelConfig:
             checkpoint_architecture=checkpoint_architecture,
             quantization=(check_quantization_config(cfg["quantization_config"])
                           if cfg.get("quantization_config") is not None else None),
+            linear_attention=LinearAttentionShape.read(cfg) if model_impl != "vllm" else None,
         )
 
     @property
     def rotary_dim(self) -> int:
         """The dimensions of each head that rotary turns (transformers' int(head_dim * factor))."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def num_kv_cache_layers(self) -> int:
+        """The layers that keep keys and values (a hybrid model's linear-attention layers do not)."""
+        return self.num_hidden_layers - (len(self.linear_attention.layers) if self.linear_attention else 0)
 
     @property
     def has_sliding_window(self) -> bool:
@@ -704,7 +751,16 @@ class VllmConfig:
         kv_heads = max(1, hf.num_key_value_heads // self.parallel_config.tensor_parallel_size)
         element, row_size = kv_cache_row(self.kv_cache_dtype, hf.head_dim)
         per_layer = 2 * self.cache_config.block_size * kv_heads * row_size * KV_ELEMENT_SIZES[element]
-        return per_layer * hf.num_hidden_layers
+        return per_layer * hf.num_kv_cache_layers
+
+    def recurrent_state_bytes(self) -> int:
+        """What a hybrid model's linear-attention states take (one per request, max_num_seqs of
+        them), out of the KV cache's memory; 0 for other models."""
+        return self.scheduler_config.max_num_seqs * self._state_bytes_per_seq()
+
+    def _state_bytes_per_seq(self) -> int:
+        shape = self.model_config.hf.linear_attention
+        return shape.state_bytes(KV_ELEMENT_SIZES[self.model_config.dtype]) if shape is not None else 0
 
     def num_kv_blocks(self, measured_budget: int | None = None) -> int:
         """The KV cache size in blocks: the override, else what the memory budget holds, capped at
@@ -724,6 +780,15 @@ class VllmConfig:
             budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
             source = f"kv_cache_memory_bytes={budget}"
         sched = self.scheduler_config
+        states = self.recurrent_state_bytes()
+        if states:
+            each = self._state_bytes_per_seq()
+            _check(states <= budget // 2,
+                   f"max_num_seqs={sched.max_num_seqs}: the linear-attention state of each request takes {each} "
+                   f"bytes, {states} for all, more than half of the KV cache's memory ({budget} bytes: "
+                   f"{source.removesuffix(', which')}); lower max_num_seqs to at most {budget // 2 // each} "
+                   "or give the KV cache more memory")
+            budget -= states
         useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size) + 1
         blocks = min(budget // self.kv_block_bytes(), useful)
         _check(blocks >= 2, f"{source} holds {blocks} KV block(s); the engine needs at least "
@@ -967,6 +1032,9 @@ class EngineArgs:
                                                               "a step's drafts come from the last step's tokens")
             config = dataclasses.replace(config, speculative_config=spec, scheduler_config=scheduler_config)
             check_speculative_decoding(config)
+            _check(model_config.hf.linear_attention is None,
+                   f"speculative_config: {model_config.hf.architecture}'s linear-attention layers would take rejected "
+                   "draft tokens into their per-request state, which is not rolled back; leave speculative_config unset")
         return config
 
     def _draft_model_config(self, spec: SpeculativeConfig, target: ModelConfig, device: str) -> ModelConfig:
@@ -1279,13 +1347,21 @@ class EngineArgs:
         _check(self.num_kv_blocks is None or self.num_kv_blocks >= 2,
                f"num_kv_blocks must be >= 2 (block 0 is reserved), got {self.num_kv_blocks}")
         kv_bytes = self._kv_cache_memory_bytes(device)
-        return CacheConfig(bs, self.num_kv_blocks, kv_bytes, self._prefix_caching(model_config.pooler),
+        return CacheConfig(bs, self.num_kv_blocks, kv_bytes, self._prefix_caching(model_config),
                            model_config.hf.all_layers_window, self.kv_cache_dtype,
                            self._gpu_memory_utilization(device, kv_bytes))
 
-    def _prefix_caching(self, pooler: PoolerConfig | None) -> bool:
+    def _prefix_caching(self, model_config: ModelConfig) -> bool:
         """On unless a pooling needs every prompt token's hidden state (MEAN, CLS): a cached
-        block's tokens are not computed again."""
+        block's tokens are not computed again; or the model has linear-attention layers, whose
+        state after a prefix is not in the cached blocks (vLLM keeps it off for them too)."""
+        if model_config.hf.linear_attention is not None:
+            _check(not self.enable_prefix_caching,
+                   f"enable_prefix_caching: {model_config.hf.architecture} has linear-attention layers "
+                   f"{list(model_config.hf.linear_attention.layers)}, whose per-request state after a prefix is not "
+                   "kept in the cached blocks; leave enable_prefix_caching unset for it")
+            return False
+        pooler = model_config.pooler
         every_token = pooler is not None and pooler.pooling_type != "LAST"
         _check(not (every_token and self.enable_prefix_caching),
                f"enable_prefix_caching with pooling_type {pooler.pooling_type if pooler else ''!r}: the pooling "

@@ -10,6 +10,7 @@ scalars, never the whole `max_model_len` row; `num_elements_moved` counts what w
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
@@ -53,6 +54,10 @@ class InputBatch:
         self.lora_ids = np.zeros(max_num_reqs, dtype=np.int32)  # the row's LoRA adapter (lora_int_id; 0: none)
         # the prompt came as embeddings (vLLM's prompt_embeds): its token ids are placeholders
         self.prompt_is_embeds = np.zeros(max_num_reqs, dtype=bool)
+        # The row's slot in the linear-attention states (gated_delta_rule.RecurrentStates): held
+        # while its request is in the batch, whatever rows it moves through; the lowest free first.
+        self.state_slots = np.zeros(max_num_reqs, dtype=np.int64)
+        self._free_state_slots = list(range(max_num_reqs))
         # Which joining of a request a row holds (the batch's version when it joined): a step's
         # sampled tokens that reach the host after the batch changed are written only where the
         # request that sampled them still is (not a later one with the same id).
@@ -79,7 +84,7 @@ class InputBatch:
                 self.repetition_penalty, self.frequency_penalty,
                 self.presence_penalty, self.min_tokens, self.num_logprobs, self.num_prompt_logprobs,
                 self.has_logit_bias, self.has_allowed_token_ids, self.has_bad_words, self.has_logprob_token_ids,
-                self.lora_ids, self.row_serial, self.prompt_is_embeds)
+                self.lora_ids, self.row_serial, self.prompt_is_embeds, self.state_slots)
 
     @property
     def live_req_ids(self) -> list[str]:
@@ -127,6 +132,7 @@ class InputBatch:
         self.lora_ids[row] = new.lora_request.lora_int_id if new.lora_request is not None else 0
         self.prompt_is_embeds[row] = new.prompt_embeds is not None
         self.block_table.add_row(row, new.block_ids)
+        self.state_slots[row] = heapq.heappop(self._free_state_slots)
         if self._holes:
             self._holes.pop()
         else:
@@ -162,6 +168,7 @@ class InputBatch:
         if row is None:
             return None
         self.req_ids[row] = None
+        heapq.heappush(self._free_state_slots, int(self.state_slots[row]))
         self.num_prompt_logprob_rows -= self.sampling_params[row].prompt_logprobs is not None
         self.sampling_params[row] = None
         self._holes.append(row)

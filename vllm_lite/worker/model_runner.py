@@ -30,6 +30,7 @@ from vllm_lite.core.scheduler_output import CachedRequestData, NewRequestData, S
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from vllm_lite.exceptions import describe_error, run_each_contained
 from vllm_lite.host_to_device import StepInputTensors, host_to_device
+from vllm_lite.model.layers.gated_delta_rule import RecurrentStates, RecurrentStep
 from vllm_lite.model.layers.linear import LinearBase, linear
 from vllm_lite.model.layers.matmul_rows import bucket_rows
 from vllm_lite.model.layers.rotary import use_mrope
@@ -207,6 +208,8 @@ class ModelRunner:
                                           and image_config.row_breaks else 0)
         self.min_tokens_stop_ids: dict[str, tuple[int, ...]] = {}  # only requests with min_tokens
         self.kv_caches: list[torch.Tensor] = []
+        # a hybrid model's linear-attention states, a slot per batch row (InputBatch.state_slots)
+        self.recurrent_states: RecurrentStates | None = None
         spec = vllm_config.speculative_config
         # vLLM's draft_model, EAGLE and Medusa speculative decoding: the drafter beside the model
         # (worker/draft_model.py, worker/eagle.py, worker/medusa.py)
@@ -276,6 +279,7 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._new_kv_caches(num_blocks)
+        self.recurrent_states = self._new_recurrent_states(self.config.scheduler_config.max_num_seqs)
         # (a draft model's or EAGLE head's KV in the same blocks: a request's block table is theirs too; a
         # Medusa head keeps none)
         if isinstance(self.drafter, (DraftModelProposer, EagleProposer)):
@@ -290,7 +294,7 @@ class ModelRunner:
     def release_kv_cache(self) -> None:
         """vLLM's sleep level 1 on CPU: the KV cache's memory goes back to the system (no
         request may hold blocks; `initialize_kv_cache` makes a new, zeroed one)."""
-        self.kv_caches, self.cuda_graphs = [], None
+        self.kv_caches, self.cuda_graphs, self.recurrent_states = [], None, None
         if self.drafter is not None:
             self.drafter.reset()
         return_freed_memory()
@@ -321,7 +325,13 @@ class ModelRunner:
             max_query_len=seq_len, block_size=self.block_size)
         scratch = self._new_kv_caches(blocks + 1)
         input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
-        hidden = self.model(input_ids, self._to_device(positions), scratch, self.attn_backend.build(common))
+        states = self._new_recurrent_states(len(query_lens))
+        recurrent = ({} if states is None else
+                     {"recurrent": RecurrentStep.of(states, np.arange(len(query_lens)), query_start_loc[:-1],
+                                                    query_lens, np.zeros(len(query_lens), dtype=np.int32),
+                                                    self.device)})
+        hidden = self.model(input_ids, self._to_device(positions), scratch, self.attn_backend.build(common),
+                            **recurrent)
         rows = torch.arange(sched.max_num_seqs, device=self.device) % num_tokens
         logits = self.model.compute_logits(hidden[rows])
         torch.sort(logits.float().softmax(-1), dim=-1, descending=True)
@@ -336,8 +346,26 @@ class ModelRunner:
         element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
         num_kv_heads = model.model.layers[0].self_attn.num_kv_heads
         shape = kv_cache_shape(num_blocks, self.block_size, num_kv_heads, row_size)
-        return [torch.zeros(shape, dtype=getattr(torch, element), device=self.device)
-                for _ in range(hf.num_hidden_layers)]
+        linear = hf.linear_attention.layers if hf.linear_attention is not None else ()
+        return [torch.zeros(0 if layer in linear else shape, dtype=getattr(torch, element), device=self.device)
+                for layer in range(hf.num_hidden_layers)]
+
+    def _new_recurrent_states(self, num_slots: int) -> RecurrentStates | None:
+        """Zeroed linear-attention states of `num_slots` requests (None for a model without such layers)."""
+        model_config = self.config.model_config
+        shape = model_config.hf.linear_attention
+        if shape is None:
+            return None
+        return RecurrentStates.allocate(shape, num_slots, getattr(torch, model_config.dtype), self.device)
+
+    def _recurrent_kwargs(self, inputs: StepInputs) -> dict[str, RecurrentStep]:
+        """The model's linear-attention layers' part of the step ({} for a model without them)."""
+        if self.recurrent_states is None:
+            return {}
+        batch = self.input_batch
+        return {"recurrent": RecurrentStep.of(self.recurrent_states, batch.state_slots[inputs.rows],
+                                              inputs.query_starts, inputs.query_lens,
+                                              batch.num_computed_tokens[inputs.rows], self.device)}
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.finish(self.launch(scheduler_output))
@@ -384,7 +412,7 @@ class ModelRunner:
                 hidden = self.cuda_graphs.replay(inputs.input_ids, inputs.positions, inputs.attn_metadata)
             else:
                 hidden = self.model(*self._padded_to_bucket(inputs.input_ids, inputs.positions), self.kv_caches,
-                                    inputs.attn_metadata)
+                                    inputs.attn_metadata, **self._recurrent_kwargs(inputs))
             if self.pooler is not None:
                 self._pool(hidden, inputs, output)
                 return step
@@ -408,7 +436,8 @@ class ModelRunner:
         indices, rows, width = indices.to(self.device), rows.to(self.device, embeds.dtype), embeds.shape[-1]
         embeds[indices] = rows[:, :width]
         if rows.shape[-1] == width:
-            return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds)
+            return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds,
+                              **self._recurrent_kwargs(inputs))
         # (Qwen3-VL: an image feature's DeepStack additions follow its input embedding)
         deepstack = rows[:, width:].unflatten(-1, (-1, width)).transpose(0, 1)
         return self.model(input_ids, positions, self.kv_caches, inputs.attn_metadata, inputs_embeds=embeds,

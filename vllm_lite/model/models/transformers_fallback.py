@@ -32,6 +32,7 @@ from torch import nn
 from vllm_lite.attention.backend import AttentionBackend
 from vllm_lite.config import HFModelConfig
 from vllm_lite.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
+from vllm_lite.model.layers.gated_delta_rule import GatedDeltaNetOnSlots, RecurrentStep
 from vllm_lite.model.layers.linear import ReplicatedLinear
 from vllm_lite.model.weight_updates import update_module_parameters
 from vllm_lite.multimodal_checkpoints import is_multimodal, language_model_weights, transformers_config
@@ -107,12 +108,41 @@ def _words(class_name: str) -> str:
 
 def _refuse_recurrent_layers(model: nn.Module, architecture: str) -> None:
     for name, module in model.named_modules():
+        if isinstance(module, GatedDeltaNetOnSlots):
+            continue
         kind = type(module).__name__
         words = _words(kind)
         if any(f" {part} " in words for part in _RECURRENT_LAYER_NAMES):
             raise ValueError(f"model_impl='transformers': {architecture} has layers that keep a per-request state "
                              f"from step to step ({name}: {kind}); the Transformers fallback runs only attention "
                              "models on the paged KV cache, so it cannot run here")
+
+
+# What a transformers Gated DeltaNet layer holds that GatedDeltaNetOnSlots runs (Qwen3.5's; Qwen3-Next's
+# fuses its projections otherwise and stays refused by `_refuse_recurrent_layers`)
+_GATED_DELTA_NET_PARTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv1d", "norm", "out_proj", "A_log",
+                          "dt_bias", "layer_idx", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "activation")
+
+
+def _linear_attention_on_slots(model: nn.Module) -> list[int]:
+    """Each Gated DeltaNet layer replaced by one that keeps its state in the engine's slots;
+    returns their layer indices."""
+    replaced = []
+    for parent in list(model.modules()):
+        for name, child in parent.named_children():
+            if all(hasattr(child, part) for part in _GATED_DELTA_NET_PARTS):
+                setattr(parent, name, GatedDeltaNetOnSlots(child))
+                replaced.append(child.layer_idx)
+    return sorted(replaced)
+
+
+def _check_linear_layers(replaced: list[int], config: HFModelConfig) -> None:
+    """The layers that run on state slots must be the ones config.json's layer_types names
+    (those get states, and no KV cache)."""
+    expected = list(config.linear_attention.layers) if config.linear_attention is not None else []
+    if replaced != expected:
+        raise ValueError(f"model_impl='transformers': {config.architecture}'s config.json names linear_attention "
+                         f"layers {expected}, but its Gated DeltaNet layers that run here are {replaced}")
 
 
 def _load_language_model(model: nn.Module, model_dir: Path, architecture: str) -> None:
@@ -266,8 +296,13 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': transformers' {config.architecture} has no place for "
                              f"an attention implementation of its own (it looked up {exc}), so it cannot run "
                              "on the paged KV cache") from None
+        replaced = _linear_attention_on_slots(self.hf_model)
         _refuse_recurrent_layers(self.hf_model, config.architecture)  # (first: a hybrid's reason is its state)
-        if not type(self.hf_model)._supports_attention_backend:
+        _check_linear_layers(replaced, config)
+        # (transformers leaves the flag off for its hybrid models, whose linear layers its attention
+        # backends cannot run; here those run on the engine's state slots, and their attention
+        # layers are checked as any model's below)
+        if not (type(self.hf_model)._supports_attention_backend or config.linear_attention is not None):
             raise ValueError(f"model_impl='transformers': {type(self.hf_model).__name__} does not route all "
                              "of its attention through transformers' attention interface (e.g. it adds "
                              "ALiBi biases through the mask), so it cannot run on the paged KV cache")
@@ -321,12 +356,14 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': {config.architecture}'s forward fails with the engine's "
                              f"attention in place of its own ({type(exc).__name__}: {exc}), so it cannot run on the "
                              "paged KV cache") from exc
-        if len(shapes) < config.num_hidden_layers:
+        linear = config.linear_attention.layers if config.linear_attention is not None else ()
+        attending = [layer for layer in range(config.num_hidden_layers) if layer not in linear]
+        if len(shapes) < len(attending):
             raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
-                             f"{config.num_hidden_layers} layers; the others (Mamba, convolution or linear-attention "
+                             f"{len(attending)} attention layers; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
-        if Counter(shape.layer_idx for shape in shapes) != Counter(range(config.num_hidden_layers)):
+        if Counter(shape.layer_idx for shape in shapes) != Counter(attending):
             raise ValueError(f"model_impl='transformers': {config.architecture} attends {len(shapes)} times in its "
                              f"{config.num_hidden_layers} layers, not once per cache layer (e.g. differential "
                              "attention's two maps, or a layer run again in recurrent-depth cycles); the paged KV "
@@ -368,13 +405,14 @@ class TransformersForCausalLM(nn.Module):
         return self.hf_model.get_input_embeddings()(input_ids)
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, recurrent: RecurrentStep | None = None) -> torch.Tensor:
+        """`recurrent`: the step's linear-attention state slots (a hybrid model's, else None)."""
         base = self.hf_model.base_model
         tokens = dict(input_ids=input_ids[None]) if inputs_embeds is None else dict(inputs_embeds=inputs_embeds[None])
         out = base(**tokens, position_ids=positions[None], use_cache=False,
                    vllm_lite_kv_caches=kv_caches, vllm_lite_attn_metadata=attn_metadata,
                    vllm_lite_backend=self.backend, vllm_lite_head_dim=self.config.head_dim,
-                   vllm_lite_kv_heads=self.config.num_key_value_heads)
+                   vllm_lite_kv_heads=self.config.num_key_value_heads, vllm_lite_recurrent=recurrent)
         return out.last_hidden_state[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
