@@ -138,13 +138,14 @@ class LinearAttentionShape:
 
     @staticmethod
     def read(cfg: dict[str, Any]) -> LinearAttentionShape | None:
-        """From transformers' `layer_types` ("linear_attention") and `linear_*` fields; None for a
-        model without such layers."""
+        """From transformers' `layer_types` ("linear_attention") and the Gated DeltaNet's `linear_*`
+        fields; None for a model without such layers (a Mamba hybrid's "linear_attention" layers
+        have none of those fields: the fallback refuses them by name)."""
         layers = tuple(i for i, kind in enumerate(cfg.get("layer_types") or ()) if kind == "linear_attention")
-        if not layers:
-            return None
         names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                  "linear_conv_kernel_dim")
+        if not layers or not any(name in cfg for name in names):
+            return None
         missing = [name for name in names if not isinstance(cfg.get(name), int) or cfg[name] < 1]
         _check(not missing, f"config.json: layer_types names linear_attention layers, but {', '.join(missing)} "
                             "is missing or not a positive integer")
@@ -753,45 +754,54 @@ class VllmConfig:
         per_layer = 2 * self.cache_config.block_size * kv_heads * row_size * KV_ELEMENT_SIZES[element]
         return per_layer * hf.num_kv_cache_layers
 
-    def recurrent_state_bytes(self) -> int:
-        """What a hybrid model's linear-attention states take (one per request, max_num_seqs of
-        them), out of the KV cache's memory; 0 for other models."""
-        return self.scheduler_config.max_num_seqs * self._state_bytes_per_seq()
-
-    def _state_bytes_per_seq(self) -> int:
+    def state_bytes_per_seq(self) -> int:
+        """One request's linear-attention state (a hybrid model's; 0 for other models)."""
         shape = self.model_config.hf.linear_attention
         return shape.state_bytes(KV_ELEMENT_SIZES[self.model_config.dtype]) if shape is not None else 0
 
+    def num_state_slots(self, measured_budget: int | None = None) -> int:
+        """How many requests hold a linear-attention state at once (0 for a model without such
+        layers): max_num_seqs, or as many as half of the KV cache's memory holds where that is
+        fewer (the engine then runs no more requests at once: vLLM's concurrency is bounded by the
+        states its cache holds too); max_num_seqs beside a fixed num_kv_blocks. `measured_budget`:
+        as for `num_kv_blocks`."""
+        each = self.state_bytes_per_seq()
+        max_num_seqs = self.scheduler_config.max_num_seqs
+        if not each or self.cache_config.num_kv_blocks is not None:
+            return max_num_seqs if each else 0
+        budget, source = self._kv_cache_budget(measured_budget)
+        _check(budget // 2 >= each, f"{source}: one request's linear-attention state takes {each} bytes, more "
+                                    "than half of the KV cache's memory; give the KV cache more memory")
+        return min(max_num_seqs, budget // 2 // each)
+
+    def _kv_cache_budget(self, measured_budget: int | None) -> tuple[int, str]:
+        """The bytes the KV cache (and any linear-attention states) may take, and what said so."""
+        cache = self.cache_config
+        if cache.gpu_memory_utilization is None:
+            budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+            return budget, f"kv_cache_memory_bytes={budget}"
+        if measured_budget is None:
+            raise ValueError("gpu_memory_utilization: the KV cache budget is measured by the workers; "
+                             "pass it (executor.determine_available_memory)")
+        return measured_budget, (f"gpu_memory_utilization={cache.gpu_memory_utilization} leaves {measured_budget} "
+                                 "bytes for the KV cache")
+
     def num_kv_blocks(self, measured_budget: int | None = None) -> int:
-        """The KV cache size in blocks: the override, else what the memory budget holds, capped at
-        what `max_num_seqs` full-length sequences could ever use (more would be dead memory) plus
+        """The KV cache size in blocks: the override, else what the memory budget holds (less the
+        linear-attention states of `num_state_slots` requests), capped at what the requests that
+        run at once could ever use with full-length sequences (more would be dead memory) plus
         the block the pool reserves (block 0 holds no request's tokens: `BlockPool`). With
         gpu_memory_utilization the budget is `measured_budget`, what the workers found free."""
         cache = self.cache_config
         if cache.num_kv_blocks is not None:
             return cache.num_kv_blocks
-        if cache.gpu_memory_utilization is not None:
-            if measured_budget is None:
-                raise ValueError("gpu_memory_utilization: the KV cache budget is measured by the workers; "
-                                 "pass it (executor.determine_available_memory)")
-            budget, source = measured_budget, (f"gpu_memory_utilization={cache.gpu_memory_utilization} leaves "
-                                               f"{measured_budget} bytes for the KV cache, which")
-        else:
-            budget = cache.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
-            source = f"kv_cache_memory_bytes={budget}"
+        budget, source = self._kv_cache_budget(measured_budget)
         sched = self.scheduler_config
-        states = self.recurrent_state_bytes()
-        if states:
-            each = self._state_bytes_per_seq()
-            _check(states <= budget // 2,
-                   f"max_num_seqs={sched.max_num_seqs}: the linear-attention state of each request takes {each} "
-                   f"bytes, {states} for all, more than half of the KV cache's memory ({budget} bytes: "
-                   f"{source.removesuffix(', which')}); lower max_num_seqs to at most {budget // 2 // each} "
-                   "or give the KV cache more memory")
-            budget -= states
-        useful = sched.max_num_seqs * math.ceil(sched.max_model_len / cache.block_size) + 1
+        slots = self.num_state_slots(measured_budget)
+        budget -= slots * self.state_bytes_per_seq()
+        useful = (slots or sched.max_num_seqs) * math.ceil(sched.max_model_len / cache.block_size) + 1
         blocks = min(budget // self.kv_block_bytes(), useful)
-        _check(blocks >= 2, f"{source} holds {blocks} KV block(s); the engine needs at least "
+        _check(blocks >= 2, f"{source}, which holds {blocks} KV block(s); the engine needs at least "
                             f"2, one of them reserved (one block takes {self.kv_block_bytes()} bytes)")
         return int(blocks)
 

@@ -131,6 +131,11 @@ LANGUAGE_MODELS: Mapping[str, LanguageModelOf] = {
     "Qwen3VLForConditionalGeneration": LanguageModelOf(
         text_architectures={"qwen3_vl_text": "Qwen3ForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
         text_prefixes=_QWEN_VL_TEXT, vision_prefixes=_QWEN_VL_VISION),
+    # (its text model runs on the Transformers fallback, its Gated DeltaNet layers on the engine's
+    # state slots; `mtp.`: the multi-token-prediction head vLLM drafts with, not read here)
+    "Qwen3_5ForConditionalGeneration": LanguageModelOf(
+        text_architectures={"qwen3_5_text": "Qwen3_5ForCausalLM"}, vision_fields=_QWEN_VL_FIELDS,
+        text_prefixes=_QWEN_VL_TEXT, vision_prefixes=(*_QWEN_VL_VISION, "mtp.")),
     # (its experts' tensors are stacked: moe.py reads them; its router always renormalizes the
     # top-k weights, as transformers' Qwen3VLMoeTextTopKRouter)
     "Qwen3VLMoeForConditionalGeneration": LanguageModelOf(

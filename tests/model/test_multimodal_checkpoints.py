@@ -194,6 +194,34 @@ def test_gemma_4_is_served_as_its_text_model(tiny_gemma4: Path, tmp_path: Path,
     _assert_greedy_equals_transformers(model, model, prompts_token_ids[:3])
 
 
+def test_qwen3_5_is_served_as_its_text_model(tiny_qwen3_5: Path, tmp_path: Path,
+                                             prompts_token_ids: list[list[int]]) -> None:
+    """Qwen3.5's releases are `Qwen3_5ForConditionalGeneration` (transformers >= 5.25): a vision
+    tower and a multi-token-prediction head (`mtp.`, not read) beside tiny_qwen3_5's text model
+    (Gated DeltaNet and gated attention layers), built and saved by transformers; greedy tokens as
+    transformers' multimodal class gives them."""
+    import transformers
+
+    from hf_reference import _redraw_weights, _write_generation_config
+
+    text = _config(tiny_qwen3_5)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 14}
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                                        image_token_id=IMAGE_TOKEN_ID)
+    checkpoint = transformers.Qwen3_5ForConditionalGeneration(config).to(torch.float32)
+    _redraw_weights(checkpoint.get_decoder(), 0)
+    model = tmp_path / "qwen3_5_mm"
+    checkpoint.save_pretrained(model)
+    tensors = load_file(model / "model.safetensors")
+    tensors["mtp.fc.weight"] = torch.zeros(2, 2)
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    _write_generation_config(model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_qwen3_5 / name, model / name)
+    _assert_greedy_equals_transformers(model, model, prompts_token_ids[:3])
+
+
 def test_hf_overrides_update_the_text_config(tiny_gemma3_mm: Path) -> None:
     """vLLM updates a nested config with a dict override (the others of its fields kept)."""
     hf = EngineArgs(model=str(tiny_gemma3_mm), dtype="float32",

@@ -124,20 +124,21 @@ def test_layers_with_a_recurrent_state_are_refused_by_name(architecture: str, la
         LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 
-@pytest.mark.skipif(not hasattr(transformers, "Qwen3_5TextConfig"), reason="Qwen3.5 is transformers >= 5.25's")
-def test_qwen3_5s_linear_attention_is_refused_by_name(tmp_path: Path) -> None:
-    """Qwen3.5's Gated DeltaNet layers keep a per-request state: refused naming them (the message
-    was the attention-interface one, whose example is ALiBi, before)."""
+def test_qwen3_nexts_linear_attention_is_refused_by_name(tmp_path: Path) -> None:
+    """Qwen3-Next's Gated DeltaNet layers fuse their projections otherwise than Qwen3.5's (which run
+    on the engine's state slots: tests/model/test_linear_attention.py): refused naming them, and
+    not taken for attention-only layers."""
     from hf_reference import build_tokenizer, tokenizer_vocab_size
 
-    config = transformers.Qwen3_5TextConfig(
+    config = transformers.Qwen3NextConfig(
         vocab_size=tokenizer_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
-    model = tmp_path / "qwen3_5"
-    transformers.Qwen3_5ForCausalLM(config).save_pretrained(model)
+        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    model = tmp_path / "qwen3_next"
+    transformers.Qwen3NextForCausalLM(config).save_pretrained(model)
     build_tokenizer(model)
-    with pytest.raises(ValueError, match="Qwen3_5ForCausalLM has layers that keep a per-request state .*GatedDeltaNet"):
+    with pytest.raises(ValueError, match="Qwen3NextForCausalLM has layers that keep a per-request state .*GatedDeltaNet"):
         LLM(str(model), max_model_len=64, dtype="float32", multiprocess=False)
 
 

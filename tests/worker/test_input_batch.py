@@ -129,3 +129,23 @@ def test_the_batch_counts_its_rows_that_ask_for_prompt_logprobs() -> None:
     assert batch.num_prompt_logprob_rows == 1
     batch.remove_request("p1")
     assert batch.num_prompt_logprob_rows == 0
+
+
+def test_a_request_keeps_its_state_slot_while_its_row_moves() -> None:
+    """A linear-attention model's per-request state (gated_delta_rule.RecurrentStates) is read
+    through the slot the request's row holds: kept through row moves, freed with the request."""
+    batch = InputBatch(max_num_reqs=4, max_model_len=128, max_num_blocks_per_req=8)
+    for i in range(4):
+        batch.add_request(new_request(i, 10))
+    slot_of = {req_id: int(batch.state_slots[row]) for req_id, row in batch.req_id_to_index.items()}
+    assert sorted(slot_of.values()) == [0, 1, 2, 3]
+    batch.remove_request("r1")
+    batch.remove_request("r0")
+    batch.condense()  # r3 moves down into a freed row
+    assert {req_id: int(batch.state_slots[row]) for req_id, row in batch.req_id_to_index.items()} == {
+        "r2": slot_of["r2"], "r3": slot_of["r3"]}
+    batch.add_request(new_request(5, 10))  # the lowest free slot
+    assert int(batch.state_slots[batch.req_id_to_index["r5"]]) == 0
+    assert len(set(batch.state_slots[:batch.num_reqs].tolist())) == batch.num_reqs == 3
+    batch.swap_states(0, 1)
+    assert all(int(batch.state_slots[batch.req_id_to_index[r]]) == s for r, s in (("r2", 2), ("r3", 3)))

@@ -3,6 +3,7 @@ its own process, serving clients over ZMQ (`run_engine_core` is the process entr
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import gc
 import logging
@@ -125,15 +126,18 @@ class EngineCore:
         self.vllm_config = vllm_config
         self.executor = make_executor(vllm_config)
         try:
-            num_blocks = self._kv_cache_blocks()
-            self.executor.initialize_kv_cache(num_blocks)
+            num_blocks, num_state_slots = self._kv_cache_size()
+            self.executor.initialize_kv_cache(num_blocks, num_state_slots)
         except BaseException:
             self.executor.shutdown()  # worker processes must not outlive a failed start
             raise
         self.num_kv_blocks = num_blocks
         self.structured_output_manager = make_structured_output_manager(vllm_config)
         lora_config = vllm_config.lora_config
-        self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, num_blocks,
+        scheduler_config = vllm_config.scheduler_config
+        if num_state_slots:  # (no more requests run at once than hold a linear-attention state)
+            scheduler_config = dataclasses.replace(scheduler_config, max_num_seqs=num_state_slots)
+        self.scheduler = Scheduler(scheduler_config, vllm_config.cache_config, num_blocks,
                                    self.structured_output_manager,
                                    max_loras=lora_config.max_loras if lora_config is not None else None,
                                    speculative_config=vllm_config.speculative_config)
@@ -156,17 +160,22 @@ class EngineCore:
         self.weights_to_load = False  # woken weights (NaN) a trainer has still to load
         self.weight_version = "default"  # vLLM's label of the weights, on every step's outputs
 
-    def _kv_cache_blocks(self) -> int:
-        """The KV cache's size: fixed by the config, or what the workers measured free under
-        gpu_memory_utilization (logged, as vLLM logs its "Available KV cache memory")."""
-        cache = self.vllm_config.cache_config
-        if cache.gpu_memory_utilization is None:
-            return self.vllm_config.num_kv_blocks()
-        budget = self.executor.determine_available_memory()
-        num_blocks = self.vllm_config.num_kv_blocks(budget)
-        logger.info("available KV cache memory: %.2f GiB (gpu_memory_utilization=%s): %d blocks of %d tokens",
-                    budget / (1 << 30), cache.gpu_memory_utilization, num_blocks, cache.block_size)
-        return num_blocks
+    def _kv_cache_size(self) -> tuple[int, int]:
+        """The KV cache's blocks and the requests that hold a linear-attention state at once (a
+        hybrid model's; else 0): fixed by the config, or from what the workers measured free
+        under gpu_memory_utilization (logged, as vLLM logs its "Available KV cache memory")."""
+        config, cache = self.vllm_config, self.vllm_config.cache_config
+        budget = self.executor.determine_available_memory() if cache.gpu_memory_utilization is not None else None
+        num_blocks, num_slots = config.num_kv_blocks(budget), config.num_state_slots(budget)
+        if budget is not None:
+            logger.info("available KV cache memory: %.2f GiB (gpu_memory_utilization=%s): %d blocks of %d tokens",
+                        budget / (1 << 30), cache.gpu_memory_utilization, num_blocks, cache.block_size)
+        max_num_seqs = config.scheduler_config.max_num_seqs
+        if num_slots and num_slots < max_num_seqs:
+            logger.warning("at most %d requests run at once (max_num_seqs=%d): each one's linear-attention state "
+                           "takes %.1f MiB, and the states may take half of the KV cache's memory at most", num_slots,
+                           max_num_seqs, config.state_bytes_per_seq() / (1 << 20))
+        return num_blocks, num_slots
 
     def add_request(self, request: EngineCoreRequest) -> None:
         check_request(request, self.vllm_config.model_config)

@@ -30,7 +30,9 @@ class Executor(ABC):
         measures its own: `Worker.determine_available_memory`)."""
 
     @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int) -> None: ...
+    def initialize_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        """Every rank's KV cache of `num_blocks` blocks, and linear-attention states for
+        `num_state_slots` requests (a hybrid model's: VllmConfig.num_state_slots)."""
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

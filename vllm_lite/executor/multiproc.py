@@ -161,8 +161,8 @@ class MultiprocExecutor(Executor):
         self._broadcast(MeasureMemory())
         return min(reply.kv_cache_budget for reply in self._receive_replies())
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._broadcast(InitKVCache(num_blocks, self.held_steps.launch_ahead))
+    def initialize_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        self._broadcast(InitKVCache(num_blocks, self.held_steps.launch_ahead, num_state_slots))
         self._receive_replies()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -48,8 +48,8 @@ class UniProcExecutor(Executor):
     def determine_available_memory(self) -> int:
         return self.worker.determine_available_memory()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_kv_cache(num_blocks)
+    def initialize_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        self.worker.initialize_kv_cache(num_blocks, num_state_slots)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         assert self._step_thread is None or not self._step_thread.num_pending, "a submitted step is not taken"

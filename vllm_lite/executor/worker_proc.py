@@ -141,7 +141,7 @@ class WorkerProc:
         if isinstance(message, CollectiveRpc):
             return [self._collective_rpc(message)]
         if isinstance(message, InitKVCache):
-            self.worker.initialize_kv_cache(message.num_blocks)
+            self.worker.initialize_kv_cache(message.num_blocks, message.num_state_slots)
             self.pipeline = StepPipeline(self.worker, message.launch_ahead)
             return [WorkerReply(rank=self.rank)]
         assert self.pipeline is not None, "a step before InitKVCache"

@@ -59,6 +59,8 @@ class InitKVCache(msgspec.Struct, array_like=True, gc=False):
     # Every rank runs its steps in this order (`executor.step_order`): the engine core's choice,
     # since it must know when to ask for a flush.
     launch_ahead: bool = False
+    # the requests that hold a linear-attention state at once (a hybrid model's; else 0)
+    num_state_slots: int = 0
 
 
 class MeasureMemory(msgspec.Struct, array_like=True, gc=False):

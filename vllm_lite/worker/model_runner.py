@@ -210,6 +210,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         # a hybrid model's linear-attention states, a slot per batch row (InputBatch.state_slots)
         self.recurrent_states: RecurrentStates | None = None
+        self.num_state_slots = 0
         spec = vllm_config.speculative_config
         # vLLM's draft_model, EAGLE and Medusa speculative decoding: the drafter beside the model
         # (worker/draft_model.py, worker/eagle.py, worker/medusa.py)
@@ -276,10 +277,12 @@ class ModelRunner:
         torch.set_num_threads(self.num_threads)
         return best
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.num_kv_blocks = num_blocks
+    def initialize_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        """`num_state_slots`: the requests whose linear-attention states to hold (a hybrid
+        model's; no more run at once: the engine core's scheduler is capped at it)."""
+        self.num_kv_blocks, self.num_state_slots = num_blocks, num_state_slots
         self.kv_caches = self._new_kv_caches(num_blocks)
-        self.recurrent_states = self._new_recurrent_states(self.config.scheduler_config.max_num_seqs)
+        self.recurrent_states = self._new_recurrent_states(num_state_slots)
         # (a draft model's or EAGLE head's KV in the same blocks: a request's block table is theirs too; a
         # Medusa head keeps none)
         if isinstance(self.drafter, (DraftModelProposer, EagleProposer)):

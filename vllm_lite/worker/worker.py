@@ -71,8 +71,8 @@ class Worker:
         gained = self.memory_at_start.free - device_memory(self.device).free
         return peak + max(0, gained - torch.cuda.memory_reserved(self.device))
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks)
+    def initialize_kv_cache(self, num_blocks: int, num_state_slots: int = 0) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks, num_state_slots)
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep on this rank (the engine core has checked the level and that no request
@@ -84,7 +84,7 @@ class Worker:
     def wake_up(self, tags: list[str] | None = None) -> None:
         """vLLM's: what `sleep` released is back (a new, zeroed KV cache)."""
         if not self.model_runner.kv_caches and (tags is None or "kv_cache" in tags):
-            self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks)
+            self.model_runner.initialize_kv_cache(self.model_runner.num_kv_blocks, self.model_runner.num_state_slots)
 
     def reset_encoder_cache(self) -> None:
         """vLLM's: forget the image features kept for reuse (each image is encoded again)."""

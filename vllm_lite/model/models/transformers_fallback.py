@@ -360,7 +360,7 @@ class TransformersForCausalLM(nn.Module):
         attending = [layer for layer in range(config.num_hidden_layers) if layer not in linear]
         if len(shapes) < len(attending):
             raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
-                             f"{len(attending)} attention layers; the others (Mamba, convolution or linear-attention "
+                             f"{len(attending)} layers{' beside its linear-attention ones' if linear else ''}; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
         if Counter(shape.layer_idx for shape in shapes) != Counter(attending):
