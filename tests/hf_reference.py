@@ -399,7 +399,8 @@ def _make_config(
 
 
 def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm/offset_norm."""
+    """Yield (kind, param) once per distinct parameter; kind in weight/bias/norm/offset_norm, or
+    A_log / dt_bias (a Gated DeltaNet's)."""
     seen: set[int] = set()
     for module in model.modules():
         is_norm = "norm" in type(module).__name__.lower()
@@ -407,7 +408,8 @@ def _params_to_redraw(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if pname in ("A_log", "dt_bias"):  # (a Gated DeltaNet's decay rates: transformers' own draw)
+            if pname in ("A_log", "dt_bias"):  # a Gated DeltaNet's decay rates (log) and their time-step bias
+                yield pname, param
                 continue
             if pname in ("bias", "sinks", "correct_output_scale"):
                 yield "bias", param  # also LayerNorm's shift, gpt-oss's sink logits, Gemma 3n's AltUp scale
@@ -426,7 +428,11 @@ def _redraw_weights(model: nn.Module, seed: int) -> None:
     """Wider-than-default init so greedy decoding does not collapse into repeats."""
     gen = torch.Generator().manual_seed(seed)
     for kind, param in _params_to_redraw(model):
-        if kind in ("norm", "offset_norm"):
+        if kind == "A_log":  # (transformers' draw: rates uniform in [0.01, 16])
+            fresh = torch.log(0.01 + 15.99 * torch.rand(param.shape, generator=gen))
+        elif kind == "dt_bias":
+            fresh = 1.0 + BIAS_STD * torch.randn(param.shape, generator=gen)
+        elif kind in ("norm", "offset_norm"):
             fresh = (kind == "norm") + NORM_SPREAD * (2.0 * torch.rand(param.shape, generator=gen) - 1.0)
         else:
             std = BIAS_STD if kind == "bias" else WEIGHT_STD

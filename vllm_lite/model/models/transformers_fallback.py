@@ -325,7 +325,12 @@ class TransformersForCausalLM(nn.Module):
         `_engine_linear_layers`); a model whose experts are stacked tensors that transformers'
         own code multiplies (3-D parameters) would keep most of its weights unquantized: refused
         by name. (A router, a 2-D parameter, stays in the model dtype as vLLM keeps it.)"""
-        stacked = [name for name, param in self.hf_model.base_model.named_parameters() if param.dim() > 2]
+        # (a Gated DeltaNet's depthwise convolution kernel [channels, 1, 4] is no stack of experts: it
+        # stays in the model dtype, as vLLM keeps it)
+        convolutions = {id(module.conv1d.weight) for module in self.hf_model.modules()
+                        if isinstance(module, GatedDeltaNetOnSlots)}
+        stacked = [name for name, param in self.hf_model.base_model.named_parameters()
+                   if param.dim() > 2 and id(param) not in convolutions]
         if stacked:
             raise ValueError(f"quantization='int8' quantizes linear layers; {self.config.architecture} through the "
                              f"Transformers fallback keeps its experts in stacked tensors ({stacked[0]}, ...) that "
