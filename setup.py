@@ -18,7 +18,7 @@ ROOT = Path(__file__).parent
 CSRC_SOURCES = ["csrc/cpu_ops.cpp", "csrc/sampler_ops.cpp", "csrc/grammar_ops.cpp", "csrc/gguf_ops.cpp",
                 "csrc/layer_ops.cpp", "csrc/int8_ops.cpp", "csrc/kv_int8_ops.cpp",
                 "csrc/bf16_linear_ops.cpp", "csrc/int8_linear_ops.cpp", "csrc/prefill_attention_ops.cpp",
-                "csrc/greedy_head_ops.cpp"]
+                "csrc/greedy_head_ops.cpp", "csrc/delta_rule_ops.cpp"]
 
 
 def read_requirements(name: str) -> list[str]:

@@ -2,7 +2,7 @@
 attention ops; the fused decoder-layer ops (RMSNorm with the residual add, rotary embedding,
 SiLU-and-mul); for the sampler a row-wise argmax, top-k/top-p sampling and the grammar
 bitmask; the GGUF block matmul and dequantization; the two ends of the int8 W8A8 linear; and
-the int8_per_token_head KV cache's write and decode.
+the int8_per_token_head KV cache's write and decode; the Gated DeltaNet's decode step.
 
 `is_available()` says whether they loaded; callers fall back to the torch reference when not.
 """
@@ -95,6 +95,16 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
 def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
     """`out [rows, d] = silu(x[:, :d]) * x[:, d:]` for 2-D x with contiguous rows."""
     torch.ops.vllm_lite_C.silu_and_mul(out, x)
+
+
+def gated_delta_rule_decode(states: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """One token of each sequence through the Gated DeltaNet's delta rule, its state updated in
+    place in `states` [slots, H, dk, dv] at `slots` (int64 [n]): float32 q, k [n, H, dk] (q
+    scaled, both unit length), v [n, H, dv], decay / beta [n, H] -> the outputs [n, H, dv]
+    (gated_delta_rule._delta_rule_step's, without gathering the states)."""
+    return torch.ops.vllm_lite_C.gated_delta_rule_decode(states, slots, q.contiguous(), k.contiguous(),
+                                                         v.contiguous(), decay.contiguous(), beta.contiguous())
 
 
 def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

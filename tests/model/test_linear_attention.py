@@ -15,6 +15,7 @@ import transformers
 from hf_reference import hf_greedy, hf_logits
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM, SamplingParams
+from vllm_lite import _custom_ops as ops
 from vllm_lite.config import EngineArgs
 from vllm_lite.model.layers.gated_delta_rule import CHUNK, _chunked_delta_rule, _delta_rule_step, _unit
 
@@ -194,3 +195,26 @@ def test_qwen3_5_in_bfloat16_and_int8(tiny_qwen3_5: Path, prompts_token_ids: lis
         finally:
             llm.shutdown()
         assert 0.0 < drift < factor * own_drift, (quantization, drift, own_drift)
+
+
+@pytest.mark.skipif(not ops.is_available(), reason="csrc not built")
+def test_the_native_decode_step_updates_the_pool_in_place() -> None:
+    """csrc's gated_delta_rule_decode against the torch step on gathered states: the same outputs,
+    the same states written back at the given slots (in any order), the others untouched; a slot
+    outside the pool is refused by name."""
+    gen = torch.Generator().manual_seed(0)
+    n, heads, key_dim, value_dim = 5, 3, 16, 24
+    states = torch.randn(8, heads, key_dim, value_dim, generator=gen)
+    slots = torch.tensor([6, 0, 3, 7, 2])
+    q, k = (_unit(torch.randn(n, heads, key_dim, generator=gen)) for _ in range(2))
+    v = torch.randn(n, heads, value_dim, generator=gen)
+    decay, beta = -torch.rand(n, heads, generator=gen), torch.rand(n, heads, generator=gen)
+    want, want_states = _delta_rule_step(q * 0.25, k, v, decay, beta, states[slots])
+    pool = states.clone()
+    got = ops.gated_delta_rule_decode(pool, slots, q * 0.25, k, v, decay, beta)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(pool[slots], want_states)
+    untouched = [slot for slot in range(8) if slot not in slots.tolist()]
+    assert torch.equal(pool[untouched], states[untouched])
+    with pytest.raises(RuntimeError, match="slot 8 is outside the 8 states"):
+        ops.gated_delta_rule_decode(pool, torch.tensor([1, 8, 0, 2, 3]), q, k, v, decay, beta)

@@ -8,7 +8,8 @@ reads there, times beta) and reads the state with its query. The states live in 
 each layer its sequences' slots and token ranges (`RecurrentStep`). A sequence starting at
 position 0 starts from zeroed states (the model runner resets them: a new or preempted request).
 
-One-token sequences (decode) run as one batched recurrence step; longer ones (prefill chunks)
+One-token sequences (decode) run as one batched recurrence step (on CPU csrc's op, in place in
+the pool: csrc/delta_rule_ops.cpp); longer ones (prefill chunks)
 through the chunked form: within a chunk of CHUNK tokens the updates are one triangular solve,
 the state passed from chunk to chunk.
 """
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm_lite import _custom_ops as ops
 from vllm_lite.config import LinearAttentionShape
 
 CHUNK = 64
@@ -114,7 +116,10 @@ class GatedDeltaNetOnSlots(nn.Module):
             conv_states[slots] = window[:, :, 1:]
             convolved = (window * weight).sum(-1)
             q, k, v = self._heads(F.silu(convolved if bias is None else convolved + bias).to(x.dtype))
-            core[at], states[slots] = _delta_rule_step(q, k, v, decay[at], beta[at], states[slots])
+            if states.is_cpu and ops.is_available():  # (in place in the pool: nothing gathered)
+                core[at] = ops.gated_delta_rule_decode(states, slots, q, k, v, decay[at], beta[at])
+            else:
+                core[at], states[slots] = _delta_rule_step(q, k, v, decay[at], beta[at], states[slots])
         for start, end, slot in step.prefills:
             window = torch.cat([conv_states[slot], mixed[start:end].T.to(conv_states.dtype)], dim=-1)
             conv_states[slot] = window[:, window.shape[-1] - conv_states.shape[-1]:]
