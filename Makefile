@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora bench-fallback bench-spec
+.PHONY: setup demo test gpu-check clean bench bench-peers bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-soak bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora bench-fallback bench-spec bench-linear-attention
 
 setup: $(STAMP)
 
@@ -98,10 +98,13 @@ bench-lora: $(STAMP)
 bench-fallback: $(STAMP)
 	$(BENCH)/native_vs_fallback.py
 
+bench-linear-attention: $(STAMP)
+	$(BENCH)/linear_attention.py
+
 bench-spec: $(STAMP)
 	$(BENCH)/speculative_decoding.py
 
-bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora bench-fallback bench-spec
+bench: bench-throughput bench-overhead bench-gc bench-rows bench-limit bench-sampler bench-attention bench-accuracy bench-structured bench-gguf bench-scheduler bench-client bench-decode bench-amx bench-lora bench-fallback bench-spec bench-linear-attention
 
 clean:
 	rm -rf $(VENV) build *.egg-info vllm_lite/_C*.so vllm_lite/_bookkeeping*.so

@@ -5,14 +5,15 @@ a Qwen3.5-0.8B-like shape (24 layers, 3 linear-attention layers to 1 of attentio
 
     .venv/bin/python benchmarks/linear_attention.py [--layers 24] [--batch 16] [--threads 2]
 
-Workloads (after one warm-up call each): a batch of `--batch` requests of 100 prompt + 64
-generated tokens (equal lengths: transformers pads nothing), and one request generating 128
-tokens. transformers runs its reference PyTorch Gated DeltaNet (the CPU has no FLA kernels), as
+Workloads (after one warm-up call each, then `--rounds` rounds alternating the two sides, medians
+printed): a batch of `--batch` requests of 100 prompt + 64 generated tokens (equal lengths:
+transformers pads nothing), and one request generating 128 tokens. transformers runs its reference PyTorch Gated DeltaNet (the CPU has no FLA kernels), as
 a CPU user of it gets. Prints the times and each ratio."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -43,51 +44,63 @@ def prompts(batch: int) -> list[list[int]]:
     return [[(7 * i + j) % 200_000 + 10 for j in range(PROMPT)] for i in range(batch)]
 
 
-def timed(run, *args) -> float:
-    run(*args)  # warm-up
+def seconds(run, *args) -> float:
     start = time.perf_counter()
     run(*args)
     return time.perf_counter() - start
 
 
-def engine_times(model: Path, batch: int) -> tuple[float, float]:
+def engine_generate(model: Path) -> tuple[LLM, object]:
     llm = LLM(str(model), dtype="bfloat16", skip_tokenizer_init=True, max_model_len=512)
-    try:
-        def generate(token_ids: list[list[int]], max_tokens: int) -> None:
-            llm.generate([{"prompt_token_ids": ids} for ids in token_ids],
-                         SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0), use_tqdm=False)
-        return timed(generate, prompts(batch), GENERATED), timed(generate, [[11, 12, 13]], DECODE)
-    finally:
-        llm.shutdown()
+
+    def generate(token_ids: list[list[int]], max_tokens: int) -> None:
+        llm.generate([{"prompt_token_ids": ids} for ids in token_ids],
+                     SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0), use_tqdm=False)
+    return llm, generate
 
 
-def transformers_times(model: Path, batch: int) -> tuple[float, float]:
+def transformers_generate(model: Path):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
 
     def generate(token_ids: list[list[int]], max_tokens: int) -> None:
         with torch.inference_mode():
-            hf.generate(torch.tensor(token_ids), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                        do_sample=False, pad_token_id=0)
-    return timed(generate, prompts(batch), GENERATED), timed(generate, [[11, 12, 13]], DECODE)
+            hf.generate(torch.tensor(token_ids), attention_mask=torch.ones(len(token_ids), len(token_ids[0])),
+                        max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
+    return generate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="each workload on each side, alternately")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    workloads = ((f"{args.batch} x ({PROMPT} prompt + {GENERATED} generated)", prompts(args.batch), GENERATED),
+                 (f"1 x {DECODE} generated", [[11, 12, 13]], DECODE))
     with tempfile.TemporaryDirectory() as folder:
         model = write_checkpoint(Path(folder), args.layers)
-        ours = engine_times(model, args.batch)
-        theirs = transformers_times(model, args.batch)
-    print(f"{'workload':<44}{'vllm_lite s':>12}{'transformers s':>16}{'speed-up':>10}")
-    for name, mine, peer in ((f"{args.batch} x ({PROMPT} prompt + {GENERATED} generated)", ours[0], theirs[0]),
-                             (f"1 x {DECODE} generated", ours[1], theirs[1])):
-        print(f"{name:<44}{mine:>12.2f}{peer:>16.2f}{peer / mine:>9.2f}x")
+        llm, ours = engine_generate(model)
+        try:
+            theirs = transformers_generate(model)
+            times = {name: ([], []) for name, _, _ in workloads}
+            for _, token_ids, max_tokens in workloads:  # (warm-up)
+                ours(token_ids, max_tokens)
+                theirs(token_ids, max_tokens)
+            for _ in range(args.rounds):  # (alternating: the VM's drift reaches both sides alike)
+                for name, token_ids, max_tokens in workloads:
+                    times[name][0].append(seconds(ours, token_ids, max_tokens))
+                    times[name][1].append(seconds(theirs, token_ids, max_tokens))
+        finally:
+            llm.shutdown()
+    print(f"{'workload (median of ' + str(args.rounds) + ' rounds)':<44}{'vllm_lite s':>12}{'transformers s':>16}"
+          f"{'speed-up':>10}")
+    for name, (mine, peer) in times.items():
+        mine_s, peer_s = statistics.median(mine), statistics.median(peer)
+        print(f"{name:<44}{mine_s:>12.2f}{peer_s:>16.2f}{peer_s / mine_s:>9.2f}x")
 
 
 if __name__ == "__main__":

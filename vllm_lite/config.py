@@ -1364,7 +1364,8 @@ class EngineArgs:
     def _prefix_caching(self, model_config: ModelConfig) -> bool:
         """On unless a pooling needs every prompt token's hidden state (MEAN, CLS): a cached
         block's tokens are not computed again; or the model has linear-attention layers, whose
-        state after a prefix is not in the cached blocks (vLLM keeps it off for them too)."""
+        state after a prefix is not in the cached blocks (vLLM 0.32 keeps a copy of the state at
+        each block's end for them, its mamba_cache_mode "align"; not implemented here)."""
         if model_config.hf.linear_attention is not None:
             _check(not self.enable_prefix_caching,
                    f"enable_prefix_caching: {model_config.hf.architecture} has linear-attention layers "

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from hf_reference import hf_greedy, hf_logits
+from hf_reference import hf_greedy
 from test_parity import NEW_TOKENS, assert_no_leaked_blocks, run_greedy
 from vllm_lite import LLM, SamplingParams
 from vllm_lite import _custom_ops as ops
@@ -89,20 +89,35 @@ def test_qwen3_5_matches_transformers(tiny_qwen3_5: Path, prompts_token_ids: lis
         llm.shutdown()
 
 
+def _prompt_logprobs(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                           use_tqdm=False)
+    return torch.tensor([entry[token].logprob for prompt, output in zip(prompts, outputs)
+                         for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])])
+
+
+def _transformers_logprobs(model: Path, prompts: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    found = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            logits = hf(torch.tensor([prompt])).logits[0].float()
+            found.append(torch.log_softmax(logits, dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]])
+    return torch.cat(found)
+
+
 def test_qwen3_5_prompt_logprobs_match_transformers(tiny_qwen3_5: Path, prompts_token_ids: list[list[int]]) -> None:
     prompts = prompts_token_ids[2:6]
     llm = LLM(str(tiny_qwen3_5), max_model_len=256, dtype="float32", multiprocess=False, max_num_batched_tokens=24)
     try:
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                               SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        got = _prompt_logprobs(llm, prompts)
     finally:
         llm.shutdown()
-    for prompt, output in zip(prompts, outputs):
-        want = torch.log_softmax(hf_logits(tiny_qwen3_5, prompt), dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]]
-        got = torch.tensor([entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])])
-        # (rtol: the chunked delta rule sums in another order than transformers' chunks: 2.5e-4 at a
-        # logprob of -10 measured; a state carried wrongly from chunk to chunk moves them by whole units)
-        torch.testing.assert_close(got, want, atol=2e-4, rtol=5e-5)
+    # (rtol: the chunked delta rule sums in another order than transformers' chunks: 2.5e-4 at a
+    # logprob of -10 measured; a state carried wrongly from chunk to chunk moves them by whole units)
+    torch.testing.assert_close(got, _transformers_logprobs(tiny_qwen3_5, prompts, torch.float32), atol=2e-4, rtol=5e-5)
 
 
 def test_linear_layers_take_no_kv_cache_and_their_states_come_out_of_its_memory(tiny_qwen3_5: Path) -> None:
@@ -113,7 +128,7 @@ def test_linear_layers_take_no_kv_cache_and_their_states_come_out_of_its_memory(
     each = config.state_bytes_per_seq()
     assert each == 3 * (96 * 3 * 4 + 4 * 16 * 8 * 4)
     assert config.num_state_slots() == 8
-    assert not config.cache_config.enable_prefix_caching  # (vLLM keeps it off for such models too)
+    assert not config.cache_config.enable_prefix_caching  # (a cached prefix holds no state here)
     budget = 32 * each  # half of it holds 16 requests' states
     for max_num_seqs, slots in ((8, 8), (256, 16)):
         sized = EngineArgs(model=str(tiny_qwen3_5), dtype="float32", max_num_seqs=max_num_seqs, block_size=16,
@@ -151,25 +166,6 @@ def test_what_linear_attention_cannot_take_is_refused_by_name(tiny_qwen3_5: Path
                                                               message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=str(tiny_qwen3_5), dtype="float32", **{field: value}).create_engine_config()
-
-
-def _prompt_logprobs(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                           use_tqdm=False)
-    return torch.tensor([entry[token].logprob for prompt, output in zip(prompts, outputs)
-                         for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])])
-
-
-def _transformers_logprobs(model: Path, prompts: list[list[int]], dtype: torch.dtype) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-    found = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            logits = hf(torch.tensor([prompt])).logits[0].float()
-            found.append(torch.log_softmax(logits, dim=-1)[torch.arange(len(prompt) - 1), prompt[1:]])
-    return torch.cat(found)
 
 
 def test_qwen3_5_in_bfloat16_and_int8(tiny_qwen3_5: Path, prompts_token_ids: list[list[int]]) -> None:
