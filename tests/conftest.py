@@ -654,6 +654,17 @@ def tiny_qwen3_5(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_5_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen3.5-MoE's text model (transformers >= 5.25; the Transformers fallback): tiny_qwen3_5's
+    layers with 4 experts (2 a token) and a gated shared expert."""
+    import transformers
+
+    if not hasattr(transformers, "Qwen3_5MoeTextConfig"):
+        pytest.skip("Qwen3.5-MoE is transformers >= 5.25's")
+    return _build(tmp_path_factory, "tiny_qwen3_5_moe", "qwen3_5_moe_text", tie_word_embeddings=False, num_layers=4)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3n(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Gemma 3n's text model (the Transformers fallback): AltUp, LAuReL, per-layer inputs, local /
     global layers, the last 2 of 4 layers reading the keys and values of earlier ones."""

@@ -311,6 +311,15 @@ def _make_config(
             layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
             **{**common, "num_hidden_layers": 4, "head_dim": head_dim or 16})
+    if arch == "qwen3_5_moe_text":  # (transformers >= 5.25) Qwen3.5-MoE's text model: qwen3_5_text's layers with
+        # 4 experts (2 a token) and a gated shared expert in place of the MLP
+        from transformers import Qwen3_5MoeTextConfig
+
+        return Qwen3_5MoeTextConfig(
+            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            **{**common, "num_hidden_layers": 4, "head_dim": head_dim or 16})
     if arch == "gpt_oss":  # attention sinks, alternating sliding / full layers, clamped SwiGLU experts with biases
         from transformers import GptOssConfig
 

@@ -39,6 +39,7 @@ PER_TYPE: dict[str, dict[str, Any]] = {
     "param2moe": {"first_k_dense_replace": 1},
     "gemma4_text": {"vocab_size_per_layer_input": 1000, "hidden_size_per_layer_input": 8},
     "qwen3_5_text": {"num_hidden_layers": 4},
+    "qwen3_5_moe_text": {"num_hidden_layers": 4},
 }
 PROMPTS = [[5, 6, 7], list(range(10, 40)), list(range(100, 113))]
 NEW_TOKENS = 8

@@ -108,6 +108,17 @@ def _transformers_logprobs(model: Path, prompts: list[list[int]], dtype: torch.d
     return torch.cat(found)
 
 
+def test_qwen3_5_moe_matches_transformers(tiny_qwen3_5_moe: Path, prompts_token_ids: list[list[int]]) -> None:
+    """Qwen3.5-MoE (Qwen3.5-35B-A3B's family): the same Gated DeltaNet layers, experts in place of
+    the MLP; greedy tokens under 16-token chunks and async scheduling."""
+    llm = LLM(str(tiny_qwen3_5_moe), max_model_len=256, dtype="float32", multiprocess=False,
+              max_num_batched_tokens=16, async_scheduling=True)
+    try:
+        assert run_greedy(llm, prompts_token_ids) == hf_greedy(tiny_qwen3_5_moe, prompts_token_ids, NEW_TOKENS)
+    finally:
+        llm.shutdown()
+
+
 def test_qwen3_5_prompt_logprobs_match_transformers(tiny_qwen3_5: Path, prompts_token_ids: list[list[int]]) -> None:
     prompts = prompts_token_ids[2:6]
     llm = LLM(str(tiny_qwen3_5), max_model_len=256, dtype="float32", multiprocess=False, max_num_batched_tokens=24)
