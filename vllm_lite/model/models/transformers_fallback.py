@@ -364,8 +364,9 @@ class TransformersForCausalLM(nn.Module):
         linear = config.linear_attention.layers if config.linear_attention is not None else ()
         attending = [layer for layer in range(config.num_hidden_layers) if layer not in linear]
         if len(shapes) < len(attending):
+            beside = " beside its linear-attention ones" if linear else ""
             raise ValueError(f"model_impl='transformers': {config.architecture} attends in {len(shapes)} of its "
-                             f"{len(attending)} layers{' beside its linear-attention ones' if linear else ''}; the others (Mamba, convolution or linear-attention "
+                             f"{len(attending)} layers{beside}; the others (Mamba, convolution or linear-attention "
                              "layers, or none) would run here without the per-request state they keep, so it cannot "
                              "run on the paged KV cache")
         if Counter(shape.layer_idx for shape in shapes) != Counter(attending):
