@@ -259,9 +259,14 @@ class HFModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """The layers that keep a recurrent state in place of keys and values (none but a hybrid's)."""
+        return self.linear_attention.layers if self.linear_attention is not None else ()
+
+    @property
     def num_kv_cache_layers(self) -> int:
         """The layers that keep keys and values (a hybrid model's linear-attention layers do not)."""
-        return self.num_hidden_layers - (len(self.linear_attention.layers) if self.linear_attention else 0)
+        return self.num_hidden_layers - len(self.linear_attention_layers)
 
     @property
     def has_sliding_window(self) -> bool:

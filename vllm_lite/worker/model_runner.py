@@ -349,7 +349,7 @@ class ModelRunner:
         element, row_size = kv_cache_row(self.config.kv_cache_dtype, hf.head_dim)
         num_kv_heads = model.model.layers[0].self_attn.num_kv_heads
         shape = kv_cache_shape(num_blocks, self.block_size, num_kv_heads, row_size)
-        linear = hf.linear_attention.layers if hf.linear_attention is not None else ()
+        linear = hf.linear_attention_layers
         return [torch.zeros(0 if layer in linear else shape, dtype=getattr(torch, element), device=self.device)
                 for layer in range(hf.num_hidden_layers)]
 

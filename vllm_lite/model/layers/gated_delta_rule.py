@@ -108,28 +108,30 @@ class GatedDeltaNetOnSlots(nn.Module):
         beta = self.in_proj_b(x).float().sigmoid()
         decay = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
         conv_states, states = step.states.conv[self.layer_idx], step.states.recurrent[self.layer_idx]
-        weight, bias = self.conv1d.weight[:, 0, :], self.conv1d.bias
         core = torch.empty(len(x), self.num_value_heads, self.value_head_dim, dtype=torch.float32, device=x.device)
         if len(step.decode_tokens):
             at, slots = step.decode_tokens, step.decode_slots
-            window = torch.cat([conv_states[slots], mixed[at, :, None].to(conv_states.dtype)], dim=-1)
-            conv_states[slots] = window[:, :, 1:]
-            convolved = (window * weight).sum(-1)
-            q, k, v = self._heads(F.silu(convolved if bias is None else convolved + bias).to(x.dtype))
+            q, k, v = self._heads(self._convolved(conv_states, slots, mixed[at, :, None])[..., 0].to(x.dtype))
             if states.is_cpu and ops.is_available():  # (in place in the pool: nothing gathered)
                 core[at] = ops.gated_delta_rule_decode(states, slots, q, k, v, decay[at], beta[at])
             else:
                 core[at], states[slots] = _delta_rule_step(q, k, v, decay[at], beta[at], states[slots])
         for start, end, slot in step.prefills:
-            window = torch.cat([conv_states[slot], mixed[start:end].T.to(conv_states.dtype)], dim=-1)
-            conv_states[slot] = window[:, window.shape[-1] - conv_states.shape[-1]:]
-            convolved = F.conv1d(window[None], weight[:, None, :], bias, groups=len(weight))[0]
-            q, k, v = self._heads(F.silu(convolved).T.to(x.dtype))
+            slot_of = torch.tensor([slot], device=x.device)
+            q, k, v = self._heads(self._convolved(conv_states, slot_of, mixed[None, start:end].mT)[0].T.to(x.dtype))
             core[start:end], states[slot] = _chunked_delta_rule(q, k, v, decay[start:end], beta[start:end],
                                                                 states[slot])
         out = self.norm(core.to(x.dtype).reshape(-1, self.value_head_dim), z.reshape(-1, self.value_head_dim))
         out = self.out_proj(out.reshape(len(x), -1))
         return F.pad(out, (0, 0, 0, hidden_states.shape[1] - len(x)))[None]
+
+    def _convolved(self, conv_states: torch.Tensor, slots: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """The causal convolution (and its SiLU) of `inputs` [sequences, channels, tokens] after each
+        sequence's kept inputs at `slots`, which then keep the last of them."""
+        window = torch.cat([conv_states[slots], inputs.to(conv_states.dtype)], dim=-1)
+        conv_states[slots] = window[..., window.shape[-1] - conv_states.shape[-1]:]
+        weight = self.conv1d.weight
+        return F.silu(F.conv1d(window, weight, self.conv1d.bias, groups=weight.shape[0]))
 
     def _heads(self, convolved: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[tokens, conv_dim] -> float32 queries and keys (unit length per head, queries scaled by

@@ -139,7 +139,7 @@ def _linear_attention_on_slots(model: nn.Module) -> list[int]:
 def _check_linear_layers(replaced: list[int], config: HFModelConfig) -> None:
     """The layers that run on state slots must be the ones config.json's layer_types names
     (those get states, and no KV cache)."""
-    expected = list(config.linear_attention.layers) if config.linear_attention is not None else []
+    expected = list(config.linear_attention_layers)
     if replaced != expected:
         raise ValueError(f"model_impl='transformers': {config.architecture}'s config.json names linear_attention "
                          f"layers {expected}, but its Gated DeltaNet layers that run here are {replaced}")
@@ -361,7 +361,7 @@ class TransformersForCausalLM(nn.Module):
             raise ValueError(f"model_impl='transformers': {config.architecture}'s forward fails with the engine's "
                              f"attention in place of its own ({type(exc).__name__}: {exc}), so it cannot run on the "
                              "paged KV cache") from exc
-        linear = config.linear_attention.layers if config.linear_attention is not None else ()
+        linear = config.linear_attention_layers
         attending = [layer for layer in range(config.num_hidden_layers) if layer not in linear]
         if len(shapes) < len(attending):
             beside = " beside its linear-attention ones" if linear else ""
